@@ -1,0 +1,5 @@
+import sys
+
+from ditbench.cli import main
+
+sys.exit(main())

@@ -1,0 +1,73 @@
+"""The `ditbench` command: one entry point, one module per sub-command.
+
+Each sub-command lives in the module that owns its concept and exposes two functions:
+`add_arguments(parser)` and `run(args) -> int`. Modules are imported only when their
+command runs, so `ditbench --help` and a typo answer at once, without importing torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import textwrap
+
+from ditbench import __version__
+from ditbench.errors import UserError
+
+# name -> (module, one-line help). Order is the order `ditbench --help` lists them in.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "run": ("ditbench.bench.cli", "run a benchmark suite (a matrix of training cells)"),
+    "train": ("ditbench.train.cli", "train a DiT for a number of steps and print the loss"),
+    "extract-latents": ("ditbench.train.extract", "encode an image folder to a latent file through the VAE"),
+    "sample": ("ditbench.sample", "sample images from a checkpoint into an ADM-format .npz"),
+    "fid": ("ditbench.metrics.cli", "FID, sFID, Inception Score, precision/recall and KID of a sample batch"),
+    "report": ("ditbench.report.cli", "turn results.jsonl files into markdown, HTML and CSV reports"),
+    "compare": ("ditbench.report.compare_cli", "compare two runs and fail on a regression (exit 1)"),
+    "env": ("ditbench.bench.envinfo", "print the environment that result records capture"),
+}
+
+
+def _build_parser(command: str | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ditbench",
+        description="Benchmark and evaluate Diffusion Transformer (DiT) training.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="commands:\n" + "\n".join(f"  {n:<16} {h}" for n, (_, h) in COMMANDS.items()),
+    )
+    parser.add_argument("--version", action="version", version=f"ditbench {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == command:  # only the chosen command's module is imported
+            module = importlib.import_module(module_name)
+            module.add_arguments(p)
+            p.set_defaults(_run=module.run)
+    return parser
+
+
+def _print_error(message: str) -> None:
+    paragraph = " ".join(message.split())
+    print("ditbench: error: " + textwrap.fill(paragraph, width=100, subsequent_indent="  "), file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = _build_parser(command if command in COMMANDS else None)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except UserError as err:
+        _print_error(str(err))
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("ditbench: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
