@@ -64,7 +64,9 @@ def test_training_loss_equals_float64_reference():
     x0 = torch.randn(n, 4, 8, 8, generator=g) * 0.8
     noise = torch.randn(n, 4, 8, 8, generator=g)
     t = torch.tensor([0, 1, 5, 100, 500, 999])
-    fixed = torch.cat([torch.randn(n, 4, 8, 8, generator=g), torch.rand(n, 4, 8, 8, generator=g) * 2 - 1], dim=1)
+    eps = torch.randn(n, 4, 8, 8, generator=g)
+    v = torch.rand(n, 4, 8, 8, generator=g) * 2 - 1
+    fixed = torch.cat([eps, v], dim=1)
 
     def model(x_t, tt, **kw):
         return fixed
