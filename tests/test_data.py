@@ -173,3 +173,38 @@ def test_extract_refuses_mismatched_progress(tmp_path, image_dir, tiny_vae_dir):
     )
     with pytest.raises(UserError, match="different extraction"):
         extract_latents(image_dir, tiny_vae_dir, out, image_size=32, shard_size=5, progress=False)
+
+
+def _cli(*args):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=os.getcwd() + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run(
+        [sys.executable, "-m", "ditbench", "extract-latents", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+
+
+def test_extract_cli(tmp_path, image_dir, tiny_vae_dir):
+    out = tmp_path / "lat.npz"
+    proc = _cli(
+        image_dir,
+        "--vae",
+        tiny_vae_dir,
+        "--out",
+        str(out),
+        "--image-size",
+        "32",
+        "--no-progress",
+        "--device",
+        "cpu",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "wrote 10 latents" in proc.stdout and out.is_file()
+    bad = _cli(str(tmp_path / "nowhere"), "--vae", "random", "--out", str(out), "--device", "cpu")
+    assert bad.returncode == 2 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
