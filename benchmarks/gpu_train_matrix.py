@@ -96,6 +96,7 @@ def run_cell(c: dict, device: str, warmup: int, measure: int, min_seconds: float
 
     sys.path.insert(0, str(REPO))
     from ditbench.errors import UserError
+    from ditbench.models.flops import train_flops_per_image
     from ditbench.train import TrainConfig, Trainer
 
     out = dict(c)
@@ -164,6 +165,11 @@ def run_cell(c: dict, device: str, warmup: int, measure: int, min_seconds: float
             loss=round(torch.stack(losses).float().mean().item(), 4),
             scaler_skips=trainer.scaler_skips,
         )
+        flops = train_flops_per_image(c["model"], cfg.image_size)
+        tflops = out["images_per_s"] * flops / 1e12
+        out["model_tflops_per_s"] = round(tflops, 1)
+        if c["precision"] in MATMUL_CEILING_TFLOPS and is_cuda:
+            out["mfu_vs_measured_matmul_ceiling"] = round(tflops / MATMUL_CEILING_TFLOPS[c["precision"]], 3)
         if is_cuda:
             out["peak_alloc_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
             out["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 2)
@@ -245,7 +251,7 @@ def compare(results: list[dict]) -> list[str]:
     ]
     if target:
         ips = target[0]["images_per_s"]
-        tflops = ips * 712e9 / 1e12
+        tflops = target[0]["model_tflops_per_s"]
         lines.append(
             f"DiT-XL/2 bf16 + compile, batch 256: {ips:.1f} img/s (target {TARGET_XL2_COMPILE_IMG_S:.0f}: "
             f"{'reached' if ips >= TARGET_XL2_COMPILE_IMG_S else 'NOT reached'}); {tflops:.0f} TFLOP/s = "

@@ -346,7 +346,7 @@ class ImageFolderVAE(DataSource):
                 self._it = None
 
     def next_batch(self):
-        # Torchvision's random flip draws from the global generator; seed it per run for repeatability.
+        # The random flip draws from torch's global RNG, which the Trainer seeds: runs repeat.
         images, labels = self._next_images()
         images = images.to(self.device, non_blocking=True)
         x = encode_images(self.vae, images)
