@@ -20,8 +20,9 @@ Decisions, in the order they are taken:
    (metrics.step_ms.samples) differ significantly by a two-sided Mann-Whitney U test (p < alpha,
    shifted the same way). With fewer than min_samples samples on either side, or too few for
    the test to ever reach p < alpha, the test is not applied and the threshold alone decides;
-   the summary says so for each such cell. Memory and FID have no per-step samples and are
-   near-deterministic, so the threshold alone decides for them.
+   the summary says so for each such cell. The test runs only for a metric that crossed its
+   threshold (elsewhere it could change nothing). Memory and FID have no per-step samples and
+   are near-deterministic, so the threshold alone decides for them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import yaml
 from scipy.stats import mannwhitneyu
@@ -405,11 +407,16 @@ def compare_metrics(
     bs, ns = _samples(base), _samples(new)
     enough = len(bs) >= policy.min_samples and len(ns) >= policy.min_samples
     testable = enough and _p_min(len(bs), len(ns)) < policy.alpha
-    p_value = None
-    sample_shift = 0.0
-    if testable:
-        p_value = float(mannwhitneyu(ns, bs, alternative="two-sided").pvalue)
-        sample_shift = float(pd.Series(ns).median() - pd.Series(bs).median())  # > 0: steps got slower
+    test: tuple[float, float] | None = None
+
+    def significance_test() -> tuple[float, float]:
+        """(p-value, shift of the median step time; > 0: steps got slower), computed once, on demand."""
+        nonlocal test
+        if test is None:
+            p = float(mannwhitneyu(ns, bs, alternative="two-sided").pvalue)
+            test = (p, float(np.median(ns) - np.median(bs)))
+        return test
+
     for name, rule in rules.items():
         metric = METRICS[name]
         b, n = value(base, metric.column), value(new, metric.column)
@@ -426,7 +433,11 @@ def compare_metrics(
                 True,
                 True,
             )
+        elif not (crossed_bad or crossed_good):
+            # Significance only matters once a threshold is crossed; skipping it keeps big gates fast.
+            significance, significant_bad, significant_good = "within threshold (not tested)", False, False
         elif testable:
+            p_value, sample_shift = significance_test()
             significance = f"p={p_value:.2g}"
             # Slower steps mean lower throughput and higher step time alike.
             significant_bad = p_value < policy.alpha and sample_shift > 0
@@ -439,8 +450,7 @@ def compare_metrics(
             )
             significance = f"not tested ({why}; threshold decides)"
             significant_bad = significant_good = True
-            if crossed_bad or crossed_good:
-                untested_crossing = True
+            untested_crossing = True
         if crossed_bad:
             verdict = "regression" if significant_bad else "noise"
         elif crossed_good:
@@ -457,7 +467,7 @@ def compare_metrics(
                 rule.threshold_pct,
                 verdict,
                 significance,
-                p_value if metric.timed and testable else None,
+                test[0] if metric.timed and test is not None and (crossed_bad or crossed_good) else None,
             )
         )
     return deltas, untested_crossing
