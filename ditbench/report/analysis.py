@@ -45,9 +45,22 @@ _SIZE_ORDER = {"S": 0, "B": 1, "L": 2, "XL": 3}
 # ---------------------------------------------------------------------------------------------- knobs
 
 
+_KNOBS_CACHE: dict[int, tuple[dict[str, Any], Any, dict[str, Any]]] = {}
+
+
 def knobs(record: dict[str, Any]) -> dict[str, Any]:
-    """The flattened config of a record, without the bookkeeping keys."""
-    return {k: v for k, v in flatten(record.get("config") or {}).items() if k not in MATCH_EXCLUDED}
+    """The flattened config of a record, without the bookkeeping keys (a fresh dict; safe to change)."""
+    # Reports ask for the same record's knobs many times; flattening dominated big reports. The
+    # entry keeps the record alive, so its id cannot be reused while cached.
+    config = record.get("config")
+    hit = _KNOBS_CACHE.get(id(record))
+    if hit is None or hit[0] is not record or hit[1] is not config:
+        if len(_KNOBS_CACHE) > 200_000:
+            _KNOBS_CACHE.clear()
+        flat = {k: v for k, v in flatten(config or {}).items() if k not in MATCH_EXCLUDED}
+        hit = (record, config, flat)
+        _KNOBS_CACHE[id(record)] = hit
+    return dict(hit[2])
 
 
 def knob_key(k: dict[str, Any]) -> str:

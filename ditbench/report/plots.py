@@ -94,6 +94,18 @@ def _batch_axis(ax, batches: list[float]) -> None:
     ax.grid(True, alpha=0.3)
 
 
+MAX_LEGEND = 12  # beyond this a legend hides the plot; the tables name every cell anyway
+
+
+def _legend(ax, extra: list | None = None) -> None:
+    handles, _ = ax.get_legend_handles_labels()
+    if len(handles) > MAX_LEGEND:
+        ax.set_title(f"{ax.get_title()} ({len(handles)} lines, legend omitted)", fontsize="medium")
+        return
+    if handles or extra:
+        ax.legend(handles=handles + (extra or []), fontsize="small")
+
+
 _OOM_HANDLE = Line2D([], [], marker="x", linestyle="none", color="black", label="out of memory")
 
 
@@ -127,8 +139,7 @@ def throughput_figure(df: pd.DataFrame) -> Figure | None:
         ax.set_ylim(bottom=0)
         ax.set_title(model)
         ax.set_ylabel("images/s (all GPUs)" if multi_gpu else "images/s")
-        handles, _ = ax.get_legend_handles_labels()
-        ax.legend(handles=handles + ([_OOM_HANDLE] if any_oom else []), fontsize="small")
+        _legend(ax, [_OOM_HANDLE] if any_oom else [])
     return fig
 
 
@@ -169,8 +180,7 @@ def memory_figure(df: pd.DataFrame) -> Figure | None:
         ax.set_ylim(bottom=0, top=max(top, oom_y) * 1.12 or 1)
         ax.set_title(model)
         ax.set_ylabel(mem_label)
-        handles, _ = ax.get_legend_handles_labels()
-        ax.legend(handles=handles + ([_OOM_HANDLE] if any_oom else []), fontsize="small")
+        _legend(ax, [_OOM_HANDLE] if any_oom else [])
     return fig
 
 
@@ -217,7 +227,7 @@ def smoke_loss_figure(df: pd.DataFrame) -> Figure | None:
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
+        _legend(ax)
     return fig
 
 
