@@ -171,6 +171,11 @@ def test_missing_cells_on_both_sides_are_listed(tmp_path):
     assert "fails the gate" in summary_markdown(strict)
 
 
+def test_no_matching_cell_is_an_input_error(tmp_path):
+    with pytest.raises(UserError, match="no cell of .* matches a cell of"):
+        gate(tmp_path, [make_record("DiT-S/8", batch_size=8)], [make_record("DiT-S/8", batch_size=16)])
+
+
 def test_environment_mismatch_is_refused_unless_allowed(tmp_path):
     other = dict(H200_ENV, torch="2.15.0", driver="575.0")
     with pytest.raises(EnvMismatchError) as err:

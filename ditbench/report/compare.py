@@ -370,8 +370,6 @@ def env_differences(base: pd.DataFrame, new: pd.DataFrame, common: list[str]) ->
     n = new.set_index("cell_id")["record"]
     ids = common or []
     pairs = [(_env_fingerprint(b[i]), _env_fingerprint(n[i])) for i in ids]
-    if not pairs:  # nothing matched: compare the runs as wholes
-        pairs = [(_env_fingerprint(x), _env_fingerprint(y)) for x in b.iloc[:1] for y in n.iloc[:1]]
     diffs: dict[str, tuple[list, list]] = {}
     for fb, fn in pairs:
         for key in sorted(set(fb) | set(fn)):
@@ -488,6 +486,13 @@ def compare_frames(
     base_rows = {r["cell_id"]: r for _, r in base.iterrows()}
     new_rows = {r["cell_id"]: r for _, r in new.iterrows()}
     common = [c for c in base_rows if c in new_rows]
+    if not common:
+        raise UserError(
+            f"no cell of {new_path} matches a cell of {base_path} (cells match by cell_id, a hash of the "
+            f"whole cell config; {len(base_rows)} cells vs {len(new_rows)}). Are these runs of the same "
+            "suite, and was the suite file changed since the baseline? A gate that compares nothing "
+            "cannot pass; refresh the baseline if the suite changed on purpose."
+        )
     diffs = env_differences(base, new, common)
     if diffs and not allow_env_mismatch:
         text = "; ".join(f"{k}: {', '.join(b)} (base) vs {', '.join(n)} (new)" for k, (b, n) in diffs.items())
