@@ -370,3 +370,21 @@ def test_rewriting_a_report_leaves_no_temp_files(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Image.open(io.BytesIO((tmp_path / "r" / "memory.png").read_bytes())).verify()
+
+
+def test_oom_on_a_card_of_known_size_counts_against_smaller_budgets(tmp_path):
+    env80 = dict(make_record("DiT-S/8")["env"], gpu_name="NVIDIA A100-SXM4-80GB", gpu_memory_gib=79.1)
+    df = frame(tmp_path, [make_record("DiT-L/4", "fp16", "full", 32, "oom", env=env80)])
+    check = analysis.check_24gb_l4(df)
+    assert check.verdict == "did not hold" and "oom" in check.evidence
+    rec = analysis.recommend(frame(tmp_path, [make_record("DiT-S/8", env=env80)], "b.jsonl"))
+    assert rec.per_model[0].budget == "the NVIDIA A100-SXM4-80GB (79.1 GiB) it ran on"
+
+
+def test_empty_columns_are_left_out_of_a_model_table(tmp_path):
+    records = make_matrix(
+        models=("DiT-S/8",), precisions=("fp32",), batches=(2,), device="cpu", smoke_steps=0
+    )
+    write_report(frame(tmp_path, records), tmp_path / "r")
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "| MFU |" not in md and "reserved (GiB)" not in md and "smoke loss" not in md

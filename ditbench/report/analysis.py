@@ -9,8 +9,8 @@ Memory budgets are per GPU and in GiB (a "24 GB" card has about 24 GiB: an RTX 4
 23.99 GiB). A cell fits a budget when the best memory figure it has is within it: NVML device
 memory (it includes the CUDA context, so it is what the card really needs), else allocator
 reserved, else allocator allocated. An out-of-memory cell counts as "does not fit" only where we
-know the memory it ran out of was at least the budget (the suite's cap, or a card that other
-cells showed to be bigger).
+know the memory it ran out of was at least the budget (the suite's cap, the card's size in
+env.gpu_memory_gib, or a card that other cells showed to be bigger).
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def fits(row: pd.Series, budget_gib: float, bounds: dict[Any, float] | None = No
     if row["status"] == "oom":
         if cap is not None:
             return False if cap >= budget_gib else None
-        card = (bounds or {}).get(row.get("env.gpu_name"))
+        card = value(row, "env.gpu_memory_gib") or (bounds or {}).get(row.get("env.gpu_name"))
         return False if card is not None and card >= budget_gib else None
     return None
 
@@ -244,7 +244,8 @@ def _budget_label(row: pd.Series) -> tuple[str, float | None]:
     device = row.get("config.device")
     if device == "cpu" or not gpu:
         return "this machine (CPU)", None
-    return f"the {gpu} it ran on", None
+    card = value(row, "env.gpu_memory_gib")
+    return (f"the {gpu} ({card:.1f} GiB) it ran on" if card else f"the {gpu} it ran on"), None
 
 
 def recommend(df: pd.DataFrame) -> Recommendations:

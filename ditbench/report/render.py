@@ -305,22 +305,25 @@ def _model_section(df: pd.DataFrame, sub: pd.DataFrame, comparison: pd.DataFrame
             ]
         )
         detail_css.append(["", f"status-{row['status']}"] + [""] * 8)
+    headers = [
+        "cell",
+        "status",
+        "images/s",
+        "step ms median (p10–p90)",
+        mem_label,
+        "reserved (GiB)",
+        "MFU",
+        "vs baseline (speed-up, memory saved)",
+        "smoke loss first → last",
+        "reason",
+    ]
+    # A column no cell of this model has (reserved memory and MFU on a CPU) only adds noise.
+    keep = [i for i, h in enumerate(headers) if i < 2 or any(r[i] not in ("—", "") for r in detail)]
     out.append(
         Table(
-            [
-                "cell",
-                "status",
-                "images/s",
-                "step ms median (p10–p90)",
-                mem_label,
-                "reserved (GiB)",
-                "MFU",
-                "vs baseline (speed-up, memory saved)",
-                "smoke loss first → last",
-                "reason",
-            ],
-            detail,
-            detail_css,
+            [headers[i] for i in keep],
+            [[r[i] for i in keep] for r in detail],
+            [[c[i] for i in keep] for c in detail_css],
         )
     )
     return out
