@@ -32,8 +32,11 @@ H200_ENV = {
     "host": "gpu-runner-1",
     "platform": "Linux-6.8.0-x86_64-with-glibc2.39",
     "cpu": "Intel Xeon Platinum 8480+",
+    "cpu_count": 16,
+    "torch_threads": 16,
     "gpu_name": "NVIDIA H200",
     "gpu_count": 1,
+    "gpu_memory_gib": 139.8,
     "driver": "570.86.15",
     "cuda": "12.8",
     "torch": "2.14.1",
@@ -45,8 +48,11 @@ CPU_ENV = {
     "host": "laptop",
     "platform": "Linux-6.1.0-x86_64-with-glibc2.36",
     "cpu": "AMD EPYC 7B13",
+    "cpu_count": 2,
+    "torch_threads": 2,
     "gpu_name": None,
     "gpu_count": 0,
+    "gpu_memory_gib": None,
     "driver": None,
     "cuda": None,
     "torch": "2.14.1",
@@ -95,6 +101,7 @@ def cell_config(model="DiT-S/8", precision="fp32", grad_ckpt="none", batch_size=
         "compile": False,
         "attention": "sdpa",
         "optimizer": "adamw",
+        "optimizer_impl": "auto",
         "data": "synthetic",
         "seed": 0,
         "lr": 1e-4,
@@ -200,6 +207,13 @@ def make_record(
                 "timeout": "no result after 1800 s",
                 "nan_loss": "loss is nan at step 3",
             }.get(status, status)
+        # What the runner leaves on failed cells: a traceback on errors, memory at the time of an OOM.
+        if status == "error":
+            record["traceback"] = "Traceback (most recent call last):\n  ...\nRuntimeError: boom"
+        if status == "oom" and device == "cuda":
+            record["metrics"] = {"peak_mem_allocated_gib": 70.2, "peak_mem_reserved_gib": 71.0}
+            if cfg.get("gpu_memory_gb") is not None:
+                record["metrics"]["fits_budget"] = False
         return record
     m_img_s, m_alloc = modelled(
         cfg["model"], cfg["precision"], cfg["grad_ckpt"], cfg["batch_size"], cfg["image_size"]
@@ -242,6 +256,11 @@ def make_record(
         "mfu": {"value": tflops / 989.0, "peak_tflops": 989.0, "peak_basis": "datasheet"} if on_gpu else None,
         "scaling_efficiency": None,
         "params": MODELS[cfg["model"]][3],
+        "measured_steps": len(samples),
+        "window_s": sum(samples) / 1000.0,
+        "timing": "cuda_events" if on_gpu else "perf_counter",
+        "device": device,
+        "loss_last": 0.52,
     }
     if cfg["smoke_steps"]:
         record["smoke"] = smoke_curve(cfg["smoke_steps"], seed=sample_seed)

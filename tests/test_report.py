@@ -181,7 +181,7 @@ def test_recommendation_is_the_fastest_cell_that_fits(tmp_path):
     )
     assert best["DiT-B/8"].cell_name == "DiT-B/8 fp16 ckpt=none bs=128"  # no cap: the card held it
     (largest,) = recs.largest.values()
-    assert largest.model == "DiT-XL/2" and largest.budget == "the NVIDIA H200 it ran on"
+    assert largest.model == "DiT-XL/2" and largest.budget == "the NVIDIA H200 (139.8 GiB) it ran on"
 
 
 def test_recommendation_respects_the_suite_budget(tmp_path):
@@ -280,7 +280,7 @@ def test_report_files_and_contents(tmp_path):
     assert "2.50x, +45.0% memory saved" in md and "2.00x, +75.0% memory saved" in md
     # recommendation and the largest model
     assert "| DiT-L/4 | DiT-L/4 fp16 ckpt=none bs=32 | 500.0 | 12.00 GiB (NVML device memory) |" in md
-    assert "Largest model that fits on the NVIDIA H200 it ran on: **DiT-XL/2**" in md
+    assert "Largest model that fits on the NVIDIA H200 (139.8 GiB) it ran on: **DiT-XL/2**" in md
     # advice verdicts and the thresholds they used
     assert "| fp16 halves memory | held |" in md
     assert "| 48 GB and up: DiT-XL/2 | held |" in md

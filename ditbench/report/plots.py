@@ -153,10 +153,8 @@ def memory_figure(df: pd.DataFrame) -> Figure | None:
     for ax, model in zip(axes, models, strict=True):
         sub = df[df["config.model"] == model]
         budgets = sorted(set(column(sub, "config.gpu_memory_gb").dropna()))
-        top = max(
-            column(sub, mem_col).max(skipna=True) if column(sub, mem_col).notna().any() else 0,
-            max(budgets, default=0),
-        )
+        ok_mem = column(sub[sub["status"] == "ok"], mem_col)  # a failed cell's memory is not a data point
+        top = max(ok_mem.max(skipna=True) if ok_mem.notna().any() else 0, max(budgets, default=0))
         oom_y = budgets[0] if budgets else top * 1.05
         any_oom = False
         for i, (key, rows) in enumerate(_series(sub).items()):
