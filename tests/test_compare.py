@@ -465,3 +465,16 @@ def test_shipped_ci_policy_and_workflow_agree():
     assert "ditbench compare baselines/ci_gate/results.jsonl runs/ci/results.jsonl" in workflow
     assert "--policy baselines/ci_gate/policy.yaml" in workflow
     assert "--benchmark-compare-fail=mean:10%" in workflow
+
+
+def test_summary_of_a_large_gate_fits_a_pull_request_comment(tmp_path):
+    base = [
+        make_record("DiT-S/8", batch_size=b, seed=s, sample_seed=s) for b in (1, 2, 4, 8) for s in range(100)
+    ]
+    new = copy.deepcopy(base)
+    new[-1]["metrics"]["peak_mem_allocated_gib"] *= 1.5  # the last cell regresses and must still be shown
+    result = gate(tmp_path, base, new)
+    text = summary_markdown(result)
+    assert len(text) < 65_536
+    assert "more cells (all pass)" in text
+    assert new[-1]["cell_name"] in text and result.exit_code == 1

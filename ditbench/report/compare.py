@@ -89,6 +89,7 @@ DEFAULT_THRESHOLDS: dict[str, float] = {
     "fid": 2.0,
 }
 DEFAULT_ALPHA = 0.01
+MAX_SUMMARY_ROWS = 150  # rows of the "All cells" table in the markdown summary
 DEFAULT_MIN_SAMPLES = 5
 
 
@@ -668,7 +669,9 @@ def summary_markdown(c: Comparison) -> str:
             lines += ["", f"### {title}{fail}", "", "| cell | cell_id | status |", "|---|---|---|"] + rows
     shown = [m for m in METRICS if m in c.policy.rules][:4]
     all_rows = []
-    for x in c.cells:
+    # Changed cells first; the table is capped so the summary fits a pull-request comment (65,536 chars).
+    ordered = sorted(c.cells, key=lambda x: x.verdict == "pass")
+    for x in ordered[:MAX_SUMMARY_ROWS]:
         by = {d.metric: d for d in x.metrics}
         vals = []
         for m in shown:
@@ -685,6 +688,11 @@ def summary_markdown(c: Comparison) -> str:
             "|---|---|" + "---|" * len(shown) + "---|",
         ]
         + all_rows
+        + (
+            [f"| … {len(ordered) - MAX_SUMMARY_ROWS} more cells (all pass); see `--json` | | |"]
+            if len(ordered) > MAX_SUMMARY_ROWS
+            else []
+        )
         + ["", "</details>"]
     )
     rules = ", ".join(f"{METRICS[k].label} {_limit(k, r.threshold_pct)}" for k, r in c.policy.rules.items())
