@@ -388,3 +388,12 @@ def test_empty_columns_are_left_out_of_a_model_table(tmp_path):
     write_report(frame(tmp_path, records), tmp_path / "r")
     md = (tmp_path / "r" / "report.md").read_text()
     assert "| MFU |" not in md and "reserved (GiB)" not in md and "smoke loss" not in md
+
+
+def test_lines_without_an_ok_cell_stay_out_of_the_legend(tmp_path):
+    from ditbench.report.plots import throughput_figure
+
+    records = make_matrix(models=("DiT-S/8",), precisions=("fp32", "fp16"), batches=(2, 4), device="cpu")
+    fig = throughput_figure(frame(tmp_path, records))
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["fp32 ckpt=none", "fp32 ckpt=full"]

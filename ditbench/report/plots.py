@@ -123,7 +123,8 @@ def throughput_figure(df: pd.DataFrame) -> Figure | None:
             style = _style(key, rows.iloc[0], i)
             ok = rows[(rows["status"] == "ok") & column(rows, IMG_S).notna()]
             ok = ok.assign(_bs=column(ok, "config.batch_size")).sort_values("_bs")
-            ax.plot(ok["_bs"], column(ok, IMG_S), marker="o", **style)
+            if len(ok):  # a line with no ok cell (fp16 on a CPU) would only clutter the legend
+                ax.plot(ok["_bs"], column(ok, IMG_S), marker="o", **style)
             oom = rows[rows["status"] == "oom"]
             if len(oom):
                 any_oom = True
@@ -161,7 +162,8 @@ def memory_figure(df: pd.DataFrame) -> Figure | None:
             style = _style(key, rows.iloc[0], i)
             ok = rows[(rows["status"] == "ok") & column(rows, mem_col).notna()]
             ok = ok.assign(_bs=column(ok, "config.batch_size")).sort_values("_bs")
-            ax.plot(ok["_bs"], column(ok, mem_col), marker="o", **style)
+            if len(ok):
+                ax.plot(ok["_bs"], column(ok, mem_col), marker="o", **style)
             oom = rows[rows["status"] == "oom"]
             if len(oom):
                 any_oom = True
