@@ -403,31 +403,34 @@ def test_cli_summary_pointing_at_step_summary_is_written_once(tmp_path):
     assert step_summary.read_text().count("ditbench compare") == 1
 
 
-def test_cli_input_errors_exit_2(tmp_path):
+def test_cli_refuses_an_environment_mismatch_with_exit_2(tmp_path):
     b, n = files(tmp_path, [cell()], [cell(seed=2, env=dict(H200_ENV, gpu_name="NVIDIA A100-SXM4-80GB"))])
     summary = tmp_path / "s.md"
     refused = cli(b, n, "--summary", summary)
     assert refused.returncode == 2
     assert "different hardware or software" in refused.message and "Traceback" not in refused.message
     assert "refused" in summary.read_text()
-    allowed = cli(b, n, "--allow-env-mismatch")
-    assert allowed.returncode == 0, allowed.stderr
-
-    missing = cli(tmp_path / "nope.jsonl", n)
-    assert missing.returncode == 2 and "does not exist" in missing.message
-
     policy = tmp_path / "policy.yaml"
     policy.write_text("metrics:\n  speed: 5\n")
     bad_policy = cli(b, n, "--policy", policy, "--allow-env-mismatch")
     assert bad_policy.returncode == 2 and "`metrics.speed` is not a metric" in bad_policy.message
 
+
+def test_cli_input_errors_exit_2_in_process(tmp_path, capsys, monkeypatch):
+    from ditbench.cli import main
+
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    b, n = files(tmp_path, [cell()], [cell(seed=2, env=dict(H200_ENV, gpu_name="NVIDIA A100-SXM4-80GB"))])
+    assert main(["compare", str(b), str(n), "--allow-env-mismatch"]) == 0
+    assert main(["compare", str(tmp_path / "nope.jsonl"), str(n)]) == 2
+    assert "does not exist" in " ".join(capsys.readouterr().err.split())
     not_results = tmp_path / "config.json"
     not_results.write_text('{"model": "DiT-S/8"}\n')
-    wrong = cli(not_results, n)
-    assert wrong.returncode == 2 and "line 1 is not a ditbench result record" in wrong.message
-
-    usage = cli(b)
-    assert usage.returncode == 2
+    assert main(["compare", str(not_results), str(n)]) == 2
+    assert "line 1 is not a ditbench result record" in " ".join(capsys.readouterr().err.split())
+    with pytest.raises(SystemExit) as usage:  # argparse: a missing NEW is a usage error
+        main(["compare", str(b)])
+    assert usage.value.code == 2
 
 
 def test_duplicate_cells_use_the_latest_record(tmp_path):
