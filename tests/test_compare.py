@@ -481,3 +481,10 @@ def test_summary_of_a_large_gate_fits_a_pull_request_comment(tmp_path):
     assert len(text) < 65_536
     assert "more cells (all pass)" in text
     assert new[-1]["cell_name"] in text and result.exit_code == 1
+
+
+def test_long_measurement_windows_are_tested(tmp_path):
+    # 700 steps a side: the exact-test bound 2 / C(1400, 700) must not overflow a float
+    result = gate(tmp_path, [cell(400.0, n_samples=700)], [cell(360.0, seed=2, n_samples=700)])
+    d = delta(only(result), "images_per_s")
+    assert d.verdict == "regression" and d.p_value < 1e-10

@@ -385,7 +385,7 @@ def env_differences(base: pd.DataFrame, new: pd.DataFrame, common: list[str]) ->
 
 def _p_min(n: int, m: int) -> float:
     """Smallest two-sided p-value an exact Mann-Whitney U test can give for sample sizes n and m."""
-    return min(1.0, 2.0 / math.comb(n + m, min(n, m)))
+    return min(1.0, 2 / math.comb(n + m, min(n, m)))  # int / int: no float overflow for long windows
 
 
 def _samples(row: pd.Series) -> list[float]:
