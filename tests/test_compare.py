@@ -488,3 +488,23 @@ def test_long_measurement_windows_are_tested(tmp_path):
     result = gate(tmp_path, [cell(400.0, n_samples=700)], [cell(360.0, seed=2, n_samples=700)])
     d = delta(only(result), "images_per_s")
     assert d.verdict == "regression" and d.p_value < 1e-10
+
+
+def test_help_lists_every_metric_a_policy_may_name():
+    from ditbench.report.compare import METRICS
+    from ditbench.report.compare_cli import POLICY_EXAMPLE
+
+    for name in METRICS:
+        assert name in POLICY_EXAMPLE
+
+
+def test_the_policy_example_in_the_help_is_valid(tmp_path):
+    from ditbench.report.compare_cli import POLICY_EXAMPLE
+
+    lines = POLICY_EXAMPLE.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("policy file")) + 1
+    end = next(i for i, line in enumerate(lines) if line.startswith("metrics:"))
+    p = tmp_path / "example.yaml"
+    p.write_text("\n".join(line[2:] for line in lines[start:end]) + "\n")
+    policy = load_policy(p)
+    assert policy.rules["step_ms"].threshold_pct == 10 and policy.overrides[0].match == {"model": "DiT-S/8"}

@@ -21,8 +21,33 @@ from ditbench.report.compare import (
 )
 from ditbench.report.files import write_atomic
 
+POLICY_EXAMPLE = """\
+exit status: 0 no regression, 1 regression (or missing cells with fail_on_missing), 2 usage or input
+error, including runs from different GPU / driver / CUDA / torch without --allow-env-mismatch.
+
+A regression needs the threshold crossed in the bad direction AND, for timing metrics, a significant
+Mann-Whitney U difference of the per-step times (p < alpha); with fewer than min_samples steps a
+side the threshold alone decides and the summary says so. Memory and FID: threshold alone.
+
+policy file (YAML; every key optional, metrics merge over the defaults):
+  alpha: 0.01
+  min_samples: 5
+  fail_on_missing: false
+  metrics:                      # percent the metric may move the wrong way; false turns it off
+    images_per_s: 5
+    peak_mem_allocated_gib: {threshold_pct: 2, min_abs: 0.05}
+    step_ms: 10
+  overrides:                    # per-cell thresholds, matched on config knobs
+    - match: {model: DiT-S/8}
+      metrics: {images_per_s: 10}
+metrics: images_per_s, images_per_s_per_gpu, steps_per_s, step_ms, tflops_per_s, mfu,
+  peak_mem_allocated_gib, peak_mem_reserved_gib, device_mem_gib, cpu_peak_rss_gib, fid, smoke_last_loss
+"""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = POLICY_EXAMPLE
     parser.add_argument("base", metavar="BASE", help="the baseline results.jsonl (or its run directory)")
     parser.add_argument("new", metavar="NEW", help="the new results.jsonl (or its run directory)")
     parser.add_argument(
