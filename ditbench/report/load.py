@@ -1,0 +1,190 @@
+"""Read results.jsonl files into a pandas DataFrame, one row per result record.
+
+Nested objects are flattened with dots (`config.precision`, `metrics.step_ms.median`,
+`metrics.mfu.value`, `smoke.loss`, `env.gpu_name`); lists stay lists. The untouched record is
+kept in the `record` column, and `source` says which file and line it came from.
+
+A run that was killed while writing leaves at most a torn last line (no newline, not JSON); it is
+skipped with a warning. Anything else that is not a result record is the user's mistake and
+raises UserError naming the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ditbench.errors import UserError
+
+SCHEMA_PREFIX = "ditbench.result/"
+KNOWN_SCHEMAS = ("ditbench.result/1",)
+# Keys without which a line cannot be placed in a report or a comparison.
+REQUIRED_KEYS = ("cell_id", "config", "status")
+KEEP_CHOICES = ("latest", "all")
+
+
+def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a": {"b": 1}, "c": [1, 2]} -> {"a.b": 1, "c": [1, 2]}; an empty or null dict gives its own key."""
+    out: dict[str, Any] = {}
+    if isinstance(obj, dict) and obj:
+        for key, value in obj.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            out.update(flatten(value, name))
+    elif prefix:
+        out[prefix] = None if isinstance(obj, dict) else obj
+    return out
+
+
+def read_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, record) for every record of one results file, validated."""
+    path = Path(path)
+    if path.is_dir():
+        candidate = path / "results.jsonl"
+        if not candidate.is_file():
+            raise UserError(
+                f"{path} is a directory without a results.jsonl; give the results file that "
+                "`ditbench run --out DIR` wrote (DIR/results.jsonl)."
+            )
+        path = candidate
+    if not path.is_file():
+        raise UserError(
+            f"results file {path} does not exist; give the results.jsonl that `ditbench run` "
+            "wrote (for example runs/NAME/results.jsonl)."
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(
+            f"{path} is not a text file ({err.reason} at byte {err.start}); give a results.jsonl "
+            "written by `ditbench run`."
+        ) from None
+    lines = text.split("\n")
+    # The last element is "" when the file ends in a newline; otherwise it is a line still being written.
+    last_index = len(lines) - 1
+    records = []
+    for index, line in enumerate(lines):
+        if not line.strip():
+            continue
+        lineno = index + 1
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            if index == last_index:
+                warnings.warn(
+                    f"{path}: line {lineno} is an incomplete record (the run was probably stopped "
+                    "while writing it); skipped",
+                    stacklevel=2,
+                )
+                continue
+            raise UserError(
+                f"{path} line {lineno} is not JSON ({err.msg} at column {err.colno}); a results "
+                "file has one JSON result record per line, as `ditbench run` writes it."
+            ) from None
+        _validate(record, path, lineno)
+        records.append((lineno, record))
+    return records
+
+
+def _validate(record: Any, path: Path, lineno: int) -> None:
+    where = f"{path} line {lineno}"
+    if not isinstance(record, dict):
+        raise UserError(
+            f"{where} is a JSON {type(record).__name__}, not a result record (a JSON object with "
+            f'"schema": "{KNOWN_SCHEMAS[-1]}"); is this the results.jsonl of `ditbench run`?'
+        )
+    schema = record.get("schema")
+    if not isinstance(schema, str) or not schema.startswith(SCHEMA_PREFIX):
+        raise UserError(
+            f'{where} is not a ditbench result record: its "schema" is {schema!r}, expected '
+            f"{KNOWN_SCHEMAS[-1]!r}; is this the results.jsonl of `ditbench run`?"
+        )
+    if schema not in KNOWN_SCHEMAS:
+        raise UserError(
+            f"{where} has schema {schema!r}, which this ditbench does not know (it reads "
+            f"{', '.join(KNOWN_SCHEMAS)}); upgrade ditbench to read it."
+        )
+    missing = [k for k in REQUIRED_KEYS if k not in record]
+    if missing:
+        raise UserError(
+            f"{where} is a result record without {', '.join(missing)}; every record needs "
+            f"{', '.join(REQUIRED_KEYS)}. Was the file edited by hand?"
+        )
+    if not isinstance(record["config"], dict):
+        raise UserError(
+            f'{where}: "config" must be an object of knobs, got {type(record["config"]).__name__}.'
+        )
+
+
+def record_row(record: dict[str, Any], source: str = "") -> dict[str, Any]:
+    """One DataFrame row: top-level scalars, then flattened config/metrics/smoke/env, then the raw record."""
+    row: dict[str, Any] = {}
+    for key, value in record.items():
+        if key in ("config", "metrics", "smoke", "env"):
+            continue
+        row[key] = value
+    for section in ("config", "metrics", "smoke", "env"):
+        value = record.get(section)
+        if isinstance(value, dict):
+            row.update(flatten(value, section))
+        else:
+            row[section] = value  # null (no metrics for a failed cell, no smoke run)
+    row["source"] = source
+    row["record"] = record
+    return row
+
+
+def load_results(paths: str | Path | Iterable[str | Path], keep: str = "latest") -> pd.DataFrame:
+    """Every record of the given results files as a DataFrame, one row per record.
+
+    keep="latest" keeps, for each cell_id, the record with the latest started_at (ties and missing
+    times: the one read last); keep="all" keeps every record, e.g. to study run-to-run noise.
+    """
+    if keep not in KEEP_CHOICES:
+        raise UserError(f"keep={keep!r} is not valid; use one of {', '.join(KEEP_CHOICES)}.")
+    if isinstance(paths, (str, Path)):
+        paths = [paths]
+    rows = []
+    for path in paths:
+        for lineno, record in read_records(path):
+            rows.append(record_row(record, f"{path}:{lineno}"))
+    if not rows:
+        names = ", ".join(str(p) for p in paths) or "(none)"
+        raise UserError(
+            f"no result records in {names}; run `ditbench run SUITE.yaml --out DIR` first, or check "
+            "that you gave its DIR/results.jsonl."
+        )
+    df = pd.DataFrame(rows)
+    df["_order"] = range(len(df))
+    if "started_at" in df:
+        df["started_at"] = pd.to_datetime(df["started_at"], utc=True, errors="coerce", format="ISO8601")
+    else:
+        df["started_at"] = pd.NaT
+    if keep == "latest":
+        # NaT sorts first, so a dated record beats an undated one; read order breaks ties.
+        df = df.sort_values(["started_at", "_order"], na_position="first", kind="stable")
+        df = df.drop_duplicates("cell_id", keep="last").sort_values("_order", kind="stable")
+    return df.drop(columns="_order").reset_index(drop=True)
+
+
+def column(df: pd.DataFrame, name: str) -> pd.Series:
+    """df[name] as floats, or all-NaN when no record has that field (e.g. mfu on a CPU run)."""
+    if name not in df:
+        return pd.Series(float("nan"), index=df.index, dtype=float)
+    return pd.to_numeric(df[name], errors="coerce").astype(float)
+
+
+def value(row: pd.Series | dict[str, Any], name: str) -> float | None:
+    """A numeric field of one row, or None when absent, null or NaN."""
+    v = row.get(name) if hasattr(row, "get") else None
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        v = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if v != v else v
