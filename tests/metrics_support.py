@@ -58,7 +58,7 @@ def to_nchw(images: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
 
 
-def build_calibrated_inception(seed: int = 0, n_calibration: int = 12) -> InceptionV3:
+def build_calibrated_inception(seed: int = 0, n_calibration: int = 16) -> InceptionV3:
     """A random InceptionV3 whose BatchNorms are calibrated on synthetic images."""
     torch.manual_seed(seed)
     net = InceptionV3()
@@ -80,7 +80,7 @@ def build_calibrated_inception(seed: int = 0, n_calibration: int = 12) -> Incept
     return net
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def calibrated_weights_file() -> Path:
     """Build the calibrated network once per test session and save its state dict."""
     path = Path(tempfile.mkdtemp(prefix="ditbench-inception-")) / "inception-calibrated.pth"
