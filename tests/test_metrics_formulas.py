@@ -36,6 +36,11 @@ def test_frechet_distance_equals_scipy_sqrtm(d, shift):
     ours, classical = frechet_distance(mu1, s1, mu2, s2), _fid_sqrtm(mu1, s1, mu2, s2)
     assert ours > 0.01
     assert ours == pytest.approx(classical, rel=1e-8)
+    # torch-fidelity's eigenvalue formula agrees where it is accurate (full-rank statistics)
+    from torch_fidelity.metric_fid import fid_statistics_to_metric
+
+    tf = fid_statistics_to_metric({"mu": mu1, "sigma": s1}, {"mu": mu2, "sigma": s2}, verbose=False)
+    assert ours == pytest.approx(tf["frechet_inception_distance"], rel=1e-8)
     # symmetric in its arguments, zero on identical statistics
     assert frechet_distance(mu2, s2, mu1, s1) == pytest.approx(ours, rel=1e-10)
     assert abs(frechet_distance(mu1, s1, mu1, s1)) < 1e-8 * np.trace(s1)

@@ -32,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "$DITBENCH_INCEPTION_WEIGHTS, else the torch hub cache, downloaded once)")
     p.add_argument("--tf32", action="store_true", default=d["tf32"],
                    help="allow TF32 in the network (faster on Ampere+, changes the features; recorded)")
+    p.add_argument("--is-splits", type=int, default=d["is_splits"], help="Inception Score splits (%(default)s)")
     p.add_argument("--kid-subset-size", type=int, default=d["kid_subset_size"], help="(%(default)s)")
     p.add_argument("--kid-subsets", type=int, default=d["kid_subsets"], help="(%(default)s)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout instead of a table")
@@ -68,14 +69,14 @@ def run(args: argparse.Namespace) -> int:
     from ditbench.metrics.evaluate import default_output_path, evaluate
     from ditbench.metrics.stats_cache import atomic_write_bytes
 
-    for name in ("batch_size", "kid_subset_size", "kid_subsets"):
+    for name in ("batch_size", "is_splits", "kid_subset_size", "kid_subsets"):
         if getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} must be a positive integer; got {getattr(args, name)}.")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the result carries its own warnings; printed below
         result = evaluate(args.samples, args.ref, metrics=args.metrics, batch_size=args.batch_size,
                           device=args.device, inception_weights=args.inception_weights, tf32=args.tf32,
-                          cache=not args.no_cache, cache_dir=args.cache_dir, kid_subsets=args.kid_subsets,
+                          cache=not args.no_cache, cache_dir=args.cache_dir, kid_subsets=args.kid_subsets, is_splits=args.is_splits,
                           kid_subset_size=args.kid_subset_size, progress=not args.no_progress)
     for w in result["warnings"]:
         print(f"ditbench: warning: {w}", file=sys.stderr)

@@ -64,8 +64,13 @@ def trace_sqrt_product(sigma1, sigma2, device: str | torch.device = "cpu", facto
     """
     s2 = torch.as_tensor(np.asarray(sigma2, dtype=np.float64), device=device)
     if factor1 is not None:
-        f = torch.as_tensor(factor1, device=device).double()
-        m = f @ s2 @ f.T
+        f = torch.as_tensor(np.asarray(factor1) if not torch.is_tensor(factor1) else factor1, device=device).double()
+        # Centred features have rank n - 1 at most: drop the null directions exactly (an SVD of the
+        # small factor), since sqrt() turns a 1e-10 rounding eigenvalue into a 1e-5 error.
+        _, sv, vh = torch.linalg.svd(f, full_matrices=False)
+        keep = sv > sv.max() * max(f.shape) * torch.finfo(torch.float64).eps
+        g = sv[keep, None] * vh[keep]
+        m = g @ s2 @ g.T
     else:
         s1 = torch.as_tensor(np.asarray(sigma1, dtype=np.float64), device=device)
         chol, info = torch.linalg.cholesky_ex(s1)

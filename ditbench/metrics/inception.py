@@ -352,7 +352,13 @@ def load_inception(weights: str | os.PathLike) -> InceptionV3:
     if not isinstance(state, dict):
         raise UserError(f"Inception weights file {weights} holds a {type(state).__name__}, not a state dict.")
     net = InceptionV3()
-    missing, unexpected = net.load_state_dict(state, strict=False)
+    try:
+        missing, unexpected = net.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # shapes that do not fit
+        raise UserError(
+            f"Inception weights file {weights} does not fit the FID InceptionV3: {str(err).splitlines()[-1].strip()} "
+            f"Use torch-fidelity's {WEIGHTS_FILE_NAME} from {WEIGHTS_URL}."
+        ) from None
     missing = [k for k in missing if not k.endswith("num_batches_tracked")]  # unused in eval mode
     if missing or unexpected:
         raise UserError(
