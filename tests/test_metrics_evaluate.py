@@ -27,8 +27,10 @@ IS_SPLITS = 2  # 10 splits of 6 samples would hold 0 or 1 sample each, and IS = 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("fid")
-    sets = {"samples": synthetic_images(N, 32, seed=101, style="smooth"),
-            "ref": synthetic_images(N, 32, seed=202, style="noisy")}
+    sets = {
+        "samples": synthetic_images(N, 32, seed=101, style="smooth"),
+        "ref": synthetic_images(N, 32, seed=202, style="noisy"),
+    }
     for name, imgs in sets.items():
         (root / name).mkdir()
         for i, img in enumerate(imgs):
@@ -47,8 +49,14 @@ def ours(data, extractor, tmp_path_factory):
     root, _ = data
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = evaluate(root / "samples", root / "ref", extractor=extractor,
-                          cache_dir=tmp_path_factory.mktemp("cache"), is_splits=IS_SPLITS, **KID)
+        result = evaluate(
+            root / "samples",
+            root / "ref",
+            extractor=extractor,
+            cache_dir=tmp_path_factory.mktemp("cache"),
+            is_splits=IS_SPLITS,
+            **KID,
+        )
     result["_caught"] = caught
     return result
 
@@ -59,16 +67,37 @@ def torch_fidelity_metrics(data):
 
     root, _ = data
     return calculate_metrics(
-        input1=str(root / "samples"), input2=str(root / "ref"), cuda=False, batch_size=64,
-        fid=True, isc=True, kid=True, prc=True, feature_extractor="inception-v3-compat",
-        feature_extractor_weights_path=str(calibrated_weights_file()), cache=False, verbose=False,
-        samples_shuffle=False, save_cpu_ram=True, isc_splits=IS_SPLITS, **KID)
+        input1=str(root / "samples"),
+        input2=str(root / "ref"),
+        cuda=False,
+        batch_size=64,
+        fid=True,
+        isc=True,
+        kid=True,
+        prc=True,
+        feature_extractor="inception-v3-compat",
+        feature_extractor_weights_path=str(calibrated_weights_file()),
+        cache=False,
+        verbose=False,
+        samples_shuffle=False,
+        save_cpu_ram=True,
+        isc_splits=IS_SPLITS,
+        **KID,
+    )
 
 
 def test_metrics_equal_torch_fidelity(ours, torch_fidelity_metrics):
     m, tf = ours["metrics"], torch_fidelity_metrics
-    assert set(m) == {"fid", "sfid", "inception_score", "inception_score_std", "precision", "recall", "kid",
-                      "kid_std"}
+    assert set(m) == {
+        "fid",
+        "sfid",
+        "inception_score",
+        "inception_score_std",
+        "precision",
+        "recall",
+        "kid",
+        "kid_std",
+    }
     assert m["fid"] > 1 and m["inception_score"] > 1.05  # the calibrated network tells the sets apart
     # FID: torch-fidelity sums sqrt(eigvals(S1 S2)) over all 2048 eigenvalues; with 6 samples per set
     # 2043 of them are rounding noise (~1e-10), whose square roots add up to ~1e-5 of the value. Ours
@@ -112,15 +141,21 @@ def _spatial_and_pool3_torch_fidelity(imgs):
     """Reference statistics the way an ADM reference batch carries them, from torch-fidelity's network."""
     from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 
-    net = FeatureExtractorInceptionV3("inception-v3-compat", ["2048"],
-                                      feature_extractor_weights_path=str(calibrated_weights_file()))
+    net = FeatureExtractorInceptionV3(
+        "inception-v3-compat", ["2048"], feature_extractor_weights_path=str(calibrated_weights_file())
+    )
     grab = {}
     net.Mixed_6d.branch1x1.register_forward_hook(lambda m, i, o: grab.__setitem__("s", o))
     with torch.no_grad():
         (pool3,) = net(to_nchw(imgs))
     spatial = grab["s"][:, :7].permute(0, 2, 3, 1).reshape(len(imgs), -1)
     p, s = pool3.double().numpy(), spatial.double().numpy()
-    return {"mu": p.mean(0), "sigma": np.cov(p, rowvar=False), "mu_s": s.mean(0), "sigma_s": np.cov(s, rowvar=False)}
+    return {
+        "mu": p.mean(0),
+        "sigma": np.cov(p, rowvar=False),
+        "mu_s": s.mean(0),
+        "sigma_s": np.cov(s, rowvar=False),
+    }
 
 
 def test_precomputed_reference_statistics_give_the_same_fid(ours, data, tmp_path):
@@ -146,9 +181,13 @@ def test_precomputed_reference_statistics_give_the_same_fid(ours, data, tmp_path
 def test_second_evaluation_hits_the_reference_cache(data, tmp_path):
     root, _ = data
     ex = FeatureExtractor(calibrated_weights_file(), "cpu", progress=False)
-    first = evaluate(root / "samples.npz", root / "ref.npz", metrics="fid,pr", extractor=ex, cache_dir=tmp_path)
+    first = evaluate(
+        root / "samples.npz", root / "ref.npz", metrics="fid,pr", extractor=ex, cache_dir=tmp_path
+    )
     assert ex.images_processed == 2 * N and first["reference"]["cache"]["hit"] is False
-    second = evaluate(root / "samples.npz", root / "ref.npz", metrics="fid,pr", extractor=ex, cache_dir=tmp_path)
+    second = evaluate(
+        root / "samples.npz", root / "ref.npz", metrics="fid,pr", extractor=ex, cache_dir=tmp_path
+    )
     assert ex.images_processed == 3 * N  # only the samples this time
     assert second["reference"]["cache"]["hit"] is True
     assert second["metrics"] == first["metrics"]
@@ -171,9 +210,28 @@ def test_cli_end_to_end_json(data, tmp_path):
     root, _ = data
     samples = tmp_path / "samples.npz"
     samples.write_bytes((root / "samples.npz").read_bytes())
-    cmd = [sys.executable, "-m", "ditbench", "fid", "--samples", str(samples), "--ref", str(root / "ref"),
-           "--inception-weights", str(calibrated_weights_file()), "--json", "--cache-dir", str(tmp_path / "c"),
-           "--metrics", "fid,is,pr", "--batch-size", "4", "--is-splits", "2", "--no-progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "ditbench",
+        "fid",
+        "--samples",
+        str(samples),
+        "--ref",
+        str(root / "ref"),
+        "--inception-weights",
+        str(calibrated_weights_file()),
+        "--json",
+        "--cache-dir",
+        str(tmp_path / "c"),
+        "--metrics",
+        "fid,is,pr",
+        "--batch-size",
+        "4",
+        "--is-splits",
+        "2",
+        "--no-progress",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ), timeout=600)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
@@ -185,9 +243,24 @@ def test_cli_end_to_end_json(data, tmp_path):
 
     # the readable table, from the cache this time
     out = tmp_path / "m.json"
-    code = main(["fid", "--samples", str(samples), "--ref", str(root / "ref"), "--inception-weights",
-                 str(calibrated_weights_file()), "--cache-dir", str(tmp_path / "c"), "--metrics", "fid",
-                 "--out", str(out), "--no-progress"])
+    code = main(
+        [
+            "fid",
+            "--samples",
+            str(samples),
+            "--ref",
+            str(root / "ref"),
+            "--inception-weights",
+            str(calibrated_weights_file()),
+            "--cache-dir",
+            str(tmp_path / "c"),
+            "--metrics",
+            "fid",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert code == 0
     again = json.loads(out.read_text())
     assert again["reference"]["cache"]["hit"] is True

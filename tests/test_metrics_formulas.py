@@ -96,7 +96,7 @@ def _is_adm(logits, splits):
     scores = []
     n = len(preds)
     for i in range(splits):
-        part = preds[i * n // splits:(i + 1) * n // splits]
+        part = preds[i * n // splits : (i + 1) * n // splits]
         py = part.mean(0, keepdims=True)
         kl = (part * (np.log(part) - np.log(py))).sum(1)
         scores.append(np.exp(kl.mean()))
@@ -127,6 +127,7 @@ def test_inception_score_equals_adm_definition():
 
 def _pr_bruteforce(samples, refs, k):
     """ADM ManifoldEstimator re-derived: squared distances, radius = (k+1)-th smallest incl. self."""
+
     def sq(a, b):
         return ((a[:, None, :] - b[None, :, :]) ** 2).sum(-1)
 
@@ -151,7 +152,9 @@ def test_precision_recall_equal_adm_definition(block):
     # torch-fidelity's fixed convention (input1 = generated) gives the same numbers
     from torch_fidelity.metric_prc import calculate_precision_recall_full
 
-    tp, tr = calculate_precision_recall_full(torch.from_numpy(samples).float(), torch.from_numpy(refs).float(), 3)
+    tp, tr = calculate_precision_recall_full(
+        torch.from_numpy(samples).float(), torch.from_numpy(refs).float(), 3
+    )
     assert (p, r) == (pytest.approx(tp, abs=1e-6), pytest.approx(tr, abs=1e-6))  # theirs: a float32 mean
 
 
@@ -175,18 +178,26 @@ def _kid_numpy(x, y, subsets, size, seed):
 
 def test_kid_equals_numpy_reference_and_torch_fidelity():
     x, y = _features(300, 32, 8), _features(250, 32, 9, 0.2)
-    mean, std = kernel_inception_distance(torch.from_numpy(x), torch.from_numpy(y), subsets=20, subset_size=50,
-                                          seed=123)
+    mean, std = kernel_inception_distance(
+        torch.from_numpy(x), torch.from_numpy(y), subsets=20, subset_size=50, seed=123
+    )
     ref_mean, ref_std = _kid_numpy(x, y, 20, 50, 123)
     assert mean == pytest.approx(ref_mean, rel=1e-9)
     assert std == pytest.approx(ref_std, rel=1e-8)
     assert mean > 10 * std / np.sqrt(20)  # shifted sets: clearly positive
     from torch_fidelity.metric_kid import kid_features_to_metric
 
-    tf = kid_features_to_metric(torch.from_numpy(x).float(), torch.from_numpy(y).float(), kid_subsets=20,
-                                kid_subset_size=50, rng_seed=123, verbose=False)
-    ours32 = kernel_inception_distance(torch.from_numpy(x).float(), torch.from_numpy(y).float(), subsets=20,
-                                       subset_size=50, seed=123)
+    tf = kid_features_to_metric(
+        torch.from_numpy(x).float(),
+        torch.from_numpy(y).float(),
+        kid_subsets=20,
+        kid_subset_size=50,
+        rng_seed=123,
+        verbose=False,
+    )
+    ours32 = kernel_inception_distance(
+        torch.from_numpy(x).float(), torch.from_numpy(y).float(), subsets=20, subset_size=50, seed=123
+    )
     assert ours32[0] == pytest.approx(tf["kernel_inception_distance_mean"], rel=1e-4)  # theirs in float32
     # identical distributions: near zero
     same = kernel_inception_distance(torch.from_numpy(x), torch.from_numpy(x), subsets=20, subset_size=50)

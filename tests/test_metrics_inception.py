@@ -22,8 +22,9 @@ def images():
 def both_features(images):
     weights = calibrated_weights_file()
     ours = load_inception(weights)
-    theirs = FeatureExtractorInceptionV3("inception-v3-compat", ["2048", "logits_unbiased"],
-                                         feature_extractor_weights_path=str(weights))
+    theirs = FeatureExtractorInceptionV3(
+        "inception-v3-compat", ["2048", "logits_unbiased"], feature_extractor_weights_path=str(weights)
+    )
     captured = {}
     theirs.Mixed_6d.branch1x1.register_forward_hook(lambda m, i, o: captured.__setitem__("b1x1", o))
     out = []
@@ -59,15 +60,21 @@ def test_features_identical_to_torch_fidelity(both_features):
 
 def test_state_dict_keys_match_torch_fidelity():
     weights = calibrated_weights_file()
-    theirs = FeatureExtractorInceptionV3("inception-v3-compat", ["2048"], feature_extractor_weights_path=str(weights))
+    theirs = FeatureExtractorInceptionV3(
+        "inception-v3-compat", ["2048"], feature_extractor_weights_path=str(weights)
+    )
     ours = load_inception(weights)
-    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {
+        k: v.shape for k, v in theirs.state_dict().items()
+    }
 
 
 @pytest.mark.parametrize("size", [(32, 32), (64, 48), (256, 256), (299, 299), (512, 300), (7, 400)])
 def test_resize_equals_torch_fidelity_slow_mode(size):
     x = torch.rand(2, 3, *size, generator=torch.Generator().manual_seed(0)) * 255
-    expected = interpolate_bilinear_2d_like_tensorflow1x(x, size=(299, 299), align_corners=False, method="slow")
+    expected = interpolate_bilinear_2d_like_tensorflow1x(
+        x, size=(299, 299), align_corners=False, method="slow"
+    )
     got = resize_tf1_bilinear(x)
     assert got.shape == (2, 3, 299, 299)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-4)
@@ -128,16 +135,17 @@ def test_bad_weight_files(tmp_path):
         load_inception(wrong)
 
 
+@pytest.mark.slow
 def test_extractor_batches_agree(tmp_path):
     """Batch size does not change the features on CPU (a batch of 1 vs the whole batch)."""
     from ditbench.metrics.features import FeatureExtractor
     from ditbench.metrics.npz_io import ArrayImages
 
-    imgs = synthetic_images(3, 24, seed=21)
+    imgs = synthetic_images(2, 24, seed=21)
     a = FeatureExtractor(calibrated_weights_file(), "cpu", batch_size=1, progress=False)
-    b = FeatureExtractor(calibrated_weights_file(), "cpu", batch_size=3, progress=False)
+    b = FeatureExtractor(calibrated_weights_file(), "cpu", batch_size=2, progress=False)
     fa = a.extract(ArrayImages(imgs))
     fb = b.extract(ArrayImages(imgs))
-    assert a.images_processed == 3
+    assert a.images_processed == 2
     for k in fa:
         np.testing.assert_allclose(fa[k].numpy(), fb[k].numpy(), rtol=1e-5, atol=1e-5)

@@ -41,8 +41,14 @@ def test_folder_reads_sorted_rgb(tmp_path):
 
 def test_reference_with_precomputed_statistics(tmp_path):
     path = tmp_path / "ref.npz"
-    np.savez(path, arr_0=_images(4), mu=np.zeros(3, np.float32), sigma=np.eye(3, dtype=np.float32),
-             mu_s=np.ones(2), sigma_s=np.eye(2))
+    np.savez(
+        path,
+        arr_0=_images(4),
+        mu=np.zeros(3, np.float32),
+        sigma=np.eye(3, dtype=np.float32),
+        mu_s=np.ones(2),
+        sigma_s=np.eye(2),
+    )
     ref = open_reference(path)
     assert ref.images.count == 4
     assert set(ref.stats) == {"mu", "sigma", "mu_s", "sigma_s"} and ref.stats["sigma"].dtype == np.float64
@@ -61,8 +67,10 @@ def _npz(tmp_path, **arrays):
 
 
 BAD_ARRAYS = {
-    "float_minus1_1": (lambda: np.random.default_rng(0).uniform(-1, 1, (4, 8, 8, 3)).astype(np.float32),
-                       r"looks like model output in \[-1, 1\].*\(x \+ 1\) \* 127.5"),
+    "float_minus1_1": (
+        lambda: np.random.default_rng(0).uniform(-1, 1, (4, 8, 8, 3)).astype(np.float32),
+        r"looks like model output in \[-1, 1\].*\(x \+ 1\) \* 127.5",
+    ),
     "float_0_1": (lambda: np.random.default_rng(0).uniform(0, 1, (4, 8, 8, 3)), r"i\.e\. \[0, 1\]"),
     "channels_first": (lambda: np.zeros((4, 3, 8, 8), np.uint8), r"channels-first.*transpose\(0, 2, 3, 1\)"),
     "grey_3d": (lambda: np.zeros((4, 8, 8), np.uint8), r"grey images N x H x W"),
@@ -185,11 +193,34 @@ def test_too_few_samples_for_an_asked_metric(tmp_path, capsys):
     np.savez(samples, arr_0=_images(5))
     np.savez(ref, arr_0=_images(5, seed=1))
     # decided from the counts alone, before the network is even looked for
-    code = main(["fid", "--samples", str(samples), "--ref", str(ref), "--metrics", "is,kid",
-                 "--inception-weights", str(tmp_path / "absent.pth")])
+    code = main(
+        [
+            "fid",
+            "--samples",
+            str(samples),
+            "--ref",
+            str(ref),
+            "--metrics",
+            "is,kid",
+            "--inception-weights",
+            str(tmp_path / "absent.pth"),
+        ]
+    )
     err = " ".join(capsys.readouterr().err.split())
     assert code == 2
     assert "Cannot compute is: 10 splits need at least 10 samples" in err
     assert "Cannot compute kid: subsets of 1000 need at least 1000" in err
     code = main(["fid", "--samples", str(samples), "--ref", str(ref), "--metrics", "fid,psnr"])
     assert code == 2 and "unknown metric" in capsys.readouterr().err
+
+
+def test_streamed_npz_writer_round_trips(tmp_path):
+    from ditbench.metrics.npz_io import write_npz_images
+
+    imgs = _images(9, 5, 7)
+    path = write_npz_images(tmp_path / "w.npz", (imgs[i : i + 4] for i in range(0, 9, 4)), 9, 5, 7)
+    np.testing.assert_array_equal(np.load(path)["arr_0"], imgs)
+    np.testing.assert_array_equal(np.concatenate(list(open_images(path).batches(2))), imgs)
+    with pytest.raises(ValueError, match="8 images written, 9 declared"):
+        write_npz_images(tmp_path / "short.npz", [imgs[:8]], 9, 5, 7)
+    assert not (tmp_path / "short.npz").exists() and len(list(tmp_path.iterdir())) == 1

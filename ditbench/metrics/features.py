@@ -48,14 +48,26 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 
 @contextlib.contextmanager
 def matmul_precision(tf32: bool):
-    """Allow or forbid TF32 in cuBLAS and cuDNN for the duration, then restore the settings."""
-    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    """Allow or forbid TF32 in cuBLAS and cuDNN for the duration, then restore the settings.
+
+    cuDNN's algorithm search is on as well; with TF32 forbidden every candidate is fp32.
+    """
+    saved = (
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cudnn.benchmark,
+    )
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = True  # fixed batch shapes: let cuDNN pick its fastest algorithm once
     try:
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+        (
+            torch.backends.cuda.matmul.allow_tf32,
+            torch.backends.cudnn.allow_tf32,
+            torch.backends.cudnn.benchmark,
+        ) = saved
 
 
 def _prefetch(source: ImageSource, batch_size: int, num_workers: int, depth: int = 3):
@@ -65,7 +77,9 @@ def _prefetch(source: ImageSource, batch_size: int, num_workers: int, depth: int
     done = object()
 
     def produce():
-        pool = ThreadPoolExecutor(num_workers) if isinstance(source, FolderImages) and num_workers > 1 else None
+        pool = (
+            ThreadPoolExecutor(num_workers) if isinstance(source, FolderImages) and num_workers > 1 else None
+        )
         try:
             it = source.batches(batch_size, pool=pool) if pool else source.batches(batch_size)
             for batch in it:
@@ -102,13 +116,24 @@ def _prefetch(source: ImageSource, batch_size: int, num_workers: int, depth: int
 class FeatureExtractor:
     """The FID Inception on a device, turning image sources into feature tensors (float32, CPU)."""
 
-    def __init__(self, weights: str | Path | None = None, device: str | torch.device | None = None,
-                 tf32: bool = DEFAULTS["tf32"], batch_size: int = DEFAULTS["batch_size"],
-                 num_workers: int = DEFAULTS["num_workers"], progress: bool = True):
+    def __init__(
+        self,
+        weights: str | Path | None = None,
+        device: str | torch.device | None = None,
+        tf32: bool = DEFAULTS["tf32"],
+        batch_size: int = DEFAULTS["batch_size"],
+        num_workers: int = DEFAULTS["num_workers"],
+        progress: bool = True,
+    ):
         if batch_size < 1:
             raise UserError(f"--batch-size {batch_size} must be at least 1.")
         self.device = resolve_device(device if device is not None else DEFAULTS["device"])
-        self.tf32, self.batch_size, self.num_workers, self.progress = bool(tf32), batch_size, num_workers, progress
+        self.tf32, self.batch_size, self.num_workers, self.progress = (
+            bool(tf32),
+            batch_size,
+            num_workers,
+            progress,
+        )
         self.weights_path = resolve_weights(weights)
         self.net = load_inception(self.weights_path).to(self.device)
         if self.device.type == "cuda":
@@ -123,18 +148,30 @@ class FeatureExtractor:
     def weights_info(self) -> dict:
         if self._sha256 is None:
             self._sha256 = file_sha256(self.weights_path)
-        return {"file": self.weights_path.name, "path": str(self.weights_path), "sha256": self._sha256,
-                "official": self.weights_path.name == WEIGHTS_FILE_NAME}
+        return {
+            "file": self.weights_path.name,
+            "path": str(self.weights_path),
+            "sha256": self._sha256,
+            "official": self.weights_path.name == WEIGHTS_FILE_NAME,
+        }
 
     @torch.no_grad()
-    def extract(self, source: ImageSource, want=("pool3", "logits_unbiased", "spatial"),
-                desc: str = "features") -> dict[str, torch.Tensor]:
+    def extract(
+        self, source: ImageSource, want=("pool3", "logits_unbiased", "spatial"), desc: str = "features"
+    ) -> dict[str, torch.Tensor]:
         from tqdm.auto import tqdm
 
         out = {k: torch.empty(source.count, FEATURE_DIMS[k], dtype=torch.float32) for k in want}
         cuda = self.device.type == "cuda"
-        bar = tqdm(total=source.count, desc=desc, unit="img", file=sys.stderr, disable=not self.progress,
-                   dynamic_ncols=True, leave=False)
+        bar = tqdm(
+            total=source.count,
+            desc=desc,
+            unit="img",
+            file=sys.stderr,
+            disable=not self.progress,
+            dynamic_ncols=True,
+            leave=False,
+        )
         row = 0
         with matmul_precision(self.tf32), bar:
             for batch in _prefetch(source, self.batch_size, self.num_workers):
@@ -144,7 +181,7 @@ class FeatureExtractor:
                 feats = self.net(x)
                 n = x.shape[0]
                 for k in want:
-                    out[k][row:row + n].copy_(feats[k])
+                    out[k][row : row + n].copy_(feats[k])
                 row += n
                 bar.update(n)
         self.images_processed += row

@@ -21,7 +21,9 @@ class FewSamplesWarning(UserWarning):
     """A covariance estimated from fewer samples than dimensions is singular; the distance is biased."""
 
 
-def feature_statistics(features: torch.Tensor | np.ndarray, block: int = 8192) -> tuple[np.ndarray, np.ndarray]:
+def feature_statistics(
+    features: torch.Tensor | np.ndarray, block: int = 8192
+) -> tuple[np.ndarray, np.ndarray]:
     """Mean and unbiased covariance (ddof 1, like np.cov) of N x d features, in float64.
 
     Two passes over row blocks on the features' own device: the mean, then centred outer
@@ -33,11 +35,11 @@ def feature_statistics(features: torch.Tensor | np.ndarray, block: int = 8192) -
         raise UserError(f"A covariance needs at least 2 samples; got {n}.")
     mu = torch.zeros(d, dtype=torch.float64, device=x.device)
     for i in range(0, n, block):
-        mu += x[i:i + block].double().sum(0)
+        mu += x[i : i + block].double().sum(0)
     mu /= n
     sigma = torch.zeros(d, d, dtype=torch.float64, device=x.device)
     for i in range(0, n, block):
-        c = x[i:i + block].double() - mu
+        c = x[i : i + block].double() - mu
         sigma.addmm_(c.T, c)
     sigma /= n - 1
     return mu.cpu().numpy(), sigma.cpu().numpy()
@@ -47,6 +49,20 @@ def covariance_factor(features: torch.Tensor, mu) -> torch.Tensor:
     """F with F^T F = the covariance: centred features / sqrt(n - 1), float64 on their device."""
     x = torch.as_tensor(features)
     return (x.double() - torch.as_tensor(mu, device=x.device)) / np.sqrt(x.shape[0] - 1)
+
+
+def _eigvalsh(m: torch.Tensor) -> torch.Tensor:
+    # On CPU numpy's LAPACK call is 2-5x faster than torch's for 2048 x 2048 (measured, 2 cores).
+    if m.device.type == "cpu":
+        return torch.from_numpy(np.linalg.eigvalsh(m.numpy()))
+    return torch.linalg.eigvalsh(m)
+
+
+def _eigh(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if m.device.type == "cpu":
+        w, v = np.linalg.eigh(m.numpy())
+        return torch.from_numpy(w), torch.from_numpy(v)
+    return torch.linalg.eigh(m)
 
 
 def trace_sqrt_product(sigma1, sigma2, device: str | torch.device = "cpu", factor1=None) -> float:
@@ -64,7 +80,9 @@ def trace_sqrt_product(sigma1, sigma2, device: str | torch.device = "cpu", facto
     """
     s2 = torch.as_tensor(np.asarray(sigma2, dtype=np.float64), device=device)
     if factor1 is not None:
-        f = torch.as_tensor(np.asarray(factor1) if not torch.is_tensor(factor1) else factor1, device=device).double()
+        f = torch.as_tensor(
+            np.asarray(factor1) if not torch.is_tensor(factor1) else factor1, device=device
+        ).double()
         # Centred features have rank n - 1 at most: drop the null directions exactly (an SVD of the
         # small factor), since sqrt() turns a 1e-10 rounding eigenvalue into a 1e-5 error.
         _, sv, vh = torch.linalg.svd(f, full_matrices=False)
@@ -77,11 +95,11 @@ def trace_sqrt_product(sigma1, sigma2, device: str | torch.device = "cpu", facto
         if int(info) == 0:
             m = chol.T @ s2 @ chol
         else:
-            w, v = torch.linalg.eigh(s1)
+            w, v = _eigh(s1)
             root1 = (v * w.clamp_min(0).sqrt()) @ v.T
             m = root1 @ s2 @ root1
     m = (m + m.T) / 2  # symmetric in exact arithmetic; make eigvalsh see exactly that
-    ev = torch.linalg.eigvalsh(m)
+    ev = _eigvalsh(m)
     return float(ev.clamp_min(0).sqrt().sum())
 
 
@@ -94,8 +112,10 @@ def frechet_distance(mu1, sigma1, mu2, sigma2, device: str | torch.device = "cpu
     mu1, mu2 = np.asarray(mu1, dtype=np.float64), np.asarray(mu2, dtype=np.float64)
     sigma1, sigma2 = np.asarray(sigma1, dtype=np.float64), np.asarray(sigma2, dtype=np.float64)
     if mu1.ndim != 1 or mu1.shape != mu2.shape:
-        raise UserError(f"Feature means differ in shape: {mu1.shape} vs {mu2.shape}; the statistics come from "
-                        "different feature layers.")
+        raise UserError(
+            f"Feature means differ in shape: {mu1.shape} vs {mu2.shape}; the statistics come from "
+            "different feature layers."
+        )
     d = mu1.shape[0]
     if sigma1.shape != (d, d) or sigma2.shape != (d, d):
         raise UserError(f"Covariances have shapes {sigma1.shape} and {sigma2.shape}; expected ({d}, {d}).")

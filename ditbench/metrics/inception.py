@@ -175,8 +175,13 @@ class InceptionC(_Block):  # Mixed_6b..6e (17 x 17), factorised 7x7 convolutions
 
     def branches(self, x):
         d = x
-        for layer in (self.branch7x7dbl_1, self.branch7x7dbl_2, self.branch7x7dbl_3,
-                      self.branch7x7dbl_4, self.branch7x7dbl_5):
+        for layer in (
+            self.branch7x7dbl_1,
+            self.branch7x7dbl_2,
+            self.branch7x7dbl_3,
+            self.branch7x7dbl_4,
+            self.branch7x7dbl_5,
+        ):
             d = layer(d)
         return [
             self.branch1x1(x),
@@ -221,8 +226,10 @@ class InceptionE(_Block):  # Mixed_7b (average pool branch), Mixed_7c (max pool 
         u = self.branch3x3dbl_2(self.branch3x3dbl_1(x))
         return [
             self.branch1x1(x),
-            self.branch3x3_2a(t), self.branch3x3_2b(t),
-            self.branch3x3dbl_3a(u), self.branch3x3dbl_3b(u),
+            self.branch3x3_2a(t),
+            self.branch3x3_2b(t),
+            self.branch3x3dbl_3a(u),
+            self.branch3x3dbl_3b(u),
             self.branch_pool(self.pool(x)),
         ]
 
@@ -259,7 +266,14 @@ class InceptionV3(nn.Module):
         x = _max_pool_reduce(x)
         x = self.Conv2d_4a_3x3(self.Conv2d_3b_1x1(x))
         x = _max_pool_reduce(x)
-        for block in (self.Mixed_5b, self.Mixed_5c, self.Mixed_5d, self.Mixed_6a, self.Mixed_6b, self.Mixed_6c):
+        for block in (
+            self.Mixed_5b,
+            self.Mixed_5c,
+            self.Mixed_5d,
+            self.Mixed_6a,
+            self.Mixed_6b,
+            self.Mixed_6c,
+        ):
             x = block(x)
         parts = self.Mixed_6d.branches(x)
         # sFID: TF's mixed_6/conv is Mixed_6d.branch1x1; 7 channels, flattened as H, W, C.
@@ -269,7 +283,11 @@ class InceptionV3(nn.Module):
             x = block(x)
         pool3 = F.adaptive_avg_pool2d(x, 1).flatten(1)
         logits_unbiased = pool3 @ self.fc.weight.T
-        return {"pool3": pool3.float(), "logits_unbiased": logits_unbiased.float(), "spatial": spatial.float()}
+        return {
+            "pool3": pool3.float(),
+            "logits_unbiased": logits_unbiased.float(),
+            "spatial": spatial.float(),
+        }
 
 
 # --------------------------------------------------------------------------------------------
@@ -355,8 +373,9 @@ def load_inception(weights: str | os.PathLike) -> InceptionV3:
     try:
         missing, unexpected = net.load_state_dict(state, strict=False)
     except RuntimeError as err:  # shapes that do not fit
+        detail = str(err).splitlines()[-1].strip()
         raise UserError(
-            f"Inception weights file {weights} does not fit the FID InceptionV3: {str(err).splitlines()[-1].strip()} "
+            f"Inception weights file {weights} does not fit the FID InceptionV3: {detail} "
             f"Use torch-fidelity's {WEIGHTS_FILE_NAME} from {WEIGHTS_URL}."
         ) from None
     missing = [k for k in missing if not k.endswith("num_batches_tracked")]  # unused in eval mode

@@ -14,7 +14,9 @@ from ditbench.errors import UserError
 from ditbench.metrics.defaults import DEFAULTS
 
 
-def inception_score(logits: torch.Tensor | np.ndarray, splits: int = DEFAULTS["is_splits"]) -> tuple[float, float]:
+def inception_score(
+    logits: torch.Tensor | np.ndarray, splits: int = DEFAULTS["is_splits"]
+) -> tuple[float, float]:
     """(mean, std) of the Inception Score of N x C unbiased logits over `splits` consecutive splits."""
     x = torch.as_tensor(logits).double()
     n = x.shape[0]
@@ -23,7 +25,7 @@ def inception_score(logits: torch.Tensor | np.ndarray, splits: int = DEFAULTS["i
     log_p = torch.log_softmax(x, dim=1)
     scores = []
     for i in range(splits):
-        part = log_p[i * n // splits:(i + 1) * n // splits]
+        part = log_p[i * n // splits : (i + 1) * n // splits]
         log_py = torch.logsumexp(part, dim=0) - np.log(part.shape[0])  # log of the mean prediction
         kl = (part.exp() * (part - log_py)).sum(1).mean()
         scores.append(float(kl.exp()))

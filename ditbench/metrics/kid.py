@@ -15,8 +15,12 @@ from ditbench.errors import UserError
 from ditbench.metrics.defaults import DEFAULTS
 
 
-def polynomial_kernel(x: torch.Tensor, y: torch.Tensor, degree: int = DEFAULTS["kid_degree"],
-                      coef0: float = DEFAULTS["kid_coef0"]) -> torch.Tensor:
+def polynomial_kernel(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    degree: int = DEFAULTS["kid_degree"],
+    coef0: float = DEFAULTS["kid_coef0"],
+) -> torch.Tensor:
     return (x @ y.T / x.shape[1] + coef0) ** degree
 
 
@@ -28,16 +32,24 @@ def mmd2_unbiased(x: torch.Tensor, y: torch.Tensor, **kernel_args) -> float:
     return float(within - 2.0 * kxy.sum() / (m * m))
 
 
-def kernel_inception_distance(sample_feats, ref_feats, subsets: int = DEFAULTS["kid_subsets"],
-                              subset_size: int = DEFAULTS["kid_subset_size"], seed: int = DEFAULTS["kid_seed"],
-                              device: str | torch.device | None = None, **kernel_args) -> tuple[float, float]:
+def kernel_inception_distance(
+    sample_feats,
+    ref_feats,
+    subsets: int = DEFAULTS["kid_subsets"],
+    subset_size: int = DEFAULTS["kid_subset_size"],
+    seed: int = DEFAULTS["kid_seed"],
+    device: str | torch.device | None = None,
+    **kernel_args,
+) -> tuple[float, float]:
     """(mean, std) of MMD^2 over the subsets."""
     dev = device if device is not None else torch.as_tensor(sample_feats).device
     s = torch.as_tensor(sample_feats).to(dev, torch.float64)
     r = torch.as_tensor(ref_feats).to(dev, torch.float64)
     if min(len(s), len(r)) < subset_size:
-        raise UserError(f"KID with subsets of {subset_size} needs at least {subset_size} samples and reference "
-                        f"images; got {len(s)} and {len(r)}. Lower --kid-subset-size or leave kid out of --metrics.")
+        raise UserError(
+            f"KID with subsets of {subset_size} needs at least {subset_size} samples and reference "
+            f"images; got {len(s)} and {len(r)}. Lower --kid-subset-size or leave kid out of --metrics."
+        )
     if subset_size < 2:
         raise UserError(f"--kid-subset-size must be at least 2; got {subset_size}.")
     rng = np.random.RandomState(seed)

@@ -21,36 +21,51 @@ def _squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return d.clamp_min_(0)
 
 
-def knn_radii(feats: torch.Tensor, k: int = DEFAULTS["pr_k"], block: int = DEFAULTS["pr_block_size"]) -> torch.Tensor:
+def knn_radii(
+    feats: torch.Tensor, k: int = DEFAULTS["pr_k"], block: int = DEFAULTS["pr_block_size"]
+) -> torch.Tensor:
     """Squared distance from each point to its k-th nearest other point in the same set."""
     n = feats.shape[0]
     if n < k + 1:
         raise UserError(f"Precision/recall with k={k} needs at least {k + 1} points per set; got {n}.")
     radii = torch.empty(n, dtype=feats.dtype, device=feats.device)
     for i in range(0, n, block):
-        rows = feats[i:i + block]
+        rows = feats[i : i + block]
         # The k+1 smallest per column block, merged: the point itself is one of them (distance ~0).
-        best = torch.cat([_squared_distances(rows, feats[j:j + block]).topk(min(k + 1, min(block, n - j)),
-                                                                             dim=1, largest=False).values
-                          for j in range(0, n, block)], dim=1)
-        radii[i:i + block] = best.kthvalue(k + 1, dim=1).values
+        best = torch.cat(
+            [
+                _squared_distances(rows, feats[j : j + block])
+                .topk(min(k + 1, min(block, n - j)), dim=1, largest=False)
+                .values
+                for j in range(0, n, block)
+            ],
+            dim=1,
+        )
+        radii[i : i + block] = best.kthvalue(k + 1, dim=1).values
     return radii
 
 
-def manifold_coverage(query: torch.Tensor, points: torch.Tensor, radii: torch.Tensor,
-                      block: int = DEFAULTS["pr_block_size"]) -> torch.Tensor:
+def manifold_coverage(
+    query: torch.Tensor, points: torch.Tensor, radii: torch.Tensor, block: int = DEFAULTS["pr_block_size"]
+) -> torch.Tensor:
     """For each query, whether it lies in some ball (points[j], radii[j]) (boundary included)."""
     inside = torch.zeros(query.shape[0], dtype=torch.bool, device=query.device)
     for i in range(0, query.shape[0], block):
-        q = query[i:i + block]
+        q = query[i : i + block]
         for j in range(0, points.shape[0], block):
-            d = _squared_distances(q, points[j:j + block])
-            inside[i:i + block] |= (d <= radii[j:j + block].unsqueeze(0)).any(1)
+            d = _squared_distances(q, points[j : j + block])
+            inside[i : i + block] |= (d <= radii[j : j + block].unsqueeze(0)).any(1)
     return inside
 
 
-def precision_recall(sample_feats, ref_feats, k: int = DEFAULTS["pr_k"], block: int = DEFAULTS["pr_block_size"],
-                     device: str | torch.device | None = None, dtype=torch.float32) -> tuple[float, float]:
+def precision_recall(
+    sample_feats,
+    ref_feats,
+    k: int = DEFAULTS["pr_k"],
+    block: int = DEFAULTS["pr_block_size"],
+    device: str | torch.device | None = None,
+    dtype=torch.float32,
+) -> tuple[float, float]:
     """(precision, recall) of samples against references on pool3 features."""
     dev = device if device is not None else torch.as_tensor(sample_feats).device
     s = torch.as_tensor(sample_feats).to(dev, dtype)

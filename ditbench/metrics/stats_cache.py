@@ -100,7 +100,7 @@ class ReferenceCache:
             arr = src.images if isinstance(src, ArrayImages) else src
             h.update(f"array:{arr.shape}:{arr.dtype};".encode())
             for i in range(0, arr.shape[0], 256):
-                h.update(np.ascontiguousarray(arr[i:i + 256]).data)
+                h.update(np.ascontiguousarray(arr[i : i + 256]).data)
         else:
             raise TypeError(f"cannot hash a {type(src).__name__}")
         return h.hexdigest()
