@@ -92,9 +92,14 @@ def format_table(result: dict) -> str:
     s, r, st = result["samples"], result["reference"], result["settings"]
     lines = [
         f"samples    {s['path'] or 'array'}  ({s['count']} images, {s['height']}x{s['width']})",
-        f"reference  {r['path']}  ({r['count'] if r['count'] is not None else 'statistics only'}"
-        + (f", FID statistics {r['fid_statistics']}" if r.get("fid_statistics") else "")
-        + (", cached" if r["cache"].get("hit") else "")
+        f"reference  {r['path']}  ("
+        + (f"{r['count']} images" if r["count"] is not None else "statistics only")
+        + (
+            {"images": "; FID statistics from its images", "precomputed": "; precomputed FID statistics"}.get(
+                r.get("fid_statistics"), ""
+            )
+        )
+        + ("; features from the cache" if r["cache"].get("hit") else "")
         + ")",
         f"network    {st['inception_weights']['file']} on {st['device']}, {st['precision']}",
         "",

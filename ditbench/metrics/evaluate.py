@@ -224,17 +224,18 @@ def evaluate(
     values: dict[str, float] = {}
 
     def frechet(metric, key_mu, key_sigma, feat_key, dim):
-        for count, what in (
-            (n, "samples"),
-            (ref_n if key_mu in ref_from_images else None, "reference images"),
-        ):
-            if count is not None and count < dim:
-                msg = (
-                    f"{metric}: {count} {what} for {dim}-d features, so the covariance is singular and the "
-                    "distance is biased upward; papers use 50,000 samples."
-                )
-                warnings.warn(msg, FewSamplesWarning, stacklevel=3)
-                warns.append(msg)
+        few = [
+            f"{count} {what}"
+            for count, what in ((n, "samples"), (ref_n, "reference images"))
+            if count < dim and (what == "samples" or key_mu in ref_from_images)
+        ]
+        if few:
+            msg = (
+                f"{metric}: {' and '.join(few)} for {dim}-d features: the covariance is singular and the "
+                "distance is biased upward (papers use 50,000 samples)."
+            )
+            warnings.warn(msg, FewSamplesWarning, stacklevel=3)
+            warns.append(msg)
         x = feats[feat_key].to(dev)
         mu, sigma = feature_statistics(x)
         factor = covariance_factor(x, mu) if n < dim else None  # exact and fast for n < dim
