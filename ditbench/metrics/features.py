@@ -161,7 +161,11 @@ class FeatureExtractor:
     ) -> dict[str, torch.Tensor]:
         from tqdm.auto import tqdm
 
-        out = {k: torch.empty(source.count, FEATURE_DIMS[k], dtype=torch.float32) for k in want}
+        # Features collect on the device (no per-batch sync on a GPU) and move to the CPU once.
+        out = {
+            k: torch.empty(source.count, FEATURE_DIMS[k], dtype=torch.float32, device=self.device)
+            for k in want
+        }
         cuda = self.device.type == "cuda"
         bar = tqdm(
             total=source.count,
@@ -185,4 +189,4 @@ class FeatureExtractor:
                 row += n
                 bar.update(n)
         self.images_processed += row
-        return out
+        return {k: v.cpu() for k, v in out.items()}

@@ -201,7 +201,8 @@ class NpzImages(ImageSource):
                         f"{self.where} ends after {done + len(buf) // self.row_bytes} of {self.count} "
                         "images; the file is truncated or corrupt."
                     )
-                yield np.frombuffer(buf, dtype=np.uint8).reshape(rows, self.height, self.width, 3)
+                # bytearray: a writable array (torch.from_numpy warns on read-only memory)
+                yield np.frombuffer(bytearray(buf), dtype=np.uint8).reshape(rows, self.height, self.width, 3)
                 done += rows
             try:  # reading to the end lets zipfile check the CRC
                 f.read(1)
