@@ -204,3 +204,13 @@ def test_kid_equals_numpy_reference_and_torch_fidelity():
     assert abs(same[0]) < 3 * same[1]
     with pytest.raises(UserError, match="at least 500"):
         kernel_inception_distance(torch.from_numpy(x), torch.from_numpy(y), subset_size=500)
+
+
+def test_singular_second_covariance_is_handled_without_rounding_noise():
+    """Full-rank S1 (Cholesky path) with a rank-deficient S2: exact value = nuclear norm of F2 L."""
+    d = 256
+    x, y = _features(4 * d, d, 10), _features(30, d, 11, 0.1)
+    s1 = np.cov(x, rowvar=False)
+    f2 = (y - y.mean(0)) / np.sqrt(29)
+    exact = np.linalg.svd(f2 @ np.linalg.cholesky(s1), compute_uv=False).sum()
+    assert trace_sqrt_product(s1, f2.T @ f2) == pytest.approx(exact, rel=1e-9)

@@ -99,8 +99,11 @@ def trace_sqrt_product(sigma1, sigma2, device: str | torch.device = "cpu", facto
             root1 = (v * w.clamp_min(0).sqrt()) @ v.T
             m = root1 @ s2 @ root1
     m = (m + m.T) / 2  # symmetric in exact arithmetic; make eigvalsh see exactly that
-    ev = _eigvalsh(m)
-    return float(ev.clamp_min(0).sqrt().sum())
+    ev = _eigvalsh(m).clamp_min(0)
+    # Eigenvalues at rounding level (a singular S2, e.g. a reference of fewer images than dims) are
+    # zero in exact arithmetic; sqrt() would turn each 1e-13 into 3e-7 and ~2000 of them add up.
+    ev[ev < ev.max() * m.shape[0] * torch.finfo(torch.float64).eps] = 0
+    return float(ev.sqrt().sum())
 
 
 def frechet_distance(mu1, sigma1, mu2, sigma2, device: str | torch.device = "cpu", factor1=None) -> float:
