@@ -13,4 +13,5 @@ The modules, one concept each:
 - ``stats_cache``     reference features and statistics cached by content hash
 - ``evaluate``        the whole evaluation: sources -> features -> metrics -> result dict
 - ``cli``             ``ditbench fid``
+- ``calibrated``      a calibrated random Inception and synthetic images (tests, timing without weights)
 """
