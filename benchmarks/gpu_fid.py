@@ -99,6 +99,11 @@ def main(argv=None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="ditbench-gpu-fid-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    if not args.workdir:  # ~12 GB of temporary batches at the defaults
+        import atexit
+        import shutil
+
+        atexit.register(shutil.rmtree, workdir, ignore_errors=True)
     cache_dir = workdir / "cache"
     record: dict = {
         "schema": "ditbench.gpu_fid/1",

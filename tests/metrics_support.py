@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import functools
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -16,6 +18,8 @@ __all__ = ["calibrated_weights_file", "synthetic_images", "to_nchw"]
 @functools.cache
 def calibrated_weights_file() -> Path:
     """Build the calibrated network once per test session and save its state dict."""
-    path = Path(tempfile.mkdtemp(prefix="ditbench-inception-")) / "inception-calibrated.pth"
+    folder = tempfile.mkdtemp(prefix="ditbench-inception-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)  # ~95 MB: do not leave it behind
+    path = Path(folder) / "inception-calibrated.pth"
     torch.save(build_calibrated_inception().state_dict(), path)
     return path
