@@ -1,0 +1,166 @@
+"""`ditbench fid`: score a sample batch against a reference, print a table, write JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+from ditbench.errors import UserError
+from ditbench.metrics.defaults import ALL_METRICS, DEFAULTS
+
+_LABELS = [
+    ("fid", "FID", "{:.4f}"),
+    ("sfid", "sFID", "{:.4f}"),
+    ("inception_score", "Inception Score", "{:.4f}"),
+    ("inception_score_std", "  (std over splits)", "{:.4f}"),
+    ("precision", "Precision", "{:.4f}"),
+    ("recall", "Recall", "{:.4f}"),
+    ("kid", "KID", "{:.6f}"),
+    ("kid_std", "  (std over subsets)", "{:.6f}"),
+]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    d = DEFAULTS
+    p.add_argument(
+        "--samples",
+        required=True,
+        metavar="S",
+        help="generated images: ADM .npz (`arr_0` uint8 N x H x W x 3) or a folder of PNG/JPEG files",
+    )
+    p.add_argument(
+        "--ref",
+        required=True,
+        metavar="R",
+        help="reference: ADM reference .npz (images, optionally precomputed mu/sigma/mu_s/sigma_s), a "
+        "folder or .npz of real images, or a ditbench statistics file",
+    )
+    p.add_argument(
+        "--metrics",
+        default=None,
+        metavar="LIST",
+        help=f"comma-separated subset of {','.join(ALL_METRICS)} (default: all the inputs allow)",
+    )
+    p.add_argument(
+        "--batch-size", type=int, default=d["batch_size"], help="images per Inception pass (%(default)s)"
+    )
+    p.add_argument("--device", default=d["device"], help="auto, cpu, cuda or cuda:N (%(default)s)")
+    p.add_argument(
+        "--inception-weights",
+        default=d["inception_weights"],
+        metavar="PATH",
+        help="torch-fidelity's weights-inception-2015-12-05-6726825d.pth (default: "
+        "$DITBENCH_INCEPTION_WEIGHTS, else the torch hub cache, downloaded once)",
+    )
+    p.add_argument(
+        "--tf32",
+        action="store_true",
+        default=d["tf32"],
+        help="allow TF32 in the network (faster on Ampere+, changes the features; recorded)",
+    )
+    p.add_argument(
+        "--is-splits", type=int, default=d["is_splits"], help="Inception Score splits (%(default)s)"
+    )
+    p.add_argument("--kid-subset-size", type=int, default=d["kid_subset_size"], help="(%(default)s)")
+    p.add_argument("--kid-subsets", type=int, default=d["kid_subsets"], help="(%(default)s)")
+    p.add_argument(
+        "--json", action="store_true", help="print the result as JSON on stdout instead of a table"
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE",
+        help="where to write the JSON result (default: next to the samples, SAMPLES.metrics.json)",
+    )
+    p.add_argument(
+        "--no-cache", action="store_true", help="neither read nor write the reference statistics cache"
+    )
+    p.add_argument(
+        "--cache-dir",
+        default=d["cache_dir"],
+        metavar="DIR",
+        help="reference cache (default: $DITBENCH_CACHE, else ~/.cache/ditbench/fid)",
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def format_table(result: dict) -> str:
+    m = result["metrics"]
+    s, r, st = result["samples"], result["reference"], result["settings"]
+    lines = [
+        f"samples    {s['path'] or 'array'}  ({s['count']} images, {s['height']}x{s['width']})",
+        f"reference  {r['path']}  ("
+        + (f"{r['count']} images" if r["count"] is not None else "statistics only")
+        + (
+            {"images": "; FID statistics from its images", "precomputed": "; precomputed FID statistics"}.get(
+                r.get("fid_statistics"), ""
+            )
+        )
+        + ("; features from the cache" if r["cache"].get("hit") else "")
+        + ")",
+        f"network    {st['inception_weights']['file']} on {st['device']}, {st['precision']}",
+        "",
+    ]
+    width = max(len(label) for _, label, _ in _LABELS)
+    for key, label, fmt in _LABELS:
+        if key in m:
+            lines.append(f"{label:<{width}}  {fmt.format(m[key])}")
+    for metric, reason in result["skipped"].items():
+        lines.append(f"{metric:<{width}}  skipped: {reason}")
+    t = result["timings_s"]
+    lines.append("")
+    lines.append(
+        f"time {t['total']:.1f} s (reference features {t.get('reference_features', 0):.1f} s, "
+        f"sample features {t.get('sample_features', 0):.1f} s)"
+    )
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ditbench.metrics.evaluate import default_output_path, evaluate
+    from ditbench.metrics.stats_cache import atomic_write_bytes
+
+    for name in ("batch_size", "is_splits", "kid_subset_size", "kid_subsets"):
+        if getattr(args, name) < 1:
+            raise UserError(
+                f"--{name.replace('_', '-')} must be a positive integer; got {getattr(args, name)}."
+            )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the result carries its own warnings; printed below
+        result = evaluate(
+            args.samples,
+            args.ref,
+            metrics=args.metrics,
+            batch_size=args.batch_size,
+            device=args.device,
+            inception_weights=args.inception_weights,
+            tf32=args.tf32,
+            cache=not args.no_cache,
+            cache_dir=args.cache_dir,
+            kid_subsets=args.kid_subsets,
+            is_splits=args.is_splits,
+            kid_subset_size=args.kid_subset_size,
+            progress=not args.no_progress,
+        )
+    for w in result["warnings"]:
+        print(f"ditbench: warning: {w}", file=sys.stderr)
+    text = json.dumps(result, indent=2)
+    out = Path(args.out) if args.out else default_output_path(args.samples)
+    if out is not None:
+        try:
+            atomic_write_bytes(out, lambda f: f.write((text + "\n").encode()))
+        except OSError as err:
+            if args.out:
+                raise UserError(f"--out {out} could not be written: {err}.") from None
+            print(f"ditbench: warning: could not write {out} ({err}); use --out", file=sys.stderr)
+            out = None
+    if args.json:
+        print(text)
+    else:
+        print(format_table(result))
+        if out is not None:
+            print(f"result written to {out}")
+    return 0

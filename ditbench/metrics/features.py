@@ -1,0 +1,192 @@
+"""Batched Inception feature extraction: images from any source -> pool3, logits, spatial.
+
+Reading (npz rows, PNG decoding) runs in background threads while the network works on the
+previous batch, so a GPU is not left waiting on the disk. Convolutions and matmuls run in true
+fp32 unless TF32 is asked for: TF32 changes the features (and so the metrics), and on Ampere
+and newer GPUs PyTorch lets cuDNN use TF32 by default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ditbench.errors import UserError
+from ditbench.metrics.defaults import DEFAULTS
+from ditbench.metrics.inception import (
+    LOGITS_DIM,
+    POOL3_DIM,
+    SPATIAL_DIM,
+    WEIGHTS_FILE_NAME,
+    file_sha256,
+    load_inception,
+    resolve_weights,
+)
+from ditbench.metrics.npz_io import FolderImages, ImageSource
+
+FEATURE_DIMS = {"pool3": POOL3_DIM, "logits_unbiased": LOGITS_DIM, "spatial": SPATIAL_DIM}
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device in (None, "auto"):
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise UserError(f"--device {device!r} is not a device; use auto, cpu, cuda or cuda:N.") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {device} was asked for but no CUDA device is visible; use --device cpu.")
+    return dev
+
+
+@contextlib.contextmanager
+def matmul_precision(tf32: bool):
+    """Allow or forbid TF32 in cuBLAS and cuDNN for the duration, then restore the settings.
+
+    cuDNN's algorithm search is on as well; with TF32 forbidden every candidate is fp32.
+    """
+    saved = (
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.backends.cudnn.benchmark,
+    )
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = True  # fixed batch shapes: let cuDNN pick its fastest algorithm once
+    try:
+        yield
+    finally:
+        (
+            torch.backends.cuda.matmul.allow_tf32,
+            torch.backends.cudnn.allow_tf32,
+            torch.backends.cudnn.benchmark,
+        ) = saved
+
+
+def _prefetch(source: ImageSource, batch_size: int, num_workers: int, depth: int = 3):
+    """Yield the source's batches, read ahead in a background thread (errors re-raised here)."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def produce():
+        pool = (
+            ThreadPoolExecutor(num_workers) if isinstance(source, FolderImages) and num_workers > 1 else None
+        )
+        try:
+            it = source.batches(batch_size, pool=pool) if pool else source.batches(batch_size)
+            for batch in it:
+                while not stop.is_set():
+                    try:
+                        q.put(batch, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if stop.is_set():
+                    return
+            q.put(done)
+        except BaseException as err:  # handed to the consumer, which raises it
+            q.put(err)
+        finally:
+            if pool:
+                pool.shutdown(wait=False, cancel_futures=True)
+
+    thread = threading.Thread(target=produce, name="ditbench-image-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is done:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+
+
+class FeatureExtractor:
+    """The FID Inception on a device, turning image sources into feature tensors (float32, CPU)."""
+
+    def __init__(
+        self,
+        weights: str | Path | None = None,
+        device: str | torch.device | None = None,
+        tf32: bool = DEFAULTS["tf32"],
+        batch_size: int = DEFAULTS["batch_size"],
+        num_workers: int = DEFAULTS["num_workers"],
+        progress: bool = True,
+    ):
+        if batch_size < 1:
+            raise UserError(f"--batch-size {batch_size} must be at least 1.")
+        self.device = resolve_device(device if device is not None else DEFAULTS["device"])
+        self.tf32, self.batch_size, self.num_workers, self.progress = (
+            bool(tf32),
+            batch_size,
+            num_workers,
+            progress,
+        )
+        self.weights_path = resolve_weights(weights)
+        self.net = load_inception(self.weights_path).to(self.device)
+        if self.device.type == "cuda":
+            self.net = self.net.to(memory_format=torch.channels_last)
+        self.images_processed = 0  # counts work done, so callers (and tests) can see a cache hit
+        self._sha256: str | None = None
+
+    @property
+    def precision(self) -> str:
+        return "tf32" if self.tf32 else "fp32"
+
+    def weights_info(self) -> dict:
+        if self._sha256 is None:
+            self._sha256 = file_sha256(self.weights_path)
+        return {
+            "file": self.weights_path.name,
+            "path": str(self.weights_path),
+            "sha256": self._sha256,
+            "official": self.weights_path.name == WEIGHTS_FILE_NAME,
+        }
+
+    @torch.no_grad()
+    def extract(
+        self, source: ImageSource, want=("pool3", "logits_unbiased", "spatial"), desc: str = "features"
+    ) -> dict[str, torch.Tensor]:
+        from tqdm.auto import tqdm
+
+        # Features collect on the device (no per-batch sync on a GPU) and move to the CPU once.
+        out = {
+            k: torch.empty(source.count, FEATURE_DIMS[k], dtype=torch.float32, device=self.device)
+            for k in want
+        }
+        cuda = self.device.type == "cuda"
+        bar = tqdm(
+            total=source.count,
+            desc=desc,
+            unit="img",
+            file=sys.stderr,
+            disable=not self.progress,
+            dynamic_ncols=True,
+            leave=False,
+        )
+        row = 0
+        with matmul_precision(self.tf32), bar:
+            for batch in _prefetch(source, self.batch_size, self.num_workers):
+                x = torch.from_numpy(np.ascontiguousarray(batch)).permute(0, 3, 1, 2)
+                if cuda:
+                    x = x.pin_memory().to(self.device, non_blocking=True)
+                feats = self.net(x)
+                n = x.shape[0]
+                for k in want:
+                    out[k][row : row + n].copy_(feats[k])
+                row += n
+                bar.update(n)
+        self.images_processed += row
+        return {k: v.cpu() for k, v in out.items()}

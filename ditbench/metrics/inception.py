@@ -1,0 +1,388 @@
+"""The InceptionV3 that FID is defined with (the TF graph `inception-2015-12-05`), in PyTorch.
+
+The layer names and shapes follow torch-fidelity's `FeatureExtractorInceptionV3`, so its
+converted weight file `weights-inception-2015-12-05-6726825d.pth` loads directly. The TF graph
+differs from torchvision's InceptionV3 in three places that matter for the numbers:
+average pools that ignore padding, a max pool in the last block's pool branch, BatchNorm
+eps 1e-3; and it resizes with TF1's bilinear rule (no half-pixel offset), reproduced here.
+
+Outputs per image: `pool3` (2048), `logits_unbiased` (pool3 @ fc.weight.T, no bias: the
+Inception Score convention of the original IS code and the ADM evaluator) and `spatial`
+(first 7 channels of `Mixed_6d.branch1x1`, i.e. TF's `mixed_6/conv`, 17 x 17, flattened
+channels-last to 2023 values: the sFID features of the ADM evaluator).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import tempfile
+import zipfile
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ditbench.errors import UserError
+
+WEIGHTS_FILE_NAME = "weights-inception-2015-12-05-6726825d.pth"
+WEIGHTS_URL = "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/" + WEIGHTS_FILE_NAME
+WEIGHTS_ENV = "DITBENCH_INCEPTION_WEIGHTS"
+
+INPUT_SIZE = 299
+POOL3_DIM = 2048
+LOGITS_DIM = 1008
+SPATIAL_CHANNELS = 7
+SPATIAL_SIZE = 17
+SPATIAL_DIM = SPATIAL_CHANNELS * SPATIAL_SIZE * SPATIAL_SIZE  # 2023
+
+
+# --------------------------------------------------------------------------------------------
+# TF1 bilinear resize
+# --------------------------------------------------------------------------------------------
+
+
+def _tf1_source_grid(in_size: int, out_size: int, device: torch.device):
+    """Source coordinates of TF1 ResizeBilinear (align_corners=False): src = dst * in / out.
+
+    The coordinate is formed in float32 exactly as torch-fidelity does (float32 index times a
+    float32 scale), so the integer/fraction split - and hence every output value - agrees.
+    """
+    scale = torch.tensor(in_size / out_size, dtype=torch.float32)
+    src = torch.arange(out_size, dtype=torch.float32) * scale
+    lo = src.long()
+    hi = (lo + 1).clamp_max(in_size - 1)
+    frac = src - lo.float()
+    return lo.to(device), hi.to(device), frac.to(device)
+
+
+def resize_tf1_bilinear(x: torch.Tensor, size: int = INPUT_SIZE) -> torch.Tensor:
+    """Resize float NCHW images to size x size like TensorFlow 1.x `ResizeBilinear`.
+
+    Interpolates along x on the two source rows, then along y, in the same arithmetic order
+    as torch-fidelity's 'slow' mode (bit-exact on CPU for float32 input).
+    """
+    if not x.is_floating_point() or x.dim() != 4:
+        raise ValueError("resize_tf1_bilinear expects a float N x C x H x W tensor")
+    _, _, h, w = x.shape
+    if h == size and w == size:
+        return x  # scale 1: every fraction is 0, the interpolation is the identity
+    y_lo, y_hi, fy = _tf1_source_grid(h, size, x.device)
+    x_lo, x_hi, fx = _tf1_source_grid(w, size, x.device)
+    fx = fx.to(x.dtype).view(1, 1, 1, size)
+    fy = fy.to(x.dtype).view(1, 1, size, 1)
+    row_lo = x.index_select(2, y_lo)
+    row_hi = x.index_select(2, y_hi)
+    a = row_lo.index_select(3, x_lo)
+    top = a + (row_lo.index_select(3, x_hi) - a) * fx
+    b = row_hi.index_select(3, x_lo)
+    bottom = b + (row_hi.index_select(3, x_hi) - b) * fx
+    return top + (bottom - top) * fy
+
+
+# --------------------------------------------------------------------------------------------
+# The network. Attribute names are the state-dict keys of the converted weight file.
+# --------------------------------------------------------------------------------------------
+
+
+class BasicConv2d(nn.Module):
+    """Convolution without bias, BatchNorm (eps 1e-3, as in the TF graph), ReLU."""
+
+    def __init__(self, cin: int, cout: int, kernel_size, stride=1, padding=0):
+        super().__init__()
+        self.conv = nn.Conv2d(cin, cout, kernel_size, stride=stride, padding=padding, bias=False)
+        self.bn = nn.BatchNorm2d(cout, eps=0.001)
+
+    def forward(self, x):
+        return F.relu(self.bn(self.conv(x)))
+
+
+def _avg_pool_same(x):
+    # TF's SAME average pool divides by the number of real (unpadded) pixels.
+    return F.avg_pool2d(x, 3, stride=1, padding=1, count_include_pad=False)
+
+
+def _max_pool_same(x):
+    return F.max_pool2d(x, 3, stride=1, padding=1)
+
+
+def _max_pool_reduce(x):
+    return F.max_pool2d(x, 3, stride=2)
+
+
+class _Block(nn.Module):
+    """An Inception block: parallel branches concatenated along channels."""
+
+    def branches(self, x) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def forward(self, x):
+        return torch.cat(self.branches(x), 1)
+
+
+class InceptionA(_Block):  # Mixed_5b, 5c, 5d (35 x 35)
+    def __init__(self, cin: int, pool_features: int):
+        super().__init__()
+        self.branch1x1 = BasicConv2d(cin, 64, 1)
+        self.branch5x5_1 = BasicConv2d(cin, 48, 1)
+        self.branch5x5_2 = BasicConv2d(48, 64, 5, padding=2)
+        self.branch3x3dbl_1 = BasicConv2d(cin, 64, 1)
+        self.branch3x3dbl_2 = BasicConv2d(64, 96, 3, padding=1)
+        self.branch3x3dbl_3 = BasicConv2d(96, 96, 3, padding=1)
+        self.branch_pool = BasicConv2d(cin, pool_features, 1)
+
+    def branches(self, x):
+        return [
+            self.branch1x1(x),
+            self.branch5x5_2(self.branch5x5_1(x)),
+            self.branch3x3dbl_3(self.branch3x3dbl_2(self.branch3x3dbl_1(x))),
+            self.branch_pool(_avg_pool_same(x)),
+        ]
+
+
+class InceptionB(_Block):  # Mixed_6a (35 -> 17)
+    def __init__(self, cin: int):
+        super().__init__()
+        self.branch3x3 = BasicConv2d(cin, 384, 3, stride=2)
+        self.branch3x3dbl_1 = BasicConv2d(cin, 64, 1)
+        self.branch3x3dbl_2 = BasicConv2d(64, 96, 3, padding=1)
+        self.branch3x3dbl_3 = BasicConv2d(96, 96, 3, stride=2)
+
+    def branches(self, x):
+        return [
+            self.branch3x3(x),
+            self.branch3x3dbl_3(self.branch3x3dbl_2(self.branch3x3dbl_1(x))),
+            _max_pool_reduce(x),
+        ]
+
+
+class InceptionC(_Block):  # Mixed_6b..6e (17 x 17), factorised 7x7 convolutions
+    def __init__(self, cin: int, c7: int):
+        super().__init__()
+        row, col = dict(kernel_size=(1, 7), padding=(0, 3)), dict(kernel_size=(7, 1), padding=(3, 0))
+        self.branch1x1 = BasicConv2d(cin, 192, 1)
+        self.branch7x7_1 = BasicConv2d(cin, c7, 1)
+        self.branch7x7_2 = BasicConv2d(c7, c7, **row)
+        self.branch7x7_3 = BasicConv2d(c7, 192, **col)
+        self.branch7x7dbl_1 = BasicConv2d(cin, c7, 1)
+        self.branch7x7dbl_2 = BasicConv2d(c7, c7, **col)
+        self.branch7x7dbl_3 = BasicConv2d(c7, c7, **row)
+        self.branch7x7dbl_4 = BasicConv2d(c7, c7, **col)
+        self.branch7x7dbl_5 = BasicConv2d(c7, 192, **row)
+        self.branch_pool = BasicConv2d(cin, 192, 1)
+
+    def branches(self, x):
+        d = x
+        for layer in (
+            self.branch7x7dbl_1,
+            self.branch7x7dbl_2,
+            self.branch7x7dbl_3,
+            self.branch7x7dbl_4,
+            self.branch7x7dbl_5,
+        ):
+            d = layer(d)
+        return [
+            self.branch1x1(x),
+            self.branch7x7_3(self.branch7x7_2(self.branch7x7_1(x))),
+            d,
+            self.branch_pool(_avg_pool_same(x)),
+        ]
+
+
+class InceptionD(_Block):  # Mixed_7a (17 -> 8)
+    def __init__(self, cin: int):
+        super().__init__()
+        self.branch3x3_1 = BasicConv2d(cin, 192, 1)
+        self.branch3x3_2 = BasicConv2d(192, 320, 3, stride=2)
+        self.branch7x7x3_1 = BasicConv2d(cin, 192, 1)
+        self.branch7x7x3_2 = BasicConv2d(192, 192, (1, 7), padding=(0, 3))
+        self.branch7x7x3_3 = BasicConv2d(192, 192, (7, 1), padding=(3, 0))
+        self.branch7x7x3_4 = BasicConv2d(192, 192, 3, stride=2)
+
+    def branches(self, x):
+        s = self.branch7x7x3_1(x)
+        s = self.branch7x7x3_4(self.branch7x7x3_3(self.branch7x7x3_2(s)))
+        return [self.branch3x3_2(self.branch3x3_1(x)), s, _max_pool_reduce(x)]
+
+
+class InceptionE(_Block):  # Mixed_7b (average pool branch), Mixed_7c (max pool branch, as in TF)
+    def __init__(self, cin: int, pool: str):
+        super().__init__()
+        self.pool = _avg_pool_same if pool == "avg" else _max_pool_same
+        self.branch1x1 = BasicConv2d(cin, 320, 1)
+        self.branch3x3_1 = BasicConv2d(cin, 384, 1)
+        self.branch3x3_2a = BasicConv2d(384, 384, (1, 3), padding=(0, 1))
+        self.branch3x3_2b = BasicConv2d(384, 384, (3, 1), padding=(1, 0))
+        self.branch3x3dbl_1 = BasicConv2d(cin, 448, 1)
+        self.branch3x3dbl_2 = BasicConv2d(448, 384, 3, padding=1)
+        self.branch3x3dbl_3a = BasicConv2d(384, 384, (1, 3), padding=(0, 1))
+        self.branch3x3dbl_3b = BasicConv2d(384, 384, (3, 1), padding=(1, 0))
+        self.branch_pool = BasicConv2d(cin, 192, 1)
+
+    def branches(self, x):
+        t = self.branch3x3_1(x)
+        u = self.branch3x3dbl_2(self.branch3x3dbl_1(x))
+        return [
+            self.branch1x1(x),
+            self.branch3x3_2a(t),
+            self.branch3x3_2b(t),
+            self.branch3x3dbl_3a(u),
+            self.branch3x3dbl_3b(u),
+            self.branch_pool(self.pool(x)),
+        ]
+
+
+class InceptionV3(nn.Module):
+    """The FID Inception network; `forward(uint8 NCHW)` returns a dict of float32 features."""
+
+    def __init__(self):
+        super().__init__()
+        self.Conv2d_1a_3x3 = BasicConv2d(3, 32, 3, stride=2)
+        self.Conv2d_2a_3x3 = BasicConv2d(32, 32, 3)
+        self.Conv2d_2b_3x3 = BasicConv2d(32, 64, 3, padding=1)
+        self.Conv2d_3b_1x1 = BasicConv2d(64, 80, 1)
+        self.Conv2d_4a_3x3 = BasicConv2d(80, 192, 3)
+        self.Mixed_5b = InceptionA(192, pool_features=32)
+        self.Mixed_5c = InceptionA(256, pool_features=64)
+        self.Mixed_5d = InceptionA(288, pool_features=64)
+        self.Mixed_6a = InceptionB(288)
+        self.Mixed_6b = InceptionC(768, c7=128)
+        self.Mixed_6c = InceptionC(768, c7=160)
+        self.Mixed_6d = InceptionC(768, c7=160)
+        self.Mixed_6e = InceptionC(768, c7=192)
+        self.Mixed_7a = InceptionD(768)
+        self.Mixed_7b = InceptionE(1280, pool="avg")
+        self.Mixed_7c = InceptionE(2048, pool="max")
+        self.fc = nn.Linear(POOL3_DIM, LOGITS_DIM)
+
+    def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
+        if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
+            raise ValueError(f"expected uint8 images N x 3 x H x W, got {images.dtype} {tuple(images.shape)}")
+        x = resize_tf1_bilinear(images.float())
+        x = (x - 128) / 128  # the graph's normalisation to [-1, 1)
+        x = self.Conv2d_2b_3x3(self.Conv2d_2a_3x3(self.Conv2d_1a_3x3(x)))
+        x = _max_pool_reduce(x)
+        x = self.Conv2d_4a_3x3(self.Conv2d_3b_1x1(x))
+        x = _max_pool_reduce(x)
+        for block in (
+            self.Mixed_5b,
+            self.Mixed_5c,
+            self.Mixed_5d,
+            self.Mixed_6a,
+            self.Mixed_6b,
+            self.Mixed_6c,
+        ):
+            x = block(x)
+        parts = self.Mixed_6d.branches(x)
+        # sFID: TF's mixed_6/conv is Mixed_6d.branch1x1; 7 channels, flattened as H, W, C.
+        spatial = parts[0][:, :SPATIAL_CHANNELS].permute(0, 2, 3, 1).reshape(x.shape[0], SPATIAL_DIM)
+        x = torch.cat(parts, 1)
+        for block in (self.Mixed_6e, self.Mixed_7a, self.Mixed_7b, self.Mixed_7c):
+            x = block(x)
+        pool3 = F.adaptive_avg_pool2d(x, 1).flatten(1)
+        logits_unbiased = pool3 @ self.fc.weight.T
+        return {
+            "pool3": pool3.float(),
+            "logits_unbiased": logits_unbiased.float(),
+            "spatial": spatial.float(),
+        }
+
+
+# --------------------------------------------------------------------------------------------
+# Weights: where they live, how they load
+# --------------------------------------------------------------------------------------------
+
+
+def default_weights_path() -> Path:
+    """Where torch-fidelity keeps the file: the torch hub checkpoint cache."""
+    return Path(torch.hub.get_dir()) / "checkpoints" / WEIGHTS_FILE_NAME
+
+
+def _download(url: str, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
+    os.close(fd)
+    try:
+        torch.hub.download_url_to_file(url, tmp, progress=True)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def resolve_weights(path: str | os.PathLike | None = None, download: bool = True) -> Path:
+    """The Inception weight file: `path`, else $DITBENCH_INCEPTION_WEIGHTS, else the hub cache.
+
+    Only the hub-cache location is downloaded into (once, from torch-fidelity's release).
+    """
+    for given, origin in ((path, "--inception-weights"), (os.environ.get(WEIGHTS_ENV) or None, WEIGHTS_ENV)):
+        if given is not None:
+            p = Path(given).expanduser()
+            if not p.is_file():
+                raise UserError(
+                    f"Inception weights file {p} (from {origin}) does not exist. Give the path of "
+                    f"{WEIGHTS_FILE_NAME}, which can be downloaded from {WEIGHTS_URL}."
+                )
+            return p
+    p = default_weights_path()
+    if p.is_file():
+        return p
+    if download:
+        try:
+            _download(WEIGHTS_URL, p)
+            return p
+        except Exception as err:  # offline, proxy, disk full: all end in the same advice
+            reason = f"{type(err).__name__}: {err}"
+    else:
+        reason = "downloading is disabled"
+    raise UserError(
+        f"The Inception weights {WEIGHTS_FILE_NAME} are not in {p} and could not be downloaded "
+        f"({reason}). Download {WEIGHTS_URL} on a machine with network access and put it at {p} "
+        f"(the torch hub cache that torch-fidelity also uses), or pass --inception-weights PATH, "
+        f"or set {WEIGHTS_ENV}=PATH."
+    )
+
+
+def file_sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_inception(weights: str | os.PathLike) -> InceptionV3:
+    """An InceptionV3 in eval mode with the weights of `weights` (a state-dict file)."""
+    weights = Path(weights)
+    try:
+        try:
+            state = torch.load(weights, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:
+            # Older converted files may hold non-tensor objects; the user named this file.
+            state = torch.load(weights, map_location="cpu", weights_only=False)
+    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
+        raise UserError(
+            f"Inception weights file {weights} could not be read ({type(err).__name__}: {err}); it is "
+            f"truncated or not a PyTorch state dict. Download it again from {WEIGHTS_URL}."
+        ) from None
+    if not isinstance(state, dict):
+        raise UserError(f"Inception weights file {weights} holds a {type(state).__name__}, not a state dict.")
+    net = InceptionV3()
+    try:
+        missing, unexpected = net.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # shapes that do not fit
+        detail = str(err).splitlines()[-1].strip()
+        raise UserError(
+            f"Inception weights file {weights} does not fit the FID InceptionV3: {detail} "
+            f"Use torch-fidelity's {WEIGHTS_FILE_NAME} from {WEIGHTS_URL}."
+        ) from None
+    missing = [k for k in missing if not k.endswith("num_batches_tracked")]  # unused in eval mode
+    if missing or unexpected:
+        raise UserError(
+            f"Inception weights file {weights} does not fit the FID InceptionV3: {len(missing)} missing keys "
+            f"(e.g. {missing[:3]}) and {len(unexpected)} unexpected keys (e.g. {unexpected[:3]}). Use "
+            f"torch-fidelity's {WEIGHTS_FILE_NAME} from {WEIGHTS_URL}."
+        )
+    return net.eval().requires_grad_(False)

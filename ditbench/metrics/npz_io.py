@@ -1,0 +1,382 @@
+"""Image batches in the ADM format (`.npz` with uint8 N x H x W x 3 `arr_0`) and image folders.
+
+A sample batch of 50,000 images at 256 px is 9.8 GB, so nothing here loads a batch whole:
+`arr_0` is streamed out of the zip member (an `.npz` is a zip of `.npy` files; the `.npy`
+header gives shape and dtype, the rows follow), and folders are decoded a batch at a time.
+Every source is validated when it is opened, so bad input fails before any compute, with a
+message that names the file and says what would be valid.
+"""
+
+from __future__ import annotations
+
+import zipfile
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from ditbench.errors import UserError
+
+IMAGE_KEY = "arr_0"
+STAT_KEYS = ("mu", "sigma", "mu_s", "sigma_s")
+FEATURE_KEY = "pool3"  # ditbench statistics files may also hold the reference's pool3 features
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
+
+_ADM_FORMAT = "an ADM batch: `arr_0` of uint8 images N x H x W x 3 in [0, 255]"
+
+
+def _float_hint(sample: np.ndarray) -> str:
+    lo, hi = float(np.nanmin(sample)), float(np.nanmax(sample))
+    if lo < 0:
+        return (
+            f"Its values span [{lo:.3g}, {hi:.3g}], which looks like model output in [-1, 1]; convert with "
+            "`((x + 1) * 127.5).round().clip(0, 255).astype(np.uint8)`"
+        )
+    if hi <= 1.0:
+        return (
+            f"Its values span [{lo:.3g}, {hi:.3g}], i.e. [0, 1]; convert with "
+            "`(x * 255).round().clip(0, 255).astype(np.uint8)`"
+        )
+    return f"Its values span [{lo:.3g}, {hi:.3g}]; convert with `x.round().clip(0, 255).astype(np.uint8)`"
+
+
+def validate_image_array_layout(shape: tuple, dtype: np.dtype, where: str, peek=None) -> None:
+    """Raise a UserError unless (shape, dtype) is uint8 N x H x W x 3. `peek()` returns a few rows."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        hint = _float_hint(peek()) if peek is not None and (shape[0] if shape else 0) else ""
+        raise UserError(f"{where} holds {dtype} values; ditbench fid reads {_ADM_FORMAT}. {hint}".strip())
+    if dtype != np.uint8:
+        raise UserError(f"{where} has dtype {dtype}; ditbench fid reads {_ADM_FORMAT}.")
+    if len(shape) == 3:
+        raise UserError(
+            f"{where} has shape {shape}: grey images N x H x W. ditbench fid needs RGB, "
+            f"{_ADM_FORMAT}; repeat the channel with `np.repeat(x[..., None], 3, axis=-1)`."
+        )
+    if len(shape) != 4:
+        raise UserError(f"{where} has shape {shape}; ditbench fid reads {_ADM_FORMAT}.")
+    n, h, w, c = shape
+    if c != 3 and shape[1] in (1, 3, 4) and c not in (1, 4):
+        raise UserError(
+            f"{where} has shape {shape}, which is channels-first (N x C x H x W); ditbench fid reads "
+            f"{_ADM_FORMAT}. Transpose with `x.transpose(0, 2, 3, 1)`."
+        )
+    if c == 1:
+        raise UserError(
+            f"{where} has shape {shape}: grey images with one channel. ditbench fid needs RGB, "
+            f"{_ADM_FORMAT}; repeat the channel with `np.repeat(x, 3, axis=-1)`."
+        )
+    if c == 4:
+        raise UserError(
+            f"{where} has shape {shape}: RGBA images. ditbench fid needs RGB, {_ADM_FORMAT}; "
+            "drop the alpha channel with `x[..., :3]`."
+        )
+    if c != 3:
+        raise UserError(f"{where} has shape {shape}; ditbench fid reads {_ADM_FORMAT}.")
+    if n == 0 or h == 0 or w == 0:
+        raise UserError(f"{where} has shape {shape}: it holds no images.")
+
+
+class ImageSource:
+    """uint8 N x H x W x 3 images, read in batches."""
+
+    path: Path | None
+    count: int
+    height: int
+    width: int
+
+    def batches(self, batch_size: int) -> Iterator[np.ndarray]:
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        return {
+            "path": str(self.path) if self.path else None,
+            "count": self.count,
+            "height": self.height,
+            "width": self.width,
+            "kind": type(self).__name__,
+        }
+
+
+class ArrayImages(ImageSource):
+    """Images already in memory (a numpy array or memmap); used by tests and benchmarks."""
+
+    def __init__(self, images: np.ndarray, name: str = "array"):
+        validate_image_array_layout(images.shape, images.dtype, f"the {name}", peek=lambda: images[:8])
+        self.images, self.name, self.path = images, name, None
+        self.count, self.height, self.width = images.shape[0], images.shape[1], images.shape[2]
+
+    def batches(self, batch_size: int) -> Iterator[np.ndarray]:
+        for i in range(0, self.count, batch_size):
+            yield np.ascontiguousarray(self.images[i : i + batch_size])
+
+
+def _open_zip(path: Path) -> zipfile.ZipFile:
+    if not path.exists():
+        raise UserError(
+            f"{path} does not exist. Give an ADM-format .npz ({_ADM_FORMAT}) or a folder of PNG/JPEG images."
+        )
+    try:
+        return zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as err:
+        raise UserError(
+            f"{path} is not a readable .npz ({err}); the file is truncated or corrupt (an .npz is a zip "
+            f"of .npy arrays). Write it again with `np.savez(path, arr_0=images)`."
+        ) from None
+
+
+def _read_npy_header(f, where: str):
+    try:
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        else:
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+    except (ValueError, OSError, EOFError, zlib.error, zipfile.BadZipFile) as err:
+        raise UserError(
+            f"{where} has an unreadable .npy header ({err}); the file is truncated or corrupt."
+        ) from None
+    return shape, fortran, np.dtype(dtype), f.tell()
+
+
+class NpzImages(ImageSource):
+    """`arr_0` of an ADM `.npz`, streamed row-chunk by row-chunk out of the zip member."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.where = f"{self.path} (key `{IMAGE_KEY}`)"
+        with _open_zip(self.path) as zf:
+            names = zf.namelist()
+            member = IMAGE_KEY + ".npy"
+            if member not in names:
+                keys = ", ".join(n[:-4] if n.endswith(".npy") else n for n in names) or "none"
+                raise UserError(
+                    f"{self.path} has no `{IMAGE_KEY}` array (its keys: {keys}); ditbench fid reads "
+                    f"{_ADM_FORMAT}. Save images with `np.savez(path, arr_0=images)`."
+                )
+            info = zf.getinfo(member)
+            with zf.open(member) as f:
+                shape, fortran, dtype, self._offset = _read_npy_header(f, self.where)
+                peek = lambda: self._peek(f, shape, dtype)  # noqa: E731
+                validate_image_array_layout(shape, dtype, self.where, peek=peek)
+        if fortran:
+            raise UserError(
+                f"{self.where} is stored in Fortran order; save a C-ordered array "
+                "(`np.ascontiguousarray(x)`)."
+            )
+        self.count, self.height, self.width = int(shape[0]), int(shape[1]), int(shape[2])
+        self.row_bytes = self.height * self.width * 3
+        expected = self._offset + self.count * self.row_bytes
+        if info.file_size != expected:
+            raise UserError(
+                f"{self.where} declares {self.count} images of {self.height}x{self.width} "
+                f"({expected} bytes) but the member holds {info.file_size} bytes; the file is truncated "
+                "or corrupt."
+            )
+
+    @staticmethod
+    def _peek(f, shape, dtype):
+        rows = min(int(shape[0]), 4)
+        n = rows * int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else rows
+        return np.frombuffer(f.read(n * dtype.itemsize), dtype=dtype)
+
+    def batches(self, batch_size: int) -> Iterator[np.ndarray]:
+        with _open_zip(self.path) as zf, zf.open(IMAGE_KEY + ".npy") as f:
+            f.seek(self._offset) if f.seekable() else f.read(self._offset)
+            done = 0
+            while done < self.count:
+                rows = min(batch_size, self.count - done)
+                try:
+                    buf = f.read(rows * self.row_bytes)
+                except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as err:
+                    raise UserError(
+                        f"{self.where} could not be read past image {done} ({err}); the file is "
+                        "truncated or corrupt."
+                    ) from None
+                if len(buf) != rows * self.row_bytes:
+                    raise UserError(
+                        f"{self.where} ends after {done + len(buf) // self.row_bytes} of {self.count} "
+                        "images; the file is truncated or corrupt."
+                    )
+                # bytearray: a writable array (torch.from_numpy warns on read-only memory)
+                yield np.frombuffer(bytearray(buf), dtype=np.uint8).reshape(rows, self.height, self.width, 3)
+                done += rows
+            try:  # reading to the end lets zipfile check the CRC
+                f.read(1)
+            except zipfile.BadZipFile as err:
+                raise UserError(f"{self.where} failed its checksum ({err}); the file is corrupt.") from None
+
+
+_GREY_MODES = {"1", "L", "I", "I;16", "I;16B", "I;16L", "F"}
+_ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
+
+
+def _image_mode_problem(img: Image.Image) -> str | None:
+    mode = img.mode
+    if mode in _GREY_MODES:
+        return f"a grey image (PIL mode {mode}); convert it to RGB (e.g. `Image.open(p).convert('RGB')`)"
+    if mode in _ALPHA_MODES or (mode == "P" and "transparency" in img.info):
+        return f"an image with an alpha channel (PIL mode {mode}); save it as RGB without transparency"
+    return None
+
+
+class FolderImages(ImageSource):
+    """PNG/JPEG files directly in a folder (not its subfolders), in sorted name order."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise UserError(f"{self.path} does not exist or is not a folder.")
+        self.files = sorted(
+            p for p in self.path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
+        )
+        if not self.files:
+            raise UserError(
+                f"{self.path} holds no .png, .jpg or .jpeg files (subfolders are not searched). Give a "
+                f"folder of RGB images or an ADM-format .npz ({_ADM_FORMAT})."
+            )
+        first_size = None
+        for p in self.files:  # headers only: cheap, and all problems surface before any compute
+            try:
+                with Image.open(p) as img:
+                    size, problem = img.size, _image_mode_problem(img)
+            except (UnidentifiedImageError, OSError) as err:
+                raise UserError(f"{p} is not a readable image ({err}); it is truncated or corrupt.") from None
+            if problem:
+                raise UserError(f"{p} is {problem}. ditbench fid needs RGB images.")
+            if first_size is None:
+                first_size, first_file = size, p
+            elif size != first_size:
+                raise UserError(
+                    f"Images in {self.path} differ in size: {first_file.name} is {first_size[0]}x"
+                    f"{first_size[1]} but {p.name} is {size[0]}x{size[1]} (width x height). Resize them "
+                    "to one size first, the way the reference images were."
+                )
+        self.count, (self.width, self.height) = len(self.files), first_size
+
+    def load(self, p: Path) -> np.ndarray:
+        try:
+            with Image.open(p) as img:
+                arr = np.asarray(img.convert("RGB"))
+        except (UnidentifiedImageError, OSError, SyntaxError) as err:
+            raise UserError(f"{p} could not be decoded ({err}); it is truncated or corrupt.") from None
+        return arr
+
+    def batches(self, batch_size: int, pool=None) -> Iterator[np.ndarray]:
+        load = pool.map if pool is not None else map  # PIL decodes without the GIL: threads help
+        for i in range(0, self.count, batch_size):
+            yield np.stack(list(load(self.load, self.files[i : i + batch_size])))
+
+
+def open_images(path: str | Path) -> ImageSource:
+    """An `.npz` (its `arr_0`) or a folder of images."""
+    path = Path(path)
+    if path.is_dir():
+        return FolderImages(path)
+    if not path.exists():
+        raise UserError(
+            f"{path} does not exist. Give an ADM-format .npz ({_ADM_FORMAT}) or a folder of PNG/JPEG images."
+        )
+    return NpzImages(path)
+
+
+@dataclass
+class Reference:
+    """What a reference path offers: images (for features) and/or precomputed statistics."""
+
+    path: Path
+    images: ImageSource | None
+    stats: dict[str, np.ndarray]  # any of mu, sigma, mu_s, sigma_s (float64) and pool3 (float32)
+
+
+def _read_stats(path: Path, zf: zipfile.ZipFile) -> dict[str, np.ndarray]:
+    names = set(zf.namelist())
+    out = {}
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            for key in (*STAT_KEYS, FEATURE_KEY):
+                if key + ".npy" in names:
+                    out[key] = npz[key]
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as err:
+        raise UserError(
+            f"{path} has unreadable statistics ({err}); the file is truncated or corrupt."
+        ) from None
+    for m, s in (("mu", "sigma"), ("mu_s", "sigma_s")):
+        if (m in out) != (s in out):
+            raise UserError(
+                f"{path} has `{m if m in out else s}` without `{s if m in out else m}`; precomputed "
+                "statistics need both the mean and the covariance."
+            )
+        if m in out:
+            mu, sigma = out[m], out[s]
+            if mu.ndim != 1 or sigma.shape != (mu.shape[0], mu.shape[0]):
+                raise UserError(
+                    f"{path}: `{m}` has shape {mu.shape} and `{s}` {sigma.shape}; expected (d,) and (d, d)."
+                )
+            out[m], out[s] = mu.astype(np.float64), sigma.astype(np.float64)
+    return out
+
+
+def open_reference(path: str | Path) -> Reference:
+    """A reference: an ADM reference batch (images + optional mu/sigma/mu_s/sigma_s), a folder or
+    npz of real images, or a statistics file (mu/sigma, optionally mu_s/sigma_s and pool3)."""
+    path = Path(path)
+    if path.is_dir():
+        return Reference(path, FolderImages(path), {})
+    with _open_zip(path) as zf:
+        has_images = IMAGE_KEY + ".npy" in zf.namelist()
+        stats = _read_stats(path, zf)
+    if not has_images and "mu" not in stats:
+        keys = ", ".join(n[:-4] for n in zf.namelist()) or "none"
+        raise UserError(
+            f"{path} has neither `{IMAGE_KEY}` images nor `mu`/`sigma` statistics (its keys: {keys}). "
+            f"A reference is {_ADM_FORMAT} (optionally with precomputed mu, sigma, mu_s, sigma_s), a "
+            "folder of images, or a statistics file written by ditbench."
+        )
+    images = NpzImages(path) if has_images else None
+    return Reference(path, images, stats)
+
+
+def write_npz_images(path: str | Path, batches, count: int, height: int, width: int) -> Path:
+    """Stream uint8 N x H x W x 3 batches into an ADM `.npz` (`arr_0`, stored uncompressed).
+
+    The array never has to exist in memory whole; the file is written under a temporary name and
+    renamed into place, so a crash leaves no half-written batch behind.
+    """
+    import os
+    import tempfile
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name + ".", suffix=".tmp")
+    os.close(fd)
+    header = {
+        "descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)),
+        "fortran_order": False,
+        "shape": (count, height, width, 3),
+    }
+    written = 0
+    try:
+        with (
+            zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf,
+            zf.open(IMAGE_KEY + ".npy", "w", force_zip64=True) as f,
+        ):
+            np.lib.format.write_array_header_1_0(f, header)
+            for batch in batches:
+                batch = np.ascontiguousarray(batch, dtype=np.uint8)
+                if batch.shape[1:] != (height, width, 3):
+                    raise ValueError(
+                        f"batch of shape {batch.shape} in a batch file of {height}x{width}x3 images"
+                    )
+                f.write(batch.tobytes())
+                written += len(batch)
+        if written != count:
+            raise ValueError(f"{written} images written, {count} declared")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return path
