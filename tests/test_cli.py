@@ -12,6 +12,8 @@ def test_help_lists_every_command(capsys):
 
 
 def test_unknown_command_exits_non_zero():
-    proc = subprocess.run([sys.executable, "-m", "ditbench", "no-such-command"], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ditbench", "no-such-command"], capture_output=True, text=True
+    )
     assert proc.returncode == 2
     assert "invalid choice" in proc.stderr
