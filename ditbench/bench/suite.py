@@ -148,17 +148,24 @@ class _Validator:
                 hint = f" Did you mean `{close[0]}`?" if close else ""
                 raise self.fail(keypath, f"unknown model {value!r}.{hint} Known models: {', '.join(names)}.")
             return value
+        if name == "grad_ckpt":
+            # YAML reads `no`/`yes` as booleans; every_K checkpoints every K-th block
+            if isinstance(value, bool):
+                value = "full" if value else "none"
+            if value in GRAD_CKPT or (isinstance(value, str) and re.fullmatch(r"every_[1-9]\d*", value)):
+                return value
+            raise self.fail(
+                keypath,
+                f"unknown grad_ckpt {value!r}; valid: none, full, every_K (every K-th block, e.g. every_2).",
+            )
         choices = {
             "precision": PRECISIONS,
-            "grad_ckpt": GRAD_CKPT,
             "impl": IMPLS,
             "strategy": STRATEGIES,
             "optimizer": OPTIMIZERS,
             "attention": ATTENTION,
         }
         if name in choices:
-            if name == "grad_ckpt" and value is False:  # YAML `no`/`false` reads as a bool
-                value = "none"
             if value not in choices[name]:
                 raise self.fail(keypath, f"unknown {name} {value!r}; valid: {', '.join(choices[name])}.")
             return value
