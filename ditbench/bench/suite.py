@@ -27,6 +27,7 @@ DEVICES = ("cuda", "cpu", "auto")
 IMPLS = ("ditbench", "diffusers")
 STRATEGIES = ("ddp", "fsdp")
 OPTIMIZERS = ("adamw",)
+OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")  # AdamW kernels: fused is CUDA only
 ATTENTION = ("sdpa",)
 SMOKE_CELLS = ("baseline", "all", "none")
 VAE_SCALE = 8  # the SD VAE downsamples by 8: a 256 px image is a 32x32 latent
@@ -45,6 +46,7 @@ KNOB_DEFAULTS: dict[str, Any] = {
     "compile": False,
     "attention": "sdpa",
     "optimizer": "adamw",
+    "optimizer_impl": "auto",
     "data": "synthetic",
     "seed": 0,
     "lr": 1e-4,
@@ -163,6 +165,7 @@ class _Validator:
             "impl": IMPLS,
             "strategy": STRATEGIES,
             "optimizer": OPTIMIZERS,
+            "optimizer_impl": OPTIMIZER_IMPLS,
             "attention": ATTENTION,
         }
         if name in choices:
@@ -356,10 +359,10 @@ def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
 
     # Expansion: cartesian product - excludes + includes (completed from the defaults).
     configs: list[tuple[str, dict[str, Any]]] = []
-    for i, combo in enumerate(itertools.product(*axes.values())):
+    for combo in itertools.product(*axes.values()):
         knob_values = {**knobs, **dict(zip(axes, combo, strict=True))}
         if not any(matches(knob_values, ex) for ex in exclude):
-            configs.append((f"matrix (cell {i})", knob_values))
+            configs.append(("matrix", knob_values))
     for i, partial in enumerate(include):
         configs.append((f"include[{i}]", {**knobs, **partial}))
     if not configs:
@@ -435,7 +438,7 @@ def cell_name(config: dict[str, Any], varying: list[str] | tuple[str, ...] = ())
     ]
     shown = {"model", "precision", "grad_ckpt", "batch_size"}
     for key in varying:
-        if key in shown:
+        if key in shown or key in ("gpus", "nodes"):
             continue
         value = config[key]
         if key == "compile":
@@ -444,6 +447,7 @@ def cell_name(config: dict[str, Any], varying: list[str] | tuple[str, ...] = ())
             parts.append(f"{value}px")
         else:
             parts.append(f"{key}={json.dumps(value) if isinstance(value, dict) else value}")
-    if config["gpus"] > 1 and "gpus" not in varying:
-        parts.append(f"gpus={config['gpus']}")
+    for key in ("gpus", "nodes"):  # shown only when more than one, whether or not it varies
+        if config[key] > 1:
+            parts.append(f"{key}={config[key]}")
     return " ".join(parts)
