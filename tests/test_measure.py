@@ -156,3 +156,30 @@ def test_parse_faults():
 
 def test_measured_matmul_peak_runs_on_cpu():
     assert measure.measure_matmul_tflops("cpu", "fp32", n=128, seconds=0.05) > 0
+
+
+def test_env_has_the_record_keys_and_the_command_names_the_peak(capsys):
+    from ditbench.bench.envinfo import collect_env
+    from ditbench.cli import main
+
+    env = collect_env()
+    expected = {
+        "host",
+        "platform",
+        "cpu",
+        "gpu_name",
+        "gpu_count",
+        "driver",
+        "cuda",
+        "torch",
+        "python",
+        "ditbench",
+        "git_sha",
+    }
+    assert set(env) >= expected
+    assert env["torch"] == torch.__version__
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "torch" in out and "mfu peak" in out
+    if not torch.cuda.is_available():
+        assert "mfu null" in out

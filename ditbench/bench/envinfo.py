@@ -11,7 +11,6 @@ import os
 import platform
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +142,3 @@ def run(args) -> int:
         )
     return 0
 
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(run(type("A", (), {"precision": "bf16", "measure_peak": False, "json": False})()))
