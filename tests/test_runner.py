@@ -206,3 +206,33 @@ def test_results_lines_are_complete_json(tmp_path):
         "duration_s",
     }
     assert record["status"] == "unsupported" and record["metrics"] is None
+
+
+@pytest.mark.gpu
+def test_cuda_cells_record_allocator_peaks_and_a_real_oom_under_the_cap(tmp_path):
+    text = """
+    name: gpu_cap
+    device: cuda
+    gpu_memory_gb: 2
+    defaults:
+      image_size: 256
+      steps: {warmup: 2, measure: 5, min_seconds: 0.5}
+      smoke: {steps: 20, cells: [{model: DiT-S/8, precision: fp16}]}
+    matrix:
+      model: [DiT-S/8, DiT-XL/2]
+      precision: [fp16]
+      batch_size: [8, 16]
+    """
+    path = tmp_path / "gpu.yaml"
+    path.write_text(textwrap.dedent(text))
+    by_name, _ = run(load_suite(path), tmp_path / "out")
+    small = by_name["DiT-S/8 fp16 ckpt=none bs=8"]
+    assert small["status"] == "ok", small["reason"]
+    m = small["metrics"]
+    assert m["timing"] == "cuda_events" and m["peak_mem_allocated_gib"] > 0
+    assert m["peak_mem_reserved_gib"] >= m["peak_mem_allocated_gib"] and m["fits_budget"] is not None
+    assert small["smoke"]["steps"] == 20 and small["smoke"]["scaler_skips"] >= 0
+    # DiT-XL/2's weights, gradients and AdamW state alone are ~10 GiB: a real OOM under a 2 GiB cap
+    big = by_name["DiT-XL/2 fp16 ckpt=none bs=8"]
+    assert big["status"] == "oom" and big["metrics"]["fits_budget"] is False
+    assert by_name["DiT-XL/2 fp16 ckpt=none bs=16"]["status"] == "skipped"

@@ -256,7 +256,7 @@ def run_suite(
     }
     todo = [c for c in run_order(cells) if c.cell_id not in done]
     visible = Visible.detect()
-    env = collect_env()
+    env = collect_env(probe_cuda=False)  # no CUDA context in the parent: it would hold device memory
     run_id = new_run_id()
     latest = {cid: previous[cid] for cid in done}
     bar = tqdm(
