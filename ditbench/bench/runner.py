@@ -262,7 +262,7 @@ def run_suite(
     bar = tqdm(
         total=len(todo), unit="cell", disable=not options.progress, dynamic_ncols=True, file=sys.stderr
     )
-    say = echo or (lambda line: tqdm.write(line, file=sys.stdout))
+    say = echo or _print_line
     if done:
         say(f"resuming {out}: {len(done)} of {len(cells)} cells already ok, {len(todo)} to run")
     previous_term = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
@@ -276,6 +276,13 @@ def run_suite(
     records = [latest[c.cell_id] for c in cells if c.cell_id in latest]
     write_summary(out / SUMMARY_FILE, suite, records)
     return records
+
+
+def _print_line(line: str) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stdout)  # above the bar, which lives on stderr
+    sys.stdout.flush()  # a line per cell shows at once in a piped log, not at exit
 
 
 def _main_thread() -> bool:
