@@ -183,3 +183,18 @@ def test_env_has_the_record_keys_and_the_command_names_the_peak(capsys):
     assert "torch" in out and "mfu peak" in out
     if not torch.cuda.is_available():
         assert "mfu null" in out
+
+
+@pytest.mark.parametrize("model,image_size", [("DiT-XL/2", 256), ("DiT-S/8", 256), ("DiT-B/4", 512)])
+def test_counted_flops_vs_the_papers_6x_forward_convention(model, image_size):
+    # ditbench.models.flops counts 6 x forward MACs (the paper's convention). The counter sees that the
+    # patch embedding and the first timestep linear need no input gradient: exactly their forward FLOPs less.
+    from ditbench.models.flops import train_flops_per_image
+
+    cfg = get_config(model)
+    tokens = (image_size // 8 // cfg.patch_size) ** 2
+    skipped_macs = tokens * cfg.hidden_size * 4 * cfg.patch_size**2 + 256 * cfg.hidden_size
+    assert (
+        count_train_flops_per_image(model, image_size)
+        == train_flops_per_image(model, image_size) - 2 * skipped_macs
+    )
