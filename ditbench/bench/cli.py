@@ -1,0 +1,86 @@
+"""`ditbench run SUITE.yaml`: expand a suite and run its cells (resumable)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("suite", help="the suite file, e.g. suites/cpu_smoke.yaml")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output directory (default runs/<suite name>); results.jsonl, summary.md, logs/",
+    )
+    parser.add_argument("--force", action="store_true", help="rerun cells that already have an ok record")
+    parser.add_argument("--dry-run", action="store_true", help="print the expanded matrix and exit")
+    parser.add_argument(
+        "--cells",
+        action="append",
+        default=[],
+        metavar="SUBSTR",
+        help="run only cells whose name contains SUBSTR (or whose id is SUBSTR); repeatable",
+    )
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=None,
+        help="per-cell timeout in seconds (overrides the suite's defaults.timeout_s)",
+    )
+    parser.add_argument(
+        "--no-oom-skip",
+        action="store_true",
+        help="run larger batches even after a smaller batch of the same series ran out of memory",
+    )
+    parser.add_argument(
+        "--no-progress", action="store_true", help="no progress bar (lines per cell still print)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from ditbench.bench.records import latest_by_cell, read_records
+    from ditbench.bench.runner import RESULTS_FILE, RunOptions, Visible, precheck, run_suite, select_cells
+    from ditbench.bench.runner import summary_table as table
+    from ditbench.bench.suite import load_suite
+    from ditbench.errors import UserError
+
+    suite = load_suite(args.suite)
+    out = args.out or Path("runs") / suite.name
+    if args.timeout_s is not None and args.timeout_s <= 0:
+        raise UserError(f"--timeout-s must be a positive number of seconds, got {args.timeout_s}")
+    cells = select_cells(suite, args.cells)
+    if not cells:
+        raise UserError(
+            f"--cells {' '.join(args.cells)} matches none of the {len(suite.cells)} cells of suite "
+            f"{suite.path}; run with --dry-run to list their names"
+        )
+    if args.dry_run:
+        previous = latest_by_cell(read_records(Path(out) / RESULTS_FILE))
+        visible = Visible.detect()
+        print(f"suite {suite.name} ({suite.path}): {len(cells)} cells -> {out}")
+        print(f"{'cell_id':<13} {'smoke':>5}  {'plan':<12} cell")
+        for cell in cells:
+            verdict = precheck(cell, visible)
+            if verdict:
+                plan = verdict[0]
+            elif not args.force and previous.get(cell.cell_id, {}).get("status") == "ok":
+                plan = "done (ok)"
+            else:
+                plan = "run"
+            print(f"{cell.cell_id:<13} {cell.config['smoke_steps']:>5}  {plan:<12} {cell.cell_name}")
+        return 0
+    options = RunOptions(
+        out=Path(out),
+        force=args.force,
+        cell_filters=args.cells,
+        timeout_s=args.timeout_s,
+        oom_skip=not args.no_oom_skip,
+        progress=not args.no_progress,
+    )
+    records = run_suite(suite, options)
+    print()
+    print(table(records), end="")
+    print(f"\nresults: {Path(out) / RESULTS_FILE}   summary: {Path(out) / 'summary.md'}")
+    return 0

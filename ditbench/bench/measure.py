@@ -1,0 +1,209 @@
+"""What a measured window turns into: model FLOPs per image, the peak table behind MFU, step statistics.
+
+Model FLOPs are the FLOPs of one forward + backward of the plain model (no checkpoint
+recomputation, no optimizer), counted by `torch.utils.flop_counter.FlopCounterMode` on the meta
+device, so counting DiT-XL/2 costs no memory and no time. `analytic_train_flops_per_image` is an
+independent closed form for the ditbench DiT; a test checks that the two agree exactly.
+
+MFU uses a datasheet peak per (GPU, precision) and states its basis; a GPU missing from the table
+(and any CPU) gets no MFU rather than a guessed one.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import statistics
+import time
+from typing import Any
+
+# Dense (no sparsity) datasheet peaks in TFLOP/s for the precision a cell trains in.
+# "fp32" is true fp32 (tf32 off); "tf32" is fp32 storage with TF32 tensor-core matmuls.
+PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    "NVIDIA H200": {"fp32": 67.0, "tf32": 495.0, "bf16": 989.0, "fp16": 989.0},
+    "NVIDIA H100 SXM": {"fp32": 67.0, "tf32": 495.0, "bf16": 989.0, "fp16": 989.0},
+    "NVIDIA A100": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
+}
+PEAK_SOURCES = {
+    "NVIDIA H200": "NVIDIA H200 datasheet (SXM), dense tensor-core peak",
+    "NVIDIA H100 SXM": "NVIDIA H100 datasheet (SXM5), dense tensor-core peak",
+    "NVIDIA A100": "NVIDIA A100 datasheet (SXM4 and PCIe share these), dense tensor-core peak",
+}
+
+
+def gpu_table_key(gpu_name: str | None) -> str | None:
+    """Map a `torch.cuda.get_device_name()` string to a table row, or None when unsure.
+
+    Variants with other clocks (H100 PCIe / NVL, H200 NVL, H20, H800) are deliberately not
+    matched: their peaks differ and a wrong peak is worse than none.
+    """
+    if not gpu_name:
+        return None
+    name = gpu_name.upper()
+    if "A100" in name:  # SXM4 and PCIe, 40 and 80 GB: one set of peaks
+        return "NVIDIA A100"
+    if re.search(r"\bNVL\b|PCIE|\bH20\b|H800", name):
+        return None
+    if "H200" in name:
+        return "NVIDIA H200"
+    if "H100" in name and ("SXM" in name or "HBM3" in name):
+        return "NVIDIA H100 SXM"
+    return None
+
+
+def peak_entry(gpu_name: str | None, precision: str) -> dict[str, Any] | None:
+    """{peak_tflops, peak_basis} for MFU, or None when the device is not in the table."""
+    key = gpu_table_key(gpu_name)
+    if key is None or precision not in PEAK_TFLOPS[key]:
+        return None
+    return {
+        "peak_tflops": PEAK_TFLOPS[key][precision],
+        "peak_basis": f"datasheet dense {precision} peak of {key} ({PEAK_SOURCES[key]})",
+    }
+
+
+def mfu(tflops_per_s_per_gpu: float | None, gpu_name: str | None, precision: str) -> dict[str, Any] | None:
+    entry = peak_entry(gpu_name, precision)
+    if entry is None or tflops_per_s_per_gpu is None:
+        return None
+    return {"value": tflops_per_s_per_gpu / entry["peak_tflops"], **entry}
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOPs
+# ---------------------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=64)
+def count_train_flops_per_image(
+    model: str, image_size: int, impl: str = "ditbench", num_classes: int = 1000
+) -> int:
+    """FLOPs of one training forward+backward for one image, counted with FlopCounterMode on meta."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from ditbench.models.dit import build_model
+
+    batch = 2  # any batch works (every op is per-sample); 2 guards against batch-1 special cases
+    with torch.device("meta"):
+        net = build_model(model, image_size=image_size, num_classes=num_classes, grad_ckpt="none", impl=impl)
+        net.train()
+        latent = image_size // 8
+        x = torch.randn(batch, net.in_channels, latent, latent)
+        t = torch.randint(0, 1000, (batch,))
+        y = torch.randint(0, num_classes, (batch,))
+    with FlopCounterMode(display=False) as counter:
+        out = net(x, t, y)
+        out.float().pow(2).mean().backward()
+    total = counter.get_total_flops()
+    if total % batch:
+        raise RuntimeError(f"FLOP count {total} of a batch of {batch} is not a multiple of the batch")
+    return total // batch
+
+
+def analytic_train_flops_per_image(
+    depth: int,
+    hidden: int,
+    patch: int,
+    image_size: int,
+    in_channels: int = 4,
+    out_channels: int = 8,
+    freq: int = 256,
+    mlp_ratio: float = 4.0,
+) -> int:
+    """Closed form for the ditbench DiT: 2 FLOPs per multiply-add, backward = 2 x forward per matmul,
+    except the two layers whose input needs no gradient (patch embedding, first timestep linear),
+    whose backward only computes the weight gradient (1 x forward)."""
+    tokens = (image_size // 8 // patch) ** 2
+    d = hidden
+    hid = int(d * mlp_ratio)
+    patch_embed = 2 * tokens * d * in_channels * patch * patch
+    t_mlp_in = 2 * freq * d
+    t_mlp_out = 2 * d * d
+    block = (
+        2 * d * 6 * d  # adaLN modulation, once per image
+        + 2 * tokens * d * 3 * d  # qkv
+        + 2 * 2 * tokens * tokens * d  # q k^T and attn v over all heads
+        + 2 * tokens * d * d  # output projection
+        + 2 * 2 * tokens * d * hid
+    )  # MLP
+    final = 2 * d * 2 * d + 2 * tokens * d * patch * patch * out_channels
+    forward = patch_embed + t_mlp_in + t_mlp_out + depth * block + final
+    return 3 * forward - patch_embed - t_mlp_in
+
+
+def model_flops_per_image(
+    model: str, image_size: int, impl: str = "ditbench", num_classes: int = 1000
+) -> int | None:
+    """Counted FLOPs; the analytic form if the meta-device count fails for an implementation."""
+    try:
+        return count_train_flops_per_image(model, image_size, impl, num_classes)
+    except Exception:  # noqa: BLE001 - a missing FLOP count must not fail the cell
+        if impl != "ditbench":
+            return None
+        from ditbench.models.dit import get_config
+
+        cfg = get_config(model)
+        return analytic_train_flops_per_image(cfg.depth, cfg.hidden_size, cfg.patch_size, image_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# Step statistics
+# ---------------------------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    pos = (len(ordered) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def step_stats(step_ms: list[float]) -> dict[str, Any]:
+    return {
+        "median": statistics.median(step_ms),
+        "p10": percentile(step_ms, 10),
+        "p90": percentile(step_ms, 90),
+        "samples": [round(x, 4) for x in step_ms],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Measured matmul peak (ditbench env --measure-peak)
+# ---------------------------------------------------------------------------------------------
+
+
+def measure_matmul_tflops(device: str, precision: str, n: int | None = None, seconds: float = 1.0) -> float:
+    """Achieved TFLOP/s of a square matmul in `precision`: a ceiling that is honest on any card."""
+    import torch
+
+    dev = torch.device(device)
+    n = n or (8192 if dev.type == "cuda" else 1024)
+    dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
+        precision
+    ]
+    old = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+    try:
+        a = torch.randn(n, n, device=dev, dtype=dtype)
+        b = torch.randn(n, n, device=dev, dtype=dtype)
+        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+        for _ in range(3):
+            a @ b
+        sync()
+        count, start = 0, time.perf_counter()
+        while True:
+            for _ in range(5):
+                a @ b
+            count += 5
+            sync()
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                break
+        return 2 * n**3 * count / elapsed / 1e12
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = old

@@ -1,0 +1,421 @@
+"""Run a suite: every cell in a fresh process, one record per cell appended to results.jsonl.
+
+Isolation: each cell is `python -m ditbench.bench.worker` in its own session (process group), so
+the allocator and its peak counters start clean, and a crash, an out-of-memory or a hang in one
+cell cannot take the suite down; a timeout kills the cell's whole process group.
+
+Resume: a rerun into the same directory skips cells whose latest record is `ok` (same cell_id);
+`force=True` reruns everything. After an out-of-memory at batch B, the larger batches of the same
+series (the same cell except the batch size) are recorded `skipped` without being started.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ditbench
+from ditbench.bench.records import SCHEMA, append_record, latest_by_cell, read_records
+from ditbench.bench.suite import Cell, Suite
+
+RESULTS_FILE = "results.jsonl"
+SUMMARY_FILE = "summary.md"
+TRACEBACK_LINES = 15
+
+
+@dataclass
+class RunOptions:
+    out: Path
+    force: bool = False
+    cell_filters: list[str] = field(default_factory=list)
+    timeout_s: float | None = None  # overrides the suite's per-cell timeout
+    oom_skip: bool = True
+    progress: bool = True
+
+
+@dataclass
+class Visible:
+    """What this machine can run, decided once in the parent (no CUDA context is created)."""
+
+    cuda: bool
+    gpu_count: int
+
+    @classmethod
+    def detect(cls) -> Visible:
+        import torch
+
+        cuda = torch.cuda.is_available()
+        return cls(cuda=cuda, gpu_count=torch.cuda.device_count() if cuda else 0)
+
+
+def resolved_device(requested: str, visible: Visible) -> str:
+    if requested == "auto":
+        return "cuda" if visible.cuda else "cpu"
+    return requested
+
+
+def precheck(cell: Cell, visible: Visible) -> tuple[str, str] | None:
+    """(status, reason) for a cell that cannot run here, decided without starting it."""
+    config = cell.config
+    device = resolved_device(config["device"], visible)
+    if device == "cuda" and not visible.cuda:
+        return "unsupported", "the suite asks for device cuda but no CUDA device is visible"
+    gpus = config["gpus"] * config["nodes"]
+    if device == "cpu":
+        if config["precision"] == "fp16":
+            return (
+                "unsupported",
+                "fp16 needs a CUDA device (CPU autocast has no loss-scaled fp16); use bf16 on CPU",
+            )
+        if config["precision"] == "tf32":
+            return "unsupported", "tf32 is a tensor-core mode of CUDA devices; on a CPU use fp32 or bf16"
+        if gpus > 1:
+            return "unsupported", f"gpus={gpus} needs CUDA devices; this cell runs on the CPU"
+    if device == "cuda" and gpus > visible.gpu_count:
+        return "unsupported", f"gpus={gpus} but {visible.gpu_count} CUDA device(s) are visible"
+    if gpus > 1:
+        return (
+            "unsupported",
+            "multi-GPU cells need the torchrun launcher, which this version does not have yet",
+        )
+    return None
+
+
+def select_cells(suite: Suite, filters: list[str]) -> list[Cell]:
+    if not filters:
+        return list(suite.cells)
+    return [c for c in suite.cells if any(f in c.cell_name or f == c.cell_id for f in filters)]
+
+
+def run_order(cells: list[Cell]) -> list[Cell]:
+    """Suite order, except that within a series smaller batches go first (so an OOM can skip the rest)."""
+    first: dict[str, int] = {}
+    for i, cell in enumerate(cells):
+        first.setdefault(cell.series_key, i)
+    return sorted(cells, key=lambda c: (first[c.series_key], c.config["batch_size"]))
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch: the one place that knows how a cell's process starts (torchrun goes here for gpus > 1).
+# ---------------------------------------------------------------------------------------------
+
+
+def launch_cell(cell: Cell, spec_path: Path, result_path: Path, log) -> subprocess.Popen:
+    env = dict(os.environ)
+    package_root = str(Path(ditbench.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # torch and NVML then agree on device indices
+    command = [sys.executable, "-m", "ditbench.bench.worker", str(spec_path), str(result_path)]
+    # start_new_session: the cell gets its own process group, which a timeout kills as a whole
+    return subprocess.Popen(
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+    )
+
+
+def _die_with_parent() -> None:
+    """Linux: the cell gets SIGKILL when the runner dies (even by SIGKILL), so no orphan keeps the GPU."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def run_isolated(cell: Cell, timeout_s: float, workdir: Path, log_path: Path) -> dict[str, Any]:
+    """Run one cell in a fresh process; return the worker's result or one describing how it died."""
+    spec_path = workdir / f"{cell.cell_id}.spec.json"
+    result_path = workdir / f"{cell.cell_id}.result.json"
+    result_path.unlink(missing_ok=True)
+    spec_path.write_text(
+        json.dumps({"config": cell.config, "cell_id": cell.cell_id, "cell_name": cell.cell_name})
+    )
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        proc = launch_cell(cell, spec_path, result_path, log)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_group(proc)
+            return {
+                "status": "timeout",
+                "reason": f"no result after {timeout_s:g} s; the cell's processes were killed",
+                "traceback": _tail(log_path),
+            }
+        except BaseException:  # Ctrl-C: take the cell down with us
+            kill_group(proc)
+            raise
+    try:
+        if result_path.exists():
+            return json.loads(result_path.read_text())
+    finally:
+        result_path.unlink(missing_ok=True)
+        spec_path.unlink(missing_ok=True)
+    how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
+    hint = (
+        " (a SIGKILL with no result is often the kernel's out-of-memory killer)"
+        if rc == -signal.SIGKILL
+        else ""
+    )
+    return {
+        "status": "error",
+        "reason": f"the worker died with {how} before writing a result{hint}",
+        "traceback": _tail(log_path),
+    }
+
+
+def _tail(path: Path, lines: int = TRACEBACK_LINES) -> str | None:
+    try:
+        text = path.read_text(errors="replace").rstrip()
+    except OSError:
+        return None
+    return "\n".join(text.splitlines()[-lines:]) or None
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def new_run_id() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
+def make_record(
+    suite: Suite,
+    run_id: str,
+    cell: Cell,
+    result: dict[str, Any],
+    env: dict[str, Any] | None,
+    started_at: str,
+    duration_s: float,
+) -> dict[str, Any]:
+    record = {
+        "schema": SCHEMA,
+        "suite": suite.name,
+        "run_id": run_id,
+        "cell_id": cell.cell_id,
+        "cell_name": cell.cell_name,
+        "suite_baseline": suite.baseline,
+        "config": cell.config,
+        "status": result["status"],
+        "reason": result.get("reason"),
+        "metrics": result.get("metrics"),
+        "smoke": result.get("smoke"),
+        "env": result.get("env") or env,
+        "started_at": started_at,
+        "duration_s": round(duration_s, 3),
+    }
+    if result.get("traceback"):
+        lines = result["traceback"].rstrip().splitlines()
+        record["traceback"] = "\n".join(lines[-TRACEBACK_LINES:])
+    return record
+
+
+def run_suite(
+    suite: Suite, options: RunOptions, echo: Callable[[str], None] | None = None
+) -> list[dict[str, Any]]:
+    """Run (or resume) the suite; return the latest record of every selected cell, in suite order."""
+    from tqdm import tqdm
+
+    from ditbench.bench.envinfo import collect_env
+
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results_path = out / RESULTS_FILE
+    cells = select_cells(suite, options.cell_filters)
+    previous = latest_by_cell(read_records(results_path))
+    visible = Visible.detect()
+    env = collect_env(probe_cuda=False)  # no CUDA context in the parent: it would hold device memory
+
+    def already_recorded(cell: Cell) -> bool:
+        """ok, or unsupported here for the same reason as last time (a new line would say nothing new)."""
+        prev = previous.get(cell.cell_id)
+        if options.force or prev is None:
+            return False
+        if prev.get("status") == "ok":
+            return True
+        verdict = precheck(cell, visible)
+        return (
+            prev.get("status") == "unsupported" and verdict is not None and prev.get("reason") == verdict[1]
+        )
+
+    done = {c.cell_id for c in cells if already_recorded(c)}
+    todo = [c for c in run_order(cells) if c.cell_id not in done]
+    run_id = new_run_id()
+    latest = {cid: previous[cid] for cid in done}
+    bar = tqdm(
+        total=len(todo), unit="cell", disable=not options.progress, dynamic_ncols=True, file=sys.stderr
+    )
+    say = echo or _print_line
+    if done:
+        n_ok = sum(previous[cid]["status"] == "ok" for cid in done)
+        say(
+            f"resuming {out}: {n_ok} of {len(cells)} cells already ok"
+            + (f", {len(done) - n_ok} unsupported here" if len(done) > n_ok else "")
+            + f", {len(todo)} to run"
+        )
+    previous_term = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
+    try:
+        with tempfile.TemporaryDirectory(prefix="ditbench-") as tmp:
+            _run_cells(suite, options, todo, run_id, env, visible, Path(tmp), results_path, latest, bar, say)
+    finally:
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
+        bar.close()
+    records = [latest[c.cell_id] for c in cells if c.cell_id in latest]
+    write_summary(out / SUMMARY_FILE, suite, records)
+    return records
+
+
+def _print_line(line: str) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stdout)  # above the bar, which lives on stderr
+    sys.stdout.flush()  # a line per cell shows at once in a piped log, not at exit
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _terminate(signum, frame):  # SIGTERM: stop like Ctrl-C, so the running cell is killed too
+    raise KeyboardInterrupt
+
+
+def _run_cells(suite, options, todo, run_id, env, visible, tmp, results_path, latest, bar, say) -> None:
+    oom_at: dict[str, tuple[int, str]] = {}  # series -> (smallest batch that ran out of memory, its name)
+    for i, cell in enumerate(todo, 1):
+        bar.set_postfix_str(cell.cell_name)
+        started_at, t0 = now_iso(), time.monotonic()
+        verdict = precheck(cell, visible)
+        oom = oom_at.get(cell.series_key)
+        if verdict is not None:
+            result = {"status": verdict[0], "reason": verdict[1]}
+        elif options.oom_skip and oom and cell.config["batch_size"] > oom[0]:
+            result = {
+                "status": "skipped",
+                "reason": f"{oom[1]} ran out of memory at batch {oom[0]}; this larger batch of the same "
+                "series would too",
+            }
+        else:
+            timeout = options.timeout_s or cell.timeout_s
+            result = run_isolated(cell, timeout, tmp, results_path.parent / "logs" / f"{cell.cell_id}.log")
+        if result["status"] == "oom":
+            known = oom_at.get(cell.series_key)
+            if known is None or cell.config["batch_size"] < known[0]:
+                oom_at[cell.series_key] = (cell.config["batch_size"], cell.cell_name)
+        record = make_record(suite, run_id, cell, result, env, started_at, time.monotonic() - t0)
+        append_record(results_path, record)
+        latest[cell.cell_id] = record
+        say(f"[{i}/{len(todo)}] {format_line(record)}")
+        bar.update(1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Human-readable output
+# ---------------------------------------------------------------------------------------------
+
+
+def _mem(metrics: dict[str, Any]) -> str:
+    if metrics.get("peak_mem_allocated_gib") is not None:
+        return f"{metrics['peak_mem_allocated_gib']:.2f} GiB alloc"
+    if metrics.get("cpu_peak_rss_gib") is not None:
+        return f"{metrics['cpu_peak_rss_gib']:.2f} GiB RSS"
+    return "-"
+
+
+def format_line(record: dict[str, Any]) -> str:
+    name, status = record["cell_name"], record["status"]
+    m = record.get("metrics") or {}
+    if status == "ok":
+        parts = [f"{m['images_per_s']:.1f} img/s", f"step {m['step_ms']['median']:.1f} ms", _mem(m)]
+        if m.get("mfu"):
+            parts.append(f"MFU {100 * m['mfu']['value']:.1f}%")
+        smoke = record.get("smoke")
+        if smoke:
+            parts.append(f"smoke loss {smoke['first_mean']:.4f} -> {smoke['last_mean']:.4f}")
+        parts.append(f"{record['duration_s']:.1f} s")
+        return f"{name}: ok  " + ", ".join(parts)
+    return f"{name}: {status.upper()}  {record.get('reason') or ''}"
+
+
+def summary_table(records: list[dict[str, Any]]) -> str:
+    header = (
+        "| cell | status | img/s | step ms p50 (p10-p90) | peak mem | MFU | smoke loss first -> last | "
+        "note |\n|---|---|---:|---:|---:|---:|---|---|\n"
+    )
+    rows = []
+    for r in records:
+        m = r.get("metrics") or {}
+        ok = r["status"] == "ok"
+        step = m.get("step_ms") if ok else None
+        smoke = r.get("smoke")
+        rows.append(
+            "| "
+            + " | ".join(
+                [
+                    r["cell_name"],
+                    r["status"],
+                    f"{m['images_per_s']:.1f}" if ok else "-",
+                    f"{step['median']:.1f} ({step['p10']:.1f}-{step['p90']:.1f})" if step else "-",
+                    _mem(m) if ok else "-",
+                    f"{100 * m['mfu']['value']:.1f}%" if ok and m.get("mfu") else "-",
+                    f"{smoke['first_mean']:.4f} -> {smoke['last_mean']:.4f}"
+                    if smoke and smoke.get("first_mean")
+                    else "-",
+                    (r.get("reason") or "").replace("|", "/")[:160],
+                ]
+            )
+            + " |"
+        )
+    return header + "\n".join(rows) + "\n"
+
+
+def write_summary(path: Path, suite: Suite, records: list[dict[str, Any]]) -> None:
+    counts: dict[str, int] = {}
+    for r in records:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    env = next((r["env"] for r in records if r.get("env")), {}) or {}
+    device = env.get("gpu_name") or env.get("cpu") or "?"
+    text = (
+        f"# {suite.name}\n\n{suite.description.strip()}\n\n"
+        f"{len(records)} cells: "
+        + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        + f". Device: {device}; torch {env.get('torch')}; "
+        f"ditbench {env.get('ditbench')} ({env.get('git_sha')}).\n\n"
+        "Peak memory is the CUDA allocator's peak allocated on a GPU, the process's peak RSS on a CPU. "
+        "MFU is given only where the device's peak is in the table (never on a CPU).\n\n"
+        + summary_table(records)
+    )
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
