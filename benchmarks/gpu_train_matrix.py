@@ -95,8 +95,8 @@ def run_cell(c: dict, device: str, warmup: int, measure: int, min_seconds: float
     import torch
 
     sys.path.insert(0, str(REPO))
+    from ditbench.bench.measure import model_flops_per_image
     from ditbench.errors import UserError
-    from ditbench.models.flops import train_flops_per_image
     from ditbench.train import TrainConfig, Trainer
 
     out = dict(c)
@@ -165,7 +165,7 @@ def run_cell(c: dict, device: str, warmup: int, measure: int, min_seconds: float
             loss=round(torch.stack(losses).float().mean().item(), 4),
             scaler_skips=trainer.scaler_skips,
         )
-        flops = train_flops_per_image(c["model"], cfg.image_size)
+        flops = model_flops_per_image(c["model"], cfg.image_size, cfg.impl)  # what run records use
         tflops = out["images_per_s"] * flops / 1e12
         out["model_tflops_per_s"] = round(tflops, 1)
         if c["precision"] in MATMUL_CEILING_TFLOPS and is_cuda:

@@ -9,7 +9,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ditbench.bench import measure
 from ditbench.bench.measure import (
-    analytic_train_flops_per_image,
     count_train_flops_per_image,
     gpu_table_key,
     mfu,
@@ -20,23 +19,6 @@ from ditbench.bench.measure import (
 from ditbench.bench.worker import FaultyStep, NonFiniteLoss, measure_window, parse_faults, smoke_run
 from ditbench.models.dit import build_model, get_config
 from ditbench.train import TrainConfig, Trainer
-
-
-@pytest.mark.parametrize(
-    "model,image_size",
-    [
-        ("DiT-T/2", 64),
-        ("DiT-T/8", 64),
-        ("DiT-S/8", 256),
-        ("DiT-B/4", 128),
-        ("DiT-L/4", 256),
-        ("DiT-XL/2", 256),
-    ],
-)
-def test_flop_counter_equals_the_closed_form(model, image_size):
-    cfg = get_config(model)
-    counted = count_train_flops_per_image(model, image_size)
-    assert counted == analytic_train_flops_per_image(cfg.depth, cfg.hidden_size, cfg.patch_size, image_size)
 
 
 def test_xl2_forward_is_the_papers_118_6_gmacs():
@@ -185,7 +167,11 @@ def test_env_has_the_record_keys_and_the_command_names_the_peak(capsys):
         assert "mfu null" in out
 
 
-@pytest.mark.parametrize("model,image_size", [("DiT-XL/2", 256), ("DiT-S/8", 256), ("DiT-B/4", 512)])
+@pytest.mark.parametrize(
+    "model,image_size",
+    [("DiT-T/2", 64), ("DiT-T/8", 64), ("DiT-S/8", 256), ("DiT-B/4", 512), ("DiT-L/4", 256),
+     ("DiT-XL/2", 256)],
+)
 def test_counted_flops_vs_the_papers_6x_forward_convention(model, image_size):
     # ditbench.models.flops counts 6 x forward MACs (the paper's convention). The counter sees that the
     # patch embedding and the first timestep linear need no input gradient: exactly their forward FLOPs less.

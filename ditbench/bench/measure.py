@@ -2,8 +2,8 @@
 
 Model FLOPs are the FLOPs of one forward + backward of the plain model (no checkpoint
 recomputation, no optimizer), counted by `torch.utils.flop_counter.FlopCounterMode` on the meta
-device, so counting DiT-XL/2 costs no memory and no time. `analytic_train_flops_per_image` is an
-independent closed form for the ditbench DiT; a test checks that the two agree exactly.
+device, so counting DiT-XL/2 costs no memory and no time. `ditbench.models.flops` is the paper's
+closed form (6 x forward MACs); a test pins the exact relation between the two.
 
 MFU uses a datasheet peak per (GPU, precision) and states its basis; a GPU missing from the table
 (and any CPU) gets no MFU rather than a guessed one.
@@ -102,50 +102,18 @@ def count_train_flops_per_image(
     return total // batch
 
 
-def analytic_train_flops_per_image(
-    depth: int,
-    hidden: int,
-    patch: int,
-    image_size: int,
-    in_channels: int = 4,
-    out_channels: int = 8,
-    freq: int = 256,
-    mlp_ratio: float = 4.0,
-) -> int:
-    """Closed form for the ditbench DiT: 2 FLOPs per multiply-add, backward = 2 x forward per matmul,
-    except the two layers whose input needs no gradient (patch embedding, first timestep linear),
-    whose backward only computes the weight gradient (1 x forward)."""
-    tokens = (image_size // 8 // patch) ** 2
-    d = hidden
-    hid = int(d * mlp_ratio)
-    patch_embed = 2 * tokens * d * in_channels * patch * patch
-    t_mlp_in = 2 * freq * d
-    t_mlp_out = 2 * d * d
-    block = (
-        2 * d * 6 * d  # adaLN modulation, once per image
-        + 2 * tokens * d * 3 * d  # qkv
-        + 2 * 2 * tokens * tokens * d  # q k^T and attn v over all heads
-        + 2 * tokens * d * d  # output projection
-        + 2 * 2 * tokens * d * hid
-    )  # MLP
-    final = 2 * d * 2 * d + 2 * tokens * d * patch * patch * out_channels
-    forward = patch_embed + t_mlp_in + t_mlp_out + depth * block + final
-    return 3 * forward - patch_embed - t_mlp_in
-
-
 def model_flops_per_image(
     model: str, image_size: int, impl: str = "ditbench", num_classes: int = 1000
 ) -> int | None:
-    """Counted FLOPs; the analytic form if the meta-device count fails for an implementation."""
+    """Counted FLOPs; the paper's closed form if the meta-device count fails for an implementation."""
     try:
         return count_train_flops_per_image(model, image_size, impl, num_classes)
     except Exception:  # noqa: BLE001 - a missing FLOP count must not fail the cell
         if impl != "ditbench":
             return None
-        from ditbench.models.dit import get_config
+        from ditbench.models.flops import train_flops_per_image
 
-        cfg = get_config(model)
-        return analytic_train_flops_per_image(cfg.depth, cfg.hidden_size, cfg.patch_size, image_size)
+        return train_flops_per_image(model, image_size)
 
 
 # ---------------------------------------------------------------------------------------------
