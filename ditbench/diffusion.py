@@ -299,12 +299,20 @@ class GaussianDiffusion:
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
         """Ancestral DDPM sampling from pure noise through every step of this (respaced) process."""
+
+        def step(x, t):
+            return self.p_sample(model, x, t, model_kwargs, clip_denoised, generator)
+
+        return self._sample_loop(step, shape, noise, device, progress, generator)
+
+    def _sample_loop(self, step, shape, noise, device, progress, generator) -> torch.Tensor:
+        """Run `step(x, t)` from the last timestep to 0, starting from `noise` or fresh Gaussian noise."""
         if device is None:
             device = noise.device if noise is not None else "cpu"
         x = noise if noise is not None else self._randn(tuple(shape), device, generator)
         for i in self._timesteps(progress):
             t = torch.full((x.shape[0],), i, device=x.device, dtype=torch.long)
-            x = self.p_sample(model, x, t, model_kwargs, clip_denoised, generator)
+            x = step(x, t)
         return x
 
     def ddim_sample(self, model, x, t, model_kwargs=None, clip_denoised=False, eta=0.0, generator=None):
@@ -335,13 +343,12 @@ class GaussianDiffusion:
         eta: float = 0.0,
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
-        if device is None:
-            device = noise.device if noise is not None else "cpu"
-        x = noise if noise is not None else self._randn(tuple(shape), device, generator)
-        for i in self._timesteps(progress):
-            t = torch.full((x.shape[0],), i, device=x.device, dtype=torch.long)
-            x = self.ddim_sample(model, x, t, model_kwargs, clip_denoised, eta, generator)
-        return x
+        """Deterministic DDIM sampling (eta=0) or its stochastic variant (eta>0)."""
+
+        def step(x, t):
+            return self.ddim_sample(model, x, t, model_kwargs, clip_denoised, eta, generator)
+
+        return self._sample_loop(step, shape, noise, device, progress, generator)
 
 
 def create_diffusion(
