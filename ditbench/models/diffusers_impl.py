@@ -1,0 +1,97 @@
+"""`impl: diffusers`: diffusers' DiTTransformer2DModel behind ditbench's forward(x, t, y).
+
+It is built with the same configuration as the ditbench DiT (layers, heads, head size, patch,
+latent size, 4 input / 8 output channels, 1000 classes, adaLN-Zero), so a suite can compare the
+two implementations' speed and memory on equal terms. It is NOT parameter-identical:
+
+* diffusers gives every transformer block its own `CombinedTimestepLabelEmbeddings` (a timestep
+  MLP 256->D->D and a (classes+1) x D label table) where the official DiT has one shared
+  embedder. Each copy holds 256*D + D + D*D + D + (classes+1)*D parameters (2,777,472 for XL/2,
+  D=1152), so depth-1 extra copies add 27 * 2,777,472 = 74,991,744 parameters to DiT-XL/2.
+* its position table is a non-persistent buffer, not a parameter, so it is not counted
+  (-T*D: -294,912 for XL/2).
+  Net for DiT-XL/2 at 256 px: 675,129,632 - 294,912 + 74,991,744 = 749,826,464 parameters (+11.1%).
+* each block's label embedder draws its own label-dropout mask in training (plus one more for the
+  output layer), so the conditioning dropout is not one decision per sample as in the paper.
+* its timestep frequencies use exp(-ln(1e4) * i / (half - 1)) instead of / half.
+
+The extra parameters are embedding tables and small MLPs evaluated once per sample, so the
+FLOPs per image are almost the same; memory for weights, gradients and AdamW state grows by ~11%.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ditbench.errors import UnsupportedError, UserError
+from ditbench.models.dit import LATENT_CHANNELS, DiTConfig, parse_grad_ckpt
+
+
+class DiffusersDiT(nn.Module):
+    """Wraps a DiTTransformer2DModel so that forward(x, t, y) returns the (N, 8, H, W) tensor."""
+
+    def __init__(self, transformer: nn.Module, num_classes: int, learn_sigma: bool):
+        super().__init__()
+        self.transformer = transformer
+        self.in_channels = LATENT_CHANNELS
+        self.out_channels = transformer.config.out_channels
+        self.learn_sigma = learn_sigma
+        self.num_classes = num_classes
+        self.patch_size = transformer.config.patch_size
+        self.input_size = transformer.config.sample_size
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return self.transformer(x, timestep=t, class_labels=y, return_dict=False)[0]
+
+    def forward_with_cfg(self, x, t, y, cfg_scale: float, guidance_channels: int | None = None):
+        half = x[: len(x) // 2]
+        out = self.forward(torch.cat([half, half], dim=0), t, y)
+        g = self.in_channels if guidance_channels is None else guidance_channels
+        eps, rest = out[:, :g], out[:, g:]
+        cond, uncond = torch.split(eps, len(eps) // 2, dim=0)
+        guided = uncond + cfg_scale * (cond - uncond)
+        return torch.cat([torch.cat([guided, guided], dim=0), rest], dim=1)
+
+
+def build_diffusers_dit(
+    cfg: DiTConfig,
+    latent_size: int,
+    num_classes: int = 1000,
+    grad_ckpt: str | int = "none",
+    class_dropout_prob: float = 0.1,
+    learn_sigma: bool = True,
+) -> DiffusersDiT:
+    try:
+        from diffusers import DiTTransformer2DModel
+    except ImportError as err:  # pragma: no cover - diffusers is a dependency
+        raise UserError(
+            f"impl: diffusers needs the diffusers package ({err}); pip install diffusers"
+        ) from err
+    every = parse_grad_ckpt(grad_ckpt)
+    if every > 1:
+        raise UnsupportedError(
+            f"grad_ckpt every_{every} is not available with impl: diffusers, which checkpoints either every "
+            "block or none; use grad_ckpt full or none, or impl: ditbench"
+        )
+    if class_dropout_prob != 0.1:
+        raise UnsupportedError(
+            "impl: diffusers fixes label dropout at 0.1 (CombinedTimestepLabelEmbeddings' default); "
+            f"class_dropout_prob {class_dropout_prob} needs impl: ditbench"
+        )
+    transformer = DiTTransformer2DModel(
+        num_attention_heads=cfg.num_heads,
+        attention_head_dim=cfg.hidden_size // cfg.num_heads,
+        in_channels=LATENT_CHANNELS,
+        out_channels=LATENT_CHANNELS * (2 if learn_sigma else 1),
+        num_layers=cfg.depth,
+        sample_size=latent_size,
+        patch_size=cfg.patch_size,
+        activation_fn="gelu-approximate",
+        num_embeds_ada_norm=num_classes,
+        norm_type="ada_norm_zero",
+        norm_elementwise_affine=False,
+    )
+    if every == 1:
+        transformer.enable_gradient_checkpointing()
+    return DiffusersDiT(transformer, num_classes=num_classes, learn_sigma=learn_sigma)

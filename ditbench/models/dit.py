@@ -1,0 +1,434 @@
+"""DiT (Peebles & Xie, "Scalable Diffusion Models with Transformers"), written for ditbench.
+
+The architecture, the initialisation and every state-dict name follow the official
+facebookresearch/DiT `models.py`, so the released checkpoints (`DiT-XL-2-256x256.pt` ...) load
+without conversion and the parameter counts equal the official ones exactly. Differences are
+in how the code is organised, not in what it computes:
+
+* attention calls `F.scaled_dot_product_attention` directly (what timm's Attention does on
+  PyTorch >= 2 anyway);
+* gradient checkpointing is a knob with a selective mode (`every_K`);
+* classifier-free guidance is applied to all noise channels (see `DiT.forward_with_cfg`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from ditbench.errors import UserError
+
+LATENT_CHANNELS = 4  # the sd-vae-ft-* autoencoders give 4 x (H/8) x (W/8) latents
+VAE_DOWNSAMPLE = 8
+
+
+@dataclass(frozen=True)
+class DiTConfig:
+    depth: int
+    hidden_size: int
+    num_heads: int
+    patch_size: int
+
+
+_SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}
+# Tiny configurations for tests and CPU smoke runs: a full DiT in miniature, milliseconds per step.
+_TINY = {"T": (4, 64, 4)}
+
+CONFIGS: dict[str, DiTConfig] = {}
+for _size, (_d, _w, _h) in {**_SIZES, **_TINY}.items():
+    for _p in (2, 4, 8):
+        CONFIGS[f"DiT-{_size}/{_p}"] = DiTConfig(depth=_d, hidden_size=_w, num_heads=_h, patch_size=_p)
+
+#: The 12 configurations of the paper, in the paper's order, then the tiny test configurations.
+PAPER_MODEL_NAMES = [f"DiT-{s}/{p}" for s in ("XL", "L", "B", "S") for p in (2, 4, 8)]
+MODEL_NAMES = PAPER_MODEL_NAMES + [f"DiT-T/{p}" for p in (2, 4, 8)]
+
+
+def get_config(name: str) -> DiTConfig:
+    """The architecture of a named configuration ("DiT-XL/2"); accepts the official "DiT-XL-2" too."""
+    key = name.strip()
+    m = re.fullmatch(r"DiT-(S|B|L|XL|T)[-/](2|4|8)", key)
+    if m:
+        key = f"DiT-{m.group(1)}/{m.group(2)}"
+    if key not in CONFIGS:
+        raise UserError(f"unknown model {name!r}; valid models are {', '.join(MODEL_NAMES)}")
+    return CONFIGS[key]
+
+
+def canonical_name(name: str) -> str:
+    get_config(name)
+    m = re.fullmatch(r"DiT-(S|B|L|XL|T)[-/](2|4|8)", name.strip())
+    return f"DiT-{m.group(1)}/{m.group(2)}"
+
+
+def latent_size(image_size: int, patch_size: int = 1) -> int:
+    """Latent side for an image side, checking that the model can tile it with patches."""
+    if not isinstance(image_size, int) or image_size <= 0:
+        raise UserError(f"image_size must be a positive integer, got {image_size!r}")
+    step = VAE_DOWNSAMPLE * patch_size
+    if image_size % step:
+        raise UserError(
+            f"image_size {image_size} does not fit patch size {patch_size}: the VAE downsamples by "
+            f"{VAE_DOWNSAMPLE} and the latent must be a multiple of the patch, so image_size must be a "
+            f"multiple of {step} (for example 256 or 512)"
+        )
+    return image_size // VAE_DOWNSAMPLE
+
+
+# --------------------------------------------------------------------------------------------
+# Gradient checkpointing knob
+# --------------------------------------------------------------------------------------------
+
+GRAD_CKPT_HELP = "none, full (every block), or every_K (every K-th block, e.g. every_2)"
+
+
+def parse_grad_ckpt(value: str | int | None) -> int:
+    """'none' -> 0, 'full' -> 1, 'every_K' -> K: checkpoint blocks whose index is a multiple of K."""
+    if value is None or value is False:
+        return 0
+    if value is True:
+        return 1
+    text = str(value).strip().lower()
+    if text in ("none", "off", "no", "0"):
+        return 0
+    if text in ("full", "all", "on", "yes", "1"):
+        return 1
+    m = re.fullmatch(r"every_?(\d+)", text)
+    if m and int(m.group(1)) >= 1:
+        return int(m.group(1))
+    raise UserError(f"grad_ckpt {value!r} is not valid; use {GRAD_CKPT_HELP}")
+
+
+# --------------------------------------------------------------------------------------------
+# Embeddings
+# --------------------------------------------------------------------------------------------
+
+
+def sincos_pos_embed_2d(embed_dim: int, grid_size: int) -> torch.Tensor:
+    """The fixed 2-D sine-cosine table of MAE/DiT, (grid_size**2, embed_dim), float64.
+
+    Tokens are row-major; the first half of the channels encodes the column index and the second
+    half the row index (MAE's meshgrid(w, h) ordering), each as [sin(pos*w_k), cos(pos*w_k)] with
+    w_k = 10000 ** (-k / (D/4)).
+    """
+    if embed_dim % 4:
+        raise UserError(f"hidden size {embed_dim} must be a multiple of 4 for the 2-D position table")
+    quarter = embed_dim // 4
+    omega = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float64) / quarter)
+    coords = torch.arange(grid_size, dtype=torch.float64)
+    rows, cols = torch.meshgrid(coords, coords, indexing="ij")
+
+    def one_axis(pos: torch.Tensor) -> torch.Tensor:
+        angles = pos.reshape(-1, 1) * omega.reshape(1, -1)
+        return torch.cat([torch.sin(angles), torch.cos(angles)], dim=1)
+
+    return torch.cat([one_axis(cols), one_axis(rows)], dim=1)
+
+
+class PatchEmbed(nn.Module):
+    """p x p patches -> tokens with a strided convolution (timm PatchEmbed's parameter names)."""
+
+    def __init__(self, patch_size: int, in_channels: int, hidden_size: int):
+        super().__init__()
+        self.proj = nn.Conv2d(in_channels, hidden_size, kernel_size=patch_size, stride=patch_size, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x).flatten(2).transpose(1, 2)  # (N, T, D)
+
+
+class TimestepEmbedder(nn.Module):
+    """Scalar timesteps -> vectors: 256 sinusoidal frequencies (cos first) then a 2-layer MLP."""
+
+    def __init__(self, hidden_size: int, frequency_size: int = 256):
+        super().__init__()
+        self.frequency_size = frequency_size
+        self.mlp = nn.Sequential(
+            nn.Linear(frequency_size, hidden_size, bias=True), nn.SiLU(), nn.Linear(hidden_size, hidden_size)
+        )
+
+    @staticmethod
+    def frequencies(t: torch.Tensor, dim: int, max_period: float = 10000.0) -> torch.Tensor:
+        half = dim // 2
+        freqs = torch.exp(
+            -math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half
+        )
+        args = t.float().reshape(-1, 1) * freqs.reshape(1, -1)
+        emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+        if dim % 2:
+            emb = torch.cat([emb, torch.zeros_like(emb[:, :1])], dim=-1)
+        return emb
+
+    def forward(self, t: torch.Tensor) -> torch.Tensor:
+        freq = self.frequencies(t, self.frequency_size)
+        return self.mlp(freq.to(self.mlp[0].weight.dtype))
+
+
+class LabelEmbedder(nn.Module):
+    """Class labels -> vectors; a null class (row num_classes) for classifier-free guidance.
+
+    In training mode each label is replaced by the null class with probability dropout_prob.
+    """
+
+    def __init__(self, num_classes: int, hidden_size: int, dropout_prob: float):
+        super().__init__()
+        has_null = dropout_prob > 0
+        self.embedding_table = nn.Embedding(num_classes + int(has_null), hidden_size)
+        self.num_classes = num_classes
+        self.dropout_prob = dropout_prob
+
+    def token_drop(self, labels: torch.Tensor, force_drop_ids: torch.Tensor | None = None) -> torch.Tensor:
+        if force_drop_ids is None:
+            drop = torch.rand(labels.shape[0], device=labels.device) < self.dropout_prob
+        else:
+            drop = force_drop_ids == 1
+        return torch.where(drop, torch.full_like(labels, self.num_classes), labels)
+
+    def forward(self, labels: torch.Tensor, train: bool, force_drop_ids: torch.Tensor | None = None):
+        if (train and self.dropout_prob > 0) or force_drop_ids is not None:
+            labels = self.token_drop(labels, force_drop_ids)
+        return self.embedding_table(labels)
+
+
+# --------------------------------------------------------------------------------------------
+# Transformer
+# --------------------------------------------------------------------------------------------
+
+
+def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, num_heads: int):
+        super().__init__()
+        if dim % num_heads:
+            raise UserError(f"hidden size {dim} is not divisible by {num_heads} heads")
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(dim, dim * 3, bias=True)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n, t, d = x.shape
+        qkv = self.qkv(x).reshape(n, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
+        return self.proj(out.transpose(1, 2).reshape(n, t, d))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU(approximate="tanh")
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class DiTBlock(nn.Module):
+    """Transformer block with adaLN-Zero conditioning (shift, scale, gate for attention and MLP)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float = 4.0):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.attn = Attention(hidden_size, num_heads)
+        self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.mlp = Mlp(hidden_size, int(hidden_size * mlp_ratio))
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size, bias=True))
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = self.adaLN_modulation(c).chunk(
+            6, dim=1
+        )
+        x = x + gate_msa.unsqueeze(1) * self.attn(modulate(self.norm1(x), shift_msa, scale_msa))
+        x = x + gate_mlp.unsqueeze(1) * self.mlp(modulate(self.norm2(x), shift_mlp, scale_mlp))
+        return x
+
+
+class FinalLayer(nn.Module):
+    def __init__(self, hidden_size: int, patch_size: int, out_channels: int):
+        super().__init__()
+        self.norm_final = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
+        self.linear = nn.Linear(hidden_size, patch_size * patch_size * out_channels, bias=True)
+        self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 2 * hidden_size, bias=True))
+
+    def forward(self, x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        shift, scale = self.adaLN_modulation(c).chunk(2, dim=1)
+        return self.linear(modulate(self.norm_final(x), shift, scale))
+
+
+class DiT(nn.Module):
+    """Class-conditional latent diffusion transformer: forward(x, t, y) -> (N, out_channels, H, W)."""
+
+    def __init__(
+        self,
+        input_size: int = 32,
+        patch_size: int = 2,
+        in_channels: int = LATENT_CHANNELS,
+        hidden_size: int = 1152,
+        depth: int = 28,
+        num_heads: int = 16,
+        mlp_ratio: float = 4.0,
+        class_dropout_prob: float = 0.1,
+        num_classes: int = 1000,
+        learn_sigma: bool = True,
+        grad_ckpt: str | int = "none",
+    ):
+        super().__init__()
+        if input_size % patch_size:
+            raise UserError(f"latent size {input_size} is not a multiple of the patch size {patch_size}")
+        self.input_size = input_size
+        self.in_channels = in_channels
+        self.out_channels = in_channels * 2 if learn_sigma else in_channels
+        self.learn_sigma = learn_sigma
+        self.patch_size = patch_size
+        self.num_heads = num_heads
+        self.num_classes = num_classes
+        self.grad_ckpt_every = parse_grad_ckpt(grad_ckpt)
+
+        self.x_embedder = PatchEmbed(patch_size, in_channels, hidden_size)
+        self.t_embedder = TimestepEmbedder(hidden_size)
+        self.y_embedder = LabelEmbedder(num_classes, hidden_size, class_dropout_prob)
+        grid = input_size // patch_size
+        # Fixed, but an nn.Parameter like the official model: it is in the state dict, the
+        # parameter count and the EMA.
+        self.pos_embed = nn.Parameter(torch.zeros(1, grid * grid, hidden_size), requires_grad=False)
+        self.blocks = nn.ModuleList([DiTBlock(hidden_size, num_heads, mlp_ratio) for _ in range(depth)])
+        self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)
+        self.initialize_weights()
+
+    def initialize_weights(self) -> None:
+        def basic_init(module: nn.Module) -> None:
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+
+        self.apply(basic_init)
+        grid = int(round(self.pos_embed.shape[1] ** 0.5))
+        with torch.no_grad():
+            table = sincos_pos_embed_2d(self.pos_embed.shape[-1], grid)
+            self.pos_embed.copy_(table.float().unsqueeze(0).to(self.pos_embed.device))
+        # The patch convolution is initialised like a linear layer on the flattened kernel.
+        w = self.x_embedder.proj.weight
+        nn.init.xavier_uniform_(w.view(w.shape[0], -1))
+        nn.init.zeros_(self.x_embedder.proj.bias)
+        nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
+        nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
+        nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
+        # adaLN-Zero: every block starts as the identity and the output as zeros.
+        for block in self.blocks:
+            nn.init.zeros_(block.adaLN_modulation[-1].weight)
+            nn.init.zeros_(block.adaLN_modulation[-1].bias)
+        for layer in (self.final_layer.adaLN_modulation[-1], self.final_layer.linear):
+            nn.init.zeros_(layer.weight)
+            nn.init.zeros_(layer.bias)
+
+    def set_grad_ckpt(self, value: str | int) -> None:
+        self.grad_ckpt_every = parse_grad_ckpt(value)
+
+    def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, T, p*p*C) -> (N, C, H, W)."""
+        c, p = self.out_channels, self.patch_size
+        h = w = int(round(x.shape[1] ** 0.5))
+        x = x.reshape(x.shape[0], h, w, p, p, c)
+        x = torch.einsum("nhwpqc->nchpwq", x)
+        return x.reshape(x.shape[0], c, h * p, w * p)
+
+    def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x = self.x_embedder(x) + self.pos_embed
+        c = self.t_embedder(t) + self.y_embedder(y, self.training)
+        k = self.grad_ckpt_every
+        recompute = k > 0 and torch.is_grad_enabled()
+        for i, block in enumerate(self.blocks):
+            if recompute and i % k == 0:
+                x = checkpoint(block, x, c, use_reentrant=False)
+            else:
+                x = block(x, c)
+        return self.unpatchify(self.final_layer(x, c))
+
+    def forward_with_cfg(
+        self,
+        x: torch.Tensor,
+        t: torch.Tensor,
+        y: torch.Tensor,
+        cfg_scale: float,
+        guidance_channels: int | None = None,
+    ) -> torch.Tensor:
+        """Classifier-free guidance: the batch is [cond half; uncond half] of the same latents.
+
+        eps = eps_uncond + cfg_scale * (eps_cond - eps_uncond) is applied to all `in_channels`
+        noise channels by default. The official code guides only the first 3 of the 4 channels,
+        a leftover from GLIDE's RGB models that the authors confirmed and kept for reproducibility
+        (DiT issue #41 / PR #12; cfg 1.5 on 3 channels gives FID 2.27, about what cfg 1.375 on all 4
+        gives). Pass guidance_channels=3 to reproduce the official numbers exactly.
+        """
+        half = x[: len(x) // 2]
+        combined = torch.cat([half, half], dim=0)
+        out = self.forward(combined, t, y)
+        g = self.in_channels if guidance_channels is None else guidance_channels
+        eps, rest = out[:, :g], out[:, g:]
+        cond, uncond = torch.split(eps, len(eps) // 2, dim=0)
+        guided = uncond + cfg_scale * (cond - uncond)
+        return torch.cat([torch.cat([guided, guided], dim=0), rest], dim=1)
+
+
+def count_params(model: nn.Module) -> int:
+    """All parameters, frozen pos_embed included (how the official train.py counts)."""
+    return sum(p.numel() for p in model.parameters())
+
+
+IMPLS = ("ditbench", "diffusers")
+
+
+def build_model(
+    name: str,
+    image_size: int = 256,
+    num_classes: int = 1000,
+    grad_ckpt: str | int = "none",
+    impl: str = "ditbench",
+    class_dropout_prob: float = 0.1,
+    learn_sigma: bool = True,
+) -> nn.Module:
+    """Build a named DiT ("DiT-XL/2") for `image_size` pixels (latent side image_size // 8).
+
+    impl="ditbench" is this file's model (official state-dict names); impl="diffusers" is
+    diffusers' DiTTransformer2DModel with the same configuration behind the same forward().
+    Build under `torch.device("meta")` to get shapes and counts without allocating memory.
+    """
+    cfg = get_config(name)
+    size = latent_size(image_size, cfg.patch_size)
+    if not isinstance(num_classes, int) or num_classes < 1:
+        raise UserError(f"num_classes must be a positive integer, got {num_classes!r}")
+    if not 0.0 <= float(class_dropout_prob) < 1.0:
+        raise UserError(f"class_dropout_prob must be in [0, 1), got {class_dropout_prob!r}")
+    if impl == "ditbench":
+        return DiT(
+            input_size=size,
+            patch_size=cfg.patch_size,
+            hidden_size=cfg.hidden_size,
+            depth=cfg.depth,
+            num_heads=cfg.num_heads,
+            class_dropout_prob=class_dropout_prob,
+            num_classes=num_classes,
+            learn_sigma=learn_sigma,
+            grad_ckpt=grad_ckpt,
+        )
+    if impl == "diffusers":
+        from ditbench.models.diffusers_impl import build_diffusers_dit
+
+        return build_diffusers_dit(
+            cfg,
+            latent_size=size,
+            num_classes=num_classes,
+            grad_ckpt=grad_ckpt,
+            class_dropout_prob=class_dropout_prob,
+            learn_sigma=learn_sigma,
+        )
+    raise UserError(f"impl {impl!r} is not known; valid implementations are {', '.join(IMPLS)}")

@@ -1,0 +1,114 @@
+"""`ditbench train`: train one DiT configuration for a number of steps and print the loss.
+
+A quick, real sanity check of a machine and a configuration, e.g.
+
+    ditbench train --model DiT-S/8 --steps 50
+    ditbench train --model DiT-XL/2 --precision bf16 --batch-size 256 --compile --device cuda
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="DiT-S/8", help="DiT-{S,B,L,XL}/{2,4,8} or a tiny DiT-T/{2,4,8}")
+    parser.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
+    parser.add_argument("--precision", default="fp32", help="fp32, tf32, fp16 or bf16 (default fp32)")
+    parser.add_argument("--batch-size", type=int, default=8, help="images per step (default 8)")
+    parser.add_argument("--grad-ckpt", default="none", help="none, full, or every_K (default none)")
+    parser.add_argument("--image-size", type=int, default=256, help="image side in pixels (default 256)")
+    parser.add_argument(
+        "--data",
+        default="synthetic",
+        help="synthetic (default), a .npz/.pt latent file, or an image folder (with --vae)",
+    )
+    parser.add_argument("--vae", default=None, help="VAE for an image folder: a local path, or 'random'")
+    parser.add_argument(
+        "--device", default=None, help="cpu, cuda or cuda:N (default cuda if visible, else cpu)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
+    parser.add_argument("--impl", default="ditbench", help="ditbench (default) or diffusers")
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--num-classes", type=int, default=1000)
+    parser.add_argument("--log-every", type=int, default=10, help="print the loss every N steps (default 10)")
+    parser.add_argument("--save", default=None, metavar="PATH", help="write a checkpoint here at the end")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm.auto import tqdm
+
+    from ditbench.errors import UserError
+    from ditbench.train import TrainConfig, Trainer
+
+    if args.steps < 1:
+        raise UserError(f"--steps must be at least 1, got {args.steps}")
+    if args.log_every < 1:
+        raise UserError(f"--log-every must be at least 1, got {args.log_every}")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = TrainConfig(
+        model=args.model,
+        image_size=args.image_size,
+        precision=args.precision,
+        grad_ckpt=args.grad_ckpt,
+        batch_size=args.batch_size,
+        compile=args.compile,
+        impl=args.impl,
+        data=args.data,
+        vae=args.vae,
+        seed=args.seed,
+        lr=args.lr,
+        num_classes=args.num_classes,
+        device=device,
+    )
+    trainer = Trainer(cfg)
+    data_desc = trainer.data.describe()
+    print(
+        f"{cfg.model} ({trainer.num_params:,} parameters, impl {cfg.impl}) on {trainer.device}, "
+        f"precision {cfg.precision}, grad_ckpt {cfg.grad_ckpt}, batch {cfg.batch_size}, "
+        f"image {cfg.image_size} px, data {data_desc.get('kind')}"
+        + (f", VAE {data_desc['vae']}" if "vae" in data_desc else ""),
+        flush=True,
+    )
+
+    sync = torch.cuda.synchronize if trainer.device.type == "cuda" else (lambda: None)
+    bar = tqdm(total=args.steps, unit="step", disable=args.no_progress, dynamic_ncols=True)
+    window: list[torch.Tensor] = []
+    first_loss = last_loss = None
+    sync()
+    start = time.perf_counter()
+    for i in range(1, args.steps + 1):
+        loss = trainer.step(trainer.next_batch())
+        window.append(loss)
+        bar.update(1)
+        if i % args.log_every == 0 or i == args.steps:
+            mean = torch.stack(window).float().mean().item()  # one sync per log interval
+            window.clear()
+            first_loss = mean if first_loss is None else first_loss
+            last_loss = mean
+            bar.set_postfix(loss=f"{mean:.4f}")
+            tqdm.write(f"step {i:>6}  loss {mean:.4f}")
+            if not math.isfinite(mean):
+                bar.close()
+                print(f"loss is not finite at step {i}; stopping")
+                return 1
+    sync()
+    elapsed = time.perf_counter() - start
+    bar.close()
+    if args.save:
+        trainer.save(args.save)
+        print(f"checkpoint written to {args.save}")
+    skips = (
+        f", {trainer.scaler_skips} fp16 steps skipped by the GradScaler" if cfg.precision == "fp16" else ""
+    )
+    print(
+        f"done: {args.steps} steps in {elapsed:.1f} s, {args.steps / elapsed:.2f} steps/s, "
+        f"{args.steps * cfg.batch_size / elapsed:.1f} img/s (includes the first steps' warm-up); "
+        f"loss {first_loss:.4f} -> {last_loss:.4f}{skips}"
+    )
+    return 0

@@ -1,0 +1,406 @@
+"""Where training batches come from: (latents (N, 4, s, s) on the device, labels (N,) int64).
+
+synthetic                       random latents and labels generated on the device, seeded
+                                (the default for speed measurement: no input pipeline cost)
+{latents: PATH}                 pre-extracted latents + labels from an .npz or .pt file
+                                (`ditbench extract-latents` writes one)
+{images: DIR, vae: PATH|random} an ImageFolder-style tree (one subfolder per class), ADM centre
+                                crop + random horizontal flip, encoded through the VAE every step
+
+The VAE is diffusers' AutoencoderKL with the sd-vae-ft-ema configuration; latents are
+`latent_dist.sample() * 0.18215`. Its weights come from a local path; random weights only when
+the user writes `vae: random` (speed does not depend on the weights, sample quality does, and
+`describe()` says which was used).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ditbench.errors import UserError
+
+VAE_SCALE = 0.18215
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".JPEG")
+
+# sd-vae-ft-ema / sd-vae-ft-mse (stabilityai) configuration; both share the encoder.
+SD_VAE_CONFIG = dict(
+    in_channels=3,
+    out_channels=3,
+    down_block_types=["DownEncoderBlock2D"] * 4,
+    up_block_types=["UpDecoderBlock2D"] * 4,
+    block_out_channels=[128, 256, 512, 512],
+    layers_per_block=2,
+    act_fn="silu",
+    latent_channels=4,
+    norm_num_groups=32,
+    sample_size=256,
+)
+
+
+class DataSource:
+    """Base: next_batch() -> (x, y) on the device; describe() -> a JSON-able dict for records."""
+
+    batch_size: int
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def describe(self) -> dict:
+        raise NotImplementedError
+
+
+class SyntheticLatents(DataSource):
+    """N(0, 1) latents and uniform labels drawn on the device from a seeded generator."""
+
+    def __init__(
+        self, batch_size: int, latent_size: int, num_classes: int, device, seed: int = 0, channels: int = 4
+    ):
+        self.batch_size = batch_size
+        self.shape = (batch_size, channels, latent_size, latent_size)
+        self.num_classes = num_classes
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+
+    def next_batch(self):
+        x = torch.randn(self.shape, device=self.device, generator=self.generator)
+        y = torch.randint(
+            0, self.num_classes, (self.batch_size,), device=self.device, generator=self.generator
+        )
+        return x, y
+
+    def describe(self) -> dict:
+        return {"kind": "synthetic"}
+
+
+def load_latent_file(path: str | os.PathLike) -> tuple[torch.Tensor, torch.Tensor]:
+    """Read (latents float32 (N, C, s, s), labels int64 (N,)) from .npz or .pt, checking shapes."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"latent file {str(p)!r} does not exist; make one with `ditbench extract-latents`")
+    if p.suffix == ".npz":
+        try:
+            with np.load(p, allow_pickle=False) as f:
+                keys = set(f.files)
+                if not {"latents", "labels"} <= keys:
+                    raise UserError(
+                        f"latent file {str(p)!r} has arrays {sorted(keys)}; it needs 'latents' (N, 4, s, s) "
+                        "and 'labels' (N,)"
+                    )
+                latents, labels = torch.from_numpy(f["latents"]), torch.from_numpy(f["labels"])
+        except (OSError, ValueError) as err:
+            raise UserError(f"latent file {str(p)!r} is not a readable .npz ({err})") from err
+    elif p.suffix in (".pt", ".pth"):
+        try:
+            obj = torch.load(p, map_location="cpu", weights_only=True)
+        except Exception as err:
+            raise UserError(f"latent file {str(p)!r} could not be read as a tensor file ({err})") from err
+        if not isinstance(obj, dict) or "latents" not in obj or "labels" not in obj:
+            raise UserError(f"latent file {str(p)!r} must hold a dict with 'latents' and 'labels' tensors")
+        latents, labels = torch.as_tensor(obj["latents"]), torch.as_tensor(obj["labels"])
+    else:
+        raise UserError(f"latent file {str(p)!r}: expected a .npz or .pt file")
+    if latents.ndim != 4 or latents.shape[2] != latents.shape[3]:
+        raise UserError(
+            f"latent file {str(p)!r}: latents have shape {tuple(latents.shape)}, expected (N, 4, s, s)"
+        )
+    if labels.ndim != 1 or labels.shape[0] != latents.shape[0]:
+        raise UserError(
+            f"latent file {str(p)!r}: labels have shape {tuple(labels.shape)}, expected ({latents.shape[0]},)"
+        )
+    if latents.shape[0] == 0:
+        raise UserError(f"latent file {str(p)!r} holds no latents")
+    return latents.float(), labels.long()
+
+
+class LatentFile(DataSource):
+    """Random batches (a fresh permutation per epoch) from a file of pre-extracted latents."""
+
+    def __init__(self, path, batch_size: int, latent_size: int, num_classes: int, device, seed: int = 0):
+        latents, labels = load_latent_file(path)
+        if latents.shape[1:] != (4, latent_size, latent_size):
+            raise UserError(
+                f"latent file {str(path)!r} holds latents of shape {tuple(latents.shape[1:])}, but this "
+                f"model needs (4, {latent_size}, {latent_size}) (image_size {latent_size * 8}); extract "
+                "latents at the "
+                "matching image size"
+            )
+        if int(labels.min()) < 0 or int(labels.max()) >= num_classes:
+            raise UserError(
+                f"latent file {str(path)!r} has labels in [{int(labels.min())}, {int(labels.max())}], "
+                "outside "
+                f"[0, {num_classes - 1}] for num_classes {num_classes}"
+            )
+        self.path = str(path)
+        self.batch_size = batch_size
+        self.device = torch.device(device)
+        self.latents = latents.pin_memory() if self.device.type == "cuda" else latents
+        self.labels = labels
+        self.generator = torch.Generator().manual_seed(seed)
+        self._order = torch.empty(0, dtype=torch.long)
+        self._pos = 0
+
+    def _indices(self) -> torch.Tensor:
+        out = []
+        need = self.batch_size
+        while need:
+            if self._pos >= len(self._order):
+                self._order = torch.randperm(len(self.labels), generator=self.generator)
+                self._pos = 0
+            take = self._order[self._pos : self._pos + need]
+            self._pos += len(take)
+            need -= len(take)
+            out.append(take)
+        return torch.cat(out)
+
+    def next_batch(self):
+        idx = self._indices()
+        x = self.latents[idx].to(self.device, non_blocking=True)
+        y = self.labels[idx].to(self.device, non_blocking=True)
+        return x, y
+
+    def describe(self) -> dict:
+        return {"kind": "latents", "path": self.path, "count": int(len(self.labels))}
+
+
+# --------------------------------------------------------------------------------------------
+# Images through the VAE
+# --------------------------------------------------------------------------------------------
+
+
+def center_crop_arr(pil_image, image_size: int):
+    """ADM's centre crop: halve with BOX while the short side is >= 2x the target, resize the short
+    side to image_size with BICUBIC, then crop the centre square."""
+    from PIL import Image
+
+    while min(*pil_image.size) >= 2 * image_size:
+        pil_image = pil_image.resize(tuple(x // 2 for x in pil_image.size), resample=Image.BOX)
+    scale = image_size / min(*pil_image.size)
+    pil_image = pil_image.resize(tuple(round(x * scale) for x in pil_image.size), resample=Image.BICUBIC)
+    arr = np.array(pil_image.convert("RGB"))
+    top = (arr.shape[0] - image_size) // 2
+    left = (arr.shape[1] - image_size) // 2
+    return Image.fromarray(arr[top : top + image_size, left : left + image_size])
+
+
+def image_transform(image_size: int, flip: bool = True):
+    from torchvision import transforms
+
+    steps = [transforms.Lambda(lambda img: center_crop_arr(img, image_size))]
+    if flip:
+        steps.append(transforms.RandomHorizontalFlip())
+    steps += [transforms.ToTensor(), transforms.Normalize([0.5, 0.5, 0.5], [0.5, 0.5, 0.5], inplace=True)]
+    return transforms.Compose(steps)
+
+
+def image_folder(root, image_size: int, flip: bool = True):
+    """torchvision ImageFolder over `root` with the ADM transform; UserError for a bad tree."""
+    from torchvision.datasets import ImageFolder
+
+    p = Path(root)
+    if not p.is_dir():
+        raise UserError(f"image folder {str(p)!r} does not exist or is not a directory")
+    try:
+        return ImageFolder(str(p), transform=image_transform(image_size, flip))
+    except (FileNotFoundError, RuntimeError) as err:
+        raise UserError(
+            f"image folder {str(p)!r} is not an ImageFolder tree: it needs one subfolder per class holding "
+            f"images ({err})"
+        ) from err
+
+
+def build_vae(spec: str | os.PathLike, device="cpu"):
+    """AutoencoderKL (sd-vae-ft-ema config) from a local path, or random weights for spec "random".
+
+    PATH may be a diffusers folder (config.json + weights) or a state-dict file
+    (.safetensors, .bin, .pt, .ckpt). Returns (vae in eval mode on device, description string).
+    """
+    from diffusers import AutoencoderKL
+
+    if spec is None or str(spec).strip() == "":
+        raise UserError(
+            "an image-folder data source needs a VAE: give `vae: PATH` (a diffusers sd-vae-ft-ema folder "
+            "or a "
+            "state-dict file) or `vae: random` to measure speed with random weights"
+        )
+    text = str(spec)
+    if text == "random":
+        torch.manual_seed(0)
+        vae = AutoencoderKL(**SD_VAE_CONFIG)
+        desc = "random (sd-vae-ft-ema architecture, untrained weights: latents carry no image content)"
+    else:
+        p = Path(text)
+        if p.is_dir():
+            if not (p / "config.json").is_file():
+                raise UserError(
+                    f"VAE folder {text!r} has no config.json; give a diffusers AutoencoderKL folder"
+                )
+            try:
+                vae = AutoencoderKL.from_pretrained(str(p), local_files_only=True)
+            except Exception as err:
+                raise UserError(f"VAE folder {text!r} could not be loaded by diffusers ({err})") from err
+        elif p.is_file():
+            state = _read_state_dict_file(p)
+            vae = AutoencoderKL(**SD_VAE_CONFIG)
+            missing, unexpected = vae.load_state_dict(state, strict=False)
+            if missing or unexpected:
+                raise UserError(
+                    f"VAE weights {text!r} do not match the sd-vae-ft-ema AutoencoderKL: "
+                    f"{len(missing)} missing "
+                    f"keys (e.g. {missing[:2]}), {len(unexpected)} unexpected (e.g. {unexpected[:2]}); give "
+                    "diffusers-format weights"
+                )
+        else:
+            raise UserError(f"VAE path {text!r} does not exist; give a local folder or file, or `random`")
+        desc = f"pretrained from {text}"
+    vae = vae.to(device).eval().requires_grad_(False)
+    return vae, desc
+
+
+def _read_state_dict_file(p: Path) -> dict:
+    if p.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(p))
+        except Exception as err:
+            raise UserError(f"VAE weights {str(p)!r} are not a readable safetensors file ({err})") from err
+    try:
+        obj = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise UserError(
+            f"VAE weights {str(p)!r} could not be loaded safely with torch.load(weights_only=True) ({err}); "
+            "use a .safetensors file or a diffusers folder"
+        ) from err
+    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict):
+        raise UserError(f"VAE weights {str(p)!r} do not hold a state dict")
+    return obj
+
+
+@torch.no_grad()
+def encode_images(vae, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Images in [-1, 1] (N, 3, H, W) -> scaled latents (N, 4, H/8, W/8), sampled from the posterior."""
+    dist = vae.encode(images).latent_dist
+    return dist.sample(generator=generator).mul_(VAE_SCALE)
+
+
+class ImageFolderVAE(DataSource):
+    """Images decoded, cropped, flipped and encoded through the VAE for every batch."""
+
+    def __init__(
+        self,
+        root,
+        vae_spec,
+        batch_size: int,
+        image_size: int,
+        num_classes: int,
+        device,
+        seed: int = 0,
+        num_workers: int = 0,
+    ):
+        self.root = str(root)
+        self.batch_size = batch_size
+        self.device = torch.device(device)
+        self.dataset = image_folder(root, image_size, flip=True)
+        if len(self.dataset) == 0:
+            raise UserError(f"image folder {self.root!r} holds no images")
+        n_cls = len(self.dataset.classes)
+        if n_cls > num_classes:
+            raise UserError(
+                f"image folder {self.root!r} has {n_cls} class folders but the model has num_classes "
+                f"{num_classes}"
+            )
+        self.vae, self.vae_desc = build_vae(vae_spec, self.device)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.loader = torch.utils.data.DataLoader(
+            self.dataset,
+            batch_size=batch_size,
+            shuffle=True,
+            drop_last=len(self.dataset) >= batch_size,
+            num_workers=num_workers,
+            generator=self.generator,
+            pin_memory=self.device.type == "cuda",
+            persistent_workers=num_workers > 0,
+        )
+        self._it = None
+        self._torch_seed = seed
+
+    def _next_images(self):
+        while True:
+            if self._it is None:
+                self._it = iter(self.loader)
+            try:
+                return next(self._it)
+            except StopIteration:
+                self._it = None
+
+    def next_batch(self):
+        # Torchvision's random flip draws from the global generator; seed it per run for repeatability.
+        images, labels = self._next_images()
+        images = images.to(self.device, non_blocking=True)
+        x = encode_images(self.vae, images)
+        return x, labels.to(self.device, non_blocking=True)
+
+    def describe(self) -> dict:
+        return {"kind": "images", "path": self.root, "count": len(self.dataset), "vae": self.vae_desc}
+
+
+DATA_HELP = "synthetic, {latents: PATH.npz|.pt}, or {images: DIR, vae: PATH|random}"
+
+
+def data_source_from_config(
+    spec,
+    *,
+    batch_size: int,
+    image_size: int,
+    num_classes: int = 1000,
+    device="cpu",
+    seed: int = 0,
+    vae: str | None = None,
+    num_workers: int = 0,
+) -> DataSource:
+    """Build a data source from a suite/CLI spec.
+
+    spec: "synthetic"; {"latents": path}; {"images": dir, "vae": path|"random"}; or a bare path
+    string (a directory means images, with `vae` from the argument; a file means latents).
+    """
+    from ditbench.models.dit import latent_size as _latent_size
+
+    size = _latent_size(image_size)
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise UserError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if spec is None or spec == "synthetic" or spec == {"synthetic": None} or spec == {"kind": "synthetic"}:
+        return SyntheticLatents(batch_size, size, num_classes, device, seed)
+    if isinstance(spec, (str, os.PathLike)):
+        p = Path(spec)
+        if p.is_dir():
+            spec = {"images": str(p), "vae": vae}
+        elif p.suffix in (".npz", ".pt", ".pth"):
+            spec = {"latents": str(p)}
+        else:
+            raise UserError(
+                f"data {str(spec)!r} is neither 'synthetic', an image folder, nor a .npz/.pt latent file"
+            )
+    if not isinstance(spec, dict):
+        raise UserError(f"data {spec!r} is not valid; use {DATA_HELP}")
+    keys = set(spec) - {"kind", "num_workers"}
+    if "latents" in spec and keys <= {"latents"}:
+        return LatentFile(spec["latents"], batch_size, size, num_classes, device, seed)
+    if "images" in spec and keys <= {"images", "vae"}:
+        return ImageFolderVAE(
+            spec["images"],
+            spec.get("vae", vae),
+            batch_size,
+            image_size,
+            num_classes,
+            device,
+            seed,
+            num_workers=int(spec.get("num_workers", num_workers)),
+        )
+    raise UserError(f"data {spec!r} is not valid; use {DATA_HELP}")

@@ -1,0 +1,72 @@
+"""AdamW as DiT trains (lr 1e-4, no weight decay) and the EMA of the weights (decay 0.9999)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from ditbench.errors import UserError
+
+OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")
+
+
+def make_optimizer(
+    model: nn.Module,
+    lr: float = 1e-4,
+    weight_decay: float = 0.0,
+    impl: str = "auto",
+    device: str | torch.device | None = None,
+) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters; impl auto = fused on CUDA, foreach elsewhere."""
+    if impl not in OPTIMIZER_IMPLS:
+        raise UserError(f"optimizer impl {impl!r} is not known; valid: {', '.join(OPTIMIZER_IMPLS)}")
+    if not lr > 0:
+        raise UserError(f"lr must be positive, got {lr!r}")
+    if weight_decay < 0:
+        raise UserError(f"weight_decay must be >= 0, got {weight_decay!r}")
+    params = [p for p in model.parameters() if p.requires_grad]
+    dev = (
+        torch.device(device) if device is not None else (params[0].device if params else torch.device("cpu"))
+    )
+    kwargs: dict = {}
+    if impl == "auto":
+        impl = "fused" if dev.type == "cuda" else "foreach"
+    if impl == "fused":
+        kwargs["fused"] = True
+    elif impl == "foreach":
+        kwargs["foreach"] = True
+    else:
+        kwargs["foreach"] = False
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **kwargs)
+    opt.ditbench_impl = impl  # what actually ran, for the result record
+    return opt
+
+
+class EMA:
+    """Exponential moving average of every parameter (frozen pos_embed included, as official).
+
+    update() is one torch._foreach_lerp_ over all tensors: ema += (1 - decay) * (param - ema).
+    """
+
+    def __init__(self, model: nn.Module, decay: float = 0.9999):
+        if not 0.0 <= decay < 1.0:
+            raise UserError(f"ema_decay must be in [0, 1), got {decay!r}")
+        self.decay = decay
+        self.model = copy.deepcopy(model).eval()
+        self.model.requires_grad_(False)
+        self._ema = [p for p in self.model.parameters()]
+        self._src = [p for p in model.parameters()]
+        if len(self._ema) != len(self._src):  # pragma: no cover - deepcopy keeps structure
+            raise RuntimeError("EMA copy does not match the model's parameters")
+
+    @torch.no_grad()
+    def update(self) -> None:
+        torch._foreach_lerp_(self._ema, [p.detach() for p in self._src], 1.0 - self.decay)
+
+    def state_dict(self) -> dict:
+        return self.model.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state)

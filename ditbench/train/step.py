@@ -1,0 +1,195 @@
+"""One DiT training step, the way the paper trains, under a chosen precision policy.
+
+    cfg = TrainConfig(model="DiT-S/8", precision="bf16", batch_size=8, device="cpu")
+    trainer = Trainer(cfg)
+    for _ in range(steps):
+        loss = trainer.step(trainer.next_batch())   # detached 0-d tensor; no host sync
+
+A step: uniform random timesteps, label dropout 0.1 (inside the model in train mode), hybrid loss
+(MSE + variational bound) averaged over the batch, backward (through the GradScaler for fp16),
+AdamW step, EMA update. Everything the step allocates stays on the device; the caller decides
+when to synchronise (e.g. `loss.item()` every N steps).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ditbench.diffusion import create_diffusion
+from ditbench.errors import UnsupportedError, UserError
+from ditbench.models.checkpoint import save_checkpoint
+from ditbench.models.dit import build_model, canonical_name, count_params
+from ditbench.train.data import DataSource, data_source_from_config
+from ditbench.train.optim import EMA, make_optimizer
+from ditbench.train.precision import get_precision_policy
+
+
+@dataclass
+class TrainConfig:
+    model: str = "DiT-S/8"
+    image_size: int = 256
+    precision: str = "fp32"
+    grad_ckpt: str = "none"
+    batch_size: int = 8
+    compile: bool = False
+    impl: str = "ditbench"
+    data: Any = "synthetic"  # "synthetic" | {"latents": path} | {"images": dir, "vae": path|"random"}
+    seed: int = 0
+    lr: float = 1e-4
+    weight_decay: float = 0.0
+    ema_decay: float = 0.9999
+    num_classes: int = 1000
+    device: str = "cpu"
+    optimizer_impl: str = "auto"  # auto (fused on CUDA, foreach on CPU) | fused | foreach | for-loop
+    class_dropout_prob: float = 0.1
+    vae: str | None = None  # used when data is an image folder given as a bare path
+    data_workers: int = 0
+    extra: dict = field(default_factory=dict)  # free-form notes carried into checkpoints
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise UserError(f"device {device!r} is not valid; use cpu, cuda or cuda:N") from err
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UnsupportedError(f"device {device!r} needs CUDA, but no CUDA device is visible")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise UnsupportedError(
+                f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) are visible"
+            )
+        if dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+    elif dev.type != "cpu":
+        raise UnsupportedError(f"device {device!r} is not supported; use cpu, cuda or cuda:N")
+    return dev
+
+
+class Trainer:
+    """Builds model, diffusion, precision policy, optimizer, EMA and data from a TrainConfig.
+
+    wrap_model(module) -> module, if given, is applied after the model moves to the device and
+    before torch.compile (e.g. DistributedDataParallel). `base_model` is always the bare DiT.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        wrap_model: Callable[[nn.Module], nn.Module] | None = None,
+        data: DataSource | None = None,
+    ):
+        self.cfg = cfg
+        cfg.model = canonical_name(cfg.model)
+        if not isinstance(cfg.batch_size, int) or cfg.batch_size < 1:
+            raise UserError(f"batch_size must be a positive integer, got {cfg.batch_size!r}")
+        self.device = resolve_device(cfg.device)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.policy = get_precision_policy(cfg.precision, self.device)
+        self.policy.apply_backend_flags()
+
+        torch.manual_seed(cfg.seed)  # model init, timesteps, noise and label dropout follow this seed
+        self.base_model = build_model(
+            cfg.model,
+            image_size=cfg.image_size,
+            num_classes=cfg.num_classes,
+            grad_ckpt=cfg.grad_ckpt,
+            impl=cfg.impl,
+            class_dropout_prob=cfg.class_dropout_prob,
+        )
+        self.num_params = count_params(self.base_model)
+        self.base_model.to(self.device).train()
+        self.ema = EMA(self.base_model, cfg.ema_decay)
+        self.optimizer = make_optimizer(
+            self.base_model, cfg.lr, cfg.weight_decay, cfg.optimizer_impl, self.device
+        )
+        self.scaler = self.policy.make_scaler()
+        self.diffusion = create_diffusion()
+
+        model: nn.Module = self.base_model
+        if wrap_model is not None:
+            model = wrap_model(model)
+        if cfg.compile:
+            model = torch.compile(model)
+        self.model = model
+
+        self.data = (
+            data
+            if data is not None
+            else data_source_from_config(
+                cfg.data,
+                batch_size=cfg.batch_size,
+                image_size=cfg.image_size,
+                num_classes=cfg.num_classes,
+                device=self.device,
+                seed=cfg.seed,
+                vae=cfg.vae,
+                num_workers=cfg.data_workers,
+            )
+        )
+        self.step_count = 0
+        self._skips = torch.zeros((), dtype=torch.long, device=self.device) if self.scaler else None
+
+    # ---- the step ------------------------------------------------------------------------
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.data.next_batch()
+
+    def step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        t = torch.randint(0, self.diffusion.num_timesteps, (x.shape[0],), device=x.device)
+        with self.policy.autocast():
+            loss = self.diffusion.training_losses(self.model, x, t, {"y": y})["loss"].mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            before = self.scaler._scale.clone() if self.scaler._scale is not None else None
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            if before is not None:
+                # The scaler halves its scale exactly when it skipped the step (inf/nan gradients).
+                self._skips += (self.scaler._scale < before).long()
+        else:
+            loss.backward()
+            self.optimizer.step()
+        self.ema.update()
+        self.step_count += 1
+        return loss.detach()
+
+    @property
+    def scaler_skips(self) -> int:
+        return 0 if self._skips is None else int(self._skips.item())
+
+    # ---- state ---------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.base_model.state_dict(),
+            "ema": self.ema.state_dict(),
+            "opt": self.optimizer.state_dict(),
+            "step": self.step_count,
+            "config": self.cfg.to_dict(),
+        }
+
+    def save(self, path) -> None:
+        save_checkpoint(
+            path, self.base_model, self.ema.model, self.optimizer, self.step_count, self.cfg.to_dict()
+        )
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from a ditbench checkpoint dict (model, ema, opt, step)."""
+        self.base_model.load_state_dict(state["model"])
+        self.ema.load_state_dict(state["ema"])
+        if "opt" in state:
+            self.optimizer.load_state_dict(state["opt"])
+        self.step_count = int(state.get("step", 0))
