@@ -15,8 +15,8 @@ exit status and the output tail into one status, reason and aggregated metrics:
 - a rank that fails fails the cell with that rank's own error (the first to fail, not the
   peers that then lost their connection);
 - on timeout the whole process tree is stopped: SIGTERM, a grace period, then SIGKILL to
-  every process ever seen under the launcher (torchrun starts workers in their own sessions,
-  so killing one process group is not enough).
+  every process ever seen under the launcher (torchrun starts workers in sessions of their
+  own, so killing one process group is not enough).
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ class LaunchResult:
     duration_s: float
     output_tail: str
     reports: dict[int, dict] = field(default_factory=dict)  # rank -> its rank<R>.json
-    gathered: list[dict] | None = None  # ranks.json from global rank 0: every rank's metrics
+    gathered: dict | None = None  # ranks.json from global rank 0: every rank's metrics
+    leftover: list[int] = field(default_factory=list)  # pids still alive after cleanup (should be none)
 
 
 def _collect_descendants(proc: psutil.Process, seen: dict[int, psutil.Process]) -> None:
@@ -113,10 +114,7 @@ def _stop_tree(root: subprocess.Popen, seen: dict[int, psutil.Process], grace_s:
     except psutil.Error:
         pass
     if root.poll() is None:
-        try:
-            os.killpg(root.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
+        root.send_signal(signal.SIGTERM)  # torchrun forwards it to its workers and waits for them
     for p in list(seen.values()):
         try:
             p.terminate()
@@ -137,10 +135,7 @@ def _alive(p: psutil.Process) -> bool:
 
 def _kill_leftovers(root: subprocess.Popen, seen: dict[int, psutil.Process]) -> None:
     if root.poll() is None:
-        try:
-            os.killpg(root.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        root.kill()
     for p in seen.values():
         if _alive(p):  # is_running() checks the creation time, so a reused pid is never hit
             try:
@@ -198,9 +193,10 @@ def launch(
     seen: dict[int, psutil.Process] = {}
     start = time.monotonic()
     with open(log_path, "ab") as log:
-        # Own session: the launcher and its group can be signalled without touching the caller.
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                start_new_session=True)
+        # torchrun stays in our process group, so whoever kills our group (the runner on its own
+        # timeout) kills torchrun too; torchrun puts each worker in a session of its own, and the
+        # workers exit when their parent goes (see rank_worker._watch_parent).
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
         timed_out = False
         try:
             root_ps = psutil.Process(proc.pid)
@@ -218,7 +214,9 @@ def launch(
         else:
             _kill_leftovers(proc, seen)  # a worker that outlived torchrun (should not happen)
     reports, gathered = read_reports(report_dir)
+    leftover = sorted(p.pid for p in seen.values() if _alive(p))
     return LaunchResult(
+        leftover=leftover,
         returncode=proc.returncode,
         timed_out=timed_out,
         duration_s=time.monotonic() - start,
@@ -251,16 +249,18 @@ def judge(result: LaunchResult, world_size: int, timeout_s: float, node_rank: in
         also = f" (rank(s) {', '.join(map(str, others))} failed after it)" if others else ""
         return first.get("status", "error"), f"rank {first['rank']}: {first.get('reason') or 'failed'}{also}"
     if result.timed_out:
-        return "timeout", (f"the cell ran past its {timeout_s:g} s limit; all {world_size} ranks were stopped "
-                           "and no process was left running")
+        left = (f"; processes {result.leftover} could not be stopped" if result.leftover
+                else " and no process was left running")
+        return "timeout", f"the cell ran past its {timeout_s:g} s limit; all {world_size} ranks were stopped{left}"
     if result.returncode != 0:
         tail = _last_lines(result.output_tail)
         return "error", (f"torchrun exited with code {result.returncode} and no rank reported an error "
                          f"(a rank was killed or crashed hard). Last output:\n{tail}")
     if node_rank == 0 and not result.gathered:
         return "error", "torchrun finished but rank 0 wrote no ranks.json report"
-    if node_rank == 0 and len(result.gathered) != world_size:
-        return "error", f"expected reports from {world_size} ranks, rank 0 gathered {len(result.gathered)}"
+    gathered = len((result.gathered or {}).get("metrics") or [])
+    if node_rank == 0 and gathered != world_size:
+        return "error", f"expected reports from {world_size} ranks, rank 0 gathered {gathered}"
     return "ok", None
 
 
@@ -345,5 +345,113 @@ def find_single_gpu_reference(config: dict, records: list[dict]) -> dict | None:
     return best
 
 
-def summarize_failure_for_user(status: str, reason: str | None) -> str:
-    return f"{status}: {reason}" if reason else status
+def add_scaling_efficiency(record: dict, records: list[dict]) -> None:
+    """Fill record.metrics.scaling_efficiency from the same cell at 1 GPU among `records`, if any."""
+    metrics = record.get("metrics") or {}
+    config = record.get("config") or {}
+    gpus = int(config.get("gpus", 1)) * int(config.get("nodes", 1))
+    if record.get("status") != "ok" or gpus <= 1 or not metrics.get("images_per_s"):
+        return
+    ref = find_single_gpu_reference(config, records)
+    if ref is None:
+        metrics.setdefault("scaling_efficiency", None)
+        return
+    ref_ips = (ref.get("metrics") or {}).get("images_per_s")
+    metrics["scaling_efficiency"] = scaling_efficiency(metrics["images_per_s"], gpus, ref_ips)
+    metrics["scaling_reference"] = {"cell_id": ref.get("cell_id"), "run_id": ref.get("run_id"),
+                                    "images_per_s": ref_ips}
+
+
+# --------------------------------------------------------------------------------------------
+# One cell, end to end: what the runner starts for gpus > 1
+
+
+def run_cell(spec_path: Path, result_path: Path, *, rdzv: Rendezvous = Rendezvous(), timeout_s: float = 1800.0,
+             env: dict[str, str] | None = None) -> dict:
+    """Launch the cell in SPEC through torchrun and return a result in the worker's format."""
+    spec = json.loads(Path(spec_path).read_text())
+    config = spec["config"]
+    nproc = int(config["gpus"])
+    nodes = int(config.get("nodes", 1))
+    result: dict = {"status": "error", "reason": None, "metrics": None, "smoke": None, "env": None}
+    if nodes != rdzv.nnodes:
+        result.update(status="unsupported", reason=(
+            f"the cell asks for nodes={nodes} but this run was started with --nnodes {rdzv.nnodes}; start "
+            f"`ditbench run` on each of the {nodes} nodes with --nnodes {nodes} --node-rank R --rdzv-endpoint "
+            "HOST:PORT"))
+        return result
+    world = nproc * nodes
+    report_dir = Path(result_path).with_name(Path(result_path).stem + ".ranks")
+    if report_dir.exists():  # reports of an earlier attempt must not be read as this one's
+        for old in report_dir.glob("*.json"):
+            old.unlink()
+    cmd = torchrun_command(nproc, [str(spec_path), str(report_dir)], rdzv,
+                           rdzv_id=f"ditbench-{spec.get('cell_id', 'cell')}")
+    launched = launch(cmd, report_dir, timeout_s=timeout_s, env=env)
+    status, reason = judge(launched, world, timeout_s, rdzv.node_rank)
+    result.update(status=status, reason=reason)
+    if status == "ok" and rdzv.node_rank == 0:
+        gathered = launched.gathered
+        metrics = aggregate(gathered["metrics"], batch_size=int(config["batch_size"]))
+        metrics.update(launcher="torchrun", nodes=gathered.get("nodes", nodes), scaling_efficiency=None)
+        result.update(metrics=metrics, smoke=gathered.get("smoke"), env=gathered.get("env"))
+    elif status == "ok":
+        result.update(status="skipped", reason=(f"node {rdzv.node_rank} of {rdzv.nnodes}: its ranks finished; "
+                                                "node 0 records the cell's metrics"))
+    else:
+        failed = [r for r in launched.reports.values() if r.get("status") != "ok"]
+        first = min(failed, key=lambda r: (r.get("failed_at", float("inf")), r["rank"])) if failed else None
+        result["traceback"] = (first or {}).get("traceback") or _last_lines(launched.output_tail, 30)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from ditbench.bench.worker import write_json_atomic
+
+    parser = argparse.ArgumentParser(prog="python -m ditbench.bench.torchrun",
+                                     description="run one multi-process cell through torchrun")
+    parser.add_argument("spec")
+    parser.add_argument("result")
+    add_rendezvous_arguments(parser)
+    parser.add_argument("--timeout", type=float, default=1800.0)
+    args = parser.parse_args(argv)
+    try:
+        rdzv = rendezvous_from_args(args)
+        result = run_cell(Path(args.spec), Path(args.result), rdzv=rdzv, timeout_s=args.timeout)
+    except UserError as err:
+        result = {"status": "error", "reason": " ".join(str(err).split()), "metrics": None, "smoke": None,
+                  "env": None}
+    write_json_atomic(args.result, result)
+    return 0
+
+
+def add_rendezvous_arguments(parser) -> None:
+    """torchrun's rendezvous options, for `ditbench run` (several machines run one multi-node cell)."""
+    g = parser.add_argument_group("multi-node (passed to torchrun)")
+    g.add_argument("--nnodes", type=int, default=1, help="number of machines in the job")
+    g.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0..nnodes-1")
+    g.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT every node can reach (usually node 0)")
+    g.add_argument("--rdzv-id", default=None, help="job id shared by all nodes (default: per cell)")
+
+
+def rendezvous_from_args(args) -> Rendezvous:
+    rdzv = Rendezvous(nnodes=args.nnodes, node_rank=args.node_rank, endpoint=args.rdzv_endpoint,
+                      run_id=args.rdzv_id)
+    rdzv.validate()
+    return rdzv
+
+
+def rendezvous_argv(rdzv: Rendezvous) -> list[str]:
+    """The same options as command-line flags, to hand on to `python -m ditbench.bench.torchrun`."""
+    out = ["--nnodes", str(rdzv.nnodes), "--node-rank", str(rdzv.node_rank)]
+    if rdzv.endpoint:
+        out += ["--rdzv-endpoint", rdzv.endpoint]
+    if rdzv.run_id:
+        out += ["--rdzv-id", rdzv.run_id]
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
