@@ -158,12 +158,23 @@ def load_model(checkpoint: str, model_name: str | None, image_size: int | None, 
     return model, name, image_size or info["image_size"], weights
 
 
+_VAE_CACHE: dict[tuple[str, str], object] = {}
+
+
 def build_vae(vae: str, device):
-    """diffusers' AutoencoderKL (sd-vae-ft-ema architecture) from local weights, or random ones."""
+    """diffusers' AutoencoderKL (sd-vae-ft-ema architecture) from local weights, or random ones.
+
+    Kept per (weights, device) for the life of the process: building one costs seconds, and a
+    notebook or test that samples twice should not pay it twice (the VAE is never modified).
+    """
     from ditbench.train.data import build_vae as _build
 
-    model, _desc = _build(vae, device)  # 'random' is seeded inside: the same weights on every rank
-    return model
+    key = (str(Path(vae).resolve()) if vae != "random" else vae, str(device))
+    if key not in _VAE_CACHE:
+        model, _desc = _build(vae, device)  # 'random' is seeded inside: the same weights on every rank
+        _VAE_CACHE.clear()  # hold one at a time
+        _VAE_CACHE[key] = model
+    return _VAE_CACHE[key]
 
 
 # --------------------------------------------------------------------------------------------
