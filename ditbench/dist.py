@@ -148,7 +148,9 @@ def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
 
     blocks = getattr(model, "blocks", None)
     if blocks is None:
-        raise UserError(f"strategy 'fsdp' needs a model with a `blocks` list; {type(model).__name__} has none.")
+        raise UserError(
+            f"strategy 'fsdp' needs a model with a `blocks` list; {type(model).__name__} has none."
+        )
     for block in blocks:
         fully_shard(block)
     fully_shard(model)

@@ -50,32 +50,65 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "images, arr_1 labels). Run it under torchrun to sample on several GPUs; rerun the same command "
         "to resume an interrupted run."
     )
-    parser.add_argument("checkpoint", help="a ditbench checkpoint, an official DiT checkpoint "
-                        "(e.g. DiT-XL-2-256x256.pt; EMA weights are used when present), or 'random' for "
-                        "random initial weights (speed measurement only)")
+    parser.add_argument(
+        "checkpoint",
+        help="a ditbench checkpoint, an official DiT checkpoint "
+        "(e.g. DiT-XL-2-256x256.pt; EMA weights are used when present), or 'random' for "
+        "random initial weights (speed measurement only)",
+    )
     parser.add_argument("--out", default="samples.npz", help="the .npz to write")
-    parser.add_argument("--vae", required=True, help="local folder (or file) of the sd-vae-ft-ema/mse "
-                        "AutoencoderKL weights, or 'random' for random weights (speed measurement only)")
-    parser.add_argument("--model", default=None, help="DiT configuration, e.g. DiT-XL/2 (default: from the "
-                        "checkpoint when it records it, else DiT-XL/2)")
-    parser.add_argument("--image-size", type=int, default=None, help="image side in pixels (default: from "
-                        "the checkpoint when it records it, else 256)")
-    parser.add_argument("--num-classes", type=int, default=None, help="default: from the checkpoint, else 1000")
+    parser.add_argument(
+        "--vae",
+        required=True,
+        help="local folder (or file) of the sd-vae-ft-ema/mse "
+        "AutoencoderKL weights, or 'random' for random weights (speed measurement only)",
+    )
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="DiT configuration, e.g. DiT-XL/2 (default: from the "
+        "checkpoint when it records it, else DiT-XL/2)",
+    )
+    parser.add_argument(
+        "--image-size",
+        type=int,
+        default=None,
+        help="image side in pixels (default: from the checkpoint when it records it, else 256)",
+    )
+    parser.add_argument(
+        "--num-classes", type=int, default=None, help="default: from the checkpoint, else 1000"
+    )
     parser.add_argument("--num-samples", type=int, default=50_000)
     parser.add_argument("--steps", type=int, default=250, help="sampling steps (respaced from 1000)")
     parser.add_argument("--sampler", choices=("ddpm", "ddim"), default="ddpm")
-    parser.add_argument("--cfg-scale", type=float, default=1.5, help="classifier-free guidance scale; 1 = off")
-    parser.add_argument("--guidance-channels", type=int, default=None, help="guide only the first K latent "
-                        "channels; 3 reproduces the official DiT sampler exactly (default: all)")
-    parser.add_argument("--batch-size", type=int, default=32, help="samples per shard and per forward pass "
-                        "on each rank (the doubled CFG batch is twice this)")
+    parser.add_argument(
+        "--cfg-scale", type=float, default=1.5, help="classifier-free guidance scale; 1 = off"
+    )
+    parser.add_argument(
+        "--guidance-channels",
+        type=int,
+        default=None,
+        help="guide only the first K latent "
+        "channels; 3 reproduces the official DiT sampler exactly (default: all)",
+    )
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        default=32,
+        help="samples per shard and per forward pass on each rank (the doubled CFG batch is twice this)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    parser.add_argument("--precision", choices=PRECISIONS, default="fp32", help="fp32 is the reference; "
-                        "tf32/bf16/fp16 are faster and change the images slightly")
+    parser.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="fp32 is the reference; tf32/bf16/fp16 are faster and change the images slightly",
+    )
     parser.add_argument("--keep-shards", action="store_true", help="keep the shard folder after merging")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out made with "
-                        "other settings")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace an existing --out made with other settings"
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -90,7 +123,9 @@ def labels_for(num_samples: int, num_classes: int) -> np.ndarray:
 
 def shard_seed(seed: int, shard: int) -> int:
     """A well-mixed 63-bit seed per (seed, shard), so neighbouring shards share no stream."""
-    return int(np.random.SeedSequence([seed, shard]).generate_state(2, dtype=np.uint32).view(np.uint64)[0] >> 1)
+    return int(
+        np.random.SeedSequence([seed, shard]).generate_state(2, dtype=np.uint32).view(np.uint64)[0] >> 1
+    )
 
 
 def shard_count(num_samples: int, batch_size: int) -> int:
@@ -150,8 +185,9 @@ def load_model(checkpoint: str, model_name: str | None, image_size: int | None, 
         torch.manual_seed(0)  # the same random model on every rank and every run
         model = build_model(name, image_size=size, num_classes=num_classes or 1000)
         return model.eval(), name, size, "random"
-    model, loaded = load_model_weights(checkpoint, model_name, prefer_ema=True, image_size=image_size,
-                                       num_classes=num_classes)
+    model, loaded = load_model_weights(
+        checkpoint, model_name, prefer_ema=True, image_size=image_size, num_classes=num_classes
+    )
     info = infer_config(loaded.state_dict)
     name = canonical_name(model_name) if model_name else info["name"]
     weights = {"ema": "ema", "model": "model (no EMA in the file)", "bare": "state dict"}[loaded.source]
@@ -197,8 +233,20 @@ def _precision_context(precision: str, device):
     return contextlib.nullcontext()
 
 
-def make_shard(model, vae, diffusion, labels: np.ndarray, *, latent: int, seed: int, cfg_scale: float,
-               sampler: str, guidance_channels: int | None, precision: str, device) -> np.ndarray:
+def make_shard(
+    model,
+    vae,
+    diffusion,
+    labels: np.ndarray,
+    *,
+    latent: int,
+    seed: int,
+    cfg_scale: float,
+    sampler: str,
+    guidance_channels: int | None,
+    precision: str,
+    device,
+) -> np.ndarray:
     """uint8 (n, H, W, 3) images for one shard's labels, all noise from one seeded generator."""
     import torch
 
@@ -207,9 +255,17 @@ def make_shard(model, vae, diffusion, labels: np.ndarray, *, latent: int, seed: 
     gen = torch.Generator(device=device).manual_seed(seed)
     y = torch.from_numpy(labels).to(device)
     with torch.inference_mode(), _precision_context(precision, device):
-        z = sample_latents(model, diffusion, y, latent, cfg_scale=cfg_scale, sampler=sampler,
-                           guidance_channels=guidance_channels, generator=gen,
-                           in_channels=getattr(model, "in_channels", 4))
+        z = sample_latents(
+            model,
+            diffusion,
+            y,
+            latent,
+            cfg_scale=cfg_scale,
+            sampler=sampler,
+            guidance_channels=guidance_channels,
+            generator=gen,
+            in_channels=getattr(model, "in_channels", 4),
+        )
         x = vae.decode(z.float() / SCALE_FACTOR).sample
     x = torch.clamp(127.5 * x.float() + 128.0, 0, 255)  # [-1, 1] -> [0, 255], DiT's rounding
     return x.permute(0, 2, 3, 1).to("cpu", dtype=torch.uint8).numpy()
@@ -260,8 +316,8 @@ def _prepare_shard_dir(shard_dir: Path, settings: dict, overwrite: bool) -> None
                 diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
                 raise UserError(
                     f"{shard_dir} holds shards of an interrupted run made with other settings "
-                    f"({', '.join(f'{k}: {old.get(k)!r} now {settings.get(k)!r}' for k in diff)}). Rerun with "
-                    "the same options to resume it, or pass --overwrite to start again."
+                    f"({', '.join(f'{k}: {old.get(k)!r} now {settings.get(k)!r}' for k in diff)}). "
+                    "Rerun with the same options to resume it, or pass --overwrite to start again."
                 )
     shard_dir.mkdir(parents=True, exist_ok=True)
     if not manifest.exists():
@@ -273,8 +329,14 @@ def _env_info(device) -> dict:
 
     import ditbench
 
-    info = {"host": socket.gethostname(), "platform": platform.platform(), "python": sys.version.split()[0],
-            "torch": torch.__version__, "ditbench": ditbench.__version__, "device": str(device)}
+    info = {
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "ditbench": ditbench.__version__,
+        "device": str(device),
+    }
     if device.type == "cuda":
         info["gpu_name"] = torch.cuda.get_device_name(device)
     return info
@@ -293,23 +355,30 @@ def sample(args) -> dict:
     shard_dir, record_path = default_paths(out)
     ctx = dist.init(args.device)
     try:
-        model, model_name, image_size, weights = load_model(args.checkpoint, args.model, args.image_size,
-                                                            args.num_classes)
+        model, model_name, image_size, weights = load_model(
+            args.checkpoint, args.model, args.image_size, args.num_classes
+        )
         num_classes = int(model.num_classes)
         settings = _settings(args, model_name, image_size, num_classes, weights)
         if out.exists() and record_path.exists():
             old = json.loads(record_path.read_text())
             if old.get("settings") == settings:
                 if ctx.is_main:
-                    print(f"ditbench: {out} is already complete with these settings; nothing to do.",
-                          file=sys.stderr)
+                    print(
+                        f"ditbench: {out} is already complete with these settings; nothing to do.",
+                        file=sys.stderr,
+                    )
                 return old
             if not args.overwrite:
-                raise UserError(f"{out} exists and was made with other settings; pass --overwrite to "
-                                "replace it or choose another --out.")
+                raise UserError(
+                    f"{out} exists and was made with other settings; pass --overwrite to "
+                    "replace it or choose another --out."
+                )
         elif out.exists() and not args.overwrite:
-            raise UserError(f"{out} exists and has no record of how it was made ({record_path} is missing); "
-                            "pass --overwrite to replace it or choose another --out.")
+            raise UserError(
+                f"{out} exists and has no record of how it was made ({record_path} is missing); "
+                "pass --overwrite to replace it or choose another --out."
+            )
         if ctx.is_main:
             out.parent.mkdir(parents=True, exist_ok=True)
             _prepare_shard_dir(shard_dir, settings, args.overwrite)
@@ -333,22 +402,36 @@ def sample(args) -> dict:
             from tqdm.auto import tqdm
 
             done_images = args.num_samples - sum(
-                len(labels[k * args.batch_size:(k + 1) * args.batch_size])
-                for k in range(n_shards) if not shard_path(shard_dir, k).exists())
-            bar = tqdm(total=args.num_samples, initial=done_images, unit="img", desc="sampling",
-                       dynamic_ncols=True)
+                len(labels[k * args.batch_size : (k + 1) * args.batch_size])
+                for k in range(n_shards)
+                if not shard_path(shard_dir, k).exists()
+            )
+            bar = tqdm(
+                total=args.num_samples, initial=done_images, unit="img", desc="sampling", dynamic_ncols=True
+            )
         made = 0
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         for written, k in enumerate(todo):
             if fail_after and written >= fail_after:
-                raise RuntimeError(f"{FAIL_AFTER_ENV}={fail_after}: stopping after {written} shards (test hook)")
-            lab = labels[k * args.batch_size:(k + 1) * args.batch_size]
-            images = make_shard(model, vae, diffusion, lab, latent=latent, seed=shard_seed(args.seed, k),
-                                cfg_scale=args.cfg_scale, sampler=args.sampler,
-                                guidance_channels=args.guidance_channels, precision=args.precision,
-                                device=device)
+                raise RuntimeError(
+                    f"{FAIL_AFTER_ENV}={fail_after}: stopping after {written} shards (test hook)"
+                )
+            lab = labels[k * args.batch_size : (k + 1) * args.batch_size]
+            images = make_shard(
+                model,
+                vae,
+                diffusion,
+                lab,
+                latent=latent,
+                seed=shard_seed(args.seed, k),
+                cfg_scale=args.cfg_scale,
+                sampler=args.sampler,
+                guidance_channels=args.guidance_channels,
+                precision=args.precision,
+                device=device,
+            )
             _atomic_savez(shard_path(shard_dir, k), images=images, labels=lab)
             made += len(lab)
             if bar is not None:
@@ -385,9 +468,12 @@ def sample(args) -> dict:
             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         if record["for_speed_only"]:
-            what = " and ".join(x for x, r in (("model", weights == "random"), ("VAE", args.vae == "random")) if r)
-            record["warning"] = (f"random {what} weights: these images measure speed only and are "
-                                 "meaningless for FID")
+            what = " and ".join(
+                x for x, r in (("model", weights == "random"), ("VAE", args.vae == "random")) if r
+            )
+            record["warning"] = (
+                f"random {what} weights: these images measure speed only and are meaningless for FID"
+            )
         _atomic_write_text(record_path, json.dumps(record, indent=1))
         if not args.keep_shards:
             shutil.rmtree(shard_dir, ignore_errors=True)
@@ -399,8 +485,10 @@ def sample(args) -> dict:
 def merge_shards(shard_dir: Path, n_shards: int, num_samples: int) -> tuple[np.ndarray, np.ndarray]:
     missing = [k for k in range(n_shards) if not shard_path(shard_dir, k).exists()]
     if missing:
-        raise RuntimeError(f"{len(missing)} shard(s) missing in {shard_dir} (first: {missing[0]}); "
-                           "a rank did not finish. Rerun the same command to make them.")
+        raise RuntimeError(
+            f"{len(missing)} shard(s) missing in {shard_dir} (first: {missing[0]}); "
+            "a rank did not finish. Rerun the same command to make them."
+        )
     imgs, labs = [], []
     for k in range(n_shards):
         with np.load(shard_path(shard_dir, k)) as z:
@@ -427,8 +515,10 @@ def run(args) -> int:
     if record:
         ips = record.get("images_per_s")
         speed = f"{ips:.3f} images/s" if ips else "all shards were already on disk"
-        print(f"wrote {record['npz']}: {record['shape'][0]} images {tuple(record['shape'][1:])}, "
-              f"{speed} on {record['world_size']} process(es)")
+        print(
+            f"wrote {record['npz']}: {record['shape'][0]} images {tuple(record['shape'][1:])}, "
+            f"{speed} on {record['world_size']} process(es)"
+        )
         if record.get("warning"):
             print(f"note: {record['warning']}")
         print(f"record: {default_paths(Path(record['npz']))[1]}")

@@ -53,19 +53,36 @@ def test_torchrun_command_multi_node_uses_c10d_rendezvous():
     rdzv = tr.Rendezvous(nnodes=2, node_rank=1, endpoint="node0:29500", run_id="job7")
     cmd = tr.torchrun_command(8, ["s", "o"], rdzv, python="py")
     assert "--standalone" not in cmd
-    for flag in ("--nnodes=2", "--node-rank=1", "--rdzv-backend=c10d", "--rdzv-endpoint=node0:29500",
-                 "--rdzv-id=job7", "--nproc-per-node=8"):
+    for flag in (
+        "--nnodes=2",
+        "--node-rank=1",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=node0:29500",
+        "--rdzv-id=job7",
+        "--nproc-per-node=8",
+    ):
         assert flag in cmd
-    assert tr.rendezvous_argv(rdzv) == ["--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "node0:29500",
-                                        "--rdzv-id", "job7"]
+    assert tr.rendezvous_argv(rdzv) == [
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--rdzv-endpoint",
+        "node0:29500",
+        "--rdzv-id",
+        "job7",
+    ]
 
 
-@pytest.mark.parametrize("rdzv, words", [
-    (tr.Rendezvous(nnodes=2), "--rdzv-endpoint"),
-    (tr.Rendezvous(nnodes=2, node_rank=2, endpoint="h:1"), "--node-rank 2"),
-    (tr.Rendezvous(nnodes=2, endpoint="hostonly"), "HOST:PORT"),
-    (tr.Rendezvous(nnodes=0), "--nnodes 0"),
-])
+@pytest.mark.parametrize(
+    "rdzv, words",
+    [
+        (tr.Rendezvous(nnodes=2), "--rdzv-endpoint"),
+        (tr.Rendezvous(nnodes=2, node_rank=2, endpoint="h:1"), "--node-rank 2"),
+        (tr.Rendezvous(nnodes=2, endpoint="hostonly"), "HOST:PORT"),
+        (tr.Rendezvous(nnodes=0), "--nnodes 0"),
+    ],
+)
 def test_bad_rendezvous_is_a_user_error(rdzv, words):
     with pytest.raises(UserError, match=words):
         rdzv.validate()
@@ -76,9 +93,16 @@ def test_bad_rendezvous_is_a_user_error(rdzv, words):
 
 
 def _rank(ips, sps, mem, samples):
-    return {"images_per_s": ips, "steps_per_s": sps, "peak_mem_allocated_gib": mem, "peak_mem_reserved_gib": mem + 1,
-            "tflops_per_s": ips / 100, "params": 123, "step_ms": {"median": 0, "samples": samples},
-            "mfu": {"value": ips / 1000, "peak_tflops": 989.0, "peak_basis": "x"}}
+    return {
+        "images_per_s": ips,
+        "steps_per_s": sps,
+        "peak_mem_allocated_gib": mem,
+        "peak_mem_reserved_gib": mem + 1,
+        "tflops_per_s": ips / 100,
+        "params": 123,
+        "step_ms": {"median": 0, "samples": samples},
+        "mfu": {"value": ips / 1000, "peak_tflops": 989.0, "peak_basis": "x"},
+    }
 
 
 def test_aggregate_sums_throughput_takes_slowest_step_and_largest_memory():
@@ -100,12 +124,22 @@ def test_aggregate_sums_throughput_takes_slowest_step_and_largest_memory():
 
 def test_scaling_efficiency_against_the_same_cell_at_one_gpu():
     base = {"model": "DiT-B/4", "precision": "bf16", "batch_size": 32}
-    one = {"status": "ok", "cell_id": "c1", "config": {**base, "gpus": 1, "nodes": 1, "global_batch": 32},
-           "metrics": {"images_per_s": 100.0}}
-    other_model = {"status": "ok", "config": {**base, "model": "DiT-XL/2", "gpus": 1, "nodes": 1},
-                   "metrics": {"images_per_s": 10.0}}
-    rec = {"status": "ok", "config": {**base, "gpus": 4, "nodes": 1, "global_batch": 128, "strategy": "ddp"},
-           "metrics": {"images_per_s": 360.0}}
+    one = {
+        "status": "ok",
+        "cell_id": "c1",
+        "config": {**base, "gpus": 1, "nodes": 1, "global_batch": 32},
+        "metrics": {"images_per_s": 100.0},
+    }
+    other_model = {
+        "status": "ok",
+        "config": {**base, "model": "DiT-XL/2", "gpus": 1, "nodes": 1},
+        "metrics": {"images_per_s": 10.0},
+    }
+    rec = {
+        "status": "ok",
+        "config": {**base, "gpus": 4, "nodes": 1, "global_batch": 128, "strategy": "ddp"},
+        "metrics": {"images_per_s": 360.0},
+    }
     tr.add_scaling_efficiency(rec, [other_model, one])
     assert rec["metrics"]["scaling_efficiency"] == pytest.approx(0.9)
     assert rec["metrics"]["scaling_reference"]["cell_id"] == "c1"
@@ -118,7 +152,7 @@ def test_scaling_efficiency_against_the_same_cell_at_one_gpu():
 # --------------------------------------------------------------------------------------------
 # Real 2-process runs (gloo)
 
-GRAD_SCRIPT = textwrap.dedent('''
+GRAD_SCRIPT = textwrap.dedent("""
     import sys
     import torch
     from ditbench import dist
@@ -165,7 +199,7 @@ GRAD_SCRIPT = textwrap.dedent('''
             torch.save(result, out_path)
         dist.barrier(ctx)
         dist.shutdown()
-''')
+""")
 
 
 @pytest.mark.slow
@@ -173,8 +207,15 @@ def test_ddp_and_fsdp_gradients_over_two_processes_equal_single_process(tmp_path
     script = tmp_path / "grads.py"
     script.write_text(GRAD_SCRIPT)
     out = tmp_path / "grads.pt"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
-           str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node=2",
+        str(script),
+        str(out),
+    ]
     res = tr.launch(cmd, tmp_path / "launch", timeout_s=120, env=_env())
     assert res.returncode == 0, res.output_tail
     got = torch.load(out, weights_only=True)
@@ -196,21 +237,46 @@ def test_ddp_and_fsdp_gradients_over_two_processes_equal_single_process(tmp_path
     for strategy in ("ddp", "fsdp"):
         assert set(got[strategy]) == set(ref), strategy
         for name, g in ref.items():
-            torch.testing.assert_close(got[strategy][name], g, rtol=1e-4, atol=1e-6,
-                                       msg=lambda m, s=strategy, n=name: f"{s} {n}: {m}")
+            torch.testing.assert_close(
+                got[strategy][name],
+                g,
+                rtol=1e-4,
+                atol=1e-6,
+                msg=lambda m, s=strategy, n=name: f"{s} {n}: {m}",
+            )
 
 
 def _spec(tmp_path: Path, **over) -> Path:
-    config = {"model": "DiT-T/8", "impl": "ditbench", "image_size": 64, "precision": "fp32", "grad_ckpt": "none",
-              "batch_size": 4, "gpus": 2, "nodes": 1, "strategy": "ddp", "compile": False, "attention": "sdpa",
-              "optimizer": "adamw", "data": "synthetic", "seed": 0, "lr": 1e-4, "weight_decay": 0.0,
-              "ema_decay": 0.9999, "num_classes": 10, "global_batch": 8,
-              "steps": {"warmup": 1, "measure": 3, "min_seconds": 0.0}, "smoke_steps": 0, "device": "cpu",
-              "gpu_memory_gb": None}
+    config = {
+        "model": "DiT-T/8",
+        "impl": "ditbench",
+        "image_size": 64,
+        "precision": "fp32",
+        "grad_ckpt": "none",
+        "batch_size": 4,
+        "gpus": 2,
+        "nodes": 1,
+        "strategy": "ddp",
+        "compile": False,
+        "attention": "sdpa",
+        "optimizer": "adamw",
+        "data": "synthetic",
+        "seed": 0,
+        "lr": 1e-4,
+        "weight_decay": 0.0,
+        "ema_decay": 0.9999,
+        "num_classes": 10,
+        "global_batch": 8,
+        "steps": {"warmup": 1, "measure": 3, "min_seconds": 0.0},
+        "smoke_steps": 0,
+        "device": "cpu",
+        "gpu_memory_gb": None,
+    }
     config.update(over)
     path = tmp_path / "cell.spec.json"
-    path.write_text(json.dumps({"cell_id": "t" + tmp_path.name[-8:], "cell_name": "DiT-T/8 gpus=2",
-                                "config": config}))
+    path.write_text(
+        json.dumps({"cell_id": "t" + tmp_path.name[-8:], "cell_name": "DiT-T/8 gpus=2", "config": config})
+    )
     return path
 
 

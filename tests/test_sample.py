@@ -48,8 +48,25 @@ def checkpoint(tmp_path_factory) -> Path:
 def _args(ckpt, out, *extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     S.add_arguments(parser)
-    return parser.parse_args([str(ckpt), "--out", str(out), "--vae", "random", "--num-samples", "6",
-                              "--batch-size", "4", "--steps", "4", "--device", "cpu", "--no-progress", *extra])
+    return parser.parse_args(
+        [
+            str(ckpt),
+            "--out",
+            str(out),
+            "--vae",
+            "random",
+            "--num-samples",
+            "6",
+            "--batch-size",
+            "4",
+            "--steps",
+            "4",
+            "--device",
+            "cpu",
+            "--no-progress",
+            *extra,
+        ]
+    )
 
 
 def _arrays(path):
@@ -122,14 +139,47 @@ def test_bad_input_is_a_user_error(checkpoint, tmp_path):
 def test_two_ranks_under_torchrun_write_the_same_npz_as_one(checkpoint, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")  # one thread each, as torchrun gives its ranks
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    common = [str(checkpoint), "--vae", "random", "--num-samples", "7", "--batch-size", "2", "--steps", "3",
-              "--device", "cpu", "--no-progress"]
-    one = subprocess.run([sys.executable, "-m", "ditbench", "sample", *common, "--out", str(tmp_path / "one.npz")],
-                         env=env, capture_output=True, text=True, timeout=300)
+    common = [
+        str(checkpoint),
+        "--vae",
+        "random",
+        "--num-samples",
+        "7",
+        "--batch-size",
+        "2",
+        "--steps",
+        "3",
+        "--device",
+        "cpu",
+        "--no-progress",
+    ]
+    one = subprocess.run(
+        [sys.executable, "-m", "ditbench", "sample", *common, "--out", str(tmp_path / "one.npz")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert one.returncode == 0, one.stderr
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                          "-m", "ditbench", "sample", *common, "--out", str(tmp_path / "two.npz")],
-                         env=env, capture_output=True, text=True, timeout=300)
+    two = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            "-m",
+            "ditbench",
+            "sample",
+            *common,
+            "--out",
+            str(tmp_path / "two.npz"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert two.returncode == 0, two.stderr
     assert "on 2 process(es)" in two.stdout
     rec = json.loads((tmp_path / "two.json").read_text())
@@ -142,7 +192,23 @@ def test_cli_reports_bad_checkpoint_in_one_paragraph(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     bad = tmp_path / "bad.pt"
     bad.write_bytes(b"not a checkpoint")
-    res = subprocess.run([sys.executable, "-m", "ditbench", "sample", str(bad), "--vae", "random", "--out",
-                          str(tmp_path / "s.npz"), "--device", "cpu"], env=env, capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ditbench",
+            "sample",
+            str(bad),
+            "--vae",
+            "random",
+            "--out",
+            str(tmp_path / "s.npz"),
+            "--device",
+            "cpu",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 2
     assert res.stderr.startswith("ditbench: error:") and "Traceback" not in res.stderr

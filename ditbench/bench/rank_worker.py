@@ -68,8 +68,9 @@ def build_trainer(config: dict[str, Any], ctx, strategy: str):
         # fully_shard replaces the parameters with sharded ones, so the optimizer and the EMA
         # built before wrapping point at stale tensors: rebuild them on the sharded model.
         cfg = trainer.cfg
-        trainer.optimizer = make_optimizer(trainer.base_model, cfg.lr, cfg.weight_decay, cfg.optimizer_impl,
-                                           trainer.device)
+        trainer.optimizer = make_optimizer(
+            trainer.base_model, cfg.lr, cfg.weight_decay, cfg.optimizer_impl, trainer.device
+        )
         trainer.ema = ShardedEMA(trainer.base_model, cfg.ema_decay)
     return trainer
 
@@ -100,9 +101,16 @@ def _data_for_rank(config: dict[str, Any], trainer, rank: int):
     from ditbench.train.data import data_source_from_config
 
     cfg = trainer.cfg
-    return data_source_from_config(cfg.data, batch_size=cfg.batch_size, image_size=cfg.image_size,
-                                   num_classes=cfg.num_classes, device=trainer.device,
-                                   seed=cfg.seed + 1000 * rank, vae=cfg.vae, num_workers=cfg.data_workers)
+    return data_source_from_config(
+        cfg.data,
+        batch_size=cfg.batch_size,
+        image_size=cfg.image_size,
+        num_classes=cfg.num_classes,
+        device=trainer.device,
+        seed=cfg.seed + 1000 * rank,
+        vae=cfg.vae,
+        num_workers=cfg.data_workers,
+    )
 
 
 def measured_window(trainer, step, ctx, steps: dict[str, Any]) -> dict[str, Any]:
@@ -126,20 +134,28 @@ def measured_window(trainer, step, ctx, steps: dict[str, Any]) -> dict[str, Any]
     if extra <= 0:
         return first
     # measure_window resets the CUDA peak counters: keep the first part's peaks to merge them.
-    peaks = ((torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()) if device == "cuda" else None)
+    peaks = (
+        (torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()) if device == "cuda" else None
+    )
     more = measure_window(trainer, step, device, 0, extra, 0.0)
-    return {"steps": first["steps"] + more["steps"], "wall_s": first["wall_s"] + more["wall_s"],
-            "step_ms": first["step_ms"] + more["step_ms"], "last_loss": more["last_loss"], "earlier_peaks": peaks}
+    return {
+        "steps": first["steps"] + more["steps"],
+        "wall_s": first["wall_s"] + more["wall_s"],
+        "step_ms": first["step_ms"] + more["step_ms"],
+        "last_loss": more["last_loss"],
+        "earlier_peaks": peaks,
+    }
 
 
 def rank_metrics(config: dict[str, Any], ctx, trainer, window: dict[str, Any], gpu_name: str | None) -> dict:
-    from ditbench.bench.measure import model_flops_per_image, mfu, step_stats
+    from ditbench.bench.measure import mfu, model_flops_per_image, step_stats
     from ditbench.bench.worker import memory_metrics
 
     steps_per_s = window["steps"] / window["wall_s"]
     images_per_s = steps_per_s * int(config["batch_size"])  # this rank's share; the parent sums
-    flops = model_flops_per_image(config["model"], config["image_size"], config["impl"],
-                                  config.get("num_classes", 1000))
+    flops = model_flops_per_image(
+        config["model"], config["image_size"], config["impl"], config.get("num_classes", 1000)
+    )
     tflops = flops * images_per_s / 1e12 if flops else None
     metrics = {
         "params": int(trainer.num_params),
@@ -171,7 +187,14 @@ def run_rank(spec: dict[str, Any], report_dir: Path) -> int:
 
     from ditbench import dist
     from ditbench.bench.envinfo import collect_env
-    from ditbench.bench.worker import FAULT_ENV, FaultyStep, NonFiniteLoss, apply_memory_cap, parse_faults, smoke_run
+    from ditbench.bench.worker import (
+        FAULT_ENV,
+        FaultyStep,
+        NonFiniteLoss,
+        apply_memory_cap,
+        parse_faults,
+        smoke_run,
+    )
     from ditbench.errors import UnsupportedError, UserError
 
     config, cell_name = spec["config"], spec["cell_name"]
@@ -206,8 +229,16 @@ def run_rank(spec: dict[str, Any], report_dir: Path) -> int:
         _write_json(report_dir / f"rank{ctx.rank}.json", report)
         gathered = dist.all_gather_objects(ctx, metrics)
         if ctx.is_main:
-            _write_json(report_dir / "ranks.json", {"world_size": ctx.world_size, "nodes": ctx.nodes,
-                                                    "metrics": gathered, "smoke": smoke, "env": env})
+            _write_json(
+                report_dir / "ranks.json",
+                {
+                    "world_size": ctx.world_size,
+                    "nodes": ctx.nodes,
+                    "metrics": gathered,
+                    "smoke": smoke,
+                    "env": env,
+                },
+            )
         dist.barrier(ctx)
         dist.shutdown()
         return 0
@@ -220,12 +251,16 @@ def run_rank(spec: dict[str, Any], report_dir: Path) -> int:
     except UserError as err:
         report.update(status="error", reason=" ".join(str(err).split()))
     except Exception as err:  # noqa: BLE001 - this rank's failure becomes the cell's reason
-        report.update(status="error", reason=f"{type(err).__name__}: {err}", traceback=traceback.format_exc()[-4000:])
+        report.update(
+            status="error", reason=f"{type(err).__name__}: {err}", traceback=traceback.format_exc()[-4000:]
+        )
     report["failed_at"] = time.time()  # the first rank to fail is the cause; its peers fail after it
     if ctx is not None:
         report["world_size"] = ctx.world_size
     _write_json(report_dir / f"rank{report['rank']}.json", report)
-    print(f"ditbench rank {report['rank']}: {report['status']}: {report['reason']}", file=sys.stderr, flush=True)
+    print(
+        f"ditbench rank {report['rank']}: {report['status']}: {report['reason']}", file=sys.stderr, flush=True
+    )
     if report.get("traceback"):
         print(report["traceback"], file=sys.stderr, flush=True)
     # No process-group teardown: peers may be stuck in a collective, and torchrun stops them.

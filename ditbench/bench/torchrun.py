@@ -53,7 +53,9 @@ class Rendezvous:
         if self.nnodes < 1:
             raise UserError(f"--nnodes {self.nnodes} must be at least 1.")
         if not 0 <= self.node_rank < self.nnodes:
-            raise UserError(f"--node-rank {self.node_rank} must be between 0 and nnodes-1 ({self.nnodes - 1}).")
+            raise UserError(
+                f"--node-rank {self.node_rank} must be between 0 and nnodes-1 ({self.nnodes - 1})."
+            )
         if self.nnodes > 1 and not self.endpoint:
             raise UserError(
                 f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT, an address every node can reach "
@@ -76,14 +78,24 @@ def torchrun_command(
     rdzv.validate()
     if nproc_per_node < 1:
         raise UserError(f"nproc_per_node {nproc_per_node} must be at least 1.")
-    cmd = [python, "-m", "torch.distributed.run", f"--nproc-per-node={nproc_per_node}",
-           f"--nnodes={rdzv.nnodes}", "--max-restarts=0"]  # a benchmark never retries silently
+    cmd = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc_per_node}",
+        f"--nnodes={rdzv.nnodes}",
+        "--max-restarts=0",
+    ]  # a benchmark never retries silently
     if rdzv.nnodes == 1 and not rdzv.endpoint:
         cmd.append("--standalone")  # local store on a free port: parallel jobs never collide
     else:
         job_id = rdzv.run_id or rdzv_id or "ditbench"
-        cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv.endpoint}", f"--rdzv-id={job_id}",
-                f"--node-rank={rdzv.node_rank}"]
+        cmd += [
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rdzv.endpoint}",
+            f"--rdzv-id={job_id}",
+            f"--node-rank={rdzv.node_rank}",
+        ]
     return cmd + ["-m", module, *entry_args]
 
 
@@ -239,7 +251,9 @@ def _last_lines(text: str, n: int = 12) -> str:
     return "\n".join(lines[-n:])
 
 
-def judge(result: LaunchResult, world_size: int, timeout_s: float, node_rank: int = 0) -> tuple[str, str | None]:
+def judge(
+    result: LaunchResult, world_size: int, timeout_s: float, node_rank: int = 0
+) -> tuple[str, str | None]:
     """(status, reason) of a launched cell. Status is one of the result record's statuses."""
     failed = [r for r in result.reports.values() if r.get("status") != "ok"]
     if failed:
@@ -249,13 +263,21 @@ def judge(result: LaunchResult, world_size: int, timeout_s: float, node_rank: in
         also = f" (rank(s) {', '.join(map(str, others))} failed after it)" if others else ""
         return first.get("status", "error"), f"rank {first['rank']}: {first.get('reason') or 'failed'}{also}"
     if result.timed_out:
-        left = (f"; processes {result.leftover} could not be stopped" if result.leftover
-                else " and no process was left running")
-        return "timeout", f"the cell ran past its {timeout_s:g} s limit; all {world_size} ranks were stopped{left}"
+        left = (
+            f"; processes {result.leftover} could not be stopped"
+            if result.leftover
+            else " and no process was left running"
+        )
+        return (
+            "timeout",
+            f"the cell ran past its {timeout_s:g} s limit; all {world_size} ranks were stopped{left}",
+        )
     if result.returncode != 0:
         tail = _last_lines(result.output_tail)
-        return "error", (f"torchrun exited with code {result.returncode} and no rank reported an error "
-                         f"(a rank was killed or crashed hard). Last output:\n{tail}")
+        return "error", (
+            f"torchrun exited with code {result.returncode} and no rank reported an error "
+            f"(a rank was killed or crashed hard). Last output:\n{tail}"
+        )
     if node_rank == 0 and not result.gathered:
         return "error", "torchrun finished but rank 0 wrote no ranks.json report"
     gathered = len((result.gathered or {}).get("metrics") or [])
@@ -303,9 +325,13 @@ def aggregate(per_rank: list[dict], *, batch_size: int) -> dict:
     # Step time: a synchronised step ends when its slowest rank ends, so take the per-step max.
     samples = [(m.get("step_ms") or {}).get("samples") for m in per_rank]
     if all(isinstance(s, list) and s for s in samples) and len({len(s) for s in samples}) == 1:
-        worst = [max(vals) for vals in zip(*samples)]
-        out["step_ms"] = {"median": _percentile(worst, 0.5), "p10": _percentile(worst, 0.1),
-                          "p90": _percentile(worst, 0.9), "samples": worst}
+        worst = [max(vals) for vals in zip(*samples, strict=True)]
+        out["step_ms"] = {
+            "median": _percentile(worst, 0.5),
+            "p10": _percentile(worst, 0.1),
+            "p90": _percentile(worst, 0.9),
+            "samples": worst,
+        }
     elif any(m.get("step_ms") for m in per_rank):
         out["step_ms"] = max((m.get("step_ms") or {} for m in per_rank), key=lambda s: s.get("median", 0.0))
     # MFU of the job = summed FLOP/s over summed peak = mean of the ranks' MFU.
@@ -315,8 +341,11 @@ def aggregate(per_rank: list[dict], *, batch_size: int) -> dict:
     out["world_size"] = world
     out["global_batch"] = batch_size * world
     out["per_rank"] = [
-        {"rank": i, **{k: m.get(k) for k in ("images_per_s", "steps_per_s", "peak_mem_allocated_gib")},
-         "step_ms_median": (m.get("step_ms") or {}).get("median")}
+        {
+            "rank": i,
+            **{k: m.get(k) for k in ("images_per_s", "steps_per_s", "peak_mem_allocated_gib")},
+            "step_ms_median": (m.get("step_ms") or {}).get("median"),
+        }
         for i, m in enumerate(per_rank)
     ]
     return out
@@ -358,16 +387,25 @@ def add_scaling_efficiency(record: dict, records: list[dict]) -> None:
         return
     ref_ips = (ref.get("metrics") or {}).get("images_per_s")
     metrics["scaling_efficiency"] = scaling_efficiency(metrics["images_per_s"], gpus, ref_ips)
-    metrics["scaling_reference"] = {"cell_id": ref.get("cell_id"), "run_id": ref.get("run_id"),
-                                    "images_per_s": ref_ips}
+    metrics["scaling_reference"] = {
+        "cell_id": ref.get("cell_id"),
+        "run_id": ref.get("run_id"),
+        "images_per_s": ref_ips,
+    }
 
 
 # --------------------------------------------------------------------------------------------
 # One cell, end to end: what the runner starts for gpus > 1
 
 
-def run_cell(spec_path: Path, result_path: Path, *, rdzv: Rendezvous = Rendezvous(), timeout_s: float = 1800.0,
-             env: dict[str, str] | None = None) -> dict:
+def run_cell(
+    spec_path: Path,
+    result_path: Path,
+    *,
+    rdzv: Rendezvous = Rendezvous(),
+    timeout_s: float = 1800.0,
+    env: dict[str, str] | None = None,
+) -> dict:
     """Launch the cell in SPEC through torchrun and return a result in the worker's format."""
     spec = json.loads(Path(spec_path).read_text())
     config = spec["config"]
@@ -375,18 +413,23 @@ def run_cell(spec_path: Path, result_path: Path, *, rdzv: Rendezvous = Rendezvou
     nodes = int(config.get("nodes", 1))
     result: dict = {"status": "error", "reason": None, "metrics": None, "smoke": None, "env": None}
     if nodes != rdzv.nnodes:
-        result.update(status="unsupported", reason=(
-            f"the cell asks for nodes={nodes} but this run was started with --nnodes {rdzv.nnodes}; start "
-            f"`ditbench run` on each of the {nodes} nodes with --nnodes {nodes} --node-rank R --rdzv-endpoint "
-            "HOST:PORT"))
+        result.update(
+            status="unsupported",
+            reason=(
+                f"the cell asks for nodes={nodes} but this run was started with --nnodes {rdzv.nnodes}; "
+                f"start `ditbench run` on each of the {nodes} nodes with --nnodes {nodes} --node-rank R "
+                "--rdzv-endpoint HOST:PORT"
+            ),
+        )
         return result
     world = nproc * nodes
     report_dir = Path(result_path).with_name(Path(result_path).stem + ".ranks")
     if report_dir.exists():  # reports of an earlier attempt must not be read as this one's
         for old in report_dir.glob("*.json"):
             old.unlink()
-    cmd = torchrun_command(nproc, [str(spec_path), str(report_dir)], rdzv,
-                           rdzv_id=f"ditbench-{spec.get('cell_id', 'cell')}")
+    cmd = torchrun_command(
+        nproc, [str(spec_path), str(report_dir)], rdzv, rdzv_id=f"ditbench-{spec.get('cell_id', 'cell')}"
+    )
     launched = launch(cmd, report_dir, timeout_s=timeout_s, env=env)
     status, reason = judge(launched, world, timeout_s, rdzv.node_rank)
     result.update(status=status, reason=reason)
@@ -396,8 +439,13 @@ def run_cell(spec_path: Path, result_path: Path, *, rdzv: Rendezvous = Rendezvou
         metrics.update(launcher="torchrun", nodes=gathered.get("nodes", nodes), scaling_efficiency=None)
         result.update(metrics=metrics, smoke=gathered.get("smoke"), env=gathered.get("env"))
     elif status == "ok":
-        result.update(status="skipped", reason=(f"node {rdzv.node_rank} of {rdzv.nnodes}: its ranks finished; "
-                                                "node 0 records the cell's metrics"))
+        result.update(
+            status="skipped",
+            reason=(
+                f"node {rdzv.node_rank} of {rdzv.nnodes}: its ranks finished; "
+                "node 0 records the cell's metrics"
+            ),
+        )
     else:
         failed = [r for r in launched.reports.values() if r.get("status") != "ok"]
         first = min(failed, key=lambda r: (r.get("failed_at", float("inf")), r["rank"])) if failed else None
@@ -410,19 +458,44 @@ def main(argv: list[str] | None = None) -> int:
 
     from ditbench.bench.worker import write_json_atomic
 
-    parser = argparse.ArgumentParser(prog="python -m ditbench.bench.torchrun",
-                                     description="run one multi-process cell through torchrun")
+    parser = argparse.ArgumentParser(
+        prog="python -m ditbench.bench.torchrun", description="run one multi-process cell through torchrun"
+    )
     parser.add_argument("spec")
     parser.add_argument("result")
     add_rendezvous_arguments(parser)
-    parser.add_argument("--timeout", type=float, default=1800.0)
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds (default: the spec's timeout_s, "
+        "less a margin to stop every rank before the runner's own limit)",
+    )
     args = parser.parse_args(argv)
+
+    def stop(signum, _frame):  # the runner (or a user) stops us: take the whole job down with us
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    spec = json.loads(Path(args.spec).read_text())
+    timeout = args.timeout
+    if timeout is None:
+        outer = float(spec.get("timeout_s") or 1800.0)
+        timeout = max(outer - max(15.0, 0.05 * outer), 0.5 * outer)
     try:
         rdzv = rendezvous_from_args(args)
-        result = run_cell(Path(args.spec), Path(args.result), rdzv=rdzv, timeout_s=args.timeout)
+        if spec.get("rendezvous") and args.nnodes == 1 and not args.rdzv_endpoint:
+            rdzv = Rendezvous(**spec["rendezvous"])
+            rdzv.validate()
+        result = run_cell(Path(args.spec), Path(args.result), rdzv=rdzv, timeout_s=timeout)
     except UserError as err:
-        result = {"status": "error", "reason": " ".join(str(err).split()), "metrics": None, "smoke": None,
-                  "env": None}
+        result = {
+            "status": "error",
+            "reason": " ".join(str(err).split()),
+            "metrics": None,
+            "smoke": None,
+            "env": None,
+        }
     write_json_atomic(args.result, result)
     return 0
 
@@ -437,8 +510,9 @@ def add_rendezvous_arguments(parser) -> None:
 
 
 def rendezvous_from_args(args) -> Rendezvous:
-    rdzv = Rendezvous(nnodes=args.nnodes, node_rank=args.node_rank, endpoint=args.rdzv_endpoint,
-                      run_id=args.rdzv_id)
+    rdzv = Rendezvous(
+        nnodes=args.nnodes, node_rank=args.node_rank, endpoint=args.rdzv_endpoint, run_id=args.rdzv_id
+    )
     rdzv.validate()
     return rdzv
 
