@@ -168,6 +168,22 @@ def _file_fingerprint(path: str) -> dict:
 # Model and VAE
 
 
+_MODEL_CACHE: dict[tuple, tuple] = {}
+
+
+def load_model_cached(
+    checkpoint: str, model_name: str | None, image_size: int | None, num_classes: int | None
+):
+    """load_model, kept for the life of the process (one at a time): building DiT-XL/2 costs seconds,
+    and sampling never changes the weights."""
+    fingerprint = json.dumps(_file_fingerprint(checkpoint), sort_keys=True)
+    key = (fingerprint, model_name, image_size, num_classes)
+    if key not in _MODEL_CACHE:
+        _MODEL_CACHE.clear()
+        _MODEL_CACHE[key] = load_model(checkpoint, model_name, image_size, num_classes)
+    return _MODEL_CACHE[key]
+
+
 def load_model(checkpoint: str, model_name: str | None, image_size: int | None, num_classes: int | None):
     """(model in eval mode on CPU, its name, image size, which weights) from a checkpoint or 'random'.
 
@@ -355,7 +371,7 @@ def sample(args) -> dict:
     shard_dir, record_path = default_paths(out)
     ctx = dist.init(args.device)
     try:
-        model, model_name, image_size, weights = load_model(
+        model, model_name, image_size, weights = load_model_cached(
             args.checkpoint, args.model, args.image_size, args.num_classes
         )
         num_classes = int(model.num_classes)
