@@ -62,6 +62,8 @@ def test_torchrun_command_multi_node_uses_c10d_rendezvous():
         "--nproc-per-node=8",
     ):
         assert flag in cmd
+    with_join = tr.torchrun_command(8, ["s", "o"], rdzv, python="py", join_timeout_s=1200)
+    assert "--rdzv-conf=join_timeout=1200" in with_join
     assert tr.rendezvous_argv(rdzv) == [
         "--nnodes",
         "2",
@@ -86,6 +88,15 @@ def test_torchrun_command_multi_node_uses_c10d_rendezvous():
 def test_bad_rendezvous_is_a_user_error(rdzv, words):
     with pytest.raises(UserError, match=words):
         rdzv.validate()
+
+
+def test_multi_node_runs_one_node_cells_on_node_0_only():
+    two = tr.Rendezvous(nnodes=2, node_rank=1, endpoint="h:1")
+    assert tr.node_verdict({"nodes": 2}, two) is None
+    assert tr.node_verdict({"nodes": 1}, two)[0] == "skipped"
+    assert tr.node_verdict({"nodes": 1}, tr.Rendezvous(nnodes=2, node_rank=0, endpoint="h:1")) is None
+    status, reason = tr.node_verdict({"nodes": 4}, two)
+    assert status == "unsupported" and "--nnodes 4" in reason
 
 
 # --------------------------------------------------------------------------------------------

@@ -73,6 +73,7 @@ def torchrun_command(
     module: str = RANK_WORKER_MODULE,
     rdzv_id: str | None = None,
     python: str = sys.executable,
+    join_timeout_s: float | None = None,
 ) -> list[str]:
     """The torchrun command line that runs `python -m module *entry_args` on nproc_per_node ranks."""
     rdzv.validate()
@@ -96,6 +97,10 @@ def torchrun_command(
             f"--rdzv-id={job_id}",
             f"--node-rank={rdzv.node_rank}",
         ]
+        if join_timeout_s:
+            # The nodes reach a cell at different times (node 0 alone runs the one-node cells);
+            # wait for the others as long as the cell may take, not torchrun's default 600 s.
+            cmd.append(f"--rdzv-conf=join_timeout={int(join_timeout_s)}")
     return cmd + ["-m", module, *entry_args]
 
 
@@ -398,6 +403,25 @@ def add_scaling_efficiency(record: dict, records: list[dict]) -> None:
 # One cell, end to end: what the runner starts for gpus > 1
 
 
+def node_verdict(config: dict, rdzv: Rendezvous) -> tuple[str, str] | None:
+    """(status, reason) for a cell this node must not start in a multi-node run, else None.
+
+    Every node runs the same suite in the same order. A cell spanning all nodes runs on each of
+    them (torchrun joins them); a one-node cell runs on node 0 only, so it is measured once.
+    """
+    nodes = int(config.get("nodes", 1))
+    if nodes == rdzv.nnodes:
+        return None
+    if nodes == 1:
+        if rdzv.node_rank == 0:
+            return None
+        return "skipped", f"a one-node cell: node 0 of this {rdzv.nnodes}-node run measures it"
+    return "unsupported", (
+        f"the cell needs nodes={nodes}, but this run was started with --nnodes "
+        f"{rdzv.nnodes}; start it on {nodes} nodes with --nnodes {nodes}"
+    )
+
+
 def run_cell(
     spec_path: Path,
     result_path: Path,
@@ -428,7 +452,11 @@ def run_cell(
         for old in report_dir.glob("*.json"):
             old.unlink()
     cmd = torchrun_command(
-        nproc, [str(spec_path), str(report_dir)], rdzv, rdzv_id=f"ditbench-{spec.get('cell_id', 'cell')}"
+        nproc,
+        [str(spec_path), str(report_dir)],
+        rdzv,
+        rdzv_id=f"ditbench-{spec.get('cell_id', 'cell')}",
+        join_timeout_s=timeout_s,
     )
     launched = launch(cmd, report_dir, timeout_s=timeout_s, env=env)
     status, reason = judge(launched, world, timeout_s, rdzv.node_rank)
