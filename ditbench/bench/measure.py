@@ -41,14 +41,14 @@ def gpu_table_key(gpu_name: str | None) -> str | None:
     if not gpu_name:
         return None
     name = gpu_name.upper()
-    if re.search(r"\bNVL\b|PCIE|H20\b|H800|H20[^0]", name):
+    if "A100" in name:  # SXM4 and PCIe, 40 and 80 GB: one set of peaks
+        return "NVIDIA A100"
+    if re.search(r"\bNVL\b|PCIE|\bH20\b|H800", name):
         return None
     if "H200" in name:
         return "NVIDIA H200"
     if "H100" in name and ("SXM" in name or "HBM3" in name):
         return "NVIDIA H100 SXM"
-    if "A100" in name:
-        return "NVIDIA A100"
     return None
 
 

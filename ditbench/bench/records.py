@@ -21,7 +21,7 @@ def append_record(path: str | Path, record: dict[str, Any]) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     line = (json.dumps(record, separators=(",", ":"), allow_nan=False, default=str) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         _cut_torn_tail(fd)
         written = os.write(fd, line)

@@ -73,11 +73,13 @@ def precheck(cell: Cell, visible: Visible) -> tuple[str, str] | None:
         return "unsupported", "the suite asks for device cuda but no CUDA device is visible"
     gpus = config["gpus"] * config["nodes"]
     if device == "cpu":
-        if config["precision"] in ("fp16", "tf32"):
-            return "unsupported", (
-                f"{config['precision']} needs a CUDA device (fp16 needs a GPU's loss-scaled "
-                "autocast, tf32 is a tensor-core mode); this cell runs on the CPU"
+        if config["precision"] == "fp16":
+            return (
+                "unsupported",
+                "fp16 needs a CUDA device (CPU autocast has no loss-scaled fp16); use bf16 on CPU",
             )
+        if config["precision"] == "tf32":
+            return "unsupported", "tf32 is a tensor-core mode of CUDA devices; on a CPU use fp32 or bf16"
         if gpus > 1:
             return "unsupported", f"gpus={gpus} needs CUDA devices; this cell runs on the CPU"
     if device == "cuda" and gpus > visible.gpu_count:
@@ -116,7 +118,24 @@ def launch_cell(cell: Cell, spec_path: Path, result_path: Path, log) -> subproce
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # torch and NVML then agree on device indices
     command = [sys.executable, "-m", "ditbench.bench.worker", str(spec_path), str(result_path)]
     # start_new_session: the cell gets its own process group, which a timeout kills as a whole
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return subprocess.Popen(
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+    )
+
+
+def _die_with_parent() -> None:
+    """Linux: the cell gets SIGKILL when the runner dies (even by SIGKILL), so no orphan keeps the GPU."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -240,46 +259,62 @@ def run_suite(
     env = collect_env()
     run_id = new_run_id()
     latest = {cid: previous[cid] for cid in done}
-    oom_at: dict[
-        str, tuple[int, str]
-    ] = {}  # series -> (smallest batch that ran out of memory, its cell name)
-
     bar = tqdm(
         total=len(todo), unit="cell", disable=not options.progress, dynamic_ncols=True, file=sys.stderr
     )
     say = echo or (lambda line: tqdm.write(line, file=sys.stdout))
     if done:
         say(f"resuming {out}: {len(done)} of {len(cells)} cells already ok, {len(todo)} to run")
-    with tempfile.TemporaryDirectory(prefix="ditbench-") as tmp:
-        for i, cell in enumerate(todo, 1):
-            bar.set_postfix_str(cell.cell_name)
-            started_at, t0 = now_iso(), time.monotonic()
-            verdict = precheck(cell, visible)
-            oom = oom_at.get(cell.series_key)
-            if verdict is not None:
-                result = {"status": verdict[0], "reason": verdict[1]}
-            elif options.oom_skip and oom and cell.config["batch_size"] > oom[0]:
-                result = {
-                    "status": "skipped",
-                    "reason": f"{oom[1]} ran out of memory at batch {oom[0]}; this larger batch of the "
-                    "same series would too",
-                }
-            else:
-                timeout = options.timeout_s or cell.timeout_s
-                result = run_isolated(cell, timeout, Path(tmp), out / "logs" / f"{cell.cell_id}.log")
-            if result["status"] == "oom":
-                known = oom_at.get(cell.series_key)
-                if known is None or cell.config["batch_size"] < known[0]:
-                    oom_at[cell.series_key] = (cell.config["batch_size"], cell.cell_name)
-            record = make_record(suite, run_id, cell, result, env, started_at, time.monotonic() - t0)
-            append_record(results_path, record)
-            latest[cell.cell_id] = record
-            say(f"[{i}/{len(todo)}] {format_line(record)}")
-            bar.update(1)
-    bar.close()
+    previous_term = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
+    try:
+        with tempfile.TemporaryDirectory(prefix="ditbench-") as tmp:
+            _run_cells(suite, options, todo, run_id, env, visible, Path(tmp), results_path, latest, bar, say)
+    finally:
+        if previous_term is not None:
+            signal.signal(signal.SIGTERM, previous_term)
+        bar.close()
     records = [latest[c.cell_id] for c in cells if c.cell_id in latest]
     write_summary(out / SUMMARY_FILE, suite, records)
     return records
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _terminate(signum, frame):  # SIGTERM: stop like Ctrl-C, so the running cell is killed too
+    raise KeyboardInterrupt
+
+
+def _run_cells(suite, options, todo, run_id, env, visible, tmp, results_path, latest, bar, say) -> None:
+    oom_at: dict[str, tuple[int, str]] = {}  # series -> (smallest batch that ran out of memory, its name)
+    for i, cell in enumerate(todo, 1):
+        bar.set_postfix_str(cell.cell_name)
+        started_at, t0 = now_iso(), time.monotonic()
+        verdict = precheck(cell, visible)
+        oom = oom_at.get(cell.series_key)
+        if verdict is not None:
+            result = {"status": verdict[0], "reason": verdict[1]}
+        elif options.oom_skip and oom and cell.config["batch_size"] > oom[0]:
+            result = {
+                "status": "skipped",
+                "reason": f"{oom[1]} ran out of memory at batch {oom[0]}; this larger batch of the same "
+                "series would too",
+            }
+        else:
+            timeout = options.timeout_s or cell.timeout_s
+            result = run_isolated(cell, timeout, tmp, results_path.parent / "logs" / f"{cell.cell_id}.log")
+        if result["status"] == "oom":
+            known = oom_at.get(cell.series_key)
+            if known is None or cell.config["batch_size"] < known[0]:
+                oom_at[cell.series_key] = (cell.config["batch_size"], cell.cell_name)
+        record = make_record(suite, run_id, cell, result, env, started_at, time.monotonic() - t0)
+        append_record(results_path, record)
+        latest[cell.cell_id] = record
+        say(f"[{i}/{len(todo)}] {format_line(record)}")
+        bar.update(1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ DEVICES = ("cuda", "cpu", "auto")
 IMPLS = ("ditbench", "diffusers")
 STRATEGIES = ("ddp", "fsdp")
 OPTIMIZERS = ("adamw",)
+OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")  # AdamW kernels: fused is CUDA only
 ATTENTION = ("sdpa",)
 SMOKE_CELLS = ("baseline", "all", "none")
 VAE_SCALE = 8  # the SD VAE downsamples by 8: a 256 px image is a 32x32 latent
@@ -45,6 +46,7 @@ KNOB_DEFAULTS: dict[str, Any] = {
     "compile": False,
     "attention": "sdpa",
     "optimizer": "adamw",
+    "optimizer_impl": "auto",
     "data": "synthetic",
     "seed": 0,
     "lr": 1e-4,
@@ -148,17 +150,25 @@ class _Validator:
                 hint = f" Did you mean `{close[0]}`?" if close else ""
                 raise self.fail(keypath, f"unknown model {value!r}.{hint} Known models: {', '.join(names)}.")
             return value
+        if name == "grad_ckpt":
+            # YAML reads `no`/`yes` as booleans; every_K checkpoints every K-th block
+            if isinstance(value, bool):
+                value = "full" if value else "none"
+            if value in GRAD_CKPT or (isinstance(value, str) and re.fullmatch(r"every_[1-9]\d*", value)):
+                return value
+            raise self.fail(
+                keypath,
+                f"unknown grad_ckpt {value!r}; valid: none, full, every_K (every K-th block, e.g. every_2).",
+            )
         choices = {
             "precision": PRECISIONS,
-            "grad_ckpt": GRAD_CKPT,
             "impl": IMPLS,
             "strategy": STRATEGIES,
             "optimizer": OPTIMIZERS,
+            "optimizer_impl": OPTIMIZER_IMPLS,
             "attention": ATTENTION,
         }
         if name in choices:
-            if name == "grad_ckpt" and value is False:  # YAML `no`/`false` reads as a bool
-                value = "none"
             if value not in choices[name]:
                 raise self.fail(keypath, f"unknown {name} {value!r}; valid: {', '.join(choices[name])}.")
             return value
@@ -349,10 +359,10 @@ def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
 
     # Expansion: cartesian product - excludes + includes (completed from the defaults).
     configs: list[tuple[str, dict[str, Any]]] = []
-    for i, combo in enumerate(itertools.product(*axes.values())):
+    for combo in itertools.product(*axes.values()):
         knob_values = {**knobs, **dict(zip(axes, combo, strict=True))}
         if not any(matches(knob_values, ex) for ex in exclude):
-            configs.append((f"matrix (cell {i})", knob_values))
+            configs.append(("matrix", knob_values))
     for i, partial in enumerate(include):
         configs.append((f"include[{i}]", {**knobs, **partial}))
     if not configs:
@@ -428,7 +438,7 @@ def cell_name(config: dict[str, Any], varying: list[str] | tuple[str, ...] = ())
     ]
     shown = {"model", "precision", "grad_ckpt", "batch_size"}
     for key in varying:
-        if key in shown:
+        if key in shown or key in ("gpus", "nodes"):
             continue
         value = config[key]
         if key == "compile":
@@ -437,6 +447,7 @@ def cell_name(config: dict[str, Any], varying: list[str] | tuple[str, ...] = ())
             parts.append(f"{value}px")
         else:
             parts.append(f"{key}={json.dumps(value) if isinstance(value, dict) else value}")
-    if config["gpus"] > 1 and "gpus" not in varying:
-        parts.append(f"gpus={config['gpus']}")
+    for key in ("gpus", "nodes"):  # shown only when more than one, whether or not it varies
+        if config[key] > 1:
+            parts.append(f"{key}={config[key]}")
     return " ".join(parts)

@@ -1,0 +1,208 @@
+"""The runner: isolated cells and their statuses, resume, --force, no lost or torn lines after SIGKILL."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from ditbench.bench.records import append_record, latest_by_cell, read_records
+from ditbench.bench.runner import RunOptions, run_suite
+from ditbench.bench.suite import load_suite
+from ditbench.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def make_suite(tmp_path, matrix, extra="", name="t", timeout_s=120):
+    text = f"""
+    name: {name}
+    device: cpu
+    defaults:
+      model: DiT-T/8
+      image_size: 64
+      steps: {{warmup: 1, measure: 2, min_seconds: 0}}
+      timeout_s: {timeout_s}
+    matrix: {matrix}
+    """
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(textwrap.dedent(text) + textwrap.dedent(extra))
+    return load_suite(path), path
+
+
+def run(suite, out, **kw):
+    lines = []
+    records = run_suite(suite, RunOptions(out=out, progress=False, **kw), echo=lines.append)
+    return {r["cell_name"]: r for r in records}, lines
+
+
+def child_env(**extra):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.update(extra)
+    return env
+
+
+@pytest.mark.slow
+def test_faults_get_their_status_and_the_other_cells_finish(tmp_path, monkeypatch):
+    suite, _ = make_suite(
+        tmp_path,
+        "{grad_ckpt: [none, full], batch_size: [1, 2, 3]}",
+        extra="include:\n  - {precision: fp16, batch_size: 1}\n  - {gpus: 2, batch_size: 1}\n",
+        timeout_s=25,
+    )
+    monkeypatch.setenv(
+        "DITBENCH_INJECT_FAULT",
+        "ckpt=none bs=1=raise,ckpt=none bs=2=oom,ckpt=full bs=1=nan@2,ckpt=full bs=2=hang",
+    )
+    out = tmp_path / "out"
+    t0 = time.monotonic()
+    by_name, lines = run(suite, out)
+    took = time.monotonic() - t0
+    status = {name: r["status"] for name, r in by_name.items()}
+    assert status == {
+        "DiT-T/8 fp32 ckpt=none bs=1": "error",
+        "DiT-T/8 fp32 ckpt=none bs=2": "oom",
+        "DiT-T/8 fp32 ckpt=none bs=3": "skipped",
+        "DiT-T/8 fp32 ckpt=full bs=1": "nan_loss",
+        "DiT-T/8 fp32 ckpt=full bs=2": "timeout",
+        "DiT-T/8 fp32 ckpt=full bs=3": "ok",
+        "DiT-T/8 fp16 ckpt=none bs=1": "unsupported",
+        "DiT-T/8 fp32 ckpt=none bs=1 gpus=2": "unsupported",
+    }, status
+    error = by_name["DiT-T/8 fp32 ckpt=none bs=1"]
+    assert "injected fault" in error["reason"] and "Traceback" in error["traceback"]
+    assert "injected fault" in error["traceback"].splitlines()[-1]
+    assert "out of memory" in by_name["DiT-T/8 fp32 ckpt=none bs=2"]["reason"]
+    assert "bs=2 ran out of memory at batch 2" in by_name["DiT-T/8 fp32 ckpt=none bs=3"]["reason"]
+    assert "step 2" in by_name["DiT-T/8 fp32 ckpt=full bs=1"]["reason"]
+    assert "25 s" in by_name["DiT-T/8 fp32 ckpt=full bs=2"]["reason"]
+    assert "fp16" in by_name["DiT-T/8 fp16 ckpt=none bs=1"]["reason"]
+    assert "gpus=2" in by_name["DiT-T/8 fp32 ckpt=none bs=1 gpus=2"]["reason"]
+    assert took < 25 * 3  # the hung cell cost its timeout, not the suite
+    # the ok cell is a full record
+    ok = by_name["DiT-T/8 fp32 ckpt=full bs=3"]
+    m = ok["metrics"]
+    assert m["images_per_s"] == pytest.approx(m["steps_per_s"] * 3)
+    assert m["mfu"] is None and m["model_flops_per_image"] > 0 and m["tflops_per_s"] > 0
+    assert m["cpu_peak_rss_gib"] > 0.05 and m["peak_mem_allocated_gib"] is None
+    assert len(m["step_ms"]["samples"]) == m["measured_steps"] >= 2
+    assert ok["env"]["torch"] and ok["schema"] == "ditbench.result/1" and ok["duration_s"] > 0
+    assert len(lines) == 8 and all(line.startswith("[") for line in lines)
+    summary = (out / "summary.md").read_text()
+    assert "| DiT-T/8 fp32 ckpt=full bs=2 | timeout |" in summary
+    assert (out / "logs").is_dir()
+
+
+@pytest.mark.slow
+def test_resume_skips_ok_cells_and_force_reruns_them(tmp_path, monkeypatch):
+    suite, _ = make_suite(tmp_path, "{batch_size: [1, 2]}")
+    out = tmp_path / "out"
+    monkeypatch.setenv("DITBENCH_INJECT_FAULT", "bs=2=raise")
+    by_name, _ = run(suite, out)
+    assert [r["status"] for r in by_name.values()] == ["ok", "error"]
+    first = read_records(out / "results.jsonl")
+    assert len(first) == 2
+
+    monkeypatch.delenv("DITBENCH_INJECT_FAULT")
+    by_name, lines = run(suite, out)  # resume: only the failed cell runs again
+    assert lines[0].startswith("resuming") and len(lines) == 2
+    records = read_records(out / "results.jsonl")
+    assert len(records) == 3 and records[:2] == first
+    assert records[2]["cell_name"] == "DiT-T/8 fp32 ckpt=none bs=2" and records[2]["status"] == "ok"
+    assert [r["status"] for r in by_name.values()] == ["ok", "ok"]
+    assert by_name["DiT-T/8 fp32 ckpt=none bs=1"]["run_id"] == first[0]["run_id"]  # the kept record
+
+    by_name, lines = run(suite, out)  # nothing left to do
+    assert len(read_records(out / "results.jsonl")) == 3
+
+    by_name, lines = run(suite, out, force=True)
+    records = read_records(out / "results.jsonl")
+    assert len(records) == 5 and {r["run_id"] for r in records[3:]} != {records[0]["run_id"]}
+
+
+def test_torn_tail_is_ignored_and_cut_before_the_next_append(tmp_path):
+    path = tmp_path / "results.jsonl"
+    append_record(path, {"cell_id": "a", "status": "ok"})
+    append_record(path, {"cell_id": "b", "status": "ok"})
+    with open(path, "ab") as f:
+        f.write(b'{"cell_id": "c", "stat')  # a writer killed mid-line
+    assert [r["cell_id"] for r in read_records(path)] == ["a", "b"]
+    append_record(path, {"cell_id": "d", "status": "error"})
+    assert path.read_bytes().count(b"\n") == 3
+    assert [r["cell_id"] for r in read_records(path)] == ["a", "b", "d"]
+    assert latest_by_cell(read_records(path))["d"]["status"] == "error"
+
+
+@pytest.mark.slow
+def test_sigkill_midway_loses_and_duplicates_nothing(tmp_path):
+    _, path = make_suite(tmp_path, "{batch_size: [1, 2, 3, 4]}")
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "ditbench", "run", str(path), "--out", str(out), "--no-progress"]
+    proc = subprocess.Popen(
+        command, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    results = out / "results.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if results.exists() and results.read_bytes().count(b"\n") >= 1:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = read_records(results)
+    assert 1 <= len(before) < 4
+    prefix = results.read_bytes()
+    time.sleep(1.0)  # the cell that was running died with its runner (no orphan appends later)
+    assert results.read_bytes() == prefix
+
+    rerun = subprocess.run(command, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    after = read_records(results)
+    assert after[: len(before)] == before  # nothing finished was lost or rewritten
+    ok = [r["cell_id"] for r in after if r["status"] == "ok"]
+    assert len(ok) == len(set(ok)) == 4  # every cell once, none twice
+    assert f"{len(before)} of 4 cells already ok" in rerun.stdout
+
+
+def test_dry_run_lists_cells_and_writes_nothing(tmp_path, capsys):
+    _, path = make_suite(tmp_path, "{precision: [fp32, fp16], batch_size: [1, 2]}")
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "4 cells" in text and "DiT-T/8 fp16 ckpt=none bs=2" in text and "unsupported" in text
+    assert not out.exists()
+    assert main(["run", str(path), "--out", str(out), "--cells", "no-such-cell"]) == 2
+    assert "matches none" in capsys.readouterr().err
+
+
+def test_results_lines_are_complete_json(tmp_path):
+    # every record line parses on its own and carries the contract's top-level keys
+    suite, _ = make_suite(tmp_path, "{precision: [fp16]}")
+    out = tmp_path / "out"
+    run(suite, out)  # an unsupported cell: recorded without starting a process
+    (line,) = (out / "results.jsonl").read_text().splitlines()
+    record = json.loads(line)
+    assert set(record) >= {
+        "schema",
+        "suite",
+        "run_id",
+        "cell_id",
+        "cell_name",
+        "suite_baseline",
+        "config",
+        "status",
+        "reason",
+        "metrics",
+        "smoke",
+        "env",
+        "started_at",
+        "duration_s",
+    }
+    assert record["status"] == "unsupported" and record["metrics"] is None
