@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (lines per cell still print)"
     )
+    from ditbench.bench.torchrun import add_rendezvous_arguments
+
+    add_rendezvous_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,6 +74,13 @@ def run(args: argparse.Namespace) -> int:
                 plan = "run"
             print(f"{cell.cell_id:<13} {cell.config['smoke_steps']:>5}  {plan:<12} {cell.cell_name}")
         return 0
+    rendezvous = None
+    if args.nnodes > 1 or args.rdzv_endpoint:
+        import dataclasses
+
+        from ditbench.bench.torchrun import rendezvous_from_args
+
+        rendezvous = dataclasses.asdict(rendezvous_from_args(args))
     options = RunOptions(
         out=Path(out),
         force=args.force,
@@ -78,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout_s,
         oom_skip=not args.no_oom_skip,
         progress=not args.no_progress,
+        rendezvous=rendezvous,
     )
     records = run_suite(suite, options)
     print()

@@ -148,6 +148,8 @@ def measured_window(trainer, step, ctx, steps: dict[str, Any]) -> dict[str, Any]
 
 
 def rank_metrics(config: dict[str, Any], ctx, trainer, window: dict[str, Any], gpu_name: str | None) -> dict:
+    import torch
+
     from ditbench.bench.measure import mfu, model_flops_per_image, step_stats
     from ditbench.bench.worker import memory_metrics
 
@@ -173,6 +175,7 @@ def rank_metrics(config: dict[str, Any], ctx, trainer, window: dict[str, Any], g
         "world_size": ctx.world_size,
         "strategy": config.get("strategy", "ddp"),
         "backend": ctx.backend,
+        "threads_per_rank": torch.get_num_threads(),
     }
     metrics.update(memory_metrics(ctx.device.type, config.get("gpu_memory_gb")))
     if window.get("earlier_peaks"):

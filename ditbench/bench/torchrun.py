@@ -115,6 +115,16 @@ class LaunchResult:
     leftover: list[int] = field(default_factory=list)  # pids still alive after cleanup (should be none)
 
 
+def _die_with_parent() -> None:
+    """Linux: torchrun gets SIGTERM if this launcher dies, and then stops its workers."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
 def _collect_descendants(proc: psutil.Process, seen: dict[int, psutil.Process]) -> None:
     try:
         for child in proc.children(recursive=True):
@@ -213,7 +223,14 @@ def launch(
         # torchrun stays in our process group, so whoever kills our group (the runner on its own
         # timeout) kills torchrun too; torchrun puts each worker in a session of its own, and the
         # workers exit when their parent goes (see rank_worker._watch_parent).
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=cwd,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
         timed_out = False
         try:
             root_ps = psutil.Process(proc.pid)
@@ -458,6 +475,11 @@ def run_cell(
         rdzv_id=f"ditbench-{spec.get('cell_id', 'cell')}",
         join_timeout_s=timeout_s,
     )
+    env = dict(os.environ if env is None else env)
+    if config.get("device") == "cpu" and "OMP_NUM_THREADS" not in env:
+        # N CPU ranks share the machine a one-process cell has alone: give each its share of the
+        # cores (torchrun's default is 1 thread per rank), so scaling efficiency compares like with like.
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
     launched = launch(cmd, report_dir, timeout_s=timeout_s, env=env)
     status, reason = judge(launched, world, timeout_s, rdzv.node_rank)
     result.update(status=status, reason=reason)
@@ -525,6 +547,10 @@ def main(argv: list[str] | None = None) -> int:
             "env": None,
         }
     write_json_atomic(args.result, result)
+    log = Path(args.result).with_name(Path(args.result).stem + ".ranks") / "torchrun.log"
+    if log.exists():  # into the runner's log of this cell: every rank's output, in one place
+        sys.stdout.write(_tail(log, 200_000))
+        sys.stdout.flush()
     return 0
 
 
