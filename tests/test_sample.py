@@ -212,3 +212,12 @@ def test_cli_reports_bad_checkpoint_in_one_paragraph(tmp_path):
     )
     assert res.returncode == 2
     assert res.stderr.startswith("ditbench: error:") and "Traceback" not in res.stderr
+
+
+def test_the_npz_is_read_by_ditbench_fid_unchanged(checkpoint, tmp_path):
+    npz_io = pytest.importorskip("ditbench.metrics.npz_io")  # the metrics package's ADM reader
+    S.sample(_args(checkpoint, tmp_path / "s.npz"))
+    source = npz_io.open_images(tmp_path / "s.npz")
+    assert (source.count, source.height, source.width) == (6, 32, 32)
+    got = np.concatenate(list(source.batches(4)))
+    assert np.array_equal(got, _arrays(tmp_path / "s.npz")[0])
