@@ -44,7 +44,6 @@ PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.description = (
         "Sample class-conditional images from a DiT checkpoint into an ADM-format .npz (arr_0 uint8 NHWC "
         "images, arr_1 labels). Run it under torchrun to sample on several GPUs; rerun the same command "
@@ -56,7 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(e.g. DiT-XL-2-256x256.pt; EMA weights are used when present), or 'random' for "
         "random initial weights (speed measurement only)",
     )
-    parser.add_argument("--out", default="samples.npz", help="the .npz to write")
+    parser.add_argument("--out", default="samples.npz", help="the .npz to write (default: %(default)s)")
     parser.add_argument(
         "--vae",
         required=True,
@@ -76,13 +75,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="image side in pixels (default: from the checkpoint when it records it, else 256)",
     )
     parser.add_argument(
-        "--num-classes", type=int, default=None, help="default: from the checkpoint, else 1000"
+        "--num-classes", type=int, default=None, help="(default: from the checkpoint, else 1000)"
     )
-    parser.add_argument("--num-samples", type=int, default=50_000)
-    parser.add_argument("--steps", type=int, default=250, help="sampling steps (respaced from 1000)")
-    parser.add_argument("--sampler", choices=("ddpm", "ddim"), default="ddpm")
     parser.add_argument(
-        "--cfg-scale", type=float, default=1.5, help="classifier-free guidance scale; 1 = off"
+        "--num-samples", type=int, default=50_000, help="(default: %(default)s, the FID protocol)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=250, help="sampling steps, respaced from 1000 (default: %(default)s)"
+    )
+    parser.add_argument("--sampler", choices=("ddpm", "ddim"), default="ddpm", help="(default: %(default)s)")
+    parser.add_argument(
+        "--cfg-scale",
+        type=float,
+        default=1.5,
+        help="classifier-free guidance scale; 1 = off (default: %(default)s)",
     )
     parser.add_argument(
         "--guidance-channels",
@@ -95,15 +101,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=int,
         default=32,
-        help="samples per shard and per forward pass on each rank (the doubled CFG batch is twice this)",
+        help="samples per shard and per forward pass on each rank (the doubled CFG batch is twice "
+        "this; default: %(default)s)",
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
     parser.add_argument(
         "--precision",
         choices=PRECISIONS,
         default="fp32",
-        help="fp32 is the reference; tf32/bf16/fp16 are faster and change the images slightly",
+        help="fp32 (default) is the reference; tf32/bf16/fp16 are faster and change the images slightly",
     )
     parser.add_argument("--keep-shards", action="store_true", help="keep the shard folder after merging")
     parser.add_argument(
