@@ -119,7 +119,9 @@ def _rank(ips, sps, mem, samples):
 def test_aggregate_sums_throughput_takes_slowest_step_and_largest_memory():
     a = _rank(100.0, 10.0, 5.0, [10.0, 30.0, 10.0])
     b = _rank(80.0, 8.0, 7.0, [20.0, 10.0, 10.0])
+    a["fits_budget"], b["fits_budget"] = True, False
     m = tr.aggregate([a, b], batch_size=10)
+    assert m["fits_budget"] is False
     assert m["images_per_s"] == 180.0
     assert m["images_per_s_per_gpu"] == 90.0
     assert m["steps_per_s"] == 8.0

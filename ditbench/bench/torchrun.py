@@ -342,6 +342,9 @@ def aggregate(per_rank: list[dict], *, batch_size: int) -> dict:
         if all(isinstance(v, (int, float)) for v in vals):
             out[key] = float(max(vals))
             out[key + "_sum"] = float(sum(vals))
+    fits = [m.get("fits_budget") for m in per_rank]
+    if "fits_budget" in out:  # the job fits only if every rank fits
+        out["fits_budget"] = False if False in fits else (None if None in fits else True)
     if isinstance(out.get("images_per_s"), float):
         out["images_per_s_per_gpu"] = out["images_per_s"] / world
     # Step time: a synchronised step ends when its slowest rank ends, so take the per-step max.
