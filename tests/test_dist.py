@@ -371,3 +371,45 @@ def test_run_refuses_several_nodes_without_an_endpoint(tmp_path, capsys):
     path.write_text(SUITE)
     assert main(["run", str(path), "--out", str(tmp_path / "o"), "--nnodes", "2"]) == 2
     assert "--rdzv-endpoint HOST:PORT" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_nodes_on_one_machine_rendezvous_and_node_0_records_the_cell(tmp_path):
+    """Two `ditbench run` processes as two nodes (c10d rendezvous on localhost), 1 rank each."""
+    import socket
+    import subprocess
+
+    path = tmp_path / "t_nodes.yaml"
+    path.write_text(SUITE.replace("gpus: [1, 2]", "nodes: [2]").split("include:")[0])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    def node(rank):
+        cmd = [
+            sys.executable,
+            "-m",
+            "ditbench",
+            "run",
+            str(path),
+            "--out",
+            str(tmp_path / f"n{rank}"),
+            "--no-progress",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(rank),
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+        ]
+        return subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    procs = [node(0), node(1)]
+    outs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    (rec0,) = (json.loads((tmp_path / "n0" / "results.jsonl").read_text().splitlines()[0]),)
+    (rec1,) = (json.loads((tmp_path / "n1" / "results.jsonl").read_text().splitlines()[0]),)
+    assert rec0["status"] == "ok", rec0.get("reason")
+    assert rec0["metrics"]["world_size"] == 2 and rec0["metrics"]["nodes"] == 2
+    assert rec0["config"]["global_batch"] == rec0["metrics"]["global_batch"] == 4
+    assert rec1["status"] == "skipped" and "node 0 records" in rec1["reason"]

@@ -59,13 +59,20 @@ def run(args: argparse.Namespace) -> int:
             f"--cells {' '.join(args.cells)} matches none of the {len(suite.cells)} cells of suite "
             f"{suite.path}; run with --dry-run to list their names"
         )
+    rendezvous = None
+    if args.nnodes > 1 or args.rdzv_endpoint:
+        import dataclasses
+
+        from ditbench.bench.torchrun import rendezvous_from_args
+
+        rendezvous = dataclasses.asdict(rendezvous_from_args(args))
     if args.dry_run:
         previous = latest_by_cell(read_records(Path(out) / RESULTS_FILE))
         visible = Visible.detect()
         print(f"suite {suite.name} ({suite.path}): {len(cells)} cells -> {out}")
         print(f"{'cell_id':<13} {'smoke':>5}  {'plan':<12} cell")
         for cell in cells:
-            verdict = precheck(cell, visible)
+            verdict = precheck(cell, visible, rendezvous)
             if verdict:
                 plan = verdict[0]
             elif not args.force and previous.get(cell.cell_id, {}).get("status") == "ok":
@@ -74,13 +81,6 @@ def run(args: argparse.Namespace) -> int:
                 plan = "run"
             print(f"{cell.cell_id:<13} {cell.config['smoke_steps']:>5}  {plan:<12} {cell.cell_name}")
         return 0
-    rendezvous = None
-    if args.nnodes > 1 or args.rdzv_endpoint:
-        import dataclasses
-
-        from ditbench.bench.torchrun import rendezvous_from_args
-
-        rendezvous = dataclasses.asdict(rendezvous_from_args(args))
     options = RunOptions(
         out=Path(out),
         force=args.force,

@@ -10,7 +10,7 @@ collective would wait forever: the window is `measure` steps, and if that was sh
 `min_seconds` every rank adds the largest number of extra steps any rank needs.
 
 Each rank writes `REPORT_DIR/rank<R>.json` (its metrics, or its error with the time it failed);
-rank 0 also gathers every rank's metrics into `REPORT_DIR/ranks.json`. The parent
+every node's local rank 0 also writes every rank's metrics (gathered) into `REPORT_DIR/ranks.json`. The parent
 (`ditbench.bench.torchrun`) turns those into the cell's record.
 
 Fault injection: the runner's DITBENCH_INJECT_FAULT applies; with DITBENCH_INJECT_FAULT_RANK=R
@@ -208,7 +208,7 @@ def run_rank(spec: dict[str, Any], report_dir: Path) -> int:
         device = config.get("device", "auto")
         ctx = dist.init(device)
         report["world_size"] = ctx.world_size
-        env = collect_env() if ctx.is_main else None
+        env = collect_env() if ctx.local_rank == 0 else None
         fault_rank = os.environ.get(FAULT_RANK_ENV)
         fault = parse_faults(os.environ.get(FAULT_ENV), cell_name)
         if fault_rank not in (None, "") and int(fault_rank) != ctx.rank:
@@ -231,7 +231,9 @@ def run_rank(spec: dict[str, Any], report_dir: Path) -> int:
         report.update(status="ok", metrics=metrics)
         _write_json(report_dir / f"rank{ctx.rank}.json", report)
         gathered = dist.all_gather_objects(ctx, metrics)
-        if ctx.is_main:
+        # Every node's local rank 0 writes the gathered metrics: c10d rendezvous gives global rank 0
+        # to whichever node arrives first, and the node that records the cell is --node-rank 0.
+        if ctx.local_rank == 0:
             _write_json(
                 report_dir / "ranks.json",
                 {

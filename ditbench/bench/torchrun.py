@@ -5,8 +5,8 @@ A cell with gpus > 1 (or, on CPU, `gpus: N` meaning N gloo processes) runs as
     python -m torch.distributed.run --nproc-per-node N --nnodes M ... -m ditbench.bench.rank_worker ...
 
 Each rank writes a small JSON report (`rank<R>.json`) into the cell's report folder: its
-metrics, or its error. Global rank 0 also gathers every rank's metrics into `ranks.json`, so
-a multi-node job is aggregated where rank 0 ran. This module turns those files, torchrun's
+metrics, or its error. Each node's local rank 0 also writes every rank's gathered metrics into
+`ranks.json`, and node 0 (--node-rank 0) records the cell. This module turns those files, torchrun's
 exit status and the output tail into one status, reason and aggregated metrics:
 
 - throughput is summed over ranks, steps/s is the slowest rank's, step time the slowest
@@ -111,7 +111,7 @@ class LaunchResult:
     duration_s: float
     output_tail: str
     reports: dict[int, dict] = field(default_factory=dict)  # rank -> its rank<R>.json
-    gathered: dict | None = None  # ranks.json from global rank 0: every rank's metrics
+    gathered: dict | None = None  # ranks.json: every rank's metrics, gathered
     leftover: list[int] = field(default_factory=list)  # pids still alive after cleanup (should be none)
 
 
@@ -301,10 +301,10 @@ def judge(
             f"(a rank was killed or crashed hard). Last output:\n{tail}"
         )
     if node_rank == 0 and not result.gathered:
-        return "error", "torchrun finished but rank 0 wrote no ranks.json report"
+        return "error", "torchrun finished but no rank wrote the gathered ranks.json report"
     gathered = len((result.gathered or {}).get("metrics") or [])
     if node_rank == 0 and gathered != world_size:
-        return "error", f"expected reports from {world_size} ranks, rank 0 gathered {gathered}"
+        return "error", f"expected reports from {world_size} ranks, {gathered} were gathered"
     return "ok", None
 
 
