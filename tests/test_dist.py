@@ -407,8 +407,9 @@ def test_two_nodes_on_one_machine_rendezvous_and_node_0_records_the_cell(tmp_pat
     procs = [node(0), node(1)]
     outs = [p.communicate(timeout=240)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    (rec0,) = (json.loads((tmp_path / "n0" / "results.jsonl").read_text().splitlines()[0]),)
-    (rec1,) = (json.loads((tmp_path / "n1" / "results.jsonl").read_text().splitlines()[0]),)
+    rec0, rec1 = (
+        json.loads((tmp_path / f"n{r}" / "results.jsonl").read_text().splitlines()[0]) for r in (0, 1)
+    )
     assert rec0["status"] == "ok", rec0.get("reason")
     assert rec0["metrics"]["world_size"] == 2 and rec0["metrics"]["nodes"] == 2
     assert rec0["config"]["global_batch"] == rec0["metrics"]["global_batch"] == 4
