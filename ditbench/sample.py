@@ -324,6 +324,12 @@ def _check_args(args) -> None:
         raise UserError(f"--cfg-scale {args.cfg_scale} must be >= 1 (1 turns guidance off).")
     if args.checkpoint != "random" and not Path(args.checkpoint).is_file():
         raise UserError(f"checkpoint {args.checkpoint!r} is not a file; give a .pt checkpoint or 'random'.")
+    if args.vae != "random" and not Path(args.vae).exists():
+        raise UserError(
+            f"--vae {args.vae!r} does not exist. Give a local folder with the sd-vae-ft-ema (or -mse) "
+            "AutoencoderKL weights (config.json + diffusion_pytorch_model.safetensors) or a state-dict "
+            "file, or 'random' to time sampling with random VAE weights (the images are then meaningless)."
+        )
     if not str(args.out).endswith(".npz"):
         raise UserError(f"--out {args.out!r} must end in .npz (the ADM batch format).")
 

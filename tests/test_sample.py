@@ -125,6 +125,8 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(checkpoint, tmp_pat
 def test_bad_input_is_a_user_error(checkpoint, tmp_path):
     with pytest.raises(UserError, match="not a file"):
         S.sample(_args(tmp_path / "missing.pt", tmp_path / "x.npz"))
+    with pytest.raises(UserError, match="--vae .* does not exist"):
+        S.sample(_args(checkpoint, tmp_path / "x.npz", "--vae", str(tmp_path / "no-vae")))
     with pytest.raises(UserError, match="must end in .npz"):
         S.sample(_args(checkpoint, tmp_path / "x.png"))
     with pytest.raises(UserError, match="DiT-T/2 at 32 px"):
