@@ -140,6 +140,7 @@ class GaussianDiffusion:
         self.posterior_mean_coef1 = betas * np.sqrt(ac_prev) / (1.0 - ac)
         self.posterior_mean_coef2 = (1.0 - ac_prev) * np.sqrt(alphas) / (1.0 - ac)
         self.log_betas = np.log(betas)
+        self._identity_map = self.timestep_map == list(range(self.num_timesteps))
         self._device_cache: dict[tuple[str, torch.device], torch.Tensor] = {}
 
     # ---- construction -------------------------------------------------------------------
@@ -175,7 +176,7 @@ class GaussianDiffusion:
         return out.reshape(out.shape + (1,) * (like.ndim - 1))
 
     def _model_t(self, t: torch.Tensor) -> torch.Tensor:
-        if self.timestep_map == list(range(self.num_timesteps)):
+        if self._identity_map:
             return t
         key = ("timestep_map", t.device)
         table = self._device_cache.get(key)

@@ -156,3 +156,45 @@ def test_parse_faults():
 
 def test_measured_matmul_peak_runs_on_cpu():
     assert measure.measure_matmul_tflops("cpu", "fp32", n=128, seconds=0.05) > 0
+
+
+def test_env_has_the_record_keys_and_the_command_names_the_peak(capsys):
+    from ditbench.bench.envinfo import collect_env
+    from ditbench.cli import main
+
+    env = collect_env()
+    expected = {
+        "host",
+        "platform",
+        "cpu",
+        "gpu_name",
+        "gpu_count",
+        "driver",
+        "cuda",
+        "torch",
+        "python",
+        "ditbench",
+        "git_sha",
+    }
+    assert set(env) >= expected
+    assert env["torch"] == torch.__version__
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "torch" in out and "mfu peak" in out
+    if not torch.cuda.is_available():
+        assert "mfu null" in out
+
+
+@pytest.mark.parametrize("model,image_size", [("DiT-XL/2", 256), ("DiT-S/8", 256), ("DiT-B/4", 512)])
+def test_counted_flops_vs_the_papers_6x_forward_convention(model, image_size):
+    # ditbench.models.flops counts 6 x forward MACs (the paper's convention). The counter sees that the
+    # patch embedding and the first timestep linear need no input gradient: exactly their forward FLOPs less.
+    from ditbench.models.flops import train_flops_per_image
+
+    cfg = get_config(model)
+    tokens = (image_size // 8 // cfg.patch_size) ** 2
+    skipped_macs = tokens * cfg.hidden_size * 4 * cfg.patch_size**2 + 256 * cfg.hidden_size
+    assert (
+        count_train_flops_per_image(model, image_size)
+        == train_flops_per_image(model, image_size) - 2 * skipped_macs
+    )

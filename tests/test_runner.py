@@ -208,3 +208,64 @@ def test_results_lines_are_complete_json(tmp_path):
         "duration_s",
     }
     assert record["status"] == "unsupported" and record["metrics"] is None
+
+
+@pytest.mark.gpu
+def test_cuda_cells_record_allocator_peaks_and_a_real_oom_under_the_cap(tmp_path):
+    text = """
+    name: gpu_cap
+    device: cuda
+    gpu_memory_gb: 2
+    defaults:
+      image_size: 256
+      steps: {warmup: 2, measure: 5, min_seconds: 0.5}
+      smoke: {steps: 20, cells: [{model: DiT-S/8, precision: fp16}]}
+    matrix:
+      model: [DiT-S/8, DiT-XL/2]
+      precision: [fp16]
+      batch_size: [8, 16]
+    """
+    path = tmp_path / "gpu.yaml"
+    path.write_text(textwrap.dedent(text))
+    by_name, _ = run(load_suite(path), tmp_path / "out")
+    small = by_name["DiT-S/8 fp16 ckpt=none bs=8"]
+    assert small["status"] == "ok", small["reason"]
+    m = small["metrics"]
+    assert m["timing"] == "cuda_events" and m["peak_mem_allocated_gib"] > 0
+    assert m["peak_mem_reserved_gib"] >= m["peak_mem_allocated_gib"] and m["fits_budget"] is not None
+    assert small["smoke"]["steps"] == 20 and small["smoke"]["scaler_skips"] >= 0
+    # DiT-XL/2's weights, gradients and AdamW state alone are ~10 GiB: a real OOM under a 2 GiB cap
+    big = by_name["DiT-XL/2 fp16 ckpt=none bs=8"]
+    assert big["status"] == "oom" and big["metrics"]["fits_budget"] is False
+    assert by_name["DiT-XL/2 fp16 ckpt=none bs=16"]["status"] == "skipped"
+
+
+def test_precheck_and_run_order():
+    from ditbench.bench.runner import Visible, precheck, run_order
+    from ditbench.bench.suite import parse_suite
+
+    def cells(device, matrix):
+        suite = parse_suite(
+            {"name": "p", "device": device, "defaults": {"model": "DiT-T/8"}, "matrix": matrix}
+        )
+        return {c.cell_name: c for c in suite.cells}
+
+    cpu = Visible(cuda=False, gpu_count=0)
+    one_gpu = Visible(cuda=True, gpu_count=1)
+    c = cells("cpu", {"precision": ["fp32", "bf16", "fp16", "tf32"]})
+    assert precheck(c["DiT-T/8 fp32 ckpt=none bs=32"], cpu) is None
+    assert precheck(c["DiT-T/8 bf16 ckpt=none bs=32"], cpu) is None
+    assert precheck(c["DiT-T/8 fp16 ckpt=none bs=32"], cpu)[0] == "unsupported"
+    assert "tf32" in precheck(c["DiT-T/8 tf32 ckpt=none bs=32"], cpu)[1]
+    g = cells("cuda", {"gpus": [1, 4], "batch_size": [64, 8]})
+    assert "no CUDA device" in precheck(g["DiT-T/8 fp32 ckpt=none bs=8"], cpu)[1]
+    assert precheck(g["DiT-T/8 fp32 ckpt=none bs=8"], one_gpu) is None
+    assert "gpus=4 but 1 CUDA device" in precheck(g["DiT-T/8 fp32 ckpt=none bs=8 gpus=4"], one_gpu)[1]
+    # within a series (same cell but the batch), smaller batches run first so an OOM can skip the rest
+    order = [x.cell_name for x in run_order(list(g.values()))]
+    assert order == [
+        "DiT-T/8 fp32 ckpt=none bs=8",
+        "DiT-T/8 fp32 ckpt=none bs=64",
+        "DiT-T/8 fp32 ckpt=none bs=8 gpus=4",
+        "DiT-T/8 fp32 ckpt=none bs=64 gpus=4",
+    ]

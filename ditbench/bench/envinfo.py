@@ -11,7 +11,6 @@ import os
 import platform
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -63,21 +62,47 @@ def nvidia_driver() -> str | None:
         return None
 
 
-def collect_env() -> dict[str, Any]:
+def _nvml_gpu() -> tuple[str | None, float | None]:
+    """Name and memory of the first visible GPU through NVML, without touching CUDA."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+        handle = (
+            pynvml.nvmlDeviceGetHandleByIndex(int(visible))
+            if visible.isdigit()
+            else pynvml.nvmlDeviceGetHandleByUUID(visible)
+        )
+        name = pynvml.nvmlDeviceGetName(handle)
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30
+        return (name.decode() if isinstance(name, bytes) else name), round(memory, 2)
+    except Exception:  # noqa: BLE001 - NVML is optional
+        return None, None
+
+
+def collect_env(probe_cuda: bool = True) -> dict[str, Any]:
+    """The record's `env`. probe_cuda=False (the runner's parent process) never creates a CUDA
+    context, which would hold device memory for the whole suite; it asks NVML for the GPU instead."""
     import torch
 
     cuda = torch.cuda.is_available()
+    if cuda and probe_cuda:
+        props = torch.cuda.get_device_properties(0)
+        gpu_name, gpu_mem = props.name, round(props.total_memory / 2**30, 2)
+    elif cuda:
+        gpu_name, gpu_mem = _nvml_gpu()
+    else:
+        gpu_name, gpu_mem = None, None
     env: dict[str, Any] = {
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "gpu_name": torch.cuda.get_device_name(0) if cuda else None,
+        "gpu_name": gpu_name,
         "gpu_count": torch.cuda.device_count() if cuda else 0,
-        "gpu_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 2)
-        if cuda
-        else None,
+        "gpu_memory_gib": gpu_mem,
         "driver": nvidia_driver() if cuda else None,
         "cuda": torch.version.cuda,
         "torch": torch.__version__,
@@ -142,7 +167,3 @@ def run(args) -> int:
             + ", ".join(f"{p} {v} TFLOP/s" for p, v in out["measured_matmul_tflops"].items())
         )
     return 0
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(run(type("A", (), {"precision": "bf16", "measure_peak": False, "json": False})()))

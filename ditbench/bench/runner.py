@@ -267,13 +267,13 @@ def run_suite(
     }
     todo = [c for c in run_order(cells) if c.cell_id not in done]
     visible = Visible.detect()
-    env = collect_env()
+    env = collect_env(probe_cuda=False)  # no CUDA context in the parent: it would hold device memory
     run_id = new_run_id()
     latest = {cid: previous[cid] for cid in done}
     bar = tqdm(
         total=len(todo), unit="cell", disable=not options.progress, dynamic_ncols=True, file=sys.stderr
     )
-    say = echo or (lambda line: tqdm.write(line, file=sys.stdout))
+    say = echo or _print_line
     if done:
         say(f"resuming {out}: {len(done)} of {len(cells)} cells already ok, {len(todo)} to run")
     previous_term = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
@@ -287,6 +287,13 @@ def run_suite(
     records = [latest[c.cell_id] for c in cells if c.cell_id in latest]
     write_summary(out / SUMMARY_FILE, suite, records)
     return records
+
+
+def _print_line(line: str) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(line, file=sys.stdout)  # above the bar, which lives on stderr
+    sys.stdout.flush()  # a line per cell shows at once in a piped log, not at exit
 
 
 def _main_thread() -> bool:

@@ -368,6 +368,8 @@ def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
     if not configs:
         raise v.fail("exclude", "every cell of the matrix is excluded; nothing would run.")
 
+    # `auto` is resolved here, so a cell's id says where it ran: a CPU result never stands in for a GPU one
+    resolved_device = device if device != "auto" else ("cuda" if _cuda_available() else "cpu")
     varying = [k for k in KNOB_DEFAULTS if len({json.dumps(c[k], sort_keys=True) for _, c in configs}) > 1]
     cells: list[Cell] = []
     seen: dict[str, str] = {}
@@ -400,7 +402,7 @@ def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
             "global_batch": knob_values["batch_size"] * knob_values["gpus"] * knob_values["nodes"],
             "steps": dict(steps),
             "smoke_steps": smoke,
-            "device": device,
+            "device": resolved_device,
             "gpu_memory_gb": gpu_memory_gb,
         }
         cid = cell_id(config)
@@ -420,6 +422,12 @@ def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
         baseline=baseline,
         raw=raw,
     )
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def cell_id(config: dict[str, Any]) -> str:

@@ -213,6 +213,14 @@ def image_folder(root, image_size: int, flip: bool = True):
         ) from err
 
 
+def _require_vae_spec(spec) -> None:
+    if spec is None or str(spec).strip() == "":
+        raise UserError(
+            "an image-folder data source needs a VAE: give `vae: PATH` (a diffusers sd-vae-ft-ema folder "
+            "or a state-dict file) or `vae: random` to measure speed with random weights"
+        )
+
+
 def build_vae(spec: str | os.PathLike, device="cpu"):
     """AutoencoderKL (sd-vae-ft-ema config) from a local path, or random weights for spec "random".
 
@@ -221,16 +229,12 @@ def build_vae(spec: str | os.PathLike, device="cpu"):
     """
     from diffusers import AutoencoderKL
 
-    if spec is None or str(spec).strip() == "":
-        raise UserError(
-            "an image-folder data source needs a VAE: give `vae: PATH` (a diffusers sd-vae-ft-ema folder "
-            "or a "
-            "state-dict file) or `vae: random` to measure speed with random weights"
-        )
+    _require_vae_spec(spec)
     text = str(spec)
     if text == "random":
-        torch.manual_seed(0)
-        vae = AutoencoderKL(**SD_VAE_CONFIG)
+        with torch.random.fork_rng(devices=[]):  # fixed weights without disturbing the caller's RNG
+            torch.manual_seed(0)
+            vae = AutoencoderKL(**SD_VAE_CONFIG)
         desc = "random (sd-vae-ft-ema architecture, untrained weights: latents carry no image content)"
     else:
         p = Path(text)
@@ -304,6 +308,7 @@ class ImageFolderVAE(DataSource):
         seed: int = 0,
         num_workers: int = 0,
     ):
+        _require_vae_spec(vae_spec)
         self.root = str(root)
         self.batch_size = batch_size
         self.device = torch.device(device)
@@ -341,7 +346,7 @@ class ImageFolderVAE(DataSource):
                 self._it = None
 
     def next_batch(self):
-        # Torchvision's random flip draws from the global generator; seed it per run for repeatability.
+        # The random flip draws from torch's global RNG, which the Trainer seeds: runs repeat.
         images, labels = self._next_images()
         images = images.to(self.device, non_blocking=True)
         x = encode_images(self.vae, images)

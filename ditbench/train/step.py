@@ -99,14 +99,16 @@ class Trainer:
         self.policy.apply_backend_flags()
 
         torch.manual_seed(cfg.seed)  # model init, timesteps, noise and label dropout follow this seed
-        self.base_model = build_model(
-            cfg.model,
-            image_size=cfg.image_size,
-            num_classes=cfg.num_classes,
-            grad_ckpt=cfg.grad_ckpt,
-            impl=cfg.impl,
-            class_dropout_prob=cfg.class_dropout_prob,
-        )
+        # Built directly on the device: initialising a 675M-parameter model on the CPU takes seconds.
+        with torch.device(self.device):
+            self.base_model = build_model(
+                cfg.model,
+                image_size=cfg.image_size,
+                num_classes=cfg.num_classes,
+                grad_ckpt=cfg.grad_ckpt,
+                impl=cfg.impl,
+                class_dropout_prob=cfg.class_dropout_prob,
+            )
         self.num_params = count_params(self.base_model)
         self.base_model.to(self.device).train()
         self.ema = EMA(self.base_model, cfg.ema_decay)
@@ -152,13 +154,14 @@ class Trainer:
             loss = self.diffusion.training_losses(self.model, x, t, {"y": y})["loss"].mean()
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is not None:
-            before = self.scaler._scale.clone() if self.scaler._scale is not None else None
-            self.scaler.scale(loss).backward()
+            scaled = self.scaler.scale(loss)  # creates the scale tensor on the first call
+            before = self.scaler._scale.clone()
+            scaled.backward()
             self.scaler.step(self.optimizer)
             self.scaler.update()
-            if before is not None:
-                # The scaler halves its scale exactly when it skipped the step (inf/nan gradients).
-                self._skips += (self.scaler._scale < before).long()
+            # The scaler lowers its scale exactly when it skipped the step (inf/nan gradients);
+            # counted on the device so the step never waits for the GPU.
+            self._skips += (self.scaler._scale < before).long()
         else:
             loss.backward()
             self.optimizer.step()

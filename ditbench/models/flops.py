@@ -1,0 +1,38 @@
+"""Analytic model FLOPs of a DiT, the way the paper counts them.
+
+The paper's "Gflops" are multiply-accumulates of one forward pass (DiT-XL/2 at 256 px: 118.6
+GMACs). A training step costs forward + backward = 3 forward passes, and one MAC is 2 FLOPs, so
+model FLOPs per training image = 6 x forward MACs (about 712 GFLOP for DiT-XL/2). Recomputation
+from gradient checkpointing is deliberately not included: it is work the hardware does, not
+work the model needs, so checkpointing rightly lowers MFU.
+"""
+
+from __future__ import annotations
+
+from ditbench.models.dit import LATENT_CHANNELS, get_config, latent_size
+
+
+def forward_macs(name: str, image_size: int = 256, learn_sigma: bool = True) -> int:
+    """Multiply-accumulates of one forward pass for one image (matmuls and convolutions only)."""
+    cfg = get_config(name)
+    side = latent_size(image_size, cfg.patch_size) // cfg.patch_size
+    t, d, p = side * side, cfg.hidden_size, cfg.patch_size
+    out_ch = LATENT_CHANNELS * (2 if learn_sigma else 1)
+    per_block = (
+        t * 12 * d * d  # qkv (3 D^2), attention output projection (D^2), MLP (8 D^2) per token
+        + 2 * t * t * d  # Q K^T and attention-weighted V
+        + 6 * d * d  # adaLN modulation, once per image
+    )
+    return (
+        cfg.depth * per_block
+        + t * d * p * p * LATENT_CHANNELS  # patch embedding
+        + t * d * p * p * out_ch  # final linear
+        + 2 * d * d  # final adaLN
+        + 256 * d
+        + d * d  # timestep MLP
+    )
+
+
+def train_flops_per_image(name: str, image_size: int = 256) -> int:
+    """Model FLOPs of one training image: 2 FLOPs per MAC x 3 (forward + backward)."""
+    return 6 * forward_macs(name, image_size)

@@ -1,0 +1,195 @@
+"""`ditbench extract-latents`: encode an image folder through the VAE once, to a latent file.
+
+Training from pre-extracted latents skips the VAE encoder, which costs about 38% of a DiT-XL/2
+training step's FLOPs per image. The work is resumable: every shard of `--shard-size` images is
+written to `<out>.parts/` with a progress marker, a rerun continues after the last finished
+shard, and the final .npz (arrays `latents` (N, 4, s, s) float32, `labels` (N,) int64,
+`class_names`, `image_size`, `vae`) appears atomically only when every shard is done.
+
+Images are taken in ImageFolder order with the ADM centre crop and no flip; each shard's
+posterior sample uses its own seed, so an interrupted and resumed run writes the same file as an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ditbench.errors import UserError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("image_dir", help="ImageFolder tree: one subfolder per class")
+    parser.add_argument(
+        "--vae", required=True, help="a local VAE (diffusers folder or state-dict file), or random"
+    )
+    parser.add_argument(
+        "--out", required=True, help="output .npz (a .parts/ folder next to it holds progress)"
+    )
+    parser.add_argument(
+        "--image-size", type=int, default=256, help="centre-crop size in pixels (default 256)"
+    )
+    parser.add_argument("--batch-size", type=int, default=32, help="images per VAE forward (default 32)")
+    parser.add_argument(
+        "--shard-size", type=int, default=1024, help="images per resumable shard (default 1024)"
+    )
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default cuda if visible)")
+    parser.add_argument("--workers", type=int, default=0, help="image decoding worker processes (default 0)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-progress", action="store_true")
+
+
+def _atomic_write_json(path: Path, obj: dict) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(obj, f, indent=1)
+    os.replace(tmp, path)
+
+
+def _atomic_savez(path: Path, **arrays) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp.npz")
+    os.close(fd)
+    try:
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def extract_latents(
+    image_dir,
+    vae: str,
+    out,
+    image_size: int = 256,
+    batch_size: int = 32,
+    shard_size: int = 1024,
+    device: str = "cpu",
+    workers: int = 0,
+    seed: int = 0,
+    progress: bool = True,
+    stop_after_shards: int | None = None,
+) -> dict:
+    """Encode `image_dir` to `out` (.npz); returns {"path", "count", "shards_encoded", "done"}.
+
+    stop_after_shards stops early (as an interruption would) after encoding that many shards.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from ditbench.models.dit import latent_size
+    from ditbench.train.data import build_vae, encode_images, image_folder
+
+    latent_size(image_size)
+    if batch_size < 1 or shard_size < 1:
+        raise UserError("--batch-size and --shard-size must be at least 1")
+    out = Path(out)
+    if out.suffix != ".npz":
+        raise UserError(f"--out {str(out)!r} must end in .npz")
+    dataset = image_folder(image_dir, image_size, flip=False)
+    if len(dataset) == 0:
+        raise UserError(f"image folder {str(image_dir)!r} holds no images")
+    files = [os.path.relpath(p, image_dir) for p, _ in dataset.samples]
+    job = {
+        "image_dir": str(Path(image_dir).resolve()),
+        "vae": str(vae),
+        "image_size": image_size,
+        "shard_size": shard_size,
+        "seed": seed,
+        "files_sha1": hashlib.sha1("\n".join(files).encode()).hexdigest(),
+        "count": len(files),
+    }
+    parts = out.with_name(out.name + ".parts")
+    marker = parts / "progress.json"
+    if marker.is_file():
+        state = json.loads(marker.read_text())
+        if state.get("job") != job:
+            raise UserError(
+                f"{str(parts)!r} holds progress of a different extraction (other images, VAE, size or shard "
+                "size); delete that folder to start over, or rerun with the original arguments"
+            )
+    else:
+        parts.mkdir(parents=True, exist_ok=True)
+        state = {"job": job, "done": []}
+        _atomic_write_json(marker, state)
+
+    dev = torch.device(device)
+    model, vae_desc = build_vae(vae, dev)
+    n_shards = (len(files) + shard_size - 1) // shard_size
+    done = set(state["done"])
+    encoded = 0
+    bar = tqdm(total=len(files), unit="img", desc="encoding", disable=not progress)
+    bar.update(sum(min(shard_size, len(files) - s * shard_size) for s in done))
+    for s in range(n_shards):
+        if s in done:
+            continue
+        if stop_after_shards is not None and encoded >= stop_after_shards:
+            bar.close()
+            return {"path": None, "count": len(files), "shards_encoded": encoded, "done": False}
+        lo, hi = s * shard_size, min(len(files), (s + 1) * shard_size)
+        subset = torch.utils.data.Subset(dataset, range(lo, hi))
+        loader = torch.utils.data.DataLoader(
+            subset, batch_size=batch_size, shuffle=False, num_workers=workers
+        )
+        gen = torch.Generator(device=dev).manual_seed(seed * 1_000_003 + s)
+        lat, lab = [], []
+        for images, labels in loader:
+            lat.append(encode_images(model, images.to(dev), generator=gen).float().cpu())
+            lab.append(labels)
+            bar.update(len(labels))
+        _atomic_savez(
+            parts / f"shard_{s:06d}.npz", latents=torch.cat(lat).numpy(), labels=torch.cat(lab).numpy()
+        )
+        done.add(s)
+        state["done"] = sorted(done)
+        _atomic_write_json(marker, state)
+        encoded += 1
+    bar.close()
+
+    lat_parts, lab_parts = [], []
+    for s in range(n_shards):
+        with np.load(parts / f"shard_{s:06d}.npz") as f:
+            lat_parts.append(f["latents"])
+            lab_parts.append(f["labels"])
+    latents = np.concatenate(lat_parts)
+    labels = np.concatenate(lab_parts).astype(np.int64)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_savez(
+        out,
+        latents=latents,
+        labels=labels,
+        class_names=np.array(dataset.classes),
+        image_size=np.array(image_size),
+        vae=np.array(vae_desc),
+    )
+    shutil.rmtree(parts)
+    return {"path": str(out), "count": len(files), "shards_encoded": encoded, "done": True, "vae": vae_desc}
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    result = extract_latents(
+        args.image_dir,
+        args.vae,
+        args.out,
+        image_size=args.image_size,
+        batch_size=args.batch_size,
+        shard_size=args.shard_size,
+        device=device,
+        workers=args.workers,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
+    print(f"wrote {result['count']} latents to {result['path']} (VAE {result['vae']})")
+    return 0
