@@ -275,6 +275,7 @@ def test_diffusers_impl_builds_runs_and_counts():
     x, t, y = inputs()
     out = model(x, t, y)
     assert out.shape == (4, 8, 8, 8)
+    assert torch.count_nonzero(out) == 0  # adaLN-Zero init applied to diffusers' modules too
     # Each of the 4 blocks owns a timestep MLP (256*D + D + D*D + D) and a label table (1001*D);
     # the position table is a buffer. Net difference from the ditbench DiT (D=64, 2x2 tokens):
     d, depth, tokens = 64, 4, 4

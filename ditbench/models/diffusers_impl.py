@@ -54,6 +54,36 @@ class DiffusersDiT(nn.Module):
         return torch.cat([torch.cat([guided, guided], dim=0), rest], dim=1)
 
 
+@torch.no_grad()
+def apply_dit_init(transformer: nn.Module) -> None:
+    """DiT's adaLN-Zero initialisation on diffusers' module names, so both implementations start
+    from an identity network with zero output (diffusers itself leaves PyTorch's default init).
+
+    Linear layers xavier-uniform with zero bias (q, k and v separately, where DiT initialises the
+    fused qkv matrix: a slightly different bound), the patch convolution like a linear layer,
+    label tables and timestep MLPs normal(0, 0.02), every block's modulation and the output
+    layers zero.
+    """
+    for module in transformer.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+    w = transformer.pos_embed.proj.weight
+    nn.init.xavier_uniform_(w.view(w.shape[0], -1))
+    nn.init.zeros_(transformer.pos_embed.proj.bias)
+    for block in transformer.transformer_blocks:
+        emb = block.norm1.emb
+        nn.init.normal_(emb.class_embedder.embedding_table.weight, std=0.02)
+        nn.init.normal_(emb.timestep_embedder.linear_1.weight, std=0.02)
+        nn.init.normal_(emb.timestep_embedder.linear_2.weight, std=0.02)
+        nn.init.zeros_(block.norm1.linear.weight)
+        nn.init.zeros_(block.norm1.linear.bias)
+    for layer in (transformer.proj_out_1, transformer.proj_out_2):
+        nn.init.zeros_(layer.weight)
+        nn.init.zeros_(layer.bias)
+
+
 def build_diffusers_dit(
     cfg: DiTConfig,
     latent_size: int,
@@ -92,6 +122,7 @@ def build_diffusers_dit(
         norm_type="ada_norm_zero",
         norm_elementwise_affine=False,
     )
+    apply_dit_init(transformer)
     if every == 1:
         transformer.enable_gradient_checkpointing()
     return DiffusersDiT(transformer, num_classes=num_classes, learn_sigma=learn_sigma)
