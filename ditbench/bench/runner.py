@@ -360,6 +360,9 @@ def format_line(record: dict[str, Any]) -> str:
         parts = [f"{m['images_per_s']:.1f} img/s", f"step {m['step_ms']['median']:.1f} ms", _mem(m)]
         if m.get("mfu"):
             parts.append(f"MFU {100 * m['mfu']['value']:.1f}%")
+        if (m.get("world_size") or 1) > 1:
+            eff = m.get("scaling_efficiency")
+            parts.append(f"{m['world_size']} ranks" + (f", scaling {100 * eff:.0f}%" if eff else ""))
         smoke = record.get("smoke")
         if smoke:
             parts.append(f"smoke loss {smoke['first_mean']:.4f} -> {smoke['last_mean']:.4f}")
