@@ -223,3 +223,16 @@ def test_the_npz_is_read_by_ditbench_fid_unchanged(checkpoint, tmp_path):
     assert (source.count, source.height, source.width) == (6, 32, 32)
     got = np.concatenate(list(source.batches(4)))
     assert np.array_equal(got, _arrays(tmp_path / "s.npz")[0])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown without a GPU")
+def test_gpu_check_script_says_it_needs_a_gpu(tmp_path):
+    out = tmp_path / "dist_sample.json"
+    res = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_dist_sample.py"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 2 and "no CUDA device is visible" in res.stderr
+    assert not out.exists()
