@@ -422,8 +422,14 @@ def sample(args) -> dict:
         latent = latent_size(image_size)
         labels = labels_for(args.num_samples, num_classes)
         n_shards = shard_count(args.num_samples, args.batch_size)
-        mine = [k for k in range(n_shards) if k % ctx.world_size == ctx.rank]
-        todo = [k for k in mine if not shard_path(shard_dir, k).exists()]
+        # Rank 0 lists the missing shards and every rank takes every world_size-th of them, so a
+        # resumed run is balanced however the interrupted one left it (and no rank waits long
+        # at the final barrier). Listed before anyone writes, so all ranks see the same list.
+        missing = (
+            [k for k in range(n_shards) if not shard_path(shard_dir, k).exists()] if ctx.is_main else None
+        )
+        missing = dist.all_gather_objects(ctx, missing)[0]
+        todo = missing[ctx.rank :: ctx.world_size]
         fail_after = int(os.environ.get(FAIL_AFTER_ENV, "0") or 0)
 
         bar = None
@@ -431,9 +437,7 @@ def sample(args) -> dict:
             from tqdm.auto import tqdm
 
             done_images = args.num_samples - sum(
-                len(labels[k * args.batch_size : (k + 1) * args.batch_size])
-                for k in range(n_shards)
-                if not shard_path(shard_dir, k).exists()
+                len(labels[k * args.batch_size : (k + 1) * args.batch_size]) for k in missing
             )
             bar = tqdm(
                 total=args.num_samples, initial=done_images, unit="img", desc="sampling", dynamic_ncols=True
