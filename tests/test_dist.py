@@ -208,6 +208,18 @@ GRAD_SCRIPT = textwrap.dedent("""
             loss = diffusion.training_losses(wrapped, x[mine], t[mine], {"y": y[mine]}, noise=noise[mine])
             loss["loss"].mean().backward()
             result[strategy] = grads(dist.unwrap_model(wrapped), names, full=strategy == "fsdp")
+        # Whole training steps as a cell runs them (FSDP: optimizer and EMA rebuilt on the shards).
+        from ditbench.bench.rank_worker import build_trainer
+        cfg = {"model": "DiT-T/8", "image_size": 64, "batch_size": 2, "num_classes": 10, "device": "cpu",
+               "lr": 1e-3}
+        for strategy in ("ddp", "fsdp"):
+            tr = build_trainer(dict(cfg), ctx, strategy)
+            losses = [float(tr.step(tr.next_batch())) for _ in range(3)]
+            full = lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t
+            params = [full(p.detach()).clone() for p in tr.base_model.parameters()]
+            emas = tr.ema._ema if hasattr(tr.ema, "_ema") else list(tr.ema.model.parameters())
+            result["train_" + strategy] = {"losses": losses, "params": params,
+                                           "ema": [full(e).clone() for e in emas]}
         if ctx.is_main:
             torch.save(result, out_path)
         dist.barrier(ctx)
@@ -247,6 +259,11 @@ def test_ddp_and_fsdp_gradients_over_two_processes_equal_single_process(tmp_path
     create_diffusion().training_losses(model, x, t, {"y": y}, noise=noise)["loss"].mean().backward()
     ref = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert len(ref) > 40  # every block's weights take part
+    # DDP and FSDP2 training steps agree: losses, updated weights and EMA.
+    ddp, fsdp = got["train_ddp"], got["train_fsdp"]
+    assert ddp["losses"] == pytest.approx(fsdp["losses"], rel=1e-5)
+    for a, b in zip(ddp["params"] + ddp["ema"], fsdp["params"] + fsdp["ema"], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
     for strategy in ("ddp", "fsdp"):
         assert set(got[strategy]) == set(ref), strategy
         for name, g in ref.items():
