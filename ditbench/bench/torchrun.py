@@ -163,12 +163,15 @@ def _alive(p: psutil.Process) -> bool:
 def _kill_leftovers(root: subprocess.Popen, seen: dict[int, psutil.Process]) -> None:
     if root.poll() is None:
         root.kill()
+    killed = []
     for p in seen.values():
         if _alive(p):  # is_running() checks the creation time, so a reused pid is never hit
             try:
                 p.kill()
+                killed.append(p)
             except psutil.Error:
                 pass
+    psutil.wait_procs(killed, timeout=5)
     try:
         root.wait(timeout=10)
     except subprocess.TimeoutExpired:
@@ -186,7 +189,8 @@ def _tail(path: Path, limit: int = 6000) -> str:
         return ""
 
 
-def read_reports(report_dir: Path) -> tuple[dict[int, dict], list[dict] | None]:
+def read_reports(report_dir: Path) -> tuple[dict[int, dict], dict | None]:
+    """Every rank<R>.json by rank, and the gathered ranks.json (None if absent or torn)."""
     reports: dict[int, dict] = {}
     for path in sorted(report_dir.glob("rank*.json")):
         try:
