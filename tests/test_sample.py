@@ -236,3 +236,15 @@ def test_gpu_check_script_says_it_needs_a_gpu(tmp_path):
     )
     assert res.returncode == 2 and "no CUDA device is visible" in res.stderr
     assert not out.exists()
+
+
+def test_official_bare_state_dict_samples_like_the_ema_it_holds(checkpoint, tmp_path):
+    # An official release file is a bare state dict of EMA weights: saved from our checkpoint's EMA,
+    # it must give exactly the images the checkpoint gives (which prefers its EMA weights).
+    ema = torch.load(checkpoint, weights_only=True)["ema"]
+    bare = tmp_path / "DiT-T-2-32x32.pt"
+    torch.save(ema, bare)
+    rec = S.sample(_args(bare, tmp_path / "bare.npz"))
+    S.sample(_args(checkpoint, tmp_path / "ckpt.npz"))
+    assert rec["settings"]["weights"] == "state dict" and rec["settings"]["model"] == "DiT-T/2"
+    assert S.npz_digest(tmp_path / "bare.npz") == S.npz_digest(tmp_path / "ckpt.npz")
