@@ -129,14 +129,14 @@ def test_injected_nan_really_makes_the_loss_non_finite():
 
 def test_smoke_run_curve_and_first_nonfinite_step():
     trainer = tiny_trainer(seed=1)
-    smoke = smoke_run(trainer, trainer.step, steps=6, step_offset=0)
+    smoke = smoke_run(trainer, trainer.step, steps=6)
     assert len(smoke["loss"]) == 6 and all(math.isfinite(x) for x in smoke["loss"])
     assert smoke["first_mean"] == pytest.approx(sum(smoke["loss"]) / 6, abs=1e-5)
     assert smoke["scaler_skips"] == 0
     trainer = tiny_trainer(seed=1)
     with pytest.raises(NonFiniteLoss) as info:
-        smoke_run(trainer, FaultyStep(trainer, ("nan", 4)), steps=6, step_offset=0)
-    assert info.value.step == 4 and info.value.phase == "smoke"
+        smoke_run(trainer, FaultyStep(trainer, ("nan", 4)), steps=6)
+    assert info.value.step == 4 and info.value.phase == "smoke" and len(info.value.curve) == 3
 
 
 def test_injected_oom_is_a_real_out_of_memory_error():

@@ -208,6 +208,10 @@ def test_results_lines_are_complete_json(tmp_path):
         "duration_s",
     }
     assert record["status"] == "unsupported" and record["metrics"] is None
+    run(suite, out)  # resume: unsupported here for the same reason, so no new line
+    assert len(read_records(out / "results.jsonl")) == 1
+    run(suite, out, force=True)
+    assert len(read_records(out / "results.jsonl")) == 2
 
 
 @pytest.mark.gpu

@@ -262,12 +262,23 @@ def run_suite(
     results_path = out / RESULTS_FILE
     cells = select_cells(suite, options.cell_filters)
     previous = latest_by_cell(read_records(results_path))
-    done = {
-        c.cell_id for c in cells if not options.force and previous.get(c.cell_id, {}).get("status") == "ok"
-    }
-    todo = [c for c in run_order(cells) if c.cell_id not in done]
     visible = Visible.detect()
     env = collect_env(probe_cuda=False)  # no CUDA context in the parent: it would hold device memory
+
+    def already_recorded(cell: Cell) -> bool:
+        """ok, or unsupported here for the same reason as last time (a new line would say nothing new)."""
+        prev = previous.get(cell.cell_id)
+        if options.force or prev is None:
+            return False
+        if prev.get("status") == "ok":
+            return True
+        verdict = precheck(cell, visible)
+        return (
+            prev.get("status") == "unsupported" and verdict is not None and prev.get("reason") == verdict[1]
+        )
+
+    done = {c.cell_id for c in cells if already_recorded(c)}
+    todo = [c for c in run_order(cells) if c.cell_id not in done]
     run_id = new_run_id()
     latest = {cid: previous[cid] for cid in done}
     bar = tqdm(
@@ -275,7 +286,12 @@ def run_suite(
     )
     say = echo or _print_line
     if done:
-        say(f"resuming {out}: {len(done)} of {len(cells)} cells already ok, {len(todo)} to run")
+        n_ok = sum(previous[cid]["status"] == "ok" for cid in done)
+        say(
+            f"resuming {out}: {n_ok} of {len(cells)} cells already ok"
+            + (f", {len(done) - n_ok} unsupported here" if len(done) > n_ok else "")
+            + f", {len(todo)} to run"
+        )
     previous_term = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
     try:
         with tempfile.TemporaryDirectory(prefix="ditbench-") as tmp:

@@ -37,6 +37,7 @@ class NonFiniteLoss(Exception):
     def __init__(self, step: int, phase: str, value: float):
         super().__init__(f"loss became non-finite ({value}) at {phase} step {step}")
         self.step, self.phase, self.value = step, phase, value
+        self.curve: list[float] = []
 
 
 def parse_faults(text: str | None, cell_name: str) -> tuple[str, int] | None:
@@ -173,13 +174,15 @@ def measure_window(
     return {"steps": n, "wall_s": wall, "step_ms": step_ms, "last_loss": float(losses[-1])}
 
 
-def smoke_run(trainer, step, steps: int, step_offset: int) -> dict[str, Any]:
+def smoke_run(trainer, step, steps: int) -> dict[str, Any]:
     """N steps with the loss read every step; stops at the first non-finite loss."""
     curve: list[float] = []
     for i in range(steps):
         value = float(step(trainer.next_batch()))
         if not math.isfinite(value):
-            raise NonFiniteLoss(i + 1, "smoke", value)
+            err = NonFiniteLoss(i + 1, "smoke", value)
+            err.curve = curve  # the record keeps the curve up to the failure
+            raise err
         curve.append(value)
     window = min(50, len(curve))
     return {
@@ -323,13 +326,14 @@ def run_cell(config: dict[str, Any], cell_name: str) -> dict[str, Any]:
             fault_left = None
             if fault and fault[1] > steps["warmup"] + window["steps"]:
                 fault_left = (fault[0], fault[1] - steps["warmup"] - window["steps"])
-            result["smoke"] = smoke_run(trainer, FaultyStep(trainer, fault_left), config["smoke_steps"], 0)
+            result["smoke"] = smoke_run(trainer, FaultyStep(trainer, fault_left), config["smoke_steps"])
         result["status"] = "ok"
     except NonFiniteLoss as err:
         result["status"], result["reason"] = "nan_loss", str(err)
         if err.phase == "smoke":
             result["smoke"] = {
                 "steps": config.get("smoke_steps"),
+                "loss": [round(x, 6) for x in err.curve],
                 "nonfinite_steps": 1,
                 "first_nonfinite_step": err.step,
             }
