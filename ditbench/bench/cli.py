@@ -37,6 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (lines per cell still print)"
     )
+    from ditbench.bench.torchrun import add_rendezvous_arguments
+
+    add_rendezvous_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,13 +59,20 @@ def run(args: argparse.Namespace) -> int:
             f"--cells {' '.join(args.cells)} matches none of the {len(suite.cells)} cells of suite "
             f"{suite.path}; run with --dry-run to list their names"
         )
+    rendezvous = None
+    if args.nnodes > 1 or args.rdzv_endpoint:
+        import dataclasses
+
+        from ditbench.bench.torchrun import rendezvous_from_args
+
+        rendezvous = dataclasses.asdict(rendezvous_from_args(args))
     if args.dry_run:
         previous = latest_by_cell(read_records(Path(out) / RESULTS_FILE))
         visible = Visible.detect()
         print(f"suite {suite.name} ({suite.path}): {len(cells)} cells -> {out}")
         print(f"{'cell_id':<13} {'smoke':>5}  {'plan':<12} cell")
         for cell in cells:
-            verdict = precheck(cell, visible)
+            verdict = precheck(cell, visible, rendezvous)
             if verdict:
                 plan = verdict[0]
             elif not args.force and previous.get(cell.cell_id, {}).get("status") == "ok":
@@ -78,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout_s,
         oom_skip=not args.no_oom_skip,
         progress=not args.no_progress,
+        rendezvous=rendezvous,
     )
     records = run_suite(suite, options)
     print()

@@ -42,6 +42,7 @@ class RunOptions:
     timeout_s: float | None = None  # overrides the suite's per-cell timeout
     oom_skip: bool = True
     progress: bool = True
+    rendezvous: dict | None = None  # torchrun's multi-node options (ditbench.bench.torchrun.Rendezvous)
 
 
 @dataclass
@@ -65,13 +66,12 @@ def resolved_device(requested: str, visible: Visible) -> str:
     return requested
 
 
-def precheck(cell: Cell, visible: Visible) -> tuple[str, str] | None:
+def precheck(cell: Cell, visible: Visible, rendezvous: dict | None = None) -> tuple[str, str] | None:
     """(status, reason) for a cell that cannot run here, decided without starting it."""
     config = cell.config
     device = resolved_device(config["device"], visible)
     if device == "cuda" and not visible.cuda:
         return "unsupported", "the suite asks for device cuda but no CUDA device is visible"
-    gpus = config["gpus"] * config["nodes"]
     if device == "cpu":
         if config["precision"] == "fp16":
             return (
@@ -80,15 +80,13 @@ def precheck(cell: Cell, visible: Visible) -> tuple[str, str] | None:
             )
         if config["precision"] == "tf32":
             return "unsupported", "tf32 is a tensor-core mode of CUDA devices; on a CPU use fp32 or bf16"
-        if gpus > 1:
-            return "unsupported", f"gpus={gpus} needs CUDA devices; this cell runs on the CPU"
-    if device == "cuda" and gpus > visible.gpu_count:
-        return "unsupported", f"gpus={gpus} but {visible.gpu_count} CUDA device(s) are visible"
-    if gpus > 1:
-        return (
-            "unsupported",
-            "multi-GPU cells need the torchrun launcher, which this version does not have yet",
-        )
+        # gpus > 1 on a CPU: that many gloo processes through torchrun (the multi-GPU path, testable anywhere)
+    if device == "cuda" and config["gpus"] > visible.gpu_count:
+        return "unsupported", f"gpus={config['gpus']} but {visible.gpu_count} CUDA device(s) are visible"
+    if rendezvous or config["nodes"] > 1:
+        from ditbench.bench.torchrun import Rendezvous, node_verdict
+
+        return node_verdict(config, Rendezvous(**(rendezvous or {})))
     return None
 
 
@@ -116,7 +114,10 @@ def launch_cell(cell: Cell, spec_path: Path, result_path: Path, log) -> subproce
     package_root = str(Path(ditbench.__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # torch and NVML then agree on device indices
-    command = [sys.executable, "-m", "ditbench.bench.worker", str(spec_path), str(result_path)]
+    # gpus > 1: a launcher process starts the ranks through torchrun and writes the same result file
+    multi = cell.config["gpus"] * cell.config["nodes"] > 1
+    module = "ditbench.bench.torchrun" if multi else "ditbench.bench.worker"
+    command = [sys.executable, "-m", module, str(spec_path), str(result_path)]
     # start_new_session: the cell gets its own process group, which a timeout kills as a whole
     return subprocess.Popen(
         command,
@@ -146,13 +147,23 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def run_isolated(cell: Cell, timeout_s: float, workdir: Path, log_path: Path) -> dict[str, Any]:
+def run_isolated(
+    cell: Cell, timeout_s: float, workdir: Path, log_path: Path, rendezvous: dict | None = None
+) -> dict[str, Any]:
     """Run one cell in a fresh process; return the worker's result or one describing how it died."""
     spec_path = workdir / f"{cell.cell_id}.spec.json"
     result_path = workdir / f"{cell.cell_id}.result.json"
     result_path.unlink(missing_ok=True)
     spec_path.write_text(
-        json.dumps({"config": cell.config, "cell_id": cell.cell_id, "cell_name": cell.cell_name})
+        json.dumps(
+            {
+                "config": cell.config,
+                "cell_id": cell.cell_id,
+                "cell_name": cell.cell_name,
+                "timeout_s": timeout_s,
+                "rendezvous": rendezvous,
+            }
+        )
     )
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
@@ -316,7 +327,7 @@ def _run_cells(suite, options, todo, run_id, env, visible, tmp, results_path, la
     for i, cell in enumerate(todo, 1):
         bar.set_postfix_str(cell.cell_name)
         started_at, t0 = now_iso(), time.monotonic()
-        verdict = precheck(cell, visible)
+        verdict = precheck(cell, visible, options.rendezvous)
         oom = oom_at.get(cell.series_key)
         if verdict is not None:
             result = {"status": verdict[0], "reason": verdict[1]}
@@ -328,12 +339,17 @@ def _run_cells(suite, options, todo, run_id, env, visible, tmp, results_path, la
             }
         else:
             timeout = options.timeout_s or cell.timeout_s
-            result = run_isolated(cell, timeout, tmp, results_path.parent / "logs" / f"{cell.cell_id}.log")
+            log = results_path.parent / "logs" / f"{cell.cell_id}.log"
+            result = run_isolated(cell, timeout, tmp, log, options.rendezvous)
         if result["status"] == "oom":
             known = oom_at.get(cell.series_key)
             if known is None or cell.config["batch_size"] < known[0]:
                 oom_at[cell.series_key] = (cell.config["batch_size"], cell.cell_name)
         record = make_record(suite, run_id, cell, result, env, started_at, time.monotonic() - t0)
+        if cell.config["gpus"] * cell.config["nodes"] > 1:
+            from ditbench.bench.torchrun import add_scaling_efficiency
+
+            add_scaling_efficiency(record, list(latest.values()))
         append_record(results_path, record)
         latest[cell.cell_id] = record
         say(f"[{i}/{len(todo)}] {format_line(record)}")
@@ -360,6 +376,9 @@ def format_line(record: dict[str, Any]) -> str:
         parts = [f"{m['images_per_s']:.1f} img/s", f"step {m['step_ms']['median']:.1f} ms", _mem(m)]
         if m.get("mfu"):
             parts.append(f"MFU {100 * m['mfu']['value']:.1f}%")
+        if (m.get("world_size") or 1) > 1:
+            eff = m.get("scaling_efficiency")
+            parts.append(f"{m['world_size']} ranks" + (f", scaling {100 * eff:.0f}%" if eff else ""))
         smoke = record.get("smoke")
         if smoke:
             parts.append(f"smoke loss {smoke['first_mean']:.4f} -> {smoke['last_mean']:.4f}")

@@ -1,0 +1,162 @@
+"""In-process side of distributed runs: the process group, the model wrapper, rank helpers.
+
+ditbench runs on PyTorch's own distributed engine. torchrun starts one process per GPU and
+sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT;
+`init()` reads them and joins the process group: NCCL on CUDA, gloo on CPU (so a 2-process
+run works on a laptop). Started without torchrun, `init()` returns a one-process context and
+every helper here degrades to a no-op, so the same code serves 1 and N processes.
+
+The parent side (building the torchrun command, running it, reading per-rank reports and
+aggregating them) lives in `ditbench.bench.torchrun`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as tdist
+from torch import nn
+
+from ditbench.errors import UserError
+
+STRATEGIES = ("ddp", "fsdp")
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits in the job."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    node_rank: int = 0
+    backend: str | None = None  # None: no process group (a plain single process)
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def nodes(self) -> int:
+        return max(1, self.world_size // max(1, self.local_world_size))
+
+
+def launched_by_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value in (None, "") else int(value)
+
+
+def resolve_device(device: str, local_rank: int = 0) -> torch.device:
+    """'auto' | 'cuda' | 'cuda:N' | 'cpu' -> the device this rank uses (cuda: its LOCAL_RANK's GPU)."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise UserError(f"device {device!r} was asked for but no CUDA device is visible; use 'cpu'.")
+        if device == "cuda":
+            return torch.device("cuda", local_rank % torch.cuda.device_count())
+        return torch.device(device)
+    if device == "cpu":
+        return torch.device("cpu")
+    raise UserError(f"device {device!r} is not one of auto, cpu, cuda, cuda:N.")
+
+
+def init(device: str = "auto", timeout_s: float = 600.0) -> DistContext:
+    """Join the torchrun job this process belongs to, or describe a plain single process."""
+    if not launched_by_torchrun():
+        return DistContext(device=resolve_device(device))
+    rank = _env_int("RANK", 0)
+    local_rank = _env_int("LOCAL_RANK", 0)
+    world = _env_int("WORLD_SIZE", 1)
+    local_world = _env_int("LOCAL_WORLD_SIZE", world)
+    dev = resolve_device(device, local_rank)
+    backend = "nccl" if dev.type == "cuda" else "gloo"
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    if not tdist.is_initialized():
+        kwargs = {"backend": backend, "timeout": datetime.timedelta(seconds=timeout_s)}
+        if dev.type == "cuda":
+            kwargs["device_id"] = dev  # binds NCCL to this GPU at once (no lazy guess)
+        tdist.init_process_group(**kwargs)
+    return DistContext(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        local_world_size=local_world,
+        node_rank=_env_int("GROUP_RANK", rank // max(1, local_world)),
+        backend=backend,
+        device=dev,
+    )
+
+
+def shutdown() -> None:
+    if tdist.is_available() and tdist.is_initialized():
+        tdist.destroy_process_group()
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.distributed:
+        if ctx.backend == "nccl":
+            tdist.barrier(device_ids=[ctx.device.index])
+        else:
+            tdist.barrier()
+
+
+def all_gather_objects(ctx: DistContext, obj):
+    """Every rank's `obj` (picklable), in rank order; [obj] without a process group."""
+    if not ctx.distributed:
+        return [obj]
+    out = [None] * ctx.world_size
+    tdist.all_gather_object(out, obj)
+    return out
+
+
+def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
+    """Wrap `model` (already on ctx.device) for data-parallel training.
+
+    ddp: DistributedDataParallel; gradients are all-reduced (averaged) in buckets during backward.
+    fsdp: FSDP2 `fully_shard` on every transformer block and then the root, so parameters,
+      gradients and optimizer state are sharded across ranks and each block's weights are
+      gathered just in time. The optimizer must be built after wrapping (it sees DTensors).
+    A model that is not distributed (one plain process) is returned unchanged.
+    """
+    if strategy not in STRATEGIES:
+        raise UserError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}.")
+    if not ctx.distributed:
+        return model
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+        # Every DiT parameter takes part in every step (label dropout only swaps the row used),
+        # so the extra graph traversal of find_unused_parameters would be pure overhead.
+        return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=False)
+    from torch.distributed.fsdp import fully_shard
+
+    blocks = getattr(model, "blocks", None)
+    if blocks is None:
+        raise UserError(
+            f"strategy 'fsdp' needs a model with a `blocks` list; {type(model).__name__} has none."
+        )
+    for block in blocks:
+        fully_shard(block)
+    fully_shard(model)
+    return model
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The plain module under a DDP wrapper (FSDP2 shards in place, so it is already plain)."""
+    return getattr(model, "module", model)
