@@ -56,7 +56,6 @@ def build_trainer(config: dict[str, Any], ctx, strategy: str):
     """The cell's Trainer on this rank's device, its model wrapped for data parallelism."""
     from ditbench import dist
     from ditbench.train import TrainConfig, Trainer
-    from ditbench.train.optim import make_optimizer
 
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     kwargs = {k: v for k, v in config.items() if k in names}
@@ -64,37 +63,7 @@ def build_trainer(config: dict[str, Any], ctx, strategy: str):
     # Same model init on every rank (DDP also broadcasts rank 0's), but each rank its own data.
     trainer = Trainer(TrainConfig(**kwargs), wrap_model=lambda m: dist.wrap_model(m, strategy, ctx))
     trainer.data = _data_for_rank(config, trainer, ctx.rank)
-    if strategy == "fsdp" and ctx.distributed:
-        # fully_shard replaces the parameters with sharded ones, so the optimizer and the EMA
-        # built before wrapping point at stale tensors: rebuild them on the sharded model.
-        cfg = trainer.cfg
-        trainer.optimizer = make_optimizer(
-            trainer.base_model, cfg.lr, cfg.weight_decay, cfg.optimizer_impl, trainer.device
-        )
-        trainer.ema = ShardedEMA(trainer.base_model, cfg.ema_decay)
     return trainer
-
-
-class ShardedEMA:
-    """EMA for an FSDP2 model (which cannot be deep-copied): one sharded copy of each parameter,
-    so the EMA costs each rank 1/world of the weights, like the parameters themselves."""
-
-    def __init__(self, model, decay: float):
-        import torch
-
-        self.decay = decay
-        self._src = list(model.parameters())
-        with torch.no_grad():
-            self._ema = [p.detach().clone() for p in self._src]
-
-    def update(self) -> None:
-        import torch
-
-        with torch.no_grad():
-            torch._foreach_lerp_(self._ema, [p.detach() for p in self._src], 1.0 - self.decay)
-
-    def state_dict(self) -> dict:
-        return {str(i): t for i, t in enumerate(self._ema)}
 
 
 def _data_for_rank(config: dict[str, Any], trainer, rank: int):

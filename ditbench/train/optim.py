@@ -48,16 +48,25 @@ class EMA:
     """Exponential moving average of every parameter (frozen pos_embed included, as official).
 
     update() is one torch._foreach_lerp_ over all tensors: ema += (1 - decay) * (param - ema).
+    A plain model gets a full copy (`ema.model`, used for sampling and checkpoints). A model whose
+    parameters FSDP2 has sharded cannot be deep-copied: its EMA is one sharded copy of each
+    parameter (each rank holds 1/world of it, like the parameters) and `ema.model` is None.
     """
 
     def __init__(self, model: nn.Module, decay: float = 0.9999):
         if not 0.0 <= decay < 1.0:
             raise UserError(f"ema_decay must be in [0, 1), got {decay!r}")
         self.decay = decay
-        self.model = copy.deepcopy(model).eval()
-        self.model.requires_grad_(False)
-        self._ema = [p for p in self.model.parameters()]
+        self._names = [name for name, _ in model.named_parameters()]
         self._src = [p for p in model.parameters()]
+        if any(_is_sharded(p) for p in self._src):
+            self.model = None
+            with torch.no_grad():
+                self._ema = [p.detach().clone() for p in self._src]
+        else:
+            self.model = copy.deepcopy(model).eval()
+            self.model.requires_grad_(False)
+            self._ema = [p for p in self.model.parameters()]
         if len(self._ema) != len(self._src):  # pragma: no cover - deepcopy keeps structure
             raise RuntimeError("EMA copy does not match the model's parameters")
 
@@ -66,7 +75,19 @@ class EMA:
         torch._foreach_lerp_(self._ema, [p.detach() for p in self._src], 1.0 - self.decay)
 
     def state_dict(self) -> dict:
+        if self.model is None:
+            return dict(zip(self._names, self._ema, strict=True))
         return self.model.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
+        if self.model is None:
+            with torch.no_grad():
+                for name, t in zip(self._names, self._ema, strict=True):
+                    t.copy_(state[name])
+            return
         self.model.load_state_dict(state)
+
+
+def _is_sharded(p: torch.Tensor) -> bool:
+    """A DTensor parameter (FSDP2's fully_shard), without importing torch.distributed eagerly."""
+    return type(p).__name__ == "DTensor"

@@ -111,6 +111,10 @@ class Trainer:
             )
         self.num_params = count_params(self.base_model)
         self.base_model.to(self.device).train()
+        model: nn.Module = self.base_model
+        if wrap_model is not None:
+            # Before the EMA and the optimizer: FSDP2 replaces the parameters with sharded ones.
+            model = wrap_model(model)
         self.ema = EMA(self.base_model, cfg.ema_decay)
         self.optimizer = make_optimizer(
             self.base_model, cfg.lr, cfg.weight_decay, cfg.optimizer_impl, self.device
@@ -118,9 +122,6 @@ class Trainer:
         self.scaler = self.policy.make_scaler()
         self.diffusion = create_diffusion()
 
-        model: nn.Module = self.base_model
-        if wrap_model is not None:
-            model = wrap_model(model)
         if cfg.compile:
             model = torch.compile(model)
         self.model = model
