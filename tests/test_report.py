@@ -397,3 +397,20 @@ def test_lines_without_an_ok_cell_stay_out_of_the_legend(tmp_path):
     fig = throughput_figure(frame(tmp_path, records))
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels == ["fp32 ckpt=none", "fp32 ckpt=full"]
+
+
+def test_multi_gpu_cells_show_their_scaling_efficiency(tmp_path):
+    one = make_record("DiT-B/4", "bf16", "none", 32, images_per_s=1000.0, peak_alloc=10.0, gpus=1)
+    two = make_record("DiT-B/4", "bf16", "none", 32, images_per_s=1800.0, peak_alloc=10.0, gpus=2)
+    two["metrics"]["scaling_efficiency"] = 0.9
+    df = frame(tmp_path, [one, two])
+    write_report(df, tmp_path / "r")
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "scaling efficiency" in md
+    assert "90.0%" in md
+
+
+def test_single_gpu_reports_have_no_scaling_column(tmp_path):
+    df = frame(tmp_path, [make_record("DiT-B/4", "bf16", "none", 32, images_per_s=1000.0, peak_alloc=10.0)])
+    write_report(df, tmp_path / "r")
+    assert "scaling efficiency" not in (tmp_path / "r" / "report.md").read_text()

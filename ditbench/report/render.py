@@ -283,6 +283,7 @@ def _model_section(df: pd.DataFrame, sub: pd.DataFrame, comparison: pd.DataFrame
         if p10 is not None and p90 is not None:
             step += f" ({num(p10)}–{num(p90)})"
         mfu = value(row, "metrics.mfu.value")
+        scaling = value(row, "metrics.scaling_efficiency")
         if c["is_baseline"]:
             vs = "baseline"
         elif row["status"] == "ok" and not pd.isna(c["speedup"]):
@@ -299,12 +300,13 @@ def _model_section(df: pd.DataFrame, sub: pd.DataFrame, comparison: pd.DataFrame
                 num(value(row, mem_col), 2),
                 num(value(row, "metrics.peak_mem_reserved_gib"), 2),
                 num(mfu * 100, 1, "%") if mfu is not None else "—",
+                num(scaling * 100, 1, "%") if scaling is not None else "—",
                 vs,
                 smoke_text,
                 str(reason) if isinstance(reason, str) else "",
             ]
         )
-        detail_css.append(["", f"status-{row['status']}"] + [""] * 8)
+        detail_css.append(["", f"status-{row['status']}"] + [""] * 9)
     headers = [
         "cell",
         "status",
@@ -313,6 +315,7 @@ def _model_section(df: pd.DataFrame, sub: pd.DataFrame, comparison: pd.DataFrame
         mem_label,
         "reserved (GiB)",
         "MFU",
+        "scaling efficiency",
         "vs baseline (speed-up, memory saved)",
         "smoke loss first → last",
         "reason",
