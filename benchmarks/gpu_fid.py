@@ -35,11 +35,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from ditbench.errors import UserError  # noqa: E402
+from ditbench.fileio import write_atomic  # noqa: E402
 from ditbench.metrics.evaluate import evaluate  # noqa: E402
 from ditbench.metrics.features import FeatureExtractor  # noqa: E402
 from ditbench.metrics.inception import WEIGHTS_ENV, default_weights_path  # noqa: E402
 from ditbench.metrics.npz_io import write_npz_images  # noqa: E402
-from ditbench.metrics.stats_cache import atomic_write_bytes  # noqa: E402
 
 TARGET_S = 30.0
 
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
         }
     )
     out = Path(args.out)
-    atomic_write_bytes(out, lambda f: f.write((json.dumps(record, indent=2) + "\n").encode()))
+    write_atomic(out, json.dumps(record, indent=2) + "\n")
     print(
         f"{args.n} samples at {args.size} px on {device}: {wall:.1f} s end to end "
         f"({record['sample_images_per_s']} img/s features; target {TARGET_S:.0f} s); written to {out}"

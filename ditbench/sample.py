@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from ditbench.errors import UserError
+from ditbench.fileio import atomic_write, write_json_atomic
 
 SCHEMA = "ditbench.samples/1"
 SCALE_FACTOR = 0.18215  # sd-vae-ft-* latent scaling used by DiT
@@ -146,21 +147,6 @@ def shard_path(shard_dir: Path, k: int) -> Path:
 def default_paths(out: Path) -> tuple[Path, Path]:
     """(<out>.shards folder, <out stem>.json record)."""
     return out.with_name(out.name + ".shards"), out.with_suffix(".json")
-
-
-def _atomic_savez(path: Path, **arrays) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def _file_fingerprint(path: str) -> dict:
@@ -350,7 +336,7 @@ def _prepare_shard_dir(shard_dir: Path, settings: dict, overwrite: bool) -> None
                 )
     shard_dir.mkdir(parents=True, exist_ok=True)
     if not manifest.exists():
-        _atomic_write_text(manifest, json.dumps(settings, indent=1, sort_keys=True))
+        write_json_atomic(manifest, settings, indent=1, sort_keys=True)
 
 
 def _env_info(device) -> dict:
@@ -465,7 +451,7 @@ def sample(args) -> dict:
                 precision=args.precision,
                 device=device,
             )
-            _atomic_savez(shard_path(shard_dir, k), images=images, labels=lab)
+            atomic_write(shard_path(shard_dir, k), lambda f, x=images, y=lab: np.savez(f, images=x, labels=y))
             made += len(lab)
             if bar is not None:
                 bar.update(min(len(lab) * ctx.world_size, bar.total - bar.n))
@@ -480,7 +466,7 @@ def sample(args) -> dict:
         if not ctx.is_main:
             return {}
         images, labels_out = merge_shards(shard_dir, n_shards, args.num_samples)
-        _atomic_savez(out, arr_0=images, arr_1=labels_out)
+        atomic_write(out, lambda f: np.savez(f, arr_0=images, arr_1=labels_out))
         total_made = sum(r["images"] for r in per_rank)
         wall = max(r["seconds"] for r in per_rank)
         record = {
@@ -507,7 +493,7 @@ def sample(args) -> dict:
             record["warning"] = (
                 f"random {what} weights: these images measure speed only and are meaningless for FID"
             )
-        _atomic_write_text(record_path, json.dumps(record, indent=1))
+        write_json_atomic(record_path, record, indent=1)
         if not args.keep_shards:
             shutil.rmtree(shard_dir, ignore_errors=True)
         return record

@@ -47,9 +47,9 @@ def _watch_parent(poll_s: float = 0.5) -> None:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    from ditbench.bench.worker import write_json_atomic
+    from ditbench.bench.worker import write_result
 
-    write_json_atomic(path, data)
+    write_result(path, data)
 
 
 def build_trainer(config: dict[str, Any], ctx, strategy: str):

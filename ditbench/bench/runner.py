@@ -28,6 +28,7 @@ from typing import Any
 import ditbench
 from ditbench.bench.records import SCHEMA, append_record, latest_by_cell, read_records
 from ditbench.bench.suite import Cell, Suite
+from ditbench.fileio import write_atomic
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.md"
@@ -435,6 +436,4 @@ def write_summary(path: Path, suite: Suite, records: list[dict[str, Any]]) -> No
         "MFU is given only where the device's peak is in the table (never on a CPU).\n\n"
         + summary_table(records)
     )
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    write_atomic(path, text)

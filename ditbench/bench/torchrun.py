@@ -513,7 +513,7 @@ def run_cell(
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from ditbench.bench.worker import write_json_atomic
+    from ditbench.bench.worker import write_result
 
     parser = argparse.ArgumentParser(
         prog="python -m ditbench.bench.torchrun", description="run one multi-process cell through torchrun"
@@ -553,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
             "smoke": None,
             "env": None,
         }
-    write_json_atomic(args.result, result)
+    write_result(args.result, result)
     log = Path(args.result).with_name(Path(args.result).stem + ".ranks") / "torchrun.log"
     if log.exists():  # into the runner's log of this cell: every rank's output, in one place
         sys.stdout.write(_tail(log, 200_000))

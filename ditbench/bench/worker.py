@@ -359,11 +359,11 @@ def run_cell(config: dict[str, Any], cell_name: str) -> dict[str, Any]:
     return result
 
 
-def write_json_atomic(path: str | Path, data: dict[str, Any]) -> None:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_clean(data), default=str, allow_nan=False))
-    os.replace(tmp, path)
+def write_result(path: str | Path, data: dict[str, Any]) -> None:
+    """A cell's (or rank's) result file, whole or not at all; NaN/inf written as null."""
+    from ditbench.fileio import write_json_atomic
+
+    write_json_atomic(path, _clean(data), default=str, allow_nan=False)
 
 
 def _clean(data: Any) -> Any:
@@ -384,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = json.loads(Path(argv[0]).read_text())
     result = run_cell(spec["config"], spec["cell_name"])
-    write_json_atomic(argv[1], result)
+    write_result(argv[1], result)
     if result.get("traceback"):
         print(result["traceback"], file=sys.stderr)
     return 0

@@ -120,8 +120,8 @@ def format_table(result: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ditbench.fileio import write_atomic
     from ditbench.metrics.evaluate import default_output_path, evaluate
-    from ditbench.metrics.stats_cache import atomic_write_bytes
 
     for name in ("batch_size", "is_splits", "kid_subset_size", "kid_subsets"):
         if getattr(args, name) < 1:
@@ -151,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_output_path(args.samples)
     if out is not None:
         try:
-            atomic_write_bytes(out, lambda f: f.write((text + "\n").encode()))
+            write_atomic(out, text + "\n")
         except OSError as err:
             if args.out:
                 raise UserError(f"--out {out} could not be written: {err}.") from None

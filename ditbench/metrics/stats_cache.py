@@ -16,13 +16,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import warnings
 import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from ditbench.fileio import atomic_write
 from ditbench.metrics.npz_io import ArrayImages, FolderImages, ImageSource, NpzImages, Reference
 
 CACHE_ENV = "DITBENCH_CACHE"
@@ -33,22 +33,6 @@ CACHE_KEYS = ("mu", "sigma", "mu_s", "sigma_s", "pool3")
 def default_cache_dir() -> Path:
     env = os.environ.get(CACHE_ENV)
     return Path(env).expanduser() if env else Path.home() / ".cache" / "ditbench" / "fid"
-
-
-def atomic_write_bytes(path: Path, writer) -> None:
-    """Call writer(file_object) on a temp file next to `path`, then rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            writer(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
@@ -78,7 +62,7 @@ class ReferenceCache:
             pass
         digest = _sha256_file(path)
         try:
-            atomic_write_bytes(memo, lambda f: f.write(json.dumps({**stamp, "sha256": digest}).encode()))
+            atomic_write(memo, lambda f: f.write(json.dumps({**stamp, "sha256": digest}).encode()))
         except OSError:
             pass  # a read-only cache only costs a re-hash next time
         return digest
@@ -130,5 +114,5 @@ class ReferenceCache:
         path = self.path_for(key)
         arrays = {k: np.asarray(entry[k]) for k in CACHE_KEYS}
         arrays["meta"] = np.array(json.dumps(meta))
-        atomic_write_bytes(path, lambda f: np.savez(f, **arrays))
+        atomic_write(path, lambda f: np.savez(f, **arrays))
         return path

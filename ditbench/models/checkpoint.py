@@ -9,10 +9,8 @@ executed. The configuration a file holds is inferred from tensor shapes, so a mi
 
 from __future__ import annotations
 
-import os
 import pickle
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +18,7 @@ import torch
 from torch import nn
 
 from ditbench.errors import UserError
+from ditbench.fileio import atomic_write
 from ditbench.models.dit import CONFIGS, build_model, canonical_name, get_config
 
 FORMAT = "ditbench.checkpoint/1"
@@ -37,17 +36,7 @@ def save_checkpoint(
         "step": int(step),
         "config": dict(config),
     }
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=p.name + ".", suffix=".tmp", dir=p.parent)
-    os.close(fd)
-    try:
-        torch.save(state, tmp)
-        os.replace(tmp, p)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, lambda f: torch.save(state, f))
 
 
 def read_checkpoint(path) -> dict:

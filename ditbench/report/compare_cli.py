@@ -11,6 +11,7 @@ import os
 import sys
 from pathlib import Path
 
+from ditbench.fileio import write_atomic
 from ditbench.report.compare import (
     EnvMismatchError,
     compare_files,
@@ -19,7 +20,6 @@ from ditbench.report.compare import (
     summary_markdown,
     to_json_text,
 )
-from ditbench.report.files import write_atomic
 
 POLICY_EXAMPLE = """\
 exit status: 0 no regression, 1 regression (or missing cells with fail_on_missing), 2 usage or input

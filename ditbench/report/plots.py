@@ -18,8 +18,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import NullLocator
 
+from ditbench.fileio import write_atomic
 from ditbench.report.analysis import IMG_S, knobs, memory_metric, varying_knobs
-from ditbench.report.files import write_atomic
 from ditbench.report.load import column
 
 PRECISION_COLOURS = {"fp32": "#1f77b4", "tf32": "#ff7f0e", "bf16": "#2ca02c", "fp16": "#d62728"}

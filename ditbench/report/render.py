@@ -20,9 +20,9 @@ from typing import Any
 import pandas as pd
 
 from ditbench import __version__
+from ditbench.fileio import write_atomic
 from ditbench.report import analysis
 from ditbench.report.analysis import IMG_S, knobs, memory_metric, varying_knobs
-from ditbench.report.files import write_atomic
 from ditbench.report.load import column, value
 from ditbench.report.plots import PLOT_FILES, render_plots
 

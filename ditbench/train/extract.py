@@ -18,12 +18,12 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
 from ditbench.errors import UserError
+from ditbench.fileio import atomic_write, write_json_atomic
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,25 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=0, help="image decoding worker processes (default 0)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true")
-
-
-def _atomic_write_json(path: Path, obj: dict) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
-
-
-def _atomic_savez(path: Path, **arrays) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp.npz")
-    os.close(fd)
-    try:
-        np.savez(tmp, **arrays)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def extract_latents(
@@ -120,7 +101,7 @@ def extract_latents(
     else:
         parts.mkdir(parents=True, exist_ok=True)
         state = {"job": job, "done": []}
-        _atomic_write_json(marker, state)
+        write_json_atomic(marker, state, indent=1)
 
     dev = torch.device(device)
     model, vae_desc = build_vae(vae, dev)
@@ -146,12 +127,11 @@ def extract_latents(
             lat.append(encode_images(model, images.to(dev), generator=gen).float().cpu())
             lab.append(labels)
             bar.update(len(labels))
-        _atomic_savez(
-            parts / f"shard_{s:06d}.npz", latents=torch.cat(lat).numpy(), labels=torch.cat(lab).numpy()
-        )
+        shard = {"latents": torch.cat(lat).numpy(), "labels": torch.cat(lab).numpy()}
+        atomic_write(parts / f"shard_{s:06d}.npz", lambda f, shard=shard: np.savez(f, **shard))
         done.add(s)
         state["done"] = sorted(done)
-        _atomic_write_json(marker, state)
+        write_json_atomic(marker, state, indent=1)
         encoded += 1
     bar.close()
 
@@ -163,14 +143,14 @@ def extract_latents(
     latents = np.concatenate(lat_parts)
     labels = np.concatenate(lab_parts).astype(np.int64)
     out.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_savez(
-        out,
-        latents=latents,
-        labels=labels,
-        class_names=np.array(dataset.classes),
-        image_size=np.array(image_size),
-        vae=np.array(vae_desc),
-    )
+    final = {
+        "latents": latents,
+        "labels": labels,
+        "class_names": np.array(dataset.classes),
+        "image_size": np.array(image_size),
+        "vae": np.array(vae_desc),
+    }
+    atomic_write(out, lambda f: np.savez(f, **final))
     shutil.rmtree(parts)
     return {"path": str(out), "count": len(files), "shards_encoded": encoded, "done": True, "vae": vae_desc}
 

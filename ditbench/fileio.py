@@ -1,0 +1,43 @@
+"""Atomic file writes: a crash at any moment leaves either the old file or the new one, never half.
+
+Every output ditbench writes whole (records' result files, checkpoints, npz batches, caches,
+reports) goes through `atomic_write`: a temporary file in the same folder, flushed and fsynced,
+then renamed over the target; on failure the temporary file is removed and the error re-raised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
+    """Call write(binary_file) on a temporary file next to `path`, then rename it into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def write_atomic(path: str | Path, data: bytes | str) -> Path:
+    """Write bytes, or text as UTF-8, atomically."""
+    payload = data.encode("utf-8") if isinstance(data, str) else data
+    return atomic_write(path, lambda f: f.write(payload))
+
+
+def write_json_atomic(path: str | Path, obj: Any, **dumps_kwargs: Any) -> Path:
+    return write_atomic(path, json.dumps(obj, **dumps_kwargs))
