@@ -38,7 +38,8 @@ part() {  # part NAME SECONDS COMMAND...: run one part under its cap, note how i
 }
 
 "$PY" -m ditbench env --measure-peak --json > reports/gpu/env.json || status=1
-part tests  60  "$PY" -m pytest -m gpu -q -p no:cacheprovider tests
+# only the files with gpu-marked tests: others import packages (torch_fidelity) the GPU image may lack
+part tests  60  "$PY" -m pytest -m gpu -q -p no:cacheprovider tests/test_gpu.py tests/test_runner.py
 part matrix 200 "$PY" benchmarks/gpu_train_matrix.py --budget 170 --cell-timeout 90 --out reports/gpu/train_matrix.json
 part suite  170 "$PY" -m ditbench run suites/single_24gb.yaml --out reports/single_24gb --no-progress
 part fid    60  "$PY" benchmarks/gpu_fid.py --out reports/gpu/fid.json
