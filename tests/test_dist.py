@@ -431,3 +431,30 @@ def test_two_nodes_on_one_machine_rendezvous_and_node_0_records_the_cell(tmp_pat
     assert rec0["metrics"]["world_size"] == 2 and rec0["metrics"]["nodes"] == 2
     assert rec0["config"]["global_batch"] == rec0["metrics"]["global_batch"] == 4
     assert rec1["status"] == "skipped" and "node 0 records" in rec1["reason"]
+
+
+def _launch_result(returncode, reports, gathered_ranks):
+    from ditbench.bench.torchrun import LaunchResult
+
+    gathered = {"metrics": [{} for _ in range(gathered_ranks)]} if gathered_ranks else None
+    tail = "terminate called without an active exception"
+    return LaunchResult(returncode, False, 1.0, tail, reports, gathered)
+
+
+def test_judge_a_crash_at_teardown_after_complete_reports_keeps_the_measurement():
+    from ditbench.bench.torchrun import judge
+
+    ok = {0: {"rank": 0, "status": "ok"}, 1: {"rank": 1, "status": "ok"}}
+    status, reason = judge(_launch_result(-6, ok, 2), world_size=2, timeout_s=60)
+    assert status == "ok" and "exited with code -6" in reason and "measurement is complete" in reason
+    assert judge(_launch_result(0, ok, 2), world_size=2, timeout_s=60) == ("ok", None)
+
+
+def test_judge_a_crash_before_every_rank_reported_is_an_error():
+    from ditbench.bench.torchrun import judge
+
+    ok = {0: {"rank": 0, "status": "ok"}}
+    status, reason = judge(_launch_result(-6, ok, 0), world_size=2, timeout_s=60)
+    assert status == "error" and "crashed hard" in reason
+    status, _ = judge(_launch_result(-6, {}, 0), world_size=2, timeout_s=60)
+    assert status == "error"
