@@ -61,25 +61,8 @@ def build_trainer(config: dict[str, Any], ctx, strategy: str):
     kwargs = {k: v for k, v in config.items() if k in names}
     kwargs["device"] = str(ctx.device)
     # Same model init on every rank (DDP also broadcasts rank 0's), but each rank its own data.
-    trainer = Trainer(TrainConfig(**kwargs), wrap_model=lambda m: dist.wrap_model(m, strategy, ctx))
-    trainer.data = _data_for_rank(config, trainer, ctx.rank)
-    return trainer
-
-
-def _data_for_rank(config: dict[str, Any], trainer, rank: int):
-    from ditbench.train.data import data_source_from_config
-
-    cfg = trainer.cfg
-    return data_source_from_config(
-        cfg.data,
-        batch_size=cfg.batch_size,
-        image_size=cfg.image_size,
-        num_classes=cfg.num_classes,
-        device=trainer.device,
-        seed=cfg.seed + 1000 * rank,
-        vae=cfg.vae,
-        num_workers=cfg.data_workers,
-    )
+    kwargs["data_seed"] = kwargs.get("seed", 0) + 1000 * ctx.rank
+    return Trainer(TrainConfig(**kwargs), wrap_model=lambda m: dist.wrap_model(m, strategy, ctx))
 
 
 def measured_window(trainer, step, ctx, steps: dict[str, Any]) -> dict[str, Any]:

@@ -41,6 +41,7 @@ class TrainConfig:
     impl: str = "ditbench"
     data: Any = "synthetic"  # "synthetic" | {"latents": path} | {"images": dir, "vae": path|"random"}
     seed: int = 0
+    data_seed: int | None = None  # the data source's seed; None = seed (ranks of a job each get their own)
     lr: float = 1e-4
     weight_decay: float = 0.0
     ema_decay: float = 0.9999
@@ -135,7 +136,7 @@ class Trainer:
                 image_size=cfg.image_size,
                 num_classes=cfg.num_classes,
                 device=self.device,
-                seed=cfg.seed,
+                seed=cfg.seed if cfg.data_seed is None else cfg.data_seed,
                 vae=cfg.vae,
                 num_workers=cfg.data_workers,
             )
