@@ -1,5 +1,12 @@
 """The one exception type that reaches the user as a message rather than a traceback."""
 
+from __future__ import annotations
+
+import reprlib
+from typing import Any
+
+SHORT_LIMIT = 80  # characters of a user's value that a message quotes
+
 
 class UserError(Exception):
     """Bad input from the user: a file, key or value, and what would be valid.
@@ -16,3 +23,24 @@ class UnsupportedError(UserError):
 
     The runner records such a cell as `unsupported` with this message as the reason.
     """
+
+
+_BOUNDED = reprlib.Repr()
+_BOUNDED.maxlevel, _BOUNDED.maxstring, _BOUNDED.maxother = 3, 4 * SHORT_LIMIT, 4 * SHORT_LIMIT
+_BOUNDED.maxlist = _BOUNDED.maxtuple = _BOUNDED.maxdict = _BOUNDED.maxset = 8
+
+
+def shorten(value: Any, limit: int = SHORT_LIMIT, *, quote: bool = True) -> str:
+    """A user's value for a message: repr'd (or str'd when quote=False) and cut to `limit` characters.
+
+    Never put a user value into a message without it: a 300-byte YAML file can expand to a
+    value whose repr is 40 MB.
+    """
+    if isinstance(value, str) and not quote:
+        text = value
+    else:
+        text = _BOUNDED.repr(value)  # bounded: never builds the whole repr of a huge value
+    if len(text) <= limit:
+        return text
+    size = f" ({len(value):,} characters)" if isinstance(value, str) else ""
+    return f"{text[: max(limit - 1, 1)]}…{size}"

@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ditbench.errors import UserError
+from ditbench.yamlio import load_yaml_file
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 GRAD_CKPT = ("none", "full")
@@ -260,15 +259,11 @@ def matches(config: dict[str, Any], partial: dict[str, Any]) -> bool:
 def load_suite(path: str | Path) -> Suite:
     """Read and validate a suite file; raise UserError naming the file and key on any mistake."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise UserError(
             f"suite file {path} does not exist (ready suites are in suites/, e.g. suites/cpu_smoke.yaml)."
         )
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as err:
-        raise UserError(f"suite {path} is not valid YAML: {err}") from None
-    return parse_suite(raw, str(path))
+    return parse_suite(load_yaml_file(path, "suite"), str(path))
 
 
 def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
