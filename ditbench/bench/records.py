@@ -72,14 +72,12 @@ def _finite_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def record_problem(record: Any) -> str | None:
-    """Why `record` is not a valid result record, or None. The minimal shape every reader relies on:
+def shape_problem(record: Any) -> str | None:
+    """Why `record` does not have the shape every reader relies on, or None.
 
     schema "ditbench.result/..." (str); cell_id a non-empty str; cell_name a str; status one of
-    STATUSES; config a dict; reason str or null; metrics, smoke, env, quality dicts or null; nesting
-    at most MAX_DEPTH. An ok record carries its measurement: metrics.images_per_s and
-    metrics.step_ms.median finite numbers (p10/p90 numbers or null). Smoke window means are numbers
-    or null.
+    STATUSES; config a dict; reason str or null; metrics, smoke, env, quality dicts or null; smoke
+    window means numbers or null; nesting at most MAX_DEPTH.
     """
     if not isinstance(record, dict):
         return f"a JSON {type(record).__name__}, not a result record (a JSON object)"
@@ -107,9 +105,18 @@ def record_problem(record: Any) -> str | None:
     for key in ("first_mean", "last_mean"):
         if smoke.get(key) is not None and not _finite_number(smoke[key]):
             return f'"smoke.{key}" is not a finite number or null'
-    if status == "ok":
-        return _measurement_problem(record.get("metrics"))
     return None
+
+
+def record_problem(record: Any) -> str | None:
+    """Why `record` is not a valid result record, or None: its shape (shape_problem), and for an ok
+    record its measurement (metrics.images_per_s and metrics.step_ms.median finite numbers, p10/p90
+    numbers or null). A record that fails here is not a finished cell: a resumed run runs it again.
+    """
+    problem = shape_problem(record)
+    if problem is None and record["status"] == "ok":
+        problem = _measurement_problem(record.get("metrics"))
+    return problem
 
 
 def _measurement_problem(metrics: dict[str, Any] | None) -> str | None:
