@@ -22,6 +22,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from ditbench.errors import shorten
+
 SCHEMA = "ditbench.result/1"
 SCHEMA_PREFIX = "ditbench.result/"
 STATUSES = ("ok", "oom", "timeout", "nan_loss", "error", "skipped", "unsupported")
@@ -93,7 +95,7 @@ def shape_problem(record: Any) -> str | None:
         return '"cell_name" is missing or not a string'
     status = record.get("status")
     if not isinstance(status, str) or status not in STATUSES:
-        return f'"status" is not one of {", ".join(STATUSES)}'
+        return f'"status" is {shorten(status)}, not one of {", ".join(STATUSES)}'
     if not isinstance(record.get("config"), dict):
         return '"config" is missing or not an object'
     if not isinstance(record.get("reason"), (str, type(None))):
