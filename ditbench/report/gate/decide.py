@@ -36,7 +36,7 @@ from ditbench.report.gate.inputs import (
     rows,
     step_samples,
 )
-from ditbench.report.gate.metrics import METRICS, QUALITY, Metric
+from ditbench.report.gate.metrics import CORE, METRICS, QUALITY, Metric
 from ditbench.report.gate.policy import STEP_SAMPLES, Policy, Rule
 from ditbench.report.gate.quality import check_identity, compare_quality, read_quality
 from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
@@ -73,12 +73,24 @@ class _Cell:
         weak = self._weak_reason()
         test = self._step_test()
         gated = [(METRICS[name], rule) for name, rule in self.rules.items()]
+        self._require_core()
         for metric, rule in gated:
             if metric.kind != QUALITY:
                 self._measured(metric, rule, test, weak)
         quality = [(m, r) for m, r in gated if m.kind == QUALITY]
         if quality:
             self._quality(quality)
+
+    def _require_core(self) -> None:
+        """Status ok claims images/s and a step time: a record without them is not comparable."""
+        for name in CORE:
+            if name in self.rules:
+                continue  # checked where it is compared
+            metric = METRICS[name]
+            for row in (self.b, self.n):
+                v, usable = self._value(row, metric)
+                if usable and v is None:
+                    self.problem(row, name, f"{metric.path} is missing (a status ok record needs it)")
 
     def _weak_reason(self) -> str | None:
         reasons = []

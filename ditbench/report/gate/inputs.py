@@ -162,14 +162,16 @@ class IncomparableError(GateRefusal):
     def __init__(self, problems: list[Problem]):
         self.problems = problems
         first = problems[0]
-        head = f"{first.row.where}: {first.text}"
-        cells = {(p.row.side, p.row.source) for p in problems}
-        rest = [f"{p.row.side} {p.row.source}" for p in problems[1:MAX_NAMED]]
-        more = ""
+        records = {(p.row.side, p.row.source) for p in problems}
+        also = ""
         if len(problems) > 1:
-            more = f" Also {len(problems) - 1} more problem(s) in {len(cells)} record(s): {'; '.join(rest)}"
-            more += "…" if len(problems) > MAX_NAMED else ""
-            more += "."
+            named = "; ".join(f"{p.row.side} {p.row.source}: {p.text}" for p in problems[1:MAX_NAMED])
+            rest = len(problems) - MAX_NAMED
+            also = (
+                f" {len(problems)} problems in {len(records)} record(s); also {named}"
+                + (f"; and {rest} more" if rest > 0 else "")
+                + "."
+            )
         allow = ""
         if first.metric is not None:
             allow = (
@@ -177,6 +179,6 @@ class IncomparableError(GateRefusal):
                 "to report it as not compared instead."
             )
         super().__init__(
-            f"{head}. A gate cannot pass what it cannot compare, so it refuses (exit 2).{more} "
-            f"Re-run the cell or fix the record.{allow}"
+            f"{first.row.where}: {first.text}. A gate cannot pass what it cannot compare, so it refuses "
+            f"(exit 2).{also} Re-run the cell or fix the record.{allow}"
         )
