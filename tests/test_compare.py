@@ -531,3 +531,57 @@ def test_the_policy_example_in_the_help_is_valid(tmp_path):
     p.write_text("\n".join(line[2:] for line in lines[start:end]) + "\n")
     policy = load_policy(p)
     assert policy.rules["step_ms"].threshold_pct == 10 and policy.overrides[0].match == {"model": "DiT-S/8"}
+
+
+# ------------------------------------------------------------------------------------ noisy cells
+
+NOISE = {"step_spread": 28.5, "throughput_gap": 0.41, "spread_bound": 1.5, "gap_bound": 0.1}
+
+
+def test_a_noisy_cell_still_fails_but_its_timing_verdict_is_weak(tmp_path):
+    new = cell(360.0, seed=2)
+    new["metrics"].update(noisy=True, noise=NOISE)
+    result = gate(tmp_path, [cell(400.0)], [new])
+    c = only(result)
+    d = delta(c, "images_per_s")
+    assert c.verdict == "regression" and result.exit_code == 1  # still gated
+    assert (
+        d.weak
+        and "step spread p90/p10 28.5 (bound 1.5)" in d.weak_reason
+        and d.weak_reason.startswith("new:")
+    )
+    assert c.weak
+    mem = delta(c, "peak_mem_allocated_gib")
+    assert not mem.weak  # memory does not come from the noisy window
+    text = summary_markdown(result)
+    assert "⚠️ weak" in text and "**Weak verdicts** in 1 cell(s)" in text and "regression (weak)" in text
+    assert result.to_json()["weak_cells"] == 1
+
+
+def test_a_noisy_baseline_makes_a_pass_weak(tmp_path):
+    base = cell(400.0)
+    base["metrics"]["noisy"] = True  # the runner's flag without its figures
+    result = gate(tmp_path, [base], [cell(401.0, seed=2)])
+    c = only(result)
+    assert (
+        c.verdict == "pass"
+        and c.weak
+        and delta(c, "images_per_s").weak_reason == "base: noisy measurement window"
+    )
+
+
+def test_noisy_false_is_not_weak(tmp_path):
+    new = cell(401.0, seed=2)
+    new["metrics"].update(noisy=False, noise=NOISE)
+    assert not only(gate(tmp_path, [cell(400.0)], [new])).weak
+
+
+def test_an_improvement_that_is_not_significant_is_not_listed_with_the_slowdowns(tmp_path):
+    base_s = step_samples(20.0, 20, noise=0.2, seed=1)
+    new_s = step_samples(20.0, 20, noise=0.2, seed=2)
+    result = gate(tmp_path, [cell(400.0, samples=base_s)], [cell(440.0, samples=new_s)])  # +10%, same steps
+    d = delta(only(result), "images_per_s")
+    assert d.verdict == "noise" and d.direction == "better" and result.exit_code == 0
+    text = summary_markdown(result)
+    assert "### Better beyond the threshold, but not significant" in text
+    assert "Worse beyond" not in text and "### Regressions" not in text
