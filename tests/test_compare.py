@@ -334,6 +334,10 @@ overrides:
     rules = policy.rules_for({"model": "DiT-S/8", "precision": "fp32"})
     assert rules["images_per_s"].threshold_pct == 30 and "peak_mem_reserved_gib" not in rules
     assert policy.rules_for({"model": "DiT-B/8", "precision": "fp32"})["images_per_s"].threshold_pct == 15
+    other = gate(tmp_path, [make_record("DiT-B/8")], [make_record("DiT-B/8", sample_seed=3)], policy)
+    assert other.unused_overrides == [0] and "No compared cell matched overrides[0]" in summary_markdown(
+        other
+    )
     # the 10% slowdown is within the override's 30% for this cell
     assert only(gate(tmp_path, [cell(400.0)], [cell(360.0, seed=2)], policy)).verdict == "pass"
 
@@ -485,8 +489,15 @@ def test_large_matrix_gate_counts(tmp_path):
 
 
 def test_shipped_ci_policy_and_workflow_agree():
+    from ditbench.bench.suite import load_suite
+    from ditbench.report.load import flatten
+
     policy = load_policy(ROOT / "baselines" / "ci_gate" / "policy.yaml")
     assert policy.fail_on_missing and policy.rules["images_per_s"].threshold_pct == 5
+    assert not policy.allow_incomparable
+    knobs = [flatten(c.config) for c in load_suite(ROOT / "suites" / "ci_gate.yaml").cells]
+    for i in range(len(policy.overrides)):  # an override that matches no cell of the suite is dead
+        assert any(i in policy.matching(k) for k in knobs), policy.overrides[i].match
     workflow = (ROOT / ".github" / "workflows" / "gpu-regression.yml").read_text()
     assert "ditbench compare baselines/ci_gate/results.jsonl runs/ci/results.jsonl" in workflow
     assert "--policy baselines/ci_gate/policy.yaml" in workflow
@@ -531,6 +542,16 @@ def test_the_policy_example_in_the_help_is_valid(tmp_path):
     p.write_text("\n".join(line[2:] for line in lines[start:end]) + "\n")
     policy = load_policy(p)
     assert policy.rules["step_ms"].threshold_pct == 10 and policy.overrides[0].match == {"model": "DiT-S/8"}
+    assert policy.allow_incomparable == {"mfu"} and policy.quality_noise_k == 2
+    assert {"fid", "inception_score", "step_ms"} <= policy.explicit
+
+
+def test_help_documents_every_policy_key():
+    from ditbench.report.gate.cli import POLICY_EXAMPLE
+    from ditbench.report.gate.policy import POLICY_KEYS, STEP_SAMPLES
+
+    for key in (*POLICY_KEYS, STEP_SAMPLES):
+        assert key in POLICY_EXAMPLE
 
 
 # ------------------------------------------------------------------------------------ noisy cells

@@ -332,3 +332,29 @@ def test_a_policy_that_is_a_directory_or_missing(tmp_path, capsys, monkeypatch):
     assert_clean_error(2, capsys.readouterr().err, "is a directory")
     assert main(["compare", str(b), str(n), "--policy", str(tmp_path / "nope.yaml")]) == 2
     assert_clean_error(2, capsys.readouterr().err, "does not exist")
+
+
+def test_summary_targets_that_cannot_be_written(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    b, n = tmp_path / "base.jsonl", tmp_path / "new.jsonl"
+    write_jsonl(b, base)
+    write_jsonl(n, new)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    assert main(["compare", str(b), str(n), "--summary", str(tmp_path)]) == 2  # a directory
+    assert_clean_error(2, capsys.readouterr().err, "cannot write the summary to --summary")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path))
+    assert main(["compare", str(b), str(n)]) == 2
+    assert_clean_error(2, capsys.readouterr().err, "cannot write the summary to $GITHUB_STEP_SUMMARY")
+
+
+def test_a_run_directory_is_named_by_its_results_file(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    new[0]["metrics"]["images_per_s"] = float("nan")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "results.jsonl").write_bytes(_dump_nan(new))
+    b = tmp_path / "base.jsonl"
+    write_jsonl(b, base)
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    assert main(["compare", str(b), str(run_dir)]) == 2
+    assert_clean_error(2, capsys.readouterr().err, f"NEW {run_dir / 'results.jsonl'} line 1")

@@ -15,6 +15,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+from ditbench.errors import UserError, shorten
 from ditbench.fileio import write_atomic
 from ditbench.report.gate.decide import compare_files
 from ditbench.report.gate.inputs import GateRefusal
@@ -92,11 +93,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _publish(text: str, summary: str | None) -> None:
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     same = summary and step_summary and Path(summary).resolve() == Path(step_summary).resolve()
-    if summary and not same:
-        write_atomic(summary, text)
-    if step_summary:  # other steps write there too: append, never replace
-        with open(step_summary, "a", encoding="utf-8") as f:
-            f.write(text + "\n")
+    where = "--summary"
+    try:
+        if summary and not same:
+            write_atomic(summary, text)
+        where = "$GITHUB_STEP_SUMMARY"
+        if step_summary:  # other steps write there too: append, never replace
+            with open(step_summary, "a", encoding="utf-8") as f:
+                f.write(text + "\n")
+    except OSError as err:
+        target = summary if where == "--summary" else step_summary
+        raise UserError(
+            f"cannot write the summary to {where} {shorten(str(target), 200, quote=False)}: "
+            f"{err.strerror or err}. Give a writable file path."
+        ) from None
 
 
 def run(args: argparse.Namespace) -> int:

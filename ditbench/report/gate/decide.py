@@ -239,12 +239,15 @@ def compare_frames(
     compared: dict[str, int] = {}  # metric -> cells that compared it
     unmeasured: dict[str, int] = {}  # metric -> cells where neither run measured it
     official: list[bool | None] = []
+    used_overrides: set[int] = set()
     for cid in list(base_rows) + [c for c in new_rows if c not in base_rows]:
         b, n = base_rows.get(cid), new_rows.get(cid)
         if not (b and n and b.record["status"] == n.record["status"] == "ok"):
             cells.append(_status_result(b, n))
             continue
-        cell = _Cell(b, n, policy.rules_for(knobs(n.record)), policy, problems)
+        cell_knobs = knobs(n.record)
+        used_overrides.update(policy.matching(cell_knobs))
+        cell = _Cell(b, n, policy.rules_for(cell_knobs), policy, problems)
         cell.run()
         for d in cell.deltas:
             compared[d.metric] = compared.get(d.metric, 0) + 1
@@ -257,7 +260,8 @@ def compare_frames(
     first_new = next(iter(new_rows.values()))
     env = {k: v for k, v in envs.fingerprint(first_new.record).items() if v != "None"}
     inception = None if not official else all(o is True for o in official)
-    result = Comparison(base_path, new_path, cells, diffs, policy, env, inception)
+    unused = [i for i in range(len(policy.overrides)) if i not in used_overrides]
+    result = Comparison(base_path, new_path, cells, diffs, policy, env, inception, unused)
     if result.compared == 0 and not result.failed:
         counts = ", ".join(f"{result.count(v)} {v}" for v in VERDICTS if result.count(v))
         raise NothingComparedError(

@@ -44,9 +44,14 @@ def rows(df: pd.DataFrame, side: str) -> dict[str, Row]:
 
 
 def load_run(path: str | Path) -> pd.DataFrame:
+    """One run's latest record per cell; a run directory is read through its results.jsonl, so that
+    messages name the file itself."""
     from ditbench.report.load import load_results
 
-    return load_results(path)
+    p = Path(path)
+    if p.is_dir() and (p / "results.jsonl").is_file():
+        p = p / "results.jsonl"
+    return load_results(p)
 
 
 # ------------------------------------------------------------------------------------------ values

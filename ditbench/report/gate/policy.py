@@ -56,15 +56,18 @@ class Policy:
     explicit: frozenset[str] = frozenset()  # metrics the policy file gives a threshold (must be compared)
     source: str = "defaults"
 
+    def matching(self, knobs: dict[str, Any]) -> list[int]:
+        """Indices of the overrides whose match fits these knobs."""
+        return [i for i, o in enumerate(self.overrides) if all(knobs.get(k) == v for k, v in o.match.items())]
+
     def rules_for(self, knobs: dict[str, Any]) -> dict[str, Rule]:
         rules = dict(self.rules)
-        for o in self.overrides:
-            if all(knobs.get(k) == v for k, v in o.match.items()):
-                for name, rule in o.rules.items():
-                    if rule is None:
-                        rules.pop(name, None)
-                    else:
-                        rules[name] = rule
+        for i in self.matching(knobs):
+            for name, rule in self.overrides[i].rules.items():
+                if rule is None:
+                    rules.pop(name, None)
+                else:
+                    rules[name] = rule
         return rules
 
     def allows(self, name: str) -> bool:

@@ -64,6 +64,7 @@ class Comparison:
     policy: Policy
     env: dict[str, str]
     inception_official: bool | None = None  # None: no quality metric was compared
+    unused_overrides: list[int] = field(default_factory=list)  # policy overrides no compared cell matched
 
     @property
     def regressions(self) -> list[CellResult]:
@@ -108,6 +109,7 @@ class Comparison:
                 "allow_incomparable": sorted(p.allow_incomparable),
                 "quality_noise_k": p.quality_noise_k,
                 "thresholds_pct": {k: r.threshold_pct for k, r in p.rules.items()},
+                "unused_overrides": self.unused_overrides,
             },
             "cells": [asdict(c) for c in self.cells],
         }

@@ -209,13 +209,20 @@ def _policy_line(c: Comparison) -> list[str]:
     p = c.policy
     rules = ", ".join(f"{METRICS[k].label} {_limit(k, r.threshold_pct)}" for k, r in p.rules.items())
     allowed = "every metric" if "*" in p.allow_incomparable else ", ".join(sorted(p.allow_incomparable))
+    unused = ""
+    if c.unused_overrides:
+        shown = "; ".join(
+            f"overrides[{i}] (match {_md(p.overrides[i].match)})" for i in c.unused_overrides[:5]
+        )
+        unused = f" ⚠️ No compared cell matched {shown}: check its knobs and values."
     return [
         "",
         f"Policy ({p.source}): {rules or 'no metric'}; a timing change counts only if the per-step times "
         f"differ by a Mann-Whitney U test at p<{p.alpha:g} (tested with ≥{p.min_samples} samples a side); "
         f"memory and loss are gated on the threshold alone; a quality change must also exceed "
         f"{p.quality_noise_k:g}σ of the seeds' combined spread."
-        + (f" Allowed to go uncompared: {allowed}." if allowed else ""),
+        + (f" Allowed to go uncompared: {allowed}." if allowed else "")
+        + unused,
     ]
 
 
