@@ -168,6 +168,7 @@ def test_the_writer_turns_values_json_cannot_hold_into_null_and_says_why(tmp_pat
     record["metrics"]["handle"] = Opaque()
     record["metrics"]["array"] = np.zeros(3)
     record["config"][7] = "int key"
+    record["config"]["seed"] = 10**5000  # json.dumps alone would raise on it
     written = append_record(path, record)
     (text,) = path.read_text().splitlines()
     back = json.loads(text)  # plain JSON: no NaN, no Infinity
@@ -180,7 +181,12 @@ def test_the_writer_turns_values_json_cannot_hold_into_null_and_says_why(tmp_pat
         "metrics.step_ms.samples[1]",
         "metrics.peak_mem_allocated_gib",
     ]
-    assert back["unserializable"] == {"metrics.handle": "Opaque", "metrics.array": "ndarray"}
+    assert back["unserializable"] == {
+        "config.seed": "integer too large",
+        "metrics.handle": "Opaque",
+        "metrics.array": "ndarray",
+    }
+    assert back["config"]["seed"] is None
     assert back["metrics"]["params"] == 33_150_000 and back["metrics"]["tflops_per_s"] == 1.5
     assert back["metrics"]["loss_last"] == 0.25 and back["config"]["7"] == "int key"
     assert record["metrics"]["handle"] is not None  # the caller's record is not changed
@@ -203,7 +209,13 @@ def test_the_writer_bounds_what_it_lists_and_how_deep_it_goes():
         node["x"] = {}
         node = node["x"]
     record["metrics"]["deep"] = deep
+    loop: dict = {}
+    loop["self"] = loop  # a cycle: json.dumps would raise "Circular reference detected"
+    record["metrics"]["loop"] = loop
+    record["metrics"]["tags"] = {"a", "b"}
     safe = json_safe(record)
+    assert safe["unserializable"]["metrics.tags"] == "set"
+    assert any(v == "nested too deep" for v in safe["unserializable"].values())
     assert len(safe["nonfinite"]) <= MAX_LISTED + 1 and safe["nonfinite"][-1].startswith("... and ")
     assert safe["smoke"]["loss"] == [None] * 5000
     json.dumps(safe, allow_nan=False)  # writable

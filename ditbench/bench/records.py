@@ -32,6 +32,7 @@ STATUSES = ("ok", "oom", "timeout", "nan_loss", "error", "skipped", "unsupported
 MAX_DEPTH = 32
 MAX_LISTED = 100  # paths named in `nonfinite` / `unserializable` (a NaN loss curve has thousands)
 WARN_LINES = 20  # line numbers one warning names
+MAX_INT = 10**300  # larger integers are written as null: no reader could use them as numbers
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -197,8 +198,14 @@ class _Sanitizer:
         return self.noted <= MAX_LISTED
 
     def copy(self, value: Any, path: str = "(record)", depth: int = 0) -> Any:
-        if value is None or isinstance(value, (str, bool, int)):
+        if value is None or isinstance(value, (str, bool)):
             return value
+        if isinstance(value, int):
+            if abs(value) < MAX_INT:
+                return value
+            if self._room():  # json.dumps itself refuses more than 4,300 digits; readers choke sooner
+                self.unserializable[path] = "integer too large"
+            return None
         if isinstance(value, float):
             if math.isfinite(value):
                 return value

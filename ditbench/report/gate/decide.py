@@ -43,7 +43,6 @@ from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, Metric
 from ditbench.report.gate.timing import StepTest, judge
 
 FAILED = ("oom", "timeout", "nan_loss", "error")
-NOT_RUN = ("skipped", "unsupported")
 
 
 class NothingComparedError(GateRefusal):
