@@ -85,7 +85,7 @@ def knob_text(name: str, v: Any) -> str:
     if name == "compile":
         return "compile" if v else "eager"
     if name == "run":
-        return f"(run {v})"
+        return f"· run {v}"
     return f"{name}={json.dumps(v) if isinstance(v, (dict, list)) else v}"
 
 

@@ -20,25 +20,27 @@ from typing import Any
 
 import pandas as pd
 
-from ditbench.cards import find_card
-from ditbench.errors import UserError
 from ditbench.report.cells import cell_label, knob_index, knob_key, knobs
+from ditbench.report.claim_values import (
+    GIB_TO_GB,
+    basis,
+    claimed_text,
+    fmt,
+    latest_per_cell,
+    matches,
+    metric_value,
+    speed_elsewhere,
+    spread,
+    status_text,
+    where_measured,
+    why_no_match,
+)
 from ditbench.report.claims import METRICS, Claim, ClaimsFile
 from ditbench.report.load import value
-from ditbench.report.memory import (
-    MEM_ALLOCATED,
-    card_lower_bounds,
-    cell_budget,
-    fit_memory,
-    fits,
-    needs_more_than,
-)
-from ditbench.report.timing import gpu_hours_per_million_images, time_to_steps_s
+from ditbench.report.memory import card_lower_bounds, fit_memory, fits, needs_more_than
 
 HELD, NOT_HELD, NOT_MEASURED = "held", "not held", "not measured"
-GIB_TO_GB = 2**30 / 1e9
 SHOWN = 6  # cells named in one evidence text; the JSON lists them all
-_ABSENT = object()
 
 
 @dataclass
@@ -79,113 +81,6 @@ class ClaimResult:
 # ------------------------------------------------------------------------------------------ values
 
 
-def _unit(metric: str) -> str:
-    return METRICS[metric][1]
-
-
-def fmt(v: float, metric: str | None) -> str:
-    if metric == "mfu":
-        return f"{v:.1%}"
-    unit = _unit(metric) if metric else "GiB"
-    text = f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
-    return f"{text} {unit}".rstrip()
-
-
-def metric_value(row: pd.Series, metric: str, target_steps: int) -> tuple[float | None, str]:
-    """(value, "") of an ok cell, or (None, why it has none)."""
-    kind = METRICS[metric][0]
-    if kind == "memory" and row.get("config.device") == "cpu":
-        return None, "a CPU cell has no GPU memory figure"
-    if metric in ("peak_memory_gib", "peak_memory_gb"):
-        mem, _ = fit_memory(row)
-        v = None if mem is None else mem * (GIB_TO_GB if metric == "peak_memory_gb" else 1)
-    elif metric == "peak_allocated_gib":
-        v = value(row, MEM_ALLOCATED)
-    elif metric == "step_time":
-        ms = value(row, "metrics.step_ms.median")
-        v = None if ms is None else ms / 1000
-    elif metric == "days_to_target":
-        s = time_to_steps_s(row, target_steps)
-        v = None if s is None else s / 86400
-    elif metric == "gpu_hours_per_million_images":
-        v = gpu_hours_per_million_images(row)
-    elif metric == "mfu":
-        v = value(row, "metrics.mfu.value")
-    else:
-        v = value(row, f"metrics.{metric}")
-    return (v, "") if v is not None else (None, f"the record has no {metric}")
-
-
-def _same_card(gpu_name: Any, card: str) -> bool:
-    try:
-        return bool(gpu_name) and find_card(str(gpu_name)).name == card
-    except UserError:
-        return False
-
-
-def speed_elsewhere(row: pd.Series, card: str | None) -> str:
-    """Why this cell's absolute speed does not speak for `card` ('' when it does, or no card is named)."""
-    if card is None:
-        return ""
-    if row.get("config.device") == "cpu":
-        return f"ran on a CPU, not on an {card}"
-    budget = cell_budget(row)
-    if budget is not None and budget.emulated:
-        return f"ran on {budget.ran_on()}: that is the {budget.real_gpu}'s speed, not an {card}'s"
-    gpu = row.get("env.gpu_name")
-    return "" if _same_card(gpu, card) else f"ran on {gpu or 'an unknown GPU'}, not on an {card}"
-
-
-def where_measured(rows: list[pd.Series]) -> str:
-    """' (speeds of NVIDIA H200 capped to ...)' for speed evidence; '' on a plain GPU."""
-    places = []
-    for row in rows:
-        budget = cell_budget(row)
-        if row.get("config.device") == "cpu":
-            places.append("a CPU")
-        elif budget is not None and budget.emulated:
-            places.append(budget.ran_on())
-    places = list(dict.fromkeys(places))
-    return f"; speeds measured on {' and '.join(places)}" if places else ""
-
-
-def _matches(k: dict[str, Any], selector: dict[str, Any]) -> bool:
-    for key, want in selector.items():
-        have = k.get(key, _ABSENT)
-        if isinstance(want, list):
-            if not any(_equal(have, w) for w in want):
-                return False
-        elif not _equal(have, want):
-            return False
-    return True
-
-
-def _equal(have: Any, want: Any) -> bool:
-    if isinstance(have, bool) or isinstance(want, bool):
-        return have is want
-    return have == want
-
-
-def why_no_match(df: pd.DataFrame, selector: dict[str, Any]) -> str:
-    all_knobs = [knobs(r) for r in df["record"]]
-    for key, want in selector.items():
-        wanted = want if isinstance(want, list) else [want]
-        present = list(dict.fromkeys(str(k.get(key, "(not set)")) for k in all_knobs))
-        if not any(_equal(k.get(key, _ABSENT), w) for k in all_knobs for w in wanted):
-            listed = ", ".join(present[:8]) + (", ..." if len(present) > 8 else "")
-            return f"no cell in this run has {key} = {want} (it has {listed})"
-    text = ", ".join(f"{k}={v}" for k, v in selector.items())
-    return f"no cell in this run matches {text} as a whole"
-
-
-def latest_per_cell(df: pd.DataFrame) -> pd.DataFrame:
-    if not df["cell_id"].duplicated().any():
-        return df
-    order = df.assign(_order=range(len(df)))
-    order = order.sort_values(["started_at", "_order"], na_position="first", kind="stable")
-    return order.drop_duplicates("cell_id", keep="last").sort_values("_order").drop(columns="_order")
-
-
 # ------------------------------------------------------------------------------------------ checks
 
 
@@ -203,40 +98,11 @@ def check_claims(df: pd.DataFrame, claims: ClaimsFile, target_steps: int) -> lis
     return out
 
 
-def claimed_text(claim: Claim) -> str:
-    m, tol = claim.metric, claim.tolerance_pct
-    if claim.expect == "fits":
-        return (
-            f"fits {claim.fits_card} ({claim.fits_gib:g} GiB)"
-            if claim.fits_card
-            else f"fits {claim.fits_gib:g} GiB"
-        )
-    interval = f"{claim.low:.3g}–{claim.high:.3g}"
-    if claim.expect == "value":
-        return f"{fmt(float(claim.stated), m)} ± {tol:g}% ({interval})"
-    if claim.expect == "range":
-        return f"{claim.low:g}–{fmt(claim.high, m)}"
-    if claim.expect == "at_most":
-        return f"at most {fmt(claim.high, m)}"
-    if claim.expect == "at_least":
-        return f"at least {fmt(claim.low, m)}"
-    what = f"{m} to/from"
-    if claim.expect == "ratio":
-        return f"{what} ×{float(claim.stated):g} ± {tol:g}% ({interval})"
-    return f"{what} ×{claim.low:g}–{claim.high:g}"
-
-
-def _spread(values: list[float], metric: str | None) -> str:
-    if len(values) == 1:
-        return fmt(values[0], metric)
-    return f"{fmt(min(values), metric)} to {fmt(max(values), metric)} over {len(values)} cells"
-
-
 def _check_cell(df: pd.DataFrame, claim: Claim, target_steps: int, bounds: dict) -> ClaimResult:
     metric = claim.metric
     assert metric is not None
     claimed = claimed_text(claim)
-    rows = [row for _, row in df.iterrows() if _matches(knobs(row["record"]), claim.cell)]
+    rows = [row for _, row in df.iterrows() if matches(knobs(row["record"]), claim.cell)]
     if not rows:
         return ClaimResult(claim, NOT_MEASURED, claimed, "—", why_no_match(df, claim.cell))
     judged: list[tuple[pd.Series, float, bool]] = []
@@ -266,7 +132,7 @@ def _check_cell(df: pd.DataFrame, claim: Claim, target_steps: int, bounds: dict)
                 )
                 unjudged.append((row, f"out of memory, {text}"))
         else:
-            unjudged.append((row, _status_text(row)))
+            unjudged.append((row, status_text(row)))
     numbers = [
         {"cell": cell_label(r), "cell_id": r["cell_id"], "value": v, "within": ok} for r, v, ok in judged
     ] + [
@@ -274,7 +140,7 @@ def _check_cell(df: pd.DataFrame, claim: Claim, target_steps: int, bounds: dict)
         for r, n in beyond
     ]
     parts = [
-        f"{cell_label(r)}: {fmt(v, metric)}{_basis(r, metric)} ({'inside' if ok else 'outside'} the claim)"
+        f"{cell_label(r)}: {fmt(v, metric)}{basis(r, metric)} ({'inside' if ok else 'outside'} the claim)"
         for r, v, ok in judged[:SHOWN]
     ]
     parts += [
@@ -283,7 +149,7 @@ def _check_cell(df: pd.DataFrame, claim: Claim, target_steps: int, bounds: dict)
     ]
     if judged or beyond:
         verdict = HELD if judged and all(ok for _, _, ok in judged) and not beyond else NOT_HELD
-        measured = _spread([v for _, v, _ in judged], metric) if judged else f"> {fmt(beyond[0][1], metric)}"
+        measured = spread([v for _, v, _ in judged], metric) if judged else f"> {fmt(beyond[0][1], metric)}"
     else:
         verdict, measured = NOT_MEASURED, "—"
     evidence = "; ".join(parts)
@@ -296,24 +162,11 @@ def _check_cell(df: pd.DataFrame, claim: Claim, target_steps: int, bounds: dict)
     return ClaimResult(claim, verdict, claimed, measured, evidence, cells, numbers)
 
 
-def _basis(row: pd.Series, metric: str) -> str:
-    if metric in ("peak_memory_gib", "peak_memory_gb"):
-        _, label = fit_memory(row)
-        return f" {label}" if label else ""
-    return ""
-
-
-def _status_text(row: pd.Series) -> str:
-    reason = row.get("reason")
-    reason = f" ({str(reason)[:120]})" if isinstance(reason, str) and reason else ""
-    return f"status {row['status']}{reason}"
-
-
 def _check_fits(df: pd.DataFrame, claim: Claim, bounds: dict) -> ClaimResult:
     gib = claim.fits_gib
     assert gib is not None
     claimed = claimed_text(claim)
-    rows = [row for _, row in df.iterrows() if _matches(knobs(row["record"]), claim.cell)]
+    rows = [row for _, row in df.iterrows() if matches(knobs(row["record"]), claim.cell)]
     skipped = [r for r in rows if r["status"] == "skipped"]
     rows = [r for r in rows if r["status"] != "skipped"]
     if not rows:
@@ -347,7 +200,7 @@ def _check_fits(df: pd.DataFrame, claim: Claim, bounds: dict) -> ClaimResult:
             return f"out of memory, needs more than {need:g} GiB" if need is not None else "out of memory"
         if row["status"] == "ok":
             return "no GPU memory figure" + (" (CPU)" if row.get("config.device") == "cpu" else "")
-        return _status_text(row)
+        return status_text(row)
 
     tail = f"; {len(skipped)} skipped cell(s) not counted" if skipped else ""
     if yes:
@@ -390,7 +243,7 @@ def _check_compare(df: pd.DataFrame, claim: Claim, target_steps: int, bounds: di
     memory = METRICS[metric][0] == "memory"
     index = knob_index(df, status=None)
     start = {**claim.cell, **claim.change_from}
-    sources = [row for _, row in df.iterrows() if _matches(knobs(row["record"]), start)]
+    sources = [row for _, row in df.iterrows() if matches(knobs(row["record"]), start)]
     if not sources:
         return ClaimResult(claim, NOT_MEASURED, claimed, "—", why_no_match(df, start))
     ratios: list[tuple[pd.Series, pd.Series, float]] = []
@@ -417,7 +270,7 @@ def _check_compare(df: pd.DataFrame, claim: Claim, target_steps: int, bounds: di
             bounded.append(f"{pair}: {text}")
         else:
             bad = row if row["status"] != "ok" else twin
-            unjudged.append(f"{pair}: {cell_label(bad)} {_status_text(bad)}")
+            unjudged.append(f"{pair}: {cell_label(bad)} {status_text(bad)}")
     numbers = [
         {
             "from": cell_label(a),

@@ -85,7 +85,7 @@ def _caveats(df: pd.DataFrame) -> list[Block]:
     """What a reader must know before reading any number: emulated cards, noisy cells, several runs."""
     out: list[Block] = []
     for budget, labels in emulated_cells(df).items():
-        card = budget.card or f"a {budget.gib:g} GiB card"
+        card = f"the {budget.card}" if budget.card else f"a {budget.gib:g} GiB card"
         out.append(
             Para(
                 f"**Emulated card:** {len(labels)} cell(s) were meant for {budget.name} and ran on "
