@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from ditbench.report.cells import cell_label, knob_index, knob_key, knobs
+from ditbench.report.cells import cell_label, knob_key, knobs
 from ditbench.report.claim_values import (
     GIB_TO_GB,
     basis,
@@ -84,25 +84,44 @@ class ClaimResult:
 # ------------------------------------------------------------------------------------------ checks
 
 
+@dataclass
+class _Run:
+    """The run as the checks read it: every row with its knobs, once (iterrows is slow)."""
+
+    df: pd.DataFrame
+    rows: list[tuple[pd.Series, dict[str, Any]]]
+    index: dict[str, list[int]]  # knob key -> row labels, any status
+    bounds: dict[Any, float]
+    by_label: dict[Any, pd.Series]
+
+    def matching(self, selector: dict[str, Any]) -> list[pd.Series]:
+        return [row for row, k in self.rows if matches(k, selector)]
+
+
 def check_claims(df: pd.DataFrame, claims: ClaimsFile, target_steps: int) -> list[ClaimResult]:
     df = latest_per_cell(df)
-    bounds = card_lower_bounds(df)
+    rows = [(row, knobs(row["record"])) for _, row in df.iterrows()]
+    index: dict[str, list[int]] = {}
+    for row, k in rows:
+        index.setdefault(knob_key(k), []).append(row.name)
+    run = _Run(df, rows, index, card_lower_bounds(df), {row.name: row for row, _ in rows})
     out = []
     for claim in claims.claims:
         if claim.kind == "compare":
-            out.append(_check_compare(df, claim, target_steps, bounds))
+            out.append(_check_compare(run, claim, target_steps))
         elif claim.kind == "fits":
-            out.append(_check_fits(df, claim, bounds))
+            out.append(_check_fits(run, claim))
         else:
-            out.append(_check_cell(df, claim, target_steps, bounds))
+            out.append(_check_cell(run, claim, target_steps))
     return out
 
 
-def _check_cell(df: pd.DataFrame, claim: Claim, target_steps: int, bounds: dict) -> ClaimResult:
+def _check_cell(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
+    df, bounds = run.df, run.bounds
     metric = claim.metric
     assert metric is not None
     claimed = claimed_text(claim)
-    rows = [row for _, row in df.iterrows() if matches(knobs(row["record"]), claim.cell)]
+    rows = run.matching(claim.cell)
     if not rows:
         return ClaimResult(claim, NOT_MEASURED, claimed, "—", why_no_match(df, claim.cell))
     judged: list[tuple[pd.Series, float, bool]] = []
@@ -162,11 +181,12 @@ def _check_cell(df: pd.DataFrame, claim: Claim, target_steps: int, bounds: dict)
     return ClaimResult(claim, verdict, claimed, measured, evidence, cells, numbers)
 
 
-def _check_fits(df: pd.DataFrame, claim: Claim, bounds: dict) -> ClaimResult:
+def _check_fits(run: _Run, claim: Claim) -> ClaimResult:
+    df, bounds = run.df, run.bounds
     gib = claim.fits_gib
     assert gib is not None
     claimed = claimed_text(claim)
-    rows = [row for _, row in df.iterrows() if matches(knobs(row["record"]), claim.cell)]
+    rows = run.matching(claim.cell)
     skipped = [r for r in rows if r["status"] == "skipped"]
     rows = [r for r in rows if r["status"] != "skipped"]
     if not rows:
@@ -236,14 +256,15 @@ def _check_fits(df: pd.DataFrame, claim: Claim, bounds: dict) -> ClaimResult:
     )
 
 
-def _check_compare(df: pd.DataFrame, claim: Claim, target_steps: int, bounds: dict) -> ClaimResult:
+def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
+    df, bounds = run.df, run.bounds
     metric = claim.metric
     assert metric is not None and claim.change_from is not None and claim.change_to is not None
     claimed = claimed_text(claim)
     memory = METRICS[metric][0] == "memory"
-    index = knob_index(df, status=None)
+    index = run.index
     start = {**claim.cell, **claim.change_from}
-    sources = [row for _, row in df.iterrows() if matches(knobs(row["record"]), start)]
+    sources = run.matching(start)
     if not sources:
         return ClaimResult(claim, NOT_MEASURED, claimed, "—", why_no_match(df, start))
     ratios: list[tuple[pd.Series, pd.Series, float]] = []
@@ -255,7 +276,7 @@ def _check_compare(df: pd.DataFrame, claim: Claim, target_steps: int, bounds: di
         if not labels:
             continue
         twins += 1
-        twin = df.loc[labels[-1]]
+        twin = run.by_label[labels[-1]]
         pair = f"{cell_label(row)} → {cell_label(twin)}"
         if row["status"] == "ok" and twin["status"] == "ok":
             a, why_a = metric_value(row, metric, target_steps)
