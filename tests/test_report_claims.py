@@ -106,6 +106,8 @@ BAD = [
     ("claims: [{says: x, metric: steps_per_s, value: 1, tolerance_pct: 100}]", "from 0 to below 100"),
     ("claims: [{says: x, cell: {model: DiT-L/4}, fits: RTX 9999}]", "claims[0].fits`: unknown card"),
     ("claims: [{says: x, fits: 12, metric: peak_memory_gib}]", "leave `metric` out"),
+    ("claims: [{says: x, fits: true}]", "a card name (e.g. RTX 4090) or a number of GiB"),
+    ("claims: [{says: x, fits: .inf}]", "expected a finite number"),
     ("claims: [{says: x, compare: {from: {precision: fp32}}, metric: step_time, ratio: 1}]", "needs `to`"),
     (
         "claims: [{says: x, compare: {from: {grad_ckpt: none}, to: {grad_ckpt: none}}, "
@@ -471,6 +473,7 @@ def test_report_cli_claims_section_and_json(tmp_path):
     row = "| DiT-L/4 in fp16 at batch 16 uses 11 GB | held | 11.00 GiB ± 15% (9.35–12.65 GiB) | 11.60 GiB |"
     assert row in md
     assert "The claims' speeds are about an RTX 4090" in md
+    assert "Time to 400K steps (default: the DiT paper's checkpoint for its model table)" in md
     assert '<td class="not-held">not held</td>' in (out / "report.html").read_text()
     # --json alone: the same verdicts on stdout, no files
     js = run_cli(tmp_path / "results.jsonl", "--claims", SHIPPED, "--json")

@@ -250,7 +250,12 @@ def _check_fits(run: _Run, claim: Claim) -> ClaimResult:
         NOT_MEASURED,
         claimed,
         "—",
-        f"{len(no)} matching cell(s) do not fit and {len(unknown)} cannot say: {listed}{tail}",
+        (
+            f"{len(no)} matching cell(s) do not fit and {len(unknown)}"
+            if no
+            else f"{len(unknown)} matching cell(s)"
+        )
+        + f" cannot say: {listed}{tail}",
         [],
         numbers,
     )

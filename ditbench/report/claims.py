@@ -291,6 +291,10 @@ def _claim(c: _Check, at: str, index: int, item: Any, file_card: str | None) -> 
         if isinstance(stated, str):
             fits_card = c.card(key, stated)
             fits_gib = find_card(fits_card).usable_gib
+        elif isinstance(stated, bool) or not isinstance(stated, (int, float)):
+            raise c.fail(
+                key, f"expected a card name (e.g. RTX 4090) or a number of GiB, got {_kind(stated)}."
+            )
         else:
             fits_gib = c.number(key, stated, positive=True)
         low, high = -math.inf, fits_gib

@@ -87,7 +87,12 @@ def run(args: argparse.Namespace) -> int:
     written: dict[str, Path] = {}
     if out is not None:
         written = write_report(
-            df, out, title=args.title, sources=[str(p) for p in args.results], claims=claims, steps=steps
+            df,
+            out,
+            title=args.title,
+            sources=[str(p) for p in args.results],
+            claims=claims,
+            steps=args.target_steps,  # None: the report finds the records' own, or the default
         )
     if args.json:
         doc: dict[str, Any] = {

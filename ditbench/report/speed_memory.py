@@ -73,12 +73,16 @@ def speed_memory_figure(df: pd.DataFrame) -> Figure | None:
                 color="#333333",
             )
         front = _pareto(mem, img)
-        ax.plot(
+        ax.plot(  # rings as well as the line, so a front of one cell still shows
             mem[front],
             img[front],
             drawstyle="steps-post",
             color="#555555",
             linewidth=1,
+            marker="o",
+            markersize=13,
+            markerfacecolor="none",
+            markeredgecolor="#777777",
             zorder=2,
             label="Pareto front",
         )
