@@ -257,3 +257,30 @@ def test_a_report_of_the_capped_run_is_written(tmp_path):
     html = (tmp_path / "r" / "report.html").read_text()
     assert 'id="plot-speed_memory"' in html and "Emulated card" in html
     assert json.loads(json.dumps(list(written)))  # names only, no surprises
+
+
+def test_hand_edited_emulation_fields_do_not_break_a_report(tmp_path):
+    bad = [emulated(cell("DiT-L/4", "fp16", "none", 16, reserved=10.0, steps_per_s=1.0)) for _ in range(5)]
+    bad[0]["metrics"]["emulation"] = "capped"  # not an object
+    bad[1]["metrics"]["emulation"]["budget_gib"] = -3
+    bad[2]["metrics"]["emulation"]["context_gib"] = "half a GiB"
+    bad[3]["metrics"]["emulation"]["real_gpu"] = {"name": "H200"}
+    bad[4]["metrics"]["noise"] = {"step_spread": "wide"}
+    bad[4]["metrics"]["noisy"] = True
+    bad.append(emulated(cell("DiT-L/4", "fp32", "none", 16, reserved=10.0, steps_per_s=1.0)))
+    bad[5]["metrics"] = [1, 2]  # not an object at all
+    for i, r in enumerate(bad):
+        r["config"]["seed"] = i  # distinct cells
+        r["cell_id"] = f"cell{i}"
+    path = tmp_path / "results.jsonl"
+    path.write_text(
+        "\n".join(json.dumps(r) for r in bad).replace('"budget_gib": 23.99', '"budget_gib": Infinity') + "\n"
+    )
+    df = load_results(path)
+    md = to_markdown(build_report(df)[0])
+    assert "noisy" in md and "Infinity" not in md
+    budgets = [cell_budget(row) for _, row in df.iterrows()]
+    assert budgets[3].real_gpu == "NVIDIA H200"  # from env, not the dict
+    assert fit_memory(df.iloc[2])[1] == "peak reserved"  # no usable context, no NVML figure
+    assert cell_budget(df.iloc[0]).gib == 23.99  # from config.gpu_memory_gib when emulation is no object
+    assert cell_budget(df.iloc[1]).gib == 23.99  # a negative budget is ignored

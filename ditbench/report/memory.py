@@ -14,6 +14,7 @@ speed. Everything that shows an emulated cell says which card really ran it.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from ditbench.cards import find_card
-from ditbench.errors import UserError
+from ditbench.errors import UserError, shorten
 from ditbench.report.load import column, value
 
 MEM_ALLOCATED = "metrics.peak_mem_allocated_gib"
@@ -58,7 +59,8 @@ class Budget:
         return f"{self.real_gpu}{total} capped to {self.gib:g} GiB"
 
 
-def _metrics(row: pd.Series | dict[str, Any]) -> dict[str, Any]:
+def metrics_of(row: pd.Series | dict[str, Any]) -> dict[str, Any]:
+    """The record's metrics object ({} when null, or not an object in a hand-edited file)."""
     record = row.get("record") if hasattr(row, "get") else None
     metrics = (record or {}).get("metrics") if isinstance(record, dict) else None
     return metrics if isinstance(metrics, dict) else {}
@@ -78,23 +80,24 @@ def _card_gib(name: Any) -> float | None:
 
 
 def _number(v: Any) -> float | None:
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+    """A finite number >= 0 from a record, else None (a hand-edited record may hold anything)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
         return None
     return float(v)
 
 
 def cell_budget(row: pd.Series | dict[str, Any]) -> Budget | None:
     """The budget this cell ran under, or None (no cap, or a CPU cell)."""
-    config, metrics = _config(row), _metrics(row)
+    config, metrics = _config(row), metrics_of(row)
     if config.get("device") == "cpu":
         return None
     em = metrics.get("emulation")
     card = config.get("card")
-    if isinstance(em, dict) and _number(em.get("budget_gib")):
+    if isinstance(em, dict) and _number(em.get("budget_gib")):  # > 0
         return Budget(
             gib=float(em["budget_gib"]),
-            card=em.get("card") or card,
-            real_gpu=em.get("real_gpu") or row.get("env.gpu_name") or "a bigger GPU",
+            card=_text(em.get("card")) or _text(card),
+            real_gpu=_text(em.get("real_gpu")) or _text(row.get("env.gpu_name")) or "a bigger GPU",
             real_total_gib=_number(em.get("real_total_gib")),
             context_gib=_number(em.get("context_gib")),
             allocator_cap_gib=_number(em.get("allocator_cap_gib")),
@@ -104,7 +107,11 @@ def cell_budget(row: pd.Series | dict[str, Any]) -> Budget | None:
     if gib is None:
         return None
     real_gpu, real_total = _real_card(row, metrics, gib)
-    return Budget(gib=gib, card=str(card) if card else None, real_gpu=real_gpu, real_total_gib=real_total)
+    return Budget(gib=gib, card=_text(card), real_gpu=real_gpu, real_total_gib=real_total)
+
+
+def _text(v: Any) -> str | None:
+    return shorten(v, 60, quote=False) if isinstance(v, str) and v.strip() else None
 
 
 def _real_card(row: pd.Series | dict[str, Any], metrics: dict[str, Any], gib: float) -> tuple:
@@ -118,16 +125,17 @@ def _real_card(row: pd.Series | dict[str, Any], metrics: dict[str, Any], gib: fl
             return None, None
         match = re.search(r"of ([0-9.]+) GiB", text)
         total = float(match.group(1)) if match else total
-        return (gpu or "a bigger GPU"), total
-    if gpu and total is not None and total > gib + 0.05:
-        return gpu, total
+        return (_text(gpu) or "a bigger GPU"), total
+    if _text(gpu) and total is not None and total > gib + 0.05:
+        return _text(gpu), total
     return None, None
 
 
 def fit_memory(row: pd.Series | dict[str, Any]) -> tuple[float | None, str]:
     """The memory that decides whether a cell fits a card (GiB), and what it is."""
     reserved = value(row, MEM_RESERVED)
-    context = _number((_metrics(row).get("emulation") or {}).get("context_gib"))
+    em = metrics_of(row).get("emulation")
+    context = _number(em.get("context_gib")) if isinstance(em, dict) else None
     if context is None:
         context = value(row, "metrics.context_gib")
     if reserved is not None and context is not None:
@@ -186,7 +194,7 @@ def fits(row: pd.Series, budget_gib: float, bounds: dict[Any, float] | None = No
     """Does this cell fit a card of budget_gib? None when the record cannot tell."""
     own = cell_budget(row)
     if row["status"] == "ok":
-        flag = _metrics(row).get("fits_budget")
+        flag = metrics_of(row).get("fits_budget")
         if isinstance(flag, bool) and own is not None and abs(own.gib - budget_gib) < SAME_GIB:
             return flag  # the runner's verdict for the budget it ran under
         mem, _ = fit_memory(row)

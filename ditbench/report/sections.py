@@ -24,7 +24,7 @@ from ditbench.report.blocks import (
 from ditbench.report.cells import cell_label, knobs, value_order, varying_knobs
 from ditbench.report.claim_check import ClaimResult
 from ditbench.report.load import column, value
-from ditbench.report.memory import MEM_RESERVED, cell_budget, fits, memory_metric
+from ditbench.report.memory import MEM_RESERVED, cell_budget, fits, memory_metric, metrics_of
 from ditbench.report.timing import gpu_hours_text, time_text
 
 IMG_S = "metrics.images_per_s"
@@ -50,7 +50,7 @@ def steps_text(n: int) -> str:
 
 def noise_text(row: pd.Series) -> str:
     """'noisy: step-time spread 0.12 (bound 0.05)' for a cell the runner marked noisy, else ''."""
-    metrics = row["record"].get("metrics") or {}
+    metrics = metrics_of(row)
     if metrics.get("noisy") is not True:
         return ""
     noise = metrics.get("noise") if isinstance(metrics.get("noise"), dict) else {}

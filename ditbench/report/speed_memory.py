@@ -28,7 +28,7 @@ from ditbench.report.figures import (
     panels,
 )
 from ditbench.report.load import column, value
-from ditbench.report.memory import cell_budget, needs_more_than
+from ditbench.report.memory import cell_budget, metrics_of, needs_more_than
 
 
 def speed_memory_figure(df: pd.DataFrame) -> Figure | None:
@@ -49,7 +49,7 @@ def speed_memory_figure(df: pd.DataFrame) -> Figure | None:
             colour = PRECISION_COLOURS.get(precision, OTHER_COLOURS[0])
             precisions.setdefault(str(precision), colour)
             ckpts.setdefault(str(ckpt), CKPT_MARKERS.get(ckpt, "D"))
-            if (row["record"].get("metrics") or {}).get("noisy") is True:
+            if metrics_of(row).get("noisy") is True:
                 any_noisy = True
                 ax.scatter(
                     mem[label], img[label], s=190, facecolors="none", edgecolors=NOISY_RING, linewidths=2
