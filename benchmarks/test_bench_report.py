@@ -17,8 +17,6 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from synthetic_records import MODELS, make_matrix, make_record, write_jsonl  # noqa: E402
 
-from ditbench.report.claim_check import check_claims  # noqa: E402
-from ditbench.report.claims import load_claims  # noqa: E402
 from ditbench.report.compare import compare_frames  # noqa: E402
 from ditbench.report.load import load_results  # noqa: E402
 from ditbench.report.render import build_report  # noqa: E402
@@ -91,6 +89,9 @@ def test_bench_build_report(benchmark, tmp_path):
 
 def test_bench_check_claims(benchmark, results):
     """The shipped resource-guide claims (20) against every record; each claim scans the whole run."""
+    from ditbench.report.claim_check import check_claims
+    from ditbench.report.claims import load_claims
+
     df = load_results(results[0])
     claims = load_claims(Path(__file__).resolve().parents[1] / "claims" / "dit_resource_guide.yaml")
     benchmark.extra_info["cells"] = len(df)

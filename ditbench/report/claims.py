@@ -72,6 +72,7 @@ MAX_TEXT = 500
 # Knobs a selector may name beyond the suite's matrix knobs.
 EXTRA_SELECTOR_KEYS = ("device", "card", "gpu_memory_gib", "gpu_memory_gb")
 INT_KNOBS = ("batch_size", "gpus", "nodes", "image_size", "num_classes", "seed")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")  # the precision policies a record can name
 
 
 @dataclass(frozen=True)
@@ -161,10 +162,9 @@ class _Check:
             raise self.fail(keypath, str(err)) from None
 
     def selector(self, keypath: str, value: Any) -> dict[str, Any]:
-        from ditbench.bench.suite import GRAD_CKPT, KNOB_DEFAULTS, PRECISIONS, model_names
-
+        knob_names, model_names = _vocabulary()
         value = self.mapping(keypath, value)
-        valid = tuple(KNOB_DEFAULTS) + EXTRA_SELECTOR_KEYS
+        valid = knob_names + EXTRA_SELECTOR_KEYS
         self.keys(keypath, value, valid)
         out: dict[str, Any] = {}
         for key, v in value.items():
@@ -176,16 +176,16 @@ class _Check:
                 at = f"{where}[{i}]" if isinstance(v, list) else where
                 if isinstance(x, (dict, list)) or x is None:
                     raise self.fail(at, f"expected a knob value (text, number, true/false), got {_kind(x)}.")
-                if key == "model" and x not in model_names():
-                    close = difflib.get_close_matches(str(x), model_names(), n=1, cutoff=0.6)
+                if key == "model" and x not in model_names:
+                    close = difflib.get_close_matches(str(x), model_names, n=1, cutoff=0.6)
                     hint = f" Did you mean `{close[0]}`?" if close else ""
                     raise self.fail(
-                        at, f"unknown model {shorten(x)}.{hint} Known: {', '.join(model_names())}."
+                        at, f"unknown model {shorten(x)}.{hint} Known: {', '.join(model_names)}."
                     )
                 if key == "precision" and x not in PRECISIONS:
                     raise self.fail(at, f"unknown precision {shorten(x)}; valid: {', '.join(PRECISIONS)}.")
                 if key == "grad_ckpt" and not (
-                    x in GRAD_CKPT or (isinstance(x, str) and re.fullmatch(r"every_[1-9]\d*", x))
+                    x in ("none", "full") or (isinstance(x, str) and re.fullmatch(r"every_[1-9]\d*", x))
                 ):
                     raise self.fail(at, f"unknown grad_ckpt {shorten(x)}; valid: none, full, every_K.")
                 if key in INT_KNOBS and (isinstance(x, bool) or not isinstance(x, int) or x < 0):
@@ -194,6 +194,17 @@ class _Check:
                     raise self.fail(at, f"expected a finite value, got {x}.")
             out[key] = list(allowed) if isinstance(v, list) else v
         return out
+
+
+def _vocabulary() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(knob names, model names): the cell contract's, wherever this version of ditbench keeps it."""
+    try:
+        from ditbench.knobs import FIELDS
+        from ditbench.models.configs import MODEL_NAMES
+    except ImportError:  # before ditbench.knobs: the suite module held the knob table
+        from ditbench.bench.suite import KNOB_DEFAULTS as FIELDS
+        from ditbench.models.dit import MODEL_NAMES
+    return tuple(FIELDS), tuple(MODEL_NAMES)
 
 
 def _join(keypath: str, key: str) -> str:
