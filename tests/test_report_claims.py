@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -508,3 +509,65 @@ def test_report_cli_refuses_a_bad_claims_file_before_any_work(tmp_path):
     assert neither.returncode == 2 and "give --out DIR" in neither.stderr
     steps = run_cli(tmp_path / "results.jsonl", "--json", "--target-steps", "0")
     assert steps.returncode == 2 and "positive number of steps" in steps.stderr
+
+
+# ----------------------------------------------- every shipped claim: held, not held, not measured
+
+BASE = {"model": "DiT-B/8", "precision": "fp32", "grad_ckpt": "none", "batch_size": 16}
+
+
+def _record(knobs, *, memory=None, steps_per_s=None, status="ok", card=None, budget=23.99):
+    """One cell: memory as the fit figure (reserved + 0.5 GiB context, on an emulated card), or a
+    speed measured on a real RTX 4090 (the card the shipped claims name)."""
+    knobs = dict(knobs)
+    model, precision, ckpt, bs = (knobs.pop(k) for k in ("model", "precision", "grad_ckpt", "batch_size"))
+    if status != "ok":
+        return emulated(cell(model, precision, ckpt, bs, status=status, **knobs), card=card, budget=budget)
+    rec = cell(
+        model,
+        precision,
+        ckpt,
+        bs,
+        reserved=memory - 0.5 if memory else 5.0,
+        steps_per_s=steps_per_s or 1.0,
+        **knobs,
+    )
+    return emulated(rec) if memory is not None else on_card(rec, RTX4090_ENV)
+
+
+def records_for(claim, inside: bool) -> list[dict]:
+    """Records whose values put the claim inside (held) or outside (not held) its interval."""
+    one = {k: (v[0] if isinstance(v, list) else v) for k, v in claim.cell.items()}
+    knobs = {**BASE, **one}
+    if claim.kind == "fits":
+        if inside:
+            return [_record(knobs, memory=claim.fits_gib / 2)]
+        card = claim.fits_card or "RTX 4090"
+        return [_record(knobs, status="oom", card=card, budget=claim.fits_gib)]  # over its own card
+    finite = [x for x in (claim.low, claim.high) if x != float("inf") and x != float("-inf")]
+    target = sum(finite) / len(finite) if inside else max(finite) * 2
+    memory = claim.metric.startswith("peak_")
+    if claim.kind == "cell":
+        value = {"steps_per_s": target, "step_time": 1 / target}.get(claim.metric, target)
+        return [_record(knobs, memory=value) if memory else _record(knobs, steps_per_s=value)]
+    a, b = {**knobs, **claim.change_from}, {**knobs, **claim.change_to}
+    if memory:
+        return [_record(a, memory=10.0), _record(b, memory=10.0 * target)]
+    if claim.metric == "step_time":  # step time ratio to/from = steps/s from/to
+        return [_record(a, steps_per_s=2.0), _record(b, steps_per_s=2.0 / target)]
+    return [_record(a, steps_per_s=2.0), _record(b, steps_per_s=2.0 * target)]
+
+
+@pytest.mark.parametrize("says", [c.says for c in load_claims(SHIPPED).claims])
+def test_each_shipped_claim_can_hold_fail_and_go_unmeasured(tmp_path, says):
+    claims = load_claims(SHIPPED)
+    (claim,) = [c for c in claims.claims if c.says == says]
+    one = dataclasses.replace(claims, claims=[claim])  # a file holding this claim alone
+    for inside, verdict in ((True, "held"), (False, "not held")):
+        df = frame(tmp_path, records_for(claim, inside), f"{inside}.jsonl")
+        (result,) = check_claims(df, one, STEPS)
+        assert result.verdict == verdict, (inside, result.evidence)
+        assert result.cells and result.measured != "—"
+    elsewhere = frame(tmp_path, [make_record("DiT-S/8")], "other.jsonl")
+    (result,) = check_claims(elsewhere, one, STEPS)
+    assert result.verdict == "not measured" and result.measured == "—"
