@@ -179,9 +179,7 @@ class _Check:
                 if key == "model" and x not in model_names:
                     close = difflib.get_close_matches(str(x), model_names, n=1, cutoff=0.6)
                     hint = f" Did you mean `{close[0]}`?" if close else ""
-                    raise self.fail(
-                        at, f"unknown model {shorten(x)}.{hint} Known: {', '.join(model_names)}."
-                    )
+                    raise self.fail(at, f"unknown model {shorten(x)}.{hint} Known: {', '.join(model_names)}.")
                 if key == "precision" and x not in PRECISIONS:
                     raise self.fail(at, f"unknown precision {shorten(x)}; valid: {', '.join(PRECISIONS)}.")
                 if key == "grad_ckpt" and not (
