@@ -1,4 +1,5 @@
-"""pytest-benchmark: reading and gating a few thousand result records, and building a report.
+"""pytest-benchmark: reading, gating and checking claims on a few thousand result records, and
+building a report.
 
 Run with `pytest benchmarks/test_bench_report.py --benchmark-autosave` and compare later runs
 with `--benchmark-compare --benchmark-compare-fail=mean:10%`. The records are synthetic but
@@ -83,4 +84,18 @@ def test_bench_build_report(benchmark, tmp_path):
     df = load_results(tmp_path / "results.jsonl")
     benchmark.extra_info["cells"] = len(df)
     blocks, plots = benchmark.pedantic(build_report, (df,), rounds=3, iterations=1)
-    assert len(plots) == 3 and blocks
+    assert len(plots) == 4 and blocks
+
+
+def test_bench_check_claims(benchmark, results):
+    """The shipped resource-guide claims (20) against every record; each claim scans the whole run."""
+    from ditbench.report.claim_check import check_claims
+    from ditbench.report.claims import load_claims
+
+    df = load_results(results[0])
+    claims = load_claims(Path(__file__).resolve().parents[1] / "claims" / "dit_resource_guide.yaml")
+    benchmark.extra_info["cells"] = len(df)
+    benchmark.extra_info["claims"] = len(claims.claims)
+    out = benchmark.pedantic(check_claims, (df, claims, 400_000), rounds=3, iterations=1)
+    assert len(out) == len(claims.claims)
+    assert {r.verdict for r in out} == {"held", "not held", "not measured"}

@@ -104,7 +104,7 @@ def test_every_plot_renders_in_chromium(report_dir, tmp_path):
     assert attrs["loaded"] == "true"
     assert attrs["fetched"] == "0"  # self-contained: nothing loaded from outside the file
     plots = [tuple(float(x) for x in p.split(",")) for p in attrs["plots"].split(";")]
-    assert len(plots) == 3  # throughput, memory, smoke loss
+    assert len(plots) == 4  # speed against memory, throughput, memory, smoke loss
     for natural_w, natural_h, shown_w, ink in plots:
         assert natural_w > 300 and natural_h > 200
         assert shown_w > 100  # laid out on the page, not collapsed

@@ -1,13 +1,16 @@
-"""`ditbench report RESULTS... --out DIR`: markdown, HTML and CSV reports from result records."""
+"""`ditbench report RESULTS... --out DIR [--claims FILE] [--json]`: reports, and claims checked."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 from pathlib import Path
+from typing import Any
 
 from ditbench.errors import UserError
 from ditbench.report.load import KEEP_CHOICES, load_results
-from ditbench.report.render import write_report
+from ditbench.report.timing import DEFAULT_TARGET_STEPS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,28 +22,116 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--out",
-        required=True,
         metavar="DIR",
-        help="directory for report.md, report.html, results.csv and the plot PNGs",
+        help="directory for report.md, report.html, results.csv and the plot PNGs "
+        "(required unless --json; created if missing)",
     )
     parser.add_argument("--title", default=None, help="report title (default: the suite names)")
     parser.add_argument(
         "--keep",
         choices=KEEP_CHOICES,
         default="latest",
-        help="when a cell appears more than once: keep the latest record (default) or all",
+        help="when a cell appears more than once: keep the latest record (default) or all, with their runs",
+    )
+    parser.add_argument(
+        "--claims",
+        metavar="FILE",
+        help="a claims YAML file (e.g. claims/dit_resource_guide.yaml): each claim gets the measured "
+        "value and a verdict (held / not held / not measured)",
+    )
+    parser.add_argument(
+        "--target-steps",
+        type=_steps,
+        default=None,
+        metavar="N",
+        help=f"steps for the 'time to N steps' column (default: the suite's target_steps, else "
+        f"{DEFAULT_TARGET_STEPS:,}, the DiT paper's checkpoint for its model table)",
+    )
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print the verdicts (claims and common advice), recommendations and written files as "
+        "JSON on stdout",
     )
 
 
+def _steps(text: str) -> int:
+    try:
+        n = int(text.replace("_", "").replace(",", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of steps, got {text!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of steps, got {n}")
+    return n
+
+
 def run(args: argparse.Namespace) -> int:
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
+    from ditbench.report import advice, analysis
+    from ditbench.report.claim_check import check_claims
+    from ditbench.report.claims import load_claims
+    from ditbench.report.render import write_report
+    from ditbench.report.timing import target_steps
+
+    out = Path(args.out) if args.out else None
+    if out is None and not args.json:
+        raise UserError("give --out DIR for the report files, or --json to print the verdicts only.")
+    if out is not None and out.exists() and not out.is_dir():
         raise UserError(
             f"--out {out} is a file; give a directory for the report files (it is created if missing)."
         )
+    claims_file = load_claims(args.claims) if args.claims else None  # a bad file fails before any work
     df = load_results(args.results, keep=args.keep)
-    written = write_report(df, out, title=args.title, sources=[str(p) for p in args.results])
+    steps, steps_source = target_steps(df, args.target_steps)
+    results = check_claims(df, claims_file, steps) if claims_file else None
+    claims = (results, claims_file.path, claims_file.source, claims_file.card) if claims_file else None
+    written: dict[str, Path] = {}
+    if out is not None:
+        written = write_report(
+            df,
+            out,
+            title=args.title,
+            sources=[str(p) for p in args.results],
+            claims=claims,
+            steps=args.target_steps,  # None: the report finds the records' own, or the default
+        )
+    if args.json:
+        doc: dict[str, Any] = {
+            "cells": len(df),
+            "target_steps": {"steps": steps, "from": steps_source},
+            "claims": None,
+            "advice": [
+                {"claim": c.claim, "verdict": c.verdict, "evidence": c.evidence, "rule": c.rule}
+                for c in advice.advice_checks(df)
+            ],
+            "recommendations": [
+                {
+                    "budget": r.budget,
+                    "gpus": r.gpus,
+                    "model": r.model,
+                    "cell": r.cell_name,
+                    "images_per_s": r.images_per_s,
+                    "memory_gib": r.memory_gib,
+                    "memory_basis": r.memory_label or None,
+                    "note": r.note or None,
+                }
+                for r in analysis.recommend(df).per_model
+            ],
+            "files": {name: str(path) for name, path in written.items()},
+        }
+        if claims_file is not None and results is not None:
+            doc["claims"] = {
+                "file": claims_file.path,
+                "source": claims_file.source,
+                "card": claims_file.card,
+                "results": [r.as_dict() for r in results],
+            }
+        json.dump(doc, sys.stdout, indent=2, allow_nan=False, default=str)
+        sys.stdout.write("\n")
+        return 0
     print(f"report of {len(df)} cells written to {out}/:")
     for path in written.values():
         print(f"  {path}")
+    if results:
+        counts = {v: sum(r.verdict == v for r in results) for v in ("held", "not held", "not measured")}
+        print("claims: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
     return 0

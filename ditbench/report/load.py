@@ -2,7 +2,11 @@
 
 Nested objects are flattened with dots (`config.precision`, `metrics.step_ms.median`,
 `metrics.mfu.value`, `smoke.loss`, `env.gpu_name`); lists stay lists. The untouched record is
-kept in the `record` column, and `source` says which file and line it came from.
+kept in the `record` column, and `source` says which file and line it came from. A column whose
+values are all integers (or missing) is pandas' nullable `Int64`, so `metrics.params` and
+`config.batch_size` stay integers where a failed cell leaves a hole; a placeholder column for an
+object that is null in some records (`smoke`, `metrics.mfu`) is dropped when other records fill
+its fields (`smoke.loss`, `metrics.mfu.value`).
 
 A run that was killed while writing leaves at most a torn last line (no newline, not JSON); it is
 skipped with a warning. Anything else that is not a result record is the user's mistake and
@@ -170,7 +174,26 @@ def load_results(paths: str | Path | Iterable[str | Path], keep: str = "latest")
         # NaT sorts first, so a dated record beats an undated one; read order breaks ties.
         df = df.sort_values(["started_at", "_order"], na_position="first", kind="stable")
         df = df.drop_duplicates("cell_id", keep="last").sort_values("_order", kind="stable")
-    return df.drop(columns="_order").reset_index(drop=True)
+    df = df.drop(columns="_order").reset_index(drop=True)
+    return _tidy_columns(df, rows)
+
+
+def _tidy_columns(df: pd.DataFrame, rows: list[dict[str, Any]]) -> pd.DataFrame:
+    """Drop empty placeholders of objects other records fill; integer columns as nullable Int64."""
+    ancestors = {name[:i] for name in df.columns for i, ch in enumerate(name) if ch == "."}
+    df = df.drop(columns=[c for c in df.columns if c in ancestors and df[c].isna().all()])
+    # pandas turns ints into floats as soon as one record lacks the field: decide on the raw values.
+    kinds: dict[str, bool] = {}
+    for row in rows:
+        for key, v in row.items():
+            if v is None or key in ("record", "source", "started_at"):
+                continue
+            is_int = isinstance(v, int) and not isinstance(v, bool)  # True/False stay boolean
+            kinds[key] = kinds.get(key, True) and is_int
+    for c in df.columns:
+        if kinds.get(c) and df[c].dtype != "Int64":
+            df[c] = pd.array([None if pd.isna(v) else int(v) for v in df[c]], dtype="Int64")
+    return df
 
 
 def column(df: pd.DataFrame, name: str) -> pd.Series:

@@ -1,73 +1,68 @@
 """Figures a reader would rather look at than read, as PNG bytes.
 
 Matplotlib's object API with the Agg canvas (no pyplot, no global backend switch), so plotting
-works on headless CI machines and inside any host program. Every figure has one panel per model;
-colour says the precision and a dashed line says gradient checkpointing, in every figure alike.
+works on headless CI machines and inside any host program. Every figure has one panel per model
+and one legend below the panels, where it cannot cover a point. Colour says the precision in every
+figure; in line figures the marker also says the precision and a dashed line says checkpointing,
+and the points of different lines at one batch size are nudged sideways so that equal values
+(bf16 and fp16 often are) stay visible; in the speed-against-memory figure the marker says
+checkpointing and each point is labelled with its batch size.
 """
 
 from __future__ import annotations
 
-import io
-import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import NullLocator
 
 from ditbench.fileio import write_atomic
-from ditbench.report.analysis import IMG_S, knobs, memory_metric, varying_knobs
+from ditbench.report.cells import knobs, value_order, varying_knobs
+from ditbench.report.figures import (
+    CELL_COLOURS,
+    CKPT_STYLES,
+    DODGE_OCTAVES,
+    IMG_S,
+    OTHER_COLOURS,
+    PLOT_FILES,
+    PLOT_TITLES,
+    PRECISION_COLOURS,
+    PRECISION_MARKERS,
+    budget_lines,
+    figure_legend,
+    figure_png,
+    memory,
+    memory_label,
+    panel_models,
+    panels,
+)
 from ditbench.report.load import column
+from ditbench.report.memory import cell_budget, needs_more_than
+from ditbench.report.speed_memory import speed_memory_figure
 
-PRECISION_COLOURS = {"fp32": "#1f77b4", "tf32": "#ff7f0e", "bf16": "#2ca02c", "fp16": "#d62728"}
-OTHER_COLOURS = ["#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
-CELL_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
-CKPT_STYLES = {"none": "-", "full": "--"}
-DPI = 100
-PLOT_FILES = {"throughput": "throughput.png", "memory": "memory.png", "smoke_loss": "smoke_loss.png"}
+__all__ = ["PLOT_FILES", "PLOT_TITLES", "render_plots", "save_plots", "speed_memory_figure"]
 
 
-def figure_png(fig: Figure) -> bytes:
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
-    return buf.getvalue()
+def _split(df: pd.DataFrame) -> list[str]:
+    """The knobs that make a line: those varying across the whole report except model and batch size
+    (decided once for all panels, so a line has one name and one style in every panel)."""
+    return varying_knobs(df, exclude=("model", "batch_size"))
 
 
-def _models(df: pd.DataFrame) -> list[str]:
-    return list(dict.fromkeys(df["config.model"].astype(str)))
-
-
-def _panels(n: int, title: str) -> tuple[Figure, list]:
-    ncols = min(3, n)
-    nrows = math.ceil(n / ncols)
-    fig = Figure(figsize=(4.6 * ncols, 3.6 * nrows), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel().tolist()
-    for ax in axes[n:]:
-        ax.set_visible(False)
-    fig.suptitle(title)
-    return fig, axes[:n]
-
-
-def _series(df: pd.DataFrame) -> dict[tuple, pd.DataFrame]:
-    """Rows grouped into lines: every varying knob except model and batch size splits a line."""
-    split = varying_knobs(df, exclude=("model", "batch_size"))
+def _series(df: pd.DataFrame, split: list[str]) -> dict[tuple, pd.DataFrame]:
+    """Rows grouped into lines by the values of `split`."""
     groups: dict[tuple, list] = {}
     for label, row in df.iterrows():
         k = knobs(row["record"])
         key = tuple((name, k.get(name)) for name in split)
         groups.setdefault(key, []).append(label)
     return {
-        key: df.loc[labels] for key, labels in sorted(groups.items(), key=lambda kv: _series_order(kv[0]))
+        key: df.loc[labels]
+        for key, labels in sorted(groups.items(), key=lambda kv: tuple(value_order(v) for _, v in kv[0]))
     }
-
-
-def _series_order(key: tuple) -> tuple:
-    order = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 3, "none": 0, "full": 1}
-    return tuple((order.get(v, 9), str(v)) for _, v in key)
 
 
 def _style(key: tuple, row: pd.Series, i: int) -> dict:
@@ -77,7 +72,17 @@ def _style(key: tuple, row: pd.Series, i: int) -> dict:
     label = " ".join(
         f"{v}" if n in ("precision",) else f"ckpt={v}" if n == "grad_ckpt" else f"{n}={v}" for n, v in key
     ) or str(precision)
-    return {"color": colour, "linestyle": CKPT_STYLES.get(ckpt, ":"), "label": label}
+    return {
+        "color": colour,
+        "linestyle": CKPT_STYLES.get(ckpt, ":"),
+        "marker": PRECISION_MARKERS.get(precision, "o"),
+        "markerfacecolor": "white" if ckpt not in (None, "none") else colour,  # hollow: checkpointing
+        "label": label,
+    }
+
+
+def _dodge(x: pd.Series, i: int, n: int) -> pd.Series:
+    return x * 2 ** ((i - (n - 1) / 2) * DODGE_OCTAVES)
 
 
 def _batch_axis(ax, batches: list[float]) -> None:
@@ -94,18 +99,6 @@ def _batch_axis(ax, batches: list[float]) -> None:
     ax.grid(True, alpha=0.3)
 
 
-MAX_LEGEND = 12  # beyond this a legend hides the plot; the tables name every cell anyway
-
-
-def _legend(ax, extra: list | None = None) -> None:
-    handles, _ = ax.get_legend_handles_labels()
-    if len(handles) > MAX_LEGEND:
-        ax.set_title(f"{ax.get_title()} ({len(handles)} lines, legend omitted)", fontsize="medium")
-        return
-    if handles or extra:
-        ax.legend(handles=handles + (extra or []), fontsize="small")
-
-
 _OOM_HANDLE = Line2D([], [], marker="x", linestyle="none", color="black", label="out of memory")
 
 
@@ -113,18 +106,20 @@ def throughput_figure(df: pd.DataFrame) -> Figure | None:
     """images/s against batch size, a line per precision (and checkpointing), a panel per model."""
     if not column(df[df["status"] == "ok"], IMG_S).notna().any():
         return None
-    models = _models(df)
+    models = panel_models(df)
     multi_gpu = (column(df, "config.gpus").fillna(1) > 1).any()
-    fig, axes = _panels(len(models), "Throughput against batch size")
+    fig, axes = panels(len(models), PLOT_TITLES["throughput"])
+    any_oom = False
+    split = _split(df)
     for ax, model in zip(axes, models, strict=True):
         sub = df[df["config.model"] == model]
-        any_oom = False
-        for i, (key, rows) in enumerate(_series(sub).items()):
+        series = _series(sub, split)
+        for i, (key, rows) in enumerate(series.items()):
             style = _style(key, rows.iloc[0], i)
             ok = rows[(rows["status"] == "ok") & column(rows, IMG_S).notna()]
             ok = ok.assign(_bs=column(ok, "config.batch_size")).sort_values("_bs")
             if len(ok):  # a line with no ok cell (fp16 on a CPU) would only clutter the legend
-                ax.plot(ok["_bs"], column(ok, IMG_S), marker="o", **style)
+                ax.plot(_dodge(ok["_bs"], i, len(series)), column(ok, IMG_S), **style)
             oom = rows[rows["status"] == "oom"]
             if len(oom):
                 any_oom = True
@@ -137,50 +132,66 @@ def throughput_figure(df: pd.DataFrame) -> Figure | None:
                     clip_on=False,
                 )
         _batch_axis(ax, column(sub, "config.batch_size").dropna().tolist())
-        ax.set_ylim(bottom=0)
+        top = column(sub[sub["status"] == "ok"], IMG_S).max(skipna=True)
+        ax.set_ylim(0, (top if top == top and top > 0 else 1) * 1.1)
         ax.set_title(model)
         ax.set_ylabel("images/s (all GPUs)" if multi_gpu else "images/s")
-        _legend(ax, [_OOM_HANDLE] if any_oom else [])
+    figure_legend(fig, axes, [_OOM_HANDLE] if any_oom else [])
     return fig
 
 
 def memory_figure(df: pd.DataFrame) -> Figure | None:
-    """Peak memory against batch size, with and without checkpointing, and the card's budget."""
-    mem_col, mem_label = memory_metric(df)
-    if not column(df[df["status"] == "ok"], mem_col).notna().any():
+    """The memory that decides fit against batch size, and each card budget on the same measure."""
+    ok_all = df[df["status"] == "ok"]
+    if not len(ok_all) or not memory(ok_all).notna().any():
         return None
-    models = _models(df)
-    fig, axes = _panels(len(models), "Peak memory against batch size")
+    models = panel_models(df)
+    fig, axes = panels(len(models), PLOT_TITLES["memory"])
+    any_oom = False
+    split = _split(df)
     for ax, model in zip(axes, models, strict=True):
         sub = df[df["config.model"] == model]
-        budgets = sorted(set(column(sub, "config.gpu_memory_gb").dropna()))
-        ok_mem = column(sub[sub["status"] == "ok"], mem_col)  # a failed cell's memory is not a data point
+        budgets = budget_lines(sub)
+        ok_mem = memory(sub[sub["status"] == "ok"])  # a failed cell's memory is not a data point
         top = max(ok_mem.max(skipna=True) if ok_mem.notna().any() else 0, max(budgets, default=0))
-        oom_y = budgets[0] if budgets else top * 1.05
-        any_oom = False
-        for i, (key, rows) in enumerate(_series(sub).items()):
+        series = _series(sub, split)
+        for i, (key, rows) in enumerate(series.items()):
             style = _style(key, rows.iloc[0], i)
-            ok = rows[(rows["status"] == "ok") & column(rows, mem_col).notna()]
-            ok = ok.assign(_bs=column(ok, "config.batch_size")).sort_values("_bs")
+            ok = rows[rows["status"] == "ok"]
+            ok = ok.assign(_bs=column(ok, "config.batch_size"), _mem=memory(ok)).dropna(subset=["_mem"])
+            ok = ok.sort_values("_bs")
             if len(ok):
-                ax.plot(ok["_bs"], column(ok, mem_col), marker="o", **style)
+                ax.plot(_dodge(ok["_bs"], i, len(series)), ok["_mem"], **style)
             oom = rows[rows["status"] == "oom"]
             if len(oom):
                 any_oom = True
-                ax.plot(
-                    column(oom, "config.batch_size"),
-                    np.full(len(oom), oom_y),
-                    "x",
-                    color=style["color"],
-                    markersize=8,
-                )
-        for budget in budgets:
-            ax.axhline(budget, color="black", linewidth=1.2, linestyle="-.", label=f"budget {budget:g} GiB")
+                # at the cap it exceeded; without a cap, on the top edge: "more than this chart shows"
+                need = [needs_more_than(r) if cell_budget(r) else None for _, r in oom.iterrows()]
+                bs = column(oom, "config.batch_size").tolist()
+                at_cap = [(b, n) for b, n in zip(bs, need, strict=True) if n is not None]
+                above = [b for b, n in zip(bs, need, strict=True) if n is None]
+                if at_cap:
+                    ax.plot(*zip(*at_cap, strict=True), "x", color=style["color"], markersize=8)
+                if above:  # an empty line off the axes would collapse the layout
+                    ax.plot(
+                        above,
+                        [1.0] * len(above),
+                        "x",
+                        color=style["color"],
+                        markersize=8,
+                        clip_on=False,
+                        transform=ax.get_xaxis_transform(),
+                    )
+        for gib, text in budgets.items():
+            ax.axhline(gib, color="black", linewidth=1.2, linestyle="-.", label=text)
         _batch_axis(ax, column(sub, "config.batch_size").dropna().tolist())
-        ax.set_ylim(bottom=0, top=max(top, oom_y) * 1.12 or 1)
+        ax.set_ylim(bottom=0, top=top * 1.12 or 1)
         ax.set_title(model)
-        ax.set_ylabel(mem_label)
-        _legend(ax, [_OOM_HANDLE] if any_oom else [])
+        ax.set_ylabel(memory_label(sub[sub["status"] == "ok"]))
+    oom = Line2D(
+        [], [], marker="x", linestyle="none", color="black", label="out of memory (at its cap, or above)"
+    )
+    figure_legend(fig, axes, [oom] if any_oom else [])
     return fig
 
 
@@ -204,7 +215,7 @@ def smoke_loss_figure(df: pd.DataFrame) -> Figure | None:
     if not curves:
         return None
     models = list(dict.fromkeys(str(r.get("config.model")) for r, _ in curves))
-    fig, axes = _panels(len(models), "Smoke-run training loss")
+    fig, axes = panels(len(models), PLOT_TITLES["smoke_loss"])
     for ax, model in zip(axes, models, strict=True):
         mine = [r for r in curves if str(r[0].get("config.model")) == model]
         by_precision = len({r.get("config.precision") for r, _ in mine}) == len(mine)
@@ -227,15 +238,20 @@ def smoke_loss_figure(df: pd.DataFrame) -> Figure | None:
         ax.set_xlabel("step")
         ax.set_ylabel("loss")
         ax.grid(True, alpha=0.3)
-        _legend(ax)
+    figure_legend(fig, axes)
     return fig
 
 
-FIGURES = {"throughput": throughput_figure, "memory": memory_figure, "smoke_loss": smoke_loss_figure}
+FIGURES = {
+    "speed_memory": speed_memory_figure,
+    "throughput": throughput_figure,
+    "memory": memory_figure,
+    "smoke_loss": smoke_loss_figure,
+}
 
 
 def render_plots(df: pd.DataFrame) -> dict[str, bytes]:
-    """name -> PNG bytes for every figure the data supports (a CPU run has no GPU memory, say)."""
+    """name -> PNG bytes for every figure the data supports (no ok cell, no figure)."""
     out = {}
     for name, make in FIGURES.items():
         fig = make(df)

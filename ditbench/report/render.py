@@ -1,131 +1,55 @@
 """report.md, a self-contained report.html and results.csv from a results DataFrame.
 
-The report is built once as a list of blocks (headings, paragraphs, tables, images) and rendered
-twice, so the markdown and the HTML always say the same thing. The markdown links the plots as
-PNG files next to it; the HTML embeds them as base64 and loads nothing from outside.
+`build_report` puts the sections in reading order (what ran and where, what to run, speed against
+memory, advice and claims checked, one section per model, plots, how to read it) as blocks that
+`blocks` renders to markdown and HTML alike.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import math
-import re
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from ditbench import __version__
 from ditbench.fileio import write_atomic
 from ditbench.report import analysis
-from ditbench.report.analysis import IMG_S, knobs, memory_metric, varying_knobs
-from ditbench.report.load import column, value
-from ditbench.report.plots import PLOT_FILES, render_plots
-
-PLOT_TITLES = {
-    "throughput": "Throughput against batch size",
-    "memory": "Peak memory against batch size",
-    "smoke_loss": "Smoke-run loss curves",
-}
-STATUS_TEXT = {
-    "ok": "ok",
-    "oom": "OOM",
-    "timeout": "timeout",
-    "nan_loss": "NaN loss",
-    "error": "error",
-    "skipped": "skipped",
-    "unsupported": "unsupported",
-}
-
-
-# ------------------------------------------------------------------------------------------ blocks
-
-
-@dataclass
-class Heading:
-    level: int
-    text: str
-
-
-@dataclass
-class Para:
-    text: str
-
-
-@dataclass
-class Bullets:
-    items: list[str]
-
-
-@dataclass
-class Table:
-    headers: list[str]
-    rows: list[list[str]]
-    css: list[list[str]] = field(default_factory=list)  # per-cell class names for the HTML
-
-
-@dataclass
-class Image:
-    name: str
-    title: str
-    png: bytes
-
-
-Block = Heading | Para | Bullets | Table | Image
-
-
-# ------------------------------------------------------------------------------------------ format
-
-
-def num(x: Any, digits: int = 1, unit: str = "") -> str:
-    if x is None or isinstance(x, bool):
-        return "—"
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return "—"
-    if math.isnan(x):
-        return "—"
-    if abs(x) >= 1000:
-        text = f"{x:,.0f}"
-    else:
-        text = f"{x:.{digits}f}"
-    return text + unit
-
-
-def speedup_text(x: float | None) -> str:
-    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}x"
-
-
-def saved_text(x: float | None) -> str:
-    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.1f}%"
-
-
-def knob_text(name: str, v: Any) -> str:
-    if name == "grad_ckpt":
-        return f"ckpt={v}"
-    if name == "precision":
-        return str(v)
-    if name == "compile":
-        return "compile" if v else "eager"
-    return f"{name}={json.dumps(v) if isinstance(v, (dict, list)) else v}"
-
-
-# ------------------------------------------------------------------------------------------ build
+from ditbench.report.blocks import Block, Bullets, Heading, Image, Para, Table, to_html, to_markdown
+from ditbench.report.claim_check import ClaimResult
+from ditbench.report.memory import emulated_cells, memory_metric
+from ditbench.report.plots import PLOT_FILES, PLOT_TITLES, render_plots
+from ditbench.report.sections import (
+    STATUS_TEXT,
+    advice_section,
+    claims_section,
+    model_section,
+    noise_text,
+    recommendations,
+    steps_text,
+)
+from ditbench.report.timing import PAPER_GLOBAL_BATCH, target_steps
 
 
 def build_report(
-    df: pd.DataFrame, title: str | None = None, sources: list[str] | None = None
+    df: pd.DataFrame,
+    title: str | None = None,
+    sources: list[str] | None = None,
+    claims: tuple[list[ClaimResult], str, str | None, str | None] | None = None,
+    steps: int | None = None,
 ) -> tuple[list[Block], dict[str, bytes]]:
-    """The report as blocks, and the PNG plots it refers to (name -> bytes)."""
+    """The report as blocks, and the PNG plots it refers to (name -> bytes).
+
+    claims: (results, claims file path, source, card) from `claim_check.check_claims`; steps: the
+    target number of steps for "time to N steps" (default: the records' or 400,000).
+    """
     suites = (
         ", ".join(dict.fromkeys(str(s) for s in df.get("suite", pd.Series(dtype=str)).dropna())) or "results"
     )
     title = title or f"ditbench report: {suites}"
+    steps, steps_source = target_steps(df, steps)
     plots = render_plots(df)
     comparison = analysis.baseline_comparison(df)
     blocks: list[Block] = [Heading(1, title)]
@@ -138,17 +62,72 @@ def build_report(
             f"run {runs or 'unknown'}; written {when} by ditbench {__version__}."
         )
     )
+    blocks += _caveats(df)
     blocks += _environment(df)
-    blocks += _recommendations(df)
-    blocks += _advice(df)
+    blocks += recommendations(df, steps)
+    if "speed_memory" in plots:
+        blocks += _speed_memory(df, plots["speed_memory"])
+    blocks += advice_section(df)
+    if claims is not None:
+        blocks += claims_section(*claims)
     for model in dict.fromkeys(df["config.model"].astype(str)):
-        blocks += _model_section(df, df[df["config.model"].astype(str) == model], comparison, model)
-    if plots:
+        blocks += model_section(df, df[df["config.model"].astype(str) == model], comparison, model, steps)
+    rest = {name: png for name, png in plots.items() if name != "speed_memory"}
+    if rest:
         blocks.append(Heading(2, "Plots"))
-        for name, png in plots.items():
-            blocks.append(Image(name, PLOT_TITLES[name], png))
-    blocks += _method(df)
+        for name, png in rest.items():
+            blocks.append(Image(name, PLOT_TITLES[name], png, PLOT_FILES[name]))
+    blocks += _method(df, steps, steps_source)
     return blocks, plots
+
+
+def _caveats(df: pd.DataFrame) -> list[Block]:
+    """What a reader must know before reading any number: emulated cards, noisy cells, several runs."""
+    out: list[Block] = []
+    for budget, labels in emulated_cells(df).items():
+        card = f"the {budget.card}" if budget.card else f"a {budget.gib:g} GiB card"
+        out.append(
+            Para(
+                f"**Emulated card:** {len(labels)} cell(s) were meant for {budget.name} and ran on "
+                f"{budget.ran_on()}. Memory and whether a cell fits are {card}'s; speeds, times to a "
+                f"target and MFU are the {budget.real_gpu}'s, not {card}'s."
+            )
+        )
+    noisy = [label for label, row in df.iterrows() if noise_text(row)]
+    if noisy:
+        out.append(
+            Para(
+                f"**Noisy cells:** {len(noisy)} cell(s) had unsteady step times (marked noisy in the "
+                "tables, with the spread and the bound they exceeded); their speeds are less certain than "
+                "the others'. Rerun them on a quiet machine before relying on a small difference."
+            )
+        )
+    if df["cell_id"].duplicated().any():
+        out.append(
+            Para(
+                "**Several runs:** some cells appear more than once (`--keep all`); the tables show each "
+                "record with its run id and start time. Claims use the latest record of each cell."
+            )
+        )
+    return out
+
+
+def _speed_memory(df: pd.DataFrame, png: bytes) -> list[Block]:
+    _, label = memory_metric(df)
+    text = (
+        "Each ok cell is a point: images/s against the memory that decides whether it fits a card "
+        "(peak reserved + CUDA context where the context was measured, else NVML device memory, else "
+        "reserved; the process's peak RSS on a CPU). Colour is the precision, the marker says gradient "
+        "checkpointing, the label is the batch size per GPU. The line joins the Pareto front: the cells "
+        "no other cell beats on both speed and memory. A vertical line marks each card budget."
+    )
+    if emulated_cells(df):
+        text += " Speeds of cells that ran on a capped bigger card are that card's."
+    return [
+        Heading(2, "Speed against memory"),
+        Para(text),
+        Image("speed_memory", PLOT_TITLES["speed_memory"], png, PLOT_FILES["speed_memory"]),
+    ]
 
 
 def _environment(df: pd.DataFrame) -> list[Block]:
@@ -177,172 +156,7 @@ def _environment(df: pd.DataFrame) -> list[Block]:
     return out
 
 
-def _recommendations(df: pd.DataFrame) -> list[Block]:
-    recs = analysis.recommend(df)
-    out: list[Block] = [Heading(2, "Recommendations")]
-    groups = list(dict.fromkeys((r.budget, r.gpus) for r in recs.per_model))
-    for budget, gpus in groups:
-        gpu_text = f", {gpus} GPUs" if gpus > 1 else ""
-        rows = []
-        for r in recs.per_model:
-            if (r.budget, r.gpus) != (budget, gpus):
-                continue
-            if r.cell_name is None:
-                rows.append([r.model, "nothing fits", "—", "—", r.note])
-                continue
-            mem = f"{num(r.memory_gib, 2)} GiB ({r.memory_label})" if r.memory_gib is not None else "—"
-            rows.append([r.model, r.cell_name, num(r.images_per_s), mem, r.note])
-        out.append(Para(f"Fastest configuration that fits, per model, on {budget}{gpu_text}:"))
-        out.append(Table(["model", "fastest cell that fits", "images/s", "memory", "note"], rows))
-        largest = recs.largest.get((budget, gpus))
-        if largest is not None:
-            out.append(
-                Para(
-                    f"Largest model that fits on {budget}{gpu_text}: **{largest.model}** "
-                    f"({largest.cell_name}, {num(largest.images_per_s)} images/s)."
-                )
-            )
-        else:
-            out.append(Para(f"No model fits on {budget}{gpu_text}."))
-    return out
-
-
-def _advice(df: pd.DataFrame) -> list[Block]:
-    checks = analysis.advice_checks(df)
-    css = {analysis.HELD: "held", analysis.NOT_HELD: "not-held", analysis.NOT_MEASURED: "not-measured"}
-    table = Table(
-        ["advice", "verdict", "evidence from this run"],
-        [[c.claim, c.verdict, c.evidence] for c in checks],
-        [["", css[c.verdict], ""] for c in checks],
-    )
-    return [
-        Heading(2, "Common advice, checked"),
-        table,
-        Para("How each verdict is decided:"),
-        Bullets([f"{c.claim}: {c.rule}." for c in checks]),
-    ]
-
-
-def _model_section(df: pd.DataFrame, sub: pd.DataFrame, comparison: pd.DataFrame, model: str) -> list[Block]:
-    mem_col, mem_label = memory_metric(df)
-    out: list[Block] = [Heading(2, f"{model}")]
-    split = varying_knobs(sub, exclude=("model", "batch_size"))
-    batches = sorted(set(column(sub, "config.batch_size").dropna()))
-    lines: dict[tuple, dict[float, pd.Series]] = {}
-    for _, row in sub.iterrows():
-        k = knobs(row["record"])
-        lines.setdefault(tuple((n, k.get(n)) for n in split), {})[value(row, "config.batch_size")] = row
-    rows, css = [], []
-    for key in sorted(lines, key=lambda key: tuple(_order(v) for _, v in key)):
-        label = " ".join(knob_text(n, v) for n, v in key) or model
-        cells, classes = [label], [""]
-        for b in batches:
-            row = lines[key].get(b)
-            if row is None:
-                cells.append("")
-                classes.append("")
-                continue
-            status = row["status"]
-            if status == "ok":
-                text = f"{num(value(row, IMG_S))} img/s"
-                mem = value(row, mem_col)
-                if mem is not None:
-                    text += f" · {num(mem, 1)} GiB"
-                if comparison.at[row.name, "is_baseline"]:
-                    text += " (baseline)"
-            else:
-                text = STATUS_TEXT.get(status, str(status))
-            cells.append(text)
-            classes.append(f"status-{status}")
-        rows.append(cells)
-        css.append(classes)
-    out.append(
-        Para(f"Images/s and {mem_label.replace(' (GiB)', '')} per cell; columns are the batch size per GPU.")
-    )
-    out.append(Table(["configuration"] + [f"bs {b:g}" for b in batches], rows, css))
-    out.append(Heading(3, f"{model}: every cell against the baseline"))
-    detail, detail_css = [], []
-    order = sorted(
-        sub.index,
-        key=lambda i: (
-            tuple(_order(v) for v in _line_values(sub.loc[i], split)),
-            value(sub.loc[i], "config.batch_size") or 0,
-        ),
-    )
-    for label in order:
-        row = sub.loc[label]
-        c = comparison.loc[label]
-        smoke = row["record"].get("smoke")
-        smoke_text = "—"
-        if isinstance(smoke, dict) and smoke.get("first_mean") is not None:
-            smoke_text = f"{num(smoke.get('first_mean'), 3)} → {num(smoke.get('last_mean'), 3)}"
-            if smoke.get("nonfinite_steps"):
-                smoke_text += f" ({smoke['nonfinite_steps']} non-finite)"
-        p10, p90 = value(row, "metrics.step_ms.p10"), value(row, "metrics.step_ms.p90")
-        step = num(value(row, "metrics.step_ms.median"))
-        if p10 is not None and p90 is not None:
-            step += f" ({num(p10)}–{num(p90)})"
-        mfu = value(row, "metrics.mfu.value")
-        scaling = value(row, "metrics.scaling_efficiency")
-        if c["is_baseline"]:
-            vs = "baseline"
-        elif row["status"] == "ok" and not pd.isna(c["speedup"]):
-            vs = f"{speedup_text(c['speedup'])}, {saved_text(c['mem_saved_pct'])} memory saved"
-        else:
-            vs = c["baseline_note"] if isinstance(c["baseline_note"], str) and row["status"] == "ok" else "—"
-        reason = row.get("reason")
-        detail.append(
-            [
-                str(row.get("cell_name") or row["cell_id"]),
-                STATUS_TEXT.get(row["status"], row["status"]),
-                num(value(row, IMG_S)),
-                step,
-                num(value(row, mem_col), 2),
-                num(value(row, "metrics.peak_mem_reserved_gib"), 2),
-                num(mfu * 100, 1, "%") if mfu is not None else "—",
-                num(scaling * 100, 1, "%") if scaling is not None else "—",
-                vs,
-                smoke_text,
-                str(reason) if isinstance(reason, str) else "",
-            ]
-        )
-        detail_css.append(["", f"status-{row['status']}"] + [""] * 9)
-    headers = [
-        "cell",
-        "status",
-        "images/s",
-        "step ms median (p10–p90)",
-        mem_label,
-        "reserved (GiB)",
-        "MFU",
-        "scaling efficiency",
-        "vs baseline (speed-up, memory saved)",
-        "smoke loss first → last",
-        "reason",
-    ]
-    # A column no cell of this model has (reserved memory and MFU on a CPU) only adds noise.
-    keep = [i for i, h in enumerate(headers) if i < 2 or any(r[i] not in ("—", "") for r in detail)]
-    out.append(
-        Table(
-            [headers[i] for i in keep],
-            [[r[i] for i in keep] for r in detail],
-            [[c[i] for i in keep] for c in detail_css],
-        )
-    )
-    return out
-
-
-def _line_values(row: pd.Series, split: list[str]) -> list[Any]:
-    k = knobs(row["record"])
-    return [k.get(n) for n in split]
-
-
-def _order(v: Any) -> tuple:
-    rank = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 3, "none": 0, "full": 1}
-    return (rank.get(v, 9) if isinstance(v, str) else 9, str(v))
-
-
-def _method(df: pd.DataFrame) -> list[Block]:
+def _method(df: pd.DataFrame, steps: int, steps_source: str) -> list[Block]:
     _, mem_label = memory_metric(df)
     return [
         Heading(2, "How to read this report"),
@@ -352,103 +166,22 @@ def _method(df: pd.DataFrame) -> list[Block]:
                 "Speed-up is images/s over the baseline's; memory saved is 1 − memory / baseline memory "
                 "(negative: more memory).",
                 f"Memory in the tables is {mem_label.replace(' (GiB)', '')} (GiB = 2^30 bytes). Whether a "
-                "cell fits a budget is decided on NVML device memory when measured (it includes the CUDA "
-                "context), else on the allocator's reserved memory, else allocated.",
-                "A budget is the suite's `gpu_memory_gb` when set, else the card the cells ran on (every "
-                "ok cell fits it).",
+                "cell fits a card is decided on peak reserved + CUDA context where the context was measured "
+                "(a cell that completed under an emulated card's cap fits it), else on NVML device memory "
+                "(it includes the context), else on reserved.",
+                "A budget is the card a suite emulated (`card` / `gpu_memory_gib`, older records "
+                "`gpu_memory_gb`), else the card the cells ran on (every ok cell fits it).",
+                f"Time to {steps_text(steps)} steps ({steps_source}) is that many steps at the measured "
+                "steps/s, on the GPUs the cell used; the DiT paper trains at global batch "
+                f"{PAPER_GLOBAL_BATCH}, so a cell at another global batch sees a different number of "
+                "images in that time (said next to the figure). GPU-hours per million images = GPUs × "
+                f"10^6 / images/s / 3600; the paper's {steps_text(steps)} steps at batch "
+                f"{PAPER_GLOBAL_BATCH} are {steps * PAPER_GLOBAL_BATCH / 1e6:,.1f} million images.",
                 "MFU counts model FLOPs only; recomputation under checkpointing is not counted, so "
                 "checkpointing lowers it.",
             ]
         ),
     ]
-
-
-# ------------------------------------------------------------------------------------------ render
-
-
-def _md_escape(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def to_markdown(blocks: list[Block]) -> str:
-    parts = []
-    for b in blocks:
-        if isinstance(b, Heading):
-            parts.append("#" * b.level + " " + b.text)
-        elif isinstance(b, Para):
-            parts.append(b.text)
-        elif isinstance(b, Bullets):
-            parts.append("\n".join(f"- {item}" for item in b.items))
-        elif isinstance(b, Table):
-            lines = [
-                "| " + " | ".join(_md_escape(h) for h in b.headers) + " |",
-                "|" + "|".join("---" for _ in b.headers) + "|",
-            ]
-            lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in b.rows]
-            parts.append("\n".join(lines))
-        elif isinstance(b, Image):
-            parts.append(f"[![{b.title}]({PLOT_FILES[b.name]})]({PLOT_FILES[b.name]})")
-    return "\n\n".join(parts) + "\n"
-
-
-def _inline_html(text: str) -> str:
-    out = html.escape(str(text), quote=False)
-    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
-    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
-
-
-CSS = """
-body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2rem auto; max-width: 1200px;
-       padding: 0 1rem; color: #1d1d1f; line-height: 1.45; }
-h1 { font-size: 1.6rem; } h2 { margin-top: 2.2rem; border-bottom: 1px solid #ddd; padding-bottom: .2rem; }
-table { border-collapse: collapse; margin: .8rem 0; font-size: .9rem; display: block; overflow-x: auto; }
-th, td { border: 1px solid #d0d0d0; padding: .3rem .55rem; text-align: left; vertical-align: top; }
-th { background: #f3f3f3; }
-code { background: #f3f3f3; padding: 0 .2rem; border-radius: 3px; }
-.status-ok { background: #eef8ee; } .status-oom, .status-error, .status-timeout, .status-nan_loss
-{ background: #fbeaea; } .status-skipped, .status-unsupported { background: #f2f2f2; color: #666; }
-.held { background: #e3f4e3; font-weight: 600; } .not-held { background: #fbe3e3; font-weight: 600; }
-.not-measured { color: #666; }
-figure { margin: 1.2rem 0; } figure img { max-width: 100%; border: 1px solid #e5e5e5; }
-figcaption { font-size: .9rem; color: #555; }
-"""
-
-
-def to_html(blocks: list[Block], title: str) -> str:
-    body = []
-    for b in blocks:
-        if isinstance(b, Heading):
-            body.append(f"<h{b.level}>{_inline_html(b.text)}</h{b.level}>")
-        elif isinstance(b, Para):
-            body.append(f"<p>{_inline_html(b.text)}</p>")
-        elif isinstance(b, Bullets):
-            body.append("<ul>" + "".join(f"<li>{_inline_html(i)}</li>" for i in b.items) + "</ul>")
-        elif isinstance(b, Table):
-            head = "".join(f"<th>{_inline_html(h)}</th>" for h in b.headers)
-            rows = []
-            for r, row in enumerate(b.rows):
-                classes = b.css[r] if r < len(b.css) else []
-                tds = []
-                for c, cell in enumerate(row):
-                    cls = classes[c] if c < len(classes) else ""
-                    tds.append(f'<td class="{cls}">' if cls else "<td>")
-                    tds[-1] += _inline_html(cell) + "</td>"
-                rows.append("<tr>" + "".join(tds) + "</tr>")
-            body.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table>")
-        elif isinstance(b, Image):
-            data = base64.b64encode(b.png).decode("ascii")
-            body.append(
-                f'<figure id="plot-{b.name}"><img class="plot" alt="{html.escape(b.title)}" '
-                f'src="data:image/png;base64,{data}"><figcaption>{html.escape(b.title)}</figcaption>'
-                "</figure>"
-            )
-    return (
-        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{html.escape(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
-        + "\n".join(body)
-        + "\n</body>\n</html>\n"
-    )
 
 
 # ------------------------------------------------------------------------------------------ csv
@@ -459,7 +192,7 @@ def results_table(df: pd.DataFrame) -> pd.DataFrame:
     comparison = analysis.baseline_comparison(df)
     flat = df.drop(columns=[c for c in ("record",) if c in df]).copy()
     for c in flat.columns:
-        if flat[c].map(lambda v: isinstance(v, (list, dict))).any():
+        if flat[c].dtype == object and flat[c].map(lambda v: isinstance(v, (list, dict))).any():
             flat[c] = flat[c].map(lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v)
     if "started_at" in flat:
         flat["started_at"] = flat["started_at"].map(lambda t: t.isoformat() if not pd.isna(t) else None)
@@ -473,11 +206,16 @@ def results_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_report(
-    df: pd.DataFrame, out_dir: str | Path, title: str | None = None, sources: list[str] | None = None
+    df: pd.DataFrame,
+    out_dir: str | Path,
+    title: str | None = None,
+    sources: list[str] | None = None,
+    claims: tuple[list[ClaimResult], str, str | None, str | None] | None = None,
+    steps: int | None = None,
 ) -> dict[str, Path]:
     """Write report.md, report.html, results.csv and the plot PNGs into out_dir; name -> path."""
     out_dir = Path(out_dir)
-    blocks, plots = build_report(df, title, sources)
+    blocks, plots = build_report(df, title, sources, claims, steps)
     heading = next(b.text for b in blocks if isinstance(b, Heading))
     written = {}
     for name, png in plots.items():

@@ -1,0 +1,247 @@
+"""Five sayings about DiT training resources, checked against every run (no claims file needed).
+
+fp16 halves memory; checkpointing saves about half the memory for 20-30% more time; DiT-L/4 with
+fp16 and checkpointing trains at batch 32 on a 24 GB card; DiT-B/8 with fp16 on 12 GB; DiT-XL/2 on
+48 GB. Each check states the rule its verdict follows; a user's own claims go through `claims`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from ditbench.report.cells import cell_label as _cell
+from ditbench.report.cells import knobs, pairs
+from ditbench.report.load import value
+from ditbench.report.memory import MEM_ALLOCATED, card_lower_bounds, fit_memory, fits
+
+IMG_S = "metrics.images_per_s"
+
+# Thresholds of the advice checks (stated in every report next to the verdicts).
+FP16_HALVES_MAX_RATIO = 0.60  # "halves": fp16 peak allocated <= 60% of fp32's
+CKPT_MIN_SAVING = 0.40  # "about 50% memory": saves at least 40% of peak allocated
+CKPT_MAX_EXTRA_TIME = 0.35  # "for 20-30% more time": costs at most 35% more time per step
+
+HELD, NOT_HELD, NOT_MEASURED = "held", "not held", "not measured"
+
+
+@dataclass
+class AdviceCheck:
+    claim: str
+    verdict: str
+    evidence: str
+    rule: str
+    numbers: list[dict[str, Any]] = field(default_factory=list)
+
+
+def check_fp16_halves(df: pd.DataFrame) -> AdviceCheck:
+    claim = "fp16 halves memory"
+    rule = (
+        f"held when fp16's peak allocated GPU memory is at most {FP16_HALVES_MAX_RATIO:.0%} of fp32's "
+        "(median over cells that differ only in precision)"
+    )
+    used = "fp16"
+    found = [
+        (x, y)
+        for x, y in pairs(df, {"precision": "fp16"}, {"precision": "fp32"})
+        if value(x, MEM_ALLOCATED) is not None and value(y, MEM_ALLOCATED)
+    ]
+    if not found:
+        used = "bf16"
+        found = [
+            (x, y)
+            for x, y in pairs(df, {"precision": "bf16"}, {"precision": "fp32"})
+            if value(x, MEM_ALLOCATED) is not None and value(y, MEM_ALLOCATED)
+        ]
+    if not found:
+        return AdviceCheck(
+            claim,
+            NOT_MEASURED,
+            "no fp16 (or bf16) cell with an fp32 twin and GPU memory figures in this run",
+            rule,
+        )
+    numbers = [
+        {
+            "cell": _cell(x),
+            "low_gib": value(x, MEM_ALLOCATED),
+            "fp32_gib": value(y, MEM_ALLOCATED),
+            "ratio": value(x, MEM_ALLOCATED) / value(y, MEM_ALLOCATED),
+        }
+        for x, y in found
+    ]
+    ratios = [n["ratio"] for n in numbers]
+    med = statistics.median(ratios)
+    best = min(numbers, key=lambda n: n["ratio"])
+    verdict = HELD if med <= FP16_HALVES_MAX_RATIO else NOT_HELD
+    evidence = (
+        f"{used}/fp32 peak allocated: median ratio {med:.2f} over {len(numbers)} pair(s) "
+        f"(range {min(ratios):.2f}-{max(ratios):.2f}); lowest {best['ratio']:.2f} at {best['cell']} "
+        f"({best['fp32_gib']:.2f} -> {best['low_gib']:.2f} GiB)"
+    )
+    if used == "bf16":
+        evidence = "no fp16 pair; measured with bf16, the same 16-bit autocast. " + evidence
+    if verdict == NOT_HELD:
+        evidence += ". Weights, gradients and Adam state stay fp32 under autocast; only activations shrink"
+    return AdviceCheck(claim, verdict, evidence, rule, numbers)
+
+
+def check_ckpt_tradeoff(df: pd.DataFrame) -> AdviceCheck:
+    claim = "gradient checkpointing saves about 50% memory for 20-30% more time"
+    rule = (
+        f"held when checkpointing saves at least {CKPT_MIN_SAVING:.0%} of peak allocated GPU memory and "
+        f"costs at most {CKPT_MAX_EXTRA_TIME:.0%} more time per step (medians over cells that differ only "
+        "in grad_ckpt)"
+    )
+    numbers = []
+    for full, none in pairs(df, {"grad_ckpt": "full"}, {"grad_ckpt": "none"}):
+        mf, mn = value(full, MEM_ALLOCATED), value(none, MEM_ALLOCATED)
+        sf, sn = value(full, IMG_S), value(none, IMG_S)
+        if mf is None or not mn or not sf or sn is None:
+            continue
+        numbers.append(
+            {
+                "cell": _cell(full),
+                "none_gib": mn,
+                "full_gib": mf,
+                "saving": 1 - mf / mn,
+                "extra_time": sn / sf - 1,
+            }
+        )
+    if not numbers:
+        return AdviceCheck(
+            claim,
+            NOT_MEASURED,
+            "no checkpointed cell with an un-checkpointed twin and GPU memory figures in this run",
+            rule,
+        )
+    saving = statistics.median(n["saving"] for n in numbers)
+    extra = statistics.median(n["extra_time"] for n in numbers)
+    held = saving >= CKPT_MIN_SAVING and extra <= CKPT_MAX_EXTRA_TIME
+    best = max(numbers, key=lambda n: n["saving"])
+    evidence = (
+        f"median memory saved {saving:.0%} (range {min(n['saving'] for n in numbers):.0%}-"
+        f"{max(n['saving'] for n in numbers):.0%}), median extra time {extra:.0%} (range "
+        f"{min(n['extra_time'] for n in numbers):.0%}-{max(n['extra_time'] for n in numbers):.0%}) "
+        f"over {len(numbers)} pair(s); largest saving at {best['cell']} ({best['none_gib']:.2f} -> "
+        f"{best['full_gib']:.2f} GiB)"
+    )
+    if not held:
+        why = []
+        if saving < CKPT_MIN_SAVING:
+            why.append("saved less memory than claimed (weights and optimizer state are not checkpointed)")
+        if extra > CKPT_MAX_EXTRA_TIME:
+            why.append("cost more time than claimed")
+        evidence += "; " + " and ".join(why)
+    return AdviceCheck(claim, HELD if held else NOT_HELD, evidence, rule, numbers)
+
+
+def _fit_check(df: pd.DataFrame, claim: str, budget: float, select: dict[str, Any], rule: str) -> AdviceCheck:
+    bounds = card_lower_bounds(df)
+    keep = []
+    for label, r in df.iterrows():
+        k = knobs(r["record"])
+        single_gpu = k.get("gpus", 1) * k.get("nodes", 1) == 1
+        if single_gpu and all(k.get(key) == want for key, want in select.items()):
+            keep.append(label)
+    rows = df.loc[keep]
+    if not len(rows):
+        return AdviceCheck(claim, NOT_MEASURED, "no such cell (single GPU) in this run", rule)
+    verdicts = [(fits(r, budget, bounds), r) for _, r in rows.iterrows()]
+    numbers = []
+    for ok, r in verdicts:
+        mem, label = fit_memory(r)
+        numbers.append(
+            {
+                "cell": _cell(r),
+                "status": r["status"],
+                "fits": ok,
+                "memory_gib": mem,
+                "memory_label": label,
+                "images_per_s": value(r, IMG_S),
+            }
+        )
+    fitting = [r for ok, r in verdicts if ok]
+    if fitting:
+        best = max(fitting, key=lambda r: (value(r, "config.batch_size") or 0, value(r, IMG_S) or 0))
+        mem, label = fit_memory(best)
+        mem_text = f"{mem:.2f} GiB {label}" if mem is not None else "inside the suite's cap"
+        evidence = (
+            f"{_cell(best)} ran at {value(best, IMG_S) or float('nan'):.1f} images/s using {mem_text}; "
+            f"{len(fitting)} of {len(verdicts)} matching cell(s) fit {budget:g} GiB"
+        )
+        return AdviceCheck(claim, HELD, evidence, rule, numbers)
+    known_no = [r for ok, r in verdicts if ok is False]
+    if known_no:
+        parts = []
+        for r in known_no[:4]:
+            mem, label = fit_memory(r)
+            parts.append(
+                f"{_cell(r)}: "
+                + (f"{mem:.2f} GiB {label}" if r["status"] == "ok" and mem is not None else r["status"])
+            )
+        return AdviceCheck(
+            claim,
+            NOT_HELD,
+            f"none of {len(verdicts)} matching cell(s) fit {budget:g} GiB (" + "; ".join(parts) + ")",
+            rule,
+            numbers,
+        )
+    statuses = ", ".join(sorted({str(r["status"]) for _, r in verdicts}))
+    return AdviceCheck(
+        claim,
+        NOT_MEASURED,
+        f"matching cells exist but say nothing about {budget:g} GiB "
+        f"(status {statuses}, no memory figure, or out of memory on a smaller cap)",
+        rule,
+        numbers,
+    )
+
+
+def check_24gb_l4(df: pd.DataFrame) -> AdviceCheck:
+    return _fit_check(
+        df,
+        "on a 24 GB card, DiT-L/4 with fp16 and checkpointing, batch 32",
+        24.0,
+        {"model": "DiT-L/4", "precision": "fp16", "grad_ckpt": "full", "batch_size": 32},
+        "held when that exact cell (1 GPU, batch 32 per GPU) ran and fit 24 GiB",
+    )
+
+
+def check_12gb_b8(df: pd.DataFrame) -> AdviceCheck:
+    return _fit_check(
+        df,
+        "12 GB: DiT-B/8 with fp16",
+        12.0,
+        {"model": "DiT-B/8", "precision": "fp16"},
+        "held when some DiT-B/8 fp16 cell (any batch size or checkpointing, 1 GPU) fit 12 GiB; "
+        "the evidence names the largest batch that fit",
+    )
+
+
+def check_48gb_xl2(df: pd.DataFrame) -> AdviceCheck:
+    check = _fit_check(
+        df,
+        "48 GB and up: DiT-XL/2",
+        48.0,
+        {"model": "DiT-XL/2"},
+        "held when some DiT-XL/2 cell (any precision, batch size or checkpointing, 1 GPU) fit "
+        "48 GiB; the evidence names the largest batch that fit",
+    )
+    fitting = [n for n in check.numbers if n["status"] == "ok" and n["memory_gib"] is not None]
+    if check.verdict == HELD and fitting:
+        least = min(fitting, key=lambda n: n["memory_gib"])
+        if least["memory_gib"] <= 24:
+            check.evidence += (
+                f"; it also fits smaller cards: {least['cell']} needed {least['memory_gib']:.2f} GiB"
+            )
+    return check
+
+
+ADVICE_CHECKS = (check_fp16_halves, check_ckpt_tradeoff, check_24gb_l4, check_12gb_b8, check_48gb_xl2)
+
+
+def advice_checks(df: pd.DataFrame) -> list[AdviceCheck]:
+    return [check(df) for check in ADVICE_CHECKS]

@@ -1,0 +1,356 @@
+"""Claims checked against a run: for each claim, the measured value and a verdict naming the cells used.
+
+Verdicts: `held` (every matching cell, or the median over matching pairs, is inside the claim's
+interval), `not held` (measured outside it, or an out-of-memory cell proves the memory is beyond
+it), `not measured` (no matching cell, or none that could say: failed, a CPU cell for a GPU-memory
+claim, or a speed measured on another card than the one the claim is about). With several records
+of one cell (`--keep all`), the latest is used.
+
+Absolute speeds belong to the card that computed them: when a claim names its `card`, a speed
+measured elsewhere, including on a bigger card capped to emulate it, is shown but not judged.
+Ratios of speeds (compare claims) are judged wherever measured, and say where that was.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from ditbench.report.cells import cell_label, knob_key, knobs
+from ditbench.report.claim_values import (
+    GIB_TO_GB,
+    basis,
+    claimed_text,
+    fmt,
+    latest_per_cell,
+    matches,
+    metric_value,
+    speed_elsewhere,
+    spread,
+    status_text,
+    where_measured,
+    why_no_match,
+)
+from ditbench.report.claims import METRICS, Claim, ClaimsFile
+from ditbench.report.load import value
+from ditbench.report.memory import card_lower_bounds, fit_memory, fits, needs_more_than
+
+HELD, NOT_HELD, NOT_MEASURED = "held", "not held", "not measured"
+SHOWN = 6  # cells named in one evidence text; the JSON lists them all
+
+
+@dataclass
+class ClaimResult:
+    claim: Claim
+    verdict: str
+    claimed: str
+    measured: str
+    evidence: str
+    cells: list[str] = field(default_factory=list)
+    numbers: list[dict[str, Any]] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        c = self.claim
+        finite = [x if math.isfinite(x) else None for x in (c.low, c.high)]
+        return {
+            "says": c.says,
+            "kind": c.kind,
+            "metric": c.metric,
+            "expect": c.expect,
+            "stated": c.stated,
+            "tolerance_pct": c.tolerance_pct,
+            "accepted": finite,
+            "cell": c.cell,
+            "compare": {"from": c.change_from, "to": c.change_to} if c.change_from is not None else None,
+            "fits": {"card": c.fits_card, "gib": c.fits_gib} if c.expect == "fits" else None,
+            "card": c.card,
+            "note": c.note,
+            "verdict": self.verdict,
+            "claimed": self.claimed,
+            "measured": self.measured,
+            "cells": self.cells,
+            "evidence": self.evidence,
+            "numbers": self.numbers,
+        }
+
+
+# ------------------------------------------------------------------------------------------ values
+
+
+# ------------------------------------------------------------------------------------------ checks
+
+
+@dataclass
+class _Run:
+    """The run as the checks read it: every row with its knobs, once (iterrows is slow)."""
+
+    df: pd.DataFrame
+    rows: list[tuple[pd.Series, dict[str, Any]]]
+    index: dict[str, list[int]]  # knob key -> row labels, any status
+    bounds: dict[Any, float]
+    by_label: dict[Any, pd.Series]
+
+    def matching(self, selector: dict[str, Any]) -> list[pd.Series]:
+        return [row for row, k in self.rows if matches(k, selector)]
+
+
+def check_claims(df: pd.DataFrame, claims: ClaimsFile, target_steps: int) -> list[ClaimResult]:
+    df = latest_per_cell(df)
+    rows = [(row, knobs(row["record"])) for _, row in df.iterrows()]
+    index: dict[str, list[int]] = {}
+    for row, k in rows:
+        index.setdefault(knob_key(k), []).append(row.name)
+    run = _Run(df, rows, index, card_lower_bounds(df), {row.name: row for row, _ in rows})
+    out = []
+    for claim in claims.claims:
+        if claim.kind == "compare":
+            out.append(_check_compare(run, claim, target_steps))
+        elif claim.kind == "fits":
+            out.append(_check_fits(run, claim))
+        else:
+            out.append(_check_cell(run, claim, target_steps))
+    return out
+
+
+def _check_cell(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
+    df, bounds = run.df, run.bounds
+    metric = claim.metric
+    assert metric is not None
+    claimed = claimed_text(claim)
+    rows = run.matching(claim.cell)
+    if not rows:
+        return ClaimResult(claim, NOT_MEASURED, claimed, "—", why_no_match(df, claim.cell))
+    judged: list[tuple[pd.Series, float, bool]] = []
+    beyond: list[tuple[pd.Series, float]] = []  # out of memory above the claimed upper bound
+    unjudged: list[tuple[pd.Series, str]] = []
+    memory = METRICS[metric][0] == "memory"
+    for row in rows:
+        if row["status"] == "ok":
+            v, why = metric_value(row, metric, target_steps)
+            elsewhere = "" if memory else speed_elsewhere(row, claim.card)
+            if v is None:
+                unjudged.append((row, why))
+            elif elsewhere:
+                unjudged.append((row, f"measured {fmt(v, metric)}, but it {elsewhere}"))
+            else:
+                judged.append((row, v, claim.low <= v <= claim.high))
+        elif row["status"] == "oom" and memory:
+            need = needs_more_than(row, bounds)
+            need_m = None if need is None else need * (GIB_TO_GB if metric == "peak_memory_gb" else 1)
+            if need_m is not None and need_m > claim.high:
+                beyond.append((row, need_m))
+            else:
+                text = (
+                    f"needs more than {fmt(need_m, metric)}"
+                    if need_m is not None
+                    else "on a card of unknown size"
+                )
+                unjudged.append((row, f"out of memory, {text}"))
+        else:
+            unjudged.append((row, status_text(row)))
+    numbers = [
+        {"cell": cell_label(r), "cell_id": r["cell_id"], "value": v, "within": ok} for r, v, ok in judged
+    ] + [
+        {"cell": cell_label(r), "cell_id": r["cell_id"], "needs_more_than": n, "within": False}
+        for r, n in beyond
+    ]
+    parts = [
+        f"{cell_label(r)}: {fmt(v, metric)}{basis(r, metric)} ({'inside' if ok else 'outside'} the claim)"
+        for r, v, ok in judged[:SHOWN]
+    ]
+    parts += [
+        f"{cell_label(r)}: ran out of memory, so it needs more than {fmt(n, metric)}"
+        for r, n in beyond[:SHOWN]
+    ]
+    if judged or beyond:
+        verdict = HELD if judged and all(ok for _, _, ok in judged) and not beyond else NOT_HELD
+        measured = spread([v for _, v, _ in judged], metric) if judged else f"> {fmt(beyond[0][1], metric)}"
+    else:
+        verdict, measured = NOT_MEASURED, "—"
+    evidence = "; ".join(parts)
+    if not memory and judged:
+        evidence += where_measured([r for r, _, _ in judged])
+    if unjudged:
+        shown = "; ".join(f"{cell_label(r)}: {why}" for r, why in unjudged[:SHOWN])
+        evidence += ("; not judged: " if evidence else "") + shown
+    cells = [cell_label(r) for r, _, _ in judged] + [cell_label(r) for r, _ in beyond]
+    return ClaimResult(claim, verdict, claimed, measured, evidence, cells, numbers)
+
+
+def _check_fits(run: _Run, claim: Claim) -> ClaimResult:
+    df, bounds = run.df, run.bounds
+    gib = claim.fits_gib
+    assert gib is not None
+    claimed = claimed_text(claim)
+    rows = run.matching(claim.cell)
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    rows = [r for r in rows if r["status"] != "skipped"]
+    if not rows:
+        why = (
+            why_no_match(df, claim.cell) if not skipped else f"all {len(skipped)} matching cells were skipped"
+        )
+        return ClaimResult(claim, NOT_MEASURED, claimed, "—", why)
+    yes, no, unknown = [], [], []
+    numbers = []
+    for row in rows:
+        verdict = fits(row, gib, bounds)
+        mem, label = fit_memory(row)
+        numbers.append(
+            {
+                "cell": cell_label(row),
+                "cell_id": row["cell_id"],
+                "status": row["status"],
+                "fits": verdict,
+                "memory_gib": mem if row["status"] == "ok" else None,
+                "memory_basis": label if row["status"] == "ok" else None,
+            }
+        )
+        (yes if verdict else no if verdict is False else unknown).append(row)
+
+    def why(row: pd.Series) -> str:
+        mem, label = fit_memory(row)
+        if row["status"] == "ok" and mem is not None:
+            return f"{mem:.2f} GiB {label}"
+        if row["status"] == "oom":
+            need = needs_more_than(row, bounds)
+            return f"out of memory, needs more than {need:g} GiB" if need is not None else "out of memory"
+        if row["status"] == "ok":
+            return "no GPU memory figure" + (" (CPU)" if row.get("config.device") == "cpu" else "")
+        return status_text(row)
+
+    tail = f"; {len(skipped)} skipped cell(s) not counted" if skipped else ""
+    if yes:
+        best = max(
+            yes, key=lambda r: (value(r, "config.batch_size") or 0, value(r, "metrics.images_per_s") or 0)
+        )
+        evidence = f"{cell_label(best)} fits {gib:g} GiB with {why(best)}; "
+        evidence += f"{len(yes)} of {len(rows)} matching cell(s) fit"
+        mem, _ = fit_memory(best)
+        measured = f"{mem:.2f} GiB" if mem is not None else "ran inside a smaller cap"
+        return ClaimResult(
+            claim, HELD, claimed, measured, evidence + tail, [cell_label(r) for r in yes], numbers
+        )
+    listed = "; ".join(f"{cell_label(r)}: {why(r)}" for r in (no + unknown)[:SHOWN])
+    if no and not unknown:
+        return ClaimResult(
+            claim,
+            NOT_HELD,
+            claimed,
+            "does not fit",
+            f"none fits {gib:g} GiB: {listed}{tail}",
+            [cell_label(r) for r in no],
+            numbers,
+        )
+    return ClaimResult(
+        claim,
+        NOT_MEASURED,
+        claimed,
+        "—",
+        (
+            f"{len(no)} matching cell(s) do not fit and {len(unknown)}"
+            if no
+            else f"{len(unknown)} matching cell(s)"
+        )
+        + f" cannot say: {listed}{tail}",
+        [],
+        numbers,
+    )
+
+
+def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
+    df, bounds = run.df, run.bounds
+    metric = claim.metric
+    assert metric is not None and claim.change_from is not None and claim.change_to is not None
+    claimed = claimed_text(claim)
+    memory = METRICS[metric][0] == "memory"
+    index = run.index
+    start = {**claim.cell, **claim.change_from}
+    sources = run.matching(start)
+    if not sources:
+        return ClaimResult(claim, NOT_MEASURED, claimed, "—", why_no_match(df, start))
+    ratios: list[tuple[pd.Series, pd.Series, float]] = []
+    bounded: list[str] = []  # an out-of-memory side proves the ratio outside the claim
+    unjudged: list[str] = []
+    twins = 0
+    for row in sources:
+        labels = index.get(knob_key({**knobs(row["record"]), **claim.change_to}), [])
+        if not labels:
+            continue
+        twins += 1
+        twin = run.by_label[labels[-1]]
+        pair = f"{cell_label(row)} → {cell_label(twin)}"
+        if row["status"] == "ok" and twin["status"] == "ok":
+            a, why_a = metric_value(row, metric, target_steps)
+            b, why_b = metric_value(twin, metric, target_steps)
+            if a and b is not None:
+                ratios.append((row, twin, b / a))
+            else:
+                unjudged.append(f"{pair}: {why_a or why_b or 'zero on the from side'}")
+            continue
+        text = _oom_bound(row, twin, claim, metric, target_steps, bounds) if memory else ""
+        if text:
+            bounded.append(f"{pair}: {text}")
+        else:
+            bad = row if row["status"] != "ok" else twin
+            unjudged.append(f"{pair}: {cell_label(bad)} {status_text(bad)}")
+    numbers = [
+        {
+            "from": cell_label(a),
+            "to": cell_label(b),
+            "from_id": a["cell_id"],
+            "to_id": b["cell_id"],
+            "ratio": r,
+        }
+        for a, b, r in ratios
+    ]
+    cells = list(dict.fromkeys(c for a, b, _ in ratios for c in (cell_label(a), cell_label(b))))
+    if not ratios and not bounded:
+        if not twins:
+            change = ", ".join(f"{k}={v}" for k, v in claim.change_to.items())
+            why = (
+                f"no cell matching {_sel(start)} has a twin with {change} (all other knobs equal) in this run"
+            )
+        else:
+            why = "; ".join(unjudged[:SHOWN])
+        return ClaimResult(claim, NOT_MEASURED, claimed, "—", why, cells, numbers)
+    parts = []
+    if ratios:
+        values = [r for _, _, r in ratios]
+        med = statistics.median(values)
+        verdict = HELD if claim.low <= med <= claim.high and not bounded else NOT_HELD
+        measured = f"×{med:.2f}" + (
+            f" (median of {len(values)}, ×{min(values):.2f}–×{max(values):.2f})" if len(values) > 1 else ""
+        )
+        parts.append("; ".join(f"{cell_label(a)} → {cell_label(b)}: ×{r:.2f}" for a, b, r in ratios[:SHOWN]))
+        if not memory:
+            parts[-1] += where_measured([x for a, b, _ in ratios for x in (a, b)])
+    else:
+        verdict, measured = NOT_HELD, "outside (out of memory)"
+    parts += bounded[:SHOWN]
+    if unjudged:
+        parts.append("not judged: " + "; ".join(unjudged[:SHOWN]))
+    return ClaimResult(claim, verdict, claimed, measured, "; ".join(parts), cells, numbers)
+
+
+def _sel(selector: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in selector.items())
+
+
+def _oom_bound(
+    row: pd.Series, twin: pd.Series, claim: Claim, metric: str, target_steps: int, bounds: dict
+) -> str:
+    """A memory ratio with one side out of memory is bounded; '' unless the bound falls outside the claim."""
+    scale = GIB_TO_GB if metric == "peak_memory_gb" else 1
+    if row["status"] == "oom" and twin["status"] == "ok":
+        need, (b, _) = needs_more_than(row, bounds), metric_value(twin, metric, target_steps)
+        if need and b is not None and b / (need * scale) < claim.low:
+            return f"ratio below ×{b / (need * scale):.2f} (the from cell ran out of memory), under the claim"
+    if twin["status"] == "oom" and row["status"] == "ok":
+        need, (a, _) = needs_more_than(twin, bounds), metric_value(row, metric, target_steps)
+        if need and a and need * scale / a > claim.high:
+            return f"ratio above ×{need * scale / a:.2f} (the to cell ran out of memory), over the claim"
+    return ""

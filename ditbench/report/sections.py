@@ -1,0 +1,324 @@
+"""The report's sections that read cells: recommendations, verdicts, and one section per model.
+
+Every table here shows the same facts the same way: images/s, the time to the target number of
+steps, memory, whether a cell was noisy, and, for a cell that ran on a capped bigger card, which
+card really ran it.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ditbench.report import advice, analysis
+from ditbench.report.blocks import (
+    Block,
+    Bullets,
+    Heading,
+    Para,
+    Table,
+    knob_text,
+    num,
+    saved_text,
+    speedup_text,
+)
+from ditbench.report.cells import cell_label, knobs, value_order, varying_knobs
+from ditbench.report.claim_check import ClaimResult
+from ditbench.report.load import column, value
+from ditbench.report.memory import MEM_RESERVED, cell_budget, fits, memory_metric, metrics_of
+from ditbench.report.timing import gpu_hours_text, time_text
+
+IMG_S = "metrics.images_per_s"
+STATUS_TEXT = {
+    "ok": "ok",
+    "oom": "OOM",
+    "timeout": "timeout",
+    "nan_loss": "NaN loss",
+    "error": "error",
+    "skipped": "skipped",
+    "unsupported": "unsupported",
+}
+VERDICT_CSS = {"held": "held", "not held": "not-held", "not measured": "not-measured"}
+
+
+def steps_text(n: int) -> str:
+    """400000 -> '400K', 1000000 -> '1M', 12345 -> '12,345'."""
+    for div, suffix in ((1_000_000, "M"), (1_000, "K")):
+        if n >= div and n % div == 0:
+            return f"{n // div:,}{suffix}"
+    return f"{n:,}"
+
+
+def noise_text(row: pd.Series) -> str:
+    """'noisy: step-time spread 0.12 (bound 0.05)' for a cell the runner marked noisy, else ''."""
+    metrics = metrics_of(row)
+    if metrics.get("noisy") is not True:
+        return ""
+    noise = metrics.get("noise") if isinstance(metrics.get("noise"), dict) else {}
+    parts = []
+    for name, bound, label in (
+        ("step_spread", "spread_bound", "step-time spread"),
+        ("throughput_gap", "gap_bound", "throughput gap"),
+    ):
+        v, b = value(noise, name), value(noise, bound)
+        if v is not None:
+            parts.append(f"{label} {v:.3g}" + (f" (bound {b:.3g})" if b is not None else ""))
+    return "noisy: " + ", ".join(parts) if parts else "noisy"
+
+
+def ran_on_text(row: pd.Series) -> str:
+    budget = cell_budget(row)
+    if budget is not None and budget.emulated:
+        return f"{budget.ran_on()} (emulating {budget.card or budget.name})"
+    if row.get("config.device") == "cpu":
+        return "CPU"
+    return str(row.get("env.gpu_name") or "—")
+
+
+def run_text(row: pd.Series) -> str:
+    started = row.get("started_at")
+    when = started.strftime("%Y-%m-%d %H:%M") if isinstance(started, pd.Timestamp) else ""
+    return f"{row.get('run_id') or '—'}" + (f" ({when})" if when else "")
+
+
+# ---------------------------------------------------------------------------------- recommendations
+
+
+def recommendations(df: pd.DataFrame, steps: int) -> list[Block]:
+    recs = analysis.recommend(df)
+    out: list[Block] = [Heading(2, "Recommendations")]
+    rows_by_name = {cell_label(row): row for _, row in df.iterrows()}
+    groups = list(dict.fromkeys((r.budget, r.gpus) for r in recs.per_model))
+    for budget, gpus in groups:
+        gpu_text = f", {gpus} GPUs" if gpus > 1 else ""
+        rows = []
+        for r in recs.per_model:
+            if (r.budget, r.gpus) != (budget, gpus):
+                continue
+            if r.cell_name is None:
+                rows.append([r.model, "nothing fits", "—", "—", "—", r.note])
+                continue
+            mem = f"{num(r.memory_gib, 2)} GiB ({r.memory_label})" if r.memory_gib is not None else "—"
+            row = rows_by_name.get(r.cell_name)
+            noisy = noise_text(row) if row is not None else ""
+            note = "; ".join(x for x in (r.note, noisy) if x)
+            when = time_text(row, steps) if row is not None else "—"
+            rows.append([r.model, r.cell_name, num(r.images_per_s), when, mem, note])
+        out.append(Para(f"Fastest configuration that fits, per model, on {budget}{gpu_text}:"))
+        out.append(
+            Table(
+                [
+                    "model",
+                    "fastest cell that fits",
+                    "images/s",
+                    f"time to {steps_text(steps)} steps",
+                    "memory",
+                    "note",
+                ],
+                rows,
+            )
+        )
+        largest = recs.largest.get((budget, gpus))
+        if largest is not None:
+            out.append(
+                Para(
+                    f"Largest model that fits on {budget}{gpu_text}: **{largest.model}** "
+                    f"({largest.cell_name}, {num(largest.images_per_s)} images/s)."
+                )
+            )
+        else:
+            out.append(Para(f"No model fits on {budget}{gpu_text}."))
+    return out
+
+
+# ------------------------------------------------------------------------------------------ verdicts
+
+
+def advice_section(df: pd.DataFrame) -> list[Block]:
+    checks = advice.advice_checks(df)
+    table = Table(
+        ["advice", "verdict", "evidence from this run"],
+        [[c.claim, c.verdict, c.evidence] for c in checks],
+        [["", VERDICT_CSS[c.verdict], ""] for c in checks],
+    )
+    return [
+        Heading(2, "Common advice, checked"),
+        table,
+        Para("How each verdict is decided:"),
+        Bullets([f"{c.claim}: {c.rule}." for c in checks]),
+    ]
+
+
+def claims_section(
+    results: list[ClaimResult], path: str, source: str | None, card: str | None
+) -> list[Block]:
+    counts = {v: sum(r.verdict == v for r in results) for v in VERDICT_CSS}
+    summary = ", ".join(f"{n} {v}" for v, n in counts.items())
+    intro = f"{len(results)} claims from `{path}`" + (f" ({source})" if source else "") + f": {summary}."
+    if card:
+        intro += (
+            f" The claims' speeds are about an {card}: a speed measured on another card, or on a bigger card "
+            "capped to emulate it, is shown but not judged."
+        )
+    rows, css = [], []
+    for r in results:
+        says = r.claim.says + (f" (note: {r.claim.note})" if r.claim.note else "")
+        rows.append([says, r.verdict, r.claimed, r.measured, r.evidence or "—"])
+        css.append(["", VERDICT_CSS[r.verdict], "", "", ""])
+    return [
+        Heading(2, "Claims checked against this run"),
+        Para(intro),
+        Table(["claim", "verdict", "claimed", "measured", "evidence (cells used)"], rows, css),
+        Bullets(
+            [
+                "held: every matching cell is inside the claimed interval (for a comparison, the median "
+                "ratio to/from over cells that differ only as stated); not held: measured outside it, or "
+                "a cell ran out of memory where the claim needs less; not measured: no matching cell "
+                "could say.",
+                "Memory is the figure that decides fit: peak reserved plus the CUDA context where the "
+                "context was measured, else NVML device memory, else reserved.",
+            ]
+        ),
+    ]
+
+
+# --------------------------------------------------------------------------------------- per model
+
+
+def model_section(
+    df: pd.DataFrame, sub: pd.DataFrame, comparison: pd.DataFrame, model: str, steps: int
+) -> list[Block]:
+    mem_col, mem_label = memory_metric(df)
+    multi_run = bool(df["cell_id"].duplicated().any())
+    out: list[Block] = [Heading(2, f"{model}")]
+    split = varying_knobs(sub, exclude=("model", "batch_size"))
+    batches = sorted(set(column(sub, "config.batch_size").dropna()))
+    lines: dict[tuple, dict[float, pd.Series]] = {}
+    for _, row in sub.iterrows():
+        k = knobs(row["record"])
+        key = tuple((n, k.get(n)) for n in split) + ((("run", run_text(row)),) if multi_run else ())
+        lines.setdefault(key, {})[value(row, "config.batch_size")] = row
+    rows, css = [], []
+    for key in sorted(lines, key=lambda key: tuple(value_order(v) for _, v in key)):
+        label = " ".join(knob_text(n, v) for n, v in key) or model
+        cells, classes = [label], [""]
+        for b in batches:
+            row = lines[key].get(b)
+            if row is None:
+                cells.append("")
+                classes.append("")
+                continue
+            status = row["status"]
+            if status == "ok":
+                text = f"{num(value(row, IMG_S))} img/s"
+                mem = value(row, mem_col)
+                if mem is not None:
+                    text += f" · {num(mem, 1)} GiB"
+                if comparison.at[row.name, "is_baseline"]:
+                    text += " (baseline)"
+                if noise_text(row):
+                    text += " (noisy)"
+            else:
+                text = STATUS_TEXT.get(status, str(status))
+            cells.append(text)
+            classes.append(f"status-{status}" + (" noisy" if noise_text(row) else ""))
+        rows.append(cells)
+        css.append(classes)
+    out.append(
+        Para(f"Images/s and {mem_label.replace(' (GiB)', '')} per cell; columns are the batch size per GPU.")
+    )
+    out.append(Table(["configuration"] + [f"bs {b:g}" for b in batches], rows, css))
+    out.append(Heading(3, f"{model}: every cell"))
+    order = sorted(
+        sub.index,
+        key=lambda i: (
+            tuple(value_order(knobs(sub.loc[i, "record"]).get(n)) for n in split),
+            value(sub.loc[i], "config.batch_size") or 0,
+            str(sub.loc[i].get("started_at")),
+        ),
+    )
+    budgets = {cell_budget(sub.loc[i]) for i in order} - {None}
+    fit_header = f"fits {next(iter(budgets)).name}" if len(budgets) == 1 else "fits its budget"
+    emulated = any(b.emulated for b in budgets)
+    detail, detail_css = [], []
+    for label in order:
+        row = sub.loc[label]
+        detail.append(_detail_row(row, comparison.loc[label], mem_col, steps, multi_run, emulated))
+        detail_css.append(["", f"status-{row['status']}"] + [""] * (len(detail[-1]) - 2))
+    headers = [
+        "cell",
+        "status",
+        "images/s",
+        "step ms median (p10–p90)",
+        f"time to {steps_text(steps)} steps",
+        "GPU-hours / 1M images",
+        mem_label,
+        "reserved (GiB)",
+        fit_header,
+        "MFU",
+        "scaling efficiency",
+        "vs baseline (speed-up, memory saved)",
+        "smoke loss first → last",
+        "run",
+        "ran on",
+        "notes",
+    ]
+    # A column no cell of this model has (reserved memory and MFU on a CPU) only adds noise.
+    keep = [i for i, h in enumerate(headers) if i < 2 or any(r[i] not in ("—", "") for r in detail)]
+    out.append(
+        Table(
+            [headers[i] for i in keep],
+            [[r[i] for i in keep] for r in detail],
+            [[c[i] for i in keep] for c in detail_css],
+        )
+    )
+    return out
+
+
+def _detail_row(
+    row: pd.Series, c: pd.Series, mem_col: str, steps: int, multi_run: bool, emulated: bool
+) -> list[str]:
+    smoke = row["record"].get("smoke")
+    smoke_text = "—"
+    if isinstance(smoke, dict) and smoke.get("first_mean") is not None:
+        smoke_text = f"{num(smoke.get('first_mean'), 3)} → {num(smoke.get('last_mean'), 3)}"
+        if smoke.get("nonfinite_steps"):
+            smoke_text += f" ({smoke['nonfinite_steps']} non-finite)"
+    p10, p90 = value(row, "metrics.step_ms.p10"), value(row, "metrics.step_ms.p90")
+    step = num(value(row, "metrics.step_ms.median"))
+    if p10 is not None and p90 is not None:
+        step += f" ({num(p10)}–{num(p90)})"
+    mfu = value(row, "metrics.mfu.value")
+    scaling = value(row, "metrics.scaling_efficiency")
+    ok = row["status"] == "ok"
+    if c["is_baseline"]:
+        vs = "baseline"
+    elif ok and not pd.isna(c["speedup"]):
+        vs = f"{speedup_text(c['speedup'])}, {saved_text(c['mem_saved_pct'])} memory saved"
+    else:
+        vs = c["baseline_note"] if isinstance(c["baseline_note"], str) and ok else "—"
+    budget = cell_budget(row)
+    fit = "—"
+    if budget is not None:
+        verdict = fits(row, budget.gib)
+        fit = {True: "yes", False: "no", None: "—"}[verdict]
+    reason = row.get("reason")
+    notes = "; ".join(x for x in (noise_text(row), str(reason) if isinstance(reason, str) else "") if x)
+    status = STATUS_TEXT.get(row["status"], row["status"]) + (" (noisy)" if noise_text(row) else "")
+    return [
+        cell_label(row),
+        status,
+        num(value(row, IMG_S)),
+        step,
+        time_text(row, steps) if ok else "—",
+        gpu_hours_text(row) if ok else "—",
+        num(value(row, mem_col), 2),
+        num(value(row, MEM_RESERVED), 2),
+        fit,
+        num(mfu * 100, 1, "%") if mfu is not None else "—",
+        num(scaling * 100, 1, "%") if scaling is not None else "—",
+        vs,
+        smoke_text,
+        run_text(row) if multi_run else "—",
+        ran_on_text(row) if emulated else "—",
+        notes,
+    ]
