@@ -10,16 +10,17 @@ from pathlib import Path
 
 import torch
 
-from ditbench.metrics.calibrated import build_calibrated_inception, synthetic_images, to_nchw
+from ditbench.metrics.calibrated import synthetic_images, to_nchw
+from ditbench.metrics.weights import load_network
 
 __all__ = ["calibrated_weights_file", "synthetic_images", "to_nchw"]
 
 
 @functools.cache
 def calibrated_weights_file() -> Path:
-    """Build the calibrated network once per test session and save its state dict."""
+    """The calibrated test network (built once per session) saved as a weight file."""
     folder = tempfile.mkdtemp(prefix="ditbench-inception-")
     atexit.register(shutil.rmtree, folder, ignore_errors=True)  # ~95 MB: do not leave it behind
     path = Path(folder) / "inception-calibrated.pth"
-    torch.save(build_calibrated_inception().state_dict(), path)
+    torch.save(load_network("test")[0].state_dict(), path)
     return path

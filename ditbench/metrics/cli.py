@@ -53,7 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=d["inception_weights"],
         metavar="PATH",
         help="torch-fidelity's weights-inception-2015-12-05-6726825d.pth (default: "
-        "$DITBENCH_INCEPTION_WEIGHTS, else the torch hub cache, downloaded once)",
+        "$DITBENCH_INCEPTION_WEIGHTS, else the torch hub cache, downloaded once); `test`: a calibrated "
+        "random network that needs no download (its numbers are not comparable with papers)",
     )
     p.add_argument(
         "--tf32",
@@ -87,6 +88,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+def _network_line(inception: dict) -> str:
+    what = "official" if inception["official"] else "NOT official"
+    return f"{inception['name']} ({what}, sha256 {inception['sha256'][:12]})"
+
+
 def format_table(result: dict) -> str:
     m = result["metrics"]
     s, r, st = result["samples"], result["reference"], result["settings"]
@@ -101,9 +107,11 @@ def format_table(result: dict) -> str:
         )
         + ("; features from the cache" if r["cache"].get("hit") else "")
         + ")",
-        f"network    {st['inception_weights']['file']} on {st['device']}, {st['precision']}",
+        f"network    {_network_line(result['inception'])} on {st['device']}, {st['precision']}",
         "",
     ]
+    if result.get("banner"):
+        lines = [f"*** {result['banner']} ***", ""] + lines
     width = max(len(label) for _, label, _ in _LABELS)
     for key, label, fmt in _LABELS:
         if key in m:

@@ -197,7 +197,7 @@ def evaluate(
                         {
                             "reference": str(reference.path),
                             "count": ref_images.count,
-                            "inception_weights": extractor.weights_info()["file"],
+                            "inception": extractor.weights_info(),
                             "precision": extractor.precision,
                             "ditbench": ditbench.__version__,
                         },
@@ -280,8 +280,9 @@ def evaluate(
     }
     if ref_images is not None:
         ref_desc.update(height=ref_images.height, width=ref_images.width)
-    return {
+    result = {
         "schema": SCHEMA,
+        "inception": extractor.weights_info(),
         "metrics": values,
         "skipped": skipped,
         "warnings": warns,
@@ -311,6 +312,9 @@ def evaluate(
         },
         "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
+    if extractor.weights.banner:
+        result["banner"] = extractor.weights.banner
+    return result
 
 
 def default_output_path(samples) -> Path | None:
