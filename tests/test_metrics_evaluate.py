@@ -196,13 +196,12 @@ def test_second_evaluation_hits_the_reference_cache(data, tmp_path):
     third = evaluate(root / "samples.npz", entry, metrics="fid,pr", extractor=ex, cache=False)
     assert third["metrics"] == pytest.approx(first["metrics"], rel=1e-12)
     # other reference content -> another key (hashing needs no network)
-    from ditbench.metrics.npz_io import open_reference
     from ditbench.metrics.stats_cache import ReferenceCache
 
     np.savez(tmp_path / "ref2.npz", arr_0=np.load(root / "ref.npz")["arr_0"][::-1])
     store = ReferenceCache(tmp_path)
-    h1, h2 = (store.content_hash(open_reference(p)) for p in (root / "ref.npz", tmp_path / "ref2.npz"))
-    assert h1 != h2 and h1 == store.content_hash(open_reference(root / "ref.npz"))
+    h1, h2 = (store.content_hash(p) for p in (root / "ref.npz", tmp_path / "ref2.npz"))
+    assert h1 != h2 and h1 == store.content_hash(root / "ref.npz")
     assert store.key(h1, "w", "fp32") != store.key(h1, "w", "tf32") != store.key(h1, "v", "tf32")
 
 

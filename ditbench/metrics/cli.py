@@ -9,18 +9,8 @@ import warnings
 from pathlib import Path
 
 from ditbench.errors import UserError
-from ditbench.metrics.defaults import ALL_METRICS, DEFAULTS
-
-_LABELS = [
-    ("fid", "FID", "{:.4f}"),
-    ("sfid", "sFID", "{:.4f}"),
-    ("inception_score", "Inception Score", "{:.4f}"),
-    ("inception_score_std", "  (std over splits)", "{:.4f}"),
-    ("precision", "Precision", "{:.4f}"),
-    ("recall", "Recall", "{:.4f}"),
-    ("kid", "KID", "{:.6f}"),
-    ("kid_std", "  (std over subsets)", "{:.6f}"),
-]
+from ditbench.metrics import registry
+from ditbench.metrics.defaults import DEFAULTS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--metrics",
         default=None,
         metavar="LIST",
-        help=f"comma-separated subset of {','.join(ALL_METRICS)} (default: all the inputs allow)",
+        help=f"comma-separated subset of {','.join(registry.ALL_METRICS)} (default: all the inputs allow)",
     )
     p.add_argument(
         "--batch-size", type=int, default=d["batch_size"], help="images per Inception pass (%(default)s)"
@@ -62,11 +52,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=d["tf32"],
         help="allow TF32 in the network (faster on Ampere+, changes the features; recorded)",
     )
-    p.add_argument(
-        "--is-splits", type=int, default=d["is_splits"], help="Inception Score splits (%(default)s)"
-    )
-    p.add_argument("--kid-subset-size", type=int, default=d["kid_subset_size"], help="(%(default)s)")
-    p.add_argument("--kid-subsets", type=int, default=d["kid_subsets"], help="(%(default)s)")
+    for opt in registry.OPTIONS.values():  # each metric's options, from its spec
+        p.add_argument(
+            opt.flag,
+            type=opt.kind,
+            default=opt.default,
+            metavar="N" if opt.kind is int else "X",
+            help=opt.help,
+        )
     p.add_argument(
         "--json", action="store_true", help="print the result as JSON on stdout instead of a table"
     )
@@ -112,10 +105,11 @@ def format_table(result: dict) -> str:
     ]
     if result.get("banner"):
         lines = [f"*** {result['banner']} ***", ""] + lines
-    width = max(len(label) for _, label, _ in _LABELS)
-    for key, label, fmt in _LABELS:
-        if key in m:
-            lines.append(f"{label:<{width}}  {fmt.format(m[key])}")
+    outputs = registry.OUTPUTS.values()
+    width = max(len(o.label) for o in outputs)
+    for o in outputs:
+        if o.key in m:
+            lines.append(f"{o.label:<{width}}  {o.fmt.format(m[o.key])}")
     for metric, reason in result["skipped"].items():
         lines.append(f"{metric:<{width}}  skipped: {reason}")
     t = result["timings_s"]
@@ -131,11 +125,6 @@ def run(args: argparse.Namespace) -> int:
     from ditbench.fileio import write_atomic
     from ditbench.metrics.evaluate import default_output_path, evaluate
 
-    for name in ("batch_size", "is_splits", "kid_subset_size", "kid_subsets"):
-        if getattr(args, name) < 1:
-            raise UserError(
-                f"--{name.replace('_', '-')} must be a positive integer; got {getattr(args, name)}."
-            )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the result carries its own warnings; printed below
         result = evaluate(
@@ -148,10 +137,8 @@ def run(args: argparse.Namespace) -> int:
             tf32=args.tf32,
             cache=not args.no_cache,
             cache_dir=args.cache_dir,
-            kid_subsets=args.kid_subsets,
-            is_splits=args.is_splits,
-            kid_subset_size=args.kid_subset_size,
             progress=not args.no_progress,
+            **{name: getattr(args, name) for name in registry.OPTIONS},
         )
     for w in result["warnings"]:
         print(f"ditbench: warning: {w}", file=sys.stderr)

@@ -20,11 +20,9 @@ import torch
 
 from ditbench.errors import UserError
 from ditbench.metrics.defaults import DEFAULTS
-from ditbench.metrics.inception import LOGITS_DIM, POOL3_DIM, SPATIAL_DIM
+from ditbench.metrics.inception import FEATURE_DIMS
 from ditbench.metrics.npz_io import FolderImages, ImageSource
 from ditbench.metrics.weights import InceptionWeights, load_network
-
-FEATURE_DIMS = {"pool3": POOL3_DIM, "logits_unbiased": LOGITS_DIM, "spatial": SPATIAL_DIM}
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:

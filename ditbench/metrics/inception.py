@@ -25,6 +25,7 @@ LOGITS_DIM = 1008
 SPATIAL_CHANNELS = 7
 SPATIAL_SIZE = 17
 SPATIAL_DIM = SPATIAL_CHANNELS * SPATIAL_SIZE * SPATIAL_SIZE  # 2023
+FEATURE_DIMS = {"pool3": POOL3_DIM, "logits_unbiased": LOGITS_DIM, "spatial": SPATIAL_DIM}  # forward()'s keys
 
 
 # --------------------------------------------------------------------------------------------
