@@ -218,3 +218,14 @@ def test_a_new_metric_is_one_spec_in_the_registry(ref_npz, tmp_path, monkeypatch
     monkeypatch.setattr(registry, "BY_NAME", {**by_name, "ms": nan})
     with pytest.raises(UserError, match="Mean shift came out nan"):
         _scorer(ref_npz, tmp_path, metrics="ms").score(synthetic_images(3, 16))
+
+
+def test_prepare_gathers_the_reference_before_the_first_batch(ref_npz, tmp_path):
+    ex = FakeExtractor()
+    scorer = _scorer(ref_npz, tmp_path, ex, metrics="fid,kid")
+    scorer.prepare()
+    assert [d for d, _ in ex.calls] == ["reference features"]
+    scorer.score(synthetic_images(4, 16, seed=5))
+    assert [d for d, _ in ex.calls] == ["reference features", "sample features"]
+    with pytest.raises(UserError, match="Cannot compute kid: KID needs at least 40 reference images"):
+        _scorer(ref_npz, tmp_path, ex, metrics="kid", kid_subset_size=40).prepare()

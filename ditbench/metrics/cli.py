@@ -121,10 +121,34 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _printable(text: str) -> str:
+    """Text for a terminal: a path that is not valid UTF-8 shows as escapes instead of crashing print."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def check_output_path(out: Path, inputs) -> None:
+    """Refuse, before any compute, an --out that cannot be written or would replace an input."""
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory; give a file name, e.g. {out / 'metrics.json'}.")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"--out {out}: {parent} is not a directory, so the result cannot be written there.")
+    for given in inputs:
+        p = Path(given)
+        if out.exists() and p.exists() and out.resolve() == p.resolve():
+            raise UserError(
+                f"--out {out} would overwrite the input {given}; choose another file for the result."
+            )
+
+
 def run(args: argparse.Namespace) -> int:
     from ditbench.fileio import write_atomic
     from ditbench.metrics.evaluate import default_output_path, evaluate
 
+    if args.out:
+        check_output_path(Path(args.out), (args.samples, args.ref))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the result carries its own warnings; printed below
         result = evaluate(
@@ -140,9 +164,9 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             **{name: getattr(args, name) for name in registry.OPTIONS},
         )
-    for w in result["warnings"]:
+    for w in ([result["banner"]] if result.get("banner") else []) + result["warnings"]:
         print(f"ditbench: warning: {w}", file=sys.stderr)
-    text = json.dumps(result, indent=2)
+    text = json.dumps(result, indent=2, allow_nan=False)  # ASCII: every path escaped, valid JSON
     out = Path(args.out) if args.out else default_output_path(args.samples)
     if out is not None:
         try:
@@ -155,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(text)
     else:
-        print(format_table(result))
+        print(_printable(format_table(result)))
         if out is not None:
-            print(f"result written to {out}")
+            print(_printable(f"result written to {out}"))
     return 0

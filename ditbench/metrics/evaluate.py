@@ -90,6 +90,7 @@ class Scorer:
             raise UserError(f"--batch-size must be a positive integer; got {batch_size!r}.")
         self.reference = PreparedReference(reference, cache=cache, cache_dir=cache_dir)
         self._extractor = extractor
+        self._pending_warnings: list[str] = []  # from prepare(), reported by the next score()
         self._extractor_args = dict(
             weights=inception,
             device=device,
@@ -107,20 +108,21 @@ class Scorer:
         return self._extractor
 
     # ---- which metrics the inputs allow: decided from counts alone ----------------------------
+    def _reference_problems(self) -> dict[str, str]:
+        need = {m.name: m.needs(self.options) for m in self.wanted}
+        return {m.name: p for m in self.wanted if (p := self.reference.problem(m, need[m.name]))}
+
     def plan(self, n: int, sample_name: str = "the samples") -> tuple[list[Metric], dict[str, str]]:
         """(metrics to compute, {skipped metric: reason}) for `n` samples; raises when it must."""
-        problems = {}
+        problems = self._reference_problems()
         for metric in self.wanted:
             need = metric.needs(self.options)
-            problem = self.reference.problem(metric, need)
-            if problem is None and n < need.samples:
+            if metric.name not in problems and n < need.samples:
                 hint = f"; {need.hint}" if need.hint else ""
-                problem = (
+                problems[metric.name] = (
                     f"{metric.title} needs at least {need.samples} samples ({need.why}); "
                     f"{sample_name} holds {n}{hint}."
                 )
-            if problem:
-                problems[metric.name] = problem
         active = [m for m in self.wanted if m.name not in problems]
         if self.explicit and problems:
             raise UserError(" ".join(f"Cannot compute {m}: {p}" for m, p in problems.items()))
@@ -136,10 +138,15 @@ class Scorer:
         self.plan(n)
 
     def prepare(self) -> float:
-        """Load the network and gather the reference's statistics (cache or features) now."""
-        active, _ = self.plan(max(self.reference.count or 0, 1 << 30))
-        keys = {k for m in active for k in m.reference_keys}
-        return self.reference.ensure(keys, self.extractor, warn=lambda msg: None)
+        """Load the network and gather the reference's statistics (cache or features) now.
+
+        Optional: the first `score` does it otherwise. Returns the seconds the reference took.
+        """
+        problems = self._reference_problems()
+        if self.explicit and problems:
+            raise UserError(" ".join(f"Cannot compute {m}: {p}" for m, p in problems.items()))
+        keys = {k for m in self.wanted if m.name not in problems for k in m.reference_keys}
+        return self.reference.ensure(keys, self.extractor, self._pending_warnings.append)
 
     # ---- scoring ----------------------------------------------------------------------------
     def score(self, samples, name: str | None = None) -> dict:
@@ -148,7 +155,7 @@ class Scorer:
         source = as_source(samples, name or "samples array")
         sample_name = name or (str(source.path) if source.path else "the samples")
         active, skipped = self.plan(source.count, sample_name)
-        warns: list[str] = []
+        warns, self._pending_warnings = self._pending_warnings, []
         ref_size = self.reference.image_size
         if ref_size is not None and ref_size != (source.height, source.width):
             warns.append(

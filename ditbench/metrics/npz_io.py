@@ -10,6 +10,7 @@ message that names the file and says what would be valid.
 from __future__ import annotations
 
 import stat
+import warnings
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -302,9 +303,16 @@ class FolderImages(ImageSource):
         first_size = None
         for p in self.files:  # headers only: cheap, and all problems surface before any compute
             try:
-                with Image.open(p) as img:
-                    size, problem = img.size, _image_mode_problem(img)
-            except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as err:
+                with warnings.catch_warnings():  # PIL's bomb warning: the size is checked just below
+                    warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                    with Image.open(p) as img:
+                        size, problem = img.size, _image_mode_problem(img)
+            except Image.DecompressionBombError as err:
+                raise UserError(
+                    f"{p} declares more pixels than an image decoder should allocate ({reason(err)}); "
+                    "FID images are resized to 299x299, so resize it first."
+                ) from None
+            except (UnidentifiedImageError, OSError, ValueError) as err:
                 raise UserError(
                     f"{p} is not a readable image ({reason(err)}); it is truncated or corrupt."
                 ) from None
