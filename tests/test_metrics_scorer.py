@@ -135,9 +135,12 @@ def test_samples_of_another_size_than_the_reference_warn(ref_npz, tmp_path):
 
 
 def test_evaluate_is_a_one_shot_scorer(ref_npz, tmp_path):
+    import torch
+
     a = evaluate(synthetic_images(6, 16, seed=2), ref_npz, extractor=FakeExtractor(), cache=False, **SMALL)
     b = _scorer(ref_npz, tmp_path).score(synthetic_images(6, 16, seed=2))
-    assert a["metrics"] == pytest.approx(b["metrics"], rel=1e-12)
+    c = _scorer(ref_npz, tmp_path).score(torch.from_numpy(synthetic_images(6, 16, seed=2)))  # a tensor, too
+    assert a["metrics"] == pytest.approx(b["metrics"], rel=1e-12) == c["metrics"]
 
 
 # ---- the registry ------------------------------------------------------------------------------

@@ -111,6 +111,12 @@ def test_the_command_exits_2_without_a_traceback(attack, tmp_path):
     assert proc.stderr.startswith("ditbench: error: Inception weights file")
 
 
+def test_the_environment_variable_can_name_the_test_network(monkeypatch):
+    monkeypatch.setenv(weights.WEIGHTS_ENV, "test")
+    _, info = load_network(None)
+    assert info.name == "test" and info.official is False
+
+
 def test_unofficial_weights_load_and_say_so(tmp_path):
     net, info = load_weight_file(calibrated_weights_file())
     assert info.official is False and info.name == calibrated_weights_file().name

@@ -44,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="torch-fidelity's weights-inception-2015-12-05-6726825d.pth (default: "
         "$DITBENCH_INCEPTION_WEIGHTS, else the torch hub cache, downloaded once); `test`: a calibrated "
-        "random network that needs no download (its numbers are not comparable with papers)",
+        "random network that needs no download (its numbers are not comparable with papers; a file "
+        "named test: ./test)",
     )
     p.add_argument(
         "--tf32",

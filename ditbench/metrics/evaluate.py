@@ -40,6 +40,7 @@ from ditbench.errors import UserError
 from ditbench.metrics import registry
 from ditbench.metrics.defaults import DEFAULTS
 from ditbench.metrics.features import FeatureExtractor, matmul_precision
+from ditbench.metrics.inception import FEATURE_DIMS
 from ditbench.metrics.npz_io import ArrayImages, ImageSource, open_images
 from ditbench.metrics.reference import PreparedReference
 from ditbench.metrics.spec import Metric, MetricInputs
@@ -48,9 +49,11 @@ SCHEMA = "ditbench.fid/1"
 
 
 def as_source(x, name: str = "samples array") -> ImageSource:
-    """An ImageSource from a path (npz or folder), a uint8 N x H x W x 3 array, or an ImageSource."""
+    """An ImageSource from a path (npz, folder), a uint8 N x H x W x 3 array or tensor, or an ImageSource."""
     if isinstance(x, ImageSource):
         return x
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
     if isinstance(x, np.ndarray):
         return ArrayImages(x, name)
     return open_images(x)
@@ -170,9 +173,7 @@ class Scorer:
         keys = {k for m in active for k in m.reference_keys}
         timings["reference_features"] = self.reference.ensure(keys, extractor, warns.append)
 
-        want = tuple(
-            f for f in ("pool3", "logits_unbiased", "spatial") if any(f in m.sample_features for m in active)
-        )
+        want = tuple(f for f in FEATURE_DIMS if any(f in m.sample_features for m in active))
         t = time.perf_counter()
         feats = extractor.extract(source, want=want, desc="sample features")
         timings["sample_features"] = time.perf_counter() - t

@@ -240,8 +240,11 @@ def load_network(
     """The Inception network on the CPU in eval mode, and what it is.
 
     `weights`: a state-dict file, `"test"` for the calibrated random network, or None for
-    $DITBENCH_INCEPTION_WEIGHTS, else the torch hub cache (downloaded once when `download`).
+    $DITBENCH_INCEPTION_WEIGHTS (a path or `test`), else the torch hub cache (downloaded once
+    when `download`).
     """
-    if isinstance(weights, str) and weights == TEST_NETWORK:
+    if weights is None:
+        weights = os.environ.get(WEIGHTS_ENV) or None
+    if isinstance(weights, str) and weights == TEST_NETWORK:  # a file called `test`: ./test
         return load_test_network()
     return load_weight_file(resolve_weights(weights, download=download))
