@@ -38,8 +38,8 @@ from ditbench.errors import UserError  # noqa: E402
 from ditbench.fileio import write_atomic  # noqa: E402
 from ditbench.metrics.evaluate import evaluate  # noqa: E402
 from ditbench.metrics.features import FeatureExtractor  # noqa: E402
-from ditbench.metrics.inception import WEIGHTS_ENV, default_weights_path  # noqa: E402
 from ditbench.metrics.npz_io import write_npz_images  # noqa: E402
+from ditbench.metrics.weights import TEST_NETWORK, WEIGHTS_ENV, default_weights_path  # noqa: E402
 
 TARGET_S = 30.0
 
@@ -56,17 +56,16 @@ def random_batches(n: int, size: int, seed: int, chunk: int = 1000):
         yield (up // 8 * 7 + noise).astype(np.uint8)
 
 
-def pick_weights(given: str | None, workdir: Path) -> tuple[Path, str]:
+def pick_weights(given: str | None) -> tuple[str, str]:
     for cand in (given, os.environ.get(WEIGHTS_ENV)):
         if cand:
-            return Path(cand), "given"
+            return cand, "given"
     if default_weights_path().is_file():
-        return default_weights_path(), "torch hub cache"
-    from ditbench.metrics.calibrated import build_calibrated_inception
-
-    path = workdir / "inception-calibrated-random.pth"
-    torch.save(build_calibrated_inception().state_dict(), path)
-    return path, "calibrated-random (no real weights found: timing only, metric values meaningless)"
+        return str(default_weights_path()), "torch hub cache"
+    return (
+        TEST_NETWORK,
+        "calibrated-random test network (no real weights found: timing only, values meaningless)",
+    )
 
 
 def main(argv=None) -> int:
@@ -116,8 +115,8 @@ def main(argv=None) -> int:
     }
     try:
         t = time.perf_counter()
-        weights, weights_kind = pick_weights(args.inception_weights, workdir)
-        record["weights"] = {"path": str(weights), "kind": weights_kind}
+        weights, weights_kind = pick_weights(args.inception_weights)
+        record["weights"] = {"path": weights, "kind": weights_kind}
         samples_path = write_npz_images(
             workdir / "samples.npz", random_batches(args.n, args.size, 1), args.n, args.size, args.size
         )

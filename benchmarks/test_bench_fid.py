@@ -5,8 +5,17 @@
 
 Targets: the Frechet distance of 2048-d statistics under 2 s on a 2-core machine (scipy's
 sqrtm formula, the classical one, takes ~11 s there); a feature-extraction batch as the unit
-of the extraction cost (CPU ~8 img/s on 2 cores; GPU figures come from gpu_fid.py).
+of the extraction cost (CPU ~8 img/s on 2 cores; GPU figures come from gpu_fid.py); and
+`ditbench fid --inception-weights test` end to end on 1,000 vs 1,000 64-px images (slow: the
+whole command, network build included, as a user without the official weights runs it).
 """
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -66,3 +75,32 @@ def test_bench_feature_extraction_batch(benchmark):
     feats = benchmark.pedantic(run, rounds=2, iterations=1, warmup_rounds=1)
     benchmark.extra_info["images_per_batch"] = len(batch)
     assert feats["pool3"].shape == (8, 2048)
+
+
+@pytest.mark.slow
+def test_bench_fid_command_test_network_1000_vs_1000_64px(benchmark, tmp_path):
+    n, size = 1000, 64
+    np.savez(tmp_path / "samples.npz", arr_0=synthetic_images(n, size, seed=1, style="smooth"))
+    np.savez(tmp_path / "ref.npz", arr_0=synthetic_images(n, size, seed=2, style="noisy"))
+    cmd = [sys.executable, "-m", "ditbench", "fid", "--samples", str(tmp_path / "samples.npz")]
+    cmd += ["--ref", str(tmp_path / "ref.npz"), "--inception-weights", "test", "--device", "cpu"]
+    cmd += ["--no-progress", "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "m.json")]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+
+    def run():
+        t = time.perf_counter()
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=7200)
+        assert proc.returncode == 0, proc.stderr
+        return time.perf_counter() - t
+
+    wall = benchmark.pedantic(run, rounds=1, iterations=1)
+    result = json.loads((tmp_path / "m.json").read_text())
+    t = result["timings_s"]
+    benchmark.extra_info.update(
+        wall_s=round(wall, 1),
+        timings_s=t,
+        images_per_s=round(2 * n / (t["reference_features"] + t["sample_features"]), 2),
+        load_avg_1min=os.getloadavg()[0],
+        metrics=result["metrics"],
+    )
+    assert result["inception"]["official"] is False and set(result["metrics"]) >= {"fid", "kid"}

@@ -196,13 +196,12 @@ def test_second_evaluation_hits_the_reference_cache(data, tmp_path):
     third = evaluate(root / "samples.npz", entry, metrics="fid,pr", extractor=ex, cache=False)
     assert third["metrics"] == pytest.approx(first["metrics"], rel=1e-12)
     # other reference content -> another key (hashing needs no network)
-    from ditbench.metrics.npz_io import open_reference
     from ditbench.metrics.stats_cache import ReferenceCache
 
     np.savez(tmp_path / "ref2.npz", arr_0=np.load(root / "ref.npz")["arr_0"][::-1])
     store = ReferenceCache(tmp_path)
-    h1, h2 = (store.content_hash(open_reference(p)) for p in (root / "ref.npz", tmp_path / "ref2.npz"))
-    assert h1 != h2 and h1 == store.content_hash(open_reference(root / "ref.npz"))
+    h1, h2 = (store.content_hash(p) for p in (root / "ref.npz", tmp_path / "ref2.npz"))
+    assert h1 != h2 and h1 == store.content_hash(root / "ref.npz")
     assert store.key(h1, "w", "fp32") != store.key(h1, "w", "tf32") != store.key(h1, "v", "tf32")
 
 
@@ -265,3 +264,28 @@ def test_cli_end_to_end_json(data, tmp_path):
     again = json.loads(out.read_text())
     assert again["reference"]["cache"]["hit"] is True
     assert again["metrics"]["fid"] == pytest.approx(result["metrics"]["fid"], rel=1e-9)
+
+
+def test_the_test_network_needs_no_weights_and_says_it_is_not_official(
+    ours, data, tmp_path, capsys, monkeypatch
+):
+    from ditbench.metrics.weights import NOT_OFFICIAL_BANNER, WEIGHTS_ENV
+
+    root, _ = data
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "no-weights-here"))
+    monkeypatch.delenv(WEIGHTS_ENV, raising=False)
+    out = tmp_path / "m.json"
+    args = ["fid", "--samples", str(root / "samples.npz"), "--ref", str(root / "ref.npz"), "--metrics", "fid"]
+    code = main([*args, "--inception-weights", "test", "--out", str(out), "--cache-dir", str(tmp_path / "c")])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    result = json.loads(out.read_text())
+    assert result["inception"]["name"] == "test" and result["inception"]["official"] is False
+    assert len(result["inception"]["sha256"]) == 64 and result["banner"] == NOT_OFFICIAL_BANNER
+    assert captured.out.startswith(f"*** {NOT_OFFICIAL_BANNER} ***") and "test (NOT official" in captured.out
+    assert NOT_OFFICIAL_BANNER in captured.err
+    # the cache entry made with it carries the banner too
+    with np.load(result["reference"]["cache"]["path"], allow_pickle=False) as entry:
+        assert json.loads(str(entry["meta"]))["banner"] == NOT_OFFICIAL_BANNER
+    # it is the network the calibrated weight file holds: the same FID as the file gives
+    assert result["metrics"]["fid"] == pytest.approx(ours["metrics"]["fid"], rel=1e-9)

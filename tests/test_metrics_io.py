@@ -8,7 +8,8 @@ from PIL import Image
 
 from ditbench.cli import main
 from ditbench.errors import UserError
-from ditbench.metrics.npz_io import ArrayImages, FolderImages, NpzImages, open_images, open_reference
+from ditbench.metrics.npz_io import ArrayImages, FolderImages, NpzImages, open_images
+from ditbench.metrics.reference import open_reference
 
 
 def _images(n=5, h=8, w=6, seed=0):
@@ -44,16 +45,16 @@ def test_reference_with_precomputed_statistics(tmp_path):
     np.savez(
         path,
         arr_0=_images(4),
-        mu=np.zeros(3, np.float32),
-        sigma=np.eye(3, dtype=np.float32),
-        mu_s=np.ones(2),
-        sigma_s=np.eye(2),
+        mu=np.zeros(2048, np.float32),
+        sigma=np.eye(2048, dtype=np.float32),
+        mu_s=np.ones(2023),
+        sigma_s=np.eye(2023),
     )
     ref = open_reference(path)
     assert ref.images.count == 4
     assert set(ref.stats) == {"mu", "sigma", "mu_s", "sigma_s"} and ref.stats["sigma"].dtype == np.float64
     stats_only = tmp_path / "stats.npz"
-    np.savez(stats_only, mu=np.zeros(3), sigma=np.eye(3))
+    np.savez(stats_only, mu=np.zeros(2048), sigma=np.eye(2048))
     assert open_reference(stats_only).images is None
 
 
@@ -208,8 +209,9 @@ def test_too_few_samples_for_an_asked_metric(tmp_path, capsys):
     )
     err = " ".join(capsys.readouterr().err.split())
     assert code == 2
-    assert "Cannot compute is: 10 splits need at least 10 samples" in err
-    assert "Cannot compute kid: subsets of 1000 need at least 1000" in err
+    assert "Cannot compute is: Inception Score needs at least 10 samples (10 splits" in err
+    assert "holds 5; lower --is-splits" in err
+    assert "Cannot compute kid: KID needs at least 1000 reference images (subsets of 1000)" in err
     code = main(["fid", "--samples", str(samples), "--ref", str(ref), "--metrics", "fid,psnr"])
     assert code == 2 and "unknown metric" in capsys.readouterr().err
 

@@ -57,14 +57,27 @@ def to_nchw(images: np.ndarray) -> torch.Tensor:
 
 
 def build_calibrated_inception(seed: int = 0, n_calibration: int = 16) -> InceptionV3:
-    """A random InceptionV3 whose BatchNorms are calibrated on synthetic images."""
-    torch.manual_seed(seed)
-    net = InceptionV3()
-    bns = [m for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    """A random InceptionV3 whose BatchNorms are calibrated on synthetic images (float32, CPU, eval mode).
+
+    Reproducible: the random draws come from a seeded generator (the caller's global RNG state is
+    left as it was), and the calibration pass runs in float64, so rounding differences between
+    machines stay far below the float32 the statistics are stored in and the weights (and their
+    hash) come out the same.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        net = InceptionV3()
+        bns = [m for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+        with torch.no_grad():
+            for bn in bns:
+                bn.weight.uniform_(0.5, 1.5)
+                bn.bias.normal_(0.0, 0.3)
+            # Logits at a scale where softmax is far from uniform, so the Inception Score is not ~1.
+            net.fc.weight.normal_(0.0, 0.1)
+            net.fc.bias.normal_(0.0, 1.0)
     with torch.no_grad():
+        net.double()
         for bn in bns:
-            bn.weight.uniform_(0.5, 1.5)
-            bn.bias.normal_(0.0, 0.3)
             bn.momentum = None  # cumulative average: after one batch, running stats = batch stats
             bn.reset_running_stats()
         net.train()
@@ -72,7 +85,5 @@ def build_calibrated_inception(seed: int = 0, n_calibration: int = 16) -> Incept
         net.eval()
         for bn in bns:
             bn.momentum = 0.1
-        # Logits at a scale where softmax is far from uniform, so the Inception Score is not ~1.
-        net.fc.weight.normal_(0.0, 0.1)
-        net.fc.bias.normal_(0.0, 1.0)
+        net.float()
     return net

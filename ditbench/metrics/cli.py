@@ -9,18 +9,8 @@ import warnings
 from pathlib import Path
 
 from ditbench.errors import UserError
-from ditbench.metrics.defaults import ALL_METRICS, DEFAULTS
-
-_LABELS = [
-    ("fid", "FID", "{:.4f}"),
-    ("sfid", "sFID", "{:.4f}"),
-    ("inception_score", "Inception Score", "{:.4f}"),
-    ("inception_score_std", "  (std over splits)", "{:.4f}"),
-    ("precision", "Precision", "{:.4f}"),
-    ("recall", "Recall", "{:.4f}"),
-    ("kid", "KID", "{:.6f}"),
-    ("kid_std", "  (std over subsets)", "{:.6f}"),
-]
+from ditbench.metrics import registry
+from ditbench.metrics.defaults import DEFAULTS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--metrics",
         default=None,
         metavar="LIST",
-        help=f"comma-separated subset of {','.join(ALL_METRICS)} (default: all the inputs allow)",
+        help=f"comma-separated subset of {','.join(registry.ALL_METRICS)} (default: all the inputs allow)",
     )
     p.add_argument(
         "--batch-size", type=int, default=d["batch_size"], help="images per Inception pass (%(default)s)"
@@ -53,7 +43,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=d["inception_weights"],
         metavar="PATH",
         help="torch-fidelity's weights-inception-2015-12-05-6726825d.pth (default: "
-        "$DITBENCH_INCEPTION_WEIGHTS, else the torch hub cache, downloaded once)",
+        "$DITBENCH_INCEPTION_WEIGHTS, else the torch hub cache, downloaded once); `test`: a calibrated "
+        "random network that needs no download (its numbers are not comparable with papers; a file "
+        "named test: ./test)",
     )
     p.add_argument(
         "--tf32",
@@ -61,11 +53,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=d["tf32"],
         help="allow TF32 in the network (faster on Ampere+, changes the features; recorded)",
     )
-    p.add_argument(
-        "--is-splits", type=int, default=d["is_splits"], help="Inception Score splits (%(default)s)"
-    )
-    p.add_argument("--kid-subset-size", type=int, default=d["kid_subset_size"], help="(%(default)s)")
-    p.add_argument("--kid-subsets", type=int, default=d["kid_subsets"], help="(%(default)s)")
+    for opt in registry.OPTIONS.values():  # each metric's options, from its spec
+        p.add_argument(
+            opt.flag,
+            type=opt.kind,
+            default=opt.default,
+            metavar="N" if opt.kind is int else "X",
+            help=opt.help,
+        )
     p.add_argument(
         "--json", action="store_true", help="print the result as JSON on stdout instead of a table"
     )
@@ -87,6 +82,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
+def _network_line(inception: dict) -> str:
+    what = "official" if inception["official"] else "NOT official"
+    return f"{inception['name']} ({what}, sha256 {inception['sha256'][:12]})"
+
+
 def format_table(result: dict) -> str:
     m = result["metrics"]
     s, r, st = result["samples"], result["reference"], result["settings"]
@@ -101,13 +101,16 @@ def format_table(result: dict) -> str:
         )
         + ("; features from the cache" if r["cache"].get("hit") else "")
         + ")",
-        f"network    {st['inception_weights']['file']} on {st['device']}, {st['precision']}",
+        f"network    {_network_line(result['inception'])} on {st['device']}, {st['precision']}",
         "",
     ]
-    width = max(len(label) for _, label, _ in _LABELS)
-    for key, label, fmt in _LABELS:
-        if key in m:
-            lines.append(f"{label:<{width}}  {fmt.format(m[key])}")
+    if result.get("banner"):
+        lines = [f"*** {result['banner']} ***", ""] + lines
+    outputs = registry.OUTPUTS.values()
+    width = max(len(o.label) for o in outputs)
+    for o in outputs:
+        if o.key in m:
+            lines.append(f"{o.label:<{width}}  {o.fmt.format(m[o.key])}")
     for metric, reason in result["skipped"].items():
         lines.append(f"{metric:<{width}}  skipped: {reason}")
     t = result["timings_s"]
@@ -119,15 +122,34 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _printable(text: str) -> str:
+    """Text for a terminal: a path that is not valid UTF-8 shows as escapes instead of crashing print."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def check_output_path(out: Path, inputs) -> None:
+    """Refuse, before any compute, an --out that cannot be written or would replace an input."""
+    if out.is_dir():
+        raise UserError(f"--out {out} is a directory; give a file name, e.g. {out / 'metrics.json'}.")
+    parent = out.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"--out {out}: {parent} is not a directory, so the result cannot be written there.")
+    for given in inputs:
+        p = Path(given)
+        if out.exists() and p.exists() and out.resolve() == p.resolve():
+            raise UserError(
+                f"--out {out} would overwrite the input {given}; choose another file for the result."
+            )
+
+
 def run(args: argparse.Namespace) -> int:
     from ditbench.fileio import write_atomic
     from ditbench.metrics.evaluate import default_output_path, evaluate
 
-    for name in ("batch_size", "is_splits", "kid_subset_size", "kid_subsets"):
-        if getattr(args, name) < 1:
-            raise UserError(
-                f"--{name.replace('_', '-')} must be a positive integer; got {getattr(args, name)}."
-            )
+    if args.out:
+        check_output_path(Path(args.out), (args.samples, args.ref))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the result carries its own warnings; printed below
         result = evaluate(
@@ -140,14 +162,12 @@ def run(args: argparse.Namespace) -> int:
             tf32=args.tf32,
             cache=not args.no_cache,
             cache_dir=args.cache_dir,
-            kid_subsets=args.kid_subsets,
-            is_splits=args.is_splits,
-            kid_subset_size=args.kid_subset_size,
             progress=not args.no_progress,
+            **{name: getattr(args, name) for name in registry.OPTIONS},
         )
-    for w in result["warnings"]:
+    for w in ([result["banner"]] if result.get("banner") else []) + result["warnings"]:
         print(f"ditbench: warning: {w}", file=sys.stderr)
-    text = json.dumps(result, indent=2)
+    text = json.dumps(result, indent=2, allow_nan=False)  # ASCII: every path escaped, valid JSON
     out = Path(args.out) if args.out else default_output_path(args.samples)
     if out is not None:
         try:
@@ -160,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(text)
     else:
-        print(format_table(result))
+        print(_printable(format_table(result)))
         if out is not None:
-            print(f"result written to {out}")
+            print(_printable(f"result written to {out}"))
     return 0

@@ -1,21 +1,35 @@
-"""One evaluation: a sample batch against a reference -> FID, sFID, IS, precision/recall, KID.
+"""Scoring sample batches against a reference: the library behind `ditbench fid` and the quality loop.
 
     samples ──features──> pool3, logits, spatial ──┐
-    reference ──(cache | precomputed | features)──> mu/sigma, mu_s/sigma_s, pool3 ──> metrics -> result dict
+    reference ──(precomputed | cache | features, once)──> mu/sigma, mu_s/sigma_s, pool3 ──> metrics
 
-Where the reference carries precomputed `mu`/`sigma` (`mu_s`/`sigma_s`), as the ADM reference
-batches do, those are used for FID (sFID) and its images serve precision/recall and KID.
-Metrics that were not asked for explicitly are skipped (with the reason in the result) when
-the inputs cannot support them, e.g. KID with fewer than 1,000 samples; asked-for metrics that
-cannot be computed are an error.
+`Scorer` holds one reference and one Inception network; the reference is read, hashed and
+featurised (or served from the cache) at most once, however many batches are scored, so a
+training run scores its samples in-process at each evaluation point:
+
+    from ditbench.metrics.evaluate import Scorer
+
+    scorer = Scorer("refs/VIRTUAL_imagenet256_labeled.npz", metrics="fid,is,pr",
+                    inception="test", device="cuda")      # "test": no download, not comparable
+    scorer.check(5000)                    # fail now, not after training, if 5,000 cannot do it
+    for step in (0, 1000, 2000):
+        images = sample(model, 5000)      # uint8 N x H x W x 3 (numpy), or an ImageSource
+        result = scorer.score(images)     # dict in the `ditbench fid` JSON schema
+        print(step, result["metrics"]["fid"], result["inception"]["official"])
+
+`evaluate(samples, ref, ...)` is the one-shot form that `ditbench fid` uses. Metrics come from
+the registry (registry.py). Metrics not asked for explicitly are skipped, with the reason in
+the result, when the inputs cannot support them (KID with fewer than 1,000 samples); asked-for
+metrics that cannot be computed, or inputs that allow no metric at all, are an error, raised
+before any image goes through the network.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import platform
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -23,49 +37,211 @@ import torch
 
 import ditbench
 from ditbench.errors import UserError
-from ditbench.metrics.defaults import ALL_METRICS, DEFAULTS
+from ditbench.metrics import registry
+from ditbench.metrics.defaults import DEFAULTS
 from ditbench.metrics.features import FeatureExtractor, matmul_precision
-from ditbench.metrics.fid import FewSamplesWarning, covariance_factor, feature_statistics, frechet_distance
-from ditbench.metrics.inception import POOL3_DIM, SPATIAL_DIM
-from ditbench.metrics.inception_score import inception_score
-from ditbench.metrics.kid import kernel_inception_distance
-from ditbench.metrics.npz_io import ArrayImages, ImageSource, Reference, open_images, open_reference
-from ditbench.metrics.prdc import precision_recall
-from ditbench.metrics.stats_cache import ReferenceCache
+from ditbench.metrics.inception import FEATURE_DIMS
+from ditbench.metrics.npz_io import ArrayImages, ImageSource, open_images
+from ditbench.metrics.reference import PreparedReference
+from ditbench.metrics.spec import Metric, MetricInputs
 
 SCHEMA = "ditbench.fid/1"
 
 
-def parse_metrics(spec: str | list | tuple | None) -> tuple[tuple[str, ...], bool]:
-    """(metrics, explicit). None means all, where the inputs allow them."""
-    if spec is None:
-        return ALL_METRICS, False
-    names = [s.strip().lower() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
-    bad = [n for n in names if n not in ALL_METRICS]
-    if bad or not names:
-        raise UserError(
-            f"--metrics {','.join(names) or repr(spec)}: unknown metric(s) {bad}; choose from "
-            f"{','.join(ALL_METRICS)} (comma-separated)."
-        )
-    return tuple(m for m in ALL_METRICS if m in names), True
-
-
-def _as_source(x, name: str) -> ImageSource:
+def as_source(x, name: str = "samples array") -> ImageSource:
+    """An ImageSource from a path (npz, folder), a uint8 N x H x W x 3 array or tensor, or an ImageSource."""
     if isinstance(x, ImageSource):
         return x
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu().numpy()
     if isinstance(x, np.ndarray):
         return ArrayImages(x, name)
     return open_images(x)
 
 
-def _as_reference(x) -> Reference:
-    if isinstance(x, Reference):
-        return x
-    if isinstance(x, ImageSource):
-        return Reference(x.path, x, {})
-    if isinstance(x, np.ndarray):
-        return Reference(None, ArrayImages(x, "reference array"), {})
-    return open_reference(x)
+class Scorer:
+    """Scores uint8 image batches against one reference with one Inception network.
+
+    `reference`: an ADM reference npz (images and/or mu, sigma, mu_s, sigma_s), a folder of
+    images, a ditbench statistics file (a cache entry), an ImageSource or a uint8 array.
+    `metrics`: names or a comma-separated string (None: all the inputs allow). `inception`: a
+    weight file, "test" or None (see weights.py), or pass a ready `extractor`. Metric options
+    (`is_splits`, `kid_subset_size`, ...) are keywords; see registry.OPTIONS.
+    Construction checks the reference's files and the options; nothing is computed until the
+    first `score` (or `prepare`).
+    """
+
+    def __init__(
+        self,
+        reference,
+        *,
+        metrics=None,
+        inception=DEFAULTS["inception_weights"],
+        extractor: FeatureExtractor | None = None,
+        device=DEFAULTS["device"],
+        batch_size: int = DEFAULTS["batch_size"],
+        tf32: bool = DEFAULTS["tf32"],
+        num_workers: int = DEFAULTS["num_workers"],
+        cache: bool = DEFAULTS["cache"],
+        cache_dir=DEFAULTS["cache_dir"],
+        progress: bool = True,
+        **options,
+    ):
+        self.wanted, self.explicit = registry.parse_metrics(metrics)
+        self.options = registry.resolve_options(options)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise UserError(f"--batch-size must be a positive integer; got {batch_size!r}.")
+        self.reference = PreparedReference(reference, cache=cache, cache_dir=cache_dir)
+        self._extractor = extractor
+        self._pending_warnings: list[str] = []  # from prepare(), reported by the next score()
+        self._extractor_args = dict(
+            weights=inception,
+            device=device,
+            tf32=tf32,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            progress=progress,
+        )
+
+    @property
+    def extractor(self) -> FeatureExtractor:
+        """The network, loaded on first use (so bad input fails before a weight file is read)."""
+        if self._extractor is None:
+            self._extractor = FeatureExtractor(**self._extractor_args)
+        return self._extractor
+
+    # ---- which metrics the inputs allow: decided from counts alone ----------------------------
+    def _reference_problems(self) -> dict[str, str]:
+        need = {m.name: m.needs(self.options) for m in self.wanted}
+        return {m.name: p for m in self.wanted if (p := self.reference.problem(m, need[m.name]))}
+
+    def plan(self, n: int, sample_name: str = "the samples") -> tuple[list[Metric], dict[str, str]]:
+        """(metrics to compute, {skipped metric: reason}) for `n` samples; raises when it must."""
+        problems = self._reference_problems()
+        for metric in self.wanted:
+            need = metric.needs(self.options)
+            if metric.name not in problems and n < need.samples:
+                hint = f"; {need.hint}" if need.hint else ""
+                problems[metric.name] = (
+                    f"{metric.title} needs at least {need.samples} samples ({need.why}); "
+                    f"{sample_name} holds {n}{hint}."
+                )
+        active = [m for m in self.wanted if m.name not in problems]
+        if self.explicit and problems:
+            raise UserError(" ".join(f"Cannot compute {m}: {p}" for m, p in problems.items()))
+        if not active:
+            raise UserError(
+                f"Nothing to compute: no metric can be computed from {n} sample(s). "
+                + " ".join(f"{m}: {p}" for m, p in problems.items())
+            )
+        return active, problems
+
+    def check(self, n: int) -> None:
+        """Raise now if `n` samples could not give the asked-for metrics (before training, say)."""
+        self.plan(n)
+
+    def prepare(self) -> float:
+        """Load the network and gather the reference's statistics (cache or features) now.
+
+        Optional: the first `score` does it otherwise. Returns the seconds the reference took.
+        """
+        problems = self._reference_problems()
+        if self.explicit and problems:
+            raise UserError(" ".join(f"Cannot compute {m}: {p}" for m, p in problems.items()))
+        keys = {k for m in self.wanted if m.name not in problems for k in m.reference_keys}
+        return self.reference.ensure(keys, self.extractor, self._pending_warnings.append)
+
+    # ---- scoring ----------------------------------------------------------------------------
+    def score(self, samples, name: str | None = None) -> dict:
+        """Score a batch (uint8 N x H x W x 3 array, ImageSource, npz path or folder); see `SCHEMA`."""
+        t_start = time.perf_counter()
+        source = as_source(samples, name or "samples array")
+        sample_name = name or (str(source.path) if source.path else "the samples")
+        active, skipped = self.plan(source.count, sample_name)
+        warns, self._pending_warnings = self._pending_warnings, []
+        ref_size = self.reference.image_size
+        if ref_size is not None and ref_size != (source.height, source.width):
+            warns.append(
+                f"the samples are {source.height}x{source.width} (height x width) but the reference "
+                f"{self.reference.name} is {ref_size[0]}x{ref_size[1]}: both are resized to 299x299 for "
+                "the network, so the metrics also measure the resolution gap. Papers compare at one size."
+            )
+        timings: dict[str, float] = {}
+        t = time.perf_counter()
+        extractor = self.extractor
+        timings["load_network"] = time.perf_counter() - t
+        keys = {k for m in active for k in m.reference_keys}
+        timings["reference_features"] = self.reference.ensure(keys, extractor, warns.append)
+
+        want = tuple(f for f in FEATURE_DIMS if any(f in m.sample_features for m in active))
+        t = time.perf_counter()
+        feats = extractor.extract(source, want=want, desc="sample features")
+        timings["sample_features"] = time.perf_counter() - t
+
+        inputs = MetricInputs(
+            samples=feats,
+            reference=self.reference.stats,
+            reference_from_images=frozenset(self.reference.from_images),
+            reference_count=self.reference.count,
+            device=extractor.device,
+            warn=warns.append,
+        )
+        values: dict[str, float] = {}
+        with matmul_precision(False):  # statistics and distances in full precision, whatever extraction used
+            for metric in active:
+                t = time.perf_counter()
+                values.update(_checked(metric, metric.compute(inputs, self.options)))
+                timings[metric.name] = time.perf_counter() - t
+        timings["total"] = time.perf_counter() - t_start
+        return self._result(source, values, skipped, warns, timings)
+
+    def _result(self, source, values, skipped, warns, timings) -> dict:
+        ex = self.extractor
+        dev = ex.device
+        result = {
+            "schema": SCHEMA,
+            "inception": ex.weights_info(),
+            "metrics": values,
+            "skipped": skipped,
+            "warnings": warns,
+            "samples": source.describe(),
+            "reference": self.reference.describe(),
+            "settings": {
+                "metrics": [m.name for m in self.wanted],
+                "batch_size": ex.batch_size,
+                "device": str(dev),
+                "precision": ex.precision,
+                "tf32": ex.tf32,
+                "inception_weights": ex.weights_info(),
+                **self.options,
+            },
+            "timings_s": {k: round(v, 4) for k, v in timings.items()},
+            "env": {
+                "ditbench": ditbench.__version__,
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "device_name": torch.cuda.get_device_name(dev)
+                if dev.type == "cuda"
+                else platform.processor() or platform.machine(),
+            },
+            "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+        if ex.weights.banner:
+            result["banner"] = ex.weights.banner
+        return result
+
+
+def _checked(metric: Metric, values: dict[str, float]) -> dict[str, float]:
+    """A metric's outputs, all declared and finite: a NaN is never written as a result."""
+    declared = {o.key for o in metric.outputs}
+    assert set(values) == declared, f"{metric.name} returned {sorted(values)}, declares {sorted(declared)}"
+    bad = [k for k, v in values.items() if not math.isfinite(v)]
+    if bad:
+        raise UserError(
+            f"{metric.title} came out {values[bad[0]]} ({', '.join(bad)}): the features hold NaN or "
+            "infinite values, which uint8 images and finite weights cannot produce; check the weight file."
+        )
+    return {k: float(v) for k, v in values.items()}
 
 
 def evaluate(
@@ -79,238 +255,31 @@ def evaluate(
     tf32: bool = DEFAULTS["tf32"],
     cache: bool = DEFAULTS["cache"],
     cache_dir=DEFAULTS["cache_dir"],
-    is_splits: int = DEFAULTS["is_splits"],
-    pr_k: int = DEFAULTS["pr_k"],
-    pr_block_size: int = DEFAULTS["pr_block_size"],
-    kid_subsets: int = DEFAULTS["kid_subsets"],
-    kid_subset_size: int = DEFAULTS["kid_subset_size"],
-    kid_seed: int = DEFAULTS["kid_seed"],
     num_workers: int = DEFAULTS["num_workers"],
     progress: bool = True,
     extractor: FeatureExtractor | None = None,
+    **options,
 ) -> dict:
-    """Score `samples` (npz path, folder, uint8 NHWC array or ImageSource) against `ref`.
+    """Score `samples` (npz path, folder, uint8 NHWC array or ImageSource) against `ref`, once.
 
-    `ref` is an ADM reference npz (images and/or mu, sigma, mu_s, sigma_s), a folder, a uint8
-    array, or a statistics file written by ditbench. Returns the result dict (see `SCHEMA`).
+    The samples are opened (and checked) before the reference; see `Scorer` for the rest.
     """
-    t_start = time.perf_counter()
-    wanted, explicit = parse_metrics(metrics)
-    source = _as_source(samples, "samples array")
-    reference = _as_reference(ref)
-    n = source.count
-    timings: dict[str, float] = {}
-    warns: list[str] = []
-
-    # ---- which metrics the inputs support: decided before any compute ---------------------
-    ref_stats = dict(reference.stats)
-    ref_images = reference.images
-    ref_n = (
-        ref_images.count
-        if ref_images is not None
-        else (len(ref_stats["pool3"]) if "pool3" in ref_stats else None)
+    source = as_source(samples)
+    scorer = Scorer(
+        ref,
+        metrics=metrics,
+        inception=inception_weights,
+        extractor=extractor,
+        device=device,
+        batch_size=batch_size,
+        tf32=tf32,
+        num_workers=num_workers,
+        cache=cache,
+        cache_dir=cache_dir,
+        progress=progress,
+        **options,
     )
-    sample_name = str(source.path) if source.path else "the samples"
-
-    def problem(metric: str) -> str | None:
-        if metric in ("fid", "sfid"):
-            key = "mu" if metric == "fid" else "mu_s"
-            if key not in ref_stats and ref_images is None:
-                return f"the reference {reference.path} has no images and no precomputed `{key}`."
-            if n < 2 or (key not in ref_stats and ref_n < 2):
-                return (
-                    f"a covariance needs at least 2 images per set; got {n} samples and {ref_n} references."
-                )
-        elif metric == "is":
-            if n < is_splits:
-                return f"{is_splits} splits need at least {is_splits} samples; {sample_name} holds {n}."
-        else:
-            if ref_n is None:
-                return f"the reference {reference.path} holds no images or pool3 features, only statistics."
-            need, what = (
-                (pr_k + 1, f"k={pr_k}")
-                if metric == "pr"
-                else (kid_subset_size, f"subsets of {kid_subset_size}")
-            )
-            if min(n, ref_n) < need:
-                hint = " (lower --kid-subset-size)" if metric == "kid" else ""
-                return f"{what} need at least {need} samples and reference images; got {n} and {ref_n}{hint}."
-        return None
-
-    skipped = {m: p for m in wanted if (p := problem(m))}
-    if explicit and skipped:
-        raise UserError(" ".join(f"Cannot compute {m}: {p}" for m, p in skipped.items()))
-    active = [m for m in wanted if m not in skipped]
-
-    t = time.perf_counter()
-    if extractor is None:
-        extractor = FeatureExtractor(
-            inception_weights,
-            device,
-            tf32=tf32,
-            batch_size=batch_size,
-            num_workers=num_workers,
-            progress=progress,
-        )
-    timings["load_network"] = time.perf_counter() - t
-    dev = extractor.device
-
-    # ---- reference: precomputed statistics, cache, or a feature pass ----------------------
-    needs_images = (
-        ("fid" in active and "mu" not in ref_stats)
-        or ("sfid" in active and "mu_s" not in ref_stats)
-        or (({"pr", "kid"} & set(active)) and "pool3" not in ref_stats)
-    )
-    cache_info: dict = {"used": False, "hit": False}
-    ref_from_images: set[str] = set()
-    t = time.perf_counter()
-    if needs_images:
-        store = ReferenceCache(cache_dir) if cache else None
-        entry = None
-        if store is not None:
-            key = store.key(
-                store.content_hash(reference), extractor.weights_info()["sha256"], extractor.precision
-            )
-            entry = store.load(key)
-            cache_info = {
-                "used": True,
-                "hit": entry is not None,
-                "key": key,
-                "path": str(store.path_for(key)),
-            }
-        if entry is None:
-            feats = extractor.extract(ref_images, want=("pool3", "spatial"), desc="reference features")
-            mu, sigma = feature_statistics(feats["pool3"].to(dev))
-            mu_s, sigma_s = feature_statistics(feats["spatial"].to(dev))
-            entry = {
-                "mu": mu,
-                "sigma": sigma,
-                "mu_s": mu_s,
-                "sigma_s": sigma_s,
-                "pool3": feats["pool3"].numpy(),
-            }
-            if store is not None:
-                try:
-                    store.save(
-                        key,
-                        entry,
-                        {
-                            "reference": str(reference.path),
-                            "count": ref_images.count,
-                            "inception_weights": extractor.weights_info()["file"],
-                            "precision": extractor.precision,
-                            "ditbench": ditbench.__version__,
-                        },
-                    )
-                except OSError as err:
-                    warns.append(f"could not write the reference cache entry {store.path_for(key)}: {err}")
-        for k, v in entry.items():
-            if k not in ref_stats:  # precomputed statistics in the reference take precedence
-                ref_stats[k] = v
-                ref_from_images.add(k)
-    timings["reference_features"] = time.perf_counter() - t
-
-    # ---- samples ---------------------------------------------------------------------------
-    want = [
-        k
-        for k, ms in (("pool3", {"fid", "pr", "kid"}), ("logits_unbiased", {"is"}), ("spatial", {"sfid"}))
-        if ms & set(active)
-    ]
-    t = time.perf_counter()
-    feats = extractor.extract(source, want=tuple(want), desc="sample features") if want else {}
-    timings["sample_features"] = time.perf_counter() - t
-
-    # ---- metrics ---------------------------------------------------------------------------
-    values: dict[str, float] = {}
-
-    def frechet(metric, key_mu, key_sigma, feat_key, dim):
-        few = [
-            f"{count} {what}"
-            for count, what in ((n, "samples"), (ref_n, "reference images"))
-            if count < dim and (what == "samples" or key_mu in ref_from_images)
-        ]
-        if few:
-            msg = (
-                f"{metric}: {' and '.join(few)} for {dim}-d features: the covariance is singular and the "
-                "distance is biased upward (papers use 50,000 samples)."
-            )
-            warnings.warn(msg, FewSamplesWarning, stacklevel=3)
-            warns.append(msg)
-        x = feats[feat_key].to(dev)
-        mu, sigma = feature_statistics(x)
-        factor = covariance_factor(x, mu) if n < dim else None  # exact and fast for n < dim
-        return frechet_distance(
-            mu, sigma, ref_stats[key_mu], ref_stats[key_sigma], device=dev, factor1=factor
-        )
-
-    with matmul_precision(False):  # statistics and distances in full precision, whatever the extraction used
-        for metric in active:
-            t = time.perf_counter()
-            if metric == "fid":
-                values["fid"] = frechet("fid", "mu", "sigma", "pool3", POOL3_DIM)
-            elif metric == "sfid":
-                values["sfid"] = frechet("sfid", "mu_s", "sigma_s", "spatial", SPATIAL_DIM)
-            elif metric == "is":
-                values["inception_score"], values["inception_score_std"] = inception_score(
-                    feats["logits_unbiased"], is_splits
-                )
-            else:
-                ref_pool3 = torch.from_numpy(np.asarray(ref_stats["pool3"], dtype=np.float32))
-                if metric == "pr":
-                    values["precision"], values["recall"] = precision_recall(
-                        feats["pool3"], ref_pool3, k=pr_k, block=pr_block_size, device=dev
-                    )
-                else:
-                    values["kid"], values["kid_std"] = kernel_inception_distance(
-                        feats["pool3"], ref_pool3, kid_subsets, kid_subset_size, kid_seed, device=dev
-                    )
-            timings[metric] = time.perf_counter() - t
-    timings["total"] = time.perf_counter() - t_start
-
-    ref_desc = {
-        "path": str(reference.path) if reference.path else None,
-        "count": ref_n,
-        "fid_statistics": ("images" if "mu" in ref_from_images else "precomputed")
-        if "mu" in ref_stats
-        else None,
-        "sfid_statistics": ("images" if "mu_s" in ref_from_images else "precomputed")
-        if "mu_s" in ref_stats
-        else None,
-        "cache": cache_info,
-    }
-    if ref_images is not None:
-        ref_desc.update(height=ref_images.height, width=ref_images.width)
-    return {
-        "schema": SCHEMA,
-        "metrics": values,
-        "skipped": skipped,
-        "warnings": warns,
-        "samples": source.describe(),
-        "reference": ref_desc,
-        "settings": {
-            "metrics": list(wanted),
-            "batch_size": extractor.batch_size,
-            "device": str(dev),
-            "precision": extractor.precision,
-            "tf32": extractor.tf32,
-            "inception_weights": extractor.weights_info(),
-            "is_splits": is_splits,
-            "pr_k": pr_k,
-            "kid_subsets": kid_subsets,
-            "kid_subset_size": kid_subset_size,
-            "kid_seed": kid_seed,
-        },
-        "timings_s": {k: round(v, 4) for k, v in timings.items()},
-        "env": {
-            "ditbench": ditbench.__version__,
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "device_name": torch.cuda.get_device_name(dev)
-            if dev.type == "cuda"
-            else platform.processor() or platform.machine(),
-        },
-        "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    }
+    return scorer.score(source)
 
 
 def default_output_path(samples) -> Path | None:

@@ -20,18 +20,9 @@ import torch
 
 from ditbench.errors import UserError
 from ditbench.metrics.defaults import DEFAULTS
-from ditbench.metrics.inception import (
-    LOGITS_DIM,
-    POOL3_DIM,
-    SPATIAL_DIM,
-    WEIGHTS_FILE_NAME,
-    file_sha256,
-    load_inception,
-    resolve_weights,
-)
+from ditbench.metrics.inception import FEATURE_DIMS
 from ditbench.metrics.npz_io import FolderImages, ImageSource
-
-FEATURE_DIMS = {"pool3": POOL3_DIM, "logits_unbiased": LOGITS_DIM, "spatial": SPATIAL_DIM}
+from ditbench.metrics.weights import InceptionWeights, load_network
 
 
 def resolve_device(device: str | torch.device | None) -> torch.device:
@@ -114,7 +105,13 @@ def _prefetch(source: ImageSource, batch_size: int, num_workers: int, depth: int
 
 
 class FeatureExtractor:
-    """The FID Inception on a device, turning image sources into feature tensors (float32, CPU)."""
+    """The FID Inception on a device, turning image sources into feature tensors (float32, CPU).
+
+    `weights`: a state-dict file, `"test"` (the calibrated random network) or None (the
+    environment variable, else torch-fidelity's file in the torch hub cache); see weights.py.
+    """
+
+    weights: InceptionWeights
 
     def __init__(
         self,
@@ -134,26 +131,19 @@ class FeatureExtractor:
             num_workers,
             progress,
         )
-        self.weights_path = resolve_weights(weights)
-        self.net = load_inception(self.weights_path).to(self.device)
+        self.net, self.weights = load_network(weights)
+        self.net = self.net.to(self.device)
         if self.device.type == "cuda":
             self.net = self.net.to(memory_format=torch.channels_last)
         self.images_processed = 0  # counts work done, so callers (and tests) can see a cache hit
-        self._sha256: str | None = None
 
     @property
     def precision(self) -> str:
         return "tf32" if self.tf32 else "fp32"
 
     def weights_info(self) -> dict:
-        if self._sha256 is None:
-            self._sha256 = file_sha256(self.weights_path)
-        return {
-            "file": self.weights_path.name,
-            "path": str(self.weights_path),
-            "sha256": self._sha256,
-            "official": self.weights_path.name == WEIGHTS_FILE_NAME,
-        }
+        """name, official, sha256, file, path: what results and cache entries record."""
+        return self.weights.describe()
 
     @torch.no_grad()
     def extract(

@@ -11,10 +11,14 @@ scipy's `sqrtm` API (its `disp` argument is gone in scipy 1.18).
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import torch
 
 from ditbench.errors import UserError
+from ditbench.metrics.inception import POOL3_DIM, SPATIAL_DIM
+from ditbench.metrics.spec import Metric, MetricInputs, Need, Output
 
 
 class FewSamplesWarning(UserWarning):
@@ -128,3 +132,51 @@ def frechet_distance(mu1, sigma1, mu2, sigma2, device: str | torch.device = "cpu
     diff = mu1 - mu2
     tr = trace_sqrt_product(sigma1, sigma2, device=device, factor1=factor1)
     return float(diff @ diff + np.trace(sigma1) + np.trace(sigma2) - 2.0 * tr)
+
+
+def _frechet_metric(name: str, mu_key: str, sigma_key: str, feature: str, dim: int):
+    def compute(inputs: MetricInputs, options) -> dict[str, float]:
+        x = inputs.samples[feature]
+        n = x.shape[0]
+        few = [f"{n} samples"] if n < dim else []
+        if mu_key in inputs.reference_from_images and inputs.reference_count < dim:
+            few.append(f"{inputs.reference_count} reference images")
+        if few:
+            msg = (
+                f"{name}: {' and '.join(few)} for {dim}-d features: the covariance is singular and the "
+                "distance is biased upward (papers use 50,000 samples)."
+            )
+            warnings.warn(msg, FewSamplesWarning, stacklevel=2)
+            inputs.warn(msg)
+        x = x.to(inputs.device)
+        mu, sigma = feature_statistics(x)
+        factor = covariance_factor(x, mu) if n < dim else None  # exact and fast for n < dim
+        ref = inputs.reference
+        return {name: frechet_distance(mu, sigma, ref[mu_key], ref[sigma_key], inputs.device, factor)}
+
+    return compute
+
+
+def _covariance_need(options) -> Need:
+    return Need(2, 2, "a covariance needs at least 2 images per set")
+
+
+FID = Metric(
+    name="fid",
+    title="FID",
+    sample_features=("pool3",),
+    reference_keys=("mu", "sigma"),
+    outputs=(Output("fid", "FID", "{:.4f}", "lower"),),
+    needs=_covariance_need,
+    compute=_frechet_metric("fid", "mu", "sigma", "pool3", POOL3_DIM),
+)
+
+SFID = Metric(
+    name="sfid",
+    title="sFID",
+    sample_features=("spatial",),
+    reference_keys=("mu_s", "sigma_s"),
+    outputs=(Output("sfid", "sFID", "{:.4f}", "lower"),),
+    needs=_covariance_need,
+    compute=_frechet_metric("sfid", "mu_s", "sigma_s", "spatial", SPATIAL_DIM),
+)

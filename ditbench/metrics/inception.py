@@ -1,7 +1,8 @@
 """The InceptionV3 that FID is defined with (the TF graph `inception-2015-12-05`), in PyTorch.
 
 The layer names and shapes follow torch-fidelity's `FeatureExtractorInceptionV3`, so its
-converted weight file `weights-inception-2015-12-05-6726825d.pth` loads directly. The TF graph
+converted weight file `weights-inception-2015-12-05-6726825d.pth` loads directly (weights.py finds
+and loads it). The TF graph
 differs from torchvision's InceptionV3 in three places that matter for the numbers:
 average pools that ignore padding, a max pool in the last block's pool branch, BatchNorm
 eps 1e-3; and it resizes with TF1's bilinear rule (no half-pixel offset), reproduced here.
@@ -14,22 +15,9 @@ channels-last to 2023 values: the sFID features of the ADM evaluator).
 
 from __future__ import annotations
 
-import hashlib
-import os
-import pickle
-import tempfile
-import zipfile
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from ditbench.errors import UserError
-
-WEIGHTS_FILE_NAME = "weights-inception-2015-12-05-6726825d.pth"
-WEIGHTS_URL = "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/" + WEIGHTS_FILE_NAME
-WEIGHTS_ENV = "DITBENCH_INCEPTION_WEIGHTS"
 
 INPUT_SIZE = 299
 POOL3_DIM = 2048
@@ -37,6 +25,7 @@ LOGITS_DIM = 1008
 SPATIAL_CHANNELS = 7
 SPATIAL_SIZE = 17
 SPATIAL_DIM = SPATIAL_CHANNELS * SPATIAL_SIZE * SPATIAL_SIZE  # 2023
+FEATURE_DIMS = {"pool3": POOL3_DIM, "logits_unbiased": LOGITS_DIM, "spatial": SPATIAL_DIM}  # forward()'s keys
 
 
 # --------------------------------------------------------------------------------------------
@@ -260,7 +249,9 @@ class InceptionV3(nn.Module):
     def forward(self, images: torch.Tensor) -> dict[str, torch.Tensor]:
         if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
             raise ValueError(f"expected uint8 images N x 3 x H x W, got {images.dtype} {tuple(images.shape)}")
-        x = resize_tf1_bilinear(images.float())
+        # The network computes in its parameters' dtype: float32, or float64 while calibrating the
+        # test network (calibrated.py), whose statistics must not depend on the machine's rounding.
+        x = resize_tf1_bilinear(images.to(self.fc.weight.dtype))
         x = (x - 128) / 128  # the graph's normalisation to [-1, 1)
         x = self.Conv2d_2b_3x3(self.Conv2d_2a_3x3(self.Conv2d_1a_3x3(x)))
         x = _max_pool_reduce(x)
@@ -288,101 +279,3 @@ class InceptionV3(nn.Module):
             "logits_unbiased": logits_unbiased.float(),
             "spatial": spatial.float(),
         }
-
-
-# --------------------------------------------------------------------------------------------
-# Weights: where they live, how they load
-# --------------------------------------------------------------------------------------------
-
-
-def default_weights_path() -> Path:
-    """Where torch-fidelity keeps the file: the torch hub checkpoint cache."""
-    return Path(torch.hub.get_dir()) / "checkpoints" / WEIGHTS_FILE_NAME
-
-
-def _download(url: str, dest: Path) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
-    os.close(fd)
-    try:
-        torch.hub.download_url_to_file(url, tmp, progress=True)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def resolve_weights(path: str | os.PathLike | None = None, download: bool = True) -> Path:
-    """The Inception weight file: `path`, else $DITBENCH_INCEPTION_WEIGHTS, else the hub cache.
-
-    Only the hub-cache location is downloaded into (once, from torch-fidelity's release).
-    """
-    for given, origin in ((path, "--inception-weights"), (os.environ.get(WEIGHTS_ENV) or None, WEIGHTS_ENV)):
-        if given is not None:
-            p = Path(given).expanduser()
-            if not p.is_file():
-                raise UserError(
-                    f"Inception weights file {p} (from {origin}) does not exist. Give the path of "
-                    f"{WEIGHTS_FILE_NAME}, which can be downloaded from {WEIGHTS_URL}."
-                )
-            return p
-    p = default_weights_path()
-    if p.is_file():
-        return p
-    if download:
-        try:
-            _download(WEIGHTS_URL, p)
-            return p
-        except Exception as err:  # offline, proxy, disk full: all end in the same advice
-            reason = f"{type(err).__name__}: {err}"
-    else:
-        reason = "downloading is disabled"
-    raise UserError(
-        f"The Inception weights {WEIGHTS_FILE_NAME} are not in {p} and could not be downloaded "
-        f"({reason}). Download {WEIGHTS_URL} on a machine with network access and put it at {p} "
-        f"(the torch hub cache that torch-fidelity also uses), or pass --inception-weights PATH, "
-        f"or set {WEIGHTS_ENV}=PATH."
-    )
-
-
-def file_sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def load_inception(weights: str | os.PathLike) -> InceptionV3:
-    """An InceptionV3 in eval mode with the weights of `weights` (a state-dict file)."""
-    weights = Path(weights)
-    try:
-        try:
-            state = torch.load(weights, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:
-            # Older converted files may hold non-tensor objects; the user named this file.
-            state = torch.load(weights, map_location="cpu", weights_only=False)
-    except (RuntimeError, EOFError, OSError, pickle.UnpicklingError, zipfile.BadZipFile) as err:
-        raise UserError(
-            f"Inception weights file {weights} could not be read ({type(err).__name__}: {err}); it is "
-            f"truncated or not a PyTorch state dict. Download it again from {WEIGHTS_URL}."
-        ) from None
-    if not isinstance(state, dict):
-        raise UserError(f"Inception weights file {weights} holds a {type(state).__name__}, not a state dict.")
-    net = InceptionV3()
-    try:
-        missing, unexpected = net.load_state_dict(state, strict=False)
-    except RuntimeError as err:  # shapes that do not fit
-        detail = str(err).splitlines()[-1].strip()
-        raise UserError(
-            f"Inception weights file {weights} does not fit the FID InceptionV3: {detail} "
-            f"Use torch-fidelity's {WEIGHTS_FILE_NAME} from {WEIGHTS_URL}."
-        ) from None
-    missing = [k for k in missing if not k.endswith("num_batches_tracked")]  # unused in eval mode
-    if missing or unexpected:
-        raise UserError(
-            f"Inception weights file {weights} does not fit the FID InceptionV3: {len(missing)} missing keys "
-            f"(e.g. {missing[:3]}) and {len(unexpected)} unexpected keys (e.g. {unexpected[:3]}). Use "
-            f"torch-fidelity's {WEIGHTS_FILE_NAME} from {WEIGHTS_URL}."
-        )
-    return net.eval().requires_grad_(False)

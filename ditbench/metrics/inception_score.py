@@ -11,12 +11,12 @@ import numpy as np
 import torch
 
 from ditbench.errors import UserError
-from ditbench.metrics.defaults import DEFAULTS
+from ditbench.metrics.spec import Metric, MetricInputs, Need, Option, Output
+
+SPLITS = 10  # ADM: 50,000 samples in splits of 5,000
 
 
-def inception_score(
-    logits: torch.Tensor | np.ndarray, splits: int = DEFAULTS["is_splits"]
-) -> tuple[float, float]:
+def inception_score(logits: torch.Tensor | np.ndarray, splits: int = SPLITS) -> tuple[float, float]:
     """(mean, std) of the Inception Score of N x C unbiased logits over `splits` consecutive splits."""
     x = torch.as_tensor(logits).double()
     n = x.shape[0]
@@ -30,3 +30,25 @@ def inception_score(
         kl = (part.exp() * (part - log_py)).sum(1).mean()
         scores.append(float(kl.exp()))
     return float(np.mean(scores)), float(np.std(scores))
+
+
+def _compute(inputs: MetricInputs, options) -> dict[str, float]:
+    mean, std = inception_score(inputs.samples["logits_unbiased"], options["is_splits"])
+    return {"inception_score": mean, "inception_score_std": std}
+
+
+IS = Metric(
+    name="is",
+    title="Inception Score",
+    sample_features=("logits_unbiased",),
+    reference_keys=(),
+    outputs=(
+        Output("inception_score", "Inception Score", "{:.4f}", "higher"),
+        Output("inception_score_std", "  (std over splits)", "{:.4f}"),
+    ),
+    options=(Option("is_splits", SPLITS, "Inception Score splits of consecutive samples (%(default)s)"),),
+    needs=lambda o: Need(
+        o["is_splits"], 0, f"{o['is_splits']} splits need one sample each", "lower --is-splits"
+    ),
+    compute=_compute,
+)

@@ -12,14 +12,20 @@ import numpy as np
 import torch
 
 from ditbench.errors import UserError
-from ditbench.metrics.defaults import DEFAULTS
+from ditbench.metrics.spec import Metric, MetricInputs, Need, Option, Output
+
+SUBSETS = 100
+SUBSET_SIZE = 1000
+DEGREE = 3
+COEF0 = 1.0
+SEED = 2020  # torch-fidelity's default rng_seed, so the subsets are the same as its own
 
 
 def polynomial_kernel(
     x: torch.Tensor,
     y: torch.Tensor,
-    degree: int = DEFAULTS["kid_degree"],
-    coef0: float = DEFAULTS["kid_coef0"],
+    degree: int = DEGREE,
+    coef0: float = COEF0,
 ) -> torch.Tensor:
     return (x @ y.T / x.shape[1] + coef0) ** degree
 
@@ -35,9 +41,9 @@ def mmd2_unbiased(x: torch.Tensor, y: torch.Tensor, **kernel_args) -> float:
 def kernel_inception_distance(
     sample_feats,
     ref_feats,
-    subsets: int = DEFAULTS["kid_subsets"],
-    subset_size: int = DEFAULTS["kid_subset_size"],
-    seed: int = DEFAULTS["kid_seed"],
+    subsets: int = SUBSETS,
+    subset_size: int = SUBSET_SIZE,
+    seed: int = SEED,
     device: str | torch.device | None = None,
     **kernel_args,
 ) -> tuple[float, float]:
@@ -59,3 +65,47 @@ def kernel_inception_distance(
         ri = torch.from_numpy(rng.choice(len(r), subset_size, replace=False)).to(dev)
         values[i] = mmd2_unbiased(s[si], r[ri], **kernel_args)
     return float(values.mean()), float(values.std())
+
+
+def _compute(inputs: MetricInputs, options) -> dict[str, float]:
+    ref = torch.from_numpy(np.asarray(inputs.reference["pool3"], dtype=np.float32))
+    mean, std = kernel_inception_distance(
+        inputs.samples["pool3"],
+        ref,
+        options["kid_subsets"],
+        options["kid_subset_size"],
+        options["kid_seed"],
+        device=inputs.device,
+        degree=options["kid_degree"],
+        coef0=options["kid_coef0"],
+    )
+    return {"kid": mean, "kid_std": std}
+
+
+KID = Metric(
+    name="kid",
+    title="KID",
+    sample_features=("pool3",),
+    reference_keys=("pool3",),
+    outputs=(Output("kid", "KID", "{:.6f}", "lower"), Output("kid_std", "  (std over subsets)", "{:.6f}")),
+    options=(
+        Option("kid_subsets", SUBSETS, "KID: random subsets averaged over (%(default)s)"),
+        Option("kid_subset_size", SUBSET_SIZE, "KID: samples per subset (%(default)s)", minimum=2),
+        Option("kid_seed", SEED, "KID: seed of the subset draws (%(default)s)", minimum=0, maximum=2**32 - 1),
+        Option("kid_degree", DEGREE, "KID: degree of the polynomial kernel (%(default)s)"),
+        Option(
+            "kid_coef0",
+            COEF0,
+            "KID: constant of the polynomial kernel (%(default)s)",
+            minimum=None,
+            kind=float,
+        ),
+    ),
+    needs=lambda o: Need(
+        o["kid_subset_size"],
+        o["kid_subset_size"],
+        f"subsets of {o['kid_subset_size']}",
+        "lower --kid-subset-size",
+    ),
+    compute=_compute,
+)

@@ -9,21 +9,34 @@ message that names the file and says what would be valid.
 
 from __future__ import annotations
 
+import stat
+import warnings
 import zipfile
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from ditbench.errors import UserError
+from ditbench.errors import UserError, shorten
 
 IMAGE_KEY = "arr_0"
-STAT_KEYS = ("mu", "sigma", "mu_s", "sigma_s")
-FEATURE_KEY = "pool3"  # ditbench statistics files may also hold the reference's pool3 features
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
+# PIL's decompression-bomb bound (89 Mpixel) for every image, from a file or an npz: FID images
+# are resized to 299 x 299, and a batch of 100 such images would already need 27 GB.
+MAX_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
+# What reading a zip member can raise on a damaged or unusual file (RuntimeError: encrypted,
+# NotImplementedError: a compression method zipfile lacks).
+ZIP_ERRORS = (
+    zipfile.BadZipFile,
+    zlib.error,
+    OSError,
+    EOFError,
+    RuntimeError,
+    NotImplementedError,
+    ValueError,
+)
 
 _ADM_FORMAT = "an ADM batch: `arr_0` of uint8 images N x H x W x 3 in [0, 255]"
 
@@ -46,18 +59,29 @@ def _float_hint(sample: np.ndarray) -> str:
 def validate_image_array_layout(shape: tuple, dtype: np.dtype, where: str, peek=None) -> None:
     """Raise a UserError unless (shape, dtype) is uint8 N x H x W x 3. `peek()` returns a few rows."""
     dtype = np.dtype(dtype)
+    if dtype.hasobject:
+        raise UserError(
+            f"{where} holds Python objects (a pickled object array), which ditbench never loads; it "
+            f"reads {_ADM_FORMAT}."
+        )
     if dtype.kind == "f":
         hint = _float_hint(peek()) if peek is not None and (shape[0] if shape else 0) else ""
         raise UserError(f"{where} holds {dtype} values; ditbench fid reads {_ADM_FORMAT}. {hint}".strip())
     if dtype != np.uint8:
-        raise UserError(f"{where} has dtype {dtype}; ditbench fid reads {_ADM_FORMAT}.")
+        raise UserError(
+            f"{where} has dtype {shorten(str(dtype), quote=False)}; ditbench fid reads {_ADM_FORMAT}."
+        )
+    if any(d < 0 for d in shape):
+        raise UserError(
+            f"{where} declares shape {shorten(shape)}, with a negative size; the file is corrupt."
+        )
     if len(shape) == 3:
         raise UserError(
             f"{where} has shape {shape}: grey images N x H x W. ditbench fid needs RGB, "
             f"{_ADM_FORMAT}; repeat the channel with `np.repeat(x[..., None], 3, axis=-1)`."
         )
     if len(shape) != 4:
-        raise UserError(f"{where} has shape {shape}; ditbench fid reads {_ADM_FORMAT}.")
+        raise UserError(f"{where} has shape {shorten(shape)}; ditbench fid reads {_ADM_FORMAT}.")
     n, h, w, c = shape
     if c != 3 and shape[1] in (1, 3, 4) and c not in (1, 4):
         raise UserError(
@@ -78,6 +102,11 @@ def validate_image_array_layout(shape: tuple, dtype: np.dtype, where: str, peek=
         raise UserError(f"{where} has shape {shape}; ditbench fid reads {_ADM_FORMAT}.")
     if n == 0 or h == 0 or w == 0:
         raise UserError(f"{where} has shape {shape}: it holds no images.")
+    if h * w > MAX_PIXELS:
+        raise UserError(
+            f"{where} holds images of {h}x{w} pixels, more than {MAX_PIXELS:,} per image; FID images are "
+            "resized to 299x299, so resize them first."
+        )
 
 
 class ImageSource:
@@ -114,30 +143,62 @@ class ArrayImages(ImageSource):
             yield np.ascontiguousarray(self.images[i : i + batch_size])
 
 
-def _open_zip(path: Path) -> zipfile.ZipFile:
-    if not path.exists():
+def reason(err: BaseException) -> str:
+    """An exception as a bounded clause for a message: what the library said, not a traceback."""
+    return shorten(f"{type(err).__name__}: {err}", 200, quote=False)
+
+
+def describe_keys(zf: zipfile.ZipFile) -> str:
+    """The array names of an npz, bounded for a message."""
+    names = [n[:-4] if n.endswith(".npy") else n for n in zf.namelist()]
+    return shorten(", ".join(names), 200, quote=False) if names else "none"
+
+
+def open_zip(path: Path) -> zipfile.ZipFile:
+    """An .npz opened as the zip it is; UserError for anything that is not a readable regular file."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
         raise UserError(
             f"{path} does not exist. Give an ADM-format .npz ({_ADM_FORMAT}) or a folder of PNG/JPEG images."
+        ) from None
+    except OSError as err:
+        raise UserError(f"{path} cannot be read ({err.strerror}).") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(
+            f"{path} is not a regular file (a pipe, socket or device); give an .npz file or a folder."
         )
     try:
         return zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as err:
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
         raise UserError(
-            f"{path} is not a readable .npz ({err}); the file is truncated or corrupt (an .npz is a zip "
-            f"of .npy arrays). Write it again with `np.savez(path, arr_0=images)`."
+            f"{path} is not a readable .npz ({reason(err)}); the file is truncated or "
+            "corrupt (an .npz is a zip of .npy arrays). Write it again with `np.savez(path, arr_0=images)`."
         ) from None
 
 
-def _read_npy_header(f, where: str):
+def open_member(zf: zipfile.ZipFile, name: str, where: str):
+    """A zip member opened for reading; encrypted or oddly compressed members are named errors."""
+    try:
+        return zf.open(name)
+    except ZIP_ERRORS as err:
+        raise UserError(
+            f"{where} cannot be read ({reason(err)}); write the "
+            "file again with numpy (`np.savez`), unencrypted."
+        ) from None
+
+
+def read_npy_header(f, where: str):
+    """(shape, fortran order, dtype, data offset) of an .npy stream, from its header alone."""
     try:
         version = np.lib.format.read_magic(f)
         if version == (1, 0):
             shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-        else:
+        else:  # 2.0 and 3.0 (a UTF-8 header) share the layout
             shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-    except (ValueError, OSError, EOFError, zlib.error, zipfile.BadZipFile) as err:
+    except (*ZIP_ERRORS, SyntaxError, TypeError) as err:
         raise UserError(
-            f"{where} has an unreadable .npy header ({err}); the file is truncated or corrupt."
+            f"{where} has an unreadable .npy header ({reason(err)}); the file is truncated or corrupt."
         ) from None
     return shape, fortran, np.dtype(dtype), f.tell()
 
@@ -148,18 +209,16 @@ class NpzImages(ImageSource):
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.where = f"{self.path} (key `{IMAGE_KEY}`)"
-        with _open_zip(self.path) as zf:
-            names = zf.namelist()
+        with open_zip(self.path) as zf:
             member = IMAGE_KEY + ".npy"
-            if member not in names:
-                keys = ", ".join(n[:-4] if n.endswith(".npy") else n for n in names) or "none"
+            if member not in zf.namelist():
                 raise UserError(
-                    f"{self.path} has no `{IMAGE_KEY}` array (its keys: {keys}); ditbench fid reads "
-                    f"{_ADM_FORMAT}. Save images with `np.savez(path, arr_0=images)`."
+                    f"{self.path} has no `{IMAGE_KEY}` array (its keys: {describe_keys(zf)}); ditbench fid "
+                    f"reads {_ADM_FORMAT}. Save images with `np.savez(path, arr_0=images)`."
                 )
             info = zf.getinfo(member)
-            with zf.open(member) as f:
-                shape, fortran, dtype, self._offset = _read_npy_header(f, self.where)
+            with open_member(zf, member, self.where) as f:
+                shape, fortran, dtype, self._offset = read_npy_header(f, self.where)
                 peek = lambda: self._peek(f, shape, dtype)  # noqa: E731
                 validate_image_array_layout(shape, dtype, self.where, peek=peek)
         if fortran:
@@ -184,17 +243,17 @@ class NpzImages(ImageSource):
         return np.frombuffer(f.read(n * dtype.itemsize), dtype=dtype)
 
     def batches(self, batch_size: int) -> Iterator[np.ndarray]:
-        with _open_zip(self.path) as zf, zf.open(IMAGE_KEY + ".npy") as f:
+        with open_zip(self.path) as zf, open_member(zf, IMAGE_KEY + ".npy", self.where) as f:
             f.seek(self._offset) if f.seekable() else f.read(self._offset)
             done = 0
             while done < self.count:
                 rows = min(batch_size, self.count - done)
                 try:
                     buf = f.read(rows * self.row_bytes)
-                except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as err:
+                except ZIP_ERRORS as err:
                     raise UserError(
-                        f"{self.where} could not be read past image {done} ({err}); the file is "
-                        "truncated or corrupt."
+                        f"{self.where} could not be read past image {done} ({reason(err)}); "
+                        "the file is truncated or corrupt."
                     ) from None
                 if len(buf) != rows * self.row_bytes:
                     raise UserError(
@@ -230,9 +289,12 @@ class FolderImages(ImageSource):
         self.path = Path(path)
         if not self.path.is_dir():
             raise UserError(f"{self.path} does not exist or is not a folder.")
-        self.files = sorted(
-            p for p in self.path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
-        )
+        try:
+            self.files = sorted(
+                p for p in self.path.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
+            )
+        except OSError as err:
+            raise UserError(f"The folder {self.path} cannot be listed ({reason(err)}).") from None
         if not self.files:
             raise UserError(
                 f"{self.path} holds no .png, .jpg or .jpeg files (subfolders are not searched). Give a "
@@ -241,10 +303,24 @@ class FolderImages(ImageSource):
         first_size = None
         for p in self.files:  # headers only: cheap, and all problems surface before any compute
             try:
-                with Image.open(p) as img:
-                    size, problem = img.size, _image_mode_problem(img)
-            except (UnidentifiedImageError, OSError) as err:
-                raise UserError(f"{p} is not a readable image ({err}); it is truncated or corrupt.") from None
+                with warnings.catch_warnings():  # PIL's bomb warning: the size is checked just below
+                    warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                    with Image.open(p) as img:
+                        size, problem = img.size, _image_mode_problem(img)
+            except Image.DecompressionBombError as err:
+                raise UserError(
+                    f"{p} declares more pixels than an image decoder should allocate ({reason(err)}); "
+                    "FID images are resized to 299x299, so resize it first."
+                ) from None
+            except (UnidentifiedImageError, OSError, ValueError) as err:
+                raise UserError(
+                    f"{p} is not a readable image ({reason(err)}); it is truncated or corrupt."
+                ) from None
+            if size[0] * size[1] > MAX_PIXELS:
+                raise UserError(
+                    f"{p} is {size[0]}x{size[1]} pixels, more than {MAX_PIXELS:,}; FID images are resized to "
+                    "299x299, so resize it first."
+                )
             if problem:
                 raise UserError(f"{p} is {problem}. ditbench fid needs RGB images.")
             if first_size is None:
@@ -261,8 +337,16 @@ class FolderImages(ImageSource):
         try:
             with Image.open(p) as img:
                 arr = np.asarray(img.convert("RGB"))
-        except (UnidentifiedImageError, OSError, SyntaxError) as err:
-            raise UserError(f"{p} could not be decoded ({err}); it is truncated or corrupt.") from None
+        except (
+            UnidentifiedImageError,
+            OSError,
+            SyntaxError,
+            ValueError,
+            Image.DecompressionBombError,
+        ) as err:
+            raise UserError(
+                f"{p} could not be decoded ({reason(err)}); it is truncated or corrupt."
+            ) from None
         return arr
 
     def batches(self, batch_size: int, pool=None) -> Iterator[np.ndarray]:
@@ -276,68 +360,7 @@ def open_images(path: str | Path) -> ImageSource:
     path = Path(path)
     if path.is_dir():
         return FolderImages(path)
-    if not path.exists():
-        raise UserError(
-            f"{path} does not exist. Give an ADM-format .npz ({_ADM_FORMAT}) or a folder of PNG/JPEG images."
-        )
-    return NpzImages(path)
-
-
-@dataclass
-class Reference:
-    """What a reference path offers: images (for features) and/or precomputed statistics."""
-
-    path: Path
-    images: ImageSource | None
-    stats: dict[str, np.ndarray]  # any of mu, sigma, mu_s, sigma_s (float64) and pool3 (float32)
-
-
-def _read_stats(path: Path, zf: zipfile.ZipFile) -> dict[str, np.ndarray]:
-    names = set(zf.namelist())
-    out = {}
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            for key in (*STAT_KEYS, FEATURE_KEY):
-                if key + ".npy" in names:
-                    out[key] = npz[key]
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error) as err:
-        raise UserError(
-            f"{path} has unreadable statistics ({err}); the file is truncated or corrupt."
-        ) from None
-    for m, s in (("mu", "sigma"), ("mu_s", "sigma_s")):
-        if (m in out) != (s in out):
-            raise UserError(
-                f"{path} has `{m if m in out else s}` without `{s if m in out else m}`; precomputed "
-                "statistics need both the mean and the covariance."
-            )
-        if m in out:
-            mu, sigma = out[m], out[s]
-            if mu.ndim != 1 or sigma.shape != (mu.shape[0], mu.shape[0]):
-                raise UserError(
-                    f"{path}: `{m}` has shape {mu.shape} and `{s}` {sigma.shape}; expected (d,) and (d, d)."
-                )
-            out[m], out[s] = mu.astype(np.float64), sigma.astype(np.float64)
-    return out
-
-
-def open_reference(path: str | Path) -> Reference:
-    """A reference: an ADM reference batch (images + optional mu/sigma/mu_s/sigma_s), a folder or
-    npz of real images, or a statistics file (mu/sigma, optionally mu_s/sigma_s and pool3)."""
-    path = Path(path)
-    if path.is_dir():
-        return Reference(path, FolderImages(path), {})
-    with _open_zip(path) as zf:
-        has_images = IMAGE_KEY + ".npy" in zf.namelist()
-        stats = _read_stats(path, zf)
-    if not has_images and "mu" not in stats:
-        keys = ", ".join(n[:-4] for n in zf.namelist()) or "none"
-        raise UserError(
-            f"{path} has neither `{IMAGE_KEY}` images nor `mu`/`sigma` statistics (its keys: {keys}). "
-            f"A reference is {_ADM_FORMAT} (optionally with precomputed mu, sigma, mu_s, sigma_s), a "
-            "folder of images, or a statistics file written by ditbench."
-        )
-    images = NpzImages(path) if has_images else None
-    return Reference(path, images, stats)
+    return NpzImages(path)  # a missing or special file is refused when it is opened
 
 
 def write_npz_images(path: str | Path, batches, count: int, height: int, width: int) -> Path:

@@ -10,10 +10,14 @@ one block of distances in memory.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ditbench.errors import UserError
-from ditbench.metrics.defaults import DEFAULTS
+from ditbench.metrics.spec import Metric, MetricInputs, Need, Option, Output
+
+K = 3  # ADM and Kynkaanniemi et al.
+BLOCK = 10000  # rows x columns of one distance block
 
 
 def _squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -21,9 +25,7 @@ def _squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return d.clamp_min_(0)
 
 
-def knn_radii(
-    feats: torch.Tensor, k: int = DEFAULTS["pr_k"], block: int = DEFAULTS["pr_block_size"]
-) -> torch.Tensor:
+def knn_radii(feats: torch.Tensor, k: int = K, block: int = BLOCK) -> torch.Tensor:
     """Squared distance from each point to its k-th nearest other point in the same set."""
     n = feats.shape[0]
     if n < k + 1:
@@ -46,7 +48,7 @@ def knn_radii(
 
 
 def manifold_coverage(
-    query: torch.Tensor, points: torch.Tensor, radii: torch.Tensor, block: int = DEFAULTS["pr_block_size"]
+    query: torch.Tensor, points: torch.Tensor, radii: torch.Tensor, block: int = BLOCK
 ) -> torch.Tensor:
     """For each query, whether it lies in some ball (points[j], radii[j]) (boundary included)."""
     inside = torch.zeros(query.shape[0], dtype=torch.bool, device=query.device)
@@ -61,8 +63,8 @@ def manifold_coverage(
 def precision_recall(
     sample_feats,
     ref_feats,
-    k: int = DEFAULTS["pr_k"],
-    block: int = DEFAULTS["pr_block_size"],
+    k: int = K,
+    block: int = BLOCK,
     device: str | torch.device | None = None,
     dtype=torch.float32,
 ) -> tuple[float, float]:
@@ -73,3 +75,31 @@ def precision_recall(
     precision = manifold_coverage(s, r, knn_radii(r, k, block), block).double().mean().item()
     recall = manifold_coverage(r, s, knn_radii(s, k, block), block).double().mean().item()
     return precision, recall
+
+
+def _compute(inputs: MetricInputs, options) -> dict[str, float]:
+    ref = torch.from_numpy(np.asarray(inputs.reference["pool3"], dtype=np.float32))
+    precision, recall = precision_recall(
+        inputs.samples["pool3"], ref, k=options["pr_k"], block=options["pr_block_size"], device=inputs.device
+    )
+    return {"precision": precision, "recall": recall}
+
+
+PR = Metric(
+    name="pr",
+    title="Precision/recall",
+    sample_features=("pool3",),
+    reference_keys=("pool3",),
+    outputs=(
+        Output("precision", "Precision", "{:.4f}", "higher"),
+        Output("recall", "Recall", "{:.4f}", "higher"),
+    ),
+    options=(
+        Option("pr_k", K, "precision/recall: the k of the k-th nearest neighbour radius (%(default)s)"),
+        Option("pr_block_size", BLOCK, "precision/recall: rows and columns per distance block (%(default)s)"),
+    ),
+    needs=lambda o: Need(
+        o["pr_k"] + 1, o["pr_k"] + 1, f"k={o['pr_k']} needs k + 1 points per set", "lower --pr-k"
+    ),
+    compute=_compute,
+)

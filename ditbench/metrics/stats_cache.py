@@ -16,14 +16,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import warnings
-import zipfile
 from pathlib import Path
 
 import numpy as np
 
+from ditbench.errors import UserError
 from ditbench.fileio import atomic_write
-from ditbench.metrics.npz_io import ArrayImages, FolderImages, ImageSource, NpzImages, Reference
+from ditbench.metrics.npz_io import ArrayImages, FolderImages, open_zip
+from ditbench.metrics.stats_file import read_statistics
 
 CACHE_ENV = "DITBENCH_CACHE"
 CACHE_VERSION = 1  # bump when the cached content or its meaning changes
@@ -67,16 +67,11 @@ class ReferenceCache:
             pass  # a read-only cache only costs a re-hash next time
         return digest
 
-    def content_hash(self, ref: Reference | ImageSource | np.ndarray) -> str:
-        """A hash of what the reference holds (its file bytes, its images' bytes)."""
+    def content_hash(self, src: Path | FolderImages | ArrayImages | np.ndarray) -> str:
+        """A hash of what a reference holds: a file's bytes, or a folder's or an array's images."""
         h = hashlib.sha256()
-        src = ref
-        if isinstance(ref, Reference):
-            src = ref.images if isinstance(ref.images, FolderImages | ArrayImages) else ref.path
-        if isinstance(src, NpzImages):
-            src = src.path
-        if isinstance(src, Path):
-            h.update(b"file:" + self.file_hash(src).encode())
+        if isinstance(src, str | Path):
+            h.update(b"file:" + self.file_hash(Path(src)).encode())
         elif isinstance(src, FolderImages):
             for p in src.files:
                 h.update(f"{p.name}:{self.file_hash(p)};".encode())
@@ -98,15 +93,20 @@ class ReferenceCache:
     def path_for(self, key: str) -> Path:
         return self.root / "refs" / f"{key}.npz"
 
-    def load(self, key: str) -> dict[str, np.ndarray] | None:
+    def load(self, key: str, warn=None) -> dict[str, np.ndarray] | None:
+        """The entry, checked like any statistics file; None (and a warning) when it is unusable."""
         path = self.path_for(key)
         if not path.is_file():
             return None
         try:
-            with np.load(path, allow_pickle=False) as npz:
-                entry = {k: npz[k] for k in CACHE_KEYS}
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
-            warnings.warn(f"ignoring unreadable cache entry {path} ({err}); it will be rebuilt", stacklevel=2)
+            with open_zip(path) as zf:
+                entry, _ = read_statistics(path, zf)
+            missing = [k for k in CACHE_KEYS if k not in entry]
+            if missing:
+                raise UserError(f"{path} lacks {missing}")
+        except UserError as err:
+            if warn is not None:
+                warn(f"ignoring the unusable cache entry {path} ({err}); it is rebuilt")
             return None
         return entry
 

@@ -1,0 +1,67 @@
+"""Every metric `ditbench fid` computes, by name, in reporting order.
+
+To add a metric: write `metrics/<name>.py` with its function and a `Metric` spec (spec.py: the
+features it reads, its options and defaults, the images it needs, its outputs and whether lower
+or higher is better), then add the spec to `METRICS` below. Evaluation, the `--metrics` list,
+the option flags, the table and the JSON all follow from the spec; an unknown name is an error,
+never another metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ditbench.errors import UserError, shorten
+from ditbench.metrics import fid, inception_score, kid, prdc
+from ditbench.metrics.inception import FEATURE_DIMS
+from ditbench.metrics.spec import Metric
+
+METRICS: tuple[Metric, ...] = (fid.FID, fid.SFID, inception_score.IS, prdc.PR, kid.KID)
+
+
+def index(metrics: tuple[Metric, ...]):
+    """(by name, options by name, outputs by key) of a metric list, checked for clashes."""
+    by_name = {m.name: m for m in metrics}
+    options = {o.name: o for m in metrics for o in m.options}
+    outputs = {o.key: o for m in metrics for o in m.outputs}
+    assert len(by_name) == len(metrics), "two metrics share a name"
+    assert len(options) == sum(len(m.options) for m in metrics), "two options share a name"
+    assert len(outputs) == sum(len(m.outputs) for m in metrics), "two outputs share a key"
+    assert all(f in FEATURE_DIMS for m in metrics for f in m.sample_features), "unknown sample feature"
+    return by_name, options, outputs
+
+
+BY_NAME, OPTIONS, OUTPUTS = index(METRICS)
+ALL_METRICS: tuple[str, ...] = tuple(BY_NAME)
+
+
+def parse_metrics(spec: str | Iterable[str] | None) -> tuple[tuple[Metric, ...], bool]:
+    """(metrics in reporting order, explicit). None means every metric, where the inputs allow."""
+    if spec is None:
+        return METRICS, False
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    names = [str(s).strip().lower() for s in items if str(s).strip()]
+    unknown = [n for n in names if n not in BY_NAME]
+    if unknown or not names:
+        raise UserError(
+            f"--metrics {shorten(spec)}: "
+            + (f"unknown metric(s) {shorten(unknown, 200)}" if unknown else "no metric named")
+            + f"; choose from {','.join(ALL_METRICS)} (comma-separated)."
+        )
+    return tuple(m for m in METRICS if m.name in names), True
+
+
+def resolve_options(given: Mapping[str, Any]) -> dict[str, int | float]:
+    """Every metric option: the given values (checked) over the defaults; unknown names are errors."""
+    unknown = sorted(set(given) - set(OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown metric option(s) {unknown}; known: {sorted(OPTIONS)}")
+    return {name: opt.check(given[name]) if name in given else opt.default for name, opt in OPTIONS.items()}
+
+
+def direction(output_key: str) -> str | None:
+    """'lower' or 'higher' (is better) for a key of a result's `metrics`; None for a spread."""
+    if output_key not in OUTPUTS:
+        raise KeyError(f"no metric reports {output_key!r}; known: {sorted(OUTPUTS)}")
+    return OUTPUTS[output_key].better

@@ -1,0 +1,104 @@
+"""What a metric declares about itself, so that evaluation, the CLI and reports need no per-metric code.
+
+Each metric module defines one `Metric` (fid.py defines two) and registry.py lists them. A spec
+names the features it reads from the samples and the reference, its options with their defaults,
+how many images it needs, its outputs with their direction (lower or higher is better) and the
+function that computes them from `MetricInputs`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from ditbench.errors import UserError, shorten
+
+# What a reference can hold: FID and sFID statistics (precomputed or from its images) and the
+# reference images' pool3 features (for the metrics that compare image by image).
+REFERENCE_KEYS = ("mu", "sigma", "mu_s", "sigma_s", "pool3")
+
+
+@dataclass(frozen=True)
+class Option:
+    """A metric's option: `name` is its key in the result's settings, the API keyword and the flag."""
+
+    name: str  # "kid_subsets" -> --kid-subsets
+    default: int | float
+    help: str
+    minimum: int | float | None = 1
+    maximum: int | float | None = None
+    kind: type = int
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def check(self, value: Any) -> int | float:
+        """The value as this option's type; UserError naming the flag if it is not valid."""
+        bad = isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating)
+        if not bad and self.kind is int and float(value) != int(value):
+            bad = True
+        if bad or not math.isfinite(float(value)):
+            what = "an integer" if self.kind is int else "a finite number"
+            raise UserError(f"{self.flag} must be {what}; got {shorten(value)}.")
+        value = self.kind(value)
+        if (self.minimum is not None and value < self.minimum) or (
+            self.maximum is not None and value > self.maximum
+        ):
+            lo = "" if self.minimum is None else f" >= {self.minimum}"
+            hi = "" if self.maximum is None else f" <= {self.maximum}"
+            raise UserError(f"{self.flag} must be{lo}{' and' if lo and hi else ''}{hi}; got {value}.")
+        return value
+
+
+@dataclass(frozen=True)
+class Output:
+    """One number a metric reports: its key in `metrics`, its label and format in the table."""
+
+    key: str
+    label: str
+    fmt: str = "{:.4f}"
+    better: Literal["lower", "higher"] | None = None  # None: a spread, not a quality figure
+
+
+@dataclass(frozen=True)
+class Need:
+    """Images a metric needs at its options: samples, and reference images if it uses their features."""
+
+    samples: int
+    reference: int
+    why: str  # "a covariance needs at least 2 images per set"
+    hint: str = ""  # what the user can change, e.g. "lower --kid-subset-size"
+
+
+@dataclass
+class MetricInputs:
+    """Everything a metric's function reads: features of both sides, and where to compute."""
+
+    samples: dict[str, torch.Tensor]  # name -> N x d float32 (CPU)
+    reference: Mapping[str, np.ndarray]  # REFERENCE_KEYS present (mu/sigma float64, pool3 float32)
+    reference_from_images: frozenset[str]  # reference keys computed here from its images
+    reference_count: int | None  # reference images (or pool3 rows); None for statistics only
+    device: torch.device
+    warn: Callable[[str], None]  # a warning that belongs in the result (and the warnings module)
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str  # as --metrics spells it
+    title: str  # in messages
+    sample_features: tuple[str, ...]  # from inception.FEATURE_DIMS
+    reference_keys: tuple[str, ...]  # from REFERENCE_KEYS
+    outputs: tuple[Output, ...]
+    needs: Callable[[Mapping[str, Any]], Need]  # at the resolved options
+    compute: Callable[[MetricInputs, Mapping[str, Any]], dict[str, float]]
+    options: tuple[Option, ...] = ()
+
+    def __post_init__(self):
+        unknown = set(self.reference_keys) - set(REFERENCE_KEYS)
+        assert not unknown, f"{self.name}: unknown reference keys {unknown}"

@@ -1,0 +1,250 @@
+"""Which Inception weights a score is made with, and loading them without running code from a file.
+
+Sources, first match wins: `--inception-weights PATH` (`inception=` in the API), then
+$DITBENCH_INCEPTION_WEIGHTS, then torch-fidelity's file in the torch hub cache (downloaded once).
+The name `test` stands for the calibrated random network of `calibrated.py` instead of a file.
+
+A weight file is read once into memory, hashed (SHA-256) and unpickled from those same bytes
+with `torch.load(weights_only=True)`: tensors and plain containers only, so a crafted file can
+never run code, and what was hashed is what runs. The official network is the file whose
+digest is the published one; any other file (or the test network) still loads, and every
+result made with it says `official: false` and carries `NOT_OFFICIAL_BANNER`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import os
+import pickle
+import re
+import stat
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ditbench.errors import UserError, shorten
+from ditbench.metrics.calibrated import build_calibrated_inception
+from ditbench.metrics.inception import InceptionV3
+
+WEIGHTS_FILE_NAME = "weights-inception-2015-12-05-6726825d.pth"
+WEIGHTS_URL = "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/" + WEIGHTS_FILE_NAME
+WEIGHTS_ENV = "DITBENCH_INCEPTION_WEIGHTS"
+# torch-fidelity's converted TF graph `inception-2015-12-05` (byte-identical to pytorch-fid's
+# pt_inception-2015-12-05-6726825d.pth): torch hub names files by the digest's first 8 hex digits.
+OFFICIAL_SHA256 = "6726825d0af5f729cebd5821db510b11b1cfad8faad88a03f1befd49fb9129b2"
+OFFICIAL_SIZE = 95_628_359
+OFFICIAL_NAME = "inception-2015-12-05"
+TEST_NETWORK = "test"
+NOT_OFFICIAL_BANNER = "not the official Inception: numbers are not comparable with papers"
+MAX_WEIGHTS_BYTES = 1 << 30  # the network is ~96 MB in float32; a larger file is not one
+
+
+@dataclass(frozen=True)
+class InceptionWeights:
+    """What a result says about its network: name, SHA-256, whether it is the official one."""
+
+    name: str  # OFFICIAL_NAME, TEST_NETWORK, or the file's name
+    sha256: str  # of the file's bytes; for the test network, of its tensors (state_dict_sha256)
+    official: bool
+    path: Path | None = None
+
+    @property
+    def banner(self) -> str | None:
+        return None if self.official else NOT_OFFICIAL_BANNER
+
+    def describe(self) -> dict:
+        return {
+            "name": self.name,
+            "official": self.official,
+            "sha256": self.sha256,
+            "file": self.path.name if self.path else None,
+            "path": str(self.path) if self.path else None,
+        }
+
+
+def default_weights_path() -> Path:
+    """Where torch-fidelity keeps the file: the torch hub checkpoint cache ($TORCH_HOME/hub/checkpoints)."""
+    return Path(torch.hub.get_dir()) / "checkpoints" / WEIGHTS_FILE_NAME
+
+
+def _download(url: str, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
+    os.close(fd)
+    try:
+        torch.hub.download_url_to_file(url, tmp, progress=True)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def resolve_weights(path: str | os.PathLike | None = None, download: bool = True) -> Path:
+    """The Inception weight file: `path`, else $DITBENCH_INCEPTION_WEIGHTS, else the hub cache.
+
+    Only the hub-cache location is downloaded into (once, from torch-fidelity's release).
+    """
+    for given, origin in ((path, "--inception-weights"), (os.environ.get(WEIGHTS_ENV) or None, WEIGHTS_ENV)):
+        if given is not None:
+            p = Path(given).expanduser()
+            if not p.exists():
+                raise UserError(
+                    f"Inception weights file {shorten(str(p), 300, quote=False)} (from {origin}) does not "
+                    f"exist. Give the path of {WEIGHTS_FILE_NAME}, which can be downloaded from "
+                    f"{WEIGHTS_URL}, or `{TEST_NETWORK}` for the calibrated random test network."
+                )
+            return p
+    p = default_weights_path()
+    if p.exists():
+        return p
+    if download:
+        try:
+            _download(WEIGHTS_URL, p)
+            return p
+        except Exception as err:  # offline, proxy, disk full: all end in the same advice
+            reason = shorten(f"{type(err).__name__}: {err}", 300, quote=False)
+    else:
+        reason = "downloading is disabled"
+    raise UserError(
+        f"The Inception weights {WEIGHTS_FILE_NAME} are not in {p} and could not be downloaded "
+        f"({reason}). Download {WEIGHTS_URL} on a machine with network access and put it at {p} "
+        f"(the torch hub cache that torch-fidelity also uses), or pass --inception-weights PATH, "
+        f"or set {WEIGHTS_ENV}=PATH. `--inception-weights {TEST_NETWORK}` runs without them on a "
+        f"calibrated random network ({NOT_OFFICIAL_BANNER})."
+    )
+
+
+def _read_weight_bytes(path: Path) -> bytes:
+    where = f"Inception weights file {shorten(str(path), 300, quote=False)}"
+    try:
+        st = path.stat()
+    except OSError as err:
+        raise UserError(f"{where} cannot be read ({err.strerror}).") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{where} is a directory; give the path of {WEIGHTS_FILE_NAME} itself.")
+    if not stat.S_ISREG(st.st_mode):
+        raise UserError(f"{where} is not a regular file (a pipe or a device); give a .pth file.")
+    if st.st_size > MAX_WEIGHTS_BYTES:
+        raise UserError(
+            f"{where} holds {st.st_size / 2**30:.1f} GiB; the FID InceptionV3 is "
+            f"{OFFICIAL_SIZE / 1e6:.0f} MB, so this is not its weight file. Use {WEIGHTS_FILE_NAME} from "
+            f"{WEIGHTS_URL}."
+        )
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as err:
+        raise UserError(f"{where} cannot be read ({err.strerror}).") from None
+
+
+def _refusal_reason(err: Exception) -> str:
+    """The line of torch's weights-only refusal that names the object (not its advice to unpickle)."""
+    text = str(err)
+    found = re.search(r"(Unsupported global|unsupported GLOBAL|Unsupported operand)[^\n]*", text)
+    lines = text.strip().splitlines()
+    return shorten(found.group(0) if found else (lines[-1] if lines else ""), 240, quote=False)
+
+
+def _safe_load(data: bytes, path: Path) -> dict[str, torch.Tensor]:
+    where = f"Inception weights file {shorten(str(path), 300, quote=False)}"
+    try:
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise UserError(
+            f"{where} holds Python objects other than tensors ({_refusal_reason(err)}). ditbench loads "
+            f"weight files only as tensors (torch.load with weights_only=True) and never runs code from "
+            f"a file. Use torch-fidelity's {WEIGHTS_FILE_NAME} from {WEIGHTS_URL}, or re-save a file you "
+            "trust as a plain state dict of tensors."
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError, zipfile.BadZipFile) as err:
+        raise UserError(
+            f"{where} could not be read ({type(err).__name__}: {shorten(str(err), 240, quote=False)}); it is "
+            f"truncated or not a PyTorch state dict. Download it again from {WEIGHTS_URL}."
+        ) from None
+    if not isinstance(state, dict):
+        raise UserError(f"{where} holds a {type(state).__name__}, not a state dict of tensors.")
+    for key, value in state.items():
+        if not isinstance(value, torch.Tensor):
+            raise UserError(
+                f"{where}: entry {shorten(key)} is not a tensor but a Python {type(value).__name__}; a "
+                "state dict holds tensors only."
+            )
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise UserError(f"{where}: tensor {shorten(key)} holds NaN or infinite values.")
+    return state
+
+
+def _build(state: dict[str, torch.Tensor], path: Path) -> InceptionV3:
+    where = f"Inception weights file {shorten(str(path), 300, quote=False)}"
+    net = InceptionV3()
+    try:
+        missing, unexpected = net.load_state_dict(state, strict=False)
+    except RuntimeError as err:  # shapes that do not fit
+        detail = shorten(str(err).splitlines()[-1].strip(), 240, quote=False)
+        raise UserError(
+            f"{where} does not fit the FID InceptionV3: {detail} "
+            f"Use torch-fidelity's {WEIGHTS_FILE_NAME} from {WEIGHTS_URL}."
+        ) from None
+    missing = [k for k in missing if not k.endswith("num_batches_tracked")]  # unused in eval mode
+    if missing or unexpected:
+        raise UserError(
+            f"{where} does not fit the FID InceptionV3: {len(missing)} missing keys (e.g. "
+            f"{shorten(missing[:3], 200)}) and {len(unexpected)} unexpected keys (e.g. "
+            f"{shorten(unexpected[:3], 200)}). Use torch-fidelity's {WEIGHTS_FILE_NAME} from {WEIGHTS_URL}."
+        )
+    return net.eval().requires_grad_(False)
+
+
+def load_weight_file(path: str | os.PathLike) -> tuple[InceptionV3, InceptionWeights]:
+    """The network of a state-dict file and what it is; never unpickles anything but tensors."""
+    path = Path(path)
+    data = _read_weight_bytes(path)
+    digest = hashlib.sha256(data).hexdigest()
+    net = _build(_safe_load(data, path), path)
+    official = digest == OFFICIAL_SHA256
+    return net, InceptionWeights(OFFICIAL_NAME if official else path.name, digest, official, path)
+
+
+def state_dict_sha256(state: dict[str, torch.Tensor]) -> str:
+    """A hash of a state dict's content (names, dtypes, shapes, bytes), independent of file format."""
+    h = hashlib.sha256()
+    for key in sorted(state):
+        t = state[key].detach().cpu().contiguous()
+        h.update(f"{key}|{t.dtype}|{tuple(t.shape)};".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+@functools.cache
+def _test_state() -> tuple[dict[str, torch.Tensor], str]:
+    state = build_calibrated_inception().state_dict()  # ~10-30 s on 2 CPU cores; once per process
+    return state, state_dict_sha256(state)
+
+
+def load_test_network() -> tuple[InceptionV3, InceptionWeights]:
+    """The calibrated random network (calibrated.py): runs anywhere, means nothing about image quality."""
+    state, digest = _test_state()
+    net = InceptionV3()
+    net.load_state_dict(state)
+    return net.eval().requires_grad_(False), InceptionWeights(TEST_NETWORK, digest, False, None)
+
+
+def load_network(
+    weights: str | os.PathLike | None = None, download: bool = True
+) -> tuple[InceptionV3, InceptionWeights]:
+    """The Inception network on the CPU in eval mode, and what it is.
+
+    `weights`: a state-dict file, `"test"` for the calibrated random network, or None for
+    $DITBENCH_INCEPTION_WEIGHTS (a path or `test`), else the torch hub cache (downloaded once
+    when `download`).
+    """
+    if weights is None:
+        weights = os.environ.get(WEIGHTS_ENV) or None
+    if isinstance(weights, str) and weights == TEST_NETWORK:  # a file called `test`: ./test
+        return load_test_network()
+    return load_weight_file(resolve_weights(weights, download=download))
