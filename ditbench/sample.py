@@ -38,7 +38,6 @@ from ditbench.errors import UserError
 from ditbench.fileio import atomic_write, write_json_atomic
 
 SCHEMA = "ditbench.samples/1"
-SCALE_FACTOR = 0.18215  # sd-vae-ft-* latent scaling used by DiT
 # For tests of resumption: raise after this many shards were written in this run.
 FAIL_AFTER_ENV = "DITBENCH_SAMPLE_FAIL_AFTER_SHARDS"
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
@@ -185,8 +184,9 @@ def load_model(checkpoint: str, model_name: str | None, image_size: int | None, 
     """
     import torch
 
+    from ditbench.models.build import build_model
     from ditbench.models.checkpoint import infer_config, load_model_weights
-    from ditbench.models.dit import build_model, canonical_name
+    from ditbench.models.configs import canonical_name
 
     if checkpoint == "random":
         name = canonical_name(model_name or "DiT-XL/2")
@@ -212,7 +212,7 @@ def build_vae(vae: str, device):
     Kept per (weights, device) for the life of the process: building one costs seconds, and a
     notebook or test that samples twice should not pay it twice (the VAE is never modified).
     """
-    from ditbench.train.data import build_vae as _build
+    from ditbench.vae import build_vae as _build
 
     key = (str(Path(vae).resolve()) if vae != "random" else vae, str(device))
     if key not in _VAE_CACHE:
@@ -260,6 +260,7 @@ def make_shard(
     import torch
 
     from ditbench.diffusion import sample_latents
+    from ditbench.vae import decode_latents
 
     gen = torch.Generator(device=device).manual_seed(seed)
     y = torch.from_numpy(labels).to(device)
@@ -275,7 +276,7 @@ def make_shard(
             generator=gen,
             in_channels=getattr(model, "in_channels", 4),
         )
-        x = vae.decode(z.float() / SCALE_FACTOR).sample
+        x = decode_latents(vae, z)
     x = torch.clamp(127.5 * x.float() + 128.0, 0, 255)  # [-1, 1] -> [0, 255], DiT's rounding
     return x.permute(0, 2, 3, 1).to("cpu", dtype=torch.uint8).numpy()
 
@@ -363,7 +364,7 @@ def sample(args) -> dict:
 
     from ditbench import dist
     from ditbench.diffusion import create_diffusion
-    from ditbench.models.dit import latent_size
+    from ditbench.models.configs import latent_size
 
     _check_args(args)
     out = Path(args.out)

@@ -7,11 +7,11 @@ from ditbench.errors import UserError
 from ditbench.train.data import (
     LatentFile,
     SyntheticLatents,
-    build_vae,
     center_crop_arr,
     data_source_from_config,
 )
 from ditbench.train.extract import extract_latents
+from ditbench.vae import build_vae
 
 
 @pytest.fixture(scope="module")

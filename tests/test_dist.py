@@ -170,7 +170,7 @@ GRAD_SCRIPT = textwrap.dedent("""
     import torch
     from ditbench import dist
     from ditbench.diffusion import create_diffusion
-    from ditbench.models.dit import build_model
+    from ditbench.models import build_model
 
     def make(seed=0):
         torch.manual_seed(seed)

@@ -17,7 +17,7 @@ from ditbench.bench.measure import (
     step_stats,
 )
 from ditbench.bench.worker import FaultyStep, NonFiniteLoss, measure_window, parse_faults, smoke_run
-from ditbench.models.dit import build_model, get_config
+from ditbench.models import build_model, get_config
 from ditbench.train import TrainConfig, Trainer
 
 
@@ -169,8 +169,14 @@ def test_env_has_the_record_keys_and_the_command_names_the_peak(capsys):
 
 @pytest.mark.parametrize(
     "model,image_size",
-    [("DiT-T/2", 64), ("DiT-T/8", 64), ("DiT-S/8", 256), ("DiT-B/4", 512), ("DiT-L/4", 256),
-     ("DiT-XL/2", 256)],
+    [
+        ("DiT-T/2", 64),
+        ("DiT-T/8", 64),
+        ("DiT-S/8", 256),
+        ("DiT-B/4", 512),
+        ("DiT-L/4", 256),
+        ("DiT-XL/2", 256),
+    ],
 )
 def test_counted_flops_vs_the_papers_6x_forward_convention(model, image_size):
     # ditbench.models.flops counts 6 x forward MACs (the paper's convention). The counter sees that the

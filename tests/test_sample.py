@@ -30,8 +30,8 @@ def _one_thread():
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     """A ditbench checkpoint of a tiny DiT whose EMA weights differ from its raw weights."""
+    from ditbench.models import build_model
     from ditbench.models.checkpoint import save_checkpoint
-    from ditbench.models.dit import build_model
 
     torch.manual_seed(3)
     model = build_model("DiT-T/2", image_size=32, num_classes=10)

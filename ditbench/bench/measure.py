@@ -83,13 +83,14 @@ def count_train_flops_per_image(
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ditbench.models.dit import build_model
+    from ditbench import vae
+    from ditbench.models.build import build_model
 
     batch = 2  # any batch works (every op is per-sample); 2 guards against batch-1 special cases
     with torch.device("meta"):
         net = build_model(model, image_size=image_size, num_classes=num_classes, grad_ckpt="none", impl=impl)
         net.train()
-        latent = image_size // 8
+        latent = image_size // vae.DOWNSAMPLE
         x = torch.randn(batch, net.in_channels, latent, latent)
         t = torch.randint(0, 1000, (batch,))
         y = torch.randint(0, num_classes, (batch,))

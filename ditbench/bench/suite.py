@@ -103,7 +103,7 @@ class Suite:
 
 
 def model_names() -> tuple[str, ...]:
-    from ditbench.models.dit import MODEL_NAMES
+    from ditbench.models.configs import MODEL_NAMES
 
     return tuple(MODEL_NAMES)
 

@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from ditbench.errors import UnsupportedError, UserError
-from ditbench.models.dit import LATENT_CHANNELS, DiTConfig, parse_grad_ckpt
+from ditbench.models.configs import DiTConfig, parse_grad_ckpt
+from ditbench.vae import LATENT_CHANNELS
 
 
 class DiffusersDiT(nn.Module):
@@ -91,6 +92,7 @@ def build_diffusers_dit(
     grad_ckpt: str | int = "none",
     class_dropout_prob: float = 0.1,
     learn_sigma: bool = True,
+    attention: str = "sdpa",
 ) -> DiffusersDiT:
     try:
         from diffusers import DiTTransformer2DModel
@@ -98,6 +100,8 @@ def build_diffusers_dit(
         raise UserError(
             f"impl: diffusers needs the diffusers package ({err}); pip install diffusers"
         ) from err
+    if attention != "sdpa":  # diffusers' AttnProcessor2_0 is F.scaled_dot_product_attention
+        raise UnsupportedError(f"impl: diffusers runs attention sdpa only, not {attention!r}")
     every = parse_grad_ckpt(grad_ckpt)
     if every > 1:
         raise UnsupportedError(

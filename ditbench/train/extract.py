@@ -67,8 +67,9 @@ def extract_latents(
     import torch
     from tqdm.auto import tqdm
 
-    from ditbench.models.dit import latent_size
-    from ditbench.train.data import build_vae, encode_images, image_folder
+    from ditbench.models.configs import latent_size
+    from ditbench.train.data import image_folder
+    from ditbench.vae import build_vae, encode_images
 
     latent_size(image_size)
     if batch_size < 1 or shard_size < 1:

@@ -23,8 +23,9 @@ from torch import nn
 
 from ditbench.diffusion import create_diffusion
 from ditbench.errors import UnsupportedError, UserError
+from ditbench.models.build import build_model, count_params
 from ditbench.models.checkpoint import save_checkpoint
-from ditbench.models.dit import build_model, canonical_name, count_params
+from ditbench.models.configs import canonical_name
 from ditbench.train.data import DataSource, data_source_from_config
 from ditbench.train.optim import EMA, make_optimizer
 from ditbench.train.precision import get_precision_policy
