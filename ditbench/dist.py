@@ -20,6 +20,7 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
+from ditbench.device import resolve_device
 from ditbench.errors import UserError
 
 STRATEGIES = ("ddp", "fsdp")
@@ -57,21 +58,6 @@ def launched_by_torchrun() -> bool:
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     return default if value in (None, "") else int(value)
-
-
-def resolve_device(device: str, local_rank: int = 0) -> torch.device:
-    """'auto' | 'cuda' | 'cuda:N' | 'cpu' -> the device this rank uses (cuda: its LOCAL_RANK's GPU)."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UserError(f"device {device!r} was asked for but no CUDA device is visible; use 'cpu'.")
-        if device == "cuda":
-            return torch.device("cuda", local_rank % torch.cuda.device_count())
-        return torch.device(device)
-    if device == "cpu":
-        return torch.device("cpu")
-    raise UserError(f"device {device!r} is not one of auto, cpu, cuda, cuda:N.")
 
 
 def init(device: str = "auto", timeout_s: float = 600.0) -> DistContext:

@@ -40,7 +40,6 @@ from ditbench.fileio import atomic_write, write_json_atomic
 SCHEMA = "ditbench.samples/1"
 # For tests of resumption: raise after this many shards were written in this run.
 FAIL_AFTER_ENV = "DITBENCH_SAMPLE_FAIL_AFTER_SHARDS"
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -108,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
     parser.add_argument(
         "--precision",
-        choices=PRECISIONS,
+        choices=("fp32", "tf32", "bf16", "fp16"),
         default="fp32",
         help="fp32 (default) is the reference; tf32/bf16/fp16 are faster and change the images slightly",
     )
@@ -227,19 +226,12 @@ def build_vae(vae: str, device):
 
 
 def _precision_context(precision: str, device):
-    import contextlib
+    """The training policy's autocast and TF32 setting, without its GradScaler (no backward here)."""
+    from ditbench.precision import get_precision_policy
 
-    import torch
-
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-        torch.backends.cudnn.allow_tf32 = precision == "tf32"
-    if precision in ("bf16", "fp16"):
-        if precision == "fp16" and device.type != "cuda":
-            raise UserError("--precision fp16 needs a CUDA device; use fp32 or bf16 on CPU.")
-        dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-        return torch.autocast(device.type, dtype=dtype)
-    return contextlib.nullcontext()
+    policy = get_precision_policy(precision, device)
+    policy.apply_backend_flags()
+    return policy.autocast()
 
 
 def make_shard(
@@ -371,6 +363,7 @@ def sample(args) -> dict:
     shard_dir, record_path = default_paths(out)
     ctx = dist.init(args.device)
     try:
+        _precision_context(args.precision, ctx.device)  # refuse fp16/tf32 on a CPU before any work
         model, model_name, image_size, weights = load_model_cached(
             args.checkpoint, args.model, args.image_size, args.num_classes
         )

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from ditbench.errors import UnsupportedError, UserError
+from ditbench.precision import get_precision_policy
 from ditbench.train import TrainConfig, Trainer
 from ditbench.train.data import DataSource
 from ditbench.train.optim import EMA
-from ditbench.train.precision import get_precision_policy
 
 
 def tiny_cfg(**kw):
@@ -30,7 +30,9 @@ def test_steps_run_on_cpu(precision):
     assert all(p.dtype == torch.float32 for p in trainer.base_model.parameters())
 
 
-@pytest.mark.parametrize("precision,reason", [("tf32", "CUDA matmul mode"), ("fp16", "needs CUDA")])
+@pytest.mark.parametrize(
+    "precision,reason", [("tf32", "mode of CUDA devices"), ("fp16", "needs a CUDA device")]
+)
 def test_cuda_only_precisions_are_unsupported_on_cpu(precision, reason):
     with pytest.raises(UnsupportedError, match=reason):
         Trainer(tiny_cfg(precision=precision))

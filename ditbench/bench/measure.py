@@ -150,14 +150,14 @@ def measure_matmul_tflops(device: str, precision: str, n: int | None = None, sec
     """Achieved TFLOP/s of a square matmul in `precision`: a ceiling that is honest on any card."""
     import torch
 
+    from ditbench.precision import tf32_mode
+
     dev = torch.device(device)
     n = n or (8192 if dev.type == "cuda" else 1024)
     dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
         precision
     ]
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-    try:
+    with tf32_mode(precision == "tf32"):
         a = torch.randn(n, n, device=dev, dtype=dtype)
         b = torch.randn(n, n, device=dev, dtype=dtype)
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -174,5 +174,3 @@ def measure_matmul_tflops(device: str, precision: str, n: int | None = None, sec
             if elapsed >= seconds:
                 break
         return 2 * n**3 * count / elapsed / 1e12
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old

@@ -28,7 +28,9 @@ from typing import Any
 import ditbench
 from ditbench.bench.records import SCHEMA, append_record, latest_by_cell, read_records
 from ditbench.bench.suite import Cell, Suite
+from ditbench.device import device_type
 from ditbench.fileio import write_atomic
+from ditbench.precision import unsupported_reason
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.md"
@@ -61,27 +63,16 @@ class Visible:
         return cls(cuda=cuda, gpu_count=torch.cuda.device_count() if cuda else 0)
 
 
-def resolved_device(requested: str, visible: Visible) -> str:
-    if requested == "auto":
-        return "cuda" if visible.cuda else "cpu"
-    return requested
-
-
 def precheck(cell: Cell, visible: Visible, rendezvous: dict | None = None) -> tuple[str, str] | None:
     """(status, reason) for a cell that cannot run here, decided without starting it."""
     config = cell.config
-    device = resolved_device(config["device"], visible)
+    device = device_type(config["device"], visible.cuda)
     if device == "cuda" and not visible.cuda:
         return "unsupported", "the suite asks for device cuda but no CUDA device is visible"
-    if device == "cpu":
-        if config["precision"] == "fp16":
-            return (
-                "unsupported",
-                "fp16 needs a CUDA device (CPU autocast has no loss-scaled fp16); use bf16 on CPU",
-            )
-        if config["precision"] == "tf32":
-            return "unsupported", "tf32 is a tensor-core mode of CUDA devices; on a CPU use fp32 or bf16"
-        # gpus > 1 on a CPU: that many gloo processes through torchrun (the multi-GPU path, testable anywhere)
+    reason = unsupported_reason(config["precision"], device)
+    if reason:
+        return "unsupported", reason
+    # gpus > 1 on a CPU: that many gloo processes through torchrun (the multi-GPU path, testable anywhere)
     if device == "cuda" and config["gpus"] > visible.gpu_count:
         return "unsupported", f"gpus={config['gpus']} but {visible.gpu_count} CUDA device(s) are visible"
     if rendezvous or config["nodes"] > 1:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ditbench.device import device_type
 from ditbench.errors import UserError
 from ditbench.yamlio import load_yaml_file
 
@@ -364,7 +365,7 @@ def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
         raise v.fail("exclude", "every cell of the matrix is excluded; nothing would run.")
 
     # `auto` is resolved here, so a cell's id says where it ran: a CPU result never stands in for a GPU one
-    resolved_device = device if device != "auto" else ("cuda" if _cuda_available() else "cpu")
+    resolved_device = device_type(device)
     varying = [k for k in KNOB_DEFAULTS if len({json.dumps(c[k], sort_keys=True) for _, c in configs}) > 1]
     cells: list[Cell] = []
     seen: dict[str, str] = {}
@@ -417,12 +418,6 @@ def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
         baseline=baseline,
         raw=raw,
     )
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
 
 
 def cell_id(config: dict[str, Any]) -> str:

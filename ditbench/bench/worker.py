@@ -90,18 +90,6 @@ class FaultyStep:
 # ---------------------------------------------------------------------------------------------
 
 
-def resolve_device(requested: str) -> str:
-    import torch
-
-    from ditbench.errors import UnsupportedError
-
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise UnsupportedError("the suite asks for device cuda but no CUDA device is visible")
-    return requested
-
-
 def build_trainer(config: dict[str, Any], device: str):
     from ditbench.train import TrainConfig, Trainer
 
@@ -270,6 +258,7 @@ def run_cell(config: dict[str, Any], cell_name: str) -> dict[str, Any]:
 
     from ditbench.bench.envinfo import collect_env
     from ditbench.bench.measure import mfu, model_flops_per_image, step_stats
+    from ditbench.device import resolve_device
     from ditbench.errors import UnsupportedError, UserError
 
     result: dict[str, Any] = {"status": "error", "reason": None, "metrics": None, "smoke": None, "env": None}
@@ -278,7 +267,7 @@ def run_cell(config: dict[str, Any], cell_name: str) -> dict[str, Any]:
     try:
         result["env"] = collect_env()
         fault = parse_faults(os.environ.get(FAULT_ENV), cell_name)
-        device = resolve_device(config["device"])
+        device = resolve_device(config["device"]).type
         if config["gpus"] * config["nodes"] > 1:
             raise UnsupportedError("multi-GPU cells need the torchrun launcher, which this version lacks")
         if device == "cuda":

@@ -51,7 +51,8 @@ def canonical_name(name: str) -> str:
     if m is None:
         close = difflib.get_close_matches(str(name), MODEL_NAMES, n=1, cutoff=0.6)
         hint = f" Did you mean `{close[0]}`?" if close else ""
-        raise UserError(f"unknown model {shorten(name)}.{hint} The valid models are {', '.join(MODEL_NAMES)}.")
+        valid = ", ".join(MODEL_NAMES)
+        raise UserError(f"unknown model {shorten(name)}.{hint} The valid models are {valid}.")
     return f"DiT-{m.group(1)}/{m.group(2)}"
 
 

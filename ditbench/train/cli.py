@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--vae", default=None, help="VAE for an image folder: a local path, or 'random'")
     parser.add_argument(
-        "--device", default=None, help="cpu, cuda or cuda:N (default cuda if visible, else cpu)"
+        "--device", default="auto", help="auto (default: cuda if visible, else cpu), cpu, cuda or cuda:N"
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--compile", action="store_true", help="torch.compile the model")
@@ -43,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
+    from ditbench.device import resolve_device
     from ditbench.errors import UserError
     from ditbench.train import TrainConfig, Trainer
 
@@ -50,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--steps must be at least 1, got {args.steps}")
     if args.log_every < 1:
         raise UserError(f"--log-every must be at least 1, got {args.log_every}")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = str(resolve_device(args.device))
     cfg = TrainConfig(
         model=args.model,
         image_size=args.image_size,

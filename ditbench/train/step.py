@@ -21,14 +21,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from ditbench.device import resolve_device
 from ditbench.diffusion import create_diffusion
-from ditbench.errors import UnsupportedError, UserError
+from ditbench.errors import UserError
 from ditbench.models.build import build_model, count_params
 from ditbench.models.checkpoint import save_checkpoint
 from ditbench.models.configs import canonical_name
+from ditbench.precision import get_precision_policy
 from ditbench.train.data import DataSource, data_source_from_config
 from ditbench.train.optim import EMA, make_optimizer
-from ditbench.train.precision import get_precision_policy
 
 
 @dataclass
@@ -56,25 +57,6 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise UserError(f"device {device!r} is not valid; use cpu, cuda or cuda:N") from err
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UnsupportedError(f"device {device!r} needs CUDA, but no CUDA device is visible")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise UnsupportedError(
-                f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) are visible"
-            )
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-    elif dev.type != "cpu":
-        raise UnsupportedError(f"device {device!r} is not supported; use cpu, cuda or cuda:N")
-    return dev
 
 
 class Trainer:
