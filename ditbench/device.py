@@ -10,7 +10,7 @@ import re
 
 from ditbench.errors import UnsupportedError, UserError, shorten
 
-DEVICE_CHOICES = ("auto", "cuda", "cpu")  # what a suite's `device` takes; the CLI also takes cuda:N
+DEVICE_CHOICES = ("cuda", "cpu", "auto")  # what a suite's `device` takes; the CLI also takes cuda:N
 
 
 def cuda_visible() -> bool:

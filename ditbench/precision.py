@@ -29,7 +29,6 @@ from ditbench.errors import UnsupportedError, UserError, shorten
 
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 _AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
-_NEW_API = ("matmul", "conv", "rnn")  # the CUDA ops whose fp32_precision we set
 
 
 def check_precision(name: Any, where: str = "precision") -> str:
@@ -45,6 +44,7 @@ def check_precision(name: Any, where: str = "precision") -> str:
 
 
 def _new_api_targets() -> dict[str, Any]:
+    """The CUDA ops whose per-op fp32_precision we set."""
     cudnn = torch.backends.cudnn
     return {"matmul": torch.backends.cuda.matmul, "conv": cudnn.conv, "rnn": cudnn.rnn}
 

@@ -210,8 +210,10 @@ GRAD_SCRIPT = textwrap.dedent("""
             result[strategy] = grads(dist.unwrap_model(wrapped), names, full=strategy == "fsdp")
         # Whole training steps as a cell runs them (FSDP: optimizer and EMA rebuilt on the shards).
         from ditbench.bench.rank_worker import build_trainer
-        cfg = {"model": "DiT-T/8", "image_size": 64, "batch_size": 2, "num_classes": 10, "device": "cpu",
-               "lr": 1e-3}
+        from ditbench.bench.spec import CellSpec
+        from ditbench.knobs import CellConfig
+        knobs = CellConfig(model="DiT-T/8", image_size=64, batch_size=2, num_classes=10, lr=1e-3, gpus=2)
+        cfg = CellSpec(knobs, "cpu").record_config()
         for strategy in ("ddp", "fsdp"):
             tr = build_trainer(dict(cfg), ctx, strategy)
             losses = [float(tr.step(tr.next_batch())) for _ in range(3)]
@@ -276,36 +278,21 @@ def test_ddp_and_fsdp_gradients_over_two_processes_equal_single_process(tmp_path
             )
 
 
-def _spec(tmp_path: Path, **over) -> Path:
-    config = {
-        "model": "DiT-T/8",
-        "impl": "ditbench",
-        "image_size": 64,
-        "precision": "fp32",
-        "grad_ckpt": "none",
-        "batch_size": 4,
-        "gpus": 2,
-        "nodes": 1,
-        "strategy": "ddp",
-        "compile": False,
-        "attention": "sdpa",
-        "optimizer": "adamw",
-        "data": "synthetic",
-        "seed": 0,
-        "lr": 1e-4,
-        "weight_decay": 0.0,
-        "ema_decay": 0.9999,
-        "num_classes": 10,
-        "global_batch": 8,
-        "steps": {"warmup": 1, "measure": 3, "min_seconds": 0.0},
-        "smoke_steps": 0,
-        "device": "cpu",
-        "gpu_memory_gb": None,
-    }
-    config.update(over)
+def _spec(tmp_path: Path, smoke_steps: int = 0) -> Path:
+    from ditbench.bench.spec import CellSpec, Steps
+    from ditbench.knobs import CellConfig
+
+    knobs = CellConfig(model="DiT-T/8", image_size=64, batch_size=4, gpus=2, num_classes=10)
+    spec = CellSpec(knobs, "cpu", Steps(warmup=1, measure=3, min_seconds=0.0), smoke_steps=smoke_steps)
     path = tmp_path / "cell.spec.json"
     path.write_text(
-        json.dumps({"cell_id": "t" + tmp_path.name[-8:], "cell_name": "DiT-T/8 gpus=2", "config": config})
+        json.dumps(
+            {
+                "cell_id": "t" + tmp_path.name[-8:],
+                "cell_name": "DiT-T/8 gpus=2",
+                "config": spec.record_config(),
+            }
+        )
     )
     return path
 

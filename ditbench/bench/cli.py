@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
             verdict = precheck(cell, visible, rendezvous)
             if verdict:
                 plan = verdict[0]
-            elif not args.force and previous.get(cell.cell_id, {}).get("status") == "ok":
+            elif not args.force and (cell.previous(previous) or {}).get("status") == "ok":
                 plan = "done (ok)"
             else:
                 plan = "run"

@@ -19,7 +19,6 @@ only rank R gets the fault (to test that one failing rank fails the cell cleanly
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import os
@@ -55,14 +54,13 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 def build_trainer(config: dict[str, Any], ctx, strategy: str):
     """The cell's Trainer on this rank's device, its model wrapped for data parallelism."""
     from ditbench import dist
+    from ditbench.bench.spec import CellSpec
     from ditbench.train import TrainConfig, Trainer
 
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    kwargs = {k: v for k, v in config.items() if k in names}
-    kwargs["device"] = str(ctx.device)
+    knobs = CellSpec.from_record_config(config).knobs
     # Same model init on every rank (DDP also broadcasts rank 0's), but each rank its own data.
-    kwargs["data_seed"] = kwargs.get("seed", 0) + 1000 * ctx.rank
-    return Trainer(TrainConfig(**kwargs), wrap_model=lambda m: dist.wrap_model(m, strategy, ctx))
+    cfg = TrainConfig.from_knobs(knobs, device=str(ctx.device), data_seed=knobs.seed + 1000 * ctx.rank)
+    return Trainer(cfg, wrap_model=lambda m: dist.wrap_model(m, strategy, ctx))
 
 
 def measured_window(trainer, step, ctx, steps: dict[str, Any]) -> dict[str, Any]:

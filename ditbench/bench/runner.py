@@ -259,7 +259,7 @@ def run_suite(
 
     def already_recorded(cell: Cell) -> bool:
         """ok, or unsupported here for the same reason as last time (a new line would say nothing new)."""
-        prev = previous.get(cell.cell_id)
+        prev = cell.previous(previous)
         if options.force or prev is None:
             return False
         if prev.get("status") == "ok":
@@ -272,13 +272,13 @@ def run_suite(
     done = {c.cell_id for c in cells if already_recorded(c)}
     todo = [c for c in run_order(cells) if c.cell_id not in done]
     run_id = new_run_id()
-    latest = {cid: previous[cid] for cid in done}
+    latest = {c.cell_id: c.previous(previous) for c in cells if c.cell_id in done}
     bar = tqdm(
         total=len(todo), unit="cell", disable=not options.progress, dynamic_ncols=True, file=sys.stderr
     )
     say = echo or _print_line
     if done:
-        n_ok = sum(previous[cid]["status"] == "ok" for cid in done)
+        n_ok = sum(rec["status"] == "ok" for rec in latest.values())
         say(
             f"resuming {out}: {n_ok} of {len(cells)} cells already ok"
             + (f", {len(done) - n_ok} unsupported here" if len(done) > n_ok else "")

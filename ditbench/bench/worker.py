@@ -17,7 +17,6 @@ the fault fires; default 1. Example: DITBENCH_INJECT_FAULT="bs=16=oom,ckpt=full=
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import json
 import math
@@ -91,12 +90,11 @@ class FaultyStep:
 
 
 def build_trainer(config: dict[str, Any], device: str):
+    from ditbench.bench.spec import CellSpec
     from ditbench.train import TrainConfig, Trainer
 
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    kwargs = {k: v for k, v in config.items() if k in names}
-    kwargs["device"] = device
-    return Trainer(TrainConfig(**kwargs))
+    knobs = CellSpec.from_record_config(config).knobs
+    return Trainer(TrainConfig.from_knobs(knobs, device=device))
 
 
 def _sync(device: str) -> None:

@@ -269,6 +269,20 @@ class ImageFolderVAE(DataSource):
 DATA_HELP = "synthetic, {latents: PATH.npz|.pt}, or {images: DIR, vae: PATH|random}"
 
 
+def data_spec(spec, vae: str | None = None):
+    """The suite form of a data source given as a bare path (the command line's --data): a directory
+    is an image folder encoded through `vae`, a .npz/.pt file a latent file; anything else unchanged."""
+    if spec == "synthetic" or not isinstance(spec, (str, os.PathLike)):
+        return spec
+    p = Path(spec)
+    if p.is_dir():
+        vae_lib.require_vae_spec(vae)
+        return {"images": str(p), "vae": str(vae)}
+    if p.suffix in (".npz", ".pt", ".pth"):
+        return {"latents": str(p)}
+    raise UserError(f"data {str(spec)!r} is neither 'synthetic', an image folder, nor a .npz/.pt latent file")
+
+
 def data_source_from_config(
     spec,
     *,
@@ -292,16 +306,7 @@ def data_source_from_config(
         raise UserError(f"batch_size must be a positive integer, got {batch_size!r}")
     if spec is None or spec == "synthetic" or spec == {"synthetic": None} or spec == {"kind": "synthetic"}:
         return SyntheticLatents(batch_size, size, num_classes, device, seed)
-    if isinstance(spec, (str, os.PathLike)):
-        p = Path(spec)
-        if p.is_dir():
-            spec = {"images": str(p), "vae": vae}
-        elif p.suffix in (".npz", ".pt", ".pth"):
-            spec = {"latents": str(p)}
-        else:
-            raise UserError(
-                f"data {str(spec)!r} is neither 'synthetic', an image folder, nor a .npz/.pt latent file"
-            )
+    spec = data_spec(spec, vae)
     if not isinstance(spec, dict):
         raise UserError(f"data {spec!r} is not valid; use {DATA_HELP}")
     keys = set(spec) - {"kind", "num_workers"}
