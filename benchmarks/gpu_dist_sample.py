@@ -115,7 +115,7 @@ def ddp_overhead(
     import torch
 
     from ditbench import dist
-    from ditbench.bench.worker import measure_window
+    from ditbench.bench.window import measure_window
     from ditbench.train import TrainConfig, Trainer
 
     os.environ.update(

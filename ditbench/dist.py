@@ -7,7 +7,7 @@ run works on a laptop). Started without torchrun, `init()` returns a one-process
 every helper here degrades to a no-op, so the same code serves 1 and N processes.
 
 The parent side (building the torchrun command, running it, reading per-rank reports and
-aggregating them) lives in `ditbench.bench.torchrun`.
+aggregating them) lives in `ditbench.bench.launch.torchrun`.
 """
 
 from __future__ import annotations

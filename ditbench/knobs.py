@@ -202,6 +202,8 @@ class CellConfig:
                 f"image_size must be a multiple of {step} (the latent must tile into patches); got "
                 f"{self.image_size}"
             )
+        if self.strategy != KNOB_DEFAULTS["strategy"] and self.gpus * self.nodes == 1:
+            return f"strategy {self.strategy} shards across processes; it needs gpus x nodes > 1"
         if self.impl == "diffusers" and self.grad_ckpt.startswith("every_"):
             return (
                 f"grad_ckpt {self.grad_ckpt} is not available with impl diffusers, which checkpoints every "

@@ -43,6 +43,7 @@ def test_from_knobs_carries_every_value():
         ({"model": "DiT-T/8", "attention": "flash"}, "sdpa"),
         ({"model": "DiT-T/8", "impl": "diffusers", "grad_ckpt": "every_2"}, "impl diffusers"),
         ({"model": "DiT-T/8", "image_size": 72}, "multiple of 64"),
+        ({"model": "DiT-T/8", "strategy": "fsdp"}, "needs gpus x nodes > 1"),
         ({"model": "DiT-T/8", "batch_size": True}, "batch_size must be an integer"),
         ({"model": "DiT-T/8", "bacth_size": 2}, "Did you mean `batch_size`"),
         ({"batch_size": 2}, "no model given"),
@@ -51,7 +52,7 @@ def test_from_knobs_carries_every_value():
 def test_bad_values_are_refused_where_they_enter(values, words):
     with pytest.raises(UserError, match=words):
         CellConfig.from_mapping(values)
-    if "model" in values and "bacth_size" not in values:  # the same rule guards TrainConfig
+    if "model" in values and not {"bacth_size", "strategy"} & set(values):  # the same rule guards TrainConfig
         with pytest.raises(UserError, match=words):
             TrainConfig(**values)
 

@@ -1,4 +1,4 @@
-"""What a measured window turns into: model FLOPs per image, the peak table behind MFU, step statistics.
+"""Model FLOPs per image, the peak table behind MFU, and the measured matmul ceiling.
 
 Model FLOPs are the FLOPs of one forward + backward of the plain model (no checkpoint
 recomputation, no optimizer), counted by `torch.utils.flop_counter.FlopCounterMode` on the meta
@@ -12,9 +12,7 @@ MFU uses a datasheet peak per (GPU, precision) and states its basis; a GPU missi
 from __future__ import annotations
 
 import functools
-import math
 import re
-import statistics
 import time
 from typing import Any
 
@@ -115,30 +113,6 @@ def model_flops_per_image(
         from ditbench.models.flops import train_flops_per_image
 
         return train_flops_per_image(model, image_size)
-
-
-# ---------------------------------------------------------------------------------------------
-# Step statistics
-# ---------------------------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    pos = (len(ordered) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def step_stats(step_ms: list[float]) -> dict[str, Any]:
-    return {
-        "median": statistics.median(step_ms),
-        "p10": percentile(step_ms, 10),
-        "p90": percentile(step_ms, 90),
-        "samples": [round(x, 4) for x in step_ms],
-    }
 
 
 # ---------------------------------------------------------------------------------------------
