@@ -108,6 +108,45 @@ def load_latent_file(path: str | os.PathLike) -> tuple[torch.Tensor, torch.Tenso
     return latents.float(), labels.long()
 
 
+class StagingBuffers:
+    """A ring of (latents, labels) host buffers that batches are gathered into before going to the GPU.
+
+    Indexing a tensor with a list of rows makes a new, pageable tensor, and a `non_blocking` copy
+    from pageable memory is synchronous. Gathering into a pinned buffer keeps the copy asynchronous;
+    a buffer is reused only after the copy that last read it has finished (an event per slot), and
+    with two slots the host gathers batch k+1 while batch k is still on its way.
+    """
+
+    SLOTS = 2
+
+    def __init__(self, x_shape, y_shape, *, pin: bool, cuda_events: bool):
+        def buffer(shape, dtype):
+            return torch.empty(shape, dtype=dtype, pin_memory=pin)
+
+        self.slots = [
+            (buffer(x_shape, torch.float32), buffer(y_shape, torch.long)) for _ in range(self.SLOTS)
+        ]
+        self.events = [torch.cuda.Event() if cuda_events else None for _ in range(self.SLOTS)]
+        self.issued = [False] * self.SLOTS
+        self.current = -1
+
+    def gather(self, latents: torch.Tensor, labels: torch.Tensor, idx: torch.Tensor):
+        """The rows `idx` of latents and labels, written into the next slot's buffers."""
+        self.current = (self.current + 1) % self.SLOTS
+        if self.issued[self.current] and self.events[self.current] is not None:
+            self.events[self.current].synchronize()  # the copy that last read this slot is done
+        x, y = self.slots[self.current]
+        torch.index_select(latents, 0, idx, out=x)
+        torch.index_select(labels, 0, idx, out=y)
+        return x, y
+
+    def copies_issued(self) -> None:
+        """Mark, on the current stream, the point after the copies out of the current slot."""
+        if self.events[self.current] is not None:
+            self.events[self.current].record()
+        self.issued[self.current] = True
+
+
 class LatentFile(DataSource):
     """Random batches (a fresh permutation per epoch) from a file of pre-extracted latents."""
 
@@ -129,8 +168,10 @@ class LatentFile(DataSource):
         self.path = str(path)
         self.batch_size = batch_size
         self.device = torch.device(device)
-        self.latents = latents.pin_memory() if self.device.type == "cuda" else latents
-        self.labels = labels
+        self.latents, self.labels = latents, labels
+        self.staging = None
+        if self.device.type == "cuda":  # gather into pinned memory, so the copy to the GPU is asynchronous
+            self.staging = StagingBuffers((batch_size, *want), (batch_size,), pin=True, cuda_events=True)
         self.generator = torch.Generator().manual_seed(seed)
         self._order = torch.empty(0, dtype=torch.long)
         self._pos = 0
@@ -150,8 +191,12 @@ class LatentFile(DataSource):
 
     def next_batch(self):
         idx = self._indices()
-        x = self.latents[idx].to(self.device, non_blocking=True)
-        y = self.labels[idx].to(self.device, non_blocking=True)
+        if self.staging is None:
+            return self.latents[idx].to(self.device), self.labels[idx].to(self.device)
+        x_host, y_host = self.staging.gather(self.latents, self.labels, idx)
+        x = x_host.to(self.device, non_blocking=True)
+        y = y_host.to(self.device, non_blocking=True)
+        self.staging.copies_issued()
         return x, y
 
     def describe(self) -> dict:
