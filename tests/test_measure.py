@@ -145,8 +145,8 @@ def test_measured_matmul_peak_runs_on_cpu():
 
 
 def test_env_has_the_record_keys_and_the_command_names_the_peak(capsys):
-    from ditbench.bench.envinfo import collect_env
     from ditbench.cli import main
+    from ditbench.environment import collect_env
 
     env = collect_env()
     expected = {

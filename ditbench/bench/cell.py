@@ -97,7 +97,7 @@ def window_metrics(spec: CellSpec, window: dict[str, Any], ctx, gpu_name: str | 
 
 def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured:
     """Join (pick the device / the process group), build, warm up, measure. Never raises."""
-    from ditbench.bench.envinfo import collect_env
+    from ditbench.environment import collect_env
 
     out = Measured({"status": "error", "reason": None, "metrics": None, "smoke": None, "env": None})
     metrics: dict[str, Any] = {}

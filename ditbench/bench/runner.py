@@ -155,7 +155,7 @@ def run_suite(
     """Run (or resume) the suite; return the latest record of every selected cell, in suite order."""
     from tqdm import tqdm
 
-    from ditbench.bench.envinfo import collect_env
+    from ditbench.environment import collect_env
 
     check_options(options)
     out = Path(options.out)

@@ -1,0 +1,248 @@
+"""Sampling as a library: `sample(job)` runs (or resumes) a job on this process's share of the shards.
+
+`job` has the attributes of `ditbench sample`'s parsed arguments (an argparse Namespace will do).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ditbench.errors import UserError
+from ditbench.fileio import atomic_write, write_json_atomic
+from ditbench.sampling.cli import check_args
+from ditbench.sampling.shards import (
+    default_paths,
+    file_fingerprint,
+    labels_for,
+    merge_shards,
+    prepare_shard_dir,
+    shard_count,
+    shard_path,
+    shard_seed,
+)
+from ditbench.sampling.weights import build_vae, load_model_cached
+
+SCHEMA = "ditbench.samples/1"
+# For tests of resumption: raise after this many shards were written in this run.
+FAIL_AFTER_ENV = "DITBENCH_SAMPLE_FAIL_AFTER_SHARDS"
+
+
+def _precision_context(precision: str, device):
+    """The training policy's autocast and TF32 setting, without its GradScaler (no backward here)."""
+    from ditbench.precision import get_precision_policy
+
+    policy = get_precision_policy(precision, device)
+    policy.apply_backend_flags()
+    return policy.autocast()
+
+
+def make_shard(
+    model,
+    vae,
+    diffusion,
+    labels: np.ndarray,
+    *,
+    latent: int,
+    seed: int,
+    cfg_scale: float,
+    sampler: str,
+    guidance_channels: int | None,
+    precision: str,
+    device,
+) -> np.ndarray:
+    """uint8 (n, H, W, 3) images for one shard's labels, all noise from one seeded generator."""
+    import torch
+
+    from ditbench.diffusion import sample_latents
+    from ditbench.vae import decode_latents
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    y = torch.from_numpy(labels).to(device)
+    with torch.inference_mode(), _precision_context(precision, device):
+        z = sample_latents(
+            model,
+            diffusion,
+            y,
+            latent,
+            cfg_scale=cfg_scale,
+            sampler=sampler,
+            guidance_channels=guidance_channels,
+            generator=gen,
+            in_channels=getattr(model, "in_channels", 4),
+        )
+        x = decode_latents(vae, z)
+    x = torch.clamp(127.5 * x.float() + 128.0, 0, 255)  # [-1, 1] -> [0, 255], DiT's rounding
+    return x.permute(0, 2, 3, 1).to("cpu", dtype=torch.uint8).numpy()
+
+
+def _settings(args, model_name: str, image_size: int, num_classes: int, weights: str) -> dict:
+    """Everything that shapes the images: a resumed run must match it exactly."""
+    return {
+        "checkpoint": file_fingerprint(args.checkpoint),
+        "weights": weights,
+        "vae": file_fingerprint(args.vae),
+        "model": model_name,
+        "image_size": image_size,
+        "num_classes": num_classes,
+        "num_samples": args.num_samples,
+        "batch_size": args.batch_size,
+        "steps": args.steps,
+        "sampler": args.sampler,
+        "cfg_scale": args.cfg_scale,
+        "guidance_channels": args.guidance_channels,
+        "seed": args.seed,
+        "precision": args.precision,
+    }
+
+
+def sample(args) -> dict:
+    """Run (or resume) a sampling job; returns the record written next to the npz (on rank 0)."""
+    import torch
+
+    from ditbench import dist
+    from ditbench.diffusion import create_diffusion
+    from ditbench.environment import collect_env
+    from ditbench.models.configs import latent_size
+
+    check_args(args)
+    out = Path(args.out)
+    shard_dir, record_path = default_paths(out)
+    ctx = dist.init(args.device)
+    try:
+        _precision_context(args.precision, ctx.device)  # refuse fp16/tf32 on a CPU before any work
+        model, model_name, image_size, weights = load_model_cached(
+            args.checkpoint, args.model, args.image_size, args.num_classes
+        )
+        num_classes = int(model.num_classes)
+        settings = _settings(args, model_name, image_size, num_classes, weights)
+        if out.exists() and record_path.exists():
+            old = json.loads(record_path.read_text())
+            if old.get("settings") == settings:
+                if ctx.is_main:
+                    print(
+                        f"ditbench: {out} is already complete with these settings; nothing to do.",
+                        file=sys.stderr,
+                    )
+                return old
+            if not args.overwrite:
+                raise UserError(
+                    f"{out} exists and was made with other settings; pass --overwrite to "
+                    "replace it or choose another --out."
+                )
+        elif out.exists() and not args.overwrite:
+            raise UserError(
+                f"{out} exists and has no record of how it was made ({record_path} is missing); "
+                "pass --overwrite to replace it or choose another --out."
+            )
+        if ctx.is_main:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            prepare_shard_dir(shard_dir, settings, args.overwrite)
+        dist.barrier(ctx)
+        if not ctx.is_main:  # every rank checks the manifest (rank 0 wrote it)
+            prepare_shard_dir(shard_dir, settings, overwrite=False)
+
+        device = ctx.device
+        model = model.to(device).eval()
+        vae = build_vae(args.vae, device)
+        diffusion = create_diffusion(str(args.steps))
+        latent = latent_size(image_size)
+        labels = labels_for(args.num_samples, num_classes)
+        n_shards = shard_count(args.num_samples, args.batch_size)
+        # Rank 0 lists the missing shards and every rank takes every world_size-th of them, so a
+        # resumed run is balanced however the interrupted one left it (and no rank waits long
+        # at the final barrier). Listed before anyone writes, so all ranks see the same list.
+        missing = (
+            [k for k in range(n_shards) if not shard_path(shard_dir, k).exists()] if ctx.is_main else None
+        )
+        missing = dist.all_gather_objects(ctx, missing)[0]
+        todo = missing[ctx.rank :: ctx.world_size]
+        fail_after = int(os.environ.get(FAIL_AFTER_ENV, "0") or 0)
+
+        bar = None
+        if ctx.is_main and not args.no_progress:
+            from tqdm.auto import tqdm
+
+            done_images = args.num_samples - sum(
+                len(labels[k * args.batch_size : (k + 1) * args.batch_size]) for k in missing
+            )
+            bar = tqdm(
+                total=args.num_samples, initial=done_images, unit="img", desc="sampling", dynamic_ncols=True
+            )
+        made = 0
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        for written, k in enumerate(todo):
+            if fail_after and written >= fail_after:
+                raise RuntimeError(
+                    f"{FAIL_AFTER_ENV}={fail_after}: stopping after {written} shards (test hook)"
+                )
+            lab = labels[k * args.batch_size : (k + 1) * args.batch_size]
+            images = make_shard(
+                model,
+                vae,
+                diffusion,
+                lab,
+                latent=latent,
+                seed=shard_seed(args.seed, k),
+                cfg_scale=args.cfg_scale,
+                sampler=args.sampler,
+                guidance_channels=args.guidance_channels,
+                precision=args.precision,
+                device=device,
+            )
+            atomic_write(shard_path(shard_dir, k), lambda f, x=images, y=lab: np.savez(f, images=x, labels=y))
+            made += len(lab)
+            if bar is not None:
+                bar.update(min(len(lab) * ctx.world_size, bar.total - bar.n))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - t0
+        if bar is not None:
+            bar.close()
+
+        per_rank = dist.all_gather_objects(ctx, {"rank": ctx.rank, "images": made, "seconds": seconds})
+        dist.barrier(ctx)
+        if not ctx.is_main:
+            return {}
+        images, labels_out = merge_shards(shard_dir, n_shards, args.num_samples)
+        atomic_write(out, lambda f: np.savez(f, arr_0=images, arr_1=labels_out))
+        total_made = sum(r["images"] for r in per_rank)
+        wall = max(r["seconds"] for r in per_rank)
+        record = {
+            "schema": SCHEMA,
+            "npz": str(out),
+            "settings": settings,
+            "shape": list(images.shape),
+            "world_size": ctx.world_size,
+            "batch_size_per_rank": args.batch_size,
+            "images_generated_this_run": total_made,
+            "images_resumed": args.num_samples - total_made,
+            "sampling_seconds": wall,
+            # Sampling only (model and VAE loading excluded), over the ranks working in parallel.
+            "images_per_s": (total_made / wall) if total_made and wall > 0 else None,
+            "per_rank": per_rank,
+            "for_speed_only": weights == "random" or args.vae == "random",
+            "env": {**collect_env(), "device": str(device)},
+            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        if record["for_speed_only"]:
+            what = " and ".join(
+                x for x, r in (("model", weights == "random"), ("VAE", args.vae == "random")) if r
+            )
+            record["warning"] = (
+                f"random {what} weights: these images measure speed only and are meaningless for FID"
+            )
+        write_json_atomic(record_path, record, indent=1)
+        if not args.keep_shards:
+            shutil.rmtree(shard_dir, ignore_errors=True)
+        return record
+    finally:
+        dist.shutdown()
