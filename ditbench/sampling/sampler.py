@@ -102,14 +102,115 @@ def _settings(args, model_name: str, image_size: int, num_classes: int, weights:
     }
 
 
-def sample(args) -> dict:
-    """Run (or resume) a sampling job; returns the record written next to the npz (on rank 0)."""
+def _finished(args, out: Path, record_path: Path, settings: dict) -> dict | None:
+    """The record of an npz already made with these settings; UserError if --out holds another."""
+    if out.exists() and record_path.exists():
+        old = json.loads(record_path.read_text())
+        if old.get("settings") == settings:
+            return old
+        if not args.overwrite:
+            raise UserError(
+                f"{out} exists and was made with other settings; pass --overwrite to "
+                "replace it or choose another --out."
+            )
+    elif out.exists() and not args.overwrite:
+        raise UserError(
+            f"{out} exists and has no record of how it was made ({record_path} is missing); "
+            "pass --overwrite to replace it or choose another --out."
+        )
+    return None
+
+
+def _progress(args, labels, missing: list[int]):
+    from tqdm.auto import tqdm
+
+    done = args.num_samples - sum(
+        len(labels[k * args.batch_size : (k + 1) * args.batch_size]) for k in missing
+    )
+    return tqdm(total=args.num_samples, initial=done, unit="img", desc="sampling", dynamic_ncols=True)
+
+
+def _make_shards(args, ctx, model, vae, settings: dict, shard_dir: Path, missing: list[int]) -> dict:
+    """This rank's share of the missing shards, each written atomically; {rank, images, seconds}."""
     import torch
 
-    from ditbench import dist
     from ditbench.diffusion import create_diffusion
-    from ditbench.environment import collect_env
     from ditbench.models.configs import latent_size
+
+    device = ctx.device
+    diffusion = create_diffusion(str(args.steps))
+    latent = latent_size(settings["image_size"])
+    labels = labels_for(args.num_samples, settings["num_classes"])
+    fail_after = int(os.environ.get(FAIL_AFTER_ENV, "0") or 0)
+    bar = _progress(args, labels, missing) if ctx.is_main and not args.no_progress else None
+    made = 0
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for written, k in enumerate(missing[ctx.rank :: ctx.world_size]):
+        if fail_after and written >= fail_after:
+            raise RuntimeError(f"{FAIL_AFTER_ENV}={fail_after}: stopping after {written} shards (test hook)")
+        lab = labels[k * args.batch_size : (k + 1) * args.batch_size]
+        images = make_shard(
+            model,
+            vae,
+            diffusion,
+            lab,
+            latent=latent,
+            seed=shard_seed(args.seed, k),
+            cfg_scale=args.cfg_scale,
+            sampler=args.sampler,
+            guidance_channels=args.guidance_channels,
+            precision=args.precision,
+            device=device,
+        )
+        atomic_write(shard_path(shard_dir, k), lambda f, x=images, y=lab: np.savez(f, images=x, labels=y))
+        made += len(lab)
+        if bar is not None:
+            bar.update(min(len(lab) * ctx.world_size, bar.total - bar.n))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if bar is not None:
+        bar.close()
+    return {"rank": ctx.rank, "images": made, "seconds": time.perf_counter() - t0}
+
+
+def _record(args, ctx, out: Path, settings: dict, shape, per_rank: list[dict]) -> dict:
+    from ditbench.environment import collect_env
+
+    total_made = sum(r["images"] for r in per_rank)
+    wall = max(r["seconds"] for r in per_rank)
+    random_parts = [
+        x for x, r in (("model", settings["weights"] == "random"), ("VAE", args.vae == "random")) if r
+    ]
+    record = {
+        "schema": SCHEMA,
+        "npz": str(out),
+        "settings": settings,
+        "shape": list(shape),
+        "world_size": ctx.world_size,
+        "batch_size_per_rank": args.batch_size,
+        "images_generated_this_run": total_made,
+        "images_resumed": args.num_samples - total_made,
+        "sampling_seconds": wall,
+        # Sampling only (model and VAE loading excluded), over the ranks working in parallel.
+        "images_per_s": (total_made / wall) if total_made and wall > 0 else None,
+        "per_rank": per_rank,
+        "for_speed_only": bool(random_parts),
+        "env": {**collect_env(), "device": str(ctx.device)},
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if random_parts:
+        record["warning"] = (
+            f"random {' and '.join(random_parts)} weights: these images measure speed only and are "
+            "meaningless for FID"
+        )
+    return record
+
+
+def sample(args) -> dict:
+    """Run (or resume) a sampling job; returns the record written next to the npz (on rank 0)."""
+    from ditbench import dist
 
     check_args(args)
     out = Path(args.out)
@@ -120,40 +221,23 @@ def sample(args) -> dict:
         model, model_name, image_size, weights = load_model_cached(
             args.checkpoint, args.model, args.image_size, args.num_classes
         )
-        num_classes = int(model.num_classes)
-        settings = _settings(args, model_name, image_size, num_classes, weights)
-        if out.exists() and record_path.exists():
-            old = json.loads(record_path.read_text())
-            if old.get("settings") == settings:
-                if ctx.is_main:
-                    print(
-                        f"ditbench: {out} is already complete with these settings; nothing to do.",
-                        file=sys.stderr,
-                    )
-                return old
-            if not args.overwrite:
-                raise UserError(
-                    f"{out} exists and was made with other settings; pass --overwrite to "
-                    "replace it or choose another --out."
+        settings = _settings(args, model_name, image_size, int(model.num_classes), weights)
+        done = _finished(args, out, record_path, settings)
+        if done is not None:
+            if ctx.is_main:
+                print(
+                    f"ditbench: {out} is already complete with these settings; nothing to do.",
+                    file=sys.stderr,
                 )
-        elif out.exists() and not args.overwrite:
-            raise UserError(
-                f"{out} exists and has no record of how it was made ({record_path} is missing); "
-                "pass --overwrite to replace it or choose another --out."
-            )
+            return done
         if ctx.is_main:
             out.parent.mkdir(parents=True, exist_ok=True)
             prepare_shard_dir(shard_dir, settings, args.overwrite)
         dist.barrier(ctx)
         if not ctx.is_main:  # every rank checks the manifest (rank 0 wrote it)
             prepare_shard_dir(shard_dir, settings, overwrite=False)
-
-        device = ctx.device
-        model = model.to(device).eval()
-        vae = build_vae(args.vae, device)
-        diffusion = create_diffusion(str(args.steps))
-        latent = latent_size(image_size)
-        labels = labels_for(args.num_samples, num_classes)
+        model = model.to(ctx.device).eval()
+        vae = build_vae(args.vae, ctx.device)
         n_shards = shard_count(args.num_samples, args.batch_size)
         # Rank 0 lists the missing shards and every rank takes every world_size-th of them, so a
         # resumed run is balanced however the interrupted one left it (and no rank waits long
@@ -162,84 +246,14 @@ def sample(args) -> dict:
             [k for k in range(n_shards) if not shard_path(shard_dir, k).exists()] if ctx.is_main else None
         )
         missing = dist.all_gather_objects(ctx, missing)[0]
-        todo = missing[ctx.rank :: ctx.world_size]
-        fail_after = int(os.environ.get(FAIL_AFTER_ENV, "0") or 0)
-
-        bar = None
-        if ctx.is_main and not args.no_progress:
-            from tqdm.auto import tqdm
-
-            done_images = args.num_samples - sum(
-                len(labels[k * args.batch_size : (k + 1) * args.batch_size]) for k in missing
-            )
-            bar = tqdm(
-                total=args.num_samples, initial=done_images, unit="img", desc="sampling", dynamic_ncols=True
-            )
-        made = 0
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        for written, k in enumerate(todo):
-            if fail_after and written >= fail_after:
-                raise RuntimeError(
-                    f"{FAIL_AFTER_ENV}={fail_after}: stopping after {written} shards (test hook)"
-                )
-            lab = labels[k * args.batch_size : (k + 1) * args.batch_size]
-            images = make_shard(
-                model,
-                vae,
-                diffusion,
-                lab,
-                latent=latent,
-                seed=shard_seed(args.seed, k),
-                cfg_scale=args.cfg_scale,
-                sampler=args.sampler,
-                guidance_channels=args.guidance_channels,
-                precision=args.precision,
-                device=device,
-            )
-            atomic_write(shard_path(shard_dir, k), lambda f, x=images, y=lab: np.savez(f, images=x, labels=y))
-            made += len(lab)
-            if bar is not None:
-                bar.update(min(len(lab) * ctx.world_size, bar.total - bar.n))
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        seconds = time.perf_counter() - t0
-        if bar is not None:
-            bar.close()
-
-        per_rank = dist.all_gather_objects(ctx, {"rank": ctx.rank, "images": made, "seconds": seconds})
+        mine = _make_shards(args, ctx, model, vae, settings, shard_dir, missing)
+        per_rank = dist.all_gather_objects(ctx, mine)
         dist.barrier(ctx)
         if not ctx.is_main:
             return {}
         images, labels_out = merge_shards(shard_dir, n_shards, args.num_samples)
         atomic_write(out, lambda f: np.savez(f, arr_0=images, arr_1=labels_out))
-        total_made = sum(r["images"] for r in per_rank)
-        wall = max(r["seconds"] for r in per_rank)
-        record = {
-            "schema": SCHEMA,
-            "npz": str(out),
-            "settings": settings,
-            "shape": list(images.shape),
-            "world_size": ctx.world_size,
-            "batch_size_per_rank": args.batch_size,
-            "images_generated_this_run": total_made,
-            "images_resumed": args.num_samples - total_made,
-            "sampling_seconds": wall,
-            # Sampling only (model and VAE loading excluded), over the ranks working in parallel.
-            "images_per_s": (total_made / wall) if total_made and wall > 0 else None,
-            "per_rank": per_rank,
-            "for_speed_only": weights == "random" or args.vae == "random",
-            "env": {**collect_env(), "device": str(device)},
-            "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        }
-        if record["for_speed_only"]:
-            what = " and ".join(
-                x for x, r in (("model", weights == "random"), ("VAE", args.vae == "random")) if r
-            )
-            record["warning"] = (
-                f"random {what} weights: these images measure speed only and are meaningless for FID"
-            )
+        record = _record(args, ctx, out, settings, images.shape, per_rank)
         write_json_atomic(record_path, record, indent=1)
         if not args.keep_shards:
             shutil.rmtree(shard_dir, ignore_errors=True)

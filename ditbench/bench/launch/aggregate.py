@@ -14,44 +14,48 @@ _MIN_KEYS = ("steps_per_s",)
 _MEM_KEYS = ("peak_mem_allocated_gib", "peak_mem_reserved_gib", "device_mem_gib", "cpu_peak_rss_gib")
 
 
+def _numbers(per_rank: list[dict], key: str) -> list[float] | None:
+    vals = [m.get(key) for m in per_rank]
+    return vals if all(isinstance(v, (int, float)) for v in vals) else None
+
+
+def _slowest_steps(per_rank: list[dict]) -> dict | None:
+    """A synchronised step ends when its slowest rank ends: the per-step max over ranks."""
+    samples = [(m.get("step_ms") or {}).get("samples") for m in per_rank]
+    if all(isinstance(s, list) and s for s in samples) and len({len(s) for s in samples}) == 1:
+        return step_stats([max(vals) for vals in zip(*samples, strict=True)])
+    if any(m.get("step_ms") for m in per_rank):
+        return max((m.get("step_ms") or {} for m in per_rank), key=lambda s: s.get("median", 0.0))
+    return None
+
+
 def aggregate(per_rank: list[dict], *, batch_size: int) -> dict:
     """One metrics dict from every rank's metrics (rank order)."""
     if not per_rank:
         raise ValueError("no rank metrics to aggregate")
     world = len(per_rank)
     out = dict(per_rank[0])  # per-model constants (params, model_flops_per_image) from rank 0
-    for key in _SUM_KEYS:
-        vals = [m.get(key) for m in per_rank]
-        if all(isinstance(v, (int, float)) for v in vals):
-            out[key] = float(sum(vals))
-    for key in _MIN_KEYS:
-        vals = [m.get(key) for m in per_rank]
-        if all(isinstance(v, (int, float)) for v in vals):
-            out[key] = float(min(vals))
+    for keys, combine in ((_SUM_KEYS, sum), (_MIN_KEYS, min)):
+        for key in keys:
+            if (vals := _numbers(per_rank, key)) is not None:
+                out[key] = float(combine(vals))
     for key in _MEM_KEYS:
-        vals = [m.get(key) for m in per_rank]
-        if all(isinstance(v, (int, float)) for v in vals):
-            out[key] = float(max(vals))
-            out[key + "_sum"] = float(sum(vals))
+        if (vals := _numbers(per_rank, key)) is not None:
+            out[key], out[key + "_sum"] = float(max(vals)), float(sum(vals))
     fits = [m.get("fits_budget") for m in per_rank]
     if "fits_budget" in out:  # the job fits only if every rank fits
         out["fits_budget"] = False if False in fits else (None if None in fits else True)
     if isinstance(out.get("images_per_s"), float):
         out["images_per_s_per_gpu"] = out["images_per_s"] / world
-    # Step time: a synchronised step ends when its slowest rank ends, so take the per-step max.
-    samples = [(m.get("step_ms") or {}).get("samples") for m in per_rank]
-    if all(isinstance(s, list) and s for s in samples) and len({len(s) for s in samples}) == 1:
-        worst = [max(vals) for vals in zip(*samples, strict=True)]
-        out["step_ms"] = step_stats(worst)
-    elif any(m.get("step_ms") for m in per_rank):
-        out["step_ms"] = max((m.get("step_ms") or {} for m in per_rank), key=lambda s: s.get("median", 0.0))
+    if (steps := _slowest_steps(per_rank)) is not None:
+        out["step_ms"] = steps
     # MFU of the job = summed FLOP/s over summed peak = mean of the ranks' MFU.
     mfus = [m.get("mfu") for m in per_rank]
     if all(isinstance(x, dict) and isinstance(x.get("value"), (int, float)) for x in mfus):
         out["mfu"] = dict(mfus[0], value=sum(x["value"] for x in mfus) / world)
     out["world_size"] = world
     out["global_batch"] = batch_size * world
-    if isinstance(out.get("images_per_s"), float) and out.get("step_ms", {}).get("samples"):
+    if isinstance(out.get("images_per_s"), float) and (out.get("step_ms") or {}).get("samples"):
         out.update(noise(out["step_ms"]["samples"], out["images_per_s"], out["global_batch"]))
     out["per_rank"] = [
         {
