@@ -190,6 +190,7 @@ def _cli(*args):
     )
 
 
+@pytest.mark.slow
 def test_extract_cli(tmp_path, image_dir, tiny_vae_dir):
     out = tmp_path / "lat.npz"
     proc = _cli(

@@ -28,6 +28,7 @@ def test_plan_covers_anchors_and_every_paper_config():
     assert len(cells) <= 30  # keeps the default run near 6 minutes on one H200
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU message")
 def test_script_fails_gracefully_without_cuda(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.getcwd())
@@ -43,6 +44,7 @@ def test_script_fails_gracefully_without_cuda(tmp_path):
     assert not (tmp_path / "m.json").exists()
 
 
+@pytest.mark.slow
 def test_a_cell_without_a_flop_count_keeps_its_measurement(monkeypatch):
     from ditbench.bench import measure
 

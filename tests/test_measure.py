@@ -109,6 +109,7 @@ def test_injected_nan_really_makes_the_loss_non_finite():
     assert not math.isfinite(info.value.value)
 
 
+@pytest.mark.slow
 def test_smoke_run_curve_and_first_nonfinite_step():
     trainer = tiny_trainer(seed=1)
     smoke = smoke_run(trainer, trainer.step, steps=6)

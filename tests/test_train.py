@@ -118,6 +118,7 @@ class FixedSet(DataSource):
         return {"kind": "fixed"}
 
 
+@pytest.mark.slow
 def test_short_run_drives_the_loss_down():
     cfg = TrainConfig(model="DiT-T/2", image_size=32, batch_size=16, lr=2e-3, num_classes=2, device="cpu")
     trainer = Trainer(cfg, data=FixedSet())

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ditbench.errors import UserError
 from ditbench.sampling.shards import default_paths
 
 
@@ -83,26 +82,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--overwrite", action="store_true", help="replace an existing --out made with other settings"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-
-def check_args(args) -> None:
-    for name in ("num_samples", "batch_size", "steps", "num_classes"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least 1.")
-    if args.steps > 1000:
-        raise UserError(f"--steps {args.steps} must be at most 1000 (the diffusion has 1000 steps).")
-    if args.cfg_scale < 1.0:
-        raise UserError(f"--cfg-scale {args.cfg_scale} must be >= 1 (1 turns guidance off).")
-    if args.checkpoint != "random" and not Path(args.checkpoint).is_file():
-        raise UserError(f"checkpoint {args.checkpoint!r} is not a file; give a .pt checkpoint or 'random'.")
-    if args.vae != "random" and not Path(args.vae).exists():
-        raise UserError(
-            f"--vae {args.vae!r} does not exist. Give a local folder with the sd-vae-ft-ema (or -mse) "
-            "AutoencoderKL weights (config.json + diffusion_pytorch_model.safetensors) or a state-dict "
-            "file, or 'random' to time sampling with random VAE weights (the images are then meaningless)."
-        )
-    if not str(args.out).endswith(".npz"):
-        raise UserError(f"--out {args.out!r} must end in .npz (the ADM batch format).")
 
 
 def run(args) -> int:
