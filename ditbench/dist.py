@@ -60,7 +60,10 @@ def _env_int(name: str, default: int) -> int:
     return default if value in (None, "") else int(value)
 
 
-def init(device: str = "auto", timeout_s: float = 600.0) -> DistContext:
+DEFAULT_TIMEOUT_S = 600.0  # a collective waits this long for a peer before it fails (torch's default)
+
+
+def init(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> DistContext:
     """Join the torchrun job this process belongs to, or describe a plain single process."""
     if not launched_by_torchrun():
         return DistContext(device=resolve_device(device))

@@ -82,6 +82,7 @@ def count_train_flops_per_image(
     from torch.utils.flop_counter import FlopCounterMode
 
     from ditbench import vae
+    from ditbench.diffusion import NUM_TIMESTEPS
     from ditbench.models.build import build_model
 
     batch = 2  # any batch works (every op is per-sample); 2 guards against batch-1 special cases
@@ -90,7 +91,7 @@ def count_train_flops_per_image(
         net.train()
         latent = image_size // vae.DOWNSAMPLE
         x = torch.randn(batch, net.in_channels, latent, latent)
-        t = torch.randint(0, 1000, (batch,))
+        t = torch.randint(0, NUM_TIMESTEPS, (batch,))
         y = torch.randint(0, num_classes, (batch,))
     with FlopCounterMode(display=False) as counter:
         out = net(x, t, y)
@@ -120,6 +121,12 @@ def model_flops_per_image(
 # ---------------------------------------------------------------------------------------------
 
 
+MATMUL_SIDE_CUDA = 8192  # large enough to saturate an H100/H200's tensor cores
+MATMUL_SIDE_CPU = 1024
+WARMUP_MATMULS = 3  # cuBLAS picks its kernel on the first calls
+MATMULS_PER_SYNC = 5  # enough queued work that the host's synchronisation costs nothing
+
+
 def measure_matmul_tflops(device: str, precision: str, n: int | None = None, seconds: float = 1.0) -> float:
     """Achieved TFLOP/s of a square matmul in `precision`: a ceiling that is honest on any card."""
     import torch
@@ -127,7 +134,7 @@ def measure_matmul_tflops(device: str, precision: str, n: int | None = None, sec
     from ditbench.precision import tf32_mode
 
     dev = torch.device(device)
-    n = n or (8192 if dev.type == "cuda" else 1024)
+    n = n or (MATMUL_SIDE_CUDA if dev.type == "cuda" else MATMUL_SIDE_CPU)
     dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
         precision
     ]
@@ -135,14 +142,14 @@ def measure_matmul_tflops(device: str, precision: str, n: int | None = None, sec
         a = torch.randn(n, n, device=dev, dtype=dtype)
         b = torch.randn(n, n, device=dev, dtype=dtype)
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-        for _ in range(3):
+        for _ in range(WARMUP_MATMULS):
             a @ b
         sync()
         count, start = 0, time.perf_counter()
         while True:
-            for _ in range(5):
+            for _ in range(MATMULS_PER_SYNC):
                 a @ b
-            count += 5
+            count += MATMULS_PER_SYNC
             sync()
             elapsed = time.perf_counter() - start
             if elapsed >= seconds:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ditbench.diffusion import NUM_TIMESTEPS
 from ditbench.errors import UserError
 from ditbench.fileio import atomic_write, write_json_atomic
 from ditbench.sampling.shards import (
@@ -37,8 +38,10 @@ def check_args(args) -> None:
     for name in ("num_samples", "batch_size", "steps", "num_classes"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least 1.")
-    if args.steps > 1000:
-        raise UserError(f"--steps {args.steps} must be at most 1000 (the diffusion has 1000 steps).")
+    if args.steps > NUM_TIMESTEPS:
+        raise UserError(
+            f"--steps {args.steps} must be at most {NUM_TIMESTEPS} (the diffusion has {NUM_TIMESTEPS} steps)."
+        )
     if args.cfg_scale < 1.0:
         raise UserError(f"--cfg-scale {args.cfg_scale} must be >= 1 (1 turns guidance off).")
     if args.checkpoint != "random" and not Path(args.checkpoint).is_file():
