@@ -148,7 +148,7 @@ def knob(default: Any, check: Callable[[Any], Any], help: str, train: bool = Tru
 class CellConfig:
     """One value of every knob, validated and normalised. Build it with `CellConfig.from_mapping`."""
 
-    model: str = knob(None, _check_model, "DiT configuration, e.g. DiT-XL/2 (required)")
+    model: str = knob(None, _check_model, "DiT configuration, e.g. DiT-XL/2")  # no default: a suite names it
     impl: str = knob("ditbench", _choice("impl", IMPLS), "ditbench's DiT or diffusers' DiTTransformer2DModel")
     image_size: int = knob(256, int_in("image_size", 1, MAX_IMAGE_SIZE), "image side in pixels")
     precision: str = knob("fp32", _check_precision, "fp32, tf32, fp16 or bf16")
