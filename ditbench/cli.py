@@ -23,7 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sample": ("ditbench.sampling.cli", "sample images from a checkpoint into an ADM-format .npz"),
     "fid": ("ditbench.metrics.cli", "FID, sFID, Inception Score, precision/recall and KID of a sample batch"),
     "report": ("ditbench.report.cli", "turn results.jsonl files into markdown, HTML and CSV reports"),
-    "compare": ("ditbench.report.compare_cli", "compare two runs and fail on a regression (exit 1)"),
+    "compare": ("ditbench.report.gate.cli", "compare two runs and fail on a regression (exit 1)"),
     "env": ("ditbench.bench.envinfo", "print the environment that result records capture"),
 }
 

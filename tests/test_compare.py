@@ -14,9 +14,10 @@ from scipy.stats import mannwhitneyu
 from synthetic_records import CPU_ENV, H200_ENV, make_matrix, make_record, step_samples, write_jsonl
 
 from ditbench.errors import UserError
-from ditbench.report.compare import (
+from ditbench.report.gate import (
     DEFAULT_THRESHOLDS,
     EnvMismatchError,
+    NothingComparedError,
     Policy,
     compare_files,
     load_policy,
@@ -136,21 +137,46 @@ def test_new_failure_is_a_regression(tmp_path, status):
     assert "### New failures" in text and f"ok → {status}" in text
 
 
+def other_cell(seed=1):
+    """A second, comparable cell: a gate passes only when it compared at least one value."""
+    return make_record("DiT-S/8", "fp32", "none", 16, images_per_s=700.0, sample_seed=seed)
+
+
 def test_fixed_failure_passes_and_is_listed(tmp_path):
-    result = gate(tmp_path, [make_record("DiT-S/8", "fp32", "none", 8, "oom")], [cell()])
-    c = only(result)
+    result = gate(
+        tmp_path, [make_record("DiT-S/8", "fp32", "none", 8, "oom"), other_cell()], [cell(), other_cell(2)]
+    )
+    c = result.cells[0]
     assert c.verdict == "fixed" and result.exit_code == 0
     assert "### Fixed" in summary_markdown(result)
 
 
 def test_ok_to_unsupported_is_listed_not_failed(tmp_path):
-    result = gate(tmp_path, [cell()], [make_record("DiT-S/8", "fp32", "none", 8, "unsupported")])
-    assert only(result).verdict == "no longer measured" and result.exit_code == 0
+    new = [make_record("DiT-S/8", "fp32", "none", 8, "unsupported"), other_cell(2)]
+    result = gate(tmp_path, [cell(), other_cell()], new)
+    assert result.cells[0].verdict == "no longer measured" and result.exit_code == 0
 
 
 def test_failure_changing_kind_is_still_failing(tmp_path):
-    result = gate(tmp_path, [make_record("DiT-S/8", status="oom")], [make_record("DiT-S/8", status="error")])
-    assert only(result).verdict == "still failing" and result.exit_code == 0
+    base = [make_record("DiT-S/8", status="oom"), other_cell()]
+    result = gate(tmp_path, base, [make_record("DiT-S/8", status="error"), other_cell(2)])
+    assert result.cells[0].verdict == "still failing" and result.exit_code == 0
+
+
+@pytest.mark.parametrize(
+    "base_status, new_status",
+    [("oom", "ok"), ("ok", "unsupported"), ("oom", "error"), ("skipped", "skipped"), ("ok", "skipped")],
+)
+def test_status_changes_alone_compare_nothing_and_refuse(tmp_path, base_status, new_status):
+    base = cell() if base_status == "ok" else make_record("DiT-S/8", status=base_status)
+    new = cell(seed=2) if new_status == "ok" else make_record("DiT-S/8", status=new_status)
+    with pytest.raises(NothingComparedError, match="no value of any matched cell could be compared"):
+        gate(tmp_path, [base], [new])
+
+
+def test_a_new_failure_fails_even_when_nothing_else_compares(tmp_path):
+    result = gate(tmp_path, [cell()], [make_record("DiT-S/8", status="oom")])
+    assert result.exit_code == 1 and result.compared == 0
 
 
 def test_missing_cells_on_both_sides_are_listed(tmp_path):
@@ -271,15 +297,6 @@ def test_step_time_is_lower_is_better_when_enabled(tmp_path):
     assert [m.metric for m in only(result).metrics if m.metric == "images_per_s"] == []
 
 
-def test_fid_lower_is_better(tmp_path):
-    base, new = cell(), cell(seed=2)
-    base["metrics"]["fid"], new["metrics"]["fid"] = 10.0, 10.5
-    result = gate(tmp_path, [base], [new])
-    assert delta(only(result), "fid").verdict == "regression"
-    new["metrics"]["fid"] = 9.0
-    assert delta(only(gate(tmp_path, [base], [new])), "fid").verdict == "improvement"
-
-
 def test_null_metrics_are_skipped_not_crashed(tmp_path):
     base, new = cell(), cell(seed=2)
     for r in (base, new):
@@ -317,6 +334,10 @@ overrides:
     rules = policy.rules_for({"model": "DiT-S/8", "precision": "fp32"})
     assert rules["images_per_s"].threshold_pct == 30 and "peak_mem_reserved_gib" not in rules
     assert policy.rules_for({"model": "DiT-B/8", "precision": "fp32"})["images_per_s"].threshold_pct == 15
+    other = gate(tmp_path, [make_record("DiT-B/8")], [make_record("DiT-B/8", sample_seed=3)], policy)
+    assert other.unused_overrides == [0] and "No compared cell matched overrides[0]" in summary_markdown(
+        other
+    )
     # the 10% slowdown is within the override's 30% for this cell
     assert only(gate(tmp_path, [cell(400.0)], [cell(360.0, seed=2)], policy)).verdict == "pass"
 
@@ -334,21 +355,27 @@ def test_min_abs_ignores_tiny_absolute_changes(tmp_path):
     "text, needle",
     [
         ("metrics:\n  images_per_sec: 5\n", "images_per_sec` is not a metric"),
-        ("metrics:\n  images_per_s: -5\n", "must be a number >= 0"),
+        ("metrics:\n  images_per_s: -5\n", "must be a finite number >= 0"),
+        ("metrics:\n  images_per_s: .nan\n", "must be a finite number >= 0"),
+        ("metrics:\n  images_per_s: {threshold_pct: 5, min_abs: .inf}\n", "min_abs` must be a finite number"),
+        ("allow_incomparable: [speed]\n", "`allow_incomparable` must be true, false or a list"),
+        ("allow_incomparable: maybe\n", "`allow_incomparable` must be true, false or a list"),
+        ("quality_noise_k: -1\n", "`quality_noise_k` must be a finite number >= 0"),
+        ("metrics:\n  fid: {threshold_pct: 2, max: 3}\n", "unknown key(s) max"),
         ("metrics:\n  images_per_s: fast\n", "must be a number (threshold in percent)"),
         ("metrics:\n  images_per_s: true\n", "gives no threshold"),
         ("metrics:\n  images_per_s: {threshold: 5}\n", "unknown key(s) threshold"),
         ("metrics: [images_per_s]\n", "must be a mapping of metric name"),
         ("thresholds:\n  images_per_s: 5\n", "unknown key(s) thresholds"),
         ("alpha: 2\n", "`alpha` must be a number between 0 and 1"),
-        ("min_samples: 1\n", "`min_samples` must be an integer >= 2"),
+        ("min_samples: 1\n", "`min_samples` must be an integer from 2"),
         ("fail_on_missing: sometimes\n", "`fail_on_missing` must be true or false"),
         (
             "overrides:\n  - metrics: {images_per_s: 5}\n",
             "`overrides[0]` must be a mapping with exactly `match`",
         ),
         ("overrides:\n  - match: {model: DiT-S/8}\n    metrics: {nope: 1}\n", "`overrides[0].metrics.nope`"),
-        ("metrics: {images_per_s: 5\n", "not valid YAML at line"),
+        ("metrics: {images_per_s: 5\n", "not valid YAML"),
         ("- 1\n- 2\n", "must be a YAML mapping"),
     ],
 )
@@ -462,8 +489,15 @@ def test_large_matrix_gate_counts(tmp_path):
 
 
 def test_shipped_ci_policy_and_workflow_agree():
+    from ditbench.bench.suite import load_suite
+    from ditbench.report.load import flatten
+
     policy = load_policy(ROOT / "baselines" / "ci_gate" / "policy.yaml")
     assert policy.fail_on_missing and policy.rules["images_per_s"].threshold_pct == 5
+    assert not policy.allow_incomparable
+    knobs = [flatten(c.config) for c in load_suite(ROOT / "suites" / "ci_gate.yaml").cells]
+    for i in range(len(policy.overrides)):  # an override that matches no cell of the suite is dead
+        assert any(i in policy.matching(k) for k in knobs), policy.overrides[i].match
     workflow = (ROOT / ".github" / "workflows" / "gpu-regression.yml").read_text()
     assert "ditbench compare baselines/ci_gate/results.jsonl runs/ci/results.jsonl" in workflow
     assert "--policy baselines/ci_gate/policy.yaml" in workflow
@@ -491,15 +525,15 @@ def test_long_measurement_windows_are_tested(tmp_path):
 
 
 def test_help_lists_every_metric_a_policy_may_name():
-    from ditbench.report.compare import METRICS
-    from ditbench.report.compare_cli import POLICY_EXAMPLE
+    from ditbench.report.gate import METRICS
+    from ditbench.report.gate.cli import POLICY_EXAMPLE
 
     for name in METRICS:
         assert name in POLICY_EXAMPLE
 
 
 def test_the_policy_example_in_the_help_is_valid(tmp_path):
-    from ditbench.report.compare_cli import POLICY_EXAMPLE
+    from ditbench.report.gate.cli import POLICY_EXAMPLE
 
     lines = POLICY_EXAMPLE.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("policy file")) + 1
@@ -508,3 +542,67 @@ def test_the_policy_example_in_the_help_is_valid(tmp_path):
     p.write_text("\n".join(line[2:] for line in lines[start:end]) + "\n")
     policy = load_policy(p)
     assert policy.rules["step_ms"].threshold_pct == 10 and policy.overrides[0].match == {"model": "DiT-S/8"}
+    assert policy.allow_incomparable == {"mfu"} and policy.quality_noise_k == 2
+    assert {"fid", "inception_score", "step_ms"} <= policy.explicit
+
+
+def test_help_documents_every_policy_key():
+    from ditbench.report.gate.cli import POLICY_EXAMPLE
+    from ditbench.report.gate.policy import POLICY_KEYS, STEP_SAMPLES
+
+    for key in (*POLICY_KEYS, STEP_SAMPLES):
+        assert key in POLICY_EXAMPLE
+
+
+# ------------------------------------------------------------------------------------ noisy cells
+
+NOISE = {"step_spread": 28.5, "throughput_gap": 0.41, "spread_bound": 1.5, "gap_bound": 0.1}
+
+
+def test_a_noisy_cell_still_fails_but_its_timing_verdict_is_weak(tmp_path):
+    new = cell(360.0, seed=2)
+    new["metrics"].update(noisy=True, noise=NOISE)
+    result = gate(tmp_path, [cell(400.0)], [new])
+    c = only(result)
+    d = delta(c, "images_per_s")
+    assert c.verdict == "regression" and result.exit_code == 1  # still gated
+    assert (
+        d.weak
+        and "step spread p90/p10 28.5 (bound 1.5)" in d.weak_reason
+        and d.weak_reason.startswith("new:")
+    )
+    assert c.weak
+    mem = delta(c, "peak_mem_allocated_gib")
+    assert not mem.weak  # memory does not come from the noisy window
+    text = summary_markdown(result)
+    assert "⚠️ weak" in text and "**Weak verdicts** in 1 cell(s)" in text and "regression (weak)" in text
+    assert result.to_json()["weak_cells"] == 1
+
+
+def test_a_noisy_baseline_makes_a_pass_weak(tmp_path):
+    base = cell(400.0)
+    base["metrics"]["noisy"] = True  # the runner's flag without its figures
+    result = gate(tmp_path, [base], [cell(401.0, seed=2)])
+    c = only(result)
+    assert (
+        c.verdict == "pass"
+        and c.weak
+        and delta(c, "images_per_s").weak_reason == "base: noisy measurement window"
+    )
+
+
+def test_noisy_false_is_not_weak(tmp_path):
+    new = cell(401.0, seed=2)
+    new["metrics"].update(noisy=False, noise=NOISE)
+    assert not only(gate(tmp_path, [cell(400.0)], [new])).weak
+
+
+def test_an_improvement_that_is_not_significant_is_not_listed_with_the_slowdowns(tmp_path):
+    base_s = step_samples(20.0, 20, noise=0.2, seed=1)
+    new_s = step_samples(20.0, 20, noise=0.2, seed=2)
+    result = gate(tmp_path, [cell(400.0, samples=base_s)], [cell(440.0, samples=new_s)])  # +10%, same steps
+    d = delta(only(result), "images_per_s")
+    assert d.verdict == "noise" and d.direction == "better" and result.exit_code == 0
+    text = summary_markdown(result)
+    assert "### Better beyond the threshold, but not significant" in text
+    assert "Worse beyond" not in text and "### Regressions" not in text

@@ -252,7 +252,7 @@ def _run_cells(suite, options, todo, run_id, env, visible, tmp, results_path, la
             from ditbench.bench.launch.aggregate import add_scaling_efficiency
 
             add_scaling_efficiency(record, list(latest.values()))
-        append_record(results_path, record)
+        record = append_record(results_path, record)  # as written: JSON-safe
         latest[cell.cell_id] = record
         say(f"[{i}/{len(todo)}] {format_line(record)}")
         bar.update(1)

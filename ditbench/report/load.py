@@ -11,7 +11,6 @@ raises UserError naming the file and line.
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 
 import pandas as pd
 
+from ditbench.bench.records import decode_line, shape_problem
 from ditbench.errors import UserError
 
 SCHEMA_PREFIX = "ditbench.result/"
@@ -71,9 +71,8 @@ def read_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
         if not line.strip():
             continue
         lineno = index + 1
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
+        record, problem = decode_line(line)  # never raises: deep nesting, huge numbers are problems
+        if problem is not None:
             if index == last_index:
                 warnings.warn(
                     f"{path}: line {lineno} is an incomplete record (the run was probably stopped "
@@ -82,9 +81,9 @@ def read_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
                 )
                 continue
             raise UserError(
-                f"{path} line {lineno} is not JSON ({err.msg} at column {err.colno}); a results "
+                f"{path} line {lineno} is {problem}; a results "
                 "file has one JSON result record per line, as `ditbench run` writes it."
-            ) from None
+            )
         _validate(record, path, lineno)
         records.append((lineno, record))
     return records
@@ -118,6 +117,9 @@ def _validate(record: Any, path: Path, lineno: int) -> None:
         raise UserError(
             f'{where}: "config" must be an object of knobs, got {type(record["config"]).__name__}.'
         )
+    problem = shape_problem(record)
+    if problem is not None:
+        raise UserError(f"{where} is not a valid result record: {problem}. Was the file edited by hand?")
 
 
 def record_row(record: dict[str, Any], source: str = "") -> dict[str, Any]:

@@ -1,0 +1,37 @@
+"""The regression gate: compare a new run with a baseline run, cell by cell (`ditbench compare`).
+
+policy.py (thresholds, what may go uncompared), metrics.py (what can be compared, which way is
+better), inputs.py (reading the runs; every unusable value is a problem naming file, line and
+cell), env.py (same machine and stack), timing.py (speed/memory/loss, the per-step significance
+test), quality.py (FID and the other sample metrics, with their noise), decide.py (the decisions,
+in order), result.py (what was found, JSON), summary.py (markdown), cli.py (the command).
+"""
+
+from ditbench.report.gate.decide import NothingComparedError, compare_files, compare_frames
+from ditbench.report.gate.env import EnvMismatchError
+from ditbench.report.gate.inputs import GateRefusal, IncomparableError
+from ditbench.report.gate.metrics import DEFAULT_THRESHOLDS, METRICS
+from ditbench.report.gate.policy import Policy, Rule, load_policy
+from ditbench.report.gate.quality import QualityMismatchError
+from ditbench.report.gate.result import CellResult, Comparison, MetricDelta, to_json_text
+from ditbench.report.gate.summary import summary_markdown
+
+__all__ = [
+    "DEFAULT_THRESHOLDS",
+    "METRICS",
+    "CellResult",
+    "Comparison",
+    "EnvMismatchError",
+    "GateRefusal",
+    "IncomparableError",
+    "MetricDelta",
+    "NothingComparedError",
+    "Policy",
+    "QualityMismatchError",
+    "Rule",
+    "compare_files",
+    "compare_frames",
+    "load_policy",
+    "summary_markdown",
+    "to_json_text",
+]

@@ -1,0 +1,125 @@
+"""`ditbench compare BASE NEW`: the regression gate. Exit 0 pass, 1 regression, 2 usage or input error.
+
+The markdown summary goes to stdout (or JSON with --json), to --summary FILE (replaced), and is
+appended to $GITHUB_STEP_SUMMARY when GitHub Actions sets it, so a workflow step needs no glue. A
+refusal (exit 2: environments differ, values that cannot be compared, nothing comparable) writes
+its reason there too, and with --json prints {"result": "refused", ...}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+from ditbench.errors import UserError, shorten
+from ditbench.fileio import write_atomic
+from ditbench.report.gate.decide import compare_files
+from ditbench.report.gate.inputs import GateRefusal
+from ditbench.report.gate.metrics import METRICS
+from ditbench.report.gate.policy import load_policy
+from ditbench.report.gate.result import to_json_text
+from ditbench.report.gate.summary import summary_markdown
+
+_METRIC_NAMES = textwrap.fill("metrics: " + ", ".join(METRICS), 100, subsequent_indent="  ")
+POLICY_EXAMPLE = f"""\
+exit status: 0 no regression, 1 regression (or missing cells with fail_on_missing), 2 usage or input
+error: runs from different GPU / driver / CUDA / torch without --allow-env-mismatch; a gated value
+that cannot be compared (missing on one side, NaN, inf, not a number, bad per-step samples) unless
+the policy allows it; an unknown status; quality made with different Inception weights, reference,
+sampler or sample count; and a comparison that compared no value at all (a gate never passes by
+default).
+
+A regression needs the threshold crossed in the bad direction AND, for timing metrics, a significant
+Mann-Whitney U difference of the per-step times (p < alpha); with fewer than min_samples steps a
+side the threshold alone decides and the summary says so. Memory and loss: threshold alone. Quality
+(the last evaluation both runs have at the same step): |new - base| must also exceed quality_noise_k
+* sqrt(spread_base^2 + spread_new^2); with no spread recorded the threshold decides (weak). A cell
+whose record says metrics.noisy: true keeps its timing verdicts, marked weak.
+
+policy file (YAML; every key optional, metrics merge over the defaults):
+  alpha: 0.01
+  min_samples: 5
+  fail_on_missing: false
+  allow_incomparable: [mfu]     # or true: these may be missing / unusable in a cell (listed, not compared)
+  quality_noise_k: 2            # a quality change must exceed k combined seed spreads
+  metrics:                      # percent the metric may move the wrong way; false turns it off
+    images_per_s: 5
+    peak_mem_allocated_gib: {{threshold_pct: 2, min_abs: 0.05}}
+    step_ms: 10
+    fid: 2
+    inception_score: 2
+  overrides:                    # per-cell thresholds, matched on config knobs
+    - match: {{model: DiT-S/8}}
+      metrics: {{images_per_s: 10}}
+{_METRIC_NAMES}
+allow_incomparable also takes step_samples (bad per-step samples: the test is skipped, the threshold
+decides).
+"""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.epilog = POLICY_EXAMPLE
+    parser.add_argument("base", metavar="BASE", help="the baseline results.jsonl (or its run directory)")
+    parser.add_argument("new", metavar="NEW", help="the new results.jsonl (or its run directory)")
+    parser.add_argument(
+        "--policy",
+        metavar="POLICY.yaml",
+        default=None,
+        help="thresholds per metric, significance level, per-cell overrides, what may go uncompared "
+        "(default: images/s -5%%, peak allocated memory +2%%, peak reserved memory +5%%, FID +2%%, "
+        "Inception Score -2%%, alpha 0.01)",
+    )
+    parser.add_argument(
+        "--allow-env-mismatch",
+        action="store_true",
+        help="compare even when GPU, driver, CUDA or torch differ between the runs",
+    )
+    parser.add_argument(
+        "--summary",
+        metavar="FILE",
+        default=None,
+        help="also write the markdown summary to FILE (e.g. for a pull-request comment)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the full comparison as JSON instead of markdown"
+    )
+
+
+def _publish(text: str, summary: str | None) -> None:
+    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    same = summary and step_summary and Path(summary).resolve() == Path(step_summary).resolve()
+    where = "--summary"
+    try:
+        if summary and not same:
+            write_atomic(summary, text)
+        where = "$GITHUB_STEP_SUMMARY"
+        if step_summary:  # other steps write there too: append, never replace
+            with open(step_summary, "a", encoding="utf-8") as f:
+                f.write(text + "\n")
+    except OSError as err:
+        target = summary if where == "--summary" else step_summary
+        raise UserError(
+            f"cannot write the summary to {where} {shorten(str(target), 200, quote=False)}: "
+            f"{err.strerror or err}. Give a writable file path."
+        ) from None
+
+
+def run(args: argparse.Namespace) -> int:
+    policy = load_policy(args.policy)
+    try:
+        result = compare_files(args.base, args.new, policy, args.allow_env_mismatch)
+    except GateRefusal as err:
+        _publish(err.markdown(), args.summary)
+        if args.json:
+            reason = " ".join(str(err).split())
+            print(json.dumps({"result": "refused", "exit_code": err.exit_code, "reason": reason}, indent=2))
+        raise
+    text = summary_markdown(result)
+    _publish(text, args.summary)
+    sys.stdout.write(to_json_text(result) + "\n" if args.json else text)
+    return result.exit_code

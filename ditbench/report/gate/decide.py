@@ -1,0 +1,296 @@
+"""The gate's decisions, cell by cell, in the order they are taken:
+
+1. Environment (env.py): different hardware or software refuses, unless allowed.
+2. Cells match by cell_id. Cells on one side only are listed; they fail the gate only with
+   `fail_on_missing: true`. No matching cell at all refuses.
+3. Status. ok -> oom / timeout / nan_loss / error is a "new failure"; not ok -> ok is "fixed";
+   ok -> skipped / unsupported is "no longer measured" (the suite or the machine stopped running
+   it); a failure that changes kind is "still failing". A status outside the known set refuses.
+4. Values, for cells ok on both sides. Every gated metric must be comparable: a finite number in
+   its valid range on both sides (metrics images/s and step time always, since an ok record claims
+   them). Missing on one side, NaN, inf, a string, bad per-step samples or a malformed noisy flag
+   refuse the gate (exit 2) naming the file, line and cell, unless the policy's
+   allow_incomparable names the metric; then the cell lists it as not compared. A metric measured
+   by neither run is "not measured" there; a metric the policy file names that no cell measured
+   refuses.
+5. Metrics: timing.py (thresholds and the per-step significance test) and quality.py (FID and
+   the other sample metrics, with their noise). Quality made with different Inception weights,
+   reference, sampler or sample count refuses.
+6. A gate that compared no value at all refuses: it never passes by default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from ditbench.report.gate import env as envs
+from ditbench.report.gate.inputs import (
+    GateRefusal,
+    Problems,
+    Row,
+    load_run,
+    noisy,
+    number_at,
+    rows,
+    step_samples,
+)
+from ditbench.report.gate.metrics import CORE, METRICS, QUALITY, Metric
+from ditbench.report.gate.policy import STEP_SAMPLES, Policy, Rule
+from ditbench.report.gate.quality import check_identity, compare_quality, read_quality
+from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
+from ditbench.report.gate.timing import StepTest, judge
+
+FAILED = ("oom", "timeout", "nan_loss", "error")
+
+
+class NothingComparedError(GateRefusal):
+    title = "refused, nothing comparable"
+
+
+class _Cell:
+    """The comparison of one cell that is ok in both runs."""
+
+    def __init__(self, b: Row, n: Row, rules: dict[str, Rule], policy: Policy, problems: Problems):
+        self.b, self.n, self.policy, self.problems = b, n, policy, problems
+        self.rules = rules
+        self.deltas: list[MetricDelta] = []
+        self.not_compared: list[dict[str, str]] = []
+        self.not_measured: list[str] = []
+        self.untested = False
+        self.official: list[bool | None] = []
+
+    def problem(self, row: Row, metric: str | None, text: str) -> None:
+        """An input that cannot be compared: refuses, unless the policy allows it for this metric."""
+        if metric is not None and self.policy.allows(metric):
+            self.not_compared.append({"metric": metric, "reason": f"{row.side}: {text}"})
+        else:
+            self.problems.add(row, text, metric)
+
+    def run(self) -> None:
+        weak = self._weak_reason()
+        test = self._step_test()
+        gated = [(METRICS[name], rule) for name, rule in self.rules.items()]
+        self._require_core()
+        for metric, rule in gated:
+            if metric.kind != QUALITY:
+                self._measured(metric, rule, test, weak)
+        quality = [(m, r) for m, r in gated if m.kind == QUALITY]
+        if quality:
+            self._quality(quality)
+
+    def _require_core(self) -> None:
+        """Status ok claims images/s and a step time: a record without them is not comparable."""
+        for name in CORE:
+            if name in self.rules:
+                continue  # checked where it is compared
+            metric = METRICS[name]
+            for row in (self.b, self.n):
+                v, usable = self._value(row, metric)
+                if usable and v is None:
+                    self.problem(row, name, f"{metric.path} is missing (a status ok record needs it)")
+
+    def _weak_reason(self) -> str | None:
+        reasons = []
+        for row in (self.b, self.n):
+            why, problem = noisy(row.record)
+            if problem:
+                self.problems.add(row, problem)
+            elif why:
+                reasons.append(f"{row.side.lower()}: {why}")
+        return "; ".join(reasons) or None
+
+    def _step_test(self) -> StepTest:
+        samples = []
+        for row in (self.b, self.n):
+            s, problem = step_samples(row.record)
+            if problem:
+                self.problem(row, STEP_SAMPLES, problem)
+            samples.append(s)
+        return StepTest(samples[0], samples[1], self.policy)
+
+    def _value(self, row: Row, metric: Metric) -> tuple[float | None, bool]:
+        """(value, usable); a problem is recorded when not usable."""
+        v, why = number_at(row.record, metric.path)
+        if why is None and v is not None and metric.out_of_range(v):
+            why = f"is {v:g}, not a {metric.valid} value"
+        if why:
+            self.problem(row, metric.name, f"{metric.path} {why}")
+            return None, False
+        return v, True
+
+    def _measured(self, metric: Metric, rule: Rule, test: StepTest, weak: str | None) -> None:
+        (b, ok_b), (n, ok_n) = self._value(self.b, metric), self._value(self.n, metric)
+        if not (ok_b and ok_n):
+            return
+        if b is None or n is None:
+            if b is None and n is None and not metric.core:
+                self.not_measured.append(metric.name)
+                return
+            for row, v in ((self.b, b), (self.n, n)):
+                if v is None:
+                    self.problem(
+                        row,
+                        metric.name,
+                        f"{metric.path} is missing (a status ok record needs it)"
+                        if metric.core
+                        else f"{metric.path} is missing, but the other run has it",
+                    )
+            return
+        delta, untested = judge(metric, rule, b, n, test, weak)
+        self.untested |= untested
+        self.deltas.append(delta)
+
+    def _quality(self, gated: list[tuple[Metric, Rule]]) -> None:
+        qs = []
+        for row in (self.b, self.n):
+            q, problem = read_quality(row.record)
+            if problem:
+                self.problems.add(row, problem)
+                return
+            qs.append(q)
+        qb, qn = qs
+        if qb is None and qn is None:
+            self.not_measured.extend(m.name for m, _ in gated)
+            return
+        if qb is None or qn is None:
+            row = self.b if qb is None else self.n
+            for m, _ in gated:
+                self.problem(row, m.name, "has no quality field, but the other run has one")
+            return
+        check_identity(self.b, qb, self.n, qn)
+        deltas, not_measured, problems = compare_quality(qb, qn, gated, self.policy.quality_noise_k)
+        for side, metric, text in problems:
+            self.problem(self.b if side == "BASE" else self.n, metric, text)
+        self.not_measured.extend(not_measured)
+        self.deltas.extend(deltas)
+        if deltas:
+            self.official += [qb.official, qn.official]
+
+    def result(self) -> CellResult:
+        verdicts = {d.verdict for d in self.deltas}
+        verdict = (
+            "regression" if "regression" in verdicts else "improved" if "improvement" in verdicts else "pass"
+        )
+        rec = self.n.record
+        return CellResult(
+            rec["cell_id"],
+            rec["cell_name"],
+            verdict,
+            "ok",
+            "ok",
+            None,
+            self.deltas,
+            self.untested,
+            weak=any(d.weak for d in self.deltas),
+            not_compared=self.not_compared,
+            not_measured=self.not_measured,
+        )
+
+
+def _status_result(b: Row | None, n: Row | None) -> CellResult:
+    """The verdict of a cell that is not ok on both sides (or on one side only)."""
+    rec = (n or b).record
+    cid, name = rec["cell_id"], rec["cell_name"]
+    bs = b.record["status"] if b else None
+    ns = n.record["status"] if n else None
+    if n is None:
+        return CellResult(cid, name, "only in base", bs, None)
+    if b is None:
+        return CellResult(cid, name, "only in new", None, ns)
+    reason = n.record.get("reason")
+    if bs == "ok" and ns in FAILED:
+        return CellResult(cid, name, "new failure", bs, ns, reason)
+    if bs == "ok":
+        return CellResult(cid, name, "no longer measured", bs, ns, reason)
+    if ns == "ok":
+        return CellResult(cid, name, "fixed", bs, ns)
+    return CellResult(cid, name, "still failing", bs, ns, reason)
+
+
+def compare_frames(
+    base: pd.DataFrame,
+    new: pd.DataFrame,
+    policy: Policy | None = None,
+    allow_env_mismatch: bool = False,
+    base_path: str = "BASE",
+    new_path: str = "NEW",
+) -> Comparison:
+    """Compare two loaded runs (report.load: one row per cell_id each); raises GateRefusal (exit 2)."""
+    from ditbench.report.analysis import knobs  # analysis pulls in more than the gate needs at import
+
+    policy = policy or Policy()
+    base_rows, new_rows = rows(base, "BASE"), rows(new, "NEW")
+    common = [c for c in base_rows if c in new_rows]
+    if not common:
+        raise NothingComparedError(
+            f"no cell of {new_path} matches a cell of {base_path} (cells match by cell_id, a hash of the "
+            f"whole cell config; {len(base_rows)} cells vs {len(new_rows)}). Are these runs of the same "
+            "suite, and was the suite file changed since the baseline? A gate that compares nothing "
+            "cannot pass; refresh the baseline if the suite changed on purpose."
+        )
+    diffs = envs.differences([(base_rows[c], new_rows[c]) for c in common])
+    if diffs and not allow_env_mismatch:
+        raise envs.EnvMismatchError(base_path, new_path, diffs)
+    problems = Problems()
+    cells: list[CellResult] = []
+    compared: dict[str, int] = {}  # metric -> cells that compared it
+    unmeasured: dict[str, int] = {}  # metric -> cells where neither run measured it
+    official: list[bool | None] = []
+    used_overrides: set[int] = set()
+    for cid in list(base_rows) + [c for c in new_rows if c not in base_rows]:
+        b, n = base_rows.get(cid), new_rows.get(cid)
+        if not (b and n and b.record["status"] == n.record["status"] == "ok"):
+            cells.append(_status_result(b, n))
+            continue
+        cell_knobs = knobs(n.record)
+        used_overrides.update(policy.matching(cell_knobs))
+        cell = _Cell(b, n, policy.rules_for(cell_knobs), policy, problems)
+        cell.run()
+        for d in cell.deltas:
+            compared[d.metric] = compared.get(d.metric, 0) + 1
+        for name in cell.not_measured:
+            unmeasured[name] = unmeasured.get(name, 0) + 1
+        official += cell.official
+        cells.append(cell.result())
+    problems.raise_any()
+    _check_explicit(policy, compared, unmeasured)
+    first_new = next(iter(new_rows.values()))
+    env = {k: v for k, v in envs.fingerprint(first_new.record).items() if v != "None"}
+    inception = None if not official else all(o is True for o in official)
+    unused = [i for i in range(len(policy.overrides)) if i not in used_overrides]
+    result = Comparison(base_path, new_path, cells, diffs, policy, env, inception, unused)
+    if result.compared == 0 and not result.failed:
+        counts = ", ".join(f"{result.count(v)} {v}" for v in VERDICTS if result.count(v))
+        raise NothingComparedError(
+            f"{new_path} vs {base_path}: no value of any matched cell could be compared ({counts}; "
+            f"gated metrics: {', '.join(policy.rules) or 'none'}). A gate that compared nothing cannot "
+            "pass, so it refuses (exit 2). Check that the cells ran ok in both runs and that the policy "
+            "gates a metric they measure."
+        )
+    return result
+
+
+def _check_explicit(policy: Policy, compared: dict[str, int], unmeasured: dict[str, int]) -> None:
+    """A metric the policy file names must have been compared somewhere it was measurable."""
+    missing = [m for m in sorted(policy.explicit) if unmeasured.get(m) and not compared.get(m)]
+    missing = [m for m in missing if not policy.allows(m)]
+    if missing:
+        raise NothingComparedError(
+            f"policy {policy.source} gates {', '.join(missing)}, but no cell ok in both runs measured "
+            f"{'it' if len(missing) == 1 else 'them'} on both sides ({unmeasured[missing[0]]} cell(s) had "
+            f"no {missing[0]} in either run). The gate cannot check what the policy asks, so it refuses "
+            "(exit 2). Remove the metric from the policy, list it under allow_incomparable, or measure it."
+        )
+
+
+def compare_files(
+    base_path: str | Path,
+    new_path: str | Path,
+    policy: Policy | None = None,
+    allow_env_mismatch: bool = False,
+) -> Comparison:
+    base = load_run(base_path)
+    new = load_run(new_path)
+    return compare_frames(base, new, policy, allow_env_mismatch, str(base_path), str(new_path))

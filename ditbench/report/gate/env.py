@@ -1,0 +1,76 @@
+"""Whether two runs come from the same machine and stack.
+
+The keys in ENV_KEYS (GPU model and count, driver, CUDA, torch; the CPU model for CPU-only runs)
+must agree for every matched cell. Host name, Python patch level, kernel, ditbench version and git
+sha are left out on purpose: runners in a pool differ in host name, and the code is what a gate is
+meant to test. A mismatch refuses the comparison (exit 2) unless allowed, and then heads the summary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ditbench.errors import shorten
+from ditbench.report.gate.inputs import GateRefusal, Row
+
+ENV_KEYS = ("gpu_name", "gpu_count", "driver", "cuda", "torch")
+ENV_KEYS_CPU = ("cpu",)  # only when no GPU was used
+
+Differences = dict[str, tuple[list[str], list[str]]]
+
+
+def fingerprint(record: dict[str, Any]) -> dict[str, str]:
+    env = record.get("env") or {}
+    keys = ENV_KEYS if env.get("gpu_name") else ENV_KEYS + ENV_KEYS_CPU
+    return {k: shorten(env.get(k), 120, quote=False) for k in keys}
+
+
+def differences(pairs: list[tuple[Row, Row]]) -> Differences:
+    """key -> (base values, new values) for fingerprint keys that differ between matched cells."""
+    diffs: Differences = {}
+    for b, n in pairs:
+        fb, fn = fingerprint(b.record), fingerprint(n.record)
+        for key in sorted(set(fb) | set(fn)):
+            vb, vn = fb.get(key, "None"), fn.get(key, "None")
+            if vb != vn:
+                bv, nv = diffs.setdefault(key, ([], []))
+                if vb not in bv:
+                    bv.append(vb)
+                if vn not in nv:
+                    nv.append(vn)
+    return diffs
+
+
+def _values(values: list[str]) -> str:
+    return ", ".join(values[:4]) + (f" (+{len(values) - 4} more)" if len(values) > 4 else "")
+
+
+class EnvMismatchError(GateRefusal):
+    """The two runs come from different hardware or software; comparing them would mislead."""
+
+    title = "refused, environments differ"
+
+    def __init__(self, base_path: str, new_path: str, diffs: Differences):
+        self.differences = diffs
+        self.base_path, self.new_path = base_path, new_path
+        text = "; ".join(f"{k}: {_values(b)} (base) vs {_values(n)} (new)" for k, (b, n) in diffs.items())
+        super().__init__(
+            f"{base_path} and {new_path} were measured on different hardware or software ({text}). "
+            "Speed and memory from different stacks are not comparable, so the gate refuses. Re-measure "
+            "the baseline on this machine (see the README on refreshing the baseline), or pass "
+            "--allow-env-mismatch to compare anyway."
+        )
+
+    def markdown(self) -> str:
+        rows = [f"| {k} | {_values(b)} | {_values(n)} |" for k, (b, n) in self.differences.items()]
+        lines = [
+            f"## ⛔ ditbench compare: {self.title}",
+            "",
+            f"`{self.base_path}` and `{self.new_path}` were measured on different hardware or software, so "
+            "their speed and memory are not comparable. Refresh the baseline on this runner, or pass "
+            "`--allow-env-mismatch`.",
+            "",
+            "| key | base | new |",
+            "|---|---|---|",
+        ]
+        return "\n".join(lines + rows) + "\n"

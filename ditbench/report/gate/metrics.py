@@ -1,0 +1,91 @@
+"""What the gate can compare: where each metric lives in a record, which way is better, how it is judged.
+
+Speed, memory and loss metrics are read from the record at `path`. Quality metrics are read from
+one evaluation of the record's `quality` field (`evaluations[i].metrics[path]`), see quality.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+HIGHER, LOWER = "higher", "lower"
+TIMING, MEMORY, LOSS, QUALITY = "timing", "memory", "loss", "quality"
+POSITIVE, NONNEGATIVE, ANY = "positive", "non-negative", "any"
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    path: str  # dotted path in the record, or the key of a quality evaluation's metrics
+    direction: str  # which way is better
+    label: str
+    kind: str  # TIMING metrics are derived from the per-step times, so the step samples can test them
+    valid: str = POSITIVE  # the values a real measurement can take
+    core: bool = False  # every ok record has it: missing on both sides is an input error
+
+    @property
+    def timed(self) -> bool:
+        return self.kind == TIMING
+
+    def out_of_range(self, v: float) -> bool:
+        return (self.valid == POSITIVE and v <= 0) or (self.valid == NONNEGATIVE and v < 0)
+
+
+METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in (
+        Metric("images_per_s", "metrics.images_per_s", HIGHER, "images/s", TIMING, core=True),
+        Metric("images_per_s_per_gpu", "metrics.images_per_s_per_gpu", HIGHER, "images/s per GPU", TIMING),
+        Metric("steps_per_s", "metrics.steps_per_s", HIGHER, "steps/s", TIMING),
+        Metric("step_ms", "metrics.step_ms.median", LOWER, "step ms (median)", TIMING, core=True),
+        Metric("tflops_per_s", "metrics.tflops_per_s", HIGHER, "TFLOP/s", TIMING),
+        Metric("mfu", "metrics.mfu.value", HIGHER, "MFU", TIMING),
+        Metric(
+            "peak_mem_allocated_gib", "metrics.peak_mem_allocated_gib", LOWER, "peak allocated GiB", MEMORY
+        ),
+        Metric("peak_mem_reserved_gib", "metrics.peak_mem_reserved_gib", LOWER, "peak reserved GiB", MEMORY),
+        Metric("device_mem_gib", "metrics.device_mem_gib", LOWER, "device memory GiB", MEMORY),
+        Metric("cpu_peak_rss_gib", "metrics.cpu_peak_rss_gib", LOWER, "CPU peak RSS GiB", MEMORY),
+        Metric("smoke_last_loss", "smoke.last_mean", LOWER, "smoke loss (last window)", LOSS, ANY),
+        Metric("fid", "fid", LOWER, "FID", QUALITY, NONNEGATIVE),
+        Metric("sfid", "sfid", LOWER, "sFID", QUALITY, NONNEGATIVE),
+        Metric("inception_score", "inception_score", HIGHER, "Inception Score", QUALITY, NONNEGATIVE),
+        Metric("precision", "precision", HIGHER, "precision", QUALITY, NONNEGATIVE),
+        Metric("recall", "recall", HIGHER, "recall", QUALITY, NONNEGATIVE),
+        Metric("kid", "kid", LOWER, "KID", QUALITY, ANY),  # the unbiased estimate can be negative
+    )
+}
+CORE = tuple(name for name, m in METRICS.items() if m.core)
+
+# Default thresholds in percent; a metric not listed is not gated unless a policy enables it.
+# Throughput and reserved memory are noisier than allocated memory, which is near-deterministic.
+DEFAULT_THRESHOLDS: dict[str, float] = {
+    "images_per_s": 5.0,
+    "peak_mem_allocated_gib": 2.0,
+    "peak_mem_reserved_gib": 5.0,
+    "fid": 2.0,
+    "inception_score": 2.0,
+}
+
+
+@dataclass(frozen=True)
+class Crossing:
+    change_pct: float | None  # signed (new - base) / |base|; None when base is 0 (no finite percentage)
+    direction: str  # "worse", "better" or "same"
+    crossed: bool  # moved beyond the threshold (percent and min_abs) in that direction
+
+
+def crossing(metric: Metric, base: float, new: float, threshold_pct: float, min_abs: float) -> Crossing:
+    """How far new moved from base, and whether that crosses the rule. Values must be finite."""
+    delta = new - base
+    worse = -delta if metric.direction == HIGHER else delta  # > 0: moved the wrong way
+    direction = "worse" if worse > 0 else "better" if worse < 0 else "same"
+    change = delta / abs(base) * 100 if base != 0 else None
+    if change is not None and not math.isfinite(change):
+        change = None  # a base near the smallest float: the percentage overflows
+    if direction == "same":
+        return Crossing(0.0 if change is None else change, direction, False)
+    # From a base of 0 any move is infinitely many percent: only min_abs can hold it back.
+    pct = abs(change) if change is not None else math.inf
+    return Crossing(change, direction, pct > threshold_pct and abs(delta) >= min_abs)

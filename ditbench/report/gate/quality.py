@@ -1,0 +1,205 @@
+"""The quality gate: FID, IS and the other sample metrics of the record's `quality` field.
+
+Two runs' quality numbers are comparable only when made the same way: the same Inception weights
+(sha256), reference batch (digest), sampler and number of samples per evaluation; anything else
+refuses the gate (exit 2). The gate compares the last evaluation both runs have at the same
+training step. A change counts when it crosses the metric's threshold in the bad (or good)
+direction AND exceeds the noise: |new - base| > k * sqrt(spread_base^2 + spread_new^2), k =
+quality_noise_k (default 2), each spread being the run's own sample standard deviation over seeds
+(or bootstrap) as recorded. With a spread on one side only, that side's spread stands for both; with
+none, the noise is unknown and the threshold alone decides; both verdicts are marked weak.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from ditbench.errors import shorten
+from ditbench.report.gate.inputs import GateRefusal, Row, number
+from ditbench.report.gate.metrics import Metric, crossing
+from ditbench.report.gate.policy import Rule
+from ditbench.report.gate.result import MetricDelta
+
+# (what a reader calls it, where it lives in `quality`)
+IDENTITY = (
+    ("Inception weights (sha256)", ("inception", "sha256")),
+    ("reference batch (digest)", ("reference", "digest")),
+    ("sampler", ("sampler",)),
+    ("samples per evaluation", ("samples",)),
+)
+
+
+@dataclass
+class Quality:
+    identity: dict[str, Any]  # IDENTITY label -> value
+    official: bool | None  # whether the Inception weights are the official ones
+    evaluations: dict[int, dict[str, Any]]  # training step -> evaluation
+
+
+def read_quality(record: dict[str, Any]) -> tuple[Quality | None, str | None]:
+    """The record's quality field checked for what the gate reads; (None, None) when it has none."""
+    q = record.get("quality")
+    if q is None:
+        return None, None
+    identity = {}
+    for label, path in IDENTITY:
+        node: Any = q
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        name = "quality." + ".".join(path)
+        if path == ("sampler",):
+            if not isinstance(node, dict) or not node:
+                return None, f"{name} is {shorten(node)}, not an object such as {{name, steps, cfg_scale}}"
+            node = json.dumps(node, sort_keys=True, default=str)  # compared as a whole, canonically
+        elif path == ("samples",):
+            if isinstance(node, bool) or not isinstance(node, int) or node <= 0:
+                return None, f"{name} is {shorten(node)}, not a positive number of samples"
+        elif not isinstance(node, str) or not node:
+            return None, f"{name} is {shorten(node)}, not a non-empty string"
+        identity[label] = node
+    official = (q.get("inception") or {}).get("official")
+    evaluations = q.get("evaluations")
+    if not isinstance(evaluations, list) or not evaluations:
+        return None, f"quality.evaluations is {shorten(evaluations)}, not a non-empty list"
+    by_step: dict[int, dict[str, Any]] = {}
+    for i, e in enumerate(evaluations):
+        where = f"quality.evaluations[{i}]"
+        if not isinstance(e, dict):
+            return None, f"{where} is {shorten(e)}, not an object"
+        step = e.get("step")
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            return None, f"{where}.step is {shorten(step)}, not a training step (an integer >= 0)"
+        if step in by_step:
+            return None, f"{where}.step {step} appears twice"
+        if not isinstance(e.get("metrics"), dict):
+            return None, f"{where}.metrics is {shorten(e.get('metrics'))}, not an object"
+        if not isinstance(e.get("spread"), (dict, type(None))):
+            return None, f"{where}.spread is {shorten(e.get('spread'))}, not an object or null"
+        by_step[step] = e
+    return Quality(identity, official if isinstance(official, bool) else None, by_step), None
+
+
+class QualityMismatchError(GateRefusal):
+    """Quality numbers made differently (weights, reference, sampler, sample count): not comparable."""
+
+    title = "refused, quality measured differently"
+
+    def __init__(self, base: Row, new: Row, differences: list[tuple[str, Any, Any]]):
+        self.differences = differences
+        text = "; ".join(
+            f"{label}: {shorten(b, 70)} (base) vs {shorten(n, 70)} (new)" for label, b, n in differences
+        )
+        super().__init__(
+            f"{new.where} and {base.source}: the quality metrics were made differently ({text}). FID, IS "
+            "and the others depend on the Inception weights, the reference batch, the sampler and the "
+            "sample count, so numbers made differently are not comparable and the gate refuses (exit 2). "
+            "Evaluate both runs the same way, or turn the quality metrics off in the policy."
+        )
+
+
+def check_identity(base: Row, qb: Quality, new: Row, qn: Quality) -> None:
+    differences = [(label, qb.identity[label], qn.identity[label]) for label, _ in IDENTITY]
+    differences = [d for d in differences if d[1] != d[2]]
+    if differences:
+        raise QualityMismatchError(base, new, differences)
+
+
+def compare_quality(
+    qb: Quality, qn: Quality, gated: list[tuple[Metric, Rule]], k: float
+) -> tuple[list[MetricDelta], list[str], list[tuple[str, str, str]]]:
+    """(deltas, metrics measured by neither run, problems as (side, metric, text))."""
+    common = sorted(set(qb.evaluations) & set(qn.evaluations))
+    if not common:
+        text = (
+            f"quality has no evaluation at a training step both runs have (base steps "
+            f"{shorten(sorted(qb.evaluations))}, new steps {shorten(sorted(qn.evaluations))})"
+        )
+        return [], [], [("NEW", m.name, text) for m, _ in gated]
+    step = common[-1]
+    eb, en = qb.evaluations[step], qn.evaluations[step]
+    deltas, not_measured, problems = [], [], []
+    for metric, rule in gated:
+        values, spreads, bad = [], [], None
+        for side, e in (("BASE", eb), ("NEW", en)):
+            where = f"quality.evaluations[step {step}]"
+            v, why = number(e["metrics"].get(metric.path))
+            if why is None and v is not None and metric.out_of_range(v):
+                why = f"is {v:g}, not a {metric.valid} value"
+            s, swhy = number((e.get("spread") or {}).get(metric.path))
+            if swhy is None and s is not None and s < 0:
+                swhy = f"is {s:g}, not a spread (>= 0)"
+            if why or swhy:
+                bad = (
+                    side,
+                    metric.name,
+                    f"{where}.{'metrics' if why else 'spread'}.{metric.path} {why or swhy}",
+                )
+                break
+            values.append(v)
+            spreads.append(s)
+        if bad:
+            problems.append(bad)
+            continue
+        (b, n) = values
+        if b is None and n is None:
+            not_measured.append(metric.name)
+            continue
+        if b is None or n is None:
+            side = "BASE" if b is None else "NEW"
+            problems.append(
+                (side, metric.name, f"quality.evaluations[step {step}].metrics.{metric.path} is missing")
+            )
+            continue
+        deltas.append(_judge(metric, rule, b, n, spreads[0], spreads[1], k, step))
+    return deltas, not_measured, problems
+
+
+def _judge(
+    metric: Metric, rule: Rule, b: float, n: float, sb: float | None, sn: float | None, k: float, step: int
+) -> MetricDelta:
+    c = crossing(metric, b, n, rule.threshold_pct, rule.min_abs)
+    weak_reason = None
+    if sb is None and sn is None:
+        bound = None
+        weak_reason = (
+            "noise unknown: neither run recorded a spread (one seed?), so the threshold alone decided"
+        )
+        significance = f"noise unknown (threshold decides; step {step})"
+    else:
+        if sb is None or sn is None:
+            known = sn if sb is None else sb
+            sb = sn = known
+            weak_reason = "only one run recorded a spread; it stands for both"
+        bound = k * math.hypot(sb, sn)
+        if not math.isfinite(bound):
+            bound = math.inf
+        beyond = abs(n - b) > bound
+        significance = (
+            f"{'beyond' if beyond else 'within'} noise: |Δ| {abs(n - b):.3g} "
+            f"{'>' if beyond else '≤'} {k:g}σ {bound:.3g} (step {step})"
+        )
+    significant = bound is None or abs(n - b) > bound
+    if c.crossed and significant:
+        verdict = "regression" if c.direction == "worse" else "improvement"
+    elif c.crossed:
+        verdict = "noise"
+    else:
+        verdict = "unchanged"
+    return MetricDelta(
+        metric.name,
+        metric.label,
+        b,
+        n,
+        c.change_pct,
+        rule.threshold_pct,
+        verdict,
+        significance,
+        direction=c.direction,
+        weak=weak_reason is not None and c.crossed,
+        weak_reason=weak_reason if c.crossed else None,
+        step=step,
+        noise=bound if bound is not None and math.isfinite(bound) else None,
+    )

@@ -1,0 +1,119 @@
+"""What a comparison found: per metric, per cell, and for the whole gate (with its JSON form)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ditbench.report.gate.policy import Policy
+
+VERDICTS = (
+    "regression",
+    "new failure",
+    "improved",
+    "pass",
+    "fixed",
+    "still failing",
+    "no longer measured",
+    "only in base",
+    "only in new",
+)
+FAILING_VERDICTS = ("regression", "new failure")
+
+
+@dataclass
+class MetricDelta:
+    metric: str
+    label: str
+    base: float
+    new: float
+    change_pct: float | None  # signed: (new - base) / |base|; None from a base of 0
+    threshold_pct: float
+    verdict: str  # regression | improvement | unchanged | noise (beyond the threshold, not significant)
+    significance: str  # "p=0.0012", "not tested (n=3/20 < 5; threshold decides)", "within noise ..."
+    p_value: float | None = None
+    direction: str = "same"  # worse | better | same: which way the metric moved
+    weak: bool = False  # the verdict rests on a noisy window or on an unknown quality noise
+    weak_reason: str | None = None
+    step: int | None = None  # quality metrics: the training step of the compared evaluation
+    noise: float | None = None  # quality metrics: the difference that counts as beyond noise
+
+
+@dataclass
+class CellResult:
+    cell_id: str
+    cell_name: str
+    verdict: str  # see VERDICTS
+    base_status: str | None
+    new_status: str | None
+    reason: str | None = None
+    metrics: list[MetricDelta] = field(default_factory=list)
+    untested: bool = False  # a gated timing metric could not be tested for significance
+    weak: bool = False  # one of its verdicts is weak (see MetricDelta.weak)
+    not_compared: list[dict[str, str]] = field(default_factory=list)  # allowed by allow_incomparable
+    not_measured: list[str] = field(default_factory=list)  # gated, but measured by neither run
+
+
+@dataclass
+class Comparison:
+    base_path: str
+    new_path: str
+    cells: list[CellResult]
+    env_differences: dict[str, tuple[list[str], list[str]]]
+    policy: Policy
+    env: dict[str, str]
+    inception_official: bool | None = None  # None: no quality metric was compared
+    unused_overrides: list[int] = field(default_factory=list)  # policy overrides no compared cell matched
+
+    @property
+    def regressions(self) -> list[CellResult]:
+        return [c for c in self.cells if c.verdict in FAILING_VERDICTS]
+
+    @property
+    def compared(self) -> int:
+        """How many metric values were positively compared; a pass needs at least one."""
+        return sum(len(c.metrics) for c in self.cells)
+
+    @property
+    def failed(self) -> bool:
+        if self.regressions:
+            return True
+        return self.policy.fail_on_missing and any(c.verdict == "only in base" for c in self.cells)
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.failed else 0
+
+    def count(self, verdict: str) -> int:
+        return sum(c.verdict == verdict for c in self.cells)
+
+    def to_json(self) -> dict[str, Any]:
+        p = self.policy
+        return {
+            "result": "regression" if self.failed else "pass",
+            "exit_code": self.exit_code,
+            "base": self.base_path,
+            "new": self.new_path,
+            "counts": {v: self.count(v) for v in VERDICTS},
+            "compared_metrics": self.compared,
+            "weak_cells": sum(c.weak for c in self.cells),
+            "inception_official": self.inception_official,
+            "env": self.env,
+            "env_differences": {k: {"base": b, "new": n} for k, (b, n) in self.env_differences.items()},
+            "policy": {
+                "source": p.source,
+                "alpha": p.alpha,
+                "min_samples": p.min_samples,
+                "fail_on_missing": p.fail_on_missing,
+                "allow_incomparable": sorted(p.allow_incomparable),
+                "quality_noise_k": p.quality_noise_k,
+                "thresholds_pct": {k: r.threshold_pct for k, r in p.rules.items()},
+                "unused_overrides": self.unused_overrides,
+            },
+            "cells": [asdict(c) for c in self.cells],
+        }
+
+
+def to_json_text(c: Comparison) -> str:
+    return json.dumps(c.to_json(), indent=2, allow_nan=False, default=str)

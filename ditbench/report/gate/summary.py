@@ -1,0 +1,231 @@
+"""The gate's markdown summary, fit for a pull-request comment or $GITHUB_STEP_SUMMARY."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ditbench.report.gate.metrics import HIGHER, METRICS
+from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
+
+MAX_SUMMARY_ROWS = 150  # rows of the "All cells" table: a PR comment holds 65,536 characters
+MAX_LISTED_CELLS = 10
+HEADER = [
+    "| cell | metric | base | new | change | threshold | significance |",
+    "|---|---|---|---|---|---|---|",
+]
+STATUS_SECTIONS = (
+    ("new failure", "New failures (ok before)"),
+    ("fixed", "Fixed (failed before, ok now)"),
+    ("no longer measured", "No longer measured (ok before, not run now)"),
+    ("still failing", "Still failing"),
+)
+
+
+def _fmt(x: float) -> str:
+    if abs(x) >= 1e15:
+        return f"{x:.3g}"
+    if abs(x) >= 1000:
+        return f"{x:,.0f}"
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    return f"{x:.3g}"
+
+
+def _change(d: MetricDelta) -> str:
+    return f"{d.change_pct:+.1f}%" if d.change_pct is not None else "from 0"
+
+
+def _limit(metric: str, threshold_pct: float) -> str:
+    """The threshold written the way it bites: -5% for throughput, +2% for memory."""
+    return f"{'-' if METRICS[metric].direction == HIGHER else '+'}{threshold_pct:g}%"
+
+
+def _md(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _label(d: MetricDelta) -> str:
+    return d.label if d.step is None else f"{d.label} @ step {d.step}"
+
+
+def _names(cells: list[CellResult]) -> str:
+    shown = ", ".join(f"`{_md(x.cell_name)}`" for x in cells[:MAX_LISTED_CELLS])
+    return shown + ("…" if len(cells) > MAX_LISTED_CELLS else "")
+
+
+def _metric_rows(c: Comparison, keep) -> list[str]:
+    rows = []
+    for cell in c.cells:
+        for d in cell.metrics:
+            if keep(d):
+                weak = " · ⚠️ weak" if d.weak else ""
+                rows.append(
+                    f"| {_md(cell.cell_name)} | {_md(_label(d))} | {_fmt(d.base)} | {_fmt(d.new)} | "
+                    f"{_change(d)} | {_limit(d.metric, d.threshold_pct)} | {_md(d.significance)}{weak} |"
+                )
+    return rows
+
+
+def _head(c: Comparison) -> list[str]:
+    n_reg = len(c.regressions)
+    if c.failed:
+        head = f"## ❌ ditbench compare: {n_reg} regression{'s' if n_reg != 1 else ''}"
+        if not n_reg:
+            head = "## ❌ ditbench compare: cells missing from the new run"
+    else:
+        head = "## ✅ ditbench compare: no regression"
+    matched = sum(x.verdict not in ("only in base", "only in new") for x in c.cells)
+    counts = ", ".join(f"{c.count(v)} {v}" for v in VERDICTS if c.count(v))
+    lines = [
+        head,
+        "",
+        f"Base `{c.base_path}` vs new `{c.new_path}`: {matched} cells matched ({counts}); "
+        f"{c.compared} values compared.",
+        "Environment: " + (", ".join(f"{k} {v}" for k, v in c.env.items()) or "unknown") + ".",
+    ]
+    if c.env_differences:
+        lines += [
+            "",
+            "> ⚠️ **Environments differ** (compared anyway with --allow-env-mismatch): "
+            + "; ".join(f"{k}: {', '.join(b)} → {', '.join(n)}" for k, (b, n) in c.env_differences.items())
+            + ".",
+        ]
+    if c.inception_official is False:
+        lines += [
+            "",
+            "> ⚠️ **Not the official Inception weights**: the FID / IS compared here are not comparable "
+            "with papers (both runs used the same weights, so they are comparable with each other).",
+        ]
+    return lines
+
+
+def _sections(c: Comparison) -> list[str]:
+    lines: list[str] = []
+    reg = _metric_rows(c, lambda d: d.verdict == "regression")
+    if reg:
+        lines += ["", "### Regressions", ""] + HEADER + reg
+    for verdict, title in STATUS_SECTIONS:
+        rows = [
+            f"| {_md(x.cell_name)} | {x.base_status} → {x.new_status} | {_md(x.reason or '')} |"
+            for x in c.cells
+            if x.verdict == verdict
+        ]
+        if rows:
+            lines += ["", f"### {title}", "", "| cell | status | reason |", "|---|---|---|"] + rows
+    worse = _metric_rows(c, lambda d: d.verdict == "noise" and d.direction == "worse")
+    if worse:
+        lines += (
+            ["", "### Worse beyond the threshold, but not significant (not counted)", ""] + HEADER + worse
+        )
+    imp = _metric_rows(c, lambda d: d.verdict == "improvement")
+    if imp:
+        lines += ["", "### Improvements", ""] + HEADER + imp
+    better = _metric_rows(c, lambda d: d.verdict == "noise" and d.direction == "better")
+    if better:
+        lines += ["", "### Better beyond the threshold, but not significant", ""] + HEADER + better
+    skipped = [
+        f"| {_md(x.cell_name)} | {_md(m['metric'])} | {_md(m['reason'])} |"
+        for x in c.cells
+        for m in x.not_compared
+    ]
+    if skipped:
+        lines += [
+            "",
+            "### Not compared (allowed by the policy's allow_incomparable)",
+            "",
+            "| cell | metric | why |",
+            "|---|---|---|",
+        ] + skipped[:MAX_SUMMARY_ROWS]
+    return lines
+
+
+def _notes(c: Comparison) -> list[str]:
+    lines: list[str] = []
+    untested = [x for x in c.cells if x.untested]
+    if untested:
+        lines += [
+            "",
+            f"**Significance not tested** for {len(untested)} cell(s) with a change beyond the threshold: "
+            f"fewer than {c.policy.min_samples} per-step samples on a side (or too few to reach "
+            f"p<{c.policy.alpha:g}), so the threshold alone decided: {_names(untested)}.",
+        ]
+    weak = [x for x in c.cells if x.weak]
+    if weak:
+        reasons = sorted({d.weak_reason for x in weak for d in x.metrics if d.weak and d.weak_reason})
+        lines += [
+            "",
+            f"**Weak verdicts** in {len(weak)} cell(s): {_names(weak)}. They still count (a noisy cell's "
+            "timing regression passed its significance test; a quality change without a known noise "
+            "crossed its threshold), but re-measure before acting on them. Why: "
+            + _md("; ".join(reasons[:5]))
+            + ".",
+        ]
+    for verdict, title in (
+        ("only in base", "Missing from the new run"),
+        ("only in new", "New cells (no baseline)"),
+    ):
+        rows = [
+            f"| {_md(x.cell_name)} | `{x.cell_id}` | {x.base_status or x.new_status} |"
+            for x in c.cells
+            if x.verdict == verdict
+        ]
+        if rows:
+            fail = (
+                " (fails the gate: fail_on_missing)"
+                if verdict == "only in base" and c.policy.fail_on_missing
+                else ""
+            )
+            lines += ["", f"### {title}{fail}", "", "| cell | cell_id | status |", "|---|---|---|"] + rows
+    return lines
+
+
+def _all_cells(c: Comparison) -> list[str]:
+    shown = [m for m in METRICS if m in c.policy.rules][:4]
+    rows = []
+    # Changed cells first; the table is capped so the summary fits a pull-request comment.
+    ordered = sorted(c.cells, key=lambda x: x.verdict == "pass")
+    for x in ordered[:MAX_SUMMARY_ROWS]:
+        by = {d.metric: d for d in x.metrics}
+        vals = [f"{_fmt(by[m].new)} ({_change(by[m])})" if m in by else "—" for m in shown]
+        status = x.new_status if x.base_status == x.new_status else f"{x.base_status} → {x.new_status}"
+        verdict = x.verdict + (" (weak)" if x.weak else "")
+        rows.append(f"| {_md(x.cell_name)} | {status} | " + " | ".join(vals) + f" | {verdict} |")
+    more = len(ordered) - MAX_SUMMARY_ROWS
+    return (
+        [
+            "",
+            "<details><summary>All cells</summary>",
+            "",
+            "| cell | status | " + " | ".join(METRICS[m].label for m in shown) + " | verdict |",
+            "|---|---|" + "---|" * len(shown) + "---|",
+        ]
+        + rows
+        + ([f"| … {more} more cells (all pass); see `--json` | | |"] if more > 0 else [])
+        + ["", "</details>"]
+    )
+
+
+def _policy_line(c: Comparison) -> list[str]:
+    p = c.policy
+    rules = ", ".join(f"{METRICS[k].label} {_limit(k, r.threshold_pct)}" for k, r in p.rules.items())
+    allowed = "every metric" if "*" in p.allow_incomparable else ", ".join(sorted(p.allow_incomparable))
+    unused = ""
+    if c.unused_overrides:
+        shown = "; ".join(
+            f"overrides[{i}] (match {_md(p.overrides[i].match)})" for i in c.unused_overrides[:5]
+        )
+        unused = f" ⚠️ No compared cell matched {shown}: check its knobs and values."
+    return [
+        "",
+        f"Policy ({p.source}): {rules or 'no metric'}; a timing change counts only if the per-step times "
+        f"differ by a Mann-Whitney U test at p<{p.alpha:g} (tested with ≥{p.min_samples} samples a side); "
+        f"memory and loss are gated on the threshold alone; a quality change must also exceed "
+        f"{p.quality_noise_k:g}σ of the seeds' combined spread."
+        + (f" Allowed to go uncompared: {allowed}." if allowed else "")
+        + unused,
+    ]
+
+
+def summary_markdown(c: Comparison) -> str:
+    lines = _head(c) + _sections(c) + _notes(c) + _all_cells(c) + _policy_line(c)
+    return "\n".join(lines) + "\n"
