@@ -30,7 +30,7 @@ from ditbench.bench.launch.process import run_isolated
 from ditbench.bench.records import SCHEMA, append_record, latest_by_cell, read_records
 from ditbench.bench.suite import Cell, Suite
 from ditbench.bench.summary import format_line, write_summary
-from ditbench.device import device_type
+from ditbench.device import cuda_visible, device_type
 from ditbench.errors import UserError
 from ditbench.precision import unsupported_reason
 
@@ -61,7 +61,7 @@ class Visible:
     def detect(cls) -> Visible:
         import torch
 
-        cuda = torch.cuda.is_available()
+        cuda = cuda_visible()
         return cls(cuda=cuda, gpu_count=torch.cuda.device_count() if cuda else 0)
 
 
