@@ -43,6 +43,7 @@ class DiffusersDiT(nn.Module):
         self.input_size = transformer.config.sample_size
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """x (N, 4, H, W) latents, t (N,) timesteps, y (N,) labels -> (N, 8, H, W), as `DiT.forward`."""
         return self.transformer(x, timestep=t, class_labels=y, return_dict=False)[0]
 
     def forward_with_cfg(self, x, t, y, cfg_scale: float, guidance_channels: int | None = None):
