@@ -217,6 +217,8 @@ def test_cli_train_runs(tmp_path):
         "64",
         "--steps",
         "4",
+        "--batch-size",
+        "4",
         "--log-every",
         "2",
         "--no-progress",
