@@ -48,9 +48,13 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
 
 def _print_error(message: str) -> None:
     paragraph = " ".join(message.split())
-    print("ditbench: error: " + textwrap.fill(
-        paragraph, width=100, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False
-    ), file=sys.stderr)
+    print(
+        "ditbench: error: "
+        + textwrap.fill(
+            paragraph, width=100, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False
+        ),
+        file=sys.stderr,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
