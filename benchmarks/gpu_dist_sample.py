@@ -38,10 +38,10 @@ def free_port() -> int:
 
 
 def sampling(device: str, plan: list[tuple[str, int]], model: str, image_size: int, steps: int) -> list[dict]:
-    from ditbench import sample as S
+    from ditbench.sampling import cli, sampler
 
     parser = argparse.ArgumentParser()
-    S.add_arguments(parser)
+    cli.add_arguments(parser)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for precision, n in plan:
@@ -64,12 +64,12 @@ def sampling(device: str, plan: list[tuple[str, int]], model: str, image_size: i
                 "--no-progress",
             ]
             # Warm-up: the same shapes, a few steps (kernels chosen, allocator grown).
-            S.sample(
+            sampler.sample(
                 parser.parse_args(
                     [*common, "--num-samples", str(n), "--steps", "3", "--out", f"{tmp}/warm_{precision}.npz"]
                 )
             )
-            rec = S.sample(
+            rec = sampler.sample(
                 parser.parse_args(
                     [
                         *common,
@@ -115,7 +115,7 @@ def ddp_overhead(
     import torch
 
     from ditbench import dist
-    from ditbench.bench.worker import measure_window
+    from ditbench.bench.window import measure_window
     from ditbench.train import TrainConfig, Trainer
 
     os.environ.update(
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    from ditbench.bench.envinfo import collect_env
+    from ditbench.environment import collect_env
 
     t0 = time.time()
     result = {

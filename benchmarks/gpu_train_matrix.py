@@ -8,7 +8,8 @@ only, no VAE, like the anchors), warms up, then times a window of steps with CUD
 records images/s, step times, peak allocated/reserved memory and the loss. The JSON file is
 rewritten atomically after every cell, so an interrupted run keeps what it measured. At the end
 it prints each matched cell next to the official-code anchor measured on an H200
-(/work/shared/DESIGN.md) and says whether ditbench is at least as fast with no more memory.
+(benchmarks/h200_official_dit_anchor.jsonl) and says whether ditbench is at least as fast with no
+more memory.
 
 Selected to finish in about 6 minutes on one H200: the anchor settings, DiT-XL/2 bf16 +
 compile + fused AdamW at batch 256 (target >= 600 img/s), every paper configuration once in
@@ -23,14 +24,13 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Official facebookresearch/DiT code on one NVIDIA H200, latents only (DESIGN.md "Measured anchors";
-# shared/reference/h200_official_dit_anchor.jsonl). key: (model, precision, grad_ckpt, batch, compile)
+# Official facebookresearch/DiT code on one NVIDIA H200, latents only, no VAE (the measurements are
+# in benchmarks/h200_official_dit_anchor.jsonl). key: (model, precision, grad_ckpt, batch, compile)
 ANCHORS = {
     ("DiT-XL/2", "fp32", "none", 32, False): {"img_s": 54.0, "peak_gib": 32.7},
     ("DiT-XL/2", "tf32", "none", 32, False): {"img_s": 163.0, "peak_gib": 32.7},
@@ -92,10 +92,14 @@ def cell_key(c: dict):
 
 
 def run_cell(c: dict, device: str, warmup: int, measure: int, min_seconds: float) -> dict:
+    """One cell, timed by the same window and memory functions as `ditbench run` (peaks reset after
+    the warm-up, CUDA events per step, one synchronisation at the end)."""
     import torch
 
     sys.path.insert(0, str(REPO))
+    from ditbench.bench import memory
     from ditbench.bench.measure import model_flops_per_image
+    from ditbench.bench.window import measure_window, step_stats
     from ditbench.errors import UserError
     from ditbench.train import TrainConfig, Trainer
 
@@ -116,63 +120,34 @@ def run_cell(c: dict, device: str, warmup: int, measure: int, min_seconds: float
         trainer = Trainer(cfg)
         out["params"] = trainer.num_params
         out["optimizer_ran"] = trainer.optimizer.ditbench_impl
-        is_cuda = trainer.device.type == "cuda"
-        sync = torch.cuda.synchronize if is_cuda else (lambda: None)
-        for _ in range(warmup):
-            trainer.step(trainer.next_batch())
-        sync()
-        out["warmup_s"] = round(time.perf_counter() - t0, 2)
-        if is_cuda:
-            torch.cuda.reset_peak_memory_stats()
-        # One event per step boundary, one sync at the end: the host keeps queueing work ahead of the
-        # GPU as in a real training loop, and each step's time is the gap between its two events.
-        times_ms: list[float] = []
-        losses = []
-        events = []
-        if is_cuda:
-            events.append(torch.cuda.Event(enable_timing=True))
-            events[0].record()
-        start = time.perf_counter()
-        last = start
-        n = 0
-        while n < measure or (time.perf_counter() - start < min_seconds and n < 20 * measure):
-            losses.append(trainer.step(trainer.next_batch()))
-            n += 1
-            if is_cuda:
-                events.append(torch.cuda.Event(enable_timing=True))
-                events[-1].record()
-            else:
-                now = time.perf_counter()
-                times_ms.append((now - last) * 1000)
-                last = now
-        sync()
-        wall = time.perf_counter() - start
-        if is_cuda:
-            times_ms = [a.elapsed_time(b) for a, b in zip(events[:-1], events[1:], strict=True)]
-        window_ms = sum(times_ms)
-        times_ms.sort()
-        median = times_ms[n // 2]
+        dev = trainer.device.type
+
+        def after_warmup() -> None:
+            out["warmup_s"] = round(time.perf_counter() - t0, 2)
+            memory.reset_peaks(dev)
+
+        window = measure_window(
+            trainer, trainer.step, dev, warmup, measure, min_seconds, after_warmup=after_warmup
+        )
+        stats = step_stats(window["step_ms"])
         out.update(
             status="ok",
-            steps=n,
-            step_ms={
-                "median": round(median, 2),
-                "p10": round(times_ms[n // 10], 2),
-                "p90": round(times_ms[min(n - 1, (9 * n) // 10)], 2),
-            },
-            images_per_s=round(c["batch_size"] * n * 1000.0 / window_ms, 1),
-            images_per_s_wall=round(c["batch_size"] * n / wall, 1),
-            loss=round(torch.stack(losses).float().mean().item(), 4),
+            steps=window["steps"],
+            step_ms={k: round(stats[k], 2) for k in ("median", "p10", "p90")},
+            images_per_s=round(c["batch_size"] * window["steps"] * 1000.0 / sum(window["step_ms"]), 1),
+            images_per_s_wall=round(c["batch_size"] * window["steps"] / window["wall_s"], 1),
+            loss_last=round(window["last_loss"], 4),
             scaler_skips=trainer.scaler_skips,
         )
         flops = model_flops_per_image(c["model"], cfg.image_size, cfg.impl)  # what run records use
-        tflops = out["images_per_s"] * flops / 1e12
-        out["model_tflops_per_s"] = round(tflops, 1)
-        if c["precision"] in MATMUL_CEILING_TFLOPS and is_cuda:
+        tflops = out["images_per_s"] * flops / 1e12 if flops else None  # None: no count, still a cell
+        out["model_tflops_per_s"] = round(tflops, 1) if tflops is not None else None
+        if tflops is not None and c["precision"] in MATMUL_CEILING_TFLOPS and dev == "cuda":
             out["mfu_vs_measured_matmul_ceiling"] = round(tflops / MATMUL_CEILING_TFLOPS[c["precision"]], 3)
-        if is_cuda:
-            out["peak_alloc_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-            out["peak_reserved_gib"] = round(torch.cuda.max_memory_reserved() / 2**30, 2)
+        peaks = memory.peak_metrics(dev)
+        if dev == "cuda":
+            out["peak_alloc_gib"] = round(peaks["peak_mem_allocated_gib"], 2)
+            out["peak_reserved_gib"] = round(peaks["peak_mem_reserved_gib"], 2)
     except UserError as err:
         out.update(status="unsupported", reason=str(err))
     except torch.OutOfMemoryError as err:
@@ -210,11 +185,10 @@ def env_info() -> dict:
 
 
 def write_json(path: Path, obj: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
+    sys.path.insert(0, str(REPO))
+    from ditbench.fileio import write_json_atomic
+
+    write_json_atomic(path, obj, indent=1)
 
 
 def compare(results: list[dict]) -> list[str]:
@@ -230,10 +204,9 @@ def compare(results: list[dict]) -> list[str]:
             lines.append(f"{name:<44} {r.get('status')}: {str(r.get('reason', ''))[:60]}")
             continue
         ips, mem = r["images_per_s"], r.get("peak_alloc_gib")
+        shown = "-" if mem is None else mem
         if a is None:
-            lines.append(
-                f"{name:<44} {ips:>8.1f} {'-':>8} {'-':>6} {mem if mem is not None else '-':>7} {'-':>7}"
-            )
+            lines.append(f"{name:<44} {ips:>8.1f} {'-':>8} {'-':>6} {shown:>7} {'-':>7}")
             continue
         fast = ips >= a["img_s"]
         lean = mem is not None and mem <= a["peak_gib"] + 0.05
@@ -241,7 +214,7 @@ def compare(results: list[dict]) -> list[str]:
             "OK" if fast and lean else ("slower" if not fast else "") + (" more-memory" if not lean else "")
         )
         lines.append(
-            f"{name:<44} {ips:>8.1f} {a['img_s']:>8.1f} {ips / a['img_s']:>6.2f} {mem:>7} "
+            f"{name:<44} {ips:>8.1f} {a['img_s']:>8.1f} {ips / a['img_s']:>6.2f} {shown:>7} "
             f"{a['peak_gib']:>7}  {verdict.strip()}"
         )
     target = [
@@ -251,11 +224,16 @@ def compare(results: list[dict]) -> list[str]:
     ]
     if target:
         ips = target[0]["images_per_s"]
-        tflops = target[0]["model_tflops_per_s"]
+        tflops = target[0].get("model_tflops_per_s")
+        ceiling = (
+            f"; {tflops:.0f} TFLOP/s = {100 * tflops / MATMUL_CEILING_TFLOPS['bf16']:.0f}% of the measured "
+            "bf16 matmul ceiling"
+            if tflops is not None
+            else "; no FLOP count"
+        )
         lines.append(
             f"DiT-XL/2 bf16 + compile, batch 256: {ips:.1f} img/s (target {TARGET_XL2_COMPILE_IMG_S:.0f}: "
-            f"{'reached' if ips >= TARGET_XL2_COMPILE_IMG_S else 'NOT reached'}); {tflops:.0f} TFLOP/s = "
-            f"{100 * tflops / MATMUL_CEILING_TFLOPS['bf16']:.0f}% of the measured bf16 matmul ceiling"
+            f"{'reached' if ips >= TARGET_XL2_COMPILE_IMG_S else 'NOT reached'}){ceiling}"
         )
     return lines
 
@@ -307,7 +285,7 @@ def main(argv=None) -> int:
         "env": env_info(),
         "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "settings": {k: v for k, v in vars(args).items() if k != "cell"},
-        "anchors_source": "official DiT code on one H200 (DESIGN.md)",
+        "anchors_source": "official DiT code on one H200 (benchmarks/h200_official_dit_anchor.jsonl)",
         "results": [],
     }
     t_start = time.perf_counter()

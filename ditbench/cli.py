@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("ditbench.bench.cli", "run a benchmark suite (a matrix of training cells)"),
     "train": ("ditbench.train.cli", "train a DiT for a number of steps and print the loss"),
     "extract-latents": ("ditbench.train.extract", "encode an image folder to a latent file through the VAE"),
-    "sample": ("ditbench.sample", "sample images from a checkpoint into an ADM-format .npz"),
+    "sample": ("ditbench.sampling.cli", "sample images from a checkpoint into an ADM-format .npz"),
     "fid": ("ditbench.metrics.cli", "FID, sFID, Inception Score, precision/recall and KID of a sample batch"),
     "report": ("ditbench.report.cli", "turn results.jsonl files into markdown, HTML and CSV reports"),
     "compare": ("ditbench.report.gate.cli", "compare two runs and fail on a regression (exit 1)"),
@@ -48,9 +48,13 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
 
 def _print_error(message: str) -> None:
     paragraph = " ".join(message.split())
-    print("ditbench: error: " + textwrap.fill(
-        paragraph, width=100, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False
-    ), file=sys.stderr)
+    print(
+        "ditbench: error: "
+        + textwrap.fill(
+            paragraph, width=100, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False
+        ),
+        file=sys.stderr,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

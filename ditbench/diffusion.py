@@ -26,8 +26,11 @@ from ditbench.errors import UserError
 ModelFn = Callable[..., torch.Tensor]
 
 
-def linear_betas(num_timesteps: int = 1000) -> np.ndarray:
-    scale = 1000 / num_timesteps  # keeps the same end points for other step counts, as the reference
+NUM_TIMESTEPS = 1000  # the DiT/ADM diffusion; sampling respaces these
+
+
+def linear_betas(num_timesteps: int = NUM_TIMESTEPS) -> np.ndarray:
+    scale = NUM_TIMESTEPS / num_timesteps  # keeps the same end points for other step counts, as the reference
     return np.linspace(scale * 1e-4, scale * 0.02, num_timesteps, dtype=np.float64)
 
 
@@ -146,7 +149,7 @@ class GaussianDiffusion:
     # ---- construction -------------------------------------------------------------------
 
     @classmethod
-    def default(cls, num_timesteps: int = 1000) -> GaussianDiffusion:
+    def default(cls, num_timesteps: int = NUM_TIMESTEPS) -> GaussianDiffusion:
         return cls(linear_betas(num_timesteps))
 
     def respaced(self, section_counts: str | int | list[int]) -> GaussianDiffusion:
@@ -352,7 +355,7 @@ class GaussianDiffusion:
 
 
 def create_diffusion(
-    timestep_respacing: str | int | None = None, num_timesteps: int = 1000
+    timestep_respacing: str | int | None = None, num_timesteps: int = NUM_TIMESTEPS
 ) -> GaussianDiffusion:
     """DiT's diffusion: linear schedule, learned-range sigma; respaced when asked ("250", "ddim50")."""
     base = GaussianDiffusion.default(num_timesteps)

@@ -7,7 +7,7 @@ run works on a laptop). Started without torchrun, `init()` returns a one-process
 every helper here degrades to a no-op, so the same code serves 1 and N processes.
 
 The parent side (building the torchrun command, running it, reading per-rank reports and
-aggregating them) lives in `ditbench.bench.torchrun`.
+aggregating them) lives in `ditbench.bench.launch.torchrun`.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import torch
 import torch.distributed as tdist
 from torch import nn
 
+from ditbench.device import resolve_device
 from ditbench.errors import UserError
 
 STRATEGIES = ("ddp", "fsdp")
@@ -59,22 +60,10 @@ def _env_int(name: str, default: int) -> int:
     return default if value in (None, "") else int(value)
 
 
-def resolve_device(device: str, local_rank: int = 0) -> torch.device:
-    """'auto' | 'cuda' | 'cuda:N' | 'cpu' -> the device this rank uses (cuda: its LOCAL_RANK's GPU)."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise UserError(f"device {device!r} was asked for but no CUDA device is visible; use 'cpu'.")
-        if device == "cuda":
-            return torch.device("cuda", local_rank % torch.cuda.device_count())
-        return torch.device(device)
-    if device == "cpu":
-        return torch.device("cpu")
-    raise UserError(f"device {device!r} is not one of auto, cpu, cuda, cuda:N.")
+DEFAULT_TIMEOUT_S = 600.0  # a collective waits this long for a peer before it fails (torch's default)
 
 
-def init(device: str = "auto", timeout_s: float = 600.0) -> DistContext:
+def init(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> DistContext:
     """Join the torchrun job this process belongs to, or describe a plain single process."""
     if not launched_by_torchrun():
         return DistContext(device=resolve_device(device))

@@ -3,16 +3,44 @@
 Every output ditbench writes whole (records' result files, checkpoints, npz batches, caches,
 reports) goes through `atomic_write`: a temporary file in the same folder, flushed and fsynced,
 then renamed over the target; on failure the temporary file is removed and the error re-raised.
+The file gets the permissions an ordinary write would give it: the umask's for a new file (mkstemp
+alone makes every file 0600), the old file's when it replaces one.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
+
+_UMASK_LOCK = threading.Lock()
+
+
+def current_umask() -> int:
+    """The process umask; read from /proc where it can be, since os.umask can only read it by setting it."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    with _UMASK_LOCK:
+        old = os.umask(0o077)
+        os.umask(old)
+        return old
+
+
+def _mode_for(path: Path) -> int:
+    try:
+        return stat.S_IMODE(path.stat().st_mode)  # replacing a file keeps its permissions
+    except OSError:
+        return 0o666 & ~current_umask()  # what open(path, "w") would have made
 
 
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
@@ -21,6 +49,7 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, _mode_for(path))
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

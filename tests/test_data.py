@@ -7,11 +7,11 @@ from ditbench.errors import UserError
 from ditbench.train.data import (
     LatentFile,
     SyntheticLatents,
-    build_vae,
     center_crop_arr,
     data_source_from_config,
 )
 from ditbench.train.extract import extract_latents
+from ditbench.vae import build_vae
 
 
 @pytest.fixture(scope="module")
@@ -190,6 +190,7 @@ def _cli(*args):
     )
 
 
+@pytest.mark.slow
 def test_extract_cli(tmp_path, image_dir, tiny_vae_dir):
     out = tmp_path / "lat.npz"
     proc = _cli(
@@ -208,3 +209,43 @@ def test_extract_cli(tmp_path, image_dir, tiny_vae_dir):
     assert "wrote 10 latents" in proc.stdout and out.is_file()
     bad = _cli(str(tmp_path / "nowhere"), "--vae", "random", "--out", str(out), "--device", "cpu")
     assert bad.returncode == 2 and "does not exist" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_staging_buffers_gather_into_a_ring_and_wait_for_the_copy_before_reuse(monkeypatch):
+    from ditbench.train.data import StagingBuffers
+
+    log, made = [], []
+
+    class Event:  # stands in for torch.cuda.Event on a machine without CUDA
+        def __init__(self):
+            self.n = len(made)
+            made.append(self)
+
+        def record(self):
+            log.append(("record", self.n))
+
+        def synchronize(self):
+            log.append(("wait", self.n))
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    latents, labels = torch.randn(10, 4, 2, 2), torch.arange(10)
+    ring = StagingBuffers((3, 4, 2, 2), (3,), pin=False, cuda_events=True)
+    seen = []
+    for idx in ([0, 1, 2], [7, 8, 9], [4, 5, 6]):
+        x, y = ring.gather(latents, labels, torch.tensor(idx))
+        assert torch.equal(x, latents[idx]) and torch.equal(y, labels[idx])
+        seen.append(x.data_ptr())
+        ring.copies_issued()
+    assert seen[0] == seen[2] != seen[1]  # two slots, reused in turn: no new host tensor per batch
+    assert log == [("record", 0), ("record", 1), ("wait", 0), ("record", 0)]  # wait before reuse
+
+
+@pytest.mark.gpu
+def test_latent_batches_reach_the_gpu_from_pinned_memory(tmp_path):
+    path = tmp_path / "lat.npz"
+    np.savez(path, latents=np.random.randn(6, 4, 4, 4).astype(np.float32), labels=np.arange(6) % 3)
+    src = data_source_from_config(
+        {"latents": str(path)}, batch_size=4, image_size=32, num_classes=3, device="cuda"
+    )
+    x, y = src.next_batch()
+    assert x.is_cuda and y.is_cuda and all(b.is_pinned() for slot in src.staging.slots for b in slot)

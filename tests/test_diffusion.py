@@ -160,6 +160,7 @@ def _random_model():
     return model
 
 
+@pytest.mark.slow
 def test_sampling_is_deterministic_for_a_seed():
     model = _random_model()
     d = create_diffusion("5")

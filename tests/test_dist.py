@@ -12,7 +12,9 @@ import psutil
 import pytest
 import torch
 
-from ditbench.bench import torchrun as tr
+from ditbench.bench.launch import aggregate as agg
+from ditbench.bench.launch import rendezvous as rz
+from ditbench.bench.launch import torchrun as tr
 from ditbench.errors import UserError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,11 +48,11 @@ def test_torchrun_command_single_node_is_standalone():
     assert cmd[:3] == ["py", "-m", "torch.distributed.run"]
     assert "--nproc-per-node=4" in cmd and "--nnodes=1" in cmd and "--standalone" in cmd
     assert "--max-restarts=0" in cmd
-    assert cmd[-4:] == ["-m", "ditbench.bench.rank_worker", "spec.json", "out"]
+    assert cmd[-4:] == ["-m", "ditbench.bench.launch.rank", "spec.json", "out"]
 
 
 def test_torchrun_command_multi_node_uses_c10d_rendezvous():
-    rdzv = tr.Rendezvous(nnodes=2, node_rank=1, endpoint="node0:29500", run_id="job7")
+    rdzv = rz.Rendezvous(nnodes=2, node_rank=1, endpoint="node0:29500", run_id="job7")
     cmd = tr.torchrun_command(8, ["s", "o"], rdzv, python="py")
     assert "--standalone" not in cmd
     for flag in (
@@ -64,7 +66,7 @@ def test_torchrun_command_multi_node_uses_c10d_rendezvous():
         assert flag in cmd
     with_join = tr.torchrun_command(8, ["s", "o"], rdzv, python="py", join_timeout_s=1200)
     assert "--rdzv-conf=join_timeout=1200" in with_join
-    assert tr.rendezvous_argv(rdzv) == [
+    assert rz.rendezvous_argv(rdzv) == [
         "--nnodes",
         "2",
         "--node-rank",
@@ -79,10 +81,10 @@ def test_torchrun_command_multi_node_uses_c10d_rendezvous():
 @pytest.mark.parametrize(
     "rdzv, words",
     [
-        (tr.Rendezvous(nnodes=2), "--rdzv-endpoint"),
-        (tr.Rendezvous(nnodes=2, node_rank=2, endpoint="h:1"), "--node-rank 2"),
-        (tr.Rendezvous(nnodes=2, endpoint="hostonly"), "HOST:PORT"),
-        (tr.Rendezvous(nnodes=0), "--nnodes 0"),
+        (rz.Rendezvous(nnodes=2), "--rdzv-endpoint"),
+        (rz.Rendezvous(nnodes=2, node_rank=2, endpoint="h:1"), "--node-rank 2"),
+        (rz.Rendezvous(nnodes=2, endpoint="hostonly"), "HOST:PORT"),
+        (rz.Rendezvous(nnodes=0), "--nnodes 0"),
     ],
 )
 def test_bad_rendezvous_is_a_user_error(rdzv, words):
@@ -91,11 +93,11 @@ def test_bad_rendezvous_is_a_user_error(rdzv, words):
 
 
 def test_multi_node_runs_one_node_cells_on_node_0_only():
-    two = tr.Rendezvous(nnodes=2, node_rank=1, endpoint="h:1")
-    assert tr.node_verdict({"nodes": 2}, two) is None
-    assert tr.node_verdict({"nodes": 1}, two)[0] == "skipped"
-    assert tr.node_verdict({"nodes": 1}, tr.Rendezvous(nnodes=2, node_rank=0, endpoint="h:1")) is None
-    status, reason = tr.node_verdict({"nodes": 4}, two)
+    two = rz.Rendezvous(nnodes=2, node_rank=1, endpoint="h:1")
+    assert rz.node_verdict({"nodes": 2}, two) is None
+    assert rz.node_verdict({"nodes": 1}, two)[0] == "skipped"
+    assert rz.node_verdict({"nodes": 1}, rz.Rendezvous(nnodes=2, node_rank=0, endpoint="h:1")) is None
+    status, reason = rz.node_verdict({"nodes": 4}, two)
     assert status == "unsupported" and "--nnodes 4" in reason
 
 
@@ -120,7 +122,7 @@ def test_aggregate_sums_throughput_takes_slowest_step_and_largest_memory():
     a = _rank(100.0, 10.0, 5.0, [10.0, 30.0, 10.0])
     b = _rank(80.0, 8.0, 7.0, [20.0, 10.0, 10.0])
     a["fits_budget"], b["fits_budget"] = True, False
-    m = tr.aggregate([a, b], batch_size=10)
+    m = agg.aggregate([a, b], batch_size=10)
     assert m["fits_budget"] is False
     assert m["images_per_s"] == 180.0
     assert m["images_per_s_per_gpu"] == 90.0
@@ -153,13 +155,13 @@ def test_scaling_efficiency_against_the_same_cell_at_one_gpu():
         "config": {**base, "gpus": 4, "nodes": 1, "global_batch": 128, "strategy": "ddp"},
         "metrics": {"images_per_s": 360.0},
     }
-    tr.add_scaling_efficiency(rec, [other_model, one])
+    agg.add_scaling_efficiency(rec, [other_model, one])
     assert rec["metrics"]["scaling_efficiency"] == pytest.approx(0.9)
     assert rec["metrics"]["scaling_reference"]["cell_id"] == "c1"
     lonely = {"status": "ok", "config": {**base, "gpus": 2}, "metrics": {"images_per_s": 1.0}}
-    tr.add_scaling_efficiency(lonely, [other_model])
+    agg.add_scaling_efficiency(lonely, [other_model])
     assert lonely["metrics"]["scaling_efficiency"] is None
-    assert tr.scaling_efficiency(50.0, 2, None) is None
+    assert agg.scaling_efficiency(50.0, 2, None) is None
 
 
 # --------------------------------------------------------------------------------------------
@@ -170,7 +172,7 @@ GRAD_SCRIPT = textwrap.dedent("""
     import torch
     from ditbench import dist
     from ditbench.diffusion import create_diffusion
-    from ditbench.models.dit import build_model
+    from ditbench.models import build_model
 
     def make(seed=0):
         torch.manual_seed(seed)
@@ -209,11 +211,13 @@ GRAD_SCRIPT = textwrap.dedent("""
             loss["loss"].mean().backward()
             result[strategy] = grads(dist.unwrap_model(wrapped), names, full=strategy == "fsdp")
         # Whole training steps as a cell runs them (FSDP: optimizer and EMA rebuilt on the shards).
-        from ditbench.bench.rank_worker import build_trainer
-        cfg = {"model": "DiT-T/8", "image_size": 64, "batch_size": 2, "num_classes": 10, "device": "cpu",
-               "lr": 1e-3}
+        from ditbench.bench.cell import build_trainer
+        from ditbench.bench.spec import CellSpec
+        from ditbench.knobs import CellConfig
         for strategy in ("ddp", "fsdp"):
-            tr = build_trainer(dict(cfg), ctx, strategy)
+            knobs = CellConfig(model="DiT-T/8", image_size=64, batch_size=2, num_classes=10, lr=1e-3, gpus=2,
+                               strategy=strategy)
+            tr = build_trainer(CellSpec(knobs, "cpu"), ctx)
             losses = [float(tr.step(tr.next_batch())) for _ in range(3)]
             full = lambda t: t.full_tensor() if hasattr(t, "full_tensor") else t
             params = [full(p.detach()).clone() for p in tr.base_model.parameters()]
@@ -276,36 +280,21 @@ def test_ddp_and_fsdp_gradients_over_two_processes_equal_single_process(tmp_path
             )
 
 
-def _spec(tmp_path: Path, **over) -> Path:
-    config = {
-        "model": "DiT-T/8",
-        "impl": "ditbench",
-        "image_size": 64,
-        "precision": "fp32",
-        "grad_ckpt": "none",
-        "batch_size": 4,
-        "gpus": 2,
-        "nodes": 1,
-        "strategy": "ddp",
-        "compile": False,
-        "attention": "sdpa",
-        "optimizer": "adamw",
-        "data": "synthetic",
-        "seed": 0,
-        "lr": 1e-4,
-        "weight_decay": 0.0,
-        "ema_decay": 0.9999,
-        "num_classes": 10,
-        "global_batch": 8,
-        "steps": {"warmup": 1, "measure": 3, "min_seconds": 0.0},
-        "smoke_steps": 0,
-        "device": "cpu",
-        "gpu_memory_gb": None,
-    }
-    config.update(over)
+def _spec(tmp_path: Path, smoke_steps: int = 0) -> Path:
+    from ditbench.bench.spec import CellSpec, Steps
+    from ditbench.knobs import CellConfig
+
+    knobs = CellConfig(model="DiT-T/8", image_size=64, batch_size=4, gpus=2, num_classes=10)
+    spec = CellSpec(knobs, "cpu", Steps(warmup=1, measure=3, min_seconds=0.0), smoke_steps=smoke_steps)
     path = tmp_path / "cell.spec.json"
     path.write_text(
-        json.dumps({"cell_id": "t" + tmp_path.name[-8:], "cell_name": "DiT-T/8 gpus=2", "config": config})
+        json.dumps(
+            {
+                "cell_id": "t" + tmp_path.name[-8:],
+                "cell_name": "DiT-T/8 gpus=2",
+                "config": spec.record_config(),
+            }
+        )
     )
     return path
 
@@ -320,6 +309,25 @@ def test_failing_rank_fails_the_cell_with_its_own_error_and_leaves_nothing(tmp_p
     assert result["status"] == "error"
     assert result["reason"].startswith("rank 1: RuntimeError: injected fault")
     assert "raise at step 2" in result["traceback"]
+    assert _processes_mentioning(str(spec)) == []
+
+
+@pytest.mark.slow
+def test_a_two_process_cell_with_a_smoke_run_and_a_rank_whose_smoke_run_fails(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", _env()["PYTHONPATH"])
+    monkeypatch.delenv("DITBENCH_INJECT_FAULT", raising=False)
+    spec = _spec(tmp_path, smoke_steps=3)
+    result = tr.run_cell(spec, tmp_path / "cell.result.json", timeout_s=300)
+    assert result["status"] == "ok" and result["reason"] is None, result
+    assert result["metrics"]["world_size"] == 2 and result["metrics"]["measured_steps"] == 3
+    assert result["smoke"]["status"] == "ok" and len(result["smoke"]["loss"]) == 3
+    # 1 warm-up + 3 measured steps, so step 6 is the smoke run's second: rank 1 raises there
+    monkeypatch.setenv("DITBENCH_INJECT_FAULT", "gpus=2=raise@6")
+    monkeypatch.setenv("DITBENCH_INJECT_FAULT_RANK", "1")
+    result = tr.run_cell(spec, tmp_path / "cell.result.json", timeout_s=300)
+    assert result["status"] == "ok" and result["metrics"]["measured_steps"] == 3, result
+    smoke = result["smoke"]
+    assert smoke["status"] == "error" and smoke["reason"].startswith("rank 1: RuntimeError: injected fault")
     assert _processes_mentioning(str(spec)) == []
 
 
@@ -434,7 +442,7 @@ def test_two_nodes_on_one_machine_rendezvous_and_node_0_records_the_cell(tmp_pat
 
 
 def _launch_result(returncode, reports, gathered_ranks):
-    from ditbench.bench.torchrun import LaunchResult
+    from ditbench.bench.launch.torchrun import LaunchResult
 
     gathered = {"metrics": [{} for _ in range(gathered_ranks)]} if gathered_ranks else None
     tail = "terminate called without an active exception"
@@ -442,7 +450,7 @@ def _launch_result(returncode, reports, gathered_ranks):
 
 
 def test_judge_a_crash_at_teardown_after_complete_reports_keeps_the_measurement():
-    from ditbench.bench.torchrun import judge
+    from ditbench.bench.launch.torchrun import judge
 
     ok = {0: {"rank": 0, "status": "ok"}, 1: {"rank": 1, "status": "ok"}}
     status, reason = judge(_launch_result(-6, ok, 2), world_size=2, timeout_s=60)
@@ -451,7 +459,7 @@ def test_judge_a_crash_at_teardown_after_complete_reports_keeps_the_measurement(
 
 
 def test_judge_a_crash_before_every_rank_reported_is_an_error():
-    from ditbench.bench.torchrun import judge
+    from ditbench.bench.launch.torchrun import judge
 
     ok = {0: {"rank": 0, "status": "ok"}}
     status, reason = judge(_launch_result(-6, ok, 0), world_size=2, timeout_s=60)

@@ -8,16 +8,16 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ditbench.bench import measure
+from ditbench.bench.faults import Fault, FaultyStep, NonFiniteLoss, fault_for
 from ditbench.bench.measure import (
     count_train_flops_per_image,
     gpu_table_key,
     mfu,
     peak_entry,
-    percentile,
-    step_stats,
 )
-from ditbench.bench.worker import FaultyStep, NonFiniteLoss, measure_window, parse_faults, smoke_run
-from ditbench.models.dit import build_model, get_config
+from ditbench.bench.window import measure_window, percentile, smoke_run, step_stats
+from ditbench.errors import UserError
+from ditbench.models import build_model, get_config
 from ditbench.train import TrainConfig, Trainer
 
 
@@ -102,13 +102,14 @@ def test_measure_window_takes_at_least_k_steps_and_t_seconds():
 
 def test_injected_nan_really_makes_the_loss_non_finite():
     trainer = tiny_trainer()
-    step = FaultyStep(trainer, ("nan", 3))
+    step = FaultyStep(trainer, Fault("nan", 3))
     with pytest.raises(NonFiniteLoss) as info:
         measure_window(trainer, step, "cpu", warmup=1, measure=4, min_seconds=0)
     assert info.value.step == 3 and info.value.phase == "measured"
     assert not math.isfinite(info.value.value)
 
 
+@pytest.mark.slow
 def test_smoke_run_curve_and_first_nonfinite_step():
     trainer = tiny_trainer(seed=1)
     smoke = smoke_run(trainer, trainer.step, steps=6)
@@ -117,23 +118,27 @@ def test_smoke_run_curve_and_first_nonfinite_step():
     assert smoke["scaler_skips"] == 0
     trainer = tiny_trainer(seed=1)
     with pytest.raises(NonFiniteLoss) as info:
-        smoke_run(trainer, FaultyStep(trainer, ("nan", 4)), steps=6)
+        smoke_run(trainer, FaultyStep(trainer, Fault("nan", 4)), steps=6)
     assert info.value.step == 4 and info.value.phase == "smoke" and len(info.value.curve) == 3
 
 
 def test_injected_oom_is_a_real_out_of_memory_error():
     trainer = tiny_trainer()
     with pytest.raises(torch.OutOfMemoryError):
-        FaultyStep(trainer, ("oom", 1))(trainer.next_batch())
+        FaultyStep(trainer, Fault("oom", 1))(trainer.next_batch())
 
 
 def test_parse_faults():
-    assert parse_faults(None, "x") is None
-    assert parse_faults("bs=2=oom", "DiT-T/8 fp32 ckpt=none bs=2") == ("oom", 1)
-    assert parse_faults("bs=4=oom,ckpt=full=nan@3", "DiT-T/8 fp32 ckpt=full bs=2") == ("nan", 3)
-    assert parse_faults("bs=4=oom", "DiT-T/8 fp32 ckpt=full bs=2") is None
-    with pytest.raises(ValueError, match="DITBENCH_INJECT_FAULT"):
-        parse_faults("bs=2=explode", "bs=2")
+    assert fault_for("x", None) is None
+    assert fault_for("DiT-T/8 fp32 ckpt=none bs=2", "bs=2=oom") == Fault("oom", 1)
+    assert fault_for("DiT-T/8 fp32 ckpt=full bs=2", "bs=4=oom,ckpt=full=nan@3") == Fault("nan", 3)
+    assert fault_for("DiT-T/8 fp32 ckpt=full bs=2", "bs=4=oom") is None
+    assert fault_for("bs=2", "bs=2=raise", rank=1, rank_text="0") is None
+    for bad in ("bs=2=explode", "bs=2=oom@0", "bs=2=oom@x", "oom"):
+        with pytest.raises(UserError, match="DITBENCH_INJECT_FAULT"):
+            fault_for("bs=2", bad)
+    with pytest.raises(UserError, match="DITBENCH_INJECT_FAULT_RANK"):
+        fault_for("bs=2", "bs=2=oom", rank_text="one")
 
 
 def test_measured_matmul_peak_runs_on_cpu():
@@ -141,8 +146,8 @@ def test_measured_matmul_peak_runs_on_cpu():
 
 
 def test_env_has_the_record_keys_and_the_command_names_the_peak(capsys):
-    from ditbench.bench.envinfo import collect_env
     from ditbench.cli import main
+    from ditbench.environment import collect_env
 
     env = collect_env()
     expected = {
@@ -169,8 +174,14 @@ def test_env_has_the_record_keys_and_the_command_names_the_peak(capsys):
 
 @pytest.mark.parametrize(
     "model,image_size",
-    [("DiT-T/2", 64), ("DiT-T/8", 64), ("DiT-S/8", 256), ("DiT-B/4", 512), ("DiT-L/4", 256),
-     ("DiT-XL/2", 256)],
+    [
+        ("DiT-T/2", 64),
+        ("DiT-T/8", 64),
+        ("DiT-S/8", 256),
+        ("DiT-B/4", 512),
+        ("DiT-L/4", 256),
+        ("DiT-XL/2", 256),
+    ],
 )
 def test_counted_flops_vs_the_papers_6x_forward_convention(model, image_size):
     # ditbench.models.flops counts 6 x forward MACs (the paper's convention). The counter sees that the

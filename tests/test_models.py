@@ -6,7 +6,7 @@ import torch
 
 from ditbench.errors import UnsupportedError, UserError
 from ditbench.models import MODEL_NAMES, PAPER_MODEL_NAMES, build_model, count_params, parse_grad_ckpt
-from ditbench.models.dit import latent_size
+from ditbench.models.configs import grad_ckpt_name, latent_size
 
 OFFICIAL_COUNTS = {
     "DiT-XL/2": 675_129_632,
@@ -218,16 +218,40 @@ def test_latent_size():
 
 
 @pytest.mark.parametrize(
-    "value,expected", [("none", 0), ("full", 1), ("every_2", 2), ("every3", 3), (None, 0), (True, 1)]
+    "value,expected",
+    [
+        ("none", 0),
+        ("full", 1),
+        ("every_2", 2),
+        ("every_1", 1),
+        (None, 0),
+        (True, 1),
+        (False, 0),
+        ("on", 1),  # YAML reads on/off/yes/no as booleans: the command line takes the same words
+        ("Off", 0),
+        ("yes", 1),
+    ],
 )
 def test_parse_grad_ckpt(value, expected):
     assert parse_grad_ckpt(value) == expected
 
 
-@pytest.mark.parametrize("value", ["sometimes", "every_0", "every_x", "half"])
+@pytest.mark.parametrize("value", ["sometimes", "every_0", "every_x", "half", "all", "every3", "1", 2])
 def test_parse_grad_ckpt_rejects(value):
     with pytest.raises(UserError, match="every_K"):
         parse_grad_ckpt(value)
+
+
+def test_grad_ckpt_has_one_canonical_spelling():
+    assert [grad_ckpt_name(v) for v in (False, "off", "none", True, "on", "every_1", "every_3")] == [
+        "none",
+        "none",
+        "none",
+        "full",
+        "full",
+        "full",
+        "every_3",
+    ]
 
 
 def _grads(mode):

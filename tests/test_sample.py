@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from ditbench import sample as S
 from ditbench.errors import UserError
+from ditbench.sampling import cli, sampler
+from ditbench.sampling import shards as plan
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,8 +31,8 @@ def _one_thread():
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     """A ditbench checkpoint of a tiny DiT whose EMA weights differ from its raw weights."""
+    from ditbench.models import build_model
     from ditbench.models.checkpoint import save_checkpoint
-    from ditbench.models.dit import build_model
 
     torch.manual_seed(3)
     model = build_model("DiT-T/2", image_size=32, num_classes=10)
@@ -47,7 +48,7 @@ def checkpoint(tmp_path_factory) -> Path:
 
 def _args(ckpt, out, *extra: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    S.add_arguments(parser)
+    cli.add_arguments(parser)
     return parser.parse_args(
         [
             str(ckpt),
@@ -75,23 +76,23 @@ def _arrays(path):
 
 
 def test_shard_plan_is_balanced_and_seeds_differ():
-    labels = S.labels_for(50_000, 1000)
+    labels = plan.labels_for(50_000, 1000)
     assert np.bincount(labels).tolist() == [50] * 1000
-    assert S.shard_count(50_000, 32) == 1563
-    seeds = {S.shard_seed(0, k) for k in range(1000)} | {S.shard_seed(1, k) for k in range(1000)}
+    assert plan.shard_count(50_000, 32) == 1563
+    seeds = {plan.shard_seed(0, k) for k in range(1000)} | {plan.shard_seed(1, k) for k in range(1000)}
     assert len(seeds) == 2000 and all(0 <= s < 2**63 for s in seeds)
 
 
 def test_fixed_seed_gives_the_same_adm_npz_twice(checkpoint, tmp_path):
-    rec = S.sample(_args(checkpoint, tmp_path / "a.npz"))
-    S.sample(_args(checkpoint, tmp_path / "b.npz"))
+    rec = sampler.sample(_args(checkpoint, tmp_path / "a.npz"))
+    sampler.sample(_args(checkpoint, tmp_path / "b.npz"))
     imgs, labels = _arrays(tmp_path / "a.npz")
     assert imgs.shape == (6, 32, 32, 3) and imgs.dtype == np.uint8
     assert labels.dtype == np.int64 and labels.tolist() == [0, 1, 2, 3, 4, 5]
     assert imgs.std() > 0  # real decoded images, not a constant
-    assert S.npz_digest(tmp_path / "a.npz") == S.npz_digest(tmp_path / "b.npz")
-    other = S.sample(_args(checkpoint, tmp_path / "c.npz", "--seed", "1"))
-    assert S.npz_digest(tmp_path / "c.npz") != S.npz_digest(tmp_path / "a.npz")
+    assert plan.npz_digest(tmp_path / "a.npz") == plan.npz_digest(tmp_path / "b.npz")
+    other = sampler.sample(_args(checkpoint, tmp_path / "c.npz", "--seed", "1"))
+    assert plan.npz_digest(tmp_path / "c.npz") != plan.npz_digest(tmp_path / "a.npz")
     assert other["settings"]["seed"] == 1
     # The record next to the npz: speed, settings, and the honest note about random VAE weights.
     saved = json.loads((tmp_path / "a.json").read_text())
@@ -103,37 +104,37 @@ def test_fixed_seed_gives_the_same_adm_npz_twice(checkpoint, tmp_path):
 
 
 def test_interrupted_run_resumes_to_the_uninterrupted_result(checkpoint, tmp_path, monkeypatch):
-    S.sample(_args(checkpoint, tmp_path / "full.npz", "--num-samples", "10", "--batch-size", "3"))
+    sampler.sample(_args(checkpoint, tmp_path / "full.npz", "--num-samples", "10", "--batch-size", "3"))
     out = tmp_path / "resumed.npz"
-    monkeypatch.setenv(S.FAIL_AFTER_ENV, "2")
+    monkeypatch.setenv(sampler.FAIL_AFTER_ENV, "2")
     with pytest.raises(RuntimeError, match="stopping after 2 shards"):
-        S.sample(_args(checkpoint, out, "--num-samples", "10", "--batch-size", "3"))
+        sampler.sample(_args(checkpoint, out, "--num-samples", "10", "--batch-size", "3"))
     shards = sorted(p.name for p in (tmp_path / "resumed.npz.shards").glob("shard_*.npz"))
     assert shards == ["shard_000000.npz", "shard_000001.npz"] and not out.exists()
-    monkeypatch.delenv(S.FAIL_AFTER_ENV)
+    monkeypatch.delenv(sampler.FAIL_AFTER_ENV)
     # Other settings must not mix with the shards on disk.
     with pytest.raises(UserError, match="seed: 0 now 5"):
-        S.sample(_args(checkpoint, out, "--num-samples", "10", "--batch-size", "3", "--seed", "5"))
-    rec = S.sample(_args(checkpoint, out, "--num-samples", "10", "--batch-size", "3"))
+        sampler.sample(_args(checkpoint, out, "--num-samples", "10", "--batch-size", "3", "--seed", "5"))
+    rec = sampler.sample(_args(checkpoint, out, "--num-samples", "10", "--batch-size", "3"))
     assert rec["images_resumed"] == 6 and rec["images_generated_this_run"] == 4
-    assert S.npz_digest(out) == S.npz_digest(tmp_path / "full.npz")
+    assert plan.npz_digest(out) == plan.npz_digest(tmp_path / "full.npz")
     # A finished batch is not redone.
-    again = S.sample(_args(checkpoint, out, "--num-samples", "10", "--batch-size", "3"))
+    again = sampler.sample(_args(checkpoint, out, "--num-samples", "10", "--batch-size", "3"))
     assert again["finished_at"] == rec["finished_at"]
 
 
 def test_bad_input_is_a_user_error(checkpoint, tmp_path):
     with pytest.raises(UserError, match="not a file"):
-        S.sample(_args(tmp_path / "missing.pt", tmp_path / "x.npz"))
+        sampler.sample(_args(tmp_path / "missing.pt", tmp_path / "x.npz"))
     with pytest.raises(UserError, match="--vae .* does not exist"):
-        S.sample(_args(checkpoint, tmp_path / "x.npz", "--vae", str(tmp_path / "no-vae")))
+        sampler.sample(_args(checkpoint, tmp_path / "x.npz", "--vae", str(tmp_path / "no-vae")))
     with pytest.raises(UserError, match="must end in .npz"):
-        S.sample(_args(checkpoint, tmp_path / "x.png"))
+        sampler.sample(_args(checkpoint, tmp_path / "x.png"))
     with pytest.raises(UserError, match="DiT-T/2 at 32 px"):
-        S.sample(_args(checkpoint, tmp_path / "x.npz", "--model", "DiT-S/2"))
+        sampler.sample(_args(checkpoint, tmp_path / "x.npz", "--model", "DiT-S/2"))
     (tmp_path / "taken.npz").write_bytes(b"user data")
     with pytest.raises(UserError, match="--overwrite"):
-        S.sample(_args(checkpoint, tmp_path / "taken.npz"))
+        sampler.sample(_args(checkpoint, tmp_path / "taken.npz"))
     assert (tmp_path / "taken.npz").read_bytes() == b"user data"
 
 
@@ -186,7 +187,7 @@ def test_two_ranks_under_torchrun_write_the_same_npz_as_one(checkpoint, tmp_path
     assert "on 2 process(es)" in two.stdout
     rec = json.loads((tmp_path / "two.json").read_text())
     assert rec["world_size"] == 2 and sorted(r["images"] for r in rec["per_rank"]) == [3, 4]
-    assert S.npz_digest(tmp_path / "one.npz") == S.npz_digest(tmp_path / "two.npz")
+    assert plan.npz_digest(tmp_path / "one.npz") == plan.npz_digest(tmp_path / "two.npz")
 
 
 def test_cli_reports_bad_checkpoint_in_one_paragraph(tmp_path):
@@ -218,7 +219,7 @@ def test_cli_reports_bad_checkpoint_in_one_paragraph(tmp_path):
 
 def test_the_npz_is_read_by_ditbench_fid_unchanged(checkpoint, tmp_path):
     npz_io = pytest.importorskip("ditbench.metrics.npz_io")  # the metrics package's ADM reader
-    S.sample(_args(checkpoint, tmp_path / "s.npz"))
+    sampler.sample(_args(checkpoint, tmp_path / "s.npz"))
     source = npz_io.open_images(tmp_path / "s.npz")
     assert (source.count, source.height, source.width) == (6, 32, 32)
     got = np.concatenate(list(source.batches(4)))
@@ -244,7 +245,7 @@ def test_official_bare_state_dict_samples_like_the_ema_it_holds(checkpoint, tmp_
     ema = torch.load(checkpoint, weights_only=True)["ema"]
     bare = tmp_path / "DiT-T-2-32x32.pt"
     torch.save(ema, bare)
-    rec = S.sample(_args(bare, tmp_path / "bare.npz"))
-    S.sample(_args(checkpoint, tmp_path / "ckpt.npz"))
+    rec = sampler.sample(_args(bare, tmp_path / "bare.npz"))
+    sampler.sample(_args(checkpoint, tmp_path / "ckpt.npz"))
     assert rec["settings"]["weights"] == "state dict" and rec["settings"]["model"] == "DiT-T/2"
-    assert S.npz_digest(tmp_path / "bare.npz") == S.npz_digest(tmp_path / "ckpt.npz")
+    assert plan.npz_digest(tmp_path / "bare.npz") == plan.npz_digest(tmp_path / "ckpt.npz")

@@ -1,5 +1,6 @@
 """Suite files: expansion (product - exclude + include), stable cell ids, and errors that name the key."""
 
+import dataclasses
 import textwrap
 
 import pytest
@@ -84,10 +85,25 @@ def test_cell_id_is_stable_and_depends_on_every_knob(tmp_path):
     """
     b = load_suite(write(tmp_path, reordered, "b.yaml"))
     assert {c.cell_id for c in a.cells} == {c.cell_id for c in b.cells}
-    config = dict(a.cells[0].config)
-    assert cell_id(config) == a.cells[0].cell_id
-    config["seed"] = 1
-    assert cell_id(config) != a.cells[0].cell_id
+    spec = a.cells[0].spec
+    assert cell_id(spec) == a.cells[0].cell_id
+    assert cell_id(dataclasses.replace(spec, knobs=dataclasses.replace(spec.knobs, seed=1))) != cell_id(spec)
+    assert cell_id(dataclasses.replace(spec, smoke_steps=3)) != cell_id(spec)
+
+
+def test_cell_id_hashes_only_what_differs_from_the_defaults(tmp_path):
+    # Writing a default out, or leaving it implicit, is the same cell; so a knob added later (at its
+    # default) leaves every existing id unchanged.
+    implicit = load_suite(write(tmp_path, BASE, "a.yaml"))
+    explicit = load_suite(
+        write(
+            tmp_path, BASE.replace("image_size: 64", "image_size: 64\n  seed: 0\n  attention: sdpa"), "b.yaml"
+        )
+    )
+    assert [c.cell_id for c in implicit.cells] == [c.cell_id for c in explicit.cells]
+    spellings = load_suite(write(tmp_path, BASE.replace("[none, full]", "[off, on]"), "c.yaml"))
+    assert [c.cell_id for c in spellings.cells] == [c.cell_id for c in implicit.cells]
+    assert {c.config["grad_ckpt"] for c in spellings.cells} == {"none", "full"}
 
 
 def test_smoke_cells(tmp_path):
@@ -134,7 +150,7 @@ BAD = [
         "name: x\nmatrix: {model: [DiT-T/8], precision: [fp32, bf16, fp8]}\n",
         ["matrix.precision[2]", "'fp8'", "bf16"],
     ),
-    ("name: x\nmatrix: {model: [DiT-T/8], batch_size: [4, 0]}\n", ["matrix.batch_size[1]", "positive"]),
+    ("name: x\nmatrix: {model: [DiT-T/8], batch_size: [4, 0]}\n", ["matrix.batch_size[1]", "from 1"]),
     ("name: x\nmatrix: {model: [DiT-T/8], batch_size: [-8]}\n", ["matrix.batch_size[0]", "-8"]),
     ("name: x\nmatrix: {model: [DiT-T/8], batch_size: ['16']}\n", ["matrix.batch_size[0]", "a string"]),
     ("name: x\nmatrix: {}\n", ["`matrix`", "empty"]),
@@ -142,10 +158,35 @@ BAD = [
     ("name: x\n", ["`matrix`", "needs a `matrix`"]),
     ("matrix: {model: [DiT-T/8]}\n", ["`name`"]),
     ("name: x\ndevice: tpu\nmatrix: {model: [DiT-T/8]}\n", ["`device`", "'tpu'", "cuda, cpu, auto"]),
-    ("name: x\ngpu_memory_gb: 0\nmatrix: {model: [DiT-T/8]}\n", ["gpu_memory_gb", "> 0"]),
+    (
+        "name: x\ndevice: cuda\ngpu_memory_gb: 24\nmatrix: {model: [DiT-T/8]}\n",
+        ["`gpu_memory_gb`", "no longer read", "gpu_memory_gib: N", "card: NAME"],
+    ),
+    ("name: x\ndevice: cuda\ngpu_memory_gib: 0\nmatrix: {model: [DiT-T/8]}\n", ["gpu_memory_gib", "than 0"]),
+    ("name: x\ndevice: cuda\ncard: RTX 9090\nmatrix: {model: [DiT-T/8]}\n", ["`card`", "unknown card"]),
+    (
+        "name: x\ndevice: cuda\ncard: L4\ngpu_memory_gib: 20\nmatrix: {model: [DiT-T/8]}\n",
+        ["not both"],
+    ),
+    ("name: x\ndevice: cpu\ncard: L4\nmatrix: {model: [DiT-T/8]}\n", ["`card`", "runs on the cpu"]),
+    ("name: x\nmatrix: {model: [DiT-T/8], lr: [.nan]}\n", ["matrix.lr[0]", "finite"]),
+    ("name: x\ndefaults: {timeout_s: .inf}\nmatrix: {model: [DiT-T/8]}\n", ["defaults.timeout_s", "finite"]),
+    ("name: x\ndefaults: {steps: {min_seconds: -.inf}}\nmatrix: {model: [DiT-T/8]}\n", ["min_seconds"]),
+    ("name: x\nmatrix: {model: [DiT-T/8], seed: [18446744073709551616]}\n", ["matrix.seed[0]", "9,223,372"]),
+    ("name: x\nmatrix: {model: [DiT-T/8], seed: [-1]}\n", ["matrix.seed[0]", "from 0"]),
+    ("name: x\nmatrix: {model: [DiT-T/8], ema_decay: [1.0]}\n", ["matrix.ema_decay[0]", "[0, 1)"]),
+    ("name: x\nmatrix: {model: [DiT-T/8], attention: [flash]}\n", ["matrix.attention[0]", "sdpa"]),
+    ("name: x\nmatrix: {model: [DiT-T/8], optimizer: [lion]}\n", ["matrix.optimizer[0]", "adamw"]),
+    ("name: x\nmatrix: {model: [DiT-T/8], grad_ckpt: [all]}\n", ["matrix.grad_ckpt[0]", "every_K"]),
+    (
+        "name: x\nmatrix: {model: [DiT-T/8], impl: [diffusers], grad_ckpt: [every_2]}\n",
+        ["`matrix`", "impl diffusers"],
+    ),
+    ("name: x\nmatrix: {model: [DiT-T/8], data: [{latents: [1, 2]}]}\n", ["matrix.data[0]", "path"]),
+    ("name: x\nmatrix: {model: [DiT-T/8], batch_size: [2000000]}\n", ["matrix.batch_size[0]", "1,048,576"]),
     (
         "name: x\ndefaults: {steps: {measure: 0}}\nmatrix: {model: [DiT-T/8]}\n",
-        ["defaults.steps.measure", ">= 1"],
+        ["defaults.steps.measure", "from 1"],
     ),
     (
         "name: x\ndefaults: {steps: {warmpu: 3}}\nmatrix: {model: [DiT-T/8]}\n",
@@ -218,7 +259,8 @@ def test_single_24gb_has_the_required_cells():
     from pathlib import Path
 
     suite = load_suite(Path(__file__).parents[1] / "suites" / "single_24gb.yaml")
-    assert suite.gpu_memory_gb == 24
+    assert (suite.card, suite.gpu_memory_gib) == ("RTX 4090", 23.99)
+    assert suite.cells[0].config["card"] == "RTX 4090" and "gpu_memory_gb" not in suite.cells[0].config
     have = {
         (c.config["model"], c.config["precision"], c.config["grad_ckpt"], c.config["batch_size"])
         for c in suite.cells

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from ditbench.errors import UnsupportedError, UserError
+from ditbench.precision import get_precision_policy
 from ditbench.train import TrainConfig, Trainer
 from ditbench.train.data import DataSource
 from ditbench.train.optim import EMA
-from ditbench.train.precision import get_precision_policy
 
 
 def tiny_cfg(**kw):
@@ -30,7 +30,9 @@ def test_steps_run_on_cpu(precision):
     assert all(p.dtype == torch.float32 for p in trainer.base_model.parameters())
 
 
-@pytest.mark.parametrize("precision,reason", [("tf32", "CUDA matmul mode"), ("fp16", "needs CUDA")])
+@pytest.mark.parametrize(
+    "precision,reason", [("tf32", "mode of CUDA devices"), ("fp16", "needs a CUDA device")]
+)
 def test_cuda_only_precisions_are_unsupported_on_cpu(precision, reason):
     with pytest.raises(UnsupportedError, match=reason):
         Trainer(tiny_cfg(precision=precision))
@@ -116,6 +118,7 @@ class FixedSet(DataSource):
         return {"kind": "fixed"}
 
 
+@pytest.mark.slow
 def test_short_run_drives_the_loss_down():
     cfg = TrainConfig(model="DiT-T/2", image_size=32, batch_size=16, lr=2e-3, num_classes=2, device="cpu")
     trainer = Trainer(cfg, data=FixedSet())
@@ -213,6 +216,8 @@ def test_cli_train_runs(tmp_path):
         "--image-size",
         "64",
         "--steps",
+        "4",
+        "--batch-size",
         "4",
         "--log-every",
         "2",

@@ -37,22 +37,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-progress", action="store_true", help="no progress bar (lines per cell still print)"
     )
-    from ditbench.bench.torchrun import add_rendezvous_arguments
+    from ditbench.bench.launch.rendezvous import add_rendezvous_arguments
 
     add_rendezvous_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     from ditbench.bench.records import latest_by_cell, read_records
-    from ditbench.bench.runner import RESULTS_FILE, RunOptions, Visible, precheck, run_suite, select_cells
-    from ditbench.bench.runner import summary_table as table
+    from ditbench.bench.runner import (
+        RESULTS_FILE,
+        RunOptions,
+        Visible,
+        check_options,
+        precheck,
+        run_suite,
+        select_cells,
+    )
     from ditbench.bench.suite import load_suite
+    from ditbench.bench.summary import summary_table
     from ditbench.errors import UserError
 
     suite = load_suite(args.suite)
     out = args.out or Path("runs") / suite.name
-    if args.timeout_s is not None and args.timeout_s <= 0:
-        raise UserError(f"--timeout-s must be a positive number of seconds, got {args.timeout_s}")
     cells = select_cells(suite, args.cells)
     if not cells:
         raise UserError(
@@ -63,24 +69,9 @@ def run(args: argparse.Namespace) -> int:
     if args.nnodes > 1 or args.rdzv_endpoint:
         import dataclasses
 
-        from ditbench.bench.torchrun import rendezvous_from_args
+        from ditbench.bench.launch.rendezvous import rendezvous_from_args
 
         rendezvous = dataclasses.asdict(rendezvous_from_args(args))
-    if args.dry_run:
-        previous = latest_by_cell(read_records(Path(out) / RESULTS_FILE))
-        visible = Visible.detect()
-        print(f"suite {suite.name} ({suite.path}): {len(cells)} cells -> {out}")
-        print(f"{'cell_id':<13} {'smoke':>5}  {'plan':<12} cell")
-        for cell in cells:
-            verdict = precheck(cell, visible, rendezvous)
-            if verdict:
-                plan = verdict[0]
-            elif not args.force and previous.get(cell.cell_id, {}).get("status") == "ok":
-                plan = "done (ok)"
-            else:
-                plan = "run"
-            print(f"{cell.cell_id:<13} {cell.config['smoke_steps']:>5}  {plan:<12} {cell.cell_name}")
-        return 0
     options = RunOptions(
         out=Path(out),
         force=args.force,
@@ -90,8 +81,24 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         rendezvous=rendezvous,
     )
+    check_options(options)
+    if args.dry_run:
+        previous = latest_by_cell(read_records(Path(out) / RESULTS_FILE))
+        visible = Visible.detect()
+        print(f"suite {suite.name} ({suite.path}): {len(cells)} cells -> {out}")
+        print(f"{'cell_id':<13} {'smoke':>5}  {'plan':<12} cell")
+        for cell in cells:
+            verdict = precheck(cell, visible, rendezvous)
+            if verdict:
+                plan = verdict[0]
+            elif not args.force and (cell.previous(previous) or {}).get("status") == "ok":
+                plan = "done (ok)"
+            else:
+                plan = "run"
+            print(f"{cell.cell_id:<13} {cell.config['smoke_steps']:>5}  {plan:<12} {cell.cell_name}")
+        return 0
     records = run_suite(suite, options)
     print()
-    print(table(records), end="")
+    print(summary_table(records), end="")
     print(f"\nresults: {Path(out) / RESULTS_FILE}   summary: {Path(out) / 'summary.md'}")
     return 0

@@ -1,4 +1,4 @@
-"""What a measured window turns into: model FLOPs per image, the peak table behind MFU, step statistics.
+"""Model FLOPs per image, the peak table behind MFU, and the measured matmul ceiling.
 
 Model FLOPs are the FLOPs of one forward + backward of the plain model (no checkpoint
 recomputation, no optimizer), counted by `torch.utils.flop_counter.FlopCounterMode` on the meta
@@ -12,9 +12,7 @@ MFU uses a datasheet peak per (GPU, precision) and states its basis; a GPU missi
 from __future__ import annotations
 
 import functools
-import math
 import re
-import statistics
 import time
 from typing import Any
 
@@ -83,15 +81,17 @@ def count_train_flops_per_image(
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ditbench.models.dit import build_model
+    from ditbench import vae
+    from ditbench.diffusion import NUM_TIMESTEPS
+    from ditbench.models.build import build_model
 
     batch = 2  # any batch works (every op is per-sample); 2 guards against batch-1 special cases
     with torch.device("meta"):
         net = build_model(model, image_size=image_size, num_classes=num_classes, grad_ckpt="none", impl=impl)
         net.train()
-        latent = image_size // 8
+        latent = image_size // vae.DOWNSAMPLE
         x = torch.randn(batch, net.in_channels, latent, latent)
-        t = torch.randint(0, 1000, (batch,))
+        t = torch.randint(0, NUM_TIMESTEPS, (batch,))
         y = torch.randint(0, num_classes, (batch,))
     with FlopCounterMode(display=False) as counter:
         out = net(x, t, y)
@@ -117,61 +117,41 @@ def model_flops_per_image(
 
 
 # ---------------------------------------------------------------------------------------------
-# Step statistics
-# ---------------------------------------------------------------------------------------------
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    pos = (len(ordered) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
-def step_stats(step_ms: list[float]) -> dict[str, Any]:
-    return {
-        "median": statistics.median(step_ms),
-        "p10": percentile(step_ms, 10),
-        "p90": percentile(step_ms, 90),
-        "samples": [round(x, 4) for x in step_ms],
-    }
-
-
-# ---------------------------------------------------------------------------------------------
 # Measured matmul peak (ditbench env --measure-peak)
 # ---------------------------------------------------------------------------------------------
+
+
+MATMUL_SIDE_CUDA = 8192  # large enough to saturate an H100/H200's tensor cores
+MATMUL_SIDE_CPU = 1024
+WARMUP_MATMULS = 3  # cuBLAS picks its kernel on the first calls
+MATMULS_PER_SYNC = 5  # enough queued work that the host's synchronisation costs nothing
 
 
 def measure_matmul_tflops(device: str, precision: str, n: int | None = None, seconds: float = 1.0) -> float:
     """Achieved TFLOP/s of a square matmul in `precision`: a ceiling that is honest on any card."""
     import torch
 
+    from ditbench.precision import tf32_mode
+
     dev = torch.device(device)
-    n = n or (8192 if dev.type == "cuda" else 1024)
+    n = n or (MATMUL_SIDE_CUDA if dev.type == "cuda" else MATMUL_SIDE_CPU)
     dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
         precision
     ]
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
-    try:
+    with tf32_mode(precision == "tf32"):
         a = torch.randn(n, n, device=dev, dtype=dtype)
         b = torch.randn(n, n, device=dev, dtype=dtype)
         sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-        for _ in range(3):
+        for _ in range(WARMUP_MATMULS):
             a @ b
         sync()
         count, start = 0, time.perf_counter()
         while True:
-            for _ in range(5):
+            for _ in range(MATMULS_PER_SYNC):
                 a @ b
-            count += 5
+            count += MATMULS_PER_SYNC
             sync()
             elapsed = time.perf_counter() - start
             if elapsed >= seconds:
                 break
         return 2 * n**3 * count / elapsed / 1e12
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old

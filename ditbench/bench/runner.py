@@ -1,8 +1,9 @@
 """Run a suite: every cell in a fresh process, one record per cell appended to results.jsonl.
 
-Isolation: each cell is `python -m ditbench.bench.worker` in its own session (process group), so
-the allocator and its peak counters start clean, and a crash, an out-of-memory or a hang in one
-cell cannot take the suite down; a timeout kills the cell's whole process group.
+Isolation: each cell runs in a fresh process of its own session (`launch.process`; through
+torchrun for several processes), so the allocator and its peak counters start clean, and a crash,
+an out-of-memory or a hang in one cell cannot take the suite down; a timeout kills the cell's
+whole process group.
 
 Resume: a rerun into the same directory skips cells whose latest record is `ok` (same cell_id);
 `force=True` reruns everything. After an out-of-memory at batch B, the larger batches of the same
@@ -12,11 +13,10 @@ series (the same cell except the batch size) are recorded `skipped` without bein
 from __future__ import annotations
 
 import datetime as dt
-import json
+import math
 import os
 import secrets
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,10 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import ditbench
+from ditbench.bench.faults import FAULT_ENV, FAULT_RANK_ENV, check_fault_rank, parse_fault_spec
+from ditbench.bench.launch.process import run_isolated
 from ditbench.bench.records import SCHEMA, append_record, latest_by_cell, read_records
 from ditbench.bench.suite import Cell, Suite
-from ditbench.fileio import write_atomic
+from ditbench.bench.summary import format_line, write_summary
+from ditbench.device import cuda_visible, device_type
+from ditbench.errors import UserError
+from ditbench.precision import unsupported_reason
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.md"
@@ -43,7 +47,7 @@ class RunOptions:
     timeout_s: float | None = None  # overrides the suite's per-cell timeout
     oom_skip: bool = True
     progress: bool = True
-    rendezvous: dict | None = None  # torchrun's multi-node options (ditbench.bench.torchrun.Rendezvous)
+    rendezvous: dict | None = None  # torchrun's multi-node options (launch.rendezvous.Rendezvous)
 
 
 @dataclass
@@ -57,38 +61,36 @@ class Visible:
     def detect(cls) -> Visible:
         import torch
 
-        cuda = torch.cuda.is_available()
+        cuda = cuda_visible()
         return cls(cuda=cuda, gpu_count=torch.cuda.device_count() if cuda else 0)
-
-
-def resolved_device(requested: str, visible: Visible) -> str:
-    if requested == "auto":
-        return "cuda" if visible.cuda else "cpu"
-    return requested
 
 
 def precheck(cell: Cell, visible: Visible, rendezvous: dict | None = None) -> tuple[str, str] | None:
     """(status, reason) for a cell that cannot run here, decided without starting it."""
     config = cell.config
-    device = resolved_device(config["device"], visible)
+    device = device_type(config["device"], visible.cuda)
     if device == "cuda" and not visible.cuda:
         return "unsupported", "the suite asks for device cuda but no CUDA device is visible"
-    if device == "cpu":
-        if config["precision"] == "fp16":
-            return (
-                "unsupported",
-                "fp16 needs a CUDA device (CPU autocast has no loss-scaled fp16); use bf16 on CPU",
-            )
-        if config["precision"] == "tf32":
-            return "unsupported", "tf32 is a tensor-core mode of CUDA devices; on a CPU use fp32 or bf16"
-        # gpus > 1 on a CPU: that many gloo processes through torchrun (the multi-GPU path, testable anywhere)
+    reason = unsupported_reason(config["precision"], device)
+    if reason:
+        return "unsupported", reason
+    # gpus > 1 on a CPU: that many gloo processes through torchrun (the multi-GPU path, testable anywhere)
     if device == "cuda" and config["gpus"] > visible.gpu_count:
         return "unsupported", f"gpus={config['gpus']} but {visible.gpu_count} CUDA device(s) are visible"
     if rendezvous or config["nodes"] > 1:
-        from ditbench.bench.torchrun import Rendezvous, node_verdict
+        from ditbench.bench.launch.rendezvous import Rendezvous, node_verdict
 
         return node_verdict(config, Rendezvous(**(rendezvous or {})))
     return None
+
+
+def check_options(options: RunOptions) -> None:
+    """Refuse, before any cell starts, what would otherwise fail midway (or never end)."""
+    timeout = options.timeout_s
+    if timeout is not None and (not math.isfinite(timeout) or timeout <= 0):
+        raise UserError(f"--timeout-s must be a finite, positive number of seconds, got {timeout}.")
+    parse_fault_spec(os.environ.get(FAULT_ENV))  # a typo would fail every cell it names, one by one
+    check_fault_rank(os.environ.get(FAULT_RANK_ENV))
 
 
 def select_cells(suite: Suite, filters: list[str]) -> list[Cell]:
@@ -103,109 +105,6 @@ def run_order(cells: list[Cell]) -> list[Cell]:
     for i, cell in enumerate(cells):
         first.setdefault(cell.series_key, i)
     return sorted(cells, key=lambda c: (first[c.series_key], c.config["batch_size"]))
-
-
-# ---------------------------------------------------------------------------------------------
-# Launch: the one place that knows how a cell's process starts (torchrun goes here for gpus > 1).
-# ---------------------------------------------------------------------------------------------
-
-
-def launch_cell(cell: Cell, spec_path: Path, result_path: Path, log) -> subprocess.Popen:
-    env = dict(os.environ)
-    package_root = str(Path(ditbench.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # torch and NVML then agree on device indices
-    # gpus > 1: a launcher process starts the ranks through torchrun and writes the same result file
-    multi = cell.config["gpus"] * cell.config["nodes"] > 1
-    module = "ditbench.bench.torchrun" if multi else "ditbench.bench.worker"
-    command = [sys.executable, "-m", module, str(spec_path), str(result_path)]
-    # start_new_session: the cell gets its own process group, which a timeout kills as a whole
-    return subprocess.Popen(
-        command,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-        preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
-    )
-
-
-def _die_with_parent() -> None:
-    """Linux: the cell gets SIGKILL when the runner dies (even by SIGKILL), so no orphan keeps the GPU."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-    except (OSError, AttributeError):
-        pass
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-
-
-def run_isolated(
-    cell: Cell, timeout_s: float, workdir: Path, log_path: Path, rendezvous: dict | None = None
-) -> dict[str, Any]:
-    """Run one cell in a fresh process; return the worker's result or one describing how it died."""
-    spec_path = workdir / f"{cell.cell_id}.spec.json"
-    result_path = workdir / f"{cell.cell_id}.result.json"
-    result_path.unlink(missing_ok=True)
-    spec_path.write_text(
-        json.dumps(
-            {
-                "config": cell.config,
-                "cell_id": cell.cell_id,
-                "cell_name": cell.cell_name,
-                "timeout_s": timeout_s,
-                "rendezvous": rendezvous,
-            }
-        )
-    )
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "w") as log:
-        proc = launch_cell(cell, spec_path, result_path, log)
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            kill_group(proc)
-            return {
-                "status": "timeout",
-                "reason": f"no result after {timeout_s:g} s; the cell's processes were killed",
-                "traceback": _tail(log_path),
-            }
-        except BaseException:  # Ctrl-C: take the cell down with us
-            kill_group(proc)
-            raise
-    try:
-        if result_path.exists():
-            return json.loads(result_path.read_text())
-    finally:
-        result_path.unlink(missing_ok=True)
-        spec_path.unlink(missing_ok=True)
-    how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
-    hint = (
-        " (a SIGKILL with no result is often the kernel's out-of-memory killer)"
-        if rc == -signal.SIGKILL
-        else ""
-    )
-    return {
-        "status": "error",
-        "reason": f"the worker died with {how} before writing a result{hint}",
-        "traceback": _tail(log_path),
-    }
-
-
-def _tail(path: Path, lines: int = TRACEBACK_LINES) -> str | None:
-    try:
-        text = path.read_text(errors="replace").rstrip()
-    except OSError:
-        return None
-    return "\n".join(text.splitlines()[-lines:]) or None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -256,8 +155,9 @@ def run_suite(
     """Run (or resume) the suite; return the latest record of every selected cell, in suite order."""
     from tqdm import tqdm
 
-    from ditbench.bench.envinfo import collect_env
+    from ditbench.environment import collect_env
 
+    check_options(options)
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
     results_path = out / RESULTS_FILE
@@ -268,7 +168,7 @@ def run_suite(
 
     def already_recorded(cell: Cell) -> bool:
         """ok, or unsupported here for the same reason as last time (a new line would say nothing new)."""
-        prev = previous.get(cell.cell_id)
+        prev = cell.previous(previous)
         if options.force or prev is None:
             return False
         if prev.get("status") == "ok":
@@ -281,13 +181,13 @@ def run_suite(
     done = {c.cell_id for c in cells if already_recorded(c)}
     todo = [c for c in run_order(cells) if c.cell_id not in done]
     run_id = new_run_id()
-    latest = {cid: previous[cid] for cid in done}
+    latest = {c.cell_id: c.previous(previous) for c in cells if c.cell_id in done}
     bar = tqdm(
         total=len(todo), unit="cell", disable=not options.progress, dynamic_ncols=True, file=sys.stderr
     )
     say = echo or _print_line
     if done:
-        n_ok = sum(previous[cid]["status"] == "ok" for cid in done)
+        n_ok = sum(rec["status"] == "ok" for rec in latest.values())
         say(
             f"resuming {out}: {n_ok} of {len(cells)} cells already ok"
             + (f", {len(done) - n_ok} unsupported here" if len(done) > n_ok else "")
@@ -341,99 +241,18 @@ def _run_cells(suite, options, todo, run_id, env, visible, tmp, results_path, la
         else:
             timeout = options.timeout_s or cell.timeout_s
             log = results_path.parent / "logs" / f"{cell.cell_id}.log"
-            result = run_isolated(cell, timeout, tmp, log, options.rendezvous)
+            about = {"cell_id": cell.cell_id, "cell_name": cell.cell_name, "rendezvous": options.rendezvous}
+            result = run_isolated(cell.spec, about, timeout, tmp, log)
         if result["status"] == "oom":
             known = oom_at.get(cell.series_key)
             if known is None or cell.config["batch_size"] < known[0]:
                 oom_at[cell.series_key] = (cell.config["batch_size"], cell.cell_name)
         record = make_record(suite, run_id, cell, result, env, started_at, time.monotonic() - t0)
         if cell.config["gpus"] * cell.config["nodes"] > 1:
-            from ditbench.bench.torchrun import add_scaling_efficiency
+            from ditbench.bench.launch.aggregate import add_scaling_efficiency
 
             add_scaling_efficiency(record, list(latest.values()))
-        append_record(results_path, record)
+        record = append_record(results_path, record)  # as written: JSON-safe
         latest[cell.cell_id] = record
         say(f"[{i}/{len(todo)}] {format_line(record)}")
         bar.update(1)
-
-
-# ---------------------------------------------------------------------------------------------
-# Human-readable output
-# ---------------------------------------------------------------------------------------------
-
-
-def _mem(metrics: dict[str, Any]) -> str:
-    if metrics.get("peak_mem_allocated_gib") is not None:
-        return f"{metrics['peak_mem_allocated_gib']:.2f} GiB alloc"
-    if metrics.get("cpu_peak_rss_gib") is not None:
-        return f"{metrics['cpu_peak_rss_gib']:.2f} GiB RSS"
-    return "-"
-
-
-def format_line(record: dict[str, Any]) -> str:
-    name, status = record["cell_name"], record["status"]
-    m = record.get("metrics") or {}
-    if status == "ok":
-        parts = [f"{m['images_per_s']:.1f} img/s", f"step {m['step_ms']['median']:.1f} ms", _mem(m)]
-        if m.get("mfu"):
-            parts.append(f"MFU {100 * m['mfu']['value']:.1f}%")
-        if (m.get("world_size") or 1) > 1:
-            eff = m.get("scaling_efficiency")
-            parts.append(f"{m['world_size']} ranks" + (f", scaling {100 * eff:.0f}%" if eff else ""))
-        smoke = record.get("smoke")
-        if smoke:
-            parts.append(f"smoke loss {smoke['first_mean']:.4f} -> {smoke['last_mean']:.4f}")
-        parts.append(f"{record['duration_s']:.1f} s")
-        return f"{name}: ok  " + ", ".join(parts)
-    return f"{name}: {status.upper()}  {record.get('reason') or ''}"
-
-
-def summary_table(records: list[dict[str, Any]]) -> str:
-    header = (
-        "| cell | status | img/s | step ms p50 (p10-p90) | peak mem | MFU | smoke loss first -> last | "
-        "note |\n|---|---|---:|---:|---:|---:|---|---|\n"
-    )
-    rows = []
-    for r in records:
-        m = r.get("metrics") or {}
-        ok = r["status"] == "ok"
-        step = m.get("step_ms") if ok else None
-        smoke = r.get("smoke")
-        rows.append(
-            "| "
-            + " | ".join(
-                [
-                    r["cell_name"],
-                    r["status"],
-                    f"{m['images_per_s']:.1f}" if ok else "-",
-                    f"{step['median']:.1f} ({step['p10']:.1f}-{step['p90']:.1f})" if step else "-",
-                    _mem(m) if ok else "-",
-                    f"{100 * m['mfu']['value']:.1f}%" if ok and m.get("mfu") else "-",
-                    f"{smoke['first_mean']:.4f} -> {smoke['last_mean']:.4f}"
-                    if smoke and smoke.get("first_mean")
-                    else "-",
-                    (r.get("reason") or "").replace("|", "/")[:160],
-                ]
-            )
-            + " |"
-        )
-    return header + "\n".join(rows) + "\n"
-
-
-def write_summary(path: Path, suite: Suite, records: list[dict[str, Any]]) -> None:
-    counts: dict[str, int] = {}
-    for r in records:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-    env = next((r["env"] for r in records if r.get("env")), {}) or {}
-    device = env.get("gpu_name") or env.get("cpu") or "?"
-    text = (
-        f"# {suite.name}\n\n{suite.description.strip()}\n\n"
-        f"{len(records)} cells: "
-        + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        + f". Device: {device}; torch {env.get('torch')}; "
-        f"ditbench {env.get('ditbench')} ({env.get('git_sha')}).\n\n"
-        "Peak memory is the CUDA allocator's peak allocated on a GPU, the process's peak RSS on a CPU. "
-        "MFU is given only where the device's peak is in the table (never on a CPU).\n\n"
-        + summary_table(records)
-    )
-    write_atomic(path, text)

@@ -17,9 +17,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ditbench import vae
 from ditbench.errors import UserError
 from ditbench.fileio import atomic_write
-from ditbench.models.dit import CONFIGS, build_model, canonical_name, get_config
+from ditbench.models.build import build_model
+from ditbench.models.configs import CONFIGS, canonical_name, get_config
 
 FORMAT = "ditbench.checkpoint/1"
 
@@ -130,7 +132,7 @@ def infer_config(state: dict) -> dict:
         "depth": depth,
         "hidden_size": width,
         "patch_size": patch,
-        "image_size": grid * patch * 8,
+        "image_size": grid * patch * vae.DOWNSAMPLE,
         "num_classes": rows - 1,
         "in_channels": in_ch,
         "learn_sigma": out_ch == 2 * in_ch,

@@ -25,7 +25,8 @@ import torch
 from torch import nn
 
 from ditbench.errors import UnsupportedError, UserError
-from ditbench.models.dit import LATENT_CHANNELS, DiTConfig, parse_grad_ckpt
+from ditbench.models.configs import DiTConfig, parse_grad_ckpt
+from ditbench.vae import LATENT_CHANNELS
 
 
 class DiffusersDiT(nn.Module):
@@ -42,6 +43,7 @@ class DiffusersDiT(nn.Module):
         self.input_size = transformer.config.sample_size
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """x (N, 4, H, W) latents, t (N,) timesteps, y (N,) labels -> (N, 8, H, W), as `DiT.forward`."""
         return self.transformer(x, timestep=t, class_labels=y, return_dict=False)[0]
 
     def forward_with_cfg(self, x, t, y, cfg_scale: float, guidance_channels: int | None = None):
@@ -91,6 +93,7 @@ def build_diffusers_dit(
     grad_ckpt: str | int = "none",
     class_dropout_prob: float = 0.1,
     learn_sigma: bool = True,
+    attention: str = "sdpa",
 ) -> DiffusersDiT:
     try:
         from diffusers import DiTTransformer2DModel
@@ -98,6 +101,8 @@ def build_diffusers_dit(
         raise UserError(
             f"impl: diffusers needs the diffusers package ({err}); pip install diffusers"
         ) from err
+    if attention != "sdpa":  # diffusers' AttnProcessor2_0 is F.scaled_dot_product_attention
+        raise UnsupportedError(f"impl: diffusers runs attention sdpa only, not {attention!r}")
     every = parse_grad_ckpt(grad_ckpt)
     if every > 1:
         raise UnsupportedError(

@@ -9,101 +9,23 @@ in how the code is organised, not in what it computes:
   PyTorch >= 2 anyway);
 * gradient checkpointing is a knob with a selective mode (`every_K`);
 * classifier-free guidance is applied to all noise channels (see `DiT.forward_with_cfg`).
+
+This file holds the network only: configuration names and geometry are in `models/configs.py`,
+building a named model (either implementation) in `models/build.py`.
 """
 
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ditbench import vae
 from ditbench.errors import UserError
-
-LATENT_CHANNELS = 4  # the sd-vae-ft-* autoencoders give 4 x (H/8) x (W/8) latents
-VAE_DOWNSAMPLE = 8
-
-
-@dataclass(frozen=True)
-class DiTConfig:
-    depth: int
-    hidden_size: int
-    num_heads: int
-    patch_size: int
-
-
-_SIZES = {"S": (12, 384, 6), "B": (12, 768, 12), "L": (24, 1024, 16), "XL": (28, 1152, 16)}
-# Tiny configurations for tests and CPU smoke runs: a full DiT in miniature, milliseconds per step.
-_TINY = {"T": (4, 64, 4)}
-
-CONFIGS: dict[str, DiTConfig] = {}
-for _size, (_d, _w, _h) in {**_SIZES, **_TINY}.items():
-    for _p in (2, 4, 8):
-        CONFIGS[f"DiT-{_size}/{_p}"] = DiTConfig(depth=_d, hidden_size=_w, num_heads=_h, patch_size=_p)
-
-#: The 12 configurations of the paper, in the paper's order, then the tiny test configurations.
-PAPER_MODEL_NAMES = [f"DiT-{s}/{p}" for s in ("XL", "L", "B", "S") for p in (2, 4, 8)]
-MODEL_NAMES = PAPER_MODEL_NAMES + [f"DiT-T/{p}" for p in (2, 4, 8)]
-
-
-def get_config(name: str) -> DiTConfig:
-    """The architecture of a named configuration ("DiT-XL/2"); accepts the official "DiT-XL-2" too."""
-    key = name.strip()
-    m = re.fullmatch(r"DiT-(S|B|L|XL|T)[-/](2|4|8)", key)
-    if m:
-        key = f"DiT-{m.group(1)}/{m.group(2)}"
-    if key not in CONFIGS:
-        raise UserError(f"unknown model {name!r}; valid models are {', '.join(MODEL_NAMES)}")
-    return CONFIGS[key]
-
-
-def canonical_name(name: str) -> str:
-    get_config(name)
-    m = re.fullmatch(r"DiT-(S|B|L|XL|T)[-/](2|4|8)", name.strip())
-    return f"DiT-{m.group(1)}/{m.group(2)}"
-
-
-def latent_size(image_size: int, patch_size: int = 1) -> int:
-    """Latent side for an image side, checking that the model can tile it with patches."""
-    if not isinstance(image_size, int) or image_size <= 0:
-        raise UserError(f"image_size must be a positive integer, got {image_size!r}")
-    step = VAE_DOWNSAMPLE * patch_size
-    if image_size % step:
-        raise UserError(
-            f"image_size {image_size} does not fit patch size {patch_size}: the VAE downsamples by "
-            f"{VAE_DOWNSAMPLE} and the latent must be a multiple of the patch, so image_size must be a "
-            f"multiple of {step} (for example 256 or 512)"
-        )
-    return image_size // VAE_DOWNSAMPLE
-
-
-# --------------------------------------------------------------------------------------------
-# Gradient checkpointing knob
-# --------------------------------------------------------------------------------------------
-
-GRAD_CKPT_HELP = "none, full (every block), or every_K (every K-th block, e.g. every_2)"
-
-
-def parse_grad_ckpt(value: str | int | None) -> int:
-    """'none' -> 0, 'full' -> 1, 'every_K' -> K: checkpoint blocks whose index is a multiple of K."""
-    if value is None or value is False:
-        return 0
-    if value is True:
-        return 1
-    text = str(value).strip().lower()
-    if text in ("none", "off", "no", "0"):
-        return 0
-    if text in ("full", "all", "on", "yes", "1"):
-        return 1
-    m = re.fullmatch(r"every_?(\d+)", text)
-    if m and int(m.group(1)) >= 1:
-        return int(m.group(1))
-    raise UserError(f"grad_ckpt {value!r} is not valid; use {GRAD_CKPT_HELP}")
-
+from ditbench.models.configs import ATTENTION_BACKENDS, parse_grad_ckpt
 
 # --------------------------------------------------------------------------------------------
 # Embeddings
@@ -205,18 +127,33 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    def __init__(self, dim: int, num_heads: int):
+    """Multi-head self-attention with a fused qkv projection (timm's names, as the official model).
+
+    `attention` names the kernel that computes softmax(QK^T / sqrt(d)) V; "sdpa" is
+    `F.scaled_dot_product_attention` (PyTorch picks flash, memory-efficient or math). Another
+    backend is one more branch in `_attend`, selected by the same knob.
+    """
+
+    def __init__(self, dim: int, num_heads: int, attention: str = "sdpa"):
         super().__init__()
         if dim % num_heads:
             raise UserError(f"hidden size {dim} is not divisible by {num_heads} heads")
+        if attention not in ATTENTION_BACKENDS:
+            valid = ", ".join(ATTENTION_BACKENDS)
+            raise UserError(f"attention {attention!r} is not available; valid: {valid}")
         self.num_heads = num_heads
+        self.attention = attention
         self.qkv = nn.Linear(dim, dim * 3, bias=True)
         self.proj = nn.Linear(dim, dim)
 
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(N, T, D) -> (N, T, D)."""
         n, t, d = x.shape
         qkv = self.qkv(x).reshape(n, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
+        out = self._attend(qkv[0], qkv[1], qkv[2])  # each (N, heads, T, D / heads)
         return self.proj(out.transpose(1, 2).reshape(n, t, d))
 
 
@@ -234,10 +171,10 @@ class Mlp(nn.Module):
 class DiTBlock(nn.Module):
     """Transformer block with adaLN-Zero conditioning (shift, scale, gate for attention and MLP)."""
 
-    def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float = 4.0):
+    def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float = 4.0, attention: str = "sdpa"):
         super().__init__()
         self.norm1 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
-        self.attn = Attention(hidden_size, num_heads)
+        self.attn = Attention(hidden_size, num_heads, attention)
         self.norm2 = nn.LayerNorm(hidden_size, elementwise_affine=False, eps=1e-6)
         self.mlp = Mlp(hidden_size, int(hidden_size * mlp_ratio))
         self.adaLN_modulation = nn.Sequential(nn.SiLU(), nn.Linear(hidden_size, 6 * hidden_size, bias=True))
@@ -270,7 +207,7 @@ class DiT(nn.Module):
         self,
         input_size: int = 32,
         patch_size: int = 2,
-        in_channels: int = LATENT_CHANNELS,
+        in_channels: int = vae.LATENT_CHANNELS,
         hidden_size: int = 1152,
         depth: int = 28,
         num_heads: int = 16,
@@ -278,7 +215,8 @@ class DiT(nn.Module):
         class_dropout_prob: float = 0.1,
         num_classes: int = 1000,
         learn_sigma: bool = True,
-        grad_ckpt: str | int = "none",
+        grad_ckpt: str | bool | None = "none",
+        attention: str = "sdpa",
     ):
         super().__init__()
         if input_size % patch_size:
@@ -299,7 +237,9 @@ class DiT(nn.Module):
         # Fixed, but an nn.Parameter like the official model: it is in the state dict, the
         # parameter count and the EMA.
         self.pos_embed = nn.Parameter(torch.zeros(1, grid * grid, hidden_size), requires_grad=False)
-        self.blocks = nn.ModuleList([DiTBlock(hidden_size, num_heads, mlp_ratio) for _ in range(depth)])
+        self.blocks = nn.ModuleList(
+            [DiTBlock(hidden_size, num_heads, mlp_ratio, attention) for _ in range(depth)]
+        )
         self.final_layer = FinalLayer(hidden_size, patch_size, self.out_channels)
         self.initialize_weights()
 
@@ -330,9 +270,6 @@ class DiT(nn.Module):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
 
-    def set_grad_ckpt(self, value: str | int) -> None:
-        self.grad_ckpt_every = parse_grad_ckpt(value)
-
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
         """(N, T, p*p*C) -> (N, C, H, W)."""
         c, p = self.out_channels, self.patch_size
@@ -342,8 +279,16 @@ class DiT(nn.Module):
         return x.reshape(x.shape[0], c, h * p, w * p)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        x = self.x_embedder(x) + self.pos_embed
-        c = self.t_embedder(t) + self.y_embedder(y, self.training)
+        """Predict noise (and the variance interpolation) for noisy latents.
+
+        x: (N, C, H, W) latents, C = in_channels (4), H = W = input_size
+        t: (N,) diffusion timesteps (integers in [0, 1000), any dtype)
+        y: (N,) int64 class labels in [0, num_classes); num_classes is the null (unconditional) label
+        returns (N, out_channels, H, W): eps in the first C channels, then (learn_sigma) the C
+        channels of the learned-range variance
+        """
+        x = self.x_embedder(x) + self.pos_embed  # (N, T, D), T = (H / patch) * (W / patch)
+        c = self.t_embedder(t) + self.y_embedder(y, self.training)  # (N, D) conditioning
         k = self.grad_ckpt_every
         recompute = k > 0 and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
@@ -377,58 +322,3 @@ class DiT(nn.Module):
         cond, uncond = torch.split(eps, len(eps) // 2, dim=0)
         guided = uncond + cfg_scale * (cond - uncond)
         return torch.cat([torch.cat([guided, guided], dim=0), rest], dim=1)
-
-
-def count_params(model: nn.Module) -> int:
-    """All parameters, frozen pos_embed included (how the official train.py counts)."""
-    return sum(p.numel() for p in model.parameters())
-
-
-IMPLS = ("ditbench", "diffusers")
-
-
-def build_model(
-    name: str,
-    image_size: int = 256,
-    num_classes: int = 1000,
-    grad_ckpt: str | int = "none",
-    impl: str = "ditbench",
-    class_dropout_prob: float = 0.1,
-    learn_sigma: bool = True,
-) -> nn.Module:
-    """Build a named DiT ("DiT-XL/2") for `image_size` pixels (latent side image_size // 8).
-
-    impl="ditbench" is this file's model (official state-dict names); impl="diffusers" is
-    diffusers' DiTTransformer2DModel with the same configuration behind the same forward().
-    Build under `torch.device("meta")` to get shapes and counts without allocating memory.
-    """
-    cfg = get_config(name)
-    size = latent_size(image_size, cfg.patch_size)
-    if not isinstance(num_classes, int) or num_classes < 1:
-        raise UserError(f"num_classes must be a positive integer, got {num_classes!r}")
-    if not 0.0 <= float(class_dropout_prob) < 1.0:
-        raise UserError(f"class_dropout_prob must be in [0, 1), got {class_dropout_prob!r}")
-    if impl == "ditbench":
-        return DiT(
-            input_size=size,
-            patch_size=cfg.patch_size,
-            hidden_size=cfg.hidden_size,
-            depth=cfg.depth,
-            num_heads=cfg.num_heads,
-            class_dropout_prob=class_dropout_prob,
-            num_classes=num_classes,
-            learn_sigma=learn_sigma,
-            grad_ckpt=grad_ckpt,
-        )
-    if impl == "diffusers":
-        from ditbench.models.diffusers_impl import build_diffusers_dit
-
-        return build_diffusers_dit(
-            cfg,
-            latent_size=size,
-            num_classes=num_classes,
-            grad_ckpt=grad_ckpt,
-            class_dropout_prob=class_dropout_prob,
-            learn_sigma=learn_sigma,
-        )
-    raise UserError(f"impl {impl!r} is not known; valid implementations are {', '.join(IMPLS)}")

@@ -9,7 +9,8 @@ work the model needs, so checkpointing rightly lowers MFU.
 
 from __future__ import annotations
 
-from ditbench.models.dit import LATENT_CHANNELS, get_config, latent_size
+from ditbench.models.configs import get_config, latent_size
+from ditbench.vae import LATENT_CHANNELS
 
 
 def forward_macs(name: str, image_size: int = 256, learn_sigma: bool = True) -> int:

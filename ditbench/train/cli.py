@@ -12,28 +12,30 @@ import argparse
 import math
 import time
 
+DEFAULT_MODEL = "DiT-S/8"  # a suite must name its model; a quick command-line check gets a small one
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="DiT-S/8", help="DiT-{S,B,L,XL}/{2,4,8} or a tiny DiT-T/{2,4,8}")
+    from ditbench.knobs import FIELDS, TRAIN_KNOBS
+
     parser.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
-    parser.add_argument("--precision", default="fp32", help="fp32, tf32, fp16 or bf16 (default fp32)")
-    parser.add_argument("--batch-size", type=int, default=8, help="images per step (default 8)")
-    parser.add_argument("--grad-ckpt", default="none", help="none, full, or every_K (default none)")
-    parser.add_argument("--image-size", type=int, default=256, help="image side in pixels (default 256)")
-    parser.add_argument(
-        "--data",
-        default="synthetic",
-        help="synthetic (default), a .npz/.pt latent file, or an image folder (with --vae)",
-    )
+    # One option per training knob, with the knob's default and help: the same values as a suite.
+    for name in TRAIN_KNOBS:
+        flag, spec = "--" + name.replace("_", "-"), FIELDS[name]
+        default = DEFAULT_MODEL if name == "model" else spec.default
+        text = f"{spec.metadata['help']} (default {default})"
+        if isinstance(default, bool):
+            parser.add_argument(flag, action="store_true", help=spec.metadata["help"])
+        elif name == "data":
+            parser.add_argument(
+                flag, default=default, help="synthetic, a .npz/.pt latent file, or an image folder"
+            )
+        else:
+            parser.add_argument(flag, type=type(default), default=default, help=text)
     parser.add_argument("--vae", default=None, help="VAE for an image folder: a local path, or 'random'")
     parser.add_argument(
-        "--device", default=None, help="cpu, cuda or cuda:N (default cuda if visible, else cpu)"
+        "--device", default="auto", help="auto (default: cuda if visible, else cpu), cpu, cuda or cuda:N"
     )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--compile", action="store_true", help="torch.compile the model")
-    parser.add_argument("--impl", default="ditbench", help="ditbench (default) or diffusers")
-    parser.add_argument("--lr", type=float, default=1e-4)
-    parser.add_argument("--num-classes", type=int, default=1000)
     parser.add_argument("--log-every", type=int, default=10, help="print the loss every N steps (default 10)")
     parser.add_argument("--save", default=None, metavar="PATH", help="write a checkpoint here at the end")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -43,29 +45,20 @@ def run(args: argparse.Namespace) -> int:
     import torch
     from tqdm.auto import tqdm
 
+    from ditbench.device import resolve_device
     from ditbench.errors import UserError
+    from ditbench.knobs import TRAIN_KNOBS
     from ditbench.train import TrainConfig, Trainer
+    from ditbench.train.data import data_spec
 
     if args.steps < 1:
         raise UserError(f"--steps must be at least 1, got {args.steps}")
     if args.log_every < 1:
         raise UserError(f"--log-every must be at least 1, got {args.log_every}")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    cfg = TrainConfig(
-        model=args.model,
-        image_size=args.image_size,
-        precision=args.precision,
-        grad_ckpt=args.grad_ckpt,
-        batch_size=args.batch_size,
-        compile=args.compile,
-        impl=args.impl,
-        data=args.data,
-        vae=args.vae,
-        seed=args.seed,
-        lr=args.lr,
-        num_classes=args.num_classes,
-        device=device,
-    )
+    device = str(resolve_device(args.device))
+    knobs = {name: getattr(args, name) for name in TRAIN_KNOBS}
+    knobs["data"] = data_spec(args.data, args.vae)
+    cfg = TrainConfig(**knobs, device=device)
     trainer = Trainer(cfg)
     data_desc = trainer.data.describe()
     print(

@@ -7,10 +7,9 @@ synthetic                       random latents and labels generated on the devic
 {images: DIR, vae: PATH|random} an ImageFolder-style tree (one subfolder per class), ADM centre
                                 crop + random horizontal flip, encoded through the VAE every step
 
-The VAE is diffusers' AutoencoderKL with the sd-vae-ft-ema configuration; latents are
-`latent_dist.sample() * 0.18215`. Its weights come from a local path; random weights only when
-the user writes `vae: random` (speed does not depend on the weights, sample quality does, and
-`describe()` says which was used).
+The VAE (`ditbench.vae`) is diffusers' AutoencoderKL with the sd-vae-ft-ema configuration; its
+weights come from a local path, random weights only when the user writes `vae: random`, and
+`describe()` says which was used.
 """
 
 from __future__ import annotations
@@ -21,24 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ditbench import vae as vae_lib
 from ditbench.errors import UserError
 
-VAE_SCALE = 0.18215
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".JPEG")
-
-# sd-vae-ft-ema / sd-vae-ft-mse (stabilityai) configuration; both share the encoder.
-SD_VAE_CONFIG = dict(
-    in_channels=3,
-    out_channels=3,
-    down_block_types=["DownEncoderBlock2D"] * 4,
-    up_block_types=["UpDecoderBlock2D"] * 4,
-    block_out_channels=[128, 256, 512, 512],
-    layers_per_block=2,
-    act_fn="silu",
-    latent_channels=4,
-    norm_num_groups=32,
-    sample_size=256,
-)
 
 
 class DataSource:
@@ -57,7 +42,13 @@ class SyntheticLatents(DataSource):
     """N(0, 1) latents and uniform labels drawn on the device from a seeded generator."""
 
     def __init__(
-        self, batch_size: int, latent_size: int, num_classes: int, device, seed: int = 0, channels: int = 4
+        self,
+        batch_size: int,
+        latent_size: int,
+        num_classes: int,
+        device,
+        seed: int = 0,
+        channels: int = vae_lib.LATENT_CHANNELS,
     ):
         self.batch_size = batch_size
         self.shape = (batch_size, channels, latent_size, latent_size)
@@ -117,17 +108,56 @@ def load_latent_file(path: str | os.PathLike) -> tuple[torch.Tensor, torch.Tenso
     return latents.float(), labels.long()
 
 
+class StagingBuffers:
+    """A ring of (latents, labels) host buffers that batches are gathered into before going to the GPU.
+
+    Indexing a tensor with a list of rows makes a new, pageable tensor, and a `non_blocking` copy
+    from pageable memory is synchronous. Gathering into a pinned buffer keeps the copy asynchronous;
+    a buffer is reused only after the copy that last read it has finished (an event per slot), and
+    with two slots the host gathers batch k+1 while batch k is still on its way.
+    """
+
+    SLOTS = 2
+
+    def __init__(self, x_shape, y_shape, *, pin: bool, cuda_events: bool):
+        def buffer(shape, dtype):
+            return torch.empty(shape, dtype=dtype, pin_memory=pin)
+
+        self.slots = [
+            (buffer(x_shape, torch.float32), buffer(y_shape, torch.long)) for _ in range(self.SLOTS)
+        ]
+        self.events = [torch.cuda.Event() if cuda_events else None for _ in range(self.SLOTS)]
+        self.issued = [False] * self.SLOTS
+        self.current = -1
+
+    def gather(self, latents: torch.Tensor, labels: torch.Tensor, idx: torch.Tensor):
+        """The rows `idx` of latents and labels, written into the next slot's buffers."""
+        self.current = (self.current + 1) % self.SLOTS
+        if self.issued[self.current] and self.events[self.current] is not None:
+            self.events[self.current].synchronize()  # the copy that last read this slot is done
+        x, y = self.slots[self.current]
+        torch.index_select(latents, 0, idx, out=x)
+        torch.index_select(labels, 0, idx, out=y)
+        return x, y
+
+    def copies_issued(self) -> None:
+        """Mark, on the current stream, the point after the copies out of the current slot."""
+        if self.events[self.current] is not None:
+            self.events[self.current].record()
+        self.issued[self.current] = True
+
+
 class LatentFile(DataSource):
     """Random batches (a fresh permutation per epoch) from a file of pre-extracted latents."""
 
     def __init__(self, path, batch_size: int, latent_size: int, num_classes: int, device, seed: int = 0):
         latents, labels = load_latent_file(path)
-        if latents.shape[1:] != (4, latent_size, latent_size):
+        want = (vae_lib.LATENT_CHANNELS, latent_size, latent_size)
+        if latents.shape[1:] != want:
             raise UserError(
                 f"latent file {str(path)!r} holds latents of shape {tuple(latents.shape[1:])}, but this "
-                f"model needs (4, {latent_size}, {latent_size}) (image_size {latent_size * 8}); extract "
-                "latents at the "
-                "matching image size"
+                f"model needs {want} (image_size {latent_size * vae_lib.DOWNSAMPLE}); extract latents at "
+                "the matching image size"
             )
         if int(labels.min()) < 0 or int(labels.max()) >= num_classes:
             raise UserError(
@@ -138,8 +168,10 @@ class LatentFile(DataSource):
         self.path = str(path)
         self.batch_size = batch_size
         self.device = torch.device(device)
-        self.latents = latents.pin_memory() if self.device.type == "cuda" else latents
-        self.labels = labels
+        self.latents, self.labels = latents, labels
+        self.staging = None
+        if self.device.type == "cuda":  # gather into pinned memory, so the copy to the GPU is asynchronous
+            self.staging = StagingBuffers((batch_size, *want), (batch_size,), pin=True, cuda_events=True)
         self.generator = torch.Generator().manual_seed(seed)
         self._order = torch.empty(0, dtype=torch.long)
         self._pos = 0
@@ -159,8 +191,12 @@ class LatentFile(DataSource):
 
     def next_batch(self):
         idx = self._indices()
-        x = self.latents[idx].to(self.device, non_blocking=True)
-        y = self.labels[idx].to(self.device, non_blocking=True)
+        if self.staging is None:
+            return self.latents[idx].to(self.device), self.labels[idx].to(self.device)
+        x_host, y_host = self.staging.gather(self.latents, self.labels, idx)
+        x = x_host.to(self.device, non_blocking=True)
+        y = y_host.to(self.device, non_blocking=True)
+        self.staging.copies_issued()
         return x, y
 
     def describe(self) -> dict:
@@ -213,87 +249,6 @@ def image_folder(root, image_size: int, flip: bool = True):
         ) from err
 
 
-def _require_vae_spec(spec) -> None:
-    if spec is None or str(spec).strip() == "":
-        raise UserError(
-            "an image-folder data source needs a VAE: give `vae: PATH` (a diffusers sd-vae-ft-ema folder "
-            "or a state-dict file) or `vae: random` to measure speed with random weights"
-        )
-
-
-def build_vae(spec: str | os.PathLike, device="cpu"):
-    """AutoencoderKL (sd-vae-ft-ema config) from a local path, or random weights for spec "random".
-
-    PATH may be a diffusers folder (config.json + weights) or a state-dict file
-    (.safetensors, .bin, .pt, .ckpt). Returns (vae in eval mode on device, description string).
-    """
-    from diffusers import AutoencoderKL
-
-    _require_vae_spec(spec)
-    text = str(spec)
-    if text == "random":
-        with torch.random.fork_rng(devices=[]):  # fixed weights without disturbing the caller's RNG
-            torch.manual_seed(0)
-            vae = AutoencoderKL(**SD_VAE_CONFIG)
-        desc = "random (sd-vae-ft-ema architecture, untrained weights: latents carry no image content)"
-    else:
-        p = Path(text)
-        if p.is_dir():
-            if not (p / "config.json").is_file():
-                raise UserError(
-                    f"VAE folder {text!r} has no config.json; give a diffusers AutoencoderKL folder"
-                )
-            try:
-                vae = AutoencoderKL.from_pretrained(str(p), local_files_only=True)
-            except Exception as err:
-                raise UserError(f"VAE folder {text!r} could not be loaded by diffusers ({err})") from err
-        elif p.is_file():
-            state = _read_state_dict_file(p)
-            vae = AutoencoderKL(**SD_VAE_CONFIG)
-            missing, unexpected = vae.load_state_dict(state, strict=False)
-            if missing or unexpected:
-                raise UserError(
-                    f"VAE weights {text!r} do not match the sd-vae-ft-ema AutoencoderKL: "
-                    f"{len(missing)} missing "
-                    f"keys (e.g. {missing[:2]}), {len(unexpected)} unexpected (e.g. {unexpected[:2]}); give "
-                    "diffusers-format weights"
-                )
-        else:
-            raise UserError(f"VAE path {text!r} does not exist; give a local folder or file, or `random`")
-        desc = f"pretrained from {text}"
-    vae = vae.to(device).eval().requires_grad_(False)
-    return vae, desc
-
-
-def _read_state_dict_file(p: Path) -> dict:
-    if p.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(str(p))
-        except Exception as err:
-            raise UserError(f"VAE weights {str(p)!r} are not a readable safetensors file ({err})") from err
-    try:
-        obj = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as err:
-        raise UserError(
-            f"VAE weights {str(p)!r} could not be loaded safely with torch.load(weights_only=True) ({err}); "
-            "use a .safetensors file or a diffusers folder"
-        ) from err
-    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
-        obj = obj["state_dict"]
-    if not isinstance(obj, dict):
-        raise UserError(f"VAE weights {str(p)!r} do not hold a state dict")
-    return obj
-
-
-@torch.no_grad()
-def encode_images(vae, images: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Images in [-1, 1] (N, 3, H, W) -> scaled latents (N, 4, H/8, W/8), sampled from the posterior."""
-    dist = vae.encode(images).latent_dist
-    return dist.sample(generator=generator).mul_(VAE_SCALE)
-
-
 class ImageFolderVAE(DataSource):
     """Images decoded, cropped, flipped and encoded through the VAE for every batch."""
 
@@ -308,7 +263,7 @@ class ImageFolderVAE(DataSource):
         seed: int = 0,
         num_workers: int = 0,
     ):
-        _require_vae_spec(vae_spec)
+        vae_lib.require_vae_spec(vae_spec)
         self.root = str(root)
         self.batch_size = batch_size
         self.device = torch.device(device)
@@ -321,7 +276,7 @@ class ImageFolderVAE(DataSource):
                 f"image folder {self.root!r} has {n_cls} class folders but the model has num_classes "
                 f"{num_classes}"
             )
-        self.vae, self.vae_desc = build_vae(vae_spec, self.device)
+        self.vae, self.vae_desc = vae_lib.build_vae(vae_spec, self.device)
         self.generator = torch.Generator().manual_seed(seed)
         self.loader = torch.utils.data.DataLoader(
             self.dataset,
@@ -349,7 +304,7 @@ class ImageFolderVAE(DataSource):
         # The random flip draws from torch's global RNG, which the Trainer seeds: runs repeat.
         images, labels = self._next_images()
         images = images.to(self.device, non_blocking=True)
-        x = encode_images(self.vae, images)
+        x = vae_lib.encode_images(self.vae, images)
         return x, labels.to(self.device, non_blocking=True)
 
     def describe(self) -> dict:
@@ -357,6 +312,20 @@ class ImageFolderVAE(DataSource):
 
 
 DATA_HELP = "synthetic, {latents: PATH.npz|.pt}, or {images: DIR, vae: PATH|random}"
+
+
+def data_spec(spec, vae: str | None = None):
+    """The suite form of a data source given as a bare path (the command line's --data): a directory
+    is an image folder encoded through `vae`, a .npz/.pt file a latent file; anything else unchanged."""
+    if spec == "synthetic" or not isinstance(spec, (str, os.PathLike)):
+        return spec
+    p = Path(spec)
+    if p.is_dir():
+        vae_lib.require_vae_spec(vae)
+        return {"images": str(p), "vae": str(vae)}
+    if p.suffix in (".npz", ".pt", ".pth"):
+        return {"latents": str(p)}
+    raise UserError(f"data {str(spec)!r} is neither 'synthetic', an image folder, nor a .npz/.pt latent file")
 
 
 def data_source_from_config(
@@ -375,23 +344,14 @@ def data_source_from_config(
     spec: "synthetic"; {"latents": path}; {"images": dir, "vae": path|"random"}; or a bare path
     string (a directory means images, with `vae` from the argument; a file means latents).
     """
-    from ditbench.models.dit import latent_size as _latent_size
+    from ditbench.models.configs import latent_size as _latent_size
 
     size = _latent_size(image_size)
     if not isinstance(batch_size, int) or batch_size < 1:
         raise UserError(f"batch_size must be a positive integer, got {batch_size!r}")
     if spec is None or spec == "synthetic" or spec == {"synthetic": None} or spec == {"kind": "synthetic"}:
         return SyntheticLatents(batch_size, size, num_classes, device, seed)
-    if isinstance(spec, (str, os.PathLike)):
-        p = Path(spec)
-        if p.is_dir():
-            spec = {"images": str(p), "vae": vae}
-        elif p.suffix in (".npz", ".pt", ".pth"):
-            spec = {"latents": str(p)}
-        else:
-            raise UserError(
-                f"data {str(spec)!r} is neither 'synthetic', an image folder, nor a .npz/.pt latent file"
-            )
+    spec = data_spec(spec, vae)
     if not isinstance(spec, dict):
         raise UserError(f"data {spec!r} is not valid; use {DATA_HELP}")
     keys = set(spec) - {"kind", "num_workers"}

@@ -41,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shard-size", type=int, default=1024, help="images per resumable shard (default 1024)"
     )
-    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default cuda if visible)")
+    parser.add_argument(
+        "--device", default="auto", help="auto (default: cuda if visible, else cpu), cpu, cuda or cuda:N"
+    )
     parser.add_argument("--workers", type=int, default=0, help="image decoding worker processes (default 0)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true")
@@ -67,10 +69,13 @@ def extract_latents(
     import torch
     from tqdm.auto import tqdm
 
-    from ditbench.models.dit import latent_size
-    from ditbench.train.data import build_vae, encode_images, image_folder
+    from ditbench.device import resolve_device
+    from ditbench.models.configs import latent_size
+    from ditbench.train.data import image_folder
+    from ditbench.vae import build_vae, encode_images
 
     latent_size(image_size)
+    dev = resolve_device(device)  # before anything is written: a bad device leaves no .parts/ behind
     if batch_size < 1 or shard_size < 1:
         raise UserError("--batch-size and --shard-size must be at least 1")
     out = Path(out)
@@ -103,7 +108,6 @@ def extract_latents(
         state = {"job": job, "done": []}
         write_json_atomic(marker, state, indent=1)
 
-    dev = torch.device(device)
     model, vae_desc = build_vae(vae, dev)
     n_shards = (len(files) + shard_size - 1) // shard_size
     done = set(state["done"])
@@ -156,9 +160,6 @@ def extract_latents(
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     result = extract_latents(
         args.image_dir,
         args.vae,
@@ -166,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
         image_size=args.image_size,
         batch_size=args.batch_size,
         shard_size=args.shard_size,
-        device=device,
+        device=args.device,
         workers=args.workers,
         seed=args.seed,
         progress=not args.no_progress,

@@ -8,8 +8,7 @@ import torch
 from torch import nn
 
 from ditbench.errors import UserError
-
-OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")
+from ditbench.knobs import InvalidValue, check_knob
 
 
 def make_optimizer(
@@ -18,14 +17,18 @@ def make_optimizer(
     weight_decay: float = 0.0,
     impl: str = "auto",
     device: str | torch.device | None = None,
+    name: str = "adamw",
 ) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters; impl auto = fused on CUDA, foreach elsewhere."""
-    if impl not in OPTIMIZER_IMPLS:
-        raise UserError(f"optimizer impl {impl!r} is not known; valid: {', '.join(OPTIMIZER_IMPLS)}")
-    if not lr > 0:
-        raise UserError(f"lr must be positive, got {lr!r}")
-    if weight_decay < 0:
-        raise UserError(f"weight_decay must be >= 0, got {weight_decay!r}")
+    """AdamW over the trainable parameters; impl auto = fused on CUDA, foreach elsewhere.
+
+    `name` is the optimizer knob: AdamW is the one DiT trains with, and the only one so far.
+    """
+    settings = {"optimizer": name, "optimizer_impl": impl, "lr": lr, "weight_decay": weight_decay}
+    for knob, value in settings.items():
+        try:
+            check_knob(knob, value)
+        except InvalidValue as err:
+            raise UserError(str(err)) from None
     params = [p for p in model.parameters() if p.requires_grad]
     dev = (
         torch.device(device) if device is not None else (params[0].device if params else torch.device("cpu"))

@@ -15,65 +15,71 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from ditbench.device import resolve_device
 from ditbench.diffusion import create_diffusion
-from ditbench.errors import UnsupportedError, UserError
+from ditbench.errors import UserError
+from ditbench.knobs import KNOB_DEFAULTS, TRAIN_KNOBS, CellConfig, InvalidValue, check_knob
+from ditbench.models.build import build_model, count_params
 from ditbench.models.checkpoint import save_checkpoint
-from ditbench.models.dit import build_model, canonical_name, count_params
+from ditbench.precision import get_precision_policy
 from ditbench.train.data import DataSource, data_source_from_config
 from ditbench.train.optim import EMA, make_optimizer
-from ditbench.train.precision import get_precision_policy
+
+_K = KNOB_DEFAULTS
 
 
 @dataclass
 class TrainConfig:
-    model: str = "DiT-S/8"
-    image_size: int = 256
-    precision: str = "fp32"
-    grad_ckpt: str = "none"
-    batch_size: int = 8
-    compile: bool = False
-    impl: str = "ditbench"
-    data: Any = "synthetic"  # "synthetic" | {"latents": path} | {"images": dir, "vae": path|"random"}
-    seed: int = 0
-    data_seed: int | None = None  # the data source's seed; None = seed (ranks of a job each get their own)
-    lr: float = 1e-4
-    weight_decay: float = 0.0
-    ema_decay: float = 0.9999
-    num_classes: int = 1000
+    """What one training process runs: the training knobs (defaults, validation and spellings from
+    `ditbench.knobs`, shared with suites) and how this process runs them."""
+
+    model: str
+    image_size: int = _K["image_size"]
+    precision: str = _K["precision"]
+    grad_ckpt: str = _K["grad_ckpt"]
+    batch_size: int = _K["batch_size"]
+    compile: bool = _K["compile"]
+    impl: str = _K["impl"]
+    attention: str = _K["attention"]
+    optimizer: str = _K["optimizer"]
+    optimizer_impl: str = _K[
+        "optimizer_impl"
+    ]  # auto (fused on CUDA, foreach on CPU) | fused | foreach | for-loop
+    data: Any = _K["data"]  # "synthetic" | {"latents": path} | {"images": dir, "vae": path|"random"}
+    seed: int = _K["seed"]
+    lr: float = _K["lr"]
+    weight_decay: float = _K["weight_decay"]
+    ema_decay: float = _K["ema_decay"]
+    num_classes: int = _K["num_classes"]
+    # How this process runs them; none changes what a step computes.
     device: str = "cpu"
-    optimizer_impl: str = "auto"  # auto (fused on CUDA, foreach on CPU) | fused | foreach | for-loop
-    class_dropout_prob: float = 0.1
-    vae: str | None = None  # used when data is an image folder given as a bare path
+    data_seed: int | None = None  # the data source's seed; None = seed (ranks of a job each get their own)
     data_workers: int = 0
-    extra: dict = field(default_factory=dict)  # free-form notes carried into checkpoints
+    class_dropout_prob: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in TRAIN_KNOBS:
+            try:
+                setattr(self, name, check_knob(name, getattr(self, name)))
+            except InvalidValue as err:
+                raise UserError(str(err)) from None
+        problem = CellConfig(**{name: getattr(self, name) for name in TRAIN_KNOBS}).conflict()
+        if problem:
+            raise UserError(problem)
+
+    @classmethod
+    def from_knobs(cls, knobs: CellConfig, **run: Any) -> TrainConfig:
+        """A cell's training knobs plus how this process runs them (device, data_seed, ...)."""
+        return cls(**knobs.train_knobs(), **run)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def resolve_device(device: str | torch.device) -> torch.device:
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise UserError(f"device {device!r} is not valid; use cpu, cuda or cuda:N") from err
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise UnsupportedError(f"device {device!r} needs CUDA, but no CUDA device is visible")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise UnsupportedError(
-                f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) are visible"
-            )
-        if dev.index is None:
-            dev = torch.device("cuda", torch.cuda.current_device())
-    elif dev.type != "cpu":
-        raise UnsupportedError(f"device {device!r} is not supported; use cpu, cuda or cuda:N")
-    return dev
 
 
 class Trainer:
@@ -90,9 +96,6 @@ class Trainer:
         data: DataSource | None = None,
     ):
         self.cfg = cfg
-        cfg.model = canonical_name(cfg.model)
-        if not isinstance(cfg.batch_size, int) or cfg.batch_size < 1:
-            raise UserError(f"batch_size must be a positive integer, got {cfg.batch_size!r}")
         self.device = resolve_device(cfg.device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -109,6 +112,7 @@ class Trainer:
                 grad_ckpt=cfg.grad_ckpt,
                 impl=cfg.impl,
                 class_dropout_prob=cfg.class_dropout_prob,
+                attention=cfg.attention,
             )
         self.num_params = count_params(self.base_model)
         self.base_model.to(self.device).train()
@@ -118,7 +122,7 @@ class Trainer:
             model = wrap_model(model)
         self.ema = EMA(self.base_model, cfg.ema_decay)
         self.optimizer = make_optimizer(
-            self.base_model, cfg.lr, cfg.weight_decay, cfg.optimizer_impl, self.device
+            self.base_model, cfg.lr, cfg.weight_decay, cfg.optimizer_impl, self.device, name=cfg.optimizer
         )
         self.scaler = self.policy.make_scaler()
         self.diffusion = create_diffusion()
@@ -137,7 +141,6 @@ class Trainer:
                 num_classes=cfg.num_classes,
                 device=self.device,
                 seed=cfg.seed if cfg.data_seed is None else cfg.data_seed,
-                vae=cfg.vae,
                 num_workers=cfg.data_workers,
             )
         )

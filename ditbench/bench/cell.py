@@ -1,0 +1,171 @@
+"""One cell, in whichever process measures it: the core both launchers run.
+
+`measure` builds the Trainer, warms up, times the window and reads the memory, and turns any
+failure into a status; `smoke` trains a fresh Trainer for the smoke curve. The one-process
+launcher (`launch.process`) and each torchrun rank (`launch.rank`) call these two with their
+own `DistContext`; they differ only in how the processes start and report.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ditbench.bench import memory
+from ditbench.bench.faults import FAULT_ENV, FAULT_RANK_ENV, Fault, FaultyStep, failure, fault_for
+from ditbench.bench.spec import CellSpec
+from ditbench.bench.window import failed_smoke, measure_window, noise, smoke_run, step_stats
+
+RANK_SEED_STRIDE = 1000  # rank r's data seed is seed + 1000 r: its own batches, the same model init
+
+
+@dataclass
+class Measured:
+    """What `measure` hands on: the result, and the context and steps the smoke run continues from."""
+
+    result: dict[str, Any]
+    ctx: Any = None  # the DistContext, once joined
+    steps_run: int = 0  # warm-up + measured steps, so an injected fault's step counts on into the smoke run
+    fault: Fault | None = None
+
+
+def build_trainer(spec: CellSpec, ctx):
+    """The cell's Trainer on this process's device; in a job, the model wrapped for data parallelism."""
+    from ditbench import dist
+    from ditbench.train import TrainConfig, Trainer
+
+    knobs = spec.knobs
+    if not ctx.distributed:
+        return Trainer(TrainConfig.from_knobs(knobs, device=str(ctx.device)))
+    cfg = TrainConfig.from_knobs(
+        knobs, device=str(ctx.device), data_seed=knobs.seed + RANK_SEED_STRIDE * ctx.rank
+    )
+    return Trainer(cfg, wrap_model=lambda m: dist.wrap_model(m, knobs.strategy, ctx))
+
+
+def _agree_max(ctx) -> Callable[[int], int] | None:
+    """The largest of every rank's value (each rank must run the same number of steps)."""
+    if not ctx.distributed:
+        return None
+
+    def agree(value: int) -> int:
+        import torch
+        import torch.distributed as tdist
+
+        t = torch.tensor([value], dtype=torch.long, device=ctx.device)
+        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+        return int(t.item())
+
+    return agree
+
+
+def window_metrics(spec: CellSpec, window: dict[str, Any], ctx, gpu_name: str | None) -> dict[str, Any]:
+    """Throughput, step times, FLOPs and MFU of this process's window (a rank's share in a job)."""
+    from ditbench.bench.measure import mfu, model_flops_per_image
+
+    knobs = spec.knobs
+    steps_per_s = window["steps"] / window["wall_s"]
+    images_per_s = steps_per_s * knobs.batch_size  # this process's images; a job's parent sums the ranks
+    flops = model_flops_per_image(knobs.model, knobs.image_size, knobs.impl, knobs.num_classes)
+    tflops = flops * images_per_s / 1e12 if flops else None
+    out = {
+        "steps_per_s": steps_per_s,
+        "images_per_s": images_per_s,
+        "images_per_s_per_gpu": images_per_s,
+        "step_ms": step_stats(window["step_ms"]),
+        "measured_steps": window["steps"],
+        "window_s": window["wall_s"],
+        "timing": "cuda_events" if ctx.device.type == "cuda" else "perf_counter",
+        "device": ctx.device.type,
+        "model_flops_per_image": flops,
+        "tflops_per_s": tflops,
+        "mfu": mfu(tflops, gpu_name, knobs.precision),
+        "scaling_efficiency": None,
+        "loss_last": window["last_loss"],
+        **noise(window["step_ms"], images_per_s, knobs.batch_size),
+    }
+    if ctx.distributed:
+        import torch
+
+        out.update(world_size=ctx.world_size, strategy=knobs.strategy, backend=ctx.backend)
+        out["threads_per_rank"] = torch.get_num_threads()
+    return out
+
+
+def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured:
+    """Join (pick the device / the process group), build, warm up, measure. Never raises."""
+    from ditbench.environment import collect_env
+
+    out = Measured({"status": "error", "reason": None, "metrics": None, "smoke": None, "env": None})
+    metrics: dict[str, Any] = {}
+    emulation = None
+    try:
+        out.ctx = ctx = join()
+        out.result["env"] = collect_env() if ctx.local_rank == 0 else None
+        out.fault = fault_for(cell_name, os.environ.get(FAULT_ENV), ctx.rank, os.environ.get(FAULT_RANK_ENV))
+        device = ctx.device.type
+        if spec.gpu_memory_gib is not None:  # a suite emulates a card only on CUDA (it refuses it on a CPU)
+            emulation = memory.apply_emulation(spec.gpu_memory_gib, spec.card, ctx.device)
+        metrics["emulation"] = emulation
+        trainer = build_trainer(spec, ctx)
+        step = FaultyStep(trainer, out.fault)
+        metrics["params"] = int(trainer.num_params)
+        s = spec.steps
+        window = measure_window(
+            trainer,
+            step,
+            device,
+            s.warmup,
+            s.measure,
+            s.min_seconds,
+            agree=_agree_max(ctx),
+            after_warmup=lambda: memory.reset_peaks(device),
+        )
+        out.steps_run = step.count
+        gpu_name = (out.result["env"] or {}).get("gpu_name") if device == "cuda" else None
+        if device == "cuda" and gpu_name is None:
+            import torch
+
+            gpu_name = torch.cuda.get_device_name(ctx.device)
+        metrics.update(window_metrics(spec, window, ctx, gpu_name))
+        metrics.update(memory.peak_metrics(device))
+        out.result["status"] = "ok"
+    except Exception as err:  # noqa: BLE001 - any failure is this cell's status, not the suite's
+        out.result.update(failure(err))
+        if out.ctx is not None and out.ctx.device.type == "cuda":
+            try:  # how far memory got before the failure
+                metrics.update(memory.peak_metrics("cuda"))
+            except Exception:  # noqa: BLE001
+                pass
+    if metrics:
+        metrics.update(memory.fits(emulation, out.result["status"]))
+    out.result["metrics"] = metrics or None
+    return out
+
+
+def smoke(spec: CellSpec, measured: Measured, agree_stop: Callable[[bool], bool] | None = None) -> dict:
+    """A fresh Trainer (the curve starts at step 1) trained `smoke_steps` steps, loss every step.
+
+    Its failure (an out-of-memory included) is the smoke field's status: the measured window stands,
+    the cell stays ok and its series is not skipped.
+    """
+    import torch
+
+    ctx, steps = measured.ctx, spec.smoke_steps
+    gc.collect()
+    if ctx.device.type == "cuda":
+        torch.cuda.empty_cache()
+    if spec.knobs.compile:
+        torch._dynamo.reset()  # a second compiled model must not reuse (or be limited by) the first's cache
+    fault = measured.fault
+    if fault is not None:
+        left = fault.step - measured.steps_run
+        fault = Fault(fault.kind, left) if left >= 1 else None
+    try:
+        trainer = build_trainer(spec, ctx)
+        return smoke_run(trainer, FaultyStep(trainer, fault), steps, agree_stop)
+    except Exception as err:  # noqa: BLE001 - recorded in the smoke field
+        return failed_smoke(steps, failure(err), err)

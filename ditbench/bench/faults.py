@@ -1,0 +1,146 @@
+"""How a cell fails: injected faults (for tests and for trying a suite's failure handling) and the
+one mapping from what a cell raised to the record's status.
+
+`DITBENCH_INJECT_FAULT="<cell-name substring>=<kind>[@step][,...]"` with kind one of
+  raise  the step raises RuntimeError            -> status error
+  hang   the step sleeps forever                  -> status timeout (the runner kills it)
+  oom    the step raises torch.OutOfMemoryError   -> status oom
+  nan    the model's weights are set to NaN, so the real forward pass gives a non-finite loss
+                                                  -> status nan_loss
+`@step` is the 1-based training step (warm-up and measured steps counted together) at which the
+fault fires; default 1. Example: DITBENCH_INJECT_FAULT="bs=16=oom,ckpt=full=nan@3". In a
+multi-process cell, DITBENCH_INJECT_FAULT_RANK=R gives the fault to rank R only. The runner
+checks the variable's syntax before any cell starts.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+import traceback
+from dataclasses import dataclass
+
+from ditbench.errors import UnsupportedError, UserError, shorten
+
+FAULT_ENV = "DITBENCH_INJECT_FAULT"
+FAULT_RANK_ENV = "DITBENCH_INJECT_FAULT_RANK"
+FAULT_KINDS = ("raise", "hang", "oom", "nan")
+TRACEBACK_CHARS = 4000  # the end of a traceback kept in a result; the record keeps its last lines
+REASON_CHARS = 300  # an out-of-memory message's first characters (the allocator's summary)
+_ITEM = re.compile(r"(?P<substring>.+)=(?P<kind>[a-z]+)(?:@(?P<step>[1-9]\d{0,8}))?")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    step: int = 1  # 1-based
+
+
+def parse_fault_spec(text: str | None) -> list[tuple[str, Fault]]:
+    """(cell-name substring, fault) for each item; UserError naming the item on a syntax error."""
+    out: list[tuple[str, Fault]] = []
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        m = _ITEM.fullmatch(item.strip())
+        if m is None or m["kind"] not in FAULT_KINDS:
+            raise UserError(
+                f"{FAULT_ENV} item {shorten(item)} is not valid: expected "
+                f"'<cell-name substring>=<kind>[@step]' with kind one of {', '.join(FAULT_KINDS)} "
+                "and step a positive integer, e.g. 'bs=16=oom@3'."
+            )
+        out.append((m["substring"], Fault(m["kind"], int(m["step"] or 1))))
+    return out
+
+
+def check_fault_rank(text: str | None) -> int | None:
+    if text in (None, ""):
+        return None
+    if not re.fullmatch(r"\d{1,6}", text):
+        raise UserError(f"{FAULT_RANK_ENV} {shorten(text)} must be a rank number (0, 1, ...).")
+    return int(text)
+
+
+def fault_for(cell_name: str, text: str | None, rank: int = 0, rank_text: str | None = None) -> Fault | None:
+    """The fault this process of the cell gets, or None."""
+    only = check_fault_rank(rank_text)
+    if only is not None and only != rank:
+        return None
+    for substring, fault in parse_fault_spec(text):
+        if substring in cell_name:
+            return fault
+    return None
+
+
+class FaultyStep:
+    """Wraps trainer.step so an injected fault happens inside a real training step."""
+
+    def __init__(self, trainer, fault: Fault | None):
+        self.trainer, self.fault, self.count = trainer, fault, 0
+
+    def __call__(self, batch):
+        import torch
+
+        self.count += 1
+        if self.fault is not None and self.count == self.fault.step:
+            kind = self.fault.kind
+            if kind == "raise":
+                raise RuntimeError(f"injected fault ({FAULT_ENV}): raise at step {self.count}")
+            if kind == "hang":
+                while True:
+                    time.sleep(1)
+            if kind == "oom":
+                raise torch.OutOfMemoryError(
+                    f"CUDA out of memory (injected by {FAULT_ENV} at step {self.count})"
+                )
+            if kind == "nan":
+                with torch.no_grad():
+                    for p in self.trainer.model.parameters():
+                        p.fill_(math.nan)
+        return self.trainer.step(batch)
+
+
+# ---------------------------------------------------------------------------------------------
+# What a failure means for the record
+# ---------------------------------------------------------------------------------------------
+
+
+class NonFiniteLoss(Exception):
+    def __init__(self, step: int, phase: str, value: float, curve: list[float] | None = None):
+        super().__init__(f"loss became non-finite ({value}) at {phase} step {step}")
+        self.step, self.phase, self.value = step, phase, value
+        self.curve = curve or []  # a smoke run's losses up to the failure
+
+
+_CPU_OOM = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    """A CUDA out-of-memory, or the CPU allocator's (a CPU batch too large is `oom` too, not `error`)."""
+    import torch
+
+    if isinstance(err, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(err, RuntimeError) and any(text in str(err) for text in _CPU_OOM)
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+def failure(err: BaseException) -> dict:
+    """{status, reason[, traceback]} for what a cell (or its smoke run) raised."""
+    if isinstance(err, NonFiniteLoss):
+        return {"status": "nan_loss", "reason": str(err)}
+    if is_out_of_memory(err):
+        return {"status": "oom", "reason": "out of memory: " + one_line(err)[:REASON_CHARS]}
+    if isinstance(err, UnsupportedError):
+        return {"status": "unsupported", "reason": one_line(err)}
+    if isinstance(err, UserError):
+        return {"status": "error", "reason": one_line(err)}
+    return {
+        "status": "error",
+        "reason": f"{type(err).__name__}: {err}",
+        "traceback": "".join(traceback.format_exception(err))[-TRACEBACK_CHARS:],
+    }

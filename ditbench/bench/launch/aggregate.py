@@ -1,0 +1,111 @@
+"""One record from the ranks of a multi-process cell: throughput summed, the slowest rank's step,
+the largest rank's memory; and the scaling efficiency against the same cell at one GPU."""
+
+from __future__ import annotations
+
+import json
+
+from ditbench.bench.window import noise, step_stats
+
+# Config keys that differ between a cell and its one-GPU reference for scaling efficiency.
+SCALING_KEYS = ("gpus", "nodes", "global_batch", "strategy")
+_SUM_KEYS = ("images_per_s", "tflops_per_s")
+_MIN_KEYS = ("steps_per_s",)
+_MEM_KEYS = ("peak_mem_allocated_gib", "peak_mem_reserved_gib", "device_mem_gib", "cpu_peak_rss_gib")
+
+
+def _numbers(per_rank: list[dict], key: str) -> list[float] | None:
+    vals = [m.get(key) for m in per_rank]
+    return vals if all(isinstance(v, (int, float)) for v in vals) else None
+
+
+def _slowest_steps(per_rank: list[dict]) -> dict | None:
+    """A synchronised step ends when its slowest rank ends: the per-step max over ranks."""
+    samples = [(m.get("step_ms") or {}).get("samples") for m in per_rank]
+    if all(isinstance(s, list) and s for s in samples) and len({len(s) for s in samples}) == 1:
+        return step_stats([max(vals) for vals in zip(*samples, strict=True)])
+    if any(m.get("step_ms") for m in per_rank):
+        return max((m.get("step_ms") or {} for m in per_rank), key=lambda s: s.get("median", 0.0))
+    return None
+
+
+def aggregate(per_rank: list[dict], *, batch_size: int) -> dict:
+    """One metrics dict from every rank's metrics (rank order)."""
+    if not per_rank:
+        raise ValueError("no rank metrics to aggregate")
+    world = len(per_rank)
+    out = dict(per_rank[0])  # per-model constants (params, model_flops_per_image) from rank 0
+    for keys, combine in ((_SUM_KEYS, sum), (_MIN_KEYS, min)):
+        for key in keys:
+            if (vals := _numbers(per_rank, key)) is not None:
+                out[key] = float(combine(vals))
+    for key in _MEM_KEYS:
+        if (vals := _numbers(per_rank, key)) is not None:
+            out[key], out[key + "_sum"] = float(max(vals)), float(sum(vals))
+    fits = [m.get("fits_budget") for m in per_rank]
+    if "fits_budget" in out:  # the job fits only if every rank fits
+        out["fits_budget"] = False if False in fits else (None if None in fits else True)
+    if isinstance(out.get("images_per_s"), float):
+        out["images_per_s_per_gpu"] = out["images_per_s"] / world
+    if (steps := _slowest_steps(per_rank)) is not None:
+        out["step_ms"] = steps
+    # MFU of the job = summed FLOP/s over summed peak = mean of the ranks' MFU.
+    mfus = [m.get("mfu") for m in per_rank]
+    if all(isinstance(x, dict) and isinstance(x.get("value"), (int, float)) for x in mfus):
+        out["mfu"] = dict(mfus[0], value=sum(x["value"] for x in mfus) / world)
+    out["world_size"] = world
+    out["global_batch"] = batch_size * world
+    if isinstance(out.get("images_per_s"), float) and (out.get("step_ms") or {}).get("samples"):
+        out.update(noise(out["step_ms"]["samples"], out["images_per_s"], out["global_batch"]))
+    out["per_rank"] = [
+        {
+            "rank": i,
+            **{k: m.get(k) for k in ("images_per_s", "steps_per_s", "peak_mem_allocated_gib")},
+            "step_ms_median": (m.get("step_ms") or {}).get("median"),
+        }
+        for i, m in enumerate(per_rank)
+    ]
+    return out
+
+
+def reference_key(config: dict) -> str:
+    """The config with the GPU-count knobs removed: equal keys mean 'the same cell at another size'."""
+    return json.dumps({k: v for k, v in config.items() if k not in SCALING_KEYS}, sort_keys=True, default=str)
+
+
+def scaling_efficiency(images_per_s: float, gpus: int, images_per_s_at_1: float | None) -> float | None:
+    """images/s at N / (N x images/s of the same cell at 1 GPU); None without a usable reference."""
+    if not images_per_s_at_1 or images_per_s_at_1 <= 0 or gpus < 1:
+        return None
+    return images_per_s / (gpus * images_per_s_at_1)
+
+
+def find_single_gpu_reference(config: dict, records: list[dict]) -> dict | None:
+    """The latest ok record of the same cell at gpus == 1, from records of the same run (or any)."""
+    key = reference_key(config)
+    best = None
+    for rec in records:
+        cfg = rec.get("config") or {}
+        if rec.get("status") == "ok" and int(cfg.get("gpus", 1)) == 1 and reference_key(cfg) == key:
+            best = rec
+    return best
+
+
+def add_scaling_efficiency(record: dict, records: list[dict]) -> None:
+    """Fill record.metrics.scaling_efficiency from the same cell at 1 GPU among `records`, if any."""
+    metrics = record.get("metrics") or {}
+    config = record.get("config") or {}
+    gpus = int(config.get("gpus", 1)) * int(config.get("nodes", 1))
+    if record.get("status") != "ok" or gpus <= 1 or not metrics.get("images_per_s"):
+        return
+    ref = find_single_gpu_reference(config, records)
+    if ref is None:
+        metrics.setdefault("scaling_efficiency", None)
+        return
+    ref_ips = (ref.get("metrics") or {}).get("images_per_s")
+    metrics["scaling_efficiency"] = scaling_efficiency(metrics["images_per_s"], gpus, ref_ips)
+    metrics["scaling_reference"] = {
+        "cell_id": ref.get("cell_id"),
+        "run_id": ref.get("run_id"),
+        "images_per_s": ref_ips,
+    }

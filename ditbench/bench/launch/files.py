@@ -1,0 +1,38 @@
+"""The files between a launcher and its cell processes: the spec it hands them and the results they write."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ditbench.bench.spec import CellSpec
+from ditbench.fileio import write_json_atomic
+
+
+def write_spec(path: Path, spec: CellSpec, **about: Any) -> None:
+    """SPEC.json: the record config plus what the process needs to know about the cell (id, name, ...)."""
+    write_json_atomic(path, {"config": spec.record_config(), **about})
+
+
+def read_spec(path: str | Path) -> tuple[CellSpec, dict[str, Any]]:
+    """(the cell's spec, the whole document: cell_id, cell_name, timeout_s, rendezvous)."""
+    doc = json.loads(Path(path).read_text())
+    return CellSpec.from_record_config(doc["config"]), doc
+
+
+def write_result(path: str | Path, data: dict[str, Any]) -> None:
+    """A cell's (or rank's) result file, whole or not at all; NaN/inf written as null."""
+    write_json_atomic(path, _clean(data), default=str, allow_nan=False)
+
+
+def _clean(data: Any) -> Any:
+    """NaN/inf are not JSON: write them as null."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _clean(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_clean(v) for v in data]
+    return data

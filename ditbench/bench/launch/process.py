@@ -1,0 +1,127 @@
+"""A cell in a fresh process of its own: how the runner starts every cell, and the one-process cell.
+
+Parent side, `run_isolated`: the runner starts `python -m MODULE SPEC.json RESULT.json` in a
+session of its own (so a timeout kills its whole process group, and it dies with the runner),
+waits, and reads RESULT.json, or says how the process died. MODULE is this one for a one-process
+cell and `launch.torchrun` (which starts the ranks) for a multi-process one.
+
+Child side, `main`: `python -m ditbench.bench.launch.process SPEC.json RESULT.json` measures
+the cell (`bench.cell`), smoke-trains it if asked, and writes the result (status, reason,
+metrics, smoke, env) atomically; anything it cannot report itself (a hang, a segfault, the
+kernel's OOM killer) the parent records from the outside.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import ditbench
+from ditbench.bench import cell
+from ditbench.bench.launch import procs
+from ditbench.bench.launch.files import read_spec, write_result, write_spec
+from ditbench.bench.spec import CellSpec
+from ditbench.errors import UserError
+
+MODULE = "ditbench.bench.launch.process"
+TORCHRUN_MODULE = "ditbench.bench.launch.torchrun"
+LOG_TAIL_BYTES = 64_000  # enough for the traceback lines a record keeps
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    package_root = str(Path(ditbench.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # torch and NVML then agree on device indices
+    return env
+
+
+def run_isolated(
+    spec: CellSpec, about: dict[str, Any], timeout_s: float, workdir: Path, log_path: Path
+) -> dict[str, Any]:
+    """Run one cell in a fresh process; return its result, or one describing how it died.
+
+    `about` goes into SPEC.json with the config: cell_id, cell_name, timeout_s, rendezvous.
+    """
+    spec_path = workdir / f"{about['cell_id']}.spec.json"
+    result_path = workdir / f"{about['cell_id']}.result.json"
+    result_path.unlink(missing_ok=True)
+    write_spec(spec_path, spec, **about, timeout_s=timeout_s)
+    module = TORCHRUN_MODULE if spec.world_size > 1 else MODULE
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", module, str(spec_path), str(result_path)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=child_env(),
+            start_new_session=True,  # its own process group, which a timeout kills as a whole
+            preexec_fn=procs.die_with_parent(signal.SIGKILL),  # no orphan keeps the GPU
+        )
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            procs.kill_group(proc)
+            return {
+                "status": "timeout",
+                "reason": f"no result after {timeout_s:g} s; the cell's processes were killed",
+                "traceback": procs.tail(log_path, LOG_TAIL_BYTES),
+            }
+        except BaseException:  # Ctrl-C: take the cell down with us
+            procs.kill_group(proc)
+            raise
+    try:
+        if result_path.exists():
+            return json.loads(result_path.read_text())
+    finally:
+        result_path.unlink(missing_ok=True)
+        spec_path.unlink(missing_ok=True)
+    how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
+    hint = (
+        " (a SIGKILL with no result is often the kernel's out-of-memory killer)"
+        if rc == -signal.SIGKILL
+        else ""
+    )
+    return {
+        "status": "error",
+        "reason": f"the worker died with {how} before writing a result{hint}",
+        "traceback": procs.tail(log_path, LOG_TAIL_BYTES),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m ditbench.bench.launch.process SPEC.json RESULT.json", file=sys.stderr)
+        return 2
+    try:
+        spec, doc = read_spec(argv[0])
+    except UserError as err:  # a spec this version cannot read: say so in the result
+        write_result(
+            argv[1], {"status": "error", "reason": str(err), "metrics": None, "smoke": None, "env": None}
+        )
+        return 0
+
+    def join():
+        from ditbench.device import resolve_device
+        from ditbench.dist import DistContext
+
+        return DistContext(device=resolve_device(spec.device))  # one process, no process group
+
+    measured = cell.measure(spec, doc["cell_name"], join)
+    result = measured.result
+    if result["status"] == "ok" and spec.smoke_steps:
+        result["smoke"] = cell.smoke(spec, measured)
+    write_result(argv[1], result)
+    if result.get("traceback"):
+        print(result["traceback"], file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,106 @@
+"""One rank of a multi-process cell, started by torchrun:
+
+    python -m torch.distributed.run ... -m ditbench.bench.launch.rank SPEC.json REPORT_DIR
+
+Every rank joins the process group (NCCL on GPUs, gloo on CPU) and runs the cell core
+(`bench.cell`) with a per-rank batch of `batch_size` (global batch = batch_size x world size),
+its model wrapped for data parallelism (`strategy`: ddp or fsdp).
+
+Reports, in REPORT_DIR: `rank<R>.json` from each rank (its metrics, or its error with the time it
+failed); `ranks.json` from each node's local rank 0 (every rank's metrics, gathered); then, for a
+smoke run, `smoke.json` from rank 0 (the curve, or the loss that stopped every rank), or
+`smoke_rank<R>.json` from a rank whose smoke run raised. The parent (`launch.torchrun`) turns
+these into the cell's record.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ditbench.bench import cell
+from ditbench.bench.launch.files import read_spec, write_result
+from ditbench.bench.launch.procs import watch_parent
+
+
+def _agree_any(ctx):
+    """True on every rank when any rank's value is True: every rank stops its smoke run together."""
+
+    def agree(bad: bool) -> bool:
+        import torch
+        import torch.distributed as tdist
+
+        t = torch.tensor([int(bad)], dtype=torch.long, device=ctx.device)
+        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
+        return bool(t.item())
+
+    return agree
+
+
+def _fail(report_dir: Path, report: dict[str, Any]) -> None:
+    """Write this rank's failure and leave at once: peers stuck in a collective are stopped by torchrun."""
+    import os
+
+    report["failed_at"] = time.time()  # the first rank to fail is the cause; its peers fail after it
+    write_result(report_dir / f"rank{report['rank']}.json", report)
+    print(
+        f"ditbench rank {report['rank']}: {report['status']}: {report['reason']}", file=sys.stderr, flush=True
+    )
+    if report.get("traceback"):
+        print(report["traceback"], file=sys.stderr, flush=True)
+    os._exit(1)  # no process-group teardown: a peer may be waiting in a collective
+
+
+def run_rank(spec_path: str, report_dir: Path) -> int:
+    import os
+
+    from ditbench import dist
+
+    spec, doc = read_spec(spec_path)
+    rank = int(os.environ.get("RANK", "0"))
+    measured = cell.measure(spec, doc["cell_name"], lambda: dist.init(spec.device))
+    result, ctx = measured.result, measured.ctx
+    report = {"rank": rank, "world_size": getattr(ctx, "world_size", None), **result}
+    if result["status"] != "ok":
+        _fail(report_dir, report)
+    write_result(report_dir / f"rank{ctx.rank}.json", report)
+    gathered = dist.all_gather_objects(ctx, result["metrics"])
+    # Every node's local rank 0 writes the gathered metrics: c10d rendezvous gives global rank 0
+    # to whichever node arrives first, and the node that records the cell is --node-rank 0.
+    if ctx.local_rank == 0:
+        summary = {
+            "world_size": ctx.world_size,
+            "nodes": ctx.nodes,
+            "metrics": gathered,
+            "env": result["env"],
+        }
+        write_result(report_dir / "ranks.json", summary)
+    dist.barrier(ctx)
+    if spec.smoke_steps:
+        smoke = cell.smoke(spec, measured, _agree_any(ctx))
+        if smoke["status"] not in ("ok", "nan_loss"):  # raised here alone: the peers cannot go on
+            failed = {"rank": ctx.rank, "failed_at": time.time(), **smoke}  # the first to fail is the cause
+            write_result(report_dir / f"smoke_rank{ctx.rank}.json", failed)
+            os._exit(1)
+        if ctx.rank == 0:  # ok, or a non-finite loss every rank agreed to stop at
+            write_result(report_dir / "smoke.json", smoke)
+        dist.barrier(ctx)
+    dist.shutdown()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: torchrun ... -m ditbench.bench.launch.rank SPEC.json REPORT_DIR", file=sys.stderr)
+        return 2
+    watch_parent()
+    report_dir = Path(argv[1])
+    report_dir.mkdir(parents=True, exist_ok=True)
+    return run_rank(argv[0], report_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,348 @@
+"""Parent side of a multi-process cell: start it through torchrun, judge it, aggregate it.
+
+A cell with gpus x nodes > 1 (on a CPU, `gpus: N` means N gloo processes) runs as
+
+    python -m ditbench.bench.launch.torchrun SPEC.json RESULT.json
+      -> python -m torch.distributed.run --nproc-per-node N ... -m ditbench.bench.launch.rank SPEC REPORTS
+
+and this module turns the ranks' reports (`launch.rank`), torchrun's exit status and its output
+tail into one result in the one-process launcher's format:
+
+- a rank that fails fails the cell with that rank's own error (the first to fail, not the peers
+  that then lost their connection);
+- on timeout the whole process tree is stopped: SIGTERM, a grace period, then SIGKILL to every
+  process ever seen under the launcher;
+- a smoke run that fails leaves the measurement standing: its failure is the smoke field's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from ditbench.bench.launch import procs
+from ditbench.bench.launch.aggregate import aggregate
+from ditbench.bench.launch.files import read_spec, write_result
+from ditbench.bench.launch.rendezvous import Rendezvous, add_rendezvous_arguments, rendezvous_from_args
+from ditbench.errors import UserError
+
+RANK_MODULE = "ditbench.bench.launch.rank"
+GRACE_S = 10.0  # between SIGTERM and SIGKILL when a cell's processes are stopped
+POLL_S = 0.2
+TIMEOUT_MARGIN_S = 15.0  # stop every rank this long before the runner's own limit kills us
+LOG_TAIL_BYTES = 6000
+ONE_NODE = Rendezvous()
+
+
+def torchrun_command(
+    nproc_per_node: int,
+    entry_args: list[str],
+    rdzv: Rendezvous = ONE_NODE,
+    *,
+    module: str = RANK_MODULE,
+    rdzv_id: str | None = None,
+    python: str = sys.executable,
+    join_timeout_s: float | None = None,
+) -> list[str]:
+    """The torchrun command line that runs `python -m module *entry_args` on nproc_per_node ranks."""
+    rdzv.validate()
+    if nproc_per_node < 1:
+        raise UserError(f"nproc_per_node {nproc_per_node} must be at least 1.")
+    # --max-restarts=0: a benchmark never retries silently
+    cmd = [
+        python,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc_per_node}",
+        f"--nnodes={rdzv.nnodes}",
+    ]
+    cmd.append("--max-restarts=0")
+    if rdzv.nnodes == 1 and not rdzv.endpoint:
+        cmd.append("--standalone")  # local store on a free port: parallel jobs never collide
+    else:
+        job_id = rdzv.run_id or rdzv_id or "ditbench"
+        cmd += [
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={rdzv.endpoint}",
+            f"--rdzv-id={job_id}",
+            f"--node-rank={rdzv.node_rank}",
+        ]
+        if join_timeout_s:
+            # The nodes reach a cell at different times (node 0 alone runs the one-node cells);
+            # wait for the others as long as the cell may take, not torchrun's default 600 s.
+            cmd.append(f"--rdzv-conf=join_timeout={int(join_timeout_s)}")
+    return cmd + ["-m", module, *entry_args]
+
+
+@dataclass
+class LaunchResult:
+    returncode: int | None
+    timed_out: bool
+    duration_s: float
+    output_tail: str
+    reports: dict[int, dict] = field(default_factory=dict)  # rank -> its rank<R>.json
+    gathered: dict | None = None  # ranks.json: every rank's metrics, gathered
+    leftover: list[int] = field(default_factory=list)  # pids still alive after cleanup (should be none)
+    smoke: dict | None = None  # smoke.json (rank 0's curve), or a rank's smoke failure
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_reports(report_dir: Path) -> tuple[dict[int, dict], dict | None, dict | None]:
+    """Every rank<R>.json by rank, the gathered ranks.json, and the smoke report (None if absent or torn)."""
+    reports: dict[int, dict] = {}
+    for path in sorted(report_dir.glob("rank[0-9]*.json")):
+        data = _read_json(path)
+        if data is not None and isinstance(data.get("rank"), int):
+            reports[data["rank"]] = data
+    smoke = _read_json(report_dir / "smoke.json")
+    if smoke is None:
+        failed = [d for p in sorted(report_dir.glob("smoke_rank*.json")) if (d := _read_json(p))]
+        if failed:  # the rank that failed first; its peers then lost their connection
+            first = min(failed, key=lambda d: (d.get("failed_at", float("inf")), d.get("rank", 0)))
+            smoke = dict(first, reason=f"rank {first.get('rank')}: {first.get('reason')}")
+            smoke.pop("rank", None)
+            smoke.pop("failed_at", None)
+    return reports, _read_json(report_dir / "ranks.json"), smoke
+
+
+def launch(
+    cmd: list[str],
+    report_dir: Path,
+    *,
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    grace_s: float = GRACE_S,
+) -> LaunchResult:
+    """Run a torchrun command to completion or timeout; leave no process behind either way."""
+    report_dir = Path(report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    log_path = report_dir / "torchrun.log"
+    seen: dict[int, psutil.Process] = {}
+    start = time.monotonic()
+    with open(log_path, "ab") as log:
+        # torchrun stays in our process group, so whoever kills our group (the runner on its own
+        # timeout) kills torchrun too; torchrun puts each worker in a session of its own, and the
+        # workers exit when their parent goes (procs.watch_parent).
+        preexec = procs.die_with_parent(signal.SIGTERM)  # torchrun then stops its workers
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, preexec_fn=preexec
+        )
+        timed_out = False
+        try:
+            root = psutil.Process(proc.pid)
+            while proc.poll() is None:
+                procs.collect_descendants(root, seen)  # remember workers, to reap any orphan later
+                if time.monotonic() - start > timeout_s:
+                    timed_out = True
+                    break
+                time.sleep(POLL_S)
+        except BaseException:
+            procs.stop_tree(proc, seen, grace_s)
+            raise
+        if timed_out:
+            procs.stop_tree(proc, seen, grace_s)
+        else:
+            procs.kill_leftovers(proc, seen)  # a worker that outlived torchrun (should not happen)
+    reports, gathered, smoke = read_reports(report_dir)
+    return LaunchResult(
+        returncode=proc.returncode,
+        timed_out=timed_out,
+        duration_s=time.monotonic() - start,
+        output_tail=procs.tail(log_path, LOG_TAIL_BYTES),
+        reports=reports,
+        gathered=gathered,
+        leftover=sorted(p.pid for p in seen.values() if procs.alive(p)),
+        smoke=smoke,
+    )
+
+
+def _first_failure(result: LaunchResult) -> dict | None:
+    """The root cause: the rank that failed first (its peers fail later on a broken collective)."""
+    failed = [r for r in result.reports.values() if r.get("status") != "ok"]
+    return min(failed, key=lambda r: (r.get("failed_at", float("inf")), r["rank"])) if failed else None
+
+
+def judge(
+    result: LaunchResult, world_size: int, timeout_s: float, node_rank: int = 0
+) -> tuple[str, str | None]:
+    """(status, reason) of a launched cell. Status is one of the result record's statuses."""
+    first = _first_failure(result)
+    if first is not None:
+        others = sorted(
+            r["rank"] for r in result.reports.values() if r.get("status") != "ok" and r is not first
+        )
+        also = f" (rank(s) {', '.join(map(str, others))} failed after it)" if others else ""
+        return first.get("status", "error"), f"rank {first['rank']}: {first.get('reason') or 'failed'}{also}"
+    if result.timed_out:
+        left = (
+            f"; processes {result.leftover} could not be stopped"
+            if result.leftover
+            else " and no process was left running"
+        )
+        return (
+            "timeout",
+            f"the cell ran past its {timeout_s:g} s limit; all {world_size} ranks were stopped{left}",
+        )
+    gathered = len((result.gathered or {}).get("metrics") or [])
+    complete = bool(result.reports) and (node_rank != 0 or gathered == world_size)
+    if result.returncode != 0 and not complete:
+        return "error", (
+            f"torchrun exited with code {result.returncode} and no rank reported an error "
+            f"(a rank was killed or crashed hard). Last output:\n{procs.last_lines(result.output_tail, 12)}"
+        )
+    if node_rank == 0 and not result.gathered:
+        return "error", "torchrun finished but no rank wrote the gathered ranks.json report"
+    if node_rank == 0 and gathered != world_size:
+        return "error", f"expected reports from {world_size} ranks, {gathered} were gathered"
+    if result.returncode != 0 and (result.smoke or {}).get("status") not in (None, "ok", "nan_loss"):
+        return "ok", None  # a rank's smoke run raised and it left: the smoke field says so
+    if result.returncode != 0:
+        # Every rank measured, reported and passed the final barrier; a crash while the processes
+        # tear down (seen once with gloo + FSDP2: "terminate called without an active exception")
+        # does not undo the measurement, but the record says it happened.
+        return "ok", (
+            f"every rank reported ok, then torchrun exited with code {result.returncode} while the "
+            f"processes shut down; the measurement is complete. Last output:\n"
+            f"{procs.last_lines(result.output_tail, 4)}"
+        )
+    return "ok", None
+
+
+def _smoke_field(launched: LaunchResult, steps: int) -> dict | None:
+    if not steps:
+        return None
+    if launched.smoke is not None:
+        return launched.smoke
+    return {  # measured, but the smoke run left no report (a rank killed outright)
+        "steps": steps,
+        "loss": [],
+        "status": "error",
+        "reason": f"the smoke run left no report; torchrun exited with code {launched.returncode}. Last "
+        f"output:\n{procs.last_lines(launched.output_tail, 6)}",
+    }
+
+
+def run_cell(
+    spec_path: Path,
+    result_path: Path,
+    *,
+    rdzv: Rendezvous = ONE_NODE,
+    timeout_s: float = 1800.0,
+    env: dict[str, str] | None = None,
+) -> dict:
+    """Launch the cell in SPEC through torchrun and return a result in the one-process launcher's format."""
+    spec, doc = read_spec(spec_path)
+    nproc, nodes = spec.knobs.gpus, spec.knobs.nodes
+    result: dict = {"status": "error", "reason": None, "metrics": None, "smoke": None, "env": None}
+    if nodes != rdzv.nnodes:
+        result.update(
+            status="unsupported",
+            reason=(
+                f"the cell asks for nodes={nodes} but this run was started with --nnodes {rdzv.nnodes}; "
+                f"start `ditbench run` on each of the {nodes} nodes with --nnodes {nodes} --node-rank R "
+                "--rdzv-endpoint HOST:PORT"
+            ),
+        )
+        return result
+    report_dir = Path(result_path).with_name(Path(result_path).stem + ".ranks")
+    if report_dir.exists():  # reports of an earlier attempt must not be read as this one's
+        for old in report_dir.glob("*.json"):
+            old.unlink()
+    rdzv_id = f"ditbench-{doc.get('cell_id', 'cell')}"
+    cmd = torchrun_command(
+        nproc, [str(spec_path), str(report_dir)], rdzv, rdzv_id=rdzv_id, join_timeout_s=timeout_s
+    )
+    env = dict(os.environ if env is None else env)
+    if spec.device == "cpu" and "OMP_NUM_THREADS" not in env:
+        # N CPU ranks share the machine a one-process cell has alone: give each its share of the
+        # cores (torchrun's default is 1 thread per rank), so scaling efficiency compares like with like.
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+    launched = launch(cmd, report_dir, timeout_s=timeout_s, env=env)
+    status, reason = judge(launched, spec.world_size, timeout_s, rdzv.node_rank)
+    result.update(status=status, reason=reason)
+    if status == "ok" and rdzv.node_rank == 0:
+        gathered = launched.gathered
+        metrics = aggregate(gathered["metrics"], batch_size=spec.knobs.batch_size)
+        metrics.update(launcher="torchrun", nodes=gathered.get("nodes", nodes), scaling_efficiency=None)
+        smoke = _smoke_field(launched, spec.smoke_steps)
+        result.update(metrics=metrics, smoke=smoke, env=gathered.get("env"))
+    elif status == "ok":
+        result.update(
+            status="skipped",
+            reason=f"node {rdzv.node_rank} of {rdzv.nnodes}: its ranks finished; node 0 records the cell's "
+            "metrics",
+        )
+    else:
+        first = _first_failure(launched)
+        result["traceback"] = (first or {}).get("traceback") or procs.last_lines(launched.output_tail, 30)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m ditbench.bench.launch.torchrun",
+        description="run one multi-process cell through torchrun",
+    )
+    parser.add_argument("spec")
+    parser.add_argument("result")
+    add_rendezvous_arguments(parser)
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds (default: the spec's timeout_s, less a margin to stop every rank before the runner's "
+        "own limit)",
+    )
+    args = parser.parse_args(argv)
+
+    def stop(signum, _frame):  # the runner (or a user) stops us: take the whole job down with us
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    doc = json.loads(Path(args.spec).read_text())
+    timeout = args.timeout
+    if timeout is None:
+        outer = float(doc.get("timeout_s") or 1800.0)
+        timeout = max(outer - max(TIMEOUT_MARGIN_S, 0.05 * outer), 0.5 * outer)
+    try:
+        rdzv = rendezvous_from_args(args)
+        if doc.get("rendezvous") and args.nnodes == 1 and not args.rdzv_endpoint:
+            rdzv = Rendezvous(**doc["rendezvous"])
+            rdzv.validate()
+        result = run_cell(Path(args.spec), Path(args.result), rdzv=rdzv, timeout_s=timeout)
+    except UserError as err:
+        result = {
+            "status": "error",
+            "reason": " ".join(str(err).split()),
+            "metrics": None,
+            "smoke": None,
+            "env": None,
+        }
+    write_result(args.result, result)
+    log = Path(args.result).with_name(Path(args.result).stem + ".ranks") / "torchrun.log"
+    if log.exists():  # into the runner's log of this cell: every rank's output, in one place
+        sys.stdout.write(procs.tail(log, 200_000))
+        sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

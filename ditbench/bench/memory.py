@@ -1,0 +1,137 @@
+"""A cell's memory: the peaks it reached, and the smaller card it emulates on a bigger one.
+
+Emulation: a suite's `gpu_memory_gib` (or `card`, whose usable memory `ditbench.cards` knows) is
+the emulated card's total memory. On a real card of that size the CUDA context takes its share
+before PyTorch allocates anything, so the caching allocator is capped at the budget less this
+process's context, measured with `torch.cuda.mem_get_info` right after CUDA starts. Whether the
+cell fits is whether it completed under that cap; speeds are still the real, bigger GPU's.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from typing import Any
+
+from ditbench.errors import UnsupportedError
+
+GIB = 2**30
+NOTE = "speeds are the real GPU's, not the emulated card's"
+
+
+def cpu_peak_rss_gib() -> float:
+    # ru_maxrss is KiB on Linux (bytes on macOS); the process is fresh, so this is the cell's own peak
+    scale = 1 if sys.platform == "darwin" else 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / GIB
+
+
+def nvml_process_mem_gib() -> float | None:
+    """This process's device memory as NVML sees it (includes the CUDA context); None if unavailable."""
+    try:
+        import pynvml
+        import torch
+
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else "GPU-" + uuid)
+        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
+                return proc.usedGpuMemory / GIB
+    except Exception:  # noqa: BLE001 - NVML is optional (package, driver, container pid namespace)
+        return None
+    return None
+
+
+def reset_peaks(device_type: str) -> None:
+    if device_type == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_metrics(device_type: str) -> dict[str, Any]:
+    """Peak allocated / reserved (allocator, since the last reset), NVML's view, the CPU's RSS."""
+    out: dict[str, Any] = {
+        "peak_mem_allocated_gib": None,
+        "peak_mem_reserved_gib": None,
+        "device_mem_gib": None,
+        "cpu_peak_rss_gib": round(cpu_peak_rss_gib(), 4),
+    }
+    if device_type == "cuda":
+        import torch
+
+        out["peak_mem_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 4)
+        out["peak_mem_reserved_gib"] = round(torch.cuda.max_memory_reserved() / GIB, 4)
+        out["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0)
+        nvml = nvml_process_mem_gib()
+        out["device_mem_gib"] = round(nvml, 4) if nvml is not None else None
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Card emulation
+# ---------------------------------------------------------------------------------------------
+
+
+def allocator_cap_gib(budget_gib: float, context_gib: float, total_gib: float) -> float:
+    """The allocator's share of an emulated card: its memory less the CUDA context this process holds."""
+    if budget_gib > total_gib:
+        raise UnsupportedError(
+            f"cannot emulate a card of {budget_gib:g} GiB on this GPU of {total_gib:.2f} GiB: emulation "
+            "caps a bigger card, it cannot add memory"
+        )
+    cap = budget_gib - context_gib
+    if cap <= 0:
+        raise UnsupportedError(
+            f"the CUDA context alone takes {context_gib:.2f} GiB, the whole emulated {budget_gib:g} GiB"
+        )
+    return cap
+
+
+def apply_emulation(budget_gib: float | None, card: str | None, device) -> dict[str, Any] | None:
+    """Cap the allocator to emulate the card; the record's `metrics.emulation`, or None (no emulation).
+
+    Call it right after CUDA starts on `device` and before anything is allocated: what the device
+    already holds then is this process's context (and any other process's memory, which a real
+    card of that size would not have free either).
+    """
+    if budget_gib is None:
+        return None
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device)
+    context_gib = (total - free) / GIB
+    cap_gib = allocator_cap_gib(budget_gib, context_gib, total / GIB)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total), device)
+    return {
+        "card": card,
+        "budget_gib": budget_gib,
+        "context_gib": round(context_gib, 4),
+        "allocator_cap_gib": round(cap_gib, 4),
+        "real_gpu": torch.cuda.get_device_name(device),
+        "real_total_gib": round(total / GIB, 4),
+        "note": NOTE,
+    }
+
+
+def fits(emulation: dict[str, Any] | None, status: str) -> dict[str, Any]:
+    """{fits_budget, fits_basis}: whether the cell completed under the emulated card's cap."""
+    if emulation is None:
+        return {
+            "fits_budget": None,
+            "fits_basis": "no card emulated (the suite sets neither card nor gpu_memory_gib)",
+        }
+    card = emulation["card"] or f"{emulation['budget_gib']:g} GiB card"
+    cap = (
+        f"the allocator cap of {emulation['allocator_cap_gib']:.2f} GiB (the {card}'s "
+        f"{emulation['budget_gib']:g} GiB less the {emulation['context_gib']:.2f} GiB CUDA context)"
+    )
+    if status == "ok":
+        return {"fits_budget": True, "fits_basis": f"completed warm-up and the measured window under {cap}"}
+    if status == "oom":
+        return {"fits_budget": False, "fits_basis": f"ran out of memory under {cap}"}
+    return {
+        "fits_budget": None,
+        "fits_basis": f"unknown: the cell ended {status}, not by running out of memory",
+    }

@@ -1,0 +1,210 @@
+"""The measured window and the smoke run: which steps are timed, how, and what their times say.
+
+A window is `warmup` steps, then at least `measure` steps and at least `min_seconds`. On CUDA each
+step is bracketed by two events and the host synchronises once, at the end (plus a wall clock
+around the whole window); on a CPU each step is timed with perf_counter. In a multi-process cell
+every rank must run the same number of steps or a collective would wait forever, so the ranks
+agree (`agree`, an all-reduce MAX) on how many steps reach `min_seconds`.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ditbench.bench.faults import NonFiniteLoss
+
+# A steady training loop repeats its step to within a few percent. Beyond these bounds something
+# outside the step (another process, clock throttling, a GC pause, a compile) shaped the figures,
+# and the record says the cell is noisy. Seen on a shared CPU: p10-p90 100-2846 ms at batch 4.
+SPREAD_BOUND = 1.5  # p90 / p10 of the per-step times
+GAP_BOUND = 0.10  # |window images/s - batch / median step time| / (batch / median step time)
+SMOKE_MEAN_STEPS = 50  # the first/last window means of a smoke curve
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
+    ordered = sorted(values)
+    if not ordered:
+        return math.nan
+    pos = (len(ordered) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
+def step_stats(step_ms: list[float]) -> dict[str, Any]:
+    return {
+        "median": statistics.median(step_ms),
+        "p10": percentile(step_ms, 10),
+        "p90": percentile(step_ms, 90),
+        "samples": [round(x, 4) for x in step_ms],
+    }
+
+
+def noise(step_ms: list[float], images_per_s: float, batch: int) -> dict[str, Any]:
+    """{noisy, noise: {step_spread, throughput_gap, spread_bound, gap_bound}} of a measured window.
+
+    `batch` is the images of one (synchronised) step: the global batch of a multi-process cell.
+    """
+    p10, median = percentile(step_ms, 10), statistics.median(step_ms)
+    spread = percentile(step_ms, 90) / p10 if p10 > 0 else math.inf
+    from_median = batch / (median / 1e3) if median > 0 else math.inf
+    gap = abs(images_per_s - from_median) / from_median if math.isfinite(from_median) else math.inf
+    figures = {
+        "step_spread": spread,
+        "throughput_gap": gap,
+        "spread_bound": SPREAD_BOUND,
+        "gap_bound": GAP_BOUND,
+    }
+    return {"noisy": not (spread <= SPREAD_BOUND and gap <= GAP_BOUND), "noise": figures}
+
+
+def _check_finite(losses: list, first_step: int, phase: str) -> None:
+    import torch
+
+    if not losses:
+        return
+    values = torch.stack([x.detach().float().reshape(()) for x in losses]).cpu()
+    bad = (~torch.isfinite(values)).nonzero()
+    if len(bad):
+        i = int(bad[0])
+        raise NonFiniteLoss(first_step + i, phase, float(values[i]))
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def measure_window(
+    trainer,
+    step,
+    device: str,
+    warmup: int,
+    measure: int,
+    min_seconds: float,
+    *,
+    agree: Callable[[int], int] | None = None,
+    after_warmup: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """Warm-up, then the timed steps: {steps, wall_s, step_ms, last_loss}.
+
+    Alone, the window runs until it has `measure` steps and `min_seconds`. With `agree` (several
+    processes), it runs `measure` steps, estimates the extra steps that reach `min_seconds`, and runs
+    agree(extra) more: the same count on every rank. `after_warmup` runs between the two (the peak
+    memory counters are reset there, so the window's peak is the steady state's).
+    """
+    losses = [step(trainer.next_batch()) for _ in range(warmup)]
+    _sync(device)
+    _check_finite(losses, 1, "warm-up")
+    if after_warmup is not None:
+        after_warmup()
+    timer = _StepTimer(device)
+    gc.collect()
+    gc.disable()  # a collection inside the window is a stall that belongs to no step
+    try:
+        start = time.perf_counter()
+        while timer.count < measure or (agree is None and time.perf_counter() - start < min_seconds):
+            timer.step(step, trainer)
+        if agree is not None:
+            elapsed = time.perf_counter() - start  # no sync yet: an estimate is enough to pick a count
+            extra = 0
+            if elapsed < min_seconds:
+                extra = math.ceil((min_seconds - elapsed) / max(elapsed / timer.count, 1e-9))
+            for _ in range(agree(extra)):
+                timer.step(step, trainer)
+        _sync(device)  # one synchronisation for the whole window
+        wall = time.perf_counter() - start
+    finally:
+        gc.enable()
+    _check_finite(timer.losses, warmup + 1, "measured")
+    return {
+        "steps": timer.count,
+        "wall_s": wall,
+        "step_ms": timer.milliseconds(),
+        "last_loss": float(timer.losses[-1]),
+    }
+
+
+class _StepTimer:
+    """Times each step: CUDA events on a GPU (no host synchronisation), perf_counter on a CPU."""
+
+    def __init__(self, device: str):
+        self.cuda = device == "cuda"
+        self.losses: list = []
+        self.events: list = []
+        self.cpu_ms: list[float] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.losses)
+
+    def step(self, step, trainer) -> None:
+        if self.cuda:
+            import torch
+
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            self.losses.append(step(trainer.next_batch()))
+            end.record()
+            self.events.append((begin, end))
+        else:
+            t0 = time.perf_counter()
+            self.losses.append(step(trainer.next_batch()))
+            self.cpu_ms.append((time.perf_counter() - t0) * 1e3)
+
+    def milliseconds(self) -> list[float]:
+        return [b.elapsed_time(e) for b, e in self.events] if self.cuda else self.cpu_ms
+
+
+def smoke_run(trainer, step, steps: int, agree_stop: Callable[[bool], bool] | None = None) -> dict[str, Any]:
+    """N steps with the loss read every step; stops at the first non-finite loss (NonFiniteLoss).
+
+    `agree_stop(bad) -> any rank bad` makes every rank of a multi-process cell stop together.
+    """
+    curve: list[float] = []
+    for i in range(steps):
+        value = float(step(trainer.next_batch()))
+        bad = not math.isfinite(value)
+        if agree_stop is not None:
+            bad = agree_stop(bad)
+        if bad:
+            raise NonFiniteLoss(i + 1, "smoke", value, curve)  # the record keeps the curve up to here
+        curve.append(value)
+    return {
+        "steps": steps,
+        "loss": [round(x, 6) for x in curve],
+        **_means(curve),
+        "nonfinite_steps": 0,
+        "first_nonfinite_step": None,
+        "scaler_skips": int(getattr(trainer, "scaler_skips", 0) or 0),
+        "status": "ok",
+        "reason": None,
+    }
+
+
+def failed_smoke(steps: int, outcome: dict, err: BaseException) -> dict[str, Any]:
+    """The smoke field of a smoke run that failed: the cell keeps its measurement and stays ok."""
+    curve = err.curve if isinstance(err, NonFiniteLoss) else []
+    return {
+        "steps": steps,
+        "loss": [round(x, 6) for x in curve],
+        **_means(curve),
+        "nonfinite_steps": 1 if isinstance(err, NonFiniteLoss) else 0,
+        "first_nonfinite_step": err.step if isinstance(err, NonFiniteLoss) else None,
+        "status": outcome["status"],
+        "reason": outcome["reason"],
+    }
+
+
+def _means(curve: list[float]) -> dict[str, float | None]:
+    window = min(SMOKE_MEAN_STEPS, len(curve))
+    if not window:
+        return {"first_mean": None, "last_mean": None}
+    return {"first_mean": sum(curve[:window]) / window, "last_mean": sum(curve[-window:]) / window}

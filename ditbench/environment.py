@@ -1,0 +1,112 @@
+"""The environment a record captures: host, CPU, GPU, driver, CUDA, torch, ditbench and its commit.
+
+`collect_env()` is called in the process that measured (a cell's, a sampling job's), so the record
+describes the device the numbers came from. Nothing here initialises CUDA unless a GPU is visible.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from ditbench import __version__
+
+
+def git_sha() -> str | None:
+    """The commit of the ditbench checkout, '+dirty' when it has local changes; None outside git."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha + ("+dirty" if dirty else "") if sha else None
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def nvidia_driver() -> str | None:
+    try:
+        import pynvml  # optional: the nvidia-ml-py package
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else version
+    except Exception:  # noqa: BLE001 - NVML absent or not permitted
+        return None
+
+
+def _nvml_gpu() -> tuple[str | None, float | None]:
+    """Name and memory of the first visible GPU through NVML, without touching CUDA."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+        handle = (
+            pynvml.nvmlDeviceGetHandleByIndex(int(visible))
+            if visible.isdigit()
+            else pynvml.nvmlDeviceGetHandleByUUID(visible)
+        )
+        name = pynvml.nvmlDeviceGetName(handle)
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30
+        return (name.decode() if isinstance(name, bytes) else name), round(memory, 2)
+    except Exception:  # noqa: BLE001 - NVML is optional
+        return None, None
+
+
+def collect_env(probe_cuda: bool = True) -> dict[str, Any]:
+    """The record's `env`. probe_cuda=False (the runner's parent process) never creates a CUDA
+    context, which would hold device memory for the whole suite; it asks NVML for the GPU instead."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if cuda and probe_cuda:
+        props = torch.cuda.get_device_properties(0)
+        gpu_name, gpu_mem = props.name, round(props.total_memory / 2**30, 2)
+    elif cuda:
+        gpu_name, gpu_mem = _nvml_gpu()
+    else:
+        gpu_name, gpu_mem = None, None
+    env: dict[str, Any] = {
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "cpu": cpu_name(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "gpu_name": gpu_name,
+        "gpu_count": torch.cuda.device_count() if cuda else 0,
+        "gpu_memory_gib": gpu_mem,
+        "driver": nvidia_driver() if cuda else None,
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "ditbench": __version__,
+        "git_sha": git_sha(),
+    }
+    return env

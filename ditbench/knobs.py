@@ -1,0 +1,246 @@
+"""Every knob of a training cell in one table: name, type, default, validation, and where it goes.
+
+A knob is a setting that shapes a training run and may be a suite's matrix axis. `CellConfig`
+holds one value of each, validated and normalised (so `grad_ckpt: on` and `full` are one cell);
+suites, `ditbench train` and `TrainConfig` all validate through `check_knob`, so a value means the
+same wherever it is written. Knobs marked `train` pass into `TrainConfig` under the same name
+(`TrainConfig.from_knobs`); the others (`gpus`, `nodes`, `strategy`) shape how the cell's
+processes start.
+
+Adding a knob: a field here (default, check, help) and its use where it acts (for a training
+knob, a field of `TrainConfig` in train/step.py and the line of the Trainer that applies it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ditbench import vae
+from ditbench.errors import UserError, shorten
+from ditbench.models.configs import (
+    ATTENTION_BACKENDS,
+    IMPLS,
+    MODEL_NAMES,
+    canonical_name,
+    get_config,
+    grad_ckpt_name,
+)
+from ditbench.precision import check_precision
+
+STRATEGIES = ("ddp", "fsdp")
+OPTIMIZERS = ("adamw",)
+OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")  # AdamW kernels: fused is CUDA only
+SEED_MAX = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer
+# Bounds far above any real cell, so that a typo (an extra zero) is an error and not an allocation.
+MAX_BATCH_SIZE = 1 << 20
+MAX_IMAGE_SIZE = 8192
+MAX_PROCESSES = 4096  # gpus per node, and nodes
+MAX_CLASSES = 1 << 20
+MAX_PATH_CHARS = 4096  # PATH_MAX on Linux
+
+
+class InvalidValue(ValueError):
+    """A knob value that is not valid; the message names the knob and says what would be."""
+
+
+def _type(value: Any) -> str:
+    names = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "nothing"}
+    return names.get(type(value), f"a {type(value).__name__}")
+
+
+def int_in(name: str, low: int, high: int) -> Callable[[Any], int]:
+    def check(value: Any) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidValue(f"{name} must be an integer, got {_type(value)} {shorten(value)}")
+        if not low <= value <= high:
+            raise InvalidValue(f"{name} must be an integer from {low} to {high:,}, got {shorten(value)}")
+        return value
+
+    return check
+
+
+def number_in(name: str, low: float, high: float, *, low_open: bool = False, high_open: bool = False):
+    def check(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise InvalidValue(f"{name} must be a number, got {_type(value)} {shorten(value)}")
+        bad_low = value <= low if low_open else value < low
+        bad_high = value >= high if high_open else value > high
+        if not math.isfinite(value) or bad_low or bad_high:
+            span = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+            raise InvalidValue(f"{name} must be a finite number in {span}, got {shorten(value)}")
+        return float(value)
+
+    return check
+
+
+def _choice(name: str, choices: tuple[str, ...]) -> Callable[[Any], str]:
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise InvalidValue(f"unknown {name} {shorten(value)}; valid: {', '.join(choices)}")
+        return value
+
+    return check
+
+
+def _check_bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidValue(f"compile must be true or false, got {_type(value)} {shorten(value)}")
+    return value
+
+
+def _check_model(value: Any) -> str:
+    try:
+        return canonical_name(value) if isinstance(value, str) else canonical_name(repr(value))
+    except UserError as err:
+        raise InvalidValue(str(err)) from None
+
+
+def _check_precision(value: Any) -> str:
+    try:
+        return check_precision(value)
+    except UserError as err:
+        raise InvalidValue(str(err)) from None
+
+
+def _check_grad_ckpt(value: Any) -> str:
+    if not isinstance(value, (str, bool)):
+        value = repr(value)  # numbers and lists are refused by the grammar below, with the value shown
+    try:
+        return grad_ckpt_name(value)
+    except UserError as err:
+        raise InvalidValue(str(err)) from None
+
+
+def _path(value: Any, what: str) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > MAX_PATH_CHARS:
+        raise InvalidValue(f"data.{what} must be a path, got {_type(value)} {shorten(value)}")
+    return value
+
+
+DATA_HELP = "`synthetic`, {latents: PATH} or {images: PATH, vae: PATH|random}"
+
+
+def _check_data(value: Any) -> Any:
+    if value == "synthetic":
+        return value
+    if isinstance(value, dict):
+        keys = set(value)
+        if keys == {"latents"}:
+            return {"latents": _path(value["latents"], "latents")}
+        if "images" in keys and keys <= {"images", "vae"}:
+            return {
+                "images": _path(value["images"], "images"),
+                "vae": _path(value.get("vae", "random"), "vae"),
+            }
+    raise InvalidValue(f"data must be {DATA_HELP}; got {shorten(value)}")
+
+
+def knob(default: Any, check: Callable[[Any], Any], help: str, train: bool = True) -> Any:
+    return field(default=default, metadata={"check": check, "help": help, "train": train})
+
+
+@dataclass(frozen=True)
+class CellConfig:
+    """One value of every knob, validated and normalised. Build it with `CellConfig.from_mapping`."""
+
+    model: str = knob(None, _check_model, "DiT configuration, e.g. DiT-XL/2")  # no default: a suite names it
+    impl: str = knob("ditbench", _choice("impl", IMPLS), "ditbench's DiT or diffusers' DiTTransformer2DModel")
+    image_size: int = knob(256, int_in("image_size", 1, MAX_IMAGE_SIZE), "image side in pixels")
+    precision: str = knob("fp32", _check_precision, "fp32, tf32, fp16 or bf16")
+    grad_ckpt: str = knob("none", _check_grad_ckpt, "none, full or every_K")
+    batch_size: int = knob(32, int_in("batch_size", 1, MAX_BATCH_SIZE), "images per GPU per step")
+    gpus: int = knob(1, int_in("gpus", 1, MAX_PROCESSES), "processes per node", train=False)
+    nodes: int = knob(1, int_in("nodes", 1, MAX_PROCESSES), "machines", train=False)
+    strategy: str = knob("ddp", _choice("strategy", STRATEGIES), "data parallelism", train=False)
+    compile: bool = knob(False, _check_bool, "torch.compile the model")
+    attention: str = knob("sdpa", _choice("attention", ATTENTION_BACKENDS), "attention kernel")
+    optimizer: str = knob("adamw", _choice("optimizer", OPTIMIZERS), "the optimizer")
+    optimizer_impl: str = knob("auto", _choice("optimizer_impl", OPTIMIZER_IMPLS), "AdamW kernel")
+    data: Any = knob("synthetic", _check_data, DATA_HELP)
+    seed: int = knob(0, int_in("seed", 0, SEED_MAX), "model init, timesteps, noise and data")
+    lr: float = knob(1e-4, number_in("lr", 0.0, 1.0, low_open=True), "AdamW learning rate")
+    weight_decay: float = knob(0.0, number_in("weight_decay", 0.0, 1.0), "AdamW weight decay")
+    ema_decay: float = knob(0.9999, number_in("ema_decay", 0.0, 1.0, high_open=True), "EMA decay")
+    num_classes: int = knob(1000, int_in("num_classes", 1, MAX_CLASSES), "class labels")
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], fail: Fail | None = None) -> CellConfig:
+        """Validate every key of `values`; knobs left out take their defaults.
+
+        fail(key, message) -> Exception builds the error (a suite adds its file and key path);
+        by default the message alone, as a UserError. `key` is None for the whole mapping.
+        """
+        fail = fail or _plain_failure
+        out = {}
+        for key, value in values.items():
+            if key not in FIELDS:
+                raise fail(key, unknown_key_message(key, tuple(FIELDS)))
+            try:
+                out[key] = check_knob(key, value)
+            except InvalidValue as err:
+                raise fail(key, str(err)) from None
+        if out.get("model") is None:
+            raise fail(None, f"no model given; valid models are {', '.join(MODEL_NAMES)}.")
+        config = cls(**out)
+        problem = config.conflict()
+        if problem:
+            raise fail(None, problem)
+        return config
+
+    def conflict(self) -> str | None:
+        """What makes this combination of valid values unrunnable anywhere, or None."""
+        patch = get_config(self.model).patch_size
+        step = vae.DOWNSAMPLE * patch
+        if self.image_size % step:
+            return (
+                f"{self.model} has patch size {patch} and the VAE downsamples by {vae.DOWNSAMPLE}, so its "
+                f"image_size must be a multiple of {step} (the latent must tile into patches); got "
+                f"{self.image_size}"
+            )
+        if self.strategy != KNOB_DEFAULTS["strategy"] and self.gpus * self.nodes == 1:
+            return f"strategy {self.strategy} shards across processes; it needs gpus x nodes > 1"
+        if self.impl == "diffusers" and self.grad_ckpt.startswith("every_"):
+            return (
+                f"grad_ckpt {self.grad_ckpt} is not available with impl diffusers, which checkpoints every "
+                "block or none; use grad_ckpt full or none, or impl ditbench"
+            )
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def non_defaults(self) -> dict[str, Any]:
+        """The knobs set to something else than their default: what identifies the cell."""
+        return {k: v for k, v in self.to_dict().items() if v != KNOB_DEFAULTS[k]}
+
+    def train_knobs(self) -> dict[str, Any]:
+        """The knobs that pass into TrainConfig, by name."""
+        return {k: getattr(self, k) for k in TRAIN_KNOBS}
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(CellConfig)}
+KNOB_DEFAULTS: dict[str, Any] = {name: f.default for name, f in FIELDS.items()}
+TRAIN_KNOBS = tuple(name for name, f in FIELDS.items() if f.metadata["train"])
+
+
+Fail = Callable[[Any, str], Exception]
+
+
+def _plain_failure(key: Any, message: str) -> Exception:
+    return UserError(message)
+
+
+def unknown_key_message(key: Any, valid: tuple[str, ...] | list[str]) -> str:
+    close = difflib.get_close_matches(str(key), list(valid), n=1, cutoff=0.5)
+    hint = f" Did you mean `{close[0]}`?" if close else ""
+    return f"unknown key `{shorten(key, quote=False)}`.{hint} Valid keys here: {', '.join(valid)}."
+
+
+def check_knob(name: str, value: Any) -> Any:
+    """The normalised value of knob `name`; InvalidValue (naming the knob) when it is not valid."""
+    return FIELDS[name].metadata["check"](value)

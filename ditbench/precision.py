@@ -1,0 +1,168 @@
+"""Precision: the four names a knob takes, what each does to a step, and the one switch for TF32.
+
+fp32  true fp32: TF32 off for matmul and cuDNN (what "fp32" means in the anchors table)
+tf32  fp32 storage, TF32 tensor-core matmuls and convolutions (the official train.py default)
+fp16  autocast to float16 + a GradScaler; steps the scaler skips are counted
+bf16  autocast to bfloat16, no scaler (same exponent range as fp32)
+
+Under fp16/bf16 the few fp32 matmuls left outside autocast use TF32 on CUDA, as the official
+scripts do. The weights, gradients, optimizer state and EMA stay fp32 in every policy.
+
+TF32 is switched only by `set_tf32` / `tf32_mode` (training, sampling, FID features, the matmul
+peak). PyTorch >= 2.9 has two APIs for it: the per-op `fp32_precision` and the legacy flags
+(`allow_tf32`, `get_float32_matmul_precision`). Setting only one leaves them disagreeing, and
+then every legacy getter raises ("mix of the legacy and new APIs") -- in our code, in torch's own
+autotuning, in any library that reads them. `set_tf32` writes the legacy flags first (which
+moves the new API along) and then the new API, so both agree and every getter works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ditbench.errors import UnsupportedError, UserError, shorten
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+_AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def check_precision(name: Any, where: str = "precision") -> str:
+    """`name` if it is one of PRECISIONS, else a UserError naming `where` and the valid names."""
+    if not isinstance(name, str) or name not in PRECISIONS:
+        raise UserError(f"{where} {shorten(name)} is not known; valid precisions are {', '.join(PRECISIONS)}")
+    return name
+
+
+# --------------------------------------------------------------------------------------------
+# TF32: the one place that touches these flags
+# --------------------------------------------------------------------------------------------
+
+
+def _new_api_targets() -> dict[str, Any]:
+    """The CUDA ops whose per-op fp32_precision we set."""
+    cudnn = torch.backends.cudnn
+    return {"matmul": torch.backends.cuda.matmul, "conv": cudnn.conv, "rnn": cudnn.rnn}
+
+
+def _has_new_api() -> bool:
+    return hasattr(torch.backends.cuda.matmul, "fp32_precision")
+
+
+def set_tf32(enabled: bool) -> None:
+    """Allow (True) or forbid (False) TF32 for CUDA matmuls and cuDNN, through both APIs."""
+    enabled = bool(enabled)
+    torch.backends.cuda.matmul.allow_tf32 = enabled  # legacy: also sets matmul's fp32_precision
+    torch.backends.cudnn.allow_tf32 = enabled
+    if _has_new_api():
+        mode = "tf32" if enabled else "ieee"
+        for target in _new_api_targets().values():
+            target.fp32_precision = mode
+
+
+def tf32_state() -> dict[str, Any]:
+    """Every getter, legacy and new: reading them is what fails when the two APIs disagree."""
+    state: dict[str, Any] = {
+        "matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+    }
+    if _has_new_api():
+        for name, target in _new_api_targets().items():
+            state[f"{name}.fp32_precision"] = target.fp32_precision
+    return state
+
+
+def _snapshot() -> tuple:
+    """The settings to restore, read through the new API where it exists (it never refuses a read)."""
+    if _has_new_api():
+        return ("new", {n: t.fp32_precision for n, t in _new_api_targets().items()})
+    return ("legacy", (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+
+
+def _restore(saved: tuple) -> None:
+    kind, values = saved
+    if kind == "legacy":
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = values
+        return
+    torch.backends.cuda.matmul.allow_tf32 = values["matmul"] == "tf32"
+    torch.backends.cudnn.allow_tf32 = values["conv"] == "tf32"
+    for name, target in _new_api_targets().items():
+        target.fp32_precision = values[name]
+
+
+@contextlib.contextmanager
+def tf32_mode(enabled: bool, cudnn_benchmark: bool | None = None) -> Iterator[None]:
+    """TF32 on or off (and optionally cuDNN's algorithm search) for a block, restored afterwards."""
+    saved, benchmark = _snapshot(), torch.backends.cudnn.benchmark
+    set_tf32(enabled)
+    if cudnn_benchmark is not None:
+        torch.backends.cudnn.benchmark = cudnn_benchmark
+    try:
+        yield
+    finally:
+        _restore(saved)
+        torch.backends.cudnn.benchmark = benchmark
+
+
+# --------------------------------------------------------------------------------------------
+# Policies
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PrecisionPolicy:
+    name: str
+    device_type: str  # "cpu" or "cuda"
+    autocast_dtype: torch.dtype | None
+    tf32: bool
+    use_scaler: bool
+
+    def apply_backend_flags(self) -> None:
+        if self.device_type == "cuda":
+            set_tf32(self.tf32)
+
+    def autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype)
+
+    def make_scaler(self):
+        if not self.use_scaler:
+            return None
+        return torch.amp.GradScaler(self.device_type)
+
+
+def unsupported_reason(name: str, device_type: str) -> str | None:
+    """Why `name` cannot run on `device_type` ("cpu"/"cuda"), decided without touching the device."""
+    if device_type == "cpu" and name == "tf32":
+        return "tf32 is a tensor-core mode of CUDA devices; on a CPU use fp32 or bf16"
+    if device_type == "cpu" and name == "fp16":
+        return "fp16 needs a CUDA device (CPU autocast has no loss-scaled fp16); use bf16 on CPU"
+    return None
+
+
+def get_precision_policy(name: str, device: str | torch.device = "cpu") -> PrecisionPolicy:
+    """The policy for `name` on `device`; UnsupportedError where the device cannot run it."""
+    key = check_precision(name)
+    device_type = torch.device(device).type
+    if device_type not in ("cpu", "cuda"):
+        raise UnsupportedError(f"device type {device_type!r} is not supported; use cpu or cuda")
+    reason = unsupported_reason(key, device_type)
+    if reason:
+        raise UnsupportedError(reason)
+    if key == "bf16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise UnsupportedError(
+            "bf16 needs a GPU with bfloat16 support (compute capability 8.0+); use fp16 or fp32"
+        )
+    return PrecisionPolicy(
+        name=key,
+        device_type=device_type,
+        autocast_dtype=_AUTOCAST.get(key),
+        tf32=key != "fp32",
+        use_scaler=key == "fp16",
+    )

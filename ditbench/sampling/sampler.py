@@ -1,0 +1,284 @@
+"""Sampling as a library: `sample(job)` runs (or resumes) a job on this process's share of the shards.
+
+`job` has the attributes of `ditbench sample`'s parsed arguments (an argparse Namespace will do).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ditbench.diffusion import NUM_TIMESTEPS
+from ditbench.errors import UserError
+from ditbench.fileio import atomic_write, write_json_atomic
+from ditbench.sampling.shards import (
+    default_paths,
+    file_fingerprint,
+    labels_for,
+    merge_shards,
+    prepare_shard_dir,
+    shard_count,
+    shard_path,
+    shard_seed,
+)
+from ditbench.sampling.weights import build_vae, load_model_cached
+
+SCHEMA = "ditbench.samples/1"
+# For tests of resumption: raise after this many shards were written in this run.
+FAIL_AFTER_ENV = "DITBENCH_SAMPLE_FAIL_AFTER_SHARDS"
+
+
+def check_args(args) -> None:
+    for name in ("num_samples", "batch_size", "steps", "num_classes"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least 1.")
+    if args.steps > NUM_TIMESTEPS:
+        raise UserError(
+            f"--steps {args.steps} must be at most {NUM_TIMESTEPS} (the diffusion has {NUM_TIMESTEPS} steps)."
+        )
+    if args.cfg_scale < 1.0:
+        raise UserError(f"--cfg-scale {args.cfg_scale} must be >= 1 (1 turns guidance off).")
+    if args.checkpoint != "random" and not Path(args.checkpoint).is_file():
+        raise UserError(f"checkpoint {args.checkpoint!r} is not a file; give a .pt checkpoint or 'random'.")
+    if args.vae != "random" and not Path(args.vae).exists():
+        raise UserError(
+            f"--vae {args.vae!r} does not exist. Give a local folder with the sd-vae-ft-ema (or -mse) "
+            "AutoencoderKL weights (config.json + diffusion_pytorch_model.safetensors) or a state-dict "
+            "file, or 'random' to time sampling with random VAE weights (the images are then meaningless)."
+        )
+    if not str(args.out).endswith(".npz"):
+        raise UserError(f"--out {args.out!r} must end in .npz (the ADM batch format).")
+
+
+def _precision_context(precision: str, device):
+    """The training policy's autocast and TF32 setting, without its GradScaler (no backward here)."""
+    from ditbench.precision import get_precision_policy
+
+    policy = get_precision_policy(precision, device)
+    policy.apply_backend_flags()
+    return policy.autocast()
+
+
+def make_shard(
+    model,
+    vae,
+    diffusion,
+    labels: np.ndarray,
+    *,
+    latent: int,
+    seed: int,
+    cfg_scale: float,
+    sampler: str,
+    guidance_channels: int | None,
+    precision: str,
+    device,
+) -> np.ndarray:
+    """uint8 (n, H, W, 3) images for one shard's labels, all noise from one seeded generator."""
+    import torch
+
+    from ditbench.diffusion import sample_latents
+    from ditbench.vae import decode_latents
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    y = torch.from_numpy(labels).to(device)
+    with torch.inference_mode(), _precision_context(precision, device):
+        z = sample_latents(
+            model,
+            diffusion,
+            y,
+            latent,
+            cfg_scale=cfg_scale,
+            sampler=sampler,
+            guidance_channels=guidance_channels,
+            generator=gen,
+            in_channels=getattr(model, "in_channels", 4),
+        )
+        x = decode_latents(vae, z)
+    x = torch.clamp(127.5 * x.float() + 128.0, 0, 255)  # [-1, 1] -> [0, 255], DiT's rounding
+    return x.permute(0, 2, 3, 1).to("cpu", dtype=torch.uint8).numpy()
+
+
+def _settings(args, model_name: str, image_size: int, num_classes: int, weights: str) -> dict:
+    """Everything that shapes the images: a resumed run must match it exactly."""
+    return {
+        "checkpoint": file_fingerprint(args.checkpoint),
+        "weights": weights,
+        "vae": file_fingerprint(args.vae),
+        "model": model_name,
+        "image_size": image_size,
+        "num_classes": num_classes,
+        "num_samples": args.num_samples,
+        "batch_size": args.batch_size,
+        "steps": args.steps,
+        "sampler": args.sampler,
+        "cfg_scale": args.cfg_scale,
+        "guidance_channels": args.guidance_channels,
+        "seed": args.seed,
+        "precision": args.precision,
+    }
+
+
+def _finished(args, out: Path, record_path: Path, settings: dict) -> dict | None:
+    """The record of an npz already made with these settings; UserError if --out holds another."""
+    if out.exists() and record_path.exists():
+        old = json.loads(record_path.read_text())
+        if old.get("settings") == settings:
+            return old
+        if not args.overwrite:
+            raise UserError(
+                f"{out} exists and was made with other settings; pass --overwrite to "
+                "replace it or choose another --out."
+            )
+    elif out.exists() and not args.overwrite:
+        raise UserError(
+            f"{out} exists and has no record of how it was made ({record_path} is missing); "
+            "pass --overwrite to replace it or choose another --out."
+        )
+    return None
+
+
+def _progress(args, labels, missing: list[int]):
+    from tqdm.auto import tqdm
+
+    done = args.num_samples - sum(
+        len(labels[k * args.batch_size : (k + 1) * args.batch_size]) for k in missing
+    )
+    return tqdm(total=args.num_samples, initial=done, unit="img", desc="sampling", dynamic_ncols=True)
+
+
+def _make_shards(args, ctx, model, vae, settings: dict, shard_dir: Path, missing: list[int]) -> dict:
+    """This rank's share of the missing shards, each written atomically; {rank, images, seconds}."""
+    import torch
+
+    from ditbench.diffusion import create_diffusion
+    from ditbench.models.configs import latent_size
+
+    device = ctx.device
+    diffusion = create_diffusion(str(args.steps))
+    latent = latent_size(settings["image_size"])
+    labels = labels_for(args.num_samples, settings["num_classes"])
+    fail_after = int(os.environ.get(FAIL_AFTER_ENV, "0") or 0)
+    bar = _progress(args, labels, missing) if ctx.is_main and not args.no_progress else None
+    made = 0
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for written, k in enumerate(missing[ctx.rank :: ctx.world_size]):
+        if fail_after and written >= fail_after:
+            raise RuntimeError(f"{FAIL_AFTER_ENV}={fail_after}: stopping after {written} shards (test hook)")
+        lab = labels[k * args.batch_size : (k + 1) * args.batch_size]
+        images = make_shard(
+            model,
+            vae,
+            diffusion,
+            lab,
+            latent=latent,
+            seed=shard_seed(args.seed, k),
+            cfg_scale=args.cfg_scale,
+            sampler=args.sampler,
+            guidance_channels=args.guidance_channels,
+            precision=args.precision,
+            device=device,
+        )
+        atomic_write(shard_path(shard_dir, k), lambda f, x=images, y=lab: np.savez(f, images=x, labels=y))
+        made += len(lab)
+        if bar is not None:
+            bar.update(min(len(lab) * ctx.world_size, bar.total - bar.n))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    if bar is not None:
+        bar.close()
+    return {"rank": ctx.rank, "images": made, "seconds": time.perf_counter() - t0}
+
+
+def _record(args, ctx, out: Path, settings: dict, shape, per_rank: list[dict]) -> dict:
+    from ditbench.environment import collect_env
+
+    total_made = sum(r["images"] for r in per_rank)
+    wall = max(r["seconds"] for r in per_rank)
+    random_parts = [
+        x for x, r in (("model", settings["weights"] == "random"), ("VAE", args.vae == "random")) if r
+    ]
+    record = {
+        "schema": SCHEMA,
+        "npz": str(out),
+        "settings": settings,
+        "shape": list(shape),
+        "world_size": ctx.world_size,
+        "batch_size_per_rank": args.batch_size,
+        "images_generated_this_run": total_made,
+        "images_resumed": args.num_samples - total_made,
+        "sampling_seconds": wall,
+        # Sampling only (model and VAE loading excluded), over the ranks working in parallel.
+        "images_per_s": (total_made / wall) if total_made and wall > 0 else None,
+        "per_rank": per_rank,
+        "for_speed_only": bool(random_parts),
+        "env": {**collect_env(), "device": str(ctx.device)},
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    if random_parts:
+        record["warning"] = (
+            f"random {' and '.join(random_parts)} weights: these images measure speed only and are "
+            "meaningless for FID"
+        )
+    return record
+
+
+def sample(args) -> dict:
+    """Run (or resume) a sampling job; returns the record written next to the npz (on rank 0)."""
+    from ditbench import dist
+
+    check_args(args)
+    out = Path(args.out)
+    shard_dir, record_path = default_paths(out)
+    ctx = dist.init(args.device)
+    try:
+        _precision_context(args.precision, ctx.device)  # refuse fp16/tf32 on a CPU before any work
+        model, model_name, image_size, weights = load_model_cached(
+            args.checkpoint, args.model, args.image_size, args.num_classes
+        )
+        settings = _settings(args, model_name, image_size, int(model.num_classes), weights)
+        done = _finished(args, out, record_path, settings)
+        if done is not None:
+            if ctx.is_main:
+                print(
+                    f"ditbench: {out} is already complete with these settings; nothing to do.",
+                    file=sys.stderr,
+                )
+            return done
+        if ctx.is_main:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            prepare_shard_dir(shard_dir, settings, args.overwrite)
+        dist.barrier(ctx)
+        if not ctx.is_main:  # every rank checks the manifest (rank 0 wrote it)
+            prepare_shard_dir(shard_dir, settings, overwrite=False)
+        model = model.to(ctx.device).eval()
+        vae = build_vae(args.vae, ctx.device)
+        n_shards = shard_count(args.num_samples, args.batch_size)
+        # Rank 0 lists the missing shards and every rank takes every world_size-th of them, so a
+        # resumed run is balanced however the interrupted one left it (and no rank waits long
+        # at the final barrier). Listed before anyone writes, so all ranks see the same list.
+        missing = (
+            [k for k in range(n_shards) if not shard_path(shard_dir, k).exists()] if ctx.is_main else None
+        )
+        missing = dist.all_gather_objects(ctx, missing)[0]
+        mine = _make_shards(args, ctx, model, vae, settings, shard_dir, missing)
+        per_rank = dist.all_gather_objects(ctx, mine)
+        dist.barrier(ctx)
+        if not ctx.is_main:
+            return {}
+        images, labels_out = merge_shards(shard_dir, n_shards, args.num_samples)
+        atomic_write(out, lambda f: np.savez(f, arr_0=images, arr_1=labels_out))
+        record = _record(args, ctx, out, settings, images.shape, per_rank)
+        write_json_atomic(record_path, record, indent=1)
+        if not args.keep_shards:
+            shutil.rmtree(shard_dir, ignore_errors=True)
+        return record
+    finally:
+        dist.shutdown()

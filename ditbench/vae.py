@@ -1,0 +1,130 @@
+"""The image autoencoder DiT trains in the latent space of: sd-vae-ft-ema (diffusers' AutoencoderKL).
+
+Every fact about it lives here: it downsamples by 8, gives 4 latent channels, and latents are
+`latent_dist.sample() * 0.18215` (and divided by it before decoding). Its weights come from a
+local path; random weights only when the user writes `random` (speed does not depend on the
+weights, sample quality does, and the description returned says which was used).
+
+Training (image-folder data, latent extraction) and sampling both use this module, so sampling
+never imports training.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ditbench.errors import UserError, shorten
+
+DOWNSAMPLE = 8  # pixels per latent cell along each side: a 256 px image is a 32x32 latent
+LATENT_CHANNELS = 4
+SCALE_FACTOR = 0.18215  # latents are scaled to about unit variance (the LDM/DiT convention)
+RANDOM = "random"  # the spelling that asks for untrained weights
+
+# sd-vae-ft-ema / sd-vae-ft-mse (stabilityai) configuration; both share the encoder.
+SD_VAE_CONFIG = dict(
+    in_channels=3,
+    out_channels=3,
+    down_block_types=["DownEncoderBlock2D"] * 4,
+    up_block_types=["UpDecoderBlock2D"] * 4,
+    block_out_channels=[128, 256, 512, 512],
+    layers_per_block=2,
+    act_fn="silu",
+    latent_channels=LATENT_CHANNELS,
+    norm_num_groups=32,
+    sample_size=256,
+)
+
+
+def require_vae_spec(spec) -> None:
+    if spec is None or str(spec).strip() == "":
+        raise UserError(
+            "an image-folder data source needs a VAE: give `vae: PATH` (a diffusers sd-vae-ft-ema folder "
+            "or a state-dict file) or `vae: random` to measure speed with random weights"
+        )
+
+
+def build_vae(spec: str | os.PathLike, device="cpu"):
+    """AutoencoderKL (sd-vae-ft-ema config) from a local path, or random weights for spec "random".
+
+    PATH may be a diffusers folder (config.json + weights) or a state-dict file
+    (.safetensors, .bin, .pt, .ckpt). Returns (vae in eval mode on device, description string).
+    """
+    import torch
+    from diffusers import AutoencoderKL
+
+    require_vae_spec(spec)
+    text = str(spec)
+    if text == RANDOM:
+        with torch.random.fork_rng(devices=[]):  # fixed weights without disturbing the caller's RNG
+            torch.manual_seed(0)
+            vae = AutoencoderKL(**SD_VAE_CONFIG)
+        desc = "random (sd-vae-ft-ema architecture, untrained weights: latents carry no image content)"
+    else:
+        vae = _load_pretrained(Path(text), text)
+        desc = f"pretrained from {text}"
+    vae = vae.to(device).eval().requires_grad_(False)
+    return vae, desc
+
+
+def _load_pretrained(p: Path, text: str):
+    from diffusers import AutoencoderKL
+
+    shown = shorten(text, 200)
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise UserError(f"VAE folder {shown} has no config.json; give a diffusers AutoencoderKL folder")
+        try:
+            return AutoencoderKL.from_pretrained(str(p), local_files_only=True)
+        except Exception as err:
+            raise UserError(f"VAE folder {shown} could not be loaded by diffusers ({err})") from err
+    if p.is_file():
+        vae = AutoencoderKL(**SD_VAE_CONFIG)
+        missing, unexpected = vae.load_state_dict(_read_state_dict_file(p), strict=False)
+        if missing or unexpected:
+            raise UserError(
+                f"VAE weights {shown} do not match the sd-vae-ft-ema AutoencoderKL: {len(missing)} missing "
+                f"keys (e.g. {missing[:2]}), {len(unexpected)} unexpected (e.g. {unexpected[:2]}); give "
+                "diffusers-format weights"
+            )
+        return vae
+    raise UserError(f"VAE path {shown} does not exist; give a local folder or file, or `random`")
+
+
+def _read_state_dict_file(p: Path) -> dict:
+    import torch
+
+    shown = shorten(str(p), 200)
+    if p.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(p))
+        except Exception as err:
+            raise UserError(f"VAE weights {shown} are not a readable safetensors file ({err})") from err
+    try:
+        obj = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as err:
+        raise UserError(
+            f"VAE weights {shown} could not be loaded safely with torch.load(weights_only=True) ({err}); "
+            "use a .safetensors file or a diffusers folder"
+        ) from err
+    if isinstance(obj, dict) and "state_dict" in obj and isinstance(obj["state_dict"], dict):
+        obj = obj["state_dict"]
+    if not isinstance(obj, dict):
+        raise UserError(f"VAE weights {shown} do not hold a state dict")
+    return obj
+
+
+def encode_images(vae, images, generator=None):
+    """Images in [-1, 1] (N, 3, H, W) -> scaled latents (N, 4, H/8, W/8), sampled from the posterior."""
+    import torch
+
+    with torch.no_grad():
+        dist = vae.encode(images).latent_dist
+        return dist.sample(generator=generator).mul_(SCALE_FACTOR)
+
+
+def decode_latents(vae, latents):
+    """Scaled latents (N, 4, h, w) -> images in about [-1, 1] (N, 3, 8h, 8w), in fp32."""
+    return vae.decode(latents.float() / SCALE_FACTOR).sample

@@ -1,0 +1,83 @@
+"""The cell contract: one table of knobs, one validation, and every knob reaches the training step."""
+
+import dataclasses
+import math
+
+import pytest
+
+from ditbench.bench.spec import CellSpec, Steps
+from ditbench.errors import UserError
+from ditbench.knobs import FIELDS, KNOB_DEFAULTS, TRAIN_KNOBS, CellConfig
+from ditbench.train import TrainConfig
+
+
+def test_train_config_takes_every_training_knob_with_the_same_default():
+    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
+    for name in TRAIN_KNOBS:
+        assert name in fields, name
+        if name != "model":  # required in both
+            assert fields[name].default == KNOB_DEFAULTS[name], name
+    assert set(FIELDS) - set(TRAIN_KNOBS) == {"gpus", "nodes", "strategy"}  # how processes start
+    assert fields["model"].default is dataclasses.MISSING and KNOB_DEFAULTS["model"] is None
+
+
+def test_from_knobs_carries_every_value():
+    knobs = CellConfig.from_mapping(
+        {"model": "DiT-XL-2", "grad_ckpt": "on", "batch_size": 3, "lr": 2e-4, "optimizer_impl": "for-loop"}
+    )
+    cfg = TrainConfig.from_knobs(knobs, device="cpu", data_seed=7)
+    assert (cfg.model, cfg.grad_ckpt, cfg.batch_size, cfg.lr) == ("DiT-XL/2", "full", 3, 2e-4)
+    assert cfg.optimizer_impl == "for-loop" and cfg.data_seed == 7
+    assert {k: getattr(cfg, k) for k in TRAIN_KNOBS} == knobs.train_knobs()
+
+
+@pytest.mark.parametrize(
+    "values, words",
+    [
+        ({"model": "DiT-T/8", "lr": math.nan}, "lr must be a finite number"),
+        ({"model": "DiT-T/8", "lr": math.inf}, "lr must be a finite number"),
+        ({"model": "DiT-T/8", "seed": 2**63}, "seed must be an integer from 0"),
+        ({"model": "DiT-T/8", "precision": "fp8"}, "fp32, tf32, fp16, bf16"),
+        ({"model": "DiT-T/8", "grad_ckpt": "all"}, "every_K"),
+        ({"model": "DiT-T/8", "optimizer": "sgd"}, "adamw"),
+        ({"model": "DiT-T/8", "attention": "flash"}, "sdpa"),
+        ({"model": "DiT-T/8", "impl": "diffusers", "grad_ckpt": "every_2"}, "impl diffusers"),
+        ({"model": "DiT-T/8", "image_size": 72}, "multiple of 64"),
+        ({"model": "DiT-T/8", "strategy": "fsdp"}, "needs gpus x nodes > 1"),
+        ({"model": "DiT-T/8", "batch_size": True}, "batch_size must be an integer"),
+        ({"model": "DiT-T/8", "bacth_size": 2}, "Did you mean `batch_size`"),
+        ({"batch_size": 2}, "no model given"),
+    ],
+)
+def test_bad_values_are_refused_where_they_enter(values, words):
+    with pytest.raises(UserError, match=words):
+        CellConfig.from_mapping(values)
+    if "model" in values and not {"bacth_size", "strategy"} & set(values):  # the same rule guards TrainConfig
+        with pytest.raises(UserError, match=words):
+            TrainConfig(**values)
+
+
+def test_attention_and_optimizer_reach_the_step():
+    from ditbench.train import Trainer
+
+    trainer = Trainer(TrainConfig(model="DiT-T/8", image_size=64, batch_size=2, attention="sdpa"))
+    assert {b.attn.attention for b in trainer.base_model.blocks} == {"sdpa"}
+    assert type(trainer.optimizer).__name__ == "AdamW"
+    with pytest.raises(UserError, match="attention 'flash'"):
+        from ditbench.models import build_model
+
+        build_model("DiT-T/8", image_size=64, attention="flash")  # the model's own hook refuses it too
+
+
+def test_spec_round_trips_through_the_record_and_refuses_unknown_keys():
+    knobs = CellConfig.from_mapping({"model": "DiT-T/8", "gpus": 2, "batch_size": 4})
+    spec = CellSpec(knobs, "cpu", Steps(1, 2, 0.0), smoke_steps=5, gpu_memory_gib=None)
+    config = spec.record_config()
+    assert config["global_batch"] == 8 and config["card"] is None
+    assert CellSpec.from_record_config(config) == spec
+    with pytest.raises(UserError, match="unknown key `gpu_memory_gb`"):
+        CellSpec.from_record_config({**config, "gpu_memory_gb": 24})
+    with pytest.raises(UserError, match="missing card"):
+        CellSpec.from_record_config({k: v for k, v in config.items() if k != "card"})
+    with pytest.raises(UserError, match="global_batch"):
+        CellSpec.from_record_config({**config, "global_batch": 4})
