@@ -41,9 +41,9 @@ def test_each_cuda_policy_leaves_every_tf32_getter_readable(name, monkeypatch):
         assert (state["matmul.fp32_precision"], state["conv.fp32_precision"]) == (want, want)
     # every other reader of the flags in ditbench works after it: the FID extractor and the peak measure
     from ditbench.bench.measure import measure_matmul_tflops
-    from ditbench.metrics.features import matmul_precision
+    from ditbench.precision import tf32_mode
 
-    with matmul_precision(False):
+    with tf32_mode(False, cudnn_benchmark=True):  # what FID feature extraction uses
         pass
     assert measure_matmul_tflops("cpu", "fp32", n=64, seconds=0.01) > 0
     _every_getter()

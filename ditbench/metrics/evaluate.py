@@ -39,11 +39,12 @@ import ditbench
 from ditbench.errors import UserError
 from ditbench.metrics import registry
 from ditbench.metrics.defaults import DEFAULTS
-from ditbench.metrics.features import FeatureExtractor, matmul_precision
+from ditbench.metrics.features import FeatureExtractor
 from ditbench.metrics.inception import FEATURE_DIMS
 from ditbench.metrics.npz_io import ArrayImages, ImageSource, open_images
 from ditbench.metrics.reference import PreparedReference
 from ditbench.metrics.spec import Metric, MetricInputs
+from ditbench.precision import tf32_mode
 
 SCHEMA = "ditbench.fid/1"
 
@@ -187,7 +188,7 @@ class Scorer:
             warn=warns.append,
         )
         values: dict[str, float] = {}
-        with matmul_precision(False):  # statistics and distances in full precision, whatever extraction used
+        with tf32_mode(False):  # statistics and distances in full precision, whatever extraction used
             for metric in active:
                 t = time.perf_counter()
                 values.update(_checked(metric, metric.compute(inputs, self.options)))

@@ -8,7 +8,6 @@ and newer GPUs PyTorch lets cuDNN use TF32 by default.
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import sys
 import threading
@@ -18,47 +17,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ditbench.device import resolve_device
 from ditbench.errors import UserError
 from ditbench.metrics.defaults import DEFAULTS
 from ditbench.metrics.inception import FEATURE_DIMS
 from ditbench.metrics.npz_io import FolderImages, ImageSource
 from ditbench.metrics.weights import InceptionWeights, load_network
-
-
-def resolve_device(device: str | torch.device | None) -> torch.device:
-    if device in (None, "auto"):
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError:
-        raise UserError(f"--device {device!r} is not a device; use auto, cpu, cuda or cuda:N.") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {device} was asked for but no CUDA device is visible; use --device cpu.")
-    return dev
-
-
-@contextlib.contextmanager
-def matmul_precision(tf32: bool):
-    """Allow or forbid TF32 in cuBLAS and cuDNN for the duration, then restore the settings.
-
-    cuDNN's algorithm search is on as well; with TF32 forbidden every candidate is fp32.
-    """
-    saved = (
-        torch.backends.cuda.matmul.allow_tf32,
-        torch.backends.cudnn.allow_tf32,
-        torch.backends.cudnn.benchmark,
-    )
-    torch.backends.cuda.matmul.allow_tf32 = tf32
-    torch.backends.cudnn.allow_tf32 = tf32
-    torch.backends.cudnn.benchmark = True  # fixed batch shapes: let cuDNN pick its fastest algorithm once
-    try:
-        yield
-    finally:
-        (
-            torch.backends.cuda.matmul.allow_tf32,
-            torch.backends.cudnn.allow_tf32,
-            torch.backends.cudnn.benchmark,
-        ) = saved
+from ditbench.precision import tf32_mode
 
 
 def _prefetch(source: ImageSource, batch_size: int, num_workers: int, depth: int = 3):
@@ -124,7 +89,7 @@ class FeatureExtractor:
     ):
         if batch_size < 1:
             raise UserError(f"--batch-size {batch_size} must be at least 1.")
-        self.device = resolve_device(device if device is not None else DEFAULTS["device"])
+        self.device = resolve_device(str(device) if device is not None else DEFAULTS["device"])
         self.tf32, self.batch_size, self.num_workers, self.progress = (
             bool(tf32),
             batch_size,
@@ -167,7 +132,7 @@ class FeatureExtractor:
             leave=False,
         )
         row = 0
-        with matmul_precision(self.tf32), bar:
+        with tf32_mode(self.tf32, cudnn_benchmark=True), bar:
             for batch in _prefetch(source, self.batch_size, self.num_workers):
                 x = torch.from_numpy(np.ascontiguousarray(batch)).permute(0, 3, 1, 2)
                 if cuda:
