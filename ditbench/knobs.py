@@ -34,7 +34,7 @@ from ditbench.precision import check_precision
 
 STRATEGIES = ("ddp", "fsdp")
 OPTIMIZERS = ("adamw",)
-OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")  # AdamW kernels: fused is CUDA only
+OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")  # AdamW kernels; auto: train.optim.AUTO_IMPL
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer
 # Bounds far above any real cell, so that a typo (an extra zero) is an error and not an allocation.
 MAX_BATCH_SIZE = 1 << 20

@@ -9,7 +9,7 @@ from ditbench.errors import UnsupportedError, UserError
 from ditbench.precision import get_precision_policy
 from ditbench.train import TrainConfig, Trainer
 from ditbench.train.data import DataSource
-from ditbench.train.optim import EMA
+from ditbench.train.optim import EMA, make_optimizer
 
 
 def tiny_cfg(**kw):
@@ -67,13 +67,32 @@ def test_num_params_counts_pos_embed():
     assert trainer.num_params > sum(p.numel() for p in trainer.base_model.parameters() if p.requires_grad)
 
 
-def test_optimizer_is_adamw_foreach_on_cpu():
+def test_optimizer_is_fused_adamw_on_cpu():
     trainer = Trainer(tiny_cfg())
     opt = trainer.optimizer
     assert isinstance(opt, torch.optim.AdamW)
     group = opt.param_groups[0]
-    assert group["lr"] == 1e-4 and group["weight_decay"] == 0.0 and group["foreach"] is True
-    assert opt.ditbench_impl == "foreach"
+    assert group["lr"] == 1e-4 and group["weight_decay"] == 0.0 and group["fused"] is True
+    assert opt.ditbench_impl == "fused"
+
+
+def test_every_adamw_kernel_makes_the_same_update():
+    """fused, foreach and the for-loop (torch's CPU default, the official loop's) agree to float rounding."""
+    results = {}
+    for impl in ("fused", "foreach", "for-loop"):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(64, 32)
+        opt = make_optimizer(model, lr=1e-3, weight_decay=0.01, impl=impl, device="cpu")
+        for i in range(3):
+            g = torch.Generator().manual_seed(i)
+            for p in model.parameters():
+                p.grad = torch.randn(p.shape, generator=g)
+            opt.step()
+        results[impl] = [p.detach().clone() for p in model.parameters()]
+        assert opt.ditbench_impl == impl
+    for impl in ("foreach", "for-loop"):
+        for a, b in zip(results["fused"], results[impl], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
 def test_ema_update_is_a_lerp_including_pos_embed():

@@ -10,6 +10,12 @@ from torch import nn
 from ditbench.errors import UserError
 from ditbench.knobs import InvalidValue, check_knob
 
+# The AdamW kernel `optimizer_impl: auto` picks, by device, as measured. CPU (DiT-S/8, 33M parameters,
+# 2 cores): fused 30 ms per step, foreach 170 ms, for-loop (torch's CPU default, the official loop's)
+# 195 ms; foreach materialises every intermediate of the update as a list of tensors, fused makes one
+# pass over each parameter. CUDA: fused is one kernel launch per parameter group.
+AUTO_IMPL = {"cuda": "fused", "cpu": "fused"}
+
 
 def make_optimizer(
     model: nn.Module,
@@ -19,9 +25,10 @@ def make_optimizer(
     device: str | torch.device | None = None,
     name: str = "adamw",
 ) -> torch.optim.AdamW:
-    """AdamW over the trainable parameters; impl auto = fused on CUDA, foreach elsewhere.
+    """AdamW over the trainable parameters; impl auto = torch's fused kernel (see AUTO_IMPL).
 
     `name` is the optimizer knob: AdamW is the one DiT trains with, and the only one so far.
+    `opt.ditbench_impl` names the kernel that runs (the record's `metrics.optimizer_kernel`).
     """
     settings = {"optimizer": name, "optimizer_impl": impl, "lr": lr, "weight_decay": weight_decay}
     for knob, value in settings.items():
@@ -35,7 +42,7 @@ def make_optimizer(
     )
     kwargs: dict = {}
     if impl == "auto":
-        impl = "fused" if dev.type == "cuda" else "foreach"
+        impl = AUTO_IMPL.get(dev.type, "foreach")
     if impl == "fused":
         kwargs["fused"] = True
     elif impl == "foreach":

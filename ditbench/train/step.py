@@ -50,7 +50,7 @@ class TrainConfig:
     optimizer: str = _K["optimizer"]
     optimizer_impl: str = _K[
         "optimizer_impl"
-    ]  # auto (fused on CUDA, foreach on CPU) | fused | foreach | for-loop
+    ]  # auto (fused, measured: train.optim) | fused | foreach | for-loop
     data: Any = _K["data"]  # "synthetic" | {"latents": path} | {"images": dir, "vae": path|"random"}
     seed: int = _K["seed"]
     lr: float = _K["lr"]
