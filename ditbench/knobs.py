@@ -158,7 +158,11 @@ class CellConfig:
     nodes: int = knob(1, int_in("nodes", 1, MAX_PROCESSES), "machines", train=False)
     strategy: str = knob("ddp", _choice("strategy", STRATEGIES), "data parallelism", train=False)
     compile: bool = knob(False, _check_bool, "torch.compile the model")
-    attention: str = knob("sdpa", _choice("attention", ATTENTION_BACKENDS), "attention kernel")
+    attention: str = knob(
+        "sdpa",
+        _choice("attention", ATTENTION_BACKENDS),
+        "math, sdpa (torch picks), or a forced flash|efficient|cudnn",
+    )
     optimizer: str = knob("adamw", _choice("optimizer", OPTIMIZERS), "the optimizer")
     optimizer_impl: str = knob("auto", _choice("optimizer_impl", OPTIMIZER_IMPLS), "AdamW kernel")
     data: Any = knob("synthetic", _check_data, DATA_HELP)

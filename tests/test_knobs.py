@@ -40,7 +40,7 @@ def test_from_knobs_carries_every_value():
         ({"model": "DiT-T/8", "precision": "fp8"}, "fp32, tf32, fp16, bf16"),
         ({"model": "DiT-T/8", "grad_ckpt": "all"}, "every_K"),
         ({"model": "DiT-T/8", "optimizer": "sgd"}, "adamw"),
-        ({"model": "DiT-T/8", "attention": "flash"}, "sdpa"),
+        ({"model": "DiT-T/8", "attention": "xformers"}, "math, sdpa, flash, efficient, cudnn"),
         ({"model": "DiT-T/8", "impl": "diffusers", "grad_ckpt": "every_2"}, "impl diffusers"),
         ({"model": "DiT-T/8", "image_size": 72}, "multiple of 64"),
         ({"model": "DiT-T/8", "strategy": "fsdp"}, "needs gpus x nodes > 1"),
@@ -60,13 +60,14 @@ def test_bad_values_are_refused_where_they_enter(values, words):
 def test_attention_and_optimizer_reach_the_step():
     from ditbench.train import Trainer
 
-    trainer = Trainer(TrainConfig(model="DiT-T/8", image_size=64, batch_size=2, attention="sdpa"))
-    assert {b.attn.attention for b in trainer.base_model.blocks} == {"sdpa"}
+    trainer = Trainer(TrainConfig(model="DiT-T/8", image_size=64, batch_size=2, attention="math"))
+    assert {b.attn.attention for b in trainer.base_model.blocks} == {"math"}
+    assert trainer.attention_kernel == "math"
     assert type(trainer.optimizer).__name__ == "AdamW"
-    with pytest.raises(UserError, match="attention 'flash'"):
+    with pytest.raises(UserError, match="attention 'xformers'"):
         from ditbench.models import build_model
 
-        build_model("DiT-T/8", image_size=64, attention="flash")  # the model's own hook refuses it too
+        build_model("DiT-T/8", image_size=64, attention="xformers")  # the model's own hook refuses it too
 
 
 def test_spec_round_trips_through_the_record_and_refuses_unknown_keys():

@@ -175,7 +175,7 @@ BAD = [
     ("name: x\nmatrix: {model: [DiT-T/8], seed: [18446744073709551616]}\n", ["matrix.seed[0]", "9,223,372"]),
     ("name: x\nmatrix: {model: [DiT-T/8], seed: [-1]}\n", ["matrix.seed[0]", "from 0"]),
     ("name: x\nmatrix: {model: [DiT-T/8], ema_decay: [1.0]}\n", ["matrix.ema_decay[0]", "[0, 1)"]),
-    ("name: x\nmatrix: {model: [DiT-T/8], attention: [flash]}\n", ["matrix.attention[0]", "sdpa"]),
+    ("name: x\nmatrix: {model: [DiT-T/8], attention: [xformers]}\n", ["matrix.attention[0]", "sdpa"]),
     ("name: x\nmatrix: {model: [DiT-T/8], optimizer: [lion]}\n", ["matrix.optimizer[0]", "adamw"]),
     ("name: x\nmatrix: {model: [DiT-T/8], grad_ckpt: [all]}\n", ["matrix.grad_ckpt[0]", "every_K"]),
     (

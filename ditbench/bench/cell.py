@@ -113,6 +113,8 @@ def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured
         trainer = build_trainer(spec, ctx)
         step = FaultyStep(trainer, out.fault)
         metrics["params"] = int(trainer.num_params)
+        metrics["attention_kernel"] = trainer.attention_kernel  # what `attention` ran (sdpa: torch's pick)
+        metrics["optimizer_kernel"] = trainer.optimizer_kernel  # what `optimizer_impl` ran (auto: by device)
         s = spec.steps
         window = measure_window(
             trainer,

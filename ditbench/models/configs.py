@@ -39,8 +39,8 @@ PAPER_MODEL_NAMES = [f"DiT-{s}/{p}" for s in ("XL", "L", "B", "S") for p in PATC
 MODEL_NAMES = PAPER_MODEL_NAMES + [f"DiT-T/{p}" for p in PATCH_SIZES]
 
 IMPLS = ("ditbench", "diffusers")  # this package's DiT, or diffusers' DiTTransformer2DModel
-# F.scaled_dot_product_attention; another backend plugs in at models.dit.Attention
-ATTENTION_BACKENDS = ("sdpa",)
+# The attention kernel (models/attention.py): written-out math, torch's choice, or one forced SDPA kernel
+ATTENTION_BACKENDS = ("math", "sdpa", "flash", "efficient", "cudnn")
 
 _NAME = re.compile(r"DiT-(S|B|L|XL|T)[-/](2|4|8)")
 

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ditbench.errors import UnsupportedError, UserError
+from ditbench.models.attention import kernel_context, refused
 from ditbench.models.configs import DiTConfig, parse_grad_ckpt
 from ditbench.vae import LATENT_CHANNELS
 
@@ -32,9 +33,10 @@ from ditbench.vae import LATENT_CHANNELS
 class DiffusersDiT(nn.Module):
     """Wraps a DiTTransformer2DModel so that forward(x, t, y) returns the (N, 8, H, W) tensor."""
 
-    def __init__(self, transformer: nn.Module, num_classes: int, learn_sigma: bool):
+    def __init__(self, transformer: nn.Module, num_classes: int, learn_sigma: bool, attention: str = "sdpa"):
         super().__init__()
         self.transformer = transformer
+        self.attention = attention  # a forced SDPA kernel (flash, efficient, cudnn) is entered in forward
         self.in_channels = LATENT_CHANNELS
         self.out_channels = transformer.config.out_channels
         self.learn_sigma = learn_sigma
@@ -44,7 +46,14 @@ class DiffusersDiT(nn.Module):
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x (N, 4, H, W) latents, t (N,) timesteps, y (N,) labels -> (N, 8, H, W), as `DiT.forward`."""
-        return self.transformer(x, timestep=t, class_labels=y, return_dict=False)[0]
+        try:
+            with kernel_context(self.attention):
+                return self.transformer(x, timestep=t, class_labels=y, return_dict=False)[0]
+        except RuntimeError as err:
+            refusal = refused(err, self.attention, f"this model's attention on {x.device.type}")
+            if refusal is not None:
+                raise refusal from err
+            raise
 
     def forward_with_cfg(self, x, t, y, cfg_scale: float, guidance_channels: int | None = None):
         half = x[: len(x) // 2]
@@ -101,8 +110,6 @@ def build_diffusers_dit(
         raise UserError(
             f"impl: diffusers needs the diffusers package ({err}); pip install diffusers"
         ) from err
-    if attention != "sdpa":  # diffusers' AttnProcessor2_0 is F.scaled_dot_product_attention
-        raise UnsupportedError(f"impl: diffusers runs attention sdpa only, not {attention!r}")
     every = parse_grad_ckpt(grad_ckpt)
     if every > 1:
         raise UnsupportedError(
@@ -130,4 +137,10 @@ def build_diffusers_dit(
     apply_dit_init(transformer)
     if every == 1:
         transformer.enable_gradient_checkpointing()
-    return DiffusersDiT(transformer, num_classes=num_classes, learn_sigma=learn_sigma)
+    if attention == "math":  # diffusers' default processor, AttnProcessor2_0, calls SDPA
+        from diffusers.models.attention_processor import Attention, AttnProcessor
+
+        for module in transformer.modules():
+            if isinstance(module, Attention):
+                module.set_processor(AttnProcessor())  # the written-out scores, softmax and bmm
+    return DiffusersDiT(transformer, num_classes=num_classes, learn_sigma=learn_sigma, attention=attention)

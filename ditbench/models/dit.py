@@ -5,8 +5,8 @@ facebookresearch/DiT `models.py`, so the released checkpoints (`DiT-XL-2-256x256
 without conversion and the parameter counts equal the official ones exactly. Differences are
 in how the code is organised, not in what it computes:
 
-* attention calls `F.scaled_dot_product_attention` directly (what timm's Attention does on
-  PyTorch >= 2 anyway);
+* attention is a knob (models/attention.py): by default `F.scaled_dot_product_attention` (what
+  timm's Attention does on PyTorch >= 2 anyway), or the written-out math, or one forced kernel;
 * gradient checkpointing is a knob with a selective mode (`every_K`);
 * classifier-free guidance is applied to all noise channels (see `DiT.forward_with_cfg`).
 
@@ -19,12 +19,12 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ditbench import vae
 from ditbench.errors import UserError
+from ditbench.models.attention import attend
 from ditbench.models.configs import ATTENTION_BACKENDS, parse_grad_ckpt
 
 # --------------------------------------------------------------------------------------------
@@ -129,9 +129,7 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
 class Attention(nn.Module):
     """Multi-head self-attention with a fused qkv projection (timm's names, as the official model).
 
-    `attention` names the kernel that computes softmax(QK^T / sqrt(d)) V; "sdpa" is
-    `F.scaled_dot_product_attention` (PyTorch picks flash, memory-efficient or math). Another
-    backend is one more branch in `_attend`, selected by the same knob.
+    `attention` names the kernel that computes softmax(QK^T / sqrt(d)) V (models/attention.py).
     """
 
     def __init__(self, dim: int, num_heads: int, attention: str = "sdpa"):
@@ -146,14 +144,11 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, dim * 3, bias=True)
         self.proj = nn.Linear(dim, dim)
 
-    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(N, T, D) -> (N, T, D)."""
         n, t, d = x.shape
         qkv = self.qkv(x).reshape(n, t, 3, self.num_heads, d // self.num_heads).permute(2, 0, 3, 1, 4)
-        out = self._attend(qkv[0], qkv[1], qkv[2])  # each (N, heads, T, D / heads)
+        out = attend(qkv[0], qkv[1], qkv[2], self.attention)  # each (N, heads, T, D / heads)
         return self.proj(out.transpose(1, 2).reshape(n, t, d))
 
 

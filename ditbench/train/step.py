@@ -25,8 +25,10 @@ from ditbench.device import resolve_device
 from ditbench.diffusion import create_diffusion
 from ditbench.errors import UserError
 from ditbench.knobs import KNOB_DEFAULTS, TRAIN_KNOBS, CellConfig, InvalidValue, check_knob
+from ditbench.models.attention import resolve_kernel
 from ditbench.models.build import build_model, count_params
 from ditbench.models.checkpoint import save_checkpoint
+from ditbench.models.configs import get_config, latent_size
 from ditbench.precision import get_precision_policy
 from ditbench.train.data import DataSource, data_source_from_config
 from ditbench.train.optim import EMA, make_optimizer
@@ -101,6 +103,9 @@ class Trainer:
             torch.cuda.set_device(self.device)
         self.policy = get_precision_policy(cfg.precision, self.device)
         self.policy.apply_backend_flags()
+        # Before the model is built (an attention kernel that cannot run here fails fast) and before the
+        # seed (the probe draws random inputs).
+        self.attention_kernel = _attention_kernel(cfg, self.device, self.policy.autocast_dtype)
 
         torch.manual_seed(cfg.seed)  # model init, timesteps, noise and label dropout follow this seed
         # Built directly on the device: initialising a 675M-parameter model on the CPU takes seconds.
@@ -146,6 +151,10 @@ class Trainer:
         )
         self.step_count = 0
         self._skips = torch.zeros((), dtype=torch.long, device=self.device) if self.scaler else None
+
+    @property
+    def optimizer_kernel(self) -> str:
+        return self.optimizer.ditbench_impl
 
     # ---- the step ------------------------------------------------------------------------
 
@@ -201,3 +210,12 @@ class Trainer:
         if "opt" in state:
             self.optimizer.load_state_dict(state["opt"])
         self.step_count = int(state.get("step", 0))
+
+
+def _attention_kernel(cfg: TrainConfig, device: torch.device, autocast_dtype: torch.dtype | None) -> str:
+    """The kernel the model's attention runs (UnsupportedError, with torch's reason, if it cannot)."""
+    arch = get_config(cfg.model)
+    tokens = (latent_size(cfg.image_size, arch.patch_size) // arch.patch_size) ** 2
+    dtype = autocast_dtype or torch.float32
+    heads = arch.num_heads
+    return resolve_kernel(cfg.attention, device, dtype, heads, arch.hidden_size // heads, tokens)
