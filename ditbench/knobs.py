@@ -33,6 +33,10 @@ from ditbench.models.configs import (
 from ditbench.precision import check_precision
 
 STRATEGIES = ("ddp", "fsdp")
+# torch.compile's modes ("default" = mode None); the -no-cudagraphs one autotunes the matmul and
+# attention kernels without capturing CUDA graphs, which a training step with an optimizer needs.
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+MAX_GRAD_ACCUM = 4096
 OPTIMIZERS = ("adamw",)
 OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")  # AdamW kernels; auto: train.optim.AUTO_IMPL
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer
@@ -153,11 +157,17 @@ class CellConfig:
     image_size: int = knob(256, int_in("image_size", 1, MAX_IMAGE_SIZE), "image side in pixels")
     precision: str = knob("fp32", _check_precision, "fp32, tf32, fp16 or bf16")
     grad_ckpt: str = knob("none", _check_grad_ckpt, "none, full or every_K")
-    batch_size: int = knob(32, int_in("batch_size", 1, MAX_BATCH_SIZE), "images per GPU per step")
+    batch_size: int = knob(32, int_in("batch_size", 1, MAX_BATCH_SIZE), "images per GPU per micro-batch")
+    grad_accum: int = knob(
+        1, int_in("grad_accum", 1, MAX_GRAD_ACCUM), "micro-batches per optimizer step (gradient accumulation)"
+    )
     gpus: int = knob(1, int_in("gpus", 1, MAX_PROCESSES), "processes per node", train=False)
     nodes: int = knob(1, int_in("nodes", 1, MAX_PROCESSES), "machines", train=False)
     strategy: str = knob("ddp", _choice("strategy", STRATEGIES), "data parallelism", train=False)
     compile: bool = knob(False, _check_bool, "torch.compile the model")
+    compile_mode: str = knob(
+        "default", _choice("compile_mode", COMPILE_MODES), "torch.compile mode (with compile: true)"
+    )
     attention: str = knob(
         "sdpa",
         _choice("attention", ATTENTION_BACKENDS),
@@ -208,6 +218,8 @@ class CellConfig:
             )
         if self.strategy != KNOB_DEFAULTS["strategy"] and self.gpus * self.nodes == 1:
             return f"strategy {self.strategy} shards across processes; it needs gpus x nodes > 1"
+        if self.compile_mode != KNOB_DEFAULTS["compile_mode"] and not self.compile:
+            return f"compile_mode {self.compile_mode} shapes a compiled model only; set compile: true with it"
         if self.impl == "diffusers" and self.grad_ckpt.startswith("every_"):
             return (
                 f"grad_ckpt {self.grad_ckpt} is not available with impl diffusers, which checkpoints every "

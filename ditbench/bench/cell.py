@@ -68,7 +68,8 @@ def window_metrics(spec: CellSpec, window: dict[str, Any], ctx, gpu_name: str | 
 
     knobs = spec.knobs
     steps_per_s = window["steps"] / window["wall_s"]
-    images_per_s = steps_per_s * knobs.batch_size  # this process's images; a job's parent sums the ranks
+    # This process's images, every micro-batch's (batch_size x grad_accum a step); a job's parent sums ranks.
+    images_per_s = steps_per_s * spec.rank_batch
     flops = model_flops_per_image(knobs.model, knobs.image_size, knobs.impl, knobs.num_classes)
     tflops = flops * images_per_s / 1e12 if flops else None
     out = {
@@ -85,7 +86,7 @@ def window_metrics(spec: CellSpec, window: dict[str, Any], ctx, gpu_name: str | 
         "mfu": mfu(tflops, gpu_name, knobs.precision),
         "scaling_efficiency": None,
         "loss_last": window["last_loss"],
-        **noise(window["step_ms"], images_per_s, knobs.batch_size),
+        **noise(window["step_ms"], images_per_s, spec.rank_batch),
     }
     if ctx.distributed:
         import torch

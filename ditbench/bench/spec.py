@@ -64,8 +64,14 @@ class CellSpec:
         return self.knobs.gpus * self.knobs.nodes
 
     @property
+    def rank_batch(self) -> int:
+        """Images one process trains on per optimizer step: batch_size x grad_accum."""
+        return self.knobs.batch_size * self.knobs.grad_accum
+
+    @property
     def global_batch(self) -> int:
-        return self.knobs.batch_size * self.world_size
+        """Images per optimizer step over the job: batch_size x gpus x nodes x grad_accum."""
+        return self.rank_batch * self.world_size
 
     def record_config(self) -> dict[str, Any]:
         """The record's `config`: every knob, then how and where the cell is measured."""
@@ -127,7 +133,10 @@ class CellSpec:
             raise fail("card", f"must be a card name or null, got {shorten(card)}")
         spec = cls(knobs, device, steps, smoke, budget, card)
         if config["global_batch"] != spec.global_batch:
-            raise fail("global_batch", f"{shorten(config['global_batch'])} is not batch_size x gpus x nodes")
+            raise fail(
+                "global_batch",
+                f"{shorten(config['global_batch'])} is not batch_size x gpus x nodes x grad_accum",
+            )
         return spec
 
 

@@ -343,8 +343,9 @@ def cell_name(config: dict[str, Any], varying: list[str] | tuple[str, ...] = ())
         f"bs={config['batch_size']}",
     ]
     shown = {"model", "precision", "grad_ckpt", "batch_size"}
+    always = ("grad_accum", "gpus", "nodes")  # how many images a step is: shown when more than one
     for key in varying:
-        if key in shown or key in ("gpus", "nodes"):
+        if key in shown or key in always:
             continue
         value = config[key]
         if key == "compile":
@@ -353,7 +354,7 @@ def cell_name(config: dict[str, Any], varying: list[str] | tuple[str, ...] = ())
             parts.append(f"{value}px")
         else:
             parts.append(f"{key}={json.dumps(value) if isinstance(value, dict) else value}")
-    for key in ("gpus", "nodes"):  # shown only when more than one, whether or not it varies
-        if config[key] > 1:
+    for key in always:  # shown only when more than one, whether or not it varies
+        if config.get(key, 1) > 1:
             parts.append(f"{key}={config[key]}")
     return " ".join(parts)

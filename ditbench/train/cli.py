@@ -101,7 +101,8 @@ def run(args: argparse.Namespace) -> int:
     )
     print(
         f"done: {args.steps} steps in {elapsed:.1f} s, {args.steps / elapsed:.2f} steps/s, "
-        f"{args.steps * cfg.batch_size / elapsed:.1f} img/s (includes the first steps' warm-up); "
+        f"{args.steps * cfg.batch_size * cfg.grad_accum / elapsed:.1f} img/s "
+        "(includes the first steps' warm-up); "
         f"loss {first_loss:.4f} -> {last_loss:.4f}{skips}"
     )
     return 0

@@ -7,12 +7,15 @@
 
 A step: uniform random timesteps, label dropout 0.1 (inside the model in train mode), hybrid loss
 (MSE + variational bound) averaged over the batch, backward (through the GradScaler for fp16),
-AdamW step, EMA update. Everything the step allocates stays on the device; the caller decides
-when to synchronise (e.g. `loss.item()` every N steps).
+AdamW step, EMA update. With `grad_accum: K` a step is K micro-batches of `batch_size`, each
+forward and backward on its own (gradients accumulate; a data-parallel model synchronises them
+on the last one only), then one AdamW step and one EMA update. Everything the step allocates
+stays on the device; the caller decides when to synchronise (e.g. `loss.item()` every N steps).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +37,7 @@ from ditbench.train.data import DataSource, data_source_from_config
 from ditbench.train.optim import EMA, make_optimizer
 
 _K = KNOB_DEFAULTS
+Batch = tuple[torch.Tensor, torch.Tensor] | list[tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -47,6 +51,8 @@ class TrainConfig:
     grad_ckpt: str = _K["grad_ckpt"]
     batch_size: int = _K["batch_size"]
     compile: bool = _K["compile"]
+    compile_mode: str = _K["compile_mode"]
+    grad_accum: int = _K["grad_accum"]
     impl: str = _K["impl"]
     attention: str = _K["attention"]
     optimizer: str = _K["optimizer"]
@@ -122,9 +128,10 @@ class Trainer:
         self.num_params = count_params(self.base_model)
         self.base_model.to(self.device).train()
         model: nn.Module = self.base_model
+        self._wrapped: nn.Module | None = None  # the data-parallel wrapper, if any (gradient sync)
         if wrap_model is not None:
             # Before the EMA and the optimizer: FSDP2 replaces the parameters with sharded ones.
-            model = wrap_model(model)
+            model = self._wrapped = wrap_model(model)
         self.ema = EMA(self.base_model, cfg.ema_decay)
         self.optimizer = make_optimizer(
             self.base_model, cfg.lr, cfg.weight_decay, cfg.optimizer_impl, self.device, name=cfg.optimizer
@@ -133,7 +140,7 @@ class Trainer:
         self.diffusion = create_diffusion()
 
         if cfg.compile:
-            model = torch.compile(model)
+            model = torch.compile(model, mode=None if cfg.compile_mode == "default" else cfg.compile_mode)
         self.model = model
 
         self.data = (
@@ -158,30 +165,64 @@ class Trainer:
 
     # ---- the step ------------------------------------------------------------------------
 
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.data.next_batch()
+    def next_batch(self) -> Batch:
+        """One optimizer step's data: (x, y), or with grad_accum K > 1 a list of K (x, y) micro-batches."""
+        if self.cfg.grad_accum == 1:
+            return self.data.next_batch()
+        return [self.data.next_batch() for _ in range(self.cfg.grad_accum)]
 
-    def step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-        x, y = batch
-        t = torch.randint(0, self.diffusion.num_timesteps, (x.shape[0],), device=x.device)
-        with self.policy.autocast():
-            loss = self.diffusion.training_losses(self.model, x, t, {"y": y})["loss"].mean()
+    def step(self, batch: Batch) -> torch.Tensor:
+        """One optimizer step over `batch` (see next_batch); returns its mean loss, detached."""
+        micro = batch if isinstance(batch, list) else [batch]
+        if len(micro) != self.cfg.grad_accum:
+            raise ValueError(
+                f"grad_accum {self.cfg.grad_accum} needs that many micro-batches, got {len(micro)}"
+            )
+        sizes = [x.shape[0] for x, _ in micro]
+        total = sum(sizes)
+        x0 = micro[0][0]
+        # The whole step's timesteps and noise in one draw each: K micro-batches of B consume the random
+        # stream as one batch of K*B does, so accumulation computes what the larger batch computes.
+        t_all = torch.randint(0, self.diffusion.num_timesteps, (total,), device=x0.device)
+        noise_all = torch.randn((total, *x0.shape[1:]), device=x0.device, dtype=x0.dtype)
         self.optimizer.zero_grad(set_to_none=True)
+        losses = []
+        start = 0
+        for i, ((x, y), n) in enumerate(zip(micro, sizes, strict=True)):
+            t, noise = t_all[start : start + n], noise_all[start : start + n]
+            start += n
+            with self._grad_sync(last=i == len(micro) - 1):  # DDP decides in forward whether to all-reduce
+                with self.policy.autocast():
+                    loss = self.diffusion.training_losses(self.model, x, t, {"y": y}, noise=noise)[
+                        "loss"
+                    ].mean()
+                if len(micro) > 1:  # weighted by its share: the gradients add up to the whole batch's mean
+                    loss = loss * (n / total)
+                (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+            losses.append(loss.detach())
         if self.scaler is not None:
-            scaled = self.scaler.scale(loss)  # creates the scale tensor on the first call
-            before = self.scaler._scale.clone()
-            scaled.backward()
+            before = self.scaler._scale.clone()  # created by the first scale(); update() is what changes it
             self.scaler.step(self.optimizer)
             self.scaler.update()
             # The scaler lowers its scale exactly when it skipped the step (inf/nan gradients);
             # counted on the device so the step never waits for the GPU.
             self._skips += (self.scaler._scale < before).long()
         else:
-            loss.backward()
             self.optimizer.step()
         self.ema.update()
         self.step_count += 1
-        return loss.detach()
+        return losses[0] if len(losses) == 1 else torch.stack(losses).sum()
+
+    def _grad_sync(self, last: bool):
+        """No gradient all-reduce for a micro-batch before the last: DDP's no_sync, FSDP2's switch."""
+        wrapped = self._wrapped
+        if last or wrapped is None:
+            return contextlib.nullcontext()
+        if hasattr(wrapped, "no_sync"):  # DistributedDataParallel
+            return wrapped.no_sync()
+        if hasattr(wrapped, "set_requires_gradient_sync"):  # FSDP2 (fully_shard)
+            return _fsdp_no_sync(wrapped)
+        return contextlib.nullcontext()
 
     @property
     def scaler_skips(self) -> int:
@@ -219,3 +260,12 @@ def _attention_kernel(cfg: TrainConfig, device: torch.device, autocast_dtype: to
     dtype = autocast_dtype or torch.float32
     heads = arch.num_heads
     return resolve_kernel(cfg.attention, device, dtype, heads, arch.hidden_size // heads, tokens)
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)

@@ -278,7 +278,9 @@ def run_cell(
     result.update(status=status, reason=reason)
     if status == "ok" and rdzv.node_rank == 0:
         gathered = launched.gathered
-        metrics = aggregate(gathered["metrics"], batch_size=spec.knobs.batch_size)
+        metrics = aggregate(
+            gathered["metrics"], batch_size=spec.rank_batch
+        )  # per rank per step (x grad_accum)
         metrics.update(launcher="torchrun", nodes=gathered.get("nodes", nodes), scaling_efficiency=None)
         smoke = _smoke_field(launched, spec.smoke_steps)
         result.update(metrics=metrics, smoke=smoke, env=gathered.get("env"))
