@@ -5,7 +5,7 @@ cells         a record's knobs; cells that differ only in given knobs
 memory        card budgets, emulated cards, the memory that decides fit
 timing        time to N steps, GPU-hours per million images
 analysis      baseline comparison, the fastest cell that fits
-advice        five sayings of common advice, checked
+advice        six sayings of common advice, checked
 claims        claims files (YAML) and their validation; claim_values + claim_check give verdicts
 figures, speed_memory, plots   the PNG figures
 blocks, sections, render       report.md, report.html and results.csv

@@ -1,8 +1,9 @@
-"""Five sayings about DiT training resources, checked against every run (no claims file needed).
+"""Six sayings about DiT training resources, checked against every run (no claims file needed).
 
 fp16 halves memory; checkpointing saves about half the memory for 20-30% more time; DiT-L/4 with
 fp16 and checkpointing trains at batch 32 on a 24 GB card; DiT-B/8 with fp16 on 12 GB; DiT-XL/2 on
-48 GB. Each check states the rule its verdict follows; a user's own claims go through `claims`.
+48 GB; flash attention makes training 2-4x faster. Each check states the rule its verdict follows; a
+user's own claims go through `claims`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from typing import Any
 
 import pandas as pd
 
+from ditbench.errors import UserError
+from ditbench.models.configs import get_config
 from ditbench.report.cells import cell_label as _cell
 from ditbench.report.cells import knobs, pairs
 from ditbench.report.load import value
@@ -24,6 +27,10 @@ IMG_S = "metrics.images_per_s"
 FP16_HALVES_MAX_RATIO = 0.60  # "halves": fp16 peak allocated <= 60% of fp32's
 CKPT_MIN_SAVING = 0.40  # "about 50% memory": saves at least 40% of peak allocated
 CKPT_MAX_EXTRA_TIME = 0.35  # "for 20-30% more time": costs at most 35% more time per step
+FLASH_SPEEDUP_RANGE = (
+    2.0,
+    4.0,
+)  # "2-4x faster": flash/math images/s (claims/dit_resource_guide.yaml's range)
 
 HELD, NOT_HELD, NOT_MEASURED = "held", "not held", "not measured"
 
@@ -240,7 +247,81 @@ def check_48gb_xl2(df: pd.DataFrame) -> AdviceCheck:
     return check
 
 
-ADVICE_CHECKS = (check_fp16_halves, check_ckpt_tradeoff, check_24gb_l4, check_12gb_b8, check_48gb_xl2)
+def _tokens(row: pd.Series) -> int | None:
+    """Tokens per image: (image_size / 8 / patch)^2, the attention's sequence length."""
+    model, size = row.get("config.model"), value(row, "config.image_size")
+    patch = str(model).rpartition("/")[2]
+    return int(size // 8 // int(patch)) ** 2 if size and patch.isdigit() else None
+
+
+def _attention_share(number: dict[str, Any]) -> float | None:
+    try:
+        width = get_config(str(number["model"])).hidden_size
+    except UserError:
+        return None
+    t = number["tokens"]
+    return 2 * t / (12 * width + 2 * t) if t else None
+
+
+def check_flash_speedup(df: pd.DataFrame) -> AdviceCheck:
+    claim = "Flash attention makes DiT training 2-4x faster"
+    low, high = FLASH_SPEEDUP_RANGE
+    rule = (
+        f"held when attention: flash trains {low:g}-{high:g}x the images/s of attention: math (the "
+        "written-out softmax(QK^T/sqrt(d))V), median over GPU cells that differ only in attention"
+    )
+    gpu, cpu = [], []
+    for flash, math_ in pairs(df, {"attention": "flash"}, {"attention": "math"}):
+        fast, slow = value(flash, IMG_S), value(math_, IMG_S)
+        if not fast or not slow:
+            continue
+        number = {
+            "cell": _cell(flash),
+            "model": flash.get("config.model"),
+            "flash": fast,
+            "math": slow,
+            "speedup": fast / slow,
+            "tokens": _tokens(flash),
+        }
+        (gpu if flash.get("config.device") == "cuda" else cpu).append(number)
+    if not gpu:
+        evidence = "no GPU cell with attention: flash and an attention: math twin in this run"
+        if "config.attention" in df:
+            refused = df[(df["status"] == "unsupported") & (df["config.attention"] == "flash")]
+            if len(refused):
+                evidence += f"; flash was unsupported: {str(refused.iloc[0].get('reason'))[:200]}"
+        if cpu:
+            evidence += f"; on a CPU flash ran {statistics.median(n['speedup'] for n in cpu):.2f}x math"
+        return AdviceCheck(claim, NOT_MEASURED, evidence, rule, cpu)
+    speedups = [n["speedup"] for n in gpu]
+    med = statistics.median(speedups)
+    best = max(gpu, key=lambda n: n["speedup"])
+    verdict = HELD if low <= med <= high else NOT_HELD
+    evidence = (
+        f"flash/math images/s: median {med:.2f}x over {len(gpu)} pair(s) (range {min(speedups):.2f}-"
+        f"{max(speedups):.2f}x); largest at {best['cell']} ({best['math']:.1f} -> {best['flash']:.1f} "
+        + (f"images/s, {best['tokens']} tokens)" if best["tokens"] else "images/s)")
+    )
+    share = _attention_share(best)
+    if med < low and share is not None:
+        evidence += (
+            f". At {best['tokens']} tokens the attention products are {share:.0%} of {best['cell']}'s "
+            "FLOPs (QK^T and the weighted sum, 2TD per token per block, against 12D^2 for the projections "
+            "and MLP): the kernel can only speed up that share"
+        )
+    elif med > high:
+        evidence += ". Faster than the saying claims"
+    return AdviceCheck(claim, verdict, evidence, rule, gpu)
+
+
+ADVICE_CHECKS = (
+    check_fp16_halves,
+    check_ckpt_tradeoff,
+    check_24gb_l4,
+    check_12gb_b8,
+    check_48gb_xl2,
+    check_flash_speedup,
+)
 
 
 def advice_checks(df: pd.DataFrame) -> list[AdviceCheck]:
