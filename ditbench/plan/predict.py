@@ -1,0 +1,276 @@
+"""Predicted training memory of a cell on a card: `predict_cell(config, card_or_gib) -> Prediction`.
+
+The cell's step is traced on fake tensors (trace.py, once per series: batch.py), replayed through the
+CUDA caching allocator (allocator.py) with the card's memory as the limit, and the CUDA context
+added: the prediction says what `max_memory_allocated` and `max_memory_reserved` will report in a
+measured window, what the card's memory holds at the allocated peak (weights, gradients, optimizer
+state, EMA, activations, workspaces, context) and whether the cell fits.
+
+    from ditbench.plan import predict_cell
+    p = predict_cell({"model": "DiT-XL/2", "precision": "bf16", "batch_size": 32}, "RTX 4090")
+    p.status, p.peak_allocated_gib, p.components
+
+A CPU cell (`device: cpu`) is predicted for the CPU allocator: no rounding, no card.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ditbench.cards import Card, check_gib, find_card
+from ditbench.errors import UnsupportedError, UserError, shorten
+from ditbench.plan.allocator import raw_peak, replay
+from ditbench.plan.batch import SeriesTrace, trace_series
+from ditbench.plan.emulation import CPU, Target, cuda_target, optimizer_impl, policy_for
+from ditbench.plan.trace import STATE_LABELS
+
+GiB = 1 << 30
+# The CUDA context and what the driver and libraries hold outside PyTorch's allocator (module images,
+# cuBLAS/cuDNN handles): 0.3-0.6 GiB with CUDA 12's lazy module loading, driver dependent.
+DEFAULT_CONTEXT_GIB = 0.5
+COMPONENTS = (*STATE_LABELS, "activations", "workspace")
+
+# Cell knobs and their defaults (as a suite's); those that do not change device memory are accepted
+# and ignored: seed, lr, weight_decay, ema_decay, attention, optimizer, steps, smoke, ...
+_KNOBS: dict[str, Any] = {
+    "model": None,
+    "impl": "ditbench",
+    "image_size": 256,
+    "precision": "fp32",
+    "grad_ckpt": "none",
+    "batch_size": 32,
+    "gpus": 1,
+    "nodes": 1,
+    "strategy": "ddp",
+    "compile": False,
+    "optimizer_impl": "auto",
+    "data": "synthetic",
+    "num_classes": 1000,
+    "device": "cuda",
+}
+
+
+@dataclass
+class Prediction:
+    """One cell's predicted (or, with `measured`, measured) memory. Sizes in GiB (2**30 bytes)."""
+
+    model: str
+    precision: str
+    grad_ckpt: str
+    batch_size: int
+    device: str  # "cuda" or "cpu"
+    card: str | None
+    memory_gib: float | None  # the card's usable memory (None: no card given)
+    status: str  # fits | oom | unsupported | predicted (no card to fit) | ok (measured) ...
+    reason: str | None = None
+    peak_allocated_gib: float | None = None
+    peak_reserved_gib: float | None = None
+    device_gib: float | None = None  # reserved + context: what nvidia-smi shows for the process
+    components: dict[str, float] = field(default_factory=dict)  # at the allocated peak, + context
+    notes: list[str] = field(default_factory=list)
+    measured: bool = False
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool | None:
+        return {"fits": True, "oom": False}.get(self.status)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "fits": self.fits}
+
+
+def normalize(config: dict[str, Any]) -> dict[str, Any]:
+    """The memory-shaping knobs of a cell config, with defaults; UserError on a bad value."""
+    if not isinstance(config, dict):
+        raise UserError(f"a cell config must be a mapping of knobs, got {shorten(config)}")
+    cell = {k: config.get(k, v) for k, v in _KNOBS.items()}
+    if not isinstance(cell["model"], str):
+        raise UserError(f"a cell config needs a model name, got {shorten(cell['model'])}")
+    batch = cell["batch_size"]
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise UserError(f"batch_size must be a positive integer, got {shorten(batch)}")
+    if cell["device"] not in ("cuda", "cpu"):
+        raise UserError(f"device must be cuda or cpu to plan a cell, got {shorten(cell['device'])}")
+    from ditbench.models.dit import canonical_name, parse_grad_ckpt
+
+    cell["model"] = canonical_name(cell["model"])
+    parse_grad_ckpt(cell["grad_ckpt"])
+    return cell
+
+
+def _unsupported_reason(cell: dict[str, Any]) -> str | None:
+    """Knobs that shape memory in a way the planner does not trace: say so rather than guess."""
+    if cell["gpus"] * cell["nodes"] > 1:
+        return "multi-GPU cells (DDP/FSDP) are not traced by the planner; plan one GPU's cell instead"
+    if cell["compile"]:
+        return "torch.compile cells are not traced by the planner (it predicts eager steps only)"
+    data = cell["data"]
+    if isinstance(data, dict) and "images" in data:
+        return "image-folder cells encode through the VAE on the device; the planner traces latent data only"
+    return None
+
+
+def _train_kwargs(cell: dict[str, Any], target: Target) -> dict[str, Any]:
+    return {
+        "model": cell["model"],
+        "impl": cell["impl"],
+        "image_size": cell["image_size"],
+        "precision": cell["precision"],
+        "grad_ckpt": cell["grad_ckpt"],
+        "num_classes": cell["num_classes"],
+        "optimizer_impl": optimizer_impl(cell["optimizer_impl"], target),
+        # A latent file's batch is copied to the device like a synthetic one: same device memory.
+        "data": "synthetic",
+    }
+
+
+def resolve_card(card_or_gib: str | Card | float | int | None) -> tuple[str | None, float | None]:
+    """(card name or None, usable GiB or None) from a card name, a Card, a GiB figure or None."""
+    if card_or_gib is None:
+        return None, None
+    if isinstance(card_or_gib, Card):
+        return card_or_gib.name, card_or_gib.usable_gib
+    if isinstance(card_or_gib, str):
+        card = find_card(card_or_gib)
+        return card.name, card.usable_gib
+    return None, check_gib(card_or_gib, "the card memory")
+
+
+_CACHE: OrderedDict[tuple, SeriesTrace] = OrderedDict()
+_CACHE_SIZE = 32
+
+
+def series_trace(train_kwargs: dict[str, Any], target: Target) -> SeriesTrace:
+    """The traced series, from an in-process cache (a series is traced once per process).
+
+    Series whose precision policies cast and scale alike (fp32 and tf32 on a GPU: tf32 changes only
+    the matmul math mode) share one trace. UnsupportedError when the target cannot run the policy.
+    """
+    policy = policy_for(train_kwargs["precision"], target)
+    shape = {k: v for k, v in train_kwargs.items() if k != "precision"}
+    key = (tuple(sorted(shape.items())), policy.autocast_dtype, policy.use_scaler, target)
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    series = trace_series(train_kwargs, target)
+    _CACHE[key] = series
+    if len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return series
+
+
+def predict_cell(
+    config: dict[str, Any],
+    card_or_gib: str | Card | float | int | None = None,
+    *,
+    context_gib: float = DEFAULT_CONTEXT_GIB,
+) -> Prediction:
+    """Predict one cell. `card_or_gib`: a card name ("RTX 4090"), a Card, usable GiB, or None."""
+    return predict_series(config, [normalize(config)["batch_size"]], card_or_gib, context_gib=context_gib)[0]
+
+
+def predict_series(
+    config: dict[str, Any],
+    batch_sizes: list[int],
+    card_or_gib: str | Card | float | int | None = None,
+    *,
+    context_gib: float = DEFAULT_CONTEXT_GIB,
+) -> list[Prediction]:
+    """Predict the cells that differ from `config` only in batch size: one trace for all of them."""
+    cell = normalize(config)
+    card, memory_gib = resolve_card(card_or_gib)
+    if not (isinstance(context_gib, (int, float)) and math.isfinite(context_gib) and context_gib >= 0):
+        raise UserError(
+            f"the CUDA context size must be a finite number of GiB >= 0, got {shorten(context_gib)}"
+        )
+    on_cpu = cell["device"] == "cpu"
+    target = CPU if on_cpu else cuda_target(card)
+    if on_cpu:
+        card, memory_gib = None, None
+
+    def base(batch: int, status: str, reason: str | None = None) -> Prediction:
+        return Prediction(
+            model=cell["model"],
+            precision=cell["precision"],
+            grad_ckpt=cell["grad_ckpt"],
+            batch_size=batch,
+            device=target.device,
+            card=card,
+            memory_gib=memory_gib,
+            status=status,
+            reason=reason,
+            config={**cell, "batch_size": batch},
+        )
+
+    reason = _unsupported_reason(cell)
+    if reason is None:
+        try:
+            series = series_trace(_train_kwargs(cell, target), target)
+        except UnsupportedError as err:
+            reason = str(err)
+    if reason is not None:
+        return [base(b, "unsupported", reason) for b in batch_sizes]
+    out = []
+    for batch in batch_sizes:
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise UserError(f"batch_size must be a positive integer, got {shorten(batch)}")
+        pred = base(batch, "predicted")
+        pred.notes = list(series.trace.notes)
+        if on_cpu:
+            _fill_cpu(pred, series, batch)
+        else:
+            _fill_cuda(pred, series, batch, memory_gib, context_gib)
+        out.append(pred)
+    return out
+
+
+def _window(series: SeriesTrace) -> tuple[int, int]:
+    return series.trace.marks["step2"], series.trace.marks["end"]
+
+
+def _components(series: SeriesTrace, live_sizes: dict[int, int]) -> dict[str, float]:
+    comp = dict.fromkeys(COMPONENTS, 0.0)
+    labels = series.trace.labels
+    for aid, size in live_sizes.items():
+        comp[labels.get(aid, "activations")] += size / GiB
+    return comp
+
+
+def _live(events: list[int], index: int) -> set[int]:
+    from ditbench.plan.allocator import live_at
+
+    return live_at(events, index)
+
+
+def _fill_cpu(pred: Prediction, series: SeriesTrace, batch: int) -> None:
+    sizes = series.sizes(batch)
+    events = series.trace.events
+    peak, at = raw_peak(events, sizes, _window(series))
+    pred.peak_allocated_gib = peak / GiB
+    pred.components = _components(series, {a: sizes[a] for a in _live(events, at)})
+
+
+def _fill_cuda(pred: Prediction, series: SeriesTrace, batch: int, memory_gib, context_gib: float) -> None:
+    sizes = series.sizes(batch)
+    events = series.trace.events
+    window = _window(series)
+    capacity = None if memory_gib is None else max(0, int((memory_gib - context_gib) * GiB))
+    result = replay(events, sizes, window, capacity)
+    if result.oom:
+        pred.status = "oom"
+        pred.reason = (
+            f"a {result.oom_request / GiB:.2f} GiB allocation does not fit in the "
+            f"{memory_gib:.2f} GiB card less {context_gib:g} GiB of CUDA context"
+        )
+        result = replay(events, sizes, window, None)  # what it would need
+    elif memory_gib is not None:
+        pred.status = "fits"
+    pred.peak_allocated_gib = result.peak_allocated / GiB
+    pred.peak_reserved_gib = result.peak_reserved / GiB
+    pred.device_gib = pred.peak_reserved_gib + context_gib
+    comp = _components(series, {a: result.block_sizes[a] for a in _live(events, result.peak_event)})
+    comp["context"] = float(context_gib)
+    pred.components = comp
