@@ -155,6 +155,8 @@ class Replay:
     oom_event: int | None = None  # index of the allocation that did not fit
     oom_request: int = 0
     retries: int = 0
+    max_allocated: int = 0  # over every event replayed, window or not
+    max_reserved: int = 0
 
     @property
     def oom(self) -> bool:
@@ -169,7 +171,7 @@ def replay(
     blocks: list[_Block | None] = [None] * len(sizes)
     block_sizes = [0] * len(sizes)
     start, end = window
-    peak = peak_reserved = 0
+    peak = peak_reserved = max_allocated = max_reserved = 0
     peak_event = -1
     for i, e in enumerate(events[:end]):
         if i == start:  # torch.cuda.reset_peak_memory_stats(): the peak restarts at the current value
@@ -178,18 +180,28 @@ def replay(
             aid = e - 1
             block = alloc.malloc(sizes[aid])
             if block is None:
-                return Replay(peak, peak_reserved, peak_event, block_sizes, i, sizes[aid], alloc.retries)
+                return Replay(
+                    peak, peak_reserved, peak_event, block_sizes, i, sizes[aid], alloc.retries,
+                    max_allocated, max_reserved,
+                )  # fmt: skip
             blocks[aid] = block
             block_sizes[aid] = block.size
-            if i >= start:
-                if alloc.allocated > peak:
-                    peak, peak_event = alloc.allocated, i
-                if alloc.reserved > peak_reserved:
-                    peak_reserved = alloc.reserved
+            if alloc.allocated > max_allocated:
+                max_allocated = alloc.allocated
+                if i >= start:
+                    peak, peak_event = max_allocated, i
+            elif i >= start and alloc.allocated > peak:
+                peak, peak_event = alloc.allocated, i
+            if alloc.reserved > max_reserved:
+                max_reserved = alloc.reserved
+            if i >= start and alloc.reserved > peak_reserved:
+                peak_reserved = alloc.reserved
         else:
             alloc.free(blocks[-e - 1])
             blocks[-e - 1] = None
-    return Replay(peak, peak_reserved, peak_event, block_sizes, None, 0, alloc.retries)
+    return Replay(
+        peak, peak_reserved, peak_event, block_sizes, None, 0, alloc.retries, max_allocated, max_reserved
+    )
 
 
 def raw_peak(events: list[int], sizes: list[int], window: tuple[int, int]) -> tuple[int, int]:

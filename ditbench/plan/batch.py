@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ditbench.plan.trace import Trace, trace_training
+from ditbench.plan.trace import Trace, trace_training, workspace_bytes
 
 
 def probe_batch(train_kwargs: dict) -> int:
@@ -48,8 +48,12 @@ class SeriesTrace:
     const: list[int]
     per_sample: list[int]
 
-    def sizes(self, batch_size: int) -> list[int]:
-        return [c + s * batch_size for c, s in zip(self.const, self.per_sample, strict=True)]
+    def sizes(self, batch_size: int, target=None) -> list[int]:
+        """Bytes of every allocation at `batch_size`; modeled ones (GPU workspaces) for `target`."""
+        out = [c + s * batch_size for c, s in zip(self.const, self.per_sample, strict=True)]
+        for aid, model in self.trace.modeled.items():
+            out[aid] = workspace_bytes(model, batch_size, target or self.trace.target)
+        return out
 
 
 def trace_series(train_kwargs: dict, target) -> SeriesTrace:

@@ -22,7 +22,7 @@ from typing import Any
 
 from ditbench.cards import Card, check_gib, find_card
 from ditbench.errors import UnsupportedError, UserError, shorten
-from ditbench.plan.allocator import raw_peak, replay
+from ditbench.plan.allocator import Replay, live_at, raw_peak, replay
 from ditbench.plan.batch import SeriesTrace, trace_series
 from ditbench.plan.emulation import CPU, Target, cuda_target, optimizer_impl, policy_for
 from ditbench.plan.trace import STATE_LABELS
@@ -127,16 +127,48 @@ def _train_kwargs(cell: dict[str, Any], target: Target) -> dict[str, Any]:
     }
 
 
-def resolve_card(card_or_gib: str | Card | float | int | None) -> tuple[str | None, float | None]:
-    """(card name or None, usable GiB or None) from a card name, a Card, a GiB figure or None."""
+@dataclass(frozen=True)
+class Budget:
+    """Where a cell must fit: a card (or a bare size), its usable GiB, the context outside the allocator."""
+
+    card: str | None
+    memory_gib: float | None
+    context_gib: float
+    target: Target
+
+    @property
+    def capacity(self) -> int | None:
+        """Bytes the caching allocator may reserve."""
+        if self.memory_gib is None:
+            return None
+        return max(0, int((self.memory_gib - self.context_gib) * GiB))
+
+
+def budget(
+    card_or_gib: str | Card | float | int | None,
+    context_gib: float = DEFAULT_CONTEXT_GIB,
+    device: str = "cuda",
+) -> Budget:
+    """A Budget from a card name, a Card, usable GiB or None (no limit); device "cpu" has no card."""
+    if not (
+        isinstance(context_gib, (int, float))
+        and not isinstance(context_gib, bool)
+        and math.isfinite(context_gib)
+        and context_gib >= 0
+    ):
+        raise UserError(f"the CUDA context must be a finite number of GiB >= 0, got {shorten(context_gib)}")
+    if device == "cpu":
+        return Budget(None, None, 0.0, CPU)
     if card_or_gib is None:
-        return None, None
-    if isinstance(card_or_gib, Card):
-        return card_or_gib.name, card_or_gib.usable_gib
-    if isinstance(card_or_gib, str):
-        card = find_card(card_or_gib)
-        return card.name, card.usable_gib
-    return None, check_gib(card_or_gib, "the card memory")
+        card, gib = None, None
+    elif isinstance(card_or_gib, Card):
+        card, gib = card_or_gib.name, card_or_gib.usable_gib
+    elif isinstance(card_or_gib, str):
+        found = find_card(card_or_gib)
+        card, gib = found.name, found.usable_gib
+    else:
+        card, gib = None, check_gib(card_or_gib, "the card memory")
+    return Budget(card, gib, float(context_gib), cuda_target(card))
 
 
 _CACHE: OrderedDict[tuple, SeriesTrace] = OrderedDict()
@@ -146,12 +178,13 @@ _CACHE_SIZE = 32
 def series_trace(train_kwargs: dict[str, Any], target: Target) -> SeriesTrace:
     """The traced series, from an in-process cache (a series is traced once per process).
 
-    Series whose precision policies cast and scale alike (fp32 and tf32 on a GPU: tf32 changes only
-    the matmul math mode) share one trace. UnsupportedError when the target cannot run the policy.
+    One trace serves every GPU (workspaces are sized at replay). Series whose precision policies cast
+    and scale alike (fp32 and tf32 on a GPU: tf32 changes only the matmul math mode) share it.
+    UnsupportedError when the target cannot run the policy (bf16 before sm80, fp16 on a CPU).
     """
     policy = policy_for(train_kwargs["precision"], target)
     shape = {k: v for k, v in train_kwargs.items() if k != "precision"}
-    key = (tuple(sorted(shape.items())), policy.autocast_dtype, policy.use_scaler, target)
+    key = (tuple(sorted(shape.items())), policy.autocast_dtype, policy.use_scaler, target.device)
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]
@@ -181,50 +214,62 @@ def predict_series(
 ) -> list[Prediction]:
     """Predict the cells that differ from `config` only in batch size: one trace for all of them."""
     cell = normalize(config)
-    card, memory_gib = resolve_card(card_or_gib)
-    if not (isinstance(context_gib, (int, float)) and math.isfinite(context_gib) and context_gib >= 0):
-        raise UserError(
-            f"the CUDA context size must be a finite number of GiB >= 0, got {shorten(context_gib)}"
-        )
-    on_cpu = cell["device"] == "cpu"
-    target = CPU if on_cpu else cuda_target(card)
-    if on_cpu:
-        card, memory_gib = None, None
+    return predict_budgets(cell, batch_sizes, [budget(card_or_gib, context_gib, cell["device"])])[0]
 
-    def base(batch: int, status: str, reason: str | None = None) -> Prediction:
-        return Prediction(
-            model=cell["model"],
-            precision=cell["precision"],
-            grad_ckpt=cell["grad_ckpt"],
-            batch_size=batch,
-            device=target.device,
-            card=card,
-            memory_gib=memory_gib,
-            status=status,
-            reason=reason,
-            config={**cell, "batch_size": batch},
-        )
 
-    reason = _unsupported_reason(cell)
-    if reason is None:
-        try:
-            series = series_trace(_train_kwargs(cell, target), target)
-        except UnsupportedError as err:
-            reason = str(err)
-    if reason is not None:
-        return [base(b, "unsupported", reason) for b in batch_sizes]
-    out = []
+def predict_budgets(
+    config: dict[str, Any], batch_sizes: list[int], budgets: list[Budget]
+) -> list[list[Prediction]]:
+    """Predictions of a series at each batch size, for each budget (one trace, one replay per GPU kind)."""
+    cell = normalize(config)
     for batch in batch_sizes:
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise UserError(f"batch_size must be a positive integer, got {shorten(batch)}")
-        pred = base(batch, "predicted")
-        pred.notes = list(series.trace.notes)
-        if on_cpu:
-            _fill_cpu(pred, series, batch)
-        else:
-            _fill_cuda(pred, series, batch, memory_gib, context_gib)
-        out.append(pred)
+    reason = _unsupported_reason(cell)
+    series = None
+    if reason is None:
+        first = budgets[0].target
+        try:
+            series = series_trace(_train_kwargs(cell, first), first)
+        except UnsupportedError as err:
+            reason = str(err)
+    unlimited: dict[tuple, Replay] = {}
+    out = []
+    for bud in budgets:
+        row = []
+        for batch in batch_sizes:
+            pred = Prediction(
+                model=cell["model"],
+                precision=cell["precision"],
+                grad_ckpt=cell["grad_ckpt"],
+                batch_size=batch,
+                device=bud.target.device,
+                card=bud.card,
+                memory_gib=bud.memory_gib,
+                status="predicted",
+                config={**cell, "batch_size": batch},
+            )
+            why = reason or _target_reason(cell, bud.target)
+            if why is not None:
+                pred.status, pred.reason = "unsupported", why
+            elif bud.target.device == "cpu":
+                _fill_cpu(pred, series, batch)
+            else:
+                _fill_cuda(pred, series, batch, bud, unlimited)
+            if series is not None and why is None:
+                pred.notes = list(series.trace.notes)
+            row.append(pred)
+        out.append(row)
     return out
+
+
+def _target_reason(cell: dict[str, Any], target: Target) -> str | None:
+    """A policy this particular GPU cannot run although the traced one could (bf16 before sm80)."""
+    try:
+        policy_for(cell["precision"], target)
+    except UnsupportedError as err:
+        return str(err)
+    return None
 
 
 def _window(series: SeriesTrace) -> tuple[int, int]:
@@ -239,38 +284,45 @@ def _components(series: SeriesTrace, live_sizes: dict[int, int]) -> dict[str, fl
     return comp
 
 
-def _live(events: list[int], index: int) -> set[int]:
-    from ditbench.plan.allocator import live_at
-
-    return live_at(events, index)
-
-
 def _fill_cpu(pred: Prediction, series: SeriesTrace, batch: int) -> None:
     sizes = series.sizes(batch)
     events = series.trace.events
     peak, at = raw_peak(events, sizes, _window(series))
     pred.peak_allocated_gib = peak / GiB
-    pred.components = _components(series, {a: sizes[a] for a in _live(events, at)})
+    pred.components = _components(series, {a: sizes[a] for a in live_at(events, at)})
 
 
-def _fill_cuda(pred: Prediction, series: SeriesTrace, batch: int, memory_gib, context_gib: float) -> None:
-    sizes = series.sizes(batch)
+def _fill_cuda(
+    pred: Prediction, series: SeriesTrace, batch: int, bud: Budget, unlimited: dict[tuple, Replay]
+) -> None:
     events = series.trace.events
-    window = _window(series)
-    capacity = None if memory_gib is None else max(0, int((memory_gib - context_gib) * GiB))
-    result = replay(events, sizes, window, capacity)
-    if result.oom:
-        pred.status = "oom"
-        pred.reason = (
-            f"a {result.oom_request / GiB:.2f} GiB allocation does not fit in the "
-            f"{memory_gib:.2f} GiB card less {context_gib:g} GiB of CUDA context"
-        )
-        result = replay(events, sizes, window, None)  # what it would need
-    elif memory_gib is not None:
-        pred.status = "fits"
+    key = (batch, bud.target)
+    sizes = series.sizes(batch, bud.target)
+    if key not in unlimited:
+        unlimited[key] = replay(events, sizes, _window(series), None)
+    result = unlimited[key]
+    capacity = bud.capacity
+    if capacity is not None:
+        # Exact shortcuts: a run that never reserves more than the card has replays the same with the
+        # limit; one whose live blocks alone exceed it cannot fit. In between, replay with the limit
+        # (the allocator then frees its cached segments and retries, as on the card).
+        if result.max_reserved <= capacity:
+            pred.status = "fits"
+        elif result.max_allocated > capacity:
+            pred.status = "oom"
+        else:
+            limited = replay(events, sizes, _window(series), capacity)
+            pred.status = "oom" if limited.oom else "fits"
+            if not limited.oom:
+                result = limited
+        if pred.status == "oom":
+            pred.reason = (
+                f"needs {result.max_allocated / GiB:.2f} GiB allocated ({result.max_reserved / GiB:.2f} "
+                f"reserved) + {bud.context_gib:g} GiB context; the card has {bud.memory_gib:.2f} GiB"
+            )
     pred.peak_allocated_gib = result.peak_allocated / GiB
     pred.peak_reserved_gib = result.peak_reserved / GiB
-    pred.device_gib = pred.peak_reserved_gib + context_gib
-    comp = _components(series, {a: result.block_sizes[a] for a in _live(events, result.peak_event)})
-    comp["context"] = float(context_gib)
+    pred.device_gib = pred.peak_reserved_gib + bud.context_gib
+    comp = _components(series, {a: result.block_sizes[a] for a in live_at(events, result.peak_event)})
+    comp["context"] = bud.context_gib
     pred.components = comp

@@ -84,6 +84,10 @@ class Trace:
     optimizer, ema, workspace; anything else is an activation or temporary). `marks` gives the event
     index where each phase starts: build, step1, step2, end. Step 2 is the steady state a measured
     window sees: the previous step's gradients live through its forward pass.
+
+    A CUDA trace serves every GPU: the allocations whose size depends on the GPU (cuBLAS workspaces,
+    attention backward scratch) have size 0 here and a `modeled` entry that `workspace_bytes` turns
+    into bytes for a given compute capability and batch size.
     """
 
     target: Target
@@ -91,6 +95,7 @@ class Trace:
     sizes: list[int] = field(default_factory=list)
     events: list[int] = field(default_factory=list)
     labels: dict[int, str] = field(default_factory=dict)
+    modeled: dict[int, tuple] = field(default_factory=dict)
     marks: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     ops: int = 0
@@ -100,12 +105,11 @@ class Trace:
 class _Recorder(TorchDispatchMode):
     """Records every new storage an aten op returns, and its release through a weak reference."""
 
-    def __init__(self, trace: Trace, sm: tuple[int, int] | None, memo: DispatchMemo | None = None):
+    def __init__(self, trace: Trace, memo: DispatchMemo | None = None):
         super().__init__()
         self.memo = memo
         self.trace = trace
         self.cuda = trace.target.device == "cuda"
-        self.sm = sm
         self.live: dict[int, int] = {}  # storage address -> allocation id
         self.refs: dict[int, weakref.ref] = {}
         self.workspace_threads: set[bool] = set()
@@ -193,16 +197,18 @@ class _Recorder(TorchDispatchMode):
     def _cuda_extras(self, func, args) -> None:
         name = func._schema.name
         if name in _SDPA_BACKWARD:
-            scratch = self._attention_backward_scratch(args[1])
-            if scratch:
-                self.release(self.allocate(scratch, "workspace"))
+            q = args[1]
+            if q.dim() == 4:  # (B, H, T, D); the kernel's scratch, freed when it returns
+                aid = self.allocate(0, "workspace")
+                self.trace.modeled[aid] = ("attention_backward", *q.shape, q.dtype in _LOW)
+                self.release(aid)
         elif str(func) in _CUBLAS_OPS:
             # One handle (and workspace) per calling thread: the caller's, and autograd's device
             # thread for backward and checkpoint recomputation.
             in_backward = torch._C._current_autograd_node() is not None
             if in_backward not in self.workspace_threads:
                 self.workspace_threads.add(in_backward)
-                self.allocate(self.trace.target.cublas_workspace_bytes, "workspace")
+                self.trace.modeled[self.allocate(0, "workspace")] = ("cublas",)
         elif name in _CUDA_FP32_ONLY and torch.is_autocast_enabled("cpu"):
             low = next((a for a in args if isinstance(a, torch.Tensor) and a.dtype in _LOW), None)
             if low is not None:
@@ -213,28 +219,33 @@ class _Recorder(TorchDispatchMode):
                 if note not in self.trace.notes:
                     self.trace.notes.append(note)
 
-    def _attention_backward_scratch(self, q: torch.Tensor) -> int:
-        """Bytes the CUDA attention backward kernel allocates besides its outputs (q is (B, H, T, D)).
 
-        Flash attention (fp16/bf16 on sm80+): a float32 dQ accumulator (B, T_128, H, D_32) and the
-        softmax row sums (B, H, T_128), with T rounded up to 128 and D to 32 (64 above 128).
-        Memory-efficient attention (fp32, or older GPUs): the float32 row sums (B, H, T).
-        """
-        if q.dim() != 4:
-            return 0
-        b, h, t, d = q.shape
+def workspace_bytes(model: tuple, batch_size: int, target: Target) -> int:
+    """Bytes of a modeled allocation (see Trace.modeled) on `target` at `batch_size`.
 
-        def up(x: int, m: int) -> int:
-            return -(-x // m) * m
+    cuBLAS: the handle's workspace (Target.cublas_workspace_bytes). Attention backward, for q of
+    (B, H, T, D): flash attention (fp16/bf16 on sm80+) allocates a float32 dQ accumulator
+    (B, T_128, H, D_32) and the softmax row sums (B, H, T_128), T rounded up to 128 and D to 32 (64
+    above 128); memory-efficient attention (fp32, or older GPUs) the float32 row sums (B, H, T).
+    """
+    if model[0] == "cublas":
+        return target.cublas_workspace_bytes
+    _, _, h, t, d, low = model
 
-        if q.dtype in _LOW and self.sm is not None and self.sm >= (8, 0):
-            t128 = up(t, 128)
-            return 4 * (b * t128 * h * up(d, 32 if d <= 128 else 64) + b * h * t128)
-        return 4 * b * h * t
+    def up(x: int, m: int) -> int:
+        return -(-x // m) * m
+
+    if low and target.sm is not None and target.sm >= (8, 0):
+        t128 = up(t, 128)
+        return 4 * batch_size * (t128 * h * up(d, 32 if d <= 128 else 64) + h * t128)
+    return 4 * batch_size * h * t
 
 
 def trace_training(train_kwargs: dict, target: Target, batch_size: int, *, memo: bool = True) -> Trace:
     """Build a Trainer from `train_kwargs` (TrainConfig fields) and trace two steps at `batch_size`.
+
+    `target` says which device's behaviour to emulate (its compute capability matters only to the
+    precision policy: bf16 needs sm80+).
 
     memo=False sends every operation through FakeTensorMode (the tests compare the two).
     """
@@ -246,7 +257,7 @@ def trace_training(train_kwargs: dict, target: Target, batch_size: int, *, memo:
     gc.disable()  # released at the marks, deterministically
     try:
         with emulate(target), FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
-            recorder = _Recorder(trace, target.sm, DispatchMemo(fake_mode) if memo else None)
+            recorder = _Recorder(trace, DispatchMemo(fake_mode) if memo else None)
             with recorder:
                 _run(recorder, trace, Trainer, cfg)
     finally:
