@@ -12,6 +12,9 @@ from a CPU step, this module supplies the CUDA behaviour, each piece stated:
   the caller's thread and one for autograd's device thread.
 * attention: the backward kernels' float32 scratch (trace.py); forward outputs and saved tensors
   are the same for CPU and CUDA kernels.
+* autocast: CPU autocast casts matmuls, convolutions and attention to low precision as CUDA
+  autocast does, but leaves ops CUDA runs in float32 (layer/group norm, exp, log, pow, softmax,
+  sums, ...) in the input's precision; for the trace those ops get CUDA's rule (`cuda_autocast`).
 * `Module.to(device)` on a module already on that device is a no-op (FakeTensorMode cannot swap
   parameters, and a real `.to()` to the same device copies nothing), and `copy.deepcopy` of a fake
   tensor clones it in the trace's fake mode (torch's own deepcopy of a fake tensor makes it in a
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from dataclasses import dataclass
 from unittest import mock
 
@@ -69,6 +73,11 @@ class Target:
         return 8 * MiB + 128 * 1024
 
     @property
+    def family(self) -> tuple:
+        """What sizes the GPU-dependent allocations of a trace: GPUs of one family replay alike."""
+        return (self.device, self.cublas_workspace_bytes, self.sm is not None and self.sm >= (8, 0))
+
+    @property
     def bf16(self) -> bool:
         return self.device == "cpu" or (self.sm is not None and self.sm >= (8, 0))
 
@@ -102,10 +111,85 @@ def policy_for(precision: str, target: Target):
     return dataclasses.replace(policy, device_type="cpu")
 
 
+# CUDA autocast's float32 ops (c10's autocast_mode.cpp, "fp32") that CPU autocast leaves alone:
+# low-precision inputs are cast up. The "set_opt_dtype" ones instead compute in (and return) float32.
+_FP32_OPS = (
+    "layer_norm native_layer_norm group_norm native_group_norm exp expm1 log log2 log10 log1p "
+    "pow.Tensor_Scalar pow.Tensor_Tensor rsqrt reciprocal acos asin cosh sinh tan erfinv softplus"
+).split()
+_FP32_DTYPE_OPS = "softmax.int log_softmax.int sum sum.dim_IntList cumsum cumprod prod prod.dim_int".split()
+_LOW = (torch.float16, torch.bfloat16)
+_AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+
+def _fp32_kernel(op):
+    def kernel(*args, **kwargs):
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
+            args = [a.float() if isinstance(a, torch.Tensor) and a.dtype in _LOW else a for a in args]
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def _fp32_dtype_kernel(op):
+    names = [a.name for a in op._schema.arguments]
+    at = names.index("dtype")
+
+    def kernel(*args, **kwargs):
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
+            given = args[at] if len(args) > at else kwargs.get("dtype")
+            if given is None and args[0].dtype in _LOW:
+                if len(args) > at:
+                    args = (*args[:at], torch.float32, *args[at + 1 :])
+                else:
+                    kwargs = {**kwargs, "dtype": torch.float32}
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+@contextlib.contextmanager
+def cuda_autocast():
+    """CPU autocast with CUDA's rule for the ops CUDA autocast runs in float32 (see the module doc)."""
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        for name in _FP32_OPS + _FP32_DTYPE_OPS:
+            packet, _, overload = name.partition(".")
+            op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+            make = _fp32_dtype_kernel if name in _FP32_DTYPE_OPS else _fp32_kernel
+            lib.impl(name, make(op), "AutocastCPU")
+        yield
+    finally:
+        lib._destroy()
+
+
+_autocast = threading.local()  # a stack: is the innermost autocast region a low-precision one?
+
+
+def in_low_precision_autocast() -> bool:
+    """Whether the op being dispatched runs under fp16/bf16 autocast (the dispatch level cannot ask)."""
+    stack = getattr(_autocast, "stack", None)
+    return bool(stack) and stack[-1]
+
+
 @contextlib.contextmanager
 def emulate(target: Target):
     """Patch, for the duration of a trace, what the fake CPU step must do as the target would."""
     original_to = nn.Module.to
+    autocast_cls = torch.amp.autocast_mode.autocast
+    original_enter, original_exit = autocast_cls.__enter__, autocast_cls.__exit__
+
+    def enter(self):
+        result = original_enter(self)
+        low = self._enabled and self.device == "cpu" and self.fast_dtype in (torch.float16, torch.bfloat16)
+        _autocast.__dict__.setdefault("stack", []).append(bool(low))
+        return result
+
+    def exit_(self, *exc):
+        stack = getattr(_autocast, "stack", None)
+        if stack:
+            stack.pop()
+        return original_exit(self, *exc)
 
     def to(self, *args, **kwargs):
         dev = args[0] if args else kwargs.get("device")
@@ -119,9 +203,12 @@ def emulate(target: Target):
 
     with contextlib.ExitStack() as stack:
         stack.enter_context(mock.patch.object(nn.Module, "to", to))
+        stack.enter_context(mock.patch.object(autocast_cls, "__enter__", enter))
+        stack.enter_context(mock.patch.object(autocast_cls, "__exit__", exit_))
         if target.device == "cuda":
             import ditbench.train.step as step_module
 
+            stack.enter_context(cuda_autocast())
             stack.enter_context(
                 mock.patch.object(
                     step_module, "get_precision_policy", lambda name, device=None: policy_for(name, target)

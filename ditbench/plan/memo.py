@@ -14,7 +14,7 @@ following, or returns something unusual) always goes to the fake mode.
 from __future__ import annotations
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, in_kernel_invocation_manager
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 _SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
 _MISS = object()
@@ -22,14 +22,14 @@ _UNMEMOIZABLE = object()
 
 
 def _arg_key(a):
-    if isinstance(a, FakeTensor):
+    if type(a) is FakeTensor:
         if a.constant is not None:
             raise _Bypass
-        return (a.dtype, a.fake_device, tuple(a.shape), a.stride(), a.storage_offset())
+        return (a.dtype, a.fake_device, a.shape, a.stride(), a.storage_offset())
     if isinstance(a, _SCALARS):
         return a
     if isinstance(a, (list, tuple)):
-        return tuple(_arg_key(x) for x in a)
+        return tuple([_arg_key(x) for x in a])
     raise _Bypass
 
 
@@ -44,6 +44,7 @@ _MAX_ENTRIES = 200_000
 class DispatchMemo:
     def __init__(self, mode: FakeTensorMode):
         self.mode = mode
+        self._templates: dict[torch.device, dict] = {}
         if len(_ENTRIES) > _MAX_ENTRIES:
             _ENTRIES.clear()
         self.entries = _ENTRIES
@@ -109,7 +110,7 @@ class DispatchMemo:
             for a in args
         ):
             return _UNMEMOIZABLE
-        with in_kernel_invocation_manager(self.mode):
+        with torch._C._DisableTorchDispatch():
             probe = torch.empty_strided(meta[0], meta[1], dtype=meta[3], device="meta")
         if probe.untyped_storage().nbytes() != o.untyped_storage().nbytes():
             return _UNMEMOIZABLE
@@ -122,13 +123,34 @@ class DispatchMemo:
         if kind == "arg":
             return args[entry[1]]
         _, idx, shape, stride, offset, dtype, device, requires_grad = entry
-        with in_kernel_invocation_manager(self.mode):
+        with torch._C._DisableTorchDispatch():
             empty = torch.empty_strided(
                 shape, stride, dtype=dtype, device="meta", requires_grad=requires_grad
             )
             if kind == "view":
                 empty.set_(args[idx].untyped_storage(), offset, shape, stride)
-        return FakeTensor(self.mode, empty, device)
+        return self._fake(empty, device)
+
+    def _fake(self, meta: torch.Tensor, device: torch.device) -> FakeTensor:
+        """FakeTensor(mode, meta, device) without its argument checking: the same object state.
+
+        The attributes come from a FakeTensor built the ordinary way for this mode and device (the
+        tests compare the two); only the tensor itself is made per call.
+        """
+        template = self._templates.get(device)
+        if template is None:
+            with torch._C._DisableTorchDispatch():
+                probe = torch.empty(0, device="meta")
+            template = self._templates[device] = dict(FakeTensor(self.mode, probe, device).__dict__)
+        t = torch.Tensor._make_subclass(
+            FakeTensor, meta, meta.requires_grad, dispatch_device=True, device_for_backend_keys=device
+        )
+        if self.mode._allow_unsafe_data_ptr_access:
+            torch._C._set_warn_deprecated_on_mutable_data_ptr(t)
+        else:
+            torch._C._set_throw_on_mutable_data_ptr(t)
+        t.__dict__.update(template)
+        return t
 
 
 MISS = _MISS

@@ -296,7 +296,7 @@ def _fill_cuda(
     pred: Prediction, series: SeriesTrace, batch: int, bud: Budget, unlimited: dict[tuple, Replay]
 ) -> None:
     events = series.trace.events
-    key = (batch, bud.target)
+    key = (batch, bud.target.family)
     sizes = series.sizes(batch, bud.target)
     if key not in unlimited:
         unlimited[key] = replay(events, sizes, _window(series), None)

@@ -30,7 +30,7 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ditbench.plan.emulation import FakeDeepcopy, Target, emulate
+from ditbench.plan.emulation import FakeDeepcopy, Target, emulate, in_low_precision_autocast
 from ditbench.plan.memo import MISS, DispatchMemo
 
 aten = torch.ops.aten
@@ -104,6 +104,10 @@ class Trace:
 
 class _Recorder(TorchDispatchMode):
     """Records every new storage an aten op returns, and its release through a weak reference."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # no dynamo-disabling wrapper around every call: nothing here is compiled
 
     def __init__(self, trace: Trace, memo: DispatchMemo | None = None):
         super().__init__()
@@ -209,7 +213,7 @@ class _Recorder(TorchDispatchMode):
             if in_backward not in self.workspace_threads:
                 self.workspace_threads.add(in_backward)
                 self.trace.modeled[self.allocate(0, "workspace")] = ("cublas",)
-        elif name in _CUDA_FP32_ONLY and torch.is_autocast_enabled("cpu"):
+        elif name in _CUDA_FP32_ONLY and in_low_precision_autocast():
             low = next((a for a in args if isinstance(a, torch.Tensor) and a.dtype in _LOW), None)
             if low is not None:
                 note = (
