@@ -103,9 +103,11 @@ def _series(args: argparse.Namespace):
     return suite_grid(suite.cells, device), suite
 
 
-def _budgets(args: argparse.Namespace, suite, context: float):
+def _budgets(args: argparse.Namespace, suite, series, context: float):
     from ditbench.plan.predict import budget
 
+    if all(s.config["device"] == "cpu" for s in series) and args.card is None and args.memory_gib is None:
+        return budget(None, context, device="cpu")  # a CPU suite: the CPU allocator, no card
     if args.card is not None:
         return budget(args.card, context)
     if args.memory_gib is not None:
@@ -151,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--target-batch must be a positive integer, got {args.target_batch}")
     records = _read_results(args.results) if args.results else []
     series, suite = _series(args)
-    main = _budgets(args, suite, context)
+    main = _budgets(args, suite, series, context)
     cuda = any(s.config["device"] == "cuda" for s in series)
     tree_cards = class_cards() if cuda and not args.no_tree else []
     budgets = [main] + [budget(card, context) for _, card in tree_cards]
@@ -203,29 +205,22 @@ def run(args: argparse.Namespace) -> int:
         print(tree_table(advice, args.target_batch))
         details = advice_details(advice)
         if details:
-            print("\nWhat the recommended cells hold at their peak (GiB):\n" + details)
+            print("\nWhat the recommended cells hold at their peak:\n" + details)
     return 0
 
 
 def _read_results(path: Path) -> list[dict]:
-    from ditbench.bench.records import read_records
+    from ditbench.plan.measured import read_results
 
+    hint = "give a results.jsonl written by `ditbench run`"
     if not path.exists():
-        raise UserError(f"--results {path}: no such file (give a results.jsonl written by `ditbench run`)")
+        raise UserError(f"--results {path}: no such file ({hint})")
     if not path.is_file():
-        raise UserError(
-            f"--results {path}: not a regular file (give a results.jsonl written by `ditbench run`)"
-        )
+        raise UserError(f"--results {path}: not a regular file ({hint})")
     try:
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            records = read_records(path)
+        records = read_results(path)
     except OSError as err:
         raise UserError(f"--results {path}: cannot read it ({err.strerror or err})") from err
-    if not any(isinstance(r.get("config"), dict) for r in records):
-        raise UserError(
-            f"--results {path}: no result records in it (expected lines of `ditbench run`'s results.jsonl)"
-        )
+    if not records:
+        raise UserError(f"--results {path}: no result records in it ({hint})")
     return records

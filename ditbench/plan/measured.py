@@ -10,6 +10,8 @@ not fit a card no larger than the memory it had. Anything else keeps the predict
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from ditbench.plan.predict import Prediction, normalize
@@ -28,6 +30,24 @@ _KEYS = (
     "gpus",
     "nodes",
 )
+
+
+def read_results(path: str | Path) -> list[dict[str, Any]]:
+    """The result records of a results.jsonl; lines that are not UTF-8 JSON objects with a config are skipped.
+
+    (Reading leniently on purpose: a torn last line, a foreign line or a binary file must not stop a
+    plan; a file with no records at all is the caller's error to report.)
+    """
+    records = []
+    with open(path, "rb") as f:
+        for line in f:
+            try:
+                record = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError):
+                continue
+            if isinstance(record, dict) and isinstance(record.get("config"), dict):
+                records.append(record)
+    return records
 
 
 def _key(config: dict[str, Any]) -> tuple | None:

@@ -57,11 +57,15 @@ def cells_table(preds: list[Prediction]) -> str:
     return "\n".join(lines)
 
 
+def _size(gib: float) -> str:
+    return f"{gib:.2f} GiB" if gib >= 0.01 else f"{gib * 1024:.1f} MiB"
+
+
 def components_text(p: Prediction) -> str:
     parts = [
-        f"{_COMPONENT_NAMES.get(name, name)} {value:.2f}"
+        f"{_COMPONENT_NAMES.get(name, name)} {_size(value)}"
         for name, value in p.components.items()
-        if value >= 0.005 or name == "context"
+        if value > 0 or name == "context"
     ]
     return " + ".join(parts)
 
@@ -114,7 +118,7 @@ def advice_details(advice: list[Advice]) -> str:
     out = []
     for a in advice:
         if a.setting is not None and a.setting.components:
-            out.append(f"- {a.class_gb} GB, {a.model}: {components_text(a.setting)} GiB")
+            out.append(f"- {a.class_gb} GB, {a.model}: {components_text(a.setting)}")
     return "\n".join(out)
 
 
