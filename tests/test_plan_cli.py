@@ -16,6 +16,11 @@ GRID = ["--models", "DiT-T/4,DiT-T/2", "--image-size", "64", "--precisions", "bf
 GRID += ["--grad-ckpt", "none,full", "--batches", "8,64", "--jobs", "1"]
 
 
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("DITBENCH_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
 def run(capsys, *argv) -> tuple[int, str, str]:
     code = main(["plan", *argv])
     out, err = capsys.readouterr()
@@ -159,3 +164,35 @@ def test_card_and_memory_are_exclusive(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["plan", "--card", "T4", "--memory-gib", "16"])
     assert exc.value.code == 2
+
+
+def test_traces_are_reused_from_disk_and_a_bad_file_is_retraced(capsys, monkeypatch, tmp_path):
+    from ditbench.plan import cache, predict
+
+    monkeypatch.setenv("DITBENCH_CACHE", str(tmp_path))
+    argv = ["--models", "DiT-T/4", "--image-size", "64", "--precisions", "fp32,tf32", "--grad-ckpt", "none"]
+    argv += ["--batches", "8", "--jobs", "1", "--no-tree", "--card", "L4", "--json"]
+    monkeypatch.setattr(predict, "_CACHE", type(predict._CACHE)())
+    first = json.loads(run(capsys, *argv)[1])
+    files = list(cache.cache_dir().glob("*.json"))
+    assert len(files) == 1  # fp32 and tf32 share one trace
+    files[0].write_text('{"trace": "truncated')
+    monkeypatch.setattr(predict, "_CACHE", type(predict._CACHE)())
+    again = json.loads(run(capsys, *argv)[1])
+    assert [c["peak_allocated_gib"] for c in again["cells"]] == [
+        c["peak_allocated_gib"] for c in first["cells"]
+    ]
+    assert json.loads(files[0].read_text())["probe"] > 4096  # rewritten whole
+    monkeypatch.setattr(predict, "_CACHE", type(predict._CACHE)())
+    monkeypatch.setattr(predict, "trace_series", lambda *a, **k: pytest.fail("traced although cached"))
+    cached = json.loads(run(capsys, *argv)[1])
+    assert cached["cells"] == first["cells"]
+
+
+def test_a_card_without_bf16_does_not_hide_bf16_from_the_other_classes(capsys):
+    argv = ["--models", "DiT-T/2", "--image-size", "64", "--precisions", "bf16,fp16", "--grad-ckpt", "none"]
+    code, out, _ = run(capsys, *argv, "--batches", "8", "--jobs", "1", "--card", "T4")
+    assert code == 0
+    assert "| DiT-T/2 | bf16 | none | n/a |" in out  # on the T4 itself
+    assert "| 12 GB | RTX 3060 12GB (11.76 GiB) | DiT-T/2 | bf16, ckpt none |" in out
+    assert "| 16 GB | T4 (14.75 GiB) | DiT-T/2 | fp16, ckpt none |" in out

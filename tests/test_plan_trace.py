@@ -149,3 +149,49 @@ def test_diffusers_step_needs_the_cuda_rules_and_gets_them(monkeypatch):
     monkeypatch.setattr(emulation, "cuda_autocast", contextlib.nullcontext)
     notes = trace_training(kwargs, GPU, 2).notes
     assert any("native_layer_norm" in n and "float32" in n for n in notes)
+
+
+@pytest.mark.slow  # dynamo compiles the model: ~12 s of CPU
+def test_a_compiled_step_is_traced_through_its_graphs():
+    """torch.compile: dynamo compiles (no dispatch mode in its way) and the graphs' ops are recorded."""
+    from ditbench.plan import compiled
+
+    calls = []
+    original = compiled._recorded
+
+    def spy(fn):
+        calls.append(fn)
+        return original(fn)
+
+    kwargs = {**TINY, "precision": "bf16"}
+    eager = trace_training(kwargs, GPU, 8)
+    import unittest.mock as mock
+
+    with mock.patch.object(compiled, "_recorded", spy):
+        traced = trace_training({**kwargs, "compile": True}, GPU, 8)
+    assert len(calls) >= 2  # a forward and a backward graph
+    assert traced.notes == []
+    labels = {
+        label: sum(traced.sizes[a] for a, lab in traced.labels.items() if lab == label)
+        for label in ("weights",)
+    }
+    assert labels["weights"] == 4 * traced.params
+    window = lambda t: sum(t.sizes[e - 1] for e in t.events[t.marks["step2"] : t.marks["end"]] if e > 0)  # noqa: E731
+    assert window(traced) > 0.5 * window(eager)  # the step's allocations are there, not only the state
+
+
+def test_a_step_the_fake_tensors_cannot_follow_is_an_error_not_a_crash(monkeypatch):
+    from ditbench.models import dit
+    from ditbench.plan import predict, predict_cell
+
+    original = dit.Mlp.forward
+
+    def data_dependent(self, x):
+        y = original(self, x)
+        return y[y > 0].sum() + y  # a shape that depends on values
+
+    monkeypatch.setattr(dit.Mlp, "forward", data_dependent)
+    monkeypatch.setattr(predict, "_CACHE", type(predict._CACHE)())
+    p = predict_cell({"model": "DiT-T/4", "image_size": 64, "batch_size": 2}, "L4")
+    assert p.status == "error" and p.fits is None
+    assert p.reason.startswith("the planner could not trace this cell") and "nonzero" in p.reason

@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-tree", action="store_true", help="skip the decision tree over card classes")
     parser.add_argument("--jobs", type=int, default=None, help="processes tracing series in parallel")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument(
+        "--no-cache", action="store_true", help="trace every series afresh (default: reuse traces on disk)"
+    )
 
 
 def _list(values: list[str] | None, default, what: str) -> list[str]:
@@ -140,7 +143,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ditbench.plan.grid import default_jobs, evaluate
     from ditbench.plan.predict import DEFAULT_CONTEXT_GIB, budget
-    from ditbench.plan.render import advice_details, cells_table, to_json, tree_table
+    from ditbench.plan.render import advice_details, cells_table, reasons, to_json, tree_table
     from ditbench.plan.tree import class_cards, decision_tree
 
     warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
@@ -159,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     budgets = [main] + [budget(card, context) for _, card in tree_cards]
 
     start = time.perf_counter()
-    results = evaluate(series, budgets, args.jobs or default_jobs(), _progress(start))
+    results = evaluate(series, budgets, args.jobs or default_jobs(), _progress(start), not args.no_cache)
     seconds = time.perf_counter() - start
     cells = [p for res in results for p in res[0]]
     by_class = {gb: [p for res in results for p in res[i + 1]] for i, (gb, _) in enumerate(tree_cards)}
@@ -194,6 +197,8 @@ def run(args: argparse.Namespace) -> int:
     )
     print()
     print(cells_table(cells))
+    for line in reasons(cells):
+        print(f"\n{line}")
     notes = sorted({n for p in cells for n in p.notes})
     for note in notes:
         print(f"\nnote: {note}")

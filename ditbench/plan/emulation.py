@@ -201,7 +201,10 @@ def emulate(target: Target):
             return self
         return original_to(self, *args, **kwargs)
 
+    from ditbench.plan.compiled import traced_compile
+
     with contextlib.ExitStack() as stack:
+        stack.enter_context(traced_compile())
         stack.enter_context(mock.patch.object(nn.Module, "to", to))
         stack.enter_context(mock.patch.object(autocast_cls, "__enter__", enter))
         stack.enter_context(mock.patch.object(autocast_cls, "__exit__", exit_))

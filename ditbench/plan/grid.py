@@ -66,18 +66,46 @@ def suite_grid(cells: Iterable[Any], device: str | None = None) -> list[Series]:
     return list(groups.values())
 
 
-def _cost(series: Series) -> int:
+def _cost(group: list[Series]) -> int:
     from ditbench.models.dit import get_config
 
-    cfg = get_config(series.config["model"])
+    cfg = get_config(group[0].config["model"])
     return cfg.depth * cfg.hidden_size
 
 
-def _work(series: Series, budgets: list[Budget]) -> list[list[Prediction]]:
+def _groups(series: list[Series], budgets: list[Budget]) -> list[list[int]]:
+    """Indices of series that share one trace (fp32 and tf32 of a cell on a GPU), costliest first."""
+    from ditbench.errors import UnsupportedError
+    from ditbench.plan.emulation import CPU, cuda_target
+    from ditbench.plan.predict import _train_kwargs, trace_key
+
+    target = CPU if budgets[0].target.device == "cpu" else cuda_target(None)
+    groups: dict[object, list[int]] = {}
+    for i, s in enumerate(series):
+        try:
+            key = trace_key(_train_kwargs(s.config, target), target) + (tuple(s.batch_sizes),)
+        except UnsupportedError:
+            key = ("unsupported", i)
+        groups.setdefault(key, []).append(i)
+    return sorted(groups.values(), key=lambda g: -_cost([series[i] for i in g]))
+
+
+def _work(group: list[Series], budgets: list[Budget], disk_cache: bool) -> list[list[list[Prediction]]]:
+    """Predict the first series of a group; the others differ only in their precision's name."""
+    import copy
     import warnings
 
     warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
-    return predict_budgets(series.config, series.batch_sizes, budgets)
+    first = predict_budgets(group[0].config, group[0].batch_sizes, budgets, disk_cache)
+    out = [first]
+    for s in group[1:]:
+        rows = copy.deepcopy(first)
+        for row in rows:
+            for p in row:
+                p.precision = s.config["precision"]
+                p.config = {**s.config, "batch_size": p.batch_size}
+        out.append(rows)
+    return out
 
 
 def evaluate(
@@ -85,28 +113,37 @@ def evaluate(
     budgets: list[Budget],
     jobs: int = 1,
     progress: Callable[[int, int, Series], None] | None = None,
+    disk_cache: bool = False,
 ) -> list[list[list[Prediction]]]:
     """Predictions [series][budget][batch], tracing the costliest series first."""
-    order = sorted(range(len(series)), key=lambda i: -_cost(series[i]))
+    groups = _groups(series, budgets)
     results: list[list[list[Prediction]] | None] = [None] * len(series)
-    jobs = max(1, min(jobs, len(series)))
-    if jobs == 1:
-        for n, i in enumerate(order, 1):
-            results[i] = _work(series[i], budgets)
+    # A worker process pays torch's imports (seconds): not worth it for a handful of traces.
+    jobs = 1 if len(groups) < 4 else max(1, min(jobs, len(groups)))
+    done = 0
+
+    def collect(group: list[int], rows) -> None:
+        nonlocal done
+        for i, r in zip(group, rows, strict=True):
+            results[i] = r
+            done += 1
             if progress:
-                progress(n, len(series), series[i])
+                progress(done, len(series), series[i])
+
+    if jobs == 1:
+        for group in groups:
+            collect(group, _work([series[i] for i in group], budgets, disk_cache))
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch threads
         with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-            futures = {pool.submit(_work, series[i], budgets): i for i in order}
-            for n, future in enumerate(as_completed(futures), 1):
-                i = futures[future]
-                results[i] = future.result()
-                if progress:
-                    progress(n, len(series), series[i])
+            futures = {
+                pool.submit(_work, [series[i] for i in group], budgets, disk_cache): group for group in groups
+            }
+            for future in as_completed(futures):
+                collect(futures[future], future.result())
     return results  # type: ignore[return-value]
 
 

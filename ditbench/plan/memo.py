@@ -21,15 +21,15 @@ _MISS = object()
 _UNMEMOIZABLE = object()
 
 
-def _arg_key(a):
+def _arg_key(a, mode):
     if type(a) is FakeTensor:
-        if a.constant is not None:
+        if a.constant is not None or a.fake_mode is not mode:
             raise _Bypass
         return (a.dtype, a.fake_device, a.shape, a.stride(), a.storage_offset())
     if isinstance(a, _SCALARS):
         return a
     if isinstance(a, (list, tuple)):
-        return tuple([_arg_key(x) for x in a])
+        return tuple([_arg_key(x, mode) for x in a])
     raise _Bypass
 
 
@@ -53,7 +53,12 @@ class DispatchMemo:
     def key(self, func, args, kwargs):
         """The memo key of a call, or None when the call must go to the fake mode."""
         try:
-            return (func, _arg_key(args), _arg_key(tuple(sorted(kwargs.items()))) if kwargs else ())
+            mode = self.mode
+            return (
+                func,
+                _arg_key(args, mode),
+                _arg_key(tuple(sorted(kwargs.items())), mode) if kwargs else (),
+            )
         except _Bypass:
             return None
 

@@ -64,7 +64,7 @@ class Prediction:
     device: str  # "cuda" or "cpu"
     card: str | None
     memory_gib: float | None  # the card's usable memory (None: no card given)
-    status: str  # fits | oom | unsupported | predicted (no card to fit) | ok (measured) ...
+    status: str  # fits | oom | unsupported | error | predicted (no card to fit) | ok (measured)
     reason: str | None = None
     peak_allocated_gib: float | None = None
     peak_reserved_gib: float | None = None
@@ -105,8 +105,6 @@ def _unsupported_reason(cell: dict[str, Any]) -> str | None:
     """Knobs that shape memory in a way the planner does not trace: say so rather than guess."""
     if cell["gpus"] * cell["nodes"] > 1:
         return "multi-GPU cells (DDP/FSDP) are not traced by the planner; plan one GPU's cell instead"
-    if cell["compile"]:
-        return "torch.compile cells are not traced by the planner (it predicts eager steps only)"
     data = cell["data"]
     if isinstance(data, dict) and "images" in data:
         return "image-folder cells encode through the VAE on the device; the planner traces latent data only"
@@ -121,6 +119,7 @@ def _train_kwargs(cell: dict[str, Any], target: Target) -> dict[str, Any]:
         "precision": cell["precision"],
         "grad_ckpt": cell["grad_ckpt"],
         "num_classes": cell["num_classes"],
+        "compile": bool(cell["compile"]),
         "optimizer_impl": optimizer_impl(cell["optimizer_impl"], target),
         # A latent file's batch is copied to the device like a synthetic one: same device memory.
         "data": "synthetic",
@@ -175,20 +174,34 @@ _CACHE: OrderedDict[tuple, SeriesTrace] = OrderedDict()
 _CACHE_SIZE = 32
 
 
-def series_trace(train_kwargs: dict[str, Any], target: Target) -> SeriesTrace:
-    """The traced series, from an in-process cache (a series is traced once per process).
-
-    One trace serves every GPU (workspaces are sized at replay). Series whose precision policies cast
-    and scale alike (fp32 and tf32 on a GPU: tf32 changes only the matmul math mode) share it.
-    UnsupportedError when the target cannot run the policy (bf16 before sm80, fp16 on a CPU).
-    """
+def trace_key(train_kwargs: dict[str, Any], target: Target) -> tuple:
+    """What a trace depends on. Series whose precision policies cast and scale alike (fp32 and tf32 on
+    a GPU: tf32 changes only the matmul math mode) share a key. UnsupportedError when the target cannot
+    run the policy (bf16 before sm80, fp16 on a CPU)."""
     policy = policy_for(train_kwargs["precision"], target)
     shape = {k: v for k, v in train_kwargs.items() if k != "precision"}
-    key = (tuple(sorted(shape.items())), policy.autocast_dtype, policy.use_scaler, target.device)
+    return (tuple(sorted(shape.items())), str(policy.autocast_dtype), policy.use_scaler, target.device)
+
+
+def series_trace(train_kwargs: dict[str, Any], target: Target, disk: bool = False) -> SeriesTrace:
+    """The traced series: from this process's memory, else (disk=True) the on-disk cache, else traced.
+
+    One trace serves every GPU (workspaces are sized at replay).
+    """
+    key = trace_key(train_kwargs, target)
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]
-    series = trace_series(train_kwargs, target)
+    series = None
+    if disk:
+        from ditbench.plan import cache
+
+        name = cache.key(key)
+        series = cache.load(name)
+    if series is None:
+        series = trace_series(train_kwargs, target)
+        if disk:
+            cache.save(name, series)
     _CACHE[key] = series
     if len(_CACHE) > _CACHE_SIZE:
         _CACHE.popitem(last=False)
@@ -218,7 +231,7 @@ def predict_series(
 
 
 def predict_budgets(
-    config: dict[str, Any], batch_sizes: list[int], budgets: list[Budget]
+    config: dict[str, Any], batch_sizes: list[int], budgets: list[Budget], disk_cache: bool = False
 ) -> list[list[Prediction]]:
     """Predictions of a series at each batch size, for each budget (one trace, one replay per GPU kind)."""
     cell = normalize(config)
@@ -226,13 +239,20 @@ def predict_budgets(
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise UserError(f"batch_size must be a positive integer, got {shorten(batch)}")
     reason = _unsupported_reason(cell)
+    status = "unsupported"
     series = None
     if reason is None:
-        first = budgets[0].target
+        # One trace serves every GPU: trace with one that runs every policy (bf16 included); a card that
+        # cannot run the cell's policy is told so per budget below.
+        first = CPU if budgets[0].target.device == "cpu" else cuda_target(None)
         try:
-            series = series_trace(_train_kwargs(cell, first), first)
+            series = series_trace(_train_kwargs(cell, first), first, disk=disk_cache)
         except UnsupportedError as err:
             reason = str(err)
+        except UserError:
+            raise
+        except Exception as err:  # a step the fake tensors cannot follow: say so for this cell
+            status, reason = "error", f"the planner could not trace this cell: {type(err).__name__}: {err}"
     unlimited: dict[tuple, Replay] = {}
     out = []
     for bud in budgets:
@@ -251,7 +271,10 @@ def predict_budgets(
             )
             why = reason or _target_reason(cell, bud.target)
             if why is not None:
-                pred.status, pred.reason = "unsupported", why
+                pred.status, pred.reason = (
+                    (status if reason else "unsupported"),
+                    shorten(why, 400, quote=False),
+                )
             elif bud.target.device == "cpu":
                 _fill_cpu(pred, series, batch)
             else:

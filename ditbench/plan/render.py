@@ -23,6 +23,8 @@ def _figure(p: Prediction) -> str:
     """What a table cell shows: the GiB the card must hold; (x) does not fit; * measured."""
     if p.status == "unsupported":
         return "n/a"
+    if p.status == "error":
+        return "err"
     value = p.device_gib if p.device_gib is not None else p.peak_allocated_gib
     if value is None:
         return "oom*" if p.measured else "?"
@@ -55,6 +57,21 @@ def cells_table(preds: list[Prediction]) -> str:
             cells.append(str(best.batch_size) if best else ("none" if supported else "n/a"))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def reasons(preds: list[Prediction]) -> list[str]:
+    """One line per distinct reason a cell was not predicted (n/a, err)."""
+    seen: dict[str, list[str]] = {}
+    for p in preds:
+        if p.status in ("unsupported", "error") and p.reason:
+            cells = seen.setdefault(f"{'n/a' if p.status == 'unsupported' else 'err'}: {p.reason}", [])
+            name = f"{p.model} {p.precision} ckpt={p.grad_ckpt}"
+            if name not in cells:
+                cells.append(name)
+    return [
+        f"{reason} ({', '.join(cells[:3])}{', ...' if len(cells) > 3 else ''})"
+        for reason, cells in seen.items()
+    ]
 
 
 def _size(gib: float) -> str:

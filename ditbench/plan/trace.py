@@ -107,10 +107,11 @@ class _Recorder(TorchDispatchMode):
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
-        return False  # no dynamo-disabling wrapper around every call: nothing here is compiled
+        return False  # no dynamo-disabling wrapper around every call in an eager trace (see below)
 
-    def __init__(self, trace: Trace, memo: DispatchMemo | None = None):
+    def __init__(self, trace: Trace, fake_mode: FakeTensorMode, memo: DispatchMemo | None = None):
         super().__init__()
+        self.fake_mode = fake_mode
         self.memo = memo
         self.trace = trace
         self.cuda = trace.target.device == "cuda"
@@ -140,8 +141,8 @@ class _Recorder(TorchDispatchMode):
             self.release(aid)
 
     def _track(self, t) -> None:
-        if not isinstance(t, FakeTensor):
-            return
+        if not isinstance(t, FakeTensor) or t.fake_mode is not self.fake_mode:
+            return  # a real tensor (host memory), or one of torch.compile's own tracing fakes
         st = t.untyped_storage()
         key = st._cdata
         if key in self.live:
@@ -224,6 +225,17 @@ class _Recorder(TorchDispatchMode):
                     self.trace.notes.append(note)
 
 
+class _CompileRecorder(_Recorder):
+    """For cells with torch.compile: dynamo must not trace the recorder itself."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
 def workspace_bytes(model: tuple, batch_size: int, target: Target) -> int:
     """Bytes of a modeled allocation (see Trace.modeled) on `target` at `batch_size`.
 
@@ -261,7 +273,8 @@ def trace_training(train_kwargs: dict, target: Target, batch_size: int, *, memo:
     gc.disable()  # released at the marks, deterministically
     try:
         with emulate(target), FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
-            recorder = _Recorder(trace, DispatchMemo(fake_mode) if memo else None)
+            kind = _CompileRecorder if train_kwargs.get("compile") else _Recorder
+            recorder = kind(trace, fake_mode, DispatchMemo(fake_mode) if memo else None)
             with recorder:
                 _run(recorder, trace, Trainer, cfg)
     finally:
