@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import warnings
 
 import pytest
 import torch
 
 from ditbench.plan import predict_cell
 from ditbench.plan.measure import AllocationMeter, measure_training_peak
-
-warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
 
 TOLERANCE = 0.05  # the issue's bar for CPU cells; the trace is usually exact to the byte
 
@@ -83,3 +80,32 @@ def test_predicted_peak_matches_the_measured_cpu_peak(config):
     measured = measure_training_peak(lambda: _trainer(config)).peak_bytes
     predicted = pred.peak_allocated_gib * 2**30
     assert abs(predicted / measured - 1) <= TOLERANCE, (predicted, measured)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision, ckpt", [("bf16", "none"), ("fp32", "full"), ("fp16", "every_2")])
+def test_predicted_peak_matches_the_cuda_allocator(precision, ckpt):
+    """On a GPU: the planner's peak allocated against torch.cuda.max_memory_allocated of real steps."""
+    from ditbench.cards import find_card
+    from ditbench.errors import UserError
+
+    try:
+        card = find_card(torch.cuda.get_device_name())
+    except UserError:  # an unlisted GPU: plan for its memory size
+        card = torch.cuda.get_device_properties(0).total_memory / 2**30
+    config = {"model": "DiT-S/2", "precision": precision, "grad_ckpt": ckpt, "batch_size": 16}
+    pred = predict_cell(config, card)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    trainer = _trainer({**config, "device": "cuda"})
+    trainer.step(trainer.next_batch())
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    trainer.step(trainer.next_batch())
+    torch.cuda.synchronize()
+    measured = torch.cuda.max_memory_allocated() - before
+    del trainer
+    assert abs(pred.peak_allocated_gib * 2**30 / measured - 1) <= 0.03, (
+        pred.peak_allocated_gib,
+        measured / 2**30,
+    )

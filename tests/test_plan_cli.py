@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 
 import pytest
 
 from ditbench.cli import main
-
-warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
 
 GRID = ["--models", "DiT-T/4,DiT-T/2", "--image-size", "64", "--precisions", "bf16,fp16"]
 GRID += ["--grad-ckpt", "none,full", "--batches", "8,64", "--jobs", "1"]

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
 from ditbench.plan.batch import probe_batch, trace_series
 from ditbench.plan.emulation import CPU, cuda_target
 from ditbench.plan.trace import trace_training
-
-warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
 
 GPU = cuda_target("H200")
 TINY = {"model": "DiT-T/2", "image_size": 64, "optimizer_impl": "fused"}

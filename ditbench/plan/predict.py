@@ -102,9 +102,17 @@ def normalize(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _unsupported_reason(cell: dict[str, Any]) -> str | None:
-    """Knobs that shape memory in a way the planner does not trace: say so rather than guess."""
+    """Knobs that shape memory in a way the planner does not trace: say so rather than guess.
+
+    Multi-GPU cells: DDP's C++ reducer reads the storage of the tensors it buckets and FSDP2's
+    sharding runs value-dependent ops, neither of which a fake tensor has; a formula in their place
+    would be a guess, so such a cell is `unsupported`.
+    """
     if cell["gpus"] * cell["nodes"] > 1:
-        return "multi-GPU cells (DDP/FSDP) are not traced by the planner; plan one GPU's cell instead"
+        return (
+            "multi-GPU cells (DDP/FSDP) are not traced by the planner (DDP's reducer and FSDP2's "
+            "sharding need real tensors); plan the one-GPU cell instead"
+        )
     data = cell["data"]
     if isinstance(data, dict) and "images" in data:
         return "image-folder cells encode through the VAE on the device; the planner traces latent data only"
