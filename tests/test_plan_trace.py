@@ -55,7 +55,7 @@ def test_one_trace_gives_every_batch_size_exactly(precision, ckpt):
 
 
 def test_state_is_labelled_with_its_owner():
-    from ditbench.models.dit import build_model
+    from ditbench.models.build import build_model
 
     trace = trace_training({**TINY, "precision": "bf16"}, GPU, 4)
     params = trace.params

@@ -81,7 +81,7 @@ def _series(args: argparse.Namespace):
     if args.suite is None:
         models = _list(args.models, paper_models(), "models")
         precisions = _list(args.precisions, DEFAULT_PRECISIONS, "precisions")
-        from ditbench.train.precision import PRECISIONS
+        from ditbench.precision import PRECISIONS
 
         for p in precisions:
             if p not in PRECISIONS:
@@ -115,9 +115,9 @@ def _budgets(args: argparse.Namespace, suite, series, context: float):
         return budget(args.card, context)
     if args.memory_gib is not None:
         return budget(args.memory_gib, context)
-    if suite is not None and suite.gpu_memory_gb is not None:
-        # The suite's cap limits the caching allocator itself; the context is outside it.
-        return budget(suite.gpu_memory_gb, 0.0)
+    if suite is not None and (suite.card or suite.gpu_memory_gib) is not None:
+        # The suite emulates a card: its allocator is capped at the card less the CUDA context.
+        return budget(suite.card or suite.gpu_memory_gib, context)
     return budget(None, context)
 
 

@@ -99,10 +99,10 @@ def optimizer_impl(requested: str, target: Target) -> str:
 def policy_for(precision: str, target: Target):
     """The Trainer's precision policy on the target, made to run on the fake CPU device.
 
-    The policy comes from ditbench.train.precision itself (asked for "cuda", with bf16 support as
+    The policy comes from ditbench.precision itself (asked for "cuda", with bf16 support as
     the target has it), so a change there changes the trace; only its device type is the fake one.
     """
-    from ditbench.train import precision as precision_module
+    from ditbench import precision as precision_module
 
     if target.device == "cpu":
         return precision_module.get_precision_policy(precision, "cpu")

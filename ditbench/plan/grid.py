@@ -25,7 +25,7 @@ class Series:
 
 
 def paper_models() -> list[str]:
-    from ditbench.models.dit import PAPER_MODEL_NAMES
+    from ditbench.models.configs import PAPER_MODEL_NAMES
 
     return list(PAPER_MODEL_NAMES)
 
@@ -67,7 +67,7 @@ def suite_grid(cells: Iterable[Any], device: str | None = None) -> list[Series]:
 
 
 def _cost(group: list[Series]) -> int:
-    from ditbench.models.dit import get_config
+    from ditbench.models.configs import get_config
 
     cfg = get_config(group[0].config["model"])
     return cfg.depth * cfg.hidden_size

@@ -94,7 +94,7 @@ def normalize(config: dict[str, Any]) -> dict[str, Any]:
         raise UserError(f"batch_size must be a positive integer, got {shorten(batch)}")
     if cell["device"] not in ("cuda", "cpu"):
         raise UserError(f"device must be cuda or cpu to plan a cell, got {shorten(cell['device'])}")
-    from ditbench.models.dit import canonical_name, parse_grad_ckpt
+    from ditbench.models.configs import canonical_name, parse_grad_ckpt
 
     cell["model"] = canonical_name(cell["model"])
     parse_grad_ckpt(cell["grad_ckpt"])
