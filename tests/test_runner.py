@@ -1,10 +1,8 @@
 """The runner: isolated cells and their statuses, resume, --force (kills, recovery: test_runner_recovery)."""
 
 import json
-import os
 import re
 import textwrap
-from pathlib import Path
 
 import pytest
 
@@ -12,8 +10,6 @@ from ditbench.bench.records import read_records
 from ditbench.bench.runner import RunOptions, run_suite
 from ditbench.bench.suite import load_suite
 from ditbench.cli import main
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def make_suite(tmp_path, matrix, extra="", name="t", timeout_s=120, smoke=0):
@@ -37,13 +33,6 @@ def run(suite, out, **kw):
     lines = []
     records = run_suite(suite, RunOptions(out=out, progress=False, **kw), echo=lines.append)
     return {r["cell_name"]: r for r in records}, lines
-
-
-def child_env(**extra):
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    env.update(extra)
-    return env
 
 
 @pytest.mark.slow
