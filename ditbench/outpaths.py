@@ -60,17 +60,22 @@ def ensure_dir(path: str | Path, what: str, *, probe: bool = True) -> Path:
 
 
 def check_file_target(path: str | Path, what: str, *, create_parent: bool = True) -> Path:
-    """A path a command will write one file to: not a folder, in a folder that can be written in."""
+    """A path a command will write one file to: not a folder, in a folder that can be written in.
+
+    create_parent=False leaves a missing folder to the caller and only checks that it can be created.
+    """
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{what} {_quote(path)} is a folder; give the path of a file to write.")
     if os.path.lexists(path) and not path.is_file() and not path.is_symlink():
         raise UserError(f"{what} {_quote(path)} is not a regular file; give the path of a file to write.")
     parent = path.parent if str(path.parent) else Path(".")
+    if (blocker := _blocking_ancestor(parent)) is not None:
+        raise UserError(
+            f"{what} {_quote(path)} cannot be written: {_quote(blocker)} is a file, not a folder."
+        )
     if create_parent:
         ensure_dir(parent, f"the folder of {what}")
-    elif not parent.is_dir():
-        raise UserError(f"{what} {_quote(path)}: its folder {_quote(parent)} does not exist.")
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise UserError(f"{what} {_quote(path)} exists and is not writable.")
     return path

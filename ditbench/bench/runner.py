@@ -106,28 +106,33 @@ def check_options(options: RunOptions) -> None:
 def check_out_dir(out: Path, *, create: bool) -> None:
     """Refuse an output folder the run could not finish in, before any cell starts (UserError).
 
-    create=False (a dry run) only checks what exists; create=True makes the folder and its logs/
-    and proves it writable.
+    create=False (a dry run) only checks what exists; create=True makes the folder and proves it
+    writable.
     """
     where = shorten(str(out))
     if os.path.lexists(out) and not out.is_dir():
         raise UserError(f"--out {where} is a file, not a folder; give a folder for the run's results.")
     if create:
         ensure_dir(out, "--out")
-    for name, want_dir in ((RESULTS_FILE, False), (SUMMARY_FILE, False), (LOGS_DIR, True)):
+    for name, want_dir in (
+        (RESULTS_FILE, False),
+        (SUMMARY_FILE, False),
+        (LOGS_DIR, True),
+        (inflight.INFLIGHT_DIR, True),
+    ):
         path = out / name
-        if not os.path.lexists(path) or path.is_dir() == want_dir:
+        if not os.path.lexists(path) or (path.is_dir() if want_dir else path.is_file()):
             continue
-        kind = "a folder" if path.is_dir() else "not a folder"
-        raise UserError(
-            f"--out {where} holds {name}, which is {kind}; a run writes {name} there as a "
-            f"{'folder' if want_dir else 'file'}. Move it away, or give another --out."
+        kind = "a folder" if path.is_dir() else "not a regular file" if path.exists() else "a broken link"
+        if want_dir:
+            kind = "not a folder"
+        raise UserError(  # a FIFO would block the run forever, a folder would fail it at the first append
+            f"--out {where} holds {name}, which is {kind}; a run keeps {name} there as a "
+            f"{'folder' if want_dir else 'regular file'}. Move it away, or give another --out."
         )
     results = out / RESULTS_FILE
     if results.exists() and not os.access(results, os.R_OK | (os.W_OK if create else 0)):
         raise UserError(f"{shorten(str(results))} is not readable and writable; a run appends to it.")
-    if create:
-        ensure_dir(out / LOGS_DIR, "--out's logs folder", probe=False)
 
 
 def select_cells(suite: Suite, filters: list[str]) -> list[Cell]:
@@ -172,6 +177,7 @@ def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str
     from ditbench.environment import collect_env
 
     inflight.sweep_legacy_tempdirs()
+    ensure_dir(out / LOGS_DIR, "--out's logs folder", probe=False)
     results_path = out / RESULTS_FILE
     run_id = new_run_id()
     adopted = inflight.adopt(results_path, inflight.inflight_dir(out), run_id, finish=_scaling(results_path))
