@@ -89,10 +89,11 @@ def describe(holder: dict[str, Any] | None) -> str:
 class OutputLock:
     """Context manager: hold `folder` exclusively or raise UserError naming the holder."""
 
-    def __init__(self, folder: str | Path, command: str | None = None, what: str = "--out"):
+    def __init__(self, folder: str | Path, command: str | None = None, what: str = "--out", hint: str = ""):
         self.folder = Path(folder)
         self.command = command or " ".join(["ditbench", *sys.argv[1:]])[:500]
         self.what = what
+        self.hint = hint  # appended to the message a second process gets
         self._fd: int | None = None
         self._held_file: Path | None = None
         self.stale: dict[str, Any] | None = None  # the record of a killed holder this lock replaced
@@ -113,7 +114,7 @@ class OutputLock:
             holder = _parse(_read_all(fd))
             os.close(fd)
             if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise self._busy(holder) from None
+                raise self._hinted(self._busy(holder)) from None
             if err.errno in _NO_FLOCK:
                 return self._acquire_held_file()
             raise UserError(
@@ -165,9 +166,12 @@ class OutputLock:
                 continue  # released meanwhile
             alive = holder_alive(holder) if holder else None
             if alive is not False:
-                raise self._busy_held(holder, held)
+                raise self._hinted(self._busy_held(holder, held))
             self._take_over(held, holder)
-        raise self._busy_held(None, held)
+        raise self._hinted(self._busy_held(None, held))
+
+    def _hinted(self, err: UserError) -> UserError:
+        return UserError(f"{err} {self.hint}") if self.hint else err
 
     def _take_over(self, held: Path, holder: dict[str, Any] | None) -> None:
         """Move a dead holder's record aside; if a live contender's record was moved instead, put it back."""

@@ -432,3 +432,13 @@ def test_a_cell_that_cannot_run_here_is_recorded_unsupported_without_starting(tm
     (record,) = read_records(out / "results.jsonl")
     assert record["status"] == "unsupported" and "fp16" in record["reason"]
     assert list((out / "logs").iterdir()) == []  # no process was started for it
+
+
+def test_nodes_of_a_multi_node_run_sharing_one_out_are_told_to_give_each_its_own(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = run(tmp_path, out, "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1:29500")
+    with OutputLock(out, command="ditbench run (node 0)"):
+        assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"PID {os.getpid()}" in err and "every node needs its own --out" in err

@@ -167,7 +167,14 @@ def run_suite(
     check_options(options)
     out = Path(options.out)
     check_out_dir(out, create=True)
-    with OutputLock(out):  # one run per folder, or two runs would each run every cell
+    rdzv = options.rendezvous or {}
+    hint = (
+        "In a multi-node run every node needs its own --out, e.g. runs/NAME_node$NODE_RANK "
+        "(docs/distributed.md)."
+        if rdzv.get("nnodes", 1) > 1
+        else ""
+    )
+    with OutputLock(out, hint=hint):  # one run per folder, or two runs would each run every cell
         return _run_locked(suite, options, out, echo or _print_line)
 
 
