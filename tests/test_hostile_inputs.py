@@ -442,3 +442,26 @@ def test_nodes_of_a_multi_node_run_sharing_one_out_are_told_to_give_each_its_own
         assert main(argv) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert f"PID {os.getpid()}" in err and "every node needs its own --out" in err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks --device auto on a machine without a GPU")
+def test_extract_with_device_auto_and_no_gpu_encodes_on_the_cpu(tmp_path, capsys):
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    tiny = AutoencoderKL(
+        block_out_channels=(8, 8, 16, 16),
+        down_block_types=["DownEncoderBlock2D"] * 4,
+        up_block_types=["UpDecoderBlock2D"] * 4,
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=4,
+        sample_size=32,
+    )
+    tiny.save_pretrained(tmp_path / "vae")
+    argv = extract(tmp_path, "--vae", str(tmp_path / "vae"), "--device", "auto", "--image-size", "32")
+    assert main(argv) == 0, capsys.readouterr().err
+    with np.load(tmp_path / "lat.npz") as f:
+        assert f["latents"].shape == (1, 4, 4, 4)
+    assert not (tmp_path / "lat.npz.parts").exists()
