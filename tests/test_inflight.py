@@ -87,7 +87,7 @@ def test_an_appended_line_that_is_not_a_valid_record_still_counts_as_appended(tm
     assert results.read_text().count("\n") == 1
 
 
-def test_garbage_tickets_and_results_are_removed_not_raised(tmp_path):
+def test_garbage_tickets_and_results_are_removed_or_adopted_never_raised(tmp_path):
     folder, results = tmp_path / ".inflight", tmp_path / "results.jsonl"
     folder.mkdir()
     (folder / "a.ticket.json").write_bytes(b"\xff\xfe not json")
@@ -95,9 +95,13 @@ def test_garbage_tickets_and_results_are_removed_not_raised(tmp_path):
     (folder / "c.ticket.json").write_text("[" * 20000 + "]" * 20000)
     ticket = inflight.open_ticket(folder, context())
     ticket.result_path.write_text('"a string, not a result"')
+    odd = inflight.open_ticket(folder, context(cell_id="c0ffee000002"))  # a hand-edited start time
+    odd.ticket_path.write_text(json.dumps(dict(context(cell_id="c0ffee000002"), started_unix="noon")))
+    write_result(odd.result_path, OK)
     with pytest.warns(UserWarning, match="unreadable ticket"):
-        assert inflight.adopt(results, folder, "r2") == []
-    assert list(folder.iterdir()) == [] and not results.exists()
+        (adopted,) = inflight.adopt(results, folder, "r2")
+    assert adopted["cell_id"] == "c0ffee000002" and adopted["duration_s"] == 0.0
+    assert list(folder.iterdir()) == []
 
 
 def test_commit_records_an_unreadable_result_as_an_error(tmp_path):

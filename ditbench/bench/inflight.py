@@ -21,6 +21,7 @@ The one-cell path another executor (SLURM) reuses: `open_ticket`, have something
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -202,17 +203,19 @@ def adopt(
             warnings.warn(f"{path}: an unreadable ticket of an earlier run; removed", stacklevel=2)
             ticket.remove()
             continue
-        tickets.append((context.get("started_unix") or 0.0, ticket, context))
+        started = context.get("started_unix")
+        ok = isinstance(started, (int, float)) and not isinstance(started, bool) and math.isfinite(started)
+        tickets.append((started if ok else 0.0, ticket, context))
     adopted = []
     done = appended_keys(results_path) if tickets else set()
-    for _, ticket, context in sorted(tickets, key=lambda t: t[0]):
+    for started, ticket, context in sorted(tickets, key=lambda t: t[0]):
         result, _problem = read_result(ticket.result_path)
         if result is not None and (context["run_id"], context["cell_id"]) not in done:
             try:
                 ended = ticket.result_path.stat().st_mtime
             except OSError:
                 ended = time.time()
-            record = make_record(context, result, max(0.0, ended - (context.get("started_unix") or ended)))
+            record = make_record(context, result, max(0.0, ended - started) if started else 0.0)
             record["adopted_by"] = run_id  # appended by this run after the run that measured it was killed
             if finish is not None:
                 finish(record)
