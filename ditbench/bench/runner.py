@@ -123,9 +123,10 @@ def check_out_dir(out: Path, *, create: bool) -> None:
         path = out / name
         if not os.path.lexists(path) or (path.is_dir() if want_dir else path.is_file()):
             continue
-        kind = "a folder" if path.is_dir() else "not a regular file" if path.exists() else "a broken link"
         if want_dir:
             kind = "not a folder"
+        else:
+            kind = "a folder" if path.is_dir() else "not a regular file" if path.exists() else "a broken link"
         raise UserError(  # a FIFO would block the run forever, a folder would fail it at the first append
             f"--out {where} holds {name}, which is {kind}; a run keeps {name} there as a "
             f"{'folder' if want_dir else 'regular file'}. Move it away, or give another --out."
@@ -241,8 +242,9 @@ def _scaling(results_path: Path) -> inflight.Finish:
     """Fills a multi-process record's scaling efficiency from the one-GPU records in results.jsonl."""
 
     def finish(record: dict[str, Any]) -> None:
-        config = record.get("config") or {}
-        if int(config.get("gpus", 1)) * int(config.get("nodes", 1)) > 1:
+        config = record.get("config") if isinstance(record.get("config"), dict) else {}
+        gpus, nodes = config.get("gpus", 1), config.get("nodes", 1)
+        if isinstance(gpus, int) and isinstance(nodes, int) and gpus * nodes > 1:
             from ditbench.bench.launch.aggregate import add_scaling_efficiency
 
             add_scaling_efficiency(record, read_records(results_path))
@@ -305,9 +307,10 @@ class _Run:
                     "rendezvous": self.options.rendezvous,
                 }
                 run_isolated(cell.spec, about, timeout, ticket.spec_path, ticket.result_path, log)
-        except BaseException:
-            ticket.remove()  # interrupted before a result: the cell runs again next time
-            raise
+        except BaseException:  # Ctrl-C, SIGTERM
+            if not ticket.result_path.exists():
+                ticket.remove()  # cut off before a result: the cell runs again next time
+            raise  # a finished result stays for the next run to append
         record = inflight.commit(self.results_path, ticket, time.monotonic() - t0, self._finish)
         if record["status"] == "oom":
             known = self.oom_at.get(cell.series_key)
