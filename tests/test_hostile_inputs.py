@@ -412,7 +412,8 @@ def test_garbage_in_every_file_a_run_keeps_does_not_stop_a_resume(tmp_path, caps
     said = " ".join(str(w.message) for w in caught)
     assert "lines 1, 2, 3" in said and "unreadable ticket" in said
     assert "1 of 1 cells already ok, 0 to run" in capsys.readouterr().out
-    assert len(read_records(out / "results.jsonl")) == 1  # nothing ran, nothing appended, nothing lost
+    with pytest.warns(UserWarning, match="skipped 3 lines"):
+        assert len(read_records(out / "results.jsonl")) == 1  # nothing ran, nothing appended, nothing lost
     assert (out / "results.jsonl").read_bytes().startswith(lines[0])
     assert list((out / ".inflight").iterdir()) == []
     assert (
@@ -429,7 +430,8 @@ def test_a_cell_that_cannot_run_here_is_recorded_unsupported_without_starting(tm
         assert main(["run", str(path), "--out", str(out), "--no-progress"]) == 0
     data = (out / "results.jsonl").read_bytes().split(b"\n")
     assert data[0] == b'{"schema": "ditbench.result/1", "status": "ok"}'  # terminated, not cut
-    (record,) = read_records(out / "results.jsonl")
+    with pytest.warns(UserWarning, match="skipped 1 line"):
+        (record,) = read_records(out / "results.jsonl")
     assert record["status"] == "unsupported" and "fp16" in record["reason"]
     assert list((out / "logs").iterdir()) == []  # no process was started for it
 

@@ -224,7 +224,7 @@ def _merge(parts: Path, out: Path, dataset, image_size: int, vae_desc: str, coun
     for s in range((count + shard_size - 1) // shard_size):
         path = parts / f"shard_{s:06d}.npz"
         try:
-            with np.load(path) as f:
+            with np.load(path, allow_pickle=False) as f:
                 lat_parts.append(f["latents"])
                 lab_parts.append(f["labels"])
         except (OSError, ValueError, KeyError) as err:
