@@ -8,6 +8,9 @@ whole process group.
 Resume: a rerun into the same directory skips cells whose latest record is `ok` (same cell_id);
 `force=True` reruns everything. After an out-of-memory at batch B, the larger batches of the same
 series (the same cell except the batch size) are recorded `skipped` without being started.
+
+Planning: with the suite's `plan` option (`bench.planning`) every record holds the planner's
+prediction, cells predicted not to fit are `skipped` unrun, and each series runs largest batch first.
 """
 
 from __future__ import annotations
@@ -180,6 +183,12 @@ def run_suite(
 
     done = {c.cell_id for c in cells if already_recorded(c)}
     todo = [c for c in run_order(cells) if c.cell_id not in done]
+    planner = None
+    if suite.plan is not None:  # imported only then: a suite without it never loads the planner
+        from ditbench.bench import planning
+
+        planner = planning.SuitePlanner(suite, suite.plan, env)
+        todo = planning.run_order(todo, cells)
     run_id = new_run_id()
     latest = {c.cell_id: c.previous(previous) for c in cells if c.cell_id in done}
     bar = tqdm(
@@ -196,7 +205,9 @@ def run_suite(
     previous_term = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
     try:
         with tempfile.TemporaryDirectory(prefix="ditbench-") as tmp:
-            _run_cells(suite, options, todo, run_id, env, visible, Path(tmp), results_path, latest, bar, say)
+            _run_cells(
+                suite, options, todo, run_id, env, visible, Path(tmp), results_path, latest, bar, say, planner
+            )
     finally:
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
@@ -223,15 +234,21 @@ def _terminate(signum, frame):  # SIGTERM: stop like Ctrl-C, so the running cell
     raise KeyboardInterrupt
 
 
-def _run_cells(suite, options, todo, run_id, env, visible, tmp, results_path, latest, bar, say) -> None:
+def _run_cells(
+    suite, options, todo, run_id, env, visible, tmp, results_path, latest, bar, say, planner
+) -> None:
     oom_at: dict[str, tuple[int, str]] = {}  # series -> (smallest batch that ran out of memory, its name)
     for i, cell in enumerate(todo, 1):
         bar.set_postfix_str(cell.cell_name)
-        started_at, t0 = now_iso(), time.monotonic()
         verdict = precheck(cell, visible, options.rendezvous)
+        # Before the clock starts: the first cell of a series waits for its series' trace.
+        skip = planner.skip_reason(cell) if planner is not None and verdict is None else None
+        started_at, t0 = now_iso(), time.monotonic()
         oom = oom_at.get(cell.series_key)
         if verdict is not None:
             result = {"status": verdict[0], "reason": verdict[1]}
+        elif skip is not None:
+            result = {"status": "skipped", "reason": skip}
         elif options.oom_skip and oom and cell.config["batch_size"] > oom[0]:
             result = {
                 "status": "skipped",
@@ -248,6 +265,8 @@ def _run_cells(suite, options, todo, run_id, env, visible, tmp, results_path, la
             if known is None or cell.config["batch_size"] < known[0]:
                 oom_at[cell.series_key] = (cell.config["batch_size"], cell.cell_name)
         record = make_record(suite, run_id, cell, result, env, started_at, time.monotonic() - t0)
+        if planner is not None:
+            planner.annotate(record, cell)
         if cell.config["gpus"] * cell.config["nodes"] > 1:
             from ditbench.bench.launch.aggregate import add_scaling_efficiency
 

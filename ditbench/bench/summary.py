@@ -12,11 +12,19 @@ REASON_CHARS = 160  # of a reason in the summary table's note column
 
 
 def _mem(metrics: dict[str, Any]) -> str:
-    if metrics.get("peak_mem_allocated_gib") is not None:
-        return f"{metrics['peak_mem_allocated_gib']:.2f} GiB alloc"
-    if metrics.get("cpu_peak_rss_gib") is not None:
-        return f"{metrics['cpu_peak_rss_gib']:.2f} GiB RSS"
-    return "-"
+    """The measured peak (allocator on a GPU, CPU allocator, else RSS) and the planner's prediction."""
+    text = "-"
+    for key, what in (
+        ("peak_mem_allocated_gib", "alloc"),
+        ("cpu_peak_alloc_gib", "CPU alloc"),
+        ("cpu_peak_rss_gib", "RSS"),
+    ):
+        if metrics.get(key) is not None:
+            text = f"{metrics[key]:.2f} GiB {what}"
+            break
+    if metrics.get("predicted_peak_gib") is not None:
+        text += f" (predicted {metrics['predicted_peak_gib']:.2f})"
+    return text
 
 
 def noise_note(metrics: dict[str, Any]) -> str | None:
