@@ -144,3 +144,26 @@ def test_cells_predicted_not_to_fit_are_skipped_and_the_rest_run_largest_first(t
     fit = by_batch[4]["metrics"]
     assert fit["prediction"]["status"] == "fits" and 0.5 < fit["predicted_peak_gib"] < 1.5
     assert fit["prediction"]["components"]["context"] == 0.5 and fit["images_per_s"] == 1.0
+
+
+def test_reports_show_the_cpu_allocator_peak_with_the_prediction_beside_it(tmp_path):
+    from synthetic_records import CPU_ENV, make_record, write_jsonl
+
+    from ditbench.report.load import load_results
+    from ditbench.report.render import write_report
+
+    records = []
+    for ckpt, alloc, predicted in (("none", 0.80, 0.82), ("full", 0.30, 0.31)):
+        r = make_record("DiT-S/8", "fp32", ckpt, 8, env=CPU_ENV, device="cpu")
+        r["metrics"].update(cpu_peak_rss_gib=0.69, cpu_peak_alloc_gib=alloc, predicted_peak_gib=predicted)
+        records.append(r)
+    unplanned = make_record("DiT-S/8", "bf16", "none", 8, env=CPU_ENV, device="cpu")
+    unplanned["metrics"].update(cpu_peak_rss_gib=0.69, cpu_peak_alloc_gib=0.5)
+    unplanned["metrics"]["prediction"] = {"status": "unsupported", "reason": "r"}
+    write_jsonl(tmp_path / "r.jsonl", [*records, unplanned])
+    write_report(load_results(tmp_path / "r.jsonl"), tmp_path / "rep")
+    md = (tmp_path / "rep" / "report.md").read_text()
+    assert "CPU allocator peak (GiB)" in md and "predicted peak (GiB)" in md
+    assert "0.8 GiB (predicted 0.8)" in md and "| 0.30 | 0.31 |" in md  # measured, then predicted
+    assert "not predicted (unsupported)" in md
+    assert "0.69" not in md  # RSS, flat across settings, is no longer what the tables show
