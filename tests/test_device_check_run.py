@@ -171,3 +171,19 @@ def test_a_killed_check_still_returns_every_finished_part(tmp_path):
     for p in _left_behind(mark):  # the runner's cell dies with it (PDEATHSIG); nothing else may linger
         p.kill()
         pytest.fail(f"left running after the kill: {p.cmdline()}")
+
+
+@pytest.mark.skipif(
+    __import__("torch").cuda.is_available(), reason="checks what a machine without a GPU is told"
+)
+def test_the_real_check_without_a_gpu_says_so_and_stops(tmp_path):
+    out_env = tmp_path / "OUT"
+    env = {**os.environ, "OUT": str(out_env), "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, str(SCRIPT), "--work-dir", str(tmp_path / "w"), "--out-dir", str(tmp_path / "r")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary = _summary(out_env)
+    first, *rest = summary["parts"]
+    assert first["status"] == "failed" and "no CUDA device" in first["reason"]
+    assert {p["status"] for p in rest} == {"not_run"} and len(rest) == len(device_check.PARTS) - 1
+    assert summary["verdicts"]["met"] == 0 and summary["verdicts"]["not measured"] > 0  # nothing passes unrun
