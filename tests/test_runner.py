@@ -193,7 +193,7 @@ def test_cuda_cells_record_allocator_peaks_and_a_real_oom_under_the_cap(tmp_path
     text = """
     name: gpu_cap
     device: cuda
-    gpu_memory_gb: 2
+    gpu_memory_gib: 2
     defaults:
       image_size: 256
       steps: {warmup: 2, measure: 5, min_seconds: 0.5}

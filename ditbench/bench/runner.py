@@ -13,6 +13,9 @@ One writer, nothing lost: a run holds the output folder's lock (`ditbench.outloc
 end, so a second run on the same folder stops at once naming the first. Each cell's result goes
 through `<out>/.inflight/` (`bench.inflight`): written there, appended once, then removed; a run
 killed between a cell's end and its append leaves the result there, and the next run appends it.
+
+Planning: with the suite's `plan` option (`bench.planning`) every record holds the planner's
+prediction, cells predicted not to fit are `skipped` unrun, and each series runs largest batch first.
 """
 
 from __future__ import annotations
@@ -210,6 +213,12 @@ def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str
 
     done = {c.cell_id for c in cells if already_recorded(c)}
     todo = [c for c in run_order(cells) if c.cell_id not in done]
+    planner = None
+    if suite.plan is not None:  # imported only then: a suite without it never loads the planner
+        from ditbench.bench import planning
+
+        planner = planning.SuitePlanner(suite, suite.plan, env)
+        todo = planning.run_order(todo, cells)
     latest = {c.cell_id: c.previous(previous) for c in cells if c.cell_id in done}
     bar = tqdm(
         total=len(todo), unit="cell", disable=not options.progress, dynamic_ncols=True, file=sys.stderr
@@ -223,7 +232,7 @@ def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str
         )
     previous_term = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
     try:
-        run = _Run(suite, options, run_id, env, visible, out, latest)
+        run = _Run(suite, options, run_id, env, visible, out, latest, planner)
         for i, cell in enumerate(todo, 1):
             bar.set_postfix_str(cell.cell_name)
             record = run.cell(cell)
@@ -272,9 +281,11 @@ def _terminate(signum, frame):  # SIGTERM: stop like Ctrl-C, so the running cell
 class _Run:
     """The cells of one run: each through its ticket (start, result file, one append); the OOM skip."""
 
-    def __init__(self, suite, options, run_id, env, visible, out: Path, latest: dict[str, dict]):
+    def __init__(
+        self, suite, options, run_id, env, visible, out: Path, latest: dict[str, dict], planner=None
+    ):
         self.suite, self.options, self.run_id, self.env, self.visible = suite, options, run_id, env, visible
-        self.out, self.latest = out, latest
+        self.out, self.latest, self.planner = out, latest, planner
         self.results_path = out / RESULTS_FILE
         self.folder = inflight.inflight_dir(out)
         # series -> (the smallest batch that ran out of memory, its cell's name)
@@ -282,6 +293,9 @@ class _Run:
 
     def cell(self, cell: Cell) -> dict[str, Any]:
         """Run one cell (or decide it need not start) and append its record; returns the record as written."""
+        verdict = precheck(cell, self.visible, self.options.rendezvous)
+        # Before the clock starts: the first cell of a series waits for its series' trace.
+        skip = self.planner.skip_reason(cell) if self.planner is not None and verdict is None else None
         started_at, t0 = now_iso(), time.monotonic()
         context = {
             "suite": self.suite.name,
@@ -295,7 +309,7 @@ class _Run:
         }
         ticket = inflight.open_ticket(self.folder, context)
         try:
-            decided = self._decide(cell)
+            decided = self._decide(cell, verdict, skip)
             if decided is not None:
                 inflight.write_result_file(ticket, decided)
             else:
@@ -311,7 +325,9 @@ class _Run:
             if not ticket.result_path.exists():
                 ticket.remove()  # cut off before a result: the cell runs again next time
             raise  # a finished result stays for the next run to append
-        record = inflight.commit(self.results_path, ticket, time.monotonic() - t0, self._finish)
+        record = inflight.commit(
+            self.results_path, ticket, time.monotonic() - t0, lambda record: self._finish(record, cell)
+        )
         if record["status"] == "oom":
             known = self.oom_at.get(cell.series_key)
             if known is None or cell.config["batch_size"] < known[0]:
@@ -319,11 +335,12 @@ class _Run:
         self.latest[cell.cell_id] = record
         return record
 
-    def _decide(self, cell: Cell) -> dict[str, Any] | None:
-        """The result of a cell that must not start here (unsupported, or skipped after an OOM), else None."""
-        verdict = precheck(cell, self.visible, self.options.rendezvous)
+    def _decide(self, cell: Cell, verdict, skip: str | None) -> dict[str, Any] | None:
+        """The result of a cell that must not start (unsupported, predicted or seen not to fit), else None."""
         if verdict is not None:
             return {"status": verdict[0], "reason": verdict[1]}
+        if skip is not None:
+            return {"status": "skipped", "reason": skip}
         oom = self.oom_at.get(cell.series_key)
         if self.options.oom_skip and oom and cell.config["batch_size"] > oom[0]:
             return {
@@ -333,7 +350,9 @@ class _Run:
             }
         return None
 
-    def _finish(self, record: dict[str, Any]) -> None:
+    def _finish(self, record: dict[str, Any], cell: Cell) -> None:
+        if self.planner is not None:
+            self.planner.annotate(record, cell)
         config = record["config"]
         if config["gpus"] * config["nodes"] > 1:
             from ditbench.bench.launch.aggregate import add_scaling_efficiency

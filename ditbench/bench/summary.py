@@ -29,11 +29,19 @@ def _num(value: Any, spec: str, scale: float = 1.0) -> str | None:
 
 
 def _mem(metrics: dict[str, Any]) -> str:
-    if (alloc := _num(metrics.get("peak_mem_allocated_gib"), ".2f")) is not None:
-        return f"{alloc} GiB alloc"
-    if (rss := _num(metrics.get("cpu_peak_rss_gib"), ".2f")) is not None:
-        return f"{rss} GiB RSS"
-    return "-"
+    """The measured peak (allocator on a GPU, CPU allocator, else RSS) and the planner's prediction."""
+    text = "-"
+    for key, what in (
+        ("peak_mem_allocated_gib", "alloc"),
+        ("cpu_peak_alloc_gib", "CPU alloc"),
+        ("cpu_peak_rss_gib", "RSS"),
+    ):
+        if (value := _num(metrics.get(key), ".2f")) is not None:
+            text = f"{value} GiB {what}"
+            break
+    if (predicted := _num(metrics.get("predicted_peak_gib"), ".2f")) is not None:
+        text += f" (predicted {predicted})"
+    return text
 
 
 def noise_note(metrics: dict[str, Any]) -> str | None:
