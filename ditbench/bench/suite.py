@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.bench.cellid import cell_id, legacy_cell_id
+from ditbench.bench.planning import PlanOption, parse_plan_option
 from ditbench.bench.spec import MAX_STEPS, CellSpec, Steps
 from ditbench.cards import check_gib, find_card
 from ditbench.device import DEVICE_CHOICES, device_type
@@ -42,6 +43,7 @@ TOP_KEYS = (
     "exclude",
     "include",
     "baseline",
+    "plan",
 )
 DEFAULTS_EXTRA_KEYS = ("steps", "smoke", "timeout_s")
 RETIRED = {
@@ -93,6 +95,7 @@ class Suite:
     baseline: dict[str, Any] | None = None
     gpu_memory_gib: float | None = None  # the emulated card's budget, from `gpu_memory_gib` or `card`
     card: str | None = None
+    plan: PlanOption | None = None  # the `plan` option: predictions recorded, predicted OOMs skipped
 
 
 class _Validator:
@@ -275,6 +278,7 @@ def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
     if device not in DEVICE_CHOICES:
         raise v.fail("device", f"unknown device {shorten(device)}; valid: {', '.join(DEVICE_CHOICES)}.")
     budget, card = _emulation(v, raw)
+    plan = parse_plan_option(raw.get("plan"), v.at("plan"))
 
     # defaults: knobs plus steps / smoke / timeout_s
     defaults_raw = v.mapping("defaults", raw.get("defaults") or {})
@@ -331,7 +335,7 @@ def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
         seen.add(cid)
         name_ = cell_name(spec.record_config(), varying)
         cells.append(Cell(spec, cid, name_, timeout_s, legacy_cell_id(spec)))
-    return Suite(name, description, path, device, cells, baseline, budget, card)
+    return Suite(name, description, path, device, cells, baseline, budget, card, plan)
 
 
 def cell_name(config: dict[str, Any], varying: list[str] | tuple[str, ...] = ()) -> str:
