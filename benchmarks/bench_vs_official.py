@@ -225,21 +225,26 @@ def build_pair(cell: BenchCell, seed: int = 0, image_size: int = IMAGE_SIZE, bat
 # ---- timing ------------------------------------------------------------------------------------------
 
 
-def _timed(step, batches, n: int) -> list[float]:
+# wall: elapsed time. cpu: this process's CPU time, which other processes on a shared, loaded machine
+# inflate far less (they still share caches and memory bandwidth); with one torch thread no worker spins.
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def _timed(step, batches, n: int, clock=time.perf_counter) -> list[float]:
     out = []
     gc.collect()
     gc.disable()
     try:
         for i in range(n):
-            t0 = time.perf_counter()
+            t0 = clock()
             step(batches[i % len(batches)])
-            out.append((time.perf_counter() - t0) * 1e3)
+            out.append((clock() - t0) * 1e3)
     finally:
         gc.enable()
     return out
 
 
-def measure_cell(cell: BenchCell, rounds: int, steps: int, warmup: int, **knobs) -> dict:
+def measure_cell(cell: BenchCell, rounds: int, steps: int, warmup: int, clock: str = "wall", **knobs) -> dict:
     trainer, reference = build_pair(cell, **knobs)
     g = torch.Generator().manual_seed(1)
     latent = IMAGE_SIZE // 8
@@ -250,11 +255,12 @@ def measure_cell(cell: BenchCell, rounds: int, steps: int, warmup: int, **knobs)
     sides = {"reference": reference.step, "ditbench": trainer.step}
     for step in sides.values():
         _timed(step, batches, warmup)
+    tick = CLOCKS[clock]
     times: dict[str, list[float]] = {"reference": [], "ditbench": []}
     ratios = []
     for r in range(rounds):
         order = ("reference", "ditbench") if r % 2 == 0 else ("ditbench", "reference")
-        this = {side: _timed(sides[side], batches, steps) for side in order}
+        this = {side: _timed(sides[side], batches, steps, tick) for side in order}
         for side, ms in this.items():
             times[side].extend(ms)
         ratios.append(statistics.median(this["reference"]) / statistics.median(this["ditbench"]))
@@ -284,8 +290,9 @@ def markdown(rows: list[dict], meta: dict) -> str:
     lines = [
         "# ditbench step vs the official DiT train.py loop on a CPU",
         "",
-        f"`python benchmarks/bench_vs_official.py` on {meta['cpu']} ({meta['threads']} torch threads, "
-        f"torch {meta['torch']}), {meta['when']}. {IMAGE_SIZE} px, batch {BATCH}, synthetic latents, "
+        f"`python benchmarks/bench_vs_official.py {meta['args']}` on {meta['cpu']} "
+        f"({meta['threads']} torch threads, torch {meta['torch']}), {meta['when']}, timed by the "
+        f"{meta['clock']} clock. {IMAGE_SIZE} px, batch {BATCH}, synthetic latents, "
         f"{meta['rounds']} alternating rounds of {meta['steps']} steps per side after {meta['warmup']} "
         "warm-up steps. Ratio = reference median step time / ditbench median step time, per round; "
         f"the table gives the median over rounds and its range. Target: >= {TARGET_RATIO}x in every cell.",
@@ -321,15 +328,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--steps", type=int, default=3, help="timed steps per side per round")
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="wall", help="wall, or this process's CPU time")
     p.add_argument("--out", default=None, help="markdown table (e.g. reports/speed_cpu.md)")
     p.add_argument("--json", default=None, help="every figure as JSON")
     p.add_argument("--note", default="", help="a paragraph appended under the table")
     args = p.parse_args(argv)
     if min(args.rounds, args.steps) < 1 or args.warmup < 0:
         raise SystemExit("--rounds and --steps must be at least 1, --warmup at least 0")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise SystemExit("--threads must be at least 1")
+        torch.set_num_threads(args.threads)
     rows = []
     for cell in select(args.cells):
-        row = measure_cell(cell, args.rounds, args.steps, args.warmup)
+        row = measure_cell(cell, args.rounds, args.steps, args.warmup, args.clock)
         rows.append(row)
         print(
             f"{row['cell']:<24} reference {row['reference_ms']:8.1f} ms  "
@@ -340,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "cpu": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
+        "clock": args.clock,
+        "args": " ".join(argv if argv is not None else sys.argv[1:]),
         "torch": torch.__version__,
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "rounds": args.rounds,
