@@ -276,6 +276,10 @@ def measure_cell(cell: BenchCell, rounds: int, steps: int, warmup: int, clock: s
         "reference_ms": ref_ms,
         "ditbench_ms": dit_ms,
         "ratio": statistics.median(ratios),
+        # Load from other processes only ever adds time: the fastest steps are each side's least disturbed.
+        "ratio_fastest": min(times["reference"]) / min(times["ditbench"]),
+        "reference_min_ms": min(times["reference"]),
+        "ditbench_min_ms": min(times["ditbench"]),
         "ratio_min": min(ratios),
         "ratio_max": max(ratios),
         "round_ratios": [round(x, 4) for x in ratios],
@@ -295,15 +299,19 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"{meta['clock']} clock. {IMAGE_SIZE} px, batch {BATCH}, synthetic latents, "
         f"{meta['rounds']} alternating rounds of {meta['steps']} steps per side after {meta['warmup']} "
         "warm-up steps. Ratio = reference median step time / ditbench median step time, per round; "
-        f"the table gives the median over rounds and its range. Target: >= {TARGET_RATIO}x in every cell.",
+        "the table gives the median over rounds and its range, and the ratio of each side's fastest step. "
+        f"Target: >= {TARGET_RATIO}x in every cell.",
         "",
-        "| cell | reference ms/step | ditbench ms/step | ratio (median) | range over rounds | >= target |",
-        "|---|---:|---:|---:|---:|:-:|",
+        "| cell | reference ms/step | ditbench ms/step | ratio (median) | range over rounds "
+        "| fastest steps (ms) | ratio of fastest | >= target |",
+        "|---|---:|---:|---:|---:|---:|---:|:-:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['cell']} | {r['reference_ms']:.1f} | {r['ditbench_ms']:.1f} | {r['ratio']:.2f}x | "
-            f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f} | {'yes' if r['meets_target'] else 'NO'} |"
+            f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f} | {r['reference_min_ms']:.0f} / "
+            f"{r['ditbench_min_ms']:.0f} | {r['ratio_fastest']:.2f}x | "
+            f"{'yes' if r['meets_target'] else 'NO'} |"
         )
     lines += ["", meta.get("note", "").strip(), ""]
     return "\n".join(lines)
@@ -347,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{row['cell']:<24} reference {row['reference_ms']:8.1f} ms  "
             f"ditbench {row['ditbench_ms']:8.1f} ms  ratio {row['ratio']:.2f}x "
-            f"({row['ratio_min']:.2f}-{row['ratio_max']:.2f})",
+            f"({row['ratio_min']:.2f}-{row['ratio_max']:.2f}), fastest steps {row['ratio_fastest']:.2f}x",
             flush=True,
         )
     meta = {
