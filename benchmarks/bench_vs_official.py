@@ -295,9 +295,9 @@ def markdown(rows: list[dict], meta: dict) -> str:
         "# ditbench step vs the official DiT train.py loop on a CPU",
         "",
         f"`python benchmarks/bench_vs_official.py {meta['args']}` on {meta['cpu']} "
-        f"({meta['threads']} torch threads, torch {meta['torch']}), {meta['when']}, timed by the "
+        f"({meta['threads']} torch thread(s), torch {meta['torch']}), {meta['when']}, timed by the "
         f"{meta['clock']} clock. {IMAGE_SIZE} px, batch {BATCH}, synthetic latents, "
-        f"{meta['rounds']} alternating rounds of {meta['steps']} steps per side after {meta['warmup']} "
+        f"{meta['rounds']} alternating rounds of {meta['steps']} step(s) per side after {meta['warmup']} "
         "warm-up steps. Ratio = reference median step time / ditbench median step time, per round; "
         "the table gives the median over rounds and its range, and the ratio of each side's fastest step. "
         f"Target: >= {TARGET_RATIO}x in every cell.",
