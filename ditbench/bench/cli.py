@@ -111,7 +111,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"suite {suite.name} ({suite.path}): {len(cells)} cells -> {out}")
         print(f"{'cell_id':<13} {'smoke':>5}  {'plan':<12} cell")
         for cell in cells:
-            verdict = precheck(cell, visible, rendezvous)
+            if args.executor is not None:
+                from ditbench.bench.jobs import cell_verdict
+
+                verdict = cell_verdict(cell, args.executor, visible)
+            else:
+                verdict = precheck(cell, visible, rendezvous)
             if verdict:
                 plan = verdict[0]
             elif not args.force and (cell.previous(previous) or {}).get("status") == "ok":

@@ -155,7 +155,8 @@ class _Submitter:
             if done or waiting:
                 self.say(
                     f"resuming {self.out}: {len(done)} of {len(cells)} cells already recorded, "
-                    f"{len(waiting)} waited for (submitted earlier), {len(todo)} to submit"
+                    + (f"{len(waiting)} submitted earlier and waited for, " if waiting else "")
+                    + f"{len(todo)} to submit"
                 )
             if self.kind == "slurm":
                 self._start(todo)
@@ -187,18 +188,7 @@ class _Submitter:
         )
 
     def _verdict(self, cell: Cell) -> tuple[str, str] | None:
-        config = cell.config
-        if (
-            self.kind == "slurm"
-        ):  # the job's nodes have what it asks for; only the precision can be refused here
-            reason = unsupported_reason(config["precision"], config["device"])
-            return ("unsupported", reason) if reason else None
-        if config["nodes"] > 1:
-            return "unsupported", (
-                f"nodes={config['nodes']}: submitit's local executor runs on this one machine; "
-                "use --executor slurm"
-            )
-        return precheck(cell, self.runner.visible)
+        return cell_verdict(cell, self.kind, self.runner.visible)
 
     def _pick_up(self) -> None:
         """The tickets earlier runs left in .jobs: append, wait for, or remove each."""
@@ -261,7 +251,8 @@ class _Submitter:
             "cell_name": cell.cell_name,
             "suite_baseline": self.suite.baseline,
             "config": cell.config,
-            "env": self.runner.env,
+            # a cell reports its node's environment; a record without one must not claim the login node's
+            "env": self.runner.env if self.kind == "local" else None,
             "started_at": _iso(time.time()),
         }
 
@@ -375,6 +366,20 @@ class _Submitter:
         if self.pending:
             self.say(f"cancelled {len(self.pending)} job(s): {', '.join(p.ref.job_id for p in self.pending)}")
         self.pending.clear()
+
+
+def cell_verdict(cell: Cell, kind: str, visible: Visible) -> tuple[str, str] | None:
+    """(status, reason) for a cell that must not be submitted, else None."""
+    config = cell.config
+    if kind == "slurm":  # the job's nodes have what it asks for; only the precision can be refused here
+        reason = unsupported_reason(config["precision"], config["device"])
+        return ("unsupported", reason) if reason else None
+    if config["nodes"] > 1:
+        return "unsupported", (
+            f"nodes={config['nodes']}: submitit's local executor runs on this one machine; "
+            "use --executor slurm"
+        )
+    return precheck(cell, visible)
 
 
 def _started_unix(ticket: inflight.Ticket) -> float | None:

@@ -177,7 +177,8 @@ def cancel(ref: JobRef, handle=None) -> None:
     import subprocess
 
     try:
-        subprocess.call(["scancel", ref.job_id], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        subprocess.call(["scancel", ref.job_id], timeout=60, **quiet)
     except (OSError, subprocess.TimeoutExpired):  # no scancel here: the job is left to its time limit
         pass
 
