@@ -190,6 +190,8 @@ def test_slurm_submission_writes_one_array_per_job_shape_with_the_cells_resource
     assert flags["2", "1"]["array"] == "0-1%2" and flags["2", "1"]["ntasks-per-node"] == "2"
     assert "array" not in flags["2", "2"] and flags["2", "2"]["ntasks-per-node"] == "2"  # 4 ranks on 2 nodes
     for text in scripts:
+        srun = next(line for line in text.splitlines() if line.startswith("srun "))
+        assert ("--gpu-bind=none" in srun) == ("#SBATCH --ntasks-per-node=2" in text)  # cuda:LOCAL_RANK
         assert "module load cuda/12.4" in text and "export PYTHONPATH=" in text
         assert re.search(r"^srun --unbuffered .* -u -m submitit.core._submit ", text, re.M)
         assert "torchrun" not in text and "torch.distributed.run" not in text
@@ -321,3 +323,42 @@ def test_a_job_that_ended_without_a_result_is_recorded_as_an_error(tmp_path, mon
     assert record["status"] == "error" and "local job 999999999 ended" in record["reason"]
     assert "without writing a result" in record["reason"]
     assert json.dumps(record)  # a plain JSON record
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        {"executor": "slurm", "job_id": "12; scancel -u me", "folder": "x"},
+        {"executor": "local", "job_id": "0", "folder": "x"},
+        {"executor": "pbs", "job_id": "12", "folder": "x"},
+        {"executor": "slurm", "job_id": 12, "folder": "x"},
+        {"executor": "slurm"},
+    ],
+)
+def test_a_tampered_job_file_is_ignored_and_never_cancelled(tmp_path, ref):
+    path = tmp_path / "x.job.json"
+    path.write_text(json.dumps(ref))
+    assert JobRef.load(path) is None
+
+
+def test_a_live_process_that_is_not_our_job_is_not_waited_for():
+    from ditbench.bench.launch.executors import is_active
+
+    me = JobRef("local", str(os.getpid()), "x", None)  # a live pid, but no controller of ours
+    assert not is_active(me)
+
+
+def test_a_second_submitter_on_the_same_out_exits_2_and_a_jobs_file_is_refused(tmp_path, capsys):
+    from ditbench.outlock import OutputLock
+
+    suite, out = write_suite(tmp_path, device="cpu", cluster=""), tmp_path / "out"
+    args = ["run", str(suite), "--out", str(out), "--executor", "local", "--no-progress"]
+    out.mkdir()
+    with OutputLock(out):
+        assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "in use" in err and "Traceback" not in err
+    (out / JOBS_DIR).write_text("not a folder")
+    assert main(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert ".jobs" in err and "is a file" in err and "Traceback" not in err

@@ -211,6 +211,8 @@ def job_parameters(config: dict[str, Any], cell_timeout_s: float, options: Clust
     }
     if config["device"] == "cuda":
         params["gpus_per_node"] = gpus
+        if gpus > 1:  # every task sees all the node's GPUs and takes cuda:LOCAL_RANK, as under torchrun
+            params["srun_args"] = ["--gpu-bind=none"]
     for key in TEXT_KEYS:
         if getattr(options, key) is not None:
             params[key] = getattr(options, key)

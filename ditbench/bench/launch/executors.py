@@ -11,6 +11,7 @@ The submitter never reads submitit's result pickles: a job's result is the cell'
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ from ditbench.errors import UserError
 from ditbench.fileio import write_json_atomic
 
 SUBMITIT_DIR = "submitit"
+JOB_ID = {"local": re.compile(r"[1-9][0-9]{0,9}"), "slurm": re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")}
+LOCAL_CONTROLLER = "submitit.local._local"  # the module a local job's controller runs
 # SLURM states of a job that has not ended (sacct/squeue); anything else has ended.
 ACTIVE_STATES = {
     "PENDING",
@@ -55,7 +58,12 @@ class JobRef:
             ref = cls(**data)
         except (OSError, ValueError, TypeError):
             return None
-        return ref if ref.executor in ("local", "slurm") and isinstance(ref.job_id, str) else None
+        pattern = JOB_ID.get(ref.executor)  # the id goes to scancel or names a process to signal
+        return (
+            ref
+            if pattern is not None and isinstance(ref.job_id, str) and pattern.fullmatch(ref.job_id)
+            else None
+        )
 
 
 def require_submitit():
@@ -137,10 +145,11 @@ def is_active(ref: JobRef, handle=None) -> bool:
             return process.poll() is None
         import psutil
 
-        try:
+        try:  # the same process (a reused pid is not), and a submitit controller
             proc = psutil.Process(int(ref.job_id))
-            same = ref.pid_started is None or abs(proc.create_time() - ref.pid_started) < 1.0
-            return same and proc.status() != psutil.STATUS_ZOMBIE
+            same = ref.pid_started is not None and abs(proc.create_time() - ref.pid_started) < 1.0
+            ours = any(LOCAL_CONTROLLER in part for part in proc.cmdline())
+            return same and ours and proc.status() != psutil.STATUS_ZOMBIE
         except (psutil.Error, ValueError):
             return False
     return state(ref, handle) in ACTIVE_STATES
