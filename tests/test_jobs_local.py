@@ -122,7 +122,7 @@ def test_a_killed_submitter_is_rerun_and_the_records_match_a_local_run(tmp_path)
 
 
 @pytest.mark.slow
-def test_ctrl_c_cancels_the_suites_jobs_and_the_cell_runs_again_next_time(tmp_path):
+def test_ctrl_c_cancels_the_suites_jobs_and_leaves_no_ticket_behind(tmp_path):
     suite, out = write_suite(tmp_path, matrix="gpus: [2]"), tmp_path / "out"
     submitter = subprocess.Popen(
         command(suite, out, "--executor", "local"),
