@@ -362,3 +362,23 @@ def test_a_second_submitter_on_the_same_out_exits_2_and_a_jobs_file_is_refused(t
     assert main(args) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert ".jobs" in err and "is a file" in err and "Traceback" not in err
+
+
+def test_the_default_path_never_imports_submitit_and_without_it_executor_says_how_to_install(
+    tmp_path, monkeypatch, capsys
+):
+    import subprocess
+    import sys
+
+    suite = write_suite(tmp_path, device="cpu", cluster=CLUSTER)
+    code = (
+        "import sys; from ditbench.cli import main; "
+        f"rc = main(['run', {str(suite)!r}, '--dry-run', '--out', {str(tmp_path / 'o')!r}]); "
+        "assert rc == 0 and 'submitit' not in sys.modules, sorted(m for m in sys.modules if 'submitit' in m)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    monkeypatch.setitem(sys.modules, "submitit", None)  # as if not installed
+    args = ["run", str(suite), "--out", str(tmp_path / "o"), "--executor", "local", "--no-progress"]
+    assert main(args) == 2
+    assert 'pip install "ditbench[slurm]"' in " ".join(capsys.readouterr().err.split())
