@@ -382,3 +382,17 @@ def test_the_default_path_never_imports_submitit_and_without_it_executor_says_ho
     args = ["run", str(suite), "--out", str(tmp_path / "o"), "--executor", "local", "--no-progress"]
     assert main(args) == 2
     assert 'pip install "ditbench[slurm]"' in " ".join(capsys.readouterr().err.split())
+
+
+def test_without_accounting_a_job_squeue_no_longer_lists_has_ended(tmp_path, fake_slurm):
+    bin_dir = fake_slurm.parent / "bin"
+    (bin_dir / "sacct").write_text(
+        "#!/bin/bash\necho 'sacct: error: accounting storage is disabled' >&2\nexit 1\n"
+    )
+    (bin_dir / "squeue").write_text("#!/bin/bash\nexit 0\n")  # lists nothing: the job is gone
+    (bin_dir / "squeue").chmod(0o755)
+    suite = load_suite(write_suite(tmp_path, device="cpu", cluster=""))
+    options = RunOptions(out=tmp_path / "out", progress=False, cell_filters=[suite.cells[0].cell_id])
+    (record,) = submit_suite(suite, options, "slurm", echo=lambda line: None, poll_s=0.01)
+    assert record["status"] == "error" and "ended (NOT_IN_QUEUE) without writing a result" in record["reason"]
+    assert record["env"] is None  # never the login node's environment

@@ -162,7 +162,40 @@ def state(ref: JobRef, handle=None) -> str:
     from submitit.slurm.slurm import SlurmJob
 
     job = handle if handle is not None else SlurmJob(folder=Path(ref.folder) / "%j", job_id=ref.job_id)
-    return str(job.watcher.get_state(ref.job_id, mode="standard")).split()[0].upper()
+    found = str(job.watcher.get_state(ref.job_id, mode="standard")).split()
+    found = found[0].upper() if found else "UNKNOWN"
+    return _squeue_state(ref.job_id) if found == "UNKNOWN" else found
+
+
+_SQUEUE_EVERY_S = 60.0
+_squeued: dict[str, tuple[float, str]] = {}
+
+
+def _squeue_state(job_id: str) -> str:
+    """squeue's word for a job sacct does not know (no accounting on some clusters), at most once a minute.
+
+    A job squeue no longer lists has ended: NOT_IN_QUEUE. Without squeue: UNKNOWN (still waited for).
+    """
+    import subprocess
+    import time
+
+    now = time.monotonic()
+    cached = _squeued.get(job_id)
+    if cached is not None and now - cached[0] < _SQUEUE_EVERY_S:
+        return cached[1]
+    try:
+        done = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "UNKNOWN"
+    words = done.stdout.split()
+    if done.returncode == 0:
+        found = words[0].upper() if words else "NOT_IN_QUEUE"
+    else:  # squeue exits 1 for an id it has forgotten ("Invalid job id specified")
+        found = "NOT_IN_QUEUE" if "invalid job id" in done.stderr.lower() else "UNKNOWN"
+    _squeued[job_id] = (now, found)
+    return found
 
 
 def cancel(ref: JobRef, handle=None) -> None:
