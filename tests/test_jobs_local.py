@@ -175,3 +175,65 @@ def test_a_hung_rank_times_out_and_a_failed_rank_stops_its_peer(tmp_path):
     assert failed["status"] == "error" and failed["reason"].startswith("rank 1: ")  # the cause, not rank 0
     assert "injected" in failed["reason"].lower() or "RuntimeError" in (failed.get("traceback") or "")
     assert not processes_naming(str(out))
+
+
+FAKE_SLURM = {
+    # sbatch: run the batch script at once in the background, with the variables SLURM sets for a job
+    "sbatch": r"""
+        seen={seen}; id=$((4100 + $(ls $seen | grep -c 'sh$'))); cp "$1" $seen/$id.sh
+        nodes=$(sed -n 's/^#SBATCH --nodes=//p' "$1"); per=$(sed -n 's/^#SBATCH --ntasks-per-node=//p' "$1")
+        SLURM_JOB_ID=$id SLURM_NTASKS=$((nodes * per)) SLURM_JOB_NUM_NODES=$nodes SLURM_NTASKS_PER_NODE=$per \
+          SLURM_JOB_NODELIST=localhost setsid bash "$1" > $seen/$id.batch.log 2>&1 < /dev/null &
+        echo $! > $seen/$id.pid
+        echo "Submitted batch job $id"
+    """,
+    # srun: one task per rank, each with its SLURM_PROCID / SLURM_LOCALID, output as --output says
+    "srun": r"""
+        out=/dev/null
+        while [[ "$1" == --* ]]; do if [[ "$1" == --output ]]; then out="$2"; shift; fi; shift; done
+        for ((i = 0; i < SLURM_NTASKS; i++)); do
+          log=${out//%j/$SLURM_JOB_ID}; log=${log//%t/$i}
+          SLURM_PROCID=$i SLURM_LOCALID=$i SLURM_NODEID=0 "$@" >> "$log" 2>&1 &
+        done
+        wait
+    """,
+    "sacct": "echo 'JobID|State|NodeList'",  # no accounting: the submitter asks squeue
+    "squeue": r"""
+        while [ $# -gt 0 ]; do if [ "$1" = -j ]; then id=$2; fi; shift; done
+        kill -0 $(cat {seen}/$id.pid) 2>/dev/null && echo RUNNING; exit 0
+    """,
+    "scancel": "exit 0",
+}
+
+
+@pytest.mark.slow
+def test_a_two_rank_cell_through_sbatch_and_srun_takes_its_ranks_from_slurm(tmp_path):
+    """The SLURM path end to end on CPU: a fake sbatch runs submitit's batch script, a fake srun starts
+    one task per rank with SLURM's variables; the ranks rendezvous through them (gloo), no torchrun."""
+    seen, bin_dir = tmp_path / "seen", tmp_path / "bin"
+    seen.mkdir()
+    bin_dir.mkdir()
+    for name, body in FAKE_SLURM.items():
+        (bin_dir / name).write_text("#!/bin/bash\n" + textwrap.dedent(body.replace("{seen}", str(seen))))
+        (bin_dir / name).chmod(0o755)
+    suite, out = write_suite(tmp_path, matrix="gpus: [2]"), tmp_path / "out"
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    done = subprocess.run(
+        command(suite, out, "--executor", "slurm", "--cluster", "partition=cpu"),
+        env=env(PATH=path),
+        capture_output=True,
+        text=True,
+        timeout=850,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (script,) = seen.glob("*.sh")
+    assert (
+        "#SBATCH --ntasks-per-node=2" in script.read_text()
+        and "#SBATCH --partition=cpu" in script.read_text()
+    )
+    (record,) = read_records(out / "results.jsonl")
+    assert record["status"] == "ok", (record["reason"], record.get("traceback"))
+    metrics = record["metrics"]
+    assert metrics["launcher"] == "srun" and metrics["world_size"] == 2 and len(metrics["per_rank"]) == 2
+    assert record["env"] is not None  # the job's own environment
+    assert not list((out / JOBS_DIR).glob("*.json"))
