@@ -182,8 +182,9 @@ FAKE_SLURM = {
     "sbatch": r"""
         seen={seen}; id=$((4100 + $(ls $seen | grep -c 'sh$'))); cp "$1" $seen/$id.sh
         nodes=$(sed -n 's/^#SBATCH --nodes=//p' "$1"); per=$(sed -n 's/^#SBATCH --ntasks-per-node=//p' "$1")
+        hosts=$(printf 'localhost,%.0s' $(seq $nodes)); export SLURM_JOB_NODELIST=${hosts%,}
         SLURM_JOB_ID=$id SLURM_NTASKS=$((nodes * per)) SLURM_JOB_NUM_NODES=$nodes SLURM_NTASKS_PER_NODE=$per \
-          SLURM_JOB_NODELIST=localhost setsid bash "$1" > $seen/$id.batch.log 2>&1 < /dev/null &
+          setsid bash "$1" > $seen/$id.batch.log 2>&1 < /dev/null &
         echo $! > $seen/$id.pid
         echo "Submitted batch job $id"
     """,
@@ -193,7 +194,8 @@ FAKE_SLURM = {
         while [[ "$1" == --* ]]; do if [[ "$1" == --output ]]; then out="$2"; shift; fi; shift; done
         for ((i = 0; i < SLURM_NTASKS; i++)); do
           log=${out//%j/$SLURM_JOB_ID}; log=${log//%t/$i}
-          SLURM_PROCID=$i SLURM_LOCALID=$i SLURM_NODEID=0 "$@" >> "$log" 2>&1 &
+          SLURM_PROCID=$i SLURM_LOCALID=$((i % SLURM_NTASKS_PER_NODE)) \
+            SLURM_NODEID=$((i / SLURM_NTASKS_PER_NODE)) "$@" >> "$log" 2>&1 &
         done
         wait
     """,
@@ -207,9 +209,10 @@ FAKE_SLURM = {
 
 
 @pytest.mark.slow
-def test_a_two_rank_cell_through_sbatch_and_srun_takes_its_ranks_from_slurm(tmp_path):
+def test_two_rank_cells_through_sbatch_and_srun_take_their_ranks_from_slurm(tmp_path):
     """The SLURM path end to end on CPU: a fake sbatch runs submitit's batch script, a fake srun starts
-    one task per rank with SLURM's variables; the ranks rendezvous through them (gloo), no torchrun."""
+    one task per rank with SLURM's variables; the ranks rendezvous through them (gloo), no torchrun.
+    One cell has 2 ranks on a node, the other 1 rank on each of 2 "nodes" (both this machine)."""
     seen, bin_dir = tmp_path / "seen", tmp_path / "bin"
     seen.mkdir()
     bin_dir.mkdir()
@@ -217,6 +220,7 @@ def test_a_two_rank_cell_through_sbatch_and_srun_takes_its_ranks_from_slurm(tmp_
         (bin_dir / name).write_text("#!/bin/bash\n" + textwrap.dedent(body.replace("{seen}", str(seen))))
         (bin_dir / name).chmod(0o755)
     suite, out = write_suite(tmp_path, matrix="gpus: [2]"), tmp_path / "out"
+    suite.write_text(suite.read_text() + "include:\n  - {gpus: 1, nodes: 2}\n")
     path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
     done = subprocess.run(
         command(suite, out, "--executor", "slurm", "--cluster", "partition=cpu"),
@@ -226,14 +230,15 @@ def test_a_two_rank_cell_through_sbatch_and_srun_takes_its_ranks_from_slurm(tmp_
         timeout=850,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    (script,) = seen.glob("*.sh")
-    assert (
-        "#SBATCH --ntasks-per-node=2" in script.read_text()
-        and "#SBATCH --partition=cpu" in script.read_text()
-    )
-    (record,) = read_records(out / "results.jsonl")
-    assert record["status"] == "ok", (record["reason"], record.get("traceback"))
-    metrics = record["metrics"]
-    assert metrics["launcher"] == "srun" and metrics["world_size"] == 2 and len(metrics["per_rank"]) == 2
-    assert record["env"] is not None  # the job's own environment
+    scripts = [p.read_text() for p in sorted(seen.glob("*.sh"))]
+    assert len(scripts) == 2 and all("#SBATCH --partition=cpu" in text for text in scripts)
+    assert {("--nodes=1" in t, "--ntasks-per-node=2" in t) for t in scripts} == {(True, True), (False, False)}
+    records = {r["config"]["nodes"]: r for r in read_records(out / "results.jsonl")}
+    for nodes, record in records.items():
+        assert record["status"] == "ok", (record["reason"], record.get("traceback"))
+        metrics = record["metrics"]
+        assert metrics["launcher"] == "srun" and metrics["world_size"] == 2 and len(metrics["per_rank"]) == 2
+        assert metrics["nodes"] == nodes
+        assert record["env"] is not None  # the job's own environment
+    assert sorted(records) == [1, 2]
     assert not list((out / JOBS_DIR).glob("*.json"))
