@@ -40,6 +40,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ditbench.bench.launch.rendezvous import add_rendezvous_arguments
 
     add_rendezvous_arguments(parser)
+    g = parser.add_argument_group("cluster (through submitit: pip install 'ditbench[slurm]')")
+    g.add_argument(
+        "--executor",
+        choices=("slurm", "local"),
+        default=None,
+        help="submit each cell as a submitit job: slurm (sbatch; a job array per job shape) or local "
+        "(submitit's local executor, one cell at a time); default: run the cells here",
+    )
+    g.add_argument(
+        "--cluster",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a `cluster:` option of the suite, over the suite's own (partition=gpu, account=..., qos=..., "
+        "constraint=..., time_limit_min=120, sbatch.mem=0, ...); repeatable, with --executor slurm",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
         rendezvous=rendezvous,
     )
     check_options(options)
+    if args.cluster and args.executor is None:
+        raise UserError("--cluster sets where --executor slurm submits the cells; add --executor slurm.")
     if args.dry_run:
         check_out_dir(Path(out), create=False)  # run_suite checks (and creates) it for a real run
         previous = latest_by_cell(read_records(Path(out) / RESULTS_FILE))
@@ -93,7 +111,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"suite {suite.name} ({suite.path}): {len(cells)} cells -> {out}")
         print(f"{'cell_id':<13} {'smoke':>5}  {'plan':<12} cell")
         for cell in cells:
-            verdict = precheck(cell, visible, rendezvous)
+            if args.executor is not None:
+                from ditbench.bench.jobs import cell_verdict
+
+                verdict = cell_verdict(cell, args.executor, visible)
+            else:
+                verdict = precheck(cell, visible, rendezvous)
             if verdict:
                 plan = verdict[0]
             elif not args.force and (cell.previous(previous) or {}).get("status") == "ok":
@@ -102,8 +125,25 @@ def run(args: argparse.Namespace) -> int:
                 plan = "run"
             print(f"{cell.cell_id:<13} {cell.config['smoke_steps']:>5}  {plan:<12} {cell.cell_name}")
         return 0
-    records = run_suite(suite, options)
+    if args.executor is not None:
+        records = _submit(suite, options, args)
+    else:
+        records = run_suite(suite, options)
     print()
     print(summary_table(records), end="")
     print(f"\nresults: {Path(out) / RESULTS_FILE}   summary: {Path(out) / 'summary.md'}")
     return 0
+
+
+def _submit(suite, options, args) -> list[dict]:
+    from ditbench.bench.cluster import parse_cluster_flags
+    from ditbench.bench.jobs import submit_suite
+    from ditbench.errors import UserError
+
+    flags = parse_cluster_flags(args.cluster)
+    if args.executor == "local" and flags.any_set():
+        raise UserError(
+            f"--cluster {' '.join(args.cluster)} sets SLURM options, which --executor local does not use; "
+            "drop --cluster, or use --executor slurm."
+        )
+    return submit_suite(suite, options, args.executor, suite.cluster.merged(flags))

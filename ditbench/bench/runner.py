@@ -328,12 +328,16 @@ class _Run:
         record = inflight.commit(
             self.results_path, ticket, time.monotonic() - t0, lambda record: self._finish(record, cell)
         )
+        self.note(cell, record)
+        return record
+
+    def note(self, cell: Cell, record: dict[str, Any]) -> None:
+        """Remember an appended record: the latest per cell, and the smallest batch that ran out of memory."""
         if record["status"] == "oom":
             known = self.oom_at.get(cell.series_key)
             if known is None or cell.config["batch_size"] < known[0]:
                 self.oom_at[cell.series_key] = (cell.config["batch_size"], cell.cell_name)
         self.latest[cell.cell_id] = record
-        return record
 
     def _decide(self, cell: Cell, verdict, skip: str | None) -> dict[str, Any] | None:
         """The result of a cell that must not start (unsupported, predicted or seen not to fit), else None."""

@@ -13,11 +13,12 @@ import itertools
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ditbench.bench.cellid import cell_id, legacy_cell_id
+from ditbench.bench.cluster import ClusterOptions, parse_cluster
 from ditbench.bench.planning import PlanOption, parse_plan_option
 from ditbench.bench.spec import MAX_STEPS, CellSpec, Steps
 from ditbench.cards import check_gib, find_card
@@ -44,6 +45,7 @@ TOP_KEYS = (
     "include",
     "baseline",
     "plan",
+    "cluster",
 )
 DEFAULTS_EXTRA_KEYS = ("steps", "smoke", "timeout_s")
 RETIRED = {
@@ -96,6 +98,7 @@ class Suite:
     gpu_memory_gib: float | None = None  # the emulated card's budget, from `gpu_memory_gib` or `card`
     card: str | None = None
     plan: PlanOption | None = None  # the `plan` option: predictions recorded, predicted OOMs skipped
+    cluster: ClusterOptions = field(default_factory=ClusterOptions)  # where --executor slurm runs the cells
 
 
 class _Validator:
@@ -279,6 +282,7 @@ def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
         raise v.fail("device", f"unknown device {shorten(device)}; valid: {', '.join(DEVICE_CHOICES)}.")
     budget, card = _emulation(v, raw)
     plan = parse_plan_option(raw.get("plan"), v.at("plan"))
+    cluster = parse_cluster(raw.get("cluster"), v.at("cluster"))
 
     # defaults: knobs plus steps / smoke / timeout_s
     defaults_raw = v.mapping("defaults", raw.get("defaults") or {})
@@ -335,7 +339,7 @@ def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
         seen.add(cid)
         name_ = cell_name(spec.record_config(), varying)
         cells.append(Cell(spec, cid, name_, timeout_s, legacy_cell_id(spec)))
-    return Suite(name, description, path, device, cells, baseline, budget, card, plan)
+    return Suite(name, description, path, device, cells, baseline, budget, card, plan, cluster)
 
 
 def cell_name(config: dict[str, Any], varying: list[str] | tuple[str, ...] = ()) -> str:

@@ -99,6 +99,7 @@ class LaunchResult:
     gathered: dict | None = None  # ranks.json: every rank's metrics, gathered
     leftover: list[int] = field(default_factory=list)  # pids still alive after cleanup (should be none)
     smoke: dict | None = None  # smoke.json (rank 0's curve), or a rank's smoke failure
+    launcher: str = "torchrun"  # what started the ranks, as the reasons name it
 
 
 def _read_json(path: Path) -> dict | None:
@@ -210,11 +211,11 @@ def judge(
     complete = bool(result.reports) and (node_rank != 0 or gathered == world_size)
     if result.returncode != 0 and not complete:
         return "error", (
-            f"torchrun exited with code {result.returncode} and no rank reported an error "
+            f"{result.launcher} exited with code {result.returncode} and no rank reported an error "
             f"(a rank was killed or crashed hard). Last output:\n{procs.last_lines(result.output_tail, 12)}"
         )
     if node_rank == 0 and not result.gathered:
-        return "error", "torchrun finished but no rank wrote the gathered ranks.json report"
+        return "error", f"{result.launcher} finished but no rank wrote the gathered ranks.json report"
     if node_rank == 0 and gathered != world_size:
         return "error", f"expected reports from {world_size} ranks, {gathered} were gathered"
     if result.returncode != 0 and (result.smoke or {}).get("status") not in (None, "ok", "nan_loss"):
@@ -224,7 +225,7 @@ def judge(
         # tear down (seen once with gloo + FSDP2: "terminate called without an active exception")
         # does not undo the measurement, but the record says it happened.
         return "ok", (
-            f"every rank reported ok, then torchrun exited with code {result.returncode} while the "
+            f"every rank reported ok, then {result.launcher} exited with code {result.returncode} while the "
             f"processes shut down; the measurement is complete. Last output:\n"
             f"{procs.last_lines(result.output_tail, 4)}"
         )
@@ -240,8 +241,8 @@ def _smoke_field(launched: LaunchResult, steps: int) -> dict | None:
         "steps": steps,
         "loss": [],
         "status": "error",
-        "reason": f"the smoke run left no report; torchrun exited with code {launched.returncode}. Last "
-        f"output:\n{procs.last_lines(launched.output_tail, 6)}",
+        "reason": f"the smoke run left no report; {launched.launcher} exited with code "
+        f"{launched.returncode}. Last output:\n{procs.last_lines(launched.output_tail, 6)}",
     }
 
 
@@ -286,12 +287,22 @@ def run_cell(
         # cores (torchrun's default is 1 thread per rank), so scaling efficiency compares like with like.
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
     launched = launch(cmd, report_dir, timeout_s=timeout_s, env=env)
+    return result_of_launch(launched, spec, timeout_s, rdzv)
+
+
+def result_of_launch(launched: LaunchResult, spec, timeout_s: float, rdzv: Rendezvous = ONE_NODE) -> dict:
+    """The cell's result from its ranks' reports, in the one-process launcher's format.
+
+    Shared by every launcher of a multi-process cell (torchrun here, srun in `launch.srun`).
+    """
+    result: dict = {"status": "error", "reason": None, "metrics": None, "smoke": None, "env": None}
     status, reason = judge(launched, spec.world_size, timeout_s, rdzv.node_rank)
     result.update(status=status, reason=reason)
     if status == "ok" and rdzv.node_rank == 0:
         gathered = launched.gathered
         metrics = aggregate(gathered["metrics"], batch_size=spec.knobs.batch_size)
-        metrics.update(launcher="torchrun", nodes=gathered.get("nodes", nodes), scaling_efficiency=None)
+        nodes = gathered.get("nodes", spec.knobs.nodes)
+        metrics.update(launcher=launched.launcher, nodes=nodes, scaling_efficiency=None)
         smoke = _smoke_field(launched, spec.smoke_steps)
         result.update(metrics=metrics, smoke=smoke, env=gathered.get("env"))
     elif status == "ok":
