@@ -17,6 +17,7 @@ import numpy as np
 from ditbench.diffusion import NUM_TIMESTEPS
 from ditbench.errors import UserError
 from ditbench.fileio import atomic_write, write_json_atomic
+from ditbench.pretrained import DIT_CHECKPOINTS, is_vae_name, resolve_checkpoint
 from ditbench.sampling.shards import (
     default_paths,
     file_fingerprint,
@@ -44,13 +45,19 @@ def check_args(args) -> None:
         )
     if args.cfg_scale < 1.0:
         raise UserError(f"--cfg-scale {args.cfg_scale} must be >= 1 (1 turns guidance off).")
+    if args.checkpoint != "random":
+        args.checkpoint = str(resolve_checkpoint(args.checkpoint))  # a released checkpoint by name
     if args.checkpoint != "random" and not Path(args.checkpoint).is_file():
-        raise UserError(f"checkpoint {args.checkpoint!r} is not a file; give a .pt checkpoint or 'random'.")
-    if args.vae != "random" and not Path(args.vae).exists():
         raise UserError(
-            f"--vae {args.vae!r} does not exist. Give a local folder with the sd-vae-ft-ema (or -mse) "
-            "AutoencoderKL weights (config.json + diffusion_pytorch_model.safetensors) or a state-dict "
-            "file, or 'random' to time sampling with random VAE weights (the images are then meaningless)."
+            f"checkpoint {args.checkpoint!r} is not a file; give a .pt checkpoint, the name of a released "
+            f"one ({', '.join(DIT_CHECKPOINTS)}) or 'random'."
+        )
+    if args.vae != "random" and not is_vae_name(args.vae) and not Path(args.vae).exists():
+        raise UserError(
+            f"--vae {args.vae!r} does not exist. Give `ema` or `mse` (stabilityai's sd-vae-ft-ema/-mse, "
+            "from the Hugging Face cache), a local folder with AutoencoderKL weights (config.json + "
+            "diffusion_pytorch_model.safetensors) or a state-dict file, or 'random' to time sampling with "
+            "random VAE weights (the images are then meaningless)."
         )
     if not str(args.out).endswith(".npz"):
         raise UserError(f"--out {args.out!r} must end in .npz (the ADM batch format).")
