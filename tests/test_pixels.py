@@ -1,4 +1,4 @@
-"""Pixel data (grey 2x2 blocks as the latent, no VAE) and the built-in datasets cut from matplotlib's images."""
+"""Pixel data (grey 2x2 blocks as the latent, no VAE) and the built-in datasets of matplotlib images."""
 
 import numpy as np
 import pytest
