@@ -85,8 +85,13 @@ def make_shard(
     guidance_channels: int | None,
     precision: str,
     device,
+    decode=None,
 ) -> np.ndarray:
-    """uint8 (n, H, W, 3) images for one shard's labels, all noise from one seeded generator."""
+    """uint8 (n, H, W, 3) images for one shard's labels, all noise from one seeded generator.
+
+    `decode(latents) -> images in [-1, 1]` replaces the VAE where the latents are not a VAE's
+    (`ditbench.pixels.decode` for pixel data); `vae` is then unused.
+    """
     import torch
 
     from ditbench.diffusion import sample_latents
@@ -106,7 +111,7 @@ def make_shard(
             generator=gen,
             in_channels=getattr(model, "in_channels", 4),
         )
-        x = decode_latents(vae, z)
+        x = decode(z) if decode is not None else decode_latents(vae, z)
     x = torch.clamp(127.5 * x.float() + 128.0, 0, 255)  # [-1, 1] -> [0, 255], DiT's rounding
     return x.permute(0, 2, 3, 1).to("cpu", dtype=torch.uint8).numpy()
 
