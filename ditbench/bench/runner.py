@@ -143,6 +143,8 @@ def make_record(
         "started_at": started_at,
         "duration_s": round(duration_s, 3),
     }
+    if result.get("quality") is not None:  # the cell's sample quality (ditbench.quality)
+        record["quality"] = result["quality"]
     if result.get("traceback"):
         lines = result["traceback"].rstrip().splitlines()
         record["traceback"] = "\n".join(lines[-TRACEBACK_LINES:])
@@ -241,7 +243,12 @@ def _run_cells(suite, options, todo, run_id, env, visible, tmp, results_path, la
         else:
             timeout = options.timeout_s or cell.timeout_s
             log = results_path.parent / "logs" / f"{cell.cell_id}.log"
-            about = {"cell_id": cell.cell_id, "cell_name": cell.cell_name, "rendezvous": options.rendezvous}
+            about = {
+                "cell_id": cell.cell_id,
+                "cell_name": cell.cell_name,
+                "rendezvous": options.rendezvous,
+                "out_dir": str(results_path.parent.resolve()),  # sample grids go under it
+            }
             result = run_isolated(cell.spec, about, timeout, tmp, log)
         if result["status"] == "oom":
             known = oom_at.get(cell.series_key)
