@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 import textwrap
 
@@ -24,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fid": ("ditbench.metrics.cli", "FID, sFID, Inception Score, precision/recall and KID of a sample batch"),
     "report": ("ditbench.report.cli", "turn results.jsonl files into markdown, HTML and CSV reports"),
     "compare": ("ditbench.report.gate.cli", "compare two runs and fail on a regression (exit 1)"),
+    "plan": ("ditbench.plan.cli", "predict training memory on any card without the card, and what fits"),
     "env": ("ditbench.bench.envinfo", "print the environment that result records capture"),
 }
 
@@ -44,6 +46,21 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
             module.add_arguments(p)
             p.set_defaults(_run=module.run)
     return parser
+
+
+TRACEBACK_ENV = "DITBENCH_TRACEBACK"  # set: an unforeseen OSError shows its traceback
+
+
+def os_error_message(err: OSError) -> str:
+    from ditbench.errors import shorten
+
+    files = [shorten(str(f)) for f in (err.filename, err.filename2) if f is not None]
+    where = f" ({' -> '.join(files)})" if files else ""
+    what = err.strerror or shorten(str(err), 300, quote=False)
+    return (
+        f"{what}{where}: the file system refused an operation. Check the paths you gave and the free "
+        f"space; {TRACEBACK_ENV}=1 shows where it happened."
+    )
 
 
 def _print_error(message: str) -> None:
@@ -70,6 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         _print_error(str(err))
         return err.exit_code
+    except OSError as err:  # a file system refusal no check foresaw: which file and why, not a traceback
+        if os.environ.get(TRACEBACK_ENV):
+            raise
+        _print_error(os_error_message(err))
+        return 2
     except KeyboardInterrupt:
         print("ditbench: interrupted", file=sys.stderr)
         return 130

@@ -430,7 +430,7 @@ def test_two_nodes_on_one_machine_rendezvous_and_node_0_records_the_cell(tmp_pat
         return subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     procs = [node(0), node(1)]
-    outs = [p.communicate(timeout=240)[0] for p in procs]
+    outs = [p.communicate()[0] for p in procs]  # no wall-clock bound: pytest-timeout stops a hang
     assert [p.returncode for p in procs] == [0, 0], outs
     rec0, rec1 = (
         json.loads((tmp_path / f"n{r}" / "results.jsonl").read_text().splitlines()[0]) for r in (0, 1)

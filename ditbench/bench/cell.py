@@ -137,6 +137,9 @@ def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured
             gpu_name = torch.cuda.get_device_name(ctx.device)
         metrics.update(window_metrics(spec, window, ctx, gpu_name))
         metrics.update(memory.peak_metrics(device))
+        if device == "cpu" and not ctx.distributed:  # after the window (the profiler slows steps)
+            del step, trainer  # gone before the meter starts: it counts what is allocated after
+            metrics.update(memory.cpu_allocator_peak(lambda: build_trainer(spec, ctx)))
         out.result["status"] = "ok"
     except Exception as err:  # noqa: BLE001 - any failure is this cell's status, not the suite's
         out.result.update(failure(err))

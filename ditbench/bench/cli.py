@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         RunOptions,
         Visible,
         check_options,
+        check_out_dir,
         precheck,
         run_suite,
         select_cells,
@@ -57,6 +58,10 @@ def run(args: argparse.Namespace) -> int:
     from ditbench.bench.summary import summary_table
     from ditbench.errors import UserError
 
+    if any(not f.strip() for f in args.cells):
+        raise UserError(
+            "--cells needs a non-empty name substring or cell id (an empty one matches every cell)."
+        )
     suite = load_suite(args.suite)
     out = args.out or Path("runs") / suite.name
     cells = select_cells(suite, args.cells)
@@ -65,13 +70,12 @@ def run(args: argparse.Namespace) -> int:
             f"--cells {' '.join(args.cells)} matches none of the {len(suite.cells)} cells of suite "
             f"{suite.path}; run with --dry-run to list their names"
         )
-    rendezvous = None
-    if args.nnodes > 1 or args.rdzv_endpoint:
-        import dataclasses
+    import dataclasses
 
-        from ditbench.bench.launch.rendezvous import rendezvous_from_args
+    from ditbench.bench.launch.rendezvous import rendezvous_from_args
 
-        rendezvous = dataclasses.asdict(rendezvous_from_args(args))
+    rdzv = rendezvous_from_args(args)  # --nnodes 0 or a --node-rank beyond --nnodes is refused, not ignored
+    rendezvous = dataclasses.asdict(rdzv) if rdzv.nnodes > 1 or rdzv.endpoint else None
     options = RunOptions(
         out=Path(out),
         force=args.force,
@@ -83,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     )
     check_options(options)
     if args.dry_run:
+        check_out_dir(Path(out), create=False)  # run_suite checks (and creates) it for a real run
         previous = latest_by_cell(read_records(Path(out) / RESULTS_FILE))
         visible = Visible.detect()
         print(f"suite {suite.name} ({suite.path}): {len(cells)} cells -> {out}")

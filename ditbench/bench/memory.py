@@ -43,6 +43,31 @@ def nvml_process_mem_gib() -> float | None:
     return None
 
 
+def cpu_allocator_peak(make_trainer) -> dict[str, Any]:
+    """{cpu_peak_alloc_gib, cpu_peak_alloc_basis}: what `max_memory_allocated` would be on a CPU.
+
+    A fresh trainer from `make_trainer()` runs one warm-up and one measured step under the allocation
+    meter (`ditbench.plan.measure`): the peak of the live bytes it allocated (weights, gradients,
+    optimizer state, EMA, activations), which RSS cannot show (the allocator keeps freed pages).
+    A failure here never fails the cell: the value is null and the basis says why.
+    """
+    import gc
+
+    from ditbench.plan.measure import measure_training_peak
+
+    gc.collect()
+    try:
+        peak = measure_training_peak(make_trainer, warmup_steps=1, steps=1)
+    except Exception as err:  # noqa: BLE001 - a missing figure, not a failed cell
+        why = f"not measured: {type(err).__name__}: {err}"[:300]
+        return {"cpu_peak_alloc_gib": None, "cpu_peak_alloc_basis": why}
+    return {
+        "cpu_peak_alloc_gib": round(peak.peak_gib, 6),
+        "cpu_peak_alloc_basis": "CPU allocator peak of a fresh trainer's second step (profiler events), "
+        "measured after the timed window",
+    }
+
+
 def reset_peaks(device_type: str) -> None:
     if device_type == "cuda":
         import torch

@@ -8,6 +8,14 @@ whole process group.
 Resume: a rerun into the same directory skips cells whose latest record is `ok` (same cell_id);
 `force=True` reruns everything. After an out-of-memory at batch B, the larger batches of the same
 series (the same cell except the batch size) are recorded `skipped` without being started.
+
+One writer, nothing lost: a run holds the output folder's lock (`ditbench.outlock`) from start to
+end, so a second run on the same folder stops at once naming the first. Each cell's result goes
+through `<out>/.inflight/` (`bench.inflight`): written there, appended once, then removed; a run
+killed between a cell's end and its append leaves the result there, and the next run appends it.
+
+Planning: with the suite's `plan` option (`bench.planning`) every record holds the planner's
+prediction, cells predicted not to fit are `skipped` unrun, and each series runs largest batch first.
 """
 
 from __future__ import annotations
@@ -18,25 +26,27 @@ import os
 import secrets
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ditbench.bench import inflight
 from ditbench.bench.faults import FAULT_ENV, FAULT_RANK_ENV, check_fault_rank, parse_fault_spec
 from ditbench.bench.launch.process import run_isolated
-from ditbench.bench.records import SCHEMA, append_record, latest_by_cell, read_records
-from ditbench.bench.suite import Cell, Suite
+from ditbench.bench.records import latest_by_cell, read_records
+from ditbench.bench.suite import TIMEOUT_MAX_S, Cell, Suite
 from ditbench.bench.summary import format_line, write_summary
 from ditbench.device import cuda_visible, device_type
-from ditbench.errors import UserError
+from ditbench.errors import UserError, shorten
+from ditbench.outlock import OutputLock
+from ditbench.outpaths import ensure_dir
 from ditbench.precision import unsupported_reason
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.md"
-TRACEBACK_LINES = 15
+LOGS_DIR = "logs"
 
 
 @dataclass
@@ -87,10 +97,46 @@ def precheck(cell: Cell, visible: Visible, rendezvous: dict | None = None) -> tu
 def check_options(options: RunOptions) -> None:
     """Refuse, before any cell starts, what would otherwise fail midway (or never end)."""
     timeout = options.timeout_s
-    if timeout is not None and (not math.isfinite(timeout) or timeout <= 0):
-        raise UserError(f"--timeout-s must be a finite, positive number of seconds, got {timeout}.")
+    if timeout is not None and (not math.isfinite(timeout) or not 0 < timeout <= TIMEOUT_MAX_S):
+        raise UserError(
+            f"--timeout-s must be a finite number of seconds above 0 and at most {TIMEOUT_MAX_S:g} "
+            f"(a week), got {timeout}."
+        )
     parse_fault_spec(os.environ.get(FAULT_ENV))  # a typo would fail every cell it names, one by one
     check_fault_rank(os.environ.get(FAULT_RANK_ENV))
+
+
+def check_out_dir(out: Path, *, create: bool) -> None:
+    """Refuse an output folder the run could not finish in, before any cell starts (UserError).
+
+    create=False (a dry run) only checks what exists; create=True makes the folder and proves it
+    writable.
+    """
+    where = shorten(str(out))
+    if os.path.lexists(out) and not out.is_dir():
+        raise UserError(f"--out {where} is a file, not a folder; give a folder for the run's results.")
+    if create:
+        ensure_dir(out, "--out")
+    for name, want_dir in (
+        (RESULTS_FILE, False),
+        (SUMMARY_FILE, False),
+        (LOGS_DIR, True),
+        (inflight.INFLIGHT_DIR, True),
+    ):
+        path = out / name
+        if not os.path.lexists(path) or (path.is_dir() if want_dir else path.is_file()):
+            continue
+        if want_dir:
+            kind = "not a folder"
+        else:
+            kind = "a folder" if path.is_dir() else "not a regular file" if path.exists() else "a broken link"
+        raise UserError(  # a FIFO would block the run forever, a folder would fail it at the first append
+            f"--out {where} holds {name}, which is {kind}; a run keeps {name} there as a "
+            f"{'folder' if want_dir else 'regular file'}. Move it away, or give another --out."
+        )
+    results = out / RESULTS_FILE
+    if results.exists() and not os.access(results, os.R_OK | (os.W_OK if create else 0)):
+        raise UserError(f"{shorten(str(results))} is not readable and writable; a run appends to it.")
 
 
 def select_cells(suite: Suite, filters: list[str]) -> list[Cell]:
@@ -118,51 +164,36 @@ def new_run_id() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
-def make_record(
-    suite: Suite,
-    run_id: str,
-    cell: Cell,
-    result: dict[str, Any],
-    env: dict[str, Any] | None,
-    started_at: str,
-    duration_s: float,
-) -> dict[str, Any]:
-    record = {
-        "schema": SCHEMA,
-        "suite": suite.name,
-        "run_id": run_id,
-        "cell_id": cell.cell_id,
-        "cell_name": cell.cell_name,
-        "suite_baseline": suite.baseline,
-        "config": cell.config,
-        "status": result["status"],
-        "reason": result.get("reason"),
-        "metrics": result.get("metrics"),
-        "smoke": result.get("smoke"),
-        "env": result.get("env") or env,
-        "started_at": started_at,
-        "duration_s": round(duration_s, 3),
-    }
-    if result.get("quality") is not None:  # the cell's sample quality (ditbench.quality)
-        record["quality"] = result["quality"]
-    if result.get("traceback"):
-        lines = result["traceback"].rstrip().splitlines()
-        record["traceback"] = "\n".join(lines[-TRACEBACK_LINES:])
-    return record
-
-
 def run_suite(
     suite: Suite, options: RunOptions, echo: Callable[[str], None] | None = None
 ) -> list[dict[str, Any]]:
     """Run (or resume) the suite; return the latest record of every selected cell, in suite order."""
+    check_options(options)
+    out = Path(options.out)
+    check_out_dir(out, create=True)
+    rdzv = options.rendezvous or {}
+    hint = (
+        "In a multi-node run every node needs its own --out, e.g. runs/NAME_node$NODE_RANK "
+        "(docs/distributed.md)."
+        if rdzv.get("nnodes", 1) > 1
+        else ""
+    )
+    with OutputLock(out, hint=hint):  # one run per folder, or two runs would each run every cell
+        return _run_locked(suite, options, out, echo or _print_line)
+
+
+def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str], None]) -> list[dict]:
     from tqdm import tqdm
 
     from ditbench.environment import collect_env
 
-    check_options(options)
-    out = Path(options.out)
-    out.mkdir(parents=True, exist_ok=True)
+    inflight.sweep_legacy_tempdirs()
+    ensure_dir(out / LOGS_DIR, "--out's logs folder", probe=False)
     results_path = out / RESULTS_FILE
+    run_id = new_run_id()
+    adopted = inflight.adopt(results_path, inflight.inflight_dir(out), run_id, finish=_scaling(results_path))
+    for record in adopted:
+        say(f"adopted the finished result of a killed run: {format_line(record)}")
     cells = select_cells(suite, options.cell_filters)
     previous = latest_by_cell(read_records(results_path))
     visible = Visible.detect()
@@ -182,12 +213,16 @@ def run_suite(
 
     done = {c.cell_id for c in cells if already_recorded(c)}
     todo = [c for c in run_order(cells) if c.cell_id not in done]
-    run_id = new_run_id()
+    planner = None
+    if suite.plan is not None:  # imported only then: a suite without it never loads the planner
+        from ditbench.bench import planning
+
+        planner = planning.SuitePlanner(suite, suite.plan, env)
+        todo = planning.run_order(todo, cells)
     latest = {c.cell_id: c.previous(previous) for c in cells if c.cell_id in done}
     bar = tqdm(
         total=len(todo), unit="cell", disable=not options.progress, dynamic_ncols=True, file=sys.stderr
     )
-    say = echo or _print_line
     if done:
         n_ok = sum(rec["status"] == "ok" for rec in latest.values())
         say(
@@ -197,8 +232,12 @@ def run_suite(
         )
     previous_term = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
     try:
-        with tempfile.TemporaryDirectory(prefix="ditbench-") as tmp:
-            _run_cells(suite, options, todo, run_id, env, visible, Path(tmp), results_path, latest, bar, say)
+        run = _Run(suite, options, run_id, env, visible, out, latest, planner)
+        for i, cell in enumerate(todo, 1):
+            bar.set_postfix_str(cell.cell_name)
+            record = run.cell(cell)
+            say(f"[{i}/{len(todo)}] {format_line(record)}")
+            bar.update(1)
     finally:
         if previous_term is not None:
             signal.signal(signal.SIGTERM, previous_term)
@@ -206,6 +245,20 @@ def run_suite(
     records = [latest[c.cell_id] for c in cells if c.cell_id in latest]
     write_summary(out / SUMMARY_FILE, suite, records)
     return records
+
+
+def _scaling(results_path: Path) -> inflight.Finish:
+    """Fills a multi-process record's scaling efficiency from the one-GPU records in results.jsonl."""
+
+    def finish(record: dict[str, Any]) -> None:
+        config = record.get("config") if isinstance(record.get("config"), dict) else {}
+        gpus, nodes = config.get("gpus", 1), config.get("nodes", 1)
+        if isinstance(gpus, int) and isinstance(nodes, int) and gpus * nodes > 1:
+            from ditbench.bench.launch.aggregate import add_scaling_efficiency
+
+            add_scaling_efficiency(record, read_records(results_path))
+
+    return finish
 
 
 def _print_line(line: str) -> None:
@@ -225,41 +278,84 @@ def _terminate(signum, frame):  # SIGTERM: stop like Ctrl-C, so the running cell
     raise KeyboardInterrupt
 
 
-def _run_cells(suite, options, todo, run_id, env, visible, tmp, results_path, latest, bar, say) -> None:
-    oom_at: dict[str, tuple[int, str]] = {}  # series -> (smallest batch that ran out of memory, its name)
-    for i, cell in enumerate(todo, 1):
-        bar.set_postfix_str(cell.cell_name)
+class _Run:
+    """The cells of one run: each through its ticket (start, result file, one append); the OOM skip."""
+
+    def __init__(
+        self, suite, options, run_id, env, visible, out: Path, latest: dict[str, dict], planner=None
+    ):
+        self.suite, self.options, self.run_id, self.env, self.visible = suite, options, run_id, env, visible
+        self.out, self.latest, self.planner = out, latest, planner
+        self.results_path = out / RESULTS_FILE
+        self.folder = inflight.inflight_dir(out)
+        # series -> (the smallest batch that ran out of memory, its cell's name)
+        self.oom_at: dict[str, tuple[int, str]] = {}
+
+    def cell(self, cell: Cell) -> dict[str, Any]:
+        """Run one cell (or decide it need not start) and append its record; returns the record as written."""
+        verdict = precheck(cell, self.visible, self.options.rendezvous)
+        # Before the clock starts: the first cell of a series waits for its series' trace.
+        skip = self.planner.skip_reason(cell) if self.planner is not None and verdict is None else None
         started_at, t0 = now_iso(), time.monotonic()
-        verdict = precheck(cell, visible, options.rendezvous)
-        oom = oom_at.get(cell.series_key)
+        context = {
+            "suite": self.suite.name,
+            "run_id": self.run_id,
+            "cell_id": cell.cell_id,
+            "cell_name": cell.cell_name,
+            "suite_baseline": self.suite.baseline,
+            "config": cell.config,
+            "env": self.env,
+            "started_at": started_at,
+        }
+        ticket = inflight.open_ticket(self.folder, context)
+        try:
+            decided = self._decide(cell, verdict, skip)
+            if decided is not None:
+                inflight.write_result_file(ticket, decided)
+            else:
+                timeout = self.options.timeout_s or cell.timeout_s
+                log = self.out / LOGS_DIR / f"{cell.cell_id}.log"
+                about = {
+                    "cell_id": cell.cell_id,
+                    "cell_name": cell.cell_name,
+                    "rendezvous": self.options.rendezvous,
+                    "out_dir": str(self.out.resolve()),  # sample grids go under it
+                }
+                run_isolated(cell.spec, about, timeout, ticket.spec_path, ticket.result_path, log)
+        except BaseException:  # Ctrl-C, SIGTERM
+            if not ticket.result_path.exists():
+                ticket.remove()  # cut off before a result: the cell runs again next time
+            raise  # a finished result stays for the next run to append
+        record = inflight.commit(
+            self.results_path, ticket, time.monotonic() - t0, lambda record: self._finish(record, cell)
+        )
+        if record["status"] == "oom":
+            known = self.oom_at.get(cell.series_key)
+            if known is None or cell.config["batch_size"] < known[0]:
+                self.oom_at[cell.series_key] = (cell.config["batch_size"], cell.cell_name)
+        self.latest[cell.cell_id] = record
+        return record
+
+    def _decide(self, cell: Cell, verdict, skip: str | None) -> dict[str, Any] | None:
+        """The result of a cell that must not start (unsupported, predicted or seen not to fit), else None."""
         if verdict is not None:
-            result = {"status": verdict[0], "reason": verdict[1]}
-        elif options.oom_skip and oom and cell.config["batch_size"] > oom[0]:
-            result = {
+            return {"status": verdict[0], "reason": verdict[1]}
+        if skip is not None:
+            return {"status": "skipped", "reason": skip}
+        oom = self.oom_at.get(cell.series_key)
+        if self.options.oom_skip and oom and cell.config["batch_size"] > oom[0]:
+            return {
                 "status": "skipped",
                 "reason": f"{oom[1]} ran out of memory at batch {oom[0]}; this larger batch of the same "
                 "series would too",
             }
-        else:
-            timeout = options.timeout_s or cell.timeout_s
-            log = results_path.parent / "logs" / f"{cell.cell_id}.log"
-            about = {
-                "cell_id": cell.cell_id,
-                "cell_name": cell.cell_name,
-                "rendezvous": options.rendezvous,
-                "out_dir": str(results_path.parent.resolve()),  # sample grids go under it
-            }
-            result = run_isolated(cell.spec, about, timeout, tmp, log)
-        if result["status"] == "oom":
-            known = oom_at.get(cell.series_key)
-            if known is None or cell.config["batch_size"] < known[0]:
-                oom_at[cell.series_key] = (cell.config["batch_size"], cell.cell_name)
-        record = make_record(suite, run_id, cell, result, env, started_at, time.monotonic() - t0)
-        if cell.config["gpus"] * cell.config["nodes"] > 1:
+        return None
+
+    def _finish(self, record: dict[str, Any], cell: Cell) -> None:
+        if self.planner is not None:
+            self.planner.annotate(record, cell)
+        config = record["config"]
+        if config["gpus"] * config["nodes"] > 1:
             from ditbench.bench.launch.aggregate import add_scaling_efficiency
 
-            add_scaling_efficiency(record, list(latest.values()))
-        record = append_record(results_path, record)  # as written: JSON-safe
-        latest[cell.cell_id] = record
-        say(f"[{i}/{len(todo)}] {format_line(record)}")
-        bar.update(1)
+            add_scaling_efficiency(record, list(self.latest.values()))

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.bench.cellid import cell_id, legacy_cell_id
+from ditbench.bench.planning import PlanOption, parse_plan_option
 from ditbench.bench.spec import MAX_STEPS, CellSpec, Steps
 from ditbench.cards import check_gib, find_card
 from ditbench.device import DEVICE_CHOICES, device_type
@@ -43,6 +44,7 @@ TOP_KEYS = (
     "exclude",
     "include",
     "baseline",
+    "plan",
     "quality",
 )
 DEFAULTS_EXTRA_KEYS = ("steps", "smoke", "timeout_s")
@@ -95,6 +97,7 @@ class Suite:
     baseline: dict[str, Any] | None = None
     gpu_memory_gib: float | None = None  # the emulated card's budget, from `gpu_memory_gib` or `card`
     card: str | None = None
+    plan: PlanOption | None = None  # the `plan` option: predictions recorded, predicted OOMs skipped
     quality: quality_spec.QualitySpec | None = None  # the `quality` section, on the cells it applies to
 
 
@@ -288,6 +291,7 @@ def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
     if device not in DEVICE_CHOICES:
         raise v.fail("device", f"unknown device {shorten(device)}; valid: {', '.join(DEVICE_CHOICES)}.")
     budget, card = _emulation(v, raw)
+    plan = parse_plan_option(raw.get("plan"), v.at("plan"))
 
     # defaults: knobs plus steps / smoke / timeout_s
     defaults_raw = v.mapping("defaults", raw.get("defaults") or {})
@@ -357,7 +361,7 @@ def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
             f"selects no cell ({shorten(quality_cells)}); the default `smoke` needs smoke cells "
             "(defaults.smoke.cells), or give `all`, `baseline` or a list of partial cells.",
         )
-    return Suite(name, description, path, device, cells, baseline, budget, card, quality)
+    return Suite(name, description, path, device, cells, baseline, budget, card, plan, quality)
 
 
 def cell_name(config: dict[str, Any], varying: list[str] | tuple[str, ...] = ()) -> str:

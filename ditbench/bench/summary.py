@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -11,35 +12,65 @@ from ditbench.fileio import write_atomic
 REASON_CHARS = 160  # of a reason in the summary table's note column
 
 
+# The records come from results.jsonl, which a user may have edited: a reader validates the fields
+# every tool relies on, the rest may be anything. Every optional figure goes through these two.
+def _at(value: Any, *keys: str) -> Any:
+    """value[k1][k2]..., or None where a level is missing or not a mapping."""
+    for key in keys:
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def _num(value: Any, spec: str, scale: float = 1.0) -> str | None:
+    """A finite number formatted with `spec` (after * scale), else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value * scale):
+        return None
+    return format(value * scale, spec)
+
+
 def _mem(metrics: dict[str, Any]) -> str:
-    if metrics.get("peak_mem_allocated_gib") is not None:
-        return f"{metrics['peak_mem_allocated_gib']:.2f} GiB alloc"
-    if metrics.get("cpu_peak_rss_gib") is not None:
-        return f"{metrics['cpu_peak_rss_gib']:.2f} GiB RSS"
-    return "-"
+    """The measured peak (allocator on a GPU, CPU allocator, else RSS) and the planner's prediction."""
+    text = "-"
+    for key, what in (
+        ("peak_mem_allocated_gib", "alloc"),
+        ("cpu_peak_alloc_gib", "CPU alloc"),
+        ("cpu_peak_rss_gib", "RSS"),
+    ):
+        if (value := _num(metrics.get(key), ".2f")) is not None:
+            text = f"{value} GiB {what}"
+            break
+    if (predicted := _num(metrics.get("predicted_peak_gib"), ".2f")) is not None:
+        text += f" (predicted {predicted})"
+    return text
 
 
 def noise_note(metrics: dict[str, Any]) -> str | None:
     """'noisy (p90/p10 3.10 > 1.5)' for a cell whose step times or throughput disagree, else None."""
-    if not metrics.get("noisy"):
+    if metrics.get("noisy") is not True:
         return None
-    n = metrics.get("noise") or {}
+    n = metrics.get("noise") if isinstance(metrics.get("noise"), dict) else {}
     said = []
-    if (n.get("step_spread") or 0) > n.get("spread_bound", 0):
-        said.append(f"p90/p10 {n['step_spread']:.2f} > {n['spread_bound']:g}")
-    if (n.get("throughput_gap") or 0) > n.get("gap_bound", 0):
-        said.append(f"window vs median-step throughput differ {100 * n['throughput_gap']:.0f}%")
+    spread, bound = _num(n.get("step_spread"), ".2f"), _num(n.get("spread_bound"), "g")
+    if spread is not None and bound is not None and n["step_spread"] > n["spread_bound"]:
+        said.append(f"p90/p10 {spread} > {bound}")
+    gap = _num(n.get("throughput_gap"), ".0f", 100)
+    if gap is not None and _num(n.get("gap_bound"), "g") is not None and n["throughput_gap"] > n["gap_bound"]:
+        said.append(f"window vs median-step throughput differ {gap}%")
     return "noisy (" + ", ".join(said) + ")"
 
 
 def _smoke_text(smoke: dict[str, Any] | None) -> str | None:
-    if not smoke:
+    if not isinstance(smoke, dict):
         return None
     if smoke.get("status") not in (None, "ok"):
         return f"smoke {smoke['status']}: {smoke.get('reason') or ''}".strip()
-    if smoke.get("first_mean") is None:
-        return None
-    return f"smoke loss {smoke['first_mean']:.4f} -> {smoke['last_mean']:.4f}"
+    first, last = _num(smoke.get("first_mean"), ".4f"), _num(smoke.get("last_mean"), ".4f")
+    return f"smoke loss {first} -> {last}" if first is not None and last is not None else None
+
+
+def _mfu(metrics: dict[str, Any]) -> str | None:
+    value = _num(_at(metrics, "mfu", "value"), ".1f", 100)
+    return f"{value}%" if value is not None else None
 
 
 def format_line(record: dict[str, Any]) -> str:
@@ -48,16 +79,27 @@ def format_line(record: dict[str, Any]) -> str:
     if status != "ok":
         return f"{name}: {status.upper()}  {record.get('reason') or ''}"
     parts = [f"{m['images_per_s']:.1f} img/s", f"step {m['step_ms']['median']:.1f} ms", _mem(m)]
-    if m.get("mfu"):
-        parts.append(f"MFU {100 * m['mfu']['value']:.1f}%")
-    if (m.get("world_size") or 1) > 1:
-        eff = m.get("scaling_efficiency")
-        parts.append(f"{m['world_size']} ranks" + (f", scaling {100 * eff:.0f}%" if eff else ""))
-    if m.get("emulation"):
-        parts.append(f"emulated {m['emulation']['card'] or str(m['emulation']['budget_gib']) + ' GiB'}")
+    if (mfu := _mfu(m)) is not None:
+        parts.append(f"MFU {mfu}")
+    world = m.get("world_size")
+    if isinstance(world, int) and world > 1:
+        eff = _num(m.get("scaling_efficiency"), ".0f", 100)
+        parts.append(f"{world} ranks" + (f", scaling {eff}%" if eff else ""))
+    if isinstance(emulation := m.get("emulation"), dict):
+        budget = _num(emulation.get("budget_gib"), "g")
+        parts.append(f"emulated {emulation.get('card') or f'{budget} GiB'}")
     parts += [x for x in (_smoke_text(record.get("smoke")), noise_note(m)) if x]
-    parts.append(f"{record['duration_s']:.1f} s")
+    if (duration := _num(record.get("duration_s"), ".1f")) is not None:
+        parts.append(f"{duration} s")
     return f"{name}: ok  " + ", ".join(parts)
+
+
+def _step_text(step: Any) -> str:
+    median = _num(_at(step, "median"), ".1f")
+    if median is None:
+        return "-"
+    p10, p90 = _num(_at(step, "p10"), ".1f"), _num(_at(step, "p90"), ".1f")
+    return f"{median} ({p10}-{p90})" if p10 is not None and p90 is not None else median
 
 
 def summary_table(records: list[dict[str, Any]]) -> str:
@@ -69,21 +111,19 @@ def summary_table(records: list[dict[str, Any]]) -> str:
     for r in records:
         m = r.get("metrics") or {}
         ok = r["status"] == "ok"
-        step = m.get("step_ms") if ok else None
-        smoke = r.get("smoke")
+        smoke = r.get("smoke") if isinstance(r.get("smoke"), dict) else None
         note = "; ".join(x for x in (noise_note(m) if ok else None, r.get("reason")) if x)
         if smoke and smoke.get("status") not in (None, "ok"):
             note = "; ".join(x for x in (note, _smoke_text(smoke)) if x)
+        first, last = _num(_at(smoke, "first_mean"), ".4f"), _num(_at(smoke, "last_mean"), ".4f")
         cells = [
             r["cell_name"],
-            r["status"] + (" (noisy)" if ok and m.get("noisy") else ""),
-            f"{m['images_per_s']:.1f}" if ok else "-",
-            f"{step['median']:.1f} ({step['p10']:.1f}-{step['p90']:.1f})" if step else "-",
+            r["status"] + (" (noisy)" if ok and m.get("noisy") is True else ""),
+            (_num(m.get("images_per_s"), ".1f") or "-") if ok else "-",
+            _step_text(m.get("step_ms")) if ok else "-",
             _mem(m) if ok else "-",
-            f"{100 * m['mfu']['value']:.1f}%" if ok and m.get("mfu") else "-",
-            f"{smoke['first_mean']:.4f} -> {smoke['last_mean']:.4f}"
-            if smoke and smoke.get("first_mean")
-            else "-",
+            (_mfu(m) or "-") if ok else "-",
+            f"{first} -> {last}" if first is not None and last is not None else "-",
             " ".join(note.replace("|", "/").split())[:REASON_CHARS],
         ]
         rows.append("| " + " | ".join(cells) + " |")
@@ -91,21 +131,16 @@ def summary_table(records: list[dict[str, Any]]) -> str:
 
 
 def _emulation_text(records: list[dict[str, Any]]) -> str:
-    emulated = next(
-        (
-            (r.get("metrics") or {}).get("emulation")
-            for r in records
-            if (r.get("metrics") or {}).get("emulation")
-        ),
-        None,
-    )
+    emulated = next((e for r in records if isinstance(e := _at(r, "metrics", "emulation"), dict)), None)
     if not emulated:
         return ""
-    card = emulated["card"] or f"a {emulated['budget_gib']:g} GiB card"
+    budget = _num(emulated.get("budget_gib"), "g") or "?"
+    total = _num(emulated.get("real_total_gib"), ".1f") or "?"
+    card = emulated.get("card") or f"a {budget} GiB card"
     return (
-        f"Emulated card: {card} ({emulated['budget_gib']:g} GiB) on a {emulated['real_gpu']} of "
-        f"{emulated['real_total_gib']:.1f} GiB: the allocator was capped at the card's memory less the "
-        f"CUDA context, and `fits` means a cell completed under that cap; {emulated['note']}.\n\n"
+        f"Emulated card: {card} ({budget} GiB) on a {emulated.get('real_gpu')} of {total} GiB: the "
+        "allocator was capped at the card's memory less the CUDA context, and `fits` means a cell "
+        f"completed under that cap; {emulated.get('note')}.\n\n"
     )
 
 
@@ -113,9 +148,9 @@ def write_summary(path: Path, suite, records: list[dict[str, Any]]) -> None:
     counts: dict[str, int] = {}
     for r in records:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
-    env = next((r["env"] for r in records if r.get("env")), {}) or {}
+    env = next((r["env"] for r in records if isinstance(r.get("env"), dict) and r["env"]), {})
     device = env.get("gpu_name") or env.get("cpu") or "?"
-    noisy = sum(1 for r in records if r["status"] == "ok" and (r.get("metrics") or {}).get("noisy"))
+    noisy = sum(1 for r in records if r["status"] == "ok" and _at(r, "metrics", "noisy") is True)
     text = (
         f"# {suite.name}\n\n{suite.description.strip()}\n\n"
         f"{len(records)} cells: "

@@ -29,6 +29,8 @@ MEM_ALLOCATED = "metrics.peak_mem_allocated_gib"
 MEM_RESERVED = "metrics.peak_mem_reserved_gib"
 MEM_DEVICE = "metrics.device_mem_gib"
 MEM_RSS = "metrics.cpu_peak_rss_gib"
+MEM_CPU_ALLOC = "metrics.cpu_peak_alloc_gib"  # the CPU allocator's peak (RSS stays flat on a CPU)
+MEM_PREDICTED = "metrics.predicted_peak_gib"  # the planner's peak allocated, with the suite's `plan` option
 SAME_GIB = 0.05  # budgets closer than this (51 MiB) are the same card: 23.99 GiB is "24 GiB"
 
 
@@ -152,18 +154,23 @@ def fit_memory(row: pd.Series | dict[str, Any]) -> tuple[float | None, str]:
 
 
 def shown_memory(row: pd.Series | dict[str, Any]) -> tuple[float | None, str]:
-    """fit_memory on a GPU; the process's peak RSS on a CPU (it decides nothing, but it is what there is)."""
+    """fit_memory on a GPU; on a CPU the allocator's peak, else (older records) the process's peak RSS."""
     mem, label = fit_memory(row)
-    if mem is None and value(row, MEM_RSS) is not None:
-        return value(row, MEM_RSS), "CPU peak RSS"
+    if mem is None:
+        for name, text in ((MEM_CPU_ALLOC, "CPU allocator peak"), (MEM_RSS, "CPU peak RSS")):
+            if value(row, name) is not None:
+                return value(row, name), text
     return mem, label
 
 
 def memory_metric(df: pd.DataFrame) -> tuple[str, str]:
-    """(column, label) of the memory in the tables: peak allocated on a GPU, else peak RSS on a CPU."""
+    """(column, label) of the memory in the tables: peak allocated on a GPU, else the CPU allocator's
+    peak, else (records from before it was measured) the peak RSS."""
     ok = df[df["status"] == "ok"]
     if column(ok, MEM_ALLOCATED).notna().any():
         return MEM_ALLOCATED, "peak allocated (GiB)"
+    if column(ok, MEM_CPU_ALLOC).notna().any():
+        return MEM_CPU_ALLOC, "CPU allocator peak (GiB)"
     if column(ok, MEM_RSS).notna().any():
         return MEM_RSS, "CPU peak RSS (GiB)"
     return MEM_ALLOCATED, "peak allocated (GiB)"

@@ -117,9 +117,10 @@ def _speed_memory(df: pd.DataFrame, png: bytes) -> list[Block]:
     text = (
         "Each ok cell is a point: images/s against the memory that decides whether it fits a card "
         "(peak reserved + CUDA context where the context was measured, else NVML device memory, else "
-        "reserved; the process's peak RSS on a CPU). Colour is the precision, the marker says gradient "
-        "checkpointing, the label is the batch size per GPU. The line joins the Pareto front: the cells "
-        "no other cell beats on both speed and memory. A vertical line marks each card budget."
+        "reserved; on a CPU the allocator's peak, or the process's peak RSS in older records). Colour "
+        "is the precision, the marker says gradient checkpointing, the label is the batch size per GPU. "
+        "The line joins the Pareto front: the cells no other cell beats on both speed and memory. A "
+        "vertical line marks each card budget."
     )
     if emulated_cells(df):
         text += " Speeds of cells that ran on a capped bigger card are that card's."

@@ -24,7 +24,14 @@ from ditbench.report.blocks import (
 from ditbench.report.cells import cell_label, knobs, value_order, varying_knobs
 from ditbench.report.claim_check import ClaimResult
 from ditbench.report.load import column, value
-from ditbench.report.memory import MEM_RESERVED, cell_budget, fits, memory_metric, metrics_of
+from ditbench.report.memory import (
+    MEM_PREDICTED,
+    MEM_RESERVED,
+    cell_budget,
+    fits,
+    memory_metric,
+    metrics_of,
+)
 from ditbench.report.timing import gpu_hours_text, time_text
 
 IMG_S = "metrics.images_per_s"
@@ -210,9 +217,11 @@ def model_section(
             status = row["status"]
             if status == "ok":
                 text = f"{num(value(row, IMG_S))} img/s"
-                mem = value(row, mem_col)
+                mem, predicted = value(row, mem_col), value(row, MEM_PREDICTED)
                 if mem is not None:
                     text += f" · {num(mem, 1)} GiB"
+                if predicted is not None:
+                    text += f" (predicted {num(predicted, 1)})"
                 if comparison.at[row.name, "is_baseline"]:
                     text += " (baseline)"
                 if noise_text(row):
@@ -252,6 +261,7 @@ def model_section(
         f"time to {steps_text(steps)} steps",
         "GPU-hours / 1M images",
         mem_label,
+        "predicted peak (GiB)",
         "reserved (GiB)",
         fit_header,
         "MFU",
@@ -312,6 +322,7 @@ def _detail_row(
         time_text(row, steps) if ok else "—",
         gpu_hours_text(row) if ok else "—",
         num(value(row, mem_col), 2),
+        _predicted_text(row),
         num(value(row, MEM_RESERVED), 2),
         fit,
         num(mfu * 100, 1, "%") if mfu is not None else "—",
@@ -322,3 +333,14 @@ def _detail_row(
         ran_on_text(row) if emulated else "—",
         notes,
     ]
+
+
+def _predicted_text(row: pd.Series) -> str:
+    """The planner's peak allocated for the cell (the suite's `plan` option), or why there is none."""
+    predicted = value(row, MEM_PREDICTED)
+    if predicted is not None:
+        return num(predicted, 2)
+    pred = metrics_of(row).get("prediction")
+    if isinstance(pred, dict) and pred.get("status") in ("unsupported", "error"):
+        return f"not predicted ({pred['status']})"
+    return "—"

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import sys
@@ -36,6 +37,9 @@ FAIL_AFTER_ENV = "DITBENCH_SAMPLE_FAIL_AFTER_SHARDS"
 
 
 def check_args(args) -> None:
+    from ditbench.knobs import MAX_CLASSES, MAX_IMAGE_SIZE, SEED_MAX
+    from ditbench.vae import LATENT_CHANNELS
+
     for name in ("num_samples", "batch_size", "steps", "num_classes"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least 1.")
@@ -43,8 +47,18 @@ def check_args(args) -> None:
         raise UserError(
             f"--steps {args.steps} must be at most {NUM_TIMESTEPS} (the diffusion has {NUM_TIMESTEPS} steps)."
         )
-    if args.cfg_scale < 1.0:
-        raise UserError(f"--cfg-scale {args.cfg_scale} must be >= 1 (1 turns guidance off).")
+    if not (math.isfinite(args.cfg_scale) and args.cfg_scale >= 1.0):
+        raise UserError(f"--cfg-scale {args.cfg_scale} must be a finite number >= 1 (1 turns guidance off).")
+    bounds = (  # beyond them a value is a typo, and an allocation the size of the typo
+        ("seed", 0, SEED_MAX),
+        ("num_classes", 1, MAX_CLASSES),
+        ("image_size", 1, MAX_IMAGE_SIZE),
+        ("guidance_channels", 1, LATENT_CHANNELS),  # the latent has 4 channels; 0 would silently guide none
+    )
+    for name, low, high in bounds:
+        value = getattr(args, name, None)
+        if value is not None and not low <= value <= high:
+            raise UserError(f"--{name.replace('_', '-')} {value} must be from {low} to {high:,}.")
     if args.checkpoint != "random":
         args.checkpoint = str(resolve_checkpoint(args.checkpoint))  # a released checkpoint by name
     if args.checkpoint != "random" and not Path(args.checkpoint).is_file():
@@ -61,6 +75,9 @@ def check_args(args) -> None:
         )
     if not str(args.out).endswith(".npz"):
         raise UserError(f"--out {args.out!r} must end in .npz (the ADM batch format).")
+    from ditbench.outpaths import check_file_target
+
+    check_file_target(args.out, "--out", create_parent=False)  # rank 0 creates the folder later
 
 
 def _precision_context(precision: str, device):

@@ -13,6 +13,7 @@ import math
 import time
 
 DEFAULT_MODEL = "DiT-S/8"  # a suite must name its model; a quick command-line check gets a small one
+MAX_STEPS = 10**9  # beyond it a step count is a typo, and the run would never end
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,10 +52,14 @@ def run(args: argparse.Namespace) -> int:
     from ditbench.train import TrainConfig, Trainer
     from ditbench.train.data import data_spec
 
-    if args.steps < 1:
-        raise UserError(f"--steps must be at least 1, got {args.steps}")
+    if not 1 <= args.steps <= MAX_STEPS:
+        raise UserError(f"--steps must be from 1 to {MAX_STEPS:,}, got {args.steps}")
     if args.log_every < 1:
         raise UserError(f"--log-every must be at least 1, got {args.log_every}")
+    if args.save:
+        from ditbench.outpaths import check_file_target
+
+        check_file_target(args.save, "--save")  # before training, not after it
     device = str(resolve_device(args.device))
     knobs = {name: getattr(args, name) for name in TRAIN_KNOBS}
     knobs["data"] = data_spec(args.data, args.vae)

@@ -22,8 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ditbench.errors import UserError
+from ditbench.errors import UserError, shorten
 from ditbench.fileio import atomic_write, write_json_atomic
+from ditbench.outlock import OutputLock
+from ditbench.outpaths import check_file_target, ensure_dir
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +51,57 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true")
 
 
+MAX_SHARD_SIZE = 1 << 24  # images per shard and per batch; beyond it a value is a typo
+PROGRESS_FILE = "progress.json"
+WHERE = "the progress folder of --out"
+
+
+def check_arguments(out, image_size: int, batch_size: int, shard_size: int, workers: int, seed: int) -> Path:
+    """Refuse, before any work, what would fail midway (UserError naming the option)."""
+    from ditbench.knobs import MAX_IMAGE_SIZE, SEED_MAX
+
+    for flag, value, low, high in (
+        ("--image-size", image_size, 1, MAX_IMAGE_SIZE),
+        ("--batch-size", batch_size, 1, MAX_SHARD_SIZE),
+        ("--shard-size", shard_size, 1, MAX_SHARD_SIZE),
+        ("--workers", workers, 0, 1024),
+        ("--seed", seed, 0, SEED_MAX),
+    ):
+        if not low <= value <= high:
+            raise UserError(f"{flag} must be from {low} to {high:,}, got {value}")
+    out = Path(out)
+    if out.suffix != ".npz":
+        raise UserError(f"--out {str(out)!r} must end in .npz")
+    return check_file_target(out, "--out", create_parent=False)  # made when the first shard is written
+
+
+def read_progress(parts: Path, job: dict, n_shards: int) -> dict:
+    """The progress marker of an interrupted extraction of the same job, or a fresh one (written)."""
+    marker = parts / PROGRESS_FILE
+    if not marker.is_file():
+        state = {"job": job, "done": []}
+        write_json_atomic(marker, state, indent=1)
+        return state
+    try:
+        state = json.loads(marker.read_bytes())
+    except (ValueError, RecursionError):
+        state = None
+    done = state.get("done") if isinstance(state, dict) else None
+    if not isinstance(done, list) or not all(isinstance(s, int) and 0 <= s < n_shards for s in done):
+        raise UserError(
+            f"{str(marker)!r} is not a progress file ditbench wrote (damaged?); delete {str(parts)!r} to "
+            "start the extraction over"
+        )
+    if state.get("job") != job:
+        raise UserError(
+            f"{str(parts)!r} holds progress of a different extraction (other images, VAE, size or shard "
+            "size); delete that folder to start over, or rerun with the original arguments"
+        )
+    # a shard listed as done whose file is gone is encoded again
+    state["done"] = [s for s in done if (parts / f"shard_{s:06d}.npz").is_file()]
+    return state
+
+
 def extract_latents(
     image_dir,
     vae: str,
@@ -66,21 +119,14 @@ def extract_latents(
 
     stop_after_shards stops early (as an interruption would) after encoding that many shards.
     """
-    import torch
-    from tqdm.auto import tqdm
-
     from ditbench.device import resolve_device
     from ditbench.models.configs import latent_size
     from ditbench.train.data import image_folder
-    from ditbench.vae import build_vae, encode_images
+    from ditbench.vae import build_vae
 
+    out = check_arguments(out, image_size, batch_size, shard_size, workers, seed)
     latent_size(image_size)
     dev = resolve_device(device)  # before anything is written: a bad device leaves no .parts/ behind
-    if batch_size < 1 or shard_size < 1:
-        raise UserError("--batch-size and --shard-size must be at least 1")
-    out = Path(out)
-    if out.suffix != ".npz":
-        raise UserError(f"--out {str(out)!r} must end in .npz")
     dataset = image_folder(image_dir, image_size, flip=False)
     if len(dataset) == 0:
         raise UserError(f"image folder {str(image_dir)!r} holds no images")
@@ -94,33 +140,64 @@ def extract_latents(
         "files_sha1": hashlib.sha1("\n".join(files).encode()).hexdigest(),
         "count": len(files),
     }
+    model, vae_desc = build_vae(vae, dev)  # before .parts/: a VAE that does not load leaves nothing behind
     parts = out.with_name(out.name + ".parts")
-    marker = parts / "progress.json"
-    if marker.is_file():
-        state = json.loads(marker.read_text())
-        if state.get("job") != job:
-            raise UserError(
-                f"{str(parts)!r} holds progress of a different extraction (other images, VAE, size or shard "
-                "size); delete that folder to start over, or rerun with the original arguments"
+    created = not os.path.lexists(parts)
+    if not created and not parts.is_dir():
+        raise UserError(
+            f"{str(parts)!r} is in the way: extract-latents keeps the progress of --out {str(out)!r} in a "
+            "folder of that name. Move the file away, or give another --out."
+        )
+    ensure_dir(parts, WHERE, probe=False)
+    try:
+        with OutputLock(parts, what=WHERE):  # two extractions into one --out would race on its shards
+            state = read_progress(parts, job, (len(files) + shard_size - 1) // shard_size)
+            encoded = _encode_shards(
+                dataset,
+                model,
+                dev,
+                parts,
+                state,
+                batch_size,
+                shard_size,
+                workers,
+                seed,
+                progress,
+                stop_after_shards,
             )
-    else:
-        parts.mkdir(parents=True, exist_ok=True)
-        state = {"job": job, "done": []}
-        write_json_atomic(marker, state, indent=1)
+            if encoded is None:
+                return {"path": None, "count": len(files), "shards_encoded": stop_after_shards, "done": False}
+            _merge(parts, out, dataset, image_size, vae_desc, len(files), shard_size)
+            shutil.rmtree(parts)  # still holding the lock: no other extraction starts in it meanwhile
+    except BaseException:
+        if created and not list(parts.glob("shard_*.npz")):
+            shutil.rmtree(parts, ignore_errors=True)  # nothing finished: leave no folder behind
+        raise
+    return {"path": str(out), "count": len(files), "shards_encoded": encoded, "done": True, "vae": vae_desc}
 
-    model, vae_desc = build_vae(vae, dev)
-    n_shards = (len(files) + shard_size - 1) // shard_size
+
+def _encode_shards(
+    dataset, model, dev, parts, state, batch_size, shard_size, workers, seed, progress, stop_after_shards
+) -> int | None:
+    """Encode every shard not yet done; the number encoded, or None when stopped by stop_after_shards."""
+    import torch
+    from tqdm.auto import tqdm
+
+    from ditbench.vae import encode_images
+
+    count = len(dataset)
+    n_shards = (count + shard_size - 1) // shard_size
     done = set(state["done"])
     encoded = 0
-    bar = tqdm(total=len(files), unit="img", desc="encoding", disable=not progress)
-    bar.update(sum(min(shard_size, len(files) - s * shard_size) for s in done))
+    bar = tqdm(total=count, unit="img", desc="encoding", disable=not progress)
+    bar.update(sum(min(shard_size, count - s * shard_size) for s in done))
     for s in range(n_shards):
         if s in done:
             continue
         if stop_after_shards is not None and encoded >= stop_after_shards:
             bar.close()
-            return {"path": None, "count": len(files), "shards_encoded": encoded, "done": False}
-        lo, hi = s * shard_size, min(len(files), (s + 1) * shard_size)
+            return None
+        lo, hi = s * shard_size, min(count, (s + 1) * shard_size)
         subset = torch.utils.data.Subset(dataset, range(lo, hi))
         loader = torch.utils.data.DataLoader(
             subset, batch_size=batch_size, shuffle=False, num_workers=workers
@@ -135,15 +212,26 @@ def extract_latents(
         atomic_write(parts / f"shard_{s:06d}.npz", lambda f, shard=shard: np.savez(f, **shard))
         done.add(s)
         state["done"] = sorted(done)
-        write_json_atomic(marker, state, indent=1)
+        write_json_atomic(parts / PROGRESS_FILE, state, indent=1)
         encoded += 1
     bar.close()
+    return encoded
 
+
+def _merge(parts: Path, out: Path, dataset, image_size: int, vae_desc: str, count: int, shard_size: int):
+    """The final .npz from every shard, written atomically."""
     lat_parts, lab_parts = [], []
-    for s in range(n_shards):
-        with np.load(parts / f"shard_{s:06d}.npz") as f:
-            lat_parts.append(f["latents"])
-            lab_parts.append(f["labels"])
+    for s in range((count + shard_size - 1) // shard_size):
+        path = parts / f"shard_{s:06d}.npz"
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                lat_parts.append(f["latents"])
+                lab_parts.append(f["labels"])
+        except (OSError, ValueError, KeyError) as err:
+            raise UserError(
+                f"shard {str(path)!r} cannot be read ({shorten(str(err), quote=False)}); delete it and rerun "
+                "to encode it again"
+            ) from None
     latents = np.concatenate(lat_parts)
     labels = np.concatenate(lab_parts).astype(np.int64)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -155,8 +243,6 @@ def extract_latents(
         "vae": np.array(vae_desc),
     }
     atomic_write(out, lambda f: np.savez(f, **final))
-    shutil.rmtree(parts)
-    return {"path": str(out), "count": len(files), "shards_encoded": encoded, "done": True, "vae": vae_desc}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -2,8 +2,9 @@
 
 Parent side, `run_isolated`: the runner starts `python -m MODULE SPEC.json RESULT.json` in a
 session of its own (so a timeout kills its whole process group, and it dies with the runner),
-waits, and reads RESULT.json, or says how the process died. MODULE is this one for a one-process
-cell and `launch.torchrun` (which starts the ranks) for a multi-process one.
+waits, and leaves RESULT.json for the runner: the cell's own, or one saying how the process
+died. MODULE is this one for a one-process cell and `launch.torchrun` (which starts the ranks)
+for a multi-process one.
 
 Child side, `main`: `python -m ditbench.bench.launch.process SPEC.json RESULT.json` measures
 the cell (`bench.cell`), smoke-trains it and evaluates its sample quality if asked, and writes the
@@ -13,7 +14,6 @@ itself (a hang, a segfault, the kernel's OOM killer) the parent records from the
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -42,14 +42,19 @@ def child_env() -> dict[str, str]:
 
 
 def run_isolated(
-    spec: CellSpec, about: dict[str, Any], timeout_s: float, workdir: Path, log_path: Path
-) -> dict[str, Any]:
-    """Run one cell in a fresh process; return its result, or one describing how it died.
+    spec: CellSpec,
+    about: dict[str, Any],
+    timeout_s: float,
+    spec_path: Path,
+    result_path: Path,
+    log_path: Path,
+) -> None:
+    """Run one cell in a fresh process; afterwards `result_path` holds its result, or one saying how it died.
 
-    `about` goes into SPEC.json with the config: cell_id, cell_name, timeout_s, rendezvous.
+    `about` goes into SPEC.json with the config: cell_id, cell_name, timeout_s, rendezvous. The
+    result file is left for the caller, who appends its record and only then removes it
+    (`bench.inflight.commit`): a runner killed in between loses nothing.
     """
-    spec_path = workdir / f"{about['cell_id']}.spec.json"
-    result_path = workdir / f"{about['cell_id']}.result.json"
     result_path.unlink(missing_ok=True)
     write_spec(spec_path, spec, **about, timeout_s=timeout_s)
     module = TORCHRUN_MODULE if spec.world_size > 1 else MODULE
@@ -67,20 +72,25 @@ def run_isolated(
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             procs.kill_group(proc)
-            return {
-                "status": "timeout",
-                "reason": f"no result after {timeout_s:g} s; the cell's processes were killed",
-                "traceback": procs.tail(log_path, LOG_TAIL_BYTES),
-            }
+            write_result(result_path, timed_out(timeout_s, log_path))
+            return
         except BaseException:  # Ctrl-C: take the cell down with us
             procs.kill_group(proc)
             raise
-    try:
-        if result_path.exists():
-            return json.loads(result_path.read_text())
-    finally:
-        result_path.unlink(missing_ok=True)
-        spec_path.unlink(missing_ok=True)
+    if not result_path.exists():
+        write_result(result_path, died(rc, log_path))
+
+
+def timed_out(timeout_s: float, log_path: Path) -> dict[str, Any]:
+    return {
+        "status": "timeout",
+        "reason": f"no result after {timeout_s:g} s; the cell's processes were killed",
+        "traceback": procs.tail(log_path, LOG_TAIL_BYTES),
+    }
+
+
+def died(rc: int, log_path: Path) -> dict[str, Any]:
+    """The result of a cell process that ended without writing one."""
     how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit status {rc}"
     hint = (
         " (a SIGKILL with no result is often the kernel's out-of-memory killer)"

@@ -52,8 +52,13 @@ def torchrun_command(
     rdzv_id: str | None = None,
     python: str = sys.executable,
     join_timeout_s: float | None = None,
+    log_dir: str | Path | None = None,
 ) -> list[str]:
-    """The torchrun command line that runs `python -m module *entry_args` on nproc_per_node ranks."""
+    """The torchrun command line that runs `python -m module *entry_args` on nproc_per_node ranks.
+
+    log_dir: where torchrun keeps its per-attempt folders (without it, a `torchelastic_*` folder in
+    the system temp folder per launch, never removed).
+    """
     rdzv.validate()
     if nproc_per_node < 1:
         raise UserError(f"nproc_per_node {nproc_per_node} must be at least 1.")
@@ -66,6 +71,8 @@ def torchrun_command(
         f"--nnodes={rdzv.nnodes}",
     ]
     cmd.append("--max-restarts=0")
+    if log_dir is not None:
+        cmd.append(f"--log-dir={log_dir}")
     if rdzv.nnodes == 1 and not rdzv.endpoint:
         cmd.append("--standalone")  # local store on a free port: parallel jobs never collide
     else:
@@ -277,7 +284,12 @@ def run_cell(
             old.unlink()
     rdzv_id = f"ditbench-{doc.get('cell_id', 'cell')}"
     cmd = torchrun_command(
-        nproc, [str(spec_path), str(report_dir)], rdzv, rdzv_id=rdzv_id, join_timeout_s=timeout_s
+        nproc,
+        [str(spec_path), str(report_dir)],
+        rdzv,
+        rdzv_id=rdzv_id,
+        join_timeout_s=timeout_s,
+        log_dir=report_dir / "torchelastic",  # removed with the cell's other files
     )
     env = dict(os.environ if env is None else env)
     if spec.device == "cpu" and "OMP_NUM_THREADS" not in env:

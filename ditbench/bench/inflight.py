@@ -1,0 +1,298 @@
+"""A cell's files between its start and its record: each finished result is appended once, never lost.
+
+For every cell a run starts, it first writes a ticket, `<out>/.inflight/<cell_id>.<run_id>.ticket.json`
+(what the record needs besides the result: suite, run, cell, config, environment, start time). The
+cell's process writes `<key>.result.json` next to it (atomically), or the runner writes the result
+it decided itself (timeout, died, unsupported, skipped). `commit` then turns ticket + result into
+the record, appends it to results.jsonl, and only after that removes the ticket's files.
+
+So whatever moment a run is killed at, the next run in the same folder (holding its lock, so no
+other run is writing) finds one of: a ticket without a result (the cell was cut off: its files are
+removed and it runs again); a ticket with a result that results.jsonl does not hold yet (the kill
+came between the cell's end and its append: `adopt` appends it, the measurement is kept); or a
+ticket whose result is already appended (the kill came between the append and the clean-up: the
+files are removed, nothing is appended twice). A run is identified by its run_id, and a run runs a
+cell once, so (run_id, cell_id) names one result.
+
+The one-cell path another executor (SLURM) reuses: `open_ticket`, have something write
+`ticket.result_path`, `commit`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ditbench.bench.records import SCHEMA, append_record, decode_line
+from ditbench.fileio import write_json_atomic
+
+INFLIGHT_DIR = ".inflight"
+TRACEBACK_LINES = 15
+# Result keys the record places itself; any other key a cell reports (e.g. quality) is carried over.
+_PLACED = ("status", "reason", "metrics", "smoke", "env", "traceback")
+_CONTEXT_KEYS = ("suite", "run_id", "cell_id", "cell_name", "suite_baseline", "config", "started_at")
+
+Finish = Callable[[dict[str, Any]], None]  # completes a record before it is appended (scaling efficiency)
+
+
+@dataclass(frozen=True)
+class Ticket:
+    folder: Path  # <out>/.inflight
+    key: str  # <cell_id>.<run_id>
+
+    @property
+    def ticket_path(self) -> Path:
+        return self.folder / f"{self.key}.ticket.json"
+
+    @property
+    def spec_path(self) -> Path:
+        return self.folder / f"{self.key}.spec.json"
+
+    @property
+    def result_path(self) -> Path:
+        return self.folder / f"{self.key}.result.json"
+
+    def read_context(self) -> dict[str, Any]:
+        return json.loads(self.ticket_path.read_bytes())
+
+    def remove(self) -> None:
+        """Every file of this ticket: spec, result, the ranks' reports and torchrun's logs."""
+        for path in self.folder.glob(f"{glob_escape(self.key)}.*"):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        for path in self.folder.glob(f".{glob_escape(self.key)}.*.tmp"):  # an atomic write cut short
+            path.unlink(missing_ok=True)
+
+
+def glob_escape(text: str) -> str:
+    return re.sub(r"([*?\[\]])", r"[\1]", text)
+
+
+def inflight_dir(out: Path) -> Path:
+    return Path(out) / INFLIGHT_DIR
+
+
+def open_ticket(folder: Path, context: dict[str, Any]) -> Ticket:
+    """Write the ticket of a cell about to start; `context` holds _CONTEXT_KEYS and `env`."""
+    missing = [k for k in _CONTEXT_KEYS if k not in context]
+    if missing:
+        raise ValueError(f"a ticket needs {', '.join(missing)}")
+    folder.mkdir(parents=True, exist_ok=True)
+    ticket = Ticket(folder, f"{context['cell_id']}.{context['run_id']}")
+    ticket.remove()  # leftovers of an attempt with the same key (cannot be a result: one run, one attempt)
+    write_json_atomic(ticket.ticket_path, {**context, "started_unix": time.time()}, default=str)
+    return ticket
+
+
+def write_result_file(ticket: Ticket, result: dict[str, Any]) -> None:
+    """A result the runner decided itself (the cell's process writes its own)."""
+    from ditbench.bench.launch.files import write_result
+
+    write_result(ticket.result_path, result)
+
+
+def make_record(context: dict[str, Any], result: dict[str, Any], duration_s: float) -> dict[str, Any]:
+    """The result record (README: "The result record") of one cell's result and its ticket's context."""
+    record = {
+        "schema": SCHEMA,
+        "suite": context["suite"],
+        "run_id": context["run_id"],
+        "cell_id": context["cell_id"],
+        "cell_name": context["cell_name"],
+        "suite_baseline": context["suite_baseline"],
+        "config": context["config"],
+        "status": result.get("status", "error"),
+        "reason": result.get("reason"),
+        "metrics": result.get("metrics"),
+        "smoke": result.get("smoke"),
+        "env": result.get("env") or context.get("env"),
+        "started_at": context["started_at"],
+        "duration_s": round(duration_s, 3),
+    }
+    for key, value in result.items():
+        if key not in _PLACED and key not in record:
+            record[key] = value
+    if isinstance(result.get("traceback"), str) and result["traceback"]:
+        lines = result["traceback"].rstrip().splitlines()
+        record["traceback"] = "\n".join(lines[-TRACEBACK_LINES:])
+    return record
+
+
+def read_result(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """(result, None), or (None, why it cannot be used). Never raises."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None, "no result file"
+    except OSError as err:
+        return None, f"its result file could not be read ({err.strerror or err})"
+    value, problem = decode_line(data)
+    if problem is None and not (isinstance(value, dict) and isinstance(value.get("status"), str)):
+        problem = "not a result (a JSON object with a status)"
+    return (value, None) if problem is None else (None, f"its result file is {problem}")
+
+
+def commit(
+    results_path: Path, ticket: Ticket, duration_s: float, finish: Finish | None = None
+) -> dict[str, Any]:
+    """Append the record of the ticket's result (which must be there), then remove the ticket's files.
+
+    Returns the record as written. An unreadable result file is recorded as an error, never raised.
+    """
+    context = ticket.read_context()
+    result, problem = read_result(ticket.result_path)
+    if result is None:
+        result = {"status": "error", "reason": f"the cell finished but {problem}"}
+    record = make_record(context, result, duration_s)
+    if finish is not None:
+        finish(record)
+    written = append_record(results_path, record)
+    ticket.remove()
+    return written
+
+
+def appended_keys(results_path: Path) -> set[tuple[str, str]]:
+    """(run_id, cell_id) of every line of results.jsonl that decodes, valid record or not."""
+    try:
+        data = results_path.read_bytes()
+    except FileNotFoundError:
+        return set()
+    keys = set()
+    for line in data.split(b"\n"):
+        if not line.strip():
+            continue
+        value, _ = decode_line(line)
+        if (
+            isinstance(value, dict)
+            and isinstance(value.get("run_id"), str)
+            and isinstance(value.get("cell_id"), str)
+        ):
+            keys.add((value["run_id"], value["cell_id"]))
+    return keys
+
+
+def adopt(
+    results_path: Path, folder: Path, run_id: str, finish: Finish | None = None
+) -> list[dict[str, Any]]:
+    """Append the finished results a killed run left in `folder` (once), then empty `folder`.
+
+    Call it holding the output folder's lock. Returns the records appended, in start order.
+    """
+    if not folder.is_dir():
+        return []
+    tickets = []
+    for path in folder.glob("*.ticket.json"):
+        ticket = Ticket(folder, path.name[: -len(".ticket.json")])
+        try:
+            context = ticket.read_context()
+            if not all(k in context for k in _CONTEXT_KEYS):
+                raise ValueError("incomplete")
+        except (OSError, ValueError, RecursionError):
+            warnings.warn(f"{path}: an unreadable ticket of an earlier run; removed", stacklevel=2)
+            ticket.remove()
+            continue
+        started = context.get("started_unix")
+        ok = isinstance(started, (int, float)) and not isinstance(started, bool) and math.isfinite(started)
+        tickets.append((started if ok else 0.0, ticket, context))
+    adopted = []
+    done = appended_keys(results_path) if tickets else set()
+    for started, ticket, context in sorted(tickets, key=lambda t: t[0]):
+        result, _problem = read_result(ticket.result_path)
+        if result is not None and (context["run_id"], context["cell_id"]) not in done:
+            try:
+                ended = ticket.result_path.stat().st_mtime
+            except OSError:
+                ended = time.time()
+            record = make_record(context, result, max(0.0, ended - started) if started else 0.0)
+            record["adopted_by"] = run_id  # appended by this run after the run that measured it was killed
+            if finish is not None:
+                finish(record)
+            adopted.append(append_record(results_path, record))
+        ticket.remove()
+    _empty(folder)
+    return adopted
+
+
+def _empty(folder: Path) -> None:
+    """Remove what no ticket owns any more (specs, rank reports and temp files of cut-off cells)."""
+    for path in folder.iterdir():
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Temp folders of runners before 0.2 (one `ditbench-*` per run in the system temp folder)
+# ---------------------------------------------------------------------------------------------
+
+LEGACY_PREFIX = "ditbench-"
+LEGACY_ENTRY = re.compile(r"[0-9a-f]{12}\.(spec\.json|result\.json|result\.ranks)|\..+\.tmp")
+LEGACY_AGE_S = 3600.0  # untouched this long: no live runner of that version is using it
+
+
+def sweep_legacy_tempdirs(tmp: str | Path | None = None, now: float | None = None) -> list[Path]:
+    """Remove the `ditbench-*` folders runners of earlier versions left in the temp folder when killed.
+
+    Only folders that hold nothing but such a runner's files (12-hex-digit cell specs, results, rank
+    reports), are ours, have not changed for an hour, and that no running process names on its
+    command line; anything else (another tool's `ditbench-*` folder, a live run's) is left alone.
+    """
+    base = Path(tmp or tempfile.gettempdir())
+    now = time.time() if now is None else now
+    candidates = []
+    try:
+        entries = list(base.iterdir())
+    except OSError:
+        return []
+    for path in entries:
+        if path.name.startswith(LEGACY_PREFIX) and _legacy_and_idle(path, now):
+            candidates.append(path)
+    if not candidates:
+        return []
+    named = _named_by_processes(candidates)
+    removed = []
+    for path in candidates:
+        if path not in named:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _legacy_and_idle(path: Path, now: float) -> bool:
+    try:
+        st = path.lstat()
+        if not path.is_dir() or path.is_symlink() or st.st_uid != os.getuid():
+            return False
+        newest = st.st_mtime
+        for entry in path.iterdir():
+            if not LEGACY_ENTRY.fullmatch(entry.name):
+                return False
+            newest = max(newest, entry.lstat().st_mtime)
+    except OSError:
+        return False
+    return now - newest > LEGACY_AGE_S
+
+
+def _named_by_processes(paths: list[Path]) -> set[Path]:
+    """The folders some running process has on its command line (a live cell's SPEC path)."""
+    import psutil
+
+    texts = {p: str(p) for p in paths}
+    named = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = " ".join(proc.info.get("cmdline") or ())
+        named |= {p for p, text in texts.items() if text in cmdline}
+    return named

@@ -1,0 +1,138 @@
+"""A suite's `plan` option: the planner's prediction in every cell's record, cells predicted not to fit
+the (emulated) card skipped, the rest of each series run largest batch first.
+
+    plan: {skip_predicted_oom: true}     # in a suite; `plan: {}` records the predictions only
+
+Predictions are made here, in the runner's process, never in a cell's: tracing patches process-wide
+state, and a cell process trains. Each series (cells that differ only in batch size) is traced once,
+when its first cell comes up, and every batch size is a replay of that trace (`ditbench.plan`'s disk
+cache makes a rerun cheap). The card is the one the suite emulates (`card` or `gpu_memory_gib`), else
+the GPU this machine has, by name or by size; a CPU suite is planned for the CPU allocator. A cell the
+planner cannot predict (several GPUs, image folders, a step it cannot trace) simply runs, its record
+saying why there is no prediction.
+
+Largest first: within a series, the largest batch predicted to fit is the prediction's closest call.
+Running it first shows a wrong prediction (a real out-of-memory) before the rest of its series has
+run, and the cells predicted not to fit cost nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ditbench.errors import UserError, shorten
+
+PLAN_KEYS = ("skip_predicted_oom",)
+REASON_CHARS = 300
+
+
+@dataclass(frozen=True)
+class PlanOption:
+    skip_predicted_oom: bool = False
+
+
+def parse_plan_option(value: Any, fail) -> PlanOption | None:
+    """The suite's `plan` mapping as a PlanOption (None when absent); fail(key, message) -> Exception."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise fail(None, f"expected a mapping such as {{skip_predicted_oom: true}}, got {shorten(value)}.")
+    for key in value:
+        if key not in PLAN_KEYS:
+            raise fail(str(key), f"unknown key; valid: {', '.join(PLAN_KEYS)}.")
+    skip = value.get("skip_predicted_oom", False)
+    if not isinstance(skip, bool):
+        raise fail("skip_predicted_oom", f"expected true or false, got {shorten(skip)}.")
+    return PlanOption(skip_predicted_oom=skip)
+
+
+def run_order(cells: list, first_order: list) -> list:
+    """`first_order`'s series order, each series' cells largest batch first."""
+    rank: dict[str, int] = {}
+    for i, cell in enumerate(first_order):
+        rank.setdefault(cell.series_key, i)
+    return sorted(cells, key=lambda c: (rank.get(c.series_key, len(rank)), -c.config["batch_size"]))
+
+
+def target_budget(suite, env: dict[str, Any] | None):
+    """The planner's Budget for the suite's cells: the emulated card, else this machine's GPU, else none."""
+    from ditbench.plan.predict import budget
+
+    if suite.cells and all(c.config["device"] == "cpu" for c in suite.cells):
+        return budget(None, device="cpu")
+    if suite.card or suite.gpu_memory_gib is not None:
+        return budget(suite.card or suite.gpu_memory_gib)
+    name, gib = (env or {}).get("gpu_name"), (env or {}).get("gpu_memory_gib")
+    if name:
+        try:
+            return budget(name)
+        except UserError:  # a GPU the card table does not know: plan for its memory size
+            pass
+    return budget(gib if isinstance(gib, (int, float)) and gib > 0 else None)
+
+
+class SuitePlanner:
+    """Predicts each cell of a suite on demand (one trace per series) for the runner."""
+
+    def __init__(self, suite, option: PlanOption, env: dict[str, Any] | None = None):
+        self.suite, self.option = suite, option
+        self._budget = None
+        self._env = env
+        self._by_cell: dict[str, dict[str, Any]] = {}
+
+    def _predict_series(self, cell) -> None:
+        from ditbench.plan.predict import normalize, predict_budgets
+
+        series = [c for c in self.suite.cells if c.series_key == cell.series_key]
+        batches = sorted({c.config["batch_size"] for c in series})
+        try:
+            if self._budget is None:
+                self._budget = target_budget(self.suite, self._env)
+            rows = predict_budgets(normalize(dict(cell.config)), batches, [self._budget], disk_cache=True)[0]
+            by_batch = {p.batch_size: _as_record(p) for p in rows}
+        except Exception as err:  # noqa: BLE001 - no prediction is a fact about the cell, not a failure
+            reason = shorten(f"the planner failed: {type(err).__name__}: {err}", REASON_CHARS, quote=False)
+            by_batch = {b: {"status": "error", "reason": reason} for b in batches}
+        for c in series:
+            self._by_cell[c.cell_id] = by_batch[c.config["batch_size"]]
+
+    def prediction(self, cell) -> dict[str, Any]:
+        if cell.cell_id not in self._by_cell:
+            self._predict_series(cell)
+        return self._by_cell[cell.cell_id]
+
+    def skip_reason(self, cell) -> str | None:
+        """Why the cell is skipped unrun (predicted not to fit), or None."""
+        pred = self.prediction(cell)
+        if not self.option.skip_predicted_oom or pred["status"] != "oom":
+            return None
+        card = pred["card"] or f"{pred['memory_gib']:g} GiB card"
+        return f"predicted not to fit the {card}: {pred['reason']}"
+
+    def annotate(self, record: dict[str, Any], cell) -> None:
+        """The record's metrics.predicted_peak_gib and metrics.prediction (status, card, components)."""
+        pred = self.prediction(cell)
+        metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
+        record["metrics"] = {
+            **metrics,
+            "predicted_peak_gib": pred.get("peak_allocated_gib"),
+            "prediction": pred,
+        }
+
+
+def _as_record(p) -> dict[str, Any]:
+    def gib(value):
+        return None if value is None else round(value, 4)
+
+    return {
+        "status": p.status,
+        "reason": shorten(p.reason, REASON_CHARS, quote=False) if p.reason else None,
+        "card": p.card,
+        "memory_gib": p.memory_gib,
+        "device": p.device,
+        "peak_allocated_gib": gib(p.peak_allocated_gib),
+        "peak_reserved_gib": gib(p.peak_reserved_gib),
+        "device_gib": gib(p.device_gib),
+        "components": {k: round(v, 4) for k, v in p.components.items()},
+    }

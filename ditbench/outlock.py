@@ -1,0 +1,230 @@
+"""One writer per output folder: an exclusive lock, so two runs never both write the same results.
+
+`OutputLock(folder, command)` takes `<folder>/.ditbench.lock` with `fcntl.flock`: the kernel
+releases it when its holder dies, however it dies (SIGKILL included), so a lock never outlives a
+killed run. The file also holds its holder's record (PID, host, process start time, command, start
+time) so a second process is told who holds the folder; the record is cleared on release.
+
+Some file systems refuse flock (Lustre mounted without `flock`, some NFS setups). There the lock is
+the record itself, created atomically (`os.link`) as `<folder>/.ditbench.lock.held`, and removed on
+release; a record left by a killed holder is stale when it names this host and its process is gone
+(the PID no longer runs, or runs with another start time), and is then taken over. A record from
+another host cannot be checked from here: the message says so and how to clear it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import errno
+import fcntl
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+from ditbench.errors import UserError, shorten
+
+LOCK_NAME = ".ditbench.lock"
+HELD_NAME = ".ditbench.lock.held"  # the lock itself where flock is not supported
+_NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+_TAKEOVER_TRIES = 3
+
+
+def _process_start(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def holder_record(command: str) -> dict[str, Any]:
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "process_start": _process_start(os.getpid()),
+        "command": command,
+        "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
+    }
+
+
+def holder_alive(holder: dict[str, Any]) -> bool | None:
+    """Whether the process a record names still runs: None when it is on another host (unknowable)."""
+    if holder.get("host") != socket.gethostname():
+        return None
+    pid = holder.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        return False
+    start = _process_start(pid)
+    if start is None:
+        return False
+    recorded = holder.get("process_start")
+    return not isinstance(recorded, (int, float)) or abs(start - recorded) < 1.0  # else: a reused PID
+
+
+def _parse(data: bytes) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def describe(holder: dict[str, Any] | None) -> str:
+    if not holder:
+        return "another process (it has not written its PID yet)"
+    pid, host = holder.get("pid"), holder.get("host")
+    command = holder.get("command")
+    text = f"PID {shorten(pid, quote=False)} on host {shorten(host, quote=False)}"
+    if holder.get("since"):
+        text += f", since {shorten(holder['since'], quote=False)}"
+    if command:
+        text += f" (`{shorten(command, 120, quote=False)}`)"
+    return text
+
+
+class OutputLock:
+    """Context manager: hold `folder` exclusively or raise UserError naming the holder."""
+
+    def __init__(self, folder: str | Path, command: str | None = None, what: str = "--out", hint: str = ""):
+        self.folder = Path(folder)
+        self.command = command or " ".join(["ditbench", *sys.argv[1:]])[:500]
+        self.what = what
+        self.hint = hint  # appended to the message a second process gets
+        self._fd: int | None = None
+        self._held_file: Path | None = None
+        self.stale: dict[str, Any] | None = None  # the record of a killed holder this lock replaced
+
+    # -- flock ---------------------------------------------------------------------------------------
+    def acquire(self) -> OutputLock:
+        path = self.folder / LOCK_NAME
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as err:
+            raise UserError(
+                f"{self.what} {shorten(str(self.folder))}: cannot create its lock file {LOCK_NAME} "
+                f"({err.strerror or err}); give a folder you can write in."
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            holder = _parse(_read_all(fd))
+            os.close(fd)
+            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise self._hinted(self._busy(holder)) from None
+            if err.errno in _NO_FLOCK:
+                return self._acquire_held_file()
+            raise UserError(
+                f"{self.what} {shorten(str(self.folder))}: cannot lock {LOCK_NAME} ({err.strerror or err})."
+            ) from None
+        previous = _parse(_read_all(fd))
+        if previous and previous.get("pid") is not None:
+            self.stale = previous  # a holder that died without clearing its record (SIGKILL)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(holder_record(self.command)).encode(), 0)
+        self._fd = fd
+        return self
+
+    def _busy(self, holder: dict[str, Any] | None) -> UserError:
+        folder = shorten(str(self.folder))
+        alive = holder_alive(holder) if holder else True
+        if alive is False:  # the lock is held, but not by the process its record names
+            note = (
+                f"the lock file names {describe(holder)}, which no longer runs: a process it started, "
+                f"or one that is taking the lock right now, holds it (`fuser {folder}/{LOCK_NAME}` shows it)"
+            )
+            return UserError(
+                f"{self.what} {folder} is in use: {note}. Wait for it, or give another {self.what}."
+            )
+        return UserError(
+            f"{self.what} {folder} is in use by another ditbench process, {describe(holder)}. Two runs "
+            "writing one folder would each run every cell; wait for it to finish, or give another "
+            f"{self.what}."
+        )
+
+    # -- no flock: the record file is the lock ----------------------------------------------------------
+    def _acquire_held_file(self) -> OutputLock:
+        held = self.folder / HELD_NAME
+        record = json.dumps(holder_record(self.command)).encode()
+        for _ in range(_TAKEOVER_TRIES):
+            tmp = self.folder / f"{HELD_NAME}.{os.getpid()}.tmp"
+            tmp.write_bytes(record)
+            try:
+                os.link(tmp, held)  # atomic: exactly one contender creates it
+                self._held_file = held
+                return self
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink(missing_ok=True)
+            try:
+                holder = _parse(held.read_bytes())
+            except FileNotFoundError:
+                continue  # released meanwhile
+            alive = holder_alive(holder) if holder else None
+            if alive is not False:
+                raise self._hinted(self._busy_held(holder, held))
+            self._take_over(held, holder)
+        raise self._hinted(self._busy_held(None, held))
+
+    def _hinted(self, err: UserError) -> UserError:
+        return UserError(f"{err} {self.hint}") if self.hint else err
+
+    def _take_over(self, held: Path, holder: dict[str, Any] | None) -> None:
+        """Move a dead holder's record aside; if a live contender's record was moved instead, put it back."""
+        aside = held.with_name(f"{HELD_NAME}.stale.{os.getpid()}")
+        try:
+            os.rename(held, aside)
+        except FileNotFoundError:
+            return
+        if _parse(aside.read_bytes()) == holder:
+            self.stale = holder
+            aside.unlink(missing_ok=True)
+            return
+        try:
+            os.link(aside, held)  # not the stale record: someone took the lock between our read and rename
+        except FileExistsError:
+            pass
+        aside.unlink(missing_ok=True)
+
+    def _busy_held(self, holder: dict[str, Any] | None, held: Path) -> UserError:
+        other_host = holder is not None and holder_alive(holder) is None
+        clear = (
+            f" If that run is gone (its host cannot be checked from here), delete {shorten(str(held))}."
+            if other_host
+            else ""
+        )
+        return UserError(
+            f"{self.what} {shorten(str(self.folder))} is in use by another ditbench process, "
+            f"{describe(holder)}; wait for it to finish, or give another {self.what}.{clear}"
+        )
+
+    # -------------------------------------------------------------------------------------------------
+    def release(self) -> None:
+        if self._fd is not None:
+            try:
+                os.ftruncate(self._fd, 0)  # no record: nobody holds it
+            except OSError:
+                pass
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+        if self._held_file is not None:
+            self._held_file.unlink(missing_ok=True)
+            self._held_file = None
+
+    def __enter__(self) -> OutputLock:
+        return self.acquire() if self._fd is None and self._held_file is None else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _read_all(fd: int, limit: int = 64_000) -> bytes:
+    try:
+        return os.pread(fd, limit, 0)
+    except OSError:
+        return b""

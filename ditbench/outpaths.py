@@ -1,0 +1,81 @@
+"""Output paths checked before any work starts: a folder we can write in, a file path that is not a folder.
+
+A command that trains for an hour and then finds its `--save` path is a directory, or its `--out`
+goes through a file, has wasted the hour and ends in a traceback. Each command checks the paths it
+will write with these two functions first; each raises UserError naming the option, the path and
+what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from ditbench.errors import UserError, shorten
+
+
+def _quote(path: Path) -> str:
+    return shorten(str(path))
+
+
+def _blocking_ancestor(path: Path) -> Path | None:
+    """The first existing ancestor of `path` that is not a folder (so nothing can be created below it)."""
+    for parent in (path, *path.parents):
+        if os.path.lexists(parent):
+            return None if parent.is_dir() else parent
+    return None
+
+
+def ensure_dir(path: str | Path, what: str, *, probe: bool = True) -> Path:
+    """Create the folder `path` if missing and check that files can be written in it.
+
+    `what` names it in messages (e.g. "--out"). probe=False skips the write test (when the caller's
+    next step writes there anyway and reports its own failure).
+    """
+    path = Path(path)
+    if os.path.lexists(path) and not path.is_dir():
+        kind = "a file" if path.is_file() else "not a folder"
+        raise UserError(f"{what} {_quote(path)} is {kind}; give a folder (it is created if missing).")
+    blocker = _blocking_ancestor(path.parent)
+    if blocker is not None:
+        raise UserError(
+            f"{what} {_quote(path)} cannot be created: {_quote(blocker)} is a file, not a folder."
+        )
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"{what} {_quote(path)} cannot be created: {err.strerror or err}.") from None
+    if probe:
+        try:
+            fd, tmp = tempfile.mkstemp(dir=path, prefix=".ditbench-write-test.")
+            os.close(fd)
+            os.unlink(tmp)
+        except OSError as err:
+            raise UserError(
+                f"{what} {_quote(path)} is not writable ({err.strerror or err}); give a folder you can "
+                "write in."
+            ) from None
+    return path
+
+
+def check_file_target(path: str | Path, what: str, *, create_parent: bool = True) -> Path:
+    """A path a command will write one file to: not a folder, in a folder that can be written in.
+
+    create_parent=False leaves a missing folder to the caller and only checks that it can be created.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise UserError(f"{what} {_quote(path)} is a folder; give the path of a file to write.")
+    if os.path.lexists(path) and not path.is_file() and not path.is_symlink():
+        raise UserError(f"{what} {_quote(path)} is not a regular file; give the path of a file to write.")
+    parent = path.parent if str(path.parent) else Path(".")
+    if (blocker := _blocking_ancestor(parent)) is not None:
+        raise UserError(
+            f"{what} {_quote(path)} cannot be written: {_quote(blocker)} is a file, not a folder."
+        )
+    if create_parent:
+        ensure_dir(parent, f"the folder of {what}")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise UserError(f"{what} {_quote(path)} exists and is not writable.")
+    return path

@@ -1,0 +1,23 @@
+"""Predicted training memory for any card, without the card (`ditbench plan`).
+
+`predict_cell(config, card_or_gib) -> Prediction` is the entry point; see predict.py. The names are
+imported on first use, so `ditbench.plan.measure` (which a cell process imports to read the CPU
+allocator's peak) does not pull in the tracer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ditbench.plan.predict import Prediction, predict_cell, predict_series
+
+__all__ = ["Prediction", "predict_cell", "predict_series"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from ditbench.plan import predict
+
+        return getattr(predict, name)
+    raise AttributeError(f"module 'ditbench.plan' has no attribute {name!r}")

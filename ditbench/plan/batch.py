@@ -1,0 +1,70 @@
+"""One trace per series: every allocation's size as an exact function of the batch size.
+
+Cells of a series differ only in batch size, and a training step's allocations are the same
+sequence at every batch size; each one's size is either independent of the batch (weights, their
+gradients, optimizer state, the EMA, workspaces) or proportional to it (everything that carries the
+batch dimension, alone or flattened with other dimensions). So the step is traced once at a batch
+size P that is a prime larger than every batch-independent dimension (class count, timesteps,
+image side, widths): a size in elements is then divisible by P exactly when it carries the batch
+dimension, and size(B) = size(P) / P * B. The tests check the sequence this gives against direct
+traces at other batch sizes, allocation by allocation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ditbench.plan.trace import Trace, trace_training, workspace_bytes
+
+
+def probe_batch(train_kwargs: dict) -> int:
+    """The prime batch size to trace at: above every batch-independent dimension of the cell."""
+    # Bytes are elements times 1, 2, 4 or 8, which an odd prime does not divide.
+    n = max(
+        4099, int(train_kwargs.get("num_classes", 1000)) + 2, int(train_kwargs.get("image_size", 256)) + 1
+    )
+    while not _is_prime(n):
+        n += 1
+    return n
+
+
+def _is_prime(n: int) -> bool:
+    if n < 2 or n % 2 == 0:
+        return n == 2
+    f = 3
+    while f * f <= n:
+        if n % f == 0:
+            return False
+        f += 2
+    return True
+
+
+@dataclass
+class SeriesTrace:
+    """A trace whose allocation sizes can be evaluated at any batch size."""
+
+    trace: Trace
+    probe: int
+    const: list[int]
+    per_sample: list[int]
+
+    def sizes(self, batch_size: int, target=None) -> list[int]:
+        """Bytes of every allocation at `batch_size`; modeled ones (GPU workspaces) for `target`."""
+        out = [c + s * batch_size for c, s in zip(self.const, self.per_sample, strict=True)]
+        for aid, model in self.trace.modeled.items():
+            out[aid] = workspace_bytes(model, batch_size, target or self.trace.target)
+        return out
+
+
+def trace_series(train_kwargs: dict, target) -> SeriesTrace:
+    probe = probe_batch(train_kwargs)
+    trace = trace_training(train_kwargs, target, probe)
+    const, per_sample = [], []
+    for size in trace.sizes:
+        if size % probe == 0:
+            const.append(0)
+            per_sample.append(size // probe)
+        else:
+            const.append(size)
+            per_sample.append(0)
+    return SeriesTrace(trace=trace, probe=probe, const=const, per_sample=per_sample)

@@ -1,0 +1,236 @@
+"""What a traced step borrows from the target device: CUDA behaviour on the fake CPU device.
+
+The trace runs the real Trainer on fake CPU tensors (trace.py says why). Where a CUDA step differs
+from a CPU step, this module supplies the CUDA behaviour, each piece stated:
+
+* precision: the CUDA policy (autocast to fp16/bf16, a GradScaler for fp16; tf32 allocates exactly
+  like fp32, it only changes the matmul math mode), applied to the fake device. bf16 needs sm80+.
+* optimizer: `optimizer_impl: auto` is fused AdamW on CUDA (no temporaries), foreach on a CPU (one
+  temporary per parameter tensor), as the Trainer picks.
+* cuBLAS: each thread that runs a matmul gets a handle with its own workspace from the caching
+  allocator: 32 MiB on sm90/sm100/sm120, 8 MiB + 128 KiB elsewhere (PyTorch's defaults), one for
+  the caller's thread and one for autograd's device thread.
+* attention: the backward kernels' float32 scratch (trace.py); forward outputs and saved tensors
+  are the same for CPU and CUDA kernels.
+* autocast: CPU autocast casts matmuls, convolutions and attention to low precision as CUDA
+  autocast does, but leaves ops CUDA runs in float32 (layer/group norm, exp, log, pow, softmax,
+  sums, ...) in the input's precision; for the trace those ops get CUDA's rule (`cuda_autocast`).
+* `Module.to(device)` on a module already on that device is a no-op (FakeTensorMode cannot swap
+  parameters, and a real `.to()` to the same device copies nothing), and `copy.deepcopy` of a fake
+  tensor clones it in the trace's fake mode (torch's own deepcopy of a fake tensor makes it in a
+  new fake mode, whose tensors the trace could not follow), as a real deepcopy clones the storage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+from dataclasses import dataclass
+from unittest import mock
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.overrides import TorchFunctionMode
+
+MiB = 1 << 20
+
+# Compute capability per card of ditbench.cards (decides bf16, flash attention, cuBLAS workspace).
+CARD_ARCH: dict[str, tuple[int, int]] = {
+    "RTX 3060 12GB": (8, 6),
+    "RTX 4070 12GB": (8, 9),
+    "T4": (7, 5),
+    "RTX 4080 16GB": (8, 9),
+    "V100 16GB": (7, 0),
+    "RTX 3090": (8, 6),
+    "RTX 4090": (8, 9),
+    "L4": (8, 9),
+    "A10": (8, 6),
+    "A100-40GB": (8, 0),
+    "RTX A6000": (8, 6),
+    "L40S": (8, 9),
+    "A100-80GB": (8, 0),
+    "H100": (9, 0),
+    "H100 NVL": (9, 0),
+    "H200": (9, 0),
+}
+# A bare memory size (--memory-gib) plans for an Ampere-class GPU: bf16 and flash attention work.
+GENERIC_ARCH = (8, 0)
+
+
+@dataclass(frozen=True)
+class Target:
+    """The device a trace predicts: "cuda" (with its compute capability) or "cpu"."""
+
+    device: str
+    sm: tuple[int, int] | None = None
+
+    @property
+    def cublas_workspace_bytes(self) -> int:
+        if self.sm is not None and self.sm[0] in (9, 10, 12):
+            return 32 * MiB
+        return 8 * MiB + 128 * 1024
+
+    @property
+    def family(self) -> tuple:
+        """What sizes the GPU-dependent allocations of a trace: GPUs of one family replay alike."""
+        return (self.device, self.cublas_workspace_bytes, self.sm is not None and self.sm >= (8, 0))
+
+    @property
+    def bf16(self) -> bool:
+        return self.device == "cpu" or (self.sm is not None and self.sm >= (8, 0))
+
+
+CPU = Target("cpu")
+
+
+def cuda_target(card_name: str | None) -> Target:
+    return Target("cuda", CARD_ARCH.get(card_name, GENERIC_ARCH) if card_name else GENERIC_ARCH)
+
+
+def optimizer_impl(requested: str, target: Target) -> str:
+    """The AdamW implementation the Trainer runs on the target for the requested `optimizer_impl`."""
+    if requested == "auto":
+        return "fused" if target.device == "cuda" else "foreach"
+    return requested
+
+
+def policy_for(precision: str, target: Target):
+    """The Trainer's precision policy on the target, made to run on the fake CPU device.
+
+    The policy comes from ditbench.precision itself (asked for "cuda", with bf16 support as
+    the target has it), so a change there changes the trace; only its device type is the fake one.
+    """
+    from ditbench import precision as precision_module
+
+    if target.device == "cpu":
+        return precision_module.get_precision_policy(precision, "cpu")
+    with mock.patch.object(torch.cuda, "is_bf16_supported", lambda *a, **k: target.bf16):
+        policy = precision_module.get_precision_policy(precision, "cuda")
+    return dataclasses.replace(policy, device_type="cpu")
+
+
+# CUDA autocast's float32 ops (c10's autocast_mode.cpp, "fp32") that CPU autocast leaves alone:
+# low-precision inputs are cast up. The "set_opt_dtype" ones instead compute in (and return) float32.
+_FP32_OPS = (
+    "layer_norm native_layer_norm group_norm native_group_norm exp expm1 log log2 log10 log1p "
+    "pow.Tensor_Scalar pow.Tensor_Tensor rsqrt reciprocal acos asin cosh sinh tan erfinv softplus"
+).split()
+_FP32_DTYPE_OPS = "softmax.int log_softmax.int sum sum.dim_IntList cumsum cumprod prod prod.dim_int".split()
+_LOW = (torch.float16, torch.bfloat16)
+_AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
+
+
+def _fp32_kernel(op):
+    def kernel(*args, **kwargs):
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
+            args = [a.float() if isinstance(a, torch.Tensor) and a.dtype in _LOW else a for a in args]
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+def _fp32_dtype_kernel(op):
+    names = [a.name for a in op._schema.arguments]
+    at = names.index("dtype")
+
+    def kernel(*args, **kwargs):
+        with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
+            given = args[at] if len(args) > at else kwargs.get("dtype")
+            if given is None and args[0].dtype in _LOW:
+                if len(args) > at:
+                    args = (*args[:at], torch.float32, *args[at + 1 :])
+                else:
+                    kwargs = {**kwargs, "dtype": torch.float32}
+            return op(*args, **kwargs)
+
+    return kernel
+
+
+@contextlib.contextmanager
+def cuda_autocast():
+    """CPU autocast with CUDA's rule for the ops CUDA autocast runs in float32 (see the module doc)."""
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        for name in _FP32_OPS + _FP32_DTYPE_OPS:
+            packet, _, overload = name.partition(".")
+            op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+            make = _fp32_dtype_kernel if name in _FP32_DTYPE_OPS else _fp32_kernel
+            lib.impl(name, make(op), "AutocastCPU")
+        yield
+    finally:
+        lib._destroy()
+
+
+_autocast = threading.local()  # a stack: is the innermost autocast region a low-precision one?
+
+
+def in_low_precision_autocast() -> bool:
+    """Whether the op being dispatched runs under fp16/bf16 autocast (the dispatch level cannot ask)."""
+    stack = getattr(_autocast, "stack", None)
+    return bool(stack) and stack[-1]
+
+
+@contextlib.contextmanager
+def emulate(target: Target):
+    """Patch, for the duration of a trace, what the fake CPU step must do as the target would."""
+    original_to = nn.Module.to
+    autocast_cls = torch.amp.autocast_mode.autocast
+    original_enter, original_exit = autocast_cls.__enter__, autocast_cls.__exit__
+
+    def enter(self):
+        result = original_enter(self)
+        low = self._enabled and self.device == "cpu" and self.fast_dtype in (torch.float16, torch.bfloat16)
+        _autocast.__dict__.setdefault("stack", []).append(bool(low))
+        return result
+
+    def exit_(self, *exc):
+        stack = getattr(_autocast, "stack", None)
+        if stack:
+            stack.pop()
+        return original_exit(self, *exc)
+
+    def to(self, *args, **kwargs):
+        dev = args[0] if args else kwargs.get("device")
+        if (
+            len(args) + len(kwargs) == 1
+            and isinstance(dev, (str, torch.device))
+            and all(t.device == torch.device(dev) for t in (*self.parameters(), *self.buffers()))
+        ):
+            return self
+        return original_to(self, *args, **kwargs)
+
+    from ditbench.plan.compiled import traced_compile
+
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(traced_compile())
+        stack.enter_context(mock.patch.object(nn.Module, "to", to))
+        stack.enter_context(mock.patch.object(autocast_cls, "__enter__", enter))
+        stack.enter_context(mock.patch.object(autocast_cls, "__exit__", exit_))
+        if target.device == "cuda":
+            import ditbench.train.step as step_module
+
+            stack.enter_context(cuda_autocast())
+            stack.enter_context(
+                mock.patch.object(
+                    step_module, "get_precision_policy", lambda name, device=None: policy_for(name, target)
+                )
+            )
+        yield
+
+
+class FakeDeepcopy(TorchFunctionMode):
+    """`copy.deepcopy` of a fake tensor (the EMA's copy of the model): a clone in the same fake mode."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.__deepcopy__ and isinstance(args[0], FakeTensor):
+            tensor, memo = args
+            if id(tensor) not in memo:
+                with torch.no_grad():
+                    new = tensor.clone(memory_format=torch.preserve_format)
+                if isinstance(tensor, nn.Parameter):
+                    new = nn.Parameter(new, requires_grad=tensor.requires_grad)
+                memo[id(tensor)] = new
+            return memo[id(tensor)]
+        return func(*args, **(kwargs or {}))

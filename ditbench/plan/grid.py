@@ -1,0 +1,162 @@
+"""A grid of cells, predicted: the default paper grid or a suite's cells, one trace per series.
+
+Series (cells that differ only in batch size) are traced once each, largest models first, in up to
+`jobs` processes; every batch size and every budget (card) is a replay of that trace.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from ditbench.plan.predict import Budget, Prediction, normalize, predict_budgets
+
+DEFAULT_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+DEFAULT_GRAD_CKPT = ("none", "full", "every_2")
+DEFAULT_BATCHES = (8, 16, 32, 64, 128, 256, 512)
+
+
+@dataclass
+class Series:
+    config: dict[str, Any]  # a cell config without its batch size
+    batch_sizes: list[int]
+
+
+def paper_models() -> list[str]:
+    from ditbench.models.configs import PAPER_MODEL_NAMES
+
+    return list(PAPER_MODEL_NAMES)
+
+
+def grid(
+    models: Iterable[str],
+    precisions: Iterable[str],
+    grad_ckpts: Iterable[str],
+    batch_sizes: Iterable[int],
+    base: dict[str, Any] | None = None,
+) -> list[Series]:
+    """model x precision x checkpointing, each a series over the batch sizes."""
+    batches = sorted(set(batch_sizes))
+    out = []
+    for model in models:
+        for precision in precisions:
+            for ckpt in grad_ckpts:
+                config = normalize(
+                    {**(base or {}), "model": model, "precision": precision, "grad_ckpt": ckpt}
+                )
+                out.append(Series(config, batches))
+    return out
+
+
+def suite_grid(cells: Iterable[Any], device: str | None = None) -> list[Series]:
+    """A suite's cells grouped into series (by everything but the batch size); `device` overrides."""
+    groups: dict[str, Series] = {}
+    for cell in cells:
+        config = dict(cell.config)
+        if device is not None:
+            config["device"] = device
+        batch = config["batch_size"]
+        key = repr(sorted((k, repr(v)) for k, v in normalize(config).items() if k != "batch_size"))
+        if key not in groups:
+            groups[key] = Series(normalize({**config}), [])
+        if batch not in groups[key].batch_sizes:
+            groups[key].batch_sizes.append(batch)
+    return list(groups.values())
+
+
+def _cost(group: list[Series]) -> int:
+    from ditbench.models.configs import get_config
+
+    cfg = get_config(group[0].config["model"])
+    return cfg.depth * cfg.hidden_size
+
+
+def _groups(series: list[Series], budgets: list[Budget]) -> list[list[int]]:
+    """Indices of series that share one trace (fp32 and tf32 of a cell on a GPU), costliest first."""
+    from ditbench.errors import UnsupportedError
+    from ditbench.plan.emulation import CPU, cuda_target
+    from ditbench.plan.predict import _train_kwargs, trace_key
+
+    target = CPU if budgets[0].target.device == "cpu" else cuda_target(None)
+    groups: dict[object, list[int]] = {}
+    for i, s in enumerate(series):
+        try:
+            key = trace_key(_train_kwargs(s.config, target), target) + (tuple(s.batch_sizes),)
+        except UnsupportedError:
+            key = ("unsupported", i)
+        groups.setdefault(key, []).append(i)
+    return sorted(groups.values(), key=lambda g: -_cost([series[i] for i in g]))
+
+
+def _work(group: list[Series], budgets: list[Budget], disk_cache: bool) -> list[list[list[Prediction]]]:
+    """Predict the first series of a group; the others differ only in their precision's name."""
+    import copy
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
+    first = predict_budgets(group[0].config, group[0].batch_sizes, budgets, disk_cache)
+    out = [first]
+    for s in group[1:]:
+        rows = copy.deepcopy(first)
+        for row in rows:
+            for p in row:
+                p.precision = s.config["precision"]
+                p.config = {**s.config, "batch_size": p.batch_size}
+        out.append(rows)
+    return out
+
+
+def evaluate(
+    series: list[Series],
+    budgets: list[Budget],
+    jobs: int = 1,
+    progress: Callable[[int, int, Series], None] | None = None,
+    disk_cache: bool = False,
+) -> list[list[list[Prediction]]]:
+    """Predictions [series][budget][batch], tracing the costliest series first."""
+    groups = _groups(series, budgets)
+    results: list[list[list[Prediction]] | None] = [None] * len(series)
+    # A worker process pays torch's imports (seconds): not worth it for a handful of traces.
+    jobs = 1 if len(groups) < 4 else max(1, min(jobs, len(groups)))
+    done = 0
+
+    def collect(group: list[int], rows) -> None:
+        nonlocal done
+        for i, r in zip(group, rows, strict=True):
+            results[i] = r
+            done += 1
+            if progress:
+                progress(done, len(series), series[i])
+
+    if jobs == 1:
+        for group in groups:
+            collect(group, _work([series[i] for i in group], budgets, disk_cache))
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch threads
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            futures = {
+                pool.submit(_work, [series[i] for i in group], budgets, disk_cache): group for group in groups
+            }
+            for future in as_completed(futures):
+                collect(futures[future], future.result())
+    return results  # type: ignore[return-value]
+
+
+def default_jobs() -> int:
+    return max(1, min(2, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1))
+
+
+def largest_batches(predictions: Iterable[Prediction]) -> dict[tuple[str, str, str], Prediction | None]:
+    """Per (model, precision, grad_ckpt): the prediction at the largest batch that fits (None: none fits)."""
+    best: dict[tuple[str, str, str], Prediction | None] = {}
+    for p in predictions:
+        key = (p.model, p.precision, p.grad_ckpt)
+        best.setdefault(key, None)
+        if p.fits and (best[key] is None or p.batch_size > best[key].batch_size):
+            best[key] = p
+    return best

@@ -1,0 +1,359 @@
+"""Predicted training memory of a cell on a card: `predict_cell(config, card_or_gib) -> Prediction`.
+
+The cell's step is traced on fake tensors (trace.py, once per series: batch.py), replayed through the
+CUDA caching allocator (allocator.py) with the card's memory as the limit, and the CUDA context
+added: the prediction says what `max_memory_allocated` and `max_memory_reserved` will report in a
+measured window, what the card's memory holds at the allocated peak (weights, gradients, optimizer
+state, EMA, activations, workspaces, context) and whether the cell fits.
+
+    from ditbench.plan import predict_cell
+    p = predict_cell({"model": "DiT-XL/2", "precision": "bf16", "batch_size": 32}, "RTX 4090")
+    p.status, p.peak_allocated_gib, p.components
+
+A CPU cell (`device: cpu`) is predicted for the CPU allocator: no rounding, no card.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ditbench.cards import Card, check_gib, find_card
+from ditbench.errors import UnsupportedError, UserError, shorten
+from ditbench.plan.allocator import Replay, live_at, raw_peak, replay
+from ditbench.plan.batch import SeriesTrace, trace_series
+from ditbench.plan.emulation import CPU, Target, cuda_target, optimizer_impl, policy_for
+from ditbench.plan.trace import STATE_LABELS
+
+GiB = 1 << 30
+# The CUDA context and what the driver and libraries hold outside PyTorch's allocator (module images,
+# cuBLAS/cuDNN handles): 0.3-0.6 GiB with CUDA 12's lazy module loading, driver dependent.
+DEFAULT_CONTEXT_GIB = 0.5
+COMPONENTS = (*STATE_LABELS, "activations", "workspace")
+
+# Cell knobs and their defaults (as a suite's); those that do not change device memory are accepted
+# and ignored: seed, lr, weight_decay, ema_decay, attention, optimizer, steps, smoke, ...
+_KNOBS: dict[str, Any] = {
+    "model": None,
+    "impl": "ditbench",
+    "image_size": 256,
+    "precision": "fp32",
+    "grad_ckpt": "none",
+    "batch_size": 32,
+    "gpus": 1,
+    "nodes": 1,
+    "strategy": "ddp",
+    "compile": False,
+    "optimizer_impl": "auto",
+    "data": "synthetic",
+    "num_classes": 1000,
+    "device": "cuda",
+}
+
+
+@dataclass
+class Prediction:
+    """One cell's predicted (or, with `measured`, measured) memory. Sizes in GiB (2**30 bytes)."""
+
+    model: str
+    precision: str
+    grad_ckpt: str
+    batch_size: int
+    device: str  # "cuda" or "cpu"
+    card: str | None
+    memory_gib: float | None  # the card's usable memory (None: no card given)
+    status: str  # fits | oom | unsupported | error | predicted (no card to fit) | ok (measured)
+    reason: str | None = None
+    peak_allocated_gib: float | None = None
+    peak_reserved_gib: float | None = None
+    device_gib: float | None = None  # reserved + context: what nvidia-smi shows for the process
+    components: dict[str, float] = field(default_factory=dict)  # at the allocated peak, + context
+    notes: list[str] = field(default_factory=list)
+    measured: bool = False
+    config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def fits(self) -> bool | None:
+        return {"fits": True, "oom": False}.get(self.status)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "fits": self.fits}
+
+
+def normalize(config: dict[str, Any]) -> dict[str, Any]:
+    """The memory-shaping knobs of a cell config, with defaults; UserError on a bad value."""
+    if not isinstance(config, dict):
+        raise UserError(f"a cell config must be a mapping of knobs, got {shorten(config)}")
+    cell = {k: config.get(k, v) for k, v in _KNOBS.items()}
+    if not isinstance(cell["model"], str):
+        raise UserError(f"a cell config needs a model name, got {shorten(cell['model'])}")
+    batch = cell["batch_size"]
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise UserError(f"batch_size must be a positive integer, got {shorten(batch)}")
+    if cell["device"] not in ("cuda", "cpu"):
+        raise UserError(f"device must be cuda or cpu to plan a cell, got {shorten(cell['device'])}")
+    from ditbench.models.configs import canonical_name, parse_grad_ckpt
+
+    cell["model"] = canonical_name(cell["model"])
+    parse_grad_ckpt(cell["grad_ckpt"])
+    return cell
+
+
+def _unsupported_reason(cell: dict[str, Any]) -> str | None:
+    """Knobs that shape memory in a way the planner does not trace: say so rather than guess.
+
+    Multi-GPU cells: DDP's C++ reducer reads the storage of the tensors it buckets and FSDP2's
+    sharding runs value-dependent ops, neither of which a fake tensor has; a formula in their place
+    would be a guess, so such a cell is `unsupported`.
+    """
+    if cell["gpus"] * cell["nodes"] > 1:
+        return (
+            "multi-GPU cells (DDP/FSDP) are not traced by the planner (DDP's reducer and FSDP2's "
+            "sharding need real tensors); plan the one-GPU cell instead"
+        )
+    data = cell["data"]
+    if isinstance(data, dict) and "images" in data:
+        return "image-folder cells encode through the VAE on the device; the planner traces latent data only"
+    return None
+
+
+def _train_kwargs(cell: dict[str, Any], target: Target) -> dict[str, Any]:
+    return {
+        "model": cell["model"],
+        "impl": cell["impl"],
+        "image_size": cell["image_size"],
+        "precision": cell["precision"],
+        "grad_ckpt": cell["grad_ckpt"],
+        "num_classes": cell["num_classes"],
+        "compile": bool(cell["compile"]),
+        "optimizer_impl": optimizer_impl(cell["optimizer_impl"], target),
+        # A latent file's batch is copied to the device like a synthetic one: same device memory.
+        "data": "synthetic",
+    }
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Where a cell must fit: a card (or a bare size), its usable GiB, the context outside the allocator."""
+
+    card: str | None
+    memory_gib: float | None
+    context_gib: float
+    target: Target
+
+    @property
+    def capacity(self) -> int | None:
+        """Bytes the caching allocator may reserve."""
+        if self.memory_gib is None:
+            return None
+        return max(0, int((self.memory_gib - self.context_gib) * GiB))
+
+
+def budget(
+    card_or_gib: str | Card | float | int | None,
+    context_gib: float = DEFAULT_CONTEXT_GIB,
+    device: str = "cuda",
+) -> Budget:
+    """A Budget from a card name, a Card, usable GiB or None (no limit); device "cpu" has no card."""
+    if not (
+        isinstance(context_gib, (int, float))
+        and not isinstance(context_gib, bool)
+        and math.isfinite(context_gib)
+        and context_gib >= 0
+    ):
+        raise UserError(f"the CUDA context must be a finite number of GiB >= 0, got {shorten(context_gib)}")
+    if device == "cpu":
+        return Budget(None, None, 0.0, CPU)
+    if card_or_gib is None:
+        card, gib = None, None
+    elif isinstance(card_or_gib, Card):
+        card, gib = card_or_gib.name, card_or_gib.usable_gib
+    elif isinstance(card_or_gib, str):
+        found = find_card(card_or_gib)
+        card, gib = found.name, found.usable_gib
+    else:
+        card, gib = None, check_gib(card_or_gib, "the card memory")
+    return Budget(card, gib, float(context_gib), cuda_target(card))
+
+
+_CACHE: OrderedDict[tuple, SeriesTrace] = OrderedDict()
+_CACHE_SIZE = 32
+
+
+def trace_key(train_kwargs: dict[str, Any], target: Target) -> tuple:
+    """What a trace depends on. Series whose precision policies cast and scale alike (fp32 and tf32 on
+    a GPU: tf32 changes only the matmul math mode) share a key. UnsupportedError when the target cannot
+    run the policy (bf16 before sm80, fp16 on a CPU)."""
+    policy = policy_for(train_kwargs["precision"], target)
+    shape = {k: v for k, v in train_kwargs.items() if k != "precision"}
+    return (tuple(sorted(shape.items())), str(policy.autocast_dtype), policy.use_scaler, target.device)
+
+
+def series_trace(train_kwargs: dict[str, Any], target: Target, disk: bool = False) -> SeriesTrace:
+    """The traced series: from this process's memory, else (disk=True) the on-disk cache, else traced.
+
+    One trace serves every GPU (workspaces are sized at replay).
+    """
+    key = trace_key(train_kwargs, target)
+    if key in _CACHE:
+        _CACHE.move_to_end(key)
+        return _CACHE[key]
+    series = None
+    if disk:
+        from ditbench.plan import cache
+
+        name = cache.key(key)
+        series = cache.load(name)
+    if series is None:
+        series = trace_series(train_kwargs, target)
+        if disk:
+            cache.save(name, series)
+    _CACHE[key] = series
+    if len(_CACHE) > _CACHE_SIZE:
+        _CACHE.popitem(last=False)
+    return series
+
+
+def predict_cell(
+    config: dict[str, Any],
+    card_or_gib: str | Card | float | int | None = None,
+    *,
+    context_gib: float = DEFAULT_CONTEXT_GIB,
+) -> Prediction:
+    """Predict one cell. `card_or_gib`: a card name ("RTX 4090"), a Card, usable GiB, or None."""
+    return predict_series(config, [normalize(config)["batch_size"]], card_or_gib, context_gib=context_gib)[0]
+
+
+def predict_series(
+    config: dict[str, Any],
+    batch_sizes: list[int],
+    card_or_gib: str | Card | float | int | None = None,
+    *,
+    context_gib: float = DEFAULT_CONTEXT_GIB,
+) -> list[Prediction]:
+    """Predict the cells that differ from `config` only in batch size: one trace for all of them."""
+    cell = normalize(config)
+    return predict_budgets(cell, batch_sizes, [budget(card_or_gib, context_gib, cell["device"])])[0]
+
+
+def predict_budgets(
+    config: dict[str, Any], batch_sizes: list[int], budgets: list[Budget], disk_cache: bool = False
+) -> list[list[Prediction]]:
+    """Predictions of a series at each batch size, for each budget (one trace, one replay per GPU kind)."""
+    cell = normalize(config)
+    for batch in batch_sizes:
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise UserError(f"batch_size must be a positive integer, got {shorten(batch)}")
+    reason = _unsupported_reason(cell)
+    status = "unsupported"
+    series = None
+    if reason is None:
+        # One trace serves every GPU: trace with one that runs every policy (bf16 included); a card that
+        # cannot run the cell's policy is told so per budget below.
+        first = CPU if budgets[0].target.device == "cpu" else cuda_target(None)
+        try:
+            series = series_trace(_train_kwargs(cell, first), first, disk=disk_cache)
+        except UnsupportedError as err:
+            reason = str(err)
+        except UserError:
+            raise
+        except Exception as err:  # a step the fake tensors cannot follow: say so for this cell
+            status, reason = "error", f"the planner could not trace this cell: {type(err).__name__}: {err}"
+    unlimited: dict[tuple, Replay] = {}
+    out = []
+    for bud in budgets:
+        row = []
+        for batch in batch_sizes:
+            pred = Prediction(
+                model=cell["model"],
+                precision=cell["precision"],
+                grad_ckpt=cell["grad_ckpt"],
+                batch_size=batch,
+                device=bud.target.device,
+                card=bud.card,
+                memory_gib=bud.memory_gib,
+                status="predicted",
+                config={**cell, "batch_size": batch},
+            )
+            why = reason or _target_reason(cell, bud.target)
+            if why is not None:
+                pred.status, pred.reason = (
+                    (status if reason else "unsupported"),
+                    shorten(why, 400, quote=False),
+                )
+            elif bud.target.device == "cpu":
+                _fill_cpu(pred, series, batch)
+            else:
+                _fill_cuda(pred, series, batch, bud, unlimited)
+            if series is not None and why is None:
+                pred.notes = list(series.trace.notes)
+            row.append(pred)
+        out.append(row)
+    return out
+
+
+def _target_reason(cell: dict[str, Any], target: Target) -> str | None:
+    """A policy this particular GPU cannot run although the traced one could (bf16 before sm80)."""
+    try:
+        policy_for(cell["precision"], target)
+    except UnsupportedError as err:
+        return str(err)
+    return None
+
+
+def _window(series: SeriesTrace) -> tuple[int, int]:
+    return series.trace.marks["step2"], series.trace.marks["end"]
+
+
+def _components(series: SeriesTrace, live_sizes: dict[int, int]) -> dict[str, float]:
+    comp = dict.fromkeys(COMPONENTS, 0.0)
+    labels = series.trace.labels
+    for aid, size in live_sizes.items():
+        comp[labels.get(aid, "activations")] += size / GiB
+    return comp
+
+
+def _fill_cpu(pred: Prediction, series: SeriesTrace, batch: int) -> None:
+    sizes = series.sizes(batch)
+    events = series.trace.events
+    peak, at = raw_peak(events, sizes, _window(series))
+    pred.peak_allocated_gib = peak / GiB
+    pred.components = _components(series, {a: sizes[a] for a in live_at(events, at)})
+
+
+def _fill_cuda(
+    pred: Prediction, series: SeriesTrace, batch: int, bud: Budget, unlimited: dict[tuple, Replay]
+) -> None:
+    events = series.trace.events
+    key = (batch, bud.target.family)
+    sizes = series.sizes(batch, bud.target)
+    if key not in unlimited:
+        unlimited[key] = replay(events, sizes, _window(series), None)
+    result = unlimited[key]
+    capacity = bud.capacity
+    if capacity is not None:
+        # Exact shortcuts: a run that never reserves more than the card has replays the same with the
+        # limit; one whose live blocks alone exceed it cannot fit. In between, replay with the limit
+        # (the allocator then frees its cached segments and retries, as on the card).
+        if result.max_reserved <= capacity:
+            pred.status = "fits"
+        elif result.max_allocated > capacity:
+            pred.status = "oom"
+        else:
+            limited = replay(events, sizes, _window(series), capacity)
+            pred.status = "oom" if limited.oom else "fits"
+            if not limited.oom:
+                result = limited
+        if pred.status == "oom":
+            pred.reason = (
+                f"needs {result.max_allocated / GiB:.2f} GiB allocated ({result.max_reserved / GiB:.2f} "
+                f"reserved) + {bud.context_gib:g} GiB context; the card has {bud.memory_gib:.2f} GiB"
+            )
+    pred.peak_allocated_gib = result.peak_allocated / GiB
+    pred.peak_reserved_gib = result.peak_reserved / GiB
+    pred.device_gib = pred.peak_reserved_gib + bud.context_gib
+    comp = _components(series, {a: result.block_sizes[a] for a in live_at(events, result.peak_event)})
+    comp["context"] = bud.context_gib
+    pred.components = comp

@@ -1,0 +1,169 @@
+"""Text and JSON of a plan: the table of predicted cells, the largest batch per setting, the decision tree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ditbench.plan.grid import largest_batches
+from ditbench.plan.predict import Prediction
+from ditbench.plan.tree import Advice
+
+_COMPONENT_NAMES = {
+    "weights": "weights",
+    "gradients": "grads",
+    "optimizer": "Adam",
+    "ema": "EMA",
+    "activations": "activations",
+    "workspace": "workspace",
+    "context": "context",
+}
+
+
+def _figure(p: Prediction) -> str:
+    """What a table cell shows: the GiB the card must hold; (x) does not fit; * measured."""
+    if p.status == "unsupported":
+        return "n/a"
+    if p.status == "error":
+        return "err"
+    value = p.device_gib if p.device_gib is not None else p.peak_allocated_gib
+    if value is None:
+        return "oom*" if p.measured else "?"
+    text = f"{value:.1f}" if value >= 0.1 or p.device == "cuda" else f"{value * 1024:.0f}M"
+    if p.fits is False:
+        text = f"({text})"
+    return text + ("*" if p.measured else "")
+
+
+def cells_table(preds: list[Prediction]) -> str:
+    batches = sorted({p.batch_size for p in preds})
+    rows: dict[tuple, dict[int, Prediction]] = {}
+    for p in preds:
+        key = (p.model, p.precision, p.grad_ckpt, p.config.get("image_size"), p.config.get("impl"))
+        rows.setdefault(key, {})[p.batch_size] = p
+    show_size = len({k[3] for k in rows}) > 1
+    show_impl = len({k[4] for k in rows}) > 1
+    largest = largest_batches(preds)
+    head = ["model", "precision", "ckpt"] + (["px"] if show_size else []) + (["impl"] if show_impl else [])
+    fit_column = any(p.fits is not None for p in preds)
+    header = head + [f"bs {b}" for b in batches] + (["largest batch that fits"] if fit_column else [])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for key, by_batch in rows.items():
+        model, precision, ckpt, size, impl = key
+        cells = [model, precision, ckpt] + ([str(size)] if show_size else []) + ([impl] if show_impl else [])
+        cells += [_figure(by_batch[b]) if b in by_batch else "" for b in batches]
+        if fit_column:
+            best = largest.get((model, precision, ckpt))
+            supported = any(p.status != "unsupported" for p in by_batch.values())
+            cells.append(str(best.batch_size) if best else ("none" if supported else "n/a"))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def reasons(preds: list[Prediction]) -> list[str]:
+    """One line per distinct reason a cell was not predicted (n/a, err)."""
+    seen: dict[str, list[str]] = {}
+    for p in preds:
+        if p.status in ("unsupported", "error") and p.reason:
+            cells = seen.setdefault(f"{'n/a' if p.status == 'unsupported' else 'err'}: {p.reason}", [])
+            name = f"{p.model} {p.precision} ckpt={p.grad_ckpt}"
+            if name not in cells:
+                cells.append(name)
+    return [
+        f"{reason} ({', '.join(cells[:3])}{', ...' if len(cells) > 3 else ''})"
+        for reason, cells in seen.items()
+    ]
+
+
+def _size(gib: float) -> str:
+    return f"{gib:.2f} GiB" if gib >= 0.01 else f"{gib * 1024:.1f} MiB"
+
+
+def components_text(p: Prediction) -> str:
+    parts = [
+        f"{_COMPONENT_NAMES.get(name, name)} {_size(value)}"
+        for name, value in p.components.items()
+        if value > 0 or name == "context"
+    ]
+    return " + ".join(parts)
+
+
+def tree_table(advice: list[Advice], target_batch: int) -> str:
+    lines = [
+        "| class | smallest card | largest model that trains | setting | batch | card holds GiB "
+        "| next step up |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for i, a in enumerate(advice):
+        card = f"{a.card} ({a.memory_gib:.2f} GiB)"
+        if a.model is None:
+            model = setting = batch = holds = "none"
+        else:
+            s = a.setting
+            model = a.model
+            setting = f"{s.precision}, ckpt {s.grad_ckpt}" + ("*" if s.measured else "")
+            batch = str(s.batch_size) + ("" if s.batch_size >= target_batch else " (largest that fits)")
+            holds = f"{s.device_gib:.1f}" if s.device_gib is not None else f"{s.peak_allocated_gib:.1f}"
+        if a.next_model is None:
+            step = _next_class(a, advice[i + 1 :], target_batch)
+        elif a.next_needs is None:
+            step = f"{a.next_model}: not predicted"
+        else:
+            n = a.next_needs
+            need = n.device_gib if n.device_gib is not None else n.peak_allocated_gib
+            where = f"the {a.next_class_gb} GB class" if a.next_class_gb else "no class of the table"
+            step = (
+                f"{a.next_model} needs {need:.1f} GiB at least ({n.precision}, ckpt {n.grad_ckpt}, "
+                f"bs {n.batch_size}): {where}"
+            )
+        lines.append(f"| {a.class_gb} GB | {card} | {model} | {setting} | {batch} | {holds} | {step} |")
+    return "\n".join(lines)
+
+
+def _next_class(a: Advice, above: list[Advice], target_batch: int) -> str:
+    """What the first larger class adds for the same model: a faster setting or a larger batch."""
+    here = a.setting
+    for b in above:
+        s = b.setting
+        if s is None or b.model != a.model:
+            continue
+        if (s.precision, s.grad_ckpt) != (here.precision, here.grad_ckpt) or s.batch_size > here.batch_size:
+            return f"{b.class_gb} GB: {s.precision}, ckpt {s.grad_ckpt}, bs {s.batch_size}"
+    return "the largest model already trains; no larger class of the table adds more"
+
+
+def advice_details(advice: list[Advice]) -> str:
+    out = []
+    for a in advice:
+        if a.setting is not None and a.setting.components:
+            out.append(f"- {a.class_gb} GB, {a.model}: {components_text(a.setting)}")
+    return "\n".join(out)
+
+
+def to_json(
+    preds: list[Prediction], advice: list[Advice] | None, meta: dict[str, Any], target_batch: int
+) -> dict[str, Any]:
+    largest = largest_batches(preds)
+    return {
+        **meta,
+        "cells": [p.to_dict() for p in preds],
+        "largest_batch": [
+            {"model": k[0], "precision": k[1], "grad_ckpt": k[2], "batch_size": v.batch_size if v else None}
+            for k, v in largest.items()
+        ],
+        "tree": None
+        if advice is None
+        else [
+            {
+                "class_gb": a.class_gb,
+                "card": a.card,
+                "memory_gib": a.memory_gib,
+                "model": a.model,
+                "setting": a.setting.to_dict() if a.setting else None,
+                "next_model": a.next_model,
+                "next_needs": a.next_needs.to_dict() if a.next_needs else None,
+                "next_class_gb": a.next_class_gb,
+            }
+            for a in advice
+        ],
+        "target_batch": target_batch,
+    }

@@ -1,0 +1,310 @@
+"""Trace a cell's real training step on fake tensors: every device allocation and release, in order.
+
+The Trainer is built and stepped the way `ditbench run` builds and steps it, under torch's
+FakeTensorMode: every tensor has its real shape, dtype, strides and aliasing but owns no memory,
+so "training" DiT-XL/2 allocates nothing of its 675 M parameters. A TorchDispatchMode above the
+fake mode sees every aten operation *below* autograd, autocast and checkpointing, so saved
+activations, autocast's cache of low-precision weight copies, recomputation, the optimizer's state
+and temporaries and the EMA all appear as what they are: a new storage is an allocation, and a weak
+reference on the storage reports its release at the moment the last tensor using it dies (CPython
+frees at the last reference, as the real step does). Nothing here is a formula of the model.
+
+Why fake *CPU* tensors even for a CUDA target: fake CUDA tensors get through the forward here, but
+the autograd engine asks the CUDA driver for each device's primary context before the backward, and
+there is no driver on a machine without a GPU. So the step runs on the fake CPU device and the CUDA
+behaviour is substituted where the two differ (see `emulation.py`): the CUDA precision policy,
+fused AdamW for `optimizer_impl: auto`, the attention kernels' backward scratch, the cuBLAS
+workspaces; the caching allocator and the context are added afterwards (`allocator.py`,
+`predict.py`). Where CPU autocast would not cast like CUDA autocast for an op this step runs, the
+trace records a note instead of silently predicting the CPU behaviour.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor, FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ditbench.plan.emulation import FakeDeepcopy, Target, emulate, in_low_precision_autocast
+from ditbench.plan.memo import MISS, DispatchMemo
+
+aten = torch.ops.aten
+_DEVICE = torch.ops.prim.device.default
+_ITEM = aten._local_scalar_dense.default
+
+# Ops that run on cuBLAS on a GPU: each thread that calls one gets its own handle and workspace.
+_CUBLAS_OPS = frozenset(
+    str(op)
+    for op in (
+        aten.mm.default,
+        aten.addmm.default,
+        aten.bmm.default,
+        aten.baddbmm.default,
+        aten.addbmm.default,
+        aten.mv.default,
+        aten.addmv.default,
+        aten.dot.default,
+        aten._addmm_activation.default,
+    )
+)
+# Attention backward kernels whose CUDA versions need scratch the meta kernels do not allocate.
+_SDPA_BACKWARD = frozenset(
+    (
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+        "aten::_scaled_dot_product_flash_attention_backward",
+        "aten::_scaled_dot_product_efficient_attention_backward",
+        "aten::_scaled_dot_product_cudnn_attention_backward",
+    )
+)
+# Ops CUDA autocast runs in fp32 (casting low-precision inputs up) where CPU autocast does not.
+_CUDA_FP32_ONLY = frozenset(
+    "aten::" + name
+    for name in (
+        "native_layer_norm native_group_norm _softmax _log_softmax exp expm1 log log2 log10 log1p pow "
+        "rsqrt reciprocal sum prod cumsum cumprod norm linalg_vector_norm acos asin cosh sinh tan "
+        "erfinv softplus"
+    ).split()
+)
+_LOW = (torch.float16, torch.bfloat16)
+
+STATE_LABELS = ("weights", "gradients", "optimizer", "ema")
+
+
+@dataclass
+class Trace:
+    """The allocation history of building a trainer and running two training steps.
+
+    `events` holds `k + 1` for "allocation k is made" and `-(k + 1)` for "allocation k is released";
+    `sizes[k]` is the bytes allocation k requested and `labels[k]` what it held (weights, gradients,
+    optimizer, ema, workspace; anything else is an activation or temporary). `marks` gives the event
+    index where each phase starts: build, step1, step2, end. Step 2 is the steady state a measured
+    window sees: the previous step's gradients live through its forward pass.
+
+    A CUDA trace serves every GPU: the allocations whose size depends on the GPU (cuBLAS workspaces,
+    attention backward scratch) have size 0 here and a `modeled` entry that `workspace_bytes` turns
+    into bytes for a given compute capability and batch size.
+    """
+
+    target: Target
+    batch_size: int
+    sizes: list[int] = field(default_factory=list)
+    events: list[int] = field(default_factory=list)
+    labels: dict[int, str] = field(default_factory=dict)
+    modeled: dict[int, tuple] = field(default_factory=dict)
+    marks: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    ops: int = 0
+    params: int = 0
+
+
+class _Recorder(TorchDispatchMode):
+    """Records every new storage an aten op returns, and its release through a weak reference."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # no dynamo-disabling wrapper around every call in an eager trace (see below)
+
+    def __init__(self, trace: Trace, fake_mode: FakeTensorMode, memo: DispatchMemo | None = None):
+        super().__init__()
+        self.fake_mode = fake_mode
+        self.memo = memo
+        self.trace = trace
+        self.cuda = trace.target.device == "cuda"
+        self.live: dict[int, int] = {}  # storage address -> allocation id
+        self.refs: dict[int, weakref.ref] = {}
+        self.workspace_threads: set[bool] = set()
+        self.open = True
+
+    # ---- bookkeeping -----------------------------------------------------------------------
+
+    def allocate(self, nbytes: int, label: str | None = None) -> int:
+        aid = len(self.trace.sizes)
+        self.trace.sizes.append(nbytes)
+        self.trace.events.append(aid + 1)
+        if label:
+            self.trace.labels[aid] = label
+        return aid
+
+    def release(self, aid: int) -> None:
+        self.trace.events.append(-(aid + 1))
+
+    def _on_free(self, key: int, aid: int, _ref) -> None:
+        if self.live.get(key) == aid:
+            del self.live[key]
+        self.refs.pop(aid, None)
+        if self.open:
+            self.release(aid)
+
+    def _track(self, t) -> None:
+        if not isinstance(t, FakeTensor) or t.fake_mode is not self.fake_mode:
+            return  # a real tensor (host memory), or one of torch.compile's own tracing fakes
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self.live:
+            return
+        nbytes = st.nbytes()
+        if nbytes == 0:  # neither allocator hands out memory for an empty storage
+            return
+        aid = self.allocate(nbytes)
+        self.live[key] = aid
+        self.refs[aid] = weakref.ref(st, partial(self._on_free, key, aid))
+
+    def _track_outputs(self, out) -> None:
+        if isinstance(out, torch.Tensor):
+            self._track(out)
+        elif isinstance(out, (tuple, list)):
+            for item in out:
+                self._track_outputs(item)
+
+    def mark(self, name: str) -> None:
+        gc.collect(0)  # cyclic garbage of the phase is released here, not at an arbitrary later op
+        self.trace.marks[name] = len(self.trace.events)
+
+    def label(self, tensors, label: str) -> None:
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and isinstance(t, FakeTensor):
+                aid = self.live.get(t.untyped_storage()._cdata)
+                if aid is not None:
+                    self.trace.labels[aid] = label
+
+    # ---- the dispatch hook -----------------------------------------------------------------
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _DEVICE:  # asked thousands of times per step; answer without the fake mode
+            return args[0].fake_device
+        if func is _ITEM:
+            try:  # a constant the fake mode follows (AdamW's step count on the host)
+                return func(*args, **(kwargs or {}))
+            except DataDependentOutputException:
+                # GradScaler's found-inf check (foreach/for-loop AdamW): a planned step has finite
+                # gradients, so the optimizer steps, as it does in steady state.
+                return 0
+        self.trace.ops += 1
+        kwargs = kwargs or {}
+        key = None if self.memo is None else self.memo.key(func, args, kwargs)
+        if key is None:
+            out = func(*args, **kwargs)
+        else:
+            out = self.memo.lookup(key, args)
+            if out is MISS:
+                out = func(*args, **kwargs)
+                self.memo.learn(key, func, args, out)
+        self._track_outputs(out)
+        if self.cuda:
+            self._cuda_extras(func, args)
+        return out
+
+    def _cuda_extras(self, func, args) -> None:
+        name = func._schema.name
+        if name in _SDPA_BACKWARD:
+            q = args[1]
+            if q.dim() == 4:  # (B, H, T, D); the kernel's scratch, freed when it returns
+                aid = self.allocate(0, "workspace")
+                self.trace.modeled[aid] = ("attention_backward", *q.shape, q.dtype in _LOW)
+                self.release(aid)
+        elif str(func) in _CUBLAS_OPS:
+            # One handle (and workspace) per calling thread: the caller's, and autograd's device
+            # thread for backward and checkpoint recomputation.
+            in_backward = torch._C._current_autograd_node() is not None
+            if in_backward not in self.workspace_threads:
+                self.workspace_threads.add(in_backward)
+                self.trace.modeled[self.allocate(0, "workspace")] = ("cublas",)
+        elif name in _CUDA_FP32_ONLY and in_low_precision_autocast():
+            low = next((a for a in args if isinstance(a, torch.Tensor) and a.dtype in _LOW), None)
+            if low is not None:
+                note = (
+                    f"{name} ran on {low.dtype} inputs under autocast; CUDA autocast computes it in "
+                    "float32 (an extra cast this prediction does not include)"
+                )
+                if note not in self.trace.notes:
+                    self.trace.notes.append(note)
+
+
+class _CompileRecorder(_Recorder):
+    """For cells with torch.compile: dynamo must not trace the recorder itself."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return True
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return super().__torch_dispatch__(func, types, args, kwargs)
+
+
+def workspace_bytes(model: tuple, batch_size: int, target: Target) -> int:
+    """Bytes of a modeled allocation (see Trace.modeled) on `target` at `batch_size`.
+
+    cuBLAS: the handle's workspace (Target.cublas_workspace_bytes). Attention backward, for q of
+    (B, H, T, D): flash attention (fp16/bf16 on sm80+) allocates a float32 dQ accumulator
+    (B, T_128, H, D_32) and the softmax row sums (B, H, T_128), T rounded up to 128 and D to 32 (64
+    above 128); memory-efficient attention (fp32, or older GPUs) the float32 row sums (B, H, T).
+    """
+    if model[0] == "cublas":
+        return target.cublas_workspace_bytes
+    _, _, h, t, d, low = model
+
+    def up(x: int, m: int) -> int:
+        return -(-x // m) * m
+
+    if low and target.sm is not None and target.sm >= (8, 0):
+        t128 = up(t, 128)
+        return 4 * batch_size * (t128 * h * up(d, 32 if d <= 128 else 64) + h * t128)
+    return 4 * batch_size * h * t
+
+
+def trace_training(train_kwargs: dict, target: Target, batch_size: int, *, memo: bool = True) -> Trace:
+    """Build a Trainer from `train_kwargs` (TrainConfig fields) and trace two steps at `batch_size`.
+
+    `target` says which device's behaviour to emulate (its compute capability matters only to the
+    precision policy: bf16 needs sm80+).
+
+    memo=False sends every operation through FakeTensorMode (the tests compare the two).
+    """
+    from ditbench.train import TrainConfig, Trainer
+
+    trace = Trace(target=target, batch_size=batch_size)
+    cfg = TrainConfig(**{**train_kwargs, "batch_size": batch_size, "device": "cpu"})
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # released at the marks, deterministically
+    try:
+        with emulate(target), FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
+            kind = _CompileRecorder if train_kwargs.get("compile") else _Recorder
+            recorder = kind(trace, fake_mode, DispatchMemo(fake_mode) if memo else None)
+            with recorder:
+                _run(recorder, trace, Trainer, cfg)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return trace
+
+
+def _run(recorder: _Recorder, trace: Trace, trainer_cls, cfg) -> None:
+    """Build and step the trainer; the trainer dies inside, so its release is not recorded."""
+    try:
+        recorder.mark("build")
+        with FakeDeepcopy():
+            trainer = trainer_cls(cfg)
+        trace.params = trainer.num_params
+        recorder.mark("step1")
+        trainer.step(trainer.next_batch())
+        _label_state(recorder, trainer)
+        recorder.mark("step2")
+        trainer.step(trainer.next_batch())
+        _label_state(recorder, trainer)
+        recorder.mark("end")
+    finally:
+        recorder.open = False
+
+
+def _label_state(recorder: _Recorder, trainer) -> None:
+    model = trainer.base_model
+    recorder.label(list(model.parameters()) + list(model.buffers()), "weights")
+    recorder.label([p.grad for p in model.parameters() if p.grad is not None], "gradients")
+    state = [v for s in trainer.optimizer.state.values() for v in s.values()]
+    recorder.label(state, "optimizer")
+    recorder.label(list(trainer.ema.state_dict().values()), "ema")

@@ -1,0 +1,126 @@
+"""The decision tree: for each card class, the largest model that trains, how, and the next step up.
+
+"Largest" is the paper's measure, forward Gflops per image (DiT-XL/2 first, DiT-S/8 last). A model
+trains on a class when some precision and checkpointing setting fits at least the grid's smallest
+batch on the class's smallest card (so the answer holds for every card of the class). Of the
+settings that fit, the advice takes the fastest that reaches the target batch (32 per GPU: DiT's
+global batch of 256 on 8 GPUs), else the one that fits the largest batch. Speed order, from the
+H200 anchors (DiT-XL/2, batch 32): bf16 277 ~ fp16 270 img/s without checkpointing, bf16 with full
+checkpointing 194, tf32 163, fp32 54; every_2 sits between none and full. Before Ampere (sm80) TF32
+does not exist and tf32 runs as fp32, so it is not offered there. "Next step up" is the next larger
+model (the least it needs and the first class it trains on), or, when the largest model already
+trains, what the next class up adds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ditbench.cards import MEMORY_CLASSES_GB, cards_in_class
+from ditbench.plan.predict import Prediction
+
+_PRECISION_SPEED = ("bf16", "fp16", "tf32", "fp32")
+_CKPT_SPEED = ("none", "every_2", "full")
+DEFAULT_TARGET_BATCH = 32
+
+
+def speed_rank(precision: str, grad_ckpt: str) -> tuple[int, int, int]:
+    """Smaller is faster: low precision without checkpointing first, fp32 last."""
+    p = _PRECISION_SPEED.index(precision) if precision in _PRECISION_SPEED else len(_PRECISION_SPEED)
+    c = _CKPT_SPEED.index(grad_ckpt) if grad_ckpt in _CKPT_SPEED else 1  # every_K: between none and full
+    low = p < 2
+    return (0 if low else 1, c if low else p, p if low else c)
+
+
+def class_cards() -> list[tuple[int, Any]]:
+    """(class GB, the class's smallest card) for every class that has a card."""
+    out = []
+    for gb in MEMORY_CLASSES_GB:
+        cards = cards_in_class(gb)
+        if cards:
+            out.append((gb, min(cards, key=lambda c: c.usable_gib)))
+    return out
+
+
+@dataclass
+class Advice:
+    class_gb: int
+    card: str
+    memory_gib: float
+    model: str | None  # None: no model of the grid trains
+    setting: Prediction | None  # the recommended cell (largest fitting batch of that setting)
+    alternatives: int  # other settings of that model that fit
+    next_model: str | None
+    next_needs: Prediction | None  # its least demanding cell
+    next_class_gb: int | None
+
+
+def _pre_ampere(card) -> bool:
+    from ditbench.plan.emulation import CARD_ARCH
+
+    arch = CARD_ARCH.get(card.name)
+    return arch is not None and arch < (8, 0)
+
+
+def _gflops(model: str, image_size: int) -> float:
+    from ditbench.models.flops import forward_macs
+
+    return forward_macs(model, image_size) / 1e9
+
+
+def decision_tree(
+    by_class: dict[int, list[Prediction]],
+    cards: list[tuple[int, Any]],
+    target_batch: int = DEFAULT_TARGET_BATCH,
+) -> list[Advice]:
+    """`by_class[gb]`: the grid's predictions for that class's card."""
+    all_preds = [p for preds in by_class.values() for p in preds]
+    if not all_preds:
+        return []
+    image_size = all_preds[0].config.get("image_size", 256)
+    models = sorted({p.model for p in all_preds}, key=lambda m: -_gflops(m, image_size))
+    advice = []
+    trains_on: dict[str, int] = {}
+    for gb, _card in cards:
+        for model in models:
+            if any(p.fits for p in by_class[gb] if p.model == model):
+                trains_on.setdefault(model, gb)
+    for gb, card in cards:
+        preds = by_class[gb]
+        if _pre_ampere(card):
+            preds = [p for p in preds if p.precision != "tf32"]
+        chosen_model = next((m for m in models if any(p.fits for p in preds if p.model == m)), None)
+        setting, alternatives = None, 0
+        if chosen_model is not None:
+            best: dict[tuple[str, str], Prediction] = {}
+            for p in preds:
+                if p.model == chosen_model and p.fits:
+                    key = (p.precision, p.grad_ckpt)
+                    if key not in best or p.batch_size > best[key].batch_size:
+                        best[key] = p
+            ranked = sorted(best.values(), key=lambda p: speed_rank(p.precision, p.grad_ckpt))
+            reach = [p for p in ranked if p.batch_size >= target_batch]
+            setting = reach[0] if reach else max(ranked, key=lambda p: (p.batch_size, -ranked.index(p)))
+            alternatives = len(best) - 1
+        index = models.index(chosen_model) if chosen_model else len(models)
+        next_model = models[index - 1] if index > 0 else None
+        next_needs = None
+        if next_model is not None:
+            cands = [p for p in preds if p.model == next_model and p.peak_allocated_gib is not None]
+            if cands:
+                next_needs = min(cands, key=lambda p: (p.device_gib or p.peak_allocated_gib, p.batch_size))
+        advice.append(
+            Advice(
+                class_gb=gb,
+                card=card.name,
+                memory_gib=card.usable_gib,
+                model=chosen_model,
+                setting=setting,
+                alternatives=alternatives,
+                next_model=next_model,
+                next_needs=next_needs,
+                next_class_gb=trains_on.get(next_model) if next_model else None,
+            )
+        )
+    return advice

@@ -1,0 +1,469 @@
+"""The hostile-input battery for run, resume files, train, extract-latents, sample and checkpoints.
+
+Every case in CASES is a command line (and the files it names, built in `tmp`) that must end in
+one clean error: exit 2, one paragraph starting `ditbench: error:`, no traceback, naming the
+option, file or value at fault, and leaving nothing behind it should not. The tests after CASES
+are hostile inputs a command must survive with correct statuses instead (garbage next to the
+results, a killed run's leftovers). fid, compare, report, suites and records have their own
+batteries (test_metrics_hostile, test_gate_hostile, test_report, test_suite, test_yamlio,
+test_records); the README counts them together.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from ditbench.bench import inflight
+from ditbench.bench.records import read_records
+from ditbench.bench.suite import load_suite
+from ditbench.cli import main
+from ditbench.outlock import OutputLock
+
+SUITE = """
+name: hostile
+device: cpu
+defaults:
+  model: DiT-T/8
+  image_size: 64
+  steps: {warmup: 1, measure: 2, min_seconds: 0}
+matrix: {precision: [PRECISION]}
+"""
+
+
+def suite(tmp: Path, precision: str = "fp32") -> Path:
+    path = tmp / "suite.yaml"
+    path.write_text(textwrap.dedent(SUITE).replace("PRECISION", precision))
+    return path
+
+
+def run(tmp: Path, out: Path | str, *extra: str) -> list[str]:
+    return ["run", str(suite(tmp)), "--out", str(out), "--no-progress", *extra]
+
+
+def out_holding(tmp: Path, name: str, kind: str) -> Path:
+    out = tmp / "out"
+    out.mkdir()
+    if kind == "dir":
+        (out / name).mkdir()
+    elif kind == "fifo":
+        os.mkfifo(out / name)
+    elif kind == "dangling":
+        (out / name).symlink_to(tmp / "nowhere")
+    else:
+        (out / name).write_text("x")
+    return out
+
+
+def a_file(tmp: Path, name: str = "afile", data: bytes = b"x") -> Path:
+    (tmp / name).write_bytes(data)
+    return tmp / name
+
+
+def unwritable(tmp: Path) -> Path:
+    """A folder this process cannot create anything in (as root, a path under /proc)."""
+    if os.geteuid() == 0:
+        return Path("/proc/ditbench-hostile/out")
+    folder = tmp / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    return folder / "out"
+
+
+def images(tmp: Path) -> Path:
+    folder = tmp / "imgs" / "cat"
+    folder.mkdir(parents=True)
+    Image.fromarray(np.zeros((40, 40, 3), np.uint8)).save(folder / "a.png")
+    return tmp / "imgs"
+
+
+def extract(tmp: Path, *extra: str, out: str = "lat.npz") -> list[str]:
+    argv = ["extract-latents", str(images(tmp)), "--vae", "random", "--out", str(tmp / out)]
+    return [*argv, "--image-size", "64", "--device", "cpu", "--no-progress", *extra]
+
+
+def sample(tmp: Path, *extra: str, checkpoint: str = "random", out: str = "s.npz") -> list[str]:
+    argv = ["sample", checkpoint, "--vae", "random", "--out", str(tmp / out), "--device", "cpu"]
+    return [*argv, "--model", "DiT-T/8", "--image-size", "64", "--num-samples", "2", "--no-progress", *extra]
+
+
+def train(*extra: str) -> list[str]:
+    return [
+        "train",
+        "--model",
+        "DiT-T/8",
+        "--image-size",
+        "64",
+        "--batch-size",
+        "1",
+        "--device",
+        "cpu",
+        *extra,
+    ]
+
+
+class Payload:
+    """Unpickling this runs a shell command that creates a marker file."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def payload_checkpoint(tmp: Path) -> Path:
+    path = tmp / "payload.pt"
+    torch.save({"model": {"x_embedder.proj.weight": torch.zeros(1)}, "args": Payload(tmp / "ran")}, path)
+    return path
+
+
+def truncated_checkpoint(tmp: Path) -> Path:
+    path = tmp / "cut.pt"
+    torch.save({"model": {"w": torch.zeros(1000)}}, path)
+    path.write_bytes(path.read_bytes()[:300])
+    return path
+
+
+def payload_latents(tmp: Path) -> Path:
+    path = tmp / "lat.pt"
+    torch.save({"latents": torch.zeros(2, 4, 8, 8), "labels": Payload(tmp / "ran")}, path)
+    return path
+
+
+def parts_with_progress(tmp: Path, data: bytes) -> None:
+    (tmp / "lat.npz.parts").mkdir()
+    (tmp / "lat.npz.parts" / "progress.json").write_bytes(data)
+
+
+# Each case: tmp -> (argv, environment variables, words the message must contain).
+CASES = {
+    # ditbench run: the output folder
+    "run --out is a file": lambda t: (run(t, a_file(t)), {}, ["--out", "afile", "is a file"]),
+    "run --out goes through a file": lambda t: (run(t, a_file(t) / "o"), {}, ["afile", "is a file"]),
+    "run --out cannot be created": lambda t: (run(t, unwritable(t)), {}, ["--out", "cannot be created"]),
+    "run results.jsonl is a folder": lambda t: (
+        run(t, out_holding(t, "results.jsonl", "dir")),
+        {},
+        ["results.jsonl", "a folder"],
+    ),
+    "run --dry-run results.jsonl is a folder": lambda t: (
+        run(t, out_holding(t, "results.jsonl", "dir"), "--dry-run"),
+        {},
+        ["results.jsonl", "a folder"],
+    ),
+    "run results.jsonl is a FIFO": lambda t: (
+        run(t, out_holding(t, "results.jsonl", "fifo")),
+        {},
+        ["results.jsonl", "not a regular file"],
+    ),
+    "run results.jsonl is a broken link": lambda t: (
+        run(t, out_holding(t, "results.jsonl", "dangling")),
+        {},
+        ["results.jsonl", "broken link"],
+    ),
+    "run summary.md is a folder": lambda t: (
+        run(t, out_holding(t, "summary.md", "dir")),
+        {},
+        ["summary.md", "a folder"],
+    ),
+    "run logs is a file": lambda t: (run(t, out_holding(t, "logs", "file")), {}, ["logs", "not a folder"]),
+    "run .inflight is a file": lambda t: (
+        run(t, out_holding(t, ".inflight", "file")),
+        {},
+        [".inflight", "not a folder"],
+    ),
+    "run lock file is a folder": lambda t: (
+        run(t, out_holding(t, ".ditbench.lock", "dir")),
+        {},
+        [".ditbench.lock", "lock"],
+    ),
+    # ditbench run: options and the environment
+    "run --timeout-s 0": lambda t: (run(t, t / "o", "--timeout-s", "0"), {}, ["--timeout-s", "0"]),
+    "run --timeout-s beyond a week": lambda t: (run(t, t / "o", "--timeout-s", "1e9"), {}, ["a week"]),
+    "run --cells empty": lambda t: (run(t, t / "o", "--cells", " "), {}, ["--cells", "non-empty"]),
+    "run --nnodes 0": lambda t: (run(t, t / "o", "--nnodes", "0"), {}, ["--nnodes 0"]),
+    "run --node-rank beyond --nnodes": lambda t: (run(t, t / "o", "--node-rank", "3"), {}, ["--node-rank 3"]),
+    "run --nnodes 2 without endpoint": lambda t: (run(t, t / "o", "--nnodes", "2"), {}, ["--rdzv-endpoint"]),
+    "run --rdzv-endpoint without port": lambda t: (
+        run(t, t / "o", "--nnodes", "2", "--rdzv-endpoint", "node0"),
+        {},
+        ["HOST:PORT"],
+    ),
+    "run fault with no cell substring": lambda t: (
+        run(t, t / "o"),
+        {"DITBENCH_INJECT_FAULT": "=raise"},
+        ["DITBENCH_INJECT_FAULT", "'=raise'"],
+    ),
+    "run fault at step 0": lambda t: (
+        run(t, t / "o"),
+        {"DITBENCH_INJECT_FAULT": "bs=1=oom@0"},
+        ["DITBENCH_INJECT_FAULT", "positive integer"],
+    ),
+    "run fault rank not a number": lambda t: (
+        run(t, t / "o"),
+        {"DITBENCH_INJECT_FAULT_RANK": "first"},
+        ["DITBENCH_INJECT_FAULT_RANK", "'first'"],
+    ),
+    "run suite is /dev/zero": lambda t: (
+        ["run", "/dev/zero", "--out", str(t / "o")],
+        {},
+        ["/dev/zero", "not a regular file"],
+    ),
+    # ditbench train
+    "train --save is a folder": lambda t: (train("--save", str(t)), {}, ["--save", "is a folder"]),
+    "train --save under a file": lambda t: (
+        train("--save", str(a_file(t) / "c.pt")),
+        {},
+        ["--save", "afile", "is a file"],
+    ),
+    "train --steps absurd": lambda t: (train("--steps", str(2**70)), {}, ["--steps", "1,000,000,000"]),
+    "train --data pickle payload": lambda t: (
+        train("--steps", "1", "--data", str(payload_latents(t))),
+        {},
+        ["lat.pt"],
+    ),
+    # ditbench extract-latents
+    "extract --device cuda without a GPU": lambda t: (
+        extract(t, "--device", "cuda"),
+        {},
+        ["cuda", "no CUDA"],
+    ),
+    "extract --device cuda:99": lambda t: (extract(t, "--device", "cuda:99"), {}, ["cuda:99"]),
+    "extract --device tpu": lambda t: (extract(t, "--device", "tpu"), {}, ["tpu", "auto, cpu, cuda"]),
+    "extract --seed negative": lambda t: (extract(t, "--seed", "-1"), {}, ["--seed", "-1"]),
+    "extract --seed beyond 64 bits": lambda t: (extract(t, "--seed", str(2**70)), {}, ["--seed"]),
+    "extract --workers negative": lambda t: (extract(t, "--workers", "-1"), {}, ["--workers", "-1"]),
+    "extract --image-size absurd": lambda t: (extract(t, "--image-size", "10000000"), {}, ["--image-size"]),
+    "extract --shard-size 0": lambda t: (extract(t, "--shard-size", "0"), {}, ["--shard-size", "0"]),
+    "extract --out not .npz": lambda t: (extract(t, out="lat.png"), {}, ["lat.png", ".npz"]),
+    "extract --out under a file": lambda t: (
+        extract(t, out=f"{a_file(t).name}/lat.npz"),
+        {},
+        ["afile", "is a file"],
+    ),
+    "extract .parts is a file": lambda t: (
+        a_file(t, "lat.npz.parts") and extract(t),
+        {},
+        ["lat.npz.parts", "in the way"],
+    ),
+    "extract progress file not UTF-8": lambda t: (
+        parts_with_progress(t, b"\xff\xfe\x00") or extract(t),
+        {},
+        ["progress.json", "delete"],
+    ),
+    "extract progress done list garbage": lambda t: (
+        parts_with_progress(t, b'{"job": {}, "done": ["x", -1]}') or extract(t),
+        {},
+        ["progress.json", "delete"],
+    ),
+    "extract VAE file that is not weights": lambda t: (
+        extract(t, "--vae", str(a_file(t, "vae.pt", b"\x00garbage"))),  # the last --vae counts
+        {},
+        ["vae.pt"],
+    ),
+    # ditbench sample
+    "sample --cfg-scale nan": lambda t: (sample(t, "--cfg-scale", "nan"), {}, ["--cfg-scale", "finite"]),
+    "sample --cfg-scale inf": lambda t: (sample(t, "--cfg-scale", "inf"), {}, ["--cfg-scale", "finite"]),
+    "sample --seed negative": lambda t: (sample(t, "--seed", "-1"), {}, ["--seed -1"]),
+    "sample --seed beyond 64 bits": lambda t: (sample(t, "--seed", str(2**64)), {}, ["--seed"]),
+    "sample --guidance-channels 0": lambda t: (sample(t, "--guidance-channels", "0"), {}, ["from 1 to 4"]),
+    "sample --guidance-channels 5": lambda t: (sample(t, "--guidance-channels", "5"), {}, ["from 1 to 4"]),
+    "sample --num-classes absurd": lambda t: (sample(t, "--num-classes", str(2**40)), {}, ["--num-classes"]),
+    "sample --image-size absurd": lambda t: (sample(t, "--image-size", "1000000"), {}, ["--image-size"]),
+    "sample --out under a file": lambda t: (sample(t, out=f"{a_file(t).name}/s.npz"), {}, ["afile"]),
+    "sample --out is a folder": lambda t: (
+        (t / "dir.npz").mkdir() or sample(t, out="dir.npz"),
+        {},
+        ["dir.npz", "is a folder"],
+    ),
+    # checkpoints through the commands that read them
+    "sample checkpoint pickle payload": lambda t: (
+        sample(t, checkpoint=str(payload_checkpoint(t))),
+        {},
+        ["payload.pt", "weights_only"],
+    ),
+    "sample checkpoint truncated": lambda t: (
+        sample(t, checkpoint=str(truncated_checkpoint(t))),
+        {},
+        ["cut.pt"],
+    ),
+    "sample checkpoint empty": lambda t: (sample(t, checkpoint=str(a_file(t, "e.pt", b""))), {}, ["e.pt"]),
+    "sample checkpoint is a folder": lambda t: (sample(t, checkpoint=str(t)), {}, ["not a file"]),
+    "sample checkpoint is a FIFO": lambda t: (
+        os.mkfifo(t / "f.pt") or sample(t, checkpoint=str(t / "f.pt")),
+        {},
+        ["f.pt", "not a file"],
+    ),
+}
+
+
+def listing(folder: Path) -> list[Path]:
+    """Every path under `folder` but lock files (an output folder keeps its lock file: see outlock)."""
+    return sorted(p.relative_to(folder) for p in folder.rglob("*") if p.name != ".ditbench.lock")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_hostile_input_is_one_clean_error(case, tmp_path, capsys, monkeypatch):
+    for name in ("DITBENCH_INJECT_FAULT", "DITBENCH_INJECT_FAULT_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    argv, env, words = CASES[case](tmp_path)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    before = listing(tmp_path)
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, f"{case}: exit {code}\n{err}"
+    message = err[err.index("ditbench: error:") :] if "ditbench: error:" in err else ""
+    assert message, f"{case}: no clean error:\n{err}"
+    assert "Traceback" not in err and "\n\n" not in message.strip(), err
+    flat = " ".join(message.split())
+    for word in words:
+        assert word in flat, f"{case}: {word!r} not in {flat!r}"
+    after = listing(tmp_path)
+    assert after == before, f"{case}: left behind {set(after) - set(before)}"  # nothing created, nothing lost
+    assert not (tmp_path / "ran").exists(), "a pickle payload was executed"
+
+
+def test_the_battery_is_large():
+    assert len(CASES) >= 50
+
+
+def test_the_pickle_payload_is_live(tmp_path):
+    """The payload cases can fail: unpickling this payload does run its command."""
+    pickle.loads(pickle.dumps(Payload(tmp_path / "ran")))
+    assert (tmp_path / "ran").exists()
+
+
+def test_an_unforeseen_file_system_refusal_is_one_paragraph(tmp_path, capsys, monkeypatch):
+    from ditbench.bench import runner
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "somewhere"))
+
+    monkeypatch.setattr(runner, "run_suite", refuse)
+    assert main(run(tmp_path, tmp_path / "o")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ditbench: error: Permission denied") and "somewhere" in err
+    assert "Traceback" not in err and "DITBENCH_TRACEBACK=1" in " ".join(err.split())
+    monkeypatch.setenv("DITBENCH_TRACEBACK", "1")
+    with pytest.raises(PermissionError):
+        main(run(tmp_path, tmp_path / "o"))
+
+
+def test_a_second_extraction_into_the_same_out_is_refused_naming_the_first(tmp_path, capsys):
+    argv = extract(tmp_path, "--vae", "random")
+    (tmp_path / "lat.npz.parts").mkdir()
+    with OutputLock(tmp_path / "lat.npz.parts", command="ditbench extract-latents first"):
+        assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"PID {os.getpid()}" in err and "extract-latents first" in err
+
+
+# ---- hostile files next to the results: the run goes on, with correct statuses --------------------
+
+
+def ok_record(cell, **kw):
+    context = {
+        "suite": "hostile",
+        "run_id": "20260101T000000Z-aaaaaa",
+        "cell_id": cell.cell_id,
+        "cell_name": cell.cell_name,
+        "suite_baseline": {},
+        "config": cell.config,
+        "env": {},
+        "started_at": "2026-01-01T00:00:00Z",
+    }
+    result = {"status": "ok", "metrics": {"images_per_s": 5.0, "step_ms": {"median": 200.0}}, **kw}
+    return inflight.make_record(context, result, 3.0)
+
+
+def test_garbage_in_every_file_a_run_keeps_does_not_stop_a_resume(tmp_path, capsys):
+    path = suite(tmp_path)
+    (cell,) = load_suite(path).cells
+    out = tmp_path / "out"
+    (out / ".inflight").mkdir(parents=True)
+    odd = {  # optional fields a hand edit may have turned into anything: the summary still writes
+        "mfu": {"value": "high"},
+        "noisy": "yes",
+        "noise": 3,
+        "emulation": {"card": None},
+        "cpu_peak_rss_gib": "lots",
+        "world_size": "2",
+    }
+    record = ok_record(cell, smoke={"first_mean": 1.0, "last_mean": None})
+    record["metrics"].update(odd)
+    record["duration_s"] = "long"
+    lines = [b"\xff\xfe binary", b'{"cell_id": [1, 2]}', b"[" * 20000, json.dumps(record).encode()]
+    (out / "results.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    (out / ".ditbench.lock").write_bytes(b"\x00 not a holder record")
+    (out / ".inflight" / "x.ticket.json").write_bytes(b"\xff")
+    (out / ".inflight" / "stray.result.json").write_text("{}")
+    with pytest.warns(UserWarning) as caught:
+        assert main(["run", str(path), "--out", str(out), "--no-progress"]) == 0
+    said = " ".join(str(w.message) for w in caught)
+    assert "lines 1, 2, 3" in said and "unreadable ticket" in said
+    assert "1 of 1 cells already ok, 0 to run" in capsys.readouterr().out
+    with pytest.warns(UserWarning, match="skipped 3 lines"):
+        assert len(read_records(out / "results.jsonl")) == 1  # nothing ran, nothing appended, nothing lost
+    assert (out / "results.jsonl").read_bytes().startswith(lines[0])
+    assert list((out / ".inflight").iterdir()) == []
+    assert (
+        "| DiT-T/8 fp32 ckpt=none bs=32 | ok | 5.0 | 200.0 | - | - | - |" in (out / "summary.md").read_text()
+    )
+
+
+def test_a_cell_that_cannot_run_here_is_recorded_unsupported_without_starting(tmp_path, capsys):
+    path = suite(tmp_path, precision="fp16")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "results.jsonl").write_bytes(b'{"schema": "ditbench.result/1", "status": "ok"}')  # no newline
+    with pytest.warns(UserWarning):
+        assert main(["run", str(path), "--out", str(out), "--no-progress"]) == 0
+    data = (out / "results.jsonl").read_bytes().split(b"\n")
+    assert data[0] == b'{"schema": "ditbench.result/1", "status": "ok"}'  # terminated, not cut
+    with pytest.warns(UserWarning, match="skipped 1 line"):
+        (record,) = read_records(out / "results.jsonl")
+    assert record["status"] == "unsupported" and "fp16" in record["reason"]
+    assert list((out / "logs").iterdir()) == []  # no process was started for it
+
+
+def test_nodes_of_a_multi_node_run_sharing_one_out_are_told_to_give_each_its_own(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = run(tmp_path, out, "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "127.0.0.1:29500")
+    with OutputLock(out, command="ditbench run (node 0)"):
+        assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"PID {os.getpid()}" in err and "every node needs its own --out" in err
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks --device auto on a machine without a GPU")
+def test_extract_with_device_auto_and_no_gpu_encodes_on_the_cpu(tmp_path, capsys):
+    from diffusers import AutoencoderKL
+
+    torch.manual_seed(0)
+    tiny = AutoencoderKL(
+        block_out_channels=(8, 8, 16, 16),
+        down_block_types=["DownEncoderBlock2D"] * 4,
+        up_block_types=["UpDecoderBlock2D"] * 4,
+        layers_per_block=1,
+        latent_channels=4,
+        norm_num_groups=4,
+        sample_size=32,
+    )
+    tiny.save_pretrained(tmp_path / "vae")
+    argv = extract(tmp_path, "--vae", str(tmp_path / "vae"), "--device", "auto", "--image-size", "32")
+    assert main(argv) == 0, capsys.readouterr().err
+    with np.load(tmp_path / "lat.npz") as f:
+        assert f["latents"].shape == (1, 4, 4, 4)
+    assert not (tmp_path / "lat.npz.parts").exists()

@@ -1,0 +1,149 @@
+"""In-flight results: appended once, adopted after a kill at any moment, never twice; old temp dirs swept."""
+
+import json
+import os
+import time
+
+import pytest
+
+from ditbench.bench import inflight
+from ditbench.bench.launch.files import write_result
+from ditbench.bench.records import read_records
+
+OK = {
+    "status": "ok",
+    "reason": None,
+    "metrics": {"images_per_s": 10.0, "step_ms": {"median": 100.0, "p10": 90.0, "p90": 110.0}},
+    "smoke": None,
+    "env": {"host": "cell-host"},
+    "quality": {"fid": 12.5},  # a key the record does not place itself is carried over
+}
+
+
+def context(cell_id="c0ffee000001", run_id="20260101T000000Z-aaaaaa", **kw):
+    return {
+        "suite": "t",
+        "run_id": run_id,
+        "cell_id": cell_id,
+        "cell_name": f"cell {cell_id}",
+        "suite_baseline": {},
+        "config": {"batch_size": 1, "gpus": 1, "nodes": 1},
+        "env": {"host": "runner-host"},
+        "started_at": "2026-01-01T00:00:00Z",
+        **kw,
+    }
+
+
+def finished_ticket(folder, result=OK, **kw):
+    ticket = inflight.open_ticket(folder, context(**kw))
+    write_result(ticket.result_path, result)
+    return ticket
+
+
+def test_commit_appends_the_record_and_then_removes_the_tickets_files(tmp_path):
+    folder, results = tmp_path / ".inflight", tmp_path / "results.jsonl"
+    ticket = finished_ticket(folder)
+    (folder / f"{ticket.key}.result.ranks").mkdir()  # a multi-process cell's reports and torchrun logs
+    (folder / f"{ticket.key}.result.ranks" / "rank0.json").write_text("{}")
+    record = inflight.commit(results, ticket, 1.5)
+    assert record["status"] == "ok" and record["duration_s"] == 1.5 and record["quality"] == {"fid": 12.5}
+    assert record["env"] == {"host": "cell-host"} and "adopted_by" not in record
+    assert read_records(results) == [record]
+    assert list(folder.iterdir()) == []
+
+
+def test_a_result_left_by_a_killed_run_is_adopted_once(tmp_path):
+    folder, results = tmp_path / ".inflight", tmp_path / "results.jsonl"
+    finished_ticket(folder, cell_id="c0ffee000001")
+    cut_off = inflight.open_ticket(folder, context(cell_id="c0ffee000002"))  # killed while running
+    (folder / f"{cut_off.key}.spec.json").write_text("{}")
+    (folder / ".x.result.json.abc.tmp").write_text("half")  # an atomic write cut short
+    adopted = inflight.adopt(results, folder, "20260102T000000Z-bbbbbb")
+    assert [r["cell_id"] for r in adopted] == ["c0ffee000001"]
+    assert adopted[0]["adopted_by"] == "20260102T000000Z-bbbbbb"
+    assert adopted[0]["run_id"] == "20260101T000000Z-aaaaaa"  # the run that measured it
+    assert read_records(results) == adopted
+    assert list(folder.iterdir()) == []  # everything else of the killed run is gone
+    assert inflight.adopt(results, folder, "r3") == []
+
+
+def test_a_kill_between_the_append_and_the_clean_up_appends_nothing_twice(tmp_path):
+    folder, results = tmp_path / ".inflight", tmp_path / "results.jsonl"
+    ticket = finished_ticket(folder)
+    record = inflight.make_record(ticket.read_context(), OK, 1.0)
+    inflight.append_record(results, record)  # appended; the kill came before the files were removed
+    assert inflight.adopt(results, folder, "r2") == []
+    assert len(read_records(results)) == 1 and list(folder.iterdir()) == []
+
+
+def test_an_appended_line_that_is_not_a_valid_record_still_counts_as_appended(tmp_path):
+    folder, results = tmp_path / ".inflight", tmp_path / "results.jsonl"
+    bad = dict(OK, metrics={"images_per_s": float("nan"), "step_ms": {"median": 1.0}})
+    ticket = finished_ticket(folder, result=bad)
+    inflight.append_record(results, inflight.make_record(ticket.read_context(), bad, 1.0))
+    with pytest.warns(UserWarning):
+        assert read_records(results) == []  # an ok record without a finite images/s is skipped by readers
+    assert inflight.adopt(results, folder, "r2") == []
+    assert results.read_text().count("\n") == 1
+
+
+def test_garbage_tickets_and_results_are_removed_or_adopted_never_raised(tmp_path):
+    folder, results = tmp_path / ".inflight", tmp_path / "results.jsonl"
+    folder.mkdir()
+    (folder / "a.ticket.json").write_bytes(b"\xff\xfe not json")
+    (folder / "b.ticket.json").write_text('{"suite": "t"}')  # incomplete
+    (folder / "c.ticket.json").write_text("[" * 20000 + "]" * 20000)
+    ticket = inflight.open_ticket(folder, context())
+    ticket.result_path.write_text('"a string, not a result"')
+    odd = inflight.open_ticket(folder, context(cell_id="c0ffee000002"))  # a hand-edited start time
+    odd.ticket_path.write_text(json.dumps(dict(context(cell_id="c0ffee000002"), started_unix="noon")))
+    write_result(odd.result_path, OK)
+    with pytest.warns(UserWarning, match="unreadable ticket"):
+        (adopted,) = inflight.adopt(results, folder, "r2")
+    assert adopted["cell_id"] == "c0ffee000002" and adopted["duration_s"] == 0.0
+    assert list(folder.iterdir()) == []
+
+
+def test_commit_records_an_unreadable_result_as_an_error(tmp_path):
+    folder, results = tmp_path / ".inflight", tmp_path / "results.jsonl"
+    ticket = inflight.open_ticket(folder, context())
+    ticket.result_path.write_bytes(b"\xff\x00")
+    record = inflight.commit(results, ticket, 0.5)
+    assert record["status"] == "error" and "result file is not UTF-8" in record["reason"], record
+
+
+def legacy(tmp_path, name, entries, age_s):
+    folder = tmp_path / name
+    folder.mkdir()
+    for entry in entries:
+        (folder / entry).write_text("{}")
+    old = time.time() - age_s
+    for path in (*folder.iterdir(), folder):
+        os.utime(path, (old, old))
+    return folder
+
+
+def test_old_runners_temp_folders_are_swept_and_nothing_else(tmp_path):
+    dead = legacy(tmp_path, "ditbench-abc123", ["915318631963.spec.json", "915318631963.result.json"], 7200)
+    recent = legacy(tmp_path, "ditbench-def456", ["915318631963.spec.json"], 60)  # maybe a live old runner
+    other = legacy(tmp_path, "ditbench-inception-x", ["weights.pt"], 7200)  # not a runner's folder
+    named = legacy(tmp_path, "ditbench-named", ["aaaaaaaaaaaa.spec.json"], 7200)
+    import subprocess
+    import sys
+
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(named / "x")])
+    try:
+        removed = inflight.sweep_legacy_tempdirs(tmp_path)
+    finally:
+        live.kill()
+        live.wait()
+    assert removed == [dead]
+    assert not dead.exists() and recent.exists() and other.exists() and named.exists()
+
+
+def test_ticket_keys_name_the_cell_and_the_run(tmp_path):
+    ticket = inflight.open_ticket(tmp_path, context())
+    assert ticket.key == "c0ffee000001.20260101T000000Z-aaaaaa"
+    assert json.loads(ticket.ticket_path.read_text())["started_unix"] > 0
+    with pytest.raises(ValueError, match="config"):
+        inflight.open_ticket(tmp_path, {k: v for k, v in context().items() if k != "config"})
