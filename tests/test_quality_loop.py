@@ -137,6 +137,7 @@ def test_a_failure_is_the_fields_status_and_the_cell_stands(tmp_path):
     assert smoke_end["status"] == "error"
 
 
+@pytest.mark.slow  # the calibrated network on 2 busy cores: about 2 minutes
 def test_the_test_inception_scores_the_samples_end_to_end(reference, tmp_path, monkeypatch):
     spec = _spec(reference, samples=4, at=(0,), inception="test", grid=0)
     field = _run(spec, tmp_path)
@@ -145,3 +146,59 @@ def test_the_test_inception_scores_the_samples_end_to_end(reference, tmp_path, m
     assert field["banner"] == "not the official Inception: numbers are not comparable with papers"
     (e,) = field["evaluations"]
     assert all(p["fid"] > 0 for p in e["per_seed"]) and e["spread"]["fid"] > 0
+
+
+RANKS_SCRIPT = """
+import json, sys
+import torch
+sys.path.insert(0, sys.argv[3])  # the tests folder: the stand-in feature network
+from metrics_support import FakeExtractor
+from ditbench import dist
+from ditbench.bench.cell import build_trainer
+from ditbench.bench.spec import CellSpec, Steps
+from ditbench.knobs import CellConfig
+from ditbench.quality.loop import run_quality
+from ditbench.quality.spec import QualitySpec, Sampler
+
+ctx = dist.init("cpu")
+knobs = CellConfig(model="DiT-T/2", image_size=64, batch_size=4, num_classes=2, gpus=2, strategy=sys.argv[4],
+                   data={"pixels": "builtin:mpl-gray16"}, ema_decay=0.5)
+q = QualitySpec(sys.argv[1], samples=6, sampler=Sampler("ddpm", 3, 1.5), at=(0, 2), seeds=(0, 1), grid=0,
+                batch_size=2)
+field = run_quality(CellSpec(knobs, "cpu", Steps(0, 1, 0.0), 0, quality=q), ctx, build_trainer,
+                    extractor=FakeExtractor())
+if ctx.rank == 0:
+    open(sys.argv[2], "w").write(json.dumps(field))
+dist.barrier(ctx)
+dist.shutdown()
+"""
+
+
+@pytest.mark.slow  # two gloo processes
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_ranks_split_the_samples_and_rank_0_scores_the_same_set(reference, tmp_path, strategy):
+    import os
+    import sys
+    from pathlib import Path
+
+    from ditbench.bench.launch import torchrun as tr
+
+    tests = Path(__file__).resolve().parent
+    script, out = tmp_path / "ranks.py", tmp_path / "field.json"
+    script.write_text(RANKS_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": str(tests.parent), "DITBENCH_CACHE": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)]
+    res = tr.launch(
+        [*cmd, str(reference), str(out), str(tests), strategy], tmp_path / "launch", timeout_s=600, env=env
+    )
+    assert res.returncode == 0, res.output_tail
+    field = json.loads(out.read_text())
+    assert field["status"] == "ok", field["reason"]
+    assert field["ranks"] == 2 and "rank 0 gathers" in field["split"]
+    e0, e2 = field["evaluations"]
+    assert e2["train_gpu_s"] == pytest.approx(2 * e2["train_wall_s"], abs=2e-3)
+    # step 0 is the initialisation: one process scoring every shard gets the very same numbers
+    single = _run(_spec(reference, at=(0,), grid=0, batch_size=2), tmp_path / "one", FakeExtractor())
+    assert [p["fid"] for p in e0["per_seed"]] == pytest.approx(
+        [p["fid"] for p in single["evaluations"][0]["per_seed"]]
+    )
