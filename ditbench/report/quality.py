@@ -192,7 +192,9 @@ def _points(q: dict) -> list[tuple[float, float, float | None, int]]:
 def _hours_table(df: pd.DataFrame, cells) -> list[Block]:
     """FID after X GPU-hours: each cell's FID at its last evaluation within X GPU-hours of training."""
     points = {label: _points(q) for label, q in cells}
-    hours = sorted({round(h, 6) for p in points.values() for h, *_ in p if h > 0})
+    hours = sorted(
+        {h for p in points.values() for h, *_ in p if h > 0}
+    )  # exact: a rounded X misses its own point
     if not hours:
         return []
     if len(hours) > MAX_HOUR_COLUMNS:  # evenly spaced picks, the last one always shown
@@ -202,7 +204,7 @@ def _hours_table(df: pd.DataFrame, cells) -> list[Block]:
     for label, p in points.items():
         row = [cell_label(df.loc[label])]
         for x in hours:
-            within = [(h, fid, spread, step) for h, fid, spread, step in p if h <= x + 1e-12]
+            within = [(h, fid, spread, step) for h, fid, spread, step in p if h <= x]
             row.append(f"{_pm(within[-1][1], within[-1][2])} (step {within[-1][3]:,})" if within else "—")
         rows.append(row)
     return [
