@@ -262,7 +262,12 @@ class _Submitter:
         calls = []
         for cell, ticket in members:
             timeout = self._timeout(cell)
-            about = {"cell_id": cell.cell_id, "cell_name": cell.cell_name, "rendezvous": None}
+            about = {
+                "cell_id": cell.cell_id,
+                "cell_name": cell.cell_name,
+                "rendezvous": None,
+                "out_dir": str(self.out.resolve()),  # sample grids go under it
+            }
             write_spec(ticket.spec_path, cell.spec, **about, timeout_s=timeout)
             log = self.out / LOGS_DIR / f"{cell.cell_id}.log"
             calls.append((str(ticket.spec_path), str(ticket.result_path), str(log), timeout))

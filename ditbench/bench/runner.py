@@ -319,6 +319,7 @@ class _Run:
                     "cell_id": cell.cell_id,
                     "cell_name": cell.cell_name,
                     "rendezvous": self.options.rendezvous,
+                    "out_dir": str(self.out.resolve()),  # sample grids go under it
                 }
                 run_isolated(cell.spec, about, timeout, ticket.spec_path, ticket.result_path, log)
         except BaseException:  # Ctrl-C, SIGTERM

@@ -26,6 +26,7 @@ from ditbench.device import DEVICE_CHOICES, device_type
 from ditbench.errors import UserError, shorten
 from ditbench.knobs import FIELDS, CellConfig, InvalidValue, check_knob, int_in, number_in
 from ditbench.knobs import unknown_key_message as _unknown
+from ditbench.quality import spec as quality_spec
 from ditbench.yamlio import load_yaml_file
 
 SMOKE_CELLS = ("baseline", "all", "none")
@@ -46,6 +47,7 @@ TOP_KEYS = (
     "baseline",
     "plan",
     "cluster",
+    "quality",
 )
 DEFAULTS_EXTRA_KEYS = ("steps", "smoke", "timeout_s")
 RETIRED = {
@@ -83,7 +85,7 @@ class Cell:
     @property
     def series_key(self) -> str:
         """The cell without its batch size: cells of one series differ only in batch."""
-        drop = ("batch_size", "global_batch", "smoke_steps")
+        drop = ("batch_size", "global_batch", "smoke_steps", "quality")
         return json.dumps({k: v for k, v in self.config.items() if k not in drop}, sort_keys=True)
 
 
@@ -99,6 +101,7 @@ class Suite:
     card: str | None = None
     plan: PlanOption | None = None  # the `plan` option: predictions recorded, predicted OOMs skipped
     cluster: ClusterOptions = field(default_factory=ClusterOptions)  # where --executor slurm runs the cells
+    quality: quality_spec.QualitySpec | None = None  # the `quality` section, on the cells it applies to
 
 
 class _Validator:
@@ -249,6 +252,16 @@ def _axes(v: _Validator, raw: dict) -> dict[str, list[Any]]:
     return axes
 
 
+def _quality(v: _Validator, raw: dict) -> tuple[quality_spec.QualitySpec | None, Any]:
+    """(the quality section, which cells it applies to); (None, None) without one."""
+    section = raw.get("quality")
+    if section is None:
+        return None, None
+    fail = v.at("quality")
+    spec = quality_spec.QualitySpec.from_mapping(section, fail)
+    return spec, quality_spec.parse_cells(section.get("cells"), v.partial_list, fail)
+
+
 def _smoke_steps(smoke_steps: int, smoke_cells: Any, knobs: dict, baseline: dict | None) -> int:
     if smoke_cells == "all":
         return smoke_steps
@@ -301,6 +314,7 @@ def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
     exclude = v.partial_list("exclude", raw.get("exclude"))
     include = v.partial_list("include", raw.get("include"))
     baseline = v.partial_cell("baseline", raw["baseline"]) if raw.get("baseline") is not None else None
+    quality, quality_cells = _quality(v, raw)
     if smoke_cells == "baseline" and smoke_steps > 0 and baseline is None:
         raise v.fail(
             "defaults.smoke.cells",
@@ -332,14 +346,26 @@ def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
     seen: set[str] = set()
     for _, config in full:
         smoke = _smoke_steps(smoke_steps, smoke_cells, config.to_dict(), baseline)
-        spec = CellSpec(config, resolved, steps, smoke, budget, card)
+        evaluated = quality is not None and quality_spec.applies(
+            quality_cells, config.to_dict(), smoke, baseline
+        )
+        spec = CellSpec(config, resolved, steps, smoke, budget, card, quality if evaluated else None)
         cid = cell_id(spec)
         if cid in seen:  # an include repeating a matrix cell: run it once
             continue
         seen.add(cid)
         name_ = cell_name(spec.record_config(), varying)
+        problem = quality.conflict(config, smoke) if evaluated else None
+        if problem:
+            raise v.fail("quality", f"cell {name_} cannot be evaluated: {problem}.")
         cells.append(Cell(spec, cid, name_, timeout_s, legacy_cell_id(spec)))
-    return Suite(name, description, path, device, cells, baseline, budget, card, plan, cluster)
+    if quality is not None and not any(c.spec.quality for c in cells):
+        raise v.fail(
+            "quality.cells",
+            f"selects no cell ({shorten(quality_cells)}); the default `smoke` needs smoke cells "
+            "(defaults.smoke.cells), or give `all`, `baseline` or a list of partial cells.",
+        )
+    return Suite(name, description, path, device, cells, baseline, budget, card, plan, cluster, quality)
 
 
 def cell_name(config: dict[str, Any], varying: list[str] | tuple[str, ...] = ()) -> str:

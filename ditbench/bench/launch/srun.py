@@ -70,7 +70,7 @@ def run_task(spec_path: str, result_path: str, log_path: str, timeout_s: float) 
             )
         return
     if spec.world_size == 1:
-        about = {k: doc.get(k) for k in ("cell_id", "cell_name", "rendezvous")}
+        about = {k: doc.get(k) for k in ("cell_id", "cell_name", "rendezvous", "out_dir")}
         run_isolated(spec, about, timeout_s, Path(spec_path), result, Path(log_path))
         return
     _rank_task(spec, spec_path, result, Path(log_path), timeout_s, job)
@@ -171,7 +171,7 @@ def _read(path: Path) -> dict | None:
 def _write_cell_result(spec, result, log_path, report_dir, timeout_s, start, deadline, job) -> None:
     """Task 0: every task's exit, then the cell's result as the torchrun launcher would judge it."""
     from ditbench.bench.launch.rendezvous import Rendezvous
-    from ditbench.bench.launch.torchrun import LaunchResult, read_reports, result_of_launch
+    from ditbench.bench.launch.torchrun import LaunchResult, read_phase, read_reports, result_of_launch
 
     world = spec.world_size
     exits: dict[int, dict] = {}
@@ -197,6 +197,7 @@ def _write_cell_result(spec, result, log_path, report_dir, timeout_s, start, dea
         reports=reports,
         gathered=gathered,
         smoke=smoke,
+        quality=read_phase(report_dir, "quality"),
         launcher="srun" if job.cluster == "slurm" else "submitit-local",
     )
     rdzv = Rendezvous(nnodes=spec.knobs.nodes, node_rank=0)
