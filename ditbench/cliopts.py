@@ -1,0 +1,75 @@
+"""The one flag convention every `ditbench` command follows (tests/test_cli_convention.py walks them).
+
+- A default is shown one way, `(default: X)`, appended by `HelpFormatter` (an explicit
+  `(default: ...)` in a help text, for a default that is a rule rather than a value, is kept).
+- `--device {auto,cpu,cuda}` (cuda:N too), default auto: a GPU where one is visible, else the CPU;
+  cuda without a GPU is a one-paragraph error (`device.resolve_device`).
+- `--precision` always has choices.
+- `--json`: print the command's result as JSON on stdout instead of text.
+- `--out` names one kind of thing per command, said in its help and metavar: DIR for a folder
+  (run, report), FILE.npz for an array file (sample, extract-latents), FILE.json for a result (fid).
+- `--no-progress`: no progress bar (logs that are not a terminal get plain lines anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from ditbench.errors import UserError, shorten
+from ditbench.precision import PRECISIONS
+
+DEVICE_METAVAR = "{auto,cpu,cuda}"
+DEVICE_HELP = (
+    "where to compute: auto (a GPU where one is visible, else the CPU), cpu, or cuda (cuda:N for one GPU)"
+)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written; every option with a default says `(default: X)` at the end of its help."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if text.endswith(" (%(default)s)"):  # the metric options' older form, said the one way
+            text = text[: -len(" (%(default)s)")] + " (default: %(default)s)"
+        shown = "(default" in text or "%(default)" in text
+        hidden = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if shown or hidden or not action.option_strings:
+            return text
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def device_arg(text: str) -> str:
+    """argparse type of --device: auto, cpu, cuda or cuda:N (normalised to lower case)."""
+    value = str(text).strip().lower()
+    if value in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d{1,4}", value):
+        return value
+    raise argparse.ArgumentTypeError(f"{shorten(text)} is not a device; use auto, cpu, cuda or cuda:N")
+
+
+def add_device(parser: argparse.ArgumentParser, help: str = DEVICE_HELP) -> None:
+    parser.add_argument("--device", type=device_arg, default="auto", metavar=DEVICE_METAVAR, help=help)
+
+
+def add_precision(parser: argparse.ArgumentParser, default: str, help: str) -> None:
+    parser.add_argument("--precision", choices=PRECISIONS, default=default, help=help)
+
+
+def add_json(parser: argparse.ArgumentParser, what: str = "the result") -> None:
+    parser.add_argument("--json", action="store_true", help=f"print {what} as JSON on stdout instead of text")
+
+
+def add_no_progress(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (where stderr is not a terminal, progress is plain lines anyway)",
+    )
+
+
+def check_positive(value: int, flag: str) -> int:
+    if value < 1:
+        raise UserError(f"{flag} must be at least 1, got {value}")
+    return value
