@@ -14,9 +14,8 @@
 from __future__ import annotations
 
 import argparse
-import re
 
-from ditbench.errors import UserError, shorten
+from ditbench.errors import UserError
 from ditbench.precision import PRECISIONS
 
 DEVICE_METAVAR = "{auto,cpu,cuda}"
@@ -41,16 +40,10 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def device_arg(text: str) -> str:
-    """argparse type of --device: auto, cpu, cuda or cuda:N (normalised to lower case)."""
-    value = str(text).strip().lower()
-    if value in ("auto", "cpu", "cuda") or re.fullmatch(r"cuda:\d{1,4}", value):
-        return value
-    raise argparse.ArgumentTypeError(f"{shorten(text)} is not a device; use auto, cpu, cuda or cuda:N")
-
-
 def add_device(parser: argparse.ArgumentParser, help: str = DEVICE_HELP) -> None:
-    parser.add_argument("--device", type=device_arg, default="auto", metavar=DEVICE_METAVAR, help=help)
+    # checked by device.resolve_device when the command starts: a bad value is the usual one-paragraph
+    # error (exit 2) like every other bad input, not argparse's usage dump
+    parser.add_argument("--device", default="auto", metavar=DEVICE_METAVAR, help=help)
 
 
 def add_precision(parser: argparse.ArgumentParser, default: str, help: str) -> None:

@@ -68,8 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=int,
         default=32,
-        help="samples per shard and per forward pass on each rank (the doubled CFG batch is twice "
-        "this; default: %(default)s)",
+        help="samples per shard and per forward pass on each rank (the doubled CFG batch is twice this)",
     )
     parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     add_device(parser)
