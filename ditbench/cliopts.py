@@ -4,7 +4,7 @@
   `(default: ...)` in a help text, for a default that is a rule rather than a value, is kept).
 - `--device {auto,cpu,cuda}` (cuda:N too), default auto: a GPU where one is visible, else the CPU;
   cuda without a GPU is a one-paragraph error (`device.resolve_device`).
-- `--precision` always has choices.
+- `--precision {fp32,tf32,fp16,bf16}`, checked before the command runs.
 - `--json`: print the command's result as JSON on stdout instead of text.
 - `--out` names one kind of thing per command, said in its help and metavar: DIR for a folder
   (run, report), FILE.npz for an array file (sample, extract-latents), FILE.json for a result (fid).
@@ -46,8 +46,20 @@ def add_device(parser: argparse.ArgumentParser, help: str = DEVICE_HELP) -> None
     parser.add_argument("--device", default="auto", metavar=DEVICE_METAVAR, help=help)
 
 
+PRECISION_METAVAR = "{" + ",".join(PRECISIONS) + "}"
+
+
 def add_precision(parser: argparse.ArgumentParser, default: str, help: str) -> None:
-    parser.add_argument("--precision", choices=PRECISIONS, default=default, help=help)
+    # the choices are shown, and checked by `check_arguments` (the one-paragraph error, exit 2)
+    parser.add_argument("--precision", default=default, metavar=PRECISION_METAVAR, help=help)
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """The convention's checks that argparse would answer with a usage dump: a clean UserError instead."""
+    from ditbench.precision import check_precision
+
+    if getattr(args, "precision", None) is not None:
+        check_precision(args.precision, "--precision")
 
 
 def add_json(parser: argparse.ArgumentParser, what: str = "the result") -> None:

@@ -50,7 +50,7 @@ def test_every_command_follows_the_flag_convention(name):
         device = flags["--device"]
         assert device.default == "auto" and device.metavar == "{auto,cpu,cuda}"
     if "--precision" in flags:
-        assert tuple(flags["--precision"].choices) == PRECISIONS
+        assert flags["--precision"].metavar == "{" + ",".join(PRECISIONS) + "}"
     if "--out" in flags:
         assert flags["--out"].metavar == OUT_KINDS[name], f"{name} --out"
     if "--no-progress" in flags:
@@ -67,6 +67,13 @@ def test_ditbench_help_lists_each_command_once(capsys):
             line for line in out.splitlines() if line.startswith(f"    {name} ") or line == f"    {name}"
         ]
         assert len(lines) == 1, (name, lines)
+
+
+@pytest.mark.parametrize("argv", [["train"], ["sample", "random", "--vae", "random"], ["env"]])
+def test_a_bad_precision_is_one_clean_error(capsys, argv):
+    assert main([*argv, "--precision", "fp64"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--precision 'fp64' is not known; valid precisions are fp32, tf32, fp16, bf16" in err
 
 
 @pytest.mark.parametrize("name", sorted(DEVICE_COMMANDS - {"sample", "fid", "extract-latents"}))
