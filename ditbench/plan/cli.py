@@ -22,7 +22,11 @@ Table cells show the GiB the card must hold (allocator reserve + CUDA context); 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = HELP
-    parser.add_argument("suite", nargs="?", help="plan this suite's cells instead of the default grid")
+    parser.add_argument(
+        "suite",
+        nargs="?",
+        help="plan this suite's cells (a shipped name or a YAML path) instead of the default grid",
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--card", help='the card to plan for, e.g. "RTX 4090", A100-80GB, H200')
     where.add_argument("--memory-gib", type=float, help="or the card's usable memory in GiB")
