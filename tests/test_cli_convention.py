@@ -157,3 +157,20 @@ def test_env_measure_peak_on_a_cpu_is_bounded_and_says_what_it_skipped(capsys):
     assert set(tflops) == {"fp32", "bf16"} and all(v > 0 for v in tflops.values())
     assert set(how["skipped"]) == {"tf32", "fp16"}
     assert all(128 <= side <= 2048 for side in how["side"].values())
+
+
+def test_the_report_says_why_nvml_figures_are_empty(tmp_path):
+    from synthetic_records import make_record, write_jsonl
+
+    from ditbench.environment import NVML_MISSING
+
+    record = make_record("DiT-S/8")
+    record["env"] = {
+        **record["env"],
+        "driver": None,
+        "nvml": f"{NVML_MISSING}: driver and device memory are null",
+    }
+    write_jsonl(tmp_path / "results.jsonl", [record])
+    assert main(["report", str(tmp_path / "results.jsonl"), "--out", str(tmp_path / "rep")]) == 0
+    text = " ".join((tmp_path / "rep" / "report.md").read_text().split())
+    assert "nvidia-ml-py was not installed" in text and "ditbench[gpu]" in text
