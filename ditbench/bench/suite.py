@@ -102,16 +102,31 @@ class Suite:
     plan: PlanOption | None = None  # the `plan` option: predictions recorded, predicted OOMs skipped
     cluster: ClusterOptions = field(default_factory=ClusterOptions)  # where --executor slurm runs the cells
     quality: quality_spec.QualitySpec | None = None  # the `quality` section, on the cells it applies to
+    overrides: dict[str, Any] = field(default_factory=dict)  # `key=value`s from the command line
 
 
 class _Validator:
     """Collects the file name so every error says where it is: file, key path, what is valid."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, origin: dict[str, str] | None = None):
         self.path = path
+        self.origin = origin or {}  # keypath -> the command-line override that set it
 
     def fail(self, keypath: str, message: str) -> UserError:
         where = f" at `{keypath}`" if keypath else ""
+        by = [
+            text
+            for key, text in self.origin.items()
+            if keypath == key or keypath.startswith((f"{key}.", f"{key}["))
+        ]
+        if by:
+            where += f" (set by the override `{shorten(by[0], quote=False)}`)"
+        elif self.origin:
+            message += (
+                " (The suite was changed by the overrides "
+                + ", ".join(f"`{shorten(t, quote=False)}`" for t in self.origin.values())
+                + ".)"
+            )
         return UserError(f"suite {self.path}{where}: {message}")
 
     def at(self, keypath: str):
@@ -184,14 +199,15 @@ def matches(config: dict[str, Any], partial: dict[str, Any]) -> bool:
     return all(config.get(k) == v for k, v in partial.items())
 
 
-def load_suite(path: str | Path) -> Suite:
-    """Read and validate a suite file; raise UserError naming the file and key on any mistake."""
-    path = Path(path)
-    if not path.exists():
-        raise UserError(
-            f"suite file {path} does not exist (ready suites are in suites/, e.g. suites/cpu_smoke.yaml)."
-        )
-    return parse_suite(load_yaml_file(path, "suite"), str(path))
+def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Suite:
+    """Read and validate a suite (a file, or a shipped suite's name) with its `key=value` overrides;
+    raise UserError naming the file, key or override on any mistake."""
+    from ditbench.bench.catalog import resolve_suite
+    from ditbench.bench.overrides import parse_overrides
+
+    path = resolve_suite(path)
+    parsed = parse_overrides(list(overrides), (*DEFAULTS_EXTRA_KEYS, *TOP_KEYS))
+    return parse_suite(load_yaml_file(path, "suite"), str(path), parsed)
 
 
 def _emulation(v: _Validator, raw: dict) -> tuple[float | None, str | None]:
@@ -272,8 +288,11 @@ def _smoke_steps(smoke_steps: int, smoke_cells: Any, knobs: dict, baseline: dict
     return smoke_steps if any(matches(knobs, s) for s in smoke_cells) else 0
 
 
-def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
-    v = _Validator(path)
+def parse_suite(raw: Any, path: str = "<suite>", overrides: list | None = None) -> Suite:
+    from ditbench.bench.overrides import apply_overrides, as_record
+
+    raw, origin = apply_overrides(raw, overrides or [], path, DEFAULTS_EXTRA_KEYS)
+    v = _Validator(path, origin)
     if raw is None:
         raise v.fail("", "the file is empty; a suite needs at least `name` and `matrix`.")
     raw = v.mapping("", raw)
@@ -365,7 +384,20 @@ def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
             f"selects no cell ({shorten(quality_cells)}); the default `smoke` needs smoke cells "
             "(defaults.smoke.cells), or give `all`, `baseline` or a list of partial cells.",
         )
-    return Suite(name, description, path, device, cells, baseline, budget, card, plan, cluster, quality)
+    return Suite(
+        name,
+        description,
+        path,
+        device,
+        cells,
+        baseline,
+        budget,
+        card,
+        plan,
+        cluster,
+        quality,
+        as_record(overrides or []),
+    )
 
 
 def cell_name(config: dict[str, Any], varying: list[str] | tuple[str, ...] = ()) -> str:

@@ -158,6 +158,15 @@ def _environment(df: pd.DataFrame) -> list[Block]:
                 "differ); compare numbers across them with care."
             )
         )
+    nvml = [str(v) for v in df.get("env.nvml", pd.Series(dtype=object)).dropna()]
+    if any(v.startswith("missing") for v in nvml):
+        out.append(
+            Para(
+                "The driver and the device memory NVML reports (metrics.device_mem_gib, CUDA context "
+                "included) are empty: nvidia-ml-py was not installed where these records were made "
+                "(`pip install 'ditbench[gpu]'`). The allocator's peaks do not need it."
+            )
+        )
     return out
 
 

@@ -173,12 +173,12 @@ def _finished(args, out: Path, record_path: Path, settings: dict) -> dict | None
 
 
 def _progress(args, labels, missing: list[int]):
-    from tqdm.auto import tqdm
+    from ditbench.progress import progress
 
     done = args.num_samples - sum(
         len(labels[k * args.batch_size : (k + 1) * args.batch_size]) for k in missing
     )
-    return tqdm(total=args.num_samples, initial=done, unit="img", desc="sampling", dynamic_ncols=True)
+    return progress(total=args.num_samples, initial=done, unit="img", desc="sampling")
 
 
 def _make_shards(args, ctx, model, vae, settings: dict, shard_dir: Path, missing: list[int]) -> dict:
