@@ -14,11 +14,13 @@ import sys
 import textwrap
 
 from ditbench import __version__
+from ditbench.cliopts import HelpFormatter, check_arguments
 from ditbench.errors import UserError
 
 # name -> (module, one-line help). Order is the order `ditbench --help` lists them in.
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("ditbench.bench.cli", "run a benchmark suite (a matrix of training cells)"),
+    "suites": ("ditbench.bench.suites_cli", "list the suites shipped with ditbench and what each measures"),
     "train": ("ditbench.train.cli", "train a DiT for a number of steps and print the loss"),
     "extract-latents": ("ditbench.train.extract", "encode an image folder to a latent file through the VAE"),
     "sample": ("ditbench.sampling.cli", "sample images from a checkpoint into an ADM-format .npz"),
@@ -35,12 +37,13 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
         prog="ditbench",
         description="Benchmark and evaluate Diffusion Transformer (DiT) training.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="commands:\n" + "\n".join(f"  {n:<16} {h}" for n, (_, h) in COMMANDS.items()),
+        epilog="`ditbench COMMAND --help` describes a command's options; every command shows its "
+        "defaults as (default: X).",
     )
     parser.add_argument("--version", action="version", version=f"ditbench {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
+        p = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpFormatter)
         if name == command:  # only the chosen command's module is imported
             module = importlib.import_module(module_name)
             module.add_arguments(p)
@@ -78,11 +81,17 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = _build_parser(command if command in COMMANDS else None)
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # `run SUITE --out x key=value`: argparse leaves positionals after an option unparsed
+        if hasattr(args, "overrides") and not any(a.startswith("-") for a in extra):
+            args.overrides = [*args.overrides, *extra]
+        else:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command is None:
         parser.print_help()
         return 2
     try:
+        check_arguments(args)
         return int(args._run(args) or 0)
     except UserError as err:
         _print_error(str(err))

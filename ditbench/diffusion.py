@@ -274,9 +274,9 @@ class GaussianDiffusion:
     def _timesteps(self, progress: bool):
         indices = list(range(self.num_timesteps))[::-1]
         if progress:
-            from tqdm.auto import tqdm
+            from ditbench.progress import progress
 
-            return tqdm(indices, desc="sampling", unit="step", leave=False)
+            return progress(indices, desc="sampling", unit="step", leave=False, plain=False)
         return indices
 
     @staticmethod

@@ -61,6 +61,24 @@ def nvidia_driver() -> str | None:
         return None
 
 
+NVML_MISSING = "missing nvidia-ml-py"
+
+
+def nvml_status(cuda: bool) -> str:
+    """Why the record's driver and NVML device memory are (or are not) known: NVML is optional."""
+    if not cuda:
+        return "not used (no GPU)"
+    try:
+        import pynvml
+    except ImportError:
+        return f"{NVML_MISSING}: driver and device memory are null (pip install 'ditbench[gpu]')"
+    try:
+        pynvml.nvmlInit()
+    except Exception as err:  # noqa: BLE001 - a driver without NVML, a container without the library
+        return f"unavailable: {type(err).__name__}: {str(err)[:200]}"
+    return "ok"
+
+
 def _nvml_gpu() -> tuple[str | None, float | None]:
     """Name and memory of the first visible GPU through NVML, without touching CUDA."""
     try:
@@ -103,6 +121,7 @@ def collect_env(probe_cuda: bool = True) -> dict[str, Any]:
         "gpu_count": torch.cuda.device_count() if cuda else 0,
         "gpu_memory_gib": gpu_mem,
         "driver": nvidia_driver() if cuda else None,
+        "nvml": nvml_status(cuda),
         "cuda": torch.version.cuda,
         "torch": torch.__version__,
         "python": platform.python_version(),

@@ -126,7 +126,9 @@ def _path(value: Any, what: str) -> str:
     return value
 
 
-DATA_HELP = "`synthetic`, {latents: PATH} or {images: PATH, vae: PATH|random}"
+DATA_HELP = (
+    "`synthetic`, {latents: PATH}, {images: PATH, vae: PATH|ema|mse|random} or {pixels: NPZ|builtin:NAME}"
+)
 
 
 def _check_data(value: Any) -> Any:
@@ -136,6 +138,8 @@ def _check_data(value: Any) -> Any:
         keys = set(value)
         if keys == {"latents"}:
             return {"latents": _path(value["latents"], "latents")}
+        if keys == {"pixels"}:
+            return {"pixels": _path(value["pixels"], "pixels")}
         if "images" in keys and keys <= {"images", "vae"}:
             return {
                 "images": _path(value["images"], "images"),

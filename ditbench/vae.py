@@ -2,8 +2,9 @@
 
 Every fact about it lives here: it downsamples by 8, gives 4 latent channels, and latents are
 `latent_dist.sample() * 0.18215` (and divided by it before decoding). Its weights come from a
-local path; random weights only when the user writes `random` (speed does not depend on the
-weights, sample quality does, and the description returned says which was used).
+local path, or by name (`ema`, `mse`: stabilityai's sd-vae-ft-ema/-mse through the Hugging Face
+cache, see `pretrained`); random weights only when the user writes `random` (speed does not
+depend on the weights, sample quality does, and the description returned says which was used).
 
 Training (image-folder data, latent extraction) and sampling both use this module, so sampling
 never imports training.
@@ -39,23 +40,30 @@ SD_VAE_CONFIG = dict(
 def require_vae_spec(spec) -> None:
     if spec is None or str(spec).strip() == "":
         raise UserError(
-            "an image-folder data source needs a VAE: give `vae: PATH` (a diffusers sd-vae-ft-ema folder "
-            "or a state-dict file) or `vae: random` to measure speed with random weights"
+            "an image-folder data source needs a VAE: give `vae: ema` or `vae: mse` (stabilityai's "
+            "sd-vae-ft-ema/-mse by name), `vae: PATH` (a diffusers AutoencoderKL folder or a state-dict "
+            "file) or `vae: random` to measure speed with random weights"
         )
 
 
 def build_vae(spec: str | os.PathLike, device="cpu"):
-    """AutoencoderKL (sd-vae-ft-ema config) from a local path, or random weights for spec "random".
+    """AutoencoderKL (sd-vae-ft-ema config) by name, from a local path, or random weights for "random".
 
-    PATH may be a diffusers folder (config.json + weights) or a state-dict file
-    (.safetensors, .bin, .pt, .ckpt). Returns (vae in eval mode on device, description string).
+    `ema` / `mse` are stabilityai's sd-vae-ft-ema / -mse (`pretrained.load_vae`); PATH may be a
+    diffusers folder (config.json + weights) or a state-dict file (.safetensors, .bin, .pt, .ckpt).
+    Returns (vae in eval mode on device, description string).
     """
     import torch
     from diffusers import AutoencoderKL
 
+    from ditbench import pretrained
+
     require_vae_spec(spec)
     text = str(spec)
-    if text == RANDOM:
+    if pretrained.is_vae_name(text):
+        vae = pretrained.load_vae(text)
+        desc = f"pretrained {pretrained.VAE_REPOS[text]} (by name `{text}`)"
+    elif text == RANDOM:
         with torch.random.fork_rng(devices=[]):  # fixed weights without disturbing the caller's RNG
             torch.manual_seed(0)
             vae = AutoencoderKL(**SD_VAE_CONFIG)

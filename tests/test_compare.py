@@ -499,8 +499,16 @@ def test_shipped_ci_policy_and_workflow_agree():
     for i in range(len(policy.overrides)):  # an override that matches no cell of the suite is dead
         assert any(i in policy.matching(k) for k in knobs), policy.overrides[i].match
     workflow = (ROOT / ".github" / "workflows" / "gpu-regression.yml").read_text()
-    assert "ditbench compare baselines/ci_gate/results.jsonl runs/ci/results.jsonl" in workflow
-    assert "--policy baselines/ci_gate/policy.yaml" in workflow
+    # the GPU gate's compare step is a script (it passes with instructions while no baseline exists)
+    step = (ROOT / ".github" / "workflows" / "gpu_gate_compare.sh").read_text()
+    assert "bash .github/workflows/gpu_gate_compare.sh" in workflow
+    assert (
+        "BASE=${BASE:-baselines/ci_gate/results.jsonl}" in step
+        and "NEW=${NEW:-runs/ci/results.jsonl}" in step
+    )
+    assert "POLICY=${POLICY:-baselines/ci_gate/policy.yaml}" in step
+    assert 'ditbench compare "$BASE" "$NEW" --policy "$POLICY"' in step
+    assert "ditbench run ci_gate --out runs/ci" in workflow
     assert "--benchmark-compare-fail=mean:10%" in workflow
 
 

@@ -144,9 +144,12 @@ def test_generated_suites_are_valid_and_hold_the_promised_cells():
 
     hit = [c.cell_name for c in dry.cells if fault_for(c.cell_name, dc.DRY_OOM_FAULT)]
     assert hit == ["DiT-T/8 fp32 ckpt=none bs=2"]  # the dry run's one expected out-of-memory
-    variants = dc.variant_cells(False, ["flash"], ["max-autotune"], "compile_mode")
-    assert variants[0]["attention"] == "flash" and variants[-1]["compile_mode"] == "max-autotune"
-    assert dc.variant_cells(True, [], ["max-autotune"], "compile_mode") == []  # no CPU compile in a dry run
+    modes = ["default", "max-autotune", "max-autotune-no-cudagraphs"]
+    variants = dc.variant_cells(False, ["flash"], modes, "compile_mode")
+    assert variants[0]["attention"] == "flash" and variants[1]["optimizer_impl"] == "foreach"
+    assert [v.get("compile_mode") for v in variants[3:]] == ["default", "max-autotune-no-cudagraphs"]
+    dry = dc.variant_cells(True, [], modes, "compile_mode")  # no CPU compile in a dry run
+    assert [c.get("optimizer_impl") for c in dry] == ["foreach"]
 
 
 def test_committed_predictions_cover_every_measured_cell():

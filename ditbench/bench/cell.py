@@ -1,15 +1,17 @@
 """One cell, in whichever process measures it: the core both launchers run.
 
 `measure` builds the Trainer, warms up, times the window and reads the memory, and turns any
-failure into a status; `smoke` trains a fresh Trainer for the smoke curve. The one-process
-launcher (`launch.process`) and each torchrun rank (`launch.rank`) call these two with their
-own `DistContext`; they differ only in how the processes start and report.
+failure into a status; `smoke` trains a fresh Trainer for the smoke curve; `quality` evaluates
+sample quality (`ditbench.quality.loop`: at the end of the smoke run, or in a quality run of its
+own). The one-process launcher (`launch.process`) and each torchrun rank (`launch.rank`) call
+these with their own `DistContext`; they differ only in how the processes start and report.
 """
 
 from __future__ import annotations
 
 import gc
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +32,9 @@ class Measured:
     ctx: Any = None  # the DistContext, once joined
     steps_run: int = 0  # warm-up + measured steps, so an injected fault's step counts on into the smoke run
     fault: Fault | None = None
+    smoke_trainer: tuple[Any, float] | None = (
+        None  # (trainer, training seconds), kept for a quality evaluation
+    )
 
 
 def build_trainer(spec: CellSpec, ctx):
@@ -172,6 +177,28 @@ def smoke(spec: CellSpec, measured: Measured, agree_stop: Callable[[bool], bool]
         fault = Fault(fault.kind, left) if left >= 1 else None
     try:
         trainer = build_trainer(spec, ctx)
-        return smoke_run(trainer, FaultyStep(trainer, fault), steps, agree_stop)
+        start = time.perf_counter()
+        curve = smoke_run(trainer, FaultyStep(trainer, fault), steps, agree_stop)  # reads every loss: synced
+        if spec.quality is not None and spec.quality.at_smoke_end:
+            measured.smoke_trainer = (trainer, time.perf_counter() - start)
+        return curve
     except Exception as err:  # noqa: BLE001 - recorded in the smoke field
         return failed_smoke(steps, failure(err), err)
+
+
+def quality(spec: CellSpec, measured: Measured, about: dict[str, Any]) -> dict:
+    """The record's `quality` field: sample quality at the end of the smoke run, or at each step of a
+    quality run (`ditbench.quality.loop`). Never raises for the cell's own failures. `about`: the
+    spec file's cell_id and out_dir (where the sample grids go)."""
+    from ditbench.quality.loop import run_quality
+
+    smoke_trainer, measured.smoke_trainer = measured.smoke_trainer, None
+    gc.collect()
+    return run_quality(
+        spec,
+        measured.ctx,
+        build_trainer,
+        smoke=smoke_trainer,
+        out_dir=about.get("out_dir"),
+        cell_id=str(about.get("cell_id") or "cell"),
+    )

@@ -12,23 +12,28 @@ __all__ = ["add_arguments", "collect_env", "run"]
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument(
-        "--precision",
-        default="bf16",
-        choices=["fp32", "tf32", "fp16", "bf16"],
-        help="the precision whose peak-FLOPs entry to show (default bf16)",
+    from ditbench.cliopts import add_device, add_json, add_precision
+
+    add_precision(parser, "bf16", "the precision whose peak-FLOPs entry to show")
+    add_device(
+        parser,
+        "where --measure-peak times its matmuls: auto (a GPU where one is visible, else "
+        "the CPU), cpu, or cuda (cuda:N for one GPU)",
     )
     parser.add_argument(
         "--measure-peak",
         action="store_true",
-        help="also time a large matmul per precision (the achieved ceiling, ~1 s each)",
+        help="also time square matmuls per precision, the achieved ceiling: about 1 s per precision on a "
+        "GPU (fp32, tf32, fp16, bf16); on a CPU fp32 and bf16, sized to a few seconds in all",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    add_json(parser, "one object (environment, peaks, measured figures)")
 
 
 def run(args) -> int:
-    from ditbench.bench.measure import PEAK_TFLOPS, gpu_table_key, measure_matmul_tflops, peak_entry
+    from ditbench.bench.measure import PEAK_TFLOPS, gpu_table_key, peak_entry
+    from ditbench.device import resolve_device
 
+    device = resolve_device(args.device)  # cuda without a GPU: a clean error before anything runs
     env = collect_env()
     key = gpu_table_key(env["gpu_name"])
     peaks = {
@@ -41,9 +46,7 @@ def run(args) -> int:
         "peak_tflops": peaks,
     }
     if args.measure_peak:
-        device = "cuda" if env["gpu_count"] else "cpu"
-        precisions = ["fp32", "tf32", "fp16", "bf16"] if device == "cuda" else ["fp32", "bf16"]
-        out["measured_matmul_tflops"] = {p: round(measure_matmul_tflops(device, p), 2) for p in precisions}
+        out.update(measure_peaks(str(device)))
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -60,8 +63,65 @@ def run(args) -> int:
         print(f"{'mfu peak':<16} {entry['peak_tflops']} TFLOP/s for {args.precision}: {entry['peak_basis']}")
         print(f"{'peak table':<16} " + ", ".join(f"{p} {v}" for p, v in peaks.items()))
     if "measured_matmul_tflops" in out:
+        how = out["measured_matmul"]
         print(
             f"{'matmul (meas.)':<16} "
-            + ", ".join(f"{p} {v} TFLOP/s" for p, v in out["measured_matmul_tflops"].items())
+            + ", ".join(f"{p} {v:.3g} TFLOP/s" for p, v in out["measured_matmul_tflops"].items())
+            + f" on {how['device']} ({how['took_s']} s)"
         )
+        for p, why in how["skipped"].items():
+            print(f"{'':<16} {p} not measured: {why}")
     return 0
+
+
+CPU_SKIPPED = {
+    "tf32": "TF32 is a mode of NVIDIA tensor cores; a CPU computes it as fp32",
+    "fp16": "fp16 training needs CUDA here (a CPU cell is recorded unsupported), so its ceiling "
+    "means nothing",
+}
+CPU_SECONDS = 0.5  # per precision: a CPU's matmul rate is steady; its bound is the time a user waits
+CPU_MATMUL_S = 0.05  # the side is chosen so one matmul takes about this long (slow bf16 CPUs included)
+
+
+def _cpu_side(precision: str) -> int:
+    """A square side whose matmul takes about CPU_MATMUL_S here, from one timed 256 x 256 matmul."""
+    import time
+
+    import torch
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    a = torch.randn(256, 256, dtype=dtype)
+    a @ a  # the first call pays for kernel selection
+    start = time.perf_counter()
+    a @ a
+    rate = 2 * 256**3 / max(time.perf_counter() - start, 1e-6)
+    side = (CPU_MATMUL_S * rate / 2) ** (1 / 3)
+    return int(min(2048, max(128, round(side / 128) * 128)))
+
+
+def measure_peaks(device: str) -> dict[str, Any]:
+    """Achieved matmul TFLOP/s per precision on `device` and how they were measured (bounded on a CPU)."""
+    import time
+
+    from ditbench.bench.measure import measure_matmul_tflops
+
+    start = time.perf_counter()
+    tflops: dict[str, float] = {}
+    sides: dict[str, int | None] = {}
+    if device.startswith("cuda"):
+        for p in ("fp32", "tf32", "fp16", "bf16"):
+            tflops[p] = float(f"{measure_matmul_tflops(device, p):.4g}")
+            sides[p] = None  # measure.MATMUL_SIDE_CUDA
+        skipped: dict[str, str] = {}
+    else:
+        for p in ("fp32", "bf16"):
+            sides[p] = _cpu_side(p)
+            tflops[p] = float(f"{measure_matmul_tflops(device, p, n=sides[p], seconds=CPU_SECONDS):.4g}")
+        skipped = dict(CPU_SKIPPED)
+    how = {
+        "device": device,
+        "side": sides,
+        "skipped": skipped,
+        "took_s": round(time.perf_counter() - start, 1),
+    }
+    return {"measured_matmul_tflops": tflops, "measured_matmul": how}

@@ -112,6 +112,8 @@ def make_record(context: dict[str, Any], result: dict[str, Any], duration_s: flo
         "cell_id": context["cell_id"],
         "cell_name": context["cell_name"],
         "suite_baseline": context["suite_baseline"],
+        # the run's command-line `key=value`s ({} when none; a ticket written before they existed has none)
+        "suite_overrides": context.get("suite_overrides") or {},
         "config": context["config"],
         "status": result.get("status", "error"),
         "reason": result.get("reason"),

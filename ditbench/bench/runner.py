@@ -183,9 +183,8 @@ def run_suite(
 
 
 def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str], None]) -> list[dict]:
-    from tqdm import tqdm
-
     from ditbench.environment import collect_env
+    from ditbench.progress import progress
 
     inflight.sweep_legacy_tempdirs()
     ensure_dir(out / LOGS_DIR, "--out's logs folder", probe=False)
@@ -220,9 +219,8 @@ def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str
         planner = planning.SuitePlanner(suite, suite.plan, env)
         todo = planning.run_order(todo, cells)
     latest = {c.cell_id: c.previous(previous) for c in cells if c.cell_id in done}
-    bar = tqdm(
-        total=len(todo), unit="cell", disable=not options.progress, dynamic_ncols=True, file=sys.stderr
-    )
+    # a line per cell prints anyway: a log that is not a terminal gets no bar lines on top
+    bar = progress(total=len(todo), unit="cell", disable=not options.progress, plain=False)
     if done:
         n_ok = sum(rec["status"] == "ok" for rec in latest.values())
         say(
@@ -303,6 +301,7 @@ class _Run:
             "cell_id": cell.cell_id,
             "cell_name": cell.cell_name,
             "suite_baseline": self.suite.baseline,
+            "suite_overrides": self.suite.overrides,
             "config": cell.config,
             "env": self.env,
             "started_at": started_at,
@@ -319,6 +318,7 @@ class _Run:
                     "cell_id": cell.cell_id,
                     "cell_name": cell.cell_name,
                     "rendezvous": self.options.rendezvous,
+                    "out_dir": str(self.out.resolve()),  # sample grids go under it
                 }
                 run_isolated(cell.spec, about, timeout, ticket.spec_path, ticket.result_path, log)
         except BaseException:  # Ctrl-C, SIGTERM
@@ -328,12 +328,16 @@ class _Run:
         record = inflight.commit(
             self.results_path, ticket, time.monotonic() - t0, lambda record: self._finish(record, cell)
         )
+        self.note(cell, record)
+        return record
+
+    def note(self, cell: Cell, record: dict[str, Any]) -> None:
+        """Remember an appended record: the latest per cell, and the smallest batch that ran out of memory."""
         if record["status"] == "oom":
             known = self.oom_at.get(cell.series_key)
             if known is None or cell.config["batch_size"] < known[0]:
                 self.oom_at[cell.series_key] = (cell.config["batch_size"], cell.cell_name)
         self.latest[cell.cell_id] = record
-        return record
 
     def _decide(self, cell: Cell, verdict, skip: str | None) -> dict[str, Any] | None:
         """The result of a cell that must not start (unsupported, predicted or seen not to fit), else None."""

@@ -15,6 +15,7 @@ from typing import Any
 
 from ditbench.errors import UserError, shorten
 from ditbench.knobs import FIELDS, CellConfig, InvalidValue, int_in, number_in, unknown_key_message
+from ditbench.quality.spec import QualitySpec
 
 MAX_STEPS = 10**7  # a window or smoke run longer than this is a typo, not a benchmark
 MAX_SECONDS = 7 * 24 * 3600.0
@@ -47,6 +48,7 @@ class Steps:
 
 
 MEASUREMENT_KEYS = ("global_batch", "steps", "smoke_steps", "device", "gpu_memory_gib", "card")
+OPTIONAL_KEYS = ("quality",)  # present only on the cells a suite's quality section applies to
 DEVICES = ("cuda", "cpu")
 
 
@@ -58,6 +60,7 @@ class CellSpec:
     smoke_steps: int = 0
     gpu_memory_gib: float | None = None  # the emulated card's memory budget (GiB), None = the real card
     card: str | None = None  # the emulated card's name (ditbench.cards), when given by name
+    quality: QualitySpec | None = None  # sample quality to evaluate (the suite's `quality` section)
 
     @property
     def world_size(self) -> int:
@@ -75,7 +78,7 @@ class CellSpec:
 
     def record_config(self) -> dict[str, Any]:
         """The record's `config`: every knob, then how and where the cell is measured."""
-        return {
+        out = {
             **self.knobs.to_dict(),
             "global_batch": self.global_batch,
             "steps": dataclasses.asdict(self.steps),
@@ -84,6 +87,9 @@ class CellSpec:
             "gpu_memory_gib": self.gpu_memory_gib,
             "card": self.card,
         }
+        if self.quality is not None:
+            out["quality"] = self.quality.to_config()
+        return out
 
     def identity(self) -> dict[str, Any]:
         """What a cell id hashes: the knobs and settings that differ from their defaults, and the device.
@@ -97,6 +103,8 @@ class CellSpec:
             value = getattr(self, key)
             if value != CELL_SPEC_DEFAULTS[key]:
                 out[key] = value
+        if self.quality is not None:
+            out["quality"] = self.quality.to_config()
         out["device"] = self.device
         return out
 
@@ -109,7 +117,7 @@ class CellSpec:
 
         if not isinstance(config, Mapping):
             raise fail(None, f"expected a mapping, got {shorten(config)}")
-        valid = (*FIELDS, *MEASUREMENT_KEYS)
+        valid = (*FIELDS, *MEASUREMENT_KEYS, *OPTIONAL_KEYS)
         for key in config:
             if key not in valid:
                 raise fail(key, unknown_key_message(key, valid))
@@ -131,7 +139,12 @@ class CellSpec:
         card = config["card"]
         if card is not None and not isinstance(card, str):
             raise fail("card", f"must be a card name or null, got {shorten(card)}")
-        spec = cls(knobs, device, steps, smoke, budget, card)
+        quality = None
+        if config.get("quality") is not None:
+            quality = QualitySpec.from_mapping(
+                config["quality"], lambda k, m: fail("quality" if k is None else f"quality.{k}", m)
+            )
+        spec = cls(knobs, device, steps, smoke, budget, card, quality)
         if config["global_batch"] != spec.global_batch:
             raise fail(
                 "global_batch",

@@ -13,11 +13,12 @@ import itertools
 import json
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ditbench.bench.cellid import cell_id, legacy_cell_id
+from ditbench.bench.cluster import ClusterOptions, parse_cluster
 from ditbench.bench.planning import PlanOption, parse_plan_option
 from ditbench.bench.spec import MAX_STEPS, CellSpec, Steps
 from ditbench.cards import check_gib, find_card
@@ -25,6 +26,7 @@ from ditbench.device import DEVICE_CHOICES, device_type
 from ditbench.errors import UserError, shorten
 from ditbench.knobs import FIELDS, CellConfig, InvalidValue, check_knob, int_in, number_in
 from ditbench.knobs import unknown_key_message as _unknown
+from ditbench.quality import spec as quality_spec
 from ditbench.yamlio import load_yaml_file
 
 SMOKE_CELLS = ("baseline", "all", "none")
@@ -44,6 +46,8 @@ TOP_KEYS = (
     "include",
     "baseline",
     "plan",
+    "cluster",
+    "quality",
 )
 DEFAULTS_EXTRA_KEYS = ("steps", "smoke", "timeout_s")
 RETIRED = {
@@ -81,7 +85,7 @@ class Cell:
     @property
     def series_key(self) -> str:
         """The cell without its batch size: cells of one series differ only in batch."""
-        drop = ("batch_size", "global_batch", "smoke_steps")
+        drop = ("batch_size", "global_batch", "smoke_steps", "quality")
         return json.dumps({k: v for k, v in self.config.items() if k not in drop}, sort_keys=True)
 
 
@@ -96,16 +100,33 @@ class Suite:
     gpu_memory_gib: float | None = None  # the emulated card's budget, from `gpu_memory_gib` or `card`
     card: str | None = None
     plan: PlanOption | None = None  # the `plan` option: predictions recorded, predicted OOMs skipped
+    cluster: ClusterOptions = field(default_factory=ClusterOptions)  # where --executor slurm runs the cells
+    quality: quality_spec.QualitySpec | None = None  # the `quality` section, on the cells it applies to
+    overrides: dict[str, Any] = field(default_factory=dict)  # `key=value`s from the command line
 
 
 class _Validator:
     """Collects the file name so every error says where it is: file, key path, what is valid."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, origin: dict[str, str] | None = None):
         self.path = path
+        self.origin = origin or {}  # keypath -> the command-line override that set it
 
     def fail(self, keypath: str, message: str) -> UserError:
         where = f" at `{keypath}`" if keypath else ""
+        by = [
+            text
+            for key, text in self.origin.items()
+            if keypath == key or keypath.startswith((f"{key}.", f"{key}["))
+        ]
+        if by:
+            where += f" (set by the override `{shorten(by[0], quote=False)}`)"
+        elif self.origin:
+            message += (
+                " (The suite was changed by the overrides "
+                + ", ".join(f"`{shorten(t, quote=False)}`" for t in self.origin.values())
+                + ".)"
+            )
         return UserError(f"suite {self.path}{where}: {message}")
 
     def at(self, keypath: str):
@@ -178,14 +199,15 @@ def matches(config: dict[str, Any], partial: dict[str, Any]) -> bool:
     return all(config.get(k) == v for k, v in partial.items())
 
 
-def load_suite(path: str | Path) -> Suite:
-    """Read and validate a suite file; raise UserError naming the file and key on any mistake."""
-    path = Path(path)
-    if not path.exists():
-        raise UserError(
-            f"suite file {path} does not exist (ready suites are in suites/, e.g. suites/cpu_smoke.yaml)."
-        )
-    return parse_suite(load_yaml_file(path, "suite"), str(path))
+def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Suite:
+    """Read and validate a suite (a file, or a shipped suite's name) with its `key=value` overrides;
+    raise UserError naming the file, key or override on any mistake."""
+    from ditbench.bench.catalog import resolve_suite
+    from ditbench.bench.overrides import parse_overrides
+
+    path = resolve_suite(path)
+    parsed = parse_overrides(list(overrides), (*DEFAULTS_EXTRA_KEYS, *TOP_KEYS))
+    return parse_suite(load_yaml_file(path, "suite"), str(path), parsed)
 
 
 def _emulation(v: _Validator, raw: dict) -> tuple[float | None, str | None]:
@@ -246,6 +268,16 @@ def _axes(v: _Validator, raw: dict) -> dict[str, list[Any]]:
     return axes
 
 
+def _quality(v: _Validator, raw: dict) -> tuple[quality_spec.QualitySpec | None, Any]:
+    """(the quality section, which cells it applies to); (None, None) without one."""
+    section = raw.get("quality")
+    if section is None:
+        return None, None
+    fail = v.at("quality")
+    spec = quality_spec.QualitySpec.from_mapping(section, fail)
+    return spec, quality_spec.parse_cells(section.get("cells"), v.partial_list, fail)
+
+
 def _smoke_steps(smoke_steps: int, smoke_cells: Any, knobs: dict, baseline: dict | None) -> int:
     if smoke_cells == "all":
         return smoke_steps
@@ -256,8 +288,11 @@ def _smoke_steps(smoke_steps: int, smoke_cells: Any, knobs: dict, baseline: dict
     return smoke_steps if any(matches(knobs, s) for s in smoke_cells) else 0
 
 
-def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
-    v = _Validator(path)
+def parse_suite(raw: Any, path: str = "<suite>", overrides: list | None = None) -> Suite:
+    from ditbench.bench.overrides import apply_overrides, as_record
+
+    raw, origin = apply_overrides(raw, overrides or [], path, DEFAULTS_EXTRA_KEYS)
+    v = _Validator(path, origin)
     if raw is None:
         raise v.fail("", "the file is empty; a suite needs at least `name` and `matrix`.")
     raw = v.mapping("", raw)
@@ -279,6 +314,7 @@ def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
         raise v.fail("device", f"unknown device {shorten(device)}; valid: {', '.join(DEVICE_CHOICES)}.")
     budget, card = _emulation(v, raw)
     plan = parse_plan_option(raw.get("plan"), v.at("plan"))
+    cluster = parse_cluster(raw.get("cluster"), v.at("cluster"))
 
     # defaults: knobs plus steps / smoke / timeout_s
     defaults_raw = v.mapping("defaults", raw.get("defaults") or {})
@@ -297,6 +333,7 @@ def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
     exclude = v.partial_list("exclude", raw.get("exclude"))
     include = v.partial_list("include", raw.get("include"))
     baseline = v.partial_cell("baseline", raw["baseline"]) if raw.get("baseline") is not None else None
+    quality, quality_cells = _quality(v, raw)
     if smoke_cells == "baseline" and smoke_steps > 0 and baseline is None:
         raise v.fail(
             "defaults.smoke.cells",
@@ -328,14 +365,39 @@ def parse_suite(raw: Any, path: str = "<suite>") -> Suite:
     seen: set[str] = set()
     for _, config in full:
         smoke = _smoke_steps(smoke_steps, smoke_cells, config.to_dict(), baseline)
-        spec = CellSpec(config, resolved, steps, smoke, budget, card)
+        evaluated = quality is not None and quality_spec.applies(
+            quality_cells, config.to_dict(), smoke, baseline
+        )
+        spec = CellSpec(config, resolved, steps, smoke, budget, card, quality if evaluated else None)
         cid = cell_id(spec)
         if cid in seen:  # an include repeating a matrix cell: run it once
             continue
         seen.add(cid)
         name_ = cell_name(spec.record_config(), varying)
+        problem = quality.conflict(config, smoke) if evaluated else None
+        if problem:
+            raise v.fail("quality", f"cell {name_} cannot be evaluated: {problem}.")
         cells.append(Cell(spec, cid, name_, timeout_s, legacy_cell_id(spec)))
-    return Suite(name, description, path, device, cells, baseline, budget, card, plan)
+    if quality is not None and not any(c.spec.quality for c in cells):
+        raise v.fail(
+            "quality.cells",
+            f"selects no cell ({shorten(quality_cells)}); the default `smoke` needs smoke cells "
+            "(defaults.smoke.cells), or give `all`, `baseline` or a list of partial cells.",
+        )
+    return Suite(
+        name,
+        description,
+        path,
+        device,
+        cells,
+        baseline,
+        budget,
+        card,
+        plan,
+        cluster,
+        quality,
+        as_record(overrides or []),
+    )
 
 
 def cell_name(config: dict[str, Any], varying: list[str] | tuple[str, ...] = ()) -> str:

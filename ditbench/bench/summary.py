@@ -144,6 +144,15 @@ def _emulation_text(records: list[dict[str, Any]]) -> str:
     )
 
 
+def _overrides_text(overrides: dict[str, Any] | None) -> str:
+    if not overrides:
+        return ""
+    import json
+
+    shown = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in overrides.items())
+    return f"Overrides given on the command line: {shown}.\n\n"
+
+
 def write_summary(path: Path, suite, records: list[dict[str, Any]]) -> None:
     counts: dict[str, int] = {}
     for r in records:
@@ -153,7 +162,8 @@ def write_summary(path: Path, suite, records: list[dict[str, Any]]) -> None:
     noisy = sum(1 for r in records if r["status"] == "ok" and _at(r, "metrics", "noisy") is True)
     text = (
         f"# {suite.name}\n\n{suite.description.strip()}\n\n"
-        f"{len(records)} cells: "
+        + _overrides_text(getattr(suite, "overrides", None))
+        + f"{len(records)} cells: "
         + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         + f". Device: {device}; torch {env.get('torch')}; "
         f"ditbench {env.get('ditbench')} ({env.get('git_sha')}).\n\n"

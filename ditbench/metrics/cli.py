@@ -14,6 +14,8 @@ from ditbench.metrics.defaults import DEFAULTS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from ditbench.cliopts import add_device, add_no_progress
+
     d = DEFAULTS
     p.add_argument(
         "--samples",
@@ -34,10 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="LIST",
         help=f"comma-separated subset of {','.join(registry.ALL_METRICS)} (default: all the inputs allow)",
     )
-    p.add_argument(
-        "--batch-size", type=int, default=d["batch_size"], help="images per Inception pass (%(default)s)"
-    )
-    p.add_argument("--device", default=d["device"], help="auto, cpu, cuda or cuda:N (%(default)s)")
+    p.add_argument("--batch-size", type=int, default=d["batch_size"], help="images per Inception pass")
+    add_device(p)
     p.add_argument(
         "--inception-weights",
         default=d["inception_weights"],
@@ -67,8 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out",
         default=None,
-        metavar="FILE",
-        help="where to write the JSON result (default: next to the samples, SAMPLES.metrics.json)",
+        metavar="FILE.json",
+        help="the JSON result file to write (default: next to the samples, SAMPLES.metrics.json)",
     )
     p.add_argument(
         "--no-cache", action="store_true", help="neither read nor write the reference statistics cache"
@@ -79,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="reference cache (default: $DITBENCH_CACHE, else ~/.cache/ditbench/fid)",
     )
-    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_no_progress(p)
 
 
 def _network_line(inception: dict) -> str:

@@ -159,11 +159,36 @@ class Scorer:
         source = as_source(samples, name or "samples array")
         sample_name = name or (str(source.path) if source.path else "the samples")
         active, skipped = self.plan(source.count, sample_name)
+        warns, timings = self._begin(source.height, source.width, active)
+        t = time.perf_counter()
+        feats = self.extractor.extract(source, want=_features(active), desc="sample features")
+        timings["sample_features"] = time.perf_counter() - t
+        return self._finish(source.describe(), feats, active, skipped, warns, timings, t_start)
+
+    def features_for(self, n: int) -> tuple[str, ...]:
+        """The sample features (inception.FEATURE_DIMS names) that scoring `n` samples reads."""
+        return _features(self.plan(n)[0])
+
+    def score_features(self, feats: dict[str, torch.Tensor], height: int, width: int, name: str) -> dict:
+        """Score samples whose features were extracted elsewhere (e.g. by several ranks, each its share)
+        with this scorer's network: `feats` holds `features_for(n)`, N x d float32 each."""
+        t_start = time.perf_counter()
+        n = len(next(iter(feats.values())))
+        active, skipped = self.plan(n, name)
+        missing = set(_features(active)) - set(feats)
+        if missing:
+            raise ValueError(f"score_features needs the features {sorted(missing)}")
+        warns, timings = self._begin(height, width, active)
+        about = {"path": None, "name": name, "count": n, "height": height, "width": width}
+        return self._finish(about, feats, active, skipped, warns, timings, t_start)
+
+    def _begin(self, height: int, width: int, active) -> tuple[list[str], dict[str, float]]:
+        """(warnings, timings) before the samples' features: the network and the reference, ready."""
         warns, self._pending_warnings = self._pending_warnings, []
         ref_size = self.reference.image_size
-        if ref_size is not None and ref_size != (source.height, source.width):
+        if ref_size is not None and ref_size != (height, width):
             warns.append(
-                f"the samples are {source.height}x{source.width} (height x width) but the reference "
+                f"the samples are {height}x{width} (height x width) but the reference "
                 f"{self.reference.name} is {ref_size[0]}x{ref_size[1]}: both are resized to 299x299 for "
                 "the network, so the metrics also measure the resolution gap. Papers compare at one size."
             )
@@ -173,18 +198,15 @@ class Scorer:
         timings["load_network"] = time.perf_counter() - t
         keys = {k for m in active for k in m.reference_keys}
         timings["reference_features"] = self.reference.ensure(keys, extractor, warns.append)
+        return warns, timings
 
-        want = tuple(f for f in FEATURE_DIMS if any(f in m.sample_features for m in active))
-        t = time.perf_counter()
-        feats = extractor.extract(source, want=want, desc="sample features")
-        timings["sample_features"] = time.perf_counter() - t
-
+    def _finish(self, about: dict, feats, active, skipped, warns, timings, t_start: float) -> dict:
         inputs = MetricInputs(
             samples=feats,
             reference=self.reference.stats,
             reference_from_images=frozenset(self.reference.from_images),
             reference_count=self.reference.count,
-            device=extractor.device,
+            device=self.extractor.device,
             warn=warns.append,
         )
         values: dict[str, float] = {}
@@ -194,9 +216,9 @@ class Scorer:
                 values.update(_checked(metric, metric.compute(inputs, self.options)))
                 timings[metric.name] = time.perf_counter() - t
         timings["total"] = time.perf_counter() - t_start
-        return self._result(source, values, skipped, warns, timings)
+        return self._result(about, values, skipped, warns, timings)
 
-    def _result(self, source, values, skipped, warns, timings) -> dict:
+    def _result(self, samples: dict, values, skipped, warns, timings) -> dict:
         ex = self.extractor
         dev = ex.device
         result = {
@@ -205,7 +227,7 @@ class Scorer:
             "metrics": values,
             "skipped": skipped,
             "warnings": warns,
-            "samples": source.describe(),
+            "samples": samples,
             "reference": self.reference.describe(),
             "settings": {
                 "metrics": [m.name for m in self.wanted],
@@ -230,6 +252,10 @@ class Scorer:
         if ex.weights.banner:
             result["banner"] = ex.weights.banner
         return result
+
+
+def _features(active) -> tuple[str, ...]:
+    return tuple(f for f in FEATURE_DIMS if any(f in m.sample_features for m in active))
 
 
 def _checked(metric: Metric, values: dict[str, float]) -> dict[str, float]:

@@ -9,7 +9,6 @@ and newer GPUs PyTorch lets cuDNN use TF32 by default.
 from __future__ import annotations
 
 import queue
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -114,7 +113,7 @@ class FeatureExtractor:
     def extract(
         self, source: ImageSource, want=("pool3", "logits_unbiased", "spatial"), desc: str = "features"
     ) -> dict[str, torch.Tensor]:
-        from tqdm.auto import tqdm
+        from ditbench.progress import progress
 
         # Features collect on the device (no per-batch sync on a GPU) and move to the CPU once.
         out = {
@@ -122,15 +121,7 @@ class FeatureExtractor:
             for k in want
         }
         cuda = self.device.type == "cuda"
-        bar = tqdm(
-            total=source.count,
-            desc=desc,
-            unit="img",
-            file=sys.stderr,
-            disable=not self.progress,
-            dynamic_ncols=True,
-            leave=False,
-        )
+        bar = progress(total=source.count, desc=desc, unit="img", disable=not self.progress, leave=False)
         row = 0
         with tf32_mode(self.tf32, cudnn_benchmark=True), bar:
             for batch in _prefetch(source, self.batch_size, self.num_workers):

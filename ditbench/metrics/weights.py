@@ -220,10 +220,49 @@ def state_dict_sha256(state: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
+TEST_NETWORK_RECIPE = 1  # bump when calibrated.py's recipe changes: cached networks are named by it
+
+
+def test_network_cache_path() -> Path:
+    """Where the built test network is kept: building it takes 10-30 s on 2 CPU cores, and every
+    process that scores (each cell of a suite) would pay that again."""
+    from ditbench.metrics.stats_cache import default_cache_dir
+
+    name = f"calibrated-r{TEST_NETWORK_RECIPE}-torch{torch.__version__.split('+')[0]}.pt"
+    return default_cache_dir() / "inception-test" / name
+
+
+def _cached_test_state(path: Path) -> tuple[dict[str, torch.Tensor], str] | None:
+    """The cached network if it is whole: tensors only, and the content hash it was saved with."""
+    import json
+
+    try:
+        digest = json.loads(path.with_suffix(".json").read_text())["sha256"]
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError, EOFError, pickle.UnpicklingError):
+        return None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        return None
+    return (state, digest) if state_dict_sha256(state) == digest else None
+
+
 @functools.cache
 def _test_state() -> tuple[dict[str, torch.Tensor], str]:
-    state = build_calibrated_inception().state_dict()  # ~10-30 s on 2 CPU cores; once per process
-    return state, state_dict_sha256(state)
+    """The test network's tensors and hash: from the on-disk cache, else built (once) and cached."""
+    from ditbench.fileio import atomic_write, write_json_atomic
+
+    path = test_network_cache_path()
+    cached = _cached_test_state(path)
+    if cached is not None:
+        return cached
+    state = build_calibrated_inception().state_dict()
+    digest = state_dict_sha256(state)
+    try:
+        atomic_write(path, lambda f: torch.save(state, f))
+        write_json_atomic(path.with_suffix(".json"), {"sha256": digest, "recipe": TEST_NETWORK_RECIPE})
+    except OSError:
+        pass  # a read-only cache costs a rebuild next time, nothing else
+    return state, digest
 
 
 def load_test_network() -> tuple[InceptionV3, InceptionWeights]:

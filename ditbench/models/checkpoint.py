@@ -22,6 +22,7 @@ from ditbench.errors import UserError
 from ditbench.fileio import atomic_write
 from ditbench.models.build import build_model
 from ditbench.models.configs import CONFIGS, canonical_name, get_config
+from ditbench.pretrained import resolve_checkpoint
 
 FORMAT = "ditbench.checkpoint/1"
 
@@ -166,6 +167,7 @@ def load_model_weights(
     """
     if impl != "ditbench":
         raise UserError("checkpoints hold official DiT names; load them with impl ditbench")
+    path = resolve_checkpoint(path)  # a released checkpoint by name (DiT-XL-2-256x256.pt): cache, download
     loaded = extract_state_dict(read_checkpoint(path), prefer_ema, str(path))
     info = infer_config(loaded.state_dict)
     want_size = image_size or info["image_size"]

@@ -22,17 +22,26 @@ Table cells show the GiB the card must hold (allocator reserve + CUDA context); 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = HELP
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("suite", nargs="?", help="plan this suite's cells instead of the default grid")
+    parser.add_argument(
+        "suite",
+        nargs="?",
+        help="plan this suite's cells (a shipped name or a YAML path) instead of the default grid",
+    )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--card", help='the card to plan for, e.g. "RTX 4090", A100-80GB, H200')
     where.add_argument("--memory-gib", type=float, help="or the card's usable memory in GiB")
     parser.add_argument("--models", action="append", help="grid models, comma-separated (default: the 12)")
-    parser.add_argument("--precisions", action="append", help="grid precisions (default fp32,tf32,fp16,bf16)")
-    parser.add_argument("--grad-ckpt", action="append", help="grid checkpointing (default none,full,every_2)")
-    parser.add_argument("--batches", action="append", help="grid batch sizes (default 8,16,...,512)")
-    parser.add_argument("--image-size", type=int, default=256, help="grid image size in pixels (256)")
-    parser.add_argument("--impl", default="ditbench", choices=("ditbench", "diffusers"))
+    parser.add_argument(
+        "--precisions", action="append", help="grid precisions (default: fp32,tf32,fp16,bf16)"
+    )
+    parser.add_argument(
+        "--grad-ckpt", action="append", help="grid checkpointing (default: none,full,every_2)"
+    )
+    parser.add_argument("--batches", action="append", help="grid batch sizes (default: 8,16,...,512)")
+    parser.add_argument("--image-size", type=int, default=256, help="grid image size in pixels")
+    parser.add_argument(
+        "--impl", default="ditbench", choices=("ditbench", "diffusers"), help="the DiT implementation"
+    )
     parser.add_argument(
         "--optimizer-impl",
         default="auto",
@@ -41,12 +50,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--results", type=Path, help="results.jsonl whose measured cells replace predictions")
     parser.add_argument(
-        "--context-gib", type=float, default=None, help="CUDA context outside the allocator (0.5)"
+        "--context-gib",
+        type=float,
+        default=None,
+        help="CUDA context outside the allocator (default: 0.5, or measured with --results)",
     )
-    parser.add_argument("--target-batch", type=int, default=32, help="batch the decision tree aims for (32)")
+    parser.add_argument("--target-batch", type=int, default=32, help="batch the decision tree aims for")
     parser.add_argument("--no-tree", action="store_true", help="skip the decision tree over card classes")
-    parser.add_argument("--jobs", type=int, default=None, help="processes tracing series in parallel")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="processes tracing series in parallel (default: from the CPU count)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the plan as JSON on stdout instead of tables"
+    )
     parser.add_argument(
         "--no-cache", action="store_true", help="trace every series afresh (default: reuse traces on disk)"
     )

@@ -1,9 +1,10 @@
-"""Six sayings about DiT training resources, checked against every run (no claims file needed).
+"""Seven sayings about DiT training, checked against every run (no claims file needed).
 
 fp16 halves memory; checkpointing saves about half the memory for 20-30% more time; DiT-L/4 with
 fp16 and checkpointing trains at batch 32 on a 24 GB card; DiT-B/8 with fp16 on 12 GB; DiT-XL/2 on
-48 GB; flash attention makes training 2-4x faster. Each check states the rule its verdict follows; a
-user's own claims go through `claims`.
+48 GB; flash attention makes training 2-4x faster; fp16 / bf16 / checkpointing do not change sample
+quality (FID within the seeds' noise, `report.quality`). Each check states the rule its verdict
+follows; a user's own claims go through `claims`.
 """
 
 from __future__ import annotations
@@ -314,6 +315,21 @@ def check_flash_speedup(df: pd.DataFrame) -> AdviceCheck:
     return AdviceCheck(claim, verdict, evidence, rule, gpu)
 
 
+def check_quality_unchanged(df: pd.DataFrame) -> AdviceCheck:
+    from ditbench.report.quality import quality_unchanged
+
+    verdict, evidence, step = quality_unchanged(df)
+    steps = f"{step:,}" if step is not None else "N"
+    return AdviceCheck(
+        f"fp16 / bf16 / checkpointing do not change quality after {steps} steps",
+        verdict,
+        evidence,
+        "held when every cell with fp16, bf16 or checkpointing has an FID within noise of its twin without "
+        "it at the last step both evaluated (|difference| <= 2 x the combined spread of their seeds, the "
+        "gate's rule); not held when one differs beyond it",
+    )
+
+
 ADVICE_CHECKS = (
     check_fp16_halves,
     check_ckpt_tradeoff,
@@ -321,6 +337,7 @@ ADVICE_CHECKS = (
     check_12gb_b8,
     check_48gb_xl2,
     check_flash_speedup,
+    check_quality_unchanged,
 )
 
 

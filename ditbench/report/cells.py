@@ -2,8 +2,8 @@
 
 Cells are compared by their knobs: the flattened `config` minus the keys that differ between
 otherwise equal cells for bookkeeping reasons (`global_batch` follows batch size and GPU count;
-`smoke_steps` is set only on the cells that get a smoke run). Two cells "differ only in X" when
-their knobs are equal once X is set to the same value.
+`smoke_steps` and `quality` are set only on the cells that get a smoke run or a quality evaluation).
+Two cells "differ only in X" when their knobs are equal once X is set to the same value.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import pandas as pd
 from ditbench.report.load import flatten, value
 
 MATCH_EXCLUDED = frozenset({"global_batch", "smoke_steps"})
+MATCH_EXCLUDED_SECTIONS = ("quality.",)  # flattened keys under these prefixes
 
 # Model sizes when a record carries no parameter count: S < B < L < XL, then smaller patch = more work.
 _SIZE_ORDER = {"S": 0, "B": 1, "L": 2, "XL": 3}
@@ -34,7 +35,11 @@ def knobs(record: dict[str, Any]) -> dict[str, Any]:
     if hit is None or hit[0] is not record or hit[1] is not config:
         if len(_KNOBS_CACHE) > 200_000:
             _KNOBS_CACHE.clear()
-        flat = {k: v for k, v in flatten(config or {}).items() if k not in MATCH_EXCLUDED}
+        flat = {
+            k: v
+            for k, v in flatten(config or {}).items()
+            if k not in MATCH_EXCLUDED and not k.startswith(MATCH_EXCLUDED_SECTIONS)
+        }
         hit = (record, config, flat)
         _KNOBS_CACHE[id(record)] = hit
     return dict(hit[2])

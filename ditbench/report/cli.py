@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--keep",
         choices=KEEP_CHOICES,
         default="latest",
-        help="when a cell appears more than once: keep the latest record (default) or all, with their runs",
+        help="when a cell appears more than once: keep its latest record, or all of them, with their runs",
     )
     parser.add_argument(
         "--claims",

@@ -21,6 +21,7 @@ from ditbench.report.blocks import Block, Bullets, Heading, Image, Para, Table, 
 from ditbench.report.claim_check import ClaimResult
 from ditbench.report.memory import emulated_cells, memory_metric
 from ditbench.report.plots import PLOT_FILES, PLOT_TITLES, render_plots
+from ditbench.report.quality import QUALITY_FILES, quality_caveat, quality_section
 from ditbench.report.sections import (
     STATUS_TEXT,
     advice_section,
@@ -63,11 +64,14 @@ def build_report(
         )
     )
     blocks += _caveats(df)
+    blocks += quality_caveat(df)
     blocks += _environment(df)
     blocks += recommendations(df, steps)
     if "speed_memory" in plots:
         blocks += _speed_memory(df, plots["speed_memory"])
     blocks += advice_section(df)
+    quality_blocks, quality_figures = quality_section(df)
+    blocks += quality_blocks
     if claims is not None:
         blocks += claims_section(*claims)
     for model in dict.fromkeys(df["config.model"].astype(str)):
@@ -78,7 +82,7 @@ def build_report(
         for name, png in rest.items():
             blocks.append(Image(name, PLOT_TITLES[name], png, PLOT_FILES[name]))
     blocks += _method(df, steps, steps_source)
-    return blocks, plots
+    return blocks, {**plots, **quality_figures}  # quality figures are named by their file
 
 
 def _caveats(df: pd.DataFrame) -> list[Block]:
@@ -154,6 +158,15 @@ def _environment(df: pd.DataFrame) -> list[Block]:
                 "differ); compare numbers across them with care."
             )
         )
+    nvml = [str(v) for v in df.get("env.nvml", pd.Series(dtype=object)).dropna()]
+    if any(v.startswith("missing") for v in nvml):
+        out.append(
+            Para(
+                "The driver and the device memory NVML reports (metrics.device_mem_gib, CUDA context "
+                "included) are empty: nvidia-ml-py was not installed where these records were made "
+                "(`pip install 'ditbench[gpu]'`). The allocator's peaks do not need it."
+            )
+        )
     return out
 
 
@@ -220,9 +233,11 @@ def write_report(
     heading = next(b.text for b in blocks if isinstance(b, Heading))
     written = {}
     for name, png in plots.items():
-        written[name] = write_atomic(out_dir / PLOT_FILES[name], png)
-    for name in set(PLOT_FILES) - set(plots):  # a stale plot from an earlier report would mislead
-        stale = out_dir / PLOT_FILES[name]
+        written[name] = write_atomic(out_dir / PLOT_FILES.get(name, name), png)
+    for name in (set(PLOT_FILES.values()) | set(QUALITY_FILES)) - {
+        PLOT_FILES.get(n, n) for n in plots
+    }:  # a stale plot from an earlier report would mislead
+        stale = out_dir / name
         if stale.exists():
             stale.unlink()
     written["markdown"] = write_atomic(out_dir / "report.md", to_markdown(blocks))

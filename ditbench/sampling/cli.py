@@ -9,6 +9,8 @@ from ditbench.sampling.shards import default_paths
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ditbench.cliopts import add_device, add_json, add_no_progress, add_precision
+
     parser.description = (
         "Sample class-conditional images from a DiT checkpoint into an ADM-format .npz (arr_0 uint8 NHWC "
         "images, arr_1 labels). Run it under torchrun to sample on several GPUs; rerun the same command "
@@ -20,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(e.g. DiT-XL-2-256x256.pt; EMA weights are used when present), or 'random' for "
         "random initial weights (speed measurement only)",
     )
-    parser.add_argument("--out", default="samples.npz", help="the .npz to write (default: %(default)s)")
+    parser.add_argument("--out", default="samples.npz", metavar="FILE.npz", help="the sample file to write")
     parser.add_argument(
         "--vae",
         required=True,
@@ -66,29 +68,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=int,
         default=32,
-        help="samples per shard and per forward pass on each rank (the doubled CFG batch is twice "
-        "this; default: %(default)s)",
+        help="samples per shard and per forward pass on each rank (the doubled CFG batch is twice this)",
     )
     parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default: %(default)s)")
-    parser.add_argument(
-        "--precision",
-        choices=("fp32", "tf32", "bf16", "fp16"),
-        default="fp32",
-        help="fp32 (default) is the reference; tf32/bf16/fp16 are faster and change the images slightly",
+    add_device(parser)
+    add_precision(
+        parser, "fp32", "fp32 is the reference; tf32/bf16/fp16 are faster and change the images slightly"
     )
     parser.add_argument("--keep-shards", action="store_true", help="keep the shard folder after merging")
     parser.add_argument(
         "--overwrite", action="store_true", help="replace an existing --out made with other settings"
     )
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_json(parser, "the sampling record")
+    add_no_progress(parser)
 
 
 def run(args) -> int:
     from ditbench.sampling.sampler import sample
 
     record = sample(args)
-    if record:
+    if record and args.json:
+        import json
+
+        print(json.dumps(record, indent=2, default=str))
+    elif record:
         ips = record.get("images_per_s")
         speed = f"{ips:.3f} images/s" if ips else "all shards were already on disk"
         print(

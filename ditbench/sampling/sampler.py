@@ -18,6 +18,7 @@ import numpy as np
 from ditbench.diffusion import NUM_TIMESTEPS
 from ditbench.errors import UserError
 from ditbench.fileio import atomic_write, write_json_atomic
+from ditbench.pretrained import DIT_CHECKPOINTS, is_vae_name, resolve_checkpoint
 from ditbench.sampling.shards import (
     default_paths,
     file_fingerprint,
@@ -58,13 +59,19 @@ def check_args(args) -> None:
         value = getattr(args, name, None)
         if value is not None and not low <= value <= high:
             raise UserError(f"--{name.replace('_', '-')} {value} must be from {low} to {high:,}.")
+    if args.checkpoint != "random":
+        args.checkpoint = str(resolve_checkpoint(args.checkpoint))  # a released checkpoint by name
     if args.checkpoint != "random" and not Path(args.checkpoint).is_file():
-        raise UserError(f"checkpoint {args.checkpoint!r} is not a file; give a .pt checkpoint or 'random'.")
-    if args.vae != "random" and not Path(args.vae).exists():
         raise UserError(
-            f"--vae {args.vae!r} does not exist. Give a local folder with the sd-vae-ft-ema (or -mse) "
-            "AutoencoderKL weights (config.json + diffusion_pytorch_model.safetensors) or a state-dict "
-            "file, or 'random' to time sampling with random VAE weights (the images are then meaningless)."
+            f"checkpoint {args.checkpoint!r} is not a file; give a .pt checkpoint, the name of a released "
+            f"one ({', '.join(DIT_CHECKPOINTS)}) or 'random'."
+        )
+    if args.vae != "random" and not is_vae_name(args.vae) and not Path(args.vae).exists():
+        raise UserError(
+            f"--vae {args.vae!r} does not exist. Give `ema` or `mse` (stabilityai's sd-vae-ft-ema/-mse, "
+            "from the Hugging Face cache), a local folder with AutoencoderKL weights (config.json + "
+            "diffusion_pytorch_model.safetensors) or a state-dict file, or 'random' to time sampling with "
+            "random VAE weights (the images are then meaningless)."
         )
     if not str(args.out).endswith(".npz"):
         raise UserError(f"--out {args.out!r} must end in .npz (the ADM batch format).")
@@ -95,8 +102,13 @@ def make_shard(
     guidance_channels: int | None,
     precision: str,
     device,
+    decode=None,
 ) -> np.ndarray:
-    """uint8 (n, H, W, 3) images for one shard's labels, all noise from one seeded generator."""
+    """uint8 (n, H, W, 3) images for one shard's labels, all noise from one seeded generator.
+
+    `decode(latents) -> images in [-1, 1]` replaces the VAE where the latents are not a VAE's
+    (`ditbench.pixels.decode` for pixel data); `vae` is then unused.
+    """
     import torch
 
     from ditbench.diffusion import sample_latents
@@ -116,7 +128,7 @@ def make_shard(
             generator=gen,
             in_channels=getattr(model, "in_channels", 4),
         )
-        x = decode_latents(vae, z)
+        x = decode(z) if decode is not None else decode_latents(vae, z)
     x = torch.clamp(127.5 * x.float() + 128.0, 0, 255)  # [-1, 1] -> [0, 255], DiT's rounding
     return x.permute(0, 2, 3, 1).to("cpu", dtype=torch.uint8).numpy()
 
@@ -161,12 +173,12 @@ def _finished(args, out: Path, record_path: Path, settings: dict) -> dict | None
 
 
 def _progress(args, labels, missing: list[int]):
-    from tqdm.auto import tqdm
+    from ditbench.progress import progress
 
     done = args.num_samples - sum(
         len(labels[k * args.batch_size : (k + 1) * args.batch_size]) for k in missing
     )
-    return tqdm(total=args.num_samples, initial=done, unit="img", desc="sampling", dynamic_ncols=True)
+    return progress(total=args.num_samples, initial=done, unit="img", desc="sampling")
 
 
 def _make_shards(args, ctx, model, vae, settings: dict, shard_dir: Path, missing: list[int]) -> dict:

@@ -11,6 +11,7 @@ import numpy as np
 
 from ditbench.errors import UserError
 from ditbench.fileio import write_json_atomic
+from ditbench.pretrained import is_vae_name
 
 
 def labels_for(num_samples: int, num_classes: int) -> np.ndarray:
@@ -39,8 +40,8 @@ def default_paths(out: Path) -> tuple[Path, Path]:
 
 
 def file_fingerprint(path: str) -> dict:
-    if path == "random":
-        return {"path": "random"}
+    if path == "random" or is_vae_name(path):  # a VAE by name: its repository, pinned by the HF cache
+        return {"path": path}
     p = Path(path)
     st = p.stat()
     return {"path": str(p.resolve()), "bytes": st.st_size, "mtime": int(st.st_mtime)}

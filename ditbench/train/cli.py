@@ -17,15 +17,18 @@ MAX_STEPS = 10**9  # beyond it a step count is a typo, and the run would never e
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ditbench.cliopts import add_device, add_json, add_no_progress, add_precision
     from ditbench.knobs import FIELDS, TRAIN_KNOBS
 
-    parser.add_argument("--steps", type=int, default=50, help="training steps (default 50)")
+    parser.add_argument("--steps", type=int, default=50, help="training steps")
     # One option per training knob, with the knob's default and help: the same values as a suite.
     for name in TRAIN_KNOBS:
         flag, spec = "--" + name.replace("_", "-"), FIELDS[name]
         default = DEFAULT_MODEL if name == "model" else spec.default
-        text = f"{spec.metadata['help']} (default {default})"
-        if isinstance(default, bool):
+        text = spec.metadata["help"]
+        if name == "precision":
+            add_precision(parser, default, text)
+        elif isinstance(default, bool):
             parser.add_argument(flag, action="store_true", help=spec.metadata["help"])
         elif name == "data":
             parser.add_argument(
@@ -34,21 +37,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         else:
             parser.add_argument(flag, type=type(default), default=default, help=text)
     parser.add_argument("--vae", default=None, help="VAE for an image folder: a local path, or 'random'")
+    add_device(parser)
+    parser.add_argument("--log-every", type=int, default=10, help="print the loss every N steps")
     parser.add_argument(
-        "--device", default="auto", help="auto (default: cuda if visible, else cpu), cpu, cuda or cuda:N"
+        "--save", default=None, metavar="FILE.pt", help="write a checkpoint file here at the end"
     )
-    parser.add_argument("--log-every", type=int, default=10, help="print the loss every N steps (default 10)")
-    parser.add_argument("--save", default=None, metavar="PATH", help="write a checkpoint here at the end")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_json(parser, "the run's summary (speed, loss, parameters)")
+    add_no_progress(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    import json
+    import sys
+
     import torch
-    from tqdm.auto import tqdm
 
     from ditbench.device import resolve_device
     from ditbench.errors import UserError
     from ditbench.knobs import TRAIN_KNOBS
+    from ditbench.progress import progress
     from ditbench.train import TrainConfig, Trainer
     from ditbench.train.data import data_spec
 
@@ -66,16 +73,18 @@ def run(args: argparse.Namespace) -> int:
     cfg = TrainConfig(**knobs, device=device)
     trainer = Trainer(cfg)
     data_desc = trainer.data.describe()
+    out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON alone
     print(
         f"{cfg.model} ({trainer.num_params:,} parameters, impl {cfg.impl}) on {trainer.device}, "
         f"precision {cfg.precision}, grad_ckpt {cfg.grad_ckpt}, batch {cfg.batch_size}, "
         f"image {cfg.image_size} px, data {data_desc.get('kind')}"
         + (f", VAE {data_desc['vae']}" if "vae" in data_desc else ""),
+        file=out,
         flush=True,
     )
 
     sync = torch.cuda.synchronize if trainer.device.type == "cuda" else (lambda: None)
-    bar = tqdm(total=args.steps, unit="step", disable=args.no_progress, dynamic_ncols=True)
+    bar = progress(total=args.steps, unit="step", desc="training", disable=args.no_progress)
     window: list[torch.Tensor] = []
     first_loss = last_loss = None
     sync()
@@ -90,17 +99,19 @@ def run(args: argparse.Namespace) -> int:
             first_loss = mean if first_loss is None else first_loss
             last_loss = mean
             bar.set_postfix(loss=f"{mean:.4f}")
-            tqdm.write(f"step {i:>6}  loss {mean:.4f}")
+            bar.write(f"step {i:>6}  loss {mean:.4f}", file=out)
             if not math.isfinite(mean):
                 bar.close()
-                print(f"loss is not finite at step {i}; stopping")
+                print(f"loss is not finite at step {i}; stopping", file=out)
+                if args.json:
+                    print(json.dumps({"status": "nan_loss", "step": i, "loss": None}))
                 return 1
     sync()
     elapsed = time.perf_counter() - start
     bar.close()
     if args.save:
         trainer.save(args.save)
-        print(f"checkpoint written to {args.save}")
+        print(f"checkpoint written to {args.save}", file=out)
     skips = (
         f", {trainer.scaler_skips} fp16 steps skipped by the GradScaler" if cfg.precision == "fp16" else ""
     )
@@ -108,6 +119,23 @@ def run(args: argparse.Namespace) -> int:
         f"done: {args.steps} steps in {elapsed:.1f} s, {args.steps / elapsed:.2f} steps/s, "
         f"{args.steps * cfg.batch_size * cfg.grad_accum / elapsed:.1f} img/s "
         "(includes the first steps' warm-up); "
-        f"loss {first_loss:.4f} -> {last_loss:.4f}{skips}"
+        f"loss {first_loss:.4f} -> {last_loss:.4f}{skips}",
+        file=out,
     )
+    if args.json:
+        result = {
+            "status": "ok",
+            "config": {**knobs, "device": str(trainer.device)},
+            "params": trainer.num_params,
+            "steps": args.steps,
+            "elapsed_s": round(elapsed, 3),
+            "steps_per_s": args.steps / elapsed,
+            "images_per_s": args.steps * cfg.batch_size * cfg.grad_accum / elapsed,
+            "loss_first": first_loss,
+            "loss_last": last_loss,
+            "scaler_skips": trainer.scaler_skips if cfg.precision == "fp16" else None,
+            "checkpoint": args.save,
+            "note": "speeds include the first steps' warm-up",
+        }
+        print(json.dumps(result, indent=2, default=str))
     return 0

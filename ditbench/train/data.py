@@ -4,8 +4,11 @@ synthetic                       random latents and labels generated on the devic
                                 (the default for speed measurement: no input pipeline cost)
 {latents: PATH}                 pre-extracted latents + labels from an .npz or .pt file
                                 (`ditbench extract-latents` writes one)
-{images: DIR, vae: PATH|random} an ImageFolder-style tree (one subfolder per class), ADM centre
+{images: DIR, vae: PATH|ema|mse|random}
+                                an ImageFolder-style tree (one subfolder per class), ADM centre
                                 crop + random horizontal flip, encoded through the VAE every step
+{pixels: NPZ|builtin:NAME}      grey images whose 2x2 pixel blocks are the latent (`ditbench.pixels`):
+                                no VAE; `builtin:mpl-gray16` ships with matplotlib
 
 The VAE (`ditbench.vae`) is diffusers' AutoencoderKL with the sd-vae-ft-ema configuration; its
 weights come from a local path, random weights only when the user writes `vae: random`, and
@@ -166,6 +169,10 @@ class LatentFile(DataSource):
                 f"[0, {num_classes - 1}] for num_classes {num_classes}"
             )
         self.path = str(path)
+        self._batches(latents, labels, batch_size, device, seed)
+
+    def _batches(self, latents: torch.Tensor, labels: torch.Tensor, batch_size: int, device, seed: int):
+        want = tuple(latents.shape[1:])
         self.batch_size = batch_size
         self.device = torch.device(device)
         self.latents, self.labels = latents, labels
@@ -201,6 +208,20 @@ class LatentFile(DataSource):
 
     def describe(self) -> dict:
         return {"kind": "latents", "path": self.path, "count": int(len(self.labels))}
+
+
+class PixelImages(LatentFile):
+    """Grey images as latents (`ditbench.pixels`: 2x2 pixel blocks in the 4 channels), encoded once."""
+
+    def __init__(self, spec: str, batch_size: int, image_size: int, num_classes: int, device, seed: int = 0):
+        from ditbench import pixels
+
+        grey, labels = pixels.load_pixels(spec, image_size, num_classes)
+        self.path = spec
+        self._batches(pixels.encode(grey), torch.from_numpy(labels), batch_size, device, seed)
+
+    def describe(self) -> dict:
+        return {"kind": "pixels", "path": self.path, "count": int(len(self.labels))}
 
 
 # --------------------------------------------------------------------------------------------
@@ -311,7 +332,10 @@ class ImageFolderVAE(DataSource):
         return {"kind": "images", "path": self.root, "count": len(self.dataset), "vae": self.vae_desc}
 
 
-DATA_HELP = "synthetic, {latents: PATH.npz|.pt}, or {images: DIR, vae: PATH|random}"
+DATA_HELP = (
+    "synthetic, {latents: PATH.npz|.pt}, {images: DIR, vae: PATH|ema|mse|random} "
+    "or {pixels: NPZ|builtin:NAME}"
+)
 
 
 def data_spec(spec, vae: str | None = None):
@@ -357,6 +381,8 @@ def data_source_from_config(
     keys = set(spec) - {"kind", "num_workers"}
     if "latents" in spec and keys <= {"latents"}:
         return LatentFile(spec["latents"], batch_size, size, num_classes, device, seed)
+    if "pixels" in spec and keys <= {"pixels"}:
+        return PixelImages(spec["pixels"], batch_size, image_size, num_classes, device, seed)
     if "images" in spec and keys <= {"images", "vae"}:
         return ImageFolderVAE(
             spec["images"],

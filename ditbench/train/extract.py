@@ -33,22 +33,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--vae", required=True, help="a local VAE (diffusers folder or state-dict file), or random"
     )
+    from ditbench.cliopts import add_device, add_json, add_no_progress
+
     parser.add_argument(
-        "--out", required=True, help="output .npz (a .parts/ folder next to it holds progress)"
+        "--out",
+        required=True,
+        metavar="FILE.npz",
+        help="the latent file to write (a .parts/ folder next to it holds progress)",
     )
-    parser.add_argument(
-        "--image-size", type=int, default=256, help="centre-crop size in pixels (default 256)"
-    )
-    parser.add_argument("--batch-size", type=int, default=32, help="images per VAE forward (default 32)")
-    parser.add_argument(
-        "--shard-size", type=int, default=1024, help="images per resumable shard (default 1024)"
-    )
-    parser.add_argument(
-        "--device", default="auto", help="auto (default: cuda if visible, else cpu), cpu, cuda or cuda:N"
-    )
-    parser.add_argument("--workers", type=int, default=0, help="image decoding worker processes (default 0)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--image-size", type=int, default=256, help="centre-crop size in pixels")
+    parser.add_argument("--batch-size", type=int, default=32, help="images per VAE forward")
+    parser.add_argument("--shard-size", type=int, default=1024, help="images per resumable shard")
+    add_device(parser)
+    parser.add_argument("--workers", type=int, default=0, help="image decoding worker processes")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the VAE's latent sampling")
+    add_json(parser, "what was written (file, count, VAE)")
+    add_no_progress(parser)
 
 
 MAX_SHARD_SIZE = 1 << 24  # images per shard and per batch; beyond it a value is a typo
@@ -181,15 +181,15 @@ def _encode_shards(
 ) -> int | None:
     """Encode every shard not yet done; the number encoded, or None when stopped by stop_after_shards."""
     import torch
-    from tqdm.auto import tqdm
 
+    from ditbench.progress import progress as progress_bar
     from ditbench.vae import encode_images
 
     count = len(dataset)
     n_shards = (count + shard_size - 1) // shard_size
     done = set(state["done"])
     encoded = 0
-    bar = tqdm(total=count, unit="img", desc="encoding", disable=not progress)
+    bar = progress_bar(total=count, unit="img", desc="encoding", disable=not progress)
     bar.update(sum(min(shard_size, count - s * shard_size) for s in done))
     for s in range(n_shards):
         if s in done:
@@ -258,5 +258,8 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         progress=not args.no_progress,
     )
-    print(f"wrote {result['count']} latents to {result['path']} (VAE {result['vae']})")
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+    else:
+        print(f"wrote {result['count']} latents to {result['path']} (VAE {result['vae']})")
     return 0

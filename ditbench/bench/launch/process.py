@@ -7,9 +7,9 @@ died. MODULE is this one for a one-process cell and `launch.torchrun` (which sta
 for a multi-process one.
 
 Child side, `main`: `python -m ditbench.bench.launch.process SPEC.json RESULT.json` measures
-the cell (`bench.cell`), smoke-trains it if asked, and writes the result (status, reason,
-metrics, smoke, env) atomically; anything it cannot report itself (a hang, a segfault, the
-kernel's OOM killer) the parent records from the outside.
+the cell (`bench.cell`), smoke-trains it and evaluates its sample quality if asked, and writes the
+result (status, reason, metrics, smoke, env, quality) atomically; anything it cannot report
+itself (a hang, a segfault, the kernel's OOM killer) the parent records from the outside.
 """
 
 from __future__ import annotations
@@ -127,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     result = measured.result
     if result["status"] == "ok" and spec.smoke_steps:
         result["smoke"] = cell.smoke(spec, measured)
+    if result["status"] == "ok" and spec.quality is not None:
+        result["quality"] = cell.quality(spec, measured, doc)
     write_result(argv[1], result)
     if result.get("traceback"):
         print(result["traceback"], file=sys.stderr)

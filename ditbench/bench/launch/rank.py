@@ -9,7 +9,8 @@ its model wrapped for data parallelism (`strategy`: ddp or fsdp).
 Reports, in REPORT_DIR: `rank<R>.json` from each rank (its metrics, or its error with the time it
 failed); `ranks.json` from each node's local rank 0 (every rank's metrics, gathered); then, for a
 smoke run, `smoke.json` from rank 0 (the curve, or the loss that stopped every rank), or
-`smoke_rank<R>.json` from a rank whose smoke run raised. The parent (`launch.torchrun`) turns
+`smoke_rank<R>.json` from a rank whose smoke run raised; likewise `quality.json` (rank 0's quality
+field) or `quality_rank<R>.json` for a quality evaluation. The parent (`launch.torchrun`) turns
 these into the cell's record.
 """
 
@@ -86,6 +87,19 @@ def run_rank(spec_path: str, report_dir: Path) -> int:
             os._exit(1)
         if ctx.rank == 0:  # ok, or a non-finite loss every rank agreed to stop at
             write_result(report_dir / "smoke.json", smoke)
+        dist.barrier(ctx)
+    if spec.quality is not None:  # the ranks split the samples; rank 0 scores and writes the field
+        from ditbench.quality.loop import quality_failed
+
+        field = cell.quality(spec, measured, doc)
+        if quality_failed(field):  # raised here: the peers cannot go on
+            write_result(
+                report_dir / f"quality_rank{ctx.rank}.json",
+                {"rank": ctx.rank, "failed_at": time.time(), **field},
+            )
+            os._exit(1)
+        if ctx.rank == 0:
+            write_result(report_dir / "quality.json", field)
         dist.barrier(ctx)
     dist.shutdown()
     return 0

@@ -12,7 +12,8 @@ tail into one result in the one-process launcher's format:
   that then lost their connection);
 - on timeout the whole process tree is stopped: SIGTERM, a grace period, then SIGKILL to every
   process ever seen under the launcher;
-- a smoke run that fails leaves the measurement standing: its failure is the smoke field's.
+- a smoke run (or quality phase) that fails leaves the measurement standing: its failure is the
+  smoke (quality) field's.
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ class LaunchResult:
     gathered: dict | None = None  # ranks.json: every rank's metrics, gathered
     leftover: list[int] = field(default_factory=list)  # pids still alive after cleanup (should be none)
     smoke: dict | None = None  # smoke.json (rank 0's curve), or a rank's smoke failure
+    quality: dict | None = None  # quality.json (rank 0's quality field), or a rank's quality failure
+    launcher: str = "torchrun"  # what started the ranks, as the reasons name it
 
 
 def _read_json(path: Path) -> dict | None:
@@ -116,15 +119,20 @@ def read_reports(report_dir: Path) -> tuple[dict[int, dict], dict | None, dict |
         data = _read_json(path)
         if data is not None and isinstance(data.get("rank"), int):
             reports[data["rank"]] = data
-    smoke = _read_json(report_dir / "smoke.json")
-    if smoke is None:
-        failed = [d for p in sorted(report_dir.glob("smoke_rank*.json")) if (d := _read_json(p))]
+    return reports, _read_json(report_dir / "ranks.json"), read_phase(report_dir, "smoke")
+
+
+def read_phase(report_dir: Path, phase: str) -> dict | None:
+    """<phase>.json (rank 0's), else the first <phase>_rank<R>.json of a rank that failed in it."""
+    report = _read_json(report_dir / f"{phase}.json")
+    if report is None:
+        failed = [d for p in sorted(report_dir.glob(f"{phase}_rank*.json")) if (d := _read_json(p))]
         if failed:  # the rank that failed first; its peers then lost their connection
             first = min(failed, key=lambda d: (d.get("failed_at", float("inf")), d.get("rank", 0)))
-            smoke = dict(first, reason=f"rank {first.get('rank')}: {first.get('reason')}")
-            smoke.pop("rank", None)
-            smoke.pop("failed_at", None)
-    return reports, _read_json(report_dir / "ranks.json"), smoke
+            report = dict(first, reason=f"rank {first.get('rank')}: {first.get('reason')}")
+            report.pop("rank", None)
+            report.pop("failed_at", None)
+    return report
 
 
 def launch(
@@ -176,6 +184,7 @@ def launch(
         gathered=gathered,
         leftover=sorted(p.pid for p in seen.values() if procs.alive(p)),
         smoke=smoke,
+        quality=read_phase(report_dir, "quality"),
     )
 
 
@@ -210,21 +219,24 @@ def judge(
     complete = bool(result.reports) and (node_rank != 0 or gathered == world_size)
     if result.returncode != 0 and not complete:
         return "error", (
-            f"torchrun exited with code {result.returncode} and no rank reported an error "
+            f"{result.launcher} exited with code {result.returncode} and no rank reported an error "
             f"(a rank was killed or crashed hard). Last output:\n{procs.last_lines(result.output_tail, 12)}"
         )
     if node_rank == 0 and not result.gathered:
-        return "error", "torchrun finished but no rank wrote the gathered ranks.json report"
+        return "error", f"{result.launcher} finished but no rank wrote the gathered ranks.json report"
     if node_rank == 0 and gathered != world_size:
         return "error", f"expected reports from {world_size} ranks, {gathered} were gathered"
-    if result.returncode != 0 and (result.smoke or {}).get("status") not in (None, "ok", "nan_loss"):
-        return "ok", None  # a rank's smoke run raised and it left: the smoke field says so
+    if result.returncode != 0 and any(
+        (phase or {}).get("status") not in (None, "ok", "nan_loss")
+        for phase in (result.smoke, result.quality)
+    ):
+        return "ok", None  # a rank's smoke run (or quality phase) raised and it left: that field says so
     if result.returncode != 0:
         # Every rank measured, reported and passed the final barrier; a crash while the processes
         # tear down (seen once with gloo + FSDP2: "terminate called without an active exception")
         # does not undo the measurement, but the record says it happened.
         return "ok", (
-            f"every rank reported ok, then torchrun exited with code {result.returncode} while the "
+            f"every rank reported ok, then {result.launcher} exited with code {result.returncode} while the "
             f"processes shut down; the measurement is complete. Last output:\n"
             f"{procs.last_lines(result.output_tail, 4)}"
         )
@@ -240,8 +252,8 @@ def _smoke_field(launched: LaunchResult, steps: int) -> dict | None:
         "steps": steps,
         "loss": [],
         "status": "error",
-        "reason": f"the smoke run left no report; torchrun exited with code {launched.returncode}. Last "
-        f"output:\n{procs.last_lines(launched.output_tail, 6)}",
+        "reason": f"the smoke run left no report; {launched.launcher} exited with code "
+        f"{launched.returncode}. Last output:\n{procs.last_lines(launched.output_tail, 6)}",
     }
 
 
@@ -286,6 +298,15 @@ def run_cell(
         # cores (torchrun's default is 1 thread per rank), so scaling efficiency compares like with like.
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
     launched = launch(cmd, report_dir, timeout_s=timeout_s, env=env)
+    return result_of_launch(launched, spec, timeout_s, rdzv)
+
+
+def result_of_launch(launched: LaunchResult, spec, timeout_s: float, rdzv: Rendezvous = ONE_NODE) -> dict:
+    """The cell's result from its ranks' reports, in the one-process launcher's format.
+
+    Shared by every launcher of a multi-process cell (torchrun here, srun in `launch.srun`).
+    """
+    result: dict = {"status": "error", "reason": None, "metrics": None, "smoke": None, "env": None}
     status, reason = judge(launched, spec.world_size, timeout_s, rdzv.node_rank)
     result.update(status=status, reason=reason)
     if status == "ok" and rdzv.node_rank == 0:
@@ -293,9 +314,17 @@ def run_cell(
         metrics = aggregate(
             gathered["metrics"], batch_size=spec.rank_batch
         )  # per rank per step (x grad_accum)
-        metrics.update(launcher="torchrun", nodes=gathered.get("nodes", nodes), scaling_efficiency=None)
+        nodes = gathered.get("nodes", spec.knobs.nodes)
+        metrics.update(launcher=launched.launcher, nodes=nodes, scaling_efficiency=None)
         smoke = _smoke_field(launched, spec.smoke_steps)
         result.update(metrics=metrics, smoke=smoke, env=gathered.get("env"))
+        if spec.quality is not None:
+            result["quality"] = launched.quality or {
+                "status": "error",
+                "reason": f"the quality phase left no report; {launched.launcher} exited with code "
+                f"{launched.returncode}. Last output:\n{procs.last_lines(launched.output_tail, 6)}",
+                "evaluations": [],
+            }
     elif status == "ok":
         result.update(
             status="skipped",

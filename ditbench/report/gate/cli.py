@@ -62,7 +62,6 @@ decides).
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = POLICY_EXAMPLE
     parser.add_argument("base", metavar="BASE", help="the baseline results.jsonl (or its run directory)")
     parser.add_argument("new", metavar="NEW", help="the new results.jsonl (or its run directory)")

@@ -157,31 +157,50 @@ def compare_quality(
     return deltas, not_measured, problems
 
 
+@dataclass(frozen=True)
+class Noise:
+    """The noise rule's verdict on one difference: the bound it must exceed, and how sure that bound is."""
+
+    bound: float | None  # k * sqrt(spread_base^2 + spread_new^2); None when neither side has a spread
+    beyond: bool | None  # |new - base| > bound; None when the noise is unknown
+    weak_reason: str | None  # why the bound rests on less than both runs' spreads
+
+
+def noise_rule(b: float, n: float, sb: float | None, sn: float | None, k: float) -> Noise:
+    """Whether new differs from base beyond the seeds' noise: |n - b| > k * sqrt(sb^2 + sn^2).
+
+    The one rule for quality differences: the gate judges with it and the reports' "within noise"
+    verdicts come from it. A spread on one side only stands for both; with none the noise is unknown.
+    """
+    if sb is None and sn is None:
+        return Noise(
+            None,
+            None,
+            "noise unknown: neither run recorded a spread (one seed?), so the threshold alone decided",
+        )
+    weak_reason = None
+    if sb is None or sn is None:
+        sb = sn = sn if sb is None else sb
+        weak_reason = "only one run recorded a spread; it stands for both"
+    bound = k * math.hypot(sb, sn)
+    if not math.isfinite(bound):
+        bound = math.inf
+    return Noise(bound, abs(n - b) > bound, weak_reason)
+
+
 def _judge(
     metric: Metric, rule: Rule, b: float, n: float, sb: float | None, sn: float | None, k: float, step: int
 ) -> MetricDelta:
     c = crossing(metric, b, n, rule.threshold_pct, rule.min_abs)
-    weak_reason = None
-    if sb is None and sn is None:
-        bound = None
-        weak_reason = (
-            "noise unknown: neither run recorded a spread (one seed?), so the threshold alone decided"
-        )
+    noise = noise_rule(b, n, sb, sn, k)
+    if noise.bound is None:
         significance = f"noise unknown (threshold decides; step {step})"
     else:
-        if sb is None or sn is None:
-            known = sn if sb is None else sb
-            sb = sn = known
-            weak_reason = "only one run recorded a spread; it stands for both"
-        bound = k * math.hypot(sb, sn)
-        if not math.isfinite(bound):
-            bound = math.inf
-        beyond = abs(n - b) > bound
         significance = (
-            f"{'beyond' if beyond else 'within'} noise: |Δ| {abs(n - b):.3g} "
-            f"{'>' if beyond else '≤'} {k:g}σ {bound:.3g} (step {step})"
+            f"{'beyond' if noise.beyond else 'within'} noise: |Δ| {abs(n - b):.3g} "
+            f"{'>' if noise.beyond else '≤'} {k:g}σ {noise.bound:.3g} (step {step})"
         )
-    significant = bound is None or abs(n - b) > bound
+    significant = noise.beyond is not False
     if c.crossed and significant:
         verdict = "regression" if c.direction == "worse" else "improvement"
     elif c.crossed:
@@ -198,8 +217,8 @@ def _judge(
         verdict,
         significance,
         direction=c.direction,
-        weak=weak_reason is not None and c.crossed,
-        weak_reason=weak_reason if c.crossed else None,
+        weak=noise.weak_reason is not None and c.crossed,
+        weak_reason=noise.weak_reason if c.crossed else None,
         step=step,
-        noise=bound if bound is not None and math.isfinite(bound) else None,
+        noise=noise.bound if noise.bound is not None and math.isfinite(noise.bound) else None,
     )

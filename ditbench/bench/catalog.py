@@ -1,0 +1,38 @@
+"""The suites shipped in the package (ditbench/suites/*.yaml); `ditbench suites` (bench.suites_cli) lists
+them.
+
+`ditbench run cpu_smoke` and `ditbench run path/to/my.yaml` both work: an argument that names an
+existing file is that file; otherwise a name (with or without `.yaml`) is looked up among the
+shipped suites. The repository's `suites/` is a link to the package folder, so there is one copy.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ditbench.errors import UserError, shorten
+
+SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
+
+
+def shipped_suites() -> dict[str, Path]:
+    """Name -> file of every suite shipped in the package, sorted by name."""
+    return {p.stem: p for p in sorted(SUITES_DIR.glob("*.yaml"))}
+
+
+def resolve_suite(arg: str | Path) -> Path:
+    """The suite file `arg` means: an existing path as given, else a shipped suite of that name."""
+    path = Path(arg)
+    if path.exists():
+        return path
+    text = str(arg)
+    name = text[: -len(".yaml")] if text.endswith(".yaml") else text
+    shipped = shipped_suites()
+    if name in shipped and "/" not in text and "\\" not in text:
+        return shipped[name]
+    raise UserError(
+        f"suite {shorten(text)} does not exist: there is no such file and no shipped suite of that name; "
+        "give a path to a suite YAML or "
+        f"one of the shipped names: {', '.join(shipped) or '(none found in ' + str(SUITES_DIR) + ')'} "
+        "(`ditbench suites` lists them with their descriptions)."
+    )

@@ -1,0 +1,414 @@
+"""`ditbench run SUITE --executor slurm|local`: each cell a submitit job, each record appended here.
+
+The same guarantees as the local runner (`bench.runner`), through the same machinery: the out
+directory's lock, one ticket per cell (`bench.inflight`: ticket, spec, result file, one append,
+then clean-up), resume and `--force`. The tickets of submitted cells live in `<out>/.jobs/`, each
+with `<key>.job.json` (the executor and job id, written as soon as sbatch answers) and
+`<key>.started.json` (written by the job when it starts); submitit's own files (batch scripts,
+logs) are under `<out>/.jobs/submitit/`. On SLURM the out directory must be on a file system the
+nodes share.
+
+A run, holding the lock:
+1. appends what a killed local run left (`inflight.adopt`), as the local runner does;
+2. picks up earlier submissions: a finished job's result is appended; a job still queued or
+   running is waited for, never submitted again; a job that ended without a result is recorded
+   from its state (SLURM's TIMEOUT is `timeout`); a ticket without a job file is removed;
+3. submits the other cells: SLURM all at once, one job array per job shape; the local executor
+   one cell at a time (cells sharing one machine would disturb each other's measurements);
+4. appends each result as it arrives. Ctrl-C (or SIGTERM) cancels every job it waits for.
+
+What the job runs is `launch.srun.run_task`; its result is the cell's JSON result file (the
+submitter never reads submitit's pickles).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ditbench.bench import inflight
+from ditbench.bench.cluster import ClusterOptions, job_parameters
+from ditbench.bench.launch import executors
+from ditbench.bench.launch.executors import JobRef
+from ditbench.bench.launch.srun import started_path
+from ditbench.bench.records import latest_by_cell, read_records
+from ditbench.bench.runner import (
+    LOGS_DIR,
+    RESULTS_FILE,
+    SUMMARY_FILE,
+    RunOptions,
+    Visible,
+    _main_thread,
+    _print_line,
+    _Run,
+    _scaling,
+    _terminate,
+    check_options,
+    check_out_dir,
+    new_run_id,
+    precheck,
+    run_order,
+    select_cells,
+)
+from ditbench.bench.suite import Cell, Suite
+from ditbench.bench.summary import format_line, write_summary
+from ditbench.errors import UserError, shorten
+from ditbench.fileio import write_json_atomic
+from ditbench.outlock import OutputLock
+from ditbench.outpaths import ensure_dir
+from ditbench.precision import unsupported_reason
+
+JOBS_DIR = ".jobs"
+POLL_S = 2.0
+
+
+def job_path(ticket: inflight.Ticket) -> Path:
+    return ticket.folder / f"{ticket.key}.job.json"
+
+
+@dataclass
+class Pending:
+    """A submitted cell this run waits for."""
+
+    ticket: inflight.Ticket
+    ref: JobRef
+    cell: Cell | None  # None: submitted by an earlier run for a cell this suite no longer has
+    handle: Any = None  # submitit's Job, when this run submitted it
+
+
+def submit_suite(
+    suite: Suite,
+    options: RunOptions,
+    kind: str,
+    cluster: ClusterOptions | None = None,
+    echo: Callable[[str], None] | None = None,
+    poll_s: float = POLL_S,
+) -> list[dict[str, Any]]:
+    """Run (or resume) the suite through submitit; the latest record of each selected cell, in suite order."""
+    check_options(options)
+    if kind not in ("local", "slurm"):
+        raise UserError(f"--executor {shorten(kind)}: valid executors are local and slurm.")
+    if suite.plan is not None:
+        raise UserError(
+            f"suite {suite.path} has a `plan` section, which --executor does not run yet (the planner "
+            "runs next to the cells); run it without --executor, or remove `plan`."
+        )
+    if options.rendezvous:
+        raise UserError(
+            "--nnodes/--node-rank/--rdzv-* start torchrun on machines you log into; with --executor the "
+            "job's nodes come from SLURM (a cell's `nodes` knob). Drop those flags."
+        )
+    executors.require_submitit()
+    out = Path(options.out)
+    check_out_dir(out, create=True)
+    with OutputLock(out):
+        return _Submitter(
+            suite, options, kind, cluster or ClusterOptions(), out, echo or _print_line, poll_s
+        ).run()
+
+
+class _Submitter:
+    def __init__(self, suite, options, kind, cluster, out: Path, say, poll_s: float):
+        self.suite, self.options, self.kind, self.cluster = suite, options, kind, cluster
+        self.out, self.say, self.poll_s = out, say, poll_s
+        self.results_path = out / RESULTS_FILE
+        self.folder = out / JOBS_DIR
+        self.run_id = new_run_id()
+        self.pending: list[Pending] = []
+        self.executor = None
+
+    def run(self) -> list[dict[str, Any]]:
+        from ditbench.environment import collect_env
+
+        ensure_dir(self.out / LOGS_DIR, "--out's logs folder", probe=False)
+        ensure_dir(self.folder, "--out's jobs folder", probe=False)
+        adopted = inflight.adopt(
+            self.results_path,
+            inflight.inflight_dir(self.out),
+            self.run_id,
+            finish=_scaling(self.results_path),
+        )
+        for record in adopted:
+            self.say(f"adopted the finished result of a killed run: {format_line(record)}")
+        cells = select_cells(self.suite, self.options.cell_filters)
+        gpus = max((c.config["gpus"] for c in cells), default=1)
+        visible = Visible.detect() if self.kind == "local" else Visible(cuda=True, gpu_count=gpus)
+        env = collect_env(probe_cuda=False)
+        self.runner = _Run(self.suite, self.options, self.run_id, env, visible, self.out, {})
+        previous_term = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
+        try:
+            self._pick_up()
+            previous = latest_by_cell(read_records(self.results_path))
+            waiting = {p.ticket.read_context()["cell_id"] for p in self.pending}
+            done = {c.cell_id for c in cells if self._recorded(c, previous)}
+            for cell in cells:
+                if cell.cell_id in done:
+                    self.runner.latest[cell.cell_id] = cell.previous(previous)
+            todo = [c for c in run_order(cells) if c.cell_id not in done | waiting]
+            if done or waiting:
+                self.say(
+                    f"resuming {self.out}: {len(done)} of {len(cells)} cells already recorded, "
+                    + (f"{len(waiting)} submitted earlier and waited for, " if waiting else "")
+                    + f"{len(todo)} to submit"
+                )
+            if self.kind == "slurm":
+                self._start(todo)
+                todo = []
+            self._wait(todo)
+        except BaseException:
+            self._cancel()
+            raise
+        finally:
+            if previous_term is not None:
+                signal.signal(signal.SIGTERM, previous_term)
+        latest = self.runner.latest
+        records = [latest[c.cell_id] for c in cells if c.cell_id in latest]
+        write_summary(self.out / SUMMARY_FILE, self.suite, records)
+        return records
+
+    # -- before submitting -------------------------------------------------------------------
+
+    def _recorded(self, cell: Cell, previous: dict) -> bool:
+        """ok, or unsupported for the same reason as last time (the local runner's rule)."""
+        prev = cell.previous(previous)
+        if self.options.force or prev is None:
+            return False
+        if prev.get("status") == "ok":
+            return True
+        verdict = self._verdict(cell)
+        return (
+            prev.get("status") == "unsupported" and verdict is not None and prev.get("reason") == verdict[1]
+        )
+
+    def _verdict(self, cell: Cell) -> tuple[str, str] | None:
+        return cell_verdict(cell, self.kind, self.runner.visible)
+
+    def _pick_up(self) -> None:
+        """The tickets earlier runs left in .jobs: append, wait for, or remove each."""
+        by_id = {c.cell_id: c for c in self.suite.cells}
+        appended = inflight.appended_keys(self.results_path)
+        _sweep_orphans(self.folder)
+        for path in sorted(self.folder.glob("*.ticket.json")):
+            ticket = inflight.Ticket(self.folder, path.name[: -len(".ticket.json")])
+            try:
+                context = ticket.read_context()
+                key = (context["run_id"], context["cell_id"])
+            except (OSError, ValueError, KeyError, TypeError, RecursionError):
+                ticket.remove()
+                continue
+            ref = JobRef.load(job_path(ticket))
+            if key in appended or ref is None:  # appended already, or never (known to be) submitted
+                ticket.remove()
+                continue
+            pending = Pending(ticket, ref, by_id.get(context["cell_id"]))
+            if ticket.result_path.exists() or not executors.is_active(ref):
+                self._finish(pending)
+            else:
+                self.say(
+                    f"waiting for job {ref.job_id} ({context.get('cell_name')}), submitted by an earlier run"
+                )
+                self.pending.append(pending)
+
+    # -- submitting --------------------------------------------------------------------------
+
+    def _start(self, cells: list[Cell]) -> None:
+        """Open each cell's ticket; record the cells that must not start, submit the others."""
+        groups: dict[str, list[Cell]] = {}
+        params_of: dict[str, dict] = {}
+        for cell in cells:
+            decided = self.runner._decide(cell, self._verdict(cell), None)
+            if decided is not None:
+                ticket = inflight.open_ticket(self.folder, self._context(cell))
+                inflight.write_result_file(ticket, decided)
+                self._finish(Pending(ticket, JobRef(self.kind, "", ""), cell), submitted=False)
+                continue
+            params = job_parameters(cell.config, self._timeout(cell), self.cluster, self.kind)
+            shape = json.dumps(params, sort_keys=True, default=str)
+            groups.setdefault(shape, []).append(cell)
+            params_of[shape] = params
+        if groups and self.executor is None:
+            self.executor = executors.make_executor(self.kind, self.folder / executors.SUBMITIT_DIR)
+        for shape, members in groups.items():  # tickets per group: a refused group leaves none behind
+            self._submit(
+                params_of[shape], [(c, inflight.open_ticket(self.folder, self._context(c))) for c in members]
+            )
+
+    def _timeout(self, cell: Cell) -> float:
+        return self.options.timeout_s or cell.timeout_s
+
+    def _context(self, cell: Cell) -> dict[str, Any]:
+        return {
+            "suite": self.suite.name,
+            "run_id": self.run_id,
+            "cell_id": cell.cell_id,
+            "cell_name": cell.cell_name,
+            "suite_baseline": self.suite.baseline,
+            "config": cell.config,
+            # a cell reports its node's environment; a record without one must not claim the login node's
+            "env": self.runner.env if self.kind == "local" else None,
+            "started_at": _iso(time.time()),
+        }
+
+    def _submit(self, params: dict, members: list[tuple[Cell, inflight.Ticket]]) -> None:
+        from ditbench.bench.launch.files import write_spec
+
+        calls = []
+        for cell, ticket in members:
+            timeout = self._timeout(cell)
+            about = {
+                "cell_id": cell.cell_id,
+                "cell_name": cell.cell_name,
+                "rendezvous": None,
+                "out_dir": str(self.out.resolve()),  # sample grids go under it
+            }
+            write_spec(ticket.spec_path, cell.spec, **about, timeout_s=timeout)
+            log = self.out / LOGS_DIR / f"{cell.cell_id}.log"
+            calls.append((str(ticket.spec_path), str(ticket.result_path), str(log), timeout))
+        try:
+            submitted = executors.submit_cells(self.executor, self.kind, params, calls)
+        except UserError:
+            for _, ticket in members:
+                ticket.remove()
+            raise
+        except Exception as err:  # sbatch refused (a partition or account the cluster does not know)
+            for _, ticket in members:
+                ticket.remove()
+            raise UserError(
+                f"submitting {len(members)} cell(s) failed: {' '.join(str(err).split())[:2000]}"
+            ) from None
+        for (cell, ticket), (handle, ref) in zip(members, submitted, strict=True):
+            ref.save(job_path(ticket))
+            self.pending.append(Pending(ticket, ref, cell, handle))
+        ids = ", ".join(ref.job_id for _, ref in submitted)
+        self.say(f"submitted {len(members)} cell(s) to {self.kind}: job(s) {ids}")
+
+    # -- waiting -----------------------------------------------------------------------------
+
+    def _wait(self, todo: list[Cell]) -> None:
+        """Append each result as it arrives; the local executor starts the next cell when one ends."""
+        todo = list(todo)
+        while self.pending or todo:
+            for pending in list(self.pending):
+                has_result = pending.ticket.result_path.exists()
+                if has_result and self.kind == "slurm":
+                    self._finish(pending)
+                elif not executors.is_active(pending.ref, pending.handle):
+                    self._finish(pending)
+            if self.kind == "local" and not self.pending and todo:
+                self._start([todo.pop(0)])
+                continue
+            if self.pending:
+                time.sleep(self.poll_s)
+
+    def _finish(self, pending: Pending, submitted: bool = True) -> None:
+        """Append the cell's record (from its result file, or from how its job ended), then clean up."""
+        ticket, ref = pending.ticket, pending.ref
+        if pending in self.pending:
+            self.pending.remove(pending)
+        if submitted and not ticket.result_path.exists():
+            inflight.write_result_file(ticket, self._ended(ref, pending.handle))
+        context = ticket.read_context()
+        started = _started_unix(ticket)
+        if started is not None:  # the record starts when the job did, not when it was queued
+            context["started_at"] = _iso(started)
+            write_json_atomic(ticket.ticket_path, context, default=str)
+        try:
+            ended = ticket.result_path.stat().st_mtime
+        except OSError:
+            ended = time.time()
+        begin = started if started is not None else context.get("started_unix") or ended
+        committing_run = self.run_id
+
+        def finish(record: dict[str, Any]) -> None:
+            if record["run_id"] != committing_run:
+                record["adopted_by"] = committing_run  # as the local runner marks a killed run's result
+            if pending.cell is not None:
+                self.runner._finish(record, pending.cell)
+            else:
+                _scaling(self.results_path)(record)
+
+        record = inflight.commit(self.results_path, ticket, max(0.0, ended - begin), finish)
+        if pending.cell is not None:
+            self.runner.note(pending.cell, record)
+        if ref.job_id:
+            shutil.rmtree(
+                Path(ref.folder) / ref.job_id, ignore_errors=True
+            )  # its log is in logs/ or the record
+        self.say(format_line(record))
+
+    def _ended(self, ref: JobRef, handle) -> dict[str, Any]:
+        """The result of a job that ended without writing one."""
+        from ditbench.bench.launch import procs
+
+        state = executors.state(ref, handle)
+        tail = procs.tail(executors.job_log(ref), 64_000)
+        if state.startswith("TIMEOUT"):
+            return {
+                "status": "timeout",
+                "reason": f"SLURM stopped job {ref.job_id} at its time limit before the cell wrote a result",
+                "traceback": tail,
+            }
+        where = "SLURM job" if ref.executor == "slurm" else "local job"
+        return {
+            "status": "error",
+            "reason": f"{where} {ref.job_id} ended ({state}) without writing a result",
+            "traceback": tail,
+        }
+
+    def _cancel(self) -> None:
+        """Ctrl-C, SIGTERM or an error: cancel every job this run waits for; a finished result stays."""
+        for pending in list(self.pending):
+            executors.cancel(pending.ref, pending.handle)
+            if not pending.ticket.result_path.exists():
+                pending.ticket.remove()  # cut off before a result: the cell is submitted again next time
+        if self.pending:
+            self.say(f"cancelled {len(self.pending)} job(s): {', '.join(p.ref.job_id for p in self.pending)}")
+        self.pending.clear()
+
+
+def cell_verdict(cell: Cell, kind: str, visible: Visible) -> tuple[str, str] | None:
+    """(status, reason) for a cell that must not be submitted, else None."""
+    config = cell.config
+    if kind == "slurm":  # the job's nodes have what it asks for; only the precision can be refused here
+        reason = unsupported_reason(config["precision"], config["device"])
+        return ("unsupported", reason) if reason else None
+    if config["nodes"] > 1:
+        return "unsupported", (
+            f"nodes={config['nodes']}: submitit's local executor runs on this one machine; "
+            "use --executor slurm"
+        )
+    return precheck(cell, visible)
+
+
+def _started_unix(ticket: inflight.Ticket) -> float | None:
+    try:
+        value = json.loads(started_path(ticket.result_path).read_text()).get("started_unix")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _iso(unix: float) -> str:
+    return (
+        dt.datetime.fromtimestamp(unix, dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    )
+
+
+def _sweep_orphans(folder: Path) -> None:
+    """Remove the files no ticket owns (a cancelled job's late result, an atomic write cut short)."""
+    keys = {p.name[: -len(".ticket.json")] for p in folder.glob("*.ticket.json")}
+    for path in folder.iterdir():
+        if path.name == executors.SUBMITIT_DIR:
+            continue
+        if not any(path.name.startswith(f"{key}.") or path.name.startswith(f".{key}.") for key in keys):
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)

@@ -1,0 +1,230 @@
+"""submitit for the submitter: make the executor, submit a cell's task, ask whether a job still runs, cancel.
+
+submitit is an optional dependency (`pip install "ditbench[slurm]"`); only `--executor` imports
+it. A job is remembered by a `JobRef` (kept in `<key>.job.json` next to the cell's ticket), so a
+rerun after the submitter was killed finds the same job: SLURM by its job id (sacct/squeue
+through submitit), the local executor by its controller's pid and start time.
+
+The submitter never reads submitit's result pickles: a job's result is the cell's JSON result file.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ditbench.errors import UserError
+from ditbench.fileio import write_json_atomic
+
+SUBMITIT_DIR = "submitit"
+JOB_ID = {"local": re.compile(r"[1-9][0-9]{0,9}"), "slurm": re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")}
+LOCAL_CONTROLLER = "submitit.local._local"  # the module a local job's controller runs
+# SLURM states of a job that has not ended (sacct/squeue); anything else has ended.
+ACTIVE_STATES = {
+    "PENDING",
+    "RUNNING",
+    "REQUEUED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+    "CONFIGURING",
+    "COMPLETING",
+    "RESIZING",
+    "SUSPENDED",
+    "SIGNALING",
+    "STAGE_OUT",
+    "READY",
+    "UNKNOWN",  # not (yet) in sacct: submitted a moment ago, or sacct is slow
+}
+
+
+@dataclass(frozen=True)
+class JobRef:
+    executor: str  # local | slurm
+    job_id: str
+    folder: str  # submitit's folder
+    pid_started: float | None = None  # local: the controller's start time (a reused pid is not it)
+
+    def save(self, path: Path) -> None:
+        write_json_atomic(path, asdict(self))
+
+    @classmethod
+    def load(cls, path: Path) -> JobRef | None:
+        try:
+            data = json.loads(path.read_text())
+            ref = cls(**data)
+        except (OSError, ValueError, TypeError):
+            return None
+        pattern = JOB_ID.get(ref.executor)  # the id goes to scancel or names a process to signal
+        return (
+            ref
+            if pattern is not None and isinstance(ref.job_id, str) and pattern.fullmatch(ref.job_id)
+            else None
+        )
+
+
+def require_submitit():
+    try:
+        import submitit
+    except ImportError:
+        raise UserError(
+            "--executor needs submitit, which is not installed; install it with "
+            '`pip install "ditbench[slurm]"` (or `pip install submitit`).'
+        ) from None
+    return submitit
+
+
+def make_executor(kind: str, folder: Path):
+    """submitit's executor of `kind`, its files under `folder/%j`; a clear error off a SLURM cluster."""
+    submitit = require_submitit()
+    folder.mkdir(parents=True, exist_ok=True)
+    if kind == "local":
+        return submitit.LocalExecutor(folder=folder / "%j")
+    try:
+        executor = submitit.SlurmExecutor(folder=folder / "%j")
+    except RuntimeError:  # submitit's "Could not detect srun"
+        raise UserError(
+            "--executor slurm submits with sbatch, but `srun` is not on this machine's PATH: run it "
+            "on a SLURM login node (or use --executor local to run the same path on this machine)."
+        ) from None
+    return executor
+
+
+def configure(executor, kind: str, params: dict[str, Any]) -> None:
+    params = dict(params)
+    if kind == "slurm":
+        # The job imports this copy of ditbench even where the nodes have none installed; after the
+        # user's setup lines, which may activate an environment of their own.
+        from ditbench.bench.launch.process import child_env
+
+        path = child_env()["PYTHONPATH"]
+        params["setup"] = [*params.get("setup", []), f"export PYTHONPATH={shlex.quote(path)}"]
+    try:
+        executor.update_parameters(**params)
+    except ValueError as err:  # submitit's own check of a parameter
+        raise UserError(f"submitit refused the job's parameters: {' '.join(str(err).split())}") from None
+
+
+def submit_cells(executor, kind: str, params: dict[str, Any], calls: list[tuple]) -> list[tuple[Any, JobRef]]:
+    """Submit one job per call (args of `srun.run_task`) with the same parameters; SLURM: one job array."""
+    from ditbench.bench.launch.srun import run_task
+
+    configure(executor, kind, params)
+    folder = str(Path(str(executor.folder)).parent)
+    if kind == "slurm" and len(calls) > 1:
+        with executor.batch():
+            handles = [executor.submit(run_task, *args) for args in calls]
+    else:
+        handles = [executor.submit(run_task, *args) for args in calls]
+    out = []
+    for handle in handles:
+        started = None
+        if kind == "local":
+            started = _create_time(int(handle.job_id))
+        out.append((handle, JobRef(kind, str(handle.job_id), folder, started)))
+    return out
+
+
+def _create_time(pid: int) -> float | None:
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def is_active(ref: JobRef, handle=None) -> bool:
+    """Whether the job may still write its result (queued, running, or unknown to sacct yet)."""
+    if ref.executor == "local":
+        process = getattr(handle, "_process", None)
+        if process is not None:
+            return process.poll() is None
+        import psutil
+
+        try:  # the same process (a reused pid is not), and a submitit controller
+            proc = psutil.Process(int(ref.job_id))
+            same = ref.pid_started is not None and abs(proc.create_time() - ref.pid_started) < 1.0
+            ours = any(LOCAL_CONTROLLER in part for part in proc.cmdline())
+            return same and ours and proc.status() != psutil.STATUS_ZOMBIE
+        except (psutil.Error, ValueError):
+            return False
+    return state(ref, handle) in ACTIVE_STATES
+
+
+def state(ref: JobRef, handle=None) -> str:
+    """SLURM's state of the job (submitit's watcher: one sacct call for all jobs, backing off)."""
+    if ref.executor == "local":
+        return "RUNNING" if is_active(ref, handle) else "FINISHED"
+    from submitit.slurm.slurm import SlurmJob
+
+    job = handle if handle is not None else SlurmJob(folder=Path(ref.folder) / "%j", job_id=ref.job_id)
+    found = str(job.watcher.get_state(ref.job_id, mode="standard")).split()
+    found = found[0].upper() if found else "UNKNOWN"
+    return _squeue_state(ref.job_id) if found == "UNKNOWN" else found
+
+
+_SQUEUE_EVERY_S = 60.0
+_squeued: dict[str, tuple[float, str]] = {}
+
+
+def _squeue_state(job_id: str) -> str:
+    """squeue's word for a job sacct does not know (no accounting on some clusters), at most once a minute.
+
+    A job squeue no longer lists has ended: NOT_IN_QUEUE. Without squeue: UNKNOWN (still waited for).
+    """
+    import subprocess
+    import time
+
+    now = time.monotonic()
+    cached = _squeued.get(job_id)
+    if cached is not None and now - cached[0] < _SQUEUE_EVERY_S:
+        return cached[1]
+    try:
+        done = subprocess.run(
+            ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=60
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "UNKNOWN"
+    words = done.stdout.split()
+    if done.returncode == 0:
+        found = words[0].upper() if words else "NOT_IN_QUEUE"
+    else:  # squeue exits 1 for an id it has forgotten ("Invalid job id specified")
+        found = "NOT_IN_QUEUE" if "invalid job id" in done.stderr.lower() else "UNKNOWN"
+    _squeued[job_id] = (now, found)
+    return found
+
+
+def cancel(ref: JobRef, handle=None) -> None:
+    """Cancel the job (scancel; the local controller gets SIGINT and stops its tasks)."""
+    if ref.executor == "local":
+        import signal
+
+        import psutil
+
+        process = getattr(handle, "_process", None)
+        if process is not None:
+            if process.poll() is None:
+                process.send_signal(signal.SIGINT)
+            return
+        if is_active(ref):
+            try:
+                psutil.Process(int(ref.job_id)).send_signal(signal.SIGINT)
+            except psutil.Error:
+                pass
+        return
+    import subprocess
+
+    try:
+        quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+        subprocess.call(["scancel", ref.job_id], timeout=60, **quiet)
+    except (OSError, subprocess.TimeoutExpired):  # no scancel here: the job is left to its time limit
+        pass
+
+
+def job_log(ref: JobRef) -> Path:
+    """Task 0's stdout (stderr goes there too) in submitit's folder."""
+    return Path(ref.folder) / ref.job_id / f"{ref.job_id}_0_log.out"

@@ -1,0 +1,206 @@
+"""Inside a cell's submitit job (SLURM, or submitit's local executor): what each of its tasks runs.
+
+The submitter (`bench.jobs`) hands submitit `run_task(SPEC, RESULT, LOG, TIMEOUT)`. SLURM starts
+the job's tasks through srun (one per rank: ntasks-per-node = gpus); submitit's local executor
+starts them as processes on this machine. No torchrun runs inside the job:
+
+- a one-process cell: the one task runs it exactly as the local runner does (`process.run_isolated`:
+  a fresh process, its own timeout recorded `timeout`);
+- a multi-process cell: each task takes its rank, world size and rendezvous address from the job
+  (`submitit.helpers.TorchDistributedEnvironment`, i.e. SLURM_PROCID, SLURM_LOCALID, the node
+  list ...) and runs the existing rank entry (`launch.rank`) in a process of its own under the
+  cell's timeout; when a peer fails it stops its own rank (as torchrun would). Each task writes
+  `exit<R>.json`; task 0 waits for them and turns the ranks' reports into the cell's result with
+  the torchrun launcher's own judging and aggregation (`torchrun.result_of_launch`).
+
+Every file goes next to the ticket in the out directory, which SLURM's nodes must share.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ditbench.bench.launch import procs
+from ditbench.bench.launch.files import read_spec, write_result
+from ditbench.fileio import write_json_atomic
+
+RANK_MODULE = "ditbench.bench.launch.rank"
+POLL_S = 0.2
+PEER_GRACE_S = 10.0  # a failed peer's rank is given this long to write its own report, then stopped
+STOP_GRACE_S = 5.0  # between SIGTERM and SIGKILL
+LOG_TAIL_BYTES = 6000
+
+
+def started_path(result_path: Path) -> Path:
+    """`<key>.started.json`: written when the job starts (the record's start and duration come from it)."""
+    return result_path.with_name(result_path.name.replace(".result.json", ".started.json"))
+
+
+def report_dir_of(result_path: Path) -> Path:
+    return result_path.with_name(result_path.stem + ".ranks")  # the torchrun launcher's convention
+
+
+def run_task(spec_path: str, result_path: str, log_path: str, timeout_s: float) -> None:
+    """One task of a cell's job; returns None (the result is the RESULT file, never a pickle)."""
+    import submitit
+
+    from ditbench.bench.launch.process import run_isolated
+
+    job = submitit.JobEnvironment()
+    spec, doc = read_spec(spec_path)
+    result = Path(result_path)
+    if job.global_rank == 0:
+        info = {"started_unix": time.time(), "job_id": job.job_id, "hostnames": list(job.hostnames)}
+        write_json_atomic(started_path(result), info)
+    if job.num_tasks != spec.world_size:
+        if job.global_rank == 0:
+            write_result(
+                result,
+                {
+                    "status": "error",
+                    "reason": f"the job has {job.num_tasks} task(s) but the cell needs {spec.world_size} "
+                    "rank(s); ditbench submits one task per rank",
+                },
+            )
+        return
+    if spec.world_size == 1:
+        about = {k: doc.get(k) for k in ("cell_id", "cell_name", "rendezvous", "out_dir")}
+        run_isolated(spec, about, timeout_s, Path(spec_path), result, Path(log_path))
+        return
+    _rank_task(spec, spec_path, result, Path(log_path), timeout_s, job)
+
+
+def _rank_env(spec, job) -> dict[str, str]:
+    from submitit.helpers import TorchDistributedEnvironment
+
+    from ditbench.bench.launch.process import child_env
+
+    dist = TorchDistributedEnvironment()
+    env = child_env()
+    local = job.cluster == "local"  # one machine: its own loopback, not a name that may not resolve
+    env.update(
+        MASTER_ADDR="127.0.0.1" if local else dist.master_addr,
+        MASTER_PORT=str(dist.master_port),
+        RANK=str(dist.rank),
+        WORLD_SIZE=str(dist.world_size),
+        LOCAL_RANK=str(dist.local_rank),
+        LOCAL_WORLD_SIZE=str(dist.local_world_size),
+        GROUP_RANK=str(job.node),
+    )
+    if spec.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        # the ranks on one node share its cores, as under torchrun (launch.torchrun.run_cell)
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, dist.local_world_size)))
+    return env
+
+
+def _peer_failed(report_dir: Path, rank: int) -> bool:
+    for path in report_dir.glob("exit[0-9]*.json"):
+        data = _read(path)
+        if data and data.get("rank") != rank and (data.get("returncode") != 0 or data.get("timed_out")):
+            return True
+    return False
+
+
+def _rank_task(spec, spec_path: str, result: Path, log_path: Path, timeout_s: float, job) -> None:
+    env = _rank_env(spec, job)
+    rank = int(env["RANK"])
+    report_dir = report_dir_of(result)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    timed_out, failed_peer_at = False, None
+    with open(report_dir / f"task{rank}.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", RANK_MODULE, spec_path, str(report_dir)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own group, stopped as a whole
+            preexec_fn=procs.die_with_parent(signal.SIGKILL),
+        )
+        try:
+            while proc.poll() is None:
+                now = time.monotonic()
+                if now - start > timeout_s:
+                    timed_out = True
+                    break
+                if failed_peer_at is None and _peer_failed(report_dir, rank):
+                    failed_peer_at = now
+                if failed_peer_at is not None and now - failed_peer_at > PEER_GRACE_S:
+                    break
+                time.sleep(POLL_S)
+        finally:  # Ctrl-C, scancel's SIGTERM, a timeout, a failed peer: the rank goes with us
+            _stop(proc)
+    write_json_atomic(
+        report_dir / f"exit{rank}.json",
+        {"rank": rank, "returncode": proc.returncode, "timed_out": timed_out},
+    )
+    if rank == 0:
+        deadline = time.monotonic() + max(0.0, timeout_s - (time.monotonic() - start)) + 2 * PEER_GRACE_S
+        _write_cell_result(spec, result, log_path, report_dir, timeout_s, start, deadline, job)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_cell_result(spec, result, log_path, report_dir, timeout_s, start, deadline, job) -> None:
+    """Task 0: every task's exit, then the cell's result as the torchrun launcher would judge it."""
+    from ditbench.bench.launch.rendezvous import Rendezvous
+    from ditbench.bench.launch.torchrun import LaunchResult, read_phase, read_reports, result_of_launch
+
+    world = spec.world_size
+    exits: dict[int, dict] = {}
+    while True:
+        exits = {r: d for r in range(world) if (d := _read(report_dir / f"exit{r}.json")) is not None}
+        if len(exits) == world or time.monotonic() > deadline:
+            break
+        time.sleep(POLL_S)
+    missing = [r for r in range(world) if r not in exits]
+    codes = [exits[r].get("returncode") for r in sorted(exits)]
+    returncode = next((c for c in codes if c != 0), 0) if not missing else 1
+    logs = "".join(
+        f"--- rank {r} ---\n{procs.tail(report_dir / f'task{r}.log', LOG_TAIL_BYTES)}" for r in range(world)
+    )
+    if missing:
+        logs += f"\nno exit report from the task(s) of rank(s) {', '.join(map(str, missing))}\n"
+    reports, gathered, smoke = read_reports(report_dir)
+    launched = LaunchResult(
+        returncode=returncode,
+        timed_out=any(bool(d.get("timed_out")) for d in exits.values()),
+        duration_s=time.monotonic() - start,
+        output_tail=logs[-LOG_TAIL_BYTES:],
+        reports=reports,
+        gathered=gathered,
+        smoke=smoke,
+        quality=read_phase(report_dir, "quality"),
+        launcher="srun" if job.cluster == "slurm" else "submitit-local",
+    )
+    rdzv = Rendezvous(nnodes=spec.knobs.nodes, node_rank=0)
+    write_result(result, result_of_launch(launched, spec, timeout_s, rdzv))
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_path.write_text(logs)  # every rank's output in the cell's log, as the local runner keeps it

@@ -1,0 +1,43 @@
+"""`ditbench suites`: the shipped suites with their cell counts, devices and descriptions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ditbench.bench.catalog import SUITES_DIR, shipped_suites
+
+
+def describe(path: Path) -> dict[str, object]:
+    """Name, cell count, device and description of one suite file (errors are the suite's own)."""
+    from ditbench.bench.suite import load_suite
+
+    suite = load_suite(path)
+    return {
+        "name": suite.name,
+        "file": str(path),
+        "cells": len(suite.cells),
+        "device": suite.device,
+        "description": " ".join(suite.description.split()),
+    }
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print a JSON list instead of text")
+
+
+def run(args: argparse.Namespace) -> int:
+    import textwrap
+
+    rows = [describe(path) for path in shipped_suites().values()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for row in rows:
+        print(f"{row['name']}  ({row['cells']} cells, device {row['device']})")
+        print(
+            textwrap.fill(str(row["description"]), width=100, initial_indent="    ", subsequent_indent="    ")
+        )
+    print(f"\nfiles: {SUITES_DIR}; run one with `ditbench run NAME` (or a path to your own YAML)")
+    return 0

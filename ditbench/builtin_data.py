@@ -1,0 +1,123 @@
+"""Small real-image datasets made from pictures that ship with an installed package: no download.
+
+`builtin:mpl-gray16` (training) and `builtin:mpl-gray16-ref` (an FID reference) are grey 16 x 16
+crops of two photographs in matplotlib's sample data, one class each: class 0 from the portrait
+of Grace Hopper (`grace_hopper.jpg`, 512 x 600), class 1 from an MRI slice of a head
+(`s1045.ima.gz`, 256 x 256, 16-bit). Each crop is a random square of the photograph (its side
+drawn from a range, so scales vary), box-filtered down to 16 x 16 and flipped left-right half of
+the time. The two splits are drawn with different seeds from the same distribution; they can
+overlap in pixels, as any two samples of one photograph do.
+
+A dataset is built once (seconds) into the cache (`$DITBENCH_CACHE/datasets`, else
+~/.cache/ditbench/datasets) as an ADM-style npz and read from there afterwards; the file name
+carries the recipe's version, the count and the seed, so a changed recipe never serves a stale file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ditbench.errors import UserError, shorten
+from ditbench.fileio import atomic_write
+
+PREFIX = "builtin:"
+CACHE_ENV = "DITBENCH_CACHE"
+RECIPE_VERSION = 1  # bump when the crops change: the cached files are named by it
+SIDE = 16
+
+
+@dataclass(frozen=True)
+class Dataset:
+    count: int
+    seed: int
+    rgb: bool  # the reference is RGB (what the Inception network reads); training data grey
+    about: str
+
+
+DATASETS = {
+    "mpl-gray16": Dataset(4096, 1, False, "training: 4,096 grey 16x16 crops, 2 classes (photo, MRI)"),
+    # 256 images: enough for FID to separate noise from crops, and featurised in about a minute on a CPU
+    "mpl-gray16-ref": Dataset(256, 2, True, "FID reference: 256 crops of the same photographs, RGB"),
+}
+# (sample-data file, smallest and largest crop side in its pixels)
+SOURCES = (("grace_hopper.jpg", 48, 160), ("s1045.ima.gz", 32, 96))
+
+
+def is_builtin(spec) -> bool:
+    return isinstance(spec, str) and spec.startswith(PREFIX)
+
+
+def names() -> list[str]:
+    return [PREFIX + name for name in DATASETS]
+
+
+def cache_root() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    return (Path(env).expanduser() if env else Path.home() / ".cache" / "ditbench") / "datasets"
+
+
+def check_name(spec: str) -> str:
+    """The dataset's name without the prefix; UserError naming the valid ones."""
+    name = spec[len(PREFIX) :]
+    if name not in DATASETS:
+        listing = "; ".join(f"{PREFIX}{n} ({d.about})" for n, d in DATASETS.items())
+        raise UserError(f"unknown built-in dataset {shorten(spec)}; valid: {listing}.")
+    return name
+
+
+def resolve(spec: str) -> Path:
+    """The npz of a built-in dataset, built into the cache on first use."""
+    name = check_name(spec)
+    d = DATASETS[name]
+    path = cache_root() / f"{name}-v{RECIPE_VERSION}-n{d.count}-s{d.seed}.npz"
+    if not path.is_file():
+        images, labels = crops(d)
+        atomic_write(path, lambda f: np.savez(f, arr_0=images, arr_1=labels))
+    return path
+
+
+def _photographs() -> list[np.ndarray]:
+    """The source photographs as grey uint8 arrays (matplotlib's sample data)."""
+    import matplotlib.cbook as cbook
+    from PIL import Image
+
+    try:
+        hopper = np.asarray(Image.open(cbook.get_sample_data(SOURCES[0][0])).convert("L"))
+        with cbook.get_sample_data(SOURCES[1][0]) as f:
+            raw = f.read()
+    except (OSError, ValueError) as err:
+        raise UserError(
+            f"the built-in datasets are cut from matplotlib's sample images, which could not be read "
+            f"({err}); reinstall matplotlib (`pip install --force-reinstall matplotlib`)."
+        ) from None
+    if raw[:2] == b"\x1f\x8b":  # older matplotlib hands the file still compressed
+        raw = gzip.decompress(raw)
+    mri = np.frombuffer(raw, dtype="<u2").reshape(256, 256).astype(np.float64)
+    mri = np.clip(mri / np.percentile(mri, 99.5) * 255.0, 0, 255).round().astype(np.uint8)
+    return [hopper, mri]
+
+
+def crops(spec: Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """(images uint8 N x 16 x 16 (x 3 when rgb), labels int64 N): class i % 2 from photograph i % 2."""
+    from PIL import Image
+
+    rng = np.random.default_rng(spec.seed)
+    photos = _photographs()
+    labels = np.arange(spec.count, dtype=np.int64) % len(photos)
+    out = np.empty((spec.count, SIDE, SIDE), dtype=np.uint8)
+    for i, label in enumerate(labels):
+        photo, (_, low, high) = photos[label], SOURCES[label]
+        side = int(rng.integers(low, high + 1))
+        top = int(rng.integers(0, photo.shape[0] - side + 1))
+        left = int(rng.integers(0, photo.shape[1] - side + 1))
+        crop = Image.fromarray(photo[top : top + side, left : left + side]).resize((SIDE, SIDE), Image.BOX)
+        pixels = np.asarray(crop)
+        out[i] = pixels[:, ::-1] if rng.random() < 0.5 else pixels
+    if spec.rgb:
+        return np.repeat(out[..., None], 3, axis=-1), labels
+    return out, labels

@@ -1,0 +1,80 @@
+"""The one flag convention every `ditbench` command follows (tests/test_cli_convention.py walks them).
+
+- A default is shown one way, `(default: X)`, appended by `HelpFormatter` (an explicit
+  `(default: ...)` in a help text, for a default that is a rule rather than a value, is kept).
+- `--device {auto,cpu,cuda}` (cuda:N too), default auto: a GPU where one is visible, else the CPU;
+  cuda without a GPU is a one-paragraph error (`device.resolve_device`).
+- `--precision {fp32,tf32,fp16,bf16}`, checked before the command runs.
+- `--json`: print the command's result as JSON on stdout instead of text.
+- `--out` names one kind of thing per command, said in its help and metavar: DIR for a folder
+  (run, report), FILE.npz for an array file (sample, extract-latents), FILE.json for a result (fid).
+- `--no-progress`: no progress bar (logs that are not a terminal get plain lines anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ditbench.errors import UserError
+from ditbench.precision import PRECISIONS
+
+DEVICE_METAVAR = "{auto,cpu,cuda}"
+DEVICE_HELP = (
+    "where to compute: auto (a GPU where one is visible, else the CPU), cpu, or cuda (cuda:N for one GPU)"
+)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Descriptions as written; every option with a default says `(default: X)` at the end of its help."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if text.endswith(" (%(default)s)"):  # the metric options' older form, said the one way
+            text = text[: -len(" (%(default)s)")] + " (default: %(default)s)"
+        shown = "(default" in text or "%(default)" in text
+        hidden = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if shown or hidden or not action.option_strings:
+            return text
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def add_device(parser: argparse.ArgumentParser, help: str = DEVICE_HELP) -> None:
+    # checked by device.resolve_device when the command starts: a bad value is the usual one-paragraph
+    # error (exit 2) like every other bad input, not argparse's usage dump
+    parser.add_argument("--device", default="auto", metavar=DEVICE_METAVAR, help=help)
+
+
+PRECISION_METAVAR = "{" + ",".join(PRECISIONS) + "}"
+
+
+def add_precision(parser: argparse.ArgumentParser, default: str, help: str) -> None:
+    # the choices are shown, and checked by `check_arguments` (the one-paragraph error, exit 2)
+    parser.add_argument("--precision", default=default, metavar=PRECISION_METAVAR, help=help)
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """The convention's checks that argparse would answer with a usage dump: a clean UserError instead."""
+    from ditbench.precision import check_precision
+
+    if getattr(args, "precision", None) is not None:
+        check_precision(args.precision, "--precision")
+
+
+def add_json(parser: argparse.ArgumentParser, what: str = "the result") -> None:
+    parser.add_argument("--json", action="store_true", help=f"print {what} as JSON on stdout instead of text")
+
+
+def add_no_progress(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (where stderr is not a terminal, progress is plain lines anyway)",
+    )
+
+
+def check_positive(value: int, flag: str) -> int:
+    if value < 1:
+        raise UserError(f"{flag} must be at least 1, got {value}")
+    return value

@@ -1,0 +1,101 @@
+"""Pixel data without a VAE: a grayscale image of side 2s is exactly the DiT's 4 x s x s latent.
+
+A DiT works on a grid of 4-channel latent cells (s = image_size / 8 per side). With
+`data: {pixels: ...}` that grid holds the pixels themselves: each cell is a 2x2 block of a
+grayscale image of side 2s (= image_size / 4), one pixel per channel (pixel_unshuffle), scaled
+from [0, 255] to [-1, 1]. Decoding is the exact inverse (pixel_shuffle, the grey repeated into
+RGB for the Inception network), so samples need no VAE and no download, and a CPU can train and
+score a real image model in minutes (`suites/cpu_quality.yaml`).
+
+Sampling imports this module (to decode), so it never imports training.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ditbench import vae
+from ditbench.errors import UserError, shorten
+
+BLOCK = 2  # pixels per latent cell along each side: BLOCK**2 == vae.LATENT_CHANNELS grey pixels
+assert BLOCK * BLOCK == vae.LATENT_CHANNELS
+
+
+def pixel_side(image_size: int) -> int:
+    """The side of the grey images a model of `image_size` trains on with pixel data."""
+    return image_size // vae.DOWNSAMPLE * BLOCK
+
+
+def to_grey(images: np.ndarray) -> np.ndarray:
+    """uint8 N x H x W (grey) or N x H x W x 3 (RGB, ITU-R 601 luma as PIL's convert('L')) -> N x H x W."""
+    if images.ndim == 3:
+        return images
+    rgb = images.astype(np.uint32)
+    return ((rgb[..., 0] * 299 + rgb[..., 1] * 587 + rgb[..., 2] * 114 + 500) // 1000).astype(np.uint8)
+
+
+def encode(grey):
+    """uint8 grey images (N, H, W) (numpy or torch) -> latents (N, 4, H/2, W/2) float32 in [-1, 1]."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.as_tensor(grey)
+    return F.pixel_unshuffle(x.float().div(127.5).sub(1.0).unsqueeze(1), BLOCK)
+
+
+def decode(latents):
+    """Latents (N, 4, s, s) -> images in [-1, 1] (N, 3, 2s, 2s), the grey in every channel, in fp32."""
+    import torch.nn.functional as F
+
+    grey = F.pixel_shuffle(latents.float(), BLOCK).clamp(-1.0, 1.0)
+    return grey.expand(-1, 3, -1, -1)
+
+
+def load_pixels(spec: str, image_size: int, num_classes: int):
+    """(grey uint8 N x H x W, labels int64 N) from an ADM-style npz or a `builtin:` dataset name.
+
+    The npz holds `arr_0` (uint8 N x H x W or N x H x W x 3; RGB is converted to grey) and
+    optionally `arr_1` (labels; all 0 without it). Images must be pixel_side(image_size) square.
+    """
+    from ditbench import builtin_data
+
+    path = builtin_data.resolve(spec) if builtin_data.is_builtin(spec) else Path(spec)
+    where = f"pixel data {shorten(str(spec), 200)}"
+    if not path.is_file():
+        raise UserError(
+            f"{where} is not a file; give an .npz with `arr_0` (uint8 images N x H x W or N x H x W x 3) "
+            f"and optional `arr_1` (labels), or a built-in dataset ({', '.join(builtin_data.names())})."
+        )
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            if "arr_0" not in f.files:
+                raise UserError(f"{where} has arrays {sorted(f.files)}; it needs `arr_0` (uint8 images).")
+            images = f["arr_0"]
+            labels = f["arr_1"] if "arr_1" in f.files else np.zeros(len(images), dtype=np.int64)
+    except (OSError, ValueError) as err:
+        raise UserError(f"{where} is not a readable .npz without pickled objects ({err}).") from None
+    side = pixel_side(image_size)
+    if images.dtype != np.uint8 or images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[3] != 3):
+        raise UserError(
+            f"{where}: `arr_0` is {images.dtype} {images.shape}; it must be uint8 N x H x W or N x H x W x 3."
+        )
+    if images.shape[1:3] != (side, side) or len(images) == 0:
+        raise UserError(
+            f"{where} holds {len(images)} images of {images.shape[1]}x{images.shape[2]} pixels, but a model "
+            f"of image_size {image_size} trains on grey images of {side}x{side} with pixel data (its "
+            f"{side // BLOCK}x{side // BLOCK} latent holds 2x2 pixel blocks); set image_size to "
+            f"{images.shape[1] * vae.DOWNSAMPLE // BLOCK} or resize the images."
+        )
+    labels = np.asarray(labels)
+    if labels.shape != (len(images),) or labels.dtype.kind not in "iu":
+        raise UserError(
+            f"{where}: `arr_1` must hold one integer label per image, got {labels.dtype} {labels.shape}."
+        )
+    if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
+        raise UserError(
+            f"{where} has labels in [{labels.min()}, {labels.max()}], outside [0, {num_classes - 1}] for "
+            f"num_classes {num_classes}."
+        )
+    return to_grey(images), labels.astype(np.int64)

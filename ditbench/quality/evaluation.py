@@ -1,0 +1,252 @@
+"""One cell's evaluations: sample with the EMA weights, decode, score against the reference, per seed.
+
+    evaluator = Evaluator(spec, ctx)         # the network and the reference, checked
+    info = evaluator.prepare()               # reference features: from the cache, or once
+    evaluation = evaluator.evaluate(model, step=1000, train_wall_s=412.0, grid=("runs/x", "abc123"))
+
+Per seed, the samples follow `ditbench sample`'s plan: shards of `batch_size` images with one
+seeded generator each (`sampling.shards`), labels spread evenly over the classes, so the images do
+not depend on how many processes made them. In a multi-process cell the ranks split the samples:
+rank r samples and featurises shards r, r + world, ..., rank 0 gathers the features (in shard
+order) and computes the metrics; the grid is rank 0's. The reference is prepared once per process
+(on rank 0, from the on-disk cache after the first cell) and never re-extracted per evaluation.
+
+Per evaluation: `metrics` is the mean over seeds, `spread` the sample standard deviation over seeds
+(null with one seed): the noise a difference must exceed (the gate's `noise_rule`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ditbench import dist
+from ditbench.bench.spec import CellSpec
+from ditbench.quality import grid as grids
+
+METRIC_KEYS = ("fid", "sfid", "inception_score", "precision", "recall", "kid")
+SPLIT = "ranks split the samples (shard k on rank k mod world); rank 0 gathers the features and scores"
+
+
+def reference_path(reference: str) -> str:
+    """A suite's reference, with a built-in dataset name resolved to its file."""
+    from ditbench import builtin_data
+
+    return str(builtin_data.resolve(reference)) if builtin_data.is_builtin(reference) else reference
+
+
+def reference_digest(path: str) -> str:
+    """`sha256:<hex>` of what the reference holds (a file's bytes, a folder's images), memoised on disk."""
+    from ditbench.metrics.npz_io import FolderImages
+    from ditbench.metrics.stats_cache import ReferenceCache
+
+    p = Path(path)
+    content = FolderImages(p) if p.is_dir() else p
+    return "sha256:" + ReferenceCache().content_hash(content)
+
+
+class Evaluator:
+    """`extractor`: a ready feature extractor (tests, or a caller that holds one); else the section's
+    Inception network is loaded on each rank."""
+
+    def __init__(self, spec: CellSpec, ctx, extractor=None):
+        from ditbench.diffusion import create_diffusion
+        from ditbench.models.configs import latent_size
+        from ditbench.sampling.shards import labels_for
+
+        self.q, self.knobs, self.ctx = spec.quality, spec.knobs, ctx
+        self.latent = latent_size(self.knobs.image_size)
+        self.labels = labels_for(self.q.samples, self.knobs.num_classes)
+        self.diffusion = create_diffusion(str(self.q.sampler.steps))
+        self.decode = self._decoder()
+        self.scorer = None
+        if ctx.rank == 0:
+            from ditbench.metrics.evaluate import Scorer
+
+            self.reference = reference_path(self.q.reference)
+            self.scorer = Scorer(
+                self.reference,
+                inception=self.q.inception,
+                extractor=extractor,
+                device=ctx.device,
+                progress=False,
+            )
+        self._extractor = extractor
+        self.want: tuple[str, ...] = ()
+
+    def _decoder(self):
+        name = self.q.decoder(self.knobs)
+        if name == "pixels":
+            from ditbench import pixels
+
+            self.decoder_desc = "pixels (2x2 grey blocks, exact)"
+            return pixels.decode
+        from ditbench.sampling.weights import build_vae
+        from ditbench.vae import decode_latents
+
+        vae = build_vae(name, self.ctx.device)
+        self.decoder_desc = f"VAE {name}"
+        return lambda z: decode_latents(vae, z)
+
+    @property
+    def extractor(self):
+        if self.scorer is not None:
+            return self.scorer.extractor
+        if self._extractor is None:
+            from ditbench.metrics.features import FeatureExtractor
+
+            self._extractor = FeatureExtractor(self.q.inception, device=self.ctx.device, progress=False)
+        return self._extractor
+
+    def prepare(self) -> dict[str, Any]:
+        """Check the sample count, load the network, gather the reference's statistics: what the record
+        says about the reference and the network (rank 0; {} elsewhere)."""
+        info: dict[str, Any] = {}
+        if self.scorer is not None:
+            self.scorer.check(self.q.samples)  # before any training: 5,000 samples that cannot do it fail now
+            seconds = self.scorer.prepare()
+            active, skipped = self.scorer.plan(self.q.samples)
+            weights = self.scorer.extractor.weights
+            info = {
+                "reference": {
+                    "path": self.q.reference,
+                    "digest": reference_digest(self.reference),
+                    "file": self.reference,
+                    "count": self.scorer.reference.count,
+                },
+                "inception": {"name": weights.name, "sha256": weights.sha256, "official": weights.official},
+                "metrics": [m.name for m in active],
+                "skipped": skipped,
+                "reference_s": round(seconds, 3),
+            }
+            if weights.banner:
+                info["banner"] = weights.banner
+            self.want = self.scorer.features_for(self.q.samples)
+        self.want = dist.all_gather_objects(self.ctx, self.want)[0]
+        self.extractor  # noqa: B018 - every rank loads its network now, not inside the first evaluation
+        return info
+
+    # ---- one evaluation ---------------------------------------------------------------------
+    def evaluate(self, model, step: int, train_wall_s: float, grid: tuple[Path, str] | None) -> dict | None:
+        """The evaluation at `step` (rank 0; None on the others). `grid`: (output dir, cell id)."""
+        per_seed, warnings, sample_s, score_s = [], [], 0.0, 0.0
+        for seed in self.q.seeds:
+            t = self._now()
+            shards, images = self._sample(model, seed)
+            sample_s += self._now() - t
+            t = self._now()
+            result = self._score(shards, images, seed)
+            score_s += self._now() - t
+            if result is not None:
+                per_seed.append({"seed": seed, **{k: result["metrics"].get(k) for k in METRIC_KEYS}})
+                warnings += [w for w in result["warnings"] if w not in warnings]
+        grid_file = self._grid(model, step, grid) if grid is not None and self.q.grid else None
+        if self.ctx.rank != 0:
+            return None
+        out = {
+            "step": step,
+            "train_wall_s": round(train_wall_s, 3),
+            "train_gpu_s": round(train_wall_s * self.ctx.world_size, 3),
+            "sample_s": round(sample_s, 3),
+            "score_s": round(score_s, 3),
+            "seeds": list(self.q.seeds),
+            "per_seed": per_seed,
+            "metrics": {k: _mean([p[k] for p in per_seed]) for k in METRIC_KEYS},
+            "spread": _spread(per_seed) if len(per_seed) > 1 else None,
+            "grid": grid_file,
+        }
+        if warnings:
+            out["warnings"] = warnings
+        return out
+
+    def _now(self) -> float:
+        if self.ctx.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.ctx.device)
+        return time.perf_counter()
+
+    def _images(self, model, labels: np.ndarray, seed: int) -> np.ndarray:
+        from ditbench.sampling.sampler import make_shard
+
+        return make_shard(
+            model,
+            None,
+            self.diffusion,
+            labels,
+            latent=self.latent,
+            seed=seed,
+            cfg_scale=self.q.sampler.cfg_scale,
+            sampler=self.q.sampler.name,
+            guidance_channels=None,
+            precision=self.q.sampler.precision,
+            device=self.ctx.device,
+            decode=self.decode,
+        )
+
+    def _sample(self, model, seed: int) -> tuple[list[int], list[np.ndarray]]:
+        """This rank's shards of one seed's samples: (shard indices, uint8 N x H x W x 3 per shard)."""
+        from ditbench.sampling.shards import shard_count, shard_seed
+
+        b = self.q.batch_size
+        mine = list(range(self.ctx.rank, shard_count(self.q.samples, b), self.ctx.world_size))
+        images = [self._images(model, self.labels[k * b : (k + 1) * b], shard_seed(seed, k)) for k in mine]
+        return mine, images
+
+    def _score(self, shards: list[int], images: list[np.ndarray], seed: int) -> dict | None:
+        """Features of this rank's images, gathered on rank 0 in shard order and scored there."""
+        import torch
+
+        from ditbench.metrics.npz_io import ArrayImages
+
+        feats: dict[str, np.ndarray] = {}
+        if images:
+            batch = ArrayImages(np.concatenate(images), f"samples of seed {seed}")
+            extracted = self.extractor.extract(batch, want=self.want, desc="sample features")
+            feats = {k: v.numpy() for k, v in extracted.items()}
+        sizes = [len(x) for x in images]
+        gathered = dist.all_gather_objects(self.ctx, (shards, sizes, feats))
+        if self.scorer is None:
+            return None
+        parts: dict[int, dict[str, np.ndarray]] = {}
+        for rank_shards, rank_sizes, rank_feats in gathered:
+            offsets = np.cumsum([0, *rank_sizes])
+            for i, k in enumerate(rank_shards):
+                parts[k] = {name: f[offsets[i] : offsets[i + 1]] for name, f in rank_feats.items()}
+        order = sorted(parts)
+        joined = {
+            name: torch.from_numpy(np.concatenate([parts[k][name] for k in order])) for name in self.want
+        }
+        h, w = images[0].shape[1:3] if images else (None, None)
+        return self.scorer.score_features(joined, h, w, f"the samples of seed {seed}")
+
+    def _grid(self, model, step: int, grid: tuple[Path, str]) -> str | None:
+        """Rank 0 samples the grid (fixed noise and labels) and writes it; its path relative to the run."""
+        if self.ctx.rank != 0:
+            return None
+        out_dir, cell_id = grid
+        images = self._images(model, grids.grid_labels(self.q.grid, self.knobs.num_classes), grids.GRID_SEED)
+        relative = grids.grid_path(cell_id, step)
+        grids.write_grid(out_dir, relative, images)
+        return relative
+
+
+def _mean(values: list[float | None]) -> float | None:
+    if not values or any(v is None for v in values):
+        return None
+    return float(statistics.fmean(values))
+
+
+def _spread(per_seed: list[dict]) -> dict[str, float | None]:
+    """Sample standard deviation over seeds of each metric (null where a seed lacks it)."""
+    out = {}
+    for k in METRIC_KEYS:
+        values = [p[k] for p in per_seed]
+        ok = all(v is not None and math.isfinite(v) for v in values)
+        out[k] = float(statistics.stdev(values)) if ok else None
+    return out

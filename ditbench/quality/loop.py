@@ -1,0 +1,146 @@
+"""A cell's quality phase: evaluate at the end of the smoke run, or train a quality run to each listed step.
+
+With `at: [smoke_end]` the smoke run's trainer is evaluated once, at its last step. With a list of
+steps a fresh Trainer (the same seed as the smoke run, so the two runs are the same run up to the
+smoke run's length) trains to each step in turn and is evaluated there; step 0 is the
+initialisation. Training time is the wall clock of the training steps alone (synchronised at each
+evaluation), summed up to the step: sampling and scoring are timed apart (`sample_s`, `score_s`)
+and never counted as training. `train_gpu_s` is that time the cell's processes (GPUs) x wall.
+
+The returned field (the record's `quality`) has `status` ok or how the phase failed; the cell's
+measurement stands either way, and evaluations finished before a failure are kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ditbench.bench.faults import NonFiniteLoss, failure
+from ditbench.bench.spec import CellSpec
+from ditbench.quality.evaluation import SPLIT, Evaluator
+
+CHECK_EVERY = 100  # training steps between reads of the loss (a host synchronisation) in a quality run
+
+
+def ema_model(trainer, spec: CellSpec, ctx):
+    """The EMA weights as a bare model in eval mode, on every rank.
+
+    A plain or DDP model's EMA is a full copy already; under FSDP2 the EMA is sharded like the
+    parameters, and every rank gathers the full tensors (a collective) into a model of its own.
+    """
+    if trainer.ema.model is not None:
+        return trainer.ema.model
+    import torch
+
+    from ditbench.models.build import build_model
+
+    k = spec.knobs
+    full = {
+        name: (t.full_tensor() if hasattr(t, "full_tensor") else t).detach()
+        for name, t in trainer.ema.state_dict().items()
+    }
+    with torch.device(ctx.device):
+        model = build_model(k.model, image_size=k.image_size, num_classes=k.num_classes, impl=k.impl)
+    missing, unexpected = model.load_state_dict(full, strict=False)
+    assert not unexpected and not [m for m in missing if m in dict(model.named_parameters())]
+    return model.eval().requires_grad_(False)
+
+
+def run_quality(
+    spec: CellSpec,
+    ctx,
+    build_trainer: Callable[[CellSpec, Any], Any],
+    *,
+    smoke: tuple[Any, float] | None = None,
+    out_dir: str | Path | None = None,
+    cell_id: str = "cell",
+    extractor=None,
+) -> dict[str, Any]:
+    """The record's `quality` field (complete on rank 0). `smoke`: (the smoke run's trainer, its training
+    seconds) when the section evaluates at the end of the smoke run. Raises nothing for the cell's own
+    failures (they are the field's status); a multi-process caller decides what a rank's failure means.
+    """
+    q = spec.quality
+    field: dict[str, Any] = {
+        "status": "error",
+        "reason": None,
+        "sampler": q.sampler_record(),
+        "samples": q.samples,
+        "seeds": list(q.seeds),
+        "at": "smoke_end" if q.at_smoke_end else list(q.at),
+        "ranks": ctx.world_size,
+        "split": SPLIT if ctx.world_size > 1 else "one process samples and scores",
+        "evaluations": [],
+    }
+    grid = (Path(out_dir), cell_id) if out_dir is not None else None
+    try:
+        evaluator = Evaluator(spec, ctx, extractor)
+        field.update(evaluator.prepare())
+        field["decoder"] = evaluator.decoder_desc
+        if q.at_smoke_end:
+            if smoke is None:
+                raise RuntimeError("the smoke run did not finish, so there is nothing to evaluate at its end")
+            trainer, wall = smoke
+            evaluation = evaluator.evaluate(ema_model(trainer, spec, ctx), spec.smoke_steps, wall, grid)
+            field["evaluations"].append(evaluation)
+        else:
+            _quality_run(spec, ctx, build_trainer, evaluator, field, grid)
+        field.update(status="ok")
+    except Exception as err:  # noqa: BLE001 - the phase's failure is this field's status, not the cell's
+        field.update(failure(err))
+    return _ordered(field)
+
+
+FIELD_ORDER = ("status", "reason", "reference", "inception", "banner", "sampler", "samples", "seeds", "at")
+
+
+def _ordered(field: dict[str, Any]) -> dict[str, Any]:
+    """The field in reading order, each evaluation's warnings said once for the whole field."""
+    evaluations = [e for e in field.pop("evaluations") if e is not None]
+    warnings: list[str] = []
+    for e in evaluations:
+        warnings += [w for w in e.pop("warnings", []) if w not in warnings]
+    out = {k: field.pop(k) for k in FIELD_ORDER if k in field}
+    out.update(field)
+    if warnings:
+        out["warnings"] = warnings
+    out["evaluations"] = evaluations
+    return out
+
+
+def _quality_run(spec, ctx, build_trainer, evaluator: Evaluator, field: dict, grid) -> None:
+    """A fresh trainer trained to each listed step and evaluated there; losses checked every so often."""
+    import torch
+
+    trainer = build_trainer(spec, ctx)
+    done, wall = 0, 0.0
+    for step in spec.quality.at:
+        losses = []
+        start = evaluator._now()
+        while done < step:
+            losses.append(trainer.step(trainer.next_batch()))
+            done += 1
+            if len(losses) >= CHECK_EVERY or done == step:
+                _check_finite(losses, done - len(losses) + 1)
+                field.setdefault("train_loss", []).append([done, float(torch.stack(losses).float().mean())])
+                losses = []
+        wall += evaluator._now() - start
+        field["evaluations"].append(evaluator.evaluate(ema_model(trainer, spec, ctx), step, wall, grid))
+    field["train_steps"] = done
+
+
+def _check_finite(losses: list, first_step: int) -> None:
+    import torch
+
+    values = torch.stack([x.detach().float().reshape(()) for x in losses]).cpu()
+    bad = (~torch.isfinite(values)).nonzero()
+    if len(bad):
+        i = int(bad[0])
+        raise NonFiniteLoss(first_step + i, "quality run", float(values[i]))
+
+
+def quality_failed(field: dict | None) -> bool:
+    """Whether a rank's quality phase raised (its peers cannot go on); a non-finite loss is agreed on."""
+    return field is not None and field.get("status") not in ("ok", "nan_loss")

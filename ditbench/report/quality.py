@@ -1,0 +1,371 @@
+"""The report's quality section: sample quality per evaluated cell, judged against the suite's baseline.
+
+Reads each record's `quality` field (`ditbench.quality`). Per evaluated cell: FID (mean over seeds,
+with the seeds' spread), sFID, IS, precision and recall at its last evaluation, and the verdict
+against its baseline cell at the last training step both evaluated: "better"/"worse" only when the
+FID difference exceeds the noise (`gate.quality.noise_rule`, the gate's own rule and its default k),
+"within noise" otherwise. Then every cell's sample grids side by side (the same noise and labels in
+every cell), FID against GPU-hours of training (one line per setting) and the table "FID after X
+GPU-hours". A cell's numbers are compared only with numbers made the same way (Inception weights,
+reference, sampler, sample count: the gate's identity).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ditbench.report.blocks import Block, Heading, Image, Para, Table, num
+from ditbench.report.cells import cell_label
+from ditbench.report.gate.policy import DEFAULT_QUALITY_NOISE_K
+from ditbench.report.gate.quality import noise_rule, read_quality
+
+BANNER = "not the official Inception: numbers are not comparable with papers"
+GRIDS_FILE = "quality_grids.png"
+GPU_HOURS_FILE = "quality_gpu_hours.png"
+QUALITY_FILES = (GRIDS_FILE, GPU_HOURS_FILE)
+MAX_HOUR_COLUMNS = 6
+
+
+@dataclass
+class Verdict:
+    text: str  # better / worse / within noise / noise unknown / baseline / not comparable
+    detail: str  # the numbers behind it
+    step: int | None = None
+
+
+def evaluated(df: pd.DataFrame) -> list[tuple[Any, dict[str, Any]]]:
+    """(row label, quality field) of every record with at least one evaluation."""
+    out = []
+    for label, row in df.iterrows():
+        q = row["record"].get("quality") if isinstance(row.get("record"), dict) else None
+        if isinstance(q, dict) and isinstance(q.get("evaluations"), list) and q["evaluations"]:
+            out.append((label, q))
+    return out
+
+
+def not_official(df: pd.DataFrame) -> bool:
+    return any((q.get("inception") or {}).get("official") is not True for _, q in evaluated(df))
+
+
+def compare_fid(base: dict[str, Any], new: dict[str, Any], k: float = DEFAULT_QUALITY_NOISE_K) -> Verdict:
+    """new's FID against base's at the last step both evaluated, by the gate's noise rule."""
+    qb, why_b = read_quality({"quality": base})
+    qn, why_n = read_quality({"quality": new})
+    if qb is None or qn is None:
+        return Verdict("not comparable", why_b or why_n or "no quality field")
+    differs = [label for label in qb.identity if qb.identity[label] != qn.identity[label]]
+    if differs:
+        return Verdict("not comparable", f"made with a different {', '.join(differs)}")
+    common = sorted(set(qb.evaluations) & set(qn.evaluations))
+    if not common:
+        return Verdict("not comparable", "no training step evaluated in both")
+    step = common[-1]
+    eb, en = qb.evaluations[step], qn.evaluations[step]
+    b, n = (e["metrics"].get("fid") for e in (eb, en))
+    if not _finite(b) or not _finite(n):
+        return Verdict("not comparable", f"no FID at step {step:,}", step)
+    sb, sn = ((e.get("spread") or {}).get("fid") for e in (eb, en))
+    noise = noise_rule(b, n, sb, sn, k)
+    delta = f"FID {n - b:+.2f} at step {step:,}"
+    if noise.beyond is None:
+        return Verdict("noise unknown", f"{delta}; {noise.weak_reason}", step)
+    bound = f"noise bound {noise.bound:.2f} (k={k:g} x the seeds' spreads)"
+    if not noise.beyond:
+        return Verdict("within noise", f"{delta}, within the {bound}", step)
+    return Verdict("better" if n < b else "worse", f"{delta}, beyond the {bound}", step)
+
+
+def quality_caveat(df: pd.DataFrame) -> list[Block]:
+    if not evaluated(df) or not not_official(df):
+        return []
+    return [
+        Para(
+            f"**Quality metrics: {BANNER}.** They were scored with a test Inception network; they show "
+            "differences between these cells and nothing else."
+        )
+    ]
+
+
+def quality_section(df: pd.DataFrame) -> tuple[list[Block], dict[str, bytes]]:
+    """The section's blocks and the figures it refers to (file name -> PNG bytes)."""
+    cells = evaluated(df)
+    if not cells:
+        return [], {}
+    from ditbench.report.analysis import baseline_comparison
+
+    comparison = baseline_comparison(df)
+    blocks: list[Block] = [Heading(2, "Sample quality")]
+    first = cells[0][1]
+    sampler = first.get("sampler") or {}
+    intro = (
+        f"{len(cells)} cell(s) evaluated: EMA weights sampled with {sampler.get('name')} "
+        f"({sampler.get('steps')} steps, guidance {sampler.get('cfg_scale')}), "
+        f"{first.get('samples')} samples per seed and evaluation, "
+        f"{len(first.get('seeds') or [])} seed(s), against "
+        f"{(first.get('reference') or {}).get('path')}. FID is the mean over seeds ± their standard "
+        f"deviation; a cell differs from its baseline only when the FID difference exceeds "
+        f"{DEFAULT_QUALITY_NOISE_K:g} x the combined spread of the two (the gate's rule), else it is "
+        '"within noise".'
+    )
+    if not_official(df):
+        intro += f" **{BANNER}.**"
+    blocks.append(Para(intro))
+    blocks.append(_summary_table(df, cells, comparison))
+    blocks += _hours_table(df, cells)
+    figures = {}
+    for name, make, title in (
+        (GPU_HOURS_FILE, _gpu_hours_figure, "FID against GPU-hours of training, one line per setting"),
+        (GRIDS_FILE, _grids_figure, "Sample grids (same noise and labels in every cell) per training step"),
+    ):
+        png = make(df, cells)
+        if png is not None:
+            figures[name] = png
+            blocks.append(Image(name.removesuffix(".png"), title, png, name))
+    blocks.append(_evaluations_table(df, cells))
+    return blocks, figures
+
+
+def _summary_table(df: pd.DataFrame, cells, comparison: pd.DataFrame) -> Table:
+    rows, css = [], []
+    for label, q in cells:
+        last = q["evaluations"][-1]
+        m, s = last.get("metrics") or {}, last.get("spread") or {}
+        verdict = _verdict(df, label, q, comparison)
+        rows.append(
+            [
+                cell_label(df.loc[label]),
+                f"{last.get('step', 0):,}",
+                _pm(m.get("fid"), s.get("fid")),
+                num(m.get("sfid"), 2),
+                num(m.get("inception_score"), 2),
+                num(m.get("precision"), 3),
+                num(m.get("recall"), 3),
+                verdict.text,
+                verdict.detail,
+            ]
+        )
+        css.append([""] * 7 + [_CSS.get(verdict.text, ""), ""])
+    headers = ["cell", "step", "FID", "sFID", "IS", "precision", "recall", "vs baseline", "why"]
+    return Table(headers, rows, css)
+
+
+_CSS = {"better": "held", "within noise": "held", "worse": "not-held"}
+
+
+def _verdict(df: pd.DataFrame, label, q: dict, comparison: pd.DataFrame) -> Verdict:
+    if bool(comparison.at[label, "is_baseline"]):
+        return Verdict("baseline", "")
+    base_label = comparison.at[label, "baseline_label"]
+    if base_label is None or (isinstance(base_label, float) and math.isnan(base_label)):
+        return Verdict("no baseline", str(comparison.at[label, "baseline_note"] or ""))
+    base_q = df.loc[base_label]["record"].get("quality")
+    if not isinstance(base_q, dict):
+        return Verdict("no baseline", "its baseline cell was not evaluated")
+    return compare_fid(base_q, q)
+
+
+def _pm(mean: Any, spread: Any) -> str:
+    if not _finite(mean):
+        return "—"
+    return f"{mean:.2f} ± {spread:.2f}" if _finite(spread) else f"{mean:.2f}"
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _points(q: dict) -> list[tuple[float, float, float | None, int]]:
+    """(GPU-hours of training, FID, FID spread, step) per evaluation with an FID."""
+    out = []
+    for e in q["evaluations"]:
+        fid = (e.get("metrics") or {}).get("fid")
+        if _finite(fid) and _finite(e.get("train_gpu_s")):
+            out.append((e["train_gpu_s"] / 3600, fid, (e.get("spread") or {}).get("fid"), e.get("step", 0)))
+    return out
+
+
+def _hours_table(df: pd.DataFrame, cells) -> list[Block]:
+    """FID after X GPU-hours: each cell's FID at its last evaluation within X GPU-hours of training."""
+    points = {label: _points(q) for label, q in cells}
+    hours = sorted(
+        {h for p in points.values() for h, *_ in p if h > 0}
+    )  # exact: a rounded X misses its own point
+    if not hours:
+        return []
+    if len(hours) > MAX_HOUR_COLUMNS:  # evenly spaced picks, the last one always shown
+        step = (len(hours) - 1) / (MAX_HOUR_COLUMNS - 1)
+        hours = [hours[round(i * step)] for i in range(MAX_HOUR_COLUMNS)]
+    rows = []
+    for label, p in points.items():
+        row = [cell_label(df.loc[label])]
+        for x in hours:
+            within = [(h, fid, spread, step) for h, fid, spread, step in p if h <= x]
+            row.append(f"{_pm(within[-1][1], within[-1][2])} (step {within[-1][3]:,})" if within else "—")
+        rows.append(row)
+    return [
+        Para(
+            "**FID after X GPU-hours** of training (sampling and scoring excluded): each cell's FID at "
+            "its last evaluation within that budget; a faster setting reaches more steps in the same hours."
+        ),
+        Table(["cell", *(f"after {_hours_text(x)}" for x in hours)], rows),
+    ]
+
+
+def _hours_text(h: float) -> str:
+    if h < 1 / 60:
+        return f"{h * 3600:.3g} GPU-s"
+    if h < 1:
+        return f"{h * 60:.3g} GPU-min"
+    return f"{h:.3g} GPU-h"
+
+
+def _evaluations_table(df: pd.DataFrame, cells) -> Table:
+    rows = []
+    for label, q in cells:
+        for e in q["evaluations"]:
+            m, s = e.get("metrics") or {}, e.get("spread") or {}
+            rows.append(
+                [
+                    cell_label(df.loc[label]),
+                    f"{e.get('step', 0):,}",
+                    num(e.get("train_wall_s"), 1),
+                    num(e.get("train_gpu_s"), 1),
+                    num(e.get("sample_s"), 1),
+                    num(e.get("score_s"), 1),
+                    _pm(m.get("fid"), s.get("fid")),
+                    _pm(m.get("inception_score"), s.get("inception_score")),
+                    num(m.get("precision"), 3),
+                    num(m.get("recall"), 3),
+                    str(e.get("grid") or "—"),
+                ]
+            )
+    headers = ["cell", "step", "train s", "train GPU-s", "sample s", "score s", "FID", "IS", "P", "R", "grid"]
+    return Table(headers, rows)
+
+
+# ------------------------------------------------------------------------------------------ figures
+
+
+def _gpu_hours_figure(df: pd.DataFrame, cells) -> bytes | None:
+    from ditbench.report.figures import CELL_COLOURS, figure_png, panels
+
+    lines = [(label, _points(q)) for label, q in cells]
+    lines = [(label, p) for label, p in lines if p]
+    if not lines:
+        return None
+    fig, (ax,) = panels(1, "FID against GPU-hours of training")
+    for i, (label, p) in enumerate(lines):
+        xs = [h for h, *_ in p]
+        ys = [fid for _, fid, *_ in p]
+        errs = [spread if _finite(spread) else 0.0 for _, _, spread, _ in p]
+        ax.errorbar(
+            xs,
+            ys,
+            yerr=errs,
+            marker="o",
+            capsize=3,
+            color=CELL_COLOURS[i % len(CELL_COLOURS)],
+            label=cell_label(df.loc[label]),
+        )
+    ax.set_xlabel("GPU-hours of training (processes x wall clock; sampling and scoring excluded)")
+    ax.set_ylabel("FID (mean over seeds; bars: their std)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    if not_official(df):
+        ax.set_title(f"{BANNER}", fontsize=8, color="#b00000")
+    return figure_png(fig)
+
+
+def _grids_figure(df: pd.DataFrame, cells) -> bytes | None:
+    """Rows: cells; columns: training steps; each panel the cell's grid at that step."""
+    from matplotlib.figure import Figure
+    from PIL import Image as PILImage
+
+    from ditbench.report.figures import figure_png
+
+    table: list[tuple[str, list[tuple[int, Any]]]] = []
+    for label, q in cells:
+        root = _run_dir(df.loc[label])
+        panels = []
+        for e in q["evaluations"]:
+            grid = e.get("grid")
+            if not isinstance(grid, str) or root is None:
+                continue
+            path = (root / grid).resolve()
+            if not path.is_relative_to(root.resolve()) or not path.is_file():
+                continue  # a grid outside the run, or not there (moved results): not shown
+            try:
+                with PILImage.open(path) as image:
+                    panels.append((e.get("step", 0), image.convert("RGB").copy()))
+            except OSError:
+                continue
+        if panels:
+            table.append((cell_label(df.loc[label]), panels))
+    if not table:
+        return None
+    columns = max(len(p) for _, p in table)
+    fig = Figure(figsize=(2.6 * columns, 2.0 * len(table) + 0.6), constrained_layout=True)
+    axes = fig.subplots(len(table), columns, squeeze=False)
+    for r, (name, panels) in enumerate(table):
+        for c in range(columns):
+            ax = axes[r][c]
+            ax.set_axis_off()
+            if c < len(panels):
+                step, image = panels[c]
+                ax.imshow(image, interpolation="nearest")
+                ax.set_title(f"{name}\nstep {step:,}" if c == 0 else f"step {step:,}", fontsize=8)
+    fig.suptitle("Sample grids: the same noise and class labels in every cell", fontsize=10)
+    return figure_png(fig)
+
+
+def _run_dir(row: pd.Series) -> Path | None:
+    """The run's output directory (where the record's grid paths start), from the row's source."""
+    source = str(row.get("source") or "")
+    path = Path(source.rsplit(":", 1)[0]) if ":" in source else Path(source)
+    if not source:
+        return None
+    return path if path.is_dir() else path.parent
+
+
+# ------------------------------------------------------------------------------------------ advice
+
+QUALITY_CHANGES = (
+    ("fp16", {"precision": "fp16"}, {"precision": "fp32"}),
+    ("bf16", {"precision": "bf16"}, {"precision": "fp32"}),
+    ("checkpointing", {"grad_ckpt": "full"}, {"grad_ckpt": "none"}),
+)
+
+
+def quality_unchanged(df: pd.DataFrame) -> tuple[str, str, int | None]:
+    """(verdict, evidence, step) for "fp16 / bf16 / checkpointing do not change quality after N steps":
+    held when every evaluated pair (the setting and its twin without it) is within noise."""
+    from ditbench.report.cells import pairs
+
+    judged: list[tuple[str, Verdict]] = []
+    for name, change, twin in QUALITY_CHANGES:
+        for row, other in pairs(df, change, twin):
+            q, base = row["record"].get("quality"), other["record"].get("quality")
+            if isinstance(q, dict) and isinstance(base, dict):
+                verdict = compare_fid(base, q)
+                if verdict.step is not None and verdict.text != "not comparable":
+                    judged.append((f"{name} ({cell_label(row)})", verdict))
+    if not judged:
+        return (
+            "not measured",
+            "no evaluated cell has an evaluated twin without fp16, bf16 or checkpointing",
+            None,
+        )
+    step = min(v.step for _, v in judged if v.step is not None)
+    changed = [(n, v) for n, v in judged if v.text in ("better", "worse")]
+    unknown = [(n, v) for n, v in judged if v.text == "noise unknown"]
+    evidence = "; ".join(f"{n}: {v.text}, {v.detail}" for n, v in judged)
+    if changed:
+        return "not held", evidence, step
+    if unknown:
+        return "not measured", evidence, step
+    return "held", evidence, step
