@@ -136,7 +136,7 @@ def gpu_test_files(root: Path) -> list[str]:
     """Test files that hold gpu-marked tests (only those are collected: others may import packages the
     GPU machine lacks)."""
     return sorted(
-        str(p.relative_to(root)) for p in (root / "tests").glob("test_*.py") if "mark.gpu" in p.read_text()
+        str(p.relative_to(root)) for p in (root / "tests").rglob("test_*.py") if "mark.gpu" in p.read_text()
     )
 
 

@@ -11,5 +11,5 @@ NAME=$(basename "$SUITE" .yaml)
 OUT=${2:-reports/$NAME}
 PY=${PYTHON:-python}
 "$PY" -m ditbench env --measure-peak
-"$PY" -m pytest tests/test_runner.py -m gpu -q -p no:cacheprovider
+"$PY" -m pytest tests/integration/test_runner.py -m gpu -q -p no:cacheprovider
 "$PY" -m ditbench run "$SUITE" --out "$OUT" --no-progress

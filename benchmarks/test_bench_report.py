@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 from synthetic_records import MODELS, make_matrix, make_record, write_jsonl  # noqa: E402
 
 from ditbench.report.gate import compare_frames  # noqa: E402

@@ -4,11 +4,11 @@ import torch
 # Tests of 10 s and more (2 busy cores) whose files other work was changing when `-m "not slow"` was
 # made a quick loop: marked here so those files stay untouched; move the mark into the file at will.
 SLOW_ELSEWHERE = {
-    "tests/test_metrics_evaluate.py::test_metrics_equal_torch_fidelity",
-    "tests/test_metrics_evaluate.py::test_precomputed_reference_statistics_give_the_same_fid",
-    "tests/test_metrics_evaluate.py::test_second_evaluation_hits_the_reference_cache",
-    "tests/test_metrics_evaluate.py::test_cli_end_to_end_json",
-    "tests/test_metrics_inception.py::test_calibrated_network_gives_varied_features",
+    "tests/unit/test_metrics_evaluate.py::test_metrics_equal_torch_fidelity",
+    "tests/unit/test_metrics_evaluate.py::test_precomputed_reference_statistics_give_the_same_fid",
+    "tests/unit/test_metrics_evaluate.py::test_second_evaluation_hits_the_reference_cache",
+    "tests/unit/test_metrics_evaluate.py::test_cli_end_to_end_json",
+    "tests/unit/test_metrics_inception.py::test_calibrated_network_gives_varied_features",
 }
 
 

@@ -5,8 +5,8 @@ from a CPU step, this module supplies the CUDA behaviour, each piece stated:
 
 * precision: the CUDA policy (autocast to fp16/bf16, a GradScaler for fp16; tf32 allocates exactly
   like fp32, it only changes the matmul math mode), applied to the fake device. bf16 needs sm80+.
-* optimizer: `optimizer_impl: auto` is fused AdamW on CUDA (no temporaries), foreach on a CPU (one
-  temporary per parameter tensor), as the Trainer picks.
+* optimizer: `optimizer_impl: auto` is the kernel the Trainer picks for the device
+  (`train.optim.AUTO_IMPL`: fused AdamW, no temporaries, on CUDA and on a CPU).
 * cuBLAS: each thread that runs a matmul gets a handle with its own workspace from the caching
   allocator: 32 MiB on sm90/sm100/sm120, 8 MiB + 128 KiB elsewhere (PyTorch's defaults), one for
   the caller's thread and one for autograd's device thread.
@@ -92,7 +92,9 @@ def cuda_target(card_name: str | None) -> Target:
 def optimizer_impl(requested: str, target: Target) -> str:
     """The AdamW implementation the Trainer runs on the target for the requested `optimizer_impl`."""
     if requested == "auto":
-        return "fused" if target.device == "cuda" else "foreach"
+        from ditbench.train.optim import AUTO_IMPL
+
+        return AUTO_IMPL[target.device]
     return requested
 
 

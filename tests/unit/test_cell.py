@@ -1,0 +1,114 @@
+"""The cell core on CPU: card emulation (torch.cuda mocked), fits, noisy windows, the summary's marks."""
+
+import pytest
+import torch
+
+from ditbench.bench import cell, memory
+from ditbench.bench.spec import CellSpec, Steps
+from ditbench.bench.summary import format_line, summary_table
+from ditbench.bench.window import GAP_BOUND, SPREAD_BOUND, noise
+from ditbench.dist import DistContext
+from ditbench.errors import UnsupportedError
+from ditbench.knobs import CellConfig
+
+GIB = 2**30
+
+
+def test_allocator_cap_is_the_card_less_the_context():
+    assert memory.allocator_cap_gib(23.99, 0.49, 139.8) == pytest.approx(23.5)
+    with pytest.raises(UnsupportedError, match="cannot emulate a card of 141 GiB"):
+        memory.allocator_cap_gib(141, 0.5, 79.6)
+    with pytest.raises(UnsupportedError, match="context alone"):
+        memory.allocator_cap_gib(0.4, 0.5, 79.6)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """A 139.8 GiB H200 whose context holds 0.52 GiB right after CUDA starts; records the cap set."""
+    calls = {}
+    total = int(139.8 * GIB)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (total - int(0.52 * GIB), total))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    monkeypatch.setattr(
+        torch.cuda, "set_per_process_memory_fraction", lambda f, device=None: calls.update(fraction=f)
+    )
+    return calls
+
+
+def test_apply_emulation_caps_the_allocator_and_says_so(fake_cuda):
+    record = memory.apply_emulation(23.99, "RTX 4090", "cuda:0")
+    assert record == {
+        "card": "RTX 4090",
+        "budget_gib": 23.99,
+        "context_gib": pytest.approx(0.52, abs=1e-3),
+        "allocator_cap_gib": pytest.approx(23.47, abs=1e-3),
+        "real_gpu": "NVIDIA H200",
+        "real_total_gib": pytest.approx(139.8, abs=1e-3),
+        "note": "speeds are the real GPU's, not the emulated card's",
+    }
+    assert fake_cuda["fraction"] == pytest.approx(23.47 / 139.8, abs=1e-5)
+    assert memory.apply_emulation(None, None, "cuda:0") is None
+
+
+def _spec(**settings):
+    knobs = CellConfig(model="DiT-T/8", image_size=64, batch_size=2)
+    return CellSpec(knobs, "cpu", Steps(warmup=1, measure=2, min_seconds=0.0), **settings)
+
+
+def _cpu():
+    return DistContext(device=torch.device("cpu"))
+
+
+@pytest.mark.slow
+def test_an_emulated_cell_records_the_emulation_and_fits_by_completing(fake_cuda, monkeypatch):
+    monkeypatch.delenv("DITBENCH_INJECT_FAULT", raising=False)
+    spec = _spec(gpu_memory_gib=23.99, card="RTX 4090")
+    m = cell.measure(spec, "DiT-T/8 bs=2", _cpu).result["metrics"]
+    assert m["emulation"]["card"] == "RTX 4090" and m["emulation"]["allocator_cap_gib"] == pytest.approx(
+        23.47, 1e-3
+    )
+    assert m["fits_budget"] is True and "completed" in m["fits_basis"] and "23.47 GiB" in m["fits_basis"]
+    monkeypatch.setenv("DITBENCH_INJECT_FAULT", "bs=2=oom@2")
+    out = cell.measure(spec, "DiT-T/8 bs=2", _cpu).result
+    assert out["status"] == "oom" and out["metrics"]["fits_budget"] is False
+    assert "ran out of memory under the allocator cap" in out["metrics"]["fits_basis"]
+
+
+def test_a_plain_cell_fits_nothing_and_is_measured_in_full(monkeypatch):
+    monkeypatch.delenv("DITBENCH_INJECT_FAULT", raising=False)
+    out = cell.measure(_spec(), "DiT-T/8 bs=2", _cpu).result
+    m = out["metrics"]
+    assert out["status"] == "ok" and m["emulation"] is None and m["fits_budget"] is None
+    assert m["fits_basis"].startswith("no card emulated")
+    assert m["measured_steps"] == 2 and m["images_per_s"] == pytest.approx(2 * m["steps_per_s"])
+    assert set(m["noise"]) == {"step_spread", "throughput_gap", "spread_bound", "gap_bound"}
+    assert isinstance(m["noisy"], bool)
+
+
+def test_noise_bounds():
+    steady = noise([100.0, 101.0, 99.0, 100.0], images_per_s=10 * 1000 / 100, batch=10)
+    assert steady["noisy"] is False and steady["noise"]["step_spread"] < 1.05
+    assert steady["noise"]["throughput_gap"] == pytest.approx(0.0, abs=1e-9)
+    assert (steady["noise"]["spread_bound"], steady["noise"]["gap_bound"]) == (SPREAD_BOUND, GAP_BOUND)
+    spread = noise([100.0, 100.0, 2846.0, 100.0, 2846.0], images_per_s=4 / 0.374, batch=4)
+    assert spread["noisy"] is True and spread["noise"]["step_spread"] > SPREAD_BOUND
+    gap = noise([100.0] * 5, images_per_s=0.5 * 10 * 1000 / 100, batch=10)  # half the steps' rate
+    assert gap["noisy"] is True and gap["noise"]["throughput_gap"] == pytest.approx(0.5)
+
+
+def test_summary_marks_noisy_cells_and_failed_smoke_runs():
+    metrics = {
+        "images_per_s": 3.1,
+        "step_ms": {"median": 374.0, "p10": 100.0, "p90": 2846.0},
+        "cpu_peak_rss_gib": 1.0,
+        **noise([100.0, 374.0, 2846.0], 3.1, 4),
+    }
+    record = {"cell_name": "c", "status": "ok", "metrics": metrics, "duration_s": 3.0, "reason": None}
+    record["smoke"] = {"status": "oom", "reason": "out of memory: x", "first_mean": None}
+    line = format_line(record)
+    assert (
+        "noisy (p90/p10 15.19 > 1.5, window vs median-step throughput differ 71%)" in line
+        and "smoke oom: out of memory: x" in line
+    )
+    row = summary_table([record]).splitlines()[-1]
+    assert "| ok (noisy) |" in row and "smoke oom" in row

@@ -1,0 +1,138 @@
+"""Shipped suites by name (`ditbench run cpu_smoke`, `ditbench suites`) and `key=value` overrides."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ditbench.bench.catalog import SUITES_DIR, resolve_suite, shipped_suites
+from ditbench.bench.suite import load_suite
+from ditbench.cli import main
+from ditbench.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def err_text(capsys) -> str:
+    return " ".join(capsys.readouterr().err.split())
+
+
+def test_the_repository_suites_folder_is_the_package_folder():
+    assert (ROOT / "suites").resolve() == SUITES_DIR.resolve() == (ROOT / "ditbench" / "suites").resolve()
+    names = set(shipped_suites())
+    assert {"cpu_smoke", "cpu_multi", "multi_node", "single_24gb", "ci_gate"} <= names
+    pyproject = (ROOT / "pyproject.toml").read_text()  # tomllib is 3.11+; the package supports 3.10
+    assert '[tool.setuptools.package-data]\nditbench = ["suites/*.yaml"]' in pyproject
+
+
+def test_a_name_or_a_path(tmp_path, monkeypatch):
+    assert resolve_suite("cpu_smoke") == SUITES_DIR / "cpu_smoke.yaml"
+    assert resolve_suite("cpu_smoke.yaml") == SUITES_DIR / "cpu_smoke.yaml"
+    own = tmp_path / "cpu_smoke"  # an existing file wins over a shipped name
+    own.write_text("name: mine\nmatrix: {model: [DiT-T/4]}\ndevice: cpu\n")
+    monkeypatch.chdir(tmp_path)
+    assert load_suite("cpu_smoke").name == "mine"
+    with pytest.raises(UserError, match="no shipped suite of that name.*cpu_smoke"):
+        resolve_suite("no_such_suite")
+    with pytest.raises(UserError, match="does not exist"):
+        resolve_suite(tmp_path / "sub" / "cpu_smoke.yaml")  # a path is never looked up by name
+
+
+def test_suites_command_lists_every_shipped_suite(capsys):
+    assert main(["suites", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == list(shipped_suites())
+    smoke = next(r for r in rows if r["name"] == "cpu_smoke")
+    assert smoke["cells"] == 24 and smoke["device"] == "cpu" and "CPU demo" in smoke["description"]
+
+
+def test_overrides_land_in_matrix_defaults_and_nested_keys():
+    suite = load_suite(
+        "cpu_smoke", ["model=DiT-T/4", "batch_size=[2, 3]", "image_size=64", "steps.measure=3", "lr=2e-4"]
+    )
+    configs = [c.config for c in suite.cells]
+    assert {c["model"] for c in configs} == {"DiT-T/4"}  # a single value replaces the axis
+    assert {c["batch_size"] for c in configs} == {2, 3}  # a list is the axis
+    assert {c["image_size"] for c in configs} == {64}  # a default
+    assert {c["steps"]["measure"] for c in configs} == {3}
+    assert {c["lr"] for c in configs} == {2e-4}
+    assert len(suite.cells) == 3 * 2 * 2  # precision x grad_ckpt x batch
+    assert suite.overrides == {
+        "model": "DiT-T/4",
+        "batch_size": [2, 3],
+        "image_size": 64,
+        "steps.measure": 3,
+        "lr": 2e-4,
+    }
+    assert load_suite("cpu_smoke").overrides == {}
+
+
+def test_card_and_gpu_memory_replace_each_other():
+    suite = load_suite("single_24gb", ["gpu_memory_gib=22.5", "device=cuda"])
+    assert suite.gpu_memory_gib == 22.5 and suite.card is None
+    suite = load_suite("single_24gb", ["card=H100-80GB", "device=cuda"])
+    assert suite.card and "H100" in suite.card
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("batch_size=[16,x]", ["matrix.batch_size[1]", "set by the override `batch_size=[16,x]`", "integer"]),
+        ("precision=fp64", ["matrix.precision[0]", "`precision=fp64`", "bf16"]),
+        ("seed=-1", ["defaults.seed", "`seed=-1`"]),
+        ("model=DiT-Q/9", ["`model=DiT-Q/9`", "DiT-S/8"]),
+        ("lr=.nan", ["`lr=.nan`", "finite"]),
+        ("foo=1", ["override 'foo=1'", "unknown key `foo`", "batch_size"]),
+        ("batch_size", ["not `key=value`"]),
+        ("=3", ["not `key=value`"]),
+        ("seed=", ["has no value"]),
+        ("batch_size=[1, 2", ["not valid YAML"]),
+        ("steps.measure.x=1", ["`defaults.steps.measure`", "not a mapping"]),
+        ("steps.bogus=1", ["defaults.steps.bogus", "`steps.bogus=1`"]),
+        ("device=tpu", ["`device=tpu`", "auto"]),
+        ("gpu_memory_gib=-1", ["`gpu_memory_gib=-1`"]),
+        ("card=NoSuchCard", ["`card=NoSuchCard`"]),
+        ("timeout_s=0", ["defaults.timeout_s", "`timeout_s=0`"]),
+        ("seed=[&a [*a]]", ["override"]),  # a YAML alias loop is refused by the bounded parser
+    ],
+)
+def test_bad_overrides_are_one_paragraph_errors_naming_the_override(capsys, override, expected):
+    assert main(["run", "cpu_smoke", override, "--dry-run"]) == 2
+    err = err_text(capsys)
+    assert err.startswith("ditbench: error:") and "Traceback" not in err
+    for part in expected:
+        assert part in err, f"{part!r} not in {err!r}"
+
+
+def test_an_override_given_twice_is_refused(capsys):
+    assert main(["run", "cpu_smoke", "seed=1", "seed=2"]) == 2
+    assert "both set `seed`" in err_text(capsys)
+
+
+def test_overrides_after_options_and_an_unknown_option(capsys, tmp_path):
+    assert main(["run", "cpu_smoke", "--dry-run", "--out", str(tmp_path / "o"), "batch_size=[2]"]) == 0
+    out = capsys.readouterr().out
+    assert "overrides: batch_size=[2]" in out and "bs=4" not in out and "bs=2" in out
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "cpu_smoke", "--no-such-flag"])
+    assert exc.value.code == 2
+
+
+def test_overrides_are_recorded_in_each_record_and_the_summary(capsys, tmp_path):
+    # fp16 on a CPU is decided `unsupported` before any process starts: the record path, cheaply
+    out = tmp_path / "run"
+    argv = ["run", "cpu_smoke", "model=DiT-T/4", "precision=fp16", "grad_ckpt=none", "batch_size=4"]
+    assert main([*argv, "--out", str(out), "--no-progress"]) == 0
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(records) == 1 and records[0]["status"] == "unsupported"
+    assert records[0]["suite_overrides"] == {
+        "model": "DiT-T/4",
+        "precision": "fp16",
+        "grad_ckpt": "none",
+        "batch_size": 4,
+    }
+    assert records[0]["config"]["precision"] == "fp16"
+    summary = (out / "summary.md").read_text()
+    assert 'Overrides given on the command line: `model="DiT-T/4"`' in summary
