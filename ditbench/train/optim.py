@@ -12,8 +12,9 @@ from ditbench.knobs import InvalidValue, check_knob
 
 # The AdamW kernel `optimizer_impl: auto` picks, by device, as measured. CPU (DiT-S/8, 33M parameters,
 # one thread, CPU time, fastest of 6): fused 88 ms per step, foreach 347 ms, for-loop (torch's CPU
-# default, the official loop's) 322 ms; foreach materialises every intermediate of the update as a list of tensors, fused makes one
-# pass over each parameter. CUDA: fused is one kernel launch per parameter group.
+# default, the official loop's) 322 ms; foreach materialises every intermediate of the update as a
+# list of tensors, fused makes one pass over each parameter. CUDA: fused is one kernel launch per
+# parameter group.
 AUTO_IMPL = {"cuda": "fused", "cpu": "fused"}
 
 
