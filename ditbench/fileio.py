@@ -70,3 +70,18 @@ def write_atomic(path: str | Path, data: bytes | str) -> Path:
 
 def write_json_atomic(path: str | Path, obj: Any, **dumps_kwargs: Any) -> Path:
     return write_atomic(path, json.dumps(obj, **dumps_kwargs))
+
+
+def download_atomic(url: str, dest: Path) -> None:
+    """Download url to dest through a temporary file beside it: a cut download leaves no partial file."""
+    import torch  # only when a download happens
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
+    os.close(fd)
+    try:
+        torch.hub.download_url_to_file(url, tmp, progress=True)
+        os.replace(tmp, dest)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

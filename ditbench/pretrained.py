@@ -14,10 +14,10 @@ missing file is one paragraph saying which file to put where.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 from ditbench.errors import UserError, shorten
+from ditbench.fileio import download_atomic
 
 OFFLINE_ENVS = ("DITBENCH_OFFLINE", "HF_HUB_OFFLINE")
 CACHE_ENV = "DITBENCH_CACHE"
@@ -104,7 +104,7 @@ def resolve_checkpoint(spec: str | os.PathLike) -> Path:
         reason = "downloading is off ($DITBENCH_OFFLINE or $HF_HUB_OFFLINE)"
     else:
         try:
-            _download(url, dest)
+            download_atomic(url, dest)
             return dest
         except Exception as err:  # noqa: BLE001 - offline, proxy, disk full: all end in the same advice
             reason = f"the download failed ({type(err).__name__}: {shorten(str(err), 200, quote=False)})"
@@ -113,17 +113,3 @@ def resolve_checkpoint(spec: str | os.PathLike) -> Path:
         f"{url} on a machine with network access and put it at {dest} (or in ./{OFFICIAL_DIR}/, or give "
         "its path instead of the name)."
     )
-
-
-def _download(url: str, dest: Path) -> None:
-    import torch
-
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
-    os.close(fd)
-    try:
-        torch.hub.download_url_to_file(url, tmp, progress=True)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)

@@ -20,7 +20,6 @@ import os
 import pickle
 import re
 import stat
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ditbench.errors import UserError, shorten
+from ditbench.fileio import download_atomic
 from ditbench.metrics.calibrated import build_calibrated_inception
 from ditbench.metrics.inception import InceptionV3
 
@@ -72,18 +72,6 @@ def default_weights_path() -> Path:
     return Path(torch.hub.get_dir()) / "checkpoints" / WEIGHTS_FILE_NAME
 
 
-def _download(url: str, dest: Path) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
-    os.close(fd)
-    try:
-        torch.hub.download_url_to_file(url, tmp, progress=True)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
 def resolve_weights(path: str | os.PathLike | None = None, download: bool = True) -> Path:
     """The Inception weight file: `path`, else $DITBENCH_INCEPTION_WEIGHTS, else the hub cache.
 
@@ -104,7 +92,7 @@ def resolve_weights(path: str | os.PathLike | None = None, download: bool = True
         return p
     if download:
         try:
-            _download(WEIGHTS_URL, p)
+            download_atomic(WEIGHTS_URL, p)
             return p
         except Exception as err:  # offline, proxy, disk full: all end in the same advice
             reason = shorten(f"{type(err).__name__}: {err}", 300, quote=False)

@@ -103,7 +103,7 @@ def test_missing_weights_say_where_to_put_them(monkeypatch, tmp_path):
         calls.append(url)
         raise OSError("network is unreachable")
 
-    monkeypatch.setattr(inception, "_download", offline)
+    monkeypatch.setattr(inception, "download_atomic", offline)
     expected = tmp_path / "torch" / "hub" / "checkpoints" / inception.WEIGHTS_FILE_NAME
     with pytest.raises(UserError) as err:
         resolve_weights(None)

@@ -76,7 +76,7 @@ def test_no_route_unpickles_a_weight_file(route, attack, tmp_path, monkeypatch, 
     root, payload, marker = attack
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
     monkeypatch.delenv(weights.WEIGHTS_ENV, raising=False)
-    monkeypatch.setattr(weights, "_download", lambda url, dest: pytest.fail("must not download"))
+    monkeypatch.setattr(weights, "download_atomic", lambda url, dest: pytest.fail("must not download"))
     extra = []
     if route == "option":
         extra = ["--inception-weights", str(payload)]
