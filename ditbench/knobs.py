@@ -82,7 +82,7 @@ def number_in(name: str, low: float, high: float, *, low_open: bool = False, hig
     return check
 
 
-def _choice(name: str, choices: tuple[str, ...]) -> Callable[[Any], str]:
+def one_of(name: str, choices: tuple[str, ...]) -> Callable[[Any], str]:
     def check(value: Any) -> str:
         if not isinstance(value, str) or value not in choices:
             raise InvalidValue(f"unknown {name} {shorten(value)}; valid: {', '.join(choices)}")
@@ -157,7 +157,7 @@ class CellConfig:
     """One value of every knob, validated and normalised. Build it with `CellConfig.from_mapping`."""
 
     model: str = knob(None, _check_model, "DiT configuration, e.g. DiT-XL/2")  # no default: a suite names it
-    impl: str = knob("ditbench", _choice("impl", IMPLS), "ditbench's DiT or diffusers' DiTTransformer2DModel")
+    impl: str = knob("ditbench", one_of("impl", IMPLS), "ditbench's DiT or diffusers' DiTTransformer2DModel")
     image_size: int = knob(256, int_in("image_size", 1, MAX_IMAGE_SIZE), "image side in pixels")
     precision: str = knob("fp32", _check_precision, "fp32, tf32, fp16 or bf16")
     grad_ckpt: str = knob("none", _check_grad_ckpt, "none, full or every_K")
@@ -167,18 +167,18 @@ class CellConfig:
     )
     gpus: int = knob(1, int_in("gpus", 1, MAX_PROCESSES), "processes per node", train=False)
     nodes: int = knob(1, int_in("nodes", 1, MAX_PROCESSES), "machines", train=False)
-    strategy: str = knob("ddp", _choice("strategy", STRATEGIES), "data parallelism", train=False)
+    strategy: str = knob("ddp", one_of("strategy", STRATEGIES), "data parallelism", train=False)
     compile: bool = knob(False, _check_bool, "torch.compile the model")
     compile_mode: str = knob(
-        "default", _choice("compile_mode", COMPILE_MODES), "torch.compile mode (with compile: true)"
+        "default", one_of("compile_mode", COMPILE_MODES), "torch.compile mode (with compile: true)"
     )
     attention: str = knob(
         "sdpa",
-        _choice("attention", ATTENTION_BACKENDS),
+        one_of("attention", ATTENTION_BACKENDS),
         "math, sdpa (torch picks), or a forced flash|efficient|cudnn",
     )
-    optimizer: str = knob("adamw", _choice("optimizer", OPTIMIZERS), "the optimizer")
-    optimizer_impl: str = knob("auto", _choice("optimizer_impl", OPTIMIZER_IMPLS), "AdamW kernel")
+    optimizer: str = knob("adamw", one_of("optimizer", OPTIMIZERS), "the optimizer")
+    optimizer_impl: str = knob("auto", one_of("optimizer_impl", OPTIMIZER_IMPLS), "AdamW kernel")
     data: Any = knob("synthetic", _check_data, DATA_HELP)
     seed: int = knob(0, int_in("seed", 0, SEED_MAX), "model init, timesteps, noise and data")
     lr: float = knob(1e-4, number_in("lr", 0.0, 1.0, low_open=True), "AdamW learning rate")

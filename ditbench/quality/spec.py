@@ -33,6 +33,7 @@ from ditbench.knobs import (
     InvalidValue,
     int_in,
     number_in,
+    one_of,
     unknown_key_message,
 )
 
@@ -65,10 +66,10 @@ class Sampler:
                 "sampler", f"expected a mapping such as {{name: ddpm, steps: 250}}, got {shorten(values)}"
             )
         checks = {
-            "name": _choice("sampler.name", SAMPLERS),
+            "name": one_of("sampler.name", SAMPLERS),
             "steps": int_in("sampler.steps", 1, MAX_DIFFUSION_STEPS),
             "cfg_scale": number_in("sampler.cfg_scale", 1.0, 100.0),
-            "precision": _choice("sampler.precision", SAMPLE_PRECISIONS),
+            "precision": one_of("sampler.precision", SAMPLE_PRECISIONS),
         }
         return cls(**_checked(values, checks, "sampler", fail))
 
@@ -177,15 +178,6 @@ def _checked(values: Mapping, checks: dict[str, Callable[[Any], Any]], prefix: s
 
 def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
-
-
-def _choice(name: str, choices: tuple[str, ...]) -> Callable[[Any], str]:
-    def check(value: Any) -> str:
-        if not isinstance(value, str) or value not in choices:
-            raise InvalidValue(f"unknown {name} {shorten(value)}; valid: {', '.join(choices)}")
-        return value
-
-    return check
 
 
 def _text(name: str, optional: bool = False) -> Callable[[Any], str | None]:
