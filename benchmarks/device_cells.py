@@ -152,16 +152,22 @@ CHECKED_COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 def variant_cells(dry: bool, backends: list[str], modes: list[str], mode_knob: str | None) -> list[dict]:
     """A cell per attention backend beyond sdpa (DiT-XL/2 bf16 bs32, whose sdpa twin is a matched
     cell), the same cell with foreach AdamW (fused is the default on CUDA), then an eager DiT-S/2 cell
-    and one per checked compile mode (a small model: each mode compiles cold). The dry run leaves the
-    compile modes out: compiling on 2 CPU cores would take the whole run."""
-    base = MATCHED[2].stand_in if dry else ATTENTION_BASE
-    cells = [{**base, "attention": b} for b in backends]
-    cells.append({**base, "optimizer_impl": "foreach"})
-    if modes and mode_knob and not dry:
+    and one per checked compile mode (a small model: each mode compiles cold). The dry run keeps only
+    one attention cell: every CPU training cell or compile more would not fit the part's dry cap on 2
+    busy cores."""
+    if dry:
+        return [{**MATCHED[2].stand_in, "attention": b} for b in backends[:1]]
+    # In the order they matter: a cut at the part's cap keeps the cells already done. math and flash
+    # first (the advice check's pair), then AdamW, the compile modes, the other kernels.
+    first = [b for b in ("math", "flash") if b in backends]
+    cells = [{**ATTENTION_BASE, "attention": b} for b in first]
+    cells.append({**ATTENTION_BASE, "optimizer_impl": "foreach"})
+    if modes and mode_knob:
         cells.append(COMPILE_MODE_BASE)
         for mode in (m for m in modes if m in CHECKED_COMPILE_MODES):
             knobs = {"compile": mode} if mode_knob == "compile" else {"compile": True, mode_knob: mode}
             cells.append({**COMPILE_MODE_BASE, **knobs})
+    cells += [{**ATTENTION_BASE, "attention": b} for b in backends if b not in first]
     return cells
 
 

@@ -111,7 +111,8 @@ def test_dry_run_publishes_after_every_part_and_fits_its_deadline(tmp_path):
     measured = [r for r in t["matched"] if r["verdict"] != "not measured"]
     assert {r["status"] for r in t["matched"]} == {"ok", "unsupported"} and measured  # tf32/fp16 on a CPU
     records = [json.loads(line) for line in (out_env / "cells.jsonl").read_text().splitlines()]
-    assert {r["device_check_part"] for r in records} == {"matched", "suite_24gb", "compiled"}
+    parts_with_cells = {"matched", "suite_24gb", "compiled", "variants"}  # variants: one attention cell
+    assert {r["device_check_part"] for r in records} == parts_with_cells
     md = (out_env / "summary.md").read_text()
     assert "DRY RUN" in md and "compiled, batch 256: >= 600 img/s" in md and "Planner" in md
     with tarfile.open(out_env / "logs.tgz") as tar:

@@ -145,11 +145,13 @@ def test_generated_suites_are_valid_and_hold_the_promised_cells():
     hit = [c.cell_name for c in dry.cells if fault_for(c.cell_name, dc.DRY_OOM_FAULT)]
     assert hit == ["DiT-T/8 fp32 ckpt=none bs=2"]  # the dry run's one expected out-of-memory
     modes = ["default", "max-autotune", "max-autotune-no-cudagraphs"]
-    variants = dc.variant_cells(False, ["flash"], modes, "compile_mode")
-    assert variants[0]["attention"] == "flash" and variants[1]["optimizer_impl"] == "foreach"
-    assert [v.get("compile_mode") for v in variants[3:]] == ["default", "max-autotune-no-cudagraphs"]
-    dry = dc.variant_cells(True, [], modes, "compile_mode")  # no CPU compile in a dry run
-    assert [c.get("optimizer_impl") for c in dry] == ["foreach"]
+    variants = dc.variant_cells(False, ["efficient", "flash", "math"], modes, "compile_mode")
+    assert [v.get("attention") for v in variants[:2]] == ["math", "flash"]  # the advice pair first
+    assert variants[2]["optimizer_impl"] == "foreach"
+    assert [v.get("compile_mode") for v in variants[4:6]] == ["default", "max-autotune-no-cudagraphs"]
+    assert variants[-1]["attention"] == "efficient"
+    dry = dc.variant_cells(True, ["math", "flash"], modes, "compile_mode")  # one CPU cell, no compile
+    assert [c["attention"] for c in dry] == ["math"] and "optimizer_impl" not in dry[0]
 
 
 def test_committed_predictions_cover_every_measured_cell():
