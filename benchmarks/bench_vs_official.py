@@ -40,8 +40,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from ditbench.knobs import Knobs  # noqa: E402
 from ditbench.models.build import build_model  # noqa: E402
-from ditbench.train import TrainConfig, Trainer  # noqa: E402
+from ditbench.train import Trainer  # noqa: E402
 
 IMAGE_SIZE = 128
 BATCH = 8
@@ -204,18 +205,17 @@ class OfficialStep:
 
 
 def build_pair(cell: BenchCell, seed: int = 0, image_size: int = IMAGE_SIZE, batch: int = BATCH, **knobs):
-    """(ditbench Trainer, OfficialStep) on the same initial weights; `knobs` go to ditbench's TrainConfig."""
-    cfg = TrainConfig(
+    """(ditbench Trainer, OfficialStep) on the same initial weights; `knobs` go to ditbench's Knobs."""
+    cfg = Knobs(
         model=cell.model,
         image_size=image_size,
         batch_size=batch,
         precision=cell.precision,
         grad_ckpt=cell.grad_ckpt,
         seed=seed,
-        device="cpu",
         **knobs,
     )
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, device="cpu")
     model = build_model(cell.model, image_size=image_size, grad_ckpt=cell.grad_ckpt)
     model.load_state_dict(trainer.base_model.state_dict())
     reference = OfficialStep(model, torch.bfloat16 if cell.precision == "bf16" else None)

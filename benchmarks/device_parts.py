@@ -207,7 +207,8 @@ def ddp(args) -> dict[str, Any]:
 
     from ditbench import dist
     from ditbench.bench.window import measure_window
-    from ditbench.train import TrainConfig, Trainer
+    from ditbench.knobs import Knobs
+    from ditbench.train import Trainer
 
     s = DDP_DRY if args.dry_run else DDP_REAL
     os.environ.update(
@@ -219,15 +220,11 @@ def ddp(args) -> dict[str, Any]:
     try:
         for _ in range(s["repeats"]):
             for mode in ("plain", "ddp"):
-                cfg = TrainConfig(
-                    model=s["model"],
-                    image_size=s["size"],
-                    precision=s["precision"],
-                    batch_size=s["batch"],
-                    device=str(ctx.device),
+                cfg = Knobs(
+                    model=s["model"], image_size=s["size"], precision=s["precision"], batch_size=s["batch"]
                 )
                 wrap = (lambda m: dist.wrap_model(m, "ddp", ctx)) if mode == "ddp" else None
-                trainer = Trainer(cfg, wrap_model=wrap)
+                trainer = Trainer(cfg, device=str(ctx.device), wrap_model=wrap)
                 window = measure_window(
                     trainer, trainer.step, ctx.device.type, s["warmup"], s["measure"], 0.0
                 )

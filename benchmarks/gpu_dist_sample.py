@@ -116,7 +116,8 @@ def ddp_overhead(
 
     from ditbench import dist
     from ditbench.bench.window import measure_window
-    from ditbench.train import TrainConfig, Trainer
+    from ditbench.knobs import Knobs
+    from ditbench.train import Trainer
 
     os.environ.update(
         {
@@ -136,15 +137,9 @@ def ddp_overhead(
             times: dict[str, list[float]] = {"plain": [], "ddp": []}
             for _ in range(repeats):
                 for mode in ("plain", "ddp"):
-                    cfg = TrainConfig(
-                        model=model,
-                        image_size=image_size,
-                        precision=precision,
-                        batch_size=batch,
-                        device=str(ctx.device),
-                    )
+                    cfg = Knobs(model=model, image_size=image_size, precision=precision, batch_size=batch)
                     wrap = (lambda m: dist.wrap_model(m, "ddp", ctx)) if mode == "ddp" else None
-                    trainer = Trainer(cfg, wrap_model=wrap)
+                    trainer = Trainer(cfg, device=str(ctx.device), wrap_model=wrap)
                     w = measure_window(trainer, trainer.step, dev, warmup, measure, 0.0)
                     times[mode].append(statistics.median(w["step_ms"]))
                     del trainer

@@ -101,11 +101,12 @@ def run_cell(c: dict, device: str, warmup: int, measure: int, min_seconds: float
     from ditbench.bench.measure import model_flops_per_image
     from ditbench.bench.window import measure_window, step_stats
     from ditbench.errors import UserError
-    from ditbench.train import TrainConfig, Trainer
+    from ditbench.knobs import Knobs
+    from ditbench.train import Trainer
 
     out = dict(c)
     try:
-        cfg = TrainConfig(
+        cfg = Knobs(
             model=c["model"],
             precision=c["precision"],
             grad_ckpt=c["grad_ckpt"],
@@ -113,11 +114,10 @@ def run_cell(c: dict, device: str, warmup: int, measure: int, min_seconds: float
             compile=c["compile"],
             impl=c["impl"],
             optimizer_impl=c["optimizer_impl"],
-            device=device,
             image_size=c.get("image_size", 256 if device != "cpu" else 64),
         )
         t0 = time.perf_counter()
-        trainer = Trainer(cfg)
+        trainer = Trainer(cfg, device=device)
         out["params"] = trainer.num_params
         out["optimizer_ran"] = trainer.optimizer.ditbench_impl
         dev = trainer.device.type

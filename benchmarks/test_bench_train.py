@@ -9,7 +9,8 @@ small configuration in fp32 on the CPU, and records images/s in the saved figure
 import pytest
 import torch
 
-from ditbench.train import TrainConfig, Trainer
+from ditbench.knobs import Knobs
+from ditbench.train import Trainer
 
 CASES = [  # model, image size, batch, grad_ckpt, rounds
     ("DiT-T/2", 64, 8, "none", 10),
@@ -24,14 +25,8 @@ CASES = [  # model, image size, batch, grad_ckpt, rounds
 def test_train_step_cpu_fp32(benchmark, model, image_size, batch, ckpt, rounds):
     torch.set_num_threads(2)
     trainer = Trainer(
-        TrainConfig(
-            model=model,
-            image_size=image_size,
-            batch_size=batch,
-            grad_ckpt=ckpt,
-            precision="fp32",
-            device="cpu",
-        )
+        Knobs(model=model, image_size=image_size, batch_size=batch, grad_ckpt=ckpt, precision="fp32"),
+        device="cpu",
     )
     batch_data = trainer.next_batch()
     for _ in range(2):  # warm-up: allocator, optimizer state

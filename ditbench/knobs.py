@@ -1,14 +1,14 @@
 """Every knob of a training cell in one table: name, type, default, validation, and where it goes.
 
-A knob is a setting that shapes a training run and may be a suite's matrix axis. `CellConfig`
-holds one value of each, validated and normalised (so `grad_ckpt: on` and `full` are one cell);
-suites, `ditbench train` and `TrainConfig` all validate through `check_knob`, so a value means the
-same wherever it is written. Knobs marked `train` pass into `TrainConfig` under the same name
-(`TrainConfig.from_knobs`); the others (`gpus`, `nodes`, `strategy`) shape how the cell's
-processes start.
+A knob is a setting that shapes a training run and may be a suite's matrix axis. `Knobs` holds
+one value of each, validated and normalised when it is built (so `grad_ckpt: on` and `full` are one
+cell): a suite, an override, `ditbench train`'s flags and a record read back all build one, and
+every layer (the Trainer, the planner, the runners, the quality loop) takes it as it is. Knobs
+marked `train` are `ditbench train` flags; the others (`gpus`, `nodes`, `strategy`) shape how the
+cell's processes start.
 
-Adding a knob: a field here (default, check, help) and its use where it acts (for a training
-knob, a field of `TrainConfig` in train/step.py and the line of the Trainer that applies it).
+Adding a knob: a field here (default, check, help) and the code that uses it (for a training knob,
+the line of the Trainer that applies it; the planner traces the Trainer, so it follows).
 """
 
 from __future__ import annotations
@@ -152,9 +152,20 @@ def knob(default: Any, check: Callable[[Any], Any], help: str, train: bool = Tru
     return field(default=default, metadata={"check": check, "help": help, "train": train})
 
 
+class InvalidKnobs(UserError):
+    """Knobs that cannot be built; `key` names the knob at fault (None: the combination)."""
+
+    def __init__(self, key: str | None, message: str):
+        super().__init__(message)
+        self.key = key
+
+
 @dataclass(frozen=True)
-class CellConfig:
-    """One value of every knob, validated and normalised. Build it with `CellConfig.from_mapping`."""
+class Knobs:
+    """One value of every knob, validated and normalised as it is built (InvalidKnobs otherwise).
+
+    `Knobs(model="DiT-S/8", batch_size=8)` from code; `Knobs.from_mapping` from a file's mapping.
+    """
 
     model: str = knob(None, _check_model, "DiT configuration, e.g. DiT-XL/2")  # no default: a suite names it
     impl: str = knob("ditbench", one_of("impl", IMPLS), "ditbench's DiT or diffusers' DiTTransformer2DModel")
@@ -186,29 +197,38 @@ class CellConfig:
     ema_decay: float = knob(0.9999, number_in("ema_decay", 0.0, 1.0, high_open=True), "EMA decay")
     num_classes: int = knob(1000, int_in("num_classes", 1, MAX_CLASSES), "class labels")
 
+    def __post_init__(self) -> None:
+        for name, spec in FIELDS.items():
+            value = getattr(self, name)
+            if name == "model" and value is None:
+                raise InvalidKnobs(None, f"no model given; valid models are {', '.join(MODEL_NAMES)}.")
+            try:
+                object.__setattr__(self, name, spec.metadata["check"](value))
+            except InvalidValue as err:
+                raise InvalidKnobs(name, str(err)) from None
+        problem = self.conflict()
+        if problem:
+            raise InvalidKnobs(None, problem)
+
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any], fail: Fail | None = None) -> CellConfig:
-        """Validate every key of `values`; knobs left out take their defaults.
+    def from_mapping(cls, values: Mapping[str, Any], fail: Fail | None = None) -> Knobs:
+        """Knobs from a file's mapping; knobs left out take their defaults.
 
         fail(key, message) -> Exception builds the error (a suite adds its file and key path);
         by default the message alone, as a UserError. `key` is None for the whole mapping.
         """
         fail = fail or _plain_failure
-        out = {}
-        for key, value in values.items():
+        for key in values:
             if key not in FIELDS:
                 raise fail(key, unknown_key_message(key, tuple(FIELDS)))
-            try:
-                out[key] = check_knob(key, value)
-            except InvalidValue as err:
-                raise fail(key, str(err)) from None
-        if out.get("model") is None:
-            raise fail(None, f"no model given; valid models are {', '.join(MODEL_NAMES)}.")
-        config = cls(**out)
-        problem = config.conflict()
-        if problem:
-            raise fail(None, problem)
-        return config
+        try:
+            return cls(**values)
+        except InvalidKnobs as err:
+            raise fail(err.key, str(err)) from None
+
+    def replace(self, **changes: Any) -> Knobs:
+        """These knobs with `changes` (validated like any other)."""
+        return dataclasses.replace(self, **changes)
 
     def conflict(self) -> str | None:
         """What makes this combination of valid values unrunnable anywhere, or None."""
@@ -239,11 +259,11 @@ class CellConfig:
         return {k: v for k, v in self.to_dict().items() if v != KNOB_DEFAULTS[k]}
 
     def train_knobs(self) -> dict[str, Any]:
-        """The knobs that pass into TrainConfig, by name."""
+        """The knobs one training process applies (`ditbench train`'s flags), by name."""
         return {k: getattr(self, k) for k in TRAIN_KNOBS}
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(CellConfig)}
+FIELDS = {f.name: f for f in dataclasses.fields(Knobs)}
 KNOB_DEFAULTS: dict[str, Any] = {name: f.default for name, f in FIELDS.items()}
 TRAIN_KNOBS = tuple(name for name, f in FIELDS.items() if f.metadata["train"])
 

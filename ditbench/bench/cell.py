@@ -40,15 +40,17 @@ class Measured:
 def build_trainer(spec: CellSpec, ctx):
     """The cell's Trainer on this process's device; in a job, the model wrapped for data parallelism."""
     from ditbench import dist
-    from ditbench.train import TrainConfig, Trainer
+    from ditbench.train import Trainer
 
     knobs = spec.knobs
     if not ctx.distributed:
-        return Trainer(TrainConfig.from_knobs(knobs, device=str(ctx.device)))
-    cfg = TrainConfig.from_knobs(
-        knobs, device=str(ctx.device), data_seed=knobs.seed + RANK_SEED_STRIDE * ctx.rank
+        return Trainer(knobs, device=str(ctx.device))
+    return Trainer(
+        knobs,
+        device=str(ctx.device),
+        data_seed=knobs.seed + RANK_SEED_STRIDE * ctx.rank,
+        wrap_model=lambda m: dist.wrap_model(m, knobs.strategy, ctx),
     )
-    return Trainer(cfg, wrap_model=lambda m: dist.wrap_model(m, knobs.strategy, ctx))
 
 
 def _agree_max(ctx) -> Callable[[int], int] | None:

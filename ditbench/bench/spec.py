@@ -1,6 +1,6 @@
 """A cell's contract between the suite, the runner and the process that measures it.
 
-`CellSpec` = the knobs (`CellConfig`) + how the cell is measured (warm-up and window, smoke run)
+`CellSpec` = the knobs (`Knobs`) + how the cell is measured (warm-up and window, smoke run)
 + where (the resolved device and an emulated card's memory budget). `record_config()` is the
 record's `config` field; `from_record_config()` reads it back, refusing any key it does not know,
 so nothing is silently dropped between the suite and the training step.
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ditbench.errors import UserError, shorten
-from ditbench.knobs import FIELDS, CellConfig, InvalidValue, int_in, number_in, unknown_key_message
+from ditbench.knobs import FIELDS, InvalidValue, Knobs, int_in, number_in, unknown_key_message
 from ditbench.quality.spec import QualitySpec
 
 MAX_STEPS = 10**7  # a window or smoke run longer than this is a typo, not a benchmark
@@ -54,7 +54,7 @@ DEVICES = ("cuda", "cpu")
 
 @dataclass(frozen=True)
 class CellSpec:
-    knobs: CellConfig
+    knobs: Knobs
     device: str  # "cuda" or "cpu": resolved, so a CPU result never stands in for a GPU one
     steps: Steps = field(default_factory=Steps)
     smoke_steps: int = 0
@@ -124,7 +124,7 @@ class CellSpec:
         missing = [k for k in MEASUREMENT_KEYS if k not in config]
         if missing:
             raise fail(None, f"missing {', '.join(missing)}")
-        knobs = CellConfig.from_mapping({k: v for k, v in config.items() if k in FIELDS}, fail)
+        knobs = Knobs.from_mapping({k: v for k, v in config.items() if k in FIELDS}, fail)
         device = config["device"]
         if device not in DEVICES:
             raise fail("device", f"must be one of {', '.join(DEVICES)}, got {shorten(device)}")

@@ -24,7 +24,7 @@ from ditbench.bench.spec import MAX_STEPS, CellSpec, Steps
 from ditbench.cards import check_gib, find_card
 from ditbench.device import DEVICE_CHOICES, device_type
 from ditbench.errors import UserError, shorten
-from ditbench.knobs import FIELDS, CellConfig, InvalidValue, check_knob, int_in, number_in
+from ditbench.knobs import FIELDS, InvalidValue, Knobs, check_knob, int_in, number_in
 from ditbench.knobs import unknown_key_message as _unknown
 from ditbench.quality import spec as quality_spec
 from ditbench.yamlio import load_yaml_file
@@ -359,7 +359,7 @@ def parse_suite(raw: Any, path: str = "<suite>", overrides: list | None = None) 
             f"emulating a card caps CUDA's allocator, but this suite runs on the {resolved} "
             f"(device: {device}); use device: cuda on a machine with a GPU, or remove it.",
         )
-    full = [(where, CellConfig.from_mapping(values, v.at(where))) for where, values in configs]
+    full = [(where, Knobs.from_mapping(values, v.at(where))) for where, values in configs]
     varying = [k for k in FIELDS if len({json.dumps(getattr(c, k), sort_keys=True) for _, c in full}) > 1]
     cells: list[Cell] = []
     seen: set[str] = set()

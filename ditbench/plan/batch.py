@@ -17,12 +17,10 @@ from dataclasses import dataclass
 from ditbench.plan.trace import Trace, trace_training, workspace_bytes
 
 
-def probe_batch(train_kwargs: dict) -> int:
+def probe_batch(knobs) -> int:
     """The prime batch size to trace at: above every batch-independent dimension of the cell."""
     # Bytes are elements times 1, 2, 4 or 8, which an odd prime does not divide.
-    n = max(
-        4099, int(train_kwargs.get("num_classes", 1000)) + 2, int(train_kwargs.get("image_size", 256)) + 1
-    )
+    n = max(4099, knobs.num_classes + 2, knobs.image_size + 1)
     while not _is_prime(n):
         n += 1
     return n
@@ -56,9 +54,10 @@ class SeriesTrace:
         return out
 
 
-def trace_series(train_kwargs: dict, target) -> SeriesTrace:
-    probe = probe_batch(train_kwargs)
-    trace = trace_training(train_kwargs, target, probe)
+def trace_series(knobs, target) -> SeriesTrace:
+    """The series of `knobs` (ditbench.knobs.Knobs, any batch size) traced at its probe batch."""
+    probe = probe_batch(knobs)
+    trace = trace_training(knobs, target, probe)
     const, per_sample = [], []
     for size in trace.sizes:
         if size % probe == 0:

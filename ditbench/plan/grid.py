@@ -77,13 +77,13 @@ def _groups(series: list[Series], budgets: list[Budget]) -> list[list[int]]:
     """Indices of series that share one trace (fp32 and tf32 of a cell on a GPU), costliest first."""
     from ditbench.errors import UnsupportedError
     from ditbench.plan.emulation import CPU, cuda_target
-    from ditbench.plan.predict import _train_kwargs, trace_key
+    from ditbench.plan.predict import trace_key, trace_knobs
 
     target = CPU if budgets[0].target.device == "cpu" else cuda_target(None)
     groups: dict[object, list[int]] = {}
     for i, s in enumerate(series):
         try:
-            key = trace_key(_train_kwargs(s.config, target), target) + (tuple(s.batch_sizes),)
+            key = trace_key(trace_knobs(s.config, target), target) + (tuple(s.batch_sizes),)
         except UnsupportedError:
             key = ("unsupported", i)
         groups.setdefault(key, []).append(i)

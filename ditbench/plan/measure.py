@@ -10,7 +10,7 @@ weights, optimizer state and EMA are in the running total.
 
     meter = AllocationMeter()
     with meter:
-        trainer = Trainer(TrainConfig(model="DiT-S/8", device="cpu"))
+        trainer = Trainer(Knobs(model="DiT-S/8"), device="cpu")
         trainer.step(trainer.next_batch())          # warm-up: optimizer state appears
         with meter.window():
             trainer.step(trainer.next_batch())

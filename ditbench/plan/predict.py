@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ditbench.cards import Card, check_gib, find_card
 from ditbench.errors import UnsupportedError, UserError, shorten
+from ditbench.knobs import FIELDS, InvalidValue, Knobs, check_knob
 from ditbench.plan.allocator import Replay, live_at, raw_peak, replay
 from ditbench.plan.batch import SeriesTrace, trace_series
 from ditbench.plan.emulation import CPU, Target, cuda_target, optimizer_impl, policy_for
@@ -33,24 +35,15 @@ GiB = 1 << 30
 DEFAULT_CONTEXT_GIB = 0.5
 COMPONENTS = (*STATE_LABELS, "activations", "workspace")
 
-# Cell knobs and their defaults (as a suite's); those that do not change device memory are accepted
-# and ignored: seed, lr, weight_decay, ema_decay, attention, optimizer, steps, smoke, ...
-_KNOBS: dict[str, Any] = {
-    "model": None,
-    "impl": "ditbench",
-    "image_size": 256,
-    "precision": "fp32",
-    "grad_ckpt": "none",
-    "batch_size": 32,
-    "gpus": 1,
-    "nodes": 1,
-    "strategy": "ddp",
-    "compile": False,
-    "optimizer_impl": "auto",
-    "data": "synthetic",
-    "num_classes": 1000,
-    "device": "cuda",
-}
+# Knobs the trace leaves at their defaults: they do not change what a one-GPU step allocates (seed,
+# learning rates, the decay), or the planner does not model them (multi-GPU cells are refused, the
+# attention backend, grad_accum and compile_mode are traced at their defaults); the batch size is
+# the series' axis. Every other knob, a new one included, shapes the traced step.
+_UNTRACED = (
+    "batch_size", "gpus", "nodes", "strategy", "compile_mode", "grad_accum", "attention", "optimizer",
+    "seed", "lr", "weight_decay", "ema_decay",
+)  # fmt: skip
+DEVICES = ("cuda", "cpu")
 
 
 @dataclass
@@ -82,23 +75,16 @@ class Prediction:
         return {**asdict(self), "fits": self.fits}
 
 
-def normalize(config: dict[str, Any]) -> dict[str, Any]:
-    """The memory-shaping knobs of a cell config, with defaults; UserError on a bad value."""
-    if not isinstance(config, dict):
+def normalize(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A cell config's knobs (validated and normalised by ditbench.knobs) and its device ("cuda" by
+    default); keys that are not knobs (steps, smoke_steps, ...) are accepted and ignored."""
+    if not isinstance(config, Mapping):
         raise UserError(f"a cell config must be a mapping of knobs, got {shorten(config)}")
-    cell = {k: config.get(k, v) for k, v in _KNOBS.items()}
-    if not isinstance(cell["model"], str):
-        raise UserError(f"a cell config needs a model name, got {shorten(cell['model'])}")
-    batch = cell["batch_size"]
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise UserError(f"batch_size must be a positive integer, got {shorten(batch)}")
-    if cell["device"] not in ("cuda", "cpu"):
-        raise UserError(f"device must be cuda or cpu to plan a cell, got {shorten(cell['device'])}")
-    from ditbench.models.configs import canonical_name, parse_grad_ckpt
-
-    cell["model"] = canonical_name(cell["model"])
-    parse_grad_ckpt(cell["grad_ckpt"])
-    return cell
+    device = config.get("device", "cuda")
+    if device not in DEVICES:
+        raise UserError(f"device must be cuda or cpu to plan a cell, got {shorten(device)}")
+    knobs = Knobs.from_mapping({k: v for k, v in config.items() if k in FIELDS})
+    return {**knobs.to_dict(), "device": device}
 
 
 def _unsupported_reason(cell: dict[str, Any]) -> str | None:
@@ -119,19 +105,13 @@ def _unsupported_reason(cell: dict[str, Any]) -> str | None:
     return None
 
 
-def _train_kwargs(cell: dict[str, Any], target: Target) -> dict[str, Any]:
-    return {
-        "model": cell["model"],
-        "impl": cell["impl"],
-        "image_size": cell["image_size"],
-        "precision": cell["precision"],
-        "grad_ckpt": cell["grad_ckpt"],
-        "num_classes": cell["num_classes"],
-        "compile": bool(cell["compile"]),
-        "optimizer_impl": optimizer_impl(cell["optimizer_impl"], target),
-        # A latent file's batch is copied to the device like a synthetic one: same device memory.
-        "data": "synthetic",
-    }
+def trace_knobs(cell: Mapping[str, Any], target: Target) -> Knobs:
+    """The knobs the planner traces for `cell` on `target`: the untraced ones at their defaults, the
+    `auto` AdamW kernel resolved, synthetic data (a latent file's batch reaches the device as one)."""
+    knobs = {k: v for k, v in cell.items() if k in FIELDS and k not in _UNTRACED}
+    return Knobs(
+        **{**knobs, "optimizer_impl": optimizer_impl(cell["optimizer_impl"], target), "data": "synthetic"}
+    )
 
 
 @dataclass(frozen=True)
@@ -182,21 +162,21 @@ _CACHE: OrderedDict[tuple, SeriesTrace] = OrderedDict()
 _CACHE_SIZE = 32
 
 
-def trace_key(train_kwargs: dict[str, Any], target: Target) -> tuple:
+def trace_key(knobs: Knobs, target: Target) -> tuple:
     """What a trace depends on. Series whose precision policies cast and scale alike (fp32 and tf32 on
     a GPU: tf32 changes only the matmul math mode) share a key. UnsupportedError when the target cannot
     run the policy (bf16 before sm80, fp16 on a CPU)."""
-    policy = policy_for(train_kwargs["precision"], target)
-    shape = {k: v for k, v in train_kwargs.items() if k != "precision"}
+    policy = policy_for(knobs.precision, target)
+    shape = {k: v for k, v in knobs.non_defaults().items() if k != "precision"}
     return (tuple(sorted(shape.items())), str(policy.autocast_dtype), policy.use_scaler, target.device)
 
 
-def series_trace(train_kwargs: dict[str, Any], target: Target, disk: bool = False) -> SeriesTrace:
+def series_trace(knobs: Knobs, target: Target, disk: bool = False) -> SeriesTrace:
     """The traced series: from this process's memory, else (disk=True) the on-disk cache, else traced.
 
     One trace serves every GPU (workspaces are sized at replay).
     """
-    key = trace_key(train_kwargs, target)
+    key = trace_key(knobs, target)
     if key in _CACHE:
         _CACHE.move_to_end(key)
         return _CACHE[key]
@@ -207,7 +187,7 @@ def series_trace(train_kwargs: dict[str, Any], target: Target, disk: bool = Fals
         name = cache.key(key)
         series = cache.load(name)
     if series is None:
-        series = trace_series(train_kwargs, target)
+        series = trace_series(knobs, target)
         if disk:
             cache.save(name, series)
     _CACHE[key] = series
@@ -244,8 +224,10 @@ def predict_budgets(
     """Predictions of a series at each batch size, for each budget (one trace, one replay per GPU kind)."""
     cell = normalize(config)
     for batch in batch_sizes:
-        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-            raise UserError(f"batch_size must be a positive integer, got {shorten(batch)}")
+        try:
+            check_knob("batch_size", batch)
+        except InvalidValue as err:
+            raise UserError(str(err)) from None
     reason = _unsupported_reason(cell)
     status = "unsupported"
     series = None
@@ -254,7 +236,7 @@ def predict_budgets(
         # cannot run the cell's policy is told so per budget below.
         first = CPU if budgets[0].target.device == "cpu" else cuda_target(None)
         try:
-            series = series_trace(_train_kwargs(cell, first), first, disk=disk_cache)
+            series = series_trace(trace_knobs(cell, first), first, disk=disk_cache)
         except UnsupportedError as err:
             reason = str(err)
         except UserError:

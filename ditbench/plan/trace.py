@@ -257,38 +257,38 @@ def workspace_bytes(model: tuple, batch_size: int, target: Target) -> int:
     return 4 * batch_size * h * t
 
 
-def trace_training(train_kwargs: dict, target: Target, batch_size: int, *, memo: bool = True) -> Trace:
-    """Build a Trainer from `train_kwargs` (TrainConfig fields) and trace two steps at `batch_size`.
+def trace_training(knobs, target: Target, batch_size: int, *, memo: bool = True) -> Trace:
+    """Build a Trainer from `knobs` (ditbench.knobs.Knobs) and trace two steps at `batch_size`.
 
     `target` says which device's behaviour to emulate (its compute capability matters only to the
     precision policy: bf16 needs sm80+).
 
     memo=False sends every operation through FakeTensorMode (the tests compare the two).
     """
-    from ditbench.train import TrainConfig, Trainer
+    from ditbench.train import Trainer
 
     trace = Trace(target=target, batch_size=batch_size)
-    cfg = TrainConfig(**{**train_kwargs, "batch_size": batch_size, "device": "cpu"})
+    knobs = knobs.replace(batch_size=batch_size)
     gc_was_enabled = gc.isenabled()
     gc.disable()  # released at the marks, deterministically
     try:
         with emulate(target), FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
-            kind = _CompileRecorder if train_kwargs.get("compile") else _Recorder
+            kind = _CompileRecorder if knobs.compile else _Recorder
             recorder = kind(trace, fake_mode, DispatchMemo(fake_mode) if memo else None)
             with recorder:
-                _run(recorder, trace, Trainer, cfg)
+                _run(recorder, trace, lambda: Trainer(knobs, device="cpu"))
     finally:
         if gc_was_enabled:
             gc.enable()
     return trace
 
 
-def _run(recorder: _Recorder, trace: Trace, trainer_cls, cfg) -> None:
+def _run(recorder: _Recorder, trace: Trace, build) -> None:
     """Build and step the trainer; the trainer dies inside, so its release is not recorded."""
     try:
         recorder.mark("build")
         with FakeDeepcopy():
-            trainer = trainer_cls(cfg)
+            trainer = build()
         trace.params = trainer.num_params
         recorder.mark("step1")
         trainer.step(trainer.next_batch())

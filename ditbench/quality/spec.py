@@ -29,8 +29,8 @@ from ditbench.errors import shorten
 from ditbench.knobs import (
     MAX_PATH_CHARS,
     SEED_MAX,
-    CellConfig,
     InvalidValue,
+    Knobs,
     int_in,
     number_in,
     one_of,
@@ -122,7 +122,7 @@ class QualitySpec:
     def sampler_record(self) -> dict[str, Any]:
         return dataclasses.asdict(self.sampler)
 
-    def conflict(self, knobs: CellConfig, smoke_steps: int) -> str | None:
+    def conflict(self, knobs: Knobs, smoke_steps: int) -> str | None:
         """Why this cell cannot be evaluated, or None."""
         data = knobs.data
         if self.at_smoke_end and not smoke_steps:
@@ -154,7 +154,7 @@ class QualitySpec:
             return "quality.vae random would decode samples into meaningless images; use ema, mse or a path"
         return None
 
-    def decoder(self, knobs: CellConfig) -> str:
+    def decoder(self, knobs: Knobs) -> str:
         """`pixels`, or the VAE (name or path) that decodes this cell's samples."""
         data = knobs.data
         if isinstance(data, dict) and "pixels" in data:

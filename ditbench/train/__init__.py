@@ -1,5 +1,5 @@
 """Training: precision policies, AdamW + EMA, data sources, and the Trainer (one step)."""
 
-from ditbench.train.step import TrainConfig, Trainer
+from ditbench.train.step import Trainer
 
-__all__ = ["TrainConfig", "Trainer"]
+__all__ = ["Trainer"]

@@ -54,9 +54,9 @@ def run(args: argparse.Namespace) -> int:
 
     from ditbench.device import resolve_device
     from ditbench.errors import UserError
-    from ditbench.knobs import TRAIN_KNOBS
+    from ditbench.knobs import TRAIN_KNOBS, Knobs
     from ditbench.progress import progress
-    from ditbench.train import TrainConfig, Trainer
+    from ditbench.train import Trainer
     from ditbench.train.data import data_spec
 
     if not 1 <= args.steps <= MAX_STEPS:
@@ -70,8 +70,8 @@ def run(args: argparse.Namespace) -> int:
     device = str(resolve_device(args.device))
     knobs = {name: getattr(args, name) for name in TRAIN_KNOBS}
     knobs["data"] = data_spec(args.data, args.vae)
-    cfg = TrainConfig(**knobs, device=device)
-    trainer = Trainer(cfg)
+    cfg = Knobs(**knobs)
+    trainer = Trainer(cfg, device=device)
     data_desc = trainer.data.describe()
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON alone
     print(

@@ -371,8 +371,6 @@ def data_source_from_config(
     from ditbench.models.configs import latent_size as _latent_size
 
     size = _latent_size(image_size)
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise UserError(f"batch_size must be a positive integer, got {batch_size!r}")
     if spec is None or spec == "synthetic" or spec == {"synthetic": None} or spec == {"kind": "synthetic"}:
         return SyntheticLatents(batch_size, size, num_classes, device, seed)
     spec = data_spec(spec, vae)

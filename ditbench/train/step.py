@@ -1,7 +1,6 @@
 """One DiT training step, the way the paper trains, under a chosen precision policy.
 
-    cfg = TrainConfig(model="DiT-S/8", precision="bf16", batch_size=8, device="cpu")
-    trainer = Trainer(cfg)
+    trainer = Trainer(Knobs(model="DiT-S/8", precision="bf16", batch_size=8), device="cpu")
     for _ in range(steps):
         loss = trainer.step(trainer.next_batch())   # detached 0-d tensor; no host sync
 
@@ -16,18 +15,14 @@ stays on the device; the caller decides when to synchronise (e.g. `loss.item()` 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
 from ditbench.device import resolve_device
 from ditbench.diffusion import create_diffusion
-from ditbench.errors import UserError
-from ditbench.knobs import KNOB_DEFAULTS, TRAIN_KNOBS, CellConfig, InvalidValue, check_knob
+from ditbench.knobs import Knobs
 from ditbench.models.attention import resolve_kernel
 from ditbench.models.build import build_model, count_params
 from ditbench.models.checkpoint import save_checkpoint
@@ -36,94 +31,57 @@ from ditbench.precision import get_precision_policy
 from ditbench.train.data import DataSource, data_source_from_config
 from ditbench.train.optim import EMA, make_optimizer
 
-_K = KNOB_DEFAULTS
 Batch = tuple[torch.Tensor, torch.Tensor] | list[tuple[torch.Tensor, torch.Tensor]]
 
 
-@dataclass
-class TrainConfig:
-    """What one training process runs: the training knobs (defaults, validation and spellings from
-    `ditbench.knobs`, shared with suites) and how this process runs them."""
-
-    model: str
-    image_size: int = _K["image_size"]
-    precision: str = _K["precision"]
-    grad_ckpt: str = _K["grad_ckpt"]
-    batch_size: int = _K["batch_size"]
-    compile: bool = _K["compile"]
-    compile_mode: str = _K["compile_mode"]
-    grad_accum: int = _K["grad_accum"]
-    impl: str = _K["impl"]
-    attention: str = _K["attention"]
-    optimizer: str = _K["optimizer"]
-    optimizer_impl: str = _K[
-        "optimizer_impl"
-    ]  # auto (fused, measured: train.optim) | fused | foreach | for-loop
-    data: Any = _K["data"]  # "synthetic" | {"latents": path} | {"images": dir, "vae": path|"random"}
-    seed: int = _K["seed"]
-    lr: float = _K["lr"]
-    weight_decay: float = _K["weight_decay"]
-    ema_decay: float = _K["ema_decay"]
-    num_classes: int = _K["num_classes"]
-    # How this process runs them; none changes what a step computes.
-    device: str = "cpu"
-    data_seed: int | None = None  # the data source's seed; None = seed (ranks of a job each get their own)
-    data_workers: int = 0
-    class_dropout_prob: float = 0.1
-
-    def __post_init__(self) -> None:
-        for name in TRAIN_KNOBS:
-            try:
-                setattr(self, name, check_knob(name, getattr(self, name)))
-            except InvalidValue as err:
-                raise UserError(str(err)) from None
-        problem = CellConfig(**{name: getattr(self, name) for name in TRAIN_KNOBS}).conflict()
-        if problem:
-            raise UserError(problem)
-
-    @classmethod
-    def from_knobs(cls, knobs: CellConfig, **run: Any) -> TrainConfig:
-        """A cell's training knobs plus how this process runs them (device, data_seed, ...)."""
-        return cls(**knobs.train_knobs(), **run)
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-
 class Trainer:
-    """Builds model, diffusion, precision policy, optimizer, EMA and data from a TrainConfig.
+    """Builds model, diffusion, precision policy, optimizer, EMA and data from a cell's Knobs.
 
-    wrap_model(module) -> module, if given, is applied after the model moves to the device and
-    before torch.compile (e.g. DistributedDataParallel). `base_model` is always the bare DiT.
+    The other arguments say how this process runs them; none changes what a step computes:
+    `data_seed` seeds the data source (None: the knobs' seed; ranks of a job each get their own),
+    `data_workers` loads an image folder in that many processes. wrap_model(module) -> module, if
+    given, is applied after the model moves to the device and before torch.compile (e.g.
+    DistributedDataParallel). `base_model` is always the bare DiT.
     """
 
     def __init__(
         self,
-        cfg: TrainConfig,
+        knobs: Knobs,
+        *,
+        device: str = "cpu",
+        data_seed: int | None = None,
+        data_workers: int = 0,
+        class_dropout_prob: float = 0.1,
         wrap_model: Callable[[nn.Module], nn.Module] | None = None,
         data: DataSource | None = None,
     ):
-        self.cfg = cfg
-        self.device = resolve_device(cfg.device)
+        self.knobs = knobs
+        self._run = {
+            "device": device,
+            "data_seed": data_seed,
+            "data_workers": data_workers,
+            "class_dropout_prob": class_dropout_prob,
+        }
+        self.device = resolve_device(device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.policy = get_precision_policy(cfg.precision, self.device)
+        self.policy = get_precision_policy(knobs.precision, self.device)
         self.policy.apply_backend_flags()
         # Before the model is built (an attention kernel that cannot run here fails fast) and before the
         # seed (the probe draws random inputs).
-        self.attention_kernel = _attention_kernel(cfg, self.device, self.policy.autocast_dtype)
+        self.attention_kernel = _attention_kernel(knobs, self.device, self.policy.autocast_dtype)
 
-        torch.manual_seed(cfg.seed)  # model init, timesteps, noise and label dropout follow this seed
+        torch.manual_seed(knobs.seed)  # model init, timesteps, noise and label dropout follow this seed
         # Built directly on the device: initialising a 675M-parameter model on the CPU takes seconds.
         with torch.device(self.device):
             self.base_model = build_model(
-                cfg.model,
-                image_size=cfg.image_size,
-                num_classes=cfg.num_classes,
-                grad_ckpt=cfg.grad_ckpt,
-                impl=cfg.impl,
-                class_dropout_prob=cfg.class_dropout_prob,
-                attention=cfg.attention,
+                knobs.model,
+                image_size=knobs.image_size,
+                num_classes=knobs.num_classes,
+                grad_ckpt=knobs.grad_ckpt,
+                impl=knobs.impl,
+                class_dropout_prob=class_dropout_prob,
+                attention=knobs.attention,
             )
         self.num_params = count_params(self.base_model)
         self.base_model.to(self.device).train()
@@ -132,28 +90,33 @@ class Trainer:
         if wrap_model is not None:
             # Before the EMA and the optimizer: FSDP2 replaces the parameters with sharded ones.
             model = self._wrapped = wrap_model(model)
-        self.ema = EMA(self.base_model, cfg.ema_decay)
+        self.ema = EMA(self.base_model, knobs.ema_decay)
         self.optimizer = make_optimizer(
-            self.base_model, cfg.lr, cfg.weight_decay, cfg.optimizer_impl, self.device, name=cfg.optimizer
+            self.base_model,
+            knobs.lr,
+            knobs.weight_decay,
+            knobs.optimizer_impl,
+            self.device,
+            name=knobs.optimizer,
         )
         self.scaler = self.policy.make_scaler()
         self.diffusion = create_diffusion()
 
-        if cfg.compile:
-            model = torch.compile(model, mode=None if cfg.compile_mode == "default" else cfg.compile_mode)
+        if knobs.compile:
+            model = torch.compile(model, mode=None if knobs.compile_mode == "default" else knobs.compile_mode)
         self.model = model
 
         self.data = (
             data
             if data is not None
             else data_source_from_config(
-                cfg.data,
-                batch_size=cfg.batch_size,
-                image_size=cfg.image_size,
-                num_classes=cfg.num_classes,
+                knobs.data,
+                batch_size=knobs.batch_size,
+                image_size=knobs.image_size,
+                num_classes=knobs.num_classes,
                 device=self.device,
-                seed=cfg.seed if cfg.data_seed is None else cfg.data_seed,
-                num_workers=cfg.data_workers,
+                seed=knobs.seed if data_seed is None else data_seed,
+                num_workers=data_workers,
             )
         )
         self.step_count = 0
@@ -167,16 +130,16 @@ class Trainer:
 
     def next_batch(self) -> Batch:
         """One optimizer step's data: (x, y), or with grad_accum K > 1 a list of K (x, y) micro-batches."""
-        if self.cfg.grad_accum == 1:
+        if self.knobs.grad_accum == 1:
             return self.data.next_batch()
-        return [self.data.next_batch() for _ in range(self.cfg.grad_accum)]
+        return [self.data.next_batch() for _ in range(self.knobs.grad_accum)]
 
     def step(self, batch: Batch) -> torch.Tensor:
         """One optimizer step over `batch` (see next_batch); returns its mean loss, detached."""
         micro = batch if isinstance(batch, list) else [batch]
-        if len(micro) != self.cfg.grad_accum:
+        if len(micro) != self.knobs.grad_accum:
             raise ValueError(
-                f"grad_accum {self.cfg.grad_accum} needs that many micro-batches, got {len(micro)}"
+                f"grad_accum {self.knobs.grad_accum} needs that many micro-batches, got {len(micro)}"
             )
         sizes = [x.shape[0] for x, _ in micro]
         total = sum(sizes)
@@ -236,13 +199,15 @@ class Trainer:
             "ema": self.ema.state_dict(),
             "opt": self.optimizer.state_dict(),
             "step": self.step_count,
-            "config": self.cfg.to_dict(),
+            "config": self.config(),
         }
 
     def save(self, path) -> None:
-        save_checkpoint(
-            path, self.base_model, self.ema.model, self.optimizer, self.step_count, self.cfg.to_dict()
-        )
+        save_checkpoint(path, self.base_model, self.ema.model, self.optimizer, self.step_count, self.config())
+
+    def config(self) -> dict:
+        """A checkpoint's `config`: the training knobs and how this process ran them."""
+        return {**self.knobs.train_knobs(), **self._run}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume from a ditbench checkpoint dict (model, ema, opt, step)."""
@@ -253,13 +218,13 @@ class Trainer:
         self.step_count = int(state.get("step", 0))
 
 
-def _attention_kernel(cfg: TrainConfig, device: torch.device, autocast_dtype: torch.dtype | None) -> str:
+def _attention_kernel(knobs: Knobs, device: torch.device, autocast_dtype: torch.dtype | None) -> str:
     """The kernel the model's attention runs (UnsupportedError, with torch's reason, if it cannot)."""
-    arch = get_config(cfg.model)
-    tokens = (latent_size(cfg.image_size, arch.patch_size) // arch.patch_size) ** 2
+    arch = get_config(knobs.model)
+    tokens = (latent_size(knobs.image_size, arch.patch_size) // arch.patch_size) ** 2
     dtype = autocast_dtype or torch.float32
     heads = arch.num_heads
-    return resolve_kernel(cfg.attention, device, dtype, heads, arch.hidden_size // heads, tokens)
+    return resolve_kernel(knobs.attention, device, dtype, heads, arch.hidden_size // heads, tokens)
 
 
 @contextlib.contextmanager

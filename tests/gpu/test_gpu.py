@@ -4,20 +4,21 @@ checkpointing memory measured by the CUDA allocator."""
 import pytest
 import torch
 
-from ditbench.train import TrainConfig, Trainer
+from ditbench.knobs import Knobs
+from ditbench.train import Trainer
 
 pytestmark = pytest.mark.gpu
 
 
 def cfg(**kw):
-    base = dict(model="DiT-S/8", image_size=256, batch_size=8, device="cuda")
+    base = dict(model="DiT-S/8", image_size=256, batch_size=8)
     base.update(kw)
-    return TrainConfig(**base)
+    return Knobs(**base)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "tf32", "fp16", "bf16"])
 def test_every_precision_steps_on_cuda(precision):
-    trainer = Trainer(cfg(precision=precision))
+    trainer = Trainer(cfg(precision=precision), device="cuda")
     losses = torch.stack([trainer.step(trainer.next_batch()) for _ in range(3)])
     assert torch.isfinite(losses).all()
     assert trainer.optimizer.ditbench_impl == "fused"
@@ -29,7 +30,7 @@ def test_every_precision_steps_on_cuda(precision):
 
 def _peak(mode):
     torch.cuda.empty_cache()
-    trainer = Trainer(cfg(model="DiT-B/4", batch_size=32, precision="bf16", grad_ckpt=mode))
+    trainer = Trainer(cfg(model="DiT-B/4", batch_size=32, precision="bf16", grad_ckpt=mode), device="cuda")
     trainer.step(trainer.next_batch())
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()

@@ -213,9 +213,9 @@ GRAD_SCRIPT = textwrap.dedent("""
         # Whole training steps as a cell runs them (FSDP: optimizer and EMA rebuilt on the shards).
         from ditbench.bench.cell import build_trainer
         from ditbench.bench.spec import CellSpec
-        from ditbench.knobs import CellConfig
+        from ditbench.knobs import Knobs
         for strategy in ("ddp", "fsdp"):
-            knobs = CellConfig(model="DiT-T/8", image_size=64, batch_size=2, num_classes=10, lr=1e-3, gpus=2,
+            knobs = Knobs(model="DiT-T/8", image_size=64, batch_size=2, num_classes=10, lr=1e-3, gpus=2,
                                strategy=strategy)
             tr = build_trainer(CellSpec(knobs, "cpu"), ctx)
             losses = [float(tr.step(tr.next_batch())) for _ in range(3)]
@@ -282,9 +282,9 @@ def test_ddp_and_fsdp_gradients_over_two_processes_equal_single_process(tmp_path
 
 def _spec(tmp_path: Path, smoke_steps: int = 0) -> Path:
     from ditbench.bench.spec import CellSpec, Steps
-    from ditbench.knobs import CellConfig
+    from ditbench.knobs import Knobs
 
-    knobs = CellConfig(model="DiT-T/8", image_size=64, batch_size=4, gpus=2, num_classes=10)
+    knobs = Knobs(model="DiT-T/8", image_size=64, batch_size=4, gpus=2, num_classes=10)
     spec = CellSpec(knobs, "cpu", Steps(warmup=1, measure=3, min_seconds=0.0), smoke_steps=smoke_steps)
     path = tmp_path / "cell.spec.json"
     path.write_text(

@@ -12,8 +12,8 @@ from ditbench.bench.cell import window_metrics
 from ditbench.bench.spec import CellSpec
 from ditbench.dist import DistContext
 from ditbench.errors import UserError
-from ditbench.knobs import CellConfig
-from ditbench.train import TrainConfig, Trainer
+from ditbench.knobs import Knobs
+from ditbench.train import Trainer
 from ditbench.train.data import DataSource
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,9 +38,7 @@ class Rows(DataSource):
 
 
 def _trainer(batch, accum, **kw):
-    cfg = TrainConfig(
-        model="DiT-T/8", image_size=64, batch_size=batch, grad_accum=accum, num_classes=10, **kw
-    )
+    cfg = Knobs(model="DiT-T/8", image_size=64, batch_size=batch, grad_accum=accum, num_classes=10, **kw)
     trainer = Trainer(cfg, data=Rows(batch))
     with torch.no_grad():  # leave adaLN-Zero's zeros behind, so every weight gets a gradient
         g = torch.Generator().manual_seed(5)
@@ -93,14 +91,14 @@ def test_a_step_needs_its_k_micro_batches():
 
 def test_grad_accum_and_compile_mode_are_checked():
     with pytest.raises(UserError, match="grad_accum must be an integer from 1"):
-        CellConfig.from_mapping({"model": "DiT-T/8", "grad_accum": 0})
+        Knobs.from_mapping({"model": "DiT-T/8", "grad_accum": 0})
     with pytest.raises(
         UserError, match="compile_mode max-autotune-no-cudagraphs shapes a compiled model only"
     ):
-        CellConfig.from_mapping({"model": "DiT-T/8", "compile_mode": "max-autotune-no-cudagraphs"})
+        Knobs.from_mapping({"model": "DiT-T/8", "compile_mode": "max-autotune-no-cudagraphs"})
     with pytest.raises(UserError, match="unknown compile_mode"):
-        CellConfig.from_mapping({"model": "DiT-T/8", "compile": True, "compile_mode": "fast"})
-    ok = CellConfig.from_mapping(
+        Knobs.from_mapping({"model": "DiT-T/8", "compile": True, "compile_mode": "fast"})
+    ok = Knobs.from_mapping(
         {"model": "DiT-T/8", "compile": True, "compile_mode": "max-autotune-no-cudagraphs"}
     )
     assert ok.non_defaults() == {
@@ -111,7 +109,7 @@ def test_grad_accum_and_compile_mode_are_checked():
 
 
 def test_the_record_states_the_global_batch_and_counts_every_micro_batch_image():
-    knobs = CellConfig.from_mapping({"model": "DiT-T/8", "batch_size": 4, "grad_accum": 3, "gpus": 2})
+    knobs = Knobs.from_mapping({"model": "DiT-T/8", "batch_size": 4, "grad_accum": 3, "gpus": 2})
     spec = CellSpec(knobs, "cpu")
     config = spec.record_config()
     assert config["global_batch"] == 4 * 2 * 3 and config["grad_accum"] == 3
@@ -133,12 +131,12 @@ RANKS_SCRIPT = textwrap.dedent("""
     from ditbench import dist
     from ditbench.bench import cell
     from ditbench.bench.spec import CellSpec, Steps
-    from ditbench.knobs import CellConfig
-    from ditbench.train import TrainConfig, Trainer
+    from ditbench.knobs import Knobs
+    from ditbench.train import Trainer
     from test_grad_accum import Rows
 
     def run(ctx, strategy, batch, accum):
-        cfg = TrainConfig(model="DiT-T/8", image_size=64, batch_size=batch, grad_accum=accum, num_classes=10)
+        cfg = Knobs(model="DiT-T/8", image_size=64, batch_size=batch, grad_accum=accum, num_classes=10)
         data = Rows(batch)
         data.at = 100 * ctx.rank  # each rank its own rows
         trainer = Trainer(cfg, wrap_model=lambda m: dist.wrap_model(m, strategy, ctx), data=data)
@@ -166,7 +164,7 @@ RANKS_SCRIPT = textwrap.dedent("""
         ctx = dist.init("cpu")
         out = {s + f"_{b}x{k}": run(ctx, s, b, k) for s in ("ddp", "fsdp") for b, k in ((4, 1), (2, 2))}
         # A multi-process cell measured the way the runner's ranks measure it.
-        knobs = CellConfig(model="DiT-T/8", image_size=64, batch_size=2, grad_accum=2, gpus=2, num_classes=10)
+        knobs = Knobs(model="DiT-T/8", image_size=64, batch_size=2, grad_accum=2, gpus=2, num_classes=10)
         spec = CellSpec(knobs, "cpu", Steps(warmup=1, measure=2, min_seconds=0.0))
         result = cell.measure(spec, "DiT-T/8 grad_accum=2 gpus=2", lambda: ctx).result
         out["cell"] = {"status": result["status"], "reason": result["reason"], "metrics": result["metrics"]}

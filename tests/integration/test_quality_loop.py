@@ -16,7 +16,7 @@ from ditbench import builtin_data
 from ditbench.bench import cell
 from ditbench.bench.spec import CellSpec, Steps
 from ditbench.dist import DistContext
-from ditbench.knobs import CellConfig
+from ditbench.knobs import Knobs
 from ditbench.metrics.stats_cache import CACHE_ENV
 from ditbench.quality import grid
 from ditbench.quality.evaluation import METRIC_KEYS
@@ -35,7 +35,7 @@ def reference(tmp_path_factory):
 
 
 def _spec(reference, smoke_steps=0, **quality):
-    knobs = CellConfig(
+    knobs = Knobs(
         model="DiT-T/2",
         image_size=64,
         batch_size=4,
@@ -159,12 +159,12 @@ from metrics_support import FakeExtractor
 from ditbench import dist
 from ditbench.bench.cell import build_trainer
 from ditbench.bench.spec import CellSpec, Steps
-from ditbench.knobs import CellConfig
+from ditbench.knobs import Knobs
 from ditbench.quality.loop import run_quality
 from ditbench.quality.spec import QualitySpec, Sampler
 
 ctx = dist.init("cpu")
-knobs = CellConfig(model="DiT-T/2", image_size=64, batch_size=4, num_classes=2, gpus=2, strategy=sys.argv[4],
+knobs = Knobs(model="DiT-T/2", image_size=64, batch_size=4, num_classes=2, gpus=2, strategy=sys.argv[4],
                    data={"pixels": "builtin:mpl-gray16"}, ema_decay=0.5)
 q = QualitySpec(sys.argv[1], samples=6, sampler=Sampler("ddpm", 3, 1.5), at=(0, 2), seeds=(0, 1), grid=0,
                 batch_size=2)

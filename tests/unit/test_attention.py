@@ -97,21 +97,20 @@ def test_diffusers_impl_runs_the_math_and_forced_backends():
         a, b = (m.eval()(x, t, y) for m in models.values())
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     with pytest.raises(UnsupportedError, match="memory-efficient"):
-        from ditbench.train import TrainConfig, Trainer
+        from ditbench.knobs import Knobs
+        from ditbench.train import Trainer
 
-        Trainer(
-            TrainConfig(model="DiT-T/4", image_size=64, batch_size=2, impl="diffusers", attention="efficient")
-        )
+        Trainer(Knobs(model="DiT-T/4", image_size=64, batch_size=2, impl="diffusers", attention="efficient"))
 
 
 def test_a_cell_records_the_kernel_or_is_unsupported(tmp_path):
     from ditbench.bench import cell
     from ditbench.bench.spec import CellSpec, Steps
     from ditbench.dist import DistContext
-    from ditbench.knobs import CellConfig
+    from ditbench.knobs import Knobs
 
     def run(attention):
-        knobs = CellConfig(model="DiT-T/8", image_size=64, batch_size=2, attention=attention)
+        knobs = Knobs(model="DiT-T/8", image_size=64, batch_size=2, attention=attention)
         spec = CellSpec(knobs, "cpu", Steps(warmup=1, measure=2, min_seconds=0.0))
         return cell.measure(spec, f"DiT-T/8 {attention}", lambda: DistContext()).result
 

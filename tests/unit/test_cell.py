@@ -9,7 +9,7 @@ from ditbench.bench.summary import format_line, summary_table
 from ditbench.bench.window import GAP_BOUND, SPREAD_BOUND, noise
 from ditbench.dist import DistContext
 from ditbench.errors import UnsupportedError
-from ditbench.knobs import CellConfig
+from ditbench.knobs import Knobs
 
 GIB = 2**30
 
@@ -51,7 +51,7 @@ def test_apply_emulation_caps_the_allocator_and_says_so(fake_cuda):
 
 
 def _spec(**settings):
-    knobs = CellConfig(model="DiT-T/8", image_size=64, batch_size=2)
+    knobs = Knobs(model="DiT-T/8", image_size=64, batch_size=2)
     return CellSpec(knobs, "cpu", Steps(warmup=1, measure=2, min_seconds=0.0), **settings)
 
 

@@ -1,34 +1,23 @@
 """The cell contract: one table of knobs, one validation, and every knob reaches the training step."""
 
-import dataclasses
 import math
 
 import pytest
 
 from ditbench.bench.spec import CellSpec, Steps
 from ditbench.errors import UserError
-from ditbench.knobs import FIELDS, KNOB_DEFAULTS, TRAIN_KNOBS, CellConfig
-from ditbench.train import TrainConfig
+from ditbench.knobs import FIELDS, TRAIN_KNOBS, Knobs
 
 
-def test_train_config_takes_every_training_knob_with_the_same_default():
-    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
-    for name in TRAIN_KNOBS:
-        assert name in fields, name
-        if name != "model":  # required in both
-            assert fields[name].default == KNOB_DEFAULTS[name], name
-    assert set(FIELDS) - set(TRAIN_KNOBS) == {"gpus", "nodes", "strategy"}  # how processes start
-    assert fields["model"].default is dataclasses.MISSING and KNOB_DEFAULTS["model"] is None
-
-
-def test_from_knobs_carries_every_value():
-    knobs = CellConfig.from_mapping(
-        {"model": "DiT-XL-2", "grad_ckpt": "on", "batch_size": 3, "lr": 2e-4, "optimizer_impl": "for-loop"}
+def test_knobs_are_validated_however_they_are_built():
+    knobs = Knobs(model="DiT-XL-2", grad_ckpt="on", batch_size=3, lr=2e-4, optimizer_impl="for-loop")
+    assert (knobs.model, knobs.grad_ckpt, knobs.batch_size, knobs.lr) == ("DiT-XL/2", "full", 3, 2e-4)
+    assert knobs == Knobs.from_mapping(
+        {"model": "DiT-XL/2", "grad_ckpt": "full", "batch_size": 3, "lr": 2e-4, "optimizer_impl": "for-loop"}
     )
-    cfg = TrainConfig.from_knobs(knobs, device="cpu", data_seed=7)
-    assert (cfg.model, cfg.grad_ckpt, cfg.batch_size, cfg.lr) == ("DiT-XL/2", "full", 3, 2e-4)
-    assert cfg.optimizer_impl == "for-loop" and cfg.data_seed == 7
-    assert {k: getattr(cfg, k) for k in TRAIN_KNOBS} == knobs.train_knobs()
+    assert set(FIELDS) - set(TRAIN_KNOBS) == {"gpus", "nodes", "strategy"}  # how processes start
+    with pytest.raises(UserError, match="batch_size must be an integer from 1 to 1,048,576"):
+        knobs.replace(batch_size=0)
 
 
 @pytest.mark.parametrize(
@@ -51,16 +40,16 @@ def test_from_knobs_carries_every_value():
 )
 def test_bad_values_are_refused_where_they_enter(values, words):
     with pytest.raises(UserError, match=words):
-        CellConfig.from_mapping(values)
-    if "model" in values and not {"bacth_size", "strategy"} & set(values):  # the same rule guards TrainConfig
+        Knobs.from_mapping(values)
+    if "bacth_size" not in values:  # the same rule guards knobs built in code
         with pytest.raises(UserError, match=words):
-            TrainConfig(**values)
+            Knobs(**values)
 
 
 def test_attention_and_optimizer_reach_the_step():
     from ditbench.train import Trainer
 
-    trainer = Trainer(TrainConfig(model="DiT-T/8", image_size=64, batch_size=2, attention="math"))
+    trainer = Trainer(Knobs(model="DiT-T/8", image_size=64, batch_size=2, attention="math"))
     assert {b.attn.attention for b in trainer.base_model.blocks} == {"math"}
     assert trainer.attention_kernel == "math"
     assert type(trainer.optimizer).__name__ == "AdamW"
@@ -71,7 +60,7 @@ def test_attention_and_optimizer_reach_the_step():
 
 
 def test_spec_round_trips_through_the_record_and_refuses_unknown_keys():
-    knobs = CellConfig.from_mapping({"model": "DiT-T/8", "gpus": 2, "batch_size": 4})
+    knobs = Knobs.from_mapping({"model": "DiT-T/8", "gpus": 2, "batch_size": 4})
     spec = CellSpec(knobs, "cpu", Steps(1, 2, 0.0), smoke_steps=5, gpu_memory_gib=None)
     config = spec.record_config()
     assert config["global_batch"] == 8 and config["card"] is None

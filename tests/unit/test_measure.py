@@ -17,8 +17,9 @@ from ditbench.bench.measure import (
 )
 from ditbench.bench.window import measure_window, percentile, smoke_run, step_stats
 from ditbench.errors import UserError
+from ditbench.knobs import Knobs
 from ditbench.models import build_model, get_config
-from ditbench.train import TrainConfig, Trainer
+from ditbench.train import Trainer
 
 
 def test_xl2_forward_is_the_papers_118_6_gmacs():
@@ -85,9 +86,9 @@ def test_percentiles_match_numpy():
 
 
 def tiny_trainer(**kw):
-    cfg = dict(model="DiT-T/8", image_size=64, batch_size=2, device="cpu", seed=0)
+    cfg = dict(model="DiT-T/8", image_size=64, batch_size=2, seed=0)
     cfg.update(kw)
-    return Trainer(TrainConfig(**cfg))
+    return Trainer(Knobs(**cfg))
 
 
 def test_measure_window_takes_at_least_k_steps_and_t_seconds():

@@ -6,7 +6,7 @@ import torch
 
 from ditbench import builtin_data, pixels
 from ditbench.errors import UserError
-from ditbench.knobs import CellConfig
+from ditbench.knobs import Knobs
 from ditbench.train.data import data_source_from_config
 
 
@@ -61,7 +61,7 @@ def test_unknown_builtin_name_lists_the_valid_ones():
 
 
 def test_pixel_data_source_trains_on_the_blocks():
-    config = CellConfig.from_mapping(
+    config = Knobs.from_mapping(
         {"model": "DiT-T/2", "image_size": 64, "num_classes": 2, "data": {"pixels": "builtin:mpl-gray16"}}
     )
     source = data_source_from_config(

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
@@ -64,10 +62,10 @@ MORE = [
 
 
 def _trainer(config: dict):
-    from ditbench.train import TrainConfig, Trainer
+    from ditbench.knobs import FIELDS, Knobs
+    from ditbench.train import Trainer
 
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
-    return Trainer(TrainConfig(**{k: v for k, v in config.items() if k in names}))
+    return Trainer(Knobs(**{k: v for k, v in config.items() if k in FIELDS}), device=config["device"])
 
 
 @pytest.mark.parametrize("config", _params(_smoke_cells() + MORE, slow_models=("DiT-S/8",)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ditbench.knobs import Knobs
 from ditbench.plan.batch import probe_batch, trace_series
 from ditbench.plan.emulation import CPU, cuda_target
 from ditbench.plan.trace import trace_training
@@ -34,8 +35,8 @@ def canonical(events: list[int]) -> list[int]:
     ],
 )
 def test_memoized_dispatch_records_what_the_fake_mode_records(kwargs, target):
-    plain = trace_training(kwargs, target, 3, memo=False)
-    fast = trace_training(kwargs, target, 3, memo=True)
+    plain = trace_training(Knobs(**kwargs), target, 3, memo=False)
+    fast = trace_training(Knobs(**kwargs), target, 3, memo=True)
     assert fast.sizes == plain.sizes
     assert canonical(fast.events) == canonical(plain.events)
     assert (fast.labels, fast.marks, fast.modeled) == (plain.labels, plain.marks, plain.modeled)
@@ -44,10 +45,10 @@ def test_memoized_dispatch_records_what_the_fake_mode_records(kwargs, target):
 @pytest.mark.parametrize("precision, ckpt", [("fp16", "none"), ("bf16", "every_2"), ("fp32", "full")])
 def test_one_trace_gives_every_batch_size_exactly(precision, ckpt):
     kwargs = {**TINY, "precision": precision, "grad_ckpt": ckpt}
-    series = trace_series(kwargs, GPU)
-    assert series.probe == probe_batch(kwargs) and series.probe > 4096
+    series = trace_series(Knobs(**kwargs), GPU)
+    assert series.probe == probe_batch(Knobs(**kwargs)) and series.probe > 4096
     for batch in (2, 3, 8):
-        direct = trace_training(kwargs, GPU, batch)
+        direct = trace_training(Knobs(**kwargs), GPU, batch)
         assert series.sizes(batch) == [
             s if aid not in direct.modeled else series.sizes(batch)[aid] for aid, s in enumerate(direct.sizes)
         ]
@@ -57,7 +58,7 @@ def test_one_trace_gives_every_batch_size_exactly(precision, ckpt):
 def test_state_is_labelled_with_its_owner():
     from ditbench.models.build import build_model
 
-    trace = trace_training({**TINY, "precision": "bf16"}, GPU, 4)
+    trace = trace_training(Knobs(**{**TINY, "precision": "bf16"}), GPU, 4)
     params = trace.params
     with torch.device("meta"):
         model = build_model("DiT-T/2", image_size=64)
@@ -83,7 +84,7 @@ def test_cpu_trace_has_no_gpu_workspaces_and_auto_is_the_trainers_kernel():
     from ditbench.train.optim import AUTO_IMPL
 
     assert optimizer_impl("auto", CPU) == AUTO_IMPL["cpu"] and optimizer_impl("auto", GPU) == "fused"
-    trace = trace_training({**TINY, "precision": "fp32", "optimizer_impl": "foreach"}, CPU, 4)
+    trace = trace_training(Knobs(**{**TINY, "precision": "fp32", "optimizer_impl": "foreach"}), CPU, 4)
     assert not trace.modeled
 
 
@@ -142,9 +143,9 @@ def test_diffusers_step_needs_the_cuda_rules_and_gets_them(monkeypatch):
     from ditbench.plan import emulation
 
     kwargs = {**TINY, "precision": "bf16", "impl": "diffusers"}
-    assert trace_training(kwargs, GPU, 2).notes == []
+    assert trace_training(Knobs(**kwargs), GPU, 2).notes == []
     monkeypatch.setattr(emulation, "cuda_autocast", contextlib.nullcontext)
-    notes = trace_training(kwargs, GPU, 2).notes
+    notes = trace_training(Knobs(**kwargs), GPU, 2).notes
     assert any("native_layer_norm" in n and "float32" in n for n in notes)
 
 
@@ -161,11 +162,11 @@ def test_a_compiled_step_is_traced_through_its_graphs():
         return original(fn)
 
     kwargs = {**TINY, "precision": "bf16"}
-    eager = trace_training(kwargs, GPU, 8)
+    eager = trace_training(Knobs(**kwargs), GPU, 8)
     import unittest.mock as mock
 
     with mock.patch.object(compiled, "_recorded", spy):
-        traced = trace_training({**kwargs, "compile": True}, GPU, 8)
+        traced = trace_training(Knobs(**{**kwargs, "compile": True}), GPU, 8)
     assert len(calls) >= 2  # a forward and a backward graph
     assert traced.notes == []
     labels = {

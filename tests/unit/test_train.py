@@ -6,16 +6,17 @@ import pytest
 import torch
 
 from ditbench.errors import UnsupportedError, UserError
+from ditbench.knobs import Knobs
 from ditbench.precision import get_precision_policy
-from ditbench.train import TrainConfig, Trainer
+from ditbench.train import Trainer
 from ditbench.train.data import DataSource
 from ditbench.train.optim import EMA, make_optimizer
 
 
 def tiny_cfg(**kw):
-    base = dict(model="DiT-T/8", image_size=64, batch_size=4, device="cpu")
+    base = dict(model="DiT-T/8", image_size=64, batch_size=4)
     base.update(kw)
-    return TrainConfig(**base)
+    return Knobs(**base)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -139,7 +140,7 @@ class FixedSet(DataSource):
 
 @pytest.mark.slow
 def test_short_run_drives_the_loss_down():
-    cfg = TrainConfig(model="DiT-T/2", image_size=32, batch_size=16, lr=2e-3, num_classes=2, device="cpu")
+    cfg = Knobs(model="DiT-T/2", image_size=32, batch_size=16, lr=2e-3, num_classes=2)
     trainer = Trainer(cfg, data=FixedSet())
     losses = torch.stack([trainer.step(trainer.next_batch()) for _ in range(100)])
     assert torch.isfinite(losses).all()
@@ -178,7 +179,7 @@ def test_bad_config_values():
     with pytest.raises(UserError, match="every_K"):
         Trainer(tiny_cfg(grad_ckpt="sometimes"))
     with pytest.raises(UnsupportedError):
-        Trainer(tiny_cfg(device="cuda:7" if torch.cuda.is_available() else "cuda"))
+        Trainer(tiny_cfg(), device="cuda:7" if torch.cuda.is_available() else "cuda")
 
 
 def test_grad_ckpt_trainer_matches_plain():
