@@ -21,14 +21,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ditbench.errors import UnsupportedError, UserError, shorten
 
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where it is used: the command line's --precision reads these names, and
+# `ditbench --help` must not pay for torch.
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
-_AUTOCAST = {"fp16": torch.float16, "bf16": torch.bfloat16}
+_LOW = {"fp16": "float16", "bf16": "bfloat16"}  # the autocast dtypes; fp32 and tf32 compute in float32
 
 
 def check_precision(name: Any, where: str = "precision") -> str:
@@ -38,6 +41,13 @@ def check_precision(name: Any, where: str = "precision") -> str:
     return name
 
 
+def compute_dtype(name: str) -> torch.dtype:
+    """The dtype a precision's matmuls run in: float16, bfloat16, else float32 (fp32, tf32)."""
+    import torch
+
+    return getattr(torch, _LOW.get(check_precision(name), "float32"))
+
+
 # --------------------------------------------------------------------------------------------
 # TF32: the one place that touches these flags
 # --------------------------------------------------------------------------------------------
@@ -45,16 +55,22 @@ def check_precision(name: Any, where: str = "precision") -> str:
 
 def _new_api_targets() -> dict[str, Any]:
     """The CUDA ops whose per-op fp32_precision we set."""
+    import torch
+
     cudnn = torch.backends.cudnn
     return {"matmul": torch.backends.cuda.matmul, "conv": cudnn.conv, "rnn": cudnn.rnn}
 
 
 def _has_new_api() -> bool:
+    import torch
+
     return hasattr(torch.backends.cuda.matmul, "fp32_precision")
 
 
 def set_tf32(enabled: bool) -> None:
     """Allow (True) or forbid (False) TF32 for CUDA matmuls and cuDNN, through both APIs."""
+    import torch
+
     enabled = bool(enabled)
     torch.backends.cuda.matmul.allow_tf32 = enabled  # legacy: also sets matmul's fp32_precision
     torch.backends.cudnn.allow_tf32 = enabled
@@ -66,6 +82,8 @@ def set_tf32(enabled: bool) -> None:
 
 def tf32_state() -> dict[str, Any]:
     """Every getter, legacy and new: reading them is what fails when the two APIs disagree."""
+    import torch
+
     state: dict[str, Any] = {
         "matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
@@ -79,12 +97,16 @@ def tf32_state() -> dict[str, Any]:
 
 def _snapshot() -> tuple:
     """The settings to restore, read through the new API where it exists (it never refuses a read)."""
+    import torch
+
     if _has_new_api():
         return ("new", {n: t.fp32_precision for n, t in _new_api_targets().items()})
     return ("legacy", (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
 
 
 def _restore(saved: tuple) -> None:
+    import torch
+
     kind, values = saved
     if kind == "legacy":
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = values
@@ -98,6 +120,8 @@ def _restore(saved: tuple) -> None:
 @contextlib.contextmanager
 def tf32_mode(enabled: bool, cudnn_benchmark: bool | None = None) -> Iterator[None]:
     """TF32 on or off (and optionally cuDNN's algorithm search) for a block, restored afterwards."""
+    import torch
+
     saved, benchmark = _snapshot(), torch.backends.cudnn.benchmark
     set_tf32(enabled)
     if cudnn_benchmark is not None:
@@ -127,11 +151,15 @@ class PrecisionPolicy:
             set_tf32(self.tf32)
 
     def autocast(self):
+        import torch
+
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device_type, dtype=self.autocast_dtype)
 
     def make_scaler(self):
+        import torch
+
         if not self.use_scaler:
             return None
         return torch.amp.GradScaler(self.device_type)
@@ -148,6 +176,8 @@ def unsupported_reason(name: str, device_type: str) -> str | None:
 
 def get_precision_policy(name: str, device: str | torch.device = "cpu") -> PrecisionPolicy:
     """The policy for `name` on `device`; UnsupportedError where the device cannot run it."""
+    import torch
+
     key = check_precision(name)
     device_type = torch.device(device).type
     if device_type not in ("cpu", "cuda"):
@@ -162,7 +192,7 @@ def get_precision_policy(name: str, device: str | torch.device = "cpu") -> Preci
     return PrecisionPolicy(
         name=key,
         device_type=device_type,
-        autocast_dtype=_AUTOCAST.get(key),
+        autocast_dtype=compute_dtype(key) if key in _LOW else None,
         tf32=key != "fp32",
         use_scaler=key == "fp16",
     )

@@ -57,7 +57,7 @@ from ditbench.bench.runner import (
     run_order,
     select_cells,
 )
-from ditbench.bench.suite import Cell, Suite
+from ditbench.bench.suite import Suite, SuiteCell
 from ditbench.bench.summary import format_line, write_summary
 from ditbench.errors import UserError, shorten
 from ditbench.fileio import write_json_atomic
@@ -79,7 +79,7 @@ class Pending:
 
     ticket: inflight.Ticket
     ref: JobRef
-    cell: Cell | None  # None: submitted by an earlier run for a cell this suite no longer has
+    cell: SuiteCell | None  # None: submitted by an earlier run for a cell this suite no longer has
     handle: Any = None  # submitit's Job, when this run submitted it
 
 
@@ -175,7 +175,7 @@ class _Submitter:
 
     # -- before submitting -------------------------------------------------------------------
 
-    def _recorded(self, cell: Cell, previous: dict) -> bool:
+    def _recorded(self, cell: SuiteCell, previous: dict) -> bool:
         """ok, or unsupported for the same reason as last time (the local runner's rule)."""
         prev = cell.previous(previous)
         if self.options.force or prev is None:
@@ -187,7 +187,7 @@ class _Submitter:
             prev.get("status") == "unsupported" and verdict is not None and prev.get("reason") == verdict[1]
         )
 
-    def _verdict(self, cell: Cell) -> tuple[str, str] | None:
+    def _verdict(self, cell: SuiteCell) -> tuple[str, str] | None:
         return cell_verdict(cell, self.kind, self.runner.visible)
 
     def _pick_up(self) -> None:
@@ -218,9 +218,9 @@ class _Submitter:
 
     # -- submitting --------------------------------------------------------------------------
 
-    def _start(self, cells: list[Cell]) -> None:
+    def _start(self, cells: list[SuiteCell]) -> None:
         """Open each cell's ticket; record the cells that must not start, submit the others."""
-        groups: dict[str, list[Cell]] = {}
+        groups: dict[str, list[SuiteCell]] = {}
         params_of: dict[str, dict] = {}
         for cell in cells:
             decided = self.runner._decide(cell, self._verdict(cell), None)
@@ -240,10 +240,10 @@ class _Submitter:
                 params_of[shape], [(c, inflight.open_ticket(self.folder, self._context(c))) for c in members]
             )
 
-    def _timeout(self, cell: Cell) -> float:
+    def _timeout(self, cell: SuiteCell) -> float:
         return self.options.timeout_s or cell.timeout_s
 
-    def _context(self, cell: Cell) -> dict[str, Any]:
+    def _context(self, cell: SuiteCell) -> dict[str, Any]:
         return {
             "suite": self.suite.name,
             "run_id": self.run_id,
@@ -256,7 +256,7 @@ class _Submitter:
             "started_at": _iso(time.time()),
         }
 
-    def _submit(self, params: dict, members: list[tuple[Cell, inflight.Ticket]]) -> None:
+    def _submit(self, params: dict, members: list[tuple[SuiteCell, inflight.Ticket]]) -> None:
         from ditbench.bench.launch.files import write_spec
 
         calls = []
@@ -291,7 +291,7 @@ class _Submitter:
 
     # -- waiting -----------------------------------------------------------------------------
 
-    def _wait(self, todo: list[Cell]) -> None:
+    def _wait(self, todo: list[SuiteCell]) -> None:
         """Append each result as it arrives; the local executor starts the next cell when one ends."""
         todo = list(todo)
         while self.pending or todo:
@@ -373,7 +373,7 @@ class _Submitter:
         self.pending.clear()
 
 
-def cell_verdict(cell: Cell, kind: str, visible: Visible) -> tuple[str, str] | None:
+def cell_verdict(cell: SuiteCell, kind: str, visible: Visible) -> tuple[str, str] | None:
     """(status, reason) for a cell that must not be submitted, else None."""
     config = cell.config
     if kind == "slurm":  # the job's nodes have what it asks for; only the precision can be refused here

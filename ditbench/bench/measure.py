@@ -131,13 +131,11 @@ def measure_matmul_tflops(device: str, precision: str, n: int | None = None, sec
     """Achieved TFLOP/s of a square matmul in `precision`: a ceiling that is honest on any card."""
     import torch
 
-    from ditbench.precision import tf32_mode
+    from ditbench.precision import compute_dtype, tf32_mode
 
     dev = torch.device(device)
     n = n or (MATMUL_SIDE_CUDA if dev.type == "cuda" else MATMUL_SIDE_CPU)
-    dtype = {"fp32": torch.float32, "tf32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[
-        precision
-    ]
+    dtype = compute_dtype(precision)
     with tf32_mode(precision == "tf32"):
         a = torch.randn(n, n, device=dev, dtype=dtype)
         b = torch.randn(n, n, device=dev, dtype=dtype)

@@ -36,7 +36,7 @@ from ditbench.bench import inflight
 from ditbench.bench.faults import FAULT_ENV, FAULT_RANK_ENV, check_fault_rank, parse_fault_spec
 from ditbench.bench.launch.process import run_isolated
 from ditbench.bench.records import latest_by_cell, read_records
-from ditbench.bench.suite import TIMEOUT_MAX_S, Cell, Suite
+from ditbench.bench.suite import TIMEOUT_MAX_S, Suite, SuiteCell
 from ditbench.bench.summary import format_line, write_summary
 from ditbench.device import cuda_visible, device_type
 from ditbench.errors import UserError, shorten
@@ -75,7 +75,7 @@ class Visible:
         return cls(cuda=cuda, gpu_count=torch.cuda.device_count() if cuda else 0)
 
 
-def precheck(cell: Cell, visible: Visible, rendezvous: dict | None = None) -> tuple[str, str] | None:
+def precheck(cell: SuiteCell, visible: Visible, rendezvous: dict | None = None) -> tuple[str, str] | None:
     """(status, reason) for a cell that cannot run here, decided without starting it."""
     config = cell.config
     device = device_type(config["device"], visible.cuda)
@@ -139,13 +139,13 @@ def check_out_dir(out: Path, *, create: bool) -> None:
         raise UserError(f"{shorten(str(results))} is not readable and writable; a run appends to it.")
 
 
-def select_cells(suite: Suite, filters: list[str]) -> list[Cell]:
+def select_cells(suite: Suite, filters: list[str]) -> list[SuiteCell]:
     if not filters:
         return list(suite.cells)
     return [c for c in suite.cells if any(f in c.cell_name or f == c.cell_id for f in filters)]
 
 
-def run_order(cells: list[Cell]) -> list[Cell]:
+def run_order(cells: list[SuiteCell]) -> list[SuiteCell]:
     """Suite order, except that within a series smaller batches go first (so an OOM can skip the rest)."""
     first: dict[str, int] = {}
     for i, cell in enumerate(cells):
@@ -198,7 +198,7 @@ def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str
     visible = Visible.detect()
     env = collect_env(probe_cuda=False)  # no CUDA context in the parent: it would hold device memory
 
-    def already_recorded(cell: Cell) -> bool:
+    def already_recorded(cell: SuiteCell) -> bool:
         """ok, or unsupported here for the same reason as last time (a new line would say nothing new)."""
         prev = cell.previous(previous)
         if options.force or prev is None:
@@ -289,7 +289,7 @@ class _Run:
         # series -> (the smallest batch that ran out of memory, its cell's name)
         self.oom_at: dict[str, tuple[int, str]] = {}
 
-    def cell(self, cell: Cell) -> dict[str, Any]:
+    def cell(self, cell: SuiteCell) -> dict[str, Any]:
         """Run one cell (or decide it need not start) and append its record; returns the record as written."""
         verdict = precheck(cell, self.visible, self.options.rendezvous)
         # Before the clock starts: the first cell of a series waits for its series' trace.
@@ -331,7 +331,7 @@ class _Run:
         self.note(cell, record)
         return record
 
-    def note(self, cell: Cell, record: dict[str, Any]) -> None:
+    def note(self, cell: SuiteCell, record: dict[str, Any]) -> None:
         """Remember an appended record: the latest per cell, and the smallest batch that ran out of memory."""
         if record["status"] == "oom":
             known = self.oom_at.get(cell.series_key)
@@ -339,7 +339,7 @@ class _Run:
                 self.oom_at[cell.series_key] = (cell.config["batch_size"], cell.cell_name)
         self.latest[cell.cell_id] = record
 
-    def _decide(self, cell: Cell, verdict, skip: str | None) -> dict[str, Any] | None:
+    def _decide(self, cell: SuiteCell, verdict, skip: str | None) -> dict[str, Any] | None:
         """The result of a cell that must not start (unsupported, predicted or seen not to fit), else None."""
         if verdict is not None:
             return {"status": verdict[0], "reason": verdict[1]}
@@ -354,7 +354,7 @@ class _Run:
             }
         return None
 
-    def _finish(self, record: dict[str, Any], cell: Cell) -> None:
+    def _finish(self, record: dict[str, Any], cell: SuiteCell) -> None:
         if self.planner is not None:
             self.planner.annotate(record, cell)
         config = record["config"]

@@ -61,7 +61,7 @@ RETIRED = {
 
 
 @dataclass(frozen=True)
-class Cell:
+class SuiteCell:
     """One point of the matrix: its spec (knobs + how it is measured) and how it is named."""
 
     spec: CellSpec
@@ -95,7 +95,7 @@ class Suite:
     description: str
     path: str
     device: str
-    cells: list[Cell]
+    cells: list[SuiteCell]
     baseline: dict[str, Any] | None = None
     gpu_memory_gib: float | None = None  # the emulated card's budget, from `gpu_memory_gib` or `card`
     card: str | None = None
@@ -361,7 +361,7 @@ def parse_suite(raw: Any, path: str = "<suite>", overrides: list | None = None) 
         )
     full = [(where, Knobs.from_mapping(values, v.at(where))) for where, values in configs]
     varying = [k for k in FIELDS if len({json.dumps(getattr(c, k), sort_keys=True) for _, c in full}) > 1]
-    cells: list[Cell] = []
+    cells: list[SuiteCell] = []
     seen: set[str] = set()
     for _, config in full:
         smoke = _smoke_steps(smoke_steps, smoke_cells, config.to_dict(), baseline)
@@ -377,7 +377,7 @@ def parse_suite(raw: Any, path: str = "<suite>", overrides: list | None = None) 
         problem = quality.conflict(config, smoke) if evaluated else None
         if problem:
             raise v.fail("quality", f"cell {name_} cannot be evaluated: {problem}.")
-        cells.append(Cell(spec, cid, name_, timeout_s, legacy_cell_id(spec)))
+        cells.append(SuiteCell(spec, cid, name_, timeout_s, legacy_cell_id(spec)))
     if quality is not None and not any(c.spec.quality for c in cells):
         raise v.fail(
             "quality.cells",

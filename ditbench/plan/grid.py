@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ditbench.plan.predict import Budget, Prediction, normalize, predict_budgets
+from ditbench.precision import PRECISIONS
 
-DEFAULT_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+DEFAULT_PRECISIONS = PRECISIONS  # every policy
 DEFAULT_GRAD_CKPT = ("none", "full", "every_2")
 DEFAULT_BATCHES = (8, 16, 32, 64, 128, 256, 512)
 

@@ -36,10 +36,10 @@ from ditbench.knobs import (
     one_of,
     unknown_key_message,
 )
+from ditbench.precision import PRECISIONS
 
 SMOKE_END = "smoke_end"
 SAMPLERS = ("ddpm", "ddim")
-SAMPLE_PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 CELL_CHOICES = ("smoke", "all", "baseline")
 MAX_SAMPLES = 10**7
 MAX_SEEDS = 64
@@ -69,7 +69,7 @@ class Sampler:
             "name": one_of("sampler.name", SAMPLERS),
             "steps": int_in("sampler.steps", 1, MAX_DIFFUSION_STEPS),
             "cfg_scale": number_in("sampler.cfg_scale", 1.0, 100.0),
-            "precision": one_of("sampler.precision", SAMPLE_PRECISIONS),
+            "precision": one_of("sampler.precision", PRECISIONS),
         }
         return cls(**_checked(values, checks, "sampler", fail))
 

@@ -31,13 +31,13 @@ from __future__ import annotations
 
 import difflib
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ditbench.cards import find_card
 from ditbench.errors import UserError, shorten
+from ditbench.precision import PRECISIONS
 from ditbench.yamlio import load_yaml_file
 
 # metric -> (kind, unit, what it is). Memory is the figure that decides fit (ditbench.report.memory).
@@ -72,7 +72,6 @@ MAX_TEXT = 500
 # Knobs a selector may name beyond the suite's matrix knobs.
 EXTRA_SELECTOR_KEYS = ("device", "card", "gpu_memory_gib", "gpu_memory_gb")
 INT_KNOBS = ("batch_size", "gpus", "nodes", "image_size", "num_classes", "seed")
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16")  # the precision policies a record can name
 
 
 @dataclass(frozen=True)
@@ -182,9 +181,7 @@ class _Check:
                     raise self.fail(at, f"unknown model {shorten(x)}.{hint} Known: {', '.join(model_names)}.")
                 if key == "precision" and x not in PRECISIONS:
                     raise self.fail(at, f"unknown precision {shorten(x)}; valid: {', '.join(PRECISIONS)}.")
-                if key == "grad_ckpt" and not (
-                    x in ("none", "full") or (isinstance(x, str) and re.fullmatch(r"every_[1-9]\d*", x))
-                ):
+                if key == "grad_ckpt" and (not isinstance(x, str) or x != _grad_ckpt_name(x)):
                     raise self.fail(at, f"unknown grad_ckpt {shorten(x)}; valid: none, full, every_K.")
                 if key in INT_KNOBS and (isinstance(x, bool) or not isinstance(x, int) or x < 0):
                     raise self.fail(at, f"{key} is a whole number, got {shorten(x)}.")
@@ -195,14 +192,21 @@ class _Check:
 
 
 def _vocabulary() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(knob names, model names): the cell contract's, wherever this version of ditbench keeps it."""
-    try:
-        from ditbench.knobs import FIELDS
-        from ditbench.models.configs import MODEL_NAMES
-    except ImportError:  # before ditbench.knobs: the suite module held the knob table
-        from ditbench.bench.suite import KNOB_DEFAULTS as FIELDS
-        from ditbench.models.dit import MODEL_NAMES
+    """(knob names, model names): the cell contract's."""
+    from ditbench.knobs import FIELDS
+    from ditbench.models.configs import MODEL_NAMES
+
     return tuple(FIELDS), tuple(MODEL_NAMES)
+
+
+def _grad_ckpt_name(value: str) -> str | None:
+    """The canonical spelling of a grad_ckpt value (models.configs' grammar), None if it has none."""
+    from ditbench.models.configs import grad_ckpt_name
+
+    try:
+        return grad_ckpt_name(value)
+    except UserError:
+        return None
 
 
 def _join(keypath: str, key: str) -> str:

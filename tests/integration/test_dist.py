@@ -122,7 +122,7 @@ def test_aggregate_sums_throughput_takes_slowest_step_and_largest_memory():
     a = _rank(100.0, 10.0, 5.0, [10.0, 30.0, 10.0])
     b = _rank(80.0, 8.0, 7.0, [20.0, 10.0, 10.0])
     a["fits_budget"], b["fits_budget"] = True, False
-    m = agg.aggregate([a, b], batch_size=10)
+    m = agg.aggregate([a, b], global_batch=20)
     assert m["fits_budget"] is False
     assert m["images_per_s"] == 180.0
     assert m["images_per_s_per_gpu"] == 90.0
@@ -211,7 +211,7 @@ GRAD_SCRIPT = textwrap.dedent("""
             loss["loss"].mean().backward()
             result[strategy] = grads(dist.unwrap_model(wrapped), names, full=strategy == "fsdp")
         # Whole training steps as a cell runs them (FSDP: optimizer and EMA rebuilt on the shards).
-        from ditbench.bench.cell import build_trainer
+        from ditbench.bench.cell_core import build_trainer
         from ditbench.bench.spec import CellSpec
         from ditbench.knobs import Knobs
         for strategy in ("ddp", "fsdp"):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ditbench.bench.cell import window_metrics
+from ditbench.bench.cell_core import window_metrics
 from ditbench.bench.spec import CellSpec
 from ditbench.dist import DistContext
 from ditbench.errors import UserError
@@ -129,7 +129,7 @@ RANKS_SCRIPT = textwrap.dedent("""
     import torch
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from ditbench import dist
-    from ditbench.bench import cell
+    from ditbench.bench import cell_core
     from ditbench.bench.spec import CellSpec, Steps
     from ditbench.knobs import Knobs
     from ditbench.train import Trainer
@@ -166,7 +166,7 @@ RANKS_SCRIPT = textwrap.dedent("""
         # A multi-process cell measured the way the runner's ranks measure it.
         knobs = Knobs(model="DiT-T/8", image_size=64, batch_size=2, grad_accum=2, gpus=2, num_classes=10)
         spec = CellSpec(knobs, "cpu", Steps(warmup=1, measure=2, min_seconds=0.0))
-        result = cell.measure(spec, "DiT-T/8 grad_accum=2 gpus=2", lambda: ctx).result
+        result = cell_core.measure(spec, "DiT-T/8 grad_accum=2 gpus=2", lambda: ctx).result
         out["cell"] = {"status": result["status"], "reason": result["reason"], "metrics": result["metrics"]}
         if ctx.is_main:
             torch.save(out, sys.argv[1])

@@ -13,7 +13,7 @@ from metrics_support import FakeExtractor
 from PIL import Image
 
 from ditbench import builtin_data
-from ditbench.bench import cell
+from ditbench.bench import cell_core
 from ditbench.bench.spec import CellSpec, Steps
 from ditbench.dist import DistContext
 from ditbench.knobs import Knobs
@@ -54,7 +54,7 @@ def _spec(reference, smoke_steps=0, **quality):
 
 
 def _run(spec, tmp_path, extractor=None, smoke=None):
-    from ditbench.bench.cell import build_trainer
+    from ditbench.bench.cell_core import build_trainer
 
     ctx = DistContext(device=torch.device("cpu"))
     return run_quality(
@@ -117,8 +117,8 @@ def test_one_seed_has_no_spread(reference, tmp_path):
 @pytest.mark.slow
 def test_smoke_end_evaluates_the_smoke_runs_trainer(reference, tmp_path):
     spec = _spec(reference, smoke_steps=3, at=None)
-    measured = cell.measure(spec, "c1", lambda: DistContext(device=torch.device("cpu")))
-    smoke = cell.smoke(spec, measured)
+    measured = cell_core.measure(spec, "c1", lambda: DistContext(device=torch.device("cpu")))
+    smoke = cell_core.smoke(spec, measured)
     assert smoke["status"] == "ok" and measured.smoke_trainer is not None
     trainer, wall = measured.smoke_trainer
     assert trainer.step_count == 3 and wall > 0
@@ -132,8 +132,8 @@ def test_smoke_end_evaluates_the_smoke_runs_trainer(reference, tmp_path):
 @pytest.mark.slow
 def test_a_failure_is_the_fields_status_and_the_cell_stands(tmp_path):
     spec = _spec(tmp_path / "missing.npz")
-    measured = cell.measure(spec, "c1", lambda: DistContext(device=torch.device("cpu")))
-    field = cell.quality(spec, measured, {"out_dir": str(tmp_path), "cell_id": "c1"})
+    measured = cell_core.measure(spec, "c1", lambda: DistContext(device=torch.device("cpu")))
+    field = cell_core.quality(spec, measured, {"out_dir": str(tmp_path), "cell_id": "c1"})
     assert measured.result["status"] == "ok"
     assert field["status"] == "error" and "missing.npz" in field["reason"] and field["evaluations"] == []
     smoke_end = _run(_spec(tmp_path / "missing.npz", smoke_steps=2, at=None), tmp_path)
@@ -157,7 +157,7 @@ import torch
 sys.path.insert(0, sys.argv[3])  # tests/support: the stand-in feature network
 from metrics_support import FakeExtractor
 from ditbench import dist
-from ditbench.bench.cell import build_trainer
+from ditbench.bench.cell_core import build_trainer
 from ditbench.bench.spec import CellSpec, Steps
 from ditbench.knobs import Knobs
 from ditbench.quality.loop import run_quality

@@ -104,7 +104,7 @@ def test_diffusers_impl_runs_the_math_and_forced_backends():
 
 
 def test_a_cell_records_the_kernel_or_is_unsupported(tmp_path):
-    from ditbench.bench import cell
+    from ditbench.bench import cell_core
     from ditbench.bench.spec import CellSpec, Steps
     from ditbench.dist import DistContext
     from ditbench.knobs import Knobs
@@ -112,7 +112,7 @@ def test_a_cell_records_the_kernel_or_is_unsupported(tmp_path):
     def run(attention):
         knobs = Knobs(model="DiT-T/8", image_size=64, batch_size=2, attention=attention)
         spec = CellSpec(knobs, "cpu", Steps(warmup=1, measure=2, min_seconds=0.0))
-        return cell.measure(spec, f"DiT-T/8 {attention}", lambda: DistContext()).result
+        return cell_core.measure(spec, f"DiT-T/8 {attention}", lambda: DistContext()).result
 
     ok = run("sdpa")
     assert ok["status"] == "ok", ok["reason"]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ditbench.bench import cell, memory
+from ditbench.bench import cell_core, memory
 from ditbench.bench.spec import CellSpec, Steps
 from ditbench.bench.summary import format_line, summary_table
 from ditbench.bench.window import GAP_BOUND, SPREAD_BOUND, noise
@@ -63,20 +63,20 @@ def _cpu():
 def test_an_emulated_cell_records_the_emulation_and_fits_by_completing(fake_cuda, monkeypatch):
     monkeypatch.delenv("DITBENCH_INJECT_FAULT", raising=False)
     spec = _spec(gpu_memory_gib=23.99, card="RTX 4090")
-    m = cell.measure(spec, "DiT-T/8 bs=2", _cpu).result["metrics"]
+    m = cell_core.measure(spec, "DiT-T/8 bs=2", _cpu).result["metrics"]
     assert m["emulation"]["card"] == "RTX 4090" and m["emulation"]["allocator_cap_gib"] == pytest.approx(
         23.47, 1e-3
     )
     assert m["fits_budget"] is True and "completed" in m["fits_basis"] and "23.47 GiB" in m["fits_basis"]
     monkeypatch.setenv("DITBENCH_INJECT_FAULT", "bs=2=oom@2")
-    out = cell.measure(spec, "DiT-T/8 bs=2", _cpu).result
+    out = cell_core.measure(spec, "DiT-T/8 bs=2", _cpu).result
     assert out["status"] == "oom" and out["metrics"]["fits_budget"] is False
     assert "ran out of memory under the allocator cap" in out["metrics"]["fits_basis"]
 
 
 def test_a_plain_cell_fits_nothing_and_is_measured_in_full(monkeypatch):
     monkeypatch.delenv("DITBENCH_INJECT_FAULT", raising=False)
-    out = cell.measure(_spec(), "DiT-T/8 bs=2", _cpu).result
+    out = cell_core.measure(_spec(), "DiT-T/8 bs=2", _cpu).result
     m = out["metrics"]
     assert out["status"] == "ok" and m["emulation"] is None and m["fits_budget"] is None
     assert m["fits_basis"].startswith("no card emulated")

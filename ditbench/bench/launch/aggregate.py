@@ -29,8 +29,8 @@ def _slowest_steps(per_rank: list[dict]) -> dict | None:
     return None
 
 
-def aggregate(per_rank: list[dict], *, batch_size: int) -> dict:
-    """One metrics dict from every rank's metrics (rank order)."""
+def aggregate(per_rank: list[dict], *, global_batch: int) -> dict:
+    """One metrics dict from every rank's metrics (rank order); `global_batch`: the spec's."""
     if not per_rank:
         raise ValueError("no rank metrics to aggregate")
     world = len(per_rank)
@@ -54,7 +54,7 @@ def aggregate(per_rank: list[dict], *, batch_size: int) -> dict:
     if all(isinstance(x, dict) and isinstance(x.get("value"), (int, float)) for x in mfus):
         out["mfu"] = dict(mfus[0], value=sum(x["value"] for x in mfus) / world)
     out["world_size"] = world
-    out["global_batch"] = batch_size * world
+    out["global_batch"] = global_batch
     if isinstance(out.get("images_per_s"), float) and (out.get("step_ms") or {}).get("samples"):
         out.update(noise(out["step_ms"]["samples"], out["images_per_s"], out["global_batch"]))
     out["per_rank"] = [

@@ -7,7 +7,7 @@ died. MODULE is this one for a one-process cell and `launch.torchrun` (which sta
 for a multi-process one.
 
 Child side, `main`: `python -m ditbench.bench.launch.process SPEC.json RESULT.json` measures
-the cell (`bench.cell`), smoke-trains it and evaluates its sample quality if asked, and writes the
+the cell (`bench.cell_core`), smoke-trains it and evaluates its sample quality if asked, and writes the
 result (status, reason, metrics, smoke, env, quality) atomically; anything it cannot report
 itself (a hang, a segfault, the kernel's OOM killer) the parent records from the outside.
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import ditbench
-from ditbench.bench import cell
+from ditbench.bench import cell_core
 from ditbench.bench.launch import procs
 from ditbench.bench.launch.files import read_spec, write_result, write_spec
 from ditbench.bench.spec import CellSpec
@@ -123,12 +123,12 @@ def main(argv: list[str] | None = None) -> int:
 
         return DistContext(device=resolve_device(spec.device))  # one process, no process group
 
-    measured = cell.measure(spec, doc["cell_name"], join)
+    measured = cell_core.measure(spec, doc["cell_name"], join)
     result = measured.result
     if result["status"] == "ok" and spec.smoke_steps:
-        result["smoke"] = cell.smoke(spec, measured)
+        result["smoke"] = cell_core.smoke(spec, measured)
     if result["status"] == "ok" and spec.quality is not None:
-        result["quality"] = cell.quality(spec, measured, doc)
+        result["quality"] = cell_core.quality(spec, measured, doc)
     write_result(argv[1], result)
     if result.get("traceback"):
         print(result["traceback"], file=sys.stderr)

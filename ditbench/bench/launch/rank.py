@@ -3,7 +3,7 @@
     python -m torch.distributed.run ... -m ditbench.bench.launch.rank SPEC.json REPORT_DIR
 
 Every rank joins the process group (NCCL on GPUs, gloo on CPU) and runs the cell core
-(`bench.cell`) with a per-rank batch of `batch_size` (global batch = batch_size x world size),
+(`bench.cell_core`) with a per-rank batch of `batch_size` (global batch: `CellSpec.global_batch`),
 its model wrapped for data parallelism (`strategy`: ddp or fsdp).
 
 Reports, in REPORT_DIR: `rank<R>.json` from each rank (its metrics, or its error with the time it
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ditbench.bench import cell
+from ditbench.bench import cell_core
 from ditbench.bench.launch.files import read_spec, write_result
 from ditbench.bench.launch.procs import watch_parent
 
@@ -61,7 +61,7 @@ def run_rank(spec_path: str, report_dir: Path) -> int:
 
     spec, doc = read_spec(spec_path)
     rank = int(os.environ.get("RANK", "0"))
-    measured = cell.measure(spec, doc["cell_name"], lambda: dist.init(spec.device))
+    measured = cell_core.measure(spec, doc["cell_name"], lambda: dist.init(spec.device))
     result, ctx = measured.result, measured.ctx
     report = {"rank": rank, "world_size": getattr(ctx, "world_size", None), **result}
     if result["status"] != "ok":
@@ -80,7 +80,7 @@ def run_rank(spec_path: str, report_dir: Path) -> int:
         write_result(report_dir / "ranks.json", summary)
     dist.barrier(ctx)
     if spec.smoke_steps:
-        smoke = cell.smoke(spec, measured, _agree_any(ctx))
+        smoke = cell_core.smoke(spec, measured, _agree_any(ctx))
         if smoke["status"] not in ("ok", "nan_loss"):  # raised here alone: the peers cannot go on
             failed = {"rank": ctx.rank, "failed_at": time.time(), **smoke}  # the first to fail is the cause
             write_result(report_dir / f"smoke_rank{ctx.rank}.json", failed)
@@ -91,7 +91,7 @@ def run_rank(spec_path: str, report_dir: Path) -> int:
     if spec.quality is not None:  # the ranks split the samples; rank 0 scores and writes the field
         from ditbench.quality.loop import quality_failed
 
-        field = cell.quality(spec, measured, doc)
+        field = cell_core.quality(spec, measured, doc)
         if quality_failed(field):  # raised here: the peers cannot go on
             write_result(
                 report_dir / f"quality_rank{ctx.rank}.json",

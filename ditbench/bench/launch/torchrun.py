@@ -311,9 +311,7 @@ def result_of_launch(launched: LaunchResult, spec, timeout_s: float, rdzv: Rende
     result.update(status=status, reason=reason)
     if status == "ok" and rdzv.node_rank == 0:
         gathered = launched.gathered
-        metrics = aggregate(
-            gathered["metrics"], batch_size=spec.rank_batch
-        )  # per rank per step (x grad_accum)
+        metrics = aggregate(gathered["metrics"], global_batch=spec.global_batch)
         nodes = gathered.get("nodes", spec.knobs.nodes)
         metrics.update(launcher=launched.launcher, nodes=nodes, scaling_efficiency=None)
         smoke = _smoke_field(launched, spec.smoke_steps)
