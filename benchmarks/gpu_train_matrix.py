@@ -98,7 +98,7 @@ def run_cell(c: dict, device: str, warmup: int, measure: int, min_seconds: float
 
     sys.path.insert(0, str(REPO))
     from ditbench.bench import memory
-    from ditbench.bench.measure import model_flops_per_image
+    from ditbench.bench.mfu import model_flops_per_image
     from ditbench.bench.window import measure_window, step_stats
     from ditbench.errors import UserError
     from ditbench.knobs import Knobs

@@ -71,7 +71,7 @@ def _agree_max(ctx) -> Callable[[int], int] | None:
 
 def window_metrics(spec: CellSpec, window: dict[str, Any], ctx, gpu_name: str | None) -> dict[str, Any]:
     """Throughput, step times, FLOPs and MFU of this process's window (a rank's share in a job)."""
-    from ditbench.bench.measure import mfu, model_flops_per_image
+    from ditbench.bench.mfu import mfu, model_flops_per_image
 
     knobs = spec.knobs
     steps_per_s = window["steps"] / window["wall_s"]

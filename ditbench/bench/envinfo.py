@@ -30,7 +30,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ditbench.bench.measure import PEAK_TFLOPS, gpu_table_key, peak_entry
+    from ditbench.bench.mfu import PEAK_TFLOPS, gpu_table_key, peak_entry
     from ditbench.device import resolve_device
 
     device = resolve_device(args.device)  # cuda without a GPU: a clean error before anything runs
@@ -103,7 +103,7 @@ def measure_peaks(device: str) -> dict[str, Any]:
     """Achieved matmul TFLOP/s per precision on `device` and how they were measured (bounded on a CPU)."""
     import time
 
-    from ditbench.bench.measure import measure_matmul_tflops
+    from ditbench.bench.mfu import measure_matmul_tflops
 
     start = time.perf_counter()
     tflops: dict[str, float] = {}

@@ -14,7 +14,7 @@ end, so a second run on the same folder stops at once naming the first. Each cel
 through `<out>/.inflight/` (`bench.inflight`): written there, appended once, then removed; a run
 killed between a cell's end and its append leaves the result there, and the next run appends it.
 
-Planning: with the suite's `plan` option (`bench.planning`) every record holds the planner's
+Planning: with the suite's `plan` option (`bench.plan_option`) every record holds the planner's
 prediction, cells predicted not to fit are `skipped` unrun, and each series runs largest batch first.
 """
 
@@ -214,10 +214,10 @@ def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str
     todo = [c for c in run_order(cells) if c.cell_id not in done]
     planner = None
     if suite.plan is not None:  # imported only then: a suite without it never loads the planner
-        from ditbench.bench import planning
+        from ditbench.bench import plan_option
 
-        planner = planning.SuitePlanner(suite, suite.plan, env)
-        todo = planning.run_order(todo, cells)
+        planner = plan_option.SuitePlanner(suite, suite.plan, env)
+        todo = plan_option.run_order(todo, cells)
     latest = {c.cell_id: c.previous(previous) for c in cells if c.cell_id in done}
     # a line per cell prints anyway: a log that is not a terminal gets no bar lines on top
     bar = progress(total=len(todo), unit="cell", disable=not options.progress, plain=False)

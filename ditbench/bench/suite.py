@@ -19,7 +19,7 @@ from typing import Any
 
 from ditbench.bench.cellid import cell_id, legacy_cell_id
 from ditbench.bench.cluster import ClusterOptions, parse_cluster
-from ditbench.bench.planning import PlanOption, parse_plan_option
+from ditbench.bench.plan_option import PlanOption, parse_plan_option
 from ditbench.bench.spec import MAX_STEPS, CellSpec, Steps
 from ditbench.cards import check_gib, find_card
 from ditbench.device import DEVICE_CHOICES, device_type

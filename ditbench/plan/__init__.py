@@ -1,8 +1,7 @@
 """Predicted training memory for any card, without the card (`ditbench plan`).
 
 `predict_cell(config, card_or_gib) -> Prediction` is the entry point; see predict.py. The names are
-imported on first use, so `ditbench.plan.measure` (which a cell process imports to read the CPU
-allocator's peak) does not pull in the tracer.
+imported on first use, so importing a submodule does not pull in the tracer.
 """
 
 from __future__ import annotations

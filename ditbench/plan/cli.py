@@ -187,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     by_class = {gb: [p for res in results for p in res[i + 1]] for i, (gb, _) in enumerate(tree_cards)}
     measured = 0
     if records:
-        from ditbench.plan.measured import apply_measured
+        from ditbench.plan.measured_records import apply_measured
 
         measured = apply_measured(cells, records)
         for preds in by_class.values():
@@ -234,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _read_results(path: Path) -> list[dict]:
-    from ditbench.plan.measured import read_results
+    from ditbench.plan.measured_records import read_results
 
     hint = "give a results.jsonl written by `ditbench run`"
     if not path.exists():

@@ -46,10 +46,10 @@ def test_script_fails_gracefully_without_cuda(tmp_path):
 
 @pytest.mark.slow
 def test_a_cell_without_a_flop_count_keeps_its_measurement(monkeypatch):
-    from ditbench.bench import measure
+    from ditbench.bench import mfu
 
     mod = _load()
-    monkeypatch.setattr(measure, "model_flops_per_image", lambda *a, **k: None)
+    monkeypatch.setattr(mfu, "model_flops_per_image", lambda *a, **k: None)
     c = mod.cell("DiT-T/8", "fp32", batch=2)
     out = mod.run_cell(c, "cpu", warmup=1, measure=2, min_seconds=0.0)
     assert out["status"] == "ok", out
