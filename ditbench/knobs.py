@@ -39,6 +39,9 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 MAX_GRAD_ACCUM = 4096
 OPTIMIZERS = ("adamw",)
 OPTIMIZER_IMPLS = ("auto", "fused", "foreach", "for-loop")  # AdamW kernels; auto: train.optim.AUTO_IMPL
+# When a step frees the previous step's gradients: before its forward (ditbench's default: they are
+# gone while activations pile up) or after it, as the official DiT train.py does (held through it).
+ZERO_GRAD_ORDERS = ("before_forward", "after_forward")
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes a signed 64-bit integer
 # Bounds far above any real cell, so that a typo (an extra zero) is an error and not an allocation.
 MAX_BATCH_SIZE = 1 << 20
@@ -190,6 +193,11 @@ class Knobs:
     )
     optimizer: str = knob("adamw", one_of("optimizer", OPTIMIZERS), "the optimizer")
     optimizer_impl: str = knob("auto", one_of("optimizer_impl", OPTIMIZER_IMPLS), "AdamW kernel")
+    zero_grad: str = knob(
+        "before_forward",
+        one_of("zero_grad", ZERO_GRAD_ORDERS),
+        "free the previous gradients before the forward, or after it (the official train.py's order)",
+    )
     data: Any = knob("synthetic", _check_data, DATA_HELP)
     seed: int = knob(0, int_in("seed", 0, SEED_MAX), "model init, timesteps, noise and data")
     lr: float = knob(1e-4, number_in("lr", 0.0, 1.0, low_open=True), "AdamW learning rate")

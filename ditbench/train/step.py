@@ -4,7 +4,8 @@
     for _ in range(steps):
         loss = trainer.step(trainer.next_batch())   # detached 0-d tensor; no host sync
 
-A step: uniform random timesteps, label dropout 0.1 (inside the model in train mode), hybrid loss
+A step: the previous gradients freed (before the forward; with `zero_grad: after_forward` after
+the first forward, the official train.py's order, which holds them through it), uniform random timesteps, label dropout 0.1 (inside the model in train mode), hybrid loss
 (MSE + variational bound) averaged over the batch, backward (through the GradScaler for fp16),
 AdamW step, EMA update. With `grad_accum: K` a step is K micro-batches of `batch_size`, each
 forward and backward on its own (gradients accumulate; a data-parallel model synchronises them
@@ -148,7 +149,9 @@ class Trainer:
         # stream as one batch of K*B does, so accumulation computes what the larger batch computes.
         t_all = torch.randint(0, self.diffusion.num_timesteps, (total,), device=x0.device)
         noise_all = torch.randn((total, *x0.shape[1:]), device=x0.device, dtype=x0.dtype)
-        self.optimizer.zero_grad(set_to_none=True)
+        early = self.knobs.zero_grad == "before_forward"
+        if early:
+            self.optimizer.zero_grad(set_to_none=True)
         losses = []
         start = 0
         for i, ((x, y), n) in enumerate(zip(micro, sizes, strict=True)):
@@ -161,6 +164,8 @@ class Trainer:
                     ].mean()
                 if len(micro) > 1:  # weighted by its share: the gradients add up to the whole batch's mean
                     loss = loss * (n / total)
+                if i == 0 and not early:  # the official order: the last step's gradients lived through this forward
+                    self.optimizer.zero_grad(set_to_none=True)
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             losses.append(loss.detach())
         if self.scaler is not None:

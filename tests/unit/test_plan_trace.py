@@ -193,3 +193,16 @@ def test_a_step_the_fake_tensors_cannot_follow_is_an_error_not_a_crash(monkeypat
     p = predict_cell({"model": "DiT-T/4", "image_size": 64, "batch_size": 2}, "L4")
     assert p.status == "error" and p.fits is None
     assert p.reason.startswith("the planner could not trace this cell") and "nonzero" in p.reason
+
+
+def test_the_planner_follows_the_zero_grad_order():
+    """The official order holds the last step's gradients through the forward: a higher peak, by at
+    most the gradients (the planner traces the Trainer's step, so the knob needs no planner code)."""
+    from ditbench.plan import predict_cell
+
+    cell = {"model": "DiT-T/2", "image_size": 64, "batch_size": 8, "device": "cpu"}
+    early = predict_cell({**cell, "zero_grad": "before_forward"})
+    late = predict_cell({**cell, "zero_grad": "after_forward"})
+    grads = early.components["weights"]  # fp32 gradients are the size of the fp32 weights
+    assert early.peak_allocated_gib < late.peak_allocated_gib <= early.peak_allocated_gib + grads * 1.001
+    assert late.components["gradients"] > early.components["gradients"]

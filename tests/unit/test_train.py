@@ -278,3 +278,14 @@ def test_compile_step_matches_eager():
         pytest.skip(f"torch.compile unavailable here: {type(err).__name__}: {str(err)[:200]}")
     eager = Trainer(tiny_cfg(model="DiT-T/8"))
     assert loss.item() == pytest.approx(eager.step(eager.next_batch()).item(), rel=1e-4)
+
+
+def test_zero_grad_order_changes_memory_not_the_step():
+    def run(order):
+        trainer = Trainer(tiny_cfg(zero_grad=order, grad_accum=2))
+        losses = [trainer.step(trainer.next_batch()) for _ in range(3)]
+        return losses, [p.detach().clone() for p in trainer.base_model.parameters()]
+
+    (early, early_params), (late, late_params) = run("before_forward"), run("after_forward")
+    assert [x.item() for x in early] == [x.item() for x in late]
+    assert all(torch.equal(a, b) for a, b in zip(early_params, late_params, strict=True))
