@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 
-from ditbench.errors import UserError
 from ditbench.precision import PRECISIONS
 
 DEVICE_METAVAR = "{auto,cpu,cuda}"
@@ -73,8 +72,3 @@ def add_no_progress(parser: argparse.ArgumentParser) -> None:
         help="no progress bar (where stderr is not a terminal, progress is plain lines anyway)",
     )
 
-
-def check_positive(value: int, flag: str) -> int:
-    if value < 1:
-        raise UserError(f"{flag} must be at least 1, got {value}")
-    return value

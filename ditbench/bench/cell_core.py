@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ditbench.bench import memory
-from ditbench.bench.faults import FAULT_ENV, FAULT_RANK_ENV, Fault, FaultyStep, failure, fault_for
-from ditbench.bench.spec import CellSpec
 from ditbench.bench.window import failed_smoke, measure_window, noise, smoke_run, step_stats
+from ditbench.cellspec import CellSpec
+from ditbench.faults import FAULT_ENV, FAULT_RANK_ENV, Fault, FaultyStep, failure, fault_for
 
 RANK_SEED_STRIDE = 1000  # rank r's data seed is seed + 1000 r: its own batches, the same model init
 

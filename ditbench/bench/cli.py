@@ -189,6 +189,6 @@ def _plan(cell, visible, rendezvous, previous: dict, args: argparse.Namespace) -
         verdict = precheck(cell, visible, rendezvous)
     if verdict:
         return verdict[0]
-    if not args.force and (cell.previous(previous) or {}).get("status") == "ok":
+    if not args.force and (previous.get(cell.cell_id) or {}).get("status") == "ok":
         return "done (ok)"
     return "run"

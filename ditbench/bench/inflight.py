@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import re
 import shutil
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -234,67 +232,3 @@ def _empty(folder: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
-
-
-# ---------------------------------------------------------------------------------------------
-# Temp folders of runners before 0.2 (one `ditbench-*` per run in the system temp folder)
-# ---------------------------------------------------------------------------------------------
-
-LEGACY_PREFIX = "ditbench-"
-LEGACY_ENTRY = re.compile(r"[0-9a-f]{12}\.(spec\.json|result\.json|result\.ranks)|\..+\.tmp")
-LEGACY_AGE_S = 3600.0  # untouched this long: no live runner of that version is using it
-
-
-def sweep_legacy_tempdirs(tmp: str | Path | None = None, now: float | None = None) -> list[Path]:
-    """Remove the `ditbench-*` folders runners of earlier versions left in the temp folder when killed.
-
-    Only folders that hold nothing but such a runner's files (12-hex-digit cell specs, results, rank
-    reports), are ours, have not changed for an hour, and that no running process names on its
-    command line; anything else (another tool's `ditbench-*` folder, a live run's) is left alone.
-    """
-    base = Path(tmp or tempfile.gettempdir())
-    now = time.time() if now is None else now
-    candidates = []
-    try:
-        entries = list(base.iterdir())
-    except OSError:
-        return []
-    for path in entries:
-        if path.name.startswith(LEGACY_PREFIX) and _legacy_and_idle(path, now):
-            candidates.append(path)
-    if not candidates:
-        return []
-    named = _named_by_processes(candidates)
-    removed = []
-    for path in candidates:
-        if path not in named:
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
-
-
-def _legacy_and_idle(path: Path, now: float) -> bool:
-    try:
-        st = path.lstat()
-        if not path.is_dir() or path.is_symlink() or st.st_uid != os.getuid():
-            return False
-        newest = st.st_mtime
-        for entry in path.iterdir():
-            if not LEGACY_ENTRY.fullmatch(entry.name):
-                return False
-            newest = max(newest, entry.lstat().st_mtime)
-    except OSError:
-        return False
-    return now - newest > LEGACY_AGE_S
-
-
-def _named_by_processes(paths: list[Path]) -> set[Path]:
-    """The folders some running process has on its command line (a live cell's SPEC path)."""
-    import psutil
-
-    texts = {p: str(p) for p in paths}
-    named = set()
-    for proc in psutil.process_iter(["cmdline"]):
-        cmdline = " ".join(proc.info.get("cmdline") or ())
-        named |= {p for p, text in texts.items() if text in cmdline}
-    return named

@@ -150,7 +150,7 @@ class _Submitter:
             done = {c.cell_id for c in cells if self._recorded(c, previous)}
             for cell in cells:
                 if cell.cell_id in done:
-                    self.runner.latest[cell.cell_id] = cell.previous(previous)
+                    self.runner.latest[cell.cell_id] = previous.get(cell.cell_id)
             todo = [c for c in run_order(cells) if c.cell_id not in done | waiting]
             if done or waiting:
                 self.say(
@@ -177,7 +177,7 @@ class _Submitter:
 
     def _recorded(self, cell: SuiteCell, previous: dict) -> bool:
         """ok, or unsupported for the same reason as last time (the local runner's rule)."""
-        prev = cell.previous(previous)
+        prev = previous.get(cell.cell_id)
         if self.options.force or prev is None:
             return False
         if prev.get("status") == "ok":

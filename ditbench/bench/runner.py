@@ -33,13 +33,13 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.bench import inflight
-from ditbench.bench.faults import FAULT_ENV, FAULT_RANK_ENV, check_fault_rank, parse_fault_spec
 from ditbench.bench.launch.process import run_isolated
 from ditbench.bench.records import latest_by_cell, read_records
 from ditbench.bench.suite import TIMEOUT_MAX_S, Suite, SuiteCell
 from ditbench.bench.summary import format_line, write_summary
 from ditbench.device import cuda_visible, device_type
 from ditbench.errors import UserError, shorten
+from ditbench.faults import FAULT_ENV, FAULT_RANK_ENV, check_fault_rank, parse_fault_spec
 from ditbench.outlock import OutputLock
 from ditbench.outpaths import ensure_dir
 from ditbench.precision import unsupported_reason
@@ -186,7 +186,6 @@ def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str
     from ditbench.environment import collect_env
     from ditbench.progress import progress
 
-    inflight.sweep_legacy_tempdirs()
     ensure_dir(out / LOGS_DIR, "--out's logs folder", probe=False)
     results_path = out / RESULTS_FILE
     run_id = new_run_id()
@@ -200,7 +199,7 @@ def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str
 
     def already_recorded(cell: SuiteCell) -> bool:
         """ok, or unsupported here for the same reason as last time (a new line would say nothing new)."""
-        prev = cell.previous(previous)
+        prev = previous.get(cell.cell_id)
         if options.force or prev is None:
             return False
         if prev.get("status") == "ok":
@@ -218,7 +217,7 @@ def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str
 
         planner = plan_option.SuitePlanner(suite, suite.plan, env)
         todo = plan_option.run_order(todo, cells)
-    latest = {c.cell_id: c.previous(previous) for c in cells if c.cell_id in done}
+    latest = {c.cell_id: previous.get(c.cell_id) for c in cells if c.cell_id in done}
     # a line per cell prints anyway: a log that is not a terminal gets no bar lines on top
     bar = progress(total=len(todo), unit="cell", disable=not options.progress, plain=False)
     if done:
@@ -272,7 +271,7 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _terminate(signum, frame):  # SIGTERM: stop like Ctrl-C, so the running cell is killed too
+def _terminate(_signum, _frame):  # SIGTERM: stop like Ctrl-C, so the running cell is killed too
     raise KeyboardInterrupt
 
 

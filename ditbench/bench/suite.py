@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ditbench.bench.cellid import cell_id, legacy_cell_id
+from ditbench.bench.cellid import cell_id
 from ditbench.bench.cluster import ClusterOptions, parse_cluster
 from ditbench.bench.plan_option import PlanOption, parse_plan_option
-from ditbench.bench.spec import MAX_STEPS, CellSpec, Steps
 from ditbench.cards import check_gib, find_card
+from ditbench.cellspec import MAX_STEPS, CellSpec, Steps
 from ditbench.device import DEVICE_CHOICES, device_type
 from ditbench.errors import UserError, shorten
 from ditbench.knobs import FIELDS, InvalidValue, Knobs, check_knob, int_in, number_in
@@ -50,14 +50,6 @@ TOP_KEYS = (
     "quality",
 )
 DEFAULTS_EXTRA_KEYS = ("steps", "smoke", "timeout_s")
-RETIRED = {
-    "gpu_memory_gb": (
-        "`gpu_memory_gb` is no longer read: it was applied as GiB and the CUDA context came on top, so "
-        "the emulated card was bigger than the real one. Write `gpu_memory_gib: N` (the card's memory "
-        "in GiB, 2**30 bytes, as nvidia-smi's total shows it; the context is now measured and taken "
-        "out of it) or `card: NAME` (e.g. `card: RTX 4090`; the names are in ditbench/cards.py)."
-    )
-}
 
 
 @dataclass(frozen=True)
@@ -68,19 +60,11 @@ class SuiteCell:
     cell_id: str
     cell_name: str
     timeout_s: float
-    legacy_id: str | None = None  # the id ditbench 0.1.0 gave it (see bench.cellid)
 
     @property
     def config(self) -> dict[str, Any]:
         """The record's `config`: every knob, steps, smoke_steps, device and the emulated card."""
         return self.spec.record_config()
-
-    def previous(self, by_id: dict[str, dict]) -> dict | None:
-        """This cell's latest record among `by_id` (records by cell_id), under its id or its legacy id."""
-        found = by_id.get(self.cell_id)
-        if found is None and self.legacy_id is not None:
-            found = by_id.get(self.legacy_id)
-        return found
 
     @property
     def series_key(self) -> str:
@@ -140,8 +124,6 @@ class _Validator:
 
     def check_keys(self, keypath: str, value: dict, valid: tuple[str, ...]) -> None:
         for key in value:
-            if key in RETIRED and keypath == "":
-                raise self.fail(key, RETIRED[key])
             if key not in valid:
                 raise self.fail(_join(keypath, str(key)), _unknown(key, valid))
 
@@ -377,7 +359,7 @@ def parse_suite(raw: Any, path: str = "<suite>", overrides: list | None = None) 
         problem = quality.conflict(config, smoke) if evaluated else None
         if problem:
             raise v.fail("quality", f"cell {name_} cannot be evaluated: {problem}.")
-        cells.append(SuiteCell(spec, cid, name_, timeout_s, legacy_cell_id(spec)))
+        cells.append(SuiteCell(spec, cid, name_, timeout_s))
     if quality is not None and not any(c.spec.quality for c in cells):
         raise v.fail(
             "quality.cells",

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ditbench.bench.faults import NonFiniteLoss
+from ditbench.faults import NonFiniteLoss
 
 # A steady training loop repeats its step to within a few percent. Beyond these bounds something
 # outside the step (another process, clock throttling, a GC pause, a compile) shaped the figures,

@@ -47,7 +47,7 @@ def _backend():
     from torch._dynamo.backends.common import aot_autograd
     from torch._inductor.decomposition import select_decomp_table
 
-    def run_as_is(gm, example_inputs):
+    def run_as_is(gm, _example_inputs):
         return _recorded(make_boxed_func(gm.forward))
 
     return aot_autograd(

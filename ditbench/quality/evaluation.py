@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ditbench import dist
-from ditbench.bench.spec import CellSpec
+from ditbench.cellspec import CellSpec
 from ditbench.quality import grid as grids
 
 METRIC_KEYS = ("fid", "sfid", "inception_score", "precision", "recall", "kid")

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ditbench.bench.faults import NonFiniteLoss, failure
-from ditbench.bench.spec import CellSpec
+from ditbench.cellspec import CellSpec
+from ditbench.faults import NonFiniteLoss, failure
 from ditbench.quality.evaluation import SPLIT, Evaluator
 
 CHECK_EVERY = 100  # training steps between reads of the loss (a host synchronisation) in a quality run

@@ -1,5 +1,21 @@
-"""Training: precision policies, AdamW + EMA, data sources, and the Trainer (one step)."""
+"""Training: precision policies, AdamW + EMA, data sources, and the Trainer (one step).
 
-from ditbench.train.step import Trainer
+`Trainer` is imported on first use, so `ditbench train --help` does not import torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ditbench.train.step import Trainer
 
 __all__ = ["Trainer"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Trainer":
+        from ditbench.train.step import Trainer
+
+        return Trainer
+    raise AttributeError(f"module 'ditbench.train' has no attribute {name!r}")

@@ -5,7 +5,8 @@
         loss = trainer.step(trainer.next_batch())   # detached 0-d tensor; no host sync
 
 A step: the previous gradients freed (before the forward; with `zero_grad: after_forward` after
-the first forward, the official train.py's order, which holds them through it), uniform random timesteps, label dropout 0.1 (inside the model in train mode), hybrid loss
+the first forward, the official train.py's order, which holds them through it), uniform random
+timesteps, label dropout 0.1 (inside the model in train mode), hybrid loss
 (MSE + variational bound) averaged over the batch, backward (through the GradScaler for fp16),
 AdamW step, EMA update. With `grad_accum: K` a step is K micro-batches of `batch_size`, each
 forward and backward on its own (gradients accumulate; a data-parallel model synchronises them
@@ -164,7 +165,7 @@ class Trainer:
                     ].mean()
                 if len(micro) > 1:  # weighted by its share: the gradients add up to the whole batch's mean
                     loss = loss * (n / total)
-                if i == 0 and not early:  # the official order: the last step's gradients lived through this forward
+                if i == 0 and not early:  # the official order: the last gradients lived through the forward
                     self.optimizer.zero_grad(set_to_none=True)
                 (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
             losses.append(loss.detach())

@@ -212,7 +212,7 @@ GRAD_SCRIPT = textwrap.dedent("""
             result[strategy] = grads(dist.unwrap_model(wrapped), names, full=strategy == "fsdp")
         # Whole training steps as a cell runs them (FSDP: optimizer and EMA rebuilt on the shards).
         from ditbench.bench.cell_core import build_trainer
-        from ditbench.bench.spec import CellSpec
+        from ditbench.cellspec import CellSpec
         from ditbench.knobs import Knobs
         for strategy in ("ddp", "fsdp"):
             knobs = Knobs(model="DiT-T/8", image_size=64, batch_size=2, num_classes=10, lr=1e-3, gpus=2,
@@ -281,7 +281,7 @@ def test_ddp_and_fsdp_gradients_over_two_processes_equal_single_process(tmp_path
 
 
 def _spec(tmp_path: Path, smoke_steps: int = 0) -> Path:
-    from ditbench.bench.spec import CellSpec, Steps
+    from ditbench.cellspec import CellSpec, Steps
     from ditbench.knobs import Knobs
 
     knobs = Knobs(model="DiT-T/8", image_size=64, batch_size=4, gpus=2, num_classes=10)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ditbench.bench.cell_core import window_metrics
-from ditbench.bench.spec import CellSpec
+from ditbench.cellspec import CellSpec
 from ditbench.dist import DistContext
 from ditbench.errors import UserError
 from ditbench.knobs import Knobs
@@ -130,7 +130,7 @@ RANKS_SCRIPT = textwrap.dedent("""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from ditbench import dist
     from ditbench.bench import cell_core
-    from ditbench.bench.spec import CellSpec, Steps
+    from ditbench.cellspec import CellSpec, Steps
     from ditbench.knobs import Knobs
     from ditbench.train import Trainer
     from test_grad_accum import Rows

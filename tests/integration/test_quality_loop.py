@@ -14,7 +14,7 @@ from PIL import Image
 
 from ditbench import builtin_data
 from ditbench.bench import cell_core
-from ditbench.bench.spec import CellSpec, Steps
+from ditbench.cellspec import CellSpec, Steps
 from ditbench.dist import DistContext
 from ditbench.knobs import Knobs
 from ditbench.metrics.stats_cache import CACHE_ENV
@@ -158,7 +158,7 @@ sys.path.insert(0, sys.argv[3])  # tests/support: the stand-in feature network
 from metrics_support import FakeExtractor
 from ditbench import dist
 from ditbench.bench.cell_core import build_trainer
-from ditbench.bench.spec import CellSpec, Steps
+from ditbench.cellspec import CellSpec, Steps
 from ditbench.knobs import Knobs
 from ditbench.quality.loop import run_quality
 from ditbench.quality.spec import QualitySpec, Sampler

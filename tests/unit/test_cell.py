@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from ditbench.bench import cell_core, memory
-from ditbench.bench.spec import CellSpec, Steps
 from ditbench.bench.summary import format_line, summary_table
 from ditbench.bench.window import GAP_BOUND, SPREAD_BOUND, noise
+from ditbench.cellspec import CellSpec, Steps
 from ditbench.dist import DistContext
 from ditbench.errors import UnsupportedError
 from ditbench.knobs import Knobs

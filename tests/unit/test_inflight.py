@@ -1,8 +1,6 @@
 """In-flight results: appended once, adopted after a kill at any moment, never twice; old temp dirs swept."""
 
 import json
-import os
-import time
 
 import pytest
 
@@ -110,35 +108,6 @@ def test_commit_records_an_unreadable_result_as_an_error(tmp_path):
     ticket.result_path.write_bytes(b"\xff\x00")
     record = inflight.commit(results, ticket, 0.5)
     assert record["status"] == "error" and "result file is not UTF-8" in record["reason"], record
-
-
-def legacy(tmp_path, name, entries, age_s):
-    folder = tmp_path / name
-    folder.mkdir()
-    for entry in entries:
-        (folder / entry).write_text("{}")
-    old = time.time() - age_s
-    for path in (*folder.iterdir(), folder):
-        os.utime(path, (old, old))
-    return folder
-
-
-def test_old_runners_temp_folders_are_swept_and_nothing_else(tmp_path):
-    dead = legacy(tmp_path, "ditbench-abc123", ["915318631963.spec.json", "915318631963.result.json"], 7200)
-    recent = legacy(tmp_path, "ditbench-def456", ["915318631963.spec.json"], 60)  # maybe a live old runner
-    other = legacy(tmp_path, "ditbench-inception-x", ["weights.pt"], 7200)  # not a runner's folder
-    named = legacy(tmp_path, "ditbench-named", ["aaaaaaaaaaaa.spec.json"], 7200)
-    import subprocess
-    import sys
-
-    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(named / "x")])
-    try:
-        removed = inflight.sweep_legacy_tempdirs(tmp_path)
-    finally:
-        live.kill()
-        live.wait()
-    assert removed == [dead]
-    assert not dead.exists() and recent.exists() and other.exists() and named.exists()
 
 
 def test_ticket_keys_name_the_cell_and_the_run(tmp_path):

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from ditbench.bench.spec import CellSpec, Steps
+from ditbench.cellspec import CellSpec, Steps
 from ditbench.errors import UserError
 from ditbench.knobs import FIELDS, TRAIN_KNOBS, Knobs
 

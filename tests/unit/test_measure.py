@@ -8,7 +8,6 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ditbench.bench import mfu as mfu_module
-from ditbench.bench.faults import Fault, FaultyStep, NonFiniteLoss, fault_for
 from ditbench.bench.mfu import (
     count_train_flops_per_image,
     gpu_table_key,
@@ -17,6 +16,7 @@ from ditbench.bench.mfu import (
 )
 from ditbench.bench.window import measure_window, percentile, smoke_run, step_stats
 from ditbench.errors import UserError
+from ditbench.faults import Fault, FaultyStep, NonFiniteLoss, fault_for
 from ditbench.knobs import Knobs
 from ditbench.models import build_model, get_config
 from ditbench.train import Trainer

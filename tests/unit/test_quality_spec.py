@@ -6,8 +6,8 @@ import copy
 import pytest
 
 from ditbench.bench.cellid import cell_id
-from ditbench.bench.spec import CellSpec
 from ditbench.bench.suite import parse_suite
+from ditbench.cellspec import CellSpec
 from ditbench.errors import UserError
 from ditbench.quality.spec import QualitySpec, Sampler
 

@@ -160,7 +160,7 @@ BAD = [
     ("name: x\ndevice: tpu\nmatrix: {model: [DiT-T/8]}\n", ["`device`", "'tpu'", "cuda, cpu, auto"]),
     (
         "name: x\ndevice: cuda\ngpu_memory_gb: 24\nmatrix: {model: [DiT-T/8]}\n",
-        ["`gpu_memory_gb`", "no longer read", "gpu_memory_gib: N", "card: NAME"],
+        ["unknown key `gpu_memory_gb`", "Did you mean `gpu_memory_gib`"],
     ),
     ("name: x\ndevice: cuda\ngpu_memory_gib: 0\nmatrix: {model: [DiT-T/8]}\n", ["gpu_memory_gib", "than 0"]),
     ("name: x\ndevice: cuda\ncard: RTX 9090\nmatrix: {model: [DiT-T/8]}\n", ["`card`", "unknown card"]),

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ditbench.bench.spec import CellSpec
+from ditbench.cellspec import CellSpec
 from ditbench.fileio import write_json_atomic
 
 

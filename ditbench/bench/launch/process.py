@@ -25,7 +25,7 @@ import ditbench
 from ditbench.bench import cell_core
 from ditbench.bench.launch import procs
 from ditbench.bench.launch.files import read_spec, write_result, write_spec
-from ditbench.bench.spec import CellSpec
+from ditbench.cellspec import CellSpec
 from ditbench.errors import UserError
 
 MODULE = "ditbench.bench.launch.process"

@@ -1,4 +1,4 @@
-"""A cell's contract between the suite, the runner and the process that measures it.
+"""The typed cell spec: a cell's contract between the suite, the runner and the process that measures it.
 
 `CellSpec` = the knobs (`Knobs`) + how the cell is measured (warm-up and window, smoke run)
 + where (the resolved device and an emulated card's memory budget). `record_config()` is the
