@@ -26,7 +26,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,18 +43,17 @@ from ditbench.bench.runner import (
     RESULTS_FILE,
     SUMMARY_FILE,
     RunOptions,
+    SuiteRun,
     Visible,
-    _main_thread,
-    _print_line,
-    _Run,
-    _scaling,
-    _terminate,
     check_options,
     check_out_dir,
     new_run_id,
     precheck,
+    print_line,
     run_order,
+    scaling_finish,
     select_cells,
+    sigterm_as_interrupt,
 )
 from ditbench.bench.suite import Suite, SuiteCell
 from ditbench.bench.summary import format_line, write_summary
@@ -95,11 +93,6 @@ def submit_suite(
     check_options(options)
     if kind not in ("local", "slurm"):
         raise UserError(f"--executor {shorten(kind)}: valid executors are local and slurm.")
-    if suite.plan is not None:
-        raise UserError(
-            f"suite {suite.path} has a `plan` section, which --executor does not run yet (the planner "
-            "runs next to the cells); run it without --executor, or remove `plan`."
-        )
     if options.rendezvous:
         raise UserError(
             "--nnodes/--node-rank/--rdzv-* start torchrun on machines you log into; with --executor the "
@@ -110,7 +103,7 @@ def submit_suite(
     check_out_dir(out, create=True)
     with OutputLock(out):
         return _Submitter(
-            suite, options, kind, cluster or ClusterOptions(), out, echo or _print_line, poll_s
+            suite, options, kind, cluster or ClusterOptions(), out, echo or print_line, poll_s
         ).run()
 
 
@@ -133,7 +126,7 @@ class _Submitter:
             self.results_path,
             inflight.inflight_dir(self.out),
             self.run_id,
-            finish=_scaling(self.results_path),
+            finish=scaling_finish(self.results_path),
         )
         for record in adopted:
             self.say(f"adopted the finished result of a killed run: {format_line(record)}")
@@ -141,33 +134,37 @@ class _Submitter:
         gpus = max((c.config["gpus"] for c in cells), default=1)
         visible = Visible.detect() if self.kind == "local" else Visible(cuda=True, gpu_count=gpus)
         env = collect_env(probe_cuda=False)
-        self.runner = _Run(self.suite, self.options, self.run_id, env, visible, self.out, {})
-        previous_term = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
+        planner = None
+        if self.suite.plan is not None:  # predicted in this process, before submitting (bench.plan_option)
+            from ditbench.bench import plan_option
+
+            planner = plan_option.SuitePlanner(self.suite, self.suite.plan, env)
+        self.runner = SuiteRun(self.suite, self.options, self.run_id, env, visible, self.out, {}, planner)
         try:
-            self._pick_up()
-            previous = latest_by_cell(read_records(self.results_path))
-            waiting = {p.ticket.read_context()["cell_id"] for p in self.pending}
-            done = {c.cell_id for c in cells if self._recorded(c, previous)}
-            for cell in cells:
-                if cell.cell_id in done:
-                    self.runner.latest[cell.cell_id] = previous.get(cell.cell_id)
-            todo = [c for c in run_order(cells) if c.cell_id not in done | waiting]
-            if done or waiting:
-                self.say(
-                    f"resuming {self.out}: {len(done)} of {len(cells)} cells already recorded, "
-                    + (f"{len(waiting)} submitted earlier and waited for, " if waiting else "")
-                    + f"{len(todo)} to submit"
-                )
-            if self.kind == "slurm":
-                self._start(todo)
-                todo = []
-            self._wait(todo)
+            with sigterm_as_interrupt():
+                self._pick_up()
+                previous = latest_by_cell(read_records(self.results_path))
+                waiting = {p.ticket.read_context()["cell_id"] for p in self.pending}
+                done = {c.cell_id for c in cells if self._recorded(c, previous)}
+                for cell in cells:
+                    if cell.cell_id in done:
+                        self.runner.latest[cell.cell_id] = previous.get(cell.cell_id)
+                todo = [c for c in run_order(cells) if c.cell_id not in done | waiting]
+                if planner is not None:
+                    todo = plan_option.run_order(todo, cells)
+                if done or waiting:
+                    self.say(
+                        f"resuming {self.out}: {len(done)} of {len(cells)} cells already recorded, "
+                        + (f"{len(waiting)} submitted earlier and waited for, " if waiting else "")
+                        + f"{len(todo)} to submit"
+                    )
+                if self.kind == "slurm":
+                    self._start(todo)
+                    todo = []
+                self._wait(todo)
         except BaseException:
             self._cancel()
             raise
-        finally:
-            if previous_term is not None:
-                signal.signal(signal.SIGTERM, previous_term)
         latest = self.runner.latest
         records = [latest[c.cell_id] for c in cells if c.cell_id in latest]
         write_summary(self.out / SUMMARY_FILE, self.suite, records)
@@ -223,7 +220,11 @@ class _Submitter:
         groups: dict[str, list[SuiteCell]] = {}
         params_of: dict[str, dict] = {}
         for cell in cells:
-            decided = self.runner._decide(cell, self._verdict(cell), None)
+            verdict = self._verdict(cell)
+            # a cell predicted not to fit is recorded `skipped`, never submitted
+            decided = self.runner.decide(
+                cell, verdict, self.runner.skip_reason(cell) if verdict is None else None
+            )
             if decided is not None:
                 ticket = inflight.open_ticket(self.folder, self._context(cell))
                 inflight.write_result_file(ticket, decided)
@@ -330,9 +331,9 @@ class _Submitter:
             if record["run_id"] != committing_run:
                 record["adopted_by"] = committing_run  # as the local runner marks a killed run's result
             if pending.cell is not None:
-                self.runner._finish(record, pending.cell)
+                self.runner.finish(record, pending.cell)
             else:
-                _scaling(self.results_path)(record)
+                scaling_finish(self.results_path)(record)
 
         record = inflight.commit(self.results_path, ticket, max(0.0, ended - begin), finish)
         if pending.cell is not None:

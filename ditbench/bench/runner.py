@@ -20,6 +20,7 @@ prediction, cells predicted not to fit are `skipped` unrun, and each series runs
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import math
 import os
@@ -27,7 +28,7 @@ import secrets
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -179,7 +180,7 @@ def run_suite(
         else ""
     )
     with OutputLock(out, hint=hint):  # one run per folder, or two runs would each run every cell
-        return _run_locked(suite, options, out, echo or _print_line)
+        return _run_locked(suite, options, out, echo or print_line)
 
 
 def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str], None]) -> list[dict]:
@@ -189,7 +190,9 @@ def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str
     ensure_dir(out / LOGS_DIR, "--out's logs folder", probe=False)
     results_path = out / RESULTS_FILE
     run_id = new_run_id()
-    adopted = inflight.adopt(results_path, inflight.inflight_dir(out), run_id, finish=_scaling(results_path))
+    adopted = inflight.adopt(
+        results_path, inflight.inflight_dir(out), run_id, finish=scaling_finish(results_path)
+    )
     for record in adopted:
         say(f"adopted the finished result of a killed run: {format_line(record)}")
     cells = select_cells(suite, options.cell_filters)
@@ -227,24 +230,22 @@ def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str
             + (f", {len(done) - n_ok} unsupported here" if len(done) > n_ok else "")
             + f", {len(todo)} to run"
         )
-    previous_term = signal.signal(signal.SIGTERM, _terminate) if _main_thread() else None
     try:
-        run = _Run(suite, options, run_id, env, visible, out, latest, planner)
-        for i, cell in enumerate(todo, 1):
-            bar.set_postfix_str(cell.cell_name)
-            record = run.cell(cell)
-            say(f"[{i}/{len(todo)}] {format_line(record)}")
-            bar.update(1)
+        with sigterm_as_interrupt():
+            run = SuiteRun(suite, options, run_id, env, visible, out, latest, planner)
+            for i, cell in enumerate(todo, 1):
+                bar.set_postfix_str(cell.cell_name)
+                record = run.cell(cell)
+                say(f"[{i}/{len(todo)}] {format_line(record)}")
+                bar.update(1)
     finally:
-        if previous_term is not None:
-            signal.signal(signal.SIGTERM, previous_term)
         bar.close()
     records = [latest[c.cell_id] for c in cells if c.cell_id in latest]
     write_summary(out / SUMMARY_FILE, suite, records)
     return records
 
 
-def _scaling(results_path: Path) -> inflight.Finish:
+def scaling_finish(results_path: Path) -> inflight.Finish:
     """Fills a multi-process record's scaling efficiency from the one-GPU records in results.jsonl."""
 
     def finish(record: dict[str, Any]) -> None:
@@ -258,25 +259,36 @@ def _scaling(results_path: Path) -> inflight.Finish:
     return finish
 
 
-def _print_line(line: str) -> None:
+def print_line(line: str) -> None:
     from tqdm import tqdm
 
     tqdm.write(line, file=sys.stdout)  # above the bar, which lives on stderr
     sys.stdout.flush()  # a line per cell shows at once in a piped log, not at exit
 
 
-def _main_thread() -> bool:
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the run like Ctrl-C (so the running cell is killed too), in the main thread."""
     import threading
 
-    return threading.current_thread() is threading.main_thread()
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
-def _terminate(_signum, _frame):  # SIGTERM: stop like Ctrl-C, so the running cell is killed too
+def _interrupt(_signum, _frame):
     raise KeyboardInterrupt
 
 
-class _Run:
-    """The cells of one run: each through its ticket (start, result file, one append); the OOM skip."""
+class SuiteRun:
+    """The cells of one run: each through its ticket (start, result file, one append); the OOM skip;
+    the planner's skip and its prediction in each record. The local runner runs cells through it
+    (`cell`); the submitter (`bench.jobs`) decides, finishes and notes the cells its jobs run."""
 
     def __init__(
         self, suite, options, run_id, env, visible, out: Path, latest: dict[str, dict], planner=None
@@ -292,7 +304,7 @@ class _Run:
         """Run one cell (or decide it need not start) and append its record; returns the record as written."""
         verdict = precheck(cell, self.visible, self.options.rendezvous)
         # Before the clock starts: the first cell of a series waits for its series' trace.
-        skip = self.planner.skip_reason(cell) if self.planner is not None and verdict is None else None
+        skip = self.skip_reason(cell) if verdict is None else None
         started_at, t0 = now_iso(), time.monotonic()
         context = {
             "suite": self.suite.name,
@@ -307,7 +319,7 @@ class _Run:
         }
         ticket = inflight.open_ticket(self.folder, context)
         try:
-            decided = self._decide(cell, verdict, skip)
+            decided = self.decide(cell, verdict, skip)
             if decided is not None:
                 inflight.write_result_file(ticket, decided)
             else:
@@ -325,7 +337,7 @@ class _Run:
                 ticket.remove()  # cut off before a result: the cell runs again next time
             raise  # a finished result stays for the next run to append
         record = inflight.commit(
-            self.results_path, ticket, time.monotonic() - t0, lambda record: self._finish(record, cell)
+            self.results_path, ticket, time.monotonic() - t0, lambda record: self.finish(record, cell)
         )
         self.note(cell, record)
         return record
@@ -338,7 +350,7 @@ class _Run:
                 self.oom_at[cell.series_key] = (cell.config["batch_size"], cell.cell_name)
         self.latest[cell.cell_id] = record
 
-    def _decide(self, cell: SuiteCell, verdict, skip: str | None) -> dict[str, Any] | None:
+    def decide(self, cell: SuiteCell, verdict, skip: str | None = None) -> dict[str, Any] | None:
         """The result of a cell that must not start (unsupported, predicted or seen not to fit), else None."""
         if verdict is not None:
             return {"status": verdict[0], "reason": verdict[1]}
@@ -353,7 +365,11 @@ class _Run:
             }
         return None
 
-    def _finish(self, record: dict[str, Any], cell: SuiteCell) -> None:
+    def skip_reason(self, cell: SuiteCell) -> str | None:
+        """Why the planner says not to start the cell (predicted not to fit), else None."""
+        return self.planner.skip_reason(cell) if self.planner is not None else None
+
+    def finish(self, record: dict[str, Any], cell: SuiteCell) -> None:
         if self.planner is not None:
             self.planner.annotate(record, cell)
         config = record["config"]

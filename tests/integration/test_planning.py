@@ -148,6 +148,51 @@ def test_cells_predicted_not_to_fit_are_skipped_and_the_rest_run_largest_first(t
     assert fit["prediction"]["components"]["context"] == 0.5 and fit["images_per_s"] == 1.0
 
 
+@pytest.mark.slow
+def test_under_an_executor_cells_predicted_not_to_fit_are_skipped_before_submission(tmp_path, monkeypatch):
+    """`run --executor` plans as the local runner does: the same records, nothing submitted that the
+    planner says would not fit. The executor is faked (each submitted cell writes its result at once)."""
+    pytest.importorskip("submitit")
+    from ditbench.bench import jobs
+    from ditbench.bench.launch import executors
+    from ditbench.bench.launch.files import read_spec
+
+    suite = parse_suite(
+        {
+            "name": "card",
+            "device": "cuda",
+            "gpu_memory_gib": 2,
+            "plan": {"skip_predicted_oom": True},
+            "defaults": {"model": "DiT-S/2", "precision": "fp32"},
+            "matrix": {"batch_size": [4, 16, 64]},
+        },
+        "card.yaml",
+    )
+    submitted = []
+
+    def fake_submit(executor, kind, params, calls):
+        out = []
+        for spec_path, result_path, _log, _timeout in calls:
+            submitted.append(read_spec(spec_path)[0].knobs.batch_size)
+            metrics = {"images_per_s": 1.0, "step_ms": {"median": 1.0, "p10": 1.0, "p90": 1.0}}
+            result = {"status": "ok", "reason": None, "metrics": metrics, "smoke": None, "env": None}
+            Path(result_path).write_text(json.dumps(result))
+            out.append((None, executors.JobRef(kind, str(len(submitted)), str(tmp_path / "submitit"))))
+        return out
+
+    monkeypatch.setattr(jobs, "cell_verdict", lambda *a, **k: None)
+    monkeypatch.setattr(executors, "make_executor", lambda *a, **k: object())
+    monkeypatch.setattr(executors, "submit_cells", fake_submit)
+    monkeypatch.setattr(executors, "is_active", lambda *a, **k: False)
+    options = RunOptions(out=tmp_path / "out", progress=False)
+    records = jobs.submit_suite(suite, options, "local", echo=lambda line: None, poll_s=0)
+    assert submitted == [4]  # 64 and 16 are predicted not to fit 2 GiB: recorded, never submitted
+    by_batch = {r["config"]["batch_size"]: r for r in records}
+    assert [by_batch[b]["status"] for b in (4, 16, 64)] == ["ok", "skipped", "skipped"]
+    assert by_batch[64]["reason"].startswith("predicted not to fit the 2 GiB card: needs")
+    assert by_batch[4]["metrics"]["prediction"]["status"] == "fits"  # the prediction is in the record
+
+
 def test_reports_show_the_cpu_allocator_peak_with_the_prediction_beside_it(tmp_path):
     from synthetic_records import CPU_ENV, make_record, write_jsonl
 
