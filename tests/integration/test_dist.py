@@ -466,3 +466,32 @@ def test_judge_a_crash_before_every_rank_reported_is_an_error():
     assert status == "error" and "crashed hard" in reason
     status, _ = judge(_launch_result(-6, {}, 0), world_size=2, timeout_s=60)
     assert status == "error"
+
+
+def test_judge_a_cell_that_reached_its_limit_is_a_timeout_whatever_its_peers_report_after():
+    """The race of a hung rank: once the limit stops it, its peer fails on the broken collective and
+    reports an error; that report comes after the limit, so the cell is `timeout` (every launcher
+    judges through here). A rank that failed before the limit is still the cause."""
+    from dataclasses import replace
+
+    from ditbench.bench.launch.torchrun import judge, result_of_launch
+
+    limit = 1_000.0
+    peer = {
+        0: {"rank": 0, "status": "error", "reason": "Connection closed by peer", "failed_at": limit + 0.5}
+    }
+    hung = replace(_launch_result(1, peer, 0), timed_out=True, timed_out_at=limit)
+    status, reason = judge(hung, world_size=2, timeout_s=30)
+    assert status == "timeout" and "ran past its 30 s limit; all 2 ranks were stopped" in reason
+
+    cause = {1: {"rank": 1, "status": "error", "reason": "injected", "failed_at": limit - 5.0}}
+    failed = replace(_launch_result(1, {**peer, **cause}, 0), timed_out=True, timed_out_at=limit)
+    assert judge(failed, world_size=2, timeout_s=30) == (
+        "error",
+        "rank 1: injected (rank(s) 0 failed after it)",
+    )
+
+    class Spec:  # what result_of_launch reads of a failed cell
+        world_size = 2
+
+    assert result_of_launch(hung, Spec(), 30)["status"] == "timeout"

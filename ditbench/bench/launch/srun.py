@@ -113,7 +113,7 @@ def _rank_task(spec, spec_path: str, result: Path, log_path: Path, timeout_s: fl
     report_dir = report_dir_of(result)
     report_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
-    timed_out, failed_peer_at = False, None
+    timed_out, timed_out_at, failed_peer_at = False, None, None
     with open(report_dir / f"task{rank}.log", "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", RANK_MODULE, spec_path, str(report_dir)],
@@ -127,7 +127,7 @@ def _rank_task(spec, spec_path: str, result: Path, log_path: Path, timeout_s: fl
             while proc.poll() is None:
                 now = time.monotonic()
                 if now - start > timeout_s:
-                    timed_out = True
+                    timed_out, timed_out_at = True, time.time()  # before the rank is stopped
                     break
                 if failed_peer_at is None and _peer_failed(report_dir, rank):
                     failed_peer_at = now
@@ -138,7 +138,7 @@ def _rank_task(spec, spec_path: str, result: Path, log_path: Path, timeout_s: fl
             _stop(proc)
     write_json_atomic(
         report_dir / f"exit{rank}.json",
-        {"rank": rank, "returncode": proc.returncode, "timed_out": timed_out},
+        {"rank": rank, "returncode": proc.returncode, "timed_out": timed_out, "timed_out_at": timed_out_at},
     )
     if rank == 0:
         deadline = time.monotonic() + max(0.0, timeout_s - (time.monotonic() - start)) + 2 * PEER_GRACE_S
@@ -189,9 +189,11 @@ def _write_cell_result(spec, result, log_path, report_dir, timeout_s, start, dea
     if missing:
         logs += f"\nno exit report from the task(s) of rank(s) {', '.join(map(str, missing))}\n"
     reports, gathered, smoke = read_reports(report_dir)
+    limits = [d["timed_out_at"] for d in exits.values() if isinstance(d.get("timed_out_at"), (int, float))]
     launched = LaunchResult(
         returncode=returncode,
         timed_out=any(bool(d.get("timed_out")) for d in exits.values()),
+        timed_out_at=min(limits, default=None),  # the first task to reach the limit stopped the cell
         duration_s=time.monotonic() - start,
         output_tail=logs[-LOG_TAIL_BYTES:],
         reports=reports,

@@ -102,6 +102,9 @@ class LaunchResult:
     smoke: dict | None = None  # smoke.json (rank 0's curve), or a rank's smoke failure
     quality: dict | None = None  # quality.json (rank 0's quality field), or a rank's quality failure
     launcher: str = "torchrun"  # what started the ranks, as the reasons name it
+    # when the time limit was reached (time.time()), before anything was stopped: a rank that fails
+    # after it fails because its peers were stopped, and the cell is `timeout` whatever it reports
+    timed_out_at: float | None = None
 
 
 def _read_json(path: Path) -> dict | None:
@@ -158,13 +161,13 @@ def launch(
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd, preexec_fn=preexec
         )
-        timed_out = False
+        timed_out, timed_out_at = False, None
         try:
             root = psutil.Process(proc.pid)
             while proc.poll() is None:
                 procs.collect_descendants(root, seen)  # remember workers, to reap any orphan later
                 if time.monotonic() - start > timeout_s:
-                    timed_out = True
+                    timed_out, timed_out_at = True, time.time()
                     break
                 time.sleep(POLL_S)
         except BaseException:
@@ -185,13 +188,20 @@ def launch(
         leftover=sorted(p.pid for p in seen.values() if procs.alive(p)),
         smoke=smoke,
         quality=read_phase(report_dir, "quality"),
+        timed_out_at=timed_out_at,
     )
 
 
 def _first_failure(result: LaunchResult) -> dict | None:
-    """The root cause: the rank that failed first (its peers fail later on a broken collective)."""
+    """The root cause: the rank that failed first (its peers fail later on a broken collective), if it
+    failed before the time limit was reached (a failure after it follows from the stopped ranks)."""
     failed = [r for r in result.reports.values() if r.get("status") != "ok"]
-    return min(failed, key=lambda r: (r.get("failed_at", float("inf")), r["rank"])) if failed else None
+    if not failed:
+        return None
+    first = min(failed, key=lambda r: (r.get("failed_at", float("inf")), r["rank"]))
+    if result.timed_out and not first.get("failed_at", float("inf")) < (result.timed_out_at or float("-inf")):
+        return None
+    return first
 
 
 def judge(
