@@ -22,6 +22,15 @@ def read_spec(path: str | Path) -> tuple[CellSpec, dict[str, Any]]:
     return CellSpec.from_record_config(doc["config"]), doc
 
 
+def read_report(path: Path) -> dict | None:
+    """A rank's or task's report file, or None while it is missing, half-written or not a mapping."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def write_result(path: str | Path, data: dict[str, Any]) -> None:
     """A cell's (or rank's) result file, whole or not at all; NaN/inf written as null."""
     write_json_atomic(path, _clean(data), default=str, allow_nan=False)

@@ -18,7 +18,6 @@ Every file goes next to the ticket in the out directory, which SLURM's nodes mus
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 
 from ditbench.bench.launch import procs
-from ditbench.bench.launch.files import read_spec, write_result
+from ditbench.bench.launch.files import read_report, read_spec, write_result
 from ditbench.fileio import write_json_atomic
 
 RANK_MODULE = "ditbench.bench.launch.rank"
@@ -101,7 +100,7 @@ def _rank_env(spec, job) -> dict[str, str]:
 
 def _peer_failed(report_dir: Path, rank: int) -> bool:
     for path in report_dir.glob("exit[0-9]*.json"):
-        data = _read(path)
+        data = read_report(path)
         if data and data.get("rank") != rank and (data.get("returncode") != 0 or data.get("timed_out")):
             return True
     return False
@@ -160,14 +159,6 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
-def _read(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _write_cell_result(spec, result, log_path, report_dir, timeout_s, start, deadline, job) -> None:
     """Task 0: every task's exit, then the cell's result as the torchrun launcher would judge it."""
     from ditbench.bench.launch.rendezvous import Rendezvous
@@ -176,7 +167,7 @@ def _write_cell_result(spec, result, log_path, report_dir, timeout_s, start, dea
     world = spec.world_size
     exits: dict[int, dict] = {}
     while True:
-        exits = {r: d for r in range(world) if (d := _read(report_dir / f"exit{r}.json")) is not None}
+        exits = {r: d for r in range(world) if (d := read_report(report_dir / f"exit{r}.json")) is not None}
         if len(exits) == world or time.monotonic() > deadline:
             break
         time.sleep(POLL_S)

@@ -31,7 +31,7 @@ import psutil
 
 from ditbench.bench.launch import procs
 from ditbench.bench.launch.aggregate import aggregate
-from ditbench.bench.launch.files import read_spec, write_result
+from ditbench.bench.launch.files import read_report, read_spec, write_result
 from ditbench.bench.launch.rendezvous import Rendezvous, add_rendezvous_arguments, rendezvous_from_args
 from ditbench.errors import UserError
 
@@ -107,29 +107,21 @@ class LaunchResult:
     timed_out_at: float | None = None
 
 
-def _read_json(path: Path) -> dict | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def read_reports(report_dir: Path) -> tuple[dict[int, dict], dict | None, dict | None]:
     """Every rank<R>.json by rank, the gathered ranks.json, and the smoke report (None if absent or torn)."""
     reports: dict[int, dict] = {}
     for path in sorted(report_dir.glob("rank[0-9]*.json")):
-        data = _read_json(path)
+        data = read_report(path)
         if data is not None and isinstance(data.get("rank"), int):
             reports[data["rank"]] = data
-    return reports, _read_json(report_dir / "ranks.json"), read_phase(report_dir, "smoke")
+    return reports, read_report(report_dir / "ranks.json"), read_phase(report_dir, "smoke")
 
 
 def read_phase(report_dir: Path, phase: str) -> dict | None:
     """<phase>.json (rank 0's), else the first <phase>_rank<R>.json of a rank that failed in it."""
-    report = _read_json(report_dir / f"{phase}.json")
+    report = read_report(report_dir / f"{phase}.json")
     if report is None:
-        failed = [d for p in sorted(report_dir.glob(f"{phase}_rank*.json")) if (d := _read_json(p))]
+        failed = [d for p in sorted(report_dir.glob(f"{phase}_rank*.json")) if (d := read_report(p))]
         if failed:  # the rank that failed first; its peers then lost their connection
             first = min(failed, key=lambda d: (d.get("failed_at", float("inf")), d.get("rank", 0)))
             report = dict(first, reason=f"rank {first.get('rank')}: {first.get('reason')}")
