@@ -9,7 +9,8 @@
 #
 # DIR (default /tmp/ditbench-slurm) holds the configuration, state, logs, MariaDB's data and the
 # PIDs. `up` on a running cluster only checks it. Ports: slurmctld 6817, slurmdbd 6819, MariaDB 6818
-# (127.0.0.1 only), slurmd 6821 and 6822. Exit 0: up; 1: it could not start (the reason on stderr).
+# (127.0.0.1 only), slurmd 6821 and 6822. DITBENCH_SLURMD_NICE=N runs the nodes (and so every job)
+# at that nice level, for a machine others share. Exit 0: up; 1: it could not start (the reason on stderr).
 set -euo pipefail
 
 PKGS=(munge slurmctld slurmd slurm-client slurmdbd mariadb-server)
@@ -192,7 +193,7 @@ up() {
   alive "$DIR/pids/slurmctld" || spawn slurmctld slurmctld -D -i -f "$SLURM_CONF"
   until_ok 60 slurmctld bash -c 'scontrol ping | grep -q UP'
   for node in "${NODES[@]}"; do
-    alive "$DIR/pids/slurmd-$node" || spawn "slurmd-$node" slurmd -D -N "$node" -f "$SLURM_CONF"
+    alive "$DIR/pids/slurmd-$node" || spawn "slurmd-$node" nice -n "${DITBENCH_SLURMD_NICE:-0}" slurmd -D -N "$node" -f "$SLURM_CONF"
   done
   until_ok 60 "nodes idle" nodes_idle
   until_ok 30 "cluster in slurmdbd" bash -c 'sacctmgr -n -P list cluster format=cluster | grep -qx ditbench'
