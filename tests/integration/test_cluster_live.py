@@ -171,8 +171,10 @@ def test_a_time_limit_a_scancel_and_a_requeue_are_recorded_from_slurms_state(tmp
         wait_until(lambda: len(job_ids(out)) == 3, "all three jobs were submitted", submitter)
         ids = {by: job_id for by, job_id in zip(("bs=2", "bs=3", "bs=4"), _ids_by_batch(out), strict=True)}
         wait_until(lambda: all(slurm_state(i) == "RUNNING" for i in ids.values()), "all three run", submitter)
-        # the time limit reached now: SLURM ends the job TIMEOUT (the fastest way to a real time limit)
-        subprocess.run(["scontrol", "update", f"JobId={ids['bs=2']}", "EndTime=now"], check=True)
+        # a one-minute limit, SLURM's shortest: its time-limit warning (SIGUSR2 60 s ahead, which
+        # submitit would turn into a FAILED job) comes at once, then SLURM ends the job TIMEOUT.
+        # (`EndTime=now` would be quicker but sends no warning: it passed without the fix.)
+        subprocess.run(["scontrol", "update", f"JobId={ids['bs=2']}", "TimeLimit=1"], check=True)
         subprocess.run(["scancel", ids["bs=3"]], check=True)
         subprocess.run(["scontrol", "requeue", ids["bs=4"]], check=True)
         stdout, _ = submitter.communicate(timeout=360)
