@@ -16,6 +16,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.split("[")[0] in SLOW_ELSEWHERE:
             item.add_marker(pytest.mark.slow)
+    if any(item.get_closest_marker("cluster") for item in items):
+        from slurm_cluster import unavailable
+
+        reason = unavailable()
+        if reason is not None:
+            for item in items:
+                if item.get_closest_marker("cluster"):
+                    item.add_marker(pytest.mark.skip(reason=reason))
     if torch.cuda.is_available():
         return
     skip_gpu = pytest.mark.skip(reason="needs a CUDA device; none is visible")

@@ -71,6 +71,12 @@ def job_path(ticket: inflight.Ticket) -> Path:
     return ticket.folder / f"{ticket.key}.job.json"
 
 
+def submission_path(ticket: inflight.Ticket) -> Path:
+    """`<key>.sbatch.json`: the SLURM job name (and array index) the cell is submitted under, written
+    before sbatch runs (`executors.write_submission`)."""
+    return ticket.folder / f"{ticket.key}.sbatch.json"
+
+
 @dataclass
 class Pending:
     """A submitted cell this run waits for."""
@@ -201,6 +207,13 @@ class _Submitter:
                 ticket.remove()
                 continue
             ref = JobRef.load(job_path(ticket))
+            if ref is None and key not in appended:  # killed between sbatch's answer and the job file?
+                ref = executors.find_submitted(
+                    submission_path(ticket), str(self.folder / executors.SUBMITIT_DIR)
+                )
+                if ref is not None:
+                    ref.save(job_path(ticket))
+                    self.say(f"found job {ref.job_id} ({context.get('cell_name')}) by its name in SLURM")
             if key in appended or ref is None:  # appended already, or never (known to be) submitted
                 ticket.remove()
                 continue
@@ -272,6 +285,11 @@ class _Submitter:
             write_spec(ticket.spec_path, cell.spec, **about, timeout_s=timeout)
             log = self.out / LOGS_DIR / f"{cell.cell_id}.log"
             calls.append((str(ticket.spec_path), str(ticket.result_path), str(log), timeout))
+        if self.kind == "slurm":  # a rerun finds the job by this name if we die before saving its id
+            name = executors.job_name([ticket.key for _, ticket in members])
+            for index, (_, ticket) in enumerate(members):
+                executors.write_submission(submission_path(ticket), name, index if len(members) > 1 else None)
+            params = {**params, "job_name": name}
         try:
             submitted = executors.submit_cells(self.executor, self.kind, params, calls)
         except UserError:
@@ -326,10 +344,13 @@ class _Submitter:
             ended = time.time()
         begin = started if started is not None else context.get("started_unix") or ended
         committing_run = self.run_id
+        slurm_job = _slurm_job(ticket, ref)
 
         def finish(record: dict[str, Any]) -> None:
             if record["run_id"] != committing_run:
                 record["adopted_by"] = committing_run  # as the local runner marks a killed run's result
+            if slurm_job is not None:
+                record["slurm_job"] = slurm_job
             if pending.cell is not None:
                 self.runner.finish(record, pending.cell)
             else:
@@ -394,6 +415,18 @@ def _started_unix(ticket: inflight.Ticket) -> float | None:
     except (OSError, ValueError, AttributeError):
         return None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _slurm_job(ticket: inflight.Ticket, ref: JobRef) -> dict[str, Any] | None:
+    """A SLURM cell's job id and the nodes it ran on (as its task 0 saw them when the job started)."""
+    if ref.executor != "slurm" or not ref.job_id:
+        return None
+    try:
+        nodes = json.loads(started_path(ticket.result_path).read_text()).get("hostnames")
+    except (OSError, ValueError, AttributeError):
+        nodes = None
+    ok = isinstance(nodes, list) and all(isinstance(n, str) for n in nodes)
+    return {"id": ref.job_id, "nodes": nodes if ok else None}
 
 
 def _iso(unix: float) -> str:

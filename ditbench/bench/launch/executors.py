@@ -10,6 +10,7 @@ The submitter never reads submitit's result pickles: a job's result is the cell'
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shlex
@@ -223,6 +224,64 @@ def cancel(ref: JobRef, handle=None) -> None:
         subprocess.call(["scancel", ref.job_id], timeout=60, **quiet)
     except (OSError, subprocess.TimeoutExpired):  # no scancel here: the job is left to its time limit
         pass
+
+
+# -- finding a job whose id the submitter never wrote down -----------------------------------------
+
+NAME_PREFIX = "ditbench-"
+_NAME = re.compile(r"ditbench-[0-9a-f]{16}")
+
+
+def job_name(keys: list[str]) -> str:
+    """The SLURM job name of one submission (a job, or one array for several cells).
+
+    It is a hash of the cells' ticket keys (cell id and run id), unique to this submission. The
+    tasks of an array share one name, so each cell's ticket keeps the name and its index in the
+    array (`write_submission`) before sbatch runs: a submitter killed after sbatch answered but
+    before it wrote the job id down leaves a rerun enough to find the job (`find_submitted`).
+    """
+    return NAME_PREFIX + hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
+
+
+def write_submission(path: Path, name: str, index: int | None) -> None:
+    write_json_atomic(path, {"job_name": name, "array_index": index})
+
+
+def find_submitted(path: Path, folder: str) -> JobRef | None:
+    """The job a submission file (`write_submission`) names, if SLURM has it (squeue, then sacct)."""
+    try:
+        data = json.loads(path.read_text())
+        name, index = data["job_name"], data["array_index"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        return None
+    if index is not None and (isinstance(index, bool) or not isinstance(index, int) or index < 0):
+        return None
+    base = _job_id_named(name)
+    if base is None:
+        return None
+    return JobRef("slurm", base if index is None else f"{base}_{index}", folder)
+
+
+def _job_id_named(name: str) -> str | None:
+    """The (array) job id of the job called `name`: squeue knows queued and running jobs and ones that
+    ended a few minutes ago (MinJobAge), sacct the ones that ended before (looked up 30 days back)."""
+    import subprocess
+
+    asks = (
+        ["squeue", "-h", f"--name={name}", "-o", "%F"],
+        ["sacct", "-n", "-X", "-P", f"--name={name}", "-S", "now-30days", "-o", "JobID"],
+    )
+    for ask in asks:
+        try:
+            done = subprocess.run(ask, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        found = {m.group(0) for line in done.stdout.split() if (m := re.match(r"[0-9]{1,12}", line))}
+        if done.returncode == 0 and len(found) == 1:
+            return found.pop()
+    return None
 
 
 def job_log(ref: JobRef) -> Path:

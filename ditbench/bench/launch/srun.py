@@ -36,6 +36,28 @@ STOP_GRACE_S = 5.0  # between SIGTERM and SIGKILL
 LOG_TAIL_BYTES = 6000
 
 
+class StoppedBySlurm(BaseException):
+    """SLURM is ending the job (its time limit, scancel, a requeue): the task stops without a result."""
+
+
+def _leave_the_end_to_slurm() -> None:
+    """On SLURM a job that SLURM stops is recorded from SLURM's state, not from its killed ranks.
+
+    Without this, submitit turns the time-limit warning (SIGUSR2, `signal_delay_s` ahead) into a
+    FAILED job, and it ignores SIGTERM while SLURM's SIGTERM kills the ranks, so task 0 would
+    write an `error` result ("rank 0 died") before SLURM's SIGKILL. Instead the task and its
+    ranks (which inherit SIG_IGN) ignore the warning, and SIGTERM stops the task with no result:
+    the submitter then reads the job's state (TIMEOUT is `timeout`, CANCELLED is named in the
+    reason, a requeued job is waited for and runs again).
+    """
+
+    def stop(signum, frame):
+        raise StoppedBySlurm(f"{signal.Signals(signum).name} from SLURM: no result; the job's state says why")
+
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, stop)
+
+
 def started_path(result_path: Path) -> Path:
     """`<key>.started.json`: written when the job starts (the record's start and duration come from it)."""
     return result_path.with_name(result_path.name.replace(".result.json", ".started.json"))
@@ -52,6 +74,8 @@ def run_task(spec_path: str, result_path: str, log_path: str, timeout_s: float) 
     from ditbench.bench.launch.process import run_isolated
 
     job = submitit.JobEnvironment()
+    if job.cluster == "slurm":
+        _leave_the_end_to_slurm()
     spec, doc = read_spec(spec_path)
     result = Path(result_path)
     if job.global_rank == 0:
