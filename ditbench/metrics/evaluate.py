@@ -40,10 +40,9 @@ from ditbench.errors import UserError
 from ditbench.metrics import registry
 from ditbench.metrics.defaults import DEFAULTS
 from ditbench.metrics.features import FeatureExtractor
-from ditbench.metrics.inception import FEATURE_DIMS
 from ditbench.metrics.npz_io import ArrayImages, ImageSource, open_images
 from ditbench.metrics.reference import PreparedReference
-from ditbench.metrics.spec import Metric, MetricInputs
+from ditbench.metrics.spec import FEATURE_DIMS, Metric, MetricInputs
 from ditbench.precision import tf32_mode
 
 SCHEMA = "ditbench.fid/1"

@@ -34,7 +34,7 @@ class FakeExtractor:
     """
 
     def __init__(self, official: bool = False, batch_size: int = 64):
-        from ditbench.metrics.inception import FEATURE_DIMS
+        from ditbench.metrics.spec import FEATURE_DIMS
         from ditbench.metrics.weights import InceptionWeights
 
         self.device, self.batch_size, self.tf32, self.precision = (

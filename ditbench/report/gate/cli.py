@@ -19,12 +19,12 @@ from ditbench.errors import UserError, shorten
 from ditbench.fileio import write_atomic
 from ditbench.report.gate.decide import compare_files
 from ditbench.report.gate.inputs import GateRefusal
-from ditbench.report.gate.metrics import METRICS
+from ditbench.report.gate.metrics import table
 from ditbench.report.gate.policy import load_policy
 from ditbench.report.gate.result import to_json_text
 from ditbench.report.gate.summary import summary_markdown
 
-_METRIC_NAMES = textwrap.fill("metrics: " + ", ".join(METRICS), 100, subsequent_indent="  ")
+_METRIC_NAMES = textwrap.fill("metrics: " + ", ".join(table()), 100, subsequent_indent="  ")
 POLICY_EXAMPLE = f"""\
 exit status: 0 no regression, 1 regression (or missing cells with fail_on_missing), 2 usage or input
 error: runs from different GPU / driver / CUDA / torch without --allow-env-mismatch; a gated value

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.errors import UserError, shorten
-from ditbench.report.gate.metrics import DEFAULT_THRESHOLDS, METRICS
+from ditbench.report.gate.metrics import default_thresholds, table
 from ditbench.report.load import flatten
 from ditbench.yamlio import load_yaml_file
 
@@ -43,7 +43,7 @@ class Override:
 @dataclass
 class Policy:
     rules: dict[str, Rule] = field(
-        default_factory=lambda: {k: Rule(v) for k, v in DEFAULT_THRESHOLDS.items()}
+        default_factory=lambda: {k: Rule(v) for k, v in default_thresholds().items()}
     )
     alpha: float = DEFAULT_ALPHA
     min_samples: int = DEFAULT_MIN_SAMPLES
@@ -93,11 +93,12 @@ def _rules(raw: Any, where: str, path: str) -> dict[str, Rule | None]:
             "`images_per_s: 5` or `peak_mem_allocated_gib: {threshold_pct: 2, min_abs: 0.05}`."
         )
     out: dict[str, Rule | None] = {}
+    metrics = table()
     for name, spec in raw.items():
-        if name not in METRICS:
+        if name not in metrics:
             raise UserError(
                 f"{path}: `{where}.{shorten(name, quote=False)}` is not a metric ditbench compares; "
-                f"valid metrics: {', '.join(METRICS)}."
+                f"valid metrics: {', '.join(metrics)}."
             )
         key = f"{where}.{name}"
         if spec is None or spec is False:
@@ -133,7 +134,7 @@ def _rules(raw: Any, where: str, path: str) -> dict[str, Rule | None]:
 
 
 def _allowed(raw: Any, path: str) -> frozenset[str]:
-    valid = [*METRICS, STEP_SAMPLES]
+    valid = [*table(), STEP_SAMPLES]
     if raw is True:
         return frozenset({"*"})
     if raw is False or raw is None:

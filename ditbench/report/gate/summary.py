@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ditbench.report.gate.metrics import HIGHER, METRICS
+from ditbench.report.gate.metrics import HIGHER, table
 from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
 
 MAX_SUMMARY_ROWS = 150  # rows of the "All cells" table: a PR comment holds 65,536 characters
@@ -37,7 +37,7 @@ def _change(d: MetricDelta) -> str:
 
 def _limit(metric: str, threshold_pct: float) -> str:
     """The threshold written the way it bites: -5% for throughput, +2% for memory."""
-    return f"{'-' if METRICS[metric].direction == HIGHER else '+'}{threshold_pct:g}%"
+    return f"{'-' if table()[metric].direction == HIGHER else '+'}{threshold_pct:g}%"
 
 
 def _md(text: Any) -> str:
@@ -180,7 +180,8 @@ def _notes(c: Comparison) -> list[str]:
 
 
 def _all_cells(c: Comparison) -> list[str]:
-    shown = [m for m in METRICS if m in c.policy.rules][:4]
+    metrics = table()
+    shown = [m for m in metrics if m in c.policy.rules][:4]
     rows = []
     # Changed cells first; the table is capped so the summary fits a pull-request comment.
     ordered = sorted(c.cells, key=lambda x: x.verdict == "pass")
@@ -196,7 +197,7 @@ def _all_cells(c: Comparison) -> list[str]:
             "",
             "<details><summary>All cells</summary>",
             "",
-            "| cell | status | " + " | ".join(METRICS[m].label for m in shown) + " | verdict |",
+            "| cell | status | " + " | ".join(metrics[m].label for m in shown) + " | verdict |",
             "|---|---|" + "---|" * len(shown) + "---|",
         ]
         + rows
@@ -207,7 +208,8 @@ def _all_cells(c: Comparison) -> list[str]:
 
 def _policy_line(c: Comparison) -> list[str]:
     p = c.policy
-    rules = ", ".join(f"{METRICS[k].label} {_limit(k, r.threshold_pct)}" for k, r in p.rules.items())
+    labels = {k: m.label for k, m in table().items()}
+    rules = ", ".join(f"{labels[k]} {_limit(k, r.threshold_pct)}" for k, r in p.rules.items())
     allowed = "every metric" if "*" in p.allow_incomparable else ", ".join(sorted(p.allow_incomparable))
     unused = ""
     if c.unused_overrides:
