@@ -47,7 +47,6 @@ MAX_GRID = 256
 MAX_DIFFUSION_STEPS = 1000  # the diffusion's steps; sampling respaces them
 MAX_TRAIN_STEPS = 10**7
 KEYS = ("reference", "samples", "sampler", "at", "seeds", "cells", "inception", "vae", "batch_size", "grid")
-SAMPLER_KEYS = ("name", "steps", "cfg_scale", "precision")
 
 Fail = Callable[[str | None, str], Exception]  # (key path in the section or None, message) -> the error
 

@@ -162,9 +162,11 @@ class _Check:
             raise self.fail(keypath, str(err)) from None
 
     def selector(self, keypath: str, value: Any) -> dict[str, Any]:
-        knob_names, model_names = _vocabulary()
+        from ditbench.knobs import FIELDS
+        from ditbench.models.configs import MODEL_NAMES as model_names
+
         value = self.mapping(keypath, value)
-        valid = knob_names + EXTRA_SELECTOR_KEYS
+        valid = (*FIELDS, *EXTRA_SELECTOR_KEYS)
         self.keys(keypath, value, valid)
         out: dict[str, Any] = {}
         for key, v in value.items():
@@ -192,17 +194,6 @@ class _Check:
                     raise self.fail(at, f"expected a finite value, got {x}.")
             out[key] = list(allowed) if isinstance(v, list) else v
         return out
-
-
-def _vocabulary() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(knob names, model names): the cell contract's, wherever this version of ditbench keeps it."""
-    try:
-        from ditbench.knobs import FIELDS
-        from ditbench.models.configs import MODEL_NAMES
-    except ImportError:  # before ditbench.knobs: the suite module held the knob table
-        from ditbench.bench.suite import KNOB_DEFAULTS as FIELDS
-        from ditbench.models.dit import MODEL_NAMES
-    return tuple(FIELDS), tuple(MODEL_NAMES)
 
 
 def _join(keypath: str, key: str) -> str:
