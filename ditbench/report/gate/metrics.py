@@ -89,6 +89,14 @@ class Crossing:
     direction: str  # "worse", "better" or "same"
     crossed: bool  # moved beyond the threshold (percent and min_abs) in that direction
 
+    def verdict(self, significant: bool) -> str:
+        """regression / improvement for a significant crossing, noise for another, else unchanged."""
+        if not self.crossed:
+            return "unchanged"
+        if not significant:
+            return "noise"
+        return "regression" if self.direction == "worse" else "improvement"
+
 
 def crossing(metric: Metric, base: float, new: float, threshold_pct: float, min_abs: float) -> Crossing:
     """How far new moved from base, and whether that crosses the rule. Values must be finite."""
