@@ -563,9 +563,9 @@ def test_the_policy_example_in_the_help_is_valid(tmp_path):
 
 def test_help_documents_every_policy_key():
     from ditbench.report.gate.cli import POLICY_EXAMPLE
-    from ditbench.report.gate.policy import POLICY_KEYS, STEP_SAMPLES
+    from ditbench.report.gate.policy import STEP_SAMPLES, PolicyFile
 
-    for key in (*POLICY_KEYS, STEP_SAMPLES):
+    for key in (*PolicyFile.model_fields, STEP_SAMPLES):
         assert key in POLICY_EXAMPLE
 
 
