@@ -19,8 +19,8 @@ from ditbench.errors import UserError, shorten
 from ditbench.fileio import write_atomic
 from ditbench.report.gate.decide import compare_files
 from ditbench.report.gate.inputs import GateRefusal
-from ditbench.report.gate.metrics import table
-from ditbench.report.gate.policy import load_policy
+from ditbench.report.gate.metrics import default_thresholds, limits, table
+from ditbench.report.gate.policy import DEFAULT_ALPHA, load_policy
 from ditbench.report.gate.result import to_json_text
 from ditbench.report.gate.summary import summary_markdown
 
@@ -70,8 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="POLICY.yaml",
         default=None,
         help="thresholds per metric, significance level, per-cell overrides, what may go uncompared "
-        "(default: images/s -5%%, peak allocated memory +2%%, peak reserved memory +5%%, FID +2%%, "
-        "Inception Score -2%%, alpha 0.01)",
+        f"(default: {limits(default_thresholds())}, alpha {DEFAULT_ALPHA})".replace("%", "%%"),
     )
     parser.add_argument(
         "--allow-env-mismatch",

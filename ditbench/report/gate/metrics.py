@@ -83,6 +83,17 @@ def default_thresholds() -> dict[str, float]:
     return {name: m.threshold_pct for name, m in table().items() if m.threshold_pct is not None}
 
 
+def limit(name: str, threshold_pct: float) -> str:
+    """A threshold written the way it bites: -5% for throughput, +2% for memory."""
+    return f"{'-' if table()[name].direction == HIGHER else '+'}{threshold_pct:g}%"
+
+
+def limits(thresholds: dict[str, float]) -> str:
+    """Thresholds with their labels: "images/s -5%, peak allocated GiB +2%"."""
+    metrics = table()
+    return ", ".join(f"{metrics[k].label} {limit(k, pct)}" for k, pct in thresholds.items())
+
+
 @dataclass(frozen=True)
 class Crossing:
     change_pct: float | None  # signed (new - base) / |base|; None when base is 0 (no finite percentage)
