@@ -18,7 +18,7 @@ from ditbench.knobs import FIELDS, InvalidValue, Knobs, int_in, number_in, unkno
 from ditbench.quality.spec import QualitySpec
 
 MAX_STEPS = 10**7  # a window or smoke run longer than this is a typo, not a benchmark
-MAX_SECONDS = 7 * 24 * 3600.0
+MAX_SECONDS = 7 * 24 * 3600.0  # a week: a longer window or timeout is a typo (suite.TIMEOUT_MAX_S)
 
 
 @dataclass(frozen=True)

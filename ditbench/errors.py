@@ -44,3 +44,9 @@ def shorten(value: Any, limit: int = SHORT_LIMIT, *, quote: bool = True) -> str:
         return text
     size = f" ({len(value):,} characters)" if isinstance(value, str) else ""
     return f"{text[: max(limit - 1, 1)]}…{size}"
+
+
+def type_name(value: Any) -> str:
+    """What a user gave, in words, for a message: "a mapping", "a list", "a string", "nothing"."""
+    names = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "nothing"}
+    return names.get(type(value), f"a {type(value).__name__}")

@@ -22,6 +22,7 @@ from typing import Any
 
 from ditbench import vae
 from ditbench.errors import UserError, shorten
+from ditbench.errors import type_name as _type
 from ditbench.models.configs import (
     ATTENTION_BACKENDS,
     IMPLS,
@@ -53,11 +54,6 @@ MAX_PATH_CHARS = 4096  # PATH_MAX on Linux
 
 class InvalidValue(ValueError):
     """A knob value that is not valid; the message names the knob and says what would be."""
-
-
-def _type(value: Any) -> str:
-    names = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "nothing"}
-    return names.get(type(value), f"a {type(value).__name__}")
 
 
 def int_in(name: str, low: int, high: int) -> Callable[[Any], int]:

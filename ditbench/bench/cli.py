@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from ditbench.bench.cluster import EXECUTORS
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -57,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("cluster (through submitit: pip install 'ditbench[slurm]')")
     g.add_argument(
         "--executor",
-        choices=("slurm", "local"),
+        choices=EXECUTORS,
         default=None,
         help="submit each cell as a submitit job: slurm (sbatch; a job array per job shape) or local "
         "(submitit's local executor, one cell at a time); default: run the cells here",

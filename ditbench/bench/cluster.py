@@ -22,6 +22,7 @@ from typing import Any
 
 from ditbench.errors import UserError, shorten
 
+EXECUTORS = ("local", "slurm")  # --executor: submitit's executors
 TEXT_KEYS = ("partition", "account", "qos", "constraint")
 CLUSTER_KEYS = (*TEXT_KEYS, "time_limit_min", "sbatch", "setup")
 # sbatch options ditbench sets from the cell (or submitit sets itself): a second value would contradict them

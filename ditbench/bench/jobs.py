@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.bench import inflight
-from ditbench.bench.cluster import ClusterOptions, job_parameters
+from ditbench.bench.cluster import EXECUTORS, ClusterOptions, job_parameters
 from ditbench.bench.launch import executors
 from ditbench.bench.launch.executors import JobRef
 from ditbench.bench.launch.srun import started_path
@@ -97,8 +97,8 @@ def submit_suite(
 ) -> list[dict[str, Any]]:
     """Run (or resume) the suite through submitit; the latest record of each selected cell, in suite order."""
     check_options(options)
-    if kind not in ("local", "slurm"):
-        raise UserError(f"--executor {shorten(kind)}: valid executors are local and slurm.")
+    if kind not in EXECUTORS:
+        raise UserError(f"--executor {shorten(kind)}: valid executors are {' and '.join(EXECUTORS)}.")
     if options.rendezvous:
         raise UserError(
             "--nnodes/--node-rank/--rdzv-* start torchrun on machines you log into; with --executor the "

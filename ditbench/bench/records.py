@@ -19,6 +19,7 @@ import json
 import math
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -186,9 +187,13 @@ def latest_by_cell(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 class _Sanitizer:
-    """A JSON-safe copy of a value, noting every path whose value had to become null."""
+    """A JSON-safe copy of a value, noting every path whose value had to become null.
 
-    def __init__(self) -> None:
+    `unknown`: what an object that is not JSON (nor a numpy/torch scalar) becomes; None: null, noted.
+    """
+
+    def __init__(self, unknown: Callable[[Any], Any] | None = None) -> None:
+        self.unknown = unknown
         self.nonfinite: list[str] = []
         self.unserializable: dict[str, str] = {}
         self.noted = 0
@@ -227,6 +232,8 @@ class _Sanitizer:
         scalar = _as_scalar(value)
         if scalar is not None:
             return self.copy(scalar, path, depth + 1)
+        if self.unknown is not None:
+            return self.unknown(value)
         if self._room():
             self.unserializable[path] = type(value).__name__
         return None
@@ -244,6 +251,12 @@ def _as_scalar(value: Any) -> bool | int | float | None:
     except Exception:  # no usable shape, or item() wants arguments: not a scalar
         return None
     return scalar if isinstance(scalar, (bool, int, float)) else None
+
+
+def jsonable(value: Any) -> Any:
+    """A JSON-safe copy of a value (NaN/inf as null, numpy scalars as numbers, other objects as text):
+    the one rule for what a cell's intermediate files (its result, a rank's report) hold."""
+    return _Sanitizer(unknown=str).copy(value)
 
 
 def json_safe(record: dict[str, Any]) -> dict[str, Any]:

@@ -21,9 +21,11 @@ from ditbench.bench.cellid import cell_id
 from ditbench.bench.cluster import ClusterOptions, parse_cluster
 from ditbench.bench.plan_option import PlanOption, parse_plan_option
 from ditbench.cards import check_gib, find_card
+from ditbench.cellspec import MAX_SECONDS as TIMEOUT_MAX_S
 from ditbench.cellspec import MAX_STEPS, CellSpec, Steps
 from ditbench.device import DEVICE_CHOICES, device_type
 from ditbench.errors import UserError, shorten
+from ditbench.errors import type_name as _type
 from ditbench.knobs import FIELDS, InvalidValue, Knobs, check_knob, int_in, number_in
 from ditbench.knobs import unknown_key_message as _unknown
 from ditbench.quality import spec as quality_spec
@@ -32,7 +34,6 @@ from ditbench.yamlio import load_yaml_file
 SMOKE_CELLS = ("baseline", "all", "none")
 SMOKE_STEPS_DEFAULT = 500
 TIMEOUT_DEFAULT_S = 1800.0
-TIMEOUT_MAX_S = 7 * 24 * 3600.0  # a week: beyond it a timeout is a typo
 
 TOP_KEYS = (
     "name",
@@ -156,12 +157,6 @@ class _Validator:
 
 def _join(keypath: str, key: str) -> str:
     return f"{keypath}.{key}" if keypath else key
-
-
-def _type(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "nothing"}.get(
-        type(value), f"a {type(value).__name__}"
-    )
 
 
 def _refuse_non_finite(v: _Validator, raw: Any) -> None:

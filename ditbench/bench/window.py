@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ditbench.faults import NonFiniteLoss
 
 # A steady training loop repeats its step to within a few percent. Beyond these bounds something
@@ -26,21 +28,12 @@ GAP_BOUND = 0.10  # |window images/s - batch / median step time| / (batch / medi
 SMOKE_MEAN_STEPS = 50  # the first/last window means of a smoke curve
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
-    ordered = sorted(values)
-    if not ordered:
-        return math.nan
-    pos = (len(ordered) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
-
-
 def step_stats(step_ms: list[float]) -> dict[str, Any]:
+    p10, p90 = np.percentile(step_ms, (10, 90))  # linear interpolation
     return {
         "median": statistics.median(step_ms),
-        "p10": percentile(step_ms, 10),
-        "p90": percentile(step_ms, 90),
+        "p10": float(p10),
+        "p90": float(p90),
         "samples": [round(x, 4) for x in step_ms],
     }
 
@@ -50,8 +43,9 @@ def noise(step_ms: list[float], images_per_s: float, batch: int) -> dict[str, An
 
     `batch` is the images of one (synchronised) step: the global batch of a multi-process cell.
     """
-    p10, median = percentile(step_ms, 10), statistics.median(step_ms)
-    spread = percentile(step_ms, 90) / p10 if p10 > 0 else math.inf
+    p10, p90 = (float(p) for p in np.percentile(step_ms, (10, 90)))
+    median = statistics.median(step_ms)
+    spread = p90 / p10 if p10 > 0 else math.inf
     from_median = batch / (median / 1e3) if median > 0 else math.inf
     gap = abs(images_per_s - from_median) / from_median if math.isfinite(from_median) else math.inf
     figures = {

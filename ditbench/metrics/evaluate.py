@@ -40,10 +40,9 @@ from ditbench.errors import UserError
 from ditbench.metrics import registry
 from ditbench.metrics.defaults import DEFAULTS
 from ditbench.metrics.features import FeatureExtractor
-from ditbench.metrics.inception import FEATURE_DIMS
 from ditbench.metrics.npz_io import ArrayImages, ImageSource, open_images
 from ditbench.metrics.reference import PreparedReference
-from ditbench.metrics.spec import Metric, MetricInputs
+from ditbench.metrics.spec import FEATURE_DIMS, Metric, MetricInputs
 from ditbench.precision import tf32_mode
 
 SCHEMA = "ditbench.fid/1"
@@ -271,42 +270,15 @@ def _checked(metric: Metric, values: dict[str, float]) -> dict[str, float]:
     return {k: float(v) for k, v in values.items()}
 
 
-def evaluate(
-    samples,
-    ref,
-    *,
-    metrics=None,
-    batch_size: int = DEFAULTS["batch_size"],
-    device=DEFAULTS["device"],
-    inception_weights=DEFAULTS["inception_weights"],
-    tf32: bool = DEFAULTS["tf32"],
-    cache: bool = DEFAULTS["cache"],
-    cache_dir=DEFAULTS["cache_dir"],
-    num_workers: int = DEFAULTS["num_workers"],
-    progress: bool = True,
-    extractor: FeatureExtractor | None = None,
-    **options,
-) -> dict:
+def evaluate(samples, ref, *, inception_weights=DEFAULTS["inception_weights"], **scorer_args) -> dict:
     """Score `samples` (npz path, folder, uint8 NHWC array or ImageSource) against `ref`, once.
 
-    The samples are opened (and checked) before the reference; see `Scorer` for the rest.
+    The samples are opened (and checked) before the reference. The keywords are `Scorer`'s
+    (`metrics`, `device`, `batch_size`, `tf32`, `num_workers`, `cache`, `cache_dir`, `progress`,
+    `extractor` and the metric options), `inception_weights` being its `inception`.
     """
     source = as_source(samples)
-    scorer = Scorer(
-        ref,
-        metrics=metrics,
-        inception=inception_weights,
-        extractor=extractor,
-        device=device,
-        batch_size=batch_size,
-        tf32=tf32,
-        num_workers=num_workers,
-        cache=cache,
-        cache_dir=cache_dir,
-        progress=progress,
-        **options,
-    )
-    return scorer.score(source)
+    return Scorer(ref, inception=inception_weights, **scorer_args).score(source)
 
 
 def default_output_path(samples) -> Path | None:

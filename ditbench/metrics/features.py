@@ -19,8 +19,8 @@ import torch
 from ditbench.device import resolve_device
 from ditbench.errors import UserError
 from ditbench.metrics.defaults import DEFAULTS
-from ditbench.metrics.inception import FEATURE_DIMS
 from ditbench.metrics.npz_io import FolderImages, ImageSource
+from ditbench.metrics.spec import FEATURE_DIMS
 from ditbench.metrics.weights import InceptionWeights, load_network
 from ditbench.precision import tf32_mode
 

@@ -19,13 +19,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ditbench.metrics.spec import LOGITS_DIM, POOL3_DIM, SPATIAL_CHANNELS, SPATIAL_DIM
+
 INPUT_SIZE = 299
-POOL3_DIM = 2048
-LOGITS_DIM = 1008
-SPATIAL_CHANNELS = 7
-SPATIAL_SIZE = 17
-SPATIAL_DIM = SPATIAL_CHANNELS * SPATIAL_SIZE * SPATIAL_SIZE  # 2023
-FEATURE_DIMS = {"pool3": POOL3_DIM, "logits_unbiased": LOGITS_DIM, "spatial": SPATIAL_DIM}  # forward()'s keys
 
 
 # --------------------------------------------------------------------------------------------

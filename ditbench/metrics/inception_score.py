@@ -7,17 +7,23 @@ holds 5,000 samples, exactly as the ADM evaluator does.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from ditbench.errors import UserError
 from ditbench.metrics.spec import Metric, MetricInputs, Need, Option, Output
+
+if TYPE_CHECKING:
+    import torch
 
 SPLITS = 10  # ADM: 50,000 samples in splits of 5,000
 
 
 def inception_score(logits: torch.Tensor | np.ndarray, splits: int = SPLITS) -> tuple[float, float]:
     """(mean, std) of the Inception Score of N x C unbiased logits over `splits` consecutive splits."""
+    import torch
+
     x = torch.as_tensor(logits).double()
     n = x.shape[0]
     if n < splits:
@@ -43,7 +49,7 @@ IS = Metric(
     sample_features=("logits_unbiased",),
     reference_keys=(),
     outputs=(
-        Output("inception_score", "Inception Score", "{:.4f}", "higher"),
+        Output("inception_score", "Inception Score", "{:.4f}", "higher", threshold_pct=2.0),
         Output("inception_score_std", "  (std over splits)", "{:.4f}"),
     ),
     options=(Option("is_splits", SPLITS, "Inception Score splits of consecutive samples (%(default)s)"),),

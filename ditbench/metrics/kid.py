@@ -8,11 +8,15 @@ both tools score the same subsets. Kernels are computed in float64.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from ditbench.errors import UserError
 from ditbench.metrics.spec import Metric, MetricInputs, Need, Option, Output
+
+if TYPE_CHECKING:
+    import torch
 
 SUBSETS = 100
 SUBSET_SIZE = 1000
@@ -48,6 +52,8 @@ def kernel_inception_distance(
     **kernel_args,
 ) -> tuple[float, float]:
     """(mean, std) of MMD^2 over the subsets."""
+    import torch
+
     dev = device if device is not None else torch.as_tensor(sample_feats).device
     s = torch.as_tensor(sample_feats).to(dev, torch.float64)
     r = torch.as_tensor(ref_feats).to(dev, torch.float64)
@@ -68,6 +74,8 @@ def kernel_inception_distance(
 
 
 def _compute(inputs: MetricInputs, options) -> dict[str, float]:
+    import torch
+
     ref = torch.from_numpy(np.asarray(inputs.reference["pool3"], dtype=np.float32))
     mean, std = kernel_inception_distance(
         inputs.samples["pool3"],
@@ -87,7 +95,10 @@ KID = Metric(
     title="KID",
     sample_features=("pool3",),
     reference_keys=("pool3",),
-    outputs=(Output("kid", "KID", "{:.6f}", "lower"), Output("kid_std", "  (std over subsets)", "{:.6f}")),
+    outputs=(
+        Output("kid", "KID", "{:.6f}", "lower", valid="any"),  # the unbiased estimate can be negative
+        Output("kid_std", "  (std over subsets)", "{:.6f}"),
+    ),
     options=(
         Option("kid_subsets", SUBSETS, "KID: random subsets averaged over (%(default)s)"),
         Option("kid_subset_size", SUBSET_SIZE, "KID: samples per subset (%(default)s)", minimum=2),

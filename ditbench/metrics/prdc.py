@@ -10,11 +10,15 @@ one block of distances in memory.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from ditbench.errors import UserError
 from ditbench.metrics.spec import Metric, MetricInputs, Need, Option, Output
+
+if TYPE_CHECKING:
+    import torch
 
 K = 3  # ADM and Kynkaanniemi et al.
 BLOCK = 10000  # rows x columns of one distance block
@@ -27,6 +31,8 @@ def _squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def knn_radii(feats: torch.Tensor, k: int = K, block: int = BLOCK) -> torch.Tensor:
     """Squared distance from each point to its k-th nearest other point in the same set."""
+    import torch
+
     n = feats.shape[0]
     if n < k + 1:
         raise UserError(f"Precision/recall with k={k} needs at least {k + 1} points per set; got {n}.")
@@ -51,6 +57,8 @@ def manifold_coverage(
     query: torch.Tensor, points: torch.Tensor, radii: torch.Tensor, block: int = BLOCK
 ) -> torch.Tensor:
     """For each query, whether it lies in some ball (points[j], radii[j]) (boundary included)."""
+    import torch
+
     inside = torch.zeros(query.shape[0], dtype=torch.bool, device=query.device)
     for i in range(0, query.shape[0], block):
         q = query[i : i + block]
@@ -66,10 +74,13 @@ def precision_recall(
     k: int = K,
     block: int = BLOCK,
     device: str | torch.device | None = None,
-    dtype=torch.float32,
+    dtype: torch.dtype | None = None,  # None: float32
 ) -> tuple[float, float]:
     """(precision, recall) of samples against references on pool3 features."""
+    import torch
+
     dev = device if device is not None else torch.as_tensor(sample_feats).device
+    dtype = torch.float32 if dtype is None else dtype
     s = torch.as_tensor(sample_feats).to(dev, dtype)
     r = torch.as_tensor(ref_feats).to(dev, dtype)
     precision = manifold_coverage(s, r, knn_radii(r, k, block), block).double().mean().item()
@@ -78,6 +89,8 @@ def precision_recall(
 
 
 def _compute(inputs: MetricInputs, options) -> dict[str, float]:
+    import torch
+
     ref = torch.from_numpy(np.asarray(inputs.reference["pool3"], dtype=np.float32))
     precision, recall = precision_recall(
         inputs.samples["pool3"], ref, k=options["pr_k"], block=options["pr_block_size"], device=inputs.device

@@ -1,10 +1,12 @@
-"""Every metric `ditbench fid` computes, by name, in reporting order.
+"""Every metric `ditbench fid` computes, by name, in reporting order: the one table of metrics.
 
 To add a metric: write `metrics/<name>.py` with its function and a `Metric` spec (spec.py: the
-features it reads, its options and defaults, the images it needs, its outputs and whether lower
-or higher is better), then add the spec to `METRICS` below. Evaluation, the `--metrics` list,
-the option flags, the table and the JSON all follow from the spec; an unknown name is an error,
-never another metric.
+features it reads, its options and defaults, the images it needs, its outputs with their label,
+format, direction and default gate threshold), then add the spec to `METRICS` below (or call
+`register`). Evaluation, the `--metrics` list, the option flags, the table and the JSON, the
+quality loop's evaluations, the gate's quality metrics and the report's quality columns all follow
+from the spec; an unknown name is an error, never another metric. Readers look the table up when
+they run (`registry.OUTPUTS`, not a copy taken at import), so a registered metric reaches them all.
 """
 
 from __future__ import annotations
@@ -14,8 +16,7 @@ from typing import Any
 
 from ditbench.errors import UserError, shorten
 from ditbench.metrics import fid, inception_score, kid, prdc
-from ditbench.metrics.inception import FEATURE_DIMS
-from ditbench.metrics.spec import Metric
+from ditbench.metrics.spec import Metric, Output
 
 METRICS: tuple[Metric, ...] = (fid.FID, fid.SFID, inception_score.IS, prdc.PR, kid.KID)
 
@@ -28,12 +29,24 @@ def index(metrics: tuple[Metric, ...]):
     assert len(by_name) == len(metrics), "two metrics share a name"
     assert len(options) == sum(len(m.options) for m in metrics), "two options share a name"
     assert len(outputs) == sum(len(m.outputs) for m in metrics), "two outputs share a key"
-    assert all(f in FEATURE_DIMS for m in metrics for f in m.sample_features), "unknown sample feature"
     return by_name, options, outputs
 
 
 BY_NAME, OPTIONS, OUTPUTS = index(METRICS)
 ALL_METRICS: tuple[str, ...] = tuple(BY_NAME)
+
+
+def register(metric: Metric | None = None, *, remove: str | None = None) -> None:
+    """Add a metric after the others (or `remove` one by name): every reader sees it from now on."""
+    global METRICS, BY_NAME, OPTIONS, OUTPUTS, ALL_METRICS
+    metrics = tuple(m for m in METRICS if m.name != remove) + ((metric,) if metric else ())
+    BY_NAME, OPTIONS, OUTPUTS = index(metrics)
+    METRICS, ALL_METRICS = metrics, tuple(BY_NAME)
+
+
+def quality_outputs() -> tuple[Output, ...]:
+    """The outputs that are quality figures (FID, IS, ...; not the spreads), in reporting order."""
+    return tuple(o for o in OUTPUTS.values() if o.quality)
 
 
 def parse_metrics(spec: str | Iterable[str] | None) -> tuple[tuple[Metric, ...], bool]:

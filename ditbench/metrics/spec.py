@@ -2,8 +2,11 @@
 
 Each metric module defines one `Metric` (fid.py defines two) and registry.py lists them. A spec
 names the features it reads from the samples and the reference, its options with their defaults,
-how many images it needs, its outputs with their direction (lower or higher is better) and the
-function that computes them from `MetricInputs`.
+how many images it needs, its outputs and the function that computes them from `MetricInputs`.
+An output's spec is all that the quality loop, the gate, the report and the JSON know of it: its
+key, label, format, direction (lower or higher is better), the values a real one can take and the
+gate's default threshold. This module and the metric modules import torch only when they compute,
+so `ditbench compare` and the report read the specs without it.
 """
 
 from __future__ import annotations
@@ -11,16 +14,25 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 
 from ditbench.errors import UserError, shorten
+
+if TYPE_CHECKING:
+    import torch
 
 # What a reference can hold: FID and sFID statistics (precomputed or from its images) and the
 # reference images' pool3 features (for the metrics that compare image by image).
 REFERENCE_KEYS = ("mu", "sigma", "mu_s", "sigma_s", "pool3")
+# The features the Inception network gives per image (its forward()'s keys) and their sizes.
+POOL3_DIM = 2048
+LOGITS_DIM = 1008
+SPATIAL_CHANNELS = 7
+SPATIAL_SIZE = 17
+SPATIAL_DIM = SPATIAL_CHANNELS * SPATIAL_SIZE * SPATIAL_SIZE  # 2023
+FEATURE_DIMS = {"pool3": POOL3_DIM, "logits_unbiased": LOGITS_DIM, "spatial": SPATIAL_DIM}
 
 
 @dataclass(frozen=True)
@@ -58,12 +70,20 @@ class Option:
 
 @dataclass(frozen=True)
 class Output:
-    """One number a metric reports: its key in `metrics`, its label and format in the table."""
+    """One number a metric reports: its key in `metrics` (and in a quality evaluation, the gate's
+    policy and the report), its label and format, and how a change in it is judged."""
 
     key: str
     label: str
     fmt: str = "{:.4f}"
     better: Literal["lower", "higher"] | None = None  # None: a spread, not a quality figure
+    valid: Literal["positive", "non-negative", "any"] = "non-negative"  # what a real value can be
+    threshold_pct: float | None = None  # the gate's default threshold; None: gated only if a policy asks
+
+    @property
+    def quality(self) -> bool:
+        """A quality figure (it has a direction): evaluated per seed, gated and reported."""
+        return self.better is not None
 
 
 @dataclass(frozen=True)
@@ -92,7 +112,7 @@ class MetricInputs:
 class Metric:
     name: str  # as --metrics spells it
     title: str  # in messages
-    sample_features: tuple[str, ...]  # from inception.FEATURE_DIMS
+    sample_features: tuple[str, ...]  # from FEATURE_DIMS
     reference_keys: tuple[str, ...]  # from REFERENCE_KEYS
     outputs: tuple[Output, ...]
     needs: Callable[[Mapping[str, Any]], Need]  # at the resolved options
@@ -102,3 +122,4 @@ class Metric:
     def __post_init__(self):
         unknown = set(self.reference_keys) - set(REFERENCE_KEYS)
         assert not unknown, f"{self.name}: unknown reference keys {unknown}"
+        assert all(f in FEATURE_DIMS for f in self.sample_features), f"{self.name}: unknown sample feature"

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from ditbench.errors import UserError, shorten
-from ditbench.metrics.inception import POOL3_DIM, SPATIAL_DIM
 from ditbench.metrics.npz_io import ZIP_ERRORS, describe_keys, open_member, read_npy_header, reason
+from ditbench.metrics.spec import POOL3_DIM, SPATIAL_DIM
 
 STAT_SHAPES = {
     "mu": (POOL3_DIM,),

@@ -11,8 +11,9 @@ rank r samples and featurises shards r, r + world, ..., rank 0 gathers the featu
 order) and computes the metrics; the grid is rank 0's. The reference is prepared once per process
 (on rank 0, from the on-disk cache after the first cell) and never re-extracted per evaluation.
 
-Per evaluation: `metrics` is the mean over seeds, `spread` the sample standard deviation over seeds
-(null with one seed): the noise a difference must exceed (the gate's `noise_rule`).
+Per evaluation: `metrics` is the mean over seeds of every quality output of the metric registry
+(FID, sFID, IS, precision, recall, KID), `spread` their sample standard deviation over seeds (null
+with one seed): the noise a difference must exceed (the gate's `noise_rule`).
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ import numpy as np
 
 from ditbench import dist
 from ditbench.cellspec import CellSpec
+from ditbench.metrics import registry
 from ditbench.quality import grid as grids
 
-METRIC_KEYS = ("fid", "sfid", "inception_score", "precision", "recall", "kid")
 SPLIT = "ranks split the samples (shard k on rank k mod world); rank 0 gathers the features and scores"
 
 
@@ -135,6 +136,7 @@ class Evaluator:
     def evaluate(self, model, step: int, train_wall_s: float, grid: tuple[Path, str] | None) -> dict | None:
         """The evaluation at `step` (rank 0; None on the others). `grid`: (output dir, cell id)."""
         per_seed, warnings, sample_s, score_s = [], [], 0.0, 0.0
+        keys = [o.key for o in registry.quality_outputs()]
         for seed in self.q.seeds:
             t = self._now()
             shards, images = self._sample(model, seed)
@@ -143,7 +145,7 @@ class Evaluator:
             result = self._score(shards, images, seed)
             score_s += self._now() - t
             if result is not None:
-                per_seed.append({"seed": seed, **{k: result["metrics"].get(k) for k in METRIC_KEYS}})
+                per_seed.append({"seed": seed, **{k: result["metrics"].get(k) for k in keys}})
                 warnings += [w for w in result["warnings"] if w not in warnings]
         grid_file = self._grid(model, step, grid) if grid is not None and self.q.grid else None
         if self.ctx.rank != 0:
@@ -156,8 +158,8 @@ class Evaluator:
             "score_s": round(score_s, 3),
             "seeds": list(self.q.seeds),
             "per_seed": per_seed,
-            "metrics": {k: _mean([p[k] for p in per_seed]) for k in METRIC_KEYS},
-            "spread": _spread(per_seed) if len(per_seed) > 1 else None,
+            "metrics": {k: _mean([p[k] for p in per_seed]) for k in keys},
+            "spread": _spread(per_seed, keys) if len(per_seed) > 1 else None,
             "grid": grid_file,
         }
         if warnings:
@@ -242,10 +244,10 @@ def _mean(values: list[float | None]) -> float | None:
     return float(statistics.fmean(values))
 
 
-def _spread(per_seed: list[dict]) -> dict[str, float | None]:
+def _spread(per_seed: list[dict], keys: list[str]) -> dict[str, float | None]:
     """Sample standard deviation over seeds of each metric (null where a seed lacks it)."""
     out = {}
-    for k in METRIC_KEYS:
+    for k in keys:
         values = [p[k] for p in per_seed]
         ok = all(v is not None and math.isfinite(v) for v in values)
         out[k] = float(statistics.stdev(values)) if ok else None

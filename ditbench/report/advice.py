@@ -51,19 +51,14 @@ def check_fp16_halves(df: pd.DataFrame) -> AdviceCheck:
         f"held when fp16's peak allocated GPU memory is at most {FP16_HALVES_MAX_RATIO:.0%} of fp32's "
         "(median over cells that differ only in precision)"
     )
-    used = "fp16"
-    found = [
-        (x, y)
-        for x, y in pairs(df, {"precision": "fp16"}, {"precision": "fp32"})
-        if value(x, MEM_ALLOCATED) is not None and value(y, MEM_ALLOCATED)
-    ]
-    if not found:
-        used = "bf16"
+    for used in ("fp16", "bf16"):  # bf16 stands in where no fp16 cell was measured
         found = [
             (x, y)
-            for x, y in pairs(df, {"precision": "bf16"}, {"precision": "fp32"})
+            for x, y in pairs(df, {"precision": used}, {"precision": "fp32"})
             if value(x, MEM_ALLOCATED) is not None and value(y, MEM_ALLOCATED)
         ]
+        if found:
+            break
     if not found:
         return AdviceCheck(
             claim,

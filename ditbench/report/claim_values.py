@@ -12,11 +12,13 @@ from ditbench.cards import find_card
 from ditbench.errors import UserError
 from ditbench.report.cells import knobs
 from ditbench.report.claims import METRICS, Claim
+from ditbench.report.gate.metrics import RECORD_METRICS
 from ditbench.report.load import value
 from ditbench.report.memory import MEM_ALLOCATED, cell_budget, fit_memory
 from ditbench.report.timing import gpu_hours_per_million_images, time_to_steps_s
 
 GIB_TO_GB = 2**30 / 1e9
+RECORD_PATHS = {m.name: m.path for m in RECORD_METRICS}
 _ABSENT = object()
 
 
@@ -52,10 +54,8 @@ def metric_value(row: pd.Series, metric: str, target_steps: int) -> tuple[float 
         v = None if s is None else s / 86400
     elif metric == "gpu_hours_per_million_images":
         v = gpu_hours_per_million_images(row)
-    elif metric == "mfu":
-        v = value(row, "metrics.mfu.value")
-    else:
-        v = value(row, f"metrics.{metric}")
+    else:  # images_per_s, steps_per_s, mfu: read where the gate reads them
+        v = value(row, RECORD_PATHS[metric])
     return (v, "") if v is not None else (None, f"the record has no {metric}")
 
 

@@ -24,7 +24,8 @@ states what it expects: of one metric, `value` (+- `tolerance_pct`, default 10),
 `at_most` or `at_least`; between cells that differ as `compare.from` -> `compare.to` (the pair
 filtered by `cell`), `ratio` (to / from, +- `tolerance_pct`) or `ratio_range`; or `fits` a card.
 `card` and `note` may also be set per claim. The file is read through `ditbench.yamlio` and
-validated entirely before anything is checked: every mistake names the file and key path.
+validated entirely (the pydantic models below, through `ditbench.validation`) before anything is
+checked: every mistake names the file and key path.
 """
 
 from __future__ import annotations
@@ -33,11 +34,14 @@ import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from ditbench.cards import find_card
 from ditbench.errors import UserError, shorten
 from ditbench.precision import PRECISIONS
+from ditbench.validation import check, refuse
 from ditbench.yamlio import load_yaml_file
 
 # metric -> (kind, unit, what it is). Memory is the figure that decides fit (ditbench.report.memory).
@@ -54,18 +58,6 @@ METRICS: dict[str, tuple[str, str, str]] = {
 }
 CELL_EXPECTS = ("value", "range", "at_most", "at_least", "fits")
 COMPARE_EXPECTS = ("ratio", "ratio_range")
-CLAIM_KEYS = (
-    "says",
-    "cell",
-    "compare",
-    "metric",
-    *CELL_EXPECTS,
-    *COMPARE_EXPECTS,
-    "tolerance_pct",
-    "card",
-    "note",
-)
-TOP_KEYS = ("source", "card", "claims")
 DEFAULT_TOLERANCE_PCT = 10.0
 MAX_CLAIMS = 1000
 MAX_TEXT = 500
@@ -105,98 +97,89 @@ class ClaimsFile:
     claims: list[Claim]
 
 
-class _Check:
-    """Error messages that name the file and the key path, like the suite validator's."""
-
-    def __init__(self, path: str):
-        self.path = shorten(path, 200, quote=False)
-
-    def fail(self, keypath: str, message: str) -> UserError:
-        where = f" at `{keypath}`" if keypath else ""
-        return UserError(f"claims {self.path}{where}: {message}")
-
-    def keys(self, keypath: str, value: dict, valid: tuple[str, ...] | list[str]) -> None:
-        for key in value:
-            if key not in valid:
-                close = difflib.get_close_matches(str(key), list(valid), n=1, cutoff=0.5)
-                hint = f" Did you mean `{close[0]}`?" if close else ""
-                raise self.fail(
-                    _join(keypath, str(key)),
-                    f"unknown key {shorten(key)}.{hint} Valid keys here: {', '.join(valid)}.",
-                )
-
-    def mapping(self, keypath: str, value: Any) -> dict:
-        if not isinstance(value, dict):
-            raise self.fail(keypath, f"expected a mapping (key: value), got {_kind(value)}.")
-        return value
-
-    def text(self, keypath: str, value: Any) -> str:
-        if not isinstance(value, str) or not value.strip():
-            raise self.fail(keypath, f"expected non-empty text, got {_kind(value)}.")
-        if len(value) > MAX_TEXT:
-            raise self.fail(keypath, f"text of {len(value):,} characters; at most {MAX_TEXT} are kept.")
-        return value.strip()
-
-    def number(self, keypath: str, value: Any, positive: bool = False) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise self.fail(keypath, f"expected a finite number, got {_kind(value)}.")
-        if positive and value <= 0:
-            raise self.fail(keypath, f"expected a number greater than 0, got {shorten(value)}.")
-        return float(value)
-
-    def pair(self, keypath: str, value: Any) -> tuple[float, float]:
-        if not isinstance(value, list) or len(value) != 2:
-            raise self.fail(keypath, f"expected [low, high], two numbers, got {_kind(value)}.")
-        low = self.number(f"{keypath}[0]", value[0])
-        high = self.number(f"{keypath}[1]", value[1])
-        if low > high:
-            raise self.fail(keypath, f"low {low:g} is above high {high:g}; write [low, high].")
-        return low, high
-
-    def card(self, keypath: str, value: Any) -> str:
-        name = self.text(keypath, value)
-        try:
-            return find_card(name).name
-        except UserError as err:
-            raise self.fail(keypath, str(err)) from None
-
-    def selector(self, keypath: str, value: Any) -> dict[str, Any]:
-        knob_names, model_names = _vocabulary()
-        value = self.mapping(keypath, value)
-        valid = knob_names + EXTRA_SELECTOR_KEYS
-        self.keys(keypath, value, valid)
-        out: dict[str, Any] = {}
-        for key, v in value.items():
-            where = _join(keypath, key)
-            allowed = v if isinstance(v, list) else [v]
-            if not allowed:
-                raise self.fail(where, "an empty list matches no cell; give a value or a list of values.")
-            for i, x in enumerate(allowed):
-                at = f"{where}[{i}]" if isinstance(v, list) else where
-                if isinstance(x, (dict, list)) or x is None:
-                    raise self.fail(at, f"expected a knob value (text, number, true/false), got {_kind(x)}.")
-                if key == "model" and x not in model_names:
-                    close = difflib.get_close_matches(str(x), model_names, n=1, cutoff=0.6)
-                    hint = f" Did you mean `{close[0]}`?" if close else ""
-                    raise self.fail(at, f"unknown model {shorten(x)}.{hint} Known: {', '.join(model_names)}.")
-                if key == "precision" and x not in PRECISIONS:
-                    raise self.fail(at, f"unknown precision {shorten(x)}; valid: {', '.join(PRECISIONS)}.")
-                if key == "grad_ckpt" and (not isinstance(x, str) or x != _grad_ckpt_name(x)):
-                    raise self.fail(at, f"unknown grad_ckpt {shorten(x)}; valid: none, full, every_K.")
-                if key in INT_KNOBS and (isinstance(x, bool) or not isinstance(x, int) or x < 0):
-                    raise self.fail(at, f"{key} is a whole number, got {shorten(x)}.")
-                if isinstance(x, float) and not math.isfinite(x):
-                    raise self.fail(at, f"expected a finite value, got {x}.")
-            out[key] = list(allowed) if isinstance(v, list) else v
-        return out
+def _text(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise refuse(f"expected non-empty text, got {_kind(value)}.")
+    if len(value) > MAX_TEXT:
+        raise refuse(f"text of {len(value):,} characters; at most {MAX_TEXT} are kept.")
+    return value.strip()
 
 
-def _vocabulary() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(knob names, model names): the cell contract's."""
+def _card(value: Any) -> str:
+    try:
+        return find_card(_text(value)).name
+    except UserError as err:
+        raise refuse(str(err)) from None
+
+
+def _pair(value: Any) -> tuple[float, float]:
+    if not isinstance(value, list) or len(value) != 2:
+        raise refuse(f"expected [low, high], two numbers, got {_kind(value)}.")
+    low, high = (_number(x, at=f"[{i}]") for i, x in enumerate(value))
+    if low > high:
+        raise refuse(f"low {low:g} is above high {high:g}; write [low, high].")
+    return low, high
+
+
+def _number(value: Any, positive: bool = False, at: str = "") -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise refuse(f"expected a finite number, got {_kind(value)}.", at)
+    if positive and value <= 0:
+        raise refuse(f"expected a number greater than 0, got {shorten(value)}.", at)
+    return float(value)
+
+
+def _fits(value: Any) -> str | float:
+    """A card name (its canonical name) or GiB."""
+    if isinstance(value, str):
+        return _card(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise refuse(f"expected a card name (e.g. RTX 4090) or a number of GiB, got {_kind(value)}.")
+    return _number(value, positive=True)
+
+
+def _tolerance(value: Any) -> float:
+    tol = _number(value)
+    if not 0 <= tol < 100:
+        raise refuse(f"expected a percentage from 0 to below 100, got {tol:g}.")
+    return tol
+
+
+def _selector(value: Any) -> dict[str, Any]:
+    """Knobs of the suite (a value or a list of allowed values), checked against the cell vocabulary."""
     from ditbench.knobs import FIELDS
     from ditbench.models.configs import MODEL_NAMES
 
-    return tuple(FIELDS), tuple(MODEL_NAMES)
+    if not isinstance(value, dict):
+        raise refuse(f"expected a mapping (key: value), got {_kind(value)}.")
+    valid = (*FIELDS, *EXTRA_SELECTOR_KEYS)
+    out: dict[str, Any] = {}
+    for key, v in value.items():
+        if key not in valid:
+            close = difflib.get_close_matches(str(key), list(valid), n=1, cutoff=0.5)
+            hint = f" Did you mean `{close[0]}`?" if close else ""
+            raise refuse(f"unknown key {shorten(key)}.{hint} Valid keys here: {', '.join(valid)}.", str(key))
+        allowed = v if isinstance(v, list) else [v]
+        if not allowed:
+            raise refuse("an empty list matches no cell; give a value or a list of values.", key)
+        for i, x in enumerate(allowed):
+            at = f"{key}[{i}]" if isinstance(v, list) else key
+            if isinstance(x, (dict, list)) or x is None:
+                raise refuse(f"expected a knob value (text, number, true/false), got {_kind(x)}.", at)
+            if key == "model" and x not in MODEL_NAMES:
+                close = difflib.get_close_matches(str(x), MODEL_NAMES, n=1, cutoff=0.6)
+                hint = f" Did you mean `{close[0]}`?" if close else ""
+                raise refuse(f"unknown model {shorten(x)}.{hint} Known: {', '.join(MODEL_NAMES)}.", at)
+            if key == "precision" and x not in PRECISIONS:
+                raise refuse(f"unknown precision {shorten(x)}; valid: {', '.join(PRECISIONS)}.", at)
+            if key == "grad_ckpt" and (not isinstance(x, str) or x != _grad_ckpt_name(x)):
+                raise refuse(f"unknown grad_ckpt {shorten(x)}; valid: none, full, every_K.", at)
+            if key in INT_KNOBS and (isinstance(x, bool) or not isinstance(x, int) or x < 0):
+                raise refuse(f"{key} is a whole number, got {shorten(x)}.", at)
+            if isinstance(x, float) and not math.isfinite(x):
+                raise refuse(f"expected a finite value, got {x}.", at)
+        out[key] = list(allowed) if isinstance(v, list) else v
+    return out
 
 
 def _grad_ckpt_name(value: str) -> str | None:
@@ -209,8 +192,94 @@ def _grad_ckpt_name(value: str) -> str | None:
         return None
 
 
-def _join(keypath: str, key: str) -> str:
-    return f"{keypath}.{key}" if keypath else key
+Text = Annotated[str, BeforeValidator(_text)]
+Card = Annotated[str, BeforeValidator(_card)]
+Selector = Annotated[dict[str, Any], BeforeValidator(_selector)]
+Number = Annotated[float, BeforeValidator(_number)]
+Positive = Annotated[float, BeforeValidator(lambda v: _number(v, positive=True))]
+Pair = Annotated[tuple[float, float], BeforeValidator(_pair)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CompareFile(_Strict):
+    model_config = ConfigDict(title="`compare`")
+    from_: Selector = Field(alias="from", description="the cells' knobs on that side")
+    to: Selector = Field(description="the cells' knobs on that side")
+
+    @model_validator(mode="after")
+    def _a_change(self) -> CompareFile:
+        for side, sel in (("from", self.from_), ("to", self.to)):
+            if not sel or any(isinstance(v, list) for v in sel.values()):
+                raise refuse("give one value per knob (e.g. {precision: fp16}).", side)
+        if self.from_ == self.to:
+            raise refuse("`from` and `to` are the same cells; the comparison needs a change.")
+        return self
+
+
+class ClaimFile(_Strict):
+    model_config = ConfigDict(title="a claim")
+    says: Text = Field(description="the statement, as its source words it")
+    cell: Selector | None = None
+    compare: CompareFile | None = Field(None, description="a mapping (key: value): {from: ..., to: ...}")
+    metric: Any = None
+    value: Positive | None = None
+    range: Pair | None = None
+    at_most: Number | None = None
+    at_least: Number | None = None
+    fits: Annotated[str | float, BeforeValidator(_fits)] | None = None
+    ratio: Positive | None = None
+    ratio_range: Pair | None = None
+    tolerance_pct: Annotated[float, BeforeValidator(_tolerance)] | None = None
+    card: Card | None = None
+    note: Text | None = None
+
+    @property
+    def expect(self) -> str:
+        return next(k for k in (*CELL_EXPECTS, *COMPARE_EXPECTS) if getattr(self, k) is not None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _one_expectation(cls, item: Any) -> Any:
+        """The rules between keys, in the order a reader fixes them (before the values are read)."""
+        if not isinstance(item, dict):
+            raise refuse(f"expected a mapping (key: value), got {_kind(item)}.")
+        if not set(item) <= set(cls.model_fields):
+            return item  # the unknown key is the first thing to say
+        expects = [k for k in (*CELL_EXPECTS, *COMPARE_EXPECTS) if k in item]
+        if len(expects) != 1:
+            listed = ", ".join(f"`{k}`" for k in (*CELL_EXPECTS, *COMPARE_EXPECTS))
+            got = f"got {', '.join(expects)}" if expects else "got none"
+            raise refuse(f"a claim states exactly one expectation, one of {listed}; {got}.")
+        expect = expects[0]
+        if "compare" in item and expect not in COMPARE_EXPECTS:
+            raise refuse("a `compare` claim states `ratio` or `ratio_range` (to / from).", expect)
+        if "compare" not in item and expect in COMPARE_EXPECTS:
+            raise refuse(f"`{expect}` compares cells: add `compare: {{from: ..., to: ...}}`.", expect)
+        metric = item.get("metric")
+        if expect == "fits" and metric is not None:
+            raise refuse("a `fits` claim is about memory; leave `metric` out.", "metric")
+        if expect != "fits" and metric not in METRICS:
+            close = difflib.get_close_matches(str(metric), list(METRICS), n=1, cutoff=0.5)
+            hint = f" Did you mean `{close[0]}`?" if close else ""
+            raise refuse(f"unknown metric {shorten(metric)}.{hint} Valid: {', '.join(METRICS)}.", "metric")
+        if "tolerance_pct" in item and expect not in ("value", "ratio"):
+            raise refuse("a tolerance goes with `value` or `ratio` only.", "tolerance_pct")
+        if item[expect] is None:
+            raise refuse("expected a value, got nothing.", expect)
+        return item
+
+
+class ClaimsDocument(_Strict):
+    source: Text | None = None
+    card: Card | None = None
+    claims: list[ClaimFile] = Field(
+        min_length=1,
+        max_length=MAX_CLAIMS,
+        description=f"a non-empty list of claims (at most {MAX_CLAIMS:,})",
+    )
 
 
 def _kind(value: Any) -> str:
@@ -220,113 +289,52 @@ def _kind(value: Any) -> str:
 
 def parse_claims(raw: Any, path: str = "<claims>") -> ClaimsFile:
     """Validate a parsed claims document; raise UserError naming the key path on any mistake."""
-    c = _Check(path)
+    label = f"claims {shorten(path, 200, quote=False)}"
     if raw is None:
-        raise c.fail("", "the file is empty; a claims file needs a `claims:` list.")
-    raw = c.mapping("", raw)
-    c.keys("", raw, TOP_KEYS)
-    source = c.text("source", raw["source"]) if raw.get("source") is not None else None
-    card = c.card("card", raw["card"]) if raw.get("card") is not None else None
-    items = raw.get("claims")
-    if not isinstance(items, list) or not items:
-        raise c.fail("claims", f"expected a non-empty list of claims, got {_kind(items)}.")
-    if len(items) > MAX_CLAIMS:
-        raise c.fail("claims", f"{len(items):,} claims; at most {MAX_CLAIMS:,} per file.")
-    claims = [_claim(c, f"claims[{i}]", i, item, card) for i, item in enumerate(items)]
-    return ClaimsFile(path, source, card, claims)
+        raise UserError(f"{label}: the file is empty; a claims file needs a `claims:` list.")
+    if not isinstance(raw, dict):
+        raise UserError(f"{label}: expected a mapping (key: value), got {_kind(raw)}.")
+    doc = check(ClaimsDocument, raw, label, where_first=True)
+    claims = [_claim(i, item, raw["claims"][i][item.expect], doc.card) for i, item in enumerate(doc.claims)]
+    return ClaimsFile(path, doc.source, doc.card, claims)
 
 
-def _claim(c: _Check, at: str, index: int, item: Any, file_card: str | None) -> Claim:
-    item = c.mapping(at, item)
-    c.keys(at, item, CLAIM_KEYS)
-    if "says" not in item:
-        raise c.fail(at, "a claim needs `says`: the statement, as its source words it.")
-    says = c.text(f"{at}.says", item["says"])
-    cell = c.selector(f"{at}.cell", item["cell"]) if item.get("cell") is not None else {}
-    card = c.card(f"{at}.card", item["card"]) if item.get("card") is not None else file_card
-    note = c.text(f"{at}.note", item["note"]) if item.get("note") is not None else None
-    expects = [k for k in (*CELL_EXPECTS, *COMPARE_EXPECTS) if k in item]
-    if len(expects) != 1:
-        listed = ", ".join(f"`{k}`" for k in (*CELL_EXPECTS, *COMPARE_EXPECTS))
-        got = f"got {', '.join(expects)}" if expects else "got none"
-        raise c.fail(at, f"a claim states exactly one expectation, one of {listed}; {got}.")
-    expect = expects[0]
-    change_from = change_to = None
-    if "compare" in item:
-        if expect not in COMPARE_EXPECTS:
-            raise c.fail(f"{at}.{expect}", "a `compare` claim states `ratio` or `ratio_range` (to / from).")
-        cmp = c.mapping(f"{at}.compare", item["compare"])
-        c.keys(f"{at}.compare", cmp, ("from", "to"))
-        for side in ("from", "to"):
-            if side not in cmp:
-                raise c.fail(f"{at}.compare", f"`compare` needs `{side}`: the cells' knobs on that side.")
-        change_from = c.selector(f"{at}.compare.from", cmp["from"])
-        change_to = c.selector(f"{at}.compare.to", cmp["to"])
-        for side, sel in (("from", change_from), ("to", change_to)):
-            if not sel or any(isinstance(v, list) for v in sel.values()):
-                raise c.fail(f"{at}.compare.{side}", "give one value per knob (e.g. {precision: fp16}).")
-        if change_from == change_to:
-            raise c.fail(
-                f"{at}.compare", "`from` and `to` are the same cells; the comparison needs a change."
-            )
-    elif expect in COMPARE_EXPECTS:
-        raise c.fail(f"{at}.{expect}", f"`{expect}` compares cells: add `compare: {{from: ..., to: ...}}`.")
-    metric = item.get("metric")
-    if expect == "fits":
-        if metric is not None:
-            raise c.fail(f"{at}.metric", "a `fits` claim is about memory; leave `metric` out.")
-    elif metric not in METRICS:
-        close = difflib.get_close_matches(str(metric), list(METRICS), n=1, cutoff=0.5)
-        hint = f" Did you mean `{close[0]}`?" if close else ""
-        raise c.fail(f"{at}.metric", f"unknown metric {shorten(metric)}.{hint} Valid: {', '.join(METRICS)}.")
-    tol = None
-    if "tolerance_pct" in item:
-        if expect not in ("value", "ratio"):
-            raise c.fail(f"{at}.tolerance_pct", "a tolerance goes with `value` or `ratio` only.")
-        tol = c.number(f"{at}.tolerance_pct", item["tolerance_pct"])
-        if not 0 <= tol < 100:
-            raise c.fail(f"{at}.tolerance_pct", f"expected a percentage from 0 to below 100, got {tol:g}.")
-    elif expect in ("value", "ratio"):
+def _claim(index: int, item: ClaimFile, stated: Any, file_card: str | None) -> Claim:
+    """The claim with its accepted interval (tolerance applied, open ends infinite); `stated` as written."""
+    expect = item.expect
+    value = getattr(item, expect)
+    tol = item.tolerance_pct
+    if tol is None and expect in ("value", "ratio"):
         tol = DEFAULT_TOLERANCE_PCT
-    stated = item[expect]
     fits_gib = fits_card = None
-    key = f"{at}.{expect}"
     if expect in ("value", "ratio"):
-        v = c.number(key, stated, positive=True)
-        low, high = v * (1 - tol / 100), v * (1 + tol / 100)
+        low, high = value * (1 - tol / 100), value * (1 + tol / 100)
     elif expect in ("range", "ratio_range"):
-        low, high = c.pair(key, stated)
+        low, high = value
     elif expect == "at_most":
-        low, high = -math.inf, c.number(key, stated)
+        low, high = -math.inf, value
     elif expect == "at_least":
-        low, high = c.number(key, stated), math.inf
-    else:  # fits: a card name or GiB
-        if isinstance(stated, str):
-            fits_card = c.card(key, stated)
-            fits_gib = find_card(fits_card).usable_gib
-        elif isinstance(stated, bool) or not isinstance(stated, (int, float)):
-            raise c.fail(
-                key, f"expected a card name (e.g. RTX 4090) or a number of GiB, got {_kind(stated)}."
-            )
-        else:
-            fits_gib = c.number(key, stated, positive=True)
+        low, high = value, math.inf
+    else:  # fits: a card name (canonical) or GiB
+        fits_card = value if isinstance(value, str) else None
+        fits_gib = find_card(value).usable_gib if fits_card else value
         low, high = -math.inf, fits_gib
     return Claim(
         index=index,
-        says=says,
-        metric=metric,
+        says=item.says,
+        metric=item.metric,
         expect=expect,
         low=low,
         high=high,
         stated=stated,
         tolerance_pct=tol,
-        cell=cell,
-        change_from=change_from,
-        change_to=change_to,
+        cell=item.cell or {},
+        change_from=item.compare.from_ if item.compare else None,
+        change_to=item.compare.to if item.compare else None,
         fits_gib=fits_gib,
         fits_card=fits_card,
-        card=card,
-        note=note,
+        card=item.card or file_card,
+        note=item.note,
     )
 
 

@@ -1,7 +1,8 @@
 """The report's quality section: sample quality per evaluated cell, judged against the suite's baseline.
 
-Reads each record's `quality` field (`ditbench.quality`). Per evaluated cell: FID (mean over seeds,
-with the seeds' spread), sFID, IS, precision and recall at its last evaluation, and the verdict
+Reads each record's `quality` field (`ditbench.quality`). Per evaluated cell: every quality output
+of the metric registry (FID, sFID, IS, precision, recall, KID: mean over seeds ± the seeds' spread,
+in the metric's own format) at its last evaluation, and the verdict
 against its baseline cell at the last training step both evaluated: "better"/"worse" only when the
 FID difference exceeds the noise (`gate.quality.noise_rule`, the gate's own rule and its default k),
 "within noise" otherwise. Then every cell's sample grids side by side (the same noise and labels in
@@ -19,6 +20,7 @@ from typing import Any
 
 import pandas as pd
 
+from ditbench.metrics import registry
 from ditbench.report.blocks import Block, Heading, Image, Para, Table, num
 from ditbench.report.cells import cell_label
 from ditbench.report.gate.policy import DEFAULT_QUALITY_NOISE_K
@@ -130,27 +132,27 @@ def quality_section(df: pd.DataFrame) -> tuple[list[Block], dict[str, bytes]]:
     return blocks, figures
 
 
+def _metric_cells(e: dict[str, Any]) -> list[str]:
+    """An evaluation's quality figures, one column per quality output of the metric registry."""
+    m, s = e.get("metrics") or {}, e.get("spread") or {}
+    return [_pm(m.get(o.key), s.get(o.key), o.fmt) for o in registry.quality_outputs()]
+
+
+def _metric_headers() -> list[str]:
+    return [o.label for o in registry.quality_outputs()]
+
+
 def _summary_table(df: pd.DataFrame, cells, comparison: pd.DataFrame) -> Table:
     rows, css = [], []
     for label, q in cells:
         last = q["evaluations"][-1]
-        m, s = last.get("metrics") or {}, last.get("spread") or {}
         verdict = _verdict(df, label, q, comparison)
+        figures = _metric_cells(last)
         rows.append(
-            [
-                cell_label(df.loc[label]),
-                f"{last.get('step', 0):,}",
-                _pm(m.get("fid"), s.get("fid")),
-                num(m.get("sfid"), 2),
-                num(m.get("inception_score"), 2),
-                num(m.get("precision"), 3),
-                num(m.get("recall"), 3),
-                verdict.text,
-                verdict.detail,
-            ]
+            [cell_label(df.loc[label]), f"{last.get('step', 0):,}", *figures, verdict.text, verdict.detail]
         )
-        css.append([""] * 7 + [_CSS.get(verdict.text, ""), ""])
-    headers = ["cell", "step", "FID", "sFID", "IS", "precision", "recall", "vs baseline", "why"]
+        css.append([""] * (2 + len(figures)) + [_CSS.get(verdict.text, ""), ""])
+    headers = ["cell", "step", *_metric_headers(), "vs baseline", "why"]
     return Table(headers, rows, css)
 
 
@@ -169,10 +171,11 @@ def _verdict(df: pd.DataFrame, label, q: dict, comparison: pd.DataFrame) -> Verd
     return compare_fid(base_q, q)
 
 
-def _pm(mean: Any, spread: Any) -> str:
+def _pm(mean: Any, spread: Any, fmt: str) -> str:
+    """mean ± spread in the metric's format; the mean alone without a spread (one seed)."""
     if not _finite(mean):
         return "—"
-    return f"{mean:.2f} ± {spread:.2f}" if _finite(spread) else f"{mean:.2f}"
+    return f"{fmt.format(mean)} ± {fmt.format(spread)}" if _finite(spread) else fmt.format(mean)
 
 
 def _finite(x: Any) -> bool:
@@ -205,7 +208,8 @@ def _hours_table(df: pd.DataFrame, cells) -> list[Block]:
         row = [cell_label(df.loc[label])]
         for x in hours:
             within = [(h, fid, spread, step) for h, fid, spread, step in p if h <= x]
-            row.append(f"{_pm(within[-1][1], within[-1][2])} (step {within[-1][3]:,})" if within else "—")
+            text = _pm(within[-1][1], within[-1][2], registry.OUTPUTS["fid"].fmt)
+            row.append(f"{text} (step {within[-1][3]:,})" if within else "—")
         rows.append(row)
     return [
         Para(
@@ -228,23 +232,12 @@ def _evaluations_table(df: pd.DataFrame, cells) -> Table:
     rows = []
     for label, q in cells:
         for e in q["evaluations"]:
-            m, s = e.get("metrics") or {}, e.get("spread") or {}
+            times = [num(e.get(k), 1) for k in ("train_wall_s", "train_gpu_s", "sample_s", "score_s")]
             rows.append(
-                [
-                    cell_label(df.loc[label]),
-                    f"{e.get('step', 0):,}",
-                    num(e.get("train_wall_s"), 1),
-                    num(e.get("train_gpu_s"), 1),
-                    num(e.get("sample_s"), 1),
-                    num(e.get("score_s"), 1),
-                    _pm(m.get("fid"), s.get("fid")),
-                    _pm(m.get("inception_score"), s.get("inception_score")),
-                    num(m.get("precision"), 3),
-                    num(m.get("recall"), 3),
-                    str(e.get("grid") or "—"),
-                ]
+                [cell_label(df.loc[label]), f"{e.get('step', 0):,}", *times, *_metric_cells(e)]
+                + [str(e.get("grid") or "—")]
             )
-    headers = ["cell", "step", "train s", "train GPU-s", "sample s", "score s", "FID", "IS", "P", "R", "grid"]
+    headers = ["cell", "step", "train s", "train GPU-s", "sample s", "score s", *_metric_headers(), "grid"]
     return Table(headers, rows)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -83,12 +82,3 @@ def merge_shards(shard_dir: Path, n_shards: int, num_samples: int) -> tuple[np.n
         raise RuntimeError(f"merged {len(images)} images from {shard_dir}, expected {num_samples}")
     return images, labels
 
-
-def npz_digest(path: str | Path) -> str:
-    """sha256 over the arrays (not the zip container, whose timestamps vary)."""
-    h = hashlib.sha256()
-    with np.load(path) as z:
-        for key in ("arr_0", "arr_1"):
-            h.update(key.encode())
-            h.update(np.ascontiguousarray(z[key]).tobytes())
-    return h.hexdigest()

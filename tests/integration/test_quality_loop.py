@@ -17,9 +17,9 @@ from ditbench.bench import cell_core
 from ditbench.cellspec import CellSpec, Steps
 from ditbench.dist import DistContext
 from ditbench.knobs import Knobs
+from ditbench.metrics import registry
 from ditbench.metrics.stats_cache import CACHE_ENV
 from ditbench.quality import grid
-from ditbench.quality.evaluation import METRIC_KEYS
 from ditbench.quality.loop import run_quality
 from ditbench.quality.spec import QualitySpec, Sampler
 
@@ -85,7 +85,7 @@ def test_a_quality_run_evaluates_each_step_with_training_timed_apart(reference, 
         assert e["metrics"]["fid"] == pytest.approx(statistics.fmean(fids))
         assert e["spread"]["fid"] == pytest.approx(statistics.stdev(fids))
         assert e["metrics"]["kid"] is None and e["spread"]["kid"] is None
-        assert set(e["metrics"]) == set(METRIC_KEYS)
+        assert set(e["metrics"]) == {o.key for o in registry.quality_outputs()}
     # every sample was featurised once (2 evaluations x 2 seeds, 6 each), the reference once
     assert sorted(n for _, n in fake.calls) == [6] * 4 + [16]
     assert json.loads(json.dumps(field)) == field  # JSON as it is

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from metrics_support import npz_digest
 
 from ditbench.errors import UserError
 from ditbench.sampling import cli, sampler
@@ -91,9 +92,9 @@ def test_fixed_seed_gives_the_same_adm_npz_twice(checkpoint, tmp_path):
     assert imgs.shape == (6, 32, 32, 3) and imgs.dtype == np.uint8
     assert labels.dtype == np.int64 and labels.tolist() == [0, 1, 2, 3, 4, 5]
     assert imgs.std() > 0  # real decoded images, not a constant
-    assert plan.npz_digest(tmp_path / "a.npz") == plan.npz_digest(tmp_path / "b.npz")
+    assert npz_digest(tmp_path / "a.npz") == npz_digest(tmp_path / "b.npz")
     other = sampler.sample(_args(checkpoint, tmp_path / "c.npz", "--seed", "1"))
-    assert plan.npz_digest(tmp_path / "c.npz") != plan.npz_digest(tmp_path / "a.npz")
+    assert npz_digest(tmp_path / "c.npz") != npz_digest(tmp_path / "a.npz")
     assert other["settings"]["seed"] == 1
     # The record next to the npz: speed, settings, and the honest note about random VAE weights.
     saved = json.loads((tmp_path / "a.json").read_text())
@@ -118,7 +119,7 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(checkpoint, tmp_pat
         sampler.sample(_args(checkpoint, out, "--num-samples", "10", "--batch-size", "3", "--seed", "5"))
     rec = sampler.sample(_args(checkpoint, out, "--num-samples", "10", "--batch-size", "3"))
     assert rec["images_resumed"] == 6 and rec["images_generated_this_run"] == 4
-    assert plan.npz_digest(out) == plan.npz_digest(tmp_path / "full.npz")
+    assert npz_digest(out) == npz_digest(tmp_path / "full.npz")
     # A finished batch is not redone.
     again = sampler.sample(_args(checkpoint, out, "--num-samples", "10", "--batch-size", "3"))
     assert again["finished_at"] == rec["finished_at"]
@@ -188,7 +189,7 @@ def test_two_ranks_under_torchrun_write_the_same_npz_as_one(checkpoint, tmp_path
     assert "on 2 process(es)" in two.stdout
     rec = json.loads((tmp_path / "two.json").read_text())
     assert rec["world_size"] == 2 and sorted(r["images"] for r in rec["per_rank"]) == [3, 4]
-    assert plan.npz_digest(tmp_path / "one.npz") == plan.npz_digest(tmp_path / "two.npz")
+    assert npz_digest(tmp_path / "one.npz") == npz_digest(tmp_path / "two.npz")
 
 
 @pytest.mark.slow
@@ -251,4 +252,4 @@ def test_official_bare_state_dict_samples_like_the_ema_it_holds(checkpoint, tmp_
     rec = sampler.sample(_args(bare, tmp_path / "bare.npz"))
     sampler.sample(_args(checkpoint, tmp_path / "ckpt.npz"))
     assert rec["settings"]["weights"] == "state dict" and rec["settings"]["model"] == "DiT-T/2"
-    assert plan.npz_digest(tmp_path / "bare.npz") == plan.npz_digest(tmp_path / "ckpt.npz")
+    assert npz_digest(tmp_path / "bare.npz") == npz_digest(tmp_path / "ckpt.npz")

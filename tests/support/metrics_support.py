@@ -13,7 +13,21 @@ import torch
 from ditbench.metrics.calibrated import synthetic_images, to_nchw
 from ditbench.metrics.weights import load_network
 
-__all__ = ["calibrated_weights_file", "synthetic_images", "to_nchw"]
+__all__ = ["calibrated_weights_file", "npz_digest", "synthetic_images", "to_nchw"]
+
+
+def npz_digest(path: str | Path) -> str:
+    """sha256 over a sample batch's arrays (not the zip container, whose timestamps vary)."""
+    import hashlib
+
+    import numpy as np
+
+    h = hashlib.sha256()
+    with np.load(path, allow_pickle=False) as z:
+        for key in ("arr_0", "arr_1"):
+            h.update(key.encode())
+            h.update(np.ascontiguousarray(z[key]).tobytes())
+    return h.hexdigest()
 
 
 @functools.cache
@@ -34,7 +48,7 @@ class FakeExtractor:
     """
 
     def __init__(self, official: bool = False, batch_size: int = 64):
-        from ditbench.metrics.inception import FEATURE_DIMS
+        from ditbench.metrics.spec import FEATURE_DIMS
         from ditbench.metrics.weights import InceptionWeights
 
         self.device, self.batch_size, self.tf32, self.precision = (

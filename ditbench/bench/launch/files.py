@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
+from ditbench.bench.records import jsonable
 from ditbench.cellspec import CellSpec
 from ditbench.fileio import write_json_atomic
 
@@ -33,15 +33,4 @@ def read_report(path: Path) -> dict | None:
 
 def write_result(path: str | Path, data: dict[str, Any]) -> None:
     """A cell's (or rank's) result file, whole or not at all; NaN/inf written as null."""
-    write_json_atomic(path, _clean(data), default=str, allow_nan=False)
-
-
-def _clean(data: Any) -> Any:
-    """NaN/inf are not JSON: write them as null."""
-    if isinstance(data, float):
-        return data if math.isfinite(data) else None
-    if isinstance(data, dict):
-        return {k: _clean(v) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [_clean(v) for v in data]
-    return data
+    write_json_atomic(path, jsonable(data), allow_nan=False)

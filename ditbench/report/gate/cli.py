@@ -19,12 +19,12 @@ from ditbench.errors import UserError, shorten
 from ditbench.fileio import write_atomic
 from ditbench.report.gate.decide import compare_files
 from ditbench.report.gate.inputs import GateRefusal
-from ditbench.report.gate.metrics import METRICS
-from ditbench.report.gate.policy import load_policy
+from ditbench.report.gate.metrics import default_thresholds, limits, table
+from ditbench.report.gate.policy import DEFAULT_ALPHA, load_policy
 from ditbench.report.gate.result import to_json_text
 from ditbench.report.gate.summary import summary_markdown
 
-_METRIC_NAMES = textwrap.fill("metrics: " + ", ".join(METRICS), 100, subsequent_indent="  ")
+_METRIC_NAMES = textwrap.fill("metrics: " + ", ".join(table()), 100, subsequent_indent="  ")
 POLICY_EXAMPLE = f"""\
 exit status: 0 no regression, 1 regression (or missing cells with fail_on_missing), 2 usage or input
 error: runs from different GPU / driver / CUDA / torch without --allow-env-mismatch; a gated value
@@ -70,8 +70,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="POLICY.yaml",
         default=None,
         help="thresholds per metric, significance level, per-cell overrides, what may go uncompared "
-        "(default: images/s -5%%, peak allocated memory +2%%, peak reserved memory +5%%, FID +2%%, "
-        "Inception Score -2%%, alpha 0.01)",
+        f"(default: {limits(default_thresholds())}, alpha {DEFAULT_ALPHA})".replace("%", "%%"),
     )
     parser.add_argument(
         "--allow-env-mismatch",

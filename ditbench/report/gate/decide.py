@@ -36,7 +36,7 @@ from ditbench.report.gate.inputs import (
     rows,
     step_samples,
 )
-from ditbench.report.gate.metrics import CORE, METRICS, QUALITY, Metric
+from ditbench.report.gate.metrics import CORE, QUALITY, Metric, table
 from ditbench.report.gate.policy import STEP_SAMPLES, Policy, Rule
 from ditbench.report.gate.quality import check_identity, compare_quality, read_quality
 from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
@@ -71,7 +71,8 @@ class _Cell:
     def run(self) -> None:
         weak = self._weak_reason()
         test = self._step_test()
-        gated = [(METRICS[name], rule) for name, rule in self.rules.items()]
+        metrics = table()
+        gated = [(metrics[name], rule) for name, rule in self.rules.items()]
         self._require_core()
         for metric, rule in gated:
             if metric.kind != QUALITY:
@@ -85,7 +86,7 @@ class _Cell:
         for name in CORE:
             if name in self.rules:
                 continue  # checked where it is compared
-            metric = METRICS[name]
+            metric = table()[name]
             for row in (self.b, self.n):
                 v, usable = self._value(row, metric)
                 if usable and v is None:

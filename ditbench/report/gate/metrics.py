@@ -1,7 +1,10 @@
 """What the gate can compare: where each metric lives in a record, which way is better, how it is judged.
 
-Speed, memory and loss metrics are read from the record at `path`. Quality metrics are read from
-one evaluation of the record's `quality` field (`evaluations[i].metrics[path]`), see quality.py.
+Speed, memory and loss metrics are read from the record at `path`; their table is below, with the
+default thresholds. Quality metrics are the quality outputs of `ditbench.metrics.registry` (their
+spec gives the direction, label, valid values and default threshold), read from one evaluation of
+the record's `quality` field (`evaluations[i].metrics[path]`), see quality.py. `table()` joins the
+two when it is called, so a metric registered later is gated like the others.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ class Metric:
     kind: str  # TIMING metrics are derived from the per-step times, so the step samples can test them
     valid: str = POSITIVE  # the values a real measurement can take
     core: bool = False  # every ok record has it: missing on both sides is an input error
+    threshold_pct: float | None = None  # the default policy's threshold; None: not gated unless asked
 
     @property
     def timed(self) -> bool:
@@ -32,41 +36,62 @@ class Metric:
         return (self.valid == POSITIVE and v <= 0) or (self.valid == NONNEGATIVE and v < 0)
 
 
-METRICS: dict[str, Metric] = {
-    m.name: m
-    for m in (
-        Metric("images_per_s", "metrics.images_per_s", HIGHER, "images/s", TIMING, core=True),
-        Metric("images_per_s_per_gpu", "metrics.images_per_s_per_gpu", HIGHER, "images/s per GPU", TIMING),
-        Metric("steps_per_s", "metrics.steps_per_s", HIGHER, "steps/s", TIMING),
-        Metric("step_ms", "metrics.step_ms.median", LOWER, "step ms (median)", TIMING, core=True),
-        Metric("tflops_per_s", "metrics.tflops_per_s", HIGHER, "TFLOP/s", TIMING),
-        Metric("mfu", "metrics.mfu.value", HIGHER, "MFU", TIMING),
-        Metric(
-            "peak_mem_allocated_gib", "metrics.peak_mem_allocated_gib", LOWER, "peak allocated GiB", MEMORY
-        ),
-        Metric("peak_mem_reserved_gib", "metrics.peak_mem_reserved_gib", LOWER, "peak reserved GiB", MEMORY),
-        Metric("device_mem_gib", "metrics.device_mem_gib", LOWER, "device memory GiB", MEMORY),
-        Metric("cpu_peak_rss_gib", "metrics.cpu_peak_rss_gib", LOWER, "CPU peak RSS GiB", MEMORY),
-        Metric("smoke_last_loss", "smoke.last_mean", LOWER, "smoke loss (last window)", LOSS, ANY),
-        Metric("fid", "fid", LOWER, "FID", QUALITY, NONNEGATIVE),
-        Metric("sfid", "sfid", LOWER, "sFID", QUALITY, NONNEGATIVE),
-        Metric("inception_score", "inception_score", HIGHER, "Inception Score", QUALITY, NONNEGATIVE),
-        Metric("precision", "precision", HIGHER, "precision", QUALITY, NONNEGATIVE),
-        Metric("recall", "recall", HIGHER, "recall", QUALITY, NONNEGATIVE),
-        Metric("kid", "kid", LOWER, "KID", QUALITY, ANY),  # the unbiased estimate can be negative
-    )
-}
-CORE = tuple(name for name, m in METRICS.items() if m.core)
-
-# Default thresholds in percent; a metric not listed is not gated unless a policy enables it.
 # Throughput and reserved memory are noisier than allocated memory, which is near-deterministic.
-DEFAULT_THRESHOLDS: dict[str, float] = {
-    "images_per_s": 5.0,
-    "peak_mem_allocated_gib": 2.0,
-    "peak_mem_reserved_gib": 5.0,
-    "fid": 2.0,
-    "inception_score": 2.0,
-}
+RECORD_METRICS: tuple[Metric, ...] = (
+    Metric("images_per_s", "metrics.images_per_s", HIGHER, "images/s", TIMING, core=True, threshold_pct=5.0),
+    Metric("images_per_s_per_gpu", "metrics.images_per_s_per_gpu", HIGHER, "images/s per GPU", TIMING),
+    Metric("steps_per_s", "metrics.steps_per_s", HIGHER, "steps/s", TIMING),
+    Metric("step_ms", "metrics.step_ms.median", LOWER, "step ms (median)", TIMING, core=True),
+    Metric("tflops_per_s", "metrics.tflops_per_s", HIGHER, "TFLOP/s", TIMING),
+    Metric("mfu", "metrics.mfu.value", HIGHER, "MFU", TIMING),
+    Metric(
+        "peak_mem_allocated_gib",
+        "metrics.peak_mem_allocated_gib",
+        LOWER,
+        "peak allocated GiB",
+        MEMORY,
+        threshold_pct=2.0,
+    ),
+    Metric(
+        "peak_mem_reserved_gib",
+        "metrics.peak_mem_reserved_gib",
+        LOWER,
+        "peak reserved GiB",
+        MEMORY,
+        threshold_pct=5.0,
+    ),
+    Metric("device_mem_gib", "metrics.device_mem_gib", LOWER, "device memory GiB", MEMORY),
+    Metric("cpu_peak_rss_gib", "metrics.cpu_peak_rss_gib", LOWER, "CPU peak RSS GiB", MEMORY),
+    Metric("smoke_last_loss", "smoke.last_mean", LOWER, "smoke loss (last window)", LOSS, ANY),
+)
+CORE = tuple(m.name for m in RECORD_METRICS if m.core)
+
+
+def table() -> dict[str, Metric]:
+    """Every metric the gate compares, by name: the record's, then the registry's quality outputs."""
+    from ditbench.metrics import registry
+
+    quality = (
+        Metric(o.key, o.key, o.better, o.label, QUALITY, o.valid, threshold_pct=o.threshold_pct)
+        for o in registry.quality_outputs()
+    )
+    return {m.name: m for m in (*RECORD_METRICS, *quality)}
+
+
+def default_thresholds() -> dict[str, float]:
+    """The default policy: threshold in percent per metric; a metric not listed is not gated."""
+    return {name: m.threshold_pct for name, m in table().items() if m.threshold_pct is not None}
+
+
+def limit(name: str, threshold_pct: float) -> str:
+    """A threshold written the way it bites: -5% for throughput, +2% for memory."""
+    return f"{'-' if table()[name].direction == HIGHER else '+'}{threshold_pct:g}%"
+
+
+def limits(thresholds: dict[str, float]) -> str:
+    """Thresholds with their labels: "images/s -5%, peak allocated GiB +2%"."""
+    metrics = table()
+    return ", ".join(f"{metrics[k].label} {limit(k, pct)}" for k, pct in thresholds.items())
 
 
 @dataclass(frozen=True)
@@ -74,6 +99,14 @@ class Crossing:
     change_pct: float | None  # signed (new - base) / |base|; None when base is 0 (no finite percentage)
     direction: str  # "worse", "better" or "same"
     crossed: bool  # moved beyond the threshold (percent and min_abs) in that direction
+
+    def verdict(self, significant: bool) -> str:
+        """regression / improvement for a significant crossing, noise for another, else unchanged."""
+        if not self.crossed:
+            return "unchanged"
+        if not significant:
+            return "noise"
+        return "regression" if self.direction == "worse" else "improvement"
 
 
 def crossing(metric: Metric, base: float, new: float, threshold_pct: float, min_abs: float) -> Crossing:

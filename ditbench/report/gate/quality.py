@@ -200,21 +200,13 @@ def _judge(
             f"{'beyond' if noise.beyond else 'within'} noise: |Δ| {abs(n - b):.3g} "
             f"{'>' if noise.beyond else '≤'} {k:g}σ {noise.bound:.3g} (step {step})"
         )
-    significant = noise.beyond is not False
-    if c.crossed and significant:
-        verdict = "regression" if c.direction == "worse" else "improvement"
-    elif c.crossed:
-        verdict = "noise"
-    else:
-        verdict = "unchanged"
-    return MetricDelta(
-        metric.name,
-        metric.label,
+    return MetricDelta.judged(
+        metric,
+        rule,
         b,
         n,
-        c.change_pct,
-        rule.threshold_pct,
-        verdict,
+        c,
+        noise.beyond is not False,
         significance,
         direction=c.direction,
         weak=noise.weak_reason is not None and c.crossed,

@@ -39,6 +39,14 @@ class MetricDelta:
     step: int | None = None  # quality metrics: the training step of the compared evaluation
     noise: float | None = None  # quality metrics: the difference that counts as beyond noise
 
+    @classmethod
+    def judged(cls, metric, rule, b: float, n: float, c, significant: bool, significance: str, **more):
+        """The delta of `metric` from base b to new n: its crossing `c` of `rule`, significant or not."""
+        verdict = c.verdict(significant)
+        return cls(
+            metric.name, metric.label, b, n, c.change_pct, rule.threshold_pct, verdict, significance, **more
+        )
+
 
 @dataclass
 class CellResult:

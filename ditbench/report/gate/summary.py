@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ditbench.report.gate.metrics import HIGHER, METRICS
+from ditbench.report.gate.metrics import limit, limits, table
 from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
 
 MAX_SUMMARY_ROWS = 150  # rows of the "All cells" table: a PR comment holds 65,536 characters
@@ -35,11 +35,6 @@ def _change(d: MetricDelta) -> str:
     return f"{d.change_pct:+.1f}%" if d.change_pct is not None else "from 0"
 
 
-def _limit(metric: str, threshold_pct: float) -> str:
-    """The threshold written the way it bites: -5% for throughput, +2% for memory."""
-    return f"{'-' if METRICS[metric].direction == HIGHER else '+'}{threshold_pct:g}%"
-
-
 def _md(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -61,7 +56,7 @@ def _metric_rows(c: Comparison, keep) -> list[str]:
                 weak = " · ⚠️ weak" if d.weak else ""
                 rows.append(
                     f"| {_md(cell.cell_name)} | {_md(_label(d))} | {_fmt(d.base)} | {_fmt(d.new)} | "
-                    f"{_change(d)} | {_limit(d.metric, d.threshold_pct)} | {_md(d.significance)}{weak} |"
+                    f"{_change(d)} | {limit(d.metric, d.threshold_pct)} | {_md(d.significance)}{weak} |"
                 )
     return rows
 
@@ -180,7 +175,8 @@ def _notes(c: Comparison) -> list[str]:
 
 
 def _all_cells(c: Comparison) -> list[str]:
-    shown = [m for m in METRICS if m in c.policy.rules][:4]
+    metrics = table()
+    shown = [m for m in metrics if m in c.policy.rules][:4]
     rows = []
     # Changed cells first; the table is capped so the summary fits a pull-request comment.
     ordered = sorted(c.cells, key=lambda x: x.verdict == "pass")
@@ -196,7 +192,7 @@ def _all_cells(c: Comparison) -> list[str]:
             "",
             "<details><summary>All cells</summary>",
             "",
-            "| cell | status | " + " | ".join(METRICS[m].label for m in shown) + " | verdict |",
+            "| cell | status | " + " | ".join(metrics[m].label for m in shown) + " | verdict |",
             "|---|---|" + "---|" * len(shown) + "---|",
         ]
         + rows
@@ -207,7 +203,7 @@ def _all_cells(c: Comparison) -> list[str]:
 
 def _policy_line(c: Comparison) -> list[str]:
     p = c.policy
-    rules = ", ".join(f"{METRICS[k].label} {_limit(k, r.threshold_pct)}" for k, r in p.rules.items())
+    rules = limits({k: r.threshold_pct for k, r in p.rules.items()})
     allowed = "every metric" if "*" in p.allow_incomparable else ", ".join(sorted(p.allow_incomparable))
     unused = ""
     if c.unused_overrides:

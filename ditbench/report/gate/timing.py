@@ -77,21 +77,16 @@ def judge(
         significant = p_value < test.policy.alpha and (shift > 0 if slower else shift < 0)
     else:
         significance, significant, untested = f"not tested ({test.why_not()}; threshold decides)", True, True
-    if c.crossed:
-        verdict = ("regression" if c.direction == "worse" else "improvement") if significant else "noise"
-    else:
-        verdict = "unchanged"
     weak = metric.timed and weak_reason is not None
-    delta = MetricDelta(
-        metric.name,
-        metric.label,
+    delta = MetricDelta.judged(
+        metric,
+        rule,
         b,
         n,
-        c.change_pct,
-        rule.threshold_pct,
-        verdict,
+        c,
+        significant,
         significance,
-        p_value,
+        p_value=p_value,
         direction=c.direction,
         weak=weak,
         weak_reason=weak_reason if weak else None,
