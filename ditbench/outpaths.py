@@ -9,6 +9,7 @@ what is wrong with it.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -79,3 +80,37 @@ def check_file_target(path: str | Path, what: str, *, create_parent: bool = True
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise UserError(f"{what} {_quote(path)} exists and is not writable.")
     return path
+
+
+def check_kept(folder: str | Path, entries: dict[str, bool], what: str = "--out") -> None:
+    """Refuse an output folder whose own entries are not what a command keeps there (UserError).
+
+    `entries` maps each name the command creates, appends to, locks or empties inside `folder` to
+    True (a folder) or False (a regular file). Each one that exists must be exactly that, checked
+    with lstat: a symbolic link is refused, since following it would write, truncate or delete
+    outside the folder; a FIFO would block the command forever, a folder would fail it mid-run.
+    """
+    from ditbench.fileio import link_refusal
+
+    folder = Path(folder)
+    where = _quote(folder)
+    for name, want_dir in entries.items():
+        path = folder / name
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            raise UserError(f"{what} {where}: {name} cannot be checked ({err.strerror or err}).") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise UserError(link_refusal(path, what))
+        if (stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(st.st_mode)):
+            continue
+        if want_dir:
+            kind = "not a folder"
+        else:
+            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise UserError(
+            f"{what} {where} holds {name}, which is {kind}; ditbench keeps {name} there as a "
+            f"{'folder' if want_dir else 'regular file'}. Move it away, or give another {what}."
+        )

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ditbench.errors import UserError, shorten
-from ditbench.fileio import atomic_write, write_json_atomic
+from ditbench.fileio import atomic_write, refuse_link, write_json_atomic
 from ditbench.outlock import OutputLock
 from ditbench.outpaths import check_file_target, ensure_dir
 
@@ -142,6 +142,7 @@ def extract_latents(
     }
     model, vae_desc = build_vae(vae, dev)  # before .parts/: a VAE that does not load leaves nothing behind
     parts = out.with_name(out.name + ".parts")
+    refuse_link(parts, "extract-latents --out")  # its shards are written and then deleted there
     created = not os.path.lexists(parts)
     if not created and not parts.is_dir():
         raise UserError(
