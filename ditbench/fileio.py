@@ -74,6 +74,23 @@ def open_log(path: str | Path, append: bool = False) -> IO[bytes]:
     return os.fdopen(open_nofollow(path, flags), "ab" if append else "wb")
 
 
+def append_text(path: str | Path, text: str) -> None:
+    """Append UTF-8 text to a file another program also appends to; never blocks (a FIFO is refused).
+
+    O_NONBLOCK: opening a FIFO nobody reads would otherwise wait forever (ENXIO instead).
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):  # a regular file, or /dev/null
+            raise OSError(errno.EINVAL, "not a regular file")
+        data = text.encode("utf-8")
+        while data:
+            data = data[os.write(fd, data) :]
+    finally:
+        os.close(fd)
+
+
 def rmtree_real(path: str | Path) -> None:
     """Delete a folder and what it holds, never following a link: a link at `path` is only unlinked.
 

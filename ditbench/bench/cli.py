@@ -80,12 +80,14 @@ def run(args: argparse.Namespace) -> int:
         Visible,
         check_options,
         check_out_dir,
+        kept_entries,
         run_suite,
         select_cells,
     )
     from ditbench.bench.suite import load_suite
     from ditbench.bench.summary import summary_table
     from ditbench.errors import UserError
+    from ditbench.outpaths import refuse_output_as_input
 
     if any(not f.strip() for f in args.cells):
         raise UserError(
@@ -93,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
         )
     suite = load_suite(args.suite, args.overrides)
     out = args.out or Path("runs") / suite.name
+    refuse_output_as_input(  # a suite file kept as the run's summary.md would be replaced by it
+        [(f"--out's {name}", Path(out) / name) for name in kept_entries()], [("SUITE", suite.path)]
+    )
     cells = select_cells(suite, args.cells)
     if not cells:
         raise UserError(

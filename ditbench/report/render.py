@@ -219,6 +219,11 @@ def results_table(df: pd.DataFrame) -> pd.DataFrame:
 # ------------------------------------------------------------------------------------------ write
 
 
+def report_files() -> list[str]:
+    """Every file name write_report writes or removes in its folder."""
+    return ["report.md", "report.html", "results.csv", *PLOT_FILES.values(), *QUALITY_FILES]
+
+
 def write_report(
     df: pd.DataFrame,
     out_dir: str | Path,

@@ -25,7 +25,7 @@ import numpy as np
 from ditbench.errors import UserError, shorten
 from ditbench.fileio import atomic_write, refuse_link, write_json_atomic
 from ditbench.outlock import OutputLock
-from ditbench.outpaths import check_file_target, ensure_dir
+from ditbench.outpaths import check_file_target, ensure_dir, refuse_output_as_input
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -125,6 +125,10 @@ def extract_latents(
     from ditbench.vae import build_vae
 
     out = check_arguments(out, image_size, batch_size, shard_size, workers, seed)
+    refuse_output_as_input(
+        [("--out", out), ("--out's progress folder", out.with_name(out.name + ".parts"))],
+        [("--vae", vae), ("IMAGES", image_dir)],
+    )
     latent_size(image_size)
     dev = resolve_device(device)  # before anything is written: a bad device leaves no .parts/ behind
     dataset = image_folder(image_dir, image_size, flip=False)

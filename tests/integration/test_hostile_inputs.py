@@ -547,3 +547,60 @@ def test_a_link_where_ditbench_keeps_its_files_is_refused_and_nothing_is_touched
     flat = " ".join(err.split())
     assert "symbolic link" in flat and link.name in flat, flat
     assert contents(tmp_path) == images_ok  # the link's target is whole, nothing was created through it
+
+
+# ------------------------------------------------------------------ an output that is an input (issue 21)
+
+
+def _results_named(path: Path) -> Path:
+    from synthetic_records import make_record, write_jsonl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl(path, [make_record("DiT-S/8", "fp32", "none", 8)])
+    return path
+
+
+OUTPUT_IS_INPUT = {
+    "run: the suite file is where --out keeps summary.md": lambda t: (
+        (t / "out").mkdir() or (t / "out" / "summary.md").write_text(suite(t).read_text()) and None,
+        ["run", str(t / "out" / "summary.md"), "--out", str(t / "out"), "--no-progress"],
+        t / "out" / "summary.md",
+    ),
+    "train: --save is the --data file": lambda t: (
+        a_file(t, "lat.npz"),
+        train("--data", str(t / "lat.npz"), "--save", str(t / "lat.npz")),
+        t / "lat.npz",
+    ),
+    "sample: the record next to --out is the checkpoint": lambda t: (
+        a_file(t, "s.json"),
+        sample(t, checkpoint=str(t / "s.json")),
+        t / "s.json",
+    ),
+    "extract-latents: --out is the --vae file": lambda t: (
+        a_file(t, "lat.npz"),
+        [x if x != "random" else str(t / "lat.npz") for x in extract(t)],
+        t / "lat.npz",
+    ),
+    "report: --out's results.csv is the results file": lambda t: (
+        _results_named(t / "rep" / "results.csv"),
+        ["report", str(t / "rep" / "results.csv"), "--out", str(t / "rep")],
+        t / "rep" / "results.csv",
+    ),
+    "report: --claims is --out's report.md": lambda t: (
+        _results_named(t / "results.jsonl") and a_file(t, "report.md", b"claims: []\n"),
+        ["report", str(t / "results.jsonl"), "--out", str(t), "--claims", str(t / "report.md")],
+        t / "report.md",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(OUTPUT_IS_INPUT))
+def test_an_output_that_is_an_input_is_refused_before_any_work(case, tmp_path, capsys):
+    _, argv, victim = OUTPUT_IS_INPUT[case](tmp_path)
+    before = victim.read_bytes()
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, f"{case}: exit {code}\n{err}"
+    flat = " ".join(err.split())
+    assert "Traceback" not in err and "would replace what this command reads" in flat, flat
+    assert victim.read_bytes() == before

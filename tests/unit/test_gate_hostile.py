@@ -344,7 +344,7 @@ def test_summary_targets_that_cannot_be_written(tmp_path, capsys, monkeypatch):
     assert_clean_error(2, capsys.readouterr().err, "cannot write the summary to --summary")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path))
     assert main(["compare", str(b), str(n)]) == 2
-    assert_clean_error(2, capsys.readouterr().err, "cannot write the summary to $GITHUB_STEP_SUMMARY")
+    assert_clean_error(2, capsys.readouterr().err, "$GITHUB_STEP_SUMMARY", "is a folder")  # before any work
 
 
 def test_a_run_directory_is_named_by_its_results_file(tmp_path, capsys, monkeypatch):
@@ -358,3 +358,81 @@ def test_a_run_directory_is_named_by_its_results_file(tmp_path, capsys, monkeypa
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     assert main(["compare", str(b), str(run_dir)]) == 2
     assert_clean_error(2, capsys.readouterr().err, f"NEW {run_dir / 'results.jsonl'} line 1")
+
+
+# ------------------------------------------------------------------ an output that is an input (issue 21)
+
+
+def test_a_summary_that_is_the_baseline_is_refused_and_the_baseline_kept(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    code, _, err, b, _ = compare(
+        tmp_path, capsys, monkeypatch, base, new, "--summary", str(tmp_path / "base.jsonl")
+    )
+    assert_clean_error(code, err, "--summary", "base.jsonl", "replace")
+    assert [json.loads(line)["cell_id"] for line in b.read_text().splitlines()] == [
+        r["cell_id"] for r in base
+    ]
+
+
+def test_a_summary_that_is_the_new_runs_results_through_a_link_is_refused(tmp_path, capsys, monkeypatch):
+    (tmp_path / "alias.md").symlink_to(tmp_path / "new.jsonl")
+    base, new = pair()
+    code, _, err, _, n = compare(
+        tmp_path, capsys, monkeypatch, base, new, "--summary", str(tmp_path / "alias.md")
+    )
+    assert_clean_error(code, err, "--summary", "new.jsonl")
+    assert len(n.read_text().splitlines()) == 2
+
+
+def test_a_summary_that_is_a_hard_link_of_the_policy_is_refused(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    (tmp_path / "policy.yaml").write_text("alpha: 0.01\n")
+    import os
+
+    os.link(tmp_path / "policy.yaml", tmp_path / "pr-comment.md")
+    code, _, err, _, _ = compare(
+        tmp_path,
+        capsys,
+        monkeypatch,
+        base,
+        new,
+        "--summary",
+        str(tmp_path / "pr-comment.md"),
+        policy="alpha: 0.01\n",
+    )
+    assert_clean_error(code, err, "--summary", "policy.yaml")
+    assert (tmp_path / "policy.yaml").read_text() == "alpha: 0.01\n"
+
+
+def test_a_step_summary_that_is_the_baseline_is_refused(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    b, n = tmp_path / "base.jsonl", tmp_path / "new.jsonl"
+    write_jsonl(b, base)
+    write_jsonl(n, new)
+    before = b.read_bytes()
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(b))
+    code = main(["compare", str(b), str(n)])
+    assert_clean_error(code, capsys.readouterr().err, "$GITHUB_STEP_SUMMARY", "BASE")
+    assert b.read_bytes() == before
+
+
+def test_a_step_summary_that_is_a_fifo_is_refused_at_once(tmp_path, capsys, monkeypatch):
+    import os
+
+    base, new = pair()
+    b, n = tmp_path / "base.jsonl", tmp_path / "new.jsonl"
+    write_jsonl(b, base)
+    write_jsonl(n, new)
+    os.mkfifo(tmp_path / "fifo")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "fifo"))
+    code = main(["compare", str(b), str(n)])  # opening a FIFO nobody reads would block forever
+    assert_clean_error(code, capsys.readouterr().err, "$GITHUB_STEP_SUMMARY", "FIFO")
+
+
+def test_a_step_summary_that_is_dev_null_is_accepted(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    b, n = tmp_path / "base.jsonl", tmp_path / "new.jsonl"
+    write_jsonl(b, base)
+    write_jsonl(n, new)
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", "/dev/null")
+    assert main(["compare", str(b), str(n)]) == 0
