@@ -139,6 +139,9 @@ class _Check:
         return value.strip()
 
     def number(self, keypath: str, value: Any, positive: bool = False) -> float:
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) < value < 2**63:
+            digits = len(str(abs(value)))  # beyond floats and what a report table holds
+            raise self.fail(keypath, f"expected a number within 64 bits, got one of {digits} digits.")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise self.fail(keypath, f"expected a finite number, got {_kind(value)}.")
         if positive and value <= 0:

@@ -9,6 +9,7 @@ import json
 
 import pytest
 from synthetic_records import CPU_ENV, make_record, write_jsonl
+from synthetic_records import cell_id as cell_id_of
 
 from ditbench.cli import main
 
@@ -436,3 +437,83 @@ def test_a_step_summary_that_is_dev_null_is_accepted(tmp_path, capsys, monkeypat
     write_jsonl(n, new)
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", "/dev/null")
     assert main(["compare", str(b), str(n)]) == 0
+
+
+# ------------------------------------------------------------- a record that contradicts itself (issue 21)
+
+
+def test_a_halved_rate_with_unchanged_samples_is_refused_not_passed(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    new[0]["metrics"]["images_per_s"] /= 2  # the issue's forge: the samples still say the old speed
+    new[0]["metrics"]["steps_per_s"] /= 2
+    code, _, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, new)
+    assert_clean_error(code, err, "new.jsonl line 1", "metrics.images_per_s", "per-step samples")
+
+
+def test_a_rate_that_disagrees_with_steps_per_s_is_refused(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    new[1]["metrics"]["images_per_s"] *= 1.5
+    code, _, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, new)
+    assert_clean_error(code, err, "new.jsonl line 2", "metrics.images_per_s", "steps_per_s")
+
+
+def test_records_dated_in_the_future_cannot_shadow_the_real_ones(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    slow = [cell(130.0, seed=2), cell(230.0, seed=2, batch_size=16)]  # 3x slower: a real regression
+    forged = copy.deepcopy(base)
+    for r in forged:
+        r["started_at"] = "2999-01-01T00:00:00Z"
+    code, _, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, forged + slow)
+    assert_clean_error(code, err, "new.jsonl line 1", "started_at", "2999-01-01", "in the future")
+
+
+def test_within_a_file_the_last_record_of_a_cell_wins_as_in_the_runner(tmp_path, capsys, monkeypatch):
+    base, _ = pair()
+    early = copy.deepcopy(base)  # fast copies, dated later than the real records after them
+    for r in early:
+        r["started_at"] = "2026-11-29T13:00:00Z"
+    slow = [cell(130.0, seed=2), cell(230.0, seed=2, batch_size=16)]
+    code, out, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, early + slow)
+    assert code == 1, err  # the slow records, appended last, are the run's latest: a regression
+
+
+def test_a_record_keeping_another_cells_id_with_another_config_is_refused(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    new[0]["config"]["batch_size"] = 4  # keeps BASE's cell_id
+    code, _, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, new)
+    assert_clean_error(code, err, "new.jsonl line 1", "cell_id", "not the id of the record's config")
+
+
+def test_a_record_whose_config_changed_model_under_the_same_id_is_refused(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    new[1]["config"]["model"] = "DiT-XL/2"
+    code, _, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, new)
+    assert_clean_error(code, err, "new.jsonl line 2", "cell_id")
+
+
+# ------------------------------------------------------------- numbers pandas cannot hold (issue 21)
+
+HOLDABLE_CASES = {
+    "an integer >= 2**63 in config": (_set("config.seed", 2**63), "config.seed", "64-bit"),
+    "an integer >= 2**63 in env": (_set("env.cpu_count", 2**70), "env.cpu_count", "64-bit"),
+    "a list where a knob's text belongs": (
+        _set("config.precision", ["fp32", "bf16"]),
+        "config.precision",
+        "one value",
+    ),
+    "an object where a knob's text belongs": (
+        _set("config.attention", {"a": 1}),
+        "config.attention",
+        "one value",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOLDABLE_CASES))
+def test_a_value_pandas_cannot_hold_is_an_input_error(tmp_path, capsys, monkeypatch, case):
+    edit, *needles = HOLDABLE_CASES[case]
+    base, new = pair()
+    edit(new[0])
+    new[0]["cell_id"] = cell_id_of(new[0]["config"])  # the id agrees: only the value is at fault
+    code, _, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, new)
+    assert_clean_error(code, err, "new.jsonl line 1", *needles)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ditbench.report.escape import md_cell
 from ditbench.report.gate.metrics import HIGHER, METRICS
 from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
 
@@ -41,7 +42,7 @@ def _limit(metric: str, threshold_pct: float) -> str:
 
 
 def _md(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    return md_cell(text)  # no HTML, no link, no new row or block
 
 
 def _label(d: MetricDelta) -> str:
