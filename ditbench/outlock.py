@@ -20,11 +20,13 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import sys
 from pathlib import Path
 from typing import Any
 
 from ditbench.errors import UserError, shorten
+from ditbench.fileio import open_nofollow, refuse_link
 
 LOCK_NAME = ".ditbench.lock"
 HELD_NAME = ".ditbench.lock.held"  # the lock itself where flock is not supported
@@ -101,8 +103,8 @@ class OutputLock:
     # -- flock ---------------------------------------------------------------------------------------
     def acquire(self) -> OutputLock:
         path = self.folder / LOCK_NAME
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:  # O_NOFOLLOW: a link planted as the lock file is refused, its target never truncated
+            fd = open_nofollow(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, what=self.what)
         except OSError as err:
             raise UserError(
                 f"{self.what} {shorten(str(self.folder))}: cannot create its lock file {LOCK_NAME} "
@@ -120,6 +122,12 @@ class OutputLock:
             raise UserError(
                 f"{self.what} {shorten(str(self.folder))}: cannot lock {LOCK_NAME} ({err.strerror or err})."
             ) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device planted as the lock file
+            os.close(fd)
+            raise UserError(
+                f"{self.what} {shorten(str(self.folder))}: {LOCK_NAME} is not a regular file; move it "
+                f"away (ditbench keeps its lock there), or give another {self.what}."
+            )
         previous = _parse(_read_all(fd))
         if previous and previous.get("pid") is not None:
             self.stale = previous  # a holder that died without clearing its record (SIGKILL)
@@ -148,10 +156,14 @@ class OutputLock:
     # -- no flock: the record file is the lock ----------------------------------------------------------
     def _acquire_held_file(self) -> OutputLock:
         held = self.folder / HELD_NAME
+        refuse_link(held, self.what)  # read and deleted below: never through a link
         record = json.dumps(holder_record(self.command)).encode()
         for _ in range(_TAKEOVER_TRIES):
             tmp = self.folder / f"{HELD_NAME}.{os.getpid()}.tmp"
-            tmp.write_bytes(record)
+            tmp.unlink(missing_ok=True)  # O_EXCL below: never written through a planted link
+            fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, what=self.what)
+            with os.fdopen(fd, "wb") as f:
+                f.write(record)
             try:
                 os.link(tmp, held)  # atomic: exactly one contender creates it
                 self._held_file = held

@@ -9,6 +9,7 @@ what is wrong with it.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -79,3 +80,110 @@ def check_file_target(path: str | Path, what: str, *, create_parent: bool = True
     if os.path.exists(path) and not os.access(path, os.W_OK):
         raise UserError(f"{what} {_quote(path)} exists and is not writable.")
     return path
+
+
+def check_kept(folder: str | Path, entries: dict[str, bool], what: str = "--out") -> None:
+    """Refuse an output folder whose own entries are not what a command keeps there (UserError).
+
+    `entries` maps each name the command creates, appends to, locks or empties inside `folder` to
+    True (a folder) or False (a regular file). Each one that exists must be exactly that, checked
+    with lstat: a symbolic link is refused, since following it would write, truncate or delete
+    outside the folder; a FIFO would block the command forever, a folder would fail it mid-run.
+    """
+    from ditbench.fileio import link_refusal
+
+    folder = Path(folder)
+    where = _quote(folder)
+    for name, want_dir in entries.items():
+        path = folder / name
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue
+        except OSError as err:
+            raise UserError(f"{what} {where}: {name} cannot be checked ({err.strerror or err}).") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise UserError(link_refusal(path, what))
+        if stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(st.st_mode):
+            continue
+        if want_dir:
+            kind = "not a folder"
+        else:
+            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        raise UserError(
+            f"{what} {where} holds {name}, which is {kind}; ditbench keeps {name} there as a "
+            f"{'folder' if want_dir else 'regular file'}. Move it away, or give another {what}."
+        )
+
+
+def _identity(path: str | Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one file: the same resolved path, or (hard links) the same inode."""
+    try:
+        if os.path.realpath(a) == os.path.realpath(b):
+            return True
+    except (OSError, ValueError):
+        return False
+    ida = _identity(a)
+    return ida is not None and ida == _identity(b)
+
+
+def refuse_output_as_input(
+    outputs: list[tuple[str, str | Path | None]], inputs: list[tuple[str, str | Path | None]]
+) -> None:
+    """UserError when a path a command writes resolves to a file it reads (checked before any work).
+
+    Each entry is (what the message calls it, path); None entries are skipped. An input folder also
+    stands for the results.jsonl in it (how run folders are given to report and compare).
+    """
+    expanded = []
+    for label, path in inputs:
+        if path is None:
+            continue
+        expanded.append((label, Path(path)))
+        if os.path.isdir(path):
+            expanded.append((label, Path(path) / "results.jsonl"))
+    for out_label, out in outputs:
+        if out is None:
+            continue
+        for in_label, given in expanded:
+            if same_file(out, given):
+                raise UserError(
+                    f"{out_label} {_quote(Path(out))} is the input {in_label} {_quote(given)}: writing it "
+                    f"would replace what this command reads. Give another path for {out_label}."
+                )
+
+
+def check_step_summary(path: str | None) -> None:
+    """$GITHUB_STEP_SUMMARY, when set, must be a file one can append to: a FIFO would block forever."""
+    if not path:
+        return
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return  # created by the append
+    except (OSError, ValueError) as err:
+        raise UserError(
+            f"$GITHUB_STEP_SUMMARY {shorten(path, 200)} cannot be checked "
+            f"({getattr(err, 'strerror', None) or err}); "
+            "set it to a file path, or unset it."
+        ) from None
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISCHR(st.st_mode)):
+        kind = (
+            "a folder"
+            if stat.S_ISDIR(st.st_mode)
+            else "a FIFO"
+            if stat.S_ISFIFO(st.st_mode)
+            else "not a file"
+        )
+        raise UserError(
+            f"$GITHUB_STEP_SUMMARY {shorten(path, 200)} is {kind}; the summary is appended to a regular file "
+            "(GitHub Actions sets one). Set it to a file path, or unset it."
+        )

@@ -49,6 +49,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run larger batches even after a smaller batch of the same series ran out of memory",
     )
+    from ditbench.bench.expansion import DEFAULT_MAX_CELLS
+
+    parser.add_argument(
+        "--max-cells",
+        type=int,
+        default=None,
+        metavar="N",
+        help="refuse a suite whose matrix (with its overrides) expands to more than N cells, counted "
+        f"before expanding (default: {DEFAULT_MAX_CELLS})",
+    )
     from ditbench.cliopts import add_json, add_no_progress
 
     add_json(parser, "the records of the selected cells (or, with --dry-run, the planned cells)")
@@ -82,19 +92,24 @@ def run(args: argparse.Namespace) -> int:
         Visible,
         check_options,
         check_out_dir,
+        kept_entries,
         run_suite,
         select_cells,
     )
     from ditbench.bench.suite import load_suite
     from ditbench.bench.summary import summary_table
     from ditbench.errors import UserError
+    from ditbench.outpaths import refuse_output_as_input
 
     if any(not f.strip() for f in args.cells):
         raise UserError(
             "--cells needs a non-empty name substring or cell id (an empty one matches every cell)."
         )
-    suite = load_suite(args.suite, args.overrides)
+    suite = load_suite(args.suite, args.overrides, max_cells=args.max_cells)
     out = args.out or Path("runs") / suite.name
+    refuse_output_as_input(  # a suite file kept as the run's summary.md would be replaced by it
+        [(f"--out's {name}", Path(out) / name) for name in kept_entries()], [("SUITE", suite.path)]
+    )
     cells = select_cells(suite, args.cells)
     if not cells:
         raise UserError(

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.bench.records import SCHEMA, append_record, decode_line
-from ditbench.fileio import write_json_atomic
+from ditbench.fileio import mkdir_real, refuse_link, write_json_atomic
 
 INFLIGHT_DIR = ".inflight"
 TRACEBACK_LINES = 15
@@ -87,7 +87,7 @@ def open_ticket(folder: Path, context: dict[str, Any]) -> Ticket:
     missing = [k for k in _CONTEXT_KEYS if k not in context]
     if missing:
         raise ValueError(f"a ticket needs {', '.join(missing)}")
-    folder.mkdir(parents=True, exist_ok=True)
+    mkdir_real(folder, "--out")
     ticket = Ticket(folder, f"{context['cell_id']}.{context['run_id']}")
     ticket.remove()  # leftovers of an attempt with the same key (cannot be a result: one run, one attempt)
     write_json_atomic(ticket.ticket_path, {**context, "started_unix": time.time()}, default=str)
@@ -190,6 +190,7 @@ def adopt(
 
     Call it holding the output folder's lock. Returns the records appended, in start order.
     """
+    refuse_link(folder, "--out")  # emptied below: through a link it would empty a folder elsewhere
     if not folder.is_dir():
         return []
     tickets = []

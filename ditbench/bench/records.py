@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.errors import shorten
+from ditbench.fileio import open_nofollow
 
 SCHEMA = "ditbench.result/1"
 SCHEMA_PREFIX = "ditbench.result/"
@@ -281,7 +282,8 @@ def append_record(path: str | Path, record: dict[str, Any]) -> dict[str, Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     safe = json_safe(record)
     line = (json.dumps(safe, separators=(",", ":"), allow_nan=False) + "\n").encode()
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    # O_NOFOLLOW: the tail repair truncates, so a link planted here must not reach a file elsewhere
+    fd = open_nofollow(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
     try:
         _repair_tail(fd)
         written = os.write(fd, line)

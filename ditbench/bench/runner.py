@@ -41,8 +41,8 @@ from ditbench.bench.summary import format_line, write_summary
 from ditbench.device import cuda_visible, device_type
 from ditbench.errors import UserError, shorten
 from ditbench.faults import FAULT_ENV, FAULT_RANK_ENV, check_fault_rank, parse_fault_spec
-from ditbench.outlock import OutputLock
-from ditbench.outpaths import ensure_dir
+from ditbench.outlock import HELD_NAME, LOCK_NAME, OutputLock
+from ditbench.outpaths import check_kept, ensure_dir
 from ditbench.precision import unsupported_reason
 
 RESULTS_FILE = "results.jsonl"
@@ -107,6 +107,19 @@ def check_options(options: RunOptions) -> None:
     check_fault_rank(os.environ.get(FAULT_RANK_ENV))
 
 
+def kept_entries() -> dict[str, bool]:
+    """What a run keeps in its --out: name -> is a folder (outpaths.check_kept checks them)."""
+    return {
+        RESULTS_FILE: False,
+        SUMMARY_FILE: False,
+        LOGS_DIR: True,
+        inflight.INFLIGHT_DIR: True,
+        ".jobs": True,  # bench.jobs.JOBS_DIR (submitit executors)
+        LOCK_NAME: False,
+        HELD_NAME: False,
+    }
+
+
 def check_out_dir(out: Path, *, create: bool) -> None:
     """Refuse an output folder the run could not finish in, before any cell starts (UserError).
 
@@ -118,23 +131,9 @@ def check_out_dir(out: Path, *, create: bool) -> None:
         raise UserError(f"--out {where} is a file, not a folder; give a folder for the run's results.")
     if create:
         ensure_dir(out, "--out")
-    for name, want_dir in (
-        (RESULTS_FILE, False),
-        (SUMMARY_FILE, False),
-        (LOGS_DIR, True),
-        (inflight.INFLIGHT_DIR, True),
-    ):
-        path = out / name
-        if not os.path.lexists(path) or (path.is_dir() if want_dir else path.is_file()):
-            continue
-        if want_dir:
-            kind = "not a folder"
-        else:
-            kind = "a folder" if path.is_dir() else "not a regular file" if path.exists() else "a broken link"
-        raise UserError(  # a FIFO would block the run forever, a folder would fail it at the first append
-            f"--out {where} holds {name}, which is {kind}; a run keeps {name} there as a "
-            f"{'folder' if want_dir else 'regular file'}. Move it away, or give another --out."
-        )
+    check_kept(out, kept_entries())  # lstat: a link, a FIFO or a folder where a run keeps a file is refused
+    if (out / LOGS_DIR).is_dir():  # a cell's log is truncated when the cell starts: never through a link
+        check_kept(out / LOGS_DIR, {p.name: False for p in (out / LOGS_DIR).iterdir() if p.is_symlink()})
     results = out / RESULTS_FILE
     if results.exists() and not os.access(results, os.R_OK | (os.W_OK if create else 0)):
         raise UserError(f"{shorten(str(results))} is not readable and writable; a run appends to it.")

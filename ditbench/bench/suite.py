@@ -19,6 +19,7 @@ from typing import Any
 
 from ditbench.bench.cellid import cell_id
 from ditbench.bench.cluster import ClusterOptions, parse_cluster
+from ditbench.bench.expansion import factors, matrix_count, over_cap
 from ditbench.bench.plan_option import PlanOption, parse_plan_option
 from ditbench.cards import check_gib, find_card
 from ditbench.cellspec import MAX_SECONDS as TIMEOUT_MAX_S
@@ -176,7 +177,9 @@ def matches(config: dict[str, Any], partial: dict[str, Any]) -> bool:
     return all(config.get(k) == v for k, v in partial.items())
 
 
-def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Suite:
+def load_suite(
+    path: str | Path, overrides: list[str] | tuple[str, ...] = (), max_cells: int | None = None
+) -> Suite:
     """Read and validate a suite (a file, or a shipped suite's name) with its `key=value` overrides;
     raise UserError naming the file, key or override on any mistake."""
     from ditbench.bench.catalog import resolve_suite
@@ -184,7 +187,7 @@ def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) ->
 
     path = resolve_suite(path)
     parsed = parse_overrides(list(overrides), (*DEFAULTS_EXTRA_KEYS, *TOP_KEYS))
-    return parse_suite(load_yaml_file(path, "suite"), str(path), parsed)
+    return parse_suite(load_yaml_file(path, "suite"), str(path), parsed, max_cells)
 
 
 def _emulation(v: _Validator, raw: dict) -> tuple[float | None, str | None]:
@@ -265,7 +268,9 @@ def _smoke_steps(smoke_steps: int, smoke_cells: Any, knobs: dict, baseline: dict
     return smoke_steps if any(matches(knobs, s) for s in smoke_cells) else 0
 
 
-def parse_suite(raw: Any, path: str = "<suite>", overrides: list | None = None) -> Suite:
+def parse_suite(
+    raw: Any, path: str = "<suite>", overrides: list | None = None, max_cells: int | None = None
+) -> Suite:
     from ditbench.bench.overrides import apply_overrides, as_record
 
     raw, origin = apply_overrides(raw, overrides or [], path, DEFAULTS_EXTRA_KEYS)
@@ -318,7 +323,11 @@ def parse_suite(raw: Any, path: str = "<suite>", overrides: list | None = None) 
             "one (e.g. `baseline: {precision: fp32}`) or list the cells.",
         )
 
-    # Expansion: cartesian product - excludes + includes (completed from the defaults).
+    # Expansion: cartesian product - excludes + includes (completed from the defaults), counted first.
+    count = matrix_count(axes, len(include))
+    too_many = over_cap(count, max_cells, "the matrix", factors(axes, len(include)))
+    if too_many:
+        raise v.fail("matrix", too_many)
     configs: list[tuple[str, dict[str, Any]]] = []
     for combo in itertools.product(*axes.values()):
         values = {**knobs, **dict(zip(axes, combo, strict=True))}

@@ -8,6 +8,7 @@ from typing import Any
 
 from ditbench.bench.window import GAP_BOUND, SPREAD_BOUND
 from ditbench.fileio import write_atomic
+from ditbench.report.escape import md_cell, md_text
 
 REASON_CHARS = 160  # of a reason in the summary table's note column
 
@@ -117,14 +118,14 @@ def summary_table(records: list[dict[str, Any]]) -> str:
             note = "; ".join(x for x in (note, _smoke_text(smoke)) if x)
         first, last = _num(_at(smoke, "first_mean"), ".4f"), _num(_at(smoke, "last_mean"), ".4f")
         cells = [
-            r["cell_name"],
+            md_cell(r["cell_name"]),  # user text: no HTML, link or `|` in a markdown table
             r["status"] + (" (noisy)" if ok and m.get("noisy") is True else ""),
             (_num(m.get("images_per_s"), ".1f") or "-") if ok else "-",
             _step_text(m.get("step_ms")) if ok else "-",
             _mem(m) if ok else "-",
             (_mfu(m) or "-") if ok else "-",
             f"{first} -> {last}" if first is not None and last is not None else "-",
-            " ".join(note.replace("|", "/").split())[:REASON_CHARS],
+            md_cell(note.replace("|", "/"))[:REASON_CHARS],
         ]
         rows.append("| " + " | ".join(cells) + " |")
     return header + "\n".join(rows) + "\n"
@@ -161,7 +162,7 @@ def write_summary(path: Path, suite, records: list[dict[str, Any]]) -> None:
     device = env.get("gpu_name") or env.get("cpu") or "?"
     noisy = sum(1 for r in records if r["status"] == "ok" and _at(r, "metrics", "noisy") is True)
     text = (
-        f"# {suite.name}\n\n{suite.description.strip()}\n\n"
+        f"# {md_text(suite.name)}\n\n{md_text(suite.description)}\n\n"
         + _overrides_text(getattr(suite, "overrides", None))
         + f"{len(records)} cells: "
         + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))

@@ -66,6 +66,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print the plan as JSON on stdout instead of tables"
     )
+    from ditbench.bench.expansion import DEFAULT_MAX_CELLS
+
+    parser.add_argument(
+        "--max-cells",
+        type=int,
+        default=None,
+        metavar="N",
+        help="refuse a grid (or --suite matrix) of more than N cells, counted before expanding "
+        f"(default: {DEFAULT_MAX_CELLS})",
+    )
     parser.add_argument(
         "--no-cache", action="store_true", help="trace every series afresh (default: reuse traces on disk)"
     )
@@ -109,6 +119,10 @@ def _series(args: argparse.Namespace):
                 )
         ckpts = _list(args.grad_ckpt, DEFAULT_GRAD_CKPT, "grad-ckpt")
         batches = _ints(args.batches, DEFAULT_BATCHES, "batches")
+        from ditbench.bench.expansion import check_count, factors, matrix_count
+
+        axes = {"models": models, "precisions": precisions, "grad-ckpt": ckpts, "batches": batches}
+        check_count(matrix_count(axes), args.max_cells, "the plan grid", factors(axes))
         if args.image_size < 8 or args.image_size % 8:
             raise UserError(f"--image-size must be a positive multiple of 8, got {args.image_size}")
         return grid(models, precisions, ckpts, batches, base), None
@@ -120,7 +134,7 @@ def _series(args: argparse.Namespace):
     from ditbench.bench.suite import load_suite
     from ditbench.plan.grid import suite_grid
 
-    suite = load_suite(args.suite)
+    suite = load_suite(args.suite, max_cells=args.max_cells)
     device = "cuda" if (args.card or args.memory_gib is not None) else None
     return suite_grid(suite.cells, device), suite
 

@@ -105,7 +105,18 @@ class QualitySpec:
             "batch_size": int_in("batch_size", 1, 1 << 16),
             "grid": int_in("grid", 0, MAX_GRID),
         }
-        return cls(**_checked({k: v for k, v in values.items() if k != "cells"}, checks, "", fail))
+        spec = cls(**_checked({k: v for k, v in values.items() if k != "cells"}, checks, "", fail))
+        from ditbench.bench.expansion import MAX_EVALUATIONS
+
+        evaluations = (1 if spec.at is None else len(spec.at)) * len(spec.seeds)
+        if evaluations > MAX_EVALUATIONS:  # counted before any schedule is built: each one samples `samples`
+            raise fail(
+                "at",
+                f"{len(spec.at or ()):,} steps x {len(spec.seeds)} seeds is {evaluations:,} evaluations of "
+                f"{spec.samples:,} samples each per cell, above the cap of {MAX_EVALUATIONS:,}; list fewer "
+                "steps in `at` or fewer seeds.",
+            )
+        return spec
 
     def to_config(self) -> dict[str, Any]:
         """The record's `config.quality`: canonical and readable back by `from_mapping`."""

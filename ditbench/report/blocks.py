@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from ditbench.report.escape import md_cell, md_text
+
 
 @dataclass
 class Heading:
@@ -93,15 +95,15 @@ def knob_text(name: str, v: Any) -> str:
 
 
 def _md_escape(text: str) -> str:
-    # user text (a claim, a reason) must not break the table or become HTML in a markdown viewer
-    return str(text).replace("|", "\\|").replace("\n", " ").replace("<", "&lt;")
+    # user text (a claim, a reason) must not break the table or become HTML or a link in a viewer
+    return md_cell(text)
 
 
 def to_markdown(blocks: list[Block]) -> str:
     parts = []
     for b in blocks:
-        if isinstance(b, Heading):
-            parts.append("#" * b.level + " " + b.text)
+        if isinstance(b, Heading):  # a title, a suite or model name: user text, one line
+            parts.append("#" * b.level + " " + md_text(b.text))
         elif isinstance(b, Para):
             parts.append(b.text.replace("<", "&lt;"))
         elif isinstance(b, Bullets):
@@ -114,7 +116,7 @@ def to_markdown(blocks: list[Block]) -> str:
             lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in b.rows]
             parts.append("\n".join(lines))
         elif isinstance(b, Image):
-            parts.append(f"[![{b.title}]({b.file})]({b.file})")
+            parts.append(f"[![{md_text(b.title).replace(']', '')}]({b.file})]({b.file})")
     return "\n\n".join(parts) + "\n"
 
 

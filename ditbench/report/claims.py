@@ -122,6 +122,9 @@ def _pair(value: Any) -> tuple[float, float]:
 
 
 def _number(value: Any, positive: bool = False, at: str = "") -> float:
+    if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) < value < 2**63:
+        digits = len(str(abs(value)))  # beyond floats and what a report table holds
+        raise refuse(f"expected a number within 64 bits, got one of {digits} digits.", at)
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise refuse(f"expected a finite number, got {_kind(value)}.", at)
     if positive and value <= 0:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.errors import UserError
+from ditbench.outpaths import refuse_output_as_input
 from ditbench.report.load import KEEP_CHOICES, load_results
 from ditbench.report.timing import DEFAULT_TARGET_STEPS
 
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     from ditbench.report import advice, analysis
     from ditbench.report.claim_check import check_claims
     from ditbench.report.claims import load_claims
-    from ditbench.report.render import write_report
+    from ditbench.report.render import report_files, write_report
     from ditbench.report.timing import target_steps
 
     out = Path(args.out) if args.out else None
@@ -78,6 +79,11 @@ def run(args: argparse.Namespace) -> int:
     if out is not None and out.exists() and not out.is_dir():
         raise UserError(
             f"--out {out} is a file; give a directory for the report files (it is created if missing)."
+        )
+    if out is not None:  # before any work: a report file that is an input would replace it
+        refuse_output_as_input(
+            [(f"--out's {name}", out / name) for name in report_files()],
+            [("RESULTS", p) for p in args.results] + [("--claims", args.claims)],
         )
     claims_file = load_claims(args.claims) if args.claims else None  # a bad file fails before any work
     df = load_results(args.results, keep=args.keep)

@@ -24,6 +24,7 @@ import pandas as pd
 
 from ditbench.bench.records import decode_line, shape_problem
 from ditbench.errors import UserError
+from ditbench.report.consistency import record_problem
 
 SCHEMA_PREFIX = "ditbench.result/"
 KNOWN_SCHEMAS = ("ditbench.result/1",)
@@ -44,7 +45,7 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def read_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+def read_records(path: str | Path, judge_metrics: bool = False) -> list[tuple[int, dict[str, Any]]]:
     """(line number, record) for every record of one results file, validated."""
     path = Path(path)
     if path.is_dir():
@@ -88,12 +89,12 @@ def read_records(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
                 f"{path} line {lineno} is {problem}; a results "
                 "file has one JSON result record per line, as `ditbench run` writes it."
             )
-        _validate(record, path, lineno)
+        _validate(record, path, lineno, judge_metrics)
         records.append((lineno, record))
     return records
 
 
-def _validate(record: Any, path: Path, lineno: int) -> None:
+def _validate(record: Any, path: Path, lineno: int, judge_metrics: bool = False) -> None:
     where = f"{path} line {lineno}"
     if not isinstance(record, dict):
         raise UserError(
@@ -124,6 +125,13 @@ def _validate(record: Any, path: Path, lineno: int) -> None:
     problem = shape_problem(record)
     if problem is not None:
         raise UserError(f"{where} is not a valid result record: {problem}. Was the file edited by hand?")
+    # checked against itself: ids, rates, dates, values pandas can hold
+    contradiction = record_problem(record, judge_metrics=judge_metrics)
+    if contradiction is not None:
+        field, why = contradiction
+        raise UserError(
+            f"{where}, field {field}: {why}. A record must agree with itself; was it edited by hand?"
+        )
 
 
 def record_row(record: dict[str, Any], source: str = "") -> dict[str, Any]:
@@ -144,20 +152,28 @@ def record_row(record: dict[str, Any], source: str = "") -> dict[str, Any]:
     return row
 
 
-def load_results(paths: str | Path | Iterable[str | Path], keep: str = "latest") -> pd.DataFrame:
+def load_results(
+    paths: str | Path | Iterable[str | Path], keep: str = "latest", judge_metrics: bool = False
+) -> pd.DataFrame:
     """Every record of the given results files as a DataFrame, one row per record.
 
-    keep="latest" keeps, for each cell_id, the record with the latest started_at (ties and missing
-    times: the one read last); keep="all" keeps every record, e.g. to study run-to-run noise.
+    keep="latest" keeps, for each cell_id, the record the runner would take as its latest: within a
+    file the last line (the runner appends, so later lines supersede earlier ones, whatever their
+    dates say); across files the one with the latest started_at (ties and missing times: the file
+    given last). keep="all" keeps every record, e.g. to study run-to-run noise.
+    judge_metrics=True (the gate) leaves non-finite or huge metric values to the caller, which names
+    each one by cell; otherwise they are input errors, like every contradiction (report.consistency).
     """
     if keep not in KEEP_CHOICES:
         raise UserError(f"keep={keep!r} is not valid; use one of {', '.join(KEEP_CHOICES)}.")
     if isinstance(paths, (str, Path)):
         paths = [paths]
     rows = []
-    for path in paths:
-        for lineno, record in read_records(path):
+    file_index: list[int] = []
+    for index, path in enumerate(paths):
+        for lineno, record in read_records(path, judge_metrics):
             rows.append(record_row(record, f"{path}:{lineno}"))
+            file_index.append(index)
     if not rows:
         names = ", ".join(str(p) for p in paths) or "(none)"
         raise UserError(
@@ -166,15 +182,18 @@ def load_results(paths: str | Path | Iterable[str | Path], keep: str = "latest")
         )
     df = pd.DataFrame(rows)
     df["_order"] = range(len(df))
+    df["_file"] = file_index
     if "started_at" in df:
         df["started_at"] = pd.to_datetime(df["started_at"], utc=True, errors="coerce", format="ISO8601")
     else:
         df["started_at"] = pd.NaT
     if keep == "latest":
-        # NaT sorts first, so a dated record beats an undated one; read order breaks ties.
-        df = df.sort_values(["started_at", "_order"], na_position="first", kind="stable")
+        # within a file the last line wins (as bench.records.latest_by_cell); then, across files, the
+        # later started_at (NaT sorts first, so a dated record beats an undated one), then file order
+        df = df.drop_duplicates(["_file", "cell_id"], keep="last")
+        df = df.sort_values(["started_at", "_file"], na_position="first", kind="stable")
         df = df.drop_duplicates("cell_id", keep="last").sort_values("_order", kind="stable")
-    df = df.drop(columns="_order").reset_index(drop=True)
+    df = df.drop(columns=["_order", "_file"]).reset_index(drop=True)
     return _tidy_columns(df, rows)
 
 
@@ -188,7 +207,8 @@ def _tidy_columns(df: pd.DataFrame, rows: list[dict[str, Any]]) -> pd.DataFrame:
         for key, v in row.items():
             if v is None or key in ("record", "source", "started_at"):
                 continue
-            is_int = isinstance(v, int) and not isinstance(v, bool)  # True/False stay boolean
+            # True/False stay boolean; an integer beyond int64 (a metric the gate judges) stays an object
+            is_int = isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63
             kinds[key] = kinds.get(key, True) and is_int
     for c in df.columns:
         if kinds.get(c) and df[c].dtype != "Int64":

@@ -19,6 +19,7 @@ from ditbench.fileio import write_atomic
 from ditbench.report import analysis
 from ditbench.report.blocks import Block, Bullets, Heading, Image, Para, Table, to_html, to_markdown
 from ditbench.report.claim_check import ClaimResult
+from ditbench.report.escape import csv_safe
 from ditbench.report.memory import emulated_cells, memory_metric
 from ditbench.report.plots import PLOT_FILES, PLOT_TITLES, render_plots
 from ditbench.report.quality import QUALITY_FILES, quality_caveat, quality_section
@@ -219,6 +220,11 @@ def results_table(df: pd.DataFrame) -> pd.DataFrame:
 # ------------------------------------------------------------------------------------------ write
 
 
+def report_files() -> list[str]:
+    """Every file name write_report writes or removes in its folder."""
+    return ["report.md", "report.html", "results.csv", *PLOT_FILES.values(), *QUALITY_FILES]
+
+
 def write_report(
     df: pd.DataFrame,
     out_dir: str | Path,
@@ -242,5 +248,6 @@ def write_report(
             stale.unlink()
     written["markdown"] = write_atomic(out_dir / "report.md", to_markdown(blocks))
     written["html"] = write_atomic(out_dir / "report.html", to_html(blocks, heading))
-    written["csv"] = write_atomic(out_dir / "results.csv", results_table(df).to_csv(index=False))
+    # text a spreadsheet would run as a formula (a cell_name starting with `=`) is written as text
+    written["csv"] = write_atomic(out_dir / "results.csv", csv_safe(results_table(df)).to_csv(index=False))
     return written

@@ -75,9 +75,14 @@ def check_args(args) -> None:
         )
     if not str(args.out).endswith(".npz"):
         raise UserError(f"--out {args.out!r} must end in .npz (the ADM batch format).")
-    from ditbench.outpaths import check_file_target
+    from ditbench.outpaths import check_file_target, refuse_output_as_input
 
     check_file_target(args.out, "--out", create_parent=False)  # rank 0 creates the folder later
+    shard_dir, record_path = default_paths(Path(args.out))
+    refuse_output_as_input(  # the npz, its record and its shard folder, against what sampling reads
+        [("--out", args.out), ("--out's record", record_path), ("--out's shard folder", shard_dir)],
+        [("CHECKPOINT", None if args.checkpoint == "random" else args.checkpoint), ("--vae", args.vae)],
+    )
 
 
 def _precision_context(precision: str, device):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
-import shutil
+import os
+import stat
 from pathlib import Path
 
 import numpy as np
 
 from ditbench.errors import UserError
-from ditbench.fileio import write_json_atomic
+from ditbench.fileio import open_nofollow, refuse_link, rmtree_real, write_json_atomic
 from ditbench.pretrained import is_vae_name
 
 
@@ -47,12 +48,19 @@ def file_fingerprint(path: str) -> dict:
 
 
 def prepare_shard_dir(shard_dir: Path, settings: dict, overwrite: bool) -> None:
+    refuse_link(shard_dir, "sample --out")  # shards are written, then deleted: never through a link
     manifest = shard_dir / "manifest.json"
-    if manifest.exists():
-        old = json.loads(manifest.read_text())
+    if os.path.lexists(manifest):
+        old = _read_manifest(manifest)
+        if old is None and not overwrite:
+            raise UserError(
+                f"{manifest} is damaged (not the JSON object of settings a sampling run writes), so the "
+                f"shards in {shard_dir} cannot be matched to these settings. Pass --overwrite to delete "
+                "them and start again, or move the folder away."
+            )
         if old != settings:
             if overwrite:
-                shutil.rmtree(shard_dir)
+                rmtree_real(shard_dir)
             else:
                 diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
                 raise UserError(
@@ -63,6 +71,23 @@ def prepare_shard_dir(shard_dir: Path, settings: dict, overwrite: bool) -> None:
     shard_dir.mkdir(parents=True, exist_ok=True)
     if not manifest.exists():
         write_json_atomic(manifest, settings, indent=1, sort_keys=True)
+
+
+def _read_manifest(manifest: Path) -> dict | None:
+    """The settings a sampling run recorded, or None when the file is not that (damaged, a link, a FIFO)."""
+    try:
+        fd = open_nofollow(manifest, os.O_RDONLY | os.O_NONBLOCK)
+    except (OSError, UserError):
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        data = f.read(1 << 20)
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def merge_shards(shard_dir: Path, n_shards: int, num_samples: int) -> tuple[np.ndarray, np.ndarray]:

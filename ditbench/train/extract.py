@@ -23,9 +23,9 @@ from pathlib import Path
 import numpy as np
 
 from ditbench.errors import UserError, shorten
-from ditbench.fileio import atomic_write, write_json_atomic
+from ditbench.fileio import atomic_write, refuse_link, write_json_atomic
 from ditbench.outlock import OutputLock
-from ditbench.outpaths import check_file_target, ensure_dir
+from ditbench.outpaths import check_file_target, ensure_dir, refuse_output_as_input
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -125,6 +125,10 @@ def extract_latents(
     from ditbench.vae import build_vae
 
     out = check_arguments(out, image_size, batch_size, shard_size, workers, seed)
+    refuse_output_as_input(
+        [("--out", out), ("--out's progress folder", out.with_name(out.name + ".parts"))],
+        [("--vae", vae), ("IMAGES", image_dir)],
+    )
     latent_size(image_size)
     dev = resolve_device(device)  # before anything is written: a bad device leaves no .parts/ behind
     dataset = image_folder(image_dir, image_size, flip=False)
@@ -142,6 +146,7 @@ def extract_latents(
     }
     model, vae_desc = build_vae(vae, dev)  # before .parts/: a VAE that does not load leaves nothing behind
     parts = out.with_name(out.name + ".parts")
+    refuse_link(parts, "extract-latents --out")  # its shards are written and then deleted there
     created = not os.path.lexists(parts)
     if not created and not parts.is_dir():
         raise UserError(

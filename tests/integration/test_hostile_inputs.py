@@ -168,7 +168,7 @@ CASES = {
     "run results.jsonl is a broken link": lambda t: (
         run(t, out_holding(t, "results.jsonl", "dangling")),
         {},
-        ["results.jsonl", "broken link"],
+        ["results.jsonl", "symbolic link"],
     ),
     "run summary.md is a folder": lambda t: (
         run(t, out_holding(t, "summary.md", "dir")),
@@ -467,3 +467,140 @@ def test_extract_with_device_auto_and_no_gpu_encodes_on_the_cpu(tmp_path, capsys
     with np.load(tmp_path / "lat.npz") as f:
         assert f["latents"].shape == (1, 4, 4, 4)
     assert not (tmp_path / "lat.npz.parts").exists()
+
+
+# ------------------------------------------------------------------ links inside an output folder (issue 21)
+
+
+def planted(tmp: Path, where: str, kind: str = "dir") -> Path:
+    """A link at `where` (relative to tmp) to an outside folder holding a file, or to an outside file
+    whose last line is torn (what results.jsonl's tail repair would truncate)."""
+    target = tmp / "outside"
+    if kind == "dir":
+        target.mkdir()
+        (target / "precious.txt").write_text("keep me")
+    else:
+        target.write_bytes(b'{"keep": 1}\n{"torn')
+    link = tmp / where
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(target, target_is_directory=kind == "dir")
+    return link
+
+
+LINK_CASES = {
+    "run: out/.inflight links to a folder (issue example)": lambda t: (
+        planted(t, "out/.inflight"),
+        run(t, t / "out"),
+    ),
+    "run: out/results.jsonl links to a file": lambda t: (
+        planted(t, "out/results.jsonl", "file"),
+        run(t, t / "out"),
+    ),
+    "run: out/.ditbench.lock links to a file": lambda t: (
+        planted(t, "out/.ditbench.lock", "file"),
+        run(t, t / "out"),
+    ),
+    "run: out/.ditbench.lock.held links to a file": lambda t: (
+        planted(t, "out/.ditbench.lock.held", "file"),
+        run(t, t / "out"),
+    ),
+    "run: out/logs links to a folder": lambda t: (planted(t, "out/logs"), run(t, t / "out")),
+    "run: a cell log in out/logs links to a file": lambda t: (
+        planted(t, "out/logs/x.log", "file"),
+        run(t, t / "out"),
+    ),
+    "run: out/summary.md links to a file": lambda t: (
+        planted(t, "out/summary.md", "file"),
+        run(t, t / "out"),
+    ),
+    "run: out/.jobs links to a folder": lambda t: (planted(t, "out/.jobs"), run(t, t / "out")),
+    "run --dry-run: out/.inflight links to a folder": lambda t: (
+        planted(t, "out/.inflight"),
+        run(t, t / "out", "--dry-run"),
+    ),
+    "extract-latents: OUT.parts links to a folder": lambda t: (planted(t, "lat.npz.parts"), extract(t)),
+    "sample: OUT.shards links to a folder": lambda t: (planted(t, "s.npz.shards"), sample(t)),
+}
+
+
+def contents(folder: Path) -> dict[str, bytes | str]:
+    """Every entry under `folder` (links not followed) with its bytes, or where a link points."""
+    out: dict[str, bytes | str] = {}
+    for path in sorted(folder.rglob("*")):
+        if path.name == ".ditbench.lock" and not path.is_symlink():
+            continue
+        key = str(path.relative_to(folder))
+        out[key] = (
+            f"-> {os.readlink(path)}" if path.is_symlink() else path.read_bytes() if path.is_file() else "dir"
+        )
+    return out
+
+
+@pytest.mark.parametrize("case", list(LINK_CASES))
+def test_a_link_where_ditbench_keeps_its_files_is_refused_and_nothing_is_touched(case, tmp_path, capsys):
+    link, argv = LINK_CASES[case](tmp_path)
+    images_ok = contents(tmp_path)
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, f"{case}: exit {code}\n{err}"
+    assert "Traceback" not in err
+    flat = " ".join(err.split())
+    assert "symbolic link" in flat and link.name in flat, flat
+    assert contents(tmp_path) == images_ok  # the link's target is whole, nothing was created through it
+
+
+# ------------------------------------------------------------------ an output that is an input (issue 21)
+
+
+def _results_named(path: Path) -> Path:
+    from synthetic_records import make_record, write_jsonl
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_jsonl(path, [make_record("DiT-S/8", "fp32", "none", 8)])
+    return path
+
+
+OUTPUT_IS_INPUT = {
+    "run: the suite file is where --out keeps summary.md": lambda t: (
+        (t / "out").mkdir() or (t / "out" / "summary.md").write_text(suite(t).read_text()) and None,
+        ["run", str(t / "out" / "summary.md"), "--out", str(t / "out"), "--no-progress"],
+        t / "out" / "summary.md",
+    ),
+    "train: --save is the --data file": lambda t: (
+        a_file(t, "lat.npz"),
+        train("--data", str(t / "lat.npz"), "--save", str(t / "lat.npz")),
+        t / "lat.npz",
+    ),
+    "sample: the record next to --out is the checkpoint": lambda t: (
+        a_file(t, "s.json"),
+        sample(t, checkpoint=str(t / "s.json")),
+        t / "s.json",
+    ),
+    "extract-latents: --out is the --vae file": lambda t: (
+        a_file(t, "lat.npz"),
+        [x if x != "random" else str(t / "lat.npz") for x in extract(t)],
+        t / "lat.npz",
+    ),
+    "report: --out's results.csv is the results file": lambda t: (
+        _results_named(t / "rep" / "results.csv"),
+        ["report", str(t / "rep" / "results.csv"), "--out", str(t / "rep")],
+        t / "rep" / "results.csv",
+    ),
+    "report: --claims is --out's report.md": lambda t: (
+        _results_named(t / "results.jsonl") and a_file(t, "report.md", b"claims: []\n"),
+        ["report", str(t / "results.jsonl"), "--out", str(t), "--claims", str(t / "report.md")],
+        t / "report.md",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(OUTPUT_IS_INPUT))
+def test_an_output_that_is_an_input_is_refused_before_any_work(case, tmp_path, capsys):
+    _, argv, victim = OUTPUT_IS_INPUT[case](tmp_path)
+    before = victim.read_bytes()
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, f"{case}: exit {code}\n{err}"
+    flat = " ".join(err.split())
+    assert "Traceback" not in err and "would replace what this command reads" in flat, flat
+    assert victim.read_bytes() == before

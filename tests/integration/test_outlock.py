@@ -108,3 +108,45 @@ def test_without_flock_a_reused_pid_is_stale_and_another_hosts_holder_is_not(tmp
     with pytest.raises(UserError) as err:
         OutputLock(tmp_path).acquire()
     assert "PID 4242 on host node-elsewhere" in str(err.value) and "delete" in str(err.value)
+
+
+# ---------------------------------------------------------------- links and non-files as the lock (issue 21)
+
+
+def test_a_link_planted_as_the_lock_file_is_refused_and_its_target_untouched(tmp_path):
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_NAME).symlink_to(outside)
+    with pytest.raises(UserError, match="symbolic link"):
+        OutputLock(out).acquire()
+    assert outside.read_text() == "keep me"  # not truncated, not overwritten with a holder record
+
+
+def test_a_dangling_link_as_the_lock_file_creates_nothing_at_its_target(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / LOCK_NAME).symlink_to(tmp_path / "created-elsewhere")
+    with pytest.raises(UserError, match="symbolic link"):
+        OutputLock(out).acquire()
+    assert not (tmp_path / "created-elsewhere").exists()
+
+
+def test_a_fifo_as_the_lock_file_is_refused_without_blocking(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    os.mkfifo(out / LOCK_NAME)
+    with pytest.raises(UserError, match="not a regular file"):
+        OutputLock(out).acquire()
+
+
+def test_without_flock_a_link_planted_as_the_held_record_is_refused(tmp_path, no_flock):
+    outside = tmp_path / "precious.txt"
+    outside.write_text("keep me")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / HELD_NAME).symlink_to(outside)
+    with pytest.raises(UserError, match="symbolic link"):
+        OutputLock(out).acquire()
+    assert outside.read_text() == "keep me"

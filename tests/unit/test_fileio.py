@@ -35,3 +35,37 @@ def test_a_replaced_file_keeps_its_permissions_and_no_temp_file_is_left(tmp_path
     write_atomic(path, "new")
     assert path.read_text() == "new" and _mode(path) == 0o604
     assert [p.name for p in tmp_path.iterdir()] == ["report.html"]
+
+
+# ---------------------------------------------------------------- link-safe primitives (issue 21)
+
+
+def test_rmtree_real_unlinks_a_link_and_leaves_its_target(tmp_path):
+    from ditbench.fileio import rmtree_real
+
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    (tmp_path / "link").symlink_to(target)
+    rmtree_real(tmp_path / "link")
+    assert not os.path.lexists(tmp_path / "link") and (target / "keep").read_text() == "x"
+
+
+def test_open_log_refuses_a_link_and_truncates_nothing(tmp_path):
+    from ditbench.errors import UserError
+    from ditbench.fileio import open_log
+
+    target = tmp_path / "target.txt"
+    target.write_text("keep me")
+    (tmp_path / "cell.log").symlink_to(target)
+    with pytest.raises(UserError, match="symbolic link"):
+        open_log(tmp_path / "cell.log")
+    assert target.read_text() == "keep me"
+
+
+def test_an_atomic_write_replaces_a_link_instead_of_writing_through_it(tmp_path):
+    target = tmp_path / "target.txt"
+    target.write_text("keep me")
+    (tmp_path / "report.md").symlink_to(target)
+    write_atomic(tmp_path / "report.md", "new")
+    assert target.read_text() == "keep me" and not (tmp_path / "report.md").is_symlink()

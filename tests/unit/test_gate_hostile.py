@@ -9,6 +9,7 @@ import json
 
 import pytest
 from synthetic_records import CPU_ENV, make_record, write_jsonl
+from synthetic_records import cell_id as cell_id_of
 
 from ditbench.cli import main
 
@@ -344,7 +345,7 @@ def test_summary_targets_that_cannot_be_written(tmp_path, capsys, monkeypatch):
     assert_clean_error(2, capsys.readouterr().err, "cannot write the summary to --summary")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path))
     assert main(["compare", str(b), str(n)]) == 2
-    assert_clean_error(2, capsys.readouterr().err, "cannot write the summary to $GITHUB_STEP_SUMMARY")
+    assert_clean_error(2, capsys.readouterr().err, "$GITHUB_STEP_SUMMARY", "is a folder")  # before any work
 
 
 def test_a_run_directory_is_named_by_its_results_file(tmp_path, capsys, monkeypatch):
@@ -358,3 +359,161 @@ def test_a_run_directory_is_named_by_its_results_file(tmp_path, capsys, monkeypa
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     assert main(["compare", str(b), str(run_dir)]) == 2
     assert_clean_error(2, capsys.readouterr().err, f"NEW {run_dir / 'results.jsonl'} line 1")
+
+
+# ------------------------------------------------------------------ an output that is an input (issue 21)
+
+
+def test_a_summary_that_is_the_baseline_is_refused_and_the_baseline_kept(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    code, _, err, b, _ = compare(
+        tmp_path, capsys, monkeypatch, base, new, "--summary", str(tmp_path / "base.jsonl")
+    )
+    assert_clean_error(code, err, "--summary", "base.jsonl", "replace")
+    assert [json.loads(line)["cell_id"] for line in b.read_text().splitlines()] == [
+        r["cell_id"] for r in base
+    ]
+
+
+def test_a_summary_that_is_the_new_runs_results_through_a_link_is_refused(tmp_path, capsys, monkeypatch):
+    (tmp_path / "alias.md").symlink_to(tmp_path / "new.jsonl")
+    base, new = pair()
+    code, _, err, _, n = compare(
+        tmp_path, capsys, monkeypatch, base, new, "--summary", str(tmp_path / "alias.md")
+    )
+    assert_clean_error(code, err, "--summary", "new.jsonl")
+    assert len(n.read_text().splitlines()) == 2
+
+
+def test_a_summary_that_is_a_hard_link_of_the_policy_is_refused(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    (tmp_path / "policy.yaml").write_text("alpha: 0.01\n")
+    import os
+
+    os.link(tmp_path / "policy.yaml", tmp_path / "pr-comment.md")
+    code, _, err, _, _ = compare(
+        tmp_path,
+        capsys,
+        monkeypatch,
+        base,
+        new,
+        "--summary",
+        str(tmp_path / "pr-comment.md"),
+        policy="alpha: 0.01\n",
+    )
+    assert_clean_error(code, err, "--summary", "policy.yaml")
+    assert (tmp_path / "policy.yaml").read_text() == "alpha: 0.01\n"
+
+
+def test_a_step_summary_that_is_the_baseline_is_refused(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    b, n = tmp_path / "base.jsonl", tmp_path / "new.jsonl"
+    write_jsonl(b, base)
+    write_jsonl(n, new)
+    before = b.read_bytes()
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(b))
+    code = main(["compare", str(b), str(n)])
+    assert_clean_error(code, capsys.readouterr().err, "$GITHUB_STEP_SUMMARY", "BASE")
+    assert b.read_bytes() == before
+
+
+def test_a_step_summary_that_is_a_fifo_is_refused_at_once(tmp_path, capsys, monkeypatch):
+    import os
+
+    base, new = pair()
+    b, n = tmp_path / "base.jsonl", tmp_path / "new.jsonl"
+    write_jsonl(b, base)
+    write_jsonl(n, new)
+    os.mkfifo(tmp_path / "fifo")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path / "fifo"))
+    code = main(["compare", str(b), str(n)])  # opening a FIFO nobody reads would block forever
+    assert_clean_error(code, capsys.readouterr().err, "$GITHUB_STEP_SUMMARY", "FIFO")
+
+
+def test_a_step_summary_that_is_dev_null_is_accepted(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    b, n = tmp_path / "base.jsonl", tmp_path / "new.jsonl"
+    write_jsonl(b, base)
+    write_jsonl(n, new)
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", "/dev/null")
+    assert main(["compare", str(b), str(n)]) == 0
+
+
+# ------------------------------------------------------------- a record that contradicts itself (issue 21)
+
+
+def test_a_halved_rate_with_unchanged_samples_is_refused_not_passed(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    new[0]["metrics"]["images_per_s"] /= 2  # the issue's forge: the samples still say the old speed
+    new[0]["metrics"]["steps_per_s"] /= 2
+    code, _, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, new)
+    assert_clean_error(code, err, "new.jsonl line 1", "metrics.images_per_s", "per-step samples")
+
+
+def test_a_rate_that_disagrees_with_steps_per_s_is_refused(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    new[1]["metrics"]["images_per_s"] *= 1.5
+    code, _, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, new)
+    assert_clean_error(code, err, "new.jsonl line 2", "metrics.images_per_s", "steps_per_s")
+
+
+def test_records_dated_in_the_future_cannot_shadow_the_real_ones(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    slow = [cell(130.0, seed=2), cell(230.0, seed=2, batch_size=16)]  # 3x slower: a real regression
+    forged = copy.deepcopy(base)
+    for r in forged:
+        r["started_at"] = "2999-01-01T00:00:00Z"
+    code, _, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, forged + slow)
+    assert_clean_error(code, err, "new.jsonl line 1", "started_at", "2999-01-01", "in the future")
+
+
+def test_within_a_file_the_last_record_of_a_cell_wins_as_in_the_runner(tmp_path, capsys, monkeypatch):
+    base, _ = pair()
+    early = copy.deepcopy(base)  # fast copies, dated later than the real records after them
+    for r in early:
+        r["started_at"] = "2026-11-29T13:00:00Z"
+    slow = [cell(130.0, seed=2), cell(230.0, seed=2, batch_size=16)]
+    code, out, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, early + slow)
+    assert code == 1, err  # the slow records, appended last, are the run's latest: a regression
+
+
+def test_a_record_keeping_another_cells_id_with_another_config_is_refused(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    new[0]["config"]["batch_size"] = 4  # keeps BASE's cell_id
+    code, _, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, new)
+    assert_clean_error(code, err, "new.jsonl line 1", "cell_id", "not the id of the record's config")
+
+
+def test_a_record_whose_config_changed_model_under_the_same_id_is_refused(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    new[1]["config"]["model"] = "DiT-XL/2"
+    code, _, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, new)
+    assert_clean_error(code, err, "new.jsonl line 2", "cell_id")
+
+
+# ------------------------------------------------------------- numbers pandas cannot hold (issue 21)
+
+HOLDABLE_CASES = {
+    "an integer >= 2**63 in config": (_set("config.seed", 2**63), "config.seed", "64-bit"),
+    "an integer >= 2**63 in env": (_set("env.cpu_count", 2**70), "env.cpu_count", "64-bit"),
+    "a list where a knob's text belongs": (
+        _set("config.precision", ["fp32", "bf16"]),
+        "config.precision",
+        "one value",
+    ),
+    "an object where a knob's text belongs": (
+        _set("config.attention", {"a": 1}),
+        "config.attention",
+        "one value",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOLDABLE_CASES))
+def test_a_value_pandas_cannot_hold_is_an_input_error(tmp_path, capsys, monkeypatch, case):
+    edit, *needles = HOLDABLE_CASES[case]
+    base, new = pair()
+    edit(new[0])
+    new[0]["cell_id"] = cell_id_of(new[0]["config"])  # the id agrees: only the value is at fault
+    code, _, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, new)
+    assert_clean_error(code, err, "new.jsonl line 1", *needles)

@@ -1,6 +1,7 @@
 """In-flight results: appended once, adopted after a kill at any moment, never twice; old temp dirs swept."""
 
 import json
+import os
 
 import pytest
 
@@ -116,3 +117,45 @@ def test_ticket_keys_name_the_cell_and_the_run(tmp_path):
     assert json.loads(ticket.ticket_path.read_text())["started_unix"] > 0
     with pytest.raises(ValueError, match="config"):
         inflight.open_ticket(tmp_path, {k: v for k, v in context().items() if k != "config"})
+
+
+# ------------------------------------------------------------------- links in .inflight (issue 21)
+
+
+def test_adopt_refuses_a_linked_folder_and_empties_nothing(tmp_path):
+    from ditbench.errors import UserError
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.txt").write_text("keep me")
+    (outside / "x.ticket.json").write_text("{}")  # would be read as an unreadable ticket and removed
+    link = tmp_path / "out" / inflight.INFLIGHT_DIR
+    link.parent.mkdir()
+    link.symlink_to(outside)
+    with pytest.raises(UserError, match="symbolic link"):
+        inflight.adopt(tmp_path / "out" / "results.jsonl", link, "run")
+    assert sorted(p.name for p in outside.iterdir()) == ["precious.txt", "x.ticket.json"]
+
+
+def test_open_ticket_refuses_a_linked_folder(tmp_path):
+    from ditbench.errors import UserError
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    link = tmp_path / inflight.INFLIGHT_DIR
+    link.symlink_to(outside)
+    with pytest.raises(UserError, match="symbolic link"):
+        inflight.open_ticket(link, context())
+    assert list(outside.iterdir()) == []
+
+
+def test_a_ticket_removes_a_link_among_its_files_but_not_what_it_names(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "precious.txt").write_text("keep me")
+    folder = tmp_path / inflight.INFLIGHT_DIR
+    ticket = inflight.open_ticket(folder, context())
+    (folder / f"{ticket.key}.result.ranks").symlink_to(outside)
+    ticket.remove()
+    assert not os.path.lexists(folder / f"{ticket.key}.result.ranks")
+    assert (outside / "precious.txt").read_text() == "keep me"

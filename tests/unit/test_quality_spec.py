@@ -164,3 +164,13 @@ def test_decoders_follow_the_data():
         defaults={"model": "DiT-T/2", "data": {"images": "d", "vae": "ema"}},
     )
     assert s.cells[0].spec.quality.decoder(s.cells[0].spec.knobs) == "ema"
+
+
+def test_a_quality_schedule_of_too_many_evaluations_is_refused_before_it_is_built():
+    from ditbench.bench.expansion import MAX_EVALUATIONS
+
+    steps = list(range(0, 200 * 10, 10))  # 200 steps x 64 seeds = 12,800 evaluations of each cell
+    with pytest.raises(UserError, match=r"200 steps x 64 seeds is 12,800 evaluations.*cap of 10,000"):
+        suite({"reference": "r.npz", "cells": "all", "samples": 10, "at": steps, "seeds": 64})
+    assert MAX_EVALUATIONS == 10_000
+    assert suite({"reference": "r.npz", "cells": "all", "samples": 10, "at": steps[:150], "seeds": 64})

@@ -262,3 +262,26 @@ def test_a_resume_file_full_of_garbage_still_gives_records_and_a_summary(tmp_pat
     with pytest.warns(UserWarning):
         ids = [r["cell_id"] for r in read_records(out / "results.jsonl")]
     assert ids == ["not-in-this-suite", first.cell_id, second.cell_id]  # the unterminated record survived
+
+
+# ------------------------------------------------------------------- a link as results.jsonl (issue 21)
+
+
+def test_append_refuses_a_link_and_leaves_its_torn_target_whole(tmp_path):
+    from ditbench.errors import UserError
+
+    outside = tmp_path / "outside.jsonl"
+    outside.write_bytes(b'{"keep": 1}\n{"torn')  # the tail repair would cut this line
+    (tmp_path / "results.jsonl").symlink_to(outside)
+    with pytest.raises(UserError, match="symbolic link"):
+        append_record(tmp_path / "results.jsonl", make_record())
+    assert outside.read_bytes() == b'{"keep": 1}\n{"torn'
+
+
+def test_append_refuses_a_dangling_link_and_creates_nothing_at_its_target(tmp_path):
+    from ditbench.errors import UserError
+
+    (tmp_path / "results.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
+    with pytest.raises(UserError, match="symbolic link"):
+        append_record(tmp_path / "results.jsonl", make_record())
+    assert not (tmp_path / "elsewhere.jsonl").exists()

@@ -427,3 +427,120 @@ def test_single_gpu_reports_have_no_scaling_column(tmp_path):
     df = frame(tmp_path, [make_record("DiT-B/4", "bf16", "none", 32, images_per_s=1000.0, peak_alloc=10.0)])
     write_report(df, tmp_path / "r")
     assert "scaling efficiency" not in (tmp_path / "r" / "report.md").read_text()
+
+
+# ------------------------------------------------------- injection into what people open (issue 21)
+
+
+def _named(name: str, reason: str | None = None, **kw):
+    record = make_record("DiT-S/8", **kw)
+    record["cell_name"] = name
+    if reason is not None:
+        record.update(status="error", reason=reason, metrics=None)
+    return record
+
+
+def test_report_md_escapes_a_title_and_names_and_the_csv_writes_no_formula(tmp_path):
+    import csv
+
+    from ditbench.report.blocks import to_markdown
+    from ditbench.report.render import build_report
+
+    records = [
+        _named('=HYPERLINK("http://x","click")'),
+        _named("+cmd|' /C calc'!A0", batch_size=16),
+        _named("@SUM(1+1)", reason="-2+3 <script>alert(1)</script>", batch_size=32),
+    ]
+    df = frame(tmp_path, records)
+    title = "<img src=x onerror=alert(1)>\n# injected [link](javascript:alert(1))"
+    write_report(df, tmp_path / "r", title=title)
+    md = (tmp_path / "r" / "report.md").read_text()
+    assert "<img" not in md and "<script" not in md and "\n# injected" not in md
+    assert "](javascript:" not in md.replace("\\[link](javascript:", "")  # a link needs an unescaped [
+    assert md.splitlines()[0].startswith("# &lt;img src=x onerror=alert(1)> # injected \\[link]")
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "r" / "results.csv").read_text())))
+    names = {r["cell_name"] for r in rows}
+    assert names == {'\'=HYPERLINK("http://x","click")', "'+cmd|' /C calc'!A0", "'@SUM(1+1)"}
+    assert {r["reason"] for r in rows} >= {"'-2+3 <script>alert(1)</script>"}
+    assert all(not v.startswith(("=", "+", "-", "@")) for r in rows for v in r.values() if v)
+    blocks, _ = build_report(df, title)
+    assert "<script" not in to_markdown(blocks)
+
+
+def test_the_gate_summary_and_the_run_summary_escape_names(tmp_path, capsys, monkeypatch):
+    from types import SimpleNamespace
+
+    from ditbench.bench.summary import write_summary
+    from ditbench.cli import main
+
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    base = [_named("<b onmouseover=alert(1)>x</b> [a](http://e) | forged col")]
+    write_jsonl(tmp_path / "b.jsonl", base)
+    write_jsonl(tmp_path / "n.jsonl", base)
+    main(
+        ["compare", str(tmp_path / "b.jsonl"), str(tmp_path / "n.jsonl"), "--summary", str(tmp_path / "s.md")]
+    )
+    gate_md = (tmp_path / "s.md").read_text()
+    assert "<b " not in gate_md and "\\[a](http" in gate_md and "\\| forged" in gate_md
+    suite = SimpleNamespace(name="s", description="<iframe src=//evil>\n# pwned", overrides={})
+    write_summary(tmp_path / "summary.md", suite, base)
+    run_md = (tmp_path / "summary.md").read_text()
+    assert "<iframe" not in run_md and "<b " not in run_md and "\n# pwned" not in run_md
+
+
+# ------------------------------------------------------- numbers pandas and matplotlib cannot hold (issue 21)
+
+
+def _report_exit(tmp_path, capsys, text: str, *extra: str) -> tuple[int, str]:
+    from ditbench.cli import main
+
+    (tmp_path / "r.jsonl").write_text(text)
+    code = main(["report", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "o"), *extra])
+    return code, " ".join(capsys.readouterr().err.split())
+
+
+def test_infinity_in_a_memory_field_is_an_input_error_not_a_traceback(tmp_path, capsys):
+    line = json.dumps(make_record("DiT-S/8")).replace(
+        '"peak_mem_reserved_gib": ', '"peak_mem_reserved_gib": 1e999, "x": '
+    )
+    code, err = _report_exit(tmp_path, capsys, line.replace("1e999", "Infinity") + "\n")
+    assert (
+        code == 2 and "line 1, field metrics.peak_mem_reserved_gib: is inf" in err and "Traceback" not in err
+    )
+
+
+@pytest.mark.parametrize(
+    "field, value, needle",
+    [
+        ("params", 2**63, "metrics.params: is an integer of 19 digits"),
+        ("cpu_peak_rss_gib", -(2**80), "metrics.cpu_peak_rss_gib"),
+    ],
+)
+def test_integers_beyond_64_bits_are_input_errors(tmp_path, capsys, field, value, needle):
+    record = make_record("DiT-S/8")
+    record["metrics"][field] = value
+    code, err = _report_exit(tmp_path, capsys, json.dumps(record) + "\n")
+    assert code == 2 and needle in err and "Traceback" not in err
+
+
+def test_a_list_where_a_knobs_text_belongs_is_an_input_error(tmp_path, capsys):
+    from synthetic_records import cell_id
+
+    record = make_record("DiT-S/8")
+    record["config"]["precision"] = ["fp32", "bf16"]
+    record["cell_id"] = cell_id(record["config"])
+    code, err = _report_exit(tmp_path, capsys, json.dumps(record) + "\n")
+    assert code == 2 and "field config.precision" in err and "one value" in err
+
+
+@pytest.mark.parametrize("value", ["9" * 400, "-" + "9" * 30])
+def test_a_claim_value_of_hundreds_of_digits_is_an_input_error(tmp_path, capsys, value):
+    claims = tmp_path / "c.yaml"
+    claims.write_text(
+        'claims:\n  - says: "x"\n    cell: {model: DiT-S/8}\n    metric: peak_memory_gib\n'
+        f"    value: {value}\n    tolerance_pct: 25\n"
+    )
+    code, err = _report_exit(
+        tmp_path, capsys, json.dumps(make_record("DiT-S/8")) + "\n", "--claims", str(claims)
+    )
+    assert code == 2 and "value" in err and "Traceback" not in err

@@ -136,3 +136,58 @@ def test_overrides_are_recorded_in_each_record_and_the_summary(capsys, tmp_path)
     assert records[0]["config"]["precision"] == "fp16"
     summary = (out / "summary.md").read_text()
     assert 'Overrides given on the command line: `model="DiT-T/4"`' in summary
+
+
+# ------------------------------------------------------------ unbounded expansion (issue 21), counted first
+
+
+def _huge_suite(tmp_path) -> Path:
+    """A few kilobytes whose matrix multiplies to 4x10^9 cells (the issue's example)."""
+    path = tmp_path / "huge.yaml"
+    seeds = ",".join(str(i) for i in range(1000))
+    batches = ",".join(str(i) for i in range(1, 1001))
+    accum = ",".join(str(i) for i in range(1, 4001))
+    path.write_text(
+        "name: huge\ndevice: cpu\ndefaults: {model: DiT-T/8, image_size: 64}\n"
+        f"matrix: {{seed: [{seeds}], batch_size: [{batches}], grad_accum: [{accum}]}}\n"
+    )
+    return path
+
+
+def test_a_matrix_of_4e9_cells_is_refused_with_its_count_before_expanding(tmp_path, capsys):
+    code = main(["run", str(_huge_suite(tmp_path)), "--dry-run", "--out", str(tmp_path / "o")])
+    text = err_text(capsys)
+    assert code == 2 and "Traceback" not in text
+    assert "4,000,000,000 cells" in text and "seed 1,000 x batch_size 1,000 x grad_accum 4,000" in text
+    assert "--max-cells" in text and "huge.yaml" in text
+
+
+def test_overrides_that_multiply_to_a_million_cells_are_refused(tmp_path, capsys):
+    seeds = "[" + ",".join(str(i) for i in range(1000)) + "]"
+    batches = "[" + ",".join(str(i) for i in range(1, 1001)) + "]"
+    code = main(
+        ["run", "cpu_smoke", f"seed={seeds}", f"batch_size={batches}", "--dry-run", "--out", str(tmp_path)]
+    )
+    text = err_text(capsys)
+    assert code == 2 and "cells" in text and "above the cap of 10,000" in text
+    assert "seed 1,000" in text and "batch_size 1,000" in text
+
+
+def test_includes_count_towards_the_cap_and_the_cap_is_raisable(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "name: s\ndevice: cpu\ndefaults: {model: DiT-T/8, image_size: 64}\n"
+        "matrix: {batch_size: [1, 2, 3, 4, 5]}\ninclude: [{batch_size: 6}, {batch_size: 7}]\n"
+    )
+    with pytest.raises(UserError, match=r"7 cells \(batch_size 5 \+ 2 include\), above the cap of 6"):
+        load_suite(path, max_cells=6)
+    assert len(load_suite(path, max_cells=7).cells) == 7
+    with pytest.raises(UserError, match="--max-cells must be a positive integer"):
+        load_suite(path, max_cells=0)
+
+
+def test_a_plan_grid_is_counted_before_it_is_traced(tmp_path, capsys):
+    batches = ",".join(str(i) for i in range(1, 3001))
+    code = main(["plan", "--card", "RTX 4090", "--batches", batches, "--no-cache", "--max-cells", "5000"])
+    text = err_text(capsys)
+    assert code == 2 and "the plan grid expands to" in text and "batches 3,000" in text, text

@@ -27,6 +27,7 @@ from ditbench.bench.launch import procs
 from ditbench.bench.launch.files import read_spec, write_result, write_spec
 from ditbench.cellspec import CellSpec
 from ditbench.errors import UserError
+from ditbench.fileio import open_log
 
 MODULE = "ditbench.bench.launch.process"
 TORCHRUN_MODULE = "ditbench.bench.launch.torchrun"
@@ -59,7 +60,7 @@ def run_isolated(
     write_spec(spec_path, spec, **about, timeout_s=timeout_s)
     module = TORCHRUN_MODULE if spec.world_size > 1 else MODULE
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "w") as log:
+    with open_log(log_path) as log:  # O_NOFOLLOW: a link planted in logs/ is refused, not truncated
         proc = subprocess.Popen(
             [sys.executable, "-m", module, str(spec_path), str(result_path)],
             stdout=log,

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from ditbench.bench.launch import procs
 from ditbench.bench.launch.files import read_report, read_spec, write_result
-from ditbench.fileio import write_json_atomic
+from ditbench.fileio import open_log, write_atomic, write_json_atomic
 
 RANK_MODULE = "ditbench.bench.launch.rank"
 POLL_S = 0.2
@@ -137,7 +137,7 @@ def _rank_task(spec, spec_path: str, result: Path, log_path: Path, timeout_s: fl
     report_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     timed_out, timed_out_at, failed_peer_at = False, None, None
-    with open(report_dir / f"task{rank}.log", "ab") as log:
+    with open_log(report_dir / f"task{rank}.log", append=True) as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", RANK_MODULE, spec_path, str(report_dir)],
             stdout=log,
@@ -220,4 +220,5 @@ def _write_cell_result(spec, result, log_path, report_dir, timeout_s, start, dea
     rdzv = Rendezvous(nnodes=spec.knobs.nodes, node_rank=0)
     write_result(result, result_of_launch(launched, spec, timeout_s, rdzv))
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    log_path.write_text(logs)  # every rank's output in the cell's log, as the local runner keeps it
+    # every rank's output in the cell's log, as the local runner keeps it; atomic: replaces a link
+    write_atomic(log_path, logs)

@@ -34,6 +34,7 @@ from ditbench.bench.launch.aggregate import aggregate
 from ditbench.bench.launch.files import read_report, read_spec, write_result
 from ditbench.bench.launch.rendezvous import Rendezvous, add_rendezvous_arguments, rendezvous_from_args
 from ditbench.errors import UserError
+from ditbench.fileio import open_log
 
 RANK_MODULE = "ditbench.bench.launch.rank"
 GRACE_S = 10.0  # between SIGTERM and SIGKILL when a cell's processes are stopped
@@ -145,7 +146,7 @@ def launch(
     log_path = report_dir / "torchrun.log"
     seen: dict[int, psutil.Process] = {}
     start = time.monotonic()
-    with open(log_path, "ab") as log:
+    with open_log(log_path, append=True) as log:
         # torchrun stays in our process group, so whoever kills our group (the runner on its own
         # timeout) kills torchrun too; torchrun puts each worker in a session of its own, and the
         # workers exit when their parent goes (procs.watch_parent).

@@ -16,7 +16,8 @@ import textwrap
 from pathlib import Path
 
 from ditbench.errors import UserError, shorten
-from ditbench.fileio import write_atomic
+from ditbench.fileio import append_text, write_atomic
+from ditbench.outpaths import check_step_summary, refuse_output_as_input
 from ditbench.report.gate.decide import compare_files
 from ditbench.report.gate.inputs import GateRefusal
 from ditbench.report.gate.metrics import default_thresholds, limits, table
@@ -97,8 +98,7 @@ def _publish(text: str, summary: str | None) -> None:
             write_atomic(summary, text)
         where = "$GITHUB_STEP_SUMMARY"
         if step_summary:  # other steps write there too: append, never replace
-            with open(step_summary, "a", encoding="utf-8") as f:
-                f.write(text + "\n")
+            append_text(step_summary, text + "\n")
     except OSError as err:
         target = summary if where == "--summary" else step_summary
         raise UserError(
@@ -108,6 +108,11 @@ def _publish(text: str, summary: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    inputs = [("BASE", args.base), ("NEW", args.new), ("--policy", args.policy)]
+    refuse_output_as_input(
+        [("--summary", args.summary), ("$GITHUB_STEP_SUMMARY", os.environ.get("GITHUB_STEP_SUMMARY"))], inputs
+    )
+    check_step_summary(os.environ.get("GITHUB_STEP_SUMMARY"))
     policy = load_policy(args.policy)
     try:
         result = compare_files(args.base, args.new, policy, args.allow_env_mismatch)

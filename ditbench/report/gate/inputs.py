@@ -51,7 +51,7 @@ def load_run(path: str | Path) -> pd.DataFrame:
     p = Path(path)
     if p.is_dir() and (p / "results.jsonl").is_file():
         p = p / "results.jsonl"
-    return load_results(p)
+    return load_results(p, judge_metrics=True)  # the gate names each unusable metric by cell
 
 
 # ------------------------------------------------------------------------------------------ values

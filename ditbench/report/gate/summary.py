@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ditbench.report.escape import md_cell
 from ditbench.report.gate.metrics import limit, limits, table
 from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
 
@@ -36,7 +37,7 @@ def _change(d: MetricDelta) -> str:
 
 
 def _md(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    return md_cell(text)  # no HTML, no link, no new row or block
 
 
 def _label(d: MetricDelta) -> str:

@@ -1,0 +1,54 @@
+"""Every expansion counted before it is made: a suite's matrix, a plan grid, a quality schedule.
+
+A 700-byte suite can name a matrix of 4x10^9 cells; expanding it first and counting after would
+take the machine's memory and print nothing. Each expansion is counted from its factors (a product
+of list lengths, no list built) and refused above a cap, with the count and its factors in the
+message. The cap is a documented default, raised with a flag (`ditbench run --max-cells N`,
+`ditbench plan --max-cells N`) by someone who means it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+from ditbench.errors import UserError
+
+DEFAULT_MAX_CELLS = 10_000  # the shipped suites have at most a few dozen cells; 10,000 is days of GPU time
+MAX_EVALUATIONS = 10_000  # quality evaluations (steps x seeds) of one cell
+
+
+def matrix_count(axes: Mapping[str, Sequence], n_include: int = 0) -> int:
+    """Cells of `axes` x ... (before excludes, which can only remove) plus the includes."""
+    return math.prod(len(values) for values in axes.values()) + n_include
+
+
+def factors(axes: Mapping[str, Sequence], n_include: int = 0) -> str:
+    """'model 4 x batch_size 1,000 + 2 include' for a message."""
+    text = " x ".join(f"{name} {len(values):,}" for name, values in axes.items()) or "1"
+    return text + (f" + {n_include:,} include" if n_include else "")
+
+
+def resolve_cap(cap: int | None) -> int:
+    if cap is None:
+        return DEFAULT_MAX_CELLS
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        raise UserError(f"--max-cells must be a positive integer, got {cap!r}.")
+    return cap
+
+
+def over_cap(count: int, cap: int | None, what: str, detail: str, flag: str = "--max-cells") -> str | None:
+    """The refusal when `count` exceeds the cap, else None (the caller raises it naming its file)."""
+    limit = resolve_cap(cap)
+    if count <= limit:
+        return None
+    return (
+        f"{what} expands to {count:,} cells ({detail}), above the cap of {limit:,}; nothing was expanded "
+        f"or run. Narrow it, or raise the cap with {flag} {count} if you mean to run them all."
+    )
+
+
+def check_count(count: int, cap: int | None, what: str, detail: str, flag: str = "--max-cells") -> None:
+    problem = over_cap(count, cap, what, detail, flag)
+    if problem:
+        raise UserError(problem)
