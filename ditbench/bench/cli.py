@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run larger batches even after a smaller batch of the same series ran out of memory",
     )
-    from ditbench.bench.expansion import DEFAULT_MAX_CELLS
+    from ditbench.expansion import DEFAULT_MAX_CELLS
 
     parser.add_argument(
         "--max-cells",

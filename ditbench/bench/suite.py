@@ -19,7 +19,6 @@ from typing import Any
 
 from ditbench.bench.cellid import cell_id
 from ditbench.bench.cluster import ClusterOptions, parse_cluster
-from ditbench.bench.expansion import factors, matrix_count, over_cap
 from ditbench.bench.plan_option import PlanOption, parse_plan_option
 from ditbench.cards import check_gib, find_card
 from ditbench.cellspec import MAX_SECONDS as TIMEOUT_MAX_S
@@ -27,6 +26,7 @@ from ditbench.cellspec import MAX_STEPS, CellSpec, Steps
 from ditbench.device import DEVICE_CHOICES, device_type
 from ditbench.errors import UserError, shorten
 from ditbench.errors import type_name as _type
+from ditbench.expansion import factors, matrix_count, over_cap
 from ditbench.knobs import FIELDS, InvalidValue, Knobs, check_knob, int_in, number_in
 from ditbench.knobs import unknown_key_message as _unknown
 from ditbench.quality import spec as quality_spec

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.bench.window import GAP_BOUND, SPREAD_BOUND
+from ditbench.escape import md_cell, md_text
 from ditbench.fileio import write_atomic
-from ditbench.report.escape import md_cell, md_text
 
 REASON_CHARS = 160  # of a reason in the summary table's note column
 

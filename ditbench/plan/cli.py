@@ -66,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print the plan as JSON on stdout instead of tables"
     )
-    from ditbench.bench.expansion import DEFAULT_MAX_CELLS
+    from ditbench.expansion import DEFAULT_MAX_CELLS
 
     parser.add_argument(
         "--max-cells",
@@ -119,7 +119,7 @@ def _series(args: argparse.Namespace):
                 )
         ckpts = _list(args.grad_ckpt, DEFAULT_GRAD_CKPT, "grad-ckpt")
         batches = _ints(args.batches, DEFAULT_BATCHES, "batches")
-        from ditbench.bench.expansion import check_count, factors, matrix_count
+        from ditbench.expansion import check_count, factors, matrix_count
 
         axes = {"models": models, "precisions": precisions, "grad-ckpt": ckpts, "batches": batches}
         check_count(matrix_count(axes), args.max_cells, "the plan grid", factors(axes))

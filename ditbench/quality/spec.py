@@ -106,7 +106,7 @@ class QualitySpec:
             "grid": int_in("grid", 0, MAX_GRID),
         }
         spec = cls(**_checked({k: v for k, v in values.items() if k != "cells"}, checks, "", fail))
-        from ditbench.bench.expansion import MAX_EVALUATIONS
+        from ditbench.expansion import MAX_EVALUATIONS
 
         evaluations = (1 if spec.at is None else len(spec.at)) * len(spec.seeds)
         if evaluations > MAX_EVALUATIONS:  # counted before any schedule is built: each one samples `samples`

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ditbench.report.escape import md_cell, md_text
+from ditbench.escape import md_cell, md_text
 
 
 @dataclass

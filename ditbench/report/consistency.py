@@ -82,15 +82,16 @@ def _knobs(record: dict[str, Any]) -> tuple[str, str] | None:
 
 
 def config_ids(config: dict[str, Any]) -> set[str]:
-    """The id a record with this config carries (empty when the config is not a cell's)."""
-    from ditbench.bench.cellid import cell_id
+    """Every id a record with this config may carry: its cell's id, and the hash of the config as is."""
+    from ditbench.bench.cellid import _digest, cell_id
     from ditbench.cellspec import CellSpec
 
+    ids = {_digest(config)}
     try:
         spec = CellSpec.from_record_config(config)
-    except Exception:  # noqa: BLE001 - not a cell's config: the config check says why
-        return set()
-    return {cell_id(spec)}
+    except Exception:  # noqa: BLE001 - not a cell's config: its own hash is the only id
+        return ids
+    return ids | {cell_id(spec)}
 
 
 def _identity(record: dict[str, Any]) -> tuple[str, str] | None:
@@ -98,7 +99,7 @@ def _identity(record: dict[str, Any]) -> tuple[str, str] | None:
     if not isinstance(config, dict) or not isinstance(own, str):
         return None
     ids = config_ids(config)
-    if not ids or own in ids:
+    if own in ids:
         return None
     return "cell_id", (
         f"is {shorten(own)}, which is not the id of the record's config (that config's id is "

@@ -15,11 +15,11 @@ from pathlib import Path
 import pandas as pd
 
 from ditbench import __version__
+from ditbench.escape import csv_safe
 from ditbench.fileio import write_atomic
 from ditbench.report import analysis
 from ditbench.report.blocks import Block, Bullets, Heading, Image, Para, Table, to_html, to_markdown
 from ditbench.report.claim_check import ClaimResult
-from ditbench.report.escape import csv_safe
 from ditbench.report.memory import emulated_cells, memory_metric
 from ditbench.report.plots import PLOT_FILES, PLOT_TITLES, render_plots
 from ditbench.report.quality import QUALITY_FILES, quality_caveat, quality_section

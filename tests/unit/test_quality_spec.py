@@ -167,7 +167,7 @@ def test_decoders_follow_the_data():
 
 
 def test_a_quality_schedule_of_too_many_evaluations_is_refused_before_it_is_built():
-    from ditbench.bench.expansion import MAX_EVALUATIONS
+    from ditbench.expansion import MAX_EVALUATIONS
 
     steps = list(range(0, 200 * 10, 10))  # 200 steps x 64 seeds = 12,800 evaluations of each cell
     with pytest.raises(UserError, match=r"200 steps x 64 seeds is 12,800 evaluations.*cap of 10,000"):

@@ -108,7 +108,8 @@ LAYERS: list[tuple[str, ...]] = [
         "ditbench.errors", "ditbench.yamlio", "ditbench.fileio", "ditbench.outpaths", "ditbench.outlock",
         "ditbench.progress", "ditbench.device", "ditbench.precision", "ditbench.cards", "ditbench.pretrained",
         "ditbench.builtin_data", "ditbench.environment", "ditbench.vae", "ditbench.pixels",
-        "ditbench.cliopts", "ditbench.faults",
+        "ditbench.cliopts", "ditbench.faults", "ditbench.validation",
+        "ditbench.escape", "ditbench.expansion",
     ),
     # the network, the diffusion, process groups, the knob table
     ("ditbench.models", "ditbench.diffusion", "ditbench.dist", "ditbench.knobs"),

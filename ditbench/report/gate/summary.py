@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ditbench.report.escape import md_cell
+from ditbench.escape import md_cell
 from ditbench.report.gate.metrics import limit, limits, table
 from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
 
