@@ -216,7 +216,7 @@ def markdown(summary: dict) -> str:
     out += _matched_table(t["compiled"]) + [""]
     out += [f"## A suite capped to an {dc.CARD_24GB}", ""] + _card_table(t["card_24gb"]) + [""]
     pred = summary["predictions"]
-    stale = "" if pred["current"] else " The planner's code changed since they were made: rerun that script."
+    stale = "" if pred["current"] else f" The planner's code changed since they were made: `{dp.REGENERATE}`."
     out += [
         "## Planner: predicted vs measured peak allocated (within +-10% or +-0.5 GiB)",
         "",
