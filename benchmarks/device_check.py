@@ -300,6 +300,8 @@ def run_part(check: Check, part: Part, later: tuple[Part, ...]) -> dict:
         tail = traceback.format_exc().strip().splitlines()[-6:]
         result.update(status="error", reason=f"{type(err).__name__}: {err}", figures={"traceback": tail})
     result.update(seconds=round(time.monotonic() - start, 1), cap_s=round(cap, 1))
+    if any(part.expected_s) and not check.dry:  # what the H200 is expected to take, beside what it took
+        result["expected_s"] = list(part.expected_s)
     return result
 
 

@@ -141,11 +141,14 @@ def _card_table(rows: list[dict]) -> list[str]:
 
 
 def _parts_table(parts: list[dict]) -> list[str]:
-    lines = ["| part | status | seconds | cap s | note |", "|---|---|---|---|---|"]
+    lines = ["| part | status | seconds | H200 expected | cap s | note |", "|---|---|---|---|---|---|"]
     for p in parts:
         reason = (p.get("reason") or "").replace("|", "/").replace("\n", " ")[:200]
         cap = _f(p.get("cap_s"), ".0f")
-        lines.append(f"| {p['name']} | {p['status']} | {_f(p.get('seconds'))} | {cap} | {reason} |")
+        expected = "-" if not p.get("expected_s") else "{:g}-{:g}".format(*p["expected_s"])
+        lines.append(
+            f"| {p['name']} | {p['status']} | {_f(p.get('seconds'))} | {expected} | {cap} | {reason} |"
+        )
     return lines
 
 

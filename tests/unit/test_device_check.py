@@ -92,14 +92,9 @@ def _check(tmp_path, **kw) -> device_check.Check:
             raise AssertionError("the preflight started a process it should have refused first")
 
     kw.setdefault("runner", NoProcess())
+    kw.setdefault("clock", device_check.Clock(100))
     return device_check.Check(
-        dry=True,
-        work=tmp_path,
-        out_dir=tmp_path / "out",
-        out_env=None,
-        clock=device_check.Clock(100),
-        without=set(),
-        **kw,
+        dry=True, work=tmp_path, out_dir=tmp_path / "out", out_env=None, without=set(), **kw
     )
 
 
@@ -245,6 +240,17 @@ def test_committed_predictions_cover_every_measured_cell_and_match_the_code():
     assert rtx["status"] == "oom"  # DiT-XL/2 fp32 bs32 is predicted not to fit, as it must not
 
 
+def test_a_real_part_states_the_h200_time_expected_of_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(device_steps.STEPS, "ddp", lambda check, cap: {"status": "ok", "cap_seen": cap})
+    ddp = next(p for p in device_check.PARTS if p.name == "ddp")
+    check = _check(tmp_path, clock=device_check.Clock(570))
+    check.dry = False
+    result = device_check.run_part(check, ddp, ())
+    assert (result["status"], result["cap_seen"], result["expected_s"]) == ("ok", 41, [25, 35])
+    check.dry = True  # the dry run's CPU seconds are not compared with an H200's
+    assert "expected_s" not in device_check.run_part(check, ddp, ())
+
+
 def test_missing_package_makes_its_part_unsupported(tmp_path):
     check = device_check.Check(
         dry=True,
@@ -269,7 +275,8 @@ def test_published_files_fit_what_the_device_tool_returns(tmp_path):
     a = dc.MATCHED[0]
     records = {"matched": [_record(a.cell, images_per_s=60.0, peak_mem_allocated_gib=32.0)]}
     meta = {"dry_run": False, "started_at": "t", "deadline_s": 480, "elapsed_s": 10.0, "finished": False}
-    summary = device_report.build_summary(meta, [{"name": "matched", "status": "ok"}], records, dp.load())
+    part = {"name": "matched", "status": "ok", "seconds": 90.0, "expected_s": [75, 100], "cap_s": 112}
+    summary = device_report.build_summary(meta, [part], records, dp.load())
     device_publish.publish(out, env_out, summary, device_report.markdown(summary), records, work)
     for root in (out, env_out):
         assert sorted(p.name for p in root.iterdir()) == sorted(device_publish.OUT_FILES)
@@ -279,6 +286,7 @@ def test_published_files_fit_what_the_device_tool_returns(tmp_path):
         log = tar.extractfile("device_check/matched.log").read()
     assert len(log) == device_publish.LOG_TAIL_BYTES and log.endswith(b"END")  # the tail of a long log
     assert "cut short" in (out / "summary.md").read_text()
+    assert "| matched | ok | 90.0 | 75-100 | 112 |" in (out / "summary.md").read_text()  # vs the H200's
     (env_out / "a" / "b" / "c").mkdir(parents=True)
     (env_out / "a" / "b" / "c" / "deep.txt").write_text("x")
     (env_out / "bad name").write_text("x")
