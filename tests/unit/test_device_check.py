@@ -116,9 +116,12 @@ def test_preflight_refuses_stale_predictions_and_an_oversized_plan_before_any_pr
     assert result["figures"]["gates"]["predictions"]["problem"] is None  # the committed file is current
 
 
-def test_the_check_refuses_stale_predictions_in_preflight_and_says_how_to_remake_them(tmp_path, capsys):
+def test_the_check_refuses_stale_predictions_in_preflight_and_says_how_to_remake_them(
+    tmp_path, capsys, monkeypatch
+):
     """The whole driver, in process: a tampered fingerprint stops it at preflight (no part runs), and the
     printed reason holds the command that regenerates the file."""
+    monkeypatch.delenv("OUT", raising=False)  # a device call's $OUT is not this test's to write
     stale = tmp_path / "stale.json"
     stale.write_text(json.dumps({**dp.load(), "fingerprint": "feedfacefeedface"}))
     args = ["--dry-run", "--work-dir", str(tmp_path / "w"), "--predictions", str(stale)]
@@ -132,6 +135,10 @@ def test_the_check_refuses_stale_predictions_in_preflight_and_says_how_to_remake
         ("matched", "not_run"),
         ("planner", "not_run"),
     ]
+    # the real run: refused the same way, before its preflight process (no CUDA is asked for), exit 2
+    real = ["--work-dir", str(tmp_path / "r"), "--out-dir", str(tmp_path / "r" / "out")]
+    assert device_check.main([*real, "--predictions", str(stale), "--parts", "planner"]) == 2
+    assert dp.REGENERATE in capsys.readouterr().out
 
 
 def _record(cell: dict, status="ok", **metrics) -> dict:
