@@ -3,17 +3,24 @@
     python benchmarks/device_check.py                  # on the GPU machine (benchmarks/gpu_all.sh wraps it)
     python benchmarks/device_check.py --dry-run        # the same control flow on a CPU, tiny settings
 
-Parts, in order: preflight; `ditbench env --measure-peak`; the gpu-marked tests; the cells matched to
-the official DiT code's H200 figures; a suite capped to a 24 GB card (one expected out-of-memory, a
-smoke run); `ditbench fid` on 8,000 samples against cached reference statistics; DiT-XL/2 bf16
-compiled at batch 256; the attention backends and compile modes the knobs offer; DDP overhead at one
-GPU; sampling throughput; the planner's predictions against the measured peaks.
+Parts, in order: preflight; `ditbench env --measure-peak`; the gpu-marked tests (one pytest process
+per file); the cells matched to the official DiT code's H200 figures; a suite capped to a 24 GB card
+(one expected out-of-memory, a smoke run); `ditbench fid` on 8,000 samples against cached reference
+statistics; DiT-XL/2 bf16 compiled at batch 256; DDP overhead at one GPU; sampling throughput; the
+attention backends, foreach AdamW and compile's default mode on the time the others left; the
+planner's predictions against the measured peaks.
 
-One global deadline (--deadline, 480 s) bounds the run: each part is given what its own cap allows of
-the time left, less what later parts are promised (the compiled cell's cold compile), and a part that
-could not finish in what is left is not started. Every part runs in a process group of its own and is
-killed at its cap. After every part the summary (summary.md, summary.json: each target met, not met
-or not measured), the cells' records (cells.jsonl) and the logs (logs.tgz) are rewritten atomically
+One global deadline (--deadline, 570 s) bounds the run. Each part has a cap, sized above the time it
+is expected to take on an H200, and the caps add up to less than the deadline (the run prints the
+sum), so every part gets its whole cap; `variants` gets what is left. Every part runs in a process
+group of its own and is killed at its cap (the stop inside it).
+
+The preflight refuses, before any GPU time is spent (the dry run too): predictions made for other
+code than today's (it prints the command that remakes them, `python benchmarks/device_predictions.py`),
+and parts whose caps do not fit the deadline (the dry run holds the real plan to the real deadline).
+
+After every part the summary (summary.md, summary.json: each target met, not met or not measured),
+the cells' records (cells.jsonl) and the logs (logs.tgz) are rewritten atomically
 in --out-dir (reports/gpu/) and copied into $OUT when it is set: a call cut short at any moment
 returns every finished part. $OUT gets these 4 files only (the device tool returns at most 8).
 
@@ -30,7 +37,8 @@ calibrated test network: its timings are real, its values are not comparable wit
 
 The planner's predictions are made ahead (benchmarks/device_predictions.py) and committed, so the
 GPU's minutes go to measuring. Exit status: 0 when every part ran and every target was met (dry run:
-every part's control flow completed), 1 otherwise, 2 for a usage error or no CUDA device.
+every part's control flow completed), 1 otherwise, 2 when the preflight refused the real run (stale
+predictions, an oversized plan, no CUDA device) or for a usage error.
 """
 
 from __future__ import annotations
@@ -61,9 +69,12 @@ import device_steps as steps  # noqa: E402
 
 from ditbench.bench.launch.procs import die_with_parent  # noqa: E402 - stdlib + psutil, no torch
 
-DEADLINE_S = {False: 480.0, True: 420.0}
-GRACE_S = 5.0  # between the SIGTERM and the SIGKILL of a part cut short
+# The real run's deadline fits one device-tool call: timeout_s 595 (at most 600) covers it, gpu_all.sh's
+# install of the carried wheels (~5-10 s) and the last publish. The dry run's is its CI bound.
+DEADLINE_S = {False: 570.0, True: 420.0}
+GRACE_S = 2.0  # between the SIGTERM and the SIGKILL of a part cut short (inside its cap)
 MARGIN_S = 3.0  # kept for the last publish
+PUBLISH_S = 0.5  # per part: writing the summary, cells and logs after it (~0.1 s in the dry run)
 DONE = ("ok", "not_provided", "unsupported")  # statuses of a part whose control flow completed
 
 
@@ -71,29 +82,50 @@ DONE = ("ok", "not_provided", "unsupported")  # statuses of a part whose control
 class Part:
     name: str
     what: str
-    cap_s: tuple[float, float]  # (real, dry run)
+    # (real, dry run): the most it may take, its stop at the cap included. None: it takes what the
+    # parts before it left (the one part that is measured only when time is left).
+    cap_s: tuple[float | None, float | None]
     min_s: tuple[float, float]  # less time left than this: not started, it could not finish
-    reserve_s: tuple[float, float] = (0.0, 0.0)  # kept free for this part by the parts before it
+    expected_s: tuple[float, float] = (0.0, 0.0)  # (low, high) on the H200, what the cap is sized from
     needs: tuple[str, ...] = ()  # Python packages (distribution names)
-    spawns: bool = True  # runs a process (which a cap cut needs GRACE_S to stop)
 
 
+# In the order they run. Each cap, less GRACE_S, is at least 10% above the H200 time expected of the
+# part (issue 24), and the caps with PUBLISH_S per part and MARGIN_S add up to less than the deadline
+# (`budget`), so no part is squeezed by the ones before it. `variants` runs on what the others leave:
+# ~140 s when they take their usual time, ~70 s at their slowest, nothing if all were cut at their caps.
 PARTS = (
-    Part("preflight", "the machine, the packages, what to carry", (40, 40), (5, 5)),
-    Part("env", "ditbench env --measure-peak: the matmul ceilings", (40, 30), (10, 5)),
-    Part("gpu_tests", "pytest -m gpu", (120, 60), (30, 10)),
-    Part("matched", "the cells matched to the official code's H200 figures", (150, 120), (40, 10)),
-    Part(
-        "suite_24gb", "a suite capped to an RTX 4090: fits, one expected OOM, a smoke run", (90, 90), (30, 10)
-    ),
-    Part("fid", "ditbench fid on 8,000 samples vs cached reference statistics", (60, 90), (20, 5)),
-    Part("compiled", "DiT-XL/2 bf16 compiled at batch 256 (>= 600 img/s)", (220, 60), (120, 5), (150, 5)),
-    Part("variants", "attention backends and compile modes", (90, 40), (25, 5)),
-    Part("ddp", "DDP overhead at one GPU", (45, 60), (15, 5)),
-    Part("sampling", "sampling throughput, 250 DDPM steps, cfg 1.5", (45, 90), (15, 5), needs=("diffusers",)),
-    Part("planner", "the planner's predictions vs the measured peaks", (15, 15), (0, 0), spawns=False),
+    Part("preflight", "the machine, the packages, the predictions, the budget", (13, 40), (5, 5), (5, 10)),
+    Part("env", "ditbench env --measure-peak: the matmul ceilings", (16, 30), (10, 5), (8, 12)),
+    # 45-75 s in one process; five files, five starts of torch
+    Part("gpu_tests", "pytest -m gpu, one process per test file", (90, 120), (30, 10), (55, 80)),
+    Part("matched", "the cells matched to the official code's H200 figures", (112, 120), (40, 10), (75, 100)),
+    Part("suite_24gb", "a suite capped to an RTX 4090: one OOM, a smoke run", (46, 90), (30, 10), (30, 40)),
+    Part("fid", "ditbench fid on 8,000 samples vs cached reference statistics", (52, 90), (20, 5), (25, 45)),
+    Part("compiled", "DiT-XL/2 bf16 compiled at batch 256 (>= 600 img/s)", (134, 60), (110, 5), (100, 120)),
+    Part("ddp", "DDP overhead at one GPU", (41, 60), (15, 5), (25, 35)),
+    Part("sampling", "sampling, 250 DDPM steps, cfg 1.5", (46, 90), (15, 5), (30, 40), needs=("diffusers",)),
+    Part("variants", "attention backends, foreach AdamW, compile (on the time left)", (None, None), (25, 5)),
+    Part("planner", "the planner's predictions vs the measured peaks (in process)", (2, 15), (0, 0), (0, 1)),
 )
 PART_NAMES = tuple(p.name for p in PARTS)
+
+
+def budget(parts: tuple[Part, ...], deadline_s: float, dry: bool) -> tuple[float, str | None]:
+    """(seconds the parts may take at most, None) or (the same, why they do not fit the deadline).
+
+    The sum of the fixed caps, PUBLISH_S per part and MARGIN_S: when it fits, every part gets its whole
+    cap whatever the parts before it took. The part without a cap takes what is left."""
+    total = sum(p.cap_s[dry] or 0.0 for p in parts) + PUBLISH_S * len(parts) + MARGIN_S
+    if total <= deadline_s:
+        return total, None
+    caps = ", ".join(f"{p.name} {p.cap_s[dry]:g}" for p in parts if p.cap_s[dry])
+    return total, (
+        f"the parts' caps ({caps} s) with {PUBLISH_S:g} s per part for publishing and {MARGIN_S:g} s of "
+        f"margin add up to {total:g} s, over the {deadline_s:g} s deadline: later parts would be cut "
+        "or not started. Lower a cap in benchmarks/device_check.py (PARTS), run fewer parts (--parts) "
+        "or give a longer --deadline (at most the device tool's 600 s less the install)"
+    )
 
 
 class Clock:
@@ -109,9 +141,11 @@ class Clock:
         return self.deadline_s - self.elapsed()
 
     def cap(self, part: Part, later: tuple[Part, ...], dry: bool) -> tuple[float | None, str | None]:
-        """(seconds this part may take, None) or (None, why it is not started)."""
-        reserve = sum(p.reserve_s[dry] for p in later)
-        cap = min(part.cap_s[dry], self.left() - reserve - MARGIN_S - (GRACE_S if part.spawns else 0.0))
+        """(seconds this part may take, its stop included, None) or (None, why it is not started).
+        A part without a cap of its own leaves the later parts theirs."""
+        own = part.cap_s[dry]
+        reserve = 0.0 if own else sum((p.cap_s[dry] or 0.0) + PUBLISH_S for p in later)
+        cap = min(own or float("inf"), self.left() - reserve - MARGIN_S)
         if cap < part.min_s[dry]:
             kept = f", less {reserve:.0f} s kept for later parts" if reserve else ""
             return (
@@ -146,8 +180,8 @@ class Runner:
                 start_new_session=True,  # its own group, which a cap cut kills as a whole
                 preexec_fn=die_with_parent(signal.SIGKILL),  # and it dies with the check, even by SIGKILL
             )
-            try:
-                return proc.wait(timeout=max(cap_s, 0.1))
+            try:  # the cap includes the stop: TERM at cap - GRACE_S
+                return proc.wait(timeout=max(cap_s - GRACE_S, 0.1))
             except subprocess.TimeoutExpired:
                 self.stop(proc)
                 return None
@@ -180,6 +214,9 @@ class Check:
     clock: Clock
     runner: Runner
     without: set[str]
+    selected: tuple[Part, ...] = PARTS
+    plan_deadline_s: float = DEADLINE_S[False]  # what the real plan is held to (the dry run checks it too)
+    predictions: Path = dp.PATH
     python: str = sys.executable
     parts: list[dict] = field(default_factory=list)
     records: dict[str, list[dict]] = field(default_factory=dict)
@@ -191,14 +228,36 @@ class Check:
         module = steps.PACKAGE_MODULES.get(dist, dist)
         return dist not in self.without and importlib.util.find_spec(module) is not None
 
+    def table(self) -> dict[str, Any]:
+        return dp.load(self.predictions)
+
+    def gates(self) -> dict[str, Any]:
+        """What preflight refuses before any GPU time is spent: predictions made for other code, and a
+        real plan whose caps exceed its deadline (the dry run holds the real plan to the real deadline)."""
+        total, over = budget(self.selected, self.plan_deadline_s, dry=False)
+        table = self.table()
+        return {
+            "predictions": {
+                "file": str(self.predictions),
+                "fingerprint": table.get("fingerprint"),
+                "code_fingerprint": dp.fingerprint(),
+                "problem": dp.staleness(table, self.predictions),
+            },
+            "budget": {
+                "caps_s": {p.name: p.cap_s[False] for p in self.selected},
+                "total_s": round(total, 1),
+                "deadline_s": self.plan_deadline_s,
+                "problem": over,
+            },
+        }
+
     def log(self, name: str) -> Path:
         return self.work / "logs" / f"{name}.log"
 
     def publish(self, finished: bool = False) -> None:
         self.meta.update(elapsed_s=round(self.clock.elapsed(), 1), finished=finished, machine=self.preflight)
         self.meta["carry"] = steps.carry_advice(self)
-        table = dp.load()
-        summary = report.build_summary(self.meta, self.parts, self.records, table)
+        summary = report.build_summary(self.meta, self.parts, self.records, self.table())
         publish.publish(
             self.out_dir, self.out_env, summary, report.markdown(summary), self.records, self.work
         )
@@ -241,6 +300,8 @@ def run_part(check: Check, part: Part, later: tuple[Part, ...]) -> dict:
         tail = traceback.format_exc().strip().splitlines()[-6:]
         result.update(status="error", reason=f"{type(err).__name__}: {err}", figures={"traceback": tail})
     result.update(seconds=round(time.monotonic() - start, 1), cap_s=round(cap, 1))
+    if any(part.expected_s) and not check.dry:  # what the H200 is expected to take, beside what it took
+        result["expected_s"] = list(part.expected_s)
     return result
 
 
@@ -250,7 +311,7 @@ def exit_status(check: Check) -> int:
     completed = all(p["status"] in DONE for p in check.parts)
     if check.dry:
         return 0 if completed else 1
-    summary = report.counts(report.targets(check.records, dp.load(), False))
+    summary = report.counts(report.targets(check.records, check.table(), False))
     return 0 if completed and summary[report.dc.NOT_MET] == 0 and summary[report.dc.NOT_MEASURED] == 0 else 1
 
 
@@ -258,8 +319,8 @@ def _interrupt(signum, frame):  # SIGTERM (the device tool's limit, a user): sto
     raise KeyboardInterrupt
 
 
-def run(check: Check, selected: tuple[str, ...]) -> int:
-    parts = tuple(p for p in PARTS if p.name in selected)
+def run(check: Check) -> int:
+    parts = check.selected
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         for i, part in enumerate(parts):
@@ -305,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dry-run", action="store_true", help="the same control flow on a CPU with tiny settings")
     p.add_argument(
-        "--deadline", type=float, default=None, help="seconds for the whole check (480; dry run 420)"
+        "--deadline", type=float, default=None, help="seconds for the whole check (570; dry run 420)"
     )
     p.add_argument(
         "--out-dir",
@@ -316,12 +377,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--work-dir", type=Path, default=None, help="runs, logs and temporary files (default: a temp dir)"
     )
-    p.add_argument("--parts", default=",".join(PART_NAMES), help="comma list of parts to run (default: all)")
+    p.add_argument(
+        "--parts",
+        default=",".join(PART_NAMES),
+        help="comma list of parts to run (default: all; preflight always runs first)",
+    )
+    p.add_argument(
+        "--predictions",
+        type=Path,
+        default=dp.PATH,
+        help=f"the planner's predictions (default: {dp.PATH.relative_to(REPO)}, made by {dp.REGENERATE})",
+    )
     p.add_argument(
         "--without", default="", help="treat these packages as missing (to see what such a machine reports)"
     )
     args = p.parse_args(argv)
     selected = tuple(x.strip() for x in args.parts.split(",") if x.strip())
+    if selected and "preflight" not in selected:
+        selected = ("preflight", *selected)  # it is what refuses stale predictions and an oversized plan
     unknown = [x for x in selected if x not in PART_NAMES]
     if unknown or not selected:
         p.error(
@@ -342,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
         clock=Clock(deadline),
         runner=Runner(os.environ.get("PYTHONPATH")),
         without={x.strip() for x in args.without.split(",") if x.strip()},
+        selected=tuple(p for p in PARTS if p.name in selected),
+        plan_deadline_s=DEADLINE_S[False] if args.dry_run else deadline,
+        predictions=args.predictions.resolve(),
     )
     check.meta = {
         "dry_run": args.dry_run,
@@ -356,7 +432,13 @@ def main(argv: list[str] | None = None) -> int:
         f"device check{' (dry run)' if args.dry_run else ''}: deadline {deadline:.0f} s, work {work}, "
         f"out {out_dir}"
     )
-    status = run(check, selected)
+    total, over = budget(check.selected, check.plan_deadline_s, dry=False)
+    print(
+        f"budget of the real run: caps {total:g} s of its {check.plan_deadline_s:g} s deadline"
+        + (" (variants takes what is left)" if any(p.cap_s[False] is None for p in check.selected) else "")
+        + (": OVER, preflight refuses" if over else "")
+    )
+    status = run(check)
     print(f"summary: {out_dir / 'summary.md'}" + (f" (copied to {out_env})" if out_env else ""))
     return status
 

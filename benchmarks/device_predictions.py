@@ -7,7 +7,8 @@ machine, because tracing the DiT-XL/2 cells takes minutes of CPU that the GPU ca
 the GPU machine runs another torch). Each entry is `ditbench.plan.predict_cell` of the cell's config
 on the card it runs on: the H200 itself for the matched and compiled cells, the RTX 4090 for the 24 GB
 suite, the CPU allocator for the dry run's stand-ins. The file records a fingerprint of the code the
-prediction depends on; the device check says when the code has changed since (rerun this then).
+prediction depends on; the device check's preflight (the dry run's too) refuses a file whose
+fingerprint is not the code's, before any GPU time is spent, and prints REGENERATE.
 
 Standard library only at import: the driver reads the file with `load` and `fingerprint`.
 """
@@ -27,11 +28,15 @@ REPO = HERE.parent
 PATH = HERE / "device_predictions.json"
 SCHEMA = "ditbench.device_predictions/1"
 REAL_GPU = "H200"  # the card the real run is planned for; its matched cells run on the whole card
-# What a prediction depends on: the planner, the model, the training step, precision and the card table.
+REGENERATE = "python benchmarks/device_predictions.py"  # run in the repo root, then commit the file
+# What a prediction depends on: the planner, the model, the training step (and the knobs that shape
+# it), precision, the device rules and the card table. `**` keeps subpackages in.
 FINGERPRINT_GLOBS = (
-    "ditbench/plan/*.py",
-    "ditbench/models/*.py",
-    "ditbench/train/*.py",
+    "ditbench/plan/**/*.py",
+    "ditbench/models/**/*.py",
+    "ditbench/train/**/*.py",
+    "ditbench/knobs.py",
+    "ditbench/device.py",
     "ditbench/precision.py",
     "ditbench/diffusion.py",
     "ditbench/cards.py",
@@ -45,6 +50,22 @@ def fingerprint(root: Path = REPO) -> str:
         for path in sorted(root.glob(pattern)):
             h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:16]
+
+
+def staleness(table: dict[str, Any], path: Path = PATH) -> str | None:
+    """Why the table (read from `path`) cannot be compared with today's code (no file, no predictions,
+    another fingerprint), with the command that remakes it; None when it is current."""
+    now = fingerprint()
+    if not table.get("predictions"):
+        why = f"{path} is missing or holds no predictions"
+    elif table.get("fingerprint") != now:
+        why = (
+            f"{path} was made for planner code {table.get('fingerprint')}, the code is now {now} "
+            "(the planner, model, step or card table changed since)"
+        )
+    else:
+        return None
+    return f"{why}: regenerate it with `{REGENERATE}` in the repo root and commit it"
 
 
 def key(config: dict[str, Any], card: str | None) -> str:

@@ -141,11 +141,14 @@ def _card_table(rows: list[dict]) -> list[str]:
 
 
 def _parts_table(parts: list[dict]) -> list[str]:
-    lines = ["| part | status | seconds | cap s | note |", "|---|---|---|---|---|"]
+    lines = ["| part | status | seconds | H200 expected | cap s | note |", "|---|---|---|---|---|---|"]
     for p in parts:
         reason = (p.get("reason") or "").replace("|", "/").replace("\n", " ")[:200]
         cap = _f(p.get("cap_s"), ".0f")
-        lines.append(f"| {p['name']} | {p['status']} | {_f(p.get('seconds'))} | {cap} | {reason} |")
+        expected = "-" if not p.get("expected_s") else "{:g}-{:g}".format(*p["expected_s"])
+        lines.append(
+            f"| {p['name']} | {p['status']} | {_f(p.get('seconds'))} | {expected} | {cap} | {reason} |"
+        )
     return lines
 
 
@@ -216,7 +219,7 @@ def markdown(summary: dict) -> str:
     out += _matched_table(t["compiled"]) + [""]
     out += [f"## A suite capped to an {dc.CARD_24GB}", ""] + _card_table(t["card_24gb"]) + [""]
     pred = summary["predictions"]
-    stale = "" if pred["current"] else " The planner's code changed since they were made: rerun that script."
+    stale = "" if pred["current"] else f" The planner's code changed since they were made: `{dp.REGENERATE}`."
     out += [
         "## Planner: predicted vs measured peak allocated (within +-10% or +-0.5 GiB)",
         "",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,10 @@ CARRY_HOW = (
     "and run benchmarks/gpu_all.sh (it installs .whl into /tmp/site)"
 )
 FAILED_CELL = ("error", "timeout", "nan_loss")
+MIN_FILE_S = 10.0  # a gpu test file given less than this is not started
+# The dry run runs the first two files' commands (each a torch start, ~6 s on 2 busy cores): the same
+# command lines and the same adding up of reports; the other files differ only in their names.
+DRY_GPU_TEST_FILES = 2
 REASON_CHARS = 300
 
 
@@ -97,11 +102,19 @@ def _outcome(check, name: str, rc: int | None, figures: dict | None, cap: float)
 
 
 def step_preflight(check, cap: float) -> dict[str, Any]:
+    """First what needs no process: predictions made for today's code, a plan that fits its deadline
+    (a refusal here costs the GPU call seconds); then the machine and its packages."""
+    gates = check.gates()
+    problems = [g["problem"] for g in gates.values() if g["problem"]]
+    if problems:
+        check.stop_reason = "the preflight refused: " + "; ".join(problems)
+        return {"status": "failed", "reason": " / ".join(problems), "figures": {"gates": gates}}
     rc, info = _python_part(check, "preflight", cap)
     if info is not None:
         check.preflight = info
         info["packages_usable"] = {d: check.has(d) for d in PACKAGE_MODULES}
         info["without"] = sorted(check.without)
+        info["gates"] = gates
     result = _outcome(check, "preflight", rc, info, cap)
     if result["status"] != "ok":
         check.stop_reason = "the preflight did not finish"
@@ -159,25 +172,58 @@ def junit_counts(path: Path) -> dict[str, Any] | None:
     return total
 
 
+def gpu_test_commands(python: str, files: list[str], work: Path) -> list[tuple[str, list[str], Path]]:
+    """(file, pytest command, its junit XML) per file: each file in a process of its own, so one
+    file's CUDA context, cached blocks and cuBLAS workspaces are not another's baseline."""
+    out = []
+    for i, name in enumerate(files):
+        xml = work / "gpu_tests" / f"{i:02d}_{Path(name).stem}.xml"
+        cmd = [python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
+        out.append((name, [*cmd, f"--junitxml={xml}", name], xml))
+    return out
+
+
 def step_gpu_tests(check, cap: float) -> dict[str, Any]:
-    xml = check.work / "gpu_tests.xml"
-    files = gpu_test_files(REPO)
-    cmd = [check.python, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", "-o", "addopts="]
-    cmd += ["--continue-on-collection-errors", f"--junitxml={xml}", *files]
-    rc = check.runner.run(cmd, cap, check.log("gpu_tests"))
-    counts = junit_counts(xml)
-    figures = {"files": files, **(counts or {})}
-    if rc is None:
-        return {"status": "timeout", "reason": f"cut at its cap of {cap:.0f} s", "figures": figures}
-    if counts is None:
-        return {
-            "status": "error",
-            "reason": f"exit {rc}, no report: {_tail(check.log('gpu_tests'))}",
-            "figures": figures,
-        }
-    bad = counts["failures"] + counts["errors"]
-    summary = f"{counts['passed']} passed, {bad} failed, {counts['skipped']} skipped"
-    return {"status": "ok" if bad == 0 and rc in (0, 5) else "failed", "reason": summary, "figures": figures}
+    end = time.monotonic() + cap
+    found = gpu_test_files(REPO)
+    files = found[:DRY_GPU_TEST_FILES] if check.dry else found
+    log = check.log("gpu_tests")
+    total = dict.fromkeys(("tests", "failures", "errors", "skipped", "passed"), 0)
+    total["failed_tests"] = []
+    per_file, problems, cut = {}, [], None
+    for name, cmd, xml in gpu_test_commands(check.python, files, check.work):
+        left = end - time.monotonic()
+        if left < MIN_FILE_S:
+            per_file[name] = "not run"
+            cut = cut or name
+            continue
+        xml.parent.mkdir(parents=True, exist_ok=True)
+        rc = check.runner.run(cmd, left, log)
+        counts = junit_counts(xml)
+        if rc is None:
+            cut = cut or name
+        if counts is None:
+            per_file[name] = "cut" if rc is None else f"exit {rc}, no report"
+            if rc is not None:
+                problems.append(f"{name}: exit {rc}, no report: {_tail(log)}")
+            continue
+        for k, v in counts.items():
+            total[k] += v
+        bad = counts["failures"] + counts["errors"]
+        per_file[name] = f"{counts['passed']} passed, {bad} failed, {counts['skipped']} skipped" + (
+            " (cut)" if rc is None else ""
+        )
+        if rc not in (0, 5, None) and not bad:
+            problems.append(f"{name}: exit {rc}: {_tail(log)}")
+    figures = {"files": files, "files_found": found, "per_file": per_file, **total}
+    bad = total["failures"] + total["errors"]
+    summary = f"{total['passed']} passed, {bad} failed, {total['skipped']} skipped"
+    if cut:
+        reason = f"cut at its cap of {cap:.0f} s in {cut}; {summary}"
+        return {"status": "timeout", "reason": reason, "figures": figures}
+    if problems:
+        return {"status": "error", "reason": "; ".join(problems)[: REASON_CHARS * 2], "figures": figures}
+    return {"status": "ok" if bad == 0 else "failed", "reason": summary, "figures": figures}
 
 
 def cell_figures(record: dict) -> dict[str, Any]:
@@ -266,14 +312,14 @@ def step_planner(check, cap: float) -> dict[str, Any]:
     import device_predictions as dp
     import device_report as report
 
-    table = dp.load()
+    table = check.table()
     rows = report.targets(check.records, table, check.dry)["planner"]
     compared = [r for r in rows if r["verdict"] != dc.NOT_MEASURED]
     figures = {"rows": rows, "fingerprint_current": table.get("fingerprint") == dp.fingerprint()}
     if not table.get("predictions"):
         return {
             "status": "failed",
-            "reason": "no predictions file (run benchmarks/device_predictions.py)",
+            "reason": f"no predictions file (run {dp.REGENERATE})",
             "figures": figures,
         }
     if not compared:

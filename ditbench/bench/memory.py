@@ -3,8 +3,10 @@
 Emulation: a suite's `gpu_memory_gib` (or `card`, whose usable memory `ditbench.cards` knows) is
 the emulated card's total memory. On a real card of that size the CUDA context takes its share
 before PyTorch allocates anything, so the caching allocator is capped at the budget less this
-process's context, measured with `torch.cuda.mem_get_info` right after CUDA starts. Whether the
-cell fits is whether it completed under that cap; speeds are still the real, bigger GPU's.
+process's context, measured right after CUDA starts: NVML's count of this process's device memory,
+else (no NVML, or a container that hides the pid) `torch.cuda.mem_get_info`'s used memory, which
+also counts every other process on the GPU. Whether the cell fits is whether it completed under
+that cap; speeds are still the real, bigger GPU's.
 """
 
 from __future__ import annotations
@@ -126,7 +128,9 @@ def apply_emulation(budget_gib: float | None, card: str | None, device) -> dict[
     import torch
 
     free, total = torch.cuda.mem_get_info(device)
-    context_gib = (total - free) / GIB
+    used_gib = (total - free) / GIB
+    own_gib = nvml_process_mem_gib()  # this process alone: another's context is not this card's
+    context_gib = own_gib if own_gib is not None and own_gib <= used_gib else used_gib
     cap_gib = allocator_cap_gib(budget_gib, context_gib, total / GIB)
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap_gib * GIB / total), device)
     return {

@@ -50,6 +50,17 @@ def test_apply_emulation_caps_the_allocator_and_says_so(fake_cuda):
     assert memory.apply_emulation(None, None, "cuda:0") is None
 
 
+def test_emulation_counts_this_processs_context_not_another_processs_memory(fake_cuda, monkeypatch):
+    """A pytest parent that holds a context and cached blocks on the same GPU (1.5 GiB in use in all):
+    NVML's count of this process (0.5 GiB) is the context; without NVML, all that is in use is."""
+    total = int(139.8 * GIB)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (total - int(1.5 * GIB), total))
+    monkeypatch.setattr(memory, "nvml_process_mem_gib", lambda: 0.5)
+    assert memory.apply_emulation(2, None, "cuda:0")["allocator_cap_gib"] == pytest.approx(1.5)
+    monkeypatch.setattr(memory, "nvml_process_mem_gib", lambda: None)
+    assert memory.apply_emulation(2, None, "cuda:0")["context_gib"] == pytest.approx(1.5)
+
+
 def _spec(**settings):
     knobs = Knobs(model="DiT-T/8", image_size=64, batch_size=2)
     return CellSpec(knobs, "cpu", Steps(warmup=1, measure=2, min_seconds=0.0), **settings)

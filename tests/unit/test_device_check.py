@@ -52,23 +52,93 @@ class FakeTime:
         return self.t
 
 
-def test_each_part_gets_what_is_left_less_what_later_parts_are_promised():
+def test_each_part_gets_its_cap_and_variants_what_the_others_leave():
     now = FakeTime()
-    clock = device_check.Clock(480, now)
+    clock = device_check.Clock(device_check.DEADLINE_S[False], now)
     parts = {p.name: p for p in device_check.PARTS}
-    later = tuple(device_check.PARTS[4:])  # the compiled cell's 150 s are kept from the parts before it
-    assert clock.cap(parts["gpu_tests"], later, dry=False) == (120, None)
-    now.t += 250  # 230 s left, 150 promised: 72 s (less the margins) for a part of cap 150
-    cap, why = clock.cap(parts["matched"], later, dry=False)
-    assert cap == pytest.approx(230 - 150 - device_check.MARGIN_S - device_check.GRACE_S) and why is None
-    now.t += 60  # 170 s left: the matched cells could not finish, so they do not start
-    cap, why = clock.cap(parts["matched"], later, dry=False)
-    assert cap is None and "150 s kept for later parts" in why
-    cap, _ = clock.cap(parts["compiled"], tuple(device_check.PARTS[7:]), dry=False)
-    assert cap == pytest.approx(170 - device_check.MARGIN_S - device_check.GRACE_S)  # all that is left
-    now.t += 166  # 4 s left: an in-process part still runs, a spawning one does not
-    assert clock.cap(parts["planner"], (), dry=False)[0] == pytest.approx(1.0)
-    assert clock.cap(parts["sampling"], (), dry=False)[0] is None
+    names = list(device_check.PART_NAMES)
+    after = {n: tuple(device_check.PARTS[names.index(n) + 1 :]) for n in names}
+    assert clock.cap(parts["gpu_tests"], after["gpu_tests"], dry=False) == (90, None)
+    # variants has no cap of its own: what is left, less the planner's cap, its publish and the margin
+    now.t += 410
+    cap, why = clock.cap(parts["variants"], after["variants"], dry=False)
+    assert why is None and cap == pytest.approx(160 - 2 - device_check.PUBLISH_S - device_check.MARGIN_S)
+    now.t += 140  # 20 s left: too little for a variants cell
+    cap, why = clock.cap(parts["variants"], after["variants"], dry=False)
+    assert cap is None and "2 s kept for later parts" in why and "at least 25 s" in why
+    assert clock.cap(parts["planner"], (), dry=False) == (2, None)
+    now.t += 15  # 5 s left: a part that could not finish does not start
+    assert clock.cap(parts["compiled"], (), dry=False)[0] is None
+
+
+def test_the_real_plan_fits_its_deadline_with_every_cap_above_the_expected_time():
+    total, over = device_check.budget(device_check.PARTS, device_check.DEADLINE_S[False], dry=False)
+    fixed = [p for p in device_check.PARTS if p.cap_s[False] is not None]
+    assert over is None and total == sum(p.cap_s[False] for p in fixed) + 11 * 0.5 + 3.0 == 560.5 <= 570
+    for p in fixed[:-1]:  # what a part may run before its stop: 10% above the slow end of the H200's time
+        assert p.cap_s[False] - device_check.GRACE_S >= round(1.1 * p.expected_s[1], 6), p.name
+    assert (
+        fixed[-1].name == "planner" and fixed[-1].cap_s[False] >= 1.1 * fixed[-1].expected_s[1]
+    )  # in process
+    # variants runs after sampling, before the in-process planner
+    assert device_check.PART_NAMES[-3:] == ("sampling", "variants", "planner")
+    total, over = device_check.budget(device_check.PARTS, 480, dry=False)
+    assert "add up to 560.5 s, over the 480 s deadline" in over and "compiled 134" in over
+
+
+def _check(tmp_path, **kw) -> device_check.Check:
+    class NoProcess:
+        def run(self, *a, **k):
+            raise AssertionError("the preflight started a process it should have refused first")
+
+    kw.setdefault("runner", NoProcess())
+    kw.setdefault("clock", device_check.Clock(100))
+    return device_check.Check(
+        dry=True, work=tmp_path, out_dir=tmp_path / "out", out_env=None, without=set(), **kw
+    )
+
+
+def test_preflight_refuses_stale_predictions_and_an_oversized_plan_before_any_process(tmp_path):
+    stale = tmp_path / "predictions.json"
+    stale.write_text(json.dumps({**dp.load(), "fingerprint": "0123456789abcdef"}))
+    check = _check(tmp_path, predictions=stale)
+    result = device_steps.step_preflight(check, 40)
+    assert result["status"] == "failed" and check.stop_reason
+    assert "made for planner code 0123456789abcdef" in result["reason"]
+    assert f"regenerate it with `{dp.REGENERATE}`" in result["reason"]
+    assert dp.REGENERATE == "python benchmarks/device_predictions.py"
+    assert result["figures"]["gates"]["budget"]["problem"] is None
+    empty = _check(tmp_path, predictions=tmp_path / "none.json")
+    assert "missing or holds no predictions" in device_steps.step_preflight(empty, 40)["reason"]
+    big = _check(tmp_path, plan_deadline_s=400)  # the real file, a plan over its deadline
+    result = device_steps.step_preflight(big, 40)
+    assert result["status"] == "failed" and "over the 400 s deadline" in result["reason"]
+    assert result["figures"]["gates"]["predictions"]["problem"] is None  # the committed file is current
+
+
+def test_the_check_refuses_stale_predictions_in_preflight_and_says_how_to_remake_them(
+    tmp_path, capsys, monkeypatch
+):
+    """The whole driver, in process: a tampered fingerprint stops it at preflight (no part runs), and the
+    printed reason holds the command that regenerates the file."""
+    monkeypatch.delenv("OUT", raising=False)  # a device call's $OUT is not this test's to write
+    stale = tmp_path / "stale.json"
+    stale.write_text(json.dumps({**dp.load(), "fingerprint": "feedfacefeedface"}))
+    args = ["--dry-run", "--work-dir", str(tmp_path / "w"), "--predictions", str(stale)]
+    assert device_check.main([*args, "--parts", "matched,planner"]) == 1
+    out = capsys.readouterr().out
+    assert "budget of the real run: caps 131.5 s of its 570 s deadline" in out  # 13 + 112 + 2, 3 x 0.5, 3
+    assert "=== preflight: failed" in out and dp.REGENERATE in out
+    summary = json.loads((tmp_path / "w" / "report" / "summary.json").read_text())
+    assert [(p["name"], p["status"]) for p in summary["parts"]] == [
+        ("preflight", "failed"),
+        ("matched", "not_run"),
+        ("planner", "not_run"),
+    ]
+    # the real run: refused the same way, before its preflight process (no CUDA is asked for), exit 2
+    real = ["--work-dir", str(tmp_path / "r"), "--out-dir", str(tmp_path / "r" / "out")]
+    assert device_check.main([*real, "--predictions", str(stale), "--parts", "planner"]) == 2
+    assert dp.REGENERATE in capsys.readouterr().out
 
 
 def _record(cell: dict, status="ok", **metrics) -> dict:
@@ -145,18 +215,22 @@ def test_generated_suites_are_valid_and_hold_the_promised_cells():
     hit = [c.cell_name for c in dry.cells if fault_for(c.cell_name, dc.DRY_OOM_FAULT)]
     assert hit == ["DiT-T/8 fp32 ckpt=none bs=2"]  # the dry run's one expected out-of-memory
     modes = ["default", "max-autotune", "max-autotune-no-cudagraphs"]
-    variants = dc.variant_cells(False, ["efficient", "flash", "math"], modes, "compile_mode")
+    variants = dc.variant_cells(False, ["efficient", "flash", "math", "cudnn"], modes, "compile_mode")
     assert [v.get("attention") for v in variants[:2]] == ["math", "flash"]  # the advice pair first
     assert variants[2]["optimizer_impl"] == "foreach"
-    assert [v.get("compile_mode") for v in variants[4:6]] == ["default", "max-autotune-no-cudagraphs"]
-    assert variants[-1]["attention"] == "efficient"
+    assert [v.get("attention") for v in variants[3:5]] == ["efficient", "cudnn"]
+    assert [(v["model"], v.get("compile_mode")) for v in variants[5:]] == [
+        ("DiT-S/2", None),
+        ("DiT-S/2", "default"),
+    ]
+    assert not [v for v in variants if "autotune" in str(v.get("compile_mode"))]  # gpu_speed.yaml has those
     dry = dc.variant_cells(True, ["math", "flash"], modes, "compile_mode")  # one CPU cell, no compile
     assert [c["attention"] for c in dry] == ["math"] and "optimizer_impl" not in dry[0]
 
 
-def test_committed_predictions_cover_every_measured_cell():
+def test_committed_predictions_cover_every_measured_cell_and_match_the_code():
     table = dp.load()
-    assert table["predictions"], "run benchmarks/device_predictions.py"
+    assert dp.staleness(table) is None, dp.staleness(table)  # the message says how to remake them
     for dry in (False, True):
         for config in dp.cells(dry):
             pred = dp.lookup(table, config)
@@ -171,6 +245,17 @@ def test_committed_predictions_cover_every_measured_cell():
         {**dc.EXPECT_24GB[0][0], "device": "cuda", "image_size": 256, "compile": False, "card": "RTX 4090"},
     )
     assert rtx["status"] == "oom"  # DiT-XL/2 fp32 bs32 is predicted not to fit, as it must not
+
+
+def test_a_real_part_states_the_h200_time_expected_of_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(device_steps.STEPS, "ddp", lambda check, cap: {"status": "ok", "cap_seen": cap})
+    ddp = next(p for p in device_check.PARTS if p.name == "ddp")
+    check = _check(tmp_path, clock=device_check.Clock(570))
+    check.dry = False
+    result = device_check.run_part(check, ddp, ())
+    assert (result["status"], result["cap_seen"], result["expected_s"]) == ("ok", 41, [25, 35])
+    check.dry = True  # the dry run's CPU seconds are not compared with an H200's
+    assert "expected_s" not in device_check.run_part(check, ddp, ())
 
 
 def test_missing_package_makes_its_part_unsupported(tmp_path):
@@ -197,7 +282,8 @@ def test_published_files_fit_what_the_device_tool_returns(tmp_path):
     a = dc.MATCHED[0]
     records = {"matched": [_record(a.cell, images_per_s=60.0, peak_mem_allocated_gib=32.0)]}
     meta = {"dry_run": False, "started_at": "t", "deadline_s": 480, "elapsed_s": 10.0, "finished": False}
-    summary = device_report.build_summary(meta, [{"name": "matched", "status": "ok"}], records, dp.load())
+    part = {"name": "matched", "status": "ok", "seconds": 90.0, "expected_s": [75, 100], "cap_s": 112}
+    summary = device_report.build_summary(meta, [part], records, dp.load())
     device_publish.publish(out, env_out, summary, device_report.markdown(summary), records, work)
     for root in (out, env_out):
         assert sorted(p.name for p in root.iterdir()) == sorted(device_publish.OUT_FILES)
@@ -207,6 +293,7 @@ def test_published_files_fit_what_the_device_tool_returns(tmp_path):
         log = tar.extractfile("device_check/matched.log").read()
     assert len(log) == device_publish.LOG_TAIL_BYTES and log.endswith(b"END")  # the tail of a long log
     assert "cut short" in (out / "summary.md").read_text()
+    assert "| matched | ok | 90.0 | 75-100 | 112 |" in (out / "summary.md").read_text()  # vs the H200's
     (env_out / "a" / "b" / "c").mkdir(parents=True)
     (env_out / "a" / "b" / "c" / "deep.txt").write_text("x")
     (env_out / "bad name").write_text("x")
@@ -230,3 +317,43 @@ def test_junit_counts_and_gpu_test_files(tmp_path):
     assert counts["failed_tests"] == ["tests.test_gpu::test_b: boom"]
     assert device_steps.junit_counts(tmp_path / "missing.xml") is None
     assert "tests/gpu/test_gpu.py" in device_steps.gpu_test_files(ROOT)
+
+
+def test_each_gpu_test_file_runs_in_a_pytest_process_of_its_own(tmp_path):
+    files = device_steps.gpu_test_files(ROOT)
+    assert {"tests/unit/test_plan_allocator.py", "tests/unit/test_plan_accuracy.py"} <= set(files)
+    assert "tests/integration/test_runner.py" in files and "tests/unit/test_device_check.py" not in files
+    commands = device_steps.gpu_test_commands("py", files, tmp_path)
+    assert [name for name, _, _ in commands] == files
+    for name, cmd, xml in commands:
+        assert cmd[:5] == ["py", "-m", "pytest", "-m", "gpu"] and cmd[-1] == name
+        assert [c for c in cmd if c.startswith("tests/")] == [name]  # one file per process
+        assert f"--junitxml={xml}" in cmd
+    assert len({xml for _, _, xml in commands}) == len(files)
+
+
+def test_gpu_tests_part_runs_the_files_one_by_one_and_adds_their_counts(tmp_path):
+    ran = []
+
+    class OneFileRunner:
+        def run(self, cmd, cap, log, **kw):
+            ran.append(cmd)
+            xml = Path(next(c for c in cmd if c.startswith("--junitxml=")).split("=", 1)[1])
+            bad = '<failure message="boom"/>' if cmd[-1].endswith("test_runner.py") else ""
+            xml.write_text(
+                f'<testsuite tests="2" failures="{int(bool(bad))}" errors="0" skipped="0">'
+                f'<testcase classname="c" name="a"/><testcase classname="c" name="b">{bad}</testcase>'
+                "</testsuite>"
+            )
+            return 1 if bad else 0
+
+    check = _check(tmp_path, runner=OneFileRunner())
+    check.dry = False  # the real run: every file (the dry run runs the first two)
+    result = device_steps.step_gpu_tests(check, 300)
+    files = device_steps.gpu_test_files(ROOT)
+    assert [cmd[-1] for cmd in ran] == files
+    assert result["status"] == "failed" and result["figures"]["tests"] == 2 * len(files)
+    assert result["reason"] == f"{2 * len(files) - 1} passed, 1 failed, 0 skipped"
+    assert (
+        result["figures"]["per_file"]["tests/integration/test_runner.py"] == "1 passed, 1 failed, 0 skipped"
+    )
