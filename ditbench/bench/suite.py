@@ -24,7 +24,7 @@ from ditbench.cards import check_gib, find_card
 from ditbench.cellspec import MAX_STEPS, CellSpec, Steps
 from ditbench.device import DEVICE_CHOICES, device_type
 from ditbench.errors import UserError, shorten
-from ditbench.knobs import FIELDS, InvalidValue, Knobs, check_knob, int_in, number_in
+from ditbench.knobs import FIELDS, InvalidValue, Knobs, check_knob, int_in, number_in, type_name
 from ditbench.knobs import unknown_key_message as _unknown
 from ditbench.quality import spec as quality_spec
 from ditbench.yamlio import load_yaml_file
@@ -119,7 +119,9 @@ class _Validator:
 
     def mapping(self, keypath: str, value: Any) -> dict:
         if not isinstance(value, dict):
-            raise self.fail(keypath, f"expected a mapping (key: value), got {_type(value)} {shorten(value)}.")
+            raise self.fail(
+                keypath, f"expected a mapping (key: value), got {type_name(value)} {shorten(value)}."
+            )
         return value
 
     def check_keys(self, keypath: str, value: dict, valid: tuple[str, ...]) -> None:
@@ -150,18 +152,12 @@ class _Validator:
         if value is None:
             return []
         if not isinstance(value, list):
-            raise self.fail(keypath, f"expected a list of partial cells, got {_type(value)}.")
+            raise self.fail(keypath, f"expected a list of partial cells, got {type_name(value)}.")
         return [self.partial_cell(f"{keypath}[{i}]", v) for i, v in enumerate(value)]
 
 
 def _join(keypath: str, key: str) -> str:
     return f"{keypath}.{key}" if keypath else key
-
-
-def _type(value: Any) -> str:
-    return {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "nothing"}.get(
-        type(value), f"a {type(value).__name__}"
-    )
 
 
 def _refuse_non_finite(v: _Validator, raw: Any) -> None:
@@ -290,7 +286,7 @@ def parse_suite(raw: Any, path: str = "<suite>", overrides: list | None = None) 
         )
     description = raw.get("description", "") or ""
     if not isinstance(description, str):
-        raise v.fail("description", f"expected text, got {_type(description)}.")
+        raise v.fail("description", f"expected text, got {type_name(description)}.")
     device = raw.get("device", "auto")
     if device not in DEVICE_CHOICES:
         raise v.fail("device", f"unknown device {shorten(device)}; valid: {', '.join(DEVICE_CHOICES)}.")
