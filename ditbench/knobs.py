@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ditbench import vae
-from ditbench.errors import UserError, shorten
-from ditbench.errors import type_name as _type
+from ditbench.errors import UserError, shorten, type_name
 from ditbench.models.configs import (
     ATTENTION_BACKENDS,
     IMPLS,
@@ -59,7 +58,7 @@ class InvalidValue(ValueError):
 def int_in(name: str, low: int, high: int) -> Callable[[Any], int]:
     def check(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise InvalidValue(f"{name} must be an integer, got {_type(value)} {shorten(value)}")
+            raise InvalidValue(f"{name} must be an integer, got {type_name(value)} {shorten(value)}")
         if not low <= value <= high:
             raise InvalidValue(f"{name} must be an integer from {low} to {high:,}, got {shorten(value)}")
         return value
@@ -70,7 +69,7 @@ def int_in(name: str, low: int, high: int) -> Callable[[Any], int]:
 def number_in(name: str, low: float, high: float, *, low_open: bool = False, high_open: bool = False):
     def check(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise InvalidValue(f"{name} must be a number, got {_type(value)} {shorten(value)}")
+            raise InvalidValue(f"{name} must be a number, got {type_name(value)} {shorten(value)}")
         bad_low = value <= low if low_open else value < low
         bad_high = value >= high if high_open else value > high
         if not math.isfinite(value) or bad_low or bad_high:
@@ -92,7 +91,7 @@ def one_of(name: str, choices: tuple[str, ...]) -> Callable[[Any], str]:
 
 def _check_bool(value: Any) -> bool:
     if not isinstance(value, bool):
-        raise InvalidValue(f"compile must be true or false, got {_type(value)} {shorten(value)}")
+        raise InvalidValue(f"compile must be true or false, got {type_name(value)} {shorten(value)}")
     return value
 
 
@@ -121,7 +120,7 @@ def _check_grad_ckpt(value: Any) -> str:
 
 def _path(value: Any, what: str) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > MAX_PATH_CHARS:
-        raise InvalidValue(f"data.{what} must be a path, got {_type(value)} {shorten(value)}")
+        raise InvalidValue(f"data.{what} must be a path, got {type_name(value)} {shorten(value)}")
     return value
 
 

@@ -24,8 +24,7 @@ from ditbench.cards import check_gib, find_card
 from ditbench.cellspec import MAX_SECONDS as TIMEOUT_MAX_S
 from ditbench.cellspec import MAX_STEPS, CellSpec, Steps
 from ditbench.device import DEVICE_CHOICES, device_type
-from ditbench.errors import UserError, shorten
-from ditbench.errors import type_name as _type
+from ditbench.errors import UserError, shorten, type_name
 from ditbench.expansion import factors, matrix_count, over_cap
 from ditbench.knobs import FIELDS, InvalidValue, Knobs, check_knob, int_in, number_in
 from ditbench.knobs import unknown_key_message as _unknown
@@ -121,7 +120,9 @@ class _Validator:
 
     def mapping(self, keypath: str, value: Any) -> dict:
         if not isinstance(value, dict):
-            raise self.fail(keypath, f"expected a mapping (key: value), got {_type(value)} {shorten(value)}.")
+            raise self.fail(
+                keypath, f"expected a mapping (key: value), got {type_name(value)} {shorten(value)}."
+            )
         return value
 
     def check_keys(self, keypath: str, value: dict, valid: tuple[str, ...]) -> None:
@@ -152,7 +153,7 @@ class _Validator:
         if value is None:
             return []
         if not isinstance(value, list):
-            raise self.fail(keypath, f"expected a list of partial cells, got {_type(value)}.")
+            raise self.fail(keypath, f"expected a list of partial cells, got {type_name(value)}.")
         return [self.partial_cell(f"{keypath}[{i}]", v) for i, v in enumerate(value)]
 
 
@@ -290,7 +291,7 @@ def parse_suite(
         )
     description = raw.get("description", "") or ""
     if not isinstance(description, str):
-        raise v.fail("description", f"expected text, got {_type(description)}.")
+        raise v.fail("description", f"expected text, got {type_name(description)}.")
     device = raw.get("device", "auto")
     if device not in DEVICE_CHOICES:
         raise v.fail("device", f"unknown device {shorten(device)}; valid: {', '.join(DEVICE_CHOICES)}.")
