@@ -71,10 +71,3 @@ def resolve_options(given: Mapping[str, Any]) -> dict[str, int | float]:
     if unknown:
         raise TypeError(f"unknown metric option(s) {unknown}; known: {sorted(OPTIONS)}")
     return {name: opt.check(given[name]) if name in given else opt.default for name, opt in OPTIONS.items()}
-
-
-def direction(output_key: str) -> str | None:
-    """'lower' or 'higher' (is better) for a key of a result's `metrics`; None for a spread."""
-    if output_key not in OUTPUTS:
-        raise KeyError(f"no metric reports {output_key!r}; known: {sorted(OUTPUTS)}")
-    return OUTPUTS[output_key].better

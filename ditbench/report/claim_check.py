@@ -35,7 +35,7 @@ from ditbench.report.claim_values import (
     where_measured,
     why_no_match,
 )
-from ditbench.report.claims import METRICS, Claim, ClaimsFile
+from ditbench.report.claims import Claim, ClaimsFile, metric_kind
 from ditbench.report.load import value
 from ditbench.report.memory import card_lower_bounds, fit_memory, fits, needs_more_than
 
@@ -127,11 +127,11 @@ def _check_cell(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
     judged: list[tuple[pd.Series, float, bool]] = []
     beyond: list[tuple[pd.Series, float]] = []  # out of memory above the claimed upper bound
     unjudged: list[tuple[pd.Series, str]] = []
-    memory = METRICS[metric][0] == "memory"
+    memory, speed = (metric_kind(metric) == k for k in ("memory", "speed"))
     for row in rows:
         if row["status"] == "ok":
             v, why = metric_value(row, metric, target_steps)
-            elsewhere = "" if memory else speed_elsewhere(row, claim.card)
+            elsewhere = speed_elsewhere(row, claim.card) if speed else ""
             if v is None:
                 unjudged.append((row, why))
             elif elsewhere:
@@ -172,7 +172,7 @@ def _check_cell(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
     else:
         verdict, measured = NOT_MEASURED, "—"
     evidence = "; ".join(parts)
-    if not memory and judged:
+    if speed and judged:
         evidence += where_measured([r for r, _, _ in judged])
     if unjudged:
         shown = "; ".join(f"{cell_label(r)}: {why}" for r, why in unjudged[:SHOWN])
@@ -266,7 +266,7 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
     metric = claim.metric
     assert metric is not None and claim.change_from is not None and claim.change_to is not None
     claimed = claimed_text(claim)
-    memory = METRICS[metric][0] == "memory"
+    memory, speed = (metric_kind(metric) == k for k in ("memory", "speed"))
     index = run.index
     start = {**claim.cell, **claim.change_from}
     sources = run.matching(start)
@@ -326,7 +326,7 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
             f" (median of {len(values)}, ×{min(values):.2f}–×{max(values):.2f})" if len(values) > 1 else ""
         )
         parts.append("; ".join(f"{cell_label(a)} → {cell_label(b)}: ×{r:.2f}" for a, b, r in ratios[:SHOWN]))
-        if not memory:
+        if speed:
             parts[-1] += where_measured([x for a, b, _ in ratios for x in (a, b)])
     else:
         verdict, measured = NOT_HELD, "outside (out of memory)"

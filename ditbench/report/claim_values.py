@@ -4,14 +4,16 @@ and where a speed was measured (a speed speaks only for the card that computed i
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pandas as pd
 
 from ditbench.cards import find_card
 from ditbench.errors import UserError
+from ditbench.metrics import registry
 from ditbench.report.cells import knobs
-from ditbench.report.claims import METRICS, Claim
+from ditbench.report.claims import METRICS, Claim, metric_kind
 from ditbench.report.gate.metrics import RECORD_METRICS
 from ditbench.report.load import value
 from ditbench.report.memory import MEM_ALLOCATED, cell_budget, fit_memory
@@ -23,12 +25,14 @@ _ABSENT = object()
 
 
 def _unit(metric: str) -> str:
-    return METRICS[metric][1]
+    return METRICS[metric][1] if metric in METRICS else ""  # a quality figure has none
 
 
 def fmt(v: float, metric: str | None) -> str:
     if metric == "mfu":
         return f"{v:.1%}"
+    if metric is not None and metric_kind(metric) == "quality":
+        return registry.OUTPUTS[metric].fmt.format(v)
     unit = _unit(metric) if metric else "GiB"
     if unit in ("GiB", "GB"):
         return f"{v:.2f} {unit}"  # as every memory figure in the report
@@ -38,7 +42,11 @@ def fmt(v: float, metric: str | None) -> str:
 
 def metric_value(row: pd.Series, metric: str, target_steps: int) -> tuple[float | None, str]:
     """(value, "") of an ok cell, or (None, why it has none)."""
-    kind = METRICS[metric][0]
+    kind = metric_kind(metric)
+    if kind == "quality":
+        v = _last_evaluation(row).get(metric)
+        v = v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+        return (v, "") if v is not None else (None, f"no quality evaluation of the record has {metric}")
     if kind == "memory" and row.get("config.device") == "cpu":
         return None, "a CPU cell has no GPU memory figure"
     if metric in ("peak_memory_gib", "peak_memory_gb"):
@@ -57,6 +65,16 @@ def metric_value(row: pd.Series, metric: str, target_steps: int) -> tuple[float 
     else:  # images_per_s, steps_per_s, mfu: read where the gate reads them
         v = value(row, RECORD_PATHS[metric])
     return (v, "") if v is not None else (None, f"the record has no {metric}")
+
+
+def _last_evaluation(row: pd.Series) -> dict[str, Any]:
+    """The metrics of the record's last quality evaluation ({} without one)."""
+    record = row.get("record")
+    q = record.get("quality") if isinstance(record, dict) else None
+    evaluations = q.get("evaluations") if isinstance(q, dict) else None
+    last = evaluations[-1] if isinstance(evaluations, list) and evaluations else None
+    metrics = last.get("metrics") if isinstance(last, dict) else None
+    return metrics if isinstance(metrics, dict) else {}
 
 
 def _same_card(gpu_name: Any, card: str) -> bool:

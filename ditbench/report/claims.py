@@ -23,7 +23,9 @@ A claim selects cells with `cell` (knobs of the suite, a value or a list of allo
 states what it expects: of one metric, `value` (+- `tolerance_pct`, default 10), `range: [lo, hi]`,
 `at_most` or `at_least`; between cells that differ as `compare.from` -> `compare.to` (the pair
 filtered by `cell`), `ratio` (to / from, +- `tolerance_pct`) or `ratio_range`; or `fits` a card.
-`card` and `note` may also be set per claim. The file is read through `ditbench.yamlio` and
+A claim's metric may also be a quality output of the metric registry (`fid`,
+`inception_score`, ...: the cell's last evaluation, mean over seeds). `card` and `note` may also
+be set per claim. The file is read through `ditbench.yamlio` and
 validated entirely (the pydantic models below, through `ditbench.validation`) before anything is
 checked: every mistake names the file and key path.
 """
@@ -56,6 +58,20 @@ METRICS: dict[str, tuple[str, str, str]] = {
     "gpu_hours_per_million_images": ("speed", "GPU-hours", "GPU-hours per million training images"),
     "mfu": ("speed", "", "model FLOPs utilisation, 0 to 1"),
 }
+
+
+def claimable() -> list[str]:
+    """The metrics a claim may name: the table above, then the metric registry's quality outputs."""
+    from ditbench.metrics import registry
+
+    return [*METRICS, *(o.key for o in registry.quality_outputs())]
+
+
+def metric_kind(metric: str) -> str:
+    """memory, speed (both above), or quality: a registry output, read from the last evaluation."""
+    return METRICS[metric][0] if metric in METRICS else "quality"
+
+
 CELL_EXPECTS = ("value", "range", "at_most", "at_least", "fits")
 COMPARE_EXPECTS = ("ratio", "ratio_range")
 DEFAULT_TOLERANCE_PCT = 10.0
@@ -264,10 +280,11 @@ class ClaimFile(_Strict):
         metric = item.get("metric")
         if expect == "fits" and metric is not None:
             raise refuse("a `fits` claim is about memory; leave `metric` out.", "metric")
-        if expect != "fits" and metric not in METRICS:
-            close = difflib.get_close_matches(str(metric), list(METRICS), n=1, cutoff=0.5)
+        valid = claimable()
+        if expect != "fits" and metric not in valid:
+            close = difflib.get_close_matches(str(metric), valid, n=1, cutoff=0.5)
             hint = f" Did you mean `{close[0]}`?" if close else ""
-            raise refuse(f"unknown metric {shorten(metric)}.{hint} Valid: {', '.join(METRICS)}.", "metric")
+            raise refuse(f"unknown metric {shorten(metric)}.{hint} Valid: {', '.join(valid)}.", "metric")
         if "tolerance_pct" in item and expect not in ("value", "ratio"):
             raise refuse("a tolerance goes with `value` or `ratio` only.", "tolerance_pct")
         if item[expect] is None:

@@ -2,7 +2,7 @@
 
 A made-up metric (the mean of the samples' pool3 features) is registered here and nowhere else;
 it then appears in `ditbench fid`'s JSON, in a quality run's record, in a `compare` verdict
-(gated by the threshold its spec declares) and in the report's quality tables.
+(gated by the threshold its spec declares), in the report's quality tables and in claims.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ from ditbench.metrics.spec import Metric, Need, Output
 from ditbench.metrics.stats_cache import CACHE_ENV
 from ditbench.quality.loop import run_quality
 from ditbench.quality.spec import QualitySpec, Sampler
+from ditbench.report.claim_check import check_claims
+from ditbench.report.claims import parse_claims
 from ditbench.report.gate import compare_files, load_policy, table
 from ditbench.report.load import load_results
 from ditbench.report.quality import quality_section
@@ -108,11 +110,20 @@ def test_a_registered_metric_reaches_fid_the_quality_record_compare_and_the_repo
     assert (delta.verdict, delta.label, delta.threshold_pct) == ("regression", "Mean pool3", 1.0)
     assert gate.exit_code == 1
 
-    # the report: a column of its own, in its own format
-    blocks, _ = quality_section(load_results(tmp_path / "base.jsonl"))
+    # the report: a column of its own, in its own format, and claims may name it
+    df = load_results(tmp_path / "base.jsonl")
+    blocks, _ = quality_section(df)
     summary = next(b for b in blocks if "vs baseline" in getattr(b, "headers", []))
     column = summary.headers.index("Mean pool3")
     assert summary.rows[0][column] == f"{np.mean(seeds):.5f} ± {np.std(seeds, ddof=1):.5f}"
+    claim = {
+        "says": "mean pool3 below 1e6",
+        "cell": {"model": "DiT-S/8"},
+        "metric": "mean_pool3",
+        "at_most": 1e6,
+    }
+    (checked,) = check_claims(df, parse_claims({"claims": [claim]}, "c.yaml"), 1000)
+    assert checked.verdict == "held" and checked.measured == f"{np.mean(seeds):.5f}"
 
 
 def test_unregistering_restores_the_table():

@@ -150,9 +150,12 @@ def test_each_metric_declares_direction_options_and_needs():
     assert registry.ALL_METRICS == ("fid", "sfid", "is", "pr", "kid")
     expected = {"fid": "lower", "sfid": "lower", "inception_score": "higher", "precision": "higher"}
     expected.update(recall="higher", kid="lower", inception_score_std=None, kid_std=None)
-    assert {k: registry.direction(k) for k in expected} == expected
-    with pytest.raises(KeyError):
-        registry.direction("psnr")
+    assert {k: o.better for k, o in registry.OUTPUTS.items()} == expected
+    assert [o.key for o in registry.quality_outputs()] == [k for k, d in expected.items() if d]
+    assert {k: o.threshold_pct for k, o in registry.OUTPUTS.items() if o.threshold_pct} == {
+        "fid": 2.0,
+        "inception_score": 2.0,
+    }
     defaults = registry.resolve_options({})
     for m in registry.METRICS:
         need = m.needs(defaults)
@@ -189,7 +192,7 @@ def test_unknown_metrics_and_options_are_errors_never_another_metric():
 
 
 def test_a_new_metric_is_one_spec_in_the_registry(ref_npz, tmp_path, monkeypatch):
-    """What adding a metric takes: a spec (its own file) and one entry in registry.METRICS."""
+    """What adding a metric takes: a spec (its own file) and one entry in registry.METRICS (register)."""
 
     def mean_shift(inputs, options):
         x = inputs.samples["pool3"].double().mean(0).numpy()
@@ -205,20 +208,18 @@ def test_a_new_metric_is_one_spec_in_the_registry(ref_npz, tmp_path, monkeypatch
         needs=lambda o: Need(1, 2, "a mean"),
         compute=mean_shift,
     )
-    metrics = (*registry.METRICS, toy)
-    by_name, options, outputs = registry.index(metrics)
-    for name, value in dict(METRICS=metrics, BY_NAME=by_name, OPTIONS=options, OUTPUTS=outputs).items():
-        monkeypatch.setattr(registry, name, value)
+    for name in ("METRICS", "BY_NAME", "OPTIONS", "OUTPUTS", "ALL_METRICS"):
+        monkeypatch.setattr(registry, name, getattr(registry, name))  # restored after the test
+    registry.register(toy)
     result = _scorer(ref_npz, tmp_path, metrics="fid,ms", ms_scale=2.0).score(synthetic_images(3, 16))
     assert set(result["metrics"]) == {"fid", "mean_shift"} and result["settings"]["ms_scale"] == 2.0
-    assert registry.direction("mean_shift") == "lower"
+    assert registry.OUTPUTS["mean_shift"].better == "lower"
     from ditbench.metrics.cli import format_table
 
     assert "Mean shift" in format_table(result)
     # a metric that returns an undeclared key or a NaN is stopped, not written
     nan = dataclasses.replace(toy, compute=lambda i, o: {"mean_shift": float("nan")})
-    monkeypatch.setattr(registry, "METRICS", (*registry.METRICS[:-1], nan))
-    monkeypatch.setattr(registry, "BY_NAME", {**by_name, "ms": nan})
+    registry.register(nan, remove="ms")
     with pytest.raises(UserError, match="Mean shift came out nan"):
         _scorer(ref_npz, tmp_path, metrics="ms").score(synthetic_images(3, 16))
 

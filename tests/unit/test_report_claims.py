@@ -573,3 +573,36 @@ def test_each_shipped_claim_can_hold_fail_and_go_unmeasured(tmp_path, says):
     elsewhere = frame(tmp_path, [make_record("DiT-S/8")], "other.jsonl")
     (result,) = check_claims(elsewhere, one, STEPS)
     assert result.verdict == "not measured" and result.measured == "—"
+
+
+def test_a_claim_may_name_a_quality_metric_of_the_registry(tmp_path):
+    """FID and the other quality outputs come from the cell's last evaluation, on any card."""
+
+    def evaluated(precision, fids):
+        r = make_record("DiT-S/8", precision, "none", 8, device="cpu")
+        r["quality"] = {"evaluations": [{"step": s, "metrics": {"fid": f}} for s, f in enumerate(fids)]}
+        return r
+
+    df = frame(tmp_path, [evaluated("fp32", [90.0, 30.0]), evaluated("bf16", [95.0, 33.0])])
+    doc = {
+        "card": "RTX 4090",  # quality is not a speed: where it ran does not matter
+        "claims": [
+            {"says": "fp32 reaches FID 32", "cell": {"precision": "fp32"}, "metric": "fid", "at_most": 32},
+            {"says": "bf16 reaches FID 32", "cell": {"precision": "bf16"}, "metric": "fid", "at_most": 32},
+            {
+                "says": "bf16 costs 10% FID",
+                "compare": {"from": {"precision": "fp32"}, "to": {"precision": "bf16"}},
+                "metric": "fid",
+                "ratio": 1.1,
+            },
+            {"says": "IS above 2", "cell": {"precision": "fp32"}, "metric": "inception_score", "at_least": 2},
+        ],
+    }
+    got = verdicts(df, doc)
+    assert got["fp32 reaches FID 32"].verdict == "held" and got["fp32 reaches FID 32"].measured == "30.0000"
+    assert got["bf16 reaches FID 32"].verdict == "not held"
+    assert got["bf16 costs 10% FID"].verdict == "held" and got["bf16 costs 10% FID"].measured == "×1.10"
+    assert got["IS above 2"].verdict == "not measured"
+    assert "no quality evaluation of the record has inception_score" in got["IS above 2"].evidence
+    with pytest.raises(UserError, match="Did you mean `fid`"):
+        parse_claims({"claims": [{"says": "x", "metric": "fdi", "value": 3}]}, "c.yaml")
