@@ -604,3 +604,105 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(case, tmp_path, c
     flat = " ".join(err.split())
     assert "Traceback" not in err and "would replace what this command reads" in flat, flat
     assert victim.read_bytes() == before
+
+
+# ------------------------------------------- bytes that are not text, files that are not files (issue 21)
+
+
+def png_header_only(path: Path, width: int, height: int) -> Path:
+    """A few hundred bytes that declare width x height pixels (a decompression bomb's header)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)))
+    return path
+
+
+def _bad_image(t: Path, name: str, make) -> list[str]:
+    argv = extract(t)  # makes imgs/cat/a.png
+    make(t / "imgs" / "cat" / name)
+    return argv
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+NOT_TEXT_NOT_FILES = {
+    "run: an override with a non-UTF-8 byte (issue example)": lambda t: (
+        run(t, t / "out", b"model=DiT-T/4\xff".decode("utf-8", "surrogateescape")),
+        {},
+        ["argument", "not UTF-8"],
+    ),
+    "report: a results path with a non-UTF-8 byte": lambda t: (
+        ["report", str(t / b"r\xfe.jsonl".decode("utf-8", "surrogateescape")), "--out", str(t / "rep")],
+        {},
+        ["argument 2", "not UTF-8"],
+    ),
+    "report: a FIFO as the results file": lambda t: (
+        ["report", str(_fifo(t / "r.jsonl")), "--out", str(t / "rep")],
+        {},
+        ["r.jsonl", "is a FIFO"],
+    ),
+    "report: /dev/null as the results file": lambda t: (
+        ["report", "/dev/null", "--out", str(t / "rep")],
+        {},
+        ["/dev/null", "is a device"],
+    ),
+    "train: a FIFO as the --data latent file": lambda t: (
+        train("--data", str(_fifo(t / "lat.npz"))),
+        {},
+        ["lat.npz", "is a FIFO"],
+    ),
+    "sample: a FIFO as the checkpoint": lambda t: (
+        sample(t, checkpoint=str(_fifo(t / "c.pt"))),
+        {},
+        ["c.pt", "not a file"],
+    ),
+    "extract-latents: a PNG over PIL's decompression-bomb limit (issue example)": lambda t: (
+        _bad_image(t, "bomb.png", lambda p: png_header_only(p, 100_000, 100_000)),
+        {},
+        ["bomb.png", "pixels"],
+    ),
+    "extract-latents: a PNG between PIL's warning and its error": lambda t: (
+        _bad_image(t, "big.png", lambda p: png_header_only(p, 10_000, 10_000)),
+        {},
+        ["big.png", "10,000 x 10,000 pixels", "89,478,485"],
+    ),
+    "extract-latents: a truncated PNG": lambda t: (
+        _bad_image(t, "cut.png", lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n\0\0")),
+        {},
+        ["cut.png", "not a readable image"],
+    ),
+    "sample: a damaged shard manifest on resume (issue example)": lambda t: (
+        (t / "s.npz.shards").mkdir()
+        or (t / "s.npz.shards" / "manifest.json").write_text("{not json")
+        and None,
+        sample(t),
+        ["manifest.json", "damaged", "--overwrite"],
+    )[1:],
+    "sample: a FIFO as the shard manifest": lambda t: (
+        (t / "s.npz.shards").mkdir() or _fifo(t / "s.npz.shards" / "manifest.json") and None,
+        sample(t),
+        ["manifest.json", "damaged"],
+    )[1:],
+}
+
+
+def _not_text_case(make):
+    def case(t):
+        argv, *rest = make(t)
+        return (argv, *rest) if len(rest) == 2 else (argv, {}, rest[0])
+
+    return case
+
+
+@pytest.mark.parametrize("case", list(NOT_TEXT_NOT_FILES))
+def test_bytes_that_are_not_text_and_files_that_are_not_files(case, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(CASES, case, _not_text_case(NOT_TEXT_NOT_FILES[case]))
+    test_hostile_input_is_one_clean_error(case, tmp_path, capsys, monkeypatch)
