@@ -110,6 +110,9 @@ def load_latent_file(path: str | os.PathLike) -> tuple[torch.Tensor, torch.Tenso
         )
     if latents.shape[0] == 0:
         raise UserError(f"latent file {str(p)!r} holds no latents")
+    from ditbench.inputcheck import check_latents
+
+    check_latents(latents, labels, str(p))  # before training: a NaN would fail it at step 2
     return latents.float(), labels.long()
 
 

@@ -706,3 +706,68 @@ def _not_text_case(make):
 def test_bytes_that_are_not_text_and_files_that_are_not_files(case, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(CASES, case, _not_text_case(NOT_TEXT_NOT_FILES[case]))
     test_hostile_input_is_one_clean_error(case, tmp_path, capsys, monkeypatch)
+
+
+# ----------------------------------------------------------------------------- refuse early (issue 21)
+
+
+def latents_with(tmp: Path, name: str = "lat.npz", latents=None, labels=None) -> Path:
+    rng = np.random.default_rng(0)
+    lat = rng.standard_normal((4, 4, 8, 8)).astype(np.float32) if latents is None else latents
+    lab = np.arange(4) % 2 if labels is None else labels
+    if name.endswith(".pt"):
+        torch.save({"latents": torch.as_tensor(lat), "labels": torch.as_tensor(lab)}, tmp / name)
+    else:
+        np.savez(tmp / name, latents=lat, labels=lab)
+    return tmp / name
+
+
+def _nan_at(index: int, value: float = float("nan")):
+    lat = np.random.default_rng(0).standard_normal((4, 4, 8, 8)).astype(np.float32)
+    lat[index, 0, 0, 0] = value
+    return lat
+
+
+REFUSE_EARLY = {
+    "train --data with NaN latents (issue example)": lambda t: (
+        train("--steps", "5", "--data", str(latents_with(t, latents=_nan_at(2)))),
+        {},
+        ["lat.npz", "1 NaN or infinite", "latent 2"],
+    ),
+    "train --data with an infinite latent in a .pt file": lambda t: (
+        train("--steps", "5", "--data", str(latents_with(t, "lat.pt", latents=_nan_at(0, float("inf"))))),
+        {},
+        ["lat.pt", "NaN or infinite", "latent 0"],
+    ),
+    "train --data with fractional labels": lambda t: (
+        train("--steps", "5", "--data", str(latents_with(t, labels=np.array([0.0, 1.5, 0.0, 1.0])))),
+        {},
+        ["lat.npz", "whole class numbers"],
+    ),
+    "train --data with a negative label": lambda t: (
+        train("--steps", "5", "--data", str(latents_with(t, labels=np.array([0, -1, 0, 1])))),
+        {},
+        ["lat.npz", "from 0", "-1"],
+    ),
+    "run --dry-run checks --cluster keys (issue example)": lambda t: (
+        run(t, t / "out", "--dry-run", "--executor", "slurm", "--cluster", "nosuchkey=1"),
+        {},
+        ["--cluster nosuchkey", "unknown key"],
+    ),
+    "run --dry-run checks --cluster values": lambda t: (
+        run(t, t / "out", "--dry-run", "--executor", "slurm", "--cluster", "time_limit_min=-5"),
+        {},
+        ["time_limit_min", "-5"],
+    ),
+    "run --dry-run --executor local refuses SLURM options": lambda t: (
+        run(t, t / "out", "--dry-run", "--executor", "local", "--cluster", "partition=gpu"),
+        {},
+        ["--executor local does not use"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSE_EARLY))
+def test_what_would_fail_later_is_refused_before_any_work(case, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(CASES, case, REFUSE_EARLY[case])
+    test_hostile_input_is_one_clean_error(case, tmp_path, capsys, monkeypatch)
