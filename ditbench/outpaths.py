@@ -107,7 +107,7 @@ def check_kept(folder: str | Path, entries: dict[str, bool], what: str = "--out"
         if stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(st.st_mode):
             continue
         if want_dir:
-            kind = "not a folder"
+            kind = "a file, not a folder" if stat.S_ISREG(st.st_mode) else "not a folder"
         else:
             kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
         raise UserError(
