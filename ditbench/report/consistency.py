@@ -149,15 +149,13 @@ def _positive(value: Any) -> float | None:
 
 
 def images_per_step(config: dict[str, Any]) -> float | None:
-    """Images one optimizer step consumes: global batch (batch x GPUs x nodes) x gradient accumulation."""
+    """Images one optimizer step consumes: the record's global_batch (batch x GPUs x nodes x grad_accum;
+    0.1.0 records had no grad_accum), else the product of those knobs."""
     batch = _positive(config.get("global_batch"))
-    if batch is None:
-        parts = [_positive(config.get(k, 1)) for k in ("batch_size", "gpus", "nodes")]
-        if any(p is None for p in parts):
-            return None
-        batch = math.prod(parts)  # type: ignore[arg-type]
-    accum = _positive(config.get("grad_accum", 1))
-    return None if accum is None else batch * accum
+    if batch is not None:
+        return batch
+    parts = [_positive(config.get(k, 1)) for k in ("batch_size", "gpus", "nodes", "grad_accum")]
+    return None if any(p is None for p in parts) else math.prod(parts)  # type: ignore[arg-type]
 
 
 def _off(have: float, want: float) -> bool:
