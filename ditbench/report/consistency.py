@@ -81,33 +81,40 @@ def _knobs(record: dict[str, Any]) -> tuple[str, str] | None:
 # ------------------------------------------------------------------------------------- the id
 
 
-def config_ids(config: dict[str, Any]) -> set[str]:
-    """Every id a record with this config may carry: today's, the 0.1.0 one, the 0.1.0 hash of it as is."""
+def config_ids(config: dict[str, Any]) -> tuple[set[str], str | None]:
+    """Every id a record with this config may carry (today's, the 0.1.0 one, the 0.1.0 hash of it as
+    stored), and why today's cannot be computed when this ditbench cannot read the config back."""
     from ditbench.bench.cellid import _digest, cell_id, legacy_cell_id
     from ditbench.bench.spec import CellSpec
 
     ids = {_digest(config)}  # 0.1.0 hashed the whole config as it stored it
     try:
         spec = CellSpec.from_record_config(config)
-    except Exception:  # noqa: BLE001 - a config of another version: its own hash is the only id
-        return ids
+    except Exception as err:  # noqa: BLE001 - a config of another version: its own hash is the only id
+        return ids, " ".join(str(err).split())
     ids.add(cell_id(spec))
     legacy = legacy_cell_id(spec)
     if legacy:
         ids.add(legacy)
-    return ids
+    return ids, None
 
 
 def _identity(record: dict[str, Any]) -> tuple[str, str] | None:
     config, own = record.get("config"), record.get("cell_id")
     if not isinstance(config, dict) or not isinstance(own, str):
         return None
-    ids = config_ids(config)
+    ids, unreadable = config_ids(config)
     if own in ids:
         return None
+    newer = (
+        f"; this ditbench cannot read that config back ({shorten(unreadable, 160, quote=False)}), so a "
+        "record of a newer ditbench needs that version"
+        if unreadable
+        else ""
+    )
     return "cell_id", (
         f"is {shorten(own)}, which is not the id of the record's config (that config's id is "
-        f"{sorted(ids)[0]}); a record with another cell's id would be compared as that cell"
+        f"{' or '.join(sorted(ids))}): a record with another cell's id would be compared as that cell{newer}"
     )
 
 
