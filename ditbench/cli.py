@@ -14,7 +14,7 @@ import sys
 import textwrap
 
 from ditbench import __version__
-from ditbench.cliopts import HelpFormatter, check_arguments
+from ditbench.cliopts import HelpFormatter, check_arguments, check_text_arguments
 from ditbench.errors import UserError
 
 # name -> (module, one-line help). Order is the order `ditbench --help` lists them in.
@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        check_text_arguments(argv)
         check_arguments(args)
         return int(args._run(args) or 0)
     except UserError as err:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 
+from ditbench.errors import UserError, shorten
 from ditbench.precision import PRECISIONS
 
 DEVICE_METAVAR = "{auto,cpu,cuda}"
@@ -59,6 +60,22 @@ def check_arguments(args: argparse.Namespace) -> None:
 
     if getattr(args, "precision", None) is not None:
         check_precision(args.precision, "--precision")
+
+
+def check_text_arguments(argv: list[str]) -> None:
+    """Every argument must be UTF-8 text: ditbench writes its arguments (overrides, paths, titles) into
+    records, reports and YAML, which are UTF-8. A byte that is not (Python keeps it as a lone surrogate)
+    would otherwise fail deep inside a parser or a write, with a traceback."""
+    for position, arg in enumerate(argv, 1):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError as err:
+            shown = arg.encode("utf-8", "surrogateescape").decode("ascii", "backslashreplace")
+            raise UserError(
+                f"argument {position} ({shorten(shown, 120, quote=False)}) holds a byte that is not UTF-8 "
+                f"text (at character {err.start + 1}); ditbench writes its arguments into records and "
+                "reports as UTF-8. Give it as UTF-8 text (rename a file whose name is not)."
+            ) from None
 
 
 def add_json(parser: argparse.ArgumentParser, what: str = "the result") -> None:

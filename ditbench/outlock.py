@@ -1,11 +1,17 @@
 """One writer per output folder: an exclusive lock, so two runs never both write the same results.
 
-`OutputLock(folder, command)` takes `<folder>/.ditbench.lock` with `fcntl.flock`: the kernel
-releases it when its holder dies, however it dies (SIGKILL included), so a lock never outlives a
-killed run. The file also holds its holder's record (PID, host, process start time, command, start
-time) so a second process is told who holds the folder; the record is cleared on release.
+`OutputLock(folder, command)` takes `<folder>/.ditbench.lock` with the filelock library (an
+`fcntl.flock` underneath): the kernel releases it when its holder dies, however it dies (SIGKILL
+included), so a lock never outlives a killed run. filelock opens the file with O_NOFOLLOW, so a link
+planted there is refused, never followed (a lstat check says so first). The file also holds its
+holder's record (PID, host, process start time, command, start time), written through the
+descriptor filelock hands over once it holds the lock, so a second process is told who holds the
+folder; the record is cleared on release.
 
-Some file systems refuse flock (Lustre mounted without `flock`, some NFS setups). There the lock is
+Some file systems refuse flock (Lustre mounted without `flock`, some NFS setups). filelock's own
+fallback there (a marker with PID and host) is off once a record is written through its descriptor,
+and it covers ENOSYS only; ditbench keeps its own for ENOLCK, EOPNOTSUPP, ENOSYS and EINVAL, whose
+record names the command too. There the lock is
 the record itself, created atomically (`os.link`) as `<folder>/.ditbench.lock.held`, and removed on
 release; a record left by a killed holder is stale when it names this host and its process is gone
 (the PID no longer runs, or runs with another start time), and is then taken over. A record from
@@ -16,7 +22,6 @@ from __future__ import annotations
 
 import datetime as dt
 import errno
-import fcntl
 import json
 import os
 import socket
@@ -26,11 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.errors import UserError, shorten
-from ditbench.fileio import open_nofollow, refuse_link
+from ditbench.fileio import O_NOFOLLOW, link_refusal, open_nofollow, refuse_link
 
 LOCK_NAME = ".ditbench.lock"
 HELD_NAME = ".ditbench.lock.held"  # the lock itself where flock is not supported
 _NO_FLOCK = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL}
+_CANNOT_CREATE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR, errno.ENOSPC}
 _TAKEOVER_TRIES = 3
 
 
@@ -96,45 +102,71 @@ class OutputLock:
         self.command = command or " ".join(["ditbench", *sys.argv[1:]])[:500]
         self.what = what
         self.hint = hint  # appended to the message a second process gets
-        self._fd: int | None = None
+        self._lock: Any = None  # the filelock.FileLock held
         self._held_file: Path | None = None
         self.stale: dict[str, Any] | None = None  # the record of a killed holder this lock replaced
 
-    # -- flock ---------------------------------------------------------------------------------------
+    # -- flock, through the filelock library ----------------------------------------------------------
     def acquire(self) -> OutputLock:
+        from filelock import FileLock, Timeout
+
         path = self.folder / LOCK_NAME
-        try:  # O_NOFOLLOW: a link planted as the lock file is refused, its target never truncated
-            fd = open_nofollow(path, os.O_RDWR | os.O_CREAT | os.O_NONBLOCK, what=self.what)
-        except OSError as err:
-            raise UserError(
-                f"{self.what} {shorten(str(self.folder))}: cannot create its lock file {LOCK_NAME} "
-                f"({err.strerror or err}); give a folder you can write in."
-            ) from None
+        self._check_lock_path(path)
+        previous: list[dict[str, Any] | None] = []
+        record = json.dumps(holder_record(self.command)).encode()
+
+        def write_holder(fd: int) -> None:  # filelock hands the locked descriptor over: our record in it
+            previous.append(_parse(_read_all(fd)))
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, record, 0)
+
+        # filelock opens with O_NOFOLLOW (a planted link is ELOOP, its target untouched) and O_NONBLOCK;
+        # on_acquired turns its own soft fallback off, so a file system without flock comes back as an
+        # OSError and gets ours below, whose record names the command too.
+        lock = FileLock(str(path), timeout=0, thread_local=False, on_acquired=write_holder)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock.acquire()
+        except Timeout:
+            raise self._hinted(self._busy(_parse(_read_path(path)))) from None
         except OSError as err:
-            holder = _parse(_read_all(fd))
-            os.close(fd)
-            if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise self._hinted(self._busy(holder)) from None
+            if err.errno == errno.ELOOP:
+                raise UserError(link_refusal(path, self.what)) from None
             if err.errno in _NO_FLOCK:
                 return self._acquire_held_file()
+            if err.errno in _CANNOT_CREATE:
+                raise UserError(
+                    f"{self.what} {shorten(str(self.folder))}: cannot create its lock file {LOCK_NAME} "
+                    f"({err.strerror or err}); give a folder you can write in."
+                ) from None
             raise UserError(
                 f"{self.what} {shorten(str(self.folder))}: cannot lock {LOCK_NAME} ({err.strerror or err})."
             ) from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device planted as the lock file
-            os.close(fd)
+        held = previous[0] if previous else None
+        if held and held.get("pid") is not None:
+            self.stale = held  # a holder that died without clearing its record (SIGKILL)
+        self._lock = lock
+        return self
+
+    def _check_lock_path(self, path: Path) -> None:
+        """lstat: a link is refused (never followed), and so is a FIFO or a device planted as the lock."""
+        if not self.folder.is_dir():  # filelock would create the folders; the caller makes (and checks) them
+            raise UserError(
+                f"{self.what} {shorten(str(self.folder))}: cannot create its lock file {LOCK_NAME} (no such "
+                "folder); give a folder you can write in."
+            )
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return
+        except OSError:
+            return  # the acquire reports it
+        if stat.S_ISLNK(st.st_mode):
+            raise UserError(link_refusal(path, self.what))
+        if not stat.S_ISREG(st.st_mode):
             raise UserError(
                 f"{self.what} {shorten(str(self.folder))}: {LOCK_NAME} is not a regular file; move it "
                 f"away (ditbench keeps its lock there), or give another {self.what}."
             )
-        previous = _parse(_read_all(fd))
-        if previous and previous.get("pid") is not None:
-            self.stale = previous  # a holder that died without clearing its record (SIGKILL)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(holder_record(self.command)).encode(), 0)
-        self._fd = fd
-        return self
 
     def _busy(self, holder: dict[str, Any] | None) -> UserError:
         folder = shorten(str(self.folder))
@@ -216,23 +248,38 @@ class OutputLock:
 
     # -------------------------------------------------------------------------------------------------
     def release(self) -> None:
-        if self._fd is not None:
-            try:
-                os.ftruncate(self._fd, 0)  # no record: nobody holds it
-            except OSError:
+        if self._lock is not None:
+            try:  # still holding it: clear our record (no record: nobody holds it)
+                fd = open_nofollow(self.folder / LOCK_NAME, os.O_WRONLY | os.O_NONBLOCK)
+                try:
+                    os.ftruncate(fd, 0)
+                finally:
+                    os.close(fd)
+            except (OSError, UserError):
                 pass
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+            self._lock.release()
+            self._lock = None
         if self._held_file is not None:
             self._held_file.unlink(missing_ok=True)
             self._held_file = None
 
     def __enter__(self) -> OutputLock:
-        return self.acquire() if self._fd is None and self._held_file is None else self
+        return self.acquire() if self._lock is None and self._held_file is None else self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _read_path(path: Path, limit: int = 64_000) -> bytes:
+    """The holder record in the lock file, read without following a link or blocking on a FIFO."""
+    try:
+        fd = os.open(path, os.O_RDONLY | O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return _read_all(fd, limit)
+    finally:
+        os.close(fd)
 
 
 def _read_all(fd: int, limit: int = 64_000) -> bytes:

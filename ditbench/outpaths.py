@@ -107,7 +107,7 @@ def check_kept(folder: str | Path, entries: dict[str, bool], what: str = "--out"
         if stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(st.st_mode):
             continue
         if want_dir:
-            kind = "not a folder"
+            kind = "a file, not a folder" if stat.S_ISREG(st.st_mode) else "not a folder"
         else:
             kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
         raise UserError(
@@ -187,3 +187,29 @@ def check_step_summary(path: str | None) -> None:
             f"$GITHUB_STEP_SUMMARY {shorten(path, 200)} is {kind}; the summary is appended to a regular file "
             "(GitHub Actions sets one). Set it to a file path, or unset it."
         )
+
+
+def not_a_file(path: str | Path) -> str | None:
+    """Why `path` is not a regular file a command can read (without opening it), or None when it is.
+
+    "does not exist" only when nothing is there: a FIFO (which would block a read forever), a device
+    such as /dev/null, a socket, a folder or a broken link is named for what it is.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "is a broken link" if os.path.islink(path) else "does not exist"
+    except (OSError, ValueError) as err:
+        return f"cannot be read ({getattr(err, 'strerror', None) or err})"
+    mode = st.st_mode
+    if stat.S_ISREG(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "is a folder, not a file"
+    if stat.S_ISFIFO(mode):
+        return "is a FIFO (a named pipe), not a file"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "is a device, not a file"
+    if stat.S_ISSOCK(mode):
+        return "is a socket, not a file"
+    return "is not a regular file"

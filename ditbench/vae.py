@@ -96,7 +96,10 @@ def _load_pretrained(p: Path, text: str):
                 "diffusers-format weights"
             )
         return vae
-    raise UserError(f"VAE path {shown} does not exist; give a local folder or file, or `random`")
+    from ditbench.outpaths import not_a_file
+
+    why = not_a_file(p) or "is not a file"  # a FIFO or /dev/null named as such, not "does not exist"
+    raise UserError(f"VAE path {shown} {why}; give a local folder or file, or `random`")
 
 
 def _read_state_dict_file(p: Path) -> dict:

@@ -134,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
     check_options(options)
     if args.cluster and args.executor is None:
         raise UserError("--cluster sets where --executor slurm submits the cells; add --executor slurm.")
+    # the --cluster keys are checked before a dry run too: it promises what the real run would do
+    cluster = _cluster_options(suite, args) if args.executor is not None else None
     if args.dry_run:
         check_out_dir(Path(out), create=False)  # run_suite checks (and creates) it for a real run
         previous = latest_by_cell(read_records(Path(out) / RESULTS_FILE))
@@ -164,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.executor is not None:
         echo = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else None
-        records = _submit(suite, options, args, echo)
+        records = _submit(suite, options, args, cluster, echo)
         if args.json:
             print(json.dumps(records, default=str))
             return 0
@@ -180,9 +182,9 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _submit(suite, options, args, echo=None) -> list[dict]:
+def _cluster_options(suite, args):
+    """The suite's `cluster:` with the --cluster KEY=VALUE flags over it, validated (UserError)."""
     from ditbench.bench.cluster import parse_cluster_flags
-    from ditbench.bench.jobs import submit_suite
     from ditbench.errors import UserError
 
     flags = parse_cluster_flags(args.cluster)
@@ -191,7 +193,13 @@ def _submit(suite, options, args, echo=None) -> list[dict]:
             f"--cluster {' '.join(args.cluster)} sets SLURM options, which --executor local does not use; "
             "drop --cluster, or use --executor slurm."
         )
-    return submit_suite(suite, options, args.executor, suite.cluster.merged(flags), echo=echo)
+    return suite.cluster.merged(flags)
+
+
+def _submit(suite, options, args, cluster, echo=None) -> list[dict]:
+    from ditbench.bench.jobs import submit_suite
+
+    return submit_suite(suite, options, args.executor, cluster, echo=echo)
 
 
 def _plan(cell, visible, rendezvous, previous: dict, args: argparse.Namespace) -> str:

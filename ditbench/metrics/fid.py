@@ -115,6 +115,8 @@ def trace_sqrt_product(sigma1, sigma2, device: str | torch.device = "cpu", facto
             root1 = (v * w.clamp_min(0).sqrt()) @ v.T
             m = root1 @ s2 @ root1
     m = (m + m.T) / 2  # symmetric in exact arithmetic; make eigvalsh see exactly that
+    if m.numel() == 0:  # sigma1 is zero (identical samples, a mode collapse): tr sqrt(0 S2) = 0
+        return 0.0
     ev = _eigvalsh(m).clamp_min(0)
     # Eigenvalues at rounding level (a singular S2, e.g. a reference of fewer images than dims) are
     # zero in exact arithmetic; sqrt() would turn each 1e-13 into 3e-7 and ~2000 of them add up.

@@ -22,6 +22,7 @@ from ditbench.errors import UserError
 from ditbench.fileio import atomic_write
 from ditbench.models.build import build_model
 from ditbench.models.configs import CONFIGS, canonical_name, get_config
+from ditbench.outpaths import not_a_file
 from ditbench.pretrained import resolve_checkpoint
 
 FORMAT = "ditbench.checkpoint/1"
@@ -45,8 +46,9 @@ def save_checkpoint(
 def read_checkpoint(path) -> dict:
     """torch.load(weights_only=True) with user-facing errors; returns whatever dict the file holds."""
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"checkpoint {str(p)!r} does not exist")
+    why = not_a_file(p)  # a FIFO or /dev/null named as such, not "does not exist"
+    if why is not None:
+        raise UserError(f"checkpoint {str(p)!r} {why}; give a .pt checkpoint file")
     try:
         obj = torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:

@@ -81,29 +81,37 @@ def _knobs(record: dict[str, Any]) -> tuple[str, str] | None:
 # ------------------------------------------------------------------------------------- the id
 
 
-def config_ids(config: dict[str, Any]) -> set[str]:
-    """Every id a record with this config may carry: its cell's id, and the hash of the config as is."""
+def config_ids(config: dict[str, Any]) -> tuple[set[str], str | None]:
+    """Every id a record with this config may carry (its cell's id, the hash of the config as stored),
+    and why the cell's id cannot be computed when this ditbench cannot read the config back."""
     from ditbench.bench.cellid import _digest, cell_id
     from ditbench.cellspec import CellSpec
 
     ids = {_digest(config)}
     try:
         spec = CellSpec.from_record_config(config)
-    except Exception:  # noqa: BLE001 - not a cell's config: its own hash is the only id
-        return ids
-    return ids | {cell_id(spec)}
+    except Exception as err:  # noqa: BLE001 - a config of another version: its own hash is the only id
+        return ids, " ".join(str(err).split())
+    ids.add(cell_id(spec))
+    return ids, None
 
 
 def _identity(record: dict[str, Any]) -> tuple[str, str] | None:
     config, own = record.get("config"), record.get("cell_id")
     if not isinstance(config, dict) or not isinstance(own, str):
         return None
-    ids = config_ids(config)
+    ids, unreadable = config_ids(config)
     if own in ids:
         return None
+    newer = (
+        f"; this ditbench cannot read that config back ({shorten(unreadable, 160, quote=False)}), so a "
+        "record of a newer ditbench needs that version"
+        if unreadable
+        else ""
+    )
     return "cell_id", (
         f"is {shorten(own)}, which is not the id of the record's config (that config's id is "
-        f"{sorted(ids)[0]}); a record with another cell's id would be compared as that cell"
+        f"{' or '.join(sorted(ids))}): a record with another cell's id would be compared as that cell{newer}"
     )
 
 
@@ -145,15 +153,13 @@ def _positive(value: Any) -> float | None:
 
 
 def images_per_step(config: dict[str, Any]) -> float | None:
-    """Images one optimizer step consumes: global batch (batch x GPUs x nodes) x gradient accumulation."""
+    """Images one optimizer step consumes: the record's global_batch (batch x GPUs x nodes x grad_accum;
+    0.1.0 records had no grad_accum), else the product of those knobs."""
     batch = _positive(config.get("global_batch"))
-    if batch is None:
-        parts = [_positive(config.get(k, 1)) for k in ("batch_size", "gpus", "nodes")]
-        if any(p is None for p in parts):
-            return None
-        batch = math.prod(parts)  # type: ignore[arg-type]
-    accum = _positive(config.get("grad_accum", 1))
-    return None if accum is None else batch * accum
+    if batch is not None:
+        return batch
+    parts = [_positive(config.get(k, 1)) for k in ("batch_size", "gpus", "nodes", "grad_accum")]
+    return None if any(p is None for p in parts) else math.prod(parts)  # type: ignore[arg-type]
 
 
 def _off(have: float, want: float) -> bool:

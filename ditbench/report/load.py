@@ -24,6 +24,7 @@ import pandas as pd
 
 from ditbench.bench.records import decode_line, shape_problem
 from ditbench.errors import UserError
+from ditbench.outpaths import not_a_file
 from ditbench.report.consistency import record_problem
 
 SCHEMA_PREFIX = "ditbench.result/"
@@ -56,9 +57,10 @@ def read_records(path: str | Path, judge_metrics: bool = False) -> list[tuple[in
                 "`ditbench run --out DIR` wrote (DIR/results.jsonl)."
             )
         path = candidate
-    if not path.is_file():
+    why = not_a_file(path)  # a FIFO or /dev/null is named as such, and never opened
+    if why is not None:
         raise UserError(
-            f"results file {path} does not exist; give the results.jsonl that `ditbench run` "
+            f"results file {path} {why}; give the results.jsonl that `ditbench run` "
             "wrote (for example runs/NAME/results.jsonl)."
         )
     try:

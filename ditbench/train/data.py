@@ -25,6 +25,7 @@ import torch
 
 from ditbench import vae as vae_lib
 from ditbench.errors import UserError
+from ditbench.outpaths import not_a_file
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".JPEG")
 
@@ -74,8 +75,9 @@ class SyntheticLatents(DataSource):
 def load_latent_file(path: str | os.PathLike) -> tuple[torch.Tensor, torch.Tensor]:
     """Read (latents float32 (N, C, s, s), labels int64 (N,)) from .npz or .pt, checking shapes."""
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"latent file {str(p)!r} does not exist; make one with `ditbench extract-latents`")
+    why = not_a_file(p)  # a FIFO or /dev/null named as such, not "does not exist"
+    if why is not None:
+        raise UserError(f"latent file {str(p)!r} {why}; make one with `ditbench extract-latents`")
     if p.suffix == ".npz":
         try:
             with np.load(p, allow_pickle=False) as f:
@@ -108,6 +110,9 @@ def load_latent_file(path: str | os.PathLike) -> tuple[torch.Tensor, torch.Tenso
         )
     if latents.shape[0] == 0:
         raise UserError(f"latent file {str(p)!r} holds no latents")
+    from ditbench.inputcheck import check_latents
+
+    check_latents(latents, labels, str(p))  # before training: a NaN would fail it at step 2
     return latents.float(), labels.long()
 
 
@@ -258,11 +263,14 @@ def image_folder(root, image_size: int, flip: bool = True):
     """torchvision ImageFolder over `root` with the ADM transform; UserError for a bad tree."""
     from torchvision.datasets import ImageFolder
 
+    from ditbench.imageload import load_rgb
+
     p = Path(root)
     if not p.is_dir():
         raise UserError(f"image folder {str(p)!r} does not exist or is not a directory")
     try:
-        return ImageFolder(str(p), transform=image_transform(image_size, flip))
+        # load_rgb: a decompression bomb or a damaged image is refused from its header, naming it
+        return ImageFolder(str(p), transform=image_transform(image_size, flip), loader=load_rgb)
     except (FileNotFoundError, RuntimeError) as err:
         raise UserError(
             f"image folder {str(p)!r} is not an ImageFolder tree: it needs one subfolder per class holding "

@@ -604,3 +604,170 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(case, tmp_path, c
     flat = " ".join(err.split())
     assert "Traceback" not in err and "would replace what this command reads" in flat, flat
     assert victim.read_bytes() == before
+
+
+# ------------------------------------------- bytes that are not text, files that are not files (issue 21)
+
+
+def png_header_only(path: Path, width: int, height: int) -> Path:
+    """A few hundred bytes that declare width x height pixels (a decompression bomb's header)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)))
+    return path
+
+
+def _bad_image(t: Path, name: str, make) -> list[str]:
+    argv = extract(t)  # makes imgs/cat/a.png
+    make(t / "imgs" / "cat" / name)
+    return argv
+
+
+def _fifo(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+NOT_TEXT_NOT_FILES = {
+    "run: an override with a non-UTF-8 byte (issue example)": lambda t: (
+        run(t, t / "out", b"model=DiT-T/4\xff".decode("utf-8", "surrogateescape")),
+        {},
+        ["argument", "not UTF-8"],
+    ),
+    "report: a results path with a non-UTF-8 byte": lambda t: (
+        ["report", str(t / b"r\xfe.jsonl".decode("utf-8", "surrogateescape")), "--out", str(t / "rep")],
+        {},
+        ["argument 2", "not UTF-8"],
+    ),
+    "report: a FIFO as the results file": lambda t: (
+        ["report", str(_fifo(t / "r.jsonl")), "--out", str(t / "rep")],
+        {},
+        ["r.jsonl", "is a FIFO"],
+    ),
+    "report: /dev/null as the results file": lambda t: (
+        ["report", "/dev/null", "--out", str(t / "rep")],
+        {},
+        ["/dev/null", "is a device"],
+    ),
+    "train: a FIFO as the --data latent file": lambda t: (
+        train("--data", str(_fifo(t / "lat.npz"))),
+        {},
+        ["lat.npz", "is a FIFO"],
+    ),
+    "sample: a FIFO as the checkpoint": lambda t: (
+        sample(t, checkpoint=str(_fifo(t / "c.pt"))),
+        {},
+        ["c.pt", "not a file"],
+    ),
+    "extract-latents: a PNG over PIL's decompression-bomb limit (issue example)": lambda t: (
+        _bad_image(t, "bomb.png", lambda p: png_header_only(p, 100_000, 100_000)),
+        {},
+        ["bomb.png", "pixels"],
+    ),
+    "extract-latents: a PNG between PIL's warning and its error": lambda t: (
+        _bad_image(t, "big.png", lambda p: png_header_only(p, 10_000, 10_000)),
+        {},
+        ["big.png", "10,000 x 10,000 pixels", "89,478,485"],
+    ),
+    "extract-latents: a truncated PNG": lambda t: (
+        _bad_image(t, "cut.png", lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n\0\0")),
+        {},
+        ["cut.png", "not a readable image"],
+    ),
+    "sample: a damaged shard manifest on resume (issue example)": lambda t: (
+        (t / "s.npz.shards").mkdir()
+        or (t / "s.npz.shards" / "manifest.json").write_text("{not json")
+        and None,
+        sample(t),
+        ["manifest.json", "damaged", "--overwrite"],
+    )[1:],
+    "sample: a FIFO as the shard manifest": lambda t: (
+        (t / "s.npz.shards").mkdir() or _fifo(t / "s.npz.shards" / "manifest.json") and None,
+        sample(t),
+        ["manifest.json", "damaged"],
+    )[1:],
+}
+
+
+def _not_text_case(make):
+    def case(t):
+        argv, *rest = make(t)
+        return (argv, *rest) if len(rest) == 2 else (argv, {}, rest[0])
+
+    return case
+
+
+@pytest.mark.parametrize("case", list(NOT_TEXT_NOT_FILES))
+def test_bytes_that_are_not_text_and_files_that_are_not_files(case, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(CASES, case, _not_text_case(NOT_TEXT_NOT_FILES[case]))
+    test_hostile_input_is_one_clean_error(case, tmp_path, capsys, monkeypatch)
+
+
+# ----------------------------------------------------------------------------- refuse early (issue 21)
+
+
+def latents_with(tmp: Path, name: str = "lat.npz", latents=None, labels=None) -> Path:
+    rng = np.random.default_rng(0)
+    lat = rng.standard_normal((4, 4, 8, 8)).astype(np.float32) if latents is None else latents
+    lab = np.arange(4) % 2 if labels is None else labels
+    if name.endswith(".pt"):
+        torch.save({"latents": torch.as_tensor(lat), "labels": torch.as_tensor(lab)}, tmp / name)
+    else:
+        np.savez(tmp / name, latents=lat, labels=lab)
+    return tmp / name
+
+
+def _nan_at(index: int, value: float = float("nan")):
+    lat = np.random.default_rng(0).standard_normal((4, 4, 8, 8)).astype(np.float32)
+    lat[index, 0, 0, 0] = value
+    return lat
+
+
+REFUSE_EARLY = {
+    "train --data with NaN latents (issue example)": lambda t: (
+        train("--steps", "5", "--data", str(latents_with(t, latents=_nan_at(2)))),
+        {},
+        ["lat.npz", "1 NaN or infinite", "latent 2"],
+    ),
+    "train --data with an infinite latent in a .pt file": lambda t: (
+        train("--steps", "5", "--data", str(latents_with(t, "lat.pt", latents=_nan_at(0, float("inf"))))),
+        {},
+        ["lat.pt", "NaN or infinite", "latent 0"],
+    ),
+    "train --data with fractional labels": lambda t: (
+        train("--steps", "5", "--data", str(latents_with(t, labels=np.array([0.0, 1.5, 0.0, 1.0])))),
+        {},
+        ["lat.npz", "whole class numbers"],
+    ),
+    "train --data with a negative label": lambda t: (
+        train("--steps", "5", "--data", str(latents_with(t, labels=np.array([0, -1, 0, 1])))),
+        {},
+        ["lat.npz", "from 0", "-1"],
+    ),
+    "run --dry-run checks --cluster keys (issue example)": lambda t: (
+        run(t, t / "out", "--dry-run", "--executor", "slurm", "--cluster", "nosuchkey=1"),
+        {},
+        ["--cluster nosuchkey", "unknown key"],
+    ),
+    "run --dry-run checks --cluster values": lambda t: (
+        run(t, t / "out", "--dry-run", "--executor", "slurm", "--cluster", "time_limit_min=-5"),
+        {},
+        ["time_limit_min", "-5"],
+    ),
+    "run --dry-run --executor local refuses SLURM options": lambda t: (
+        run(t, t / "out", "--dry-run", "--executor", "local", "--cluster", "partition=gpu"),
+        {},
+        ["--executor local does not use"],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSE_EARLY))
+def test_what_would_fail_later_is_refused_before_any_work(case, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(CASES, case, REFUSE_EARLY[case])
+    test_hostile_input_is_one_clean_error(case, tmp_path, capsys, monkeypatch)

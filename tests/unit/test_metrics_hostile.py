@@ -429,3 +429,54 @@ def test_the_object_payload_is_live(tmp_path):
 
     pickle.loads(pickle.dumps(Payload(tmp_path / "proof")))
     assert (tmp_path / "proof").exists()
+
+
+# --------------------------------------------------------------- degenerate samples (issue 21)
+
+DEGENERATE = {
+    "twelve identical samples (mode collapse, the issue's example)": (
+        lambda: np.full((12, 32, 32, 3), 128, np.uint8),
+        lambda: _images(12, seed=2),
+    ),
+    "an identical reference": (lambda: _images(12, seed=1), lambda: np.full((12, 32, 32, 3), 7, np.uint8)),
+    "both sets one and the same image": (
+        lambda: np.zeros((12, 32, 32, 3), np.uint8),
+        lambda: np.zeros((12, 32, 32, 3), np.uint8),
+    ),
+    "all black against all white": (
+        lambda: np.zeros((12, 32, 32, 3), np.uint8),
+        lambda: np.full((12, 32, 32, 3), 255, np.uint8),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(DEGENERATE))
+def test_degenerate_samples_give_defined_values_not_a_traceback(case, tmp_path, capsys, fake_network):
+    samples, ref = DEGENERATE[case]
+    np.savez(tmp_path / "s.npz", arr_0=samples())
+    np.savez(tmp_path / "r.npz", arr_0=ref())
+    code, out, err = _run(tmp_path, ["--samples", tmp_path / "s.npz", "--ref", tmp_path / "r.npz"], capsys)
+    assert code == 0, err
+    metrics = json.loads((tmp_path / "m.json").read_text())["metrics"]
+    for name in ("fid", "sfid", "inception_score", "precision", "recall"):
+        assert metrics[name] is None or np.isfinite(metrics[name]), (name, metrics)
+    assert metrics["fid"] >= 0 and metrics["sfid"] >= 0
+    if case.startswith("both"):
+        assert metrics["fid"] == 0.0 and metrics["sfid"] == 0.0
+
+
+def test_the_frechet_distance_of_a_collapsed_set_is_its_closed_form():
+    """sigma1 = 0: FID = |mu1 - mu2|^2 + tr(sigma2), exactly (tr sqrt(0 . sigma2) = 0)."""
+    from ditbench.metrics.fid import frechet_distance, trace_sqrt_product
+
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((20, 6))
+    mu2, sigma2 = ref.mean(0), np.cov(ref, rowvar=False)
+    collapsed = np.ones((12, 6))
+    factor = (collapsed - collapsed.mean(0)) / np.sqrt(11)  # all zeros
+    assert trace_sqrt_product(np.zeros((6, 6)), sigma2, factor1=factor) == 0.0
+    assert trace_sqrt_product(np.zeros((6, 6)), sigma2) == 0.0  # the eigh path
+    expected = float((1 - mu2) @ (1 - mu2) + np.trace(sigma2))
+    assert frechet_distance(np.ones(6), np.zeros((6, 6)), mu2, sigma2, factor1=factor) == pytest.approx(
+        expected, rel=1e-12
+    )
