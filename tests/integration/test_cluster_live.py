@@ -167,20 +167,25 @@ def test_a_time_limit_a_scancel_and_a_requeue_are_recorded_from_slurms_state(tmp
     while it runs and finishes on its second start. A rerun (no fault) runs the cancelled cell again."""
     suite, out = write_suite(tmp_path, "batch_size: [2, 3, 4]"), tmp_path / "o"
     submitter = start(suite, out, "--executor", "slurm", DITBENCH_INJECT_FAULT="bs=2=hang,bs=3=hang")
+    ids: dict[str, str] = {}
     try:
         wait_until(lambda: len(job_ids(out)) == 3, "all three jobs were submitted", submitter)
         ids = {by: job_id for by, job_id in zip(("bs=2", "bs=3", "bs=4"), _ids_by_batch(out), strict=True)}
         wait_until(lambda: all(slurm_state(i) == "RUNNING" for i in ids.values()), "all three run", submitter)
-        # a one-minute limit, SLURM's shortest: its time-limit warning (SIGUSR2 60 s ahead, which
-        # submitit would turn into a FAILED job) comes at once, then SLURM ends the job TIMEOUT.
-        # (`EndTime=now` would be quicker but sends no warning: it passed without the fix.)
-        subprocess.run(["scontrol", "update", f"JobId={ids['bs=2']}", "TimeLimit=1"], check=True)
+        # SLURM's time-limit warning (SIGUSR2, sent `signal_delay_s` ahead; submitit alone would turn
+        # it into a FAILED job), then the limit itself brought forward to now: SLURM ends it TIMEOUT.
+        # (TimeLimit=1, SLURM's shortest, sends both itself but takes a minute more.)
+        subprocess.run(["scancel", "--signal=USR2", ids["bs=2"]], check=True)
+        time.sleep(10)
+        assert slurm_state(ids["bs=2"]) == "RUNNING"  # the warning alone ends nothing
+        subprocess.run(["scontrol", "update", f"JobId={ids['bs=2']}", "EndTime=now"], check=True)
         subprocess.run(["scancel", ids["bs=3"]], check=True)
         subprocess.run(["scontrol", "requeue", ids["bs=4"]], check=True)
         stdout, _ = submitter.communicate(timeout=360)
     finally:
         if submitter.poll() is None:
             submitter.kill()
+        subprocess.run(["scancel", *ids.values()])  # none left hanging when the test fails
     assert submitter.returncode == 0, stdout
     got = by_name(out)
     timed_out, cancelled, requeued = (_one(got, b) for b in ("bs=2", "bs=3", "bs=4"))
