@@ -126,7 +126,15 @@ def submitted_lines(text: str) -> list[str]:
 @pytest.mark.timeout(420)
 def test_cpu_multi_runs_as_one_array_per_job_shape_and_matches_a_local_run(tmp_path):
     out, local = tmp_path / "slurm", tmp_path / "local"
-    done = run("cpu_multi", out, *SMALL, "--executor", "slurm")
+    # the local run goes alongside (only the records' shape is compared): the submitter mostly waits
+    local_run = start("cpu_multi", local, *SMALL)
+    try:
+        done = run("cpu_multi", out, *SMALL, "--executor", "slurm")
+        local_out, _ = local_run.communicate(timeout=300)
+    finally:
+        if local_run.poll() is None:
+            local_run.kill()
+    assert local_run.returncode == 0, local_out
     lines = submitted_lines(done.stdout)
     # one job for the 1-rank cell, one array of two for the 2-rank DDP and FSDP cells
     assert sorted(line.split(":")[0] for line in lines) == [
@@ -146,7 +154,6 @@ def test_cpu_multi_runs_as_one_array_per_job_shape_and_matches_a_local_run(tmp_p
         assert len(nodes) == 1 and nodes[0] in ("node1", "node2"), record["slurm_job"]
         if record["config"]["gpus"] == 2:
             assert record["metrics"]["launcher"] == "srun" and len(record["metrics"]["per_rank"]) == 2
-    run("cpu_multi", local, *SMALL, timeout=400)
     assert sorted(map(shape, got)) == sorted(map(shape, records(local)))
 
 
