@@ -319,3 +319,42 @@ def test_sacct_lag_right_after_submission_never_becomes_an_ended_state(tmp_path)
         assert ended == ["COMPLETED"]
     finally:
         subprocess.run(["scancel", sleeper])
+
+
+GPU_VIEW = """
+import json, os, types
+import submitit
+from ditbench.bench.launch.srun import _rank_env
+env = _rank_env(types.SimpleNamespace(device="cuda"), submitit.JobEnvironment())
+print(json.dumps({"rank": env["RANK"], "local_rank": env["LOCAL_RANK"],
+                  "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
+                  "job_gpus": os.environ.get("SLURM_JOB_GPUS")}))
+"""
+
+
+@pytest.mark.timeout(180)
+def test_each_rank_of_a_two_gpu_cell_gets_the_jobs_gpus_and_its_own_local_rank(tmp_path):
+    """The cluster's stand-in GPUs (tests/cluster/slurm.sh: two per node) through the batch script
+    ditbench writes for a 2-GPU cell: each task sees the job's two GPUs and takes cuda:LOCAL_RANK."""
+    import submitit
+
+    from ditbench.bench.cluster import ClusterOptions, job_parameters
+
+    gres = subprocess.run(["sinfo", "-h", "-N", "-o", "%G"], capture_output=True, text=True).stdout.split()
+    if not gres or any(g != "gpu:2" for g in gres):
+        pytest.skip(
+            f"the cluster has no stand-in GPUs (sinfo gres: {gres}); tests/cluster/slurm.sh makes them"
+        )
+    config = {"gpus": 2, "nodes": 1, "device": "cuda"}
+    params = job_parameters(config, 60, ClusterOptions(), "slurm")
+    executor = executors.make_executor("slurm", tmp_path / "submitit")
+    executors.configure(executor, "slurm", params)
+    job = executor.submit(submitit.helpers.CommandFunction([sys.executable, "-c", GPU_VIEW]))
+    script = Path(job.paths.submission_file).read_text()
+    assert "#SBATCH --gpus-per-node=2" in script and "#SBATCH --ntasks-per-node=2" in script
+    views = sorted((json.loads(out) for out in job.results()), key=lambda v: v["rank"])
+    assert [v["local_rank"] for v in views] == ["0", "1"], views
+    job_gpus = views[0]["job_gpus"].split(",")
+    assert len(job_gpus) == 2
+    # cuda:LOCAL_RANK is a different one of the job's own GPUs in each rank
+    assert all(v["cuda_visible_devices"] == ",".join(job_gpus) for v in views), views
