@@ -178,7 +178,9 @@ def test_a_time_limit_a_scancel_and_a_requeue_are_recorded_from_slurms_state(tmp
     try:
         wait_until(lambda: len(job_ids(out)) == 3, "all three jobs were submitted", submitter)
         ids = {by: job_id for by, job_id in zip(("bs=2", "bs=3", "bs=4"), _ids_by_batch(out), strict=True)}
-        wait_until(lambda: all(slurm_state(i) == "RUNNING" for i in ids.values()), "all three run", submitter)
+        # started: each task has set its signal handling (SLURM says RUNNING while python still starts)
+        started = lambda: len(list(jobs_dir(out).glob("*.started.json"))) == 3  # noqa: E731
+        wait_until(started, "all three started", submitter)
         # SLURM's time-limit warning (SIGUSR2, sent `signal_delay_s` ahead; submitit alone would turn
         # it into a FAILED job), then the limit itself brought forward to now: SLURM ends it TIMEOUT.
         # (TimeLimit=1, SLURM's shortest, sends both itself but takes a minute more.)
