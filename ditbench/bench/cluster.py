@@ -210,9 +210,10 @@ def job_parameters(config: dict[str, Any], cell_timeout_s: float, options: Clust
         "signal_delay_s": 60,
     }
     if config["device"] == "cuda":
+        # SLURM's default binding gives every task the job's GPUs on its node (CUDA_VISIBLE_DEVICES)
+        # and each rank takes cuda:LOCAL_RANK, as under torchrun. Not --gpu-bind=none: that leaves
+        # CUDA_VISIBLE_DEVICES unset, so every GPU of the node (other jobs' too) is visible.
         params["gpus_per_node"] = gpus
-        if gpus > 1:  # every task sees all the node's GPUs and takes cuda:LOCAL_RANK, as under torchrun
-            params["srun_args"] = ["--gpu-bind=none"]
     for key in TEXT_KEYS:
         if getattr(options, key) is not None:
             params[key] = getattr(options, key)

@@ -102,6 +102,18 @@ EOF
     mkdir -p "$DIR/spool/$node"  # each slurmd needs its own spool
   done
   echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP" >> "$DIR/slurm.conf"
+  # Two stand-in GPUs per node: character devices with NVIDIA's major number and no driver behind
+  # them (SLURM wants device files; it only hands out their indices), so that --gpus-per-node jobs
+  # are scheduled and their tasks get CUDA_VISIBLE_DEVICES as on a GPU node. Without mknod: no GPUs.
+  mkdir -p "$DIR/dev"
+  if [ -c "$DIR/dev/gpu1" ] || { mknod "$DIR/dev/gpu0" c 195 0 && mknod "$DIR/dev/gpu1" c 195 1; } 2>/dev/null; then
+    echo "GresTypes=gpu" >> "$DIR/slurm.conf"
+    sed -i "s/^\(NodeName=node[0-9]* .*\) State=UNKNOWN$/\1 Gres=gpu:2 State=UNKNOWN/" "$DIR/slurm.conf"
+    printf 'AutoDetect=off\nName=gpu File=%s/dev/gpu[0-1]\n' "$DIR" > "$DIR/gres.conf"
+  else
+    log "no stand-in GPUs (mknod failed): the nodes have no gres"
+    rm -f "$DIR/gres.conf"
+  fi
   # slurmdbd reads slurmdbd.conf next to SLURM_CONF; it refuses one others can read
   cat > "$DIR/slurmdbd.conf" <<EOF
 AuthType=auth/munge

@@ -126,7 +126,15 @@ def submitted_lines(text: str) -> list[str]:
 @pytest.mark.timeout(420)
 def test_cpu_multi_runs_as_one_array_per_job_shape_and_matches_a_local_run(tmp_path):
     out, local = tmp_path / "slurm", tmp_path / "local"
-    done = run("cpu_multi", out, *SMALL, "--executor", "slurm")
+    # the local run goes alongside (only the records' shape is compared): the submitter mostly waits
+    local_run = start("cpu_multi", local, *SMALL)
+    try:
+        done = run("cpu_multi", out, *SMALL, "--executor", "slurm")
+        local_out, _ = local_run.communicate(timeout=300)
+    finally:
+        if local_run.poll() is None:
+            local_run.kill()
+    assert local_run.returncode == 0, local_out
     lines = submitted_lines(done.stdout)
     # one job for the 1-rank cell, one array of two for the 2-rank DDP and FSDP cells
     assert sorted(line.split(":")[0] for line in lines) == [
@@ -146,7 +154,6 @@ def test_cpu_multi_runs_as_one_array_per_job_shape_and_matches_a_local_run(tmp_p
         assert len(nodes) == 1 and nodes[0] in ("node1", "node2"), record["slurm_job"]
         if record["config"]["gpus"] == 2:
             assert record["metrics"]["launcher"] == "srun" and len(record["metrics"]["per_rank"]) == 2
-    run("cpu_multi", local, *SMALL, timeout=400)
     assert sorted(map(shape, got)) == sorted(map(shape, records(local)))
 
 
@@ -167,20 +174,27 @@ def test_a_time_limit_a_scancel_and_a_requeue_are_recorded_from_slurms_state(tmp
     while it runs and finishes on its second start. A rerun (no fault) runs the cancelled cell again."""
     suite, out = write_suite(tmp_path, "batch_size: [2, 3, 4]"), tmp_path / "o"
     submitter = start(suite, out, "--executor", "slurm", DITBENCH_INJECT_FAULT="bs=2=hang,bs=3=hang")
+    ids: dict[str, str] = {}
     try:
         wait_until(lambda: len(job_ids(out)) == 3, "all three jobs were submitted", submitter)
         ids = {by: job_id for by, job_id in zip(("bs=2", "bs=3", "bs=4"), _ids_by_batch(out), strict=True)}
-        wait_until(lambda: all(slurm_state(i) == "RUNNING" for i in ids.values()), "all three run", submitter)
-        # a one-minute limit, SLURM's shortest: its time-limit warning (SIGUSR2 60 s ahead, which
-        # submitit would turn into a FAILED job) comes at once, then SLURM ends the job TIMEOUT.
-        # (`EndTime=now` would be quicker but sends no warning: it passed without the fix.)
-        subprocess.run(["scontrol", "update", f"JobId={ids['bs=2']}", "TimeLimit=1"], check=True)
+        # started: each task has set its signal handling (SLURM says RUNNING while python still starts)
+        started = lambda: len(list(jobs_dir(out).glob("*.started.json"))) == 3  # noqa: E731
+        wait_until(started, "all three started", submitter)
+        # SLURM's time-limit warning (SIGUSR2, sent `signal_delay_s` ahead; submitit alone would turn
+        # it into a FAILED job), then the limit itself brought forward to now: SLURM ends it TIMEOUT.
+        # (TimeLimit=1, SLURM's shortest, sends both itself but takes a minute more.)
+        subprocess.run(["scancel", "--signal=USR2", ids["bs=2"]], check=True)
+        time.sleep(10)
+        assert slurm_state(ids["bs=2"]) == "RUNNING"  # the warning alone ends nothing
+        subprocess.run(["scontrol", "update", f"JobId={ids['bs=2']}", "EndTime=now"], check=True)
         subprocess.run(["scancel", ids["bs=3"]], check=True)
         subprocess.run(["scontrol", "requeue", ids["bs=4"]], check=True)
         stdout, _ = submitter.communicate(timeout=360)
     finally:
         if submitter.poll() is None:
             submitter.kill()
+        subprocess.run(["scancel", *ids.values()])  # none left hanging when the test fails
     assert submitter.returncode == 0, stdout
     got = by_name(out)
     timed_out, cancelled, requeued = (_one(got, b) for b in ("bs=2", "bs=3", "bs=4"))
@@ -307,3 +321,42 @@ def test_sacct_lag_right_after_submission_never_becomes_an_ended_state(tmp_path)
         assert ended == ["COMPLETED"]
     finally:
         subprocess.run(["scancel", sleeper])
+
+
+GPU_VIEW = """
+import json, os, types
+import submitit
+from ditbench.bench.launch.srun import _rank_env
+env = _rank_env(types.SimpleNamespace(device="cuda"), submitit.JobEnvironment())
+print(json.dumps({"rank": env["RANK"], "local_rank": env["LOCAL_RANK"],
+                  "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
+                  "job_gpus": os.environ.get("SLURM_JOB_GPUS")}))
+"""
+
+
+@pytest.mark.timeout(180)
+def test_each_rank_of_a_two_gpu_cell_gets_the_jobs_gpus_and_its_own_local_rank(tmp_path):
+    """The cluster's stand-in GPUs (tests/cluster/slurm.sh: two per node) through the batch script
+    ditbench writes for a 2-GPU cell: each task sees the job's two GPUs and takes cuda:LOCAL_RANK."""
+    import submitit
+
+    from ditbench.bench.cluster import ClusterOptions, job_parameters
+
+    gres = subprocess.run(["sinfo", "-h", "-N", "-o", "%G"], capture_output=True, text=True).stdout.split()
+    if not gres or any(g != "gpu:2" for g in gres):
+        pytest.skip(
+            f"the cluster has no stand-in GPUs (sinfo gres: {gres}); tests/cluster/slurm.sh makes them"
+        )
+    config = {"gpus": 2, "nodes": 1, "device": "cuda"}
+    params = job_parameters(config, 60, ClusterOptions(), "slurm")
+    executor = executors.make_executor("slurm", tmp_path / "submitit")
+    executors.configure(executor, "slurm", params)
+    job = executor.submit(submitit.helpers.CommandFunction([sys.executable, "-c", GPU_VIEW]))
+    script = Path(job.paths.submission_file).read_text()
+    assert "#SBATCH --gpus-per-node=2" in script and "#SBATCH --ntasks-per-node=2" in script
+    views = sorted((json.loads(out) for out in job.results()), key=lambda v: v["rank"])
+    assert [v["local_rank"] for v in views] == ["0", "1"], views
+    job_gpus = views[0]["job_gpus"].split(",")
+    assert len(job_gpus) == 2
+    # cuda:LOCAL_RANK is a different one of the job's own GPUs in each rank
+    assert all(v["cuda_visible_devices"] == ",".join(job_gpus) for v in views), views

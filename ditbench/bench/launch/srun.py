@@ -41,14 +41,14 @@ class StoppedBySlurm(BaseException):
 
 
 def _leave_the_end_to_slurm() -> None:
-    """On SLURM a job that SLURM stops is recorded from SLURM's state, not from its killed ranks.
+    """On SLURM a job that SLURM stops is recorded from SLURM's state, not from what its task saw.
 
-    Without this, submitit turns the time-limit warning (SIGUSR2, `signal_delay_s` ahead) into a
-    FAILED job, and it ignores SIGTERM while SLURM's SIGTERM kills the ranks, so task 0 would
-    write an `error` result ("rank 0 died") before SLURM's SIGKILL. Instead the task and its
-    ranks (which inherit SIG_IGN) ignore the warning, and SIGTERM stops the task with no result:
-    the submitter then reads the job's state (TIMEOUT is `timeout`, CANCELLED is named in the
-    reason, a requeued job is waited for and runs again).
+    submitit's handler turns SLURM's time-limit warning (SIGUSR2, `signal_delay_s` ahead) into an
+    exception, so a job past its limit ended FAILED and was recorded `error` (seen on a live
+    cluster). The task and its ranks (which inherit SIG_IGN) ignore the warning instead. SIGTERM
+    (SLURM ending the job: its limit, scancel, a requeue) stops the task without a result, whatever
+    its ranks report as they are killed: the submitter then reads the job's state (TIMEOUT is
+    `timeout`, CANCELLED is named in the reason, a requeued job is waited for and runs again).
     """
 
     def stop(signum, frame):
