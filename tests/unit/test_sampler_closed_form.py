@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from ditbench.diffusion import create_diffusion, space_timesteps
+from ditbench.diffusion import create_diffusion, sample_latents, space_timesteps
+from ditbench.errors import UserError
 
 # The DiT/ADM schedule written out: 1000 linear betas from 1e-4 to 0.02.
 BETAS = np.linspace(1e-4, 0.02, 1000)
@@ -70,12 +71,15 @@ def test_one_ddpm_step_is_the_posterior_sample(respacing, v_value):
     v = torch.full_like(eps, v_value)
     seen_t = []
 
+    labels = torch.arange(len(steps))
+
     def model(x_t, t, **kw):
+        assert torch.equal(kw["y"], labels)  # the caller's model_kwargs reach the model
         seen_t.append(t.clone())
         return torch.cat([eps, v], dim=1)
 
     t = torch.tensor(steps)
-    got = d.p_sample(model, x, t, generator=torch.Generator().manual_seed(11))
+    got = d.p_sample(model, x, t, {"y": labels}, generator=torch.Generator().manual_seed(11))
     z = torch.randn(x.shape, generator=torch.Generator().manual_seed(11)).double()
     assert torch.equal(seen_t[0], torch.tensor([kept[i] for i in steps]))  # the model sees original t
 
@@ -107,8 +111,14 @@ def test_one_ddim_step_is_song_eq_12(respacing, eta):
     eps = torch.randn(len(steps), 4, 3, 3, generator=gen)
     out = torch.cat([eps, torch.rand_like(eps) * 2 - 1], dim=1)  # DDIM ignores the variance channels
 
+    labels = torch.arange(len(steps))
+
+    def model(x_t, t, **kw):
+        assert torch.equal(kw["y"], labels)
+        return out
+
     got = d.ddim_sample(
-        lambda x_t, t, **kw: out, x, torch.tensor(steps), eta=eta, generator=torch.Generator().manual_seed(13)
+        model, x, torch.tensor(steps), {"y": labels}, eta=eta, generator=torch.Generator().manual_seed(13)
     )
     z = torch.randn(x.shape, generator=torch.Generator().manual_seed(13)).double()
 
@@ -207,7 +217,10 @@ def _ddim_gain(a, a_prev, sigma):
     return (math.sqrt(a_prev * a) * S**2 + torch.sqrt(1 - a_prev - sigma**2) * math.sqrt(1 - a)) / var_t
 
 
-@pytest.mark.parametrize("respacing,var_error", [("ddim50", 0.11), (None, 0.007)])
+@pytest.mark.parametrize(
+    "respacing,var_error",
+    [("ddim50", 0.11), pytest.param(None, 0.007, marks=pytest.mark.slow)],  # 1000 steps: about 3 s
+)
 def test_ddim_eta0_with_the_gaussian_oracle_is_the_derived_affine_map(respacing, var_error):
     """Deterministic DDIM maps x_T affinely, so every step is checked per sample; its discretisation
     shrinks the variance (by 11% at most over ddim50, 0.7% over all 1000 steps): stated, not hidden."""
@@ -247,3 +260,78 @@ def test_ddim_eta1_with_the_gaussian_oracle_follows_the_derived_law_after_every_
         x = d.ddim_sample(oracle, x, torch.full((n,), i), eta=eta, generator=gen)
         _assert_law(x, math.sqrt(a_prev) * MU, var, f"after step {i}")
         assert ((var / _marginal(a_prev)[1] - 1).abs() <= 0.22).all()  # stochastic DDIM over 50 steps
+
+
+# ---- sample_latents: the loop, the labels and classifier-free guidance -------------------------
+
+
+class StubDiT:
+    """A stand-in for DiT's two entry points: a fixed affine eps of x, and a record of the calls."""
+
+    num_classes = 10
+
+    def __init__(self):
+        self.calls = []
+
+    def _out(self, x, t):
+        eps = 0.3 * x + 0.01 * t.float().reshape(-1, 1, 1, 1)
+        return torch.cat([eps, torch.full_like(eps, 0.5)], dim=1)
+
+    def __call__(self, x, t, y):
+        self.calls.append(("plain", y.clone()))
+        return self._out(x, t)
+
+    def forward_with_cfg(self, x, t, y, cfg_scale, guidance_channels):
+        self.calls.append(("cfg", y.clone(), cfg_scale, guidance_channels))
+        return self._out(x, t) * cfg_scale
+
+
+@pytest.mark.parametrize("sampler", ["ddpm", "ddim"])
+def test_sample_latents_runs_the_chosen_loop_from_its_noise(sampler):
+    d, labels = create_diffusion("5"), torch.tensor([3, 1, 4])
+    model = StubDiT()
+    got = sample_latents(
+        model, d, labels, latent_size=2, sampler=sampler, generator=torch.Generator().manual_seed(0)
+    )
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn((3, 4, 2, 2), generator=g)
+    loop = d.p_sample_loop if sampler == "ddpm" else d.ddim_sample_loop
+    want = loop(StubDiT(), None, noise=z, model_kwargs={"y": labels}, generator=g)
+    assert got.shape == (3, 4, 2, 2) and torch.equal(got, want)
+    assert len(model.calls) == 5 and all(c[0] == "plain" and torch.equal(c[1], labels) for c in model.calls)
+
+
+@pytest.mark.parametrize("null_class,want_null", [(None, 10), (7, 7)])
+def test_sample_latents_guides_with_the_null_class(null_class, want_null):
+    d, labels = create_diffusion("4"), torch.tensor([2, 5])
+    model = StubDiT()
+    got = sample_latents(
+        model,
+        d,
+        labels,
+        latent_size=2,
+        cfg_scale=1.5,
+        sampler="ddim",
+        null_class=null_class,
+        guidance_channels=3,
+        generator=torch.Generator().manual_seed(1),
+        in_channels=3,
+    )
+    g = torch.Generator().manual_seed(1)
+    z = torch.randn((2, 3, 2, 2), generator=g)
+    y = torch.tensor([2, 5, want_null, want_null])
+    kwargs = {"y": y, "cfg_scale": 1.5, "guidance_channels": 3}
+    want = d.ddim_sample_loop(StubDiT().forward_with_cfg, None, noise=torch.cat([z, z]), model_kwargs=kwargs)[
+        :2
+    ]
+    assert got.shape == (2, 3, 2, 2) and torch.equal(got, want)
+    assert all(c[0] == "cfg" and torch.equal(c[1], y) and c[2:] == (1.5, 3) for c in model.calls)
+    # cfg_scale 1 is no guidance: the plain forward, the labels alone
+    model = StubDiT()
+    sample_latents(model, d, labels, latent_size=2, cfg_scale=1.0, generator=torch.Generator().manual_seed(1))
+    assert {c[0] for c in model.calls} == {"plain"}
+
+
+def test_sample_latents_refuses_an_unknown_sampler():
+    with pytest.raises(UserError, match="sampler 'euler' is not known; use ddpm or ddim"):
+        sample_latents(StubDiT(), create_diffusion("2"), torch.tensor([0]), latent_size=2, sampler="euler")
