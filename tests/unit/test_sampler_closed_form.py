@@ -335,3 +335,31 @@ def test_sample_latents_guides_with_the_null_class(null_class, want_null):
 def test_sample_latents_refuses_an_unknown_sampler():
     with pytest.raises(UserError, match="sampler 'euler' is not known; use ddpm or ddim"):
         sample_latents(StubDiT(), create_diffusion("2"), torch.tensor([0]), latent_size=2, sampler="euler")
+
+
+@pytest.mark.parametrize("sampler", ["ddpm", "ddim"])
+def test_clip_denoised_clamps_the_predicted_x0_in_the_posterior(sampler):
+    d, kept = create_diffusion("50"), _kept("50")
+    i = 10
+    a, a_prev, beta = _step_schedule(kept, i)
+    x = torch.full((1, 1, 1, 2), 0.5)
+    eps = torch.tensor([[[[-3.0, 0.1]]]])  # x0 = (x - sqrt(1 - a) eps) / sqrt(a): beyond 1, then inside
+    out = torch.cat([eps, torch.full_like(eps, -1.0)], dim=1)
+    t = torch.tensor([i])
+    x0 = ((x.double() - math.sqrt(1 - a) * eps.double()) / math.sqrt(a)).clamp(-1, 1)
+    assert x0[0, 0, 0, 0] == 1.0 and abs(x0[0, 0, 0, 1]) < 1
+    if sampler == "ddpm":
+        got = d.p_sample(
+            lambda *a, **k: out, x, t, clip_denoised=True, generator=torch.Generator().manual_seed(4)
+        )
+        z = torch.randn(x.shape, generator=torch.Generator().manual_seed(4)).double()
+        mean = (
+            math.sqrt(a_prev) * beta / (1 - a) * x0
+            + math.sqrt(1 - beta) * (1 - a_prev) / (1 - a) * x.double()
+        )
+        want = mean + math.sqrt(_posterior_variance(kept, i)) * z
+    else:
+        got = d.ddim_sample(lambda *a, **k: out, x, t, clip_denoised=True)
+        eps_again = (x.double() / math.sqrt(a) - x0) / math.sqrt(1 / a - 1)  # eps re-derived from clipped x0
+        want = math.sqrt(a_prev) * x0 + math.sqrt(1 - a_prev) * eps_again
+    torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
