@@ -363,3 +363,55 @@ def test_clip_denoised_clamps_the_predicted_x0_in_the_posterior(sampler):
         eps_again = (x.double() / math.sqrt(a) - x0) / math.sqrt(1 / a - 1)  # eps re-derived from clipped x0
         want = math.sqrt(a_prev) * x0 + math.sqrt(1 - a_prev) * eps_again
     torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("sampler", ["ddpm", "ddim"])
+def test_the_noise_is_drawn_on_the_samples_device(sampler):
+    # The meta device stands in for a GPU: noise drawn anywhere else could not be added to x.
+    d = create_diffusion("5")
+    x, t = torch.zeros(2, 4, 2, 2, device="meta"), torch.tensor([3, 0], device="meta")
+
+    def model(*a, **k):
+        return torch.zeros(2, 8, 2, 2, device="meta")
+
+    step = d.p_sample(model, x, t) if sampler == "ddpm" else d.ddim_sample(model, x, t, eta=0.5)
+    assert step.device.type == "meta"
+    assert d.p_sample_loop(model, (2, 4, 2, 2), device="meta").device.type == "meta"
+
+
+# ---- respacing: the reference's section convention, written out -------------------------------
+
+
+def test_sections_split_the_range_with_the_remainder_first():
+    # 10 steps in 3 sections: sizes 4, 3, 3 (the remainder goes to the first); 2 of [0, 4) spaced
+    # 3 apart, 3 of [4, 7), 1 of [7, 10).
+    assert space_timesteps(10, "2,3,1") == [0, 3, 4, 5, 6, 7]
+    assert space_timesteps(10, [2, 3, 1]) == [0, 3, 4, 5, 6, 7]
+    assert space_timesteps(1000, 10) == space_timesteps(1000, "10")
+    assert space_timesteps(1000, "ddim1000") == list(range(1000))
+    assert space_timesteps(1000, "ddim500") == list(range(0, 1000, 2))
+
+
+@pytest.mark.parametrize(
+    "spec,message",
+    [
+        ("ddimx", "timestep respacing 'ddimx': expected ddimN, e.g. ddim50"),
+        ("ddim999", "cannot take exactly 999 steps with an integer stride from 1000"),
+        (
+            "fast",
+            "timestep respacing 'fast': expected a step count such as 250, "
+            "a comma list such as 10,15,20, or ddimN",
+        ),
+        ("2000", "cannot take 2000 steps from a section of 1000 (respacing '2000')"),
+    ],
+)
+def test_bad_respacing_is_named(spec, message):
+    with pytest.raises(UserError) as err:
+        space_timesteps(1000, spec)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("same", [None, "", "1000", 1000])
+def test_respacing_to_every_step_is_the_process_itself(same):
+    d = create_diffusion()
+    assert d.respaced(same) is d
