@@ -40,6 +40,7 @@ from ditbench.errors import UserError
 from ditbench.metrics import registry
 from ditbench.metrics.defaults import DEFAULTS
 from ditbench.metrics.features import FeatureExtractor
+from ditbench.metrics.inception_score import split_rule
 from ditbench.metrics.npz_io import ArrayImages, ImageSource, open_images
 from ditbench.metrics.reference import PreparedReference
 from ditbench.metrics.spec import FEATURE_DIMS, Metric, MetricInputs
@@ -236,6 +237,7 @@ class Scorer:
                 "tf32": ex.tf32,
                 "inception_weights": ex.weights_info(),
                 **self.options,
+                **_is_rule(self.wanted, self.options, samples.get("count")),
             },
             "timings_s": {k: round(v, 4) for k, v in timings.items()},
             "env": {
@@ -251,6 +253,13 @@ class Scorer:
         if ex.weights.banner:
             result["banner"] = ex.weights.banner
         return result
+
+
+def _is_rule(wanted, options, n) -> dict:
+    """The Inception Score's split rule, where the score was asked for: which rule and how many splits."""
+    if n is None or not any(m.name == "is" for m in wanted):
+        return {}
+    return {"is_split_rule": split_rule(options["is_splits"], n)}
 
 
 def _features(active) -> tuple[str, ...]:

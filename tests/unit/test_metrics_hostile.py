@@ -289,7 +289,7 @@ CASES = {
         "s.npz",
     ),
     "kid_coef0_nan": lambda t: (["--kid-coef0", "nan"], "must be a finite number", "--kid-coef0"),
-    "is_splits_zero": lambda t: (["--is-splits", "0"], "must be >= 1", "--is-splits"),
+    "is_splits_negative": lambda t: (["--is-splits", "-1"], "must be >= 0", "--is-splits"),
     "batch_size_zero": lambda t: (["--batch-size", "0"], "must be a positive integer", "--batch-size"),
     "unknown_metric": lambda t: (["--metrics", "fid,psnr"], "unknown metric(s) ['psnr']", "--metrics"),
 }

@@ -203,6 +203,8 @@ def test_too_few_samples_for_an_asked_metric(tmp_path, capsys):
             str(ref),
             "--metrics",
             "is,kid",
+            "--is-splits",
+            "10",
             "--inception-weights",
             str(tmp_path / "absent.pth"),
         ]

@@ -160,13 +160,13 @@ def test_each_metric_declares_direction_options_and_needs():
     for m in registry.METRICS:
         need = m.needs(defaults)
         assert need.samples >= 2 and need.why
-    assert defaults["kid_subset_size"] == 1000 and defaults["is_splits"] == 10 and defaults["pr_k"] == 3
+    assert defaults["kid_subset_size"] == 1000 and defaults["is_splits"] == 0 and defaults["pr_k"] == 3
 
 
 @pytest.mark.parametrize(
     "given, message",
     [
-        ({"is_splits": 0}, "--is-splits must be >= 1; got 0"),
+        ({"is_splits": -1}, "--is-splits must be >= 0; got -1"),
         ({"kid_subset_size": 1}, "--kid-subset-size must be >= 2"),
         ({"kid_coef0": float("nan")}, "--kid-coef0 must be a finite number"),
         ({"kid_coef0": float("inf")}, "--kid-coef0 must be a finite number"),

@@ -1,0 +1,140 @@
+"""Quick siblings of the runner's slow process tests (test_runner.py, test_runner_recovery.py): the
+same guarantees with each cell's process replaced by a stand-in that writes the result file a cell
+would, so they run in the quick loop. What they keep real: the suite, the run order, the tickets in
+.inflight, the append, adoption after a kill, resume and the OOM series skip."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from ditbench.bench import inflight, runner
+from ditbench.bench.launch.files import write_result
+from ditbench.bench.records import read_records
+from ditbench.bench.runner import RunOptions, run_suite
+from ditbench.bench.suite import load_suite
+
+OK = {
+    "status": "ok",
+    "reason": None,
+    "metrics": {
+        "images_per_s": 100.0,
+        "steps_per_s": 50.0,
+        "step_ms": {"median": 20.0, "p10": 19.0, "p90": 21.0, "samples": [19.0, 20.0, 21.0]},
+    },
+}
+
+
+def suite(tmp_path, batches=(1, 2, 3)):
+    path = tmp_path / "t.yaml"
+    path.write_text(
+        textwrap.dedent(
+            f"""
+            name: t
+            device: cpu
+            defaults: {{model: DiT-T/8, image_size: 64, steps: {{warmup: 1, measure: 2, min_seconds: 0}}}}
+            matrix: {{batch_size: {list(batches)}}}
+            """
+        )
+    )
+    return load_suite(path)
+
+
+@pytest.fixture
+def cells(monkeypatch):
+    """The stand-in cell process: `cells.outcome[batch]` is the status it reports (default ok);
+    `cells.ran` lists the batches started, in order."""
+
+    class Cells:
+        outcome: dict[int, str] = {}
+        ran: list[int] = []
+
+    def run_isolated(spec, about, timeout_s, spec_path, result_path, log_path):
+        batch = int(about["cell_name"].rsplit("bs=", 1)[1].split()[0])
+        Cells.ran.append(batch)
+        status = Cells.outcome.get(batch, "ok")
+        write_result(
+            result_path, OK if status == "ok" else {"status": status, "reason": f"stand-in {status}"}
+        )
+
+    Cells.outcome, Cells.ran = {}, []
+    monkeypatch.setattr(runner, "run_isolated", run_isolated)
+    return Cells
+
+
+def run(s, out, **kw):
+    lines: list[str] = []
+    records = run_suite(s, RunOptions(out=out, progress=False, **kw), echo=lines.append)
+    return {r["config"]["batch_size"]: r for r in records}, lines
+
+
+def test_an_oom_skips_the_larger_batches_of_its_series(tmp_path, cells):
+    cells.outcome = {2: "oom"}
+    by_batch, _ = run(suite(tmp_path, (3, 1, 2, 4)), tmp_path / "out")
+    assert cells.ran == [1, 2]  # smaller batches first; 3 and 4 never start
+    assert {b: r["status"] for b, r in by_batch.items()} == {1: "ok", 2: "oom", 3: "skipped", 4: "skipped"}
+    assert "bs=2 ran out of memory at batch 2" in by_batch[3]["reason"]
+    assert len(read_records(tmp_path / "out" / "results.jsonl")) == 4
+
+
+def test_without_the_oom_skip_every_batch_runs(tmp_path, cells):
+    cells.outcome = {2: "oom"}
+    by_batch, _ = run(suite(tmp_path), tmp_path / "out", oom_skip=False)
+    assert cells.ran == [1, 2, 3] and by_batch[3]["status"] == "ok"
+
+
+def test_resume_runs_only_what_is_not_ok_and_force_runs_all(tmp_path, cells):
+    out = tmp_path / "out"
+    cells.outcome = {2: "error"}
+    run(suite(tmp_path), out)
+    first = read_records(out / "results.jsonl")
+    assert [r["status"] for r in first] == ["ok", "error", "ok"]
+
+    cells.outcome, cells.ran = {}, []
+    by_batch, lines = run(suite(tmp_path), out)
+    assert cells.ran == [2] and lines[0].startswith("resuming") and "2 of 3 cells already ok" in lines[0]
+    records = read_records(out / "results.jsonl")
+    assert records[:3] == first and len(records) == 4 and records[3]["status"] == "ok"
+    assert by_batch[1]["run_id"] == first[0]["run_id"] != by_batch[2]["run_id"]
+
+    cells.ran = []
+    run(suite(tmp_path), out)
+    assert cells.ran == [] and len(read_records(out / "results.jsonl")) == 4
+    run(suite(tmp_path), out, force=True)
+    assert cells.ran == [1, 2, 3] and len(read_records(out / "results.jsonl")) == 7
+
+
+class Killed(BaseException):
+    """The runner's death (SIGKILL) at a chosen moment: nothing after it runs in the runner."""
+
+
+@pytest.mark.parametrize("moment", ["before", "after"])
+def test_a_runner_killed_next_to_the_append_loses_and_duplicates_nothing(
+    tmp_path, cells, monkeypatch, moment
+):
+    out = tmp_path / "out"
+    real_append = inflight.append_record
+
+    def dies(path, record):
+        if moment == "after":
+            real_append(path, record)
+        raise Killed
+
+    monkeypatch.setattr(inflight, "append_record", dies)
+    with pytest.raises(Killed):
+        run(suite(tmp_path), out)
+    assert cells.ran == [1]
+    left = list(inflight.inflight_dir(out).iterdir())
+    assert left  # the finished cell's ticket and result wait for the next run
+    monkeypatch.setattr(inflight, "append_record", real_append)
+
+    by_batch, lines = run(suite(tmp_path), out)
+    assert cells.ran == [1, 2, 3]  # the killed run's cell is not run again
+    records = read_records(out / "results.jsonl")
+    assert sorted(r["config"]["batch_size"] for r in records) == [1, 2, 3]  # each cell exactly once
+    assert all(r["status"] == "ok" for r in records)
+    if moment == "before":
+        assert any(line.startswith("adopted the finished result of a killed run") for line in lines)
+        assert records[0]["config"]["batch_size"] == 1 and "adopted_by" in records[0]
+    assert list(inflight.inflight_dir(out).iterdir()) == []
