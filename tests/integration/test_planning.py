@@ -111,20 +111,23 @@ def test_cpu_cells_record_the_allocator_peak_and_the_plan_option_its_prediction(
     )  # RSS shows neither
 
 
+def _card_suite():
+    """Three GPU cells on an emulated 2 GiB card: batch 4 fits, 16 and 64 are predicted not to."""
+    raw = {
+        "name": "card",
+        "device": "cuda",
+        "gpu_memory_gib": 2,
+        "plan": {"skip_predicted_oom": True},
+        "defaults": {"model": "DiT-S/2", "precision": "fp32"},
+        "matrix": {"batch_size": [4, 16, 64]},
+    }
+    return parse_suite(raw, "card.yaml")
+
+
 @pytest.mark.slow
 def test_cells_predicted_not_to_fit_are_skipped_and_the_rest_run_largest_first(tmp_path, monkeypatch):
     """On a CPU machine the GPU cells are faked at launch; the planning around them is real."""
-    suite = parse_suite(
-        {
-            "name": "card",
-            "device": "cuda",
-            "gpu_memory_gib": 2,
-            "plan": {"skip_predicted_oom": True},
-            "defaults": {"model": "DiT-S/2", "precision": "fp32"},
-            "matrix": {"batch_size": [4, 16, 64]},
-        },
-        "card.yaml",
-    )
+    suite = _card_suite()
     launched = []
 
     def fake_run(spec, about, timeout, spec_path, result_path, log):
@@ -157,17 +160,7 @@ def test_under_an_executor_cells_predicted_not_to_fit_are_skipped_before_submiss
     from ditbench.bench.launch import executors
     from ditbench.bench.launch.files import read_spec
 
-    suite = parse_suite(
-        {
-            "name": "card",
-            "device": "cuda",
-            "gpu_memory_gib": 2,
-            "plan": {"skip_predicted_oom": True},
-            "defaults": {"model": "DiT-S/2", "precision": "fp32"},
-            "matrix": {"batch_size": [4, 16, 64]},
-        },
-        "card.yaml",
-    )
+    suite = _card_suite()
     submitted = []
 
     def fake_submit(executor, kind, params, calls):
