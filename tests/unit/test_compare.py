@@ -605,7 +605,8 @@ def test_a_noisy_baseline_makes_a_pass_weak(tmp_path):
         c.verdict == "pass"
         and c.weak
         and delta(c, "images_per_s").weak_reason
-        == "base: noisy measurement window: step spread p90/p10 28.5 (bound 1.5), throughput gap 0.41 (bound 0.1)"
+        == "base: noisy measurement window: step spread p90/p10 28.5 (bound 1.5), throughput gap 0.41 "
+        "(bound 0.1)"
     )
 
 
