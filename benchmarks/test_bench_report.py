@@ -78,7 +78,7 @@ def test_bench_compare_with_regressions(benchmark, results, tmp_path):
 
 def test_bench_build_report(benchmark, tmp_path):
     records = make_matrix(
-        models=("DiT-B/8", "DiT-L/4", "DiT-XL/2"), batches=(8, 16, 32, 64), gpu_memory_gb=24
+        models=("DiT-B/8", "DiT-L/4", "DiT-XL/2"), batches=(8, 16, 32, 64), gpu_memory_gib=24
     )
     write_jsonl(tmp_path / "results.jsonl", records)
     df = load_results(tmp_path / "results.jsonl")

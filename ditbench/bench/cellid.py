@@ -8,18 +8,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
 
 from ditbench.cellspec import CellSpec
 
 ID_CHARS = 12  # hex characters of the sha256: 48 bits, no collision within any real suite
 
 
-def _digest(obj: Any) -> str:
-    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:ID_CHARS]
-
-
 def cell_id(spec: CellSpec) -> str:
     """Short stable hash of the cell (key order and defaults left implicit do not matter)."""
-    return _digest(spec.identity())
+    text = json.dumps(spec.identity(), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:ID_CHARS]

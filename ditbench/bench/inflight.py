@@ -38,7 +38,16 @@ INFLIGHT_DIR = ".inflight"
 TRACEBACK_LINES = 15
 # Result keys the record places itself; any other key a cell reports (e.g. quality) is carried over.
 _PLACED = ("status", "reason", "metrics", "smoke", "env", "traceback")
-_CONTEXT_KEYS = ("suite", "run_id", "cell_id", "cell_name", "suite_baseline", "config", "started_at")
+_CONTEXT_KEYS = (
+    "suite",
+    "run_id",
+    "cell_id",
+    "cell_name",
+    "suite_baseline",
+    "suite_overrides",
+    "config",
+    "started_at",
+)
 
 Finish = Callable[[dict[str, Any]], None]  # completes a record before it is appended (scaling efficiency)
 
@@ -110,8 +119,7 @@ def make_record(context: dict[str, Any], result: dict[str, Any], duration_s: flo
         "cell_id": context["cell_id"],
         "cell_name": context["cell_name"],
         "suite_baseline": context["suite_baseline"],
-        # the run's command-line `key=value`s ({} when none; a ticket written before they existed has none)
-        "suite_overrides": context.get("suite_overrides") or {},
+        "suite_overrides": context["suite_overrides"],  # the run's command-line `key=value`s ({} when none)
         "config": context["config"],
         "status": result.get("status", "error"),
         "reason": result.get("reason"),

@@ -87,11 +87,7 @@ def _override(pred: Prediction, record: dict[str, Any]) -> bool:
     gpu = env.get("gpu_name") or "the measuring machine"
     if record["status"] == "oom":
         config = record.get("config") or {}
-        had = (
-            _number(config.get("gpu_memory_gib"))
-            or _number(config.get("gpu_memory_gb"))  # records before the card emulation (0.1.0)
-            or _number(env.get("gpu_memory_gib"))
-        )
+        had = _number(config.get("gpu_memory_gib")) or _number(env.get("gpu_memory_gib"))
         if had is None or pred.memory_gib is None or pred.memory_gib > had:
             return False
         pred.status, pred.measured = "oom", True

@@ -78,7 +78,7 @@ DEFAULT_TOLERANCE_PCT = 10.0
 MAX_CLAIMS = 1000
 MAX_TEXT = 500
 # Knobs a selector may name beyond the suite's matrix knobs.
-EXTRA_SELECTOR_KEYS = ("device", "card", "gpu_memory_gib", "gpu_memory_gb")
+EXTRA_SELECTOR_KEYS = ("device", "card", "gpu_memory_gib")
 INT_KNOBS = ("batch_size", "gpus", "nodes", "image_size", "num_classes", "seed")
 
 

@@ -2,8 +2,8 @@
 input error naming its field, never a number that passes a gate.
 
 What a record states twice must agree:
-- its `cell_id` is the id of its `config` (today's id, or the 0.1.0 id of the same config): a
-  record keeping another cell's id with a changed config would be compared as that cell;
+- its `config` is a cell's (`CellSpec.from_record_config` reads it back) and its `cell_id` is that
+  cell's id: a record keeping another cell's id with a changed config would be compared as that cell;
 - its rates agree with each other and with its per-step samples: `images_per_s` is
   `steps_per_s` x images a step, and the images a step over the mean of `step_ms.samples` (within
   RATE_TOLERANCE; the runner's records agree within 0.3%);
@@ -21,7 +21,7 @@ import datetime as dt
 import math
 from typing import Any
 
-from ditbench.errors import shorten
+from ditbench.errors import UserError, shorten
 
 RATE_TOLERANCE = 0.10  # relative; a halved rate with unchanged samples is 50% off
 FUTURE_SLACK = dt.timedelta(hours=1)
@@ -81,37 +81,29 @@ def _knobs(record: dict[str, Any]) -> tuple[str, str] | None:
 # ------------------------------------------------------------------------------------- the id
 
 
-def config_ids(config: dict[str, Any]) -> tuple[set[str], str | None]:
-    """Every id a record with this config may carry (its cell's id, the hash of the config as stored),
-    and why the cell's id cannot be computed when this ditbench cannot read the config back."""
-    from ditbench.bench.cellid import _digest, cell_id
+def config_id(config: dict[str, Any]) -> str:
+    """The id of the cell whose record `config` this is; UserError when it is not a cell's config."""
+    from ditbench.bench.cellid import cell_id
     from ditbench.cellspec import CellSpec
 
-    ids = {_digest(config)}
-    try:
-        spec = CellSpec.from_record_config(config)
-    except Exception as err:  # noqa: BLE001 - a config of another version: its own hash is the only id
-        return ids, " ".join(str(err).split())
-    ids.add(cell_id(spec))
-    return ids, None
+    return cell_id(CellSpec.from_record_config(config, "config"))
 
 
 def _identity(record: dict[str, Any]) -> tuple[str, str] | None:
     config, own = record.get("config"), record.get("cell_id")
     if not isinstance(config, dict) or not isinstance(own, str):
         return None
-    ids, unreadable = config_ids(config)
-    if own in ids:
+    try:
+        expected = config_id(config)
+    except UserError as err:  # "config `key`: what is wrong" or "config: what is wrong"
+        key, _, why = str(err).partition(": ")
+        field = f"config.{key[len('config `') : -1]}" if key.startswith("config `") else "config"
+        return field, f"{why.rstrip('.')}; a record's config is the cell's, as `ditbench run` writes it"
+    if own == expected:
         return None
-    newer = (
-        f"; this ditbench cannot read that config back ({shorten(unreadable, 160, quote=False)}), so a "
-        "record of a newer ditbench needs that version"
-        if unreadable
-        else ""
-    )
     return "cell_id", (
         f"is {shorten(own)}, which is not the id of the record's config (that config's id is "
-        f"{' or '.join(sorted(ids))}): a record with another cell's id would be compared as that cell{newer}"
+        f"{expected}); a record with another cell's id would be compared as that cell"
     )
 
 
@@ -153,13 +145,8 @@ def _positive(value: Any) -> float | None:
 
 
 def images_per_step(config: dict[str, Any]) -> float | None:
-    """Images one optimizer step consumes: the record's global_batch (batch x GPUs x nodes x grad_accum;
-    0.1.0 records had no grad_accum), else the product of those knobs."""
-    batch = _positive(config.get("global_batch"))
-    if batch is not None:
-        return batch
-    parts = [_positive(config.get(k, 1)) for k in ("batch_size", "gpus", "nodes", "grad_accum")]
-    return None if any(p is None for p in parts) else math.prod(parts)  # type: ignore[arg-type]
+    """Images one optimizer step consumes: the record's global_batch (batch x GPUs x nodes x grad_accum)."""
+    return _positive(config.get("global_batch"))
 
 
 def _off(have: float, want: float) -> bool:

@@ -1,7 +1,7 @@
 """Memory budgets and fit: which card a cell was meant for, which card really ran it, and whether it fits.
 
-A suite caps a bigger GPU to emulate a smaller card (`card: "RTX 4090"` or `gpu_memory_gib`; older
-records: `gpu_memory_gb` and the text `metrics.memory_cap`). The runner records
+A suite caps a bigger GPU to emulate a smaller card (`card: "RTX 4090"` or `gpu_memory_gib`). The
+runner records
 `metrics.emulation` = {card, budget_gib, context_gib, allocator_cap_gib, real_gpu, real_total_gib,
 note}: the allocator is capped at the card's usable memory minus the CUDA context measured on the
 spot, so "completed under the cap" means "peak reserved + context <= the card's memory". That sum is
@@ -15,7 +15,6 @@ speed. Everything that shows an emulated cell says which card really ran it.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,10 +104,9 @@ def cell_budget(row: pd.Series | dict[str, Any]) -> Budget | None:
             allocator_cap_gib=_number(em.get("allocator_cap_gib")),
         )
     gib = _number(config.get("gpu_memory_gib")) or (_card_gib(card) if card else None)
-    gib = gib or _number(config.get("gpu_memory_gb"))
     if gib is None:
         return None
-    real_gpu, real_total = _real_card(row, metrics, gib)
+    real_gpu, real_total = _real_card(row, gib)
     return Budget(gib=gib, card=_text(card), real_gpu=real_gpu, real_total_gib=real_total)
 
 
@@ -116,18 +114,10 @@ def _text(v: Any) -> str | None:
     return shorten(v, 60, quote=False) if isinstance(v, str) and v.strip() else None
 
 
-def _real_card(row: pd.Series | dict[str, Any], metrics: dict[str, Any], gib: float) -> tuple:
-    """(real GPU, its GiB) when a capped bigger card ran the cell; (None, None) when it was the card."""
+def _real_card(row: pd.Series | dict[str, Any], gib: float) -> tuple:
+    """(real GPU, its GiB) when a capped bigger card ran a cell without metrics (one the runner
+    skipped, or that timed out); (None, None) when it was the card."""
     gpu, total = row.get("env.gpu_name"), value(row, "env.gpu_memory_gib")
-    if metrics.get("emulation", "absent") is None:  # the runner says: no emulation was needed
-        return None, None
-    text = metrics.get("memory_cap")
-    if isinstance(text, str):  # records before metrics.emulation
-        if text.startswith("none"):
-            return None, None
-        match = re.search(r"of ([0-9.]+) GiB", text)
-        total = float(match.group(1)) if match else total
-        return (_text(gpu) or "a bigger GPU"), total
     if _text(gpu) and total is not None and total > gib + 0.05:
         return _text(gpu), total
     return None, None
@@ -138,8 +128,6 @@ def fit_memory(row: pd.Series | dict[str, Any]) -> tuple[float | None, str]:
     reserved = value(row, MEM_RESERVED)
     em = metrics_of(row).get("emulation")
     context = _number(em.get("context_gib")) if isinstance(em, dict) else None
-    if context is None:
-        context = value(row, "metrics.context_gib")
     if reserved is not None and context is not None:
         return reserved + context, "peak reserved + CUDA context"
     for name, label in (
@@ -154,7 +142,8 @@ def fit_memory(row: pd.Series | dict[str, Any]) -> tuple[float | None, str]:
 
 
 def shown_memory(row: pd.Series | dict[str, Any]) -> tuple[float | None, str]:
-    """fit_memory on a GPU; on a CPU the allocator's peak, else (older records) the process's peak RSS."""
+    """fit_memory on a GPU; on a CPU the allocator's peak, else (a job of several processes, which
+    does not measure it) the process's peak RSS."""
     mem, label = fit_memory(row)
     if mem is None:
         for name, text in ((MEM_CPU_ALLOC, "CPU allocator peak"), (MEM_RSS, "CPU peak RSS")):
@@ -165,7 +154,7 @@ def shown_memory(row: pd.Series | dict[str, Any]) -> tuple[float | None, str]:
 
 def memory_metric(df: pd.DataFrame) -> tuple[str, str]:
     """(column, label) of the memory in the tables: peak allocated on a GPU, else the CPU allocator's
-    peak, else (records from before it was measured) the peak RSS."""
+    peak, else (a CPU job of several processes, which does not measure it) the peak RSS."""
     ok = df[df["status"] == "ok"]
     if column(ok, MEM_ALLOCATED).notna().any():
         return MEM_ALLOCATED, "peak allocated (GiB)"

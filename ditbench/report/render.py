@@ -122,7 +122,7 @@ def _speed_memory(df: pd.DataFrame, png: bytes) -> list[Block]:
     text = (
         "Each ok cell is a point: images/s against the memory that decides whether it fits a card "
         "(peak reserved + CUDA context where the context was measured, else NVML device memory, else "
-        "reserved; on a CPU the allocator's peak, or the process's peak RSS in older records). Colour "
+        "reserved; on a CPU the allocator's peak, or the peak RSS of a job of several processes). Colour "
         "is the precision, the marker says gradient checkpointing, the label is the batch size per GPU. "
         "The line joins the Pareto front: the cells no other cell beats on both speed and memory. A "
         "vertical line marks each card budget."
@@ -184,8 +184,8 @@ def _method(df: pd.DataFrame, steps: int, steps_source: str) -> list[Block]:
                 "cell fits a card is decided on peak reserved + CUDA context where the context was measured "
                 "(a cell that completed under an emulated card's cap fits it), else on NVML device memory "
                 "(it includes the context), else on reserved.",
-                "A budget is the card a suite emulated (`card` / `gpu_memory_gib`, older records "
-                "`gpu_memory_gb`), else the card the cells ran on (every ok cell fits it).",
+                "A budget is the card a suite emulated (`card` / `gpu_memory_gib`), else the card the "
+                "cells ran on (every ok cell fits it).",
                 f"Time to {steps_text(steps)} steps ({steps_source}) is that many steps at the measured "
                 "steps/s, on the GPUs the cell used; the DiT paper trains at global batch "
                 f"{PAPER_GLOBAL_BATCH}, so a cell at another global batch sees a different number of "

@@ -272,6 +272,7 @@ def leave_ticket(out: Path, suite, cell, result: dict | None, job_id: str = "999
         "cell_id": cell.cell_id,
         "cell_name": cell.cell_name,
         "suite_baseline": suite.baseline,
+        "suite_overrides": {},
         "config": cell.config,
         "env": {},
         "started_at": "2026-01-01T00:00:00Z",

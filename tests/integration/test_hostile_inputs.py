@@ -378,6 +378,7 @@ def ok_record(cell, **kw):
         "cell_id": cell.cell_id,
         "cell_name": cell.cell_name,
         "suite_baseline": {},
+        "suite_overrides": {},
         "config": cell.config,
         "env": {},
         "started_at": "2026-01-01T00:00:00Z",

@@ -91,7 +91,7 @@ def with_probe(src: Path, dst: Path, corrupt: bool = False) -> Path:
 def report_dir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("browser")
     records = make_matrix(
-        models=("DiT-B/8", "DiT-L/4"), batches=(8, 16, 32), gpu_memory_gb=24, smoke_steps=30
+        models=("DiT-B/8", "DiT-L/4"), batches=(8, 16, 32), gpu_memory_gib=24, smoke_steps=30
     )
     write_jsonl(tmp / "results.jsonl", records)
     write_report(load_results(tmp / "results.jsonl"), tmp / "report")

@@ -1,9 +1,9 @@
 """Records as the runner writes them for emulated cards and noisy cells, for the report tests.
 
-`make_record` (synthetic_records) writes the older record: `config.gpu_memory_gb` and no
-`metrics.emulation`. These helpers turn a record into the newer shape: a card capped on a bigger
-GPU (`config.card`, `config.gpu_memory_gib`, `metrics.emulation`, `metrics.fits_budget` and
-`fits_basis`), a card that really ran it, or a cell the runner marked noisy.
+These helpers turn a `make_record` (synthetic_records) record into another the runner would write:
+the cell run on an H200 capped to a card (`config.card`, `config.gpu_memory_gib`,
+`metrics.emulation`, `metrics.fits_budget` and `fits_basis`, NVML unavailable), on a card that
+really ran it, or a cell the runner marked noisy.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import copy
 from typing import Any
 
 from synthetic_records import H200_ENV, cell_id, make_record
+
+from ditbench.bench import memory
 
 RTX4090_ENV = dict(H200_ENV, gpu_name="NVIDIA GeForce RTX 4090", gpu_memory_gib=23.99, host="desk")
 A6000_ENV = dict(H200_ENV, gpu_name="NVIDIA RTX A6000", gpu_memory_gib=47.99, host="ws")
@@ -26,7 +28,6 @@ def _recompute_id(record: dict[str, Any]) -> dict[str, Any]:
 def emulated(record: dict[str, Any], card: str = "RTX 4090", budget: float = 23.99) -> dict[str, Any]:
     """The record of a cell that ran on an H200 capped to `card` (context measured: 0.5 GiB)."""
     r = copy.deepcopy(record)
-    r["config"].pop("gpu_memory_gb", None)
     r["config"].update(card=card, gpu_memory_gib=budget)
     r["env"] = dict(H200_ENV)
     emulation = {
@@ -36,21 +37,12 @@ def emulated(record: dict[str, Any], card: str = "RTX 4090", budget: float = 23.
         "allocator_cap_gib": budget - CONTEXT_GIB,
         "real_gpu": "NVIDIA H200",
         "real_total_gib": 139.8,
-        "note": f"an NVIDIA H200 capped to {budget} GiB; speeds are the H200's",
+        "note": memory.NOTE,
     }
     if r["status"] == "ok":
-        r["metrics"].update(
-            emulation=emulation,
-            fits_budget=True,
-            fits_basis="completed under the allocator cap",
-            device_mem_gib=None,
-        )
+        r["metrics"].update(emulation=emulation, device_mem_gib=None, **memory.fits(emulation, "ok"))
     elif r["status"] == "oom":
-        r["metrics"] = {
-            "emulation": emulation,
-            "fits_budget": False,
-            "fits_basis": "out of memory under the cap",
-        }
+        r["metrics"] = {"emulation": emulation, **memory.fits(emulation, "oom")}
     return _recompute_id(r)
 
 

@@ -9,13 +9,19 @@ values it then expects to see in a report or a gate decision.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import numpy as np
+
+from ditbench.bench import memory
+from ditbench.bench.cellid import cell_id as spec_cell_id
+from ditbench.bench.window import noise as window_noise
+from ditbench.cards import find_card
+from ditbench.cellspec import CellSpec
+from ditbench.knobs import FIELDS, Knobs
 
 # name -> (depth, width, patch, params)
 MODELS = {
@@ -27,6 +33,7 @@ MODELS = {
     "DiT-XL/2": (28, 1152, 2, 675_129_632),
 }
 GIB = 2**30
+CONTEXT_GIB = 0.55  # the CUDA context an emulated cell measures (and NVML counts beyond reserved)
 
 H200_ENV = {
     "host": "gpu-runner-1",
@@ -88,39 +95,33 @@ def modelled(model: str, precision: str, grad_ckpt: str, batch_size: int, image_
 
 
 def cell_config(model="DiT-S/8", precision="fp32", grad_ckpt="none", batch_size=8, **extra) -> dict[str, Any]:
-    config = {
+    """The record's `config` as the runner writes it (`CellSpec.record_config`), validated.
+
+    `extra` holds other knobs and the measurement keys (`steps`, `smoke_steps`, `device`,
+    `gpu_memory_gib`, `card`); a card given by name alone gets its usable memory, as a suite does.
+    """
+    config: dict[str, Any] = {
         "model": model,
-        "impl": "ditbench",
-        "image_size": 256,
         "precision": precision,
         "grad_ckpt": grad_ckpt,
         "batch_size": batch_size,
-        "gpus": 1,
-        "nodes": 1,
-        "strategy": "ddp",
-        "compile": False,
-        "attention": "sdpa",
-        "optimizer": "adamw",
-        "optimizer_impl": "auto",
-        "data": "synthetic",
-        "seed": 0,
-        "lr": 1e-4,
-        "weight_decay": 0.0,
-        "ema_decay": 0.9999,
-        "num_classes": 1000,
         "steps": {"warmup": 5, "measure": 20, "min_seconds": 5.0},
         "smoke_steps": 0,
         "device": "cuda",
-        "gpu_memory_gb": None,
+        "gpu_memory_gib": None,
+        "card": None,
     }
     config.update(extra)
-    config["global_batch"] = config["batch_size"] * config["gpus"] * config["nodes"]
-    return config
+    if config["card"] is not None and config["gpu_memory_gib"] is None:
+        config["gpu_memory_gib"] = find_card(config["card"]).usable_gib
+    knobs = Knobs(**{k: v for k, v in config.items() if k in FIELDS})
+    config["global_batch"] = knobs.batch_size * knobs.gpus * knobs.nodes * knobs.grad_accum
+    return CellSpec.from_record_config(config, "synthetic cell config").record_config()
 
 
 def cell_id(config: dict[str, Any]) -> str:
-    text = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    """The id the runner gives the cell of this config (`ditbench.bench.cellid.cell_id`)."""
+    return spec_cell_id(CellSpec.from_record_config(config, "synthetic cell config"))
 
 
 def step_samples(median_ms: float, n: int, noise: float = 0.01, seed: int = 0) -> list[float]:
@@ -140,7 +141,10 @@ def smoke_curve(steps: int, seed: int = 0, start: float = 1.0, end: float = 0.18
         "first_mean": float(loss[:window].mean()),
         "last_mean": float(loss[-window:].mean()),
         "nonfinite_steps": 0,
+        "first_nonfinite_step": None,
         "scaler_skips": 0,
+        "status": "ok",
+        "reason": None,
     }
 
 
@@ -169,12 +173,18 @@ def make_record(
     config: dict[str, Any] | None = None,
     **config_extra: Any,
 ) -> dict[str, Any]:
-    """One result record. Metrics default to the toy model; pass numbers to pin them."""
+    """One result record as the runner writes it. Metrics default to the toy model; pass numbers to pin them.
+
+    A cell with `gpu_memory_gib` or `card` ran on the env's GPU capped to that card (CONTEXT_GIB of
+    CUDA context measured), as the runner emulates a card: `metrics.emulation`, and `fits_budget`
+    True when it completed, False when it ran out of memory.
+    """
     cfg = config or cell_config(
         model, precision, grad_ckpt, batch_size, smoke_steps=smoke_steps, **config_extra
     )
     env = dict(H200_ENV if env is None else env)
     device = cfg["device"]
+    on_gpu = device == "cuda"
     if started_at is None:
         started_at = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
     if isinstance(started_at, datetime):
@@ -188,6 +198,7 @@ def make_record(
         "suite_baseline": {"precision": "fp32", "grad_ckpt": "none"}
         if suite_baseline is None
         else suite_baseline,
+        "suite_overrides": {},
         "config": cfg,
         "status": status,
         "reason": reason,
@@ -197,10 +208,11 @@ def make_record(
         "started_at": started_at,
         "duration_s": 12.5,
     }
+    emulation = _emulation(cfg, env) if on_gpu else None
     if status != "ok":
         if reason is None:
             record["reason"] = {
-                "oom": "CUDA out of memory. Tried to allocate 2.00 GiB",
+                "oom": "out of memory: CUDA out of memory. Tried to allocate 2.00 GiB",
                 "unsupported": "fp16 autocast needs CUDA",
                 "skipped": "larger batch already ran out of memory",
                 "error": "RuntimeError: boom",
@@ -210,10 +222,17 @@ def make_record(
         # What the runner leaves on failed cells: a traceback on errors, memory at the time of an OOM.
         if status == "error":
             record["traceback"] = "Traceback (most recent call last):\n  ...\nRuntimeError: boom"
-        if status == "oom" and device == "cuda":
-            record["metrics"] = {"peak_mem_allocated_gib": 70.2, "peak_mem_reserved_gib": 71.0}
-            if cfg.get("gpu_memory_gb") is not None:
-                record["metrics"]["fits_budget"] = False
+        if status == "oom" and on_gpu:
+            reserved = 71.0 if emulation is None else emulation["allocator_cap_gib"]
+            record["metrics"] = {
+                "emulation": emulation,
+                "peak_mem_allocated_gib": reserved - 0.8,
+                "peak_mem_reserved_gib": reserved,
+                "device_mem_gib": reserved + CONTEXT_GIB,
+                "cpu_peak_rss_gib": 2.1,
+                "alloc_retries": 1,
+                **memory.fits(emulation, status),
+            }
         return record
     m_img_s, m_alloc = modelled(
         cfg["model"], cfg["precision"], cfg["grad_ckpt"], cfg["batch_size"], cfg["image_size"]
@@ -226,17 +245,19 @@ def make_record(
     if samples:
         median_ms = float(np.median(samples))
     gflop = gflop_per_image(cfg["model"], cfg["image_size"])
-    on_gpu = device == "cuda"
-    alloc = (m_alloc if peak_alloc is None else peak_alloc) if on_gpu or peak_alloc is not None else None
+    alloc = (m_alloc if peak_alloc is None else peak_alloc) if on_gpu else None
     reserved = peak_reserved if peak_reserved is not None else (alloc * 1.04 if alloc is not None else None)
     nvml = (
         device_mem
         if device_mem is not None
-        else (reserved + 0.55 if reserved is not None and on_gpu else None)
+        else (reserved + CONTEXT_GIB if reserved is not None and on_gpu else None)
     )
-    budget = cfg.get("gpu_memory_gb")
     tflops = img_s * gflop / 1000
-    record["metrics"] = {
+    metrics: dict[str, Any] = {
+        "emulation": emulation,
+        "params": MODELS[cfg["model"]][3],
+        "attention_kernel": "flash" if on_gpu else "math",
+        "optimizer_kernel": "fused" if on_gpu else "foreach",
         "steps_per_s": img_s / global_batch,
         "images_per_s": img_s,
         "images_per_s_per_gpu": img_s / cfg["gpus"],
@@ -246,25 +267,50 @@ def make_record(
             "p90": float(np.percentile(samples, 90)) if samples else None,
             "samples": samples,
         },
-        "peak_mem_allocated_gib": alloc,
-        "peak_mem_reserved_gib": reserved,
-        "device_mem_gib": nvml,
-        "cpu_peak_rss_gib": 2.1,
-        "fits_budget": (nvml <= budget) if (budget is not None and nvml is not None) else None,
-        "model_flops_per_image": gflop * 1e9,
-        "tflops_per_s": tflops,
-        "mfu": {"value": tflops / 989.0, "peak_tflops": 989.0, "peak_basis": "datasheet"} if on_gpu else None,
-        "scaling_efficiency": None,
-        "params": MODELS[cfg["model"]][3],
         "measured_steps": len(samples),
         "window_s": sum(samples) / 1000.0,
         "timing": "cuda_events" if on_gpu else "perf_counter",
         "device": device,
+        "model_flops_per_image": gflop * 1e9,
+        "tflops_per_s": tflops,
+        "mfu": {"value": tflops / 989.0, "peak_tflops": 989.0, "peak_basis": "datasheet"} if on_gpu else None,
+        "scaling_efficiency": None,
         "loss_last": 0.52,
     }
+    if samples:
+        metrics.update(window_noise(samples, img_s, global_batch))
+    metrics.update(
+        peak_mem_allocated_gib=alloc,
+        peak_mem_reserved_gib=reserved,
+        device_mem_gib=nvml,
+        cpu_peak_rss_gib=2.1,
+    )
+    if on_gpu:
+        metrics["alloc_retries"] = 0
+    else:
+        metrics["cpu_peak_alloc_gib"] = m_alloc if peak_alloc is None else peak_alloc
+        metrics["cpu_peak_alloc_basis"] = "CPU allocator peak of a fresh trainer's second step"
+    metrics.update(memory.fits(emulation, status))
+    record["metrics"] = metrics
     if cfg["smoke_steps"]:
         record["smoke"] = smoke_curve(cfg["smoke_steps"], seed=sample_seed)
     return record
+
+
+def _emulation(cfg: dict[str, Any], env: dict[str, Any]) -> dict[str, Any] | None:
+    """`metrics.emulation` of a cell run on the env's GPU capped to the config's card (None: no card)."""
+    budget = cfg["gpu_memory_gib"]
+    if budget is None:
+        return None
+    return {
+        "card": cfg["card"],
+        "budget_gib": budget,
+        "context_gib": CONTEXT_GIB,
+        "allocator_cap_gib": round(budget - CONTEXT_GIB, 4),
+        "real_gpu": env.get("gpu_name") or "NVIDIA H200",
+        "real_total_gib": env.get("gpu_memory_gib") or 139.8,
+        "note": memory.NOTE,
+    }
 
 
 def make_matrix(
@@ -274,17 +320,18 @@ def make_matrix(
     batches=(8, 16, 32),
     *,
     card_gib: float = 139.8,
-    gpu_memory_gb: float | None = None,
+    gpu_memory_gib: float | None = None,
     smoke_steps: int = 50,
     device: str = "cuda",
     env: dict[str, Any] | None = None,
     start: datetime | None = None,
     **kw: Any,
 ) -> list[dict[str, Any]]:
-    """A full suite: cells that would not fit the (capped) card are `oom`, fp16 on CPU is `unsupported`."""
+    """A full suite: cells that would not fit the card (`card_gib`, or the emulated `gpu_memory_gib`)
+    are `oom`, fp16 on CPU is `unsupported`."""
     records = []
     start = start or datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
-    limit = gpu_memory_gb if gpu_memory_gb is not None else card_gib
+    limit = gpu_memory_gib if gpu_memory_gib is not None else card_gib
     for i, (model, precision, ckpt, bs) in enumerate(
         (m, p, c, b) for m in models for p in precisions for c in ckpts for b in batches
     ):
@@ -292,7 +339,7 @@ def make_matrix(
         common = dict(
             smoke_steps=smoke_steps if is_baseline else 0,
             device=device,
-            gpu_memory_gb=gpu_memory_gb,
+            gpu_memory_gib=gpu_memory_gib,
             env=env if env is not None else (CPU_ENV if device == "cpu" else None),
             started_at=start + timedelta(seconds=15 * i),
             sample_seed=i,
@@ -302,7 +349,7 @@ def make_matrix(
             records.append(make_record(model, precision, ckpt, bs, "unsupported", **common))
             continue
         _, alloc = modelled(model, precision, ckpt, bs)
-        if device == "cuda" and alloc * 1.04 + 0.55 > limit:
+        if device == "cuda" and alloc * 1.04 + CONTEXT_GIB > limit:
             records.append(make_record(model, precision, ckpt, bs, "oom", **common))
             continue
         records.append(make_record(model, precision, ckpt, bs, **common))

@@ -9,7 +9,6 @@ import json
 
 import pytest
 from synthetic_records import CPU_ENV, make_record, write_jsonl
-from synthetic_records import cell_id as cell_id_of
 
 from ditbench.cli import main
 
@@ -479,7 +478,7 @@ def test_within_a_file_the_last_record_of_a_cell_wins_as_in_the_runner(tmp_path,
 
 def test_a_record_keeping_another_cells_id_with_another_config_is_refused(tmp_path, capsys, monkeypatch):
     base, new = pair()
-    new[0]["config"]["batch_size"] = 4  # keeps BASE's cell_id
+    new[0]["config"].update(batch_size=4, global_batch=4)  # a valid config, but keeps BASE's cell_id
     code, _, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, new)
     assert_clean_error(code, err, "new.jsonl line 1", "cell_id", "not the id of the record's config")
 
@@ -489,6 +488,28 @@ def test_a_record_whose_config_changed_model_under_the_same_id_is_refused(tmp_pa
     new[1]["config"]["model"] = "DiT-XL/2"
     code, _, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, new)
     assert_clean_error(code, err, "new.jsonl line 2", "cell_id")
+
+
+@pytest.mark.parametrize(
+    "change, field, needle",
+    [
+        ({"gpu_memory_gb": 24}, "config.gpu_memory_gb", "unknown key `gpu_memory_gb`"),
+        ({"batch_size": 0}, "config.batch_size", "batch_size must be an integer from 1"),
+        ({"global_batch": 99}, "config.global_batch", "is not batch_size x gpus x nodes x grad_accum"),
+    ],
+)
+def test_a_config_that_is_not_a_cells_is_refused(tmp_path, capsys, monkeypatch, change, field, needle):
+    base, new = pair()
+    new[0]["config"].update(change)
+    code, _, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, new)
+    assert_clean_error(code, err, "new.jsonl line 1", f"field {field}", needle)
+
+
+def test_a_config_missing_a_key_is_refused(tmp_path, capsys, monkeypatch):
+    base, new = pair()
+    del new[1]["config"]["card"]
+    code, _, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, new)
+    assert_clean_error(code, err, "new.jsonl line 2", "field config:", "missing card")
 
 
 # ------------------------------------------------------------- numbers pandas cannot hold (issue 21)
@@ -514,7 +535,7 @@ def test_a_value_pandas_cannot_hold_is_an_input_error(tmp_path, capsys, monkeypa
     edit, *needles = HOLDABLE_CASES[case]
     base, new = pair()
     edit(new[0])
-    new[0]["cell_id"] = cell_id_of(new[0]["config"])  # the id agrees: only the value is at fault
+    # checked before the id: only the value is named
     code, _, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, new)
     assert_clean_error(code, err, "new.jsonl line 1", *needles)
 

@@ -26,6 +26,7 @@ def context(cell_id="c0ffee000001", run_id="20260101T000000Z-aaaaaa", **kw):
         "cell_id": cell_id,
         "cell_name": f"cell {cell_id}",
         "suite_baseline": {},
+        "suite_overrides": {},
         "config": {"batch_size": 1, "gpus": 1, "nodes": 1},
         "env": {"host": "runner-host"},
         "started_at": "2026-01-01T00:00:00Z",

@@ -51,8 +51,7 @@ def test_the_shipped_claims_parse():
 
 def test_the_shipped_suite_runs_exactly_the_cells_the_claims_name():
     suite = load_suite(ROOT / "suites" / "dit_resource_guide.yaml")
-    # an RTX 4090's usable memory (`gpu_memory_gb` until the suites read `card` / `gpu_memory_gib`)
-    assert (getattr(suite, "gpu_memory_gib", None) or getattr(suite, "gpu_memory_gb", None)) == 23.99
+    assert suite.gpu_memory_gib == 23.99  # an RTX 4090's usable memory
     names = {c.cell_name for c in suite.cells}
     selected = set()
     for claim in load_claims(SHIPPED).claims:

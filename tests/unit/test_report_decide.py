@@ -55,16 +55,6 @@ def test_budget_and_fit_memory_of_new_and_old_records(tmp_path):
     assert fit_memory(row) == (pytest.approx(11.5), "peak reserved + CUDA context")
     assert fits(row, 23.99) is True and fits(row, 11.0) is False
     assert fits(df.iloc[3], 23.99) is False and fits(df.iloc[3], 47.99) is None  # OOM under the cap
-    # an older record: gpu_memory_gb and the memory_cap text; NVML device memory decides fit
-    old = make_record("DiT-L/4", "fp16", "none", 16, peak_reserved=11.0, device_mem=11.6, gpu_memory_gb=24)
-    old["metrics"]["memory_cap"] = "allocator capped at 24 GiB (0.1717 of 139.8 GiB)"
-    uncapped = make_record("DiT-L/4", gpu_memory_gb=24, env=RTX4090_ENV, device_mem=20.0)
-    uncapped["metrics"]["memory_cap"] = "none: the card (24.0 GiB) is not larger than 24 GiB"
-    old_df = frame(tmp_path, [old, uncapped], "old.jsonl")
-    b = cell_budget(old_df.iloc[0])
-    assert b.emulated and b.gib == 24 and b.real_total_gib == 139.8 and b.card is None
-    assert fit_memory(old_df.iloc[0]) == (11.6, "NVML device memory")
-    assert not cell_budget(old_df.iloc[1]).emulated  # the real card was the budget
     # a real RTX 4090: no emulation, and the card's own verdict
     real = frame(tmp_path, [on_card(make_record("DiT-L/4", device_mem=20.0), RTX4090_ENV)], "real.jsonl")
     assert cell_budget(real.iloc[0]) is None and fit_memory(real.iloc[0]) == (20.0, "NVML device memory")
