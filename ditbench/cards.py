@@ -9,6 +9,9 @@ emulation measures it on the spot rather than assuming a figure.
 
 Values are from public `nvidia-smi` readings of each card (MiB / 1024), rounded to 0.01 GiB; a
 driver or ECC setting can move them by a few tens of MiB.
+
+A generic name that several cards answer to (`A100`, `V100`) picks the largest; `ambiguity(name)`
+says which it chose and what else it could have meant, for the commands to show.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from ditbench.errors import UserError, shorten
 class Card:
     name: str
     usable_gib: float  # total memory the driver exposes
-    memory_class_gb: int  # the size it is sold as: 12, 16, 24, 40, 48, 80, 94, 141
+    memory_class_gb: int  # the size it is sold as: 12, 16, 24, 32, 40, 48, 80, 94, 141
     aliases: tuple[str, ...] = ()
 
 
@@ -39,6 +42,12 @@ CARDS: tuple[Card, ...] = (
     Card("RTX 4090", 23.99, 24, ("4090",)),
     Card("L4", 22.49, 24, ("NVIDIA L4",)),
     Card("A10", 22.49, 24, ("A10G", "NVIDIA A10")),
+    # 32 GB GDDR7 (NVIDIA GeForce RTX 5090 product page); nvidia-smi shows 32607 MiB.
+    Card("RTX 5090", 31.84, 32, ("5090",)),
+    # 32 GB HBM2 (NVIDIA Tesla V100 datasheet, SXM2 and PCIe 32GB); nvidia-smi shows 32510 MiB.
+    Card(
+        "V100-32GB", 31.75, 32, ("V100 32GB", "Tesla V100 32GB", "V100-SXM2-32GB", "V100-PCIE-32GB", "V100")
+    ),
     Card("A100-40GB", 39.39, 40, ("A100 40GB", "A100-SXM4-40GB", "A100-PCIE-40GB")),
     Card("RTX A6000", 47.99, 48, ("A6000",)),
     Card("L40S", 44.99, 48, ("L40", "L40S 48GB")),
@@ -48,18 +57,21 @@ CARDS: tuple[Card, ...] = (
     Card("H200", 139.8, 141, ("H200 141GB", "NVIDIA H200")),
 )
 
-MEMORY_CLASSES_GB = (12, 16, 24, 40, 48, 80, 94, 141)
+MEMORY_CLASSES_GB = (12, 16, 24, 32, 40, 48, 80, 94, 141)
+# Names several cards answer to, and the card each picks (the largest variant).
+GENERIC_NAMES = {"A100": "A100-80GB", "V100": "V100-32GB"}
 
 
 def _key(text: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", text.lower().replace("nvidia", "").replace("geforce", ""))
+    low = text.lower().replace("nvidia", "").replace("geforce", "").replace("tesla", "")
+    return re.sub(r"[^a-z0-9]", "", low)
 
 
 _BY_KEY = {_key(alias): card for card in CARDS for alias in (card.name, *card.aliases)}
 
 
 def find_card(name: str) -> Card:
-    """The card called `name` (case, spaces, dashes and a leading "NVIDIA"/"GeForce" do not matter)."""
+    """The card called `name` (case, spaces, dashes and "NVIDIA", "GeForce", "Tesla" do not matter)."""
     card = _BY_KEY.get(_key(str(name)))
     if card is not None:
         return card
@@ -69,6 +81,24 @@ def find_card(name: str) -> Card:
     raise UserError(
         f"unknown card {shorten(name)}.{hint} Known cards: {', '.join(names)}; or give the memory "
         "in GiB instead (gpu_memory_gib / --memory-gib)."
+    )
+
+
+def ambiguity(name: str) -> str | None:
+    """What a generic card name chose and its alternatives, as a sentence; None for an exact name."""
+    generic = next((g for g in GENERIC_NAMES if _key(g) == _key(str(name))), None)
+    if generic is None:
+        return None
+    chosen = find_card(generic)
+    others = [
+        c
+        for c in CARDS
+        if c is not chosen and any(_key(a).startswith(_key(generic)) for a in (c.name, *c.aliases))
+    ]
+    alternatives = ", ".join(f"{c.name} ({c.usable_gib:.2f} GiB)" for c in others)
+    return (
+        f"card {shorten(name)} names several cards: chose {chosen.name} ({chosen.usable_gib:.2f} GiB "
+        f"usable), the largest; the other {generic}: {alternatives}. Name the card exactly for another."
     )
 
 

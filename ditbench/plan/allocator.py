@@ -132,7 +132,7 @@ class CachingAllocator:
         return block
 
     def _release_free_segments(self) -> None:
-        for small, pool in self._free.items():
+        for pool in self._free.values():
             keep = []
             for size, addr in pool:
                 block = self._by_addr[addr]
@@ -141,7 +141,7 @@ class CachingAllocator:
                     self.reserved -= size
                 else:
                     keep.append((size, addr))
-            self._free[small] = keep
+            pool[:] = keep  # in place: a malloc in flight holds this list
 
 
 @dataclass

@@ -16,7 +16,8 @@ Predict each cell's peak training memory on a card without the card: the Trainer
 traced on fake tensors and replayed through the CUDA caching allocator. Without SUITE the grid is
 the 12 paper models x fp32/tf32/fp16/bf16 x checkpointing none/full/every_2 x batches 8..512.
 Table cells show the GiB the card must hold (allocator reserve + CUDA context); (x) does not fit,
-* measured (from --results), n/a the setting cannot run there.
+"tight" fits within the planner's error (6%) of the card's memory, * measured (from --results), n/a
+the setting cannot run there. With SUITE, KEY=VALUE overrides change its cells (optimizer_impl=foreach).
 """
 
 
@@ -26,6 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "suite",
         nargs="?",
         help="plan this suite's cells (a shipped name or a YAML path) instead of the default grid",
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="change the suite as `ditbench run` does: a knob (optimizer_impl=foreach, batch_size=[16,32]) "
+        "or a suite key (card=H100)",
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--card", help='the card to plan for, e.g. "RTX 4090", A100-80GB, H200')
@@ -38,15 +46,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--grad-ckpt", action="append", help="grid checkpointing (default: none,full,every_2)"
     )
     parser.add_argument("--batches", action="append", help="grid batch sizes (default: 8,16,...,512)")
-    parser.add_argument("--image-size", type=int, default=256, help="grid image size in pixels")
+    parser.add_argument("--image-size", type=int, default=None, help="grid image size in pixels (256)")
     parser.add_argument(
-        "--impl", default="ditbench", choices=("ditbench", "diffusers"), help="the DiT implementation"
+        "--impl", default=None, choices=("ditbench", "diffusers"), help="grid DiT implementation (ditbench)"
     )
     parser.add_argument(
         "--optimizer-impl",
-        default="auto",
+        default=None,
         choices=("auto", "fused", "foreach", "for-loop"),
-        help="AdamW kernel",
+        help="grid AdamW kernel (auto)",
     )
     parser.add_argument("--results", type=Path, help="results.jsonl whose measured cells replace predictions")
     parser.add_argument(
@@ -55,7 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="CUDA context outside the allocator (default: 0.5, or measured with --results)",
     )
-    parser.add_argument("--target-batch", type=int, default=32, help="batch the decision tree aims for")
+    parser.add_argument(
+        "--target-batch", type=int, default=None, help="batch the decision tree aims for (32)"
+    )
     parser.add_argument("--no-tree", action="store_true", help="skip the decision tree over card classes")
     parser.add_argument(
         "--jobs",
@@ -106,8 +116,20 @@ def _ints(values: list[str] | None, default, what: str) -> list[int]:
 def _series(args: argparse.Namespace):
     from ditbench.plan.grid import DEFAULT_BATCHES, DEFAULT_GRAD_CKPT, DEFAULT_PRECISIONS, grid, paper_models
 
-    base = {"image_size": args.image_size, "impl": args.impl, "optimizer_impl": args.optimizer_impl}
+    if args.suite is not None and "=" in args.suite and not Path(args.suite).exists():
+        args.suite, args.overrides = None, [args.suite, *args.overrides]  # `plan key=value`: no suite
     if args.suite is None:
+        if args.overrides:
+            raise UserError(
+                f"{shorten(args.overrides[0])}: KEY=VALUE overrides change a suite; without SUITE the "
+                "plan is the default grid, shaped by --models, --precisions, --grad-ckpt, --batches, "
+                "--image-size, --impl and --optimizer-impl"
+            )
+        base = {
+            "image_size": 256 if args.image_size is None else args.image_size,
+            "impl": args.impl or "ditbench",
+            "optimizer_impl": args.optimizer_impl or "auto",
+        }
         models = _list(args.models, paper_models(), "models")
         precisions = _list(args.precisions, DEFAULT_PRECISIONS, "precisions")
         from ditbench.precision import PRECISIONS
@@ -123,20 +145,46 @@ def _series(args: argparse.Namespace):
 
         axes = {"models": models, "precisions": precisions, "grad-ckpt": ckpts, "batches": batches}
         check_count(matrix_count(axes), args.max_cells, "the plan grid", factors(axes))
-        if args.image_size < 8 or args.image_size % 8:
-            raise UserError(f"--image-size must be a positive multiple of 8, got {args.image_size}")
+        if base["image_size"] < 8 or base["image_size"] % 8:
+            raise UserError(f"--image-size must be a positive multiple of 8, got {base['image_size']}")
         return grid(models, precisions, ckpts, batches, base), None
-    for flag in ("models", "precisions", "grad_ckpt", "batches"):
-        if getattr(args, flag):
-            raise UserError(
-                f"--{flag.replace('_', '-')} shapes the default grid; a suite brings its own cells"
-            )
+    _refuse_grid_flags(args)
     from ditbench.bench.suite import load_suite
     from ditbench.plan.grid import suite_grid
 
-    suite = load_suite(args.suite, max_cells=args.max_cells)
+    suite = load_suite(args.suite, args.overrides, max_cells=args.max_cells)
     device = "cuda" if (args.card or args.memory_gib is not None) else None
     return suite_grid(suite.cells, device), suite
+
+
+# The flags that shape the default grid, and the suite knob each stands for.
+_GRID_FLAGS = {
+    "models": "model",
+    "precisions": "precision",
+    "grad_ckpt": "grad_ckpt",
+    "batches": "batch_size",
+    "image_size": "image_size",
+    "impl": "impl",
+    "optimizer_impl": "optimizer_impl",
+}
+
+
+def _refuse_grid_flags(args: argparse.Namespace) -> None:
+    """A suite brings its own cells, so a grid flag would be ignored: an error saying where to set it."""
+    for flag, knob in _GRID_FLAGS.items():
+        value = getattr(args, flag)
+        if value is None or value == []:
+            continue
+        items = [v.strip() for text in value for v in text.split(",")] if isinstance(value, list) else [value]
+        shown = ",".join(str(v) for v in items)
+        as_yaml = str(items[0]) if len(items) == 1 else f"[{shown}]"
+        override = f"ditbench plan {shorten(args.suite, quote=False)} {knob}={shorten(as_yaml, quote=False)}"
+        raise UserError(
+            f"--{flag.replace('_', '-')} {shorten(shown)} shapes the default grid and does not apply to "
+            f"a suite, whose cells bring their own {knob} (the suite's value would win). Set it in the "
+            f"suite (`{knob}:` under defaults, or a matrix axis) or as an override after the suite's "
+            f"name: `{override}`."
+        )
 
 
 def _budgets(args: argparse.Namespace, suite, series, context: float):
@@ -154,21 +202,30 @@ def _budgets(args: argparse.Namespace, suite, series, context: float):
     return budget(None, context)
 
 
-def _progress(start: float):
-    if not sys.stderr.isatty():
-        return None
-
-    def show(n: int, total: int, series) -> None:
-        c = series.config
-        print(
-            f"\rtraced {n}/{total} series ({c['model']} {c['precision']} ckpt={c['grad_ckpt']}) "
-            f"{time.perf_counter() - start:.0f} s   ",
-            end="" if n < total else "\n",
-            file=sys.stderr,
-            flush=True,
+def _refuse_unused(args: argparse.Namespace, cuda: bool) -> None:
+    """Flags that would be silently ignored by this plan are errors that say why."""
+    if args.target_batch is not None and (args.no_tree or not cuda):
+        why = "--no-tree skips it" if args.no_tree else "a CPU plan has none (give --card to plan for a GPU)"
+        raise UserError(f"--target-batch sets the batch the decision tree aims for, and {why}")
+    if args.context_gib is not None and not cuda:
+        raise UserError(
+            "--context-gib is the CUDA context a GPU holds outside the allocator; this plan's cells run on "
+            "the CPU, which has none (give --card or --memory-gib to plan them for a GPU)"
         )
 
-    return show
+
+def _progress(total: int, no_cache: bool):
+    """A progress line on stderr while the series are traced (a bar on a terminal, a line every 30 s
+    in a log): the first plan of a grid traces for minutes."""
+    from ditbench.progress import progress
+
+    reuse = "" if no_cache else " (traces on disk are reused)"
+    print(
+        f"ditbench plan: tracing {total} series{reuse}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return progress(total=total, unit="series", desc="traced")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -177,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
     from ditbench.plan.grid import default_jobs, evaluate
     from ditbench.plan.predict import DEFAULT_CONTEXT_GIB, budget
     from ditbench.plan.render import advice_details, cells_table, reasons, to_json, tree_table
-    from ditbench.plan.tree import class_cards, decision_tree
+    from ditbench.plan.tree import DEFAULT_TARGET_BATCH, class_cards, decision_tree
 
     warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
     context = DEFAULT_CONTEXT_GIB if args.context_gib is None else args.context_gib
@@ -185,17 +242,28 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--context-gib must be a finite number of GiB >= 0, got {context}")
     if args.jobs is not None and not 1 <= args.jobs <= 64:
         raise UserError(f"--jobs must be between 1 and 64, got {args.jobs}")
-    if args.target_batch < 1:
+    if args.target_batch is not None and args.target_batch < 1:
         raise UserError(f"--target-batch must be a positive integer, got {args.target_batch}")
+    target_batch = DEFAULT_TARGET_BATCH if args.target_batch is None else args.target_batch
     records = _read_results(args.results) if args.results else []
     series, suite = _series(args)
     main = _budgets(args, suite, series, context)
     cuda = any(s.config["device"] == "cuda" for s in series)
+    _refuse_unused(args, cuda)
+    card_name = args.card if args.card is not None else getattr(suite, "card", None)
+    if card_name is not None:
+        from ditbench.cards import ambiguity
+
+        note = ambiguity(card_name)
+        if note:
+            print(f"ditbench plan: {note}", file=sys.stderr)
     tree_cards = class_cards() if cuda and not args.no_tree else []
     budgets = [main] + [budget(card, context) for _, card in tree_cards]
 
     start = time.perf_counter()
-    results = evaluate(series, budgets, args.jobs or default_jobs(), _progress(start), not args.no_cache)
+    jobs = args.jobs or default_jobs()
+    with _progress(len(series), args.no_cache) as bar:
+        results = evaluate(series, budgets, jobs, lambda n, total, s: bar.update(1), not args.no_cache)
     seconds = time.perf_counter() - start
     cells = [p for res in results for p in res[0]]
     by_class = {gb: [p for res in results for p in res[i + 1]] for i, (gb, _) in enumerate(tree_cards)}
@@ -206,7 +274,7 @@ def run(args: argparse.Namespace) -> int:
         measured = apply_measured(cells, records)
         for preds in by_class.values():
             apply_measured(preds, records)
-    advice = decision_tree(by_class, tree_cards, args.target_batch) if tree_cards else None
+    advice = decision_tree(by_class, tree_cards, target_batch) if tree_cards else None
     meta = {
         "card": main.card,
         "memory_gib": main.memory_gib,
@@ -216,7 +284,7 @@ def run(args: argparse.Namespace) -> int:
         "measured_cells": measured,
     }
     if args.json:
-        print(json.dumps(to_json(cells, advice, meta, args.target_batch), indent=1, allow_nan=False))
+        print(json.dumps(to_json(cells, advice, meta, target_batch), indent=1, allow_nan=False))
         return 0
     where = (
         f"{main.card} ({main.memory_gib:.2f} GiB usable)"
@@ -238,9 +306,9 @@ def run(args: argparse.Namespace) -> int:
     if advice:
         print(
             "\nDecision tree (each class's smallest card; the fastest setting that reaches batch "
-            f"{args.target_batch}):\n"
+            f"{target_batch}):\n"
         )
-        print(tree_table(advice, args.target_batch))
+        print(tree_table(advice, target_batch))
         details = advice_details(advice)
         if details:
             print("\nWhat the recommended cells hold at their peak:\n" + details)

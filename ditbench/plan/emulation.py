@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import warnings
 from dataclasses import dataclass
 from unittest import mock
 
@@ -47,6 +48,8 @@ CARD_ARCH: dict[str, tuple[int, int]] = {
     "RTX 4090": (8, 9),
     "L4": (8, 9),
     "A10": (8, 6),
+    "RTX 5090": (12, 0),
+    "V100-32GB": (7, 0),
     "A100-40GB": (8, 0),
     "RTX A6000": (8, 6),
     "L40S": (8, 9),
@@ -150,16 +153,24 @@ def _fp32_dtype_kernel(op):
     return kernel
 
 
+# torch's warning (from C++, once per process) when a kernel replaces one registered for the same key.
+OVERRIDE_WARNING = r"(?s).*Overriding a previously registered kernel"
+
+
 @contextlib.contextmanager
 def cuda_autocast():
     """CPU autocast with CUDA's rule for the ops CUDA autocast runs in float32 (see the module doc)."""
     lib = torch.library.Library("aten", "IMPL")
     try:
-        for name in _FP32_OPS + _FP32_DTYPE_OPS:
-            packet, _, overload = name.partition(".")
-            op = getattr(getattr(torch.ops.aten, packet), overload or "default")
-            make = _fp32_dtype_kernel if name in _FP32_DTYPE_OPS else _fp32_kernel
-            lib.impl(name, make(op), "AutocastCPU")
+        with warnings.catch_warnings():
+            # Replacing CPU autocast's own kernel for an op is the point; torch warns about it, and the
+            # warning says nothing a plan's user can act on.
+            warnings.filterwarnings("ignore", message=OVERRIDE_WARNING)
+            for name in _FP32_OPS + _FP32_DTYPE_OPS:
+                packet, _, overload = name.partition(".")
+                op = getattr(getattr(torch.ops.aten, packet), overload or "default")
+                make = _fp32_dtype_kernel if name in _FP32_DTYPE_OPS else _fp32_kernel
+                lib.impl(name, make(op), "AutocastCPU")
         yield
     finally:
         lib._destroy()

@@ -19,8 +19,25 @@ _COMPONENT_NAMES = {
 }
 
 
+# A fit is "tight" when the card holds less than this fraction more than the prediction: the planner's
+# largest error on the H200 anchors' peaks (reports/plan_vs_h200: reserved memory, which decides a fit,
+# up to 5.8% low, DiT-S/2 bf16 b64; allocated within 0.3%), rounded up. The CUDA context is assumed.
+TIGHT_MARGIN = 0.06
+
+
+def is_tight(p: Prediction) -> bool:
+    """A predicted fit within the planner's error of the card's limit (a measured fit is not)."""
+    return (
+        p.fits is True
+        and not p.measured
+        and p.memory_gib is not None
+        and p.device_gib is not None
+        and p.device_gib * (1 + TIGHT_MARGIN) > p.memory_gib
+    )
+
+
 def _figure(p: Prediction) -> str:
-    """What a table cell shows: the GiB the card must hold; (x) does not fit; * measured."""
+    """What a table cell shows: the GiB the card must hold; (x) does not fit; * measured; tight."""
     if p.status == "unsupported":
         return "n/a"
     if p.status == "error":
@@ -31,6 +48,8 @@ def _figure(p: Prediction) -> str:
     text = f"{value:.1f}" if value >= 0.1 or p.device == "cuda" else f"{value * 1024:.0f}M"
     if p.fits is False:
         text = f"({text})"
+    elif is_tight(p):
+        text += " tight"
     return text + ("*" if p.measured else "")
 
 
@@ -103,6 +122,7 @@ def tree_table(advice: list[Advice], target_batch: int) -> str:
             setting = f"{s.precision}, ckpt {s.grad_ckpt}" + ("*" if s.measured else "")
             batch = str(s.batch_size) + ("" if s.batch_size >= target_batch else " (largest that fits)")
             holds = f"{s.device_gib:.1f}" if s.device_gib is not None else f"{s.peak_allocated_gib:.1f}"
+            holds += " tight" if is_tight(s) else ""
         if a.next_model is None:
             step = _next_class(a, advice[i + 1 :], target_batch)
         elif a.next_needs is None:
@@ -145,7 +165,8 @@ def to_json(
     largest = largest_batches(preds)
     return {
         **meta,
-        "cells": [p.to_dict() for p in preds],
+        "tight_margin": TIGHT_MARGIN,
+        "cells": [{**p.to_dict(), "tight": is_tight(p)} for p in preds],
         "largest_batch": [
             {"model": k[0], "precision": k[1], "grad_ckpt": k[2], "batch_size": v.batch_size if v else None}
             for k, v in largest.items()

@@ -14,6 +14,7 @@ from ditbench.plan.allocator import (
 )
 
 KiB, MiB = 1 << 10, 1 << 20
+SMALL = 1 << 20  # the largest small-pool request
 
 
 def test_round_size_is_512_byte_granular():
@@ -78,6 +79,20 @@ def test_capacity_releases_free_segments_then_ooms():
     r = a.malloc(30 * MiB)  # cached 20 MiB blocks are too small: release them and retry
     assert r is not None and a.retries == 1 and a.reserved == 30 * MiB
     assert a.malloc(12 * MiB) is None  # 30 + 12 > 40 with nothing free to release
+
+
+def test_a_block_split_after_a_release_stays_in_the_free_pool():
+    """Releasing the cached segments replaced the pools under a malloc in flight: the split-off tail
+    of the new segment went to a dropped list, was never reused, and freeing its neighbour crashed."""
+    a = CachingAllocator(capacity=21 * MiB)
+    a.free(a.malloc(2 * MiB))  # a cached, free 20 MiB large segment
+    s = a.malloc(512)  # a small segment does not fit beside it: release it, then split the new one
+    assert a.retries == 1 and a.reserved == 2 * MiB
+    t = a.malloc(512)  # served by the tail
+    assert a.reserved == 2 * MiB and t.addr == s.addr + 512
+    a.free(s)
+    a.free(t)  # merges the whole segment back
+    assert a.allocated == 0 and a.malloc(SMALL) is not None and a.reserved == 2 * MiB
 
 
 def test_replay_peaks_restart_at_the_window():

@@ -48,7 +48,8 @@ def test_json_is_machine_readable_and_consistent(capsys):
         assert c["peak_allocated_gib"] <= c["peak_reserved_gib"]
         assert set(c["components"]) >= {"weights", "gradients", "optimizer", "ema", "activations", "context"}
     assert {row["batch_size"] for row in plan["largest_batch"]} == {64}
-    assert [t["class_gb"] for t in plan["tree"]] == [12, 16, 24, 40, 48, 80, 94, 141]
+    assert [t["class_gb"] for t in plan["tree"]] == [12, 16, 24, 32, 40, 48, 80, 94, 141]
+    assert plan["tight_margin"] == 0.06 and all(c["tight"] is False for c in cells)
 
 
 def test_a_card_too_small_marks_cells_that_do_not_fit(capsys):
@@ -151,9 +152,52 @@ def test_results_that_are_not_results(capsys, tmp_path):
     assert code == 2 and "no result records" in " ".join(err.split())
 
 
-def test_a_suite_brings_its_own_cells(capsys, tmp_path):
-    code, _, err = run(capsys, _suite(tmp_path), "--models", "DiT-T/4")
-    assert code == 2 and "a suite brings its own cells" in err
+@pytest.mark.parametrize(
+    "flag, override",
+    [
+        (["--optimizer-impl", "foreach"], "optimizer_impl=foreach"),
+        (["--impl", "diffusers"], "impl=diffusers"),
+        (["--image-size", "128"], "image_size=128"),
+        (["--models", "DiT-T/4"], "model=DiT-T/4"),
+        (["--batches", "8,16"], "batch_size=[8,16]"),
+    ],
+)
+def test_a_grid_flag_on_a_suite_is_an_error_naming_where_to_set_it(capsys, tmp_path, flag, override):
+    suite = _suite(tmp_path)
+    code, out, err = run(capsys, suite, *flag)
+    text = " ".join(err.split())
+    assert code == 2 and out == "" and "Traceback" not in err
+    assert f"{flag[0]} " in text and "does not apply to a suite" in text
+    assert f"`ditbench plan {suite} {override}`" in text
+
+
+def test_a_suite_takes_overrides_as_run_does(capsys, tmp_path):
+    code, out, _ = run(capsys, _suite(tmp_path), "optimizer_impl=foreach", "batch_size=4", "--json")
+    plan = json.loads(out)
+    assert code == 0 and {c["config"]["optimizer_impl"] for c in plan["cells"]} == {"foreach"}
+    assert {c["batch_size"] for c in plan["cells"]} == {4}
+    code, _, err = run(capsys, "optimizer_impl=foreach")  # no suite: the grid has flags for that
+    assert code == 2 and "overrides change a suite" in " ".join(err.split())
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--target-batch", "64"], "a CPU plan has none"),
+        (["--context-gib", "0.3"], "run on the CPU"),
+    ],
+)
+def test_a_flag_a_cpu_suite_would_ignore_is_an_error(capsys, tmp_path, argv, message):
+    code, out, err = run(capsys, _suite(tmp_path), *argv)
+    assert code == 2 and out == "" and message in " ".join(err.split())
+
+
+def test_target_batch_without_the_tree_is_an_error(capsys):
+    code, _, err = run(capsys, *GRID, "--card", "T4", "--no-tree", "--target-batch", "64")
+    assert code == 2 and "--no-tree skips it" in " ".join(err.split())
+
+
+def test_a_suite_that_does_not_exist(capsys, tmp_path):
     code, _, err = run(capsys, str(tmp_path / "missing.yaml"))
     assert code == 2 and "does not exist" in " ".join(err.split())
 
@@ -194,3 +238,14 @@ def test_a_card_without_bf16_does_not_hide_bf16_from_the_other_classes(capsys):
     assert "| DiT-T/2 | bf16 | none | n/a |" in out  # on the T4 itself
     assert "| 12 GB | RTX 3060 12GB (11.76 GiB) | DiT-T/2 | bf16, ckpt none |" in out
     assert "| 16 GB | T4 (14.75 GiB) | DiT-T/2 | fp16, ckpt none |" in out
+
+
+def test_an_ambiguous_card_says_what_it_chose_and_tracing_shows_progress(capsys):
+    argv = ["--models", "DiT-T/4", "--image-size", "64", "--precisions", "fp32", "--grad-ckpt", "none"]
+    code, out, err = run(capsys, *argv, "--batches", "8", "--card", "A100", "--no-tree", "--json")
+    text = " ".join(err.split())
+    assert code == 0 and json.loads(out)["card"] == "A100-80GB"
+    assert "chose A100-80GB (79.35 GiB usable)" in text and "A100-40GB (39.39 GiB)" in text
+    assert "tracing 1 series" in text and "traced: 1/1 series" in text
+    code, _, err = run(capsys, *argv, "--batches", "8", "--card", "A100-40GB", "--no-tree", "--json")
+    assert code == 0 and "chose" not in err
