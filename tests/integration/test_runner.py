@@ -247,3 +247,35 @@ def test_precheck_and_run_order():
         "DiT-T/8 fp32 ckpt=none bs=8 gpus=4",
         "DiT-T/8 fp32 ckpt=none bs=64 gpus=4",
     ]
+
+
+@pytest.mark.slow
+def test_a_run_shows_progress_on_a_log_and_each_cell_logs_its_own_output(tmp_path, monkeypatch, capfd):
+    # stderr under capfd is a file, not a terminal: the plain lines a CI log gets
+    _, path = make_suite(
+        tmp_path, "{batch_size: [1, 2]}", smoke=4, extra="include: [{precision: fp16, batch_size: 1}]\n"
+    )
+    monkeypatch.setenv("DITBENCH_PROGRESS_EVERY_S", "0.2")
+    monkeypatch.setenv("DITBENCH_INJECT_FAULT", "bs=2=raise@2")
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out)]) == 0
+    err = capfd.readouterr().err.splitlines()
+    starts = [line for line in err if " starting: " in line or "will not start" in line]
+    assert starts[0] == "cell 1/3 starting: DiT-T/8 fp32 ckpt=none bs=1; suite ETA after the first cell"
+    assert re.fullmatch(
+        r"cell 2/3 starting: DiT-T/8 fp32 ckpt=none bs=2; suite ETA \d+ s \(mean \d+ s over 1 cell run\)",
+        starts[1],
+    )
+    assert starts[2].startswith("cell 3/3 deciding (will not start): DiT-T/8 fp16 ckpt=none bs=1")
+    assert any(
+        re.match(r"cell 1/3 running for \d+ s: DiT-T/8 fp32 ckpt=none bs=1; 0 of 3 done", ln) for ln in err
+    )
+    records = {r["cell_name"]: r for r in read_records(out / "results.jsonl")}
+    ok = (out / "logs" / f"{records['DiT-T/8 fp32 ckpt=none bs=1']['cell_id']}.log").read_text()
+    for text in ("building the trainer on cpu", "warm-up: 1 steps", "window: at least 2 steps",
+                 "window: 2 steps in", "measured: ", "smoke run: 4 steps", "smoke: 4/4 step (100%)",
+                 "smoke run: loss "):  # fmt: skip
+        assert text in ok, text
+    failed = (out / "logs" / f"{records['DiT-T/8 fp32 ckpt=none bs=2']['cell_id']}.log").read_text()
+    assert "the measurement failed: error: RuntimeError: injected fault" in failed
+    assert "Traceback (most recent call last)" in failed and failed.count("Traceback") == 1
