@@ -1,0 +1,19 @@
+"""Memory sizes as a person reads them (ditbench.units)."""
+
+from ditbench.units import memory_delta_text, memory_text
+
+
+def test_below_one_gib_reads_in_mib_with_the_digits_that_matter():
+    assert memory_text(12.4213) == "12.42 GiB"
+    assert memory_text(1.0) == "1.00 GiB"
+    assert memory_text(0.5) == "512 MiB"
+    assert memory_text(0.0098) == "10.0 MiB"
+    assert memory_text(0.0079) == "8.09 MiB"
+    assert memory_text(0.0) == "0.00 MiB"
+    assert memory_text(None) == "-" and memory_text(None, "n/a") == "n/a"
+
+
+def test_a_difference_reads_in_the_unit_of_its_own_size():
+    assert memory_delta_text(-0.0019) == "-1.95 MiB"
+    assert memory_delta_text(1.25) == "+1.25 GiB"
+    assert memory_delta_text(0.0) == "+0.00 MiB"
