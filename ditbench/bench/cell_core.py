@@ -213,7 +213,8 @@ def smoke(spec: CellSpec, measured: Measured, agree_stop: Callable[[bool], bool]
 
     log(f"smoke run: {steps} steps", ctx)
     # the log is not a terminal: a plain line every DITBENCH_PROGRESS_EVERY_S seconds and at the end
-    bar = progress(total=steps, unit="step", desc="smoke", leave=False)
+    desc = f"rank {ctx.rank}: smoke" if ctx.distributed else "smoke"
+    bar = progress(total=steps, unit="step", desc=desc, leave=False)
     try:
         trainer = build_trainer(spec, ctx)
         start = time.perf_counter()
