@@ -49,7 +49,8 @@ def progress(
     return PlainProgress(iterable, total, initial, unit, desc, quiet=disable or not plain)
 
 
-def _every_s() -> float:
+def every_s() -> float:
+    """Seconds between plain progress lines: `DITBENCH_PROGRESS_EVERY_S`, 30 when unset or not a number."""
     try:
         value = float(os.environ.get(EVERY_ENV, EVERY_DEFAULT_S))
     except ValueError:
@@ -66,7 +67,7 @@ class PlainProgress:
             self.total = len(iterable)
         self.quiet, self.postfix, self.closed = quiet, "", False
         self.start_n, self.start = initial, time.monotonic()
-        self.every, self.last = _every_s(), self.start
+        self.every, self.last = every_s(), self.start
 
     def __iter__(self):
         for item in self.iterable:

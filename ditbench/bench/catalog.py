@@ -1,5 +1,5 @@
 """The suites shipped in the package (ditbench/suites/*.yaml); `ditbench suites` (bench.suites_cli) lists
-them.
+them. `resolve_shipped` finds any of the package's YAML by name (claims files too: report.claims).
 
 `ditbench run cpu_smoke` and `ditbench run path/to/my.yaml` both work: an argument that names an
 existing file is that file; otherwise a name (with or without `.yaml`) is looked up among the
@@ -22,17 +22,24 @@ def shipped_suites() -> dict[str, Path]:
 
 def resolve_suite(arg: str | Path) -> Path:
     """The suite file `arg` means: an existing path as given, else a shipped suite of that name."""
+    return resolve_shipped(arg, SUITES_DIR, "suite", "(`ditbench suites` lists them with their descriptions)")
+
+
+def resolve_shipped(arg: str | Path, folder: Path, kind: str, listed: str = "") -> Path:
+    """An existing path as given, else the YAML of that name (with or without .yaml) in `folder`,
+    one of the package's own (suites, claims); UserError naming the shipped ones otherwise."""
     path = Path(arg)
     if path.exists():
         return path
     text = str(arg)
     name = text[: -len(".yaml")] if text.endswith(".yaml") else text
-    shipped = shipped_suites()
+    shipped = {p.stem: p for p in sorted(folder.glob("*.yaml"))}
     if name in shipped and "/" not in text and "\\" not in text:
         return shipped[name]
     raise UserError(
-        f"suite {shorten(text)} does not exist: there is no such file and no shipped suite of that name; "
-        "give a path to a suite YAML or "
-        f"one of the shipped names: {', '.join(shipped) or '(none found in ' + str(SUITES_DIR) + ')'} "
-        "(`ditbench suites` lists them with their descriptions)."
+        f"{kind} {shorten(text)} does not exist: there is no such file and no shipped {kind} of that "
+        f"name; give a path to a {kind} YAML or "
+        f"one of the shipped names: {', '.join(shipped) or '(none found in ' + str(folder) + ')'}"
+        + (f" {listed}" if listed else "")
+        + "."
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,21 @@ from ditbench.cellspec import CellSpec
 from ditbench.faults import FAULT_ENV, FAULT_RANK_ENV, Fault, FaultyStep, failure, fault_for
 
 RANK_SEED_STRIDE = 1000  # rank r's data seed is seed + 1000 r: its own batches, the same model init
+
+
+def log(text: str, ctx=None) -> None:
+    """A line of the cell's log: its process's stdout is `<out>/logs/<cell_id>.log` (each rank's too)."""
+    rank = f"rank {ctx.rank}: " if ctx is not None and ctx.distributed else ""
+    print(f"{time.strftime('%H:%M:%S')} {rank}{text}", flush=True)
+
+
+def log_failure(what: str, outcome: dict[str, Any], err: BaseException, ctx=None) -> None:
+    """The failure's status and reason, then its traceback (the record keeps the reason only for most)."""
+    import traceback
+
+    log(f"{what} failed: {outcome['status']}: {outcome['reason']}", ctx)
+    traceback.print_exception(err, file=sys.stdout)
+    sys.stdout.flush()
 
 
 @dataclass
@@ -115,6 +131,7 @@ def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured
         out.result["env"] = collect_env() if ctx.local_rank == 0 else None
         out.fault = fault_for(cell_name, os.environ.get(FAULT_ENV), ctx.rank, os.environ.get(FAULT_RANK_ENV))
         device = ctx.device.type
+        log(f"cell {cell_name}: building the trainer on {ctx.device}", ctx)
         if spec.gpu_memory_gib is not None:  # a suite emulates a card only on CUDA (it refuses it on a CPU)
             emulation = memory.apply_emulation(spec.gpu_memory_gib, spec.card, ctx.device)
         metrics["emulation"] = emulation
@@ -124,6 +141,12 @@ def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured
         metrics["attention_kernel"] = trainer.attention_kernel  # what `attention` ran (sdpa: torch's pick)
         metrics["optimizer_kernel"] = trainer.optimizer_kernel  # what `optimizer_impl` ran (auto: by device)
         s = spec.steps
+        log(f"{metrics['params']:,} parameters; warm-up: {s.warmup} steps", ctx)
+
+        def after_warmup() -> None:
+            memory.reset_peaks(device)
+            log(f"window: at least {s.measure} steps and {s.min_seconds:g} s", ctx)
+
         window = measure_window(
             trainer,
             step,
@@ -132,9 +155,15 @@ def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured
             s.measure,
             s.min_seconds,
             agree=_agree_max(ctx),
-            after_warmup=lambda: memory.reset_peaks(device),
+            after_warmup=after_warmup,
         )
         out.steps_run = step.count
+        median = step_stats(window["step_ms"])["median"]
+        log(
+            f"window: {window['steps']} steps in {window['wall_s']:.2f} s, median step {median:.1f} ms, "
+            f"last loss {window['last_loss']:.4f}",
+            ctx,
+        )
         gpu_name = (out.result["env"] or {}).get("gpu_name") if device == "cuda" else None
         if device == "cuda" and gpu_name is None:
             import torch
@@ -144,10 +173,13 @@ def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured
         metrics.update(memory.peak_metrics(device))
         if device == "cpu" and not ctx.distributed:  # after the window (the profiler slows steps)
             del step, trainer  # gone before the meter starts: it counts what is allocated after
+            log("allocator peak: a fresh trainer's second step under the profiler", ctx)
             metrics.update(memory.cpu_allocator_peak(lambda: build_trainer(spec, ctx)))
         out.result["status"] = "ok"
+        log(f"measured: {metrics['images_per_s']:.3g} img/s", ctx)
     except Exception as err:  # noqa: BLE001 - any failure is this cell's status, not the suite's
         out.result.update(failure(err))
+        log_failure("the measurement", out.result, err, ctx)
         if out.ctx is not None and out.ctx.device.type == "cuda":
             try:  # how far memory got before the failure
                 metrics.update(memory.peak_metrics("cuda"))
@@ -177,15 +209,35 @@ def smoke(spec: CellSpec, measured: Measured, agree_stop: Callable[[bool], bool]
     if fault is not None:
         left = fault.step - measured.steps_run
         fault = Fault(fault.kind, left) if left >= 1 else None
+    from ditbench.progress import progress
+
+    log(f"smoke run: {steps} steps", ctx)
+    # the log is not a terminal: a plain line every DITBENCH_PROGRESS_EVERY_S seconds and at the end
+    desc = f"rank {ctx.rank}: smoke" if ctx.distributed else "smoke"
+    bar = progress(total=steps, unit="step", desc=desc, leave=False)
     try:
         trainer = build_trainer(spec, ctx)
         start = time.perf_counter()
-        curve = smoke_run(trainer, FaultyStep(trainer, fault), steps, agree_stop)  # reads every loss: synced
+        faulty = FaultyStep(trainer, fault)
+
+        def counted(batch):
+            loss = faulty(batch)
+            bar.update(1)
+            return loss
+
+        curve = smoke_run(trainer, counted, steps, agree_stop)  # reads every loss: synced
+        bar.close()
+        log(
+            f"smoke run: loss {curve['first_mean']:.4f} (first steps) -> {curve['last_mean']:.4f} (last)", ctx
+        )
         if spec.quality is not None and spec.quality.at_smoke_end:
             measured.smoke_trainer = (trainer, time.perf_counter() - start)
         return curve
     except Exception as err:  # noqa: BLE001 - recorded in the smoke field
-        return failed_smoke(steps, failure(err), err)
+        bar.close()
+        outcome = failure(err)
+        log_failure("the smoke run", outcome, err, ctx)
+        return failed_smoke(steps, outcome, err)
 
 
 def quality(spec: CellSpec, measured: Measured, about: dict[str, Any]) -> dict:
@@ -196,6 +248,7 @@ def quality(spec: CellSpec, measured: Measured, about: dict[str, Any]) -> dict:
 
     smoke_trainer, measured.smoke_trainer = measured.smoke_trainer, None
     gc.collect()
+    log("quality: sampling and evaluating", measured.ctx)
     return run_quality(
         spec,
         measured.ctx,

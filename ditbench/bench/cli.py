@@ -9,6 +9,8 @@ from pathlib import Path
 
 from ditbench.bench.cluster import EXECUTORS
 
+EXIT_NOTHING_MEASURED = 3  # a run in which no selected cell started (all unsupported or skipped)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
@@ -30,7 +32,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the run's folder: results.jsonl, summary.md, logs/ (default: runs/<suite name>)",
     )
     parser.add_argument("--force", action="store_true", help="rerun cells that already have an ok record")
-    parser.add_argument("--dry-run", action="store_true", help="print the expanded matrix and exit")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the expanded matrix (what each cell would do, why a cell would not run, and with "
+        "the suite's plan: the predicted peak) and exit",
+    )
+    parser.add_argument(
+        "--allow-empty",
+        action="store_true",
+        help=f"exit 0 when no cell was measured (all unsupported here or skipped); without it such a "
+        f"run exits {EXIT_NOTHING_MEASURED}",
+    )
+    import textwrap
+
+    parser.epilog = textwrap.fill(
+        f"exit status: 0 when at least one cell was measured (whatever its status), 2 for bad input, "
+        f"{EXIT_NOTHING_MEASURED} when no selected cell was measured (every one unsupported here or "
+        "skipped; --allow-empty makes that 0), 130 when interrupted.",
+        width=78,
+    )
     parser.add_argument(
         "--cells",
         action="append",
@@ -140,14 +161,11 @@ def run(args: argparse.Namespace) -> int:
         check_out_dir(Path(out), create=False)  # run_suite checks (and creates) it for a real run
         previous = latest_by_cell(read_records(Path(out) / RESULTS_FILE))
         visible = Visible.detect()
+        planner = _planner(suite)
+        plans = {c.cell_id: _plan(c, visible, rendezvous, previous, args, planner) for c in cells}
         if args.json:
             rows = [
-                {
-                    "cell_id": c.cell_id,
-                    "cell_name": c.cell_name,
-                    "plan": _plan(c, visible, rendezvous, previous, args),
-                }
-                | {"config": c.config}
+                {"cell_id": c.cell_id, "cell_name": c.cell_name, **plans[c.cell_id], "config": c.config}
                 for c in cells
             ]
             print(
@@ -156,30 +174,47 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
             return 0
-        print(f"suite {suite.name} ({suite.path}): {len(cells)} cells -> {out}")
-        if args.overrides:
-            print(f"overrides: {' '.join(args.overrides)}")
-        print(f"{'cell_id':<13} {'smoke':>5}  {'plan':<12} cell")
-        for cell in cells:
-            plan = _plan(cell, visible, rendezvous, previous, args)
-            print(f"{cell.cell_id:<13} {cell.config['smoke_steps']:>5}  {plan:<12} {cell.cell_name}")
+        _print_dry_run(suite, cells, plans, out, args)
         return 0
     if args.executor is not None:
         echo = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else None
         records = _submit(suite, options, args, cluster, echo)
         if args.json:
             print(json.dumps(records, default=str))
-            return 0
+            return _exit_status(records, args)
     elif args.json:  # the per-cell lines go to stderr; stdout holds the records alone
         records = run_suite(suite, options, echo=lambda line: print(line, file=sys.stderr, flush=True))
         print(json.dumps(records, default=str))
-        return 0
+        return _exit_status(records, args)
     else:
         records = run_suite(suite, options)
     print()
     print(summary_table(records), end="")
     print(f"\nresults: {Path(out) / RESULTS_FILE}   summary: {Path(out) / 'summary.md'}")
-    return 0
+    return _exit_status(records, args)
+
+
+NOT_MEASURED = ("unsupported", "skipped")  # statuses of cells that never started
+
+
+def _exit_status(records: list[dict], args: argparse.Namespace) -> int:
+    """0, or EXIT_NOTHING_MEASURED (said on stderr) when no selected cell was measured."""
+    if any(r.get("status") not in NOT_MEASURED for r in records):
+        return 0
+    statuses = sorted({str(r.get("status")) for r in records})
+    message = (
+        f"nothing was measured: all {len(records)} selected cells are {' or '.join(statuses)} "
+        "(the reasons are in the table and in summary.md)."
+    )
+    if args.allow_empty:
+        print(f"ditbench: {message}", file=sys.stderr)
+        return 0
+    print(
+        f"ditbench: {message} Exit status {EXIT_NOTHING_MEASURED}; choose cells that run here (--dry-run "
+        "shows why each would not), or pass --allow-empty to accept an empty run.",
+        file=sys.stderr,
+    )
+    return EXIT_NOTHING_MEASURED
 
 
 def _cluster_options(suite, args):
@@ -202,8 +237,19 @@ def _submit(suite, options, args, cluster, echo=None) -> list[dict]:
     return submit_suite(suite, options, args.executor, cluster, echo=echo)
 
 
-def _plan(cell, visible, rendezvous, previous: dict, args: argparse.Namespace) -> str:
-    """What a real run would do with the cell: the precheck's verdict, done, or run."""
+def _planner(suite):
+    """The suite's `plan:` option's planner (predictions in this process, as the run makes them), or None."""
+    if suite.plan is None:
+        return None
+    from ditbench.bench.plan_option import SuitePlanner
+    from ditbench.environment import collect_env
+
+    return SuitePlanner(suite, suite.plan, collect_env(probe_cuda=False))
+
+
+def _plan(cell, visible, rendezvous, previous: dict, args: argparse.Namespace, planner=None) -> dict:
+    """What a real run would do with the cell: {plan: the precheck's verdict, skipped, done or run;
+    reason: why it will not run (None when it will); with the suite's `plan:`, predicted_peak_gib}."""
     if args.executor is not None:
         from ditbench.bench.jobs import cell_verdict
 
@@ -212,8 +258,47 @@ def _plan(cell, visible, rendezvous, previous: dict, args: argparse.Namespace) -
         from ditbench.bench.runner import precheck
 
         verdict = precheck(cell, visible, rendezvous)
+    out: dict = {"plan": "run", "reason": None}
+    if planner is not None:
+        prediction = planner.prediction(cell)
+        out["predicted_peak_gib"] = prediction.get("peak_allocated_gib")
+        out["prediction_status"] = prediction.get("status")
     if verdict:
-        return verdict[0]
-    if not args.force and (previous.get(cell.cell_id) or {}).get("status") == "ok":
-        return "done (ok)"
-    return "run"
+        out.update(plan=verdict[0], reason=verdict[1])
+    elif not args.force and (previous.get(cell.cell_id) or {}).get("status") == "ok":
+        out["plan"] = "done (ok)"
+    elif planner is not None and planner.skip_reason(cell):
+        out.update(plan="skipped", reason=planner.skip_reason(cell))
+    return out
+
+
+def _print_dry_run(suite, cells, plans: dict, out, args) -> None:
+    """The matrix, a row per cell; each reason a cell will not run once, numbered, under the table."""
+    from ditbench.units import memory_text
+
+    print(f"suite {suite.name} ({suite.path}): {len(cells)} cells -> {out}")
+    if args.overrides:
+        print(f"overrides: {' '.join(args.overrides)}")
+    peak = suite.plan is not None
+    notes: dict[str, int] = {}
+    print(
+        f"{'cell_id':<13} {'smoke':>5}  {'plan':<16} "
+        + (f"{'predicted peak':>14}  " if peak else "")
+        + "cell"
+    )
+    for cell in cells:
+        row = plans[cell.cell_id]
+        plan = row["plan"]
+        if row["reason"]:
+            plan += f" [{notes.setdefault(row['reason'], len(notes) + 1)}]"
+        predicted = ""
+        if peak:
+            gib = row.get("predicted_peak_gib")
+            predicted = f"{memory_text(gib) if gib is not None else 'n/a':>14}  "
+        print(f"{cell.cell_id:<13} {cell.config['smoke_steps']:>5}  {plan:<16} {predicted}{cell.cell_name}")
+    counts = {reason: sum(plans[c.cell_id]["reason"] == reason for c in cells) for reason in notes}
+    for reason, number in notes.items():
+        print(f"[{number}] {reason} ({counts[reason]} cell{'s' * (counts[reason] != 1)})")
+    runs = sum(plans[c.cell_id]["plan"] == "run" for c in cells)
+    if not runs:
+        print(f"nothing would be measured: none of the {len(cells)} cells would run here (see above)")

@@ -229,12 +229,25 @@ def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str
             + (f", {len(done) - n_ok} unsupported here" if len(done) > n_ok else "")
             + f", {len(todo)} to run"
         )
+    from ditbench.bench.suite_progress import SuiteProgress
+    from ditbench.progress import is_terminal
+
+    watch = SuiteProgress(
+        todo,
+        lambda c: precheck(c, visible, options.rendezvous) is None,
+        heartbeat=options.progress and not is_terminal(),  # a terminal has the bar
+    )
     try:
         with sigterm_as_interrupt():
             run = SuiteRun(suite, options, run_id, env, visible, out, latest, planner)
             for i, cell in enumerate(todo, 1):
                 bar.set_postfix_str(cell.cell_name)
-                record = run.cell(cell)
+                watch.start(i, cell)
+                record = None
+                try:
+                    record = run.cell(cell)
+                finally:  # the heartbeat stops with the cell, Ctrl-C included
+                    watch.end(record["status"] if record else "interrupted")
                 say(f"[{i}/{len(todo)}] {format_line(record)}")
                 bar.update(1)
     finally:

@@ -9,6 +9,7 @@ from typing import Any
 from ditbench.bench.window import GAP_BOUND, SPREAD_BOUND
 from ditbench.escape import md_cell, md_text
 from ditbench.fileio import write_atomic
+from ditbench.units import memory_text
 
 REASON_CHARS = 160  # of a reason in the summary table's note column
 
@@ -29,19 +30,24 @@ def _num(value: Any, spec: str, scale: float = 1.0) -> str | None:
     return format(value * scale, spec)
 
 
+# The memory a line and the table show, first found wins, each named by what it is (the report's
+# and the record docs' names too).
+MEMORY_SHOWN = (
+    ("peak_mem_allocated_gib", "peak allocated"),  # the CUDA allocator's, since the window started
+    ("cpu_peak_alloc_gib", "CPU allocator peak"),  # on a CPU: a fresh trainer's second step
+    ("cpu_peak_rss_gib", "CPU peak RSS"),  # the process's resident memory (records from before the above)
+)
+
+
 def _mem(metrics: dict[str, Any]) -> str:
-    """The measured peak (allocator on a GPU, CPU allocator, else RSS) and the planner's prediction."""
+    """The measured peak (allocator on a GPU, CPU allocator, else RSS), named, and the prediction."""
     text = "-"
-    for key, what in (
-        ("peak_mem_allocated_gib", "alloc"),
-        ("cpu_peak_alloc_gib", "CPU alloc"),
-        ("cpu_peak_rss_gib", "RSS"),
-    ):
-        if (value := _num(metrics.get(key), ".2f")) is not None:
-            text = f"{value} GiB {what}"
+    for key, what in MEMORY_SHOWN:
+        if _num(metrics.get(key), "g") is not None:
+            text = f"{memory_text(metrics[key])} {what}"
             break
-    if (predicted := _num(metrics.get("predicted_peak_gib"), ".2f")) is not None:
-        text += f" (predicted {predicted})"
+    if _num(metrics.get("predicted_peak_gib"), "g") is not None:
+        text += f" (predicted {memory_text(metrics['predicted_peak_gib'])})"
     return text
 
 
@@ -168,7 +174,10 @@ def write_summary(path: Path, suite, records: list[dict[str, Any]]) -> None:
         + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
         + f". Device: {device}; torch {env.get('torch')}; "
         f"ditbench {env.get('ditbench')} ({env.get('git_sha')}).\n\n"
-        "Peak memory is the CUDA allocator's peak allocated on a GPU, the process's peak RSS on a CPU. "
+        "Peak memory is the CUDA allocator's peak allocated on a GPU (`peak allocated`); on a CPU the "
+        "CPU allocator's peak over a fresh trainer's second step (`CPU allocator peak`, "
+        "metrics.cpu_peak_alloc_gib), or in older records the process's peak resident memory (`CPU peak "
+        "RSS`, metrics.cpu_peak_rss_gib), which stays flat across settings. Below 1 GiB it reads in MiB. "
         "MFU is given only where the device's peak is in the table (never on a CPU).\n\n"
         + _emulation_text(records)
         + (

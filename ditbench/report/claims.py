@@ -358,6 +358,18 @@ def _claim(index: int, item: ClaimFile, stated: Any, file_card: str | None) -> C
     )
 
 
+# The claims files shipped in the package (package data); the repository's claims/ links here.
+CLAIMS_DIR = Path(__file__).resolve().parent.parent / "claims"
+
+
+def resolve_claims(arg: str | Path) -> Path:
+    """The claims file `arg` means: an existing path as given, else a shipped one of that name
+    (`--claims dit_resource_guide`), as suites resolve."""
+    from ditbench.bench.catalog import resolve_shipped
+
+    return resolve_shipped(arg, CLAIMS_DIR, "claims file")
+
+
 def load_claims(path: str | Path) -> ClaimsFile:
     """Read and validate a claims file (bounded, UTF-8, no duplicate keys: see ditbench.yamlio)."""
     return parse_claims(load_yaml_file(path, "claims"), str(path))

@@ -36,9 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--claims",
-        metavar="FILE",
-        help="a claims YAML file (e.g. claims/dit_resource_guide.yaml): each claim gets the measured "
-        "value and a verdict (held / not held / not measured)",
+        metavar="FILE|NAME",
+        help="a claims YAML file, or the name of one shipped with ditbench (dit_resource_guide): each "
+        "claim gets the measured value and a verdict (held / not held / not measured)",
     )
     parser.add_argument(
         "--target-steps",
@@ -69,11 +69,13 @@ def _steps(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from ditbench.report import advice, analysis
     from ditbench.report.claim_check import check_claims
-    from ditbench.report.claims import load_claims
+    from ditbench.report.claims import load_claims, resolve_claims
     from ditbench.report.render import report_files, write_report
     from ditbench.report.timing import target_steps
 
     out = Path(args.out) if args.out else None
+    if args.claims:  # a path, or a shipped claims file's name (as a suite's)
+        args.claims = resolve_claims(args.claims)
     if out is None and not args.json:
         raise UserError("give --out DIR for the report files, or --json to print the verdicts only.")
     if out is not None and out.exists() and not out.is_dir():

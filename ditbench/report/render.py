@@ -180,7 +180,11 @@ def _method(df: pd.DataFrame, steps: int, steps_source: str) -> list[Block]:
                 "A cell's baseline is the ok cell equal to it except on the suite's `baseline` keys. "
                 "Speed-up is images/s over the baseline's; memory saved is 1 − memory / baseline memory "
                 "(negative: more memory).",
-                f"Memory in the tables is {mem_label.replace(' (GiB)', '')} (GiB = 2^30 bytes). Whether a "
+                f"Memory in the tables is {mem_label.replace(' (GiB)', '')} (GiB = 2^30 bytes; below 1 GiB "
+                "in MiB = 2^20 bytes). On a CPU that is the CPU allocator peak over a fresh trainer's "
+                "second step (metrics.cpu_peak_alloc_gib), or in older records the CPU peak RSS, the "
+                "process's resident memory (metrics.cpu_peak_rss_gib), which stays flat across settings. "
+                "Whether a "
                 "cell fits a card is decided on peak reserved + CUDA context where the context was measured "
                 "(a cell that completed under an emulated card's cap fits it), else on NVML device memory "
                 "(it includes the context), else on reserved.",

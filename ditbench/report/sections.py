@@ -7,6 +7,8 @@ card really ran it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from ditbench.report import advice, analysis
@@ -33,6 +35,7 @@ from ditbench.report.memory import (
     metrics_of,
 )
 from ditbench.report.timing import gpu_hours_text, time_text
+from ditbench.units import memory_text
 
 IMG_S = "metrics.images_per_s"
 STATUS_TEXT = {
@@ -219,9 +222,9 @@ def model_section(
                 text = f"{num(value(row, IMG_S))} img/s"
                 mem, predicted = value(row, mem_col), value(row, MEM_PREDICTED)
                 if mem is not None:
-                    text += f" · {num(mem, 1)} GiB"
+                    text += f" · {mem_text(mem)}"
                 if predicted is not None:
-                    text += f" (predicted {num(predicted, 1)})"
+                    text += f" (predicted {mem_text(predicted)})"
                 if comparison.at[row.name, "is_baseline"]:
                     text += " (baseline)"
                 if noise_text(row):
@@ -260,9 +263,9 @@ def model_section(
         "step ms median (p10–p90)",
         f"time to {steps_text(steps)} steps",
         "GPU-hours / 1M images",
-        mem_label,
-        "predicted peak (GiB)",
-        "reserved (GiB)",
+        mem_label.replace(" (GiB)", ""),  # each value has its unit: GiB, or MiB below 1 GiB
+        "predicted peak",
+        "reserved",
         fit_header,
         "MFU",
         "scaling efficiency",
@@ -321,9 +324,9 @@ def _detail_row(
         step,
         time_text(row, steps) if ok else "—",
         gpu_hours_text(row) if ok else "—",
-        num(value(row, mem_col), 2),
+        mem_text(value(row, mem_col)),
         _predicted_text(row),
-        num(value(row, MEM_RESERVED), 2),
+        mem_text(value(row, MEM_RESERVED)),
         fit,
         num(mfu * 100, 1, "%") if mfu is not None else "—",
         num(scaling * 100, 1, "%") if scaling is not None else "—",
@@ -335,11 +338,16 @@ def _detail_row(
     ]
 
 
+def mem_text(gib: Any) -> str:
+    """A memory figure in GiB, or MiB below 1 GiB (ditbench.units); — when missing or not a number."""
+    return "—" if num(gib) == "—" else memory_text(float(gib))
+
+
 def _predicted_text(row: pd.Series) -> str:
     """The planner's peak allocated for the cell (the suite's `plan` option), or why there is none."""
     predicted = value(row, MEM_PREDICTED)
     if predicted is not None:
-        return num(predicted, 2)
+        return mem_text(predicted)
     pred = metrics_of(row).get("prediction")
     if isinstance(pred, dict) and pred.get("status") in ("unsupported", "error"):
         return f"not predicted ({pred['status']})"

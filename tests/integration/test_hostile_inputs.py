@@ -428,7 +428,7 @@ def test_a_cell_that_cannot_run_here_is_recorded_unsupported_without_starting(tm
     out.mkdir()
     (out / "results.jsonl").write_bytes(b'{"schema": "ditbench.result/1", "status": "ok"}')  # no newline
     with pytest.warns(UserWarning):
-        assert main(["run", str(path), "--out", str(out), "--no-progress"]) == 0
+        assert main(["run", str(path), "--out", str(out), "--no-progress"]) == 3  # nothing measured
     data = (out / "results.jsonl").read_bytes().split(b"\n")
     assert data[0] == b'{"schema": "ditbench.result/1", "status": "ok"}'  # terminated, not cut
     with pytest.warns(UserWarning, match="skipped 1 line"):

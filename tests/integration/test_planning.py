@@ -203,7 +203,8 @@ def test_reports_show_the_cpu_allocator_peak_with_the_prediction_beside_it(tmp_p
     write_jsonl(tmp_path / "r.jsonl", [*records, unplanned])
     write_report(load_results(tmp_path / "r.jsonl"), tmp_path / "rep")
     md = (tmp_path / "rep" / "report.md").read_text()
-    assert "CPU allocator peak (GiB)" in md and "predicted peak (GiB)" in md
-    assert "0.8 GiB (predicted 0.8)" in md and "| 0.30 | 0.31 |" in md  # measured, then predicted
+    assert "| CPU allocator peak |" in md and "| predicted peak |" in md
+    # below 1 GiB in MiB: 0.80 GiB is 819 MiB
+    assert "819 MiB (predicted 840 MiB)" in md and "| 307 MiB | 317 MiB |" in md  # measured, then predicted
     assert "not predicted (unsupported)" in md
-    assert "0.69" not in md  # RSS, flat across settings, is no longer what the tables show
+    assert "0.69" not in md and "707 MiB" not in md  # RSS, flat across settings, is not what the tables show

@@ -10,6 +10,7 @@ from ditbench.bench.records import read_records
 from ditbench.bench.runner import RunOptions, run_suite
 from ditbench.bench.suite import load_suite
 from ditbench.cli import main
+from ditbench.units import memory_text
 
 
 def make_suite(tmp_path, matrix, extra="", name="t", timeout_s=120, smoke=0):
@@ -152,7 +153,24 @@ def test_dry_run_lists_cells_and_writes_nothing(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["run", str(path), "--out", str(out), "--dry-run"]) == 0
     text = capsys.readouterr().out
-    assert "4 cells" in text and "DiT-T/8 fp16 ckpt=none bs=2" in text and "unsupported" in text
+    assert "4 cells" in text and "DiT-T/8 fp16 ckpt=none bs=2" in text
+    lines = text.splitlines()
+    assert "  unsupported [1]  " in next(x for x in lines if x.endswith("DiT-T/8 fp16 ckpt=none bs=1"))
+    assert "  run  " in next(x for x in lines if x.endswith("DiT-T/8 fp32 ckpt=none bs=1"))
+    # each reason once, under the table, with the cells it covers
+    assert (
+        "[1] fp16 needs a CUDA device (CPU autocast has no loss-scaled fp16); use bf16 on CPU (2 cells)"
+        in text
+    )
+    assert "nothing would be measured" not in text
+    assert main(["run", str(path), "--out", str(out), "--dry-run", "--json"]) == 0
+    cells = {c["cell_name"]: c for c in json.loads(capsys.readouterr().out)["cells"]}
+    assert cells["DiT-T/8 fp16 ckpt=none bs=2"]["plan"] == "unsupported"
+    assert cells["DiT-T/8 fp16 ckpt=none bs=2"]["reason"].startswith("fp16 needs a CUDA device")
+    assert (
+        cells["DiT-T/8 fp32 ckpt=none bs=2"]["plan"] == "run"
+        and cells["DiT-T/8 fp32 ckpt=none bs=2"]["reason"] is None
+    )
     assert not out.exists()
     assert main(["run", str(path), "--out", str(out), "--cells", "no-such-cell"]) == 2
     assert "matches none" in capsys.readouterr().err
@@ -247,3 +265,63 @@ def test_precheck_and_run_order():
         "DiT-T/8 fp32 ckpt=none bs=8 gpus=4",
         "DiT-T/8 fp32 ckpt=none bs=64 gpus=4",
     ]
+
+
+@pytest.mark.slow
+def test_a_run_shows_progress_on_a_log_and_each_cell_logs_its_own_output(tmp_path, monkeypatch, capfd):
+    # stderr under capfd is a file, not a terminal: the plain lines a CI log gets
+    _, path = make_suite(
+        tmp_path, "{batch_size: [1, 2]}", smoke=4, extra="include: [{precision: fp16, batch_size: 1}]\n"
+    )
+    monkeypatch.setenv("DITBENCH_PROGRESS_EVERY_S", "0.2")
+    monkeypatch.setenv("DITBENCH_INJECT_FAULT", "bs=2=raise@2")
+    out = tmp_path / "out"
+    assert main(["run", str(path), "--out", str(out)]) == 0
+    err = capfd.readouterr().err.splitlines()
+    starts = [line for line in err if " starting: " in line or "will not start" in line]
+    assert starts[0] == "cell 1/3 starting: DiT-T/8 fp32 ckpt=none bs=1; suite ETA after the first cell"
+    assert re.fullmatch(
+        r"cell 2/3 starting: DiT-T/8 fp32 ckpt=none bs=2; suite ETA \d+ s \(mean \d+ s over 1 cell run\)",
+        starts[1],
+    )
+    assert starts[2].startswith("cell 3/3 deciding (will not start): DiT-T/8 fp16 ckpt=none bs=1")
+    assert any(
+        re.match(r"cell 1/3 running for \d+ s: DiT-T/8 fp32 ckpt=none bs=1; 0 of 3 done", ln) for ln in err
+    )
+    records = {r["cell_name"]: r for r in read_records(out / "results.jsonl")}
+    ok = (out / "logs" / f"{records['DiT-T/8 fp32 ckpt=none bs=1']['cell_id']}.log").read_text()
+    for text in ("building the trainer on cpu", "warm-up: 1 steps", "window: at least 2 steps",
+                 "window: 2 steps in", "measured: ", "smoke run: 4 steps", "smoke: 4/4 step (100%)",
+                 "smoke run: loss "):  # fmt: skip
+        assert text in ok, text
+    failed = (out / "logs" / f"{records['DiT-T/8 fp32 ckpt=none bs=2']['cell_id']}.log").read_text()
+    assert "the measurement failed: error: RuntimeError: injected fault" in failed
+    assert "Traceback (most recent call last)" in failed and failed.count("Traceback") == 1
+
+
+def test_a_run_that_measured_nothing_says_so_and_exits_3_unless_allowed(tmp_path, capsys):
+    _, path = make_suite(tmp_path, "{precision: [fp16], batch_size: [1, 2]}")
+    assert main(["run", str(path), "--out", str(tmp_path / "o"), "--dry-run"]) == 0
+    assert "nothing would be measured: none of the 2 cells would run here" in capsys.readouterr().out
+    assert main(["run", str(path), "--out", str(tmp_path / "o")]) == 3
+    captured = capsys.readouterr()
+    assert "| DiT-T/8 fp16 ckpt=none bs=1 | unsupported |" in captured.out
+    assert "nothing was measured: all 2 selected cells are unsupported" in captured.err
+    assert "--allow-empty" in captured.err
+    assert main(["run", str(path), "--out", str(tmp_path / "o"), "--allow-empty", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert [r["status"] for r in json.loads(captured.out)] == ["unsupported", "unsupported"]
+    assert "nothing was measured" in captured.err
+
+
+@pytest.mark.slow
+def test_a_dry_run_of_a_planned_suite_shows_each_cells_predicted_peak(tmp_path, capsys):
+    _, path = make_suite(tmp_path, "{batch_size: [1, 2]}", extra="plan: {skip_predicted_oom: true}\n")
+    assert main(["run", str(path), "--out", str(tmp_path / "o"), "--dry-run", "--json"]) == 0
+    cells = json.loads(capsys.readouterr().out)["cells"]
+    peaks = [c["predicted_peak_gib"] for c in cells]
+    assert all(0 < p < 1 for p in peaks) and [c["plan"] for c in cells] == ["run", "run"]
+    assert main(["run", str(path), "--out", str(tmp_path / "o"), "--dry-run"]) == 0
+    text = capsys.readouterr().out
+    assert "predicted peak" in text.splitlines()[1]
+    assert f"{memory_text(peaks[0])}  DiT-T/8 fp32 ckpt=none bs=1" in text and "MiB" in memory_text(peaks[0])

@@ -625,3 +625,16 @@ def test_an_improvement_that_is_not_significant_is_not_listed_with_the_slowdowns
     text = summary_markdown(result)
     assert "### Better beyond the threshold, but not significant" in text
     assert "Worse beyond" not in text and "### Regressions" not in text
+
+
+def test_the_cpu_allocator_peak_can_be_gated_and_reads_in_mib(tmp_path):
+    base, new = cell(), cell(seed=2)
+    base["metrics"]["cpu_peak_alloc_gib"], new["metrics"]["cpu_peak_alloc_gib"] = 0.0079, 0.0098
+    assert "cpu_peak_alloc_gib" not in default_thresholds()  # gated only when a policy names it
+    assert [d.metric for d in only(gate(tmp_path, [base], [new])).metrics if "cpu" in d.metric] == []
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text("metrics:\n  cpu_peak_alloc_gib: 10\n")
+    result = gate(tmp_path, [base], [new], load_policy(policy_file))
+    d = delta(only(result), "cpu_peak_alloc_gib")
+    assert d.change_pct == pytest.approx(24.05, abs=0.01) and d.verdict == "regression"
+    assert "| CPU allocator peak | 8.09 MiB | 10.0 MiB | +24.1% | +10% |" in summary_markdown(result)

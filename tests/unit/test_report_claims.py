@@ -16,7 +16,7 @@ from synthetic_records import CPU_ENV, make_record, write_jsonl
 from ditbench.bench.suite import load_suite
 from ditbench.errors import UserError
 from ditbench.report.claim_check import check_claims
-from ditbench.report.claims import load_claims, parse_claims
+from ditbench.report.claims import CLAIMS_DIR, load_claims, parse_claims, resolve_claims
 from ditbench.report.load import load_results
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -477,10 +477,11 @@ def test_report_cli_claims_section_and_json(tmp_path):
     assert "The claims' speeds are about an RTX 4090" in md
     assert "Time to 400K steps (default: the DiT paper's checkpoint for its model table)" in md
     assert '<td class="not-held">not held</td>' in (out / "report.html").read_text()
-    # --json alone: the same verdicts on stdout, no files
-    js = run_cli(tmp_path / "results.jsonl", "--claims", SHIPPED, "--json")
+    # --json alone: the same verdicts on stdout, no files; a shipped claims file by its name
+    js = run_cli(tmp_path / "results.jsonl", "--claims", "dit_resource_guide", "--json")
     assert js.returncode == 0, js.stderr
     doc = json.loads(js.stdout)
+    assert Path(doc["claims"]["file"]) == CLAIMS_DIR / "dit_resource_guide.yaml"
     assert doc["files"] == {} and doc["cells"] == 8 and doc["target_steps"]["steps"] == 400_000
     got = {r["says"]: (r["verdict"], r["measured"]) for r in doc["claims"]["results"]}
     assert got == EXPECTED and doc["claims"]["card"] == "RTX 4090"
@@ -605,3 +606,16 @@ def test_a_claim_may_name_a_quality_metric_of_the_registry(tmp_path):
     assert "no quality evaluation of the record has inception_score" in got["IS above 2"].evidence
     with pytest.raises(UserError, match="Did you mean `fid`"):
         parse_claims({"claims": [{"says": "x", "metric": "fdi", "value": 3}]}, "c.yaml")
+
+
+def test_shipped_claims_resolve_by_name_like_suites(tmp_path, monkeypatch):
+    shipped = CLAIMS_DIR / "dit_resource_guide.yaml"
+    assert SHIPPED.resolve() == shipped  # the repository's claims/ links to the package's
+    monkeypatch.chdir(tmp_path)
+    assert resolve_claims("dit_resource_guide") == resolve_claims("dit_resource_guide.yaml") == shipped
+    (tmp_path / "dit_resource_guide.yaml").write_text("claims: []\n")  # a file of that name wins
+    assert resolve_claims("dit_resource_guide.yaml") == Path("dit_resource_guide.yaml")
+    with pytest.raises(UserError, match="no shipped claims file of that name.*dit_resource_guide"):
+        resolve_claims("dit_resource_gide")
+    with pytest.raises(UserError, match="no shipped claims file"):
+        resolve_claims("sub/dit_resource_guide")  # a path is a path, never a name

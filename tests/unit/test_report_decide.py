@@ -81,7 +81,7 @@ def test_noisy_cells_are_marked(tmp_path):
     assert "**Noisy cells:** 1 cell(s) had unsteady step times" in md
     assert "| DiT-L/4 fp16 ckpt=full bs=16 | ok (noisy) |" in md
     assert "noisy: step-time spread 0.12 (bound 0.05), throughput gap 0.08 (bound 0.05)" in md
-    assert "129.6 img/s · 10.5 GiB (noisy)" in md  # the matrix too
+    assert "129.6 img/s · 10.50 GiB (noisy)" in md  # the matrix too
 
 
 # --------------------------------------------------------------------------------- time to target

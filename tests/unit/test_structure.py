@@ -108,7 +108,7 @@ LAYERS: list[tuple[str, ...]] = [
         "ditbench.errors", "ditbench.yamlio", "ditbench.fileio", "ditbench.outpaths", "ditbench.outlock",
         "ditbench.progress", "ditbench.device", "ditbench.precision", "ditbench.cards", "ditbench.pretrained",
         "ditbench.builtin_data", "ditbench.environment", "ditbench.vae", "ditbench.pixels",
-        "ditbench.cliopts", "ditbench.faults", "ditbench.validation",
+        "ditbench.cliopts", "ditbench.faults", "ditbench.validation", "ditbench.units",
         "ditbench.escape", "ditbench.expansion", "ditbench.imageload", "ditbench.inputcheck",
     ),
     # the network, the diffusion, process groups, the knob table

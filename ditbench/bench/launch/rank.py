@@ -46,11 +46,9 @@ def _fail(report_dir: Path, report: dict[str, Any]) -> None:
 
     report["failed_at"] = time.time()  # the first rank to fail is the cause; its peers fail after it
     write_result(report_dir / f"rank{report['rank']}.json", report)
-    print(
+    print(  # its traceback is in the log already (cell_core.log_failure)
         f"ditbench rank {report['rank']}: {report['status']}: {report['reason']}", file=sys.stderr, flush=True
     )
-    if report.get("traceback"):
-        print(report["traceback"], file=sys.stderr, flush=True)
     os._exit(1)  # no process-group teardown: a peer may be waiting in a collective
 
 

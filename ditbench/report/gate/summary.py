@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from ditbench.escape import md_cell
-from ditbench.report.gate.metrics import limit, limits, table
+from ditbench.report.gate.metrics import MEMORY, limit, limits, table
 from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
+from ditbench.units import memory_text
 
 MAX_SUMMARY_ROWS = 150  # rows of the "All cells" table: a PR comment holds 65,536 characters
 MAX_LISTED_CELLS = 10
@@ -20,6 +21,14 @@ STATUS_SECTIONS = (
     ("no longer measured", "No longer measured (ok before, not run now)"),
     ("still failing", "Still failing"),
 )
+
+
+def _value(metric: str, x: float) -> str:
+    """A metric's value as the table shows it: memory in GiB, or MiB below 1 GiB; others by _fmt."""
+    known = table().get(metric)
+    if known is not None and known.kind == MEMORY:
+        return memory_text(x)
+    return _fmt(x)
 
 
 def _fmt(x: float) -> str:
@@ -55,8 +64,9 @@ def _metric_rows(c: Comparison, keep) -> list[str]:
         for d in cell.metrics:
             if keep(d):
                 weak = " · ⚠️ weak" if d.weak else ""
+                base, new = _value(d.metric, d.base), _value(d.metric, d.new)
                 rows.append(
-                    f"| {_md(cell.cell_name)} | {_md(_label(d))} | {_fmt(d.base)} | {_fmt(d.new)} | "
+                    f"| {_md(cell.cell_name)} | {_md(_label(d))} | {base} | {new} | "
                     f"{_change(d)} | {limit(d.metric, d.threshold_pct)} | {_md(d.significance)}{weak} |"
                 )
     return rows
@@ -183,7 +193,7 @@ def _all_cells(c: Comparison) -> list[str]:
     ordered = sorted(c.cells, key=lambda x: x.verdict == "pass")
     for x in ordered[:MAX_SUMMARY_ROWS]:
         by = {d.metric: d for d in x.metrics}
-        vals = [f"{_fmt(by[m].new)} ({_change(by[m])})" if m in by else "—" for m in shown]
+        vals = [f"{_value(m, by[m].new)} ({_change(by[m])})" if m in by else "—" for m in shown]
         status = x.new_status if x.base_status == x.new_status else f"{x.base_status} → {x.new_status}"
         verdict = x.verdict + (" (weak)" if x.weak else "")
         rows.append(f"| {_md(x.cell_name)} | {status} | " + " | ".join(vals) + f" | {verdict} |")

@@ -1,0 +1,101 @@
+"""What a running suite tells the person watching it, on stderr.
+
+A line when each cell starts (its name, its index of the total, the suite's ETA from the cells run
+so far), and, where stderr is not a terminal (a CI log, `2> file`), a plain line every
+`DITBENCH_PROGRESS_EVERY_S` seconds while a cell runs: a cell is a process of its own that can take
+minutes, and a log that says nothing for that long looks hung. The per-cell result lines stay on
+the runner's own channel (stdout, or stderr with --json).
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+
+def duration(seconds: float) -> str:
+    """`42 s`, `3 min 05 s`, `1 h 02 min`."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+class SuiteProgress:
+    """Start lines and the heartbeat of one run.
+
+    `runs(cell)` says whether a cell will start a process (a cell decided unrun, such as one
+    unsupported here, takes no time and does not count towards the ETA).
+    """
+
+    def __init__(
+        self,
+        cells: list,
+        runs: Callable[[object], bool],
+        heartbeat: bool,
+        every_s: float | None = None,
+        write: Callable[[str], None] | None = None,
+    ):
+        from ditbench.progress import every_s as default_every
+
+        self.cells, self.runs = cells, runs
+        self.heartbeat = heartbeat
+        self.every_s = default_every() if every_s is None else every_s
+        self.write = write or _stderr_line
+        self.ran_s: list[float] = []  # how long each cell that ran took
+        self._to_run = [runs(c) for c in cells]
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._index, self._started = 0, 0.0
+
+    def eta(self, index: int, elapsed_in_cell: float = 0.0) -> str:
+        """The suite's time left when cell `index` (1-based) is `elapsed_in_cell` seconds in."""
+        left = sum(self._to_run[index - 1 :])
+        if left == 0:
+            return "ETA: nothing left to run"
+        if not self.ran_s:
+            return "ETA after the first cell"
+        mean = sum(self.ran_s) / len(self.ran_s)
+        remaining = max(left * mean - elapsed_in_cell, 0.0)
+        n = len(self.ran_s)
+        return f"ETA {duration(remaining)} (mean {duration(mean)} over {n} cell{'s' * (n != 1)} run)"
+
+    def start(self, index: int, cell) -> None:
+        """Cell `index` (1-based) starts: its line, and the heartbeat while it runs."""
+        self._index, self._started = index, time.monotonic()
+        total = len(self.cells)
+        what = "starting" if self._to_run[index - 1] else "deciding (will not start)"
+        self.write(f"cell {index}/{total} {what}: {cell.cell_name}; suite {self.eta(index)}")
+        if self.heartbeat and self._to_run[index - 1] and self.every_s > 0:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._beat, args=(cell.cell_name,), daemon=True)
+            self._thread.start()
+
+    def end(self, status: str) -> None:
+        """The cell of the last `start` ended with `status`."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if status not in ("unsupported", "skipped"):  # those never started a process
+            self.ran_s.append(time.monotonic() - self._started)
+
+    def _beat(self, name: str) -> None:
+        index, total = self._index, len(self.cells)
+        while not self._stop.wait(self.every_s):
+            elapsed = time.monotonic() - self._started
+            self.write(
+                f"cell {index}/{total} running for {duration(elapsed)}: {name}; {index - 1} of {total} "
+                f"done, suite {self.eta(index, elapsed)}"
+            )
+
+
+def _stderr_line(text: str) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(text, file=sys.stderr)  # above a terminal's bar, which lives on stderr too
+    sys.stderr.flush()

@@ -1,0 +1,32 @@
+"""Memory sizes as a person reads them (ditbench.units)."""
+
+from ditbench.units import memory_delta_text, memory_text
+
+
+def test_below_one_gib_reads_in_mib_with_the_digits_that_matter():
+    assert memory_text(12.4213) == "12.42 GiB"
+    assert memory_text(1.0) == "1.00 GiB"
+    assert memory_text(0.5) == "512 MiB"
+    assert memory_text(0.0098) == "10.0 MiB"
+    assert memory_text(0.0079) == "8.09 MiB"
+    assert memory_text(0.0) == "0.00 MiB"
+    assert memory_text(None) == "-" and memory_text(None, "n/a") == "n/a"
+
+
+def test_a_difference_reads_in_the_unit_of_its_own_size():
+    assert memory_delta_text(-0.0019) == "-1.95 MiB"
+    assert memory_delta_text(1.25) == "+1.25 GiB"
+    assert memory_delta_text(0.0) == "+0.00 MiB"
+
+
+def test_a_cpu_cells_line_and_summary_name_the_allocator_peak_in_mib():
+    from synthetic_records import CPU_ENV, make_record
+
+    from ditbench.bench.summary import format_line, summary_table
+
+    r = make_record("DiT-S/8", "fp32", "none", 8, env=CPU_ENV, device="cpu")
+    r["metrics"].update(cpu_peak_rss_gib=0.69, cpu_peak_alloc_gib=0.0079, predicted_peak_gib=0.0078)
+    assert "8.09 MiB CPU allocator peak (predicted 7.99 MiB)" in format_line(r)
+    assert "| 8.09 MiB CPU allocator peak (predicted 7.99 MiB) |" in summary_table([r])
+    r["metrics"].update(cpu_peak_alloc_gib=None, predicted_peak_gib=None)  # an older record: RSS, named
+    assert "707 MiB CPU peak RSS" in format_line(r)
