@@ -171,9 +171,8 @@ class _Cell:
 
     def result(self) -> CellResult:
         verdicts = {d.verdict for d in self.deltas}
-        verdict = (
-            "regression" if "regression" in verdicts else "improved" if "improvement" in verdicts else "pass"
-        )
+        order = (("regression", "regression"), ("inconclusive", "inconclusive"), ("improvement", "improved"))
+        verdict = next((cell for metric, cell in order if metric in verdicts), "pass")
         rec = self.n.record
         return CellResult(
             rec["cell_id"],
