@@ -107,6 +107,7 @@ class PolicyFile(_Strict):
         description="one of inconclusive (exit 3), pass (exit 0) or fail (exit 1): what a cell whose "
         "interval straddles its threshold does to the gate",
     )
+    allow_sample_count_mismatch: StrictBool = Field(False, description="true or false")
     metrics: Rules = Field(default_factory=dict, description=RULES)
     overrides: list[OverrideFile] = Field(
         default_factory=list, description="a list of {match: {...}, metrics: {...}}"
@@ -159,6 +160,8 @@ class Policy:
     allow_incomparable: frozenset[str] = frozenset()
     quality_noise_k: float = DEFAULT_QUALITY_NOISE_K  # a quality change must exceed k combined spreads
     inconclusive: str = "inconclusive"  # an inconclusive cell exits 3; "pass" -> 0, "fail" -> 1
+    # Quality at different sample counts N is compared (marked weak) instead of refused.
+    allow_sample_count_mismatch: bool = False
     overrides: list[Override] = field(default_factory=list)
     explicit: frozenset[str] = frozenset()  # metrics the policy file gives a threshold (must be compared)
     source: str = "defaults"
@@ -202,6 +205,7 @@ def load_policy(path: str | Path | None) -> Policy:
         "allow_incomparable",
         "quality_noise_k",
         "inconclusive",
+        "allow_sample_count_mismatch",
     ):
         setattr(policy, name, getattr(given, name))
     for name, rule in given.metrics.items():

@@ -135,6 +135,7 @@ class Comparison:
                 "allow_incomparable": sorted(p.allow_incomparable),
                 "quality_noise_k": p.quality_noise_k,
                 "inconclusive": p.inconclusive,
+                "allow_sample_count_mismatch": p.allow_sample_count_mismatch,
                 "thresholds_pct": {k: r.threshold_pct for k, r in p.rules.items()},
                 "unused_overrides": self.unused_overrides,
             },
