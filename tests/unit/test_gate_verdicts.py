@@ -13,7 +13,8 @@ from test_compare import cli
 from ditbench.errors import UserError
 from ditbench.report.gate import compare_files, load_policy, summary_markdown
 from ditbench.report.gate.metrics import table
-from ditbench.report.gate.timing import change_interval, median_ratio_interval
+from ditbench.report.gate.timing import change_interval
+from ditbench.report.intervals import median_interval, median_ratio_interval
 
 BASE_MS = 20.0  # DiT-S/8 at batch 8: 400 images/s
 
@@ -45,6 +46,8 @@ def test_the_bootstrap_is_seeded_and_exact_where_there_is_no_spread():
     first = median_ratio_interval(base, new)
     assert median_ratio_interval(base, new) == first  # same seed, same interval, to the last bit
     assert median_ratio_interval(base, new, seed=1) != first
+    assert median_interval([1.0, 2.0, 3.0, 4.0, 5.0]) == median_interval([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert median_interval([3.0] * 5) == (3.0, 3.0)
     point, low, high = first
     assert point == pytest.approx(1.05) and low < 1.05 < high
     # Constant steps: every resample has the same medians, so the interval is the point.

@@ -7,7 +7,7 @@ from typing import Any
 from ditbench.escape import md_cell
 from ditbench.report.gate.metrics import limit, limits, table
 from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
-from ditbench.report.gate.timing import BOOTSTRAP_B, LEVEL
+from ditbench.report.intervals import BOOTSTRAP_B, LEVEL
 
 MAX_SUMMARY_ROWS = 150  # rows of the "All cells" table: a PR comment holds 65,536 characters
 MAX_LISTED_CELLS = 10

@@ -26,6 +26,7 @@ from scipy.stats import mannwhitneyu
 from ditbench.report.gate.metrics import HIGHER, Metric, crossing
 from ditbench.report.gate.policy import Policy, Rule
 from ditbench.report.gate.result import MetricDelta
+from ditbench.report.intervals import LEVEL, median_ratio_interval
 
 
 def p_min(n: int, m: int) -> float:
@@ -71,30 +72,6 @@ class StepTest:
             p = float(mannwhitneyu(self.new, self.base, alternative="two-sided").pvalue)
             self._result = (p if math.isfinite(p) else 1.0, float(np.median(self.new) - np.median(self.base)))
         return self._result
-
-
-BOOTSTRAP_B = 1000  # resamples per cell: cheap (a median of B x n values a side), enough for 95% ends
-BOOTSTRAP_SEED = 0  # fixed: the same records give the same interval
-LEVEL = 0.95
-
-
-def median_ratio_interval(
-    base: list[float],
-    new: list[float],
-    b: int = BOOTSTRAP_B,
-    level: float = LEVEL,
-    seed: int = BOOTSTRAP_SEED,
-) -> tuple[float, float, float]:
-    """(median(new) / median(base), low, high): a percentile bootstrap interval of that ratio,
-    each side resampled with replacement, seeded so that it is deterministic."""
-    x, y = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
-    rng = np.random.default_rng(seed)
-    mb = np.median(x[rng.integers(0, len(x), (b, len(x)))], axis=1)
-    mn = np.median(y[rng.integers(0, len(y), (b, len(y)))], axis=1)
-    ratios = mn / mb
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(ratios, [tail, 100 - tail])
-    return float(np.median(y) / np.median(x)), float(low), float(high)
 
 
 def change_interval(
