@@ -292,7 +292,7 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
         cpu = next(
             (speed_elsewhere(x, claim.card) for x in (row, twin) if x.get("config.device") == "cpu"), ""
         )
-        if speed and cpu:
+        if speed and cpu and row["status"] == twin["status"] == "ok":
             unjudged.append(f"{pair}: {cpu}")
             on_cpu += 1
             continue
@@ -329,7 +329,7 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
             )
         else:
             why = "; ".join(unjudged[:SHOWN])
-        if twins and on_cpu == twins:  # no verdict beside the note: CPU speeds do not speak for the card
+        if on_cpu:  # every pair that ran, ran on a CPU: no verdict beside the note (not this card's speeds)
             return ClaimResult(claim, NOT_JUDGED, claimed, "—", "not judged: " + why, cells, numbers)
         return ClaimResult(claim, NOT_MEASURED, claimed, "—", why, cells, numbers)
     parts = []
