@@ -11,6 +11,7 @@ from ditbench.report.intervals import BOOTSTRAP_B, LEVEL
 
 MAX_SUMMARY_ROWS = 150  # rows of the "All cells" table: a PR comment holds 65,536 characters
 MAX_LISTED_CELLS = 10
+_INCONCLUSIVE_EXIT = {"inconclusive": 3, "pass": 0, "fail": 1}
 HEADER = [
     "| cell | metric | base | new | change | threshold | significance |",
     "|---|---|---|---|---|---|---|",
@@ -229,7 +230,9 @@ def _policy_line(c: Comparison) -> list[str]:
         f"{LEVEL:.0%} bootstrap interval (of the ratio of median step times, {BOOTSTRAP_B} resamples) lies "
         f"wholly beyond the threshold and the per-step times differ by a Mann-Whitney U test at "
         f"p<{p.alpha:g} (with ≥{p.min_samples} samples a side); an interval that straddles the threshold "
-        f"is inconclusive (exit 3; the policy maps it to {p.inconclusive}). One run a side samples only "
+        f"is inconclusive (policy `inconclusive: {p.inconclusive}`: "
+        f"exits {_INCONCLUSIVE_EXIT[p.inconclusive]}). "
+        "One run a side samples only "
         "step-to-step noise, so the interval is narrow: process-level noise (start-up, clocks, machine "
         "load) needs repeated runs. "
         f"Memory and loss are gated on the threshold alone; a quality change must also exceed "
