@@ -2,7 +2,8 @@
 # The GPU gate's compare step (gpu-regression.yml), kept in a file so it can be run and tested locally:
 #   GITHUB_STEP_SUMMARY=/tmp/summary.md bash .github/workflows/gpu_gate_compare.sh
 # Without a stored baseline it explains how to create one and exits 0; otherwise it is the gate
-# (exit 0 pass, 1 regression, 2 cannot compare).
+# (exit 0 pass, 1 regression, 2 cannot compare, 3 inconclusive: fails the job too, unless the
+# policy's `inconclusive: pass` maps it to 0).
 set -euo pipefail
 BASE=${BASE:-baselines/ci_gate/results.jsonl}
 POLICY=${POLICY:-baselines/ci_gate/policy.yaml}

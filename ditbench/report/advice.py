@@ -19,6 +19,7 @@ from ditbench.errors import UserError
 from ditbench.models.configs import get_config
 from ditbench.report.cells import cell_label as _cell
 from ditbench.report.cells import knobs, pairs
+from ditbench.report.intervals import median_interval
 from ditbench.report.load import value
 from ditbench.report.memory import MEM_ALLOCATED, card_lower_bounds, fit_memory, fits
 
@@ -33,7 +34,12 @@ FLASH_SPEEDUP_RANGE = (
     4.0,
 )  # "2-4x faster": flash/math images/s (claims/dit_resource_guide.yaml's range)
 
-HELD, NOT_HELD, NOT_MEASURED = "held", "not held", "not measured"
+HELD, NOT_HELD, NOT_MEASURED, INCONCLUSIVE = "held", "not held", "not measured", "inconclusive"
+
+
+def _interval(values: list[float]) -> tuple[float, float]:
+    """The 95% bootstrap interval of the median (the point itself for one value)."""
+    return median_interval(values) if len(values) > 1 else (values[0], values[0])
 
 
 @dataclass
@@ -123,6 +129,11 @@ def check_ckpt_tradeoff(df: pd.DataFrame) -> AdviceCheck:
     saving = statistics.median(n["saving"] for n in numbers)
     extra = statistics.median(n["extra_time"] for n in numbers)
     held = saving >= CKPT_MIN_SAVING and extra <= CKPT_MAX_EXTRA_TIME
+    # The median's interval must agree: one that spans a bound fits a verdict either way.
+    s_lo, s_hi = _interval([n["saving"] for n in numbers])
+    e_lo, e_hi = _interval([n["extra_time"] for n in numbers])
+    sure_held = s_lo >= CKPT_MIN_SAVING and e_hi <= CKPT_MAX_EXTRA_TIME
+    sure_not = s_hi < CKPT_MIN_SAVING or e_lo > CKPT_MAX_EXTRA_TIME
     best = max(numbers, key=lambda n: n["saving"])
     evidence = (
         f"median memory saved {saving:.0%} (range {min(n['saving'] for n in numbers):.0%}-"
@@ -131,6 +142,12 @@ def check_ckpt_tradeoff(df: pd.DataFrame) -> AdviceCheck:
         f"over {len(numbers)} pair(s); largest saving at {best['cell']} ({best['none_gib']:.2f} -> "
         f"{best['full_gib']:.2f} GiB)"
     )
+    if not (sure_held or sure_not):
+        evidence += (
+            f"; 95% intervals of the medians: saved {s_lo:.0%}-{s_hi:.0%}, extra time {e_lo:.0%}-{e_hi:.0%}, "
+            "which span the rule's bounds"
+        )
+        return AdviceCheck(claim, INCONCLUSIVE, evidence, rule, numbers)
     if not held:
         why = []
         if saving < CKPT_MIN_SAVING:
@@ -293,6 +310,9 @@ def check_flash_speedup(df: pd.DataFrame) -> AdviceCheck:
     med = statistics.median(speedups)
     best = max(gpu, key=lambda n: n["speedup"])
     verdict = HELD if low <= med <= high else NOT_HELD
+    i_lo, i_hi = _interval(speedups)
+    if not (low <= i_lo and i_hi <= high) and not (i_hi < low or i_lo > high):
+        verdict = INCONCLUSIVE  # the median's interval spans an end of 2-4x
     evidence = (
         f"flash/math images/s: median {med:.2f}x over {len(gpu)} pair(s) (range {min(speedups):.2f}-"
         f"{max(speedups):.2f}x); largest at {best['cell']} ({best['math']:.1f} -> {best['flash']:.1f} "
@@ -307,6 +327,8 @@ def check_flash_speedup(df: pd.DataFrame) -> AdviceCheck:
         )
     elif med > high:
         evidence += ". Faster than the saying claims"
+    if verdict == INCONCLUSIVE:
+        evidence += f"; the median's 95% interval {i_lo:.2f}-{i_hi:.2f}x spans an end of {low:g}-{high:g}x"
     return AdviceCheck(claim, verdict, evidence, rule, gpu)
 
 

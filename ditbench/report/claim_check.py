@@ -3,12 +3,15 @@
 Verdicts: `held` (every matching cell, or the median over matching pairs, is inside the claim's
 interval), `not held` (measured outside it, or an out-of-memory cell proves the memory is beyond
 it), `not measured` (no matching cell, or none that could say: failed, a CPU cell for a GPU-memory
-claim, or a speed measured on another card than the one the claim is about). With several records
-of one cell (`--keep all`), the latest is used.
+claim, or a speed measured on another card than the one the claim is about), `inconclusive` (a
+compare claim whose pairs' median has a 95% bootstrap interval that spans an end of the claim's
+range: the data fit both "held" and "not held"), `not judged` (a speed claim about a card whose
+pairs all ran on a CPU: CPU speeds say nothing about that card). With several records of one cell
+(`--keep all`), the latest is used.
 
 Absolute speeds belong to the card that computed them: when a claim names its `card`, a speed
 measured elsewhere, including on a bigger card capped to emulate it, is shown but not judged.
-Ratios of speeds (compare claims) are judged wherever measured, and say where that was.
+Ratios of speeds (compare claims) are judged on any GPU, and say where that was.
 """
 
 from __future__ import annotations
@@ -36,10 +39,13 @@ from ditbench.report.claim_values import (
     why_no_match,
 )
 from ditbench.report.claims import Claim, ClaimsFile, metric_kind
+from ditbench.report.intervals import LEVEL, median_interval
 from ditbench.report.load import value
 from ditbench.report.memory import card_lower_bounds, fit_memory, fits, needs_more_than
 
 HELD, NOT_HELD, NOT_MEASURED = "held", "not held", "not measured"
+INCONCLUSIVE, NOT_JUDGED = "inconclusive", "not judged"
+VERDICTS = (HELD, NOT_HELD, INCONCLUSIVE, NOT_JUDGED, NOT_MEASURED)
 SHOWN = 6  # cells named in one evidence text; the JSON lists them all
 
 
@@ -275,7 +281,7 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
     ratios: list[tuple[pd.Series, pd.Series, float]] = []
     bounded: list[str] = []  # an out-of-memory side proves the ratio outside the claim
     unjudged: list[str] = []
-    twins = 0
+    twins = on_cpu = 0
     for row in sources:
         labels = index.get(knob_key({**knobs(row["record"]), **claim.change_to}), [])
         if not labels:
@@ -283,6 +289,13 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
         twins += 1
         twin = run.by_label[labels[-1]]
         pair = f"{cell_label(row)} → {cell_label(twin)}"
+        cpu = next(
+            (speed_elsewhere(x, claim.card) for x in (row, twin) if x.get("config.device") == "cpu"), ""
+        )
+        if speed and cpu and row["status"] == twin["status"] == "ok":
+            unjudged.append(f"{pair}: {cpu}")
+            on_cpu += 1
+            continue
         if row["status"] == "ok" and twin["status"] == "ok":
             a, why_a = metric_value(row, metric, target_steps)
             b, why_b = metric_value(twin, metric, target_steps)
@@ -316,6 +329,8 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
             )
         else:
             why = "; ".join(unjudged[:SHOWN])
+        if on_cpu:  # every pair that ran, ran on a CPU: no verdict beside the note (not this card's speeds)
+            return ClaimResult(claim, NOT_JUDGED, claimed, "—", "not judged: " + why, cells, numbers)
         return ClaimResult(claim, NOT_MEASURED, claimed, "—", why, cells, numbers)
     parts = []
     if ratios:
@@ -325,6 +340,13 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
         measured = f"×{med:.2f}" + (
             f" (median of {len(values)}, ×{min(values):.2f}–×{max(values):.2f})" if len(values) > 1 else ""
         )
+        if len(values) > 1 and not bounded:
+            low, high = median_interval(values)
+            inside = claim.low <= low and high <= claim.high
+            outside = high < claim.low or low > claim.high
+            measured += f"; {LEVEL:.0%} CI of the median ×{low:.2f}–×{high:.2f}"
+            if not (inside or outside):
+                verdict = INCONCLUSIVE  # the data fit a value inside the claim and one outside it
         parts.append("; ".join(f"{cell_label(a)} → {cell_label(b)}: ×{r:.2f}" for a, b, r in ratios[:SHOWN]))
         if speed:
             parts[-1] += where_measured([x for a, b, _ in ratios for x in (a, b)])

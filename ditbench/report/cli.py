@@ -140,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     for path in written.values():
         print(f"  {path}")
     if results:
-        counts = {v: sum(r.verdict == v for r in results) for v in ("held", "not held", "not measured")}
-        print("claims: " + ", ".join(f"{n} {v}" for v, n in counts.items()))
+        always = ("held", "not held", "not measured")
+        counts = {v: sum(r.verdict == v for r in results) for v in (*always, "inconclusive", "not judged")}
+        print("claims: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n or v in always))
     return 0

@@ -47,7 +47,13 @@ STATUS_TEXT = {
     "skipped": "skipped",
     "unsupported": "unsupported",
 }
-VERDICT_CSS = {"held": "held", "not held": "not-held", "not measured": "not-measured"}
+VERDICT_CSS = {
+    "held": "held",
+    "not held": "not-held",
+    "not measured": "not-measured",
+    "inconclusive": "not-measured",
+    "not judged": "not-measured",
+}
 
 
 def steps_text(n: int) -> str:

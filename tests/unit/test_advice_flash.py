@@ -56,3 +56,12 @@ def test_not_measured_without_a_gpu_pair(tmp_path):
         and "flash was unsupported: attention flash cannot run" in check.evidence
     )
     assert _check(tmp_path, [make_record("DiT-S/2")]).verdict == "not measured"  # no attention axis
+
+
+def test_pairs_whose_median_interval_spans_an_end_are_inconclusive(tmp_path):
+    # 1.5x and 3x: the median 2.25x is inside 2-4x, but the bootstrap interval of the median of two
+    # pairs runs from 1.5x to 3x, across the lower end: the data do not say which side it is on.
+    check = _check(tmp_path, _pair("DiT-XL/2", 200.0, 300.0, image_size=512) + _pair("DiT-B/4", 100.0, 300.0))
+    assert check.verdict == "inconclusive"
+    assert "median 2.25x over 2 pair(s)" in check.evidence
+    assert "the median's 95% interval 1.50-3.00x spans an end of 2-4x" in check.evidence

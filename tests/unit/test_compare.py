@@ -254,17 +254,21 @@ def test_samples_too_few_to_reach_alpha_are_not_tested(tmp_path):
     assert delta(only(tested), "images_per_s").p_value == pytest.approx(2 / 252)
 
 
-def test_threshold_crossed_without_significance_is_not_a_regression(tmp_path):
-    # The reported throughput fell 8%, but the per-step times of both runs come from one distribution.
+def test_threshold_crossed_with_a_straddling_interval_is_inconclusive(tmp_path):
+    # The reported throughput fell 8%, but the per-step times of both runs come from one distribution
+    # with 20% noise: the interval of the change straddles the 5% threshold, so the gate cannot tell.
     base_s = step_samples(20.0, 20, noise=0.2, seed=1)
     new_s = step_samples(20.0, 20, noise=0.2, seed=2)
     assert mannwhitneyu(new_s, base_s).pvalue > 0.05  # precondition: indistinguishable
     result = gate(tmp_path, [cell(400.0, samples=base_s)], [cell(368.0, samples=new_s)])
     c = only(result)
     d = delta(c, "images_per_s")
-    assert d.change_pct == pytest.approx(-8.0) and d.verdict == "noise"
-    assert c.verdict == "pass" and result.exit_code == 0
-    assert "not significant" in summary_markdown(result)
+    assert d.change_pct == pytest.approx(-8.0) and d.verdict == "inconclusive"
+    low, high = d.interval_pct
+    assert low < -5.0 < high and d.interval_level == 0.95
+    assert c.verdict == "inconclusive" and result.exit_code == 3
+    text = summary_markdown(result)
+    assert "inconclusive" in text and "### Inconclusive" in text and "95% CI" in text
 
 
 def test_significant_but_below_threshold_is_not_a_regression(tmp_path):
@@ -274,7 +278,7 @@ def test_significant_but_below_threshold_is_not_a_regression(tmp_path):
     assert mannwhitneyu(new_s, base_s).pvalue < 1e-6  # precondition: a real, significant shift
     d = delta(only(result), "images_per_s")
     assert d.change_pct == pytest.approx(-2.0)
-    assert d.verdict == "unchanged" and d.significance == "within threshold (not tested)"
+    assert d.verdict == "unchanged" and d.significance.startswith("within threshold; 95% CI -2.")
     assert result.exit_code == 0
 
 

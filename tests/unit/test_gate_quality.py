@@ -111,20 +111,50 @@ def test_fid_worse_beyond_threshold_and_noise_fails_with_exit_1(tmp_path, capsys
     assert "### Regressions" in capsys.readouterr().out
 
 
-def test_fid_worse_beyond_threshold_but_within_noise_passes(tmp_path):
+def test_fid_worse_beyond_threshold_but_within_noise_is_inconclusive(tmp_path):
     base = cell(quality(evaluation(500, 20.0, 50.0, fid_sd=1.5)))
     new = cell(quality(evaluation(500, 21.0, 50.0, fid_sd=1.5)), seed=2)  # +5% > 2%, but |Δ| 1 < 2σ 4.2
     result = run(tmp_path, base, new)
     d = fid_delta(result)
-    assert d.verdict == "noise" and d.direction == "worse" and "within noise" in d.significance
-    assert result.exit_code == 0
+    assert d.verdict == "inconclusive" and d.direction == "worse" and "within noise" in d.significance
+    bound = 2 * np.hypot(1.5, 1.5)  # the change +- the noise bound, in percent of the base
+    assert d.interval_pct == pytest.approx([(1 - bound) / 20 * 100, (1 + bound) / 20 * 100])
+    assert result.exit_code == 3
     text = summary_markdown(result)
-    assert "### Worse beyond the threshold, but not significant" in text and "### Regressions" not in text
+    assert "### Inconclusive" in text and "### Regressions" not in text
+
+
+def test_an_unchanged_fid_with_noise_wider_than_the_threshold_is_inconclusive(tmp_path):
+    # 20 -> 20.1 is +0.5%, within 2%; but the noise bound 0.85 (4.2%) allows +4.7%: cannot tell.
+    base = cell(quality(evaluation(500, 20.0, 50.0, is_sd=0.1)))
+    new = cell(quality(evaluation(500, 20.1, 50.0, is_sd=0.1)), seed=2)
+    d = fid_delta(run(tmp_path, base, new))
+    assert d.verdict == "inconclusive" and d.interval_pct[1] == pytest.approx(4.7426, abs=1e-3)
+    narrow = run(
+        tmp_path,
+        cell(quality(evaluation(500, 20.0, 50.0, fid_sd=0.1, is_sd=0.1))),
+        cell(quality(evaluation(500, 20.1, 50.0, fid_sd=0.1, is_sd=0.1)), seed=2),
+    )
+    assert fid_delta(narrow).verdict == "unchanged" and narrow.exit_code == 0
+
+
+def test_different_sample_counts_refuse_unless_the_policy_allows(tmp_path):
+    base = cell(quality(evaluation(500, 20.0, 50.0, fid_sd=0.1, is_sd=0.1), samples=5000))
+    new = cell(quality(evaluation(500, 23.0, 50.0, fid_sd=0.1, is_sd=0.1), samples=10_000), seed=2)
+    with pytest.raises(QualityMismatchError) as err:
+        run(tmp_path, base, new)
+    text = str(err.value)
+    assert "5000 (base) vs 10000 (new)" in text and "allow_sample_count_mismatch" in text
+    assert "DiT-S/8" in text and "bias depends on the number of samples N" in text
+    result = run(tmp_path, base, new, "allow_sample_count_mismatch: true\n")
+    d = fid_delta(result)
+    assert d.verdict == "regression" and d.weak and "N 5000 (base) vs 10000 (new)" in d.weak_reason
+    assert result.to_json()["policy"]["allow_sample_count_mismatch"] is True
 
 
 def test_fid_better_beyond_noise_is_an_improvement_listed_apart(tmp_path):
-    base = cell(quality(evaluation(500, 20.0, 50.0)))
-    new = cell(quality(evaluation(500, 15.0, 50.0)), seed=2)
+    base = cell(quality(evaluation(500, 20.0, 50.0, is_sd=0.2)))
+    new = cell(quality(evaluation(500, 15.0, 50.0, is_sd=0.2)), seed=2)
     result = run(tmp_path, base, new)
     assert fid_delta(result).verdict == "improvement" and result.exit_code == 0
     text = summary_markdown(result)
@@ -153,8 +183,12 @@ def test_optional_metrics_are_gated_when_the_policy_names_them(tmp_path):
 
 
 def test_the_last_evaluation_both_runs_have_is_compared(tmp_path):
-    base = cell(quality(evaluation(0, 300.0, 1.5), evaluation(500, 20.0, 50.0), evaluation(1000, 12.0, 70.0)))
-    new = cell(quality(evaluation(0, 300.0, 1.5), evaluation(500, 20.1, 50.0)), seed=2)
+    base = cell(
+        quality(
+            evaluation(0, 300.0, 1.5), evaluation(500, 20.0, 50.0, fid_sd=0.1), evaluation(1000, 12.0, 70.0)
+        )
+    )
+    new = cell(quality(evaluation(0, 300.0, 1.5), evaluation(500, 20.1, 50.0, fid_sd=0.1)), seed=2)
     d = fid_delta(run(tmp_path, base, new))
     assert d.step == 500 and d.verdict == "unchanged"
 
@@ -174,13 +208,14 @@ def test_a_spread_on_one_side_stands_for_both_and_is_weak(tmp_path):
     base = cell(quality(evaluation(500, 20.0, 50.0, fid_sd=1.0)))
     new = cell(quality(evaluation(500, 21.0, 50.0, seeds=(0,))), seed=2)
     d = fid_delta(run(tmp_path, base, new))
-    assert d.noise == pytest.approx(2 * np.hypot(1.0, 1.0)) and d.verdict == "noise" and d.weak
+    assert d.noise == pytest.approx(2 * np.hypot(1.0, 1.0)) and d.verdict == "inconclusive" and d.weak
 
 
 def test_quality_noise_k_sets_the_noise_bound(tmp_path):
     base = cell(quality(evaluation(500, 20.0, 50.0, fid_sd=0.5)))
-    new = cell(quality(evaluation(500, 21.0, 50.0, fid_sd=0.5)), seed=2)  # |Δ| 1, σ 0.71
-    assert fid_delta(run(tmp_path, base, new)).verdict == "noise"  # k = 2: 1.41
+    new = cell(quality(evaluation(500, 21.5, 50.0, fid_sd=0.5)), seed=2)  # |Δ| 1.5, σ 0.71
+    # k = 2: +7.5% +- 7.1% straddles the 2% threshold; k = 1: +7.5% +- 3.5% lies wholly beyond it.
+    assert fid_delta(run(tmp_path, base, new)).verdict == "inconclusive"
     assert fid_delta(run(tmp_path, base, new, "quality_noise_k: 1\n")).verdict == "regression"
 
 

@@ -308,7 +308,9 @@ def test_ratio_claims_use_the_median_over_twins(tmp_path):
     )
     got = verdicts(frame(tmp_path, records), COMPARE_DOC)
     halves = got["fp16 halves memory"]
-    assert halves.verdict == "held" and halves.measured == "×0.55 (median of 2, ×0.50–×0.60)"
+    # Two pairs: the median's bootstrap interval (0.50-0.60) spans the claim's end 0.575.
+    assert halves.verdict == "inconclusive"
+    assert halves.measured == "×0.55 (median of 2, ×0.50–×0.60); 95% CI of the median ×0.50–×0.60"
     assert [n["ratio"] for n in halves.numbers] == pytest.approx([0.5, 0.6])
     assert "DiT-L/4 fp32 ckpt=none bs=16 → DiT-L/4 fp16 ckpt=none bs=16: ×0.50" in halves.evidence
     ckpt = got["ckpt costs 20-30% time"]
@@ -319,6 +321,36 @@ def test_ratio_claims_use_the_median_over_twins(tmp_path):
         flash.verdict == "not measured"
         and "no cell in this run has attention = math (it has sdpa)" in flash.evidence
     )
+
+
+def test_a_ratio_claim_is_held_or_not_only_when_the_interval_says_so(tmp_path):
+    def pairs(ratios):
+        records = []
+        for model, r in zip(("DiT-L/4", "DiT-XL/2", "DiT-B/4"), ratios, strict=True):
+            records.append(on_card(cell(model, "fp32", "none", 16, reserved=20.0), A6000_ENV))
+            records.append(on_card(cell(model, "fp16", "none", 16, reserved=20.0 * r), A6000_ENV))
+        return verdicts(frame(tmp_path, records), COMPARE_DOC)["fp16 halves memory"]
+
+    held = pairs([0.49, 0.5, 0.51])  # every resampled median lies inside 0.425-0.575
+    assert held.verdict == "held" and "95% CI of the median ×0.50–×0.52" in held.measured  # peak alloc
+    assert pairs([0.7, 0.75, 0.8]).verdict == "not held"  # wholly above the claim
+    assert pairs([0.4, 0.5, 0.6]).verdict == "inconclusive"  # spans both ends
+
+
+def test_cpu_speeds_are_not_judged_for_a_claim_about_a_card(tmp_path):
+    records = [
+        make_record("DiT-L/4", "fp16", g, 16, images_per_s=v, device="cpu", env=CPU_ENV)
+        for g, v in (("none", 40.0), ("full", 32.0))
+    ]
+    doc = {"card": "RTX 4090", "claims": [COMPARE_DOC["claims"][1]]}
+    (result,) = check_claims(frame(tmp_path, records), parse_claims(doc, "claims.yaml"), STEPS)
+    assert result.verdict == "not judged" and result.measured == "—"
+    assert (
+        result.evidence.startswith("not judged: ") and "ran on a CPU, not on an RTX 4090" in result.evidence
+    )
+    # Without a card the claim is about no machine in particular: the CPU ratio is judged.
+    plain = verdicts(frame(tmp_path, records), COMPARE_DOC)["ckpt costs 20-30% time"]
+    assert plain.verdict == "held"
 
 
 def test_ratio_claims_that_do_not_hold(tmp_path):
@@ -424,7 +456,10 @@ EXPECTED = {
     "DiT-L/4 needs 12 GB in fp16": ("held", "11.60 GiB"),
     "DiT-XL/2 needs 48 GB in fp32": ("not measured", "—"),  # out of memory at 23.99: "more than 24"
     "DiT-XL/2 needs 24 GB in fp16": ("held", "20.30 GiB"),
-    "fp16 halves memory": ("not held", "×1.03 (median of 2, ×1.01–×1.06)"),  # 11.6/11.5, 3.7/3.5
+    "fp16 halves memory": (
+        "not held",
+        "×1.03 (median of 2, ×1.01–×1.06); 95% CI of the median ×1.01–×1.06",
+    ),  # 11.6/11.5, 3.7/3.5
     "checkpointing saves about 50% memory": ("not held", "×0.97"),
     "checkpointing costs 20-30% more time": ("not held", "×1.54"),
     "DiT-L/4 in fp32 at batch 16 uses 22 GB": ("not held", "11.50 GiB"),

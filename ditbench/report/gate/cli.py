@@ -1,4 +1,6 @@
-"""`ditbench compare BASE NEW`: the regression gate. Exit 0 pass, 1 regression, 2 usage or input error.
+"""`ditbench compare BASE NEW`: the regression gate. Exit 0 pass or improvement, 1 regression, 2 usage
+or input error, 3 inconclusive (a change whose interval straddles its threshold; the policy's
+`inconclusive` key may map it to pass or fail).
 
 The markdown summary goes to stdout (or JSON with --json), to --summary FILE (replaced), and is
 appended to $GITHUB_STEP_SUMMARY when GitHub Actions sets it, so a workflow step needs no glue. A
@@ -27,18 +29,23 @@ from ditbench.report.gate.summary import summary_markdown
 
 _METRIC_NAMES = textwrap.fill("metrics: " + ", ".join(table()), 100, subsequent_indent="  ")
 POLICY_EXAMPLE = f"""\
-exit status: 0 no regression, 1 regression (or missing cells with fail_on_missing), 2 usage or input
-error: runs from different GPU / driver / CUDA / torch without --allow-env-mismatch; a gated value
-that cannot be compared (missing on one side, NaN, inf, not a number, bad per-step samples) unless
-the policy allows it; an unknown status; quality made with different Inception weights, reference,
-sampler or sample count; and a comparison that compared no value at all (a gate never passes by
-default).
+exit status: 0 pass or improvement, 1 regression (or missing cells with fail_on_missing), 3
+inconclusive (a timing change whose confidence interval straddles its threshold; the policy's
+`inconclusive: pass | fail` maps it to 0 or 1), 2 usage or input error: runs from different GPU /
+driver / CUDA / torch without --allow-env-mismatch; a gated value that cannot be compared (missing
+on one side, NaN, inf, not a number, bad per-step samples) unless the policy allows it; an unknown
+status; quality made with different Inception weights, reference, sampler or sample count; and a
+comparison that compared no value at all (a gate never passes by default).
 
-A regression needs the threshold crossed in the bad direction AND, for timing metrics, a significant
-Mann-Whitney U difference of the per-step times (p < alpha); with fewer than min_samples steps a
-side the threshold alone decides and the summary says so. Memory and loss: threshold alone. Quality
+A regression needs the threshold crossed in the bad direction AND, for timing metrics, the 95%
+bootstrap interval of the change (from the ratio of the median per-step times, seeded) wholly beyond
+the threshold and a significant Mann-Whitney U difference of the per-step times (p < alpha); an
+interval that straddles the threshold is inconclusive. One run a side samples step-to-step noise only,
+so its interval is narrow: process-level noise needs repeated runs. With fewer than min_samples steps
+a side the threshold alone decides and the summary says so. Memory and loss: threshold alone. Quality
 (the last evaluation both runs have at the same step): |new - base| must also exceed quality_noise_k
-* sqrt(spread_base^2 + spread_new^2); with no spread recorded the threshold decides (weak). A cell
+* sqrt(spread_base^2 + spread_new^2), and the change +- that bound must lie wholly beyond the
+threshold (straddling it: inconclusive); with no spread recorded the threshold decides (weak). A cell
 whose record says metrics.noisy: true keeps its timing verdicts, marked weak.
 
 policy file (YAML; every key optional, metrics merge over the defaults):
@@ -47,6 +54,8 @@ policy file (YAML; every key optional, metrics merge over the defaults):
   fail_on_missing: false
   allow_incomparable: [mfu]     # or true: these may be missing / unusable in a cell (listed, not compared)
   quality_noise_k: 2            # a quality change must exceed k combined seed spreads
+  inconclusive: inconclusive    # or pass / fail: what an inconclusive cell does (exit 3 / 0 / 1)
+  allow_sample_count_mismatch: false  # true: compare quality at different N (weak: FID bias depends on N)
   metrics:                      # percent the metric may move the wrong way; false turns it off
     images_per_s: 5
     peak_mem_allocated_gib: {{threshold_pct: 2, min_abs: 0.05}}

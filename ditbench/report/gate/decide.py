@@ -15,7 +15,7 @@
    refuses.
 5. Metrics: timing.py (thresholds and the per-step significance test) and quality.py (FID and
    the other sample metrics, with their noise). Quality made with different Inception weights,
-   reference, sampler or sample count refuses.
+   reference, sampler or sample count refuses (a different count only unless the policy allows it).
 6. A gate that compared no value at all refuses: it never passes by default.
 """
 
@@ -160,8 +160,10 @@ class _Cell:
             for m, _ in gated:
                 self.problem(row, m.name, "has no quality field, but the other run has one")
             return
-        check_identity(self.b, qb, self.n, qn)
+        n_differs = check_identity(self.b, qb, self.n, qn, self.policy.allow_sample_count_mismatch)
         deltas, not_measured, problems = compare_quality(qb, qn, gated, self.policy.quality_noise_k)
+        for d in deltas if n_differs else []:
+            d.weak, d.weak_reason = True, "; ".join(filter(None, (d.weak_reason, n_differs)))
         for side, metric, text in problems:
             self.problem(self.b if side == "BASE" else self.n, metric, text)
         self.not_measured.extend(not_measured)
@@ -171,9 +173,8 @@ class _Cell:
 
     def result(self) -> CellResult:
         verdicts = {d.verdict for d in self.deltas}
-        verdict = (
-            "regression" if "regression" in verdicts else "improved" if "improvement" in verdicts else "pass"
-        )
+        order = (("regression", "regression"), ("inconclusive", "inconclusive"), ("improvement", "improved"))
+        verdict = next((cell for metric, cell in order if metric in verdicts), "pass")
         rec = self.n.record
         return CellResult(
             rec["cell_id"],

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
@@ -102,6 +102,12 @@ class PolicyFile(_Strict):
     fail_on_missing: StrictBool = Field(False, description="true or false")
     allow_incomparable: frozenset[str] = frozenset()
     quality_noise_k: Amount = DEFAULT_QUALITY_NOISE_K
+    inconclusive: Literal["inconclusive", "pass", "fail"] = Field(
+        "inconclusive",
+        description="one of inconclusive (exit 3), pass (exit 0) or fail (exit 1): what a cell whose "
+        "interval straddles its threshold does to the gate",
+    )
+    allow_sample_count_mismatch: StrictBool = Field(False, description="true or false")
     metrics: Rules = Field(default_factory=dict, description=RULES)
     overrides: list[OverrideFile] = Field(
         default_factory=list, description="a list of {match: {...}, metrics: {...}}"
@@ -153,6 +159,9 @@ class Policy:
     # metric is listed as not compared there instead of refusing the gate. "*" allows every one.
     allow_incomparable: frozenset[str] = frozenset()
     quality_noise_k: float = DEFAULT_QUALITY_NOISE_K  # a quality change must exceed k combined spreads
+    inconclusive: str = "inconclusive"  # an inconclusive cell exits 3; "pass" -> 0, "fail" -> 1
+    # Quality at different sample counts N is compared (marked weak) instead of refused.
+    allow_sample_count_mismatch: bool = False
     overrides: list[Override] = field(default_factory=list)
     explicit: frozenset[str] = frozenset()  # metrics the policy file gives a threshold (must be compared)
     source: str = "defaults"
@@ -189,7 +198,15 @@ def load_policy(path: str | Path | None) -> Policy:
         raise UserError(f"{label} must be a YAML mapping with keys {keys}; got a {type(raw).__name__}.")
     given = check(PolicyFile, raw, label)
     policy.source = str(path)
-    for name in ("alpha", "min_samples", "fail_on_missing", "allow_incomparable", "quality_noise_k"):
+    for name in (
+        "alpha",
+        "min_samples",
+        "fail_on_missing",
+        "allow_incomparable",
+        "quality_noise_k",
+        "inconclusive",
+        "allow_sample_count_mismatch",
+    ):
         setattr(policy, name, getattr(given, name))
     for name, rule in given.metrics.items():
         if rule is None:

@@ -6,8 +6,12 @@ refuses the gate (exit 2). The gate compares the last evaluation both runs have 
 training step. A change counts when it crosses the metric's threshold in the bad (or good)
 direction AND exceeds the noise: |new - base| > k * sqrt(spread_base^2 + spread_new^2), k =
 quality_noise_k (default 2), each spread being the run's own sample standard deviation over seeds
-(or bootstrap) as recorded. With a spread on one side only, that side's spread stands for both; with
+(or bootstrap) as recorded. The change's interval is (new - base) +- that bound: a regression or
+improvement needs it wholly beyond the threshold; one that straddles the threshold is inconclusive
+(exit 3, as for timing). With a spread on one side only, that side's spread stands for both; with
 none, the noise is unknown and the threshold alone decides; both verdicts are marked weak.
+Different sample counts refuse unless the policy says allow_sample_count_mismatch: FID's upward bias
+depends on N, so FIDs at different N differ without any change in the model.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from typing import Any
 
 from ditbench.errors import shorten
 from ditbench.report.gate.inputs import GateRefusal, Row, number
-from ditbench.report.gate.metrics import Metric, crossing
+from ditbench.report.gate.metrics import HIGHER, Metric, crossing
 from ditbench.report.gate.policy import Rule
 from ditbench.report.gate.result import MetricDelta
 
@@ -30,6 +34,7 @@ IDENTITY = (
     ("sampler", ("sampler",)),
     ("samples per evaluation", ("samples",)),
 )
+SAMPLE_COUNT = "samples per evaluation"
 
 
 @dataclass
@@ -95,16 +100,29 @@ class QualityMismatchError(GateRefusal):
         super().__init__(
             f"{new.where} and {base.source}: the quality metrics were made differently ({text}). FID, IS "
             "and the others depend on the Inception weights, the reference batch, the sampler and the "
-            "sample count, so numbers made differently are not comparable and the gate refuses (exit 2). "
-            "Evaluate both runs the same way, or turn the quality metrics off in the policy."
+            "sample count (FID's upward bias depends on the number of samples N), so numbers made "
+            "differently are not comparable and the gate refuses (exit 2). Evaluate both runs the same "
+            "way, or turn the quality metrics off in the policy"
+            + (
+                "; to compare different N anyway, set allow_sample_count_mismatch: true in the policy."
+                if any(d[0] == SAMPLE_COUNT for d in differences)
+                else "."
+            )
         )
 
 
-def check_identity(base: Row, qb: Quality, new: Row, qn: Quality) -> None:
+def check_identity(base: Row, qb: Quality, new: Row, qn: Quality, allow_n: bool = False) -> str | None:
+    """Refuses quality made differently; returns why the verdicts are weak when N differs by policy."""
     differences = [(label, qb.identity[label], qn.identity[label]) for label, _ in IDENTITY]
     differences = [d for d in differences if d[1] != d[2]]
+    n_differs = next((d for d in differences if d[0] == SAMPLE_COUNT), None)
+    if allow_n:
+        differences = [d for d in differences if d[0] != SAMPLE_COUNT]
     if differences:
         raise QualityMismatchError(base, new, differences)
+    if n_differs:
+        return f"N {n_differs[1]} (base) vs {n_differs[2]} (new): FID's bias depends on N"
+    return None
 
 
 def compare_quality(
@@ -193,6 +211,7 @@ def _judge(
 ) -> MetricDelta:
     c = crossing(metric, b, n, rule.threshold_pct, rule.min_abs)
     noise = noise_rule(b, n, sb, sn, k)
+    interval = None
     if noise.bound is None:
         significance = f"noise unknown (threshold decides; step {step})"
     else:
@@ -200,7 +219,10 @@ def _judge(
             f"{'beyond' if noise.beyond else 'within'} noise: |Δ| {abs(n - b):.3g} "
             f"{'>' if noise.beyond else '≤'} {k:g}σ {noise.bound:.3g} (step {step})"
         )
-    return MetricDelta.judged(
+        if b != 0 and math.isfinite(noise.bound):
+            interval = [(n - b - noise.bound) / abs(b) * 100, (n - b + noise.bound) / abs(b) * 100]
+            significance += f"; change {interval[0]:+.1f}% to {interval[1]:+.1f}%"
+    delta = MetricDelta.judged(
         metric,
         rule,
         b,
@@ -213,4 +235,13 @@ def _judge(
         weak_reason=noise.weak_reason if c.crossed else None,
         step=step,
         noise=noise.bound if noise.bound is not None and math.isfinite(noise.bound) else None,
+        interval_pct=interval,
     )
+    if interval is not None:
+        worse = sorted(-x if metric.direction == HIGHER else x for x in interval)  # > 0: worse
+        t = rule.threshold_pct
+        if worse[0] <= t < worse[1] and (c.crossed or abs(n - b) >= rule.min_abs):
+            delta.verdict = "inconclusive"  # a change beyond the threshold and one within fit the data
+        elif c.crossed and c.direction == "better" and worse[1] > -t:
+            delta.verdict = "noise"  # an improvement the interval does not show
+    return delta

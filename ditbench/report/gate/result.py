@@ -11,6 +11,7 @@ from ditbench.report.gate.policy import Policy
 VERDICTS = (
     "regression",
     "new failure",
+    "inconclusive",
     "improved",
     "pass",
     "fixed",
@@ -30,7 +31,9 @@ class MetricDelta:
     new: float
     change_pct: float | None  # signed: (new - base) / |base|; None from a base of 0
     threshold_pct: float
-    verdict: str  # regression | improvement | unchanged | noise (beyond the threshold, not significant)
+    # regression | improvement | unchanged | noise (beyond the threshold, not significant) |
+    # inconclusive (its interval straddles the threshold)
+    verdict: str
     significance: str  # "p=0.0012", "not tested (n=3/20 < 5; threshold decides)", "within noise ..."
     p_value: float | None = None
     direction: str = "same"  # worse | better | same: which way the metric moved
@@ -38,6 +41,8 @@ class MetricDelta:
     weak_reason: str | None = None
     step: int | None = None  # quality metrics: the training step of the compared evaluation
     noise: float | None = None  # quality metrics: the difference that counts as beyond noise
+    interval_pct: list[float] | None = None  # confidence interval of change_pct (low, high)
+    interval_level: float | None = None  # its confidence level, e.g. 0.95
 
     @classmethod
     def judged(cls, metric, rule, b: float, n: float, c, significant: bool, significance: str, **more):
@@ -90,8 +95,21 @@ class Comparison:
         return self.policy.fail_on_missing and any(c.verdict == "only in base" for c in self.cells)
 
     @property
+    def inconclusive(self) -> list[CellResult]:
+        return [c for c in self.cells if c.verdict == "inconclusive"]
+
+    @property
     def exit_code(self) -> int:
-        return 1 if self.failed else 0
+        """0 pass, 1 regression, 3 inconclusive (the policy's `inconclusive` may map it to pass or fail)."""
+        if self.failed:
+            return 1
+        if self.inconclusive:
+            return {"pass": 0, "fail": 1}.get(self.policy.inconclusive, 3)
+        return 0
+
+    @property
+    def result(self) -> str:
+        return {0: "pass", 1: "regression", 3: "inconclusive"}[self.exit_code]
 
     def count(self, verdict: str) -> int:
         return sum(c.verdict == verdict for c in self.cells)
@@ -99,7 +117,7 @@ class Comparison:
     def to_json(self) -> dict[str, Any]:
         p = self.policy
         return {
-            "result": "regression" if self.failed else "pass",
+            "result": self.result,
             "exit_code": self.exit_code,
             "base": self.base_path,
             "new": self.new_path,
@@ -116,6 +134,8 @@ class Comparison:
                 "fail_on_missing": p.fail_on_missing,
                 "allow_incomparable": sorted(p.allow_incomparable),
                 "quality_noise_k": p.quality_noise_k,
+                "inconclusive": p.inconclusive,
+                "allow_sample_count_mismatch": p.allow_sample_count_mismatch,
                 "thresholds_pct": {k: r.threshold_pct for k, r in p.rules.items()},
                 "unused_overrides": self.unused_overrides,
             },

@@ -7,10 +7,12 @@ from typing import Any
 from ditbench.escape import md_cell
 from ditbench.report.gate.metrics import MEMORY, limit, limits, table
 from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
+from ditbench.report.intervals import BOOTSTRAP_B, LEVEL
 from ditbench.units import memory_text
 
 MAX_SUMMARY_ROWS = 150  # rows of the "All cells" table: a PR comment holds 65,536 characters
 MAX_LISTED_CELLS = 10
+_INCONCLUSIVE_EXIT = {"inconclusive": 3, "pass": 0, "fail": 1}
 HEADER = [
     "| cell | metric | base | new | change | threshold | significance |",
     "|---|---|---|---|---|---|---|",
@@ -78,6 +80,11 @@ def _head(c: Comparison) -> list[str]:
         head = f"## ❌ ditbench compare: {n_reg} regression{'s' if n_reg != 1 else ''}"
         if not n_reg:
             head = "## ❌ ditbench compare: cells missing from the new run"
+    elif c.inconclusive:
+        n_inc = len(c.inconclusive)
+        mark = {0: "✅", 1: "❌"}.get(c.exit_code, "❔")
+        mapped = {0: " (counted as pass by the policy)", 1: " (counted as failing by the policy)"}
+        head = f"## {mark} ditbench compare: {n_inc} inconclusive{mapped.get(c.exit_code, '')}"
     else:
         head = "## ✅ ditbench compare: no regression"
     matched = sum(x.verdict not in ("only in base", "only in new") for x in c.cells)
@@ -118,6 +125,11 @@ def _sections(c: Comparison) -> list[str]:
         ]
         if rows:
             lines += ["", f"### {title}", "", "| cell | status | reason |", "|---|---|---|"] + rows
+    inc = _metric_rows(c, lambda d: d.verdict == "inconclusive")
+    if inc:
+        lines += (
+            ["", "### Inconclusive (the interval of the change straddles the threshold)", ""] + HEADER + inc
+        )
     worse = _metric_rows(c, lambda d: d.verdict == "noise" and d.direction == "worse")
     if worse:
         lines += (
@@ -224,9 +236,16 @@ def _policy_line(c: Comparison) -> list[str]:
         unused = f" ⚠️ No compared cell matched {shown}: check its knobs and values."
     return [
         "",
-        f"Policy ({p.source}): {rules or 'no metric'}; a timing change counts only if the per-step times "
-        f"differ by a Mann-Whitney U test at p<{p.alpha:g} (tested with ≥{p.min_samples} samples a side); "
-        f"memory and loss are gated on the threshold alone; a quality change must also exceed "
+        f"Policy ({p.source}): {rules or 'no metric'}; a timing change is a regression only if its "
+        f"{LEVEL:.0%} bootstrap interval (of the ratio of median step times, {BOOTSTRAP_B} resamples) lies "
+        f"wholly beyond the threshold and the per-step times differ by a Mann-Whitney U test at "
+        f"p<{p.alpha:g} (with ≥{p.min_samples} samples a side); an interval that straddles the threshold "
+        f"is inconclusive (policy `inconclusive: {p.inconclusive}`: "
+        f"exits {_INCONCLUSIVE_EXIT[p.inconclusive]}). "
+        "One run a side samples only "
+        "step-to-step noise, so the interval is narrow: process-level noise (start-up, clocks, machine "
+        "load) needs repeated runs. "
+        f"Memory and loss are gated on the threshold alone; a quality change must also exceed "
         f"{p.quality_noise_k:g}σ of the seeds' combined spread."
         + (f" Allowed to go uncompared: {allowed}." if allowed else "")
         + unused,

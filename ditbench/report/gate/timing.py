@@ -1,12 +1,18 @@
-"""Speed, memory and loss metrics of one cell, and the significance test for the timed ones.
+"""Speed, memory and loss metrics of one cell, and the interval and significance test of the timed ones.
 
-A metric regresses when it moves the wrong way by more than its threshold AND, for metrics timed
-per step, the per-step times (metrics.step_ms.samples) differ significantly by a two-sided
-Mann-Whitney U test (p < alpha, shifted the same way). With fewer than min_samples samples on
-either side, or too few for the test to ever reach p < alpha, the threshold alone decides and the
-cell says so. The test runs only for a metric that crossed its threshold (elsewhere it could change
-nothing). Memory and loss have no per-step samples and are near-deterministic: threshold alone.
-A cell measured in a noisy window (metrics.noisy) keeps its timing verdicts, marked weak.
+A metric timed per step gets a confidence interval of its change: a seeded percentile bootstrap of
+the ratio of the median step times (metrics.step_ms.samples, new / base), centred on the recorded
+change (the samples give its width). Its verdict, with threshold T in the bad direction:
+- the whole interval is worse than T and the per-step times differ by a two-sided Mann-Whitney U
+  test (p < alpha, shifted the same way): regression (not significant: noise);
+- the interval straddles T (the data cannot tell a change beyond T from one within it): inconclusive;
+- the whole interval is better than -T and significant: improvement (else noise or unchanged).
+One run per side samples only step-to-step noise, and consecutive steps are autocorrelated, so
+this interval is narrow: it misses process-level noise (start-up, clocks, allocator, machine load),
+which only repeated runs sample. With fewer than min_samples samples on either side, or too few for
+the test to ever reach p < alpha, the threshold alone decides and the cell says so. Memory and loss
+have no per-step samples and are near-deterministic: threshold alone. A cell measured in a noisy
+window (metrics.noisy) keeps its timing verdicts, marked weak.
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import mannwhitneyu
 
-from ditbench.report.gate.metrics import Metric, crossing
+from ditbench.report.gate.metrics import HIGHER, Metric, crossing
 from ditbench.report.gate.policy import Policy, Rule
 from ditbench.report.gate.result import MetricDelta
+from ditbench.report.intervals import LEVEL, median_ratio_interval
 
 
 def p_min(n: int, m: int) -> float:
@@ -35,6 +42,7 @@ class StepTest:
     new: list[float]
     policy: Policy
     _result: tuple[float, float] | None = None
+    _ratio: tuple[float, float, float] | None = None
 
     @property
     def enough(self) -> bool:
@@ -50,6 +58,14 @@ class StepTest:
             return f"{n} < {self.policy.min_samples}"
         return f"{n} cannot reach p<{self.policy.alpha:g}"
 
+    def ratio(self) -> tuple[float, float, float] | None:
+        """The bootstrap interval of median(new) / median(base) step time, computed once; None when
+        the medians are not positive."""
+        if self._ratio is None and self.enough:
+            if np.median(self.base) > 0 and np.median(self.new) > 0:
+                self._ratio = median_ratio_interval(self.base, self.new)
+        return self._ratio
+
     def run(self) -> tuple[float, float]:
         """(p-value, shift of the median step time; > 0: steps got slower)."""
         if self._result is None:
@@ -58,23 +74,61 @@ class StepTest:
         return self._result
 
 
+def change_interval(
+    metric: Metric, b: float, n: float, ratio: tuple[float, float, float]
+) -> tuple[float, float]:
+    """The interval of the metric's change in percent: the recorded change, widened by the step-time
+    ratio's interval relative to its point (a rate moves as 1 / step time)."""
+    point, low, high = ratio
+    factors = [low / point, high / point]
+    if metric.direction == HIGHER:
+        factors = [1 / f for f in factors]
+    ends = sorted((n / b * f - 1) * 100 for f in factors)
+    return ends[0], ends[1]
+
+
+def _interval_text(ci: tuple[float, float]) -> str:
+    return f"{LEVEL:.0%} CI {ci[0]:+.1f}% to {ci[1]:+.1f}%"
+
+
+def _worse(metric: Metric, interval: tuple[float, float]) -> tuple[float, float]:
+    """The change interval as percent moved the wrong way (> 0: worse), low to high."""
+    ends = [-x for x in interval] if metric.direction == HIGHER else list(interval)
+    return min(ends), max(ends)
+
+
 def judge(
     metric: Metric, rule: Rule, b: float, n: float, test: StepTest, weak_reason: str | None
 ) -> tuple[MetricDelta, bool]:
     """The verdict on one metric of a cell, and whether a crossing went without the test."""
     c = crossing(metric, b, n, rule.threshold_pct, rule.min_abs)
-    p_value, untested = None, False
+    p_value, untested, interval, verdict = None, False, None, None  # verdict None: the crossing decides
+    ratio = test.ratio() if metric.timed and test.testable and c.change_pct is not None else None
+    if ratio is not None:
+        interval = change_interval(metric, b, n, ratio)
+    significant = False
     if not metric.timed:
         significance, significant = "no per-step samples (threshold decides)", True
+    elif not c.crossed and interval is None:
+        significance = "within threshold (not tested)"
     elif not c.crossed:
-        # Significance only matters once a threshold is crossed; skipping it keeps big gates fast.
-        significance, significant = "within threshold (not tested)", False
+        low, high = _worse(metric, interval)
+        significance = f"within threshold; {_interval_text(interval)}"
+        if high > rule.threshold_pct and abs(n - b) >= rule.min_abs:
+            verdict = "inconclusive"  # the data allow a change beyond the threshold
     elif test.testable:
         p_value, shift = test.run()
         significance = f"p={p_value:.2g}"
         # Slower steps mean lower throughput and higher step time alike.
         slower = c.direction == "worse"
         significant = p_value < test.policy.alpha and (shift > 0 if slower else shift < 0)
+        if interval is not None:
+            significance += f"; {_interval_text(interval)}"
+            low, high = _worse(metric, interval)
+            if slower and low <= rule.threshold_pct:
+                verdict = "inconclusive"  # a change within the threshold is as consistent with the data
+            elif not slower and high >= -rule.threshold_pct:
+                verdict = "noise"  # an improvement the interval does not show
     else:
         significance, significant, untested = f"not tested ({test.why_not()}; threshold decides)", True, True
     weak = metric.timed and weak_reason is not None
@@ -90,5 +144,9 @@ def judge(
         direction=c.direction,
         weak=weak,
         weak_reason=weak_reason if weak else None,
+        interval_pct=list(interval) if interval is not None else None,
+        interval_level=LEVEL if interval is not None else None,
     )
+    if verdict is not None:
+        delta.verdict = verdict
     return delta, untested
