@@ -453,3 +453,10 @@ def test_bad_respacing_is_named(spec, message):
 def test_respacing_to_every_step_is_the_process_itself(same):
     d = create_diffusion()
     assert d.respaced(same) is d
+
+
+def test_an_output_without_the_variance_channels_is_named():
+    d = create_diffusion("2")
+    with pytest.raises(ValueError) as err:
+        d.p_sample(lambda *a, **k: torch.zeros(1, 4, 2, 2), torch.zeros(1, 4, 2, 2), torch.tensor([1]))
+    assert str(err.value) == "expected a learned-sigma output with 8 channels, got 4"
