@@ -378,6 +378,44 @@ def test_the_noise_is_drawn_on_the_samples_device(sampler):
     assert step.device.type == "meta"
     assert d.p_sample_loop(model, (2, 4, 2, 2), device="meta").device.type == "meta"
 
+    # the same process then samples on the CPU: its per-device tables are kept apart
+    def cpu_model(x, t, **k):
+        assert t.device.type == "cpu" and t.tolist() in (
+            [999, 999],
+            [749, 749],
+            [500, 500],
+            [250, 250],
+            [0, 0],
+        )
+        return torch.zeros(2, 8, 2, 2)
+
+    assert d.p_sample_loop(cpu_model, (2, 4, 2, 2)).device.type == "cpu"
+
+
+@pytest.mark.parametrize("sampler", ["ddpm", "ddim"])
+def test_a_loop_without_noise_draws_it_from_the_generator_and_shows_progress_alike(sampler):
+    d, model = create_diffusion("4"), StubDiT()
+    loop = d.p_sample_loop if sampler == "ddpm" else d.ddim_sample_loop
+
+    def run(progress):
+        return loop(
+            model,
+            (2, 4, 2, 2),
+            model_kwargs={"y": torch.tensor([1, 2])},
+            progress=progress,
+            generator=torch.Generator().manual_seed(9),
+        )
+
+    quiet = run(False)
+    torch.manual_seed(123)  # the global generator must play no part
+    assert torch.equal(run(True), quiet)
+    z = torch.randn((2, 4, 2, 2), generator=torch.Generator().manual_seed(9))
+    g = torch.Generator().manual_seed(9)
+    torch.randn((2, 4, 2, 2), generator=g)  # the loop's own draw of z
+    assert torch.equal(
+        quiet, loop(model, None, noise=z, model_kwargs={"y": torch.tensor([1, 2])}, generator=g)
+    )
+
 
 # ---- respacing: the reference's section convention, written out -------------------------------
 
@@ -415,3 +453,10 @@ def test_bad_respacing_is_named(spec, message):
 def test_respacing_to_every_step_is_the_process_itself(same):
     d = create_diffusion()
     assert d.respaced(same) is d
+
+
+def test_an_output_without_the_variance_channels_is_named():
+    d = create_diffusion("2")
+    with pytest.raises(ValueError) as err:
+        d.p_sample(lambda *a, **k: torch.zeros(1, 4, 2, 2), torch.zeros(1, 4, 2, 2), torch.tensor([1]))
+    assert str(err.value) == "expected a learned-sigma output with 8 channels, got 4"
