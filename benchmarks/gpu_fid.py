@@ -130,9 +130,7 @@ def main(argv=None) -> int:
             weights, device, tf32=args.tf32, batch_size=args.batch_size, progress=True
         )
         kid_size = min(1000, args.n, args.ref_n)
-        common = dict(
-            extractor=extractor, cache_dir=cache_dir, kid_subset_size=kid_size, is_splits=min(10, args.n)
-        )
+        common = dict(extractor=extractor, cache_dir=cache_dir, kid_subset_size=kid_size)  # IS: ADM's splits
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             t = time.perf_counter()
