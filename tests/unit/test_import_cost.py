@@ -10,7 +10,9 @@ import pytest
 from ditbench.cli import COMMANDS
 
 # `fid --help` still imports torch (metrics.cli reads the metric registry, whose metrics import torch).
-LIGHT = [["--help"], ["suites"]] + [[name, "--help"] for name in COMMANDS if name != "fid"]
+LIGHT = [["--help"], ["suites"], ["suites", "--schema"]] + [
+    [name, "--help"] for name in COMMANDS if name != "fid"
+]
 
 PROBE = """
 import json, runpy, sys
