@@ -26,6 +26,12 @@ def _closed(properties: dict[str, Any], **extra: Any) -> dict[str, Any]:
     return {"type": "object", "properties": properties, "additionalProperties": False, **extra}
 
 
+def _or_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema`, or null (a key left empty in YAML): the loader takes it as absent. A type list
+    rather than anyOf, so an error names the wrong key inside, not "no alternative matched"."""
+    return {**schema, "type": [schema["type"], "null"]}
+
+
 def _knob(name: str) -> dict[str, Any]:
     spec = FIELDS[name]
     out = {"description": spec.metadata["help"], **spec.metadata["check"].schema}
@@ -88,24 +94,16 @@ def suite_schema() -> dict[str, Any]:
                     "exclusiveMinimum": 0,
                     "description": "emulate a card with this much memory (not with card)",
                 },
-                "defaults": {"anyOf": [defaults, {"type": "null"}]},
+                "defaults": _or_null(defaults),
                 "matrix": _closed(
                     axes, minProperties=1, description="knob: list of values; the cells are their product"
                 ),
-                "exclude": {
-                    "anyOf": [cells, {"type": "null"}],
-                    "description": "partial cells left out of the matrix",
-                },
-                "include": {
-                    "anyOf": [cells, {"type": "null"}],
-                    "description": "partial cells added to the matrix",
-                },
-                "baseline": {"anyOf": [{"$ref": "#/$defs/partial_cell"}, {"type": "null"}]},
-                "plan": {"anyOf": [_keys(PLAN_KEYS, "planner options"), {"type": "null"}]},
-                "cluster": {
-                    "anyOf": [_keys(CLUSTER_KEYS, "where --executor slurm runs the cells"), {"type": "null"}]
-                },
-                "quality": {"anyOf": [_keys(QUALITY_KEYS, "evaluate the trained cells"), {"type": "null"}]},
+                "exclude": _or_null({**cells, "description": "partial cells left out of the matrix"}),
+                "include": _or_null({**cells, "description": "partial cells added to the matrix"}),
+                "baseline": _or_null(partial),
+                "plan": _or_null(_keys(PLAN_KEYS, "planner options")),
+                "cluster": _or_null(_keys(CLUSTER_KEYS, "where --executor slurm runs the cells")),
+                "quality": _or_null(_keys(QUALITY_KEYS, "evaluate the trained cells")),
             },
             required=["name", "matrix"],
         ),

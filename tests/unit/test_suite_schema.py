@@ -78,3 +78,11 @@ def test_every_knob_is_in_the_schema_with_its_help():
 def test_the_command_prints_it(capsys):
     assert main(["suites", "--schema"]) == 0
     assert json.loads(capsys.readouterr().out) == suite_schema()
+
+
+def test_a_section_left_empty_is_valid_and_an_error_names_the_key_inside(validator):
+    empty = dict.fromkeys(("defaults", "exclude", "include", "baseline", "plan", "cluster", "quality"))
+    assert errors(validator, {**SUITE, **empty}) == []  # YAML's `include:` with nothing after it
+    assert errors(validator, {**SUITE, "include": [{"batch_sise": 8}]}) == [
+        "Additional properties are not allowed ('batch_sise' was unexpected)"
+    ]
