@@ -21,6 +21,13 @@ MAX_STEPS = 10**7  # a window or smoke run longer than this is a typo, not a ben
 MAX_SECONDS = 7 * 24 * 3600.0  # a week: a longer window or timeout is a typo (suite.TIMEOUT_MAX_S)
 
 
+STEP_CHECKS = {
+    "warmup": int_in("warmup", 0, MAX_STEPS),
+    "measure": int_in("measure", 1, MAX_STEPS),
+    "min_seconds": number_in("min_seconds", 0.0, MAX_SECONDS),
+}
+
+
 @dataclass(frozen=True)
 class Steps:
     """The measured window: `warmup` steps, then at least `measure` steps and `min_seconds`."""
@@ -31,11 +38,7 @@ class Steps:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], fail) -> Steps:
-        checks = {
-            "warmup": int_in("warmup", 0, MAX_STEPS),
-            "measure": int_in("measure", 1, MAX_STEPS),
-            "min_seconds": number_in("min_seconds", 0.0, MAX_SECONDS),
-        }
+        checks = STEP_CHECKS
         out = {}
         for key, value in values.items():
             if key not in checks:

@@ -24,13 +24,15 @@ from ditbench import vae
 from ditbench.errors import UserError, shorten, type_name
 from ditbench.models.configs import (
     ATTENTION_BACKENDS,
+    GRAD_CKPT_OFF,
+    GRAD_CKPT_ON,
     IMPLS,
     MODEL_NAMES,
     canonical_name,
     get_config,
     grad_ckpt_name,
 )
-from ditbench.precision import check_precision
+from ditbench.precision import PRECISIONS, check_precision
 
 STRATEGIES = ("ddp", "fsdp")
 # torch.compile's modes ("default" = mode None); the -no-cudagraphs one autotunes the matmul and
@@ -55,6 +57,12 @@ class InvalidValue(ValueError):
     """A knob value that is not valid; the message names the knob and says what would be."""
 
 
+def with_schema(check: Callable[[Any], Any], schema: dict[str, Any]) -> Callable[[Any], Any]:
+    """`check` carrying the JSON Schema of the values it accepts (read by `ditbench suites --schema`)."""
+    check.schema = schema  # type: ignore[attr-defined]
+    return check
+
+
 def int_in(name: str, low: int, high: int) -> Callable[[Any], int]:
     def check(value: Any) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
@@ -63,7 +71,7 @@ def int_in(name: str, low: int, high: int) -> Callable[[Any], int]:
             raise InvalidValue(f"{name} must be an integer from {low} to {high:,}, got {shorten(value)}")
         return value
 
-    return check
+    return with_schema(check, {"type": "integer", "minimum": low, "maximum": high})
 
 
 def number_in(name: str, low: float, high: float, *, low_open: bool = False, high_open: bool = False):
@@ -77,7 +85,11 @@ def number_in(name: str, low: float, high: float, *, low_open: bool = False, hig
             raise InvalidValue(f"{name} must be a finite number in {span}, got {shorten(value)}")
         return float(value)
 
-    return check
+    bounds = {
+        "exclusiveMinimum" if low_open else "minimum": low,
+        "exclusiveMaximum" if high_open else "maximum": high,
+    }
+    return with_schema(check, {"type": "number", **bounds})
 
 
 def one_of(name: str, choices: tuple[str, ...]) -> Callable[[Any], str]:
@@ -86,13 +98,16 @@ def one_of(name: str, choices: tuple[str, ...]) -> Callable[[Any], str]:
             raise InvalidValue(f"unknown {name} {shorten(value)}; valid: {', '.join(choices)}")
         return value
 
-    return check
+    return with_schema(check, {"enum": list(choices)})
 
 
 def _check_bool(value: Any) -> bool:
     if not isinstance(value, bool):
         raise InvalidValue(f"compile must be true or false, got {type_name(value)} {shorten(value)}")
     return value
+
+
+with_schema(_check_bool, {"type": "boolean"})
 
 
 def _check_model(value: Any) -> str:
@@ -102,11 +117,18 @@ def _check_model(value: Any) -> str:
         raise InvalidValue(str(err)) from None
 
 
+# the official checkpoints' file spelling (DiT-XL-2) is taken too
+with_schema(_check_model, {"enum": [*MODEL_NAMES, *(n.replace("/", "-") for n in MODEL_NAMES)]})
+
+
 def _check_precision(value: Any) -> str:
     try:
         return check_precision(value)
     except UserError as err:
         raise InvalidValue(str(err)) from None
+
+
+with_schema(_check_precision, {"enum": list(PRECISIONS)})
 
 
 def _check_grad_ckpt(value: Any) -> str:
@@ -116,6 +138,18 @@ def _check_grad_ckpt(value: Any) -> str:
         return grad_ckpt_name(value)
     except UserError as err:
         raise InvalidValue(str(err)) from None
+
+
+with_schema(
+    _check_grad_ckpt,
+    {
+        "anyOf": [
+            {"type": "boolean"},
+            {"enum": [*GRAD_CKPT_OFF, *GRAD_CKPT_ON]},
+            {"type": "string", "pattern": "^every_[1-9][0-9]{0,3}$"},
+        ]
+    },
+)
 
 
 def _path(value: Any, what: str) -> str:
@@ -144,6 +178,23 @@ def _check_data(value: Any) -> Any:
                 "vae": _path(value.get("vae", "random"), "vae"),
             }
     raise InvalidValue(f"data must be {DATA_HELP}; got {shorten(value)}")
+
+
+def _paths(*keys: str, required: int = 1) -> dict[str, Any]:
+    path = {"type": "string", "minLength": 1, "maxLength": MAX_PATH_CHARS}
+    props = dict.fromkeys(keys, path)
+    return {
+        "type": "object",
+        "properties": props,
+        "required": list(keys[:required]),
+        "additionalProperties": False,
+    }
+
+
+with_schema(
+    _check_data,
+    {"anyOf": [{"const": "synthetic"}, _paths("latents"), _paths("pixels"), _paths("images", "vae")]},
+)
 
 
 def knob(default: Any, check: Callable[[Any], Any], help: str, train: bool = True) -> Any:

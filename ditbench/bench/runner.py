@@ -1,7 +1,7 @@
 """Run a suite: every cell in a fresh process, one record per cell appended to results.jsonl.
 
-Isolation: each cell runs in a fresh process of its own session (`launch.process`; through
-torchrun for several processes), so the allocator and its peak counters start clean, and a crash,
+Isolation: each cell runs in a fresh process of its own session (a `launch.base.Launcher`: one
+process, or torchrun's for several), so the allocator and its peak counters start clean, and a crash,
 an out-of-memory or a hang in one cell cannot take the suite down; a timeout kills the cell's
 whole process group.
 
@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.bench import inflight
-from ditbench.bench.launch.process import run_isolated
+from ditbench.bench.launch.base import for_cell as launcher_for
 from ditbench.bench.records import latest_by_cell, read_records
 from ditbench.bench.suite import TIMEOUT_MAX_S, Suite, SuiteCell
 from ditbench.bench.summary import format_line, write_summary
@@ -343,7 +343,8 @@ class SuiteRun:
                     "rendezvous": self.options.rendezvous,
                     "out_dir": str(self.out.resolve()),  # sample grids go under it
                 }
-                run_isolated(cell.spec, about, timeout, ticket.spec_path, ticket.result_path, log)
+                launcher = launcher_for(cell.spec)  # one process, or torchrun's ranks
+                launcher.launch(cell.spec, about, timeout, ticket.spec_path, ticket.result_path, log)
         except BaseException:  # Ctrl-C, SIGTERM
             if not ticket.result_path.exists():
                 ticket.remove()  # cut off before a result: the cell runs again next time

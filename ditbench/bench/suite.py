@@ -34,6 +34,8 @@ from ditbench.yamlio import load_yaml_file
 SMOKE_CELLS = ("baseline", "all", "none")
 SMOKE_STEPS_DEFAULT = 500
 TIMEOUT_DEFAULT_S = 1800.0
+SMOKE_STEPS_CHECK = int_in("steps", 0, MAX_STEPS)
+TIMEOUT_CHECK = number_in("timeout_s", 0.0, TIMEOUT_MAX_S, low_open=True)
 
 TOP_KEYS = (
     "name",
@@ -212,9 +214,7 @@ def _emulation(v: _Validator, raw: dict) -> tuple[float | None, str | None]:
 def _smoke(v: _Validator, defaults_raw: dict) -> tuple[int, Any]:
     smoke_raw = v.mapping("defaults.smoke", defaults_raw.get("smoke") or {})
     v.check_keys("defaults.smoke", smoke_raw, ("steps", "cells"))
-    steps = v.number(
-        "defaults.smoke.steps", smoke_raw.get("steps", SMOKE_STEPS_DEFAULT), int_in("steps", 0, MAX_STEPS)
-    )
+    steps = v.number("defaults.smoke.steps", smoke_raw.get("steps", SMOKE_STEPS_DEFAULT), SMOKE_STEPS_CHECK)
     cells = smoke_raw.get("cells", "none")
     if isinstance(cells, list):
         cells = v.partial_list("defaults.smoke.cells", cells)
@@ -308,9 +308,7 @@ def parse_suite(
     )
     smoke_steps, smoke_cells = _smoke(v, defaults_raw)
     timeout_s = v.number(
-        "defaults.timeout_s",
-        defaults_raw.get("timeout_s", TIMEOUT_DEFAULT_S),
-        number_in("timeout_s", 0.0, TIMEOUT_MAX_S, low_open=True),
+        "defaults.timeout_s", defaults_raw.get("timeout_s", TIMEOUT_DEFAULT_S), TIMEOUT_CHECK
     )
     axes = _axes(v, raw)
     exclude = v.partial_list("exclude", raw.get("exclude"))

@@ -25,10 +25,21 @@ def describe(path: Path) -> dict[str, object]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print a JSON list instead of text")
+    parser.add_argument(
+        "--schema",
+        action="store_true",
+        help="print the JSON Schema of a suite file (for an editor: completion and checks as you type)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     import textwrap
+
+    if args.schema:
+        from ditbench.bench.suite_schema import suite_schema
+
+        print(json.dumps(suite_schema(), indent=2))
+        return 0
 
     rows = [describe(path) for path in shipped_suites().values()]
     if args.json:

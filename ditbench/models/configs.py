@@ -82,8 +82,8 @@ def latent_size(image_size: int, patch_size: int = 1) -> int:
 GRAD_CKPT_HELP = "none, full (every block), or every_K (every K-th block, e.g. every_2)"
 # YAML 1.1 reads on/off/yes/no/true/false as booleans, so a suite and the command line must both
 # take them: as booleans and as the same words typed on a command line.
-_OFF_WORDS = ("none", "off", "no", "false")
-_ON_WORDS = ("full", "on", "yes", "true")
+GRAD_CKPT_OFF = ("none", "off", "no", "false")
+GRAD_CKPT_ON = ("full", "on", "yes", "true")
 
 
 def parse_grad_ckpt(value: str | bool | None) -> int:
@@ -93,9 +93,9 @@ def parse_grad_ckpt(value: str | bool | None) -> int:
     if value is True:
         return 1
     text = str(value).strip().lower() if isinstance(value, str) else None
-    if text in _OFF_WORDS:
+    if text in GRAD_CKPT_OFF:
         return 0
-    if text in _ON_WORDS:
+    if text in GRAD_CKPT_ON:
         return 1
     m = re.fullmatch(r"every_([1-9]\d{0,3})", text or "")
     if m:

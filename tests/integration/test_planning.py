@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -137,7 +138,7 @@ def test_cells_predicted_not_to_fit_are_skipped_and_the_rest_run_largest_first(t
         result_path.write_text(json.dumps(result))
 
     monkeypatch.setattr(runner, "precheck", lambda *a, **k: None)
-    monkeypatch.setattr(runner, "run_isolated", fake_run)
+    monkeypatch.setattr(runner, "launcher_for", lambda spec: SimpleNamespace(launch=fake_run))
     records = run_suite(suite, RunOptions(out=tmp_path / "out", progress=False), echo=lambda line: None)
     by_batch = {r["config"]["batch_size"]: r for r in records}
     assert launched == [4]  # 64 and 16 are predicted not to fit 2 GiB (less the context): never started

@@ -9,7 +9,7 @@ import pytest
 
 from ditbench.cli import COMMANDS
 
-LIGHT = [["--help"], ["suites"]] + [[name, "--help"] for name in COMMANDS]
+LIGHT = [["--help"], ["suites"], ["suites", "--schema"]] + [[name, "--help"] for name in COMMANDS]
 
 PROBE = """
 import json, runpy, sys

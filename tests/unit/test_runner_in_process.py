@@ -6,6 +6,7 @@ would, so they run in the quick loop. What they keep real: the suite, the run or
 from __future__ import annotations
 
 import textwrap
+from types import SimpleNamespace
 
 import pytest
 
@@ -59,7 +60,7 @@ def cells(monkeypatch):
         )
 
     Cells.outcome, Cells.ran = {}, []
-    monkeypatch.setattr(runner, "run_isolated", run_isolated)
+    monkeypatch.setattr(runner, "launcher_for", lambda spec: SimpleNamespace(launch=run_isolated))
     return Cells
 
 

@@ -1,10 +1,10 @@
 """A cell in a fresh process of its own: how the runner starts every cell, and the one-process cell.
 
-Parent side, `run_isolated`: the runner starts `python -m MODULE SPEC.json RESULT.json` in a
-session of its own (so a timeout kills its whole process group, and it dies with the runner),
-waits, and leaves RESULT.json for the runner: the cell's own, or one saying how the process
-died. MODULE is this one for a one-process cell and `launch.torchrun` (which starts the ranks)
-for a multi-process one.
+Parent side, `FreshProcess` (a `launch.base.Launcher`): the runner starts `python -m MODULE
+SPEC.json RESULT.json` in a session of its own (so a timeout kills its whole process group, and it
+dies with the runner), waits, and leaves RESULT.json for the runner: the cell's own, or one saying
+how the process died. MODULE is this one for a one-process cell (`ONE_PROCESS`) and
+`launch.torchrun` (which starts the ranks) for a multi-process one (`TORCHRUN`).
 
 Child side, `main`: `python -m ditbench.bench.launch.process SPEC.json RESULT.json` measures
 the cell (`bench.cell_core`), smoke-trains it and evaluates its sample quality if asked, and writes the
@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,44 +43,48 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_isolated(
-    spec: CellSpec,
-    about: dict[str, Any],
-    timeout_s: float,
-    spec_path: Path,
-    result_path: Path,
-    log_path: Path,
-) -> None:
-    """Run one cell in a fresh process; afterwards `result_path` holds its result, or one saying how it died.
+@dataclass(frozen=True)
+class FreshProcess:
+    """A `launch.base.Launcher`: `python -m MODULE SPEC.json RESULT.json` in a session of its own."""
 
-    `about` goes into SPEC.json with the config: cell_id, cell_name, timeout_s, rendezvous. The
-    result file is left for the caller, who appends its record and only then removes it
-    (`bench.inflight.commit`): a runner killed in between loses nothing.
-    """
-    result_path.unlink(missing_ok=True)
-    write_spec(spec_path, spec, **about, timeout_s=timeout_s)
-    module = TORCHRUN_MODULE if spec.world_size > 1 else MODULE
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open_log(log_path) as log:  # O_NOFOLLOW: a link planted in logs/ is refused, not truncated
-        proc = subprocess.Popen(
-            [sys.executable, "-m", module, str(spec_path), str(result_path)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=child_env(),
-            start_new_session=True,  # its own process group, which a timeout kills as a whole
-            preexec_fn=procs.die_with_parent(signal.SIGKILL),  # no orphan keeps the GPU
-        )
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            procs.kill_group(proc)
-            write_result(result_path, timed_out(timeout_s, log_path))
-            return
-        except BaseException:  # Ctrl-C: take the cell down with us
-            procs.kill_group(proc)
-            raise
-    if not result_path.exists():
-        write_result(result_path, died(rc, log_path))
+    module: str
+
+    def launch(
+        self,
+        spec: CellSpec,
+        about: dict[str, Any],
+        timeout_s: float,
+        spec_path: Path,
+        result_path: Path,
+        log_path: Path,
+    ) -> None:
+        result_path.unlink(missing_ok=True)
+        write_spec(spec_path, spec, **about, timeout_s=timeout_s)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open_log(log_path) as log:  # O_NOFOLLOW: a link planted in logs/ is refused, not truncated
+            proc = subprocess.Popen(
+                [sys.executable, "-m", self.module, str(spec_path), str(result_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=child_env(),
+                start_new_session=True,  # its own process group, which a timeout kills as a whole
+                preexec_fn=procs.die_with_parent(signal.SIGKILL),  # no orphan keeps the GPU
+            )
+            try:
+                rc = proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                procs.kill_group(proc)
+                write_result(result_path, timed_out(timeout_s, log_path))
+                return
+            except BaseException:  # Ctrl-C: take the cell down with us
+                procs.kill_group(proc)
+                raise
+        if not result_path.exists():
+            write_result(result_path, died(rc, log_path))
+
+
+ONE_PROCESS = FreshProcess(MODULE)
+TORCHRUN = FreshProcess(TORCHRUN_MODULE)  # launch.torchrun's parent starts the ranks
 
 
 def timed_out(timeout_s: float, log_path: Path) -> dict[str, Any]:

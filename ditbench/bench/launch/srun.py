@@ -4,7 +4,7 @@ The submitter (`bench.jobs`) hands submitit `run_task(SPEC, RESULT, LOG, TIMEOUT
 the job's tasks through srun (one per rank: ntasks-per-node = gpus); submitit's local executor
 starts them as processes on this machine. No torchrun runs inside the job:
 
-- a one-process cell: the one task runs it exactly as the local runner does (`process.run_isolated`:
+- a one-process cell: the one task runs it exactly as the local runner does (`process.ONE_PROCESS`:
   a fresh process, its own timeout recorded `timeout`);
 - a multi-process cell: each task takes its rank, world size and rendezvous address from the job
   (`submitit.helpers.TorchDistributedEnvironment`, i.e. SLURM_PROCID, SLURM_LOCALID, the node
@@ -25,11 +25,10 @@ import sys
 import time
 from pathlib import Path
 
-from ditbench.bench.launch import procs
+from ditbench.bench.launch import base, procs
 from ditbench.bench.launch.files import read_report, read_spec, write_result
 from ditbench.fileio import open_log, write_atomic, write_json_atomic
 
-RANK_MODULE = "ditbench.bench.launch.rank"
 POLL_S = 0.2
 PEER_GRACE_S = 10.0  # a failed peer's rank is given this long to write its own report, then stopped
 STOP_GRACE_S = 5.0  # between SIGTERM and SIGKILL
@@ -63,15 +62,11 @@ def started_path(result_path: Path) -> Path:
     return result_path.with_name(result_path.name.replace(".result.json", ".started.json"))
 
 
-def report_dir_of(result_path: Path) -> Path:
-    return result_path.with_name(result_path.stem + ".ranks")  # the torchrun launcher's convention
-
-
 def run_task(spec_path: str, result_path: str, log_path: str, timeout_s: float) -> None:
     """One task of a cell's job; returns None (the result is the RESULT file, never a pickle)."""
     import submitit
 
-    from ditbench.bench.launch.process import run_isolated
+    from ditbench.bench.launch.process import ONE_PROCESS
 
     job = submitit.JobEnvironment()
     if job.cluster == "slurm":
@@ -94,7 +89,7 @@ def run_task(spec_path: str, result_path: str, log_path: str, timeout_s: float) 
         return
     if spec.world_size == 1:
         about = {k: doc.get(k) for k in ("cell_id", "cell_name", "rendezvous", "out_dir")}
-        run_isolated(spec, about, timeout_s, Path(spec_path), result, Path(log_path))
+        ONE_PROCESS.launch(spec, about, timeout_s, Path(spec_path), result, Path(log_path))
         return
     _rank_task(spec, spec_path, result, Path(log_path), timeout_s, job)
 
@@ -116,9 +111,7 @@ def _rank_env(spec, job) -> dict[str, str]:
         LOCAL_WORLD_SIZE=str(dist.local_world_size),
         GROUP_RANK=str(job.node),
     )
-    if spec.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        # the ranks on one node share its cores, as under torchrun (launch.torchrun.run_cell)
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, dist.local_world_size)))
+    base.share_cores(env, spec, dist.local_world_size, os.environ)  # the ranks on one node, as under torchrun
     return env
 
 
@@ -133,13 +126,13 @@ def _peer_failed(report_dir: Path, rank: int) -> bool:
 def _rank_task(spec, spec_path: str, result: Path, log_path: Path, timeout_s: float, job) -> None:
     env = _rank_env(spec, job)
     rank = int(env["RANK"])
-    report_dir = report_dir_of(result)
+    report_dir = base.report_dir(result)
     report_dir.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     timed_out, timed_out_at, failed_peer_at = False, None, None
     with open_log(report_dir / f"task{rank}.log", append=True) as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", RANK_MODULE, spec_path, str(report_dir)],
+            [sys.executable, "-m", base.RANK_MODULE, spec_path, str(report_dir)],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

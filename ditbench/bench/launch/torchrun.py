@@ -29,14 +29,13 @@ from pathlib import Path
 
 import psutil
 
-from ditbench.bench.launch import procs
+from ditbench.bench.launch import base, procs
 from ditbench.bench.launch.aggregate import aggregate
 from ditbench.bench.launch.files import read_report, read_spec, write_result
 from ditbench.bench.launch.rendezvous import Rendezvous, add_rendezvous_arguments, rendezvous_from_args
 from ditbench.errors import UserError
 from ditbench.fileio import open_log
 
-RANK_MODULE = "ditbench.bench.launch.rank"
 GRACE_S = 10.0  # between SIGTERM and SIGKILL when a cell's processes are stopped
 POLL_S = 0.2
 TIMEOUT_MARGIN_S = 15.0  # stop every rank this long before the runner's own limit kills us
@@ -49,7 +48,7 @@ def torchrun_command(
     entry_args: list[str],
     rdzv: Rendezvous = ONE_NODE,
     *,
-    module: str = RANK_MODULE,
+    module: str = base.RANK_MODULE,
     rdzv_id: str | None = None,
     python: str = sys.executable,
     join_timeout_s: float | None = None,
@@ -282,25 +281,22 @@ def run_cell(
             ),
         )
         return result
-    report_dir = Path(result_path).with_name(Path(result_path).stem + ".ranks")
-    if report_dir.exists():  # reports of an earlier attempt must not be read as this one's
-        for old in report_dir.glob("*.json"):
+    reports = base.report_dir(result_path)
+    if reports.exists():  # reports of an earlier attempt must not be read as this one's
+        for old in reports.glob("*.json"):
             old.unlink()
     rdzv_id = f"ditbench-{doc.get('cell_id', 'cell')}"
     cmd = torchrun_command(
         nproc,
-        [str(spec_path), str(report_dir)],
+        [str(spec_path), str(reports)],
         rdzv,
         rdzv_id=rdzv_id,
         join_timeout_s=timeout_s,
-        log_dir=report_dir / "torchelastic",  # removed with the cell's other files
+        log_dir=reports / "torchelastic",  # removed with the cell's other files
     )
     env = dict(os.environ if env is None else env)
-    if spec.device == "cpu" and "OMP_NUM_THREADS" not in env:
-        # N CPU ranks share the machine a one-process cell has alone: give each its share of the
-        # cores (torchrun's default is 1 thread per rank), so scaling efficiency compares like with like.
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
-    launched = launch(cmd, report_dir, timeout_s=timeout_s, env=env)
+    base.share_cores(env, spec, nproc, env)  # torchrun's own default is 1 thread per rank
+    launched = launch(cmd, reports, timeout_s=timeout_s, env=env)
     return result_of_launch(launched, spec, timeout_s, rdzv)
 
 
@@ -381,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             "env": None,
         }
     write_result(args.result, result)
-    log = Path(args.result).with_name(Path(args.result).stem + ".ranks") / "torchrun.log"
+    log = base.report_dir(args.result) / "torchrun.log"
     if log.exists():  # into the runner's log of this cell: every rank's output, in one place
         sys.stdout.write(procs.tail(log, 200_000))
         sys.stdout.flush()

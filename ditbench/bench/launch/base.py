@@ -1,0 +1,59 @@
+"""The launcher interface: how a cell's processes start, whichever starts them.
+
+A launcher runs one cell spec under a timeout, its output in a log, and leaves the cell's result
+in a result file: the cell's own, or one saying how its processes died or timed out. The caller
+(the runner, or a submitit job's task) turns that file into a record (`bench.inflight.commit`);
+a multi-process cell's ranks are judged in one place (`launch.torchrun.result_of_launch`), whether
+torchrun or srun started them.
+
+Implementations: `FreshProcess` (`launch.process`): a fresh process of its own session running
+one module, either the one-process cell (`ONE_PROCESS`) or torchrun's parent (`TORCHRUN`), which
+starts the ranks. `for_cell` picks one from the cell's gpus x nodes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from ditbench.cellspec import CellSpec
+
+# What a multi-process cell's ranks run, whoever starts them (torchrun, or a submitit job's tasks)
+RANK_MODULE = "ditbench.bench.launch.rank"
+
+
+class Launcher(Protocol):
+    def launch(
+        self,
+        spec: CellSpec,
+        about: dict[str, Any],
+        timeout_s: float,
+        spec_path: Path,
+        result_path: Path,
+        log_path: Path,
+    ) -> None:
+        """Run the cell; afterwards `result_path` holds its result (the caller appends, then removes it).
+
+        `about` goes into the spec file beside the cell: cell_id, cell_name, rendezvous, out_dir.
+        """
+
+
+def for_cell(spec: CellSpec) -> Launcher:
+    """The launcher of a cell run on this machine: torchrun for several processes, else one process."""
+    from ditbench.bench.launch.process import ONE_PROCESS, TORCHRUN
+
+    return TORCHRUN if spec.world_size > 1 else ONE_PROCESS
+
+
+def report_dir(result_path: str | Path) -> Path:
+    """`<key>.result.ranks/`: a multi-process cell's ranks' reports (removed with the ticket)."""
+    return Path(result_path).with_name(Path(result_path).stem + ".ranks")
+
+
+def share_cores(env: dict[str, str], spec: CellSpec, ranks_here: int, outer: Mapping[str, str]) -> None:
+    """CPU ranks on one machine share the cores a one-process cell has alone: each gets its share
+    (unless the user set OMP_NUM_THREADS in `outer`), so scaling efficiency compares like with like."""
+    if spec.device == "cpu" and "OMP_NUM_THREADS" not in outer:
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, ranks_here)))
