@@ -4,7 +4,7 @@ A knob is a setting that shapes a training run and may be a suite's matrix axis.
 one value of each, validated and normalised when it is built (so `grad_ckpt: on` and `full` are one
 cell): a suite, an override, `ditbench train`'s flags and a record read back all build one, and
 every layer (the Trainer, the planner, the runners, the quality loop) takes it as it is. Knobs
-marked `train` are `ditbench train` flags; the others (`gpus`, `nodes`, `strategy`) shape how the
+marked `train` are `ditbench train` flags; the others (`gpus`, `nodes`, `strategy`, `threads`) shape how the
 cell's processes start.
 
 Adding a knob: a field here (default, check, help) and the code that uses it (for a training knob,
@@ -51,6 +51,12 @@ MAX_IMAGE_SIZE = 8192
 MAX_PROCESSES = 4096  # gpus per node, and nodes
 MAX_CLASSES = 1 << 20
 MAX_PATH_CHARS = 4096  # PATH_MAX on Linux
+MAX_THREADS = 4096
+THREADS_HELP = (
+    "torch threads per process: an integer, or auto (torch's own choice: OMP_NUM_THREADS if set, else "
+    "all cores for one process and the per-rank share of the cores for torchrun/srun ranks); unset: 1 on "
+    "a CPU cell (steady and comparable on a shared machine), torch's default on a CUDA cell"
+)
 
 
 class InvalidValue(ValueError):
@@ -152,6 +158,29 @@ with_schema(
 )
 
 
+def _check_threads(value: Any) -> int | str | None:
+    if value is None or value == "auto":
+        return value
+    valid = f"threads must be an integer from 1 to {MAX_THREADS:,} or auto"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidValue(f"{valid}, got {type_name(value)} {shorten(value)}")
+    if not 1 <= value <= MAX_THREADS:
+        raise InvalidValue(f"{valid}, got {value}")
+    return value
+
+
+with_schema(
+    _check_threads,
+    {
+        "anyOf": [
+            {"type": "integer", "minimum": 1, "maximum": MAX_THREADS},
+            {"const": "auto"},
+            {"type": "null"},
+        ]
+    },
+)
+
+
 def _path(value: Any, what: str) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > MAX_PATH_CHARS:
         raise InvalidValue(f"data.{what} must be a path, got {type_name(value)} {shorten(value)}")
@@ -228,6 +257,8 @@ class Knobs:
     gpus: int = knob(1, int_in("gpus", 1, MAX_PROCESSES), "processes per node", train=False)
     nodes: int = knob(1, int_in("nodes", 1, MAX_PROCESSES), "machines", train=False)
     strategy: str = knob("ddp", one_of("strategy", STRATEGIES), "data parallelism", train=False)
+    # set in the cell's process before the trainer is built (ditbench.bench.threads)
+    threads: int | str | None = knob(None, _check_threads, THREADS_HELP, train=False)
     compile: bool = knob(False, _check_bool, "torch.compile the model")
     compile_mode: str = knob(
         "default", one_of("compile_mode", COMPILE_MODES), "torch.compile mode (with compile: true)"

@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ditbench.bench import memory
+from ditbench.bench import memory, threads
+from ditbench.bench.load import LoadMeter
 from ditbench.bench.window import failed_smoke, measure_window, noise, smoke_run, step_stats
 from ditbench.cellspec import CellSpec
 from ditbench.faults import FAULT_ENV, FAULT_RANK_ENV, Fault, FaultyStep, failure, fault_for
@@ -85,8 +86,11 @@ def _agree_max(ctx) -> Callable[[int], int] | None:
     return agree
 
 
-def window_metrics(spec: CellSpec, window: dict[str, Any], ctx, gpu_name: str | None) -> dict[str, Any]:
-    """Throughput, step times, FLOPs and MFU of this process's window (a rank's share in a job)."""
+def window_metrics(
+    spec: CellSpec, window: dict[str, Any], ctx, gpu_name: str | None, load: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Throughput, step times, FLOPs and MFU of this process's window (a rank's share in a job), and
+    the machine's `load` during it (bench.load)."""
     from ditbench.bench.mfu import mfu, model_flops_per_image
 
     knobs = spec.knobs
@@ -109,7 +113,8 @@ def window_metrics(spec: CellSpec, window: dict[str, Any], ctx, gpu_name: str | 
         "mfu": mfu(tflops, gpu_name, knobs.precision),
         "scaling_efficiency": None,
         "loss_last": window["last_loss"],
-        **noise(window["step_ms"], images_per_s, spec.rank_batch),
+        "load": load,
+        **noise(window["step_ms"], images_per_s, spec.rank_batch, (load or {}).get("other_cpu_share")),
     }
     if ctx.distributed:
         import torch
@@ -127,6 +132,7 @@ def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured
     metrics: dict[str, Any] = {}
     emulation = None
     try:
+        threads.apply(spec.knobs.threads, spec.device)  # before the process group and the trainer
         out.ctx = ctx = join()
         out.result["env"] = collect_env() if ctx.local_rank == 0 else None
         out.fault = fault_for(cell_name, os.environ.get(FAULT_ENV), ctx.rank, os.environ.get(FAULT_RANK_ENV))
@@ -143,9 +149,13 @@ def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured
         s = spec.steps
         log(f"{metrics['params']:,} parameters; warm-up: {s.warmup} steps", ctx)
 
+        # a rank's tree is its launcher's (torchrun's agent): its sibling ranks are not "other processes"
+        load = LoadMeter(os.getppid() if ctx.distributed else None)
+
         def after_warmup() -> None:
             memory.reset_peaks(device)
             log(f"window: at least {s.measure} steps and {s.min_seconds:g} s", ctx)
+            load.start()
 
         window = measure_window(
             trainer,
@@ -157,6 +167,7 @@ def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured
             agree=_agree_max(ctx),
             after_warmup=after_warmup,
         )
+        window_load = load.stop()
         out.steps_run = step.count
         median = step_stats(window["step_ms"])["median"]
         log(
@@ -169,7 +180,7 @@ def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured
             import torch
 
             gpu_name = torch.cuda.get_device_name(ctx.device)
-        metrics.update(window_metrics(spec, window, ctx, gpu_name))
+        metrics.update(window_metrics(spec, window, ctx, gpu_name, window_load))
         metrics.update(memory.peak_metrics(device))
         if device == "cpu" and not ctx.distributed:  # after the window (the profiler slows steps)
             del step, trainer  # gone before the meter starts: it counts what is allocated after

@@ -6,7 +6,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ditbench.bench.window import GAP_BOUND, SPREAD_BOUND
+from ditbench.bench.load import LOAD_BOUND
+from ditbench.bench.window import GAP_BOUND, SPREAD_BOUND, load_advice
 from ditbench.escape import md_cell, md_text
 from ditbench.fileio import write_atomic
 from ditbench.units import memory_text
@@ -63,6 +64,8 @@ def noise_note(metrics: dict[str, Any]) -> str | None:
     gap = _num(n.get("throughput_gap"), ".0f", 100)
     if gap is not None and _num(n.get("gap_bound"), "g") is not None and n["throughput_gap"] > n["gap_bound"]:
         said.append(f"window vs median-step throughput differ {gap}%")
+    if (advice := load_advice(n)) is not None:
+        said.append(advice)
     return "noisy (" + ", ".join(said) + ")"
 
 
@@ -183,7 +186,9 @@ def write_summary(path: Path, suite, records: list[dict[str, Any]]) -> None:
         + (
             f"{noisy} cell(s) are marked noisy: their step times spread beyond p90/p10 > "
             f"{SPREAD_BOUND:g}, or their window's images/s and batch / median step time differ by more "
-            f"than {100 * GAP_BOUND:.0f}%; read their figures as weak.\n\n"
+            f"than {100 * GAP_BOUND:.0f}%, or other processes took more than {100 * LOAD_BOUND:.0f}% of "
+            "the CPUs during the window (rerun on a quiet machine, or pin threads with threads=1); read "
+            "their figures as weak.\n\n"
             if noisy
             else ""
         )

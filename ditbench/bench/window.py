@@ -38,11 +38,17 @@ def step_stats(step_ms: list[float]) -> dict[str, Any]:
     }
 
 
-def noise(step_ms: list[float], images_per_s: float, batch: int) -> dict[str, Any]:
-    """{noisy, noise: {step_spread, throughput_gap, spread_bound, gap_bound}} of a measured window.
+def noise(
+    step_ms: list[float], images_per_s: float, batch: int, other_cpu_share: float | None = None
+) -> dict[str, Any]:
+    """{noisy, noise: {step_spread, throughput_gap, spread_bound, gap_bound[, other_cpu_share,
+    load_bound]}} of a measured window.
 
     `batch` is the images of one (synchronised) step: the global batch of a multi-process cell.
+    `other_cpu_share` (bench.load): the cores' share other processes took during the window.
     """
+    from ditbench.bench.load import LOAD_BOUND
+
     p10, p90 = (float(p) for p in np.percentile(step_ms, (10, 90)))
     median = statistics.median(step_ms)
     spread = p90 / p10 if p10 > 0 else math.inf
@@ -54,7 +60,25 @@ def noise(step_ms: list[float], images_per_s: float, batch: int) -> dict[str, An
         "spread_bound": SPREAD_BOUND,
         "gap_bound": GAP_BOUND,
     }
-    return {"noisy": not (spread <= SPREAD_BOUND and gap <= GAP_BOUND), "noise": figures}
+    steady = spread <= SPREAD_BOUND and gap <= GAP_BOUND
+    if other_cpu_share is not None:
+        figures.update(other_cpu_share=other_cpu_share, load_bound=LOAD_BOUND)
+        steady = steady and other_cpu_share <= LOAD_BOUND
+    return {"noisy": not steady, "noise": figures}
+
+
+def load_advice(noise: Any) -> str | None:
+    """What to change when other processes loaded the machine beyond the bound, else None."""
+    if not isinstance(noise, dict):
+        return None
+    share, bound = noise.get("other_cpu_share"), noise.get("load_bound")
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (share, bound))
+    if not numbers or not share > bound:
+        return None
+    return (
+        f"other processes used {100 * share:.0f}% of the CPUs during the window: rerun on a quiet "
+        "machine, or pin threads with threads=1"
+    )
 
 
 def _check_finite(losses: list, first_step: int, phase: str) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pandas as pd
 
+from ditbench.bench.window import load_advice
 from ditbench.report import advice, analysis
 from ditbench.report.blocks import (
     Block,
@@ -78,6 +79,8 @@ def noise_text(row: pd.Series) -> str:
         v, b = value(noise, name), value(noise, bound)
         if v is not None:
             parts.append(f"{label} {v:.3g}" + (f" (bound {b:.3g})" if b is not None else ""))
+    if (advice := load_advice(noise)) is not None:
+        parts.append(advice)
     return "noisy: " + ", ".join(parts) if parts else "noisy"
 
 

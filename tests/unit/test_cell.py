@@ -92,8 +92,34 @@ def test_a_plain_cell_fits_nothing_and_is_measured_in_full(monkeypatch):
     assert out["status"] == "ok" and m["emulation"] is None and m["fits_budget"] is None
     assert m["fits_basis"].startswith("no card emulated")
     assert m["measured_steps"] == 2 and m["images_per_s"] == pytest.approx(2 * m["steps_per_s"])
-    assert set(m["noise"]) == {"step_spread", "throughput_gap", "spread_bound", "gap_bound"}
+    assert set(m["noise"]) == {
+        "step_spread",
+        "throughput_gap",
+        "spread_bound",
+        "gap_bound",
+        "other_cpu_share",
+        "load_bound",
+    }
     assert isinstance(m["noisy"], bool)
+    assert set(m["load"]) == {"load_1m_start", "load_1m_end", "other_cpu_share", "cpus"}
+    assert (
+        0.0 <= m["load"]["other_cpu_share"] <= 1.0
+        and m["noise"]["other_cpu_share"] == m["load"]["other_cpu_share"]
+    )
+    # the conftest runs tests at 2 threads; a CPU cell pins its process to 1 unless the knob says otherwise
+    assert out["env"]["torch_threads"] == 1 and _spec().record_config()["threads"] is None
+
+
+def test_the_threads_knob_sets_the_cells_torch_threads(monkeypatch):
+    monkeypatch.delenv("DITBENCH_INJECT_FAULT", raising=False)
+    spec = CellSpec(
+        Knobs(model="DiT-T/8", image_size=64, batch_size=2, threads=2),
+        "cpu",
+        Steps(warmup=1, measure=2, min_seconds=0.0),
+    )
+    torch.set_num_threads(1)
+    out = cell_core.measure(spec, "DiT-T/8 threads=2", _cpu).result
+    assert out["status"] == "ok" and out["env"]["torch_threads"] == 2 and spec.record_config()["threads"] == 2
 
 
 def test_noise_bounds():

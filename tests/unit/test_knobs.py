@@ -15,7 +15,7 @@ def test_knobs_are_validated_however_they_are_built():
     assert knobs == Knobs.from_mapping(
         {"model": "DiT-XL/2", "grad_ckpt": "full", "batch_size": 3, "lr": 2e-4, "optimizer_impl": "for-loop"}
     )
-    assert set(FIELDS) - set(TRAIN_KNOBS) == {"gpus", "nodes", "strategy"}  # how processes start
+    assert set(FIELDS) - set(TRAIN_KNOBS) == {"gpus", "nodes", "strategy", "threads"}  # how processes start
     with pytest.raises(UserError, match="batch_size must be an integer from 1 to 1,048,576"):
         knobs.replace(batch_size=0)
 
@@ -36,6 +36,10 @@ def test_knobs_are_validated_however_they_are_built():
         ({"model": "DiT-T/8", "batch_size": True}, "batch_size must be an integer"),
         ({"model": "DiT-T/8", "bacth_size": 2}, "Did you mean `batch_size`"),
         ({"batch_size": 2}, "no model given"),
+        ({"model": "DiT-T/8", "threads": 0}, "threads must be an integer from 1 to 4,096 or auto, got 0"),
+        ({"model": "DiT-T/8", "threads": "all"}, "from 1 to 4,096 or auto, got a string 'all'"),
+        ({"model": "DiT-T/8", "threads": True}, "threads must be an integer"),
+        ({"model": "DiT-T/8", "threads": 2.0}, "threads must be an integer"),
     ],
 )
 def test_bad_values_are_refused_where_they_enter(values, words):

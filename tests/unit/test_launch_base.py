@@ -33,16 +33,16 @@ def test_the_ranks_reports_sit_beside_the_result_file():
     assert base.report_dir("/out/.inflight/abc.result.json") == Path("/out/.inflight/abc.result.ranks")
 
 
-def test_cpu_ranks_share_the_cores_unless_the_user_set_the_threads(monkeypatch):
+def test_cpu_ranks_with_threads_auto_share_the_cores_unless_the_user_set_the_threads(monkeypatch):
     monkeypatch.setattr(base.os, "cpu_count", lambda: 16)
     env: dict[str, str] = {}
-    base.share_cores(env, spec(gpus=4), 4, {})
+    base.share_cores(env, spec(gpus=4, threads="auto"), 4, {})
     assert env == {"OMP_NUM_THREADS": "4"}
     env = {}
-    base.share_cores(env, spec(gpus=32), 32, {})
+    base.share_cores(env, spec(gpus=32, threads="auto"), 32, {})
     assert env == {"OMP_NUM_THREADS": "1"}  # never 0
     env = {}
-    base.share_cores(env, spec(gpus=4), 4, {"OMP_NUM_THREADS": "2"})
+    base.share_cores(env, spec(gpus=4, threads="auto"), 4, {"OMP_NUM_THREADS": "2"})
     assert env == {}
     base.share_cores(env, spec("cuda", gpus=4), 4, {})
     assert env == {}  # GPU ranks keep torch's own thread count

@@ -56,7 +56,9 @@ def aggregate(per_rank: list[dict], *, global_batch: int) -> dict:
     out["world_size"] = world
     out["global_batch"] = global_batch
     if isinstance(out.get("images_per_s"), float) and (out.get("step_ms") or {}).get("samples"):
-        out.update(noise(out["step_ms"]["samples"], out["images_per_s"], out["global_batch"]))
+        load = out.get("load") if isinstance(out.get("load"), dict) else {}  # rank 0's machine
+        share = load.get("other_cpu_share")
+        out.update(noise(out["step_ms"]["samples"], out["images_per_s"], out["global_batch"], share))
     out["per_rank"] = [
         {
             "rank": i,

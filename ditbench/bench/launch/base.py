@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from ditbench.bench import threads
 from ditbench.cellspec import CellSpec
 
 # What a multi-process cell's ranks run, whoever starts them (torchrun, or a submitit job's tasks)
@@ -53,7 +54,11 @@ def report_dir(result_path: str | Path) -> Path:
 
 
 def share_cores(env: dict[str, str], spec: CellSpec, ranks_here: int, outer: Mapping[str, str]) -> None:
-    """CPU ranks on one machine share the cores a one-process cell has alone: each gets its share
-    (unless the user set OMP_NUM_THREADS in `outer`), so scaling efficiency compares like with like."""
-    if spec.device == "cpu" and "OMP_NUM_THREADS" not in outer:
+    """OMP_NUM_THREADS for the ranks on one machine. The `threads` knob wins where it pins a count (by
+    default 1 per CPU rank); with `auto` CPU ranks share the cores a one-process cell has alone (unless
+    the user set OMP_NUM_THREADS in `outer`), so scaling efficiency compares like with like."""
+    n = threads.pinned(spec.knobs.threads, spec.device)
+    if n is not None:
+        env["OMP_NUM_THREADS"] = str(n)
+    elif spec.device == "cpu" and "OMP_NUM_THREADS" not in outer:
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // max(1, ranks_here)))

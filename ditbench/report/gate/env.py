@@ -1,9 +1,10 @@
 """Whether two runs come from the same machine and stack.
 
-The keys in ENV_KEYS (GPU model and count, driver, CUDA, torch; the CPU model for CPU-only runs)
-must agree for every matched cell. Host name, Python patch level, kernel, ditbench version and git
-sha are left out on purpose: runners in a pool differ in host name, and the code is what a gate is
-meant to test. A mismatch refuses the comparison (exit 2) unless allowed, and then heads the summary.
+The keys in ENV_KEYS (GPU model and count, driver, CUDA, torch, torch's thread count; the CPU model
+for CPU-only runs) must agree for every matched cell. Host name, Python patch level, kernel, ditbench
+version and git sha are left out on purpose: runners in a pool differ in host name, and the code is
+what a gate is meant to test. A mismatch refuses the comparison (exit 2) unless allowed, and then
+heads the summary.
 """
 
 from __future__ import annotations
@@ -13,7 +14,12 @@ from typing import Any
 from ditbench.errors import shorten
 from ditbench.report.gate.inputs import GateRefusal, Row
 
-ENV_KEYS = ("gpu_name", "gpu_count", "driver", "cuda", "torch")
+# torch_threads: a CPU step's time scales with it (the `threads` knob sets it; 1 per CPU process by default)
+ENV_KEYS = ("gpu_name", "gpu_count", "driver", "cuda", "torch", "torch_threads")
+THREADS_HINT = (
+    " The torch thread counts differ: set the `threads` knob (or OMP_NUM_THREADS with threads: auto) "
+    "alike on both sides."
+)
 ENV_KEYS_CPU = ("cpu",)  # only when no GPU was used
 
 Differences = dict[str, tuple[list[str], list[str]]]
@@ -58,7 +64,7 @@ class EnvMismatchError(GateRefusal):
             f"{base_path} and {new_path} were measured on different hardware or software ({text}). "
             "Speed and memory from different stacks are not comparable, so the gate refuses. Re-measure "
             "the baseline on this machine (see the README on refreshing the baseline), or pass "
-            "--allow-env-mismatch to compare anyway."
+            "--allow-env-mismatch to compare anyway." + (THREADS_HINT if "torch_threads" in diffs else "")
         )
 
     def markdown(self) -> str:
@@ -68,7 +74,7 @@ class EnvMismatchError(GateRefusal):
             "",
             f"`{self.base_path}` and `{self.new_path}` were measured on different hardware or software, so "
             "their speed and memory are not comparable. Refresh the baseline on this runner, or pass "
-            "`--allow-env-mismatch`.",
+            "`--allow-env-mismatch`." + (THREADS_HINT if "torch_threads" in self.differences else ""),
             "",
             "| key | base | new |",
             "|---|---|---|",
