@@ -135,6 +135,10 @@ def test_aggregate_sums_throughput_takes_slowest_step_and_largest_memory():
     assert m["mfu"]["value"] == pytest.approx(0.09)  # mean of 0.1 and 0.08
     assert m["world_size"] == 2 and m["global_batch"] == 20 and m["params"] == 123
     assert [r["rank"] for r in m["per_rank"]] == [0, 1]
+    assert "other_cpu_share" not in m["noise"]  # ranks that measured no load: judged on their steps only
+    a["load"] = {"load_1m_start": 1.0, "load_1m_end": 2.0, "other_cpu_share": 0.5, "cpus": 2}
+    loaded = agg.aggregate([a, b], global_batch=20)  # rank 0's machine load decides
+    assert loaded["noisy"] is True and loaded["noise"]["other_cpu_share"] == 0.5
 
 
 def test_scaling_efficiency_against_the_same_cell_at_one_gpu():
@@ -376,7 +380,11 @@ def test_runner_runs_a_two_process_cell_through_torchrun_with_scaling_efficiency
     m = two["metrics"]
     assert m["world_size"] == 2 and m["launcher"] == "torchrun" and m["backend"] == "gloo"
     assert two["config"]["global_batch"] == m["global_batch"] == 4
-    assert m["threads_per_rank"] >= 1
+    # unset `threads`: one torch thread per CPU process, one-process cell and ranks alike
+    assert (
+        m["threads_per_rank"] == 1 and one["env"]["torch_threads"] == 1 and one["config"]["threads"] is None
+    )
+    assert 0.0 <= m["load"]["other_cpu_share"] <= 1.0 and m["noise"]["load_bound"] == 0.25
     assert m["scaling_reference"]["cell_id"] == one["cell_id"]
     expected = m["images_per_s"] / (2 * one["metrics"]["images_per_s"])
     assert m["scaling_efficiency"] == pytest.approx(expected) and m["scaling_efficiency"] > 0
