@@ -57,15 +57,14 @@ def noise_note(metrics: dict[str, Any]) -> str | None:
     if metrics.get("noisy") is not True:
         return None
     n = metrics.get("noise") if isinstance(metrics.get("noise"), dict) else {}
-    said = []
+    advice = load_advice(n)
+    said = [advice] if advice is not None else []  # first: the table's note column is cut short
     spread, bound = _num(n.get("step_spread"), ".2f"), _num(n.get("spread_bound"), "g")
     if spread is not None and bound is not None and n["step_spread"] > n["spread_bound"]:
         said.append(f"p90/p10 {spread} > {bound}")
     gap = _num(n.get("throughput_gap"), ".0f", 100)
     if gap is not None and _num(n.get("gap_bound"), "g") is not None and n["throughput_gap"] > n["gap_bound"]:
         said.append(f"window vs median-step throughput differ {gap}%")
-    if (advice := load_advice(n)) is not None:
-        said.append(advice)
     return "noisy (" + ", ".join(said) + ")"
 
 

@@ -93,6 +93,10 @@ def test_a_window_under_load_is_noisy_with_the_reason_and_what_to_change():
         "threads with threads=1"
     )
     assert noise_note(loaded) == f"noisy ({advice})"
+    spread = noise(
+        [100.0, 100.0, 2846.0, 100.0, 2846.0], images_per_s=4 / 0.374, batch=4, other_cpu_share=0.46
+    )
+    assert noise_note(spread).startswith(f"noisy ({advice}, p90/p10")  # first: a table cell is cut short
     record = {"metrics": loaded}
     assert noisy(record) == (
         "noisy measurement window: step spread p90/p10 1.01 (bound 1.5), throughput gap 0 (bound 0.1), "
@@ -124,3 +128,10 @@ def test_compare_names_a_thread_count_difference(tmp_path):
     assert "set the `threads` knob" in str(err.value) and "`threads` knob" in err.value.markdown()
     write_jsonl(n, [_cpu_cell(2, 1)])
     assert compare_files(b, n, None, False).cells  # the same count compares
+
+
+def test_an_unset_threads_knob_leaves_the_cell_id_alone():
+    plain = CellSpec(Knobs(model="DiT-T/4", image_size=32), "cpu")
+    assert plain.identity() == CellSpec(Knobs(model="DiT-T/4", image_size=32, threads=None), "cpu").identity()
+    assert "threads" not in plain.identity()
+    assert CellSpec(Knobs(model="DiT-T/4", image_size=32, threads=1), "cpu").identity()["threads"] == 1
