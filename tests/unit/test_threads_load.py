@@ -14,7 +14,7 @@ from ditbench.bench.summary import noise_note
 from ditbench.bench.window import noise
 from ditbench.cellspec import CellSpec
 from ditbench.knobs import Knobs
-from ditbench.report.gate import EnvMismatchError, compare_files
+from ditbench.report.gate import EnvMismatchError, compare_files, summary_markdown
 from ditbench.report.gate.inputs import noisy
 
 
@@ -126,6 +126,8 @@ def test_compare_names_a_thread_count_difference(tmp_path):
         compare_files(b, n, None, False)
     assert "torch_threads: 1 (base) vs 2 (new)" in str(err.value)
     assert "set the `threads` knob" in str(err.value) and "`threads` knob" in err.value.markdown()
+    allowed = summary_markdown(compare_files(b, n, None, True))  # compared anyway: the summary names it
+    assert "torch_threads: 1 → 2" in allowed
     write_jsonl(n, [_cpu_cell(2, 1)])
     assert compare_files(b, n, None, False).cells  # the same count compares
 
