@@ -23,7 +23,7 @@ def require_diffusers(purpose: str):
     except ImportError as err:
         raise UnsupportedError(
             f"{purpose} needs the diffusers package, which is not installed or does not import "
-            f"({type(err).__name__}: {err}). It is an optional extra: pip install \"ditbench[vae]\" "
-            "(or pip install \"diffusers>=0.27\"). The default paths (ditbench run cpu_smoke, fid, "
+            f'({type(err).__name__}: {err}). It is an optional extra: pip install "ditbench[vae]" '
+            '(or pip install "diffusers>=0.27"). The default paths (ditbench run cpu_smoke, fid, '
             "report, compare) do not need it."
         ) from err
