@@ -59,8 +59,9 @@ def hf_cache_dir() -> Path:
 
 def load_vae(name: str):
     """diffusers' AutoencoderKL for `ema` or `mse`: the Hugging Face cache first, then one download."""
-    from diffusers import AutoencoderKL
+    from ditbench.extras import require_diffusers
 
+    AutoencoderKL = require_diffusers(f"the pretrained VAE `{name}`").AutoencoderKL
     repo = VAE_REPOS[name]
     cache = hf_cache_dir()
     try:

@@ -54,9 +54,11 @@ def build_vae(spec: str | os.PathLike, device="cpu"):
     Returns (vae in eval mode on device, description string).
     """
     import torch
-    from diffusers import AutoencoderKL
 
     from ditbench import pretrained
+    from ditbench.extras import require_diffusers
+
+    AutoencoderKL = require_diffusers(f"the VAE ({shorten(str(spec), 80)})").AutoencoderKL
 
     require_vae_spec(spec)
     text = str(spec)
@@ -76,7 +78,9 @@ def build_vae(spec: str | os.PathLike, device="cpu"):
 
 
 def _load_pretrained(p: Path, text: str):
-    from diffusers import AutoencoderKL
+    from ditbench.extras import require_diffusers
+
+    AutoencoderKL = require_diffusers(f"the VAE ({shorten(text, 80)})").AutoencoderKL
 
     shown = shorten(text, 200)
     if p.is_dir():

@@ -66,6 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="per-cell timeout in seconds (overrides the suite's defaults.timeout_s)",
     )
     parser.add_argument(
+        "--label",
+        type=label_arg,
+        default=None,
+        help="a short name for this run (e.g. before-fix), written as `label` in each record; reports "
+        "group a cell's records by it (up to 64 characters, one line)",
+    )
+    parser.add_argument(
         "--no-oom-skip",
         action="store_true",
         help="run larger batches even after a smaller batch of the same series ran out of memory",
@@ -103,6 +110,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a `cluster:` option of the suite, over the suite's own (partition=gpu, account=..., qos=..., "
         "constraint=..., time_limit_min=120, sbatch.mem=0, ...); repeatable, with --executor slurm",
     )
+
+
+LABEL_MAX = 64  # characters: a label is a row's name in a report, not a note
+
+
+def label_arg(text: str) -> str:
+    """--label's value: short text on one line (a report row is named by it)."""
+    if not text.strip() or len(text) > LABEL_MAX or not text.isprintable():
+        raise argparse.ArgumentTypeError(
+            f"{text[:80]!r} is not a label: give 1 to {LABEL_MAX} printable characters on one line, "
+            "no newline or control character (e.g. --label before-fix)"
+        )
+    return text.strip()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -151,6 +171,7 @@ def run(args: argparse.Namespace) -> int:
         oom_skip=not args.no_oom_skip,
         progress=not args.no_progress,
         rendezvous=rendezvous,
+        label=args.label,
     )
     check_options(options)
     if args.cluster and args.executor is None:

@@ -39,8 +39,10 @@ def run(args) -> int:
     peaks = {
         p: (peak_entry(env["gpu_name"], p) or {}).get("peak_tflops") for p in ("fp32", "tf32", "fp16", "bf16")
     }
+    vision = torchvision_check()
     out: dict[str, Any] = {
         "env": env,
+        "torchvision_check": vision,
         "mfu_peak": peak_entry(env["gpu_name"], args.precision),
         "peak_table_row": key,
         "peak_tflops": peaks,
@@ -49,9 +51,12 @@ def run(args) -> int:
         out.update(measure_peaks(str(device)))
     if args.json:
         print(json.dumps(out, indent=2))
-        return 0
+        return _report_torchvision(vision)
     for name, value in env.items():
         print(f"{name:<16} {value}")
+    print(
+        f"{'torchvision':<16} {vision['torchvision']}: " + ("loads with torch" if vision["ok"] else "BROKEN")
+    )
     if key is None:
         what = env["gpu_name"] or "a CPU"
         print(
@@ -71,7 +76,76 @@ def run(args) -> int:
         )
         for p, why in how["skipped"].items():
             print(f"{'':<16} {p} not measured: {why}")
-    return 0
+    return _report_torchvision(vision)
+
+
+def _matching_torchvision(torch_version: str) -> str:
+    """The torchvision release built against `torch_version` (for torch 2.M.P it is 0.(M+15).P)."""
+    base, _, local = torch_version.partition("+")
+    parts = base.split(".")
+    if len(parts) >= 3 and parts[0] == "2" and parts[1].isdigit():
+        return f"0.{int(parts[1]) + 15}.{parts[2]}" + (f"+{local}" if local else "")
+    return (
+        "the release that lists torch "
+        + torch_version
+        + " (https://pytorch.org/get-started/previous-versions/)"
+    )
+
+
+def torchvision_check() -> dict[str, Any]:
+    """Whether torchvision loads with this torch: imported, and one op of its compiled extension run.
+
+    A torch and torchvision from different indexes or releases import fine and then fail at the
+    first compiled op (`operator torchvision::nms does not exist`), which is where the tests and
+    the image pipelines fail; `ditbench env` runs that op so the mismatch shows here first.
+    """
+    import torch
+
+    result: dict[str, Any] = {
+        "ok": False,
+        "torch": torch.__version__,
+        "torchvision": None,
+        "error": None,
+        "fix": None,
+    }
+    try:
+        import torchvision
+        from torchvision.ops import nms
+
+        result["torchvision"] = getattr(torchvision, "__version__", "unknown")
+        boxes = torch.tensor([[0.0, 0.0, 1.0, 1.0], [0.0, 0.0, 1.0, 1.0]])
+        kept = nms(boxes, torch.tensor([1.0, 0.5]), 0.5)
+        result["ok"] = kept.tolist() == [0]
+        if not result["ok"]:
+            result["error"] = f"torchvision.ops.nms kept {kept.tolist()} of two equal boxes, not [0]"
+    except Exception as err:  # noqa: BLE001 - any failure to load or run the op is the finding
+        result["error"] = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+    if not result["ok"]:
+        index = torch.__version__.partition("+")[2]
+        where = f" --index-url https://download.pytorch.org/whl/{index}" if index else ""
+        vision_pin = _matching_torchvision(torch.__version__).partition("+")[0]
+        result["fix"] = (
+            f"pip install torch=={torch.__version__.partition('+')[0]} torchvision=={vision_pin}{where}"
+            if vision_pin[0].isdigit()
+            else f"install torchvision {vision_pin}"
+        )
+    return result
+
+
+def _report_torchvision(vision: dict[str, Any]) -> int:
+    """Exit 0 when torchvision loads with torch; else one paragraph on stderr and exit 2."""
+    import sys
+
+    if vision["ok"]:
+        return 0
+    shown = vision["torchvision"] or "(not importable)"
+    print(
+        f"ditbench: error: torch {vision['torch']} and torchvision {shown} "
+        f"do not load together ({vision['error']}); image loading, `fid` and the tests need both. "
+        f"Install matching versions from the same index: {vision['fix']}",
+        file=sys.stderr,
+    )
+    return 2
 
 
 CPU_SKIPPED = {

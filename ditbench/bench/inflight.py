@@ -129,6 +129,8 @@ def make_record(context: dict[str, Any], result: dict[str, Any], duration_s: flo
         "started_at": context["started_at"],
         "duration_s": round(duration_s, 3),
     }
+    if context.get("label"):  # `run --label`: only where one was given
+        record["label"] = context["label"]
     for key, value in result.items():
         if key not in _PLACED and key not in record:
             record[key] = value

@@ -265,6 +265,7 @@ class _Submitter:
             "cell_name": cell.cell_name,
             "suite_baseline": self.suite.baseline,
             "suite_overrides": self.suite.overrides,
+            "label": self.options.label,
             "config": cell.config,
             # a cell reports its node's environment; a record without one must not claim the login node's
             "env": self.runner.env if self.kind == "local" else None,

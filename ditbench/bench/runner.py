@@ -59,6 +59,7 @@ class RunOptions:
     oom_skip: bool = True
     progress: bool = True
     rendezvous: dict | None = None  # torchrun's multi-node options (launch.rendezvous.Rendezvous)
+    label: str | None = None  # `run --label`: written into each record; reports group by it
 
 
 @dataclass
@@ -328,6 +329,7 @@ class SuiteRun:
             "config": cell.config,
             "env": self.env,
             "started_at": started_at,
+            "label": self.options.label,
         }
         ticket = inflight.open_ticket(self.folder, context)
         try:

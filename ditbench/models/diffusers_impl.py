@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ditbench.errors import UnsupportedError, UserError
+from ditbench.errors import UnsupportedError
 from ditbench.models.attention import kernel_context, refused
 from ditbench.models.configs import DiTConfig, parse_grad_ckpt
 from ditbench.vae import LATENT_CHANNELS
@@ -104,12 +104,9 @@ def build_diffusers_dit(
     learn_sigma: bool = True,
     attention: str = "sdpa",
 ) -> DiffusersDiT:
-    try:
-        from diffusers import DiTTransformer2DModel
-    except ImportError as err:  # pragma: no cover - diffusers is a dependency
-        raise UserError(
-            f"impl: diffusers needs the diffusers package ({err}); pip install diffusers"
-        ) from err
+    from ditbench.extras import require_diffusers
+
+    DiTTransformer2DModel = require_diffusers("impl: diffusers").DiTTransformer2DModel
     every = parse_grad_ckpt(grad_ckpt)
     if every > 1:
         raise UnsupportedError(

@@ -111,8 +111,10 @@ def _caveats(df: pd.DataFrame) -> list[Block]:
     if df["cell_id"].duplicated().any():
         out.append(
             Para(
-                "**Several runs:** some cells appear more than once (`--keep all`); the tables show each "
-                "record with its run id and start time. Claims use the latest record of each cell."
+                "**Several runs:** some cells appear more than once (`--keep all`); each model's grid has "
+                "one row per run label (`run --label`), or per run where a run has none, and the tables "
+                "show each record with its label, run id and start time. Claims use the latest record "
+                "of each cell."
             )
         )
     return out

@@ -96,7 +96,21 @@ def ran_on_text(row: pd.Series) -> str:
 def run_text(row: pd.Series) -> str:
     started = row.get("started_at")
     when = started.strftime("%Y-%m-%d %H:%M") if isinstance(started, pd.Timestamp) else ""
-    return f"{row.get('run_id') or '—'}" + (f" ({when})" if when else "")
+    label = run_label(row)
+    return (f"{label} · " if label else "") + f"{row.get('run_id') or '—'}" + (f" ({when})" if when else "")
+
+
+def run_label(row: pd.Series) -> str | None:
+    """The run's `--label`, or None for a record without one."""
+    label = row.get("label")
+    return label if isinstance(label, str) and label else None
+
+
+def run_group(row: pd.Series) -> str:
+    """Which row of a model's table a record of a cell measured more than once belongs to: its run's
+    label where it has one (runs labelled alike share a row), else its run id (never its start time,
+    which differs cell by cell within one run)."""
+    return run_label(row) or str(row.get("run_id") or "—")
 
 
 # ---------------------------------------------------------------------------------- recommendations
@@ -214,7 +228,7 @@ def model_section(
     lines: dict[tuple, dict[float, pd.Series]] = {}
     for _, row in sub.iterrows():
         k = knobs(row["record"])
-        key = tuple((n, k.get(n)) for n in split) + ((("run", run_text(row)),) if multi_run else ())
+        key = tuple((n, k.get(n)) for n in split) + ((("run", run_group(row)),) if multi_run else ())
         lines.setdefault(key, {})[value(row, "config.batch_size")] = row
     rows, css = [], []
     for key in sorted(lines, key=lambda key: tuple(value_order(v) for _, v in key)):

@@ -197,6 +197,21 @@ def test_missing_cells_on_both_sides_are_listed(tmp_path):
     assert "fails the gate" in summary_markdown(strict)
 
 
+def test_markdown_shows_new_cells_as_new_and_each_reason_once(tmp_path):
+    a = make_record("DiT-S/8", batch_size=8)
+    b = make_record("DiT-S/8", batch_size=16)
+    c = make_record("DiT-S/8", batch_size=32)
+    why = "fp16 needs a CUDA device (CPU autocast has no loss-scaled fp16); use bf16 on CPU"
+    fp16 = [make_record("DiT-S/8", "fp16", "none", bs, "unsupported", reason=why) for bs in (8, 16)]
+    result = gate(tmp_path, [a, b, *fp16], [a, c, *fp16])
+    text = summary_markdown(result)
+    assert "None" not in text
+    assert f"| {c['cell_name']} | new (ok) |" in text and f"| {b['cell_name']} | missing (was ok) |" in text
+    assert f"| {fp16[0]['cell_name']} | unsupported | [1] |" in text
+    assert f"| {fp16[1]['cell_name']} | unsupported | [1] |" in text
+    assert text.count(why) == 1 and f"[1] {why} (2 cells)" in text
+
+
 def test_no_matching_cell_is_an_input_error(tmp_path):
     with pytest.raises(UserError, match="no cell of .* matches a cell of"):
         gate(tmp_path, [make_record("DiT-S/8", batch_size=8)], [make_record("DiT-S/8", batch_size=16)])

@@ -74,6 +74,27 @@ def _metric_rows(c: Comparison, keep) -> list[str]:
     return rows
 
 
+def _reasons_once(reasons: list[str]) -> tuple[list[str], list[str]]:
+    """Each row's reference ([1], [2], ...) and the lines stating each distinct reason once, with how
+    many rows share it: 36 unsupported cells share one long reason, which a table would repeat 36 times."""
+    numbers: dict[str, int] = {}
+    refs = [f"[{numbers.setdefault(r, len(numbers) + 1)}]" if r else "" for r in reasons]
+    notes = [
+        f"[{n}] {_md(r)} ({reasons.count(r)} cell{'s' if reasons.count(r) != 1 else ''})"
+        for r, n in numbers.items()
+    ]
+    return refs, (["", "<br>".join(notes)] if notes else [])
+
+
+def _status_text(x: CellResult) -> str:
+    """A cell's status in the table: one word when unchanged, new/missing for cells on one side only."""
+    if x.base_status is None:
+        return f"new ({x.new_status})"
+    if x.new_status is None:
+        return f"missing (was {x.base_status})"
+    return x.new_status if x.base_status == x.new_status else f"{x.base_status} → {x.new_status}"
+
+
 def _head(c: Comparison) -> list[str]:
     n_reg = len(c.regressions)
     if c.failed:
@@ -118,13 +139,13 @@ def _sections(c: Comparison) -> list[str]:
     if reg:
         lines += ["", "### Regressions", ""] + HEADER + reg
     for verdict, title in STATUS_SECTIONS:
+        cells = [x for x in c.cells if x.verdict == verdict]
+        refs, notes = _reasons_once([x.reason or "" for x in cells])
         rows = [
-            f"| {_md(x.cell_name)} | {x.base_status} → {x.new_status} | {_md(x.reason or '')} |"
-            for x in c.cells
-            if x.verdict == verdict
+            f"| {_md(x.cell_name)} | {_status_text(x)} | {ref} |" for x, ref in zip(cells, refs, strict=True)
         ]
         if rows:
-            lines += ["", f"### {title}", "", "| cell | status | reason |", "|---|---|---|"] + rows
+            lines += ["", f"### {title}", "", "| cell | status | reason |", "|---|---|---|"] + rows + notes
     inc = _metric_rows(c, lambda d: d.verdict == "inconclusive")
     if inc:
         lines += (
@@ -141,19 +162,24 @@ def _sections(c: Comparison) -> list[str]:
     better = _metric_rows(c, lambda d: d.verdict == "noise" and d.direction == "better")
     if better:
         lines += ["", "### Better beyond the threshold, but not significant", ""] + HEADER + better
+    pairs = [(x, m) for x in c.cells for m in x.not_compared][:MAX_SUMMARY_ROWS]
+    refs, notes = _reasons_once([str(m["reason"]) for _, m in pairs])
     skipped = [
-        f"| {_md(x.cell_name)} | {_md(m['metric'])} | {_md(m['reason'])} |"
-        for x in c.cells
-        for m in x.not_compared
+        f"| {_md(x.cell_name)} | {_md(m['metric'])} | {ref} |"
+        for (x, m), ref in zip(pairs, refs, strict=True)
     ]
     if skipped:
-        lines += [
-            "",
-            "### Not compared (allowed by the policy's allow_incomparable)",
-            "",
-            "| cell | metric | why |",
-            "|---|---|---|",
-        ] + skipped[:MAX_SUMMARY_ROWS]
+        lines += (
+            [
+                "",
+                "### Not compared (allowed by the policy's allow_incomparable)",
+                "",
+                "| cell | metric | why |",
+                "|---|---|---|",
+            ]
+            + skipped
+            + notes
+        )
     return lines
 
 
@@ -206,7 +232,7 @@ def _all_cells(c: Comparison) -> list[str]:
     for x in ordered[:MAX_SUMMARY_ROWS]:
         by = {d.metric: d for d in x.metrics}
         vals = [f"{_value(m, by[m].new)} ({_change(by[m])})" if m in by else "—" for m in shown]
-        status = x.new_status if x.base_status == x.new_status else f"{x.base_status} → {x.new_status}"
+        status = _status_text(x)
         verdict = x.verdict + (" (weak)" if x.weak else "")
         rows.append(f"| {_md(x.cell_name)} | {status} | " + " | ".join(vals) + f" | {verdict} |")
     more = len(ordered) - MAX_SUMMARY_ROWS

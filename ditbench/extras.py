@@ -1,0 +1,29 @@
+"""Optional packages behind pip extras: one import point that names the extra when one is missing.
+
+diffusers is needed only by the VAE (pretrained or random latents, `sample`, `extract-latents`)
+and by `impl: diffusers`; the default commands (`run cpu_smoke`, `fid`, `report`, `compare`)
+never import it, so it is the `vae` extra rather than a dependency.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ditbench.errors import UnsupportedError
+
+
+def require_diffusers(purpose: str):
+    """The diffusers module, or an UnsupportedError naming `purpose` and the extra that installs it.
+
+    UnsupportedError, so a suite cell that needs it is recorded `unsupported` with the reason,
+    and a command prints it as one paragraph and exits 2.
+    """
+    try:
+        return importlib.import_module("diffusers")
+    except ImportError as err:
+        raise UnsupportedError(
+            f"{purpose} needs the diffusers package, which is not installed or does not import "
+            f'({type(err).__name__}: {err}). It is an optional extra: pip install "ditbench[vae]" '
+            '(or pip install "diffusers>=0.27"). The default paths (ditbench run cpu_smoke, fid, '
+            "report, compare) do not need it."
+        ) from err
