@@ -10,6 +10,7 @@ import random
 import re
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -248,6 +249,7 @@ def test_a_task_takes_its_rank_and_rendezvous_from_slurm(monkeypatch):
 
     class Spec:
         device = "cuda"
+        knobs = SimpleNamespace(threads=None)  # the threads knob unset: torch's default on CUDA
 
     env = _rank_env(Spec(), submitit.JobEnvironment())
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == (

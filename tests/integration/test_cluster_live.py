@@ -327,7 +327,8 @@ GPU_VIEW = """
 import json, os, types
 import submitit
 from ditbench.bench.launch.srun import _rank_env
-env = _rank_env(types.SimpleNamespace(device="cuda"), submitit.JobEnvironment())
+spec = types.SimpleNamespace(device="cuda", knobs=types.SimpleNamespace(threads=None))
+env = _rank_env(spec, submitit.JobEnvironment())
 print(json.dumps({"rank": env["RANK"], "local_rank": env["LOCAL_RANK"],
                   "cuda_visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
                   "job_gpus": os.environ.get("SLURM_JOB_GPUS")}))
