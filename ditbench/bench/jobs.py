@@ -258,19 +258,9 @@ class _Submitter:
         return self.options.timeout_s or cell.timeout_s
 
     def _context(self, cell: SuiteCell) -> dict[str, Any]:
-        return {
-            "suite": self.suite.name,
-            "run_id": self.run_id,
-            "cell_id": cell.cell_id,
-            "cell_name": cell.cell_name,
-            "suite_baseline": self.suite.baseline,
-            "suite_overrides": self.suite.overrides,
-            "label": self.options.label,
-            "config": cell.config,
-            # a cell reports its node's environment; a record without one must not claim the login node's
-            "env": self.runner.env if self.kind == "local" else None,
-            "started_at": _iso(time.time()),
-        }
+        # a cell reports its node's environment; a record without one must not claim the login node's
+        env = self.runner.env if self.kind == "local" else None
+        return self.runner.record_context(cell, env, _iso(time.time()))
 
     def _submit(self, params: dict, members: list[tuple[SuiteCell, inflight.Ticket]]) -> None:
         from ditbench.bench.launch.files import write_spec

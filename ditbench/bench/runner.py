@@ -313,25 +313,28 @@ class SuiteRun:
         # series -> (the smallest batch that ran out of memory, its cell's name)
         self.oom_at: dict[str, tuple[int, str]] = {}
 
-    def cell(self, cell: SuiteCell) -> dict[str, Any]:
-        """Run one cell (or decide it need not start) and append its record; returns the record as written."""
-        verdict = precheck(cell, self.visible, self.options.rendezvous)
-        # Before the clock starts: the first cell of a series waits for its series' trace.
-        skip = self.skip_reason(cell) if verdict is None else None
-        started_at, t0 = now_iso(), time.monotonic()
-        context = {
+    def record_context(self, cell: SuiteCell, env: dict | None, started_at: str) -> dict[str, Any]:
+        """What a cell's record says of its run beside the result: the suite, the run, the cell, when."""
+        return {
             "suite": self.suite.name,
             "run_id": self.run_id,
             "cell_id": cell.cell_id,
             "cell_name": cell.cell_name,
             "suite_baseline": self.suite.baseline,
             "suite_overrides": self.suite.overrides,
-            "config": cell.config,
-            "env": self.env,
-            "started_at": started_at,
             "label": self.options.label,
+            "config": cell.config,
+            "env": env,
+            "started_at": started_at,
         }
-        ticket = inflight.open_ticket(self.folder, context)
+
+    def cell(self, cell: SuiteCell) -> dict[str, Any]:
+        """Run one cell (or decide it need not start) and append its record; returns the record as written."""
+        verdict = precheck(cell, self.visible, self.options.rendezvous)
+        # Before the clock starts: the first cell of a series waits for its series' trace.
+        skip = self.skip_reason(cell) if verdict is None else None
+        started_at, t0 = now_iso(), time.monotonic()
+        ticket = inflight.open_ticket(self.folder, self.record_context(cell, self.env, started_at))
         try:
             decided = self.decide(cell, verdict, skip)
             if decided is not None:
