@@ -222,6 +222,8 @@ def _exit_status(records: list[dict], args: argparse.Namespace) -> int:
     """0, or EXIT_NOTHING_MEASURED (said on stderr) when no selected cell was measured."""
     if any(r.get("status") not in NOT_MEASURED for r in records):
         return 0
+    if getattr(args, "node_rank", 0):  # a node > 0 ran its ranks; node 0 records the cells (`skipped` here)
+        return 0
     statuses = sorted({str(r.get("status")) for r in records})
     message = (
         f"nothing was measured: all {len(records)} selected cells are {' or '.join(statuses)} "

@@ -398,29 +398,25 @@ def test_a_damaged_cache_entry_is_rebuilt_with_a_warning(tmp_path, capsys, fake_
 
 
 @pytest.mark.slow
-def test_a_non_utf8_folder_name_prints(tmp_path):
-    """Paths that are not valid UTF-8 reach the table and the JSON without an encoding crash."""
+def test_a_non_utf8_folder_name_is_one_paragraph(tmp_path):
+    """A path that is not valid UTF-8 is refused before any work with one paragraph naming it (every
+    argument goes into UTF-8 records and JSON), not a crash in an encoder."""
     folder = os.fsdecode(bytes(tmp_path) + b"/imgs-\xff")
     os.mkdir(folder)
     for i, img in enumerate(_images(3)):
         Image.fromarray(img).save(os.path.join(folder, f"{i}.png"))
-    code = (
-        "import sys, numpy as np, ditbench.metrics.evaluate as e; sys.path.insert(0, 'tests/support');"
-        "from metrics_support import FakeExtractor; e.FeatureExtractor = lambda **k: FakeExtractor();"
-        "from ditbench.cli import main; sys.exit(main(sys.argv[1:]))"
-    )
     env = {**os.environ, "PYTHONIOENCODING": "utf-8"}
     proc = subprocess.run(
-        [sys.executable, "-c", code, "fid", "--samples", folder, "--ref", folder, "--metrics", "fid"]
+        [sys.executable, "-m", "ditbench", "fid", "--samples", folder, "--ref", folder, "--metrics", "fid"]
         + ["--no-progress", "--no-cache", "--out", str(tmp_path / "m.json")],
         capture_output=True,
         env=env,
         timeout=300,
-        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
     )
-    assert proc.returncode == 0, proc.stderr.decode(errors="replace")
-    assert b"imgs-\\udcff" in proc.stdout
-    assert json.loads((tmp_path / "m.json").read_text())["samples"]["path"].endswith("imgs-\udcff")
+    err = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 2, err
+    assert "imgs-\\xff" in err and "not UTF-8" in err and "Traceback" not in err
+    assert not (tmp_path / "m.json").exists()
 
 
 def test_the_object_payload_is_live(tmp_path):
