@@ -37,3 +37,11 @@ def _deterministic_threads():
     # The CI machine has 2 cores; pinning threads keeps CPU timings and results stable.
     torch.set_num_threads(2)
     yield
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One intra-op thread for tests of tiny tensors: a second only adds a wait per op on a busy
+    machine. The autouse fixture above sets 2 again before the next test."""
+    torch.set_num_threads(1)
+    yield

@@ -27,13 +27,7 @@ BETAS = np.linspace(1e-4, 0.02, 1000)
 ABAR = np.cumprod(1.0 - BETAS)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tensors here are tiny: a second intra-op thread only adds a wait per op on a busy machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _kept(respacing):

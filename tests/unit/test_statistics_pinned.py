@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 from metrics_support import FakeExtractor
 from scipy.stats import mannwhitneyu
 from synthetic_records import make_record, write_jsonl
@@ -15,14 +14,7 @@ from ditbench.bench.window import noise, step_stats
 from ditbench.metrics.evaluate import as_source, evaluate
 from ditbench.report.gate import compare_files, load_policy
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Small tensors: a second intra-op thread only adds a wait per op on a busy machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ---- the gate's alpha ------------------------------------------------------------------------
