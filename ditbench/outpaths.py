@@ -176,13 +176,7 @@ def check_step_summary(path: str | None) -> None:
             "set it to a file path, or unset it."
         ) from None
     if not (stat.S_ISREG(st.st_mode) or stat.S_ISCHR(st.st_mode)):
-        kind = (
-            "a folder"
-            if stat.S_ISDIR(st.st_mode)
-            else "a FIFO"
-            if stat.S_ISFIFO(st.st_mode)
-            else "not a file"
-        )
+        kind = file_kind(st.st_mode) or "not a file"
         raise UserError(
             f"$GITHUB_STEP_SUMMARY {shorten(path, 200)} is {kind}; the summary is appended to a regular file "
             "(GitHub Actions sets one). Set it to a file path, or unset it."
@@ -201,15 +195,22 @@ def not_a_file(path: str | Path) -> str | None:
         return "is a broken link" if os.path.islink(path) else "does not exist"
     except (OSError, ValueError) as err:
         return f"cannot be read ({getattr(err, 'strerror', None) or err})"
-    mode = st.st_mode
-    if stat.S_ISREG(mode):
+    if stat.S_ISREG(st.st_mode):
         return None
-    if stat.S_ISDIR(mode):
-        return "is a folder, not a file"
-    if stat.S_ISFIFO(mode):
-        return "is a FIFO (a named pipe), not a file"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "is a device, not a file"
-    if stat.S_ISSOCK(mode):
-        return "is a socket, not a file"
-    return "is not a regular file"
+    kind = file_kind(st.st_mode)
+    return f"is {kind}, not a file" if kind else "is not a regular file"
+
+
+def file_kind(mode: int) -> str | None:
+    """What a path that is not a regular file is, in words ("a folder", "a FIFO (a named pipe)"), or
+    None for a regular file or a kind without a name here."""
+    for test, kind in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO (a named pipe)"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return None
