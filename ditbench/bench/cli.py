@@ -290,8 +290,8 @@ def _plan(cell, visible, rendezvous, previous: dict, args: argparse.Namespace, p
         out.update(plan=verdict[0], reason=verdict[1])
     elif not args.force and (previous.get(cell.cell_id) or {}).get("status") == "ok":
         out["plan"] = "done (ok)"
-    elif planner is not None and planner.skip_reason(cell):
-        out.update(plan="skipped", reason=planner.skip_reason(cell))
+    elif planner is not None and (skip := planner.skip_reason(cell)):
+        out.update(plan="skipped", reason=skip)
     return out
 
 
