@@ -34,7 +34,7 @@ def compare(tmp_path, capsys, monkeypatch, base, new, *args, raw_new: bytes | No
         write_jsonl(n, new)
     extra = list(args)
     if policy is not None:
-        p = tmp_path / "policy.yaml"
+        p = tmp_path / "gate-policy.yaml"
         p.write_bytes(policy if isinstance(policy, bytes) else policy.encode())
         extra += ["--policy", str(p)]
     code = main(["compare", str(b), str(n), *extra])

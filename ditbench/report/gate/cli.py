@@ -27,15 +27,18 @@ from ditbench.report.gate.policy import DEFAULT_ALPHA, load_policy
 from ditbench.report.gate.result import to_json_text
 from ditbench.report.gate.summary import summary_markdown
 
+POLICY_BESIDE = "policy.yaml"
 _METRIC_NAMES = textwrap.fill("metrics: " + ", ".join(table()), 100, subsequent_indent="  ")
 POLICY_EXAMPLE = f"""\
 exit status: 0 pass or improvement, 1 regression (or missing cells with fail_on_missing), 3
 inconclusive (a timing change whose confidence interval straddles its threshold; the policy's
 `inconclusive: pass | fail` maps it to 0 or 1), 2 usage or input error: runs from different GPU /
-driver / CUDA / torch without --allow-env-mismatch; a gated value that cannot be compared (missing
-on one side, NaN, inf, not a number, bad per-step samples) unless the policy allows it; an unknown
-status; quality made with different Inception weights, reference, sampler or sample count; and a
-comparison that compared no value at all (a gate never passes by default).
+driver / CUDA / torch without --allow-env-mismatch or the policy's `environment: may_differ` (a
+CPU cell's torch build, CPU or CUDA wheel of one release, is named, not gated); a gated value that
+cannot be compared (missing on one side, NaN, inf, not a number, bad per-step samples) unless the
+policy allows it; an unknown status; quality made with different Inception weights, reference,
+sampler or sample count; and a comparison that compared no value at all (a gate never passes by
+default).
 
 A regression needs the threshold crossed in the bad direction AND, for timing metrics, the 95%
 bootstrap interval of the change (from the ratio of the median per-step times, seeded) wholly beyond
@@ -56,6 +59,7 @@ policy file (YAML; every key optional, metrics merge over the defaults):
   quality_noise_k: 2            # a quality change must exceed k combined seed spreads
   inconclusive: inconclusive    # or pass / fail: what an inconclusive cell does (exit 3 / 0 / 1)
   allow_sample_count_mismatch: false  # true: compare quality at different N (weak: FID bias depends on N)
+  environment: must_match       # or may_differ: compare runs from other machines, naming the differences
   metrics:                      # percent the metric may move the wrong way; false turns it off
     images_per_s: 5
     peak_mem_allocated_gib: {{threshold_pct: 2, min_abs: 0.05}}
@@ -79,8 +83,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--policy",
         metavar="POLICY.yaml",
         default=None,
-        help="thresholds per metric, significance level, per-cell overrides, what may go uncompared "
-        f"(default: {limits(default_thresholds())}, alpha {DEFAULT_ALPHA})".replace("%", "%%"),
+        help="thresholds per metric, significance level, per-cell overrides, what may go uncompared; "
+        f"default: the {POLICY_BESIDE} in BASE's folder if there is one (it says how its baseline is "
+        f"gated), else {limits(default_thresholds())}, alpha {DEFAULT_ALPHA}".replace("%", "%%"),
     )
     parser.add_argument(
         "--allow-env-mismatch",
@@ -116,7 +121,23 @@ def _publish(text: str, summary: str | None) -> None:
         ) from None
 
 
+def _policy_path(args: argparse.Namespace) -> str | None:
+    """--policy, else the policy file kept beside the baseline (said on stderr), else None (defaults)."""
+    if args.policy is not None:
+        return args.policy
+    base = Path(args.base)
+    beside = (base if base.is_dir() else base.parent) / POLICY_BESIDE
+    if not beside.is_file():
+        return None
+    print(
+        f"ditbench compare: policy {beside} (beside the baseline; --policy FILE to use another)",
+        file=sys.stderr,
+    )
+    return str(beside)
+
+
 def run(args: argparse.Namespace) -> int:
+    args.policy = _policy_path(args)
     inputs = [("BASE", args.base), ("NEW", args.new), ("--policy", args.policy)]
     refuse_output_as_input(
         [("--summary", args.summary), ("$GITHUB_STEP_SUMMARY", os.environ.get("GITHUB_STEP_SUMMARY"))], inputs

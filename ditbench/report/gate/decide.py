@@ -233,7 +233,7 @@ def compare_frames(
             "cannot pass; refresh the baseline if the suite changed on purpose."
         )
     diffs = envs.differences([(base_rows[c], new_rows[c]) for c in common])
-    if diffs and not allow_env_mismatch:
+    if diffs and not (allow_env_mismatch or policy.environment == "may_differ"):
         raise envs.EnvMismatchError(base_path, new_path, diffs)
     problems = Problems()
     cells: list[CellResult] = []
@@ -262,7 +262,8 @@ def compare_frames(
     env = {k: v for k, v in envs.fingerprint(first_new.record).items() if v != "None"}
     inception = None if not official else all(o is True for o in official)
     unused = [i for i in range(len(policy.overrides)) if i not in used_overrides]
-    result = Comparison(base_path, new_path, cells, diffs, policy, env, inception, unused)
+    notes = envs.named_differences([(base_rows[c], new_rows[c]) for c in common])
+    result = Comparison(base_path, new_path, cells, diffs, policy, env, inception, unused, notes)
     if result.compared == 0 and not result.failed:
         counts = ", ".join(f"{result.count(v)} {v}" for v in VERDICTS if result.count(v))
         raise NothingComparedError(

@@ -28,14 +28,26 @@ Differences = dict[str, tuple[list[str], list[str]]]
 def fingerprint(record: dict[str, Any]) -> dict[str, str]:
     env = record.get("env") or {}
     keys = ENV_KEYS if env.get("gpu_name") else ENV_KEYS + ENV_KEYS_CPU
-    return {k: shorten(env.get(k), 120, quote=False) for k in keys}
+    found = {k: shorten(env.get(k), 120, quote=False) for k in keys}
+    if not env.get("gpu_name"):  # a CPU cell runs the same code in torch's CPU and CUDA builds
+        found["torch"] = found["torch"].split("+")[0]
+    return found
 
 
-def differences(pairs: list[tuple[Row, Row]]) -> Differences:
+def _build(record: dict[str, Any]) -> dict[str, str]:
+    """The torch build of a CPU-only record (`cpu`, `cu130`, or `none named`); GPU records have none."""
+    env = record.get("env") or {}
+    if env.get("gpu_name"):
+        return {}
+    local = str(env.get("torch") or "").partition("+")[2]
+    return {"torch build": shorten(local, 40, quote=False) if local else "none named"}
+
+
+def differences(pairs: list[tuple[Row, Row]], of=fingerprint) -> Differences:
     """key -> (base values, new values) for fingerprint keys that differ between matched cells."""
     diffs: Differences = {}
     for b, n in pairs:
-        fb, fn = fingerprint(b.record), fingerprint(n.record)
+        fb, fn = of(b.record), of(n.record)
         for key in sorted(set(fb) | set(fn)):
             vb, vn = fb.get(key, "None"), fn.get(key, "None")
             if vb != vn:
@@ -45,6 +57,12 @@ def differences(pairs: list[tuple[Row, Row]]) -> Differences:
                 if vn not in nv:
                     nv.append(vn)
     return diffs
+
+
+def named_differences(pairs: list[tuple[Row, Row]]) -> Differences:
+    """Differences shown beside the verdicts but never gated: the torch build (CPU vs CUDA wheel of
+    one release) of cells that ran on a CPU, where both builds run the same kernels."""
+    return differences(pairs, _build)
 
 
 def _values(values: list[str]) -> str:
@@ -64,7 +82,8 @@ class EnvMismatchError(GateRefusal):
             f"{base_path} and {new_path} were measured on different hardware or software ({text}). "
             "Speed and memory from different stacks are not comparable, so the gate refuses. Re-measure "
             "the baseline on this machine (see the README on refreshing the baseline), or pass "
-            "--allow-env-mismatch to compare anyway." + (THREADS_HINT if "torch_threads" in diffs else "")
+            "--allow-env-mismatch to compare anyway (or, in a policy that gates only what does not depend "
+            "on the machine, `environment: may_differ`)." + (THREADS_HINT if "torch_threads" in diffs else "")
         )
 
     def markdown(self) -> str:

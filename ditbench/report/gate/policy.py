@@ -108,6 +108,12 @@ class PolicyFile(_Strict):
         "interval straddles its threshold does to the gate",
     )
     allow_sample_count_mismatch: StrictBool = Field(False, description="true or false")
+    environment: Literal["must_match", "may_differ"] = Field(
+        "must_match",
+        description="must_match (runs from different hardware or software are refused, exit 2) or "
+        "may_differ (they are compared and the differences named: for a policy that gates only what "
+        "does not depend on the machine)",
+    )
     metrics: Rules = Field(default_factory=dict, description=RULES)
     overrides: list[OverrideFile] = Field(
         default_factory=list, description="a list of {match: {...}, metrics: {...}}"
@@ -162,6 +168,8 @@ class Policy:
     inconclusive: str = "inconclusive"  # an inconclusive cell exits 3; "pass" -> 0, "fail" -> 1
     # Quality at different sample counts N is compared (marked weak) instead of refused.
     allow_sample_count_mismatch: bool = False
+    # "may_differ": environment differences are named in the summary instead of refusing the gate.
+    environment: str = "must_match"
     overrides: list[Override] = field(default_factory=list)
     explicit: frozenset[str] = frozenset()  # metrics the policy file gives a threshold (must be compared)
     source: str = "defaults"
@@ -206,6 +214,7 @@ def load_policy(path: str | Path | None) -> Policy:
         "quality_noise_k",
         "inconclusive",
         "allow_sample_count_mismatch",
+        "environment",
     ):
         setattr(policy, name, getattr(given, name))
     for name, rule in given.metrics.items():

@@ -78,6 +78,8 @@ class Comparison:
     env: dict[str, str]
     inception_official: bool | None = None  # None: no quality metric was compared
     unused_overrides: list[int] = field(default_factory=list)  # policy overrides no compared cell matched
+    # Differences named but never gated (env.named_differences): key -> (base values, new values).
+    env_notes: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)
 
     @property
     def regressions(self) -> list[CellResult]:
@@ -127,6 +129,7 @@ class Comparison:
             "inception_official": self.inception_official,
             "env": self.env,
             "env_differences": {k: {"base": b, "new": n} for k, (b, n) in self.env_differences.items()},
+            "env_notes": {k: {"base": b, "new": n} for k, (b, n) in self.env_notes.items()},
             "policy": {
                 "source": p.source,
                 "alpha": p.alpha,
@@ -136,6 +139,7 @@ class Comparison:
                 "quality_noise_k": p.quality_noise_k,
                 "inconclusive": p.inconclusive,
                 "allow_sample_count_mismatch": p.allow_sample_count_mismatch,
+                "environment": p.environment,
                 "thresholds_pct": {k: r.threshold_pct for k, r in p.rules.items()},
                 "unused_overrides": self.unused_overrides,
             },

@@ -118,11 +118,17 @@ def _head(c: Comparison) -> list[str]:
         "Environment: " + (", ".join(f"{k} {v}" for k, v in c.env.items()) or "unknown") + ".",
     ]
     if c.env_differences:
+        why = (
+            "the policy says `environment: may_differ`"
+            if c.policy.environment == "may_differ"
+            else "with --allow-env-mismatch"
+        )
+        lines += ["", f"> ⚠️ **Environments differ** (compared anyway, {why}): " + _pairs(c.env_differences)]
+    if c.env_notes:
         lines += [
             "",
-            "> ⚠️ **Environments differ** (compared anyway with --allow-env-mismatch): "
-            + "; ".join(f"{k}: {', '.join(b)} → {', '.join(n)}" for k, (b, n) in c.env_differences.items())
-            + ".",
+            "> ℹ️ Named, not gated: " + _pairs(c.env_notes) + " (CPU cells run the same kernels in "
+            "torch's CPU and CUDA builds of one release).",
         ]
     if c.inception_official is False:
         lines += [
@@ -131,6 +137,10 @@ def _head(c: Comparison) -> list[str]:
             "with papers (both runs used the same weights, so they are comparable with each other).",
         ]
     return lines
+
+
+def _pairs(diffs: dict[str, tuple[list[str], list[str]]]) -> str:
+    return "; ".join(f"{k}: {', '.join(b)} → {', '.join(n)}" for k, (b, n) in diffs.items()) + "."
 
 
 def _sections(c: Comparison) -> list[str]:
