@@ -186,7 +186,8 @@ def write_summary(path: Path, suite, records: list[dict[str, Any]]) -> None:
             f"{noisy} cell(s) are marked noisy: their step times spread beyond p90/p10 > "
             f"{SPREAD_BOUND:g}, or their window's images/s and batch / median step time differ by more "
             f"than {100 * GAP_BOUND:.0f}%, or other processes took more than {100 * LOAD_BOUND:.0f}% of "
-            "the CPUs during the window (rerun on a quiet machine, or pin threads with threads=1); read "
+            "the CPUs during the window (rerun on a quiet machine; cells with more than one thread also gain "
+            "from threads=1); read "
             "their figures as weak.\n\n"
             if noisy
             else ""

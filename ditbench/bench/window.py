@@ -77,7 +77,7 @@ def load_advice(noise: Any) -> str | None:
         return None
     return (
         f"other processes used {100 * share:.0f}% of the CPUs during the window: rerun on a quiet "
-        "machine, or pin threads with threads=1"
+        "machine (a cell with more than one thread also gains from threads=1)"
     )
 
 

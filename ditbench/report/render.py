@@ -105,7 +105,8 @@ def _caveats(df: pd.DataFrame) -> list[Block]:
                 f"**Noisy cells:** {len(noisy)} cell(s) had unsteady step times or a loaded machine (marked "
                 "noisy in the tables, with the figure and the bound it exceeded); their speeds are less "
                 "certain than the others'. Rerun them on a quiet machine before relying on a small "
-                "difference; where other processes took the CPUs, pin threads with threads=1."
+                "difference; where other processes took the CPUs, cells with more than one thread also "
+                "gain from threads=1."
             )
         )
     if df["cell_id"].duplicated().any():

@@ -89,8 +89,8 @@ def test_a_window_under_load_is_noisy_with_the_reason_and_what_to_change():
     loaded = noise(steady, images_per_s=100.0, batch=10, other_cpu_share=0.46)
     assert loaded["noisy"] is True and loaded["noise"]["other_cpu_share"] == 0.46
     advice = (
-        "other processes used 46% of the CPUs during the window: rerun on a quiet machine, or pin "
-        "threads with threads=1"
+        "other processes used 46% of the CPUs during the window: rerun on a quiet machine (a cell with "
+        "more than one thread also gains from threads=1)"
     )
     assert noise_note(loaded) == f"noisy ({advice})"
     spread = noise(
