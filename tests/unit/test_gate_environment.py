@@ -14,7 +14,7 @@ from ditbench.cli import main
 
 
 def cpu_cells(torch="2.14.1+cu130", cpu="AMD EPYC 7B13", run_id="a"):
-    env = dict(CPU_ENV, torch=torch, cpu=cpu)
+    env = dict(CPU_ENV, torch=torch, cpu=cpu, cuda="13.0" if "+cu" in torch else None)
     cells = [
         make_record("DiT-S/8", "fp32", "none", b, images_per_s=400.0, env=env, device="cpu") for b in (8, 16)
     ]
@@ -36,7 +36,10 @@ def test_a_cpu_cells_torch_build_is_named_not_gated(tmp_path, capsys, monkeypatc
     code, result, err = run(tmp_path, capsys, cpu_cells(), cpu_cells("2.14.1+cpu", run_id="b"))
     assert code == 0, err
     assert result["env_differences"] == {}
-    assert result["env_notes"] == {"torch build": {"base": ["cu130"], "new": ["cpu"]}}
+    assert result["env_notes"] == {
+        "cuda": {"base": ["13.0"], "new": ["None"]},
+        "torch build": {"base": ["cu130"], "new": ["cpu"]},
+    }
     # Another release is another code path: refused.
     code, _, err = run(tmp_path, capsys, cpu_cells(), cpu_cells("2.13.0+cpu", run_id="b"))
     assert code == 2 and "torch: 2.14.1 (base) vs 2.13.0 (new)" in " ".join(err.split())
@@ -86,7 +89,10 @@ def test_the_shipped_cpu_baseline_compares_with_one_command(tmp_path, capsys, mo
     for r in records:
         r["run_id"] = "runner"
         r["env"] = dict(
-            r["env"], cpu="AMD EPYC 7763 64-Core Processor", torch=r["env"]["torch"].split("+")[0] + "+cpu"
+            r["env"],
+            cuda=None,
+            cpu="AMD EPYC 7763 64-Core Processor",
+            torch=r["env"]["torch"].split("+")[0] + "+cpu",
         )
     new = tmp_path / "new.jsonl"
     write_jsonl(new, records)

@@ -386,10 +386,10 @@ def test_a_summary_that_is_the_new_runs_results_through_a_link_is_refused(tmp_pa
 
 def test_a_summary_that_is_a_hard_link_of_the_policy_is_refused(tmp_path, capsys, monkeypatch):
     base, new = pair()
-    (tmp_path / "policy.yaml").write_text("alpha: 0.01\n")
+    (tmp_path / "gate-policy.yaml").write_text("alpha: 0.01\n")
     import os
 
-    os.link(tmp_path / "policy.yaml", tmp_path / "pr-comment.md")
+    os.link(tmp_path / "gate-policy.yaml", tmp_path / "pr-comment.md")
     code, _, err, _, _ = compare(
         tmp_path,
         capsys,
@@ -400,8 +400,8 @@ def test_a_summary_that_is_a_hard_link_of_the_policy_is_refused(tmp_path, capsys
         str(tmp_path / "pr-comment.md"),
         policy="alpha: 0.01\n",
     )
-    assert_clean_error(code, err, "--summary", "policy.yaml")
-    assert (tmp_path / "policy.yaml").read_text() == "alpha: 0.01\n"
+    assert_clean_error(code, err, "--summary", "--policy")
+    assert (tmp_path / "gate-policy.yaml").read_text() == "alpha: 0.01\n"
 
 
 def test_a_step_summary_that_is_the_baseline_is_refused(tmp_path, capsys, monkeypatch):

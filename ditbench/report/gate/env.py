@@ -31,16 +31,21 @@ def fingerprint(record: dict[str, Any]) -> dict[str, str]:
     found = {k: shorten(env.get(k), 120, quote=False) for k in keys}
     if not env.get("gpu_name"):  # a CPU cell runs the same code in torch's CPU and CUDA builds
         found["torch"] = found["torch"].split("+")[0]
+        del found["cuda"]
     return found
 
 
 def _build(record: dict[str, Any]) -> dict[str, str]:
-    """The torch build of a CPU-only record (`cpu`, `cu130`, or `none named`); GPU records have none."""
+    """The torch build of a CPU-only record (`cpu`, `cu130`, or `none named`, and the CUDA it was built
+    for); GPU records have none: there the build is the `torch` and `cuda` keys themselves."""
     env = record.get("env") or {}
     if env.get("gpu_name"):
         return {}
     local = str(env.get("torch") or "").partition("+")[2]
-    return {"torch build": shorten(local, 40, quote=False) if local else "none named"}
+    return {
+        "torch build": shorten(local, 40, quote=False) if local else "none named",
+        "cuda": shorten(env.get("cuda"), 40, quote=False),
+    }
 
 
 def differences(pairs: list[tuple[Row, Row]], of=fingerprint) -> Differences:
