@@ -3,10 +3,13 @@
 `builtin:mpl-gray16` (training) and `builtin:mpl-gray16-ref` (an FID reference) are grey 16 x 16
 crops of two photographs in matplotlib's sample data, one class each: class 0 from the portrait
 of Grace Hopper (`grace_hopper.jpg`, 512 x 600), class 1 from an MRI slice of a head
-(`s1045.ima.gz`, 256 x 256, 16-bit). Each crop is a random square of the photograph (its side
-drawn from a range, so scales vary), box-filtered down to 16 x 16 and flipped left-right half of
-the time. The two splits are drawn with different seeds from the same distribution; they can
-overlap in pixels, as any two samples of one photograph do.
+(`s1045.ima.gz`, 256 x 256, 16-bit). `builtin:photos-rgb32` and `builtin:photos-rgb32-ref` are
+RGB 32 x 32 crops of two colour photographs in scikit-image's sample data (the `photos` extra):
+class 0 from the cat (`chelsea.png`, 451 x 300), class 1 from the cup of coffee (`coffee.png`,
+600 x 400). Each crop is a random square of the photograph (its side drawn from a range, so
+scales vary), box-filtered down and flipped left-right half of the time. The two splits of a kind
+are drawn with different seeds from the same distribution; they can overlap in pixels, as any two
+samples of one photograph do.
 
 A dataset is built once (seconds) into the cache (`$DITBENCH_CACHE/datasets`, else
 ~/.cache/ditbench/datasets) as an ADM-style npz and read from there afterwards; the file name
@@ -28,24 +31,40 @@ from ditbench.fileio import atomic_write
 PREFIX = "builtin:"
 CACHE_ENV = "DITBENCH_CACHE"
 RECIPE_VERSION = 1  # bump when the crops change: the cached files are named by it
-SIDE = 16
 
 
 @dataclass(frozen=True)
 class Dataset:
     count: int
     seed: int
-    rgb: bool  # the reference is RGB (what the Inception network reads); training data grey
+    rgb: bool  # RGB images (what the Inception network reads); else grey
     about: str
+    photos: str = "mpl"  # which package's photographs: a key of PHOTOS
+    side: int = 16
 
 
 DATASETS = {
     "mpl-gray16": Dataset(4096, 1, False, "training: 4,096 grey 16x16 crops, 2 classes (photo, MRI)"),
     # 256 images: enough for FID to separate noise from crops, and featurised in about a minute on a CPU
     "mpl-gray16-ref": Dataset(256, 2, True, "FID reference: 256 crops of the same photographs, RGB"),
+    "photos-rgb32": Dataset(
+        4096,
+        3,
+        True,
+        "training: 4,096 RGB 32x32 crops, 2 classes (cat, coffee); needs scikit-image",
+        "skimage",
+        32,
+    ),
+    "photos-rgb32-ref": Dataset(
+        256, 4, True, "FID reference: 256 RGB 32x32 crops of the same photographs", "skimage", 32
+    ),
 }
-# (sample-data file, smallest and largest crop side in its pixels)
-SOURCES = (("grace_hopper.jpg", 48, 160), ("s1045.ima.gz", 32, 96))
+# package -> (sample-data file, smallest and largest crop side in its pixels) per class
+PHOTOS = {
+    "mpl": (("grace_hopper.jpg", 48, 160), ("s1045.ima.gz", 32, 96)),
+    "skimage": (("chelsea.png", 64, 224), ("coffee.png", 96, 320)),
+}
+SOURCES = PHOTOS["mpl"]
 
 
 def is_builtin(spec) -> bool:
@@ -81,8 +100,10 @@ def resolve(spec: str) -> Path:
     return path
 
 
-def _photographs() -> list[np.ndarray]:
-    """The source photographs as grey uint8 arrays (matplotlib's sample data)."""
+def _photographs(photos: str = "mpl") -> list[np.ndarray]:
+    """The source photographs as uint8 arrays: matplotlib's grey, or scikit-image's RGB."""
+    if photos == "skimage":
+        return _skimage_photographs()
     import matplotlib.cbook as cbook
     from PIL import Image
 
@@ -102,22 +123,42 @@ def _photographs() -> list[np.ndarray]:
     return [hopper, mri]
 
 
+def _skimage_photographs() -> list[np.ndarray]:
+    """scikit-image's colour photographs, read as files (importing skimage itself takes seconds)."""
+    import importlib.util
+
+    from PIL import Image
+
+    found = importlib.util.find_spec("skimage")
+    folder = Path(found.submodule_search_locations[0]) / "data" if found else None
+    try:
+        if folder is None:
+            raise OSError("scikit-image is not installed")
+        return [np.asarray(Image.open(folder / name).convert("RGB")) for name, _, _ in PHOTOS["skimage"]]
+    except OSError as err:
+        raise UserError(
+            f"the built-in datasets photos-rgb32 and photos-rgb32-ref are cut from scikit-image's sample "
+            f"photographs, which could not be read ({err}); install them with `pip install "
+            '"ditbench[photos]"` (scikit-image), or use builtin:mpl-gray16 (matplotlib\'s, grey).'
+        ) from None
+
+
 def crops(spec: Dataset) -> tuple[np.ndarray, np.ndarray]:
-    """(images uint8 N x 16 x 16 (x 3 when rgb), labels int64 N): class i % 2 from photograph i % 2."""
+    """(images uint8 N x side x side (x 3 when rgb), labels int64 N): class i % 2 from photograph i % 2."""
     from PIL import Image
 
     rng = np.random.default_rng(spec.seed)
-    photos = _photographs()
+    photos, sources = _photographs(spec.photos), PHOTOS[spec.photos]
     labels = np.arange(spec.count, dtype=np.int64) % len(photos)
-    out = np.empty((spec.count, SIDE, SIDE), dtype=np.uint8)
+    out = np.empty((spec.count, spec.side, spec.side, *photos[0].shape[2:]), dtype=np.uint8)
     for i, label in enumerate(labels):
-        photo, (_, low, high) = photos[label], SOURCES[label]
+        photo, (_, low, high) = photos[label], sources[label]
         side = int(rng.integers(low, high + 1))
         top = int(rng.integers(0, photo.shape[0] - side + 1))
         left = int(rng.integers(0, photo.shape[1] - side + 1))
-        crop = Image.fromarray(photo[top : top + side, left : left + side]).resize((SIDE, SIDE), Image.BOX)
-        pixels = np.asarray(crop)
+        crop = Image.fromarray(photo[top : top + side, left : left + side])
+        pixels = np.asarray(crop.resize((spec.side, spec.side), Image.BOX))
         out[i] = pixels[:, ::-1] if rng.random() < 0.5 else pixels
-    if spec.rgb:
+    if spec.rgb and out.ndim == 3:
         return np.repeat(out[..., None], 3, axis=-1), labels
     return out, labels

@@ -188,7 +188,8 @@ def _path(value: Any, what: str) -> str:
 
 
 DATA_HELP = (
-    "`synthetic`, {latents: PATH}, {images: PATH, vae: PATH|ema|mse|random} or {pixels: NPZ|builtin:NAME}"
+    "`synthetic`, {latents: PATH}, {images: PATH, vae: PATH|ema|mse|random} or "
+    "{pixels: NPZ|builtin:NAME, colour: grey|rgb}"
 )
 
 
@@ -199,8 +200,12 @@ def _check_data(value: Any) -> Any:
         keys = set(value)
         if keys == {"latents"}:
             return {"latents": _path(value["latents"], "latents")}
-        if keys == {"pixels"}:
-            return {"pixels": _path(value["pixels"], "pixels")}
+        if "pixels" in keys and keys <= {"pixels", "colour"}:
+            colour = value.get("colour", "grey")
+            if colour not in ("grey", "rgb"):
+                raise InvalidValue(f"data.colour must be grey or rgb, got {shorten(colour)}")
+            out = {"pixels": _path(value["pixels"], "pixels")}
+            return out if colour == "grey" else {**out, "colour": colour}  # grey: the id it always had
         if "images" in keys and keys <= {"images", "vae"}:
             return {
                 "images": _path(value["images"], "images"),
@@ -209,9 +214,9 @@ def _check_data(value: Any) -> Any:
     raise InvalidValue(f"data must be {DATA_HELP}; got {shorten(value)}")
 
 
-def _paths(*keys: str, required: int = 1) -> dict[str, Any]:
+def _paths(*keys: str, required: int = 1, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     path = {"type": "string", "minLength": 1, "maxLength": MAX_PATH_CHARS}
-    props = dict.fromkeys(keys, path)
+    props = {**dict.fromkeys(keys, path), **(extra or {})}
     return {
         "type": "object",
         "properties": props,
@@ -222,7 +227,14 @@ def _paths(*keys: str, required: int = 1) -> dict[str, Any]:
 
 with_schema(
     _check_data,
-    {"anyOf": [{"const": "synthetic"}, _paths("latents"), _paths("pixels"), _paths("images", "vae")]},
+    {
+        "anyOf": [
+            {"const": "synthetic"},
+            _paths("latents"),
+            _paths("pixels", extra={"colour": {"enum": ["grey", "rgb"]}}),
+            _paths("images", "vae"),
+        ]
+    },
 )
 
 

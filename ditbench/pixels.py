@@ -1,10 +1,12 @@
-"""Pixel data without a VAE: a grayscale image of side 2s is exactly the DiT's 4 x s x s latent.
+"""Pixel data without a VAE: the image itself is the DiT's 4 x s x s latent.
 
 A DiT works on a grid of 4-channel latent cells (s = image_size / 8 per side). With
-`data: {pixels: ...}` that grid holds the pixels themselves: each cell is a 2x2 block of a
-grayscale image of side 2s (= image_size / 4), one pixel per channel (pixel_unshuffle), scaled
-from [0, 255] to [-1, 1]. Decoding is the exact inverse (pixel_shuffle, the grey repeated into
-RGB for the Inception network), so samples need no VAE and no download, and a CPU can train and
+`data: {pixels: ...}` that grid holds the pixels themselves, scaled from [0, 255] to [-1, 1]:
+- grey (the default): each cell is a 2x2 block of a grayscale image of side 2s (= image_size / 4),
+  one pixel per channel (pixel_unshuffle); decoding repeats the grey into RGB for Inception;
+- `colour: rgb`: each cell is one RGB pixel of an image of side s (= image_size / 8) in channels
+  0-2, channel 3 is zero (the latent has four channels, a pixel three).
+Decoding is the exact inverse, so samples need no VAE and no download, and a CPU can train and
 score a real image model in minutes (`suites/cpu_quality.yaml`).
 
 Sampling imports this module (to decode), so it never imports training.
@@ -23,9 +25,17 @@ BLOCK = 2  # pixels per latent cell along each side: BLOCK**2 == vae.LATENT_CHAN
 assert BLOCK * BLOCK == vae.LATENT_CHANNELS
 
 
-def pixel_side(image_size: int) -> int:
-    """The side of the grey images a model of `image_size` trains on with pixel data."""
-    return image_size // vae.DOWNSAMPLE * BLOCK
+COLOURS = ("grey", "rgb")
+
+
+def colour_of(data) -> str:
+    """`grey` or `rgb`: how a `{pixels: ...}` data spec puts its images into the latent."""
+    return data.get("colour", "grey") if isinstance(data, dict) else "grey"
+
+
+def pixel_side(image_size: int, colour: str = "grey") -> int:
+    """The side of the images a model of `image_size` trains on with pixel data of this colour."""
+    return image_size // vae.DOWNSAMPLE * (BLOCK if colour == "grey" else 1)
 
 
 def to_grey(images: np.ndarray) -> np.ndarray:
@@ -45,6 +55,19 @@ def encode(grey):
     return F.pixel_unshuffle(x.float().div(127.5).sub(1.0).unsqueeze(1), BLOCK)
 
 
+def encode_rgb(rgb):
+    """uint8 RGB images (N, H, W, 3) -> latents (N, 4, H, W) float32 in [-1, 1], channel 3 zero."""
+    import torch
+
+    x = torch.as_tensor(rgb).float().div(127.5).sub(1.0).permute(0, 3, 1, 2)
+    return torch.cat([x, torch.zeros_like(x[:, :1])], dim=1).contiguous()
+
+
+def decode_rgb(latents):
+    """Latents (N, 4, s, s) -> RGB images in [-1, 1] (N, 3, s, s), fp32; channel 3 is dropped."""
+    return latents[:, :3].float().clamp(-1.0, 1.0)
+
+
 def decode(latents):
     """Latents (N, 4, s, s) -> images in [-1, 1] (N, 3, 2s, 2s), the grey in every channel, in fp32."""
     import torch.nn.functional as F
@@ -53,11 +76,13 @@ def decode(latents):
     return grey.expand(-1, 3, -1, -1)
 
 
-def load_pixels(spec: str, image_size: int, num_classes: int):
-    """(grey uint8 N x H x W, labels int64 N) from an ADM-style npz or a `builtin:` dataset name.
+def load_pixels(spec: str, image_size: int, num_classes: int, colour: str = "grey"):
+    """(uint8 N x H x W grey or N x H x W x 3 RGB, labels int64 N) from an ADM-style npz or a
+    `builtin:` dataset name.
 
-    The npz holds `arr_0` (uint8 N x H x W or N x H x W x 3; RGB is converted to grey) and
-    optionally `arr_1` (labels; all 0 without it). Images must be pixel_side(image_size) square.
+    The npz holds `arr_0` (uint8 N x H x W or N x H x W x 3) and optionally `arr_1` (labels; all 0
+    without it); RGB becomes grey for `colour: grey`, grey is repeated into RGB for `colour: rgb`.
+    Images must be pixel_side(image_size, colour) square.
     """
     from ditbench import builtin_data
 
@@ -76,7 +101,7 @@ def load_pixels(spec: str, image_size: int, num_classes: int):
             labels = f["arr_1"] if "arr_1" in f.files else np.zeros(len(images), dtype=np.int64)
     except (OSError, ValueError) as err:
         raise UserError(f"{where} is not a readable .npz without pickled objects ({err}).") from None
-    side = pixel_side(image_size)
+    side = pixel_side(image_size, colour)
     if images.dtype != np.uint8 or images.ndim not in (3, 4) or (images.ndim == 4 and images.shape[3] != 3):
         raise UserError(
             f"{where}: `arr_0` is {images.dtype} {images.shape}; it must be uint8 N x H x W or N x H x W x 3."
@@ -84,9 +109,11 @@ def load_pixels(spec: str, image_size: int, num_classes: int):
     if images.shape[1:3] != (side, side) or len(images) == 0:
         raise UserError(
             f"{where} holds {len(images)} images of {images.shape[1]}x{images.shape[2]} pixels, but a model "
-            f"of image_size {image_size} trains on grey images of {side}x{side} with pixel data (its "
-            f"{side // BLOCK}x{side // BLOCK} latent holds 2x2 pixel blocks); set image_size to "
-            f"{images.shape[1] * vae.DOWNSAMPLE // BLOCK} or resize the images."
+            f"of image_size {image_size} trains on {colour} images of {side}x{side} with pixel data (its "
+            f"{image_size // vae.DOWNSAMPLE}x{image_size // vae.DOWNSAMPLE} latent holds "
+            f"{'2x2 grey pixel blocks' if colour == 'grey' else 'one RGB pixel per cell'}); set image_size "
+            f"to {images.shape[1] * vae.DOWNSAMPLE // (BLOCK if colour == 'grey' else 1)} or resize the "
+            "images."
         )
     labels = np.asarray(labels)
     if labels.shape != (len(images),) or labels.dtype.kind not in "iu":
@@ -98,4 +125,7 @@ def load_pixels(spec: str, image_size: int, num_classes: int):
             f"{where} has labels in [{labels.min()}, {labels.max()}], outside [0, {num_classes - 1}] for "
             f"num_classes {num_classes}."
         )
+    if colour == "rgb":
+        rgb = images if images.ndim == 4 else np.repeat(images[..., None], 3, axis=-1)
+        return rgb, labels.astype(np.int64)
     return to_grey(images), labels.astype(np.int64)

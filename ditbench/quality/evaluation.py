@@ -85,6 +85,9 @@ class Evaluator:
         if name == "pixels":
             from ditbench import pixels
 
+            if pixels.colour_of(self.knobs.data) == "rgb":
+                self.decoder_desc = "pixels (one RGB pixel per latent cell, exact)"
+                return pixels.decode_rgb
             self.decoder_desc = "pixels (2x2 grey blocks, exact)"
             return pixels.decode
         from ditbench.sampling.weights import build_vae

@@ -216,17 +216,20 @@ class LatentFile(DataSource):
 
 
 class PixelImages(LatentFile):
-    """Grey images as latents (`ditbench.pixels`: 2x2 pixel blocks in the 4 channels), encoded once."""
+    """Images as latents (`ditbench.pixels`: grey 2x2 blocks or one RGB pixel per cell), encoded once."""
 
-    def __init__(self, spec: str, batch_size: int, image_size: int, num_classes: int, device, seed: int = 0):
+    def __init__(
+        self, spec: str, batch_size: int, image_size: int, num_classes: int, device, seed=0, colour="grey"
+    ):
         from ditbench import pixels
 
-        grey, labels = pixels.load_pixels(spec, image_size, num_classes)
-        self.path = spec
-        self._batches(pixels.encode(grey), torch.from_numpy(labels), batch_size, device, seed)
+        images, labels = pixels.load_pixels(spec, image_size, num_classes, colour)
+        self.path, self.colour = spec, colour
+        latents = pixels.encode(images) if colour == "grey" else pixels.encode_rgb(images)
+        self._batches(latents, torch.from_numpy(labels), batch_size, device, seed)
 
     def describe(self) -> dict:
-        return {"kind": "pixels", "path": self.path, "count": int(len(self.labels))}
+        return {"kind": "pixels", "path": self.path, "colour": self.colour, "count": int(len(self.labels))}
 
 
 # --------------------------------------------------------------------------------------------
@@ -387,8 +390,9 @@ def data_source_from_config(
     keys = set(spec) - {"kind", "num_workers"}
     if "latents" in spec and keys <= {"latents"}:
         return LatentFile(spec["latents"], batch_size, size, num_classes, device, seed)
-    if "pixels" in spec and keys <= {"pixels"}:
-        return PixelImages(spec["pixels"], batch_size, image_size, num_classes, device, seed)
+    if "pixels" in spec and keys <= {"pixels", "colour"}:
+        colour = spec.get("colour", "grey")
+        return PixelImages(spec["pixels"], batch_size, image_size, num_classes, device, seed, colour)
     if "images" in spec and keys <= {"images", "vae"}:
         return ImageFolderVAE(
             spec["images"],

@@ -69,7 +69,12 @@ def test_pixel_data_source_trains_on_the_blocks():
     )
     x, y = source.next_batch()
     assert x.shape == (8, 4, 8, 8) and y.shape == (8,) and set(y.tolist()) <= {0, 1}
-    assert source.describe() == {"kind": "pixels", "path": "builtin:mpl-gray16", "count": 4096}
+    assert source.describe() == {
+        "kind": "pixels",
+        "path": "builtin:mpl-gray16",
+        "colour": "grey",
+        "count": 4096,
+    }
 
 
 @pytest.mark.parametrize(
@@ -96,3 +101,64 @@ def test_a_pickled_pixel_file_is_never_loaded(tmp_path):
         pixels.load_pixels(str(path), 64, num_classes=2)
     with pytest.raises(UserError, match="is not a file"):
         pixels.load_pixels(str(tmp_path), 64, num_classes=2)
+
+
+def test_rgb_pixels_are_one_pixel_per_latent_cell_and_decode_exactly():
+    rgb = np.random.default_rng(2).integers(0, 256, size=(3, 32, 32, 3), dtype=np.uint8)
+    z = pixels.encode_rgb(rgb)
+    assert z.shape == (3, 4, 32, 32) and z.dtype == torch.float32
+    assert float(z[2, 1, 7, 30]) == pytest.approx(rgb[2, 7, 30, 1] / 127.5 - 1, abs=1e-6)
+    assert torch.count_nonzero(z[:, 3]) == 0  # the fourth channel carries nothing
+    x = pixels.decode_rgb(z)
+    assert x.shape == (3, 3, 32, 32)
+    back = torch.round((x.permute(0, 2, 3, 1) + 1) * 127.5).to(torch.uint8).numpy()
+    assert np.array_equal(back, rgb)
+    assert pixels.pixel_side(256, "rgb") == 32 and pixels.pixel_side(256) == 64
+
+
+def test_the_colour_key_is_checked_and_grey_keeps_the_id_it_always_had():
+    grey = Knobs.from_mapping({"model": "DiT-T/2", "data": {"pixels": "builtin:mpl-gray16"}})
+    named = Knobs.from_mapping(
+        {"model": "DiT-T/2", "data": {"pixels": "builtin:mpl-gray16", "colour": "grey"}}
+    )
+    assert named.data == grey.data == {"pixels": "builtin:mpl-gray16"}
+    rgb = Knobs.from_mapping(
+        {"model": "DiT-T/2", "data": {"pixels": "builtin:photos-rgb32", "colour": "rgb"}}
+    )
+    assert rgb.data == {"pixels": "builtin:photos-rgb32", "colour": "rgb"}
+    with pytest.raises(UserError, match="data.colour must be grey or rgb, got 'cmyk'"):
+        Knobs.from_mapping({"model": "DiT-T/2", "data": {"pixels": "x.npz", "colour": "cmyk"}})
+
+
+def test_rgb_photos_are_real_colour_crops_and_train_as_rgb_pixels():
+    pytest.importorskip("skimage")
+    path = builtin_data.resolve("builtin:photos-rgb32")
+    with np.load(path) as f:
+        images, labels = f["arr_0"], f["arr_1"]
+    assert images.shape == (4096, 32, 32, 3) and set(labels) == {0, 1}
+    # real colour: the coffee crops are redder than the cat's, and no crop is grey
+    red = [(images[labels == c][..., 0].astype(int) - images[labels == c][..., 2]).mean() for c in (0, 1)]
+    assert red[1] > red[0] + 20 and images.std() > 30
+    source = data_source_from_config(
+        {"pixels": "builtin:photos-rgb32", "colour": "rgb"},
+        batch_size=8,
+        image_size=256,
+        num_classes=2,
+        device="cpu",
+        seed=0,
+    )
+    x, _ = source.next_batch()
+    assert x.shape == (8, 4, 32, 32) and torch.count_nonzero(x[:, 3]) == 0
+    with pytest.raises(UserError, match="trains on rgb images of 32x32 .* set image_size to 128"):
+        pixels.load_pixels(str(builtin_data.resolve("builtin:mpl-gray16")), 256, num_classes=2, colour="rgb")
+
+
+def test_without_scikit_image_the_photos_name_the_extra(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "skimage" else real(name, *a)
+    )
+    with pytest.raises(UserError, match='pip install "ditbench\\[photos\\]"'):
+        builtin_data.resolve("builtin:photos-rgb32-ref")
