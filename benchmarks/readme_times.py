@@ -1,0 +1,206 @@
+"""The times the README states, measured with their conditions and written into the README.
+
+    python benchmarks/readme_times.py                      # the quick-start figures (about a minute)
+    python benchmarks/readme_times.py --only cpu_smoke     # one entry (see ENTRIES)
+    python benchmarks/readme_times.py --pytest-log LOG     # the test-suite figure, from a pytest run's output
+
+Each figure is an entry of reports/readme_times/times.json: what ran, its wall time, and the conditions
+that decide it (cores, torch threads, the load average and the CPU share of other processes during
+the run, the date and the commit). The README holds each as text between `<!-- measured:KEY -->` and
+`<!-- /measured -->`, which this script rewrites from the JSON; a unit test (test_readme_times.py)
+fails when the README's text is not what the JSON says, so a figure cannot be edited by hand or left
+behind when it is re-measured. Re-run the entries a change affects (a slower step: train_sanity and
+cpu_smoke; another test network or data: cpu_quality) and commit both files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+TIMES = REPO / "reports" / "readme_times" / "times.json"
+README = REPO / "README.md"
+MARKER = re.compile(r"<!-- measured:(?P<key>[a-z0-9_]+) -->(?P<text>.*?)<!-- /measured -->", re.S)
+
+# key -> the command it times (run with OMP_NUM_THREADS=1 as the README says, unless noted)
+ENTRIES = {
+    "train_sanity": "ditbench train --model DiT-T/4 --image-size 64 --batch-size 8 --steps 50".split(),
+    "cpu_smoke": "ditbench run cpu_smoke --out {tmp}/cpu_smoke --no-progress".split(),
+    "cpu_quality": "ditbench run cpu_quality --out {tmp}/cpu_quality --no-progress".split(),
+}
+QUICK = ("train_sanity",)  # the default: what a change to the step can move, in about a minute
+DONE_LINE = re.compile(r"done: (?P<steps>\d+) steps in (?P<s>[0-9.]+) s")
+PYTEST_LINE = re.compile(
+    r"(?P<passed>[\d,]+) passed(?:, (?P<skipped>[\d,]+) skipped)?.*? in (?P<s>[0-9.]+)s", re.S
+)
+
+
+def conditions(wall: float, other_busy: float) -> dict[str, Any]:
+    """Cores, threads, load and other processes' CPU share (`other_busy` CPU seconds over `wall`)."""
+    cores = os.cpu_count() or 1
+    return {
+        "cores": cores,
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+        "load_average_1min": round(os.getloadavg()[0], 2),
+        "other_cpu_share": round(max(0.0, other_busy / (wall * cores)), 2) if wall > 0 else None,
+        "date": dt.date.today().isoformat(),
+        "commit": _git_sha(),
+    }
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        )
+    except OSError:
+        return None
+    return out.stdout.strip() or None
+
+
+def measure(key: str, tmp: str) -> dict[str, Any]:
+    """Run one entry's command, timing it and its conditions; the parsed figures it prints."""
+    import resource
+
+    from ditbench.bench.load import busy_seconds
+
+    cmd = [a.format(tmp=tmp) for a in ENTRIES[key]]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the README's commands say
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    busy0, t0 = busy_seconds(), time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    own = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if proc.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+    entry = {"command": " ".join(cmd).replace(tmp, "OUT"), "wall_s": round(wall, 1)}
+    entry.update(conditions(wall, busy_seconds() - busy0 - own))
+    if key == "train_sanity":
+        m = DONE_LINE.search(proc.stdout + proc.stderr)
+        entry["steps"], entry["steps_s"] = int(m["steps"]), float(m["s"])
+    if key == "cpu_quality":
+        entry["fid"] = quality_fids(Path(tmp) / "cpu_quality" / "results.jsonl")
+    return entry
+
+
+def quality_fids(results: Path) -> list[dict[str, Any]]:
+    """[{step, fid, spread}] of the suite's one cell's evaluations, in step order."""
+    for line in results.read_text().splitlines():
+        record = json.loads(line)
+        evals = (record.get("quality") or {}).get("evaluations") or []
+        if evals:
+            return [
+                {
+                    "step": e["step"],
+                    "fid": round(e["metrics"]["fid"], 1),
+                    "spread": round(e["spread"]["fid"], 1),
+                }
+                for e in evals
+            ]
+    raise SystemExit(f"{results}: no quality evaluations")
+
+
+def from_pytest_log(text: str) -> dict[str, Any]:
+    """The figures of a pytest run's last summary line (`N passed, M skipped ... in S s`)."""
+    matches = list(PYTEST_LINE.finditer(text))
+    if not matches:
+        raise SystemExit("no pytest summary line ('N passed ... in S s') in the log")
+    m = matches[-1]
+    return {
+        "passed": int(m["passed"].replace(",", "")),
+        "skipped": int((m["skipped"] or "0").replace(",", "")),
+        "wall_s": round(float(m["s"])),
+        "cores": os.cpu_count() or 1,
+        "date": dt.date.today().isoformat(),
+        "commit": _git_sha(),
+    }
+
+
+def _load(entry: dict[str, Any]) -> str:
+    share = entry.get("other_cpu_share")
+    busy = f", other processes {share:.0%} of the cores" if share is not None else ""
+    threads = entry.get("omp_num_threads") or "default"
+    return (
+        f"{entry['cores']} CPU cores, OMP_NUM_THREADS={threads}, load average {entry['load_average_1min']:g}"
+        f"{busy}; {entry['date']}"
+    )
+
+
+def render(key: str, entry: dict[str, Any]) -> str:
+    """The README's text for one entry: the figure, then its conditions."""
+    if key == "train_sanity":
+        return (
+            f"{entry['wall_s']:.0f} s wall ({entry['steps_s']:g} s for the {entry['steps']} steps; the rest "
+            f"is importing torch and building the model), measured on {_load(entry)}"
+        )
+    if key == "cpu_smoke":
+        return f"{entry['wall_s'] / 60:.1f} min measured on {_load(entry)}"
+    if key == "cpu_quality":
+        fids = ", ".join(f"{f['fid']:g} ± {f['spread']:g} at step {f['step']:,}" for f in entry["fid"])
+        return (
+            f"{entry['wall_s']:.0f} s for the whole suite on {_load(entry)}; FID (test Inception, mean ± "
+            f"spread over the sample seeds) {fids}"
+        )
+    if key == "pytest":
+        return (
+            f"{entry['passed']:,} tests ({entry['skipped']} skipped) in {entry['wall_s']:,} s "
+            f"({entry['wall_s'] / 60:.0f} min) on {entry['cores']} CPU cores with the SLURM cluster up, "
+            f"measured {entry['date']}"
+        )
+    raise KeyError(key)
+
+
+def rewrite_readme(times: dict[str, dict[str, Any]], readme: Path = README) -> list[str]:
+    """Replace each marked span with its entry's text; the keys the README marks but the JSON lacks."""
+    missing: list[str] = []
+
+    def sub(m: re.Match) -> str:
+        key = m["key"]
+        if key not in times:
+            missing.append(key)
+            return m[0]
+        return f"<!-- measured:{key} -->{render(key, times[key])}<!-- /measured -->"
+
+    text = readme.read_text()
+    new = MARKER.sub(sub, text)
+    if new != text:
+        readme.write_text(new)
+    return missing
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", action="append", choices=sorted(ENTRIES), help="entries to measure")
+    parser.add_argument("--pytest-log", type=Path, help="a full `pytest` run's output (the pytest entry)")
+    args = parser.parse_args(argv)
+    times = json.loads(TIMES.read_text()) if TIMES.is_file() else {}
+    if args.pytest_log:
+        times["pytest"] = from_pytest_log(args.pytest_log.read_text(errors="replace"))
+    keys = args.only or ([] if args.pytest_log else list(QUICK))
+    with tempfile.TemporaryDirectory() as tmp:
+        for key in keys:
+            print(f"measuring {key}: {' '.join(ENTRIES[key])}", file=sys.stderr)
+            times[key] = measure(key, tmp)
+            print(f"  {render(key, times[key])}", file=sys.stderr)
+    TIMES.parent.mkdir(parents=True, exist_ok=True)
+    TIMES.write_text(json.dumps(times, indent=2, sort_keys=True) + "\n")
+    missing = rewrite_readme(times)
+    if missing:
+        print(f"README marks {', '.join(missing)} with no measurement: run with --only", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""The README's times are the measured ones: each marked span is exactly what
+benchmarks/readme_times.py renders from reports/readme_times/times.json, so a figure is neither
+edited by hand nor left behind when it is re-measured."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("readme_times", ROOT / "benchmarks" / "readme_times.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_marked_time_in_the_readme_is_the_measured_one():
+    rt = _script()
+    times = json.loads(rt.TIMES.read_text())
+    marks = {m["key"]: m["text"] for m in rt.MARKER.finditer(rt.README.read_text())}
+    assert set(marks) == set(times), (sorted(marks), sorted(times))
+    for key, text in marks.items():
+        assert text == rt.render(key, times[key]), key
+        for condition in ("cores", "date"):
+            assert condition in times[key], (key, condition)
+
+
+def test_the_figures_are_read_from_what_the_commands_print():
+    rt = _script()
+    m = rt.DONE_LINE.search("done: 50 steps in 1.6 s, 30.41 steps/s, 243.3 img/s (includes ...)")
+    assert (m["steps"], m["s"]) == ("50", "1.6")
+    log = "...\n= 1,435 passed, 11 skipped, 3 warnings in 887.12s (0:14:47) =\n"
+    entry = rt.from_pytest_log(log)
+    assert (entry["passed"], entry["skipped"], entry["wall_s"]) == (1435, 11, 887)
+    entry = rt.from_pytest_log("= 12 passed in 3.50s =")
+    assert (entry["passed"], entry["skipped"], entry["wall_s"]) == (12, 0, 4)
+
+
+def test_rewriting_replaces_only_the_marked_spans(tmp_path):
+    rt = _script()
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "a <!-- measured:cpu_smoke -->old<!-- /measured --> b <!-- measured:nope -->x<!-- /measured -->\n"
+    )
+    entry = {
+        "wall_s": 384.0,
+        "cores": 2,
+        "omp_num_threads": "1",
+        "load_average_1min": 1.5,
+        "other_cpu_share": 0.1,
+        "date": "2026-12-01",
+    }
+    missing = rt.rewrite_readme({"cpu_smoke": entry}, readme)
+    assert missing == ["nope"]
+    text = readme.read_text()
+    assert text.startswith(
+        "a <!-- measured:cpu_smoke -->6.4 min measured on 2 CPU cores, OMP_NUM_THREADS=1, "
+    )
+    assert "load average 1.5, other processes 10% of the cores; 2026-12-01<!-- /measured --> b " in text
