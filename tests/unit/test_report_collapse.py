@@ -1,6 +1,7 @@
 """Rows that say "not measured" read once per reason: unsupported or skipped cells sharing a reason
 are one row naming them in the per-model table, and unmeasured advice or claims sharing a reason are
-one row; measured rows and rows with their own reason stay as they were."""
+one row; measured rows and rows with their own reason stay as they were. A memory saving that rounds
+to nothing reads +0.0%, not -0.0%."""
 
 from __future__ import annotations
 
@@ -47,3 +48,11 @@ def test_unsupported_cells_with_one_reason_are_one_row(tmp_path):
     assert skipped.startswith("| DiT-S/8 bf16 ckpt=none bs=2 | skipped |")
     ok_rows = [line for line in every_cell.splitlines() if "| ok |" in line or "| ok (noisy) |" in line]
     assert len(ok_rows) == sum(r["status"] == "ok" for r in records)
+
+
+def test_a_saving_that_rounds_to_nothing_reads_plus_zero():
+    from ditbench.report.blocks import saved_text
+
+    assert [saved_text(x) for x in (-0.04, -0.0, 0.04, -0.06, 19.26, None)] == [
+        "+0.0%", "+0.0%", "+0.0%", "-0.1%", "+19.3%", "—",
+    ]  # fmt: skip
