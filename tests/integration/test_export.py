@@ -220,3 +220,25 @@ def test_default_paths_never_import_a_tracker(results, tmp_path):
         code, trackers = json.loads(done.stderr.strip().splitlines()[-1])
         # compare of a run with itself is exit 3 (one run per side is inconclusive); it ran to the end
         assert code in (0, 3, None) and trackers == [], (argv, done.stderr[-2000:])
+
+
+def test_each_kept_record_is_its_own_run_named_with_its_label(results, tmp_path):
+    """--keep all: a cell run twice is two runs (the key holds the run id), a label names the run."""
+    from ditbench.export.runs import tracker_runs
+    from ditbench.report.load import load_results
+
+    ok = _records(results["smoke"])[0]
+    again = {
+        **ok,
+        "run_id": "20261201T180000Z-abcdef",
+        "label": "after-fix",
+        "started_at": "2026-12-01T18:00:00Z",
+    }
+    path = tmp_path / "results.jsonl"
+    path.write_text(json.dumps(ok) + "\n" + json.dumps(again) + "\n")
+    runs = tracker_runs(load_results([path], keep="all"))
+    assert [r.name for r in runs] == [SMOKE_CELL, f"{SMOKE_CELL} [after-fix]"]
+    assert len({r.key for r in runs}) == 2 and all(r.tags["cell_id"] == ok["cell_id"] for r in runs)
+    assert runs[1].tags["label"] == "after-fix" and runs[1].key.endswith(again["run_id"])
+    (latest,) = tracker_runs(load_results([path]))
+    assert latest.tags["run_id"] == again["run_id"]
