@@ -122,6 +122,7 @@ def recommendations(df: pd.DataFrame, steps: int) -> list[Block]:
     recs = analysis.recommend(df)
     out: list[Block] = [Heading(2, "Recommendations")]
     rows_by_name = {cell_label(row): row for _, row in df.iterrows()}
+    mem_col, mem_label = memory_metric(df)  # where the card's measure is missing (a CPU): the tables'
     groups = list(dict.fromkeys((r.budget, r.gpus) for r in recs.per_model))
     for budget, gpus in groups:
         gpu_text = f", {gpus} GPUs" if gpus > 1 else ""
@@ -132,26 +133,19 @@ def recommendations(df: pd.DataFrame, steps: int) -> list[Block]:
             if r.cell_name is None:
                 rows.append([r.model, "nothing fits", "—", "—", "—", r.note])
                 continue
-            mem = f"{num(r.memory_gib, 2)} GiB ({r.memory_label})" if r.memory_gib is not None else "—"
             row = rows_by_name.get(r.cell_name)
+            mem = f"{mem_text(r.memory_gib)} ({r.memory_label})" if r.memory_gib is not None else "—"
+            if r.memory_gib is None and row is not None and value(row, mem_col) is not None:
+                mem = f"{mem_text(value(row, mem_col))} ({mem_label.replace(' (GiB)', '')})"
             noisy = noise_text(row) if row is not None else ""
             note = "; ".join(x for x in (r.note, noisy) if x)
             when = time_text(row, steps) if row is not None else "—"
             rows.append([r.model, r.cell_name, num(r.images_per_s), when, mem, note])
         out.append(Para(f"Fastest configuration that fits, per model, on {budget}{gpu_text}:"))
-        out.append(
-            Table(
-                [
-                    "model",
-                    "fastest cell that fits",
-                    "images/s",
-                    f"time to {steps_text(steps)} steps",
-                    "memory",
-                    "note",
-                ],
-                rows,
-            )
-        )
+        headers = ["model", "fastest cell that fits", "images/s", f"time to {steps_text(steps)} steps"]
+        headers += ["memory", "note"]
+        keep = [i for i in range(len(headers)) if i < 4 or any(row[i] not in ("", "—") for row in rows)]
+        out.append(Table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows]))
         largest = recs.largest.get((budget, gpus))
         if largest is not None:
             out.append(
