@@ -1,10 +1,11 @@
 """Write TrackerRuns as MLflow runs in one experiment of a tracking URI (a server, or a local store).
 
 Each cell is a run named by its cell: knobs as params, identity as tags, metrics at step 0, series
-at their steps, grids as artifacts under grids/. The report is a run of its own (tag
-`ditbench.kind: report`) with report.md, report.html, results.csv and the plots under report/. A run
-carries `ditbench.record` (run id/cell id); a record already in the experiment is skipped, so
-exporting twice adds nothing twice. Needs mlflow-skinny (the `mlflow` extra); imported only here.
+at their steps, grids as artifacts under grids/ and the record itself as record.json. The report is
+a run of its own (tag `ditbench.kind: report`) with report.md, report.html, results.csv and the plots
+under report/. A run carries `ditbench.record` (run id/cell id); a record already in the experiment
+is skipped, so exporting twice adds nothing twice. Needs mlflow-skinny (the `mlflow` extra);
+imported only here.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def _log(client, run_id: str, run: TrackerRun) -> None:
         client.log_batch(run_id, metrics=metrics[i : i + BATCH], params=params[i : i + BATCH])
     for _, _, path in run.images:
         client.log_artifact(run_id, str(path), "grids")
+    client.log_dict(run_id, run.record, "record.json")  # the whole record, as `ditbench run` wrote it
 
 
 def export(

@@ -43,6 +43,7 @@ class TrackerRun:
     metrics: dict[str, float] = field(default_factory=dict)
     series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     images: list[tuple[str, int, Path]] = field(default_factory=list)  # (tag, step, PNG path)
+    record: dict[str, Any] = field(default_factory=dict)  # the record itself, for trackers that keep files
 
 
 def _finite(value: Any) -> float | None:
@@ -122,7 +123,7 @@ def tracker_run(record: dict[str, Any], folder: Path) -> TrackerRun:
         if metrics.get(key) is not None:
             tags[f"metrics.{key}"] = str(metrics[key])
     key = f"{_slug(name)}-{record['cell_id']}-{record.get('run_id')}"  # a rerun of the cell is a new run
-    run = TrackerRun(key=key, name=name, params=params, tags=tags, metrics=_metrics(metrics))
+    run = TrackerRun(key=key, name=name, params=params, tags=tags, metrics=_metrics(metrics), record=record)
     smoke = record.get("smoke") or {}
     losses = [(i + 1, v) for i, x in enumerate(smoke.get("loss") or []) if (v := _finite(x)) is not None]
     if losses:

@@ -144,6 +144,11 @@ def test_mlflow_holds_each_cell_as_a_run(results, tmp_path, monkeypatch, capsys)
     history = sorted(client.get_metric_history(run.info.run_id, "smoke/loss"), key=lambda m: m.step)
     assert [(m.step, m.value) for m in history] == list(enumerate(ok["smoke"]["loss"], start=1))
 
+    assert (
+        json.loads(Path(client.download_artifacts(run.info.run_id, "record.json", str(tmp_path))).read_text())
+        == ok
+    )
+
     run = runs[unsupported["cell_name"]]
     assert run.data.metrics == {} and run.data.tags["reason"] == unsupported["reason"]
 
