@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from ditbench.errors import UnsupportedError
+from ditbench.errors import UnsupportedError, UserError
 
 
 def require_diffusers(purpose: str):
@@ -26,4 +26,19 @@ def require_diffusers(purpose: str):
             f'({type(err).__name__}: {err}). It is an optional extra: pip install "ditbench[vae]" '
             '(or pip install "diffusers>=0.27"). The default paths (ditbench run cpu_smoke, fid, '
             "report, compare) do not need it."
+        ) from err
+
+
+def require_extra(module: str, extra: str, purpose: str):
+    """`module` imported, or a UserError naming `purpose` and `pip install "ditbench[extra]"`.
+
+    The trackers (tensorboard, mlflow) are imported only by `ditbench export`, never by a default path.
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise UserError(
+            f"{purpose} needs the {module} package, which is not installed or does not import "
+            f"({type(err).__name__}: {err}). It is an optional extra: pip install 'ditbench[{extra}]'. "
+            "Nothing was written; the other commands do not need it."
         ) from err

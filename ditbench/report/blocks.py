@@ -76,7 +76,10 @@ def speedup_text(x: float | None) -> str:
 
 
 def saved_text(x: float | None) -> str:
-    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.1f}%"
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "—"
+    text = f"{x:+.1f}%"
+    return "+0.0%" if text == "-0.0%" else text  # a saving that rounds to nothing has no sign
 
 
 def knob_text(name: str, v: Any) -> str:

@@ -13,8 +13,11 @@ import math
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
+from ditbench.report.load import column
 from ditbench.report.memory import cell_budget, shown_memory
+from ditbench.units import MIB_PER_GIB
 
 IMG_S = "metrics.images_per_s"
 PRECISION_COLOURS = {"fp32": "#1f77b4", "tf32": "#ff7f0e", "bf16": "#2ca02c", "fp16": "#d62728"}
@@ -100,11 +103,101 @@ def memory(rows: pd.DataFrame) -> pd.Series:
     return pd.Series([shown_memory(r)[0] for _, r in rows.iterrows()], index=rows.index, dtype=float)
 
 
-def memory_label(rows: pd.DataFrame) -> str:
+def memory_label(rows: pd.DataFrame, unit: str = "GiB") -> str:
     labels = list(
         dict.fromkeys(shown_memory(r)[1] for _, r in rows.iterrows() if shown_memory(r)[0] is not None)
     )
-    return (" / ".join(labels) or "peak memory") + " (GiB)"
+    return (" / ".join(labels) or "peak memory") + f" ({unit})"
+
+
+def memory_unit(largest_gib: float) -> tuple[float, str]:
+    """(factor from GiB, unit) an axis reads in: MiB when everything on it is below 1 GiB (units.py)."""
+    return (1.0, "GiB") if largest_gib >= 1 else (float(MIB_PER_GIB), "MiB")
+
+
+def speed_spread(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    """images/s at the window's p90 and p10 step times: its rate scaled by median/p90 and median/p10.
+
+    The per-step times' p10-p90 spread drawn on the speed axis (slow steps give the low end); NaN
+    where a record has no per-step times.
+    """
+    img, median = column(rows, IMG_S), column(rows, "metrics.step_ms.median")
+    p10, p90 = column(rows, "metrics.step_ms.p10"), column(rows, "metrics.step_ms.p90")
+    return img * median / p90, img * median / p10
+
+
+SPREAD_HANDLE = Line2D(
+    [], [], marker="|", linestyle="none", color="#555555", markersize=10, label="p10–p90 of step times"
+)
+
+
+def spread_bars(ax, x, rows: pd.DataFrame, colour: str) -> None:
+    """Vertical p10-p90 bars at x for the rows' images/s (nothing where the spread is unknown)."""
+    lo, hi = speed_spread(rows)
+    img = column(rows, IMG_S)
+    known = (lo.notna() & hi.notna()).to_numpy()
+    if known.any():
+        err = [(img - lo).clip(lower=0)[known], (hi - img).clip(lower=0)[known]]
+        ax.errorbar(
+            list(pd.Series(list(x))[known]), img[known], yerr=err, fmt="none", ecolor=colour,
+            elinewidth=1, capsize=2.5, alpha=0.8, zorder=2,
+        )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------- point labels
+
+LABEL_FONT = 7  # points
+
+
+def place_labels(ax, points: list[tuple[float, float, str]], radius_px: float = 9.0) -> None:
+    """Label points so that no label covers another label or a point, deterministically.
+
+    Points that land on the same pixel share one label ("4, 8"). Each label then takes the first of
+    a fixed list of spots around its point (right, upper right, left, lower right, above, below, and
+    farther out) that overlaps nothing placed yet and stays inside the axes; where every spot
+    overlaps, the least-overlapping one. Needs the figure laid out (fig.draw_without_rendering()).
+    """
+    dpi = ax.figure.dpi
+    to_px = ax.transData.transform
+    merged: list[list] = []
+    for x, y, text in sorted(points, key=lambda p: (p[0], p[1], p[2])):
+        px, py = to_px((x, y))
+        for m in merged:
+            if abs(m[0] - px) < 4 and abs(m[1] - py) < 4:
+                m[2].append(text)
+                break
+        else:
+            merged.append([px, py, [text], x, y])
+    r = radius_px
+    taken = [(m[0] - r, m[1] - r, m[0] + r, m[1] + r) for m in merged]  # the markers themselves
+    frame = ax.bbox.extents
+    height = LABEL_FONT * dpi / 72 * 1.25
+    for px, py, texts, x, y in merged:
+        text = ", ".join(dict.fromkeys(texts))
+        width = len(text) * LABEL_FONT * dpi / 72 * 0.62
+        spots = [
+            (r + 1, -height / 2), (r, r * 0.3), (-r - 1 - width, -height / 2), (r, -r * 0.3 - height),
+            (-width / 2, r + 1), (-width / 2, -r - 1 - height), (r + 1, r + 1), (r + 1, -r - 1 - height),
+            (-r - 1 - width, r + 1), (-r - 1 - width, -r - 1 - height), (2 * r + 2, -height / 2),
+            (-2 * r - 2 - width, -height / 2), (-width / 2, 2 * r + 2), (-width / 2, -2 * r - 2 - height),
+        ]  # fmt: skip
+        boxes = [(px + dx, py + dy, px + dx + width, py + dy + height) for dx, dy in spots]
+        costs = [  # area over labels and points, and (twice) area outside the axes
+            sum(_overlap(b, t) for t in taken) + 2 * (width * height - _overlap(b, frame)) for b in boxes
+        ]
+        dx, dy = spots[costs.index(min(costs))]  # the first of equal costs: the order above
+        taken.append((px + dx, py + dy, px + dx + width, py + dy + height))
+        label = ax.annotate(
+            text, (x, y), xytext=(dx * 72 / dpi, dy * 72 / dpi), textcoords="offset points",
+            fontsize=LABEL_FONT, color="#333333", ha="left", va="bottom", annotation_clip=False,
+        )  # fmt: skip
+        label.set_in_layout(False)  # the layout that placed it must not move under it
+
+
+def _overlap(a: tuple, b: tuple) -> float:
+    w = min(a[2], b[2]) - max(a[0], b[0])
+    h = min(a[3], b[3]) - max(a[1], b[1])
+    return w * h if w > 0 and h > 0 else 0.0
 
 
 # ------------------------------------------------------------------------------ speed against memory

@@ -6,7 +6,9 @@ and one legend below the panels, where it cannot cover a point. Colour says the 
 figure; in line figures the marker also says the precision and a dashed line says checkpointing,
 and the points of different lines at one batch size are nudged sideways so that equal values
 (bf16 and fp16 often are) stay visible; in the speed-against-memory figure the marker says
-checkpointing and each point is labelled with its batch size.
+checkpointing and each point is labelled with its batch size. Every speed point carries a bar from
+the images/s of its p90 step time to that of its p10 step time (figures.speed_spread), and a noisy
+cell is ringed. Memory reads in MiB on a panel where every value is below 1 GiB.
 """
 
 from __future__ import annotations
@@ -26,21 +28,26 @@ from ditbench.report.figures import (
     CKPT_STYLES,
     DODGE_OCTAVES,
     IMG_S,
+    NOISY_RING,
     OTHER_COLOURS,
     PLOT_FILES,
     PLOT_TITLES,
     PRECISION_COLOURS,
     PRECISION_MARKERS,
+    SPREAD_HANDLE,
     budget_lines,
     figure_legend,
     figure_png,
     memory,
     memory_label,
+    memory_unit,
     panel_models,
     panels,
+    speed_spread,
+    spread_bars,
 )
 from ditbench.report.load import column
-from ditbench.report.memory import cell_budget, needs_more_than
+from ditbench.report.memory import cell_budget, metrics_of, needs_more_than
 from ditbench.report.speed_memory import speed_memory_figure
 
 __all__ = ["PLOT_FILES", "PLOT_TITLES", "render_plots", "save_plots", "speed_memory_figure"]
@@ -100,6 +107,10 @@ def _batch_axis(ax, batches: list[float]) -> None:
 
 
 _OOM_HANDLE = Line2D([], [], marker="x", linestyle="none", color="black", label="out of memory")
+_NOISY_HANDLE = Line2D(
+    [], [], marker="o", linestyle="none", markerfacecolor="none", markeredgecolor=NOISY_RING,
+    markeredgewidth=2, markersize=11, label="noisy (unsteady step times)",
+)  # fmt: skip
 
 
 def throughput_figure(df: pd.DataFrame) -> Figure | None:
@@ -109,7 +120,7 @@ def throughput_figure(df: pd.DataFrame) -> Figure | None:
     models = panel_models(df)
     multi_gpu = (column(df, "config.gpus").fillna(1) > 1).any()
     fig, axes = panels(len(models), PLOT_TITLES["throughput"])
-    any_oom = False
+    any_oom = any_noisy = any_spread = False
     split = _split(df)
     for ax, model in zip(axes, models, strict=True):
         sub = df[df["config.model"] == model]
@@ -119,7 +130,17 @@ def throughput_figure(df: pd.DataFrame) -> Figure | None:
             ok = rows[(rows["status"] == "ok") & column(rows, IMG_S).notna()]
             ok = ok.assign(_bs=column(ok, "config.batch_size")).sort_values("_bs")
             if len(ok):  # a line with no ok cell (fp16 on a CPU) would only clutter the legend
-                ax.plot(_dodge(ok["_bs"], i, len(series)), column(ok, IMG_S), **style)
+                x = _dodge(ok["_bs"], i, len(series))
+                ax.plot(x, column(ok, IMG_S), **style)
+                spread_bars(ax, x, ok, style["color"])
+                any_spread = any_spread or column(ok, "metrics.step_ms.p10").notna().any()
+                noisy = [metrics_of(r).get("noisy") is True for _, r in ok.iterrows()]
+                if any(noisy):
+                    any_noisy = True
+                    ax.scatter(
+                        x[noisy], column(ok, IMG_S)[noisy], s=150, facecolors="none",
+                        edgecolors=NOISY_RING, linewidths=2, zorder=4,
+                    )  # fmt: skip
             oom = rows[rows["status"] == "oom"]
             if len(oom):
                 any_oom = True
@@ -132,11 +153,13 @@ def throughput_figure(df: pd.DataFrame) -> Figure | None:
                     clip_on=False,
                 )
         _batch_axis(ax, column(sub, "config.batch_size").dropna().tolist())
-        top = column(sub[sub["status"] == "ok"], IMG_S).max(skipna=True)
+        ok_rows = sub[sub["status"] == "ok"]
+        top = pd.concat([column(ok_rows, IMG_S), speed_spread(ok_rows)[1]]).max(skipna=True)
         ax.set_ylim(0, (top if top == top and top > 0 else 1) * 1.1)
         ax.set_title(model)
         ax.set_ylabel("images/s (all GPUs)" if multi_gpu else "images/s")
-    figure_legend(fig, axes, [_OOM_HANDLE] if any_oom else [])
+    handles = [(_OOM_HANDLE, any_oom), (_NOISY_HANDLE, any_noisy), (SPREAD_HANDLE, any_spread)]
+    figure_legend(fig, axes, [h for h, shown in handles if shown])
     return fig
 
 
@@ -154,12 +177,14 @@ def memory_figure(df: pd.DataFrame) -> Figure | None:
         budgets = budget_lines(sub)
         ok_mem = memory(sub[sub["status"] == "ok"])  # a failed cell's memory is not a data point
         top = max(ok_mem.max(skipna=True) if ok_mem.notna().any() else 0, max(budgets, default=0))
+        scale, unit = memory_unit(top)
+        top *= scale
         series = _series(sub, split)
         for i, (key, rows) in enumerate(series.items()):
             style = _style(key, rows.iloc[0], i)
             ok = rows[rows["status"] == "ok"]
-            ok = ok.assign(_bs=column(ok, "config.batch_size"), _mem=memory(ok)).dropna(subset=["_mem"])
-            ok = ok.sort_values("_bs")
+            ok = ok.assign(_bs=column(ok, "config.batch_size"), _mem=memory(ok) * scale)
+            ok = ok.dropna(subset=["_mem"]).sort_values("_bs")
             if len(ok):
                 ax.plot(_dodge(ok["_bs"], i, len(series)), ok["_mem"], **style)
             oom = rows[rows["status"] == "oom"]
@@ -171,7 +196,8 @@ def memory_figure(df: pd.DataFrame) -> Figure | None:
                 at_cap = [(b, n) for b, n in zip(bs, need, strict=True) if n is not None]
                 above = [b for b, n in zip(bs, need, strict=True) if n is None]
                 if at_cap:
-                    ax.plot(*zip(*at_cap, strict=True), "x", color=style["color"], markersize=8)
+                    xs, ys = zip(*at_cap, strict=True)
+                    ax.plot(xs, [y * scale for y in ys], "x", color=style["color"], markersize=8)
                 if above:  # an empty line off the axes would collapse the layout
                     ax.plot(
                         above,
@@ -183,11 +209,11 @@ def memory_figure(df: pd.DataFrame) -> Figure | None:
                         transform=ax.get_xaxis_transform(),
                     )
         for gib, text in budgets.items():
-            ax.axhline(gib, color="black", linewidth=1.2, linestyle="-.", label=text)
+            ax.axhline(gib * scale, color="black", linewidth=1.2, linestyle="-.", label=text)
         _batch_axis(ax, column(sub, "config.batch_size").dropna().tolist())
         ax.set_ylim(bottom=0, top=top * 1.12 or 1)
         ax.set_title(model)
-        ax.set_ylabel(memory_label(sub[sub["status"] == "ok"]))
+        ax.set_ylabel(memory_label(sub[sub["status"] == "ok"], unit))
     oom = Line2D(
         [], [], marker="x", linestyle="none", color="black", label="out of memory (at its cap, or above)"
     )

@@ -127,9 +127,11 @@ def _speed_memory(df: pd.DataFrame, png: bytes) -> list[Block]:
         "Each ok cell is a point: images/s against the memory that decides whether it fits a card "
         "(peak reserved + CUDA context where the context was measured, else NVML device memory, else "
         "reserved; on a CPU the allocator's peak, or the peak RSS of a job of several processes). Colour "
-        "is the precision, the marker says gradient checkpointing, the label is the batch size per GPU. "
-        "The line joins the Pareto front: the cells no other cell beats on both speed and memory. A "
-        "vertical line marks each card budget."
+        "is the precision, the marker says gradient checkpointing, the label is the batch size per GPU "
+        "(one label for cells on the same spot). A bar spans the images/s of the cell's p90 to its p10 "
+        "step time (the step-to-step spread); an orange ring marks a noisy cell. The line joins the "
+        "Pareto front: the cells no other cell beats on both speed and memory. A vertical line marks "
+        "each card budget. Memory reads in MiB on a panel where every value is below 1 GiB."
     )
     if emulated_cells(df):
         text += " Speeds of cells that ran on a capped bigger card are that card's."

@@ -48,6 +48,8 @@ STATUS_TEXT = {
     "skipped": "skipped",
     "unsupported": "unsupported",
 }
+# Statuses that measured nothing: in a table, such cells sharing a reason are one row that names them.
+NOT_MEASURED = ("unsupported", "skipped")
 VERDICT_CSS = {
     "held": "held",
     "not held": "not-held",
@@ -120,6 +122,7 @@ def recommendations(df: pd.DataFrame, steps: int) -> list[Block]:
     recs = analysis.recommend(df)
     out: list[Block] = [Heading(2, "Recommendations")]
     rows_by_name = {cell_label(row): row for _, row in df.iterrows()}
+    mem_col, mem_label = memory_metric(df)  # where the card's measure is missing (a CPU): the tables'
     groups = list(dict.fromkeys((r.budget, r.gpus) for r in recs.per_model))
     for budget, gpus in groups:
         gpu_text = f", {gpus} GPUs" if gpus > 1 else ""
@@ -130,26 +133,19 @@ def recommendations(df: pd.DataFrame, steps: int) -> list[Block]:
             if r.cell_name is None:
                 rows.append([r.model, "nothing fits", "—", "—", "—", r.note])
                 continue
-            mem = f"{num(r.memory_gib, 2)} GiB ({r.memory_label})" if r.memory_gib is not None else "—"
             row = rows_by_name.get(r.cell_name)
+            mem = f"{mem_text(r.memory_gib)} ({r.memory_label})" if r.memory_gib is not None else "—"
+            if r.memory_gib is None and row is not None and value(row, mem_col) is not None:
+                mem = f"{mem_text(value(row, mem_col))} ({mem_label.replace(' (GiB)', '')})"
             noisy = noise_text(row) if row is not None else ""
             note = "; ".join(x for x in (r.note, noisy) if x)
             when = time_text(row, steps) if row is not None else "—"
             rows.append([r.model, r.cell_name, num(r.images_per_s), when, mem, note])
         out.append(Para(f"Fastest configuration that fits, per model, on {budget}{gpu_text}:"))
-        out.append(
-            Table(
-                [
-                    "model",
-                    "fastest cell that fits",
-                    "images/s",
-                    f"time to {steps_text(steps)} steps",
-                    "memory",
-                    "note",
-                ],
-                rows,
-            )
-        )
+        headers = ["model", "fastest cell that fits", "images/s", f"time to {steps_text(steps)} steps"]
+        headers += ["memory", "note"]
+        keep = [i for i in range(len(headers)) if i < 4 or any(row[i] not in ("", "—") for row in rows)]
+        out.append(Table([headers[i] for i in keep], [[row[i] for i in keep] for row in rows]))
         largest = recs.largest.get((budget, gpus))
         if largest is not None:
             out.append(
@@ -166,12 +162,33 @@ def recommendations(df: pd.DataFrame, steps: int) -> list[Block]:
 # ------------------------------------------------------------------------------------------ verdicts
 
 
+def collapse_unmeasured(rows: list[tuple[str, str, list[str], str]]) -> list[tuple[str, list[str], int]]:
+    """(verdict, reason, table row, name) -> (verdict, row, count): "not measured" rows that give the
+    same reason become one row, where the first one was, whose first cell joins their names."""
+    out: list[tuple[str, list[str], list[str]]] = []
+    where: dict[str, int] = {}
+    for verdict, reason, row, name in rows:
+        if verdict == "not measured" and reason in where:
+            out[where[reason]][2].append(name)
+            continue
+        if verdict == "not measured":
+            where[reason] = len(out)
+        out.append((verdict, list(row), [name]))
+    for _, row, names in out:
+        if len(names) > 1:
+            row[0] = "; ".join(names)
+    return [(verdict, row, len(names)) for verdict, row, names in out]
+
+
 def advice_section(df: pd.DataFrame) -> list[Block]:
     checks = advice.advice_checks(df)
+    rows = collapse_unmeasured(
+        [(c.verdict, c.evidence, [c.claim, c.verdict, c.evidence], c.claim) for c in checks]
+    )
     table = Table(
         ["advice", "verdict", "evidence from this run"],
-        [[c.claim, c.verdict, c.evidence] for c in checks],
-        [["", VERDICT_CSS[c.verdict], ""] for c in checks],
+        [row for _, row, _ in rows],
+        [["", VERDICT_CSS[verdict], ""] for verdict, _, _ in rows],
     )
     return [
         Heading(2, "Common advice, checked"),
@@ -192,11 +209,19 @@ def claims_section(
             f" The claims' speeds are about an {card}: a speed measured on another card, or on a bigger card "
             "capped to emulate it, is shown but not judged."
         )
-    rows, css = [], []
+    entries = []
     for r in results:
         says = r.claim.says + (f" (note: {r.claim.note})" if r.claim.note else "")
-        rows.append([says, r.verdict, r.claimed, r.measured, r.evidence or "—"])
-        css.append(["", VERDICT_CSS[r.verdict], "", "", ""])
+        evidence = r.evidence or "—"
+        row = [says, r.verdict, r.claimed, r.measured, evidence]
+        # unmeasured claims with one reason share a row: each keeps what it claimed in its name there
+        entries.append((r.verdict, evidence, row, f"{says} (claimed: {r.claimed})"))
+    rows, css = [], []
+    for verdict, row, count in collapse_unmeasured(entries):
+        if count > 1:
+            row[2] = "—"
+        rows.append(row)
+        css.append(["", VERDICT_CSS[verdict], "", "", ""])
     return [
         Heading(2, "Claims checked against this run"),
         Para(intro),
@@ -275,10 +300,22 @@ def model_section(
     fit_header = f"fits {next(iter(budgets)).name}" if len(budgets) == 1 else "fits its budget"
     emulated = any(b.emulated for b in budgets)
     detail, detail_css = [], []
+    unmeasured: dict[tuple, list] = {}  # (status, reason) -> cells: one row each, after the measured
     for label in order:
         row = sub.loc[label]
+        if row["status"] in NOT_MEASURED:
+            unmeasured.setdefault((row["status"], str(row.get("reason"))), []).append(label)
+            continue
         detail.append(_detail_row(row, comparison.loc[label], mem_col, steps, multi_run, emulated))
         detail_css.append(["", f"status-{row['status']}"] + [""] * (len(detail[-1]) - 2))
+    for (status, _), labels in unmeasured.items():
+        first = sub.loc[labels[0]]
+        cells = _detail_row(first, comparison.loc[labels[0]], mem_col, steps, multi_run, emulated)
+        if len(labels) > 1:
+            names = [cell_label(sub.loc[i]).removeprefix(f"{model} ") for i in labels]
+            cells[0] = f"{len(labels)} cells: " + ", ".join(names)
+        detail.append(cells)
+        detail_css.append(["", f"status-{status}"] + [""] * (len(cells) - 2))
     headers = [
         "cell",
         "status",

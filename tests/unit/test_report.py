@@ -410,7 +410,7 @@ def test_lines_without_an_ok_cell_stay_out_of_the_legend(tmp_path):
     records = make_matrix(models=("DiT-S/8",), precisions=("fp32", "fp16"), batches=(2, 4), device="cpu")
     fig = throughput_figure(frame(tmp_path, records))
     labels = [t.get_text() for t in fig.legends[0].get_texts()]  # one legend, below the panels
-    assert labels == ["fp32 ckpt=none", "fp32 ckpt=full"]
+    assert labels == ["fp32 ckpt=none", "fp32 ckpt=full", "p10–p90 of step times"]
 
 
 def test_multi_gpu_cells_show_their_scaling_efficiency(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.collections import LineCollection, PathCollection
 from report_support import RTX4090_ENV, cell, emulated, noisy, on_card
 from synthetic_records import cell_id as synthetic_cell_id
 from synthetic_records import make_matrix, make_record, write_jsonl
@@ -135,12 +136,14 @@ def test_speed_memory_figure(tmp_path):
     fig = speed_memory_figure(df)
     l4, b8 = fig.axes[:2]
     assert l4.get_title() == "DiT-L/4" and b8.get_title() == "DiT-B/8"
-    assert len(l4.collections) == 3 + 1  # three ok cells, one noisy ring
+    dots = [c for c in l4.collections if isinstance(c, PathCollection)]
+    assert len(dots) == 3 + 1  # three ok cells, one noisy ring
+    assert sum(isinstance(c, LineCollection) for c in l4.collections) == 3  # each cell's p10-p90 bar
     # the budget is drawn on the same memory measure as the points: reserved + context, at 23.99
     budget = [ln for ln in l4.get_lines() if ln.get_label().startswith("budget")]
     assert budget and budget[0].get_xdata()[0] == 23.99
     assert l4.get_xlabel() == "peak reserved + CUDA context (GiB)"
-    points = sorted(tuple(c.get_offsets()[0]) for c in l4.collections if c.get_sizes()[0] < 100)
+    points = sorted(tuple(c.get_offsets()[0]) for c in dots if c.get_sizes()[0] < 100)
     flat = [v for p in points for v in p]
     assert flat == pytest.approx([11.3, 129.6, 11.5, 217.6, 11.6, 200.0])
     front = next(ln for ln in l4.get_lines() if ln.get_label() == "Pareto front")
@@ -165,7 +168,7 @@ def test_equal_lines_stay_visible(tmp_path):
         for bs in (16, 32)
     ]
     fig = throughput_figure(frame(tmp_path, records))
-    bf16, fp16 = fig.axes[0].get_lines()
+    bf16, fp16 = [ln for ln in fig.axes[0].get_lines() if not ln.get_label().startswith("_")]  # not bar caps
     assert bf16.get_marker() != fp16.get_marker()
     assert all(a < b for a, b in zip(bf16.get_xdata(), fp16.get_xdata(), strict=True))
     mem = memory_figure(frame(tmp_path, records, "m.jsonl"))
@@ -183,7 +186,7 @@ def test_line_names_are_the_same_in_every_panel(tmp_path):
     ]
     fig = throughput_figure(frame(tmp_path, records))
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert labels == ["fp32 ckpt=none", "fp16 ckpt=none", "fp16 ckpt=full"]
+    assert labels == ["fp32 ckpt=none", "fp16 ckpt=none", "fp16 ckpt=full", "p10–p90 of step times"]
 
 
 # ------------------------------------------------------------------------------------ several runs

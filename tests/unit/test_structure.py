@@ -122,6 +122,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("ditbench.bench",),
     # reading records back: reports, claims, the gate
     ("ditbench.report",),
+    # writing records into experiment trackers (TensorBoard, MLflow)
+    ("ditbench.export",),
     # the entry points: `ditbench` and each command's module (cli.COMMANDS)
     ("ditbench.cli", "ditbench.__main__"),
 ]  # fmt: skip

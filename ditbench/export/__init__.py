@@ -1,0 +1,1 @@
+"""`ditbench export`: result records into experiment trackers (TensorBoard, MLflow), each an extra."""

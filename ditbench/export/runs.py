@@ -1,0 +1,142 @@
+"""One result record as an experiment tracker's run: the same content for TensorBoard and MLflow.
+
+A cell's knobs (its `config`, flattened with dots) are the run's parameters; its record's identity
+(suite, run id, label, status, reason) are tags; each finite number under `metrics` is a metric,
+grouped as speed, memory or other by its key; the smoke run's loss and the quality loop's training
+loss and scores are step series; the quality grids are images at their step. Nothing here imports a
+tracker: the writers (tensorboard_writer, mlflow_writer) turn a TrackerRun into their own calls.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from ditbench.report.load import flatten
+
+# metrics.<key> -> the group a tracker shows it under; keys not listed go under "metrics/".
+SPEED_KEYS = (
+    "steps_per_s", "images_per_s", "images_per_s_per_gpu", "step_ms", "tflops_per_s", "mfu",
+    "scaling_efficiency", "measured_steps", "window_s",
+)  # fmt: skip
+MEMORY_KEYS = (
+    "peak_mem_allocated_gib", "peak_mem_reserved_gib", "device_mem_gib", "cpu_peak_rss_gib",
+    "cpu_peak_alloc_gib", "predicted_peak_gib",
+)  # fmt: skip
+Param = str | int | float | bool
+
+
+@dataclass
+class TrackerRun:
+    """What one record becomes in a tracker. `key` (name, cell id, run id) is safe as a folder name."""
+
+    key: str
+    name: str
+    params: dict[str, Param] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    images: list[tuple[str, int, Path]] = field(default_factory=list)  # (tag, step, PNG path)
+    record: dict[str, Any] = field(default_factory=dict)  # the record itself, for trackers that keep files
+
+
+def _finite(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def _param(value: Any) -> Param:
+    if value is None:
+        return "null"
+    if isinstance(value, str | int | float | bool):
+        return value
+    return json.dumps(value, sort_keys=True)  # a list of steps or seeds: one readable value
+
+
+def _group(key: str) -> str:
+    top = key.split(".", 1)[0]
+    if top in SPEED_KEYS:
+        return "speed"
+    if top in MEMORY_KEYS:
+        return "memory"
+    return "metrics"
+
+
+def _metrics(metrics: dict[str, Any] | None) -> dict[str, float]:
+    out = {}
+    for key, value in flatten(metrics or {}).items():
+        number = _finite(value)
+        if number is not None:  # per-step samples (a list), kernel names and flags are not metrics
+            out[f"{_group(key)}/{key}"] = number
+    return out
+
+
+def _quality(quality: dict[str, Any] | None, folder: Path) -> tuple[dict, list]:
+    series: dict[str, list[tuple[int, float]]] = {}
+    images: list[tuple[str, int, Path]] = []
+    if not quality:
+        return series, images
+    for point in quality.get("train_loss") or []:
+        if isinstance(point, list) and len(point) == 2 and (v := _finite(point[1])) is not None:
+            series.setdefault("quality/train_loss", []).append((int(point[0]), v))
+    for evaluation in quality.get("evaluations") or []:
+        step = int(evaluation.get("step", 0))
+        for name, value in (evaluation.get("metrics") or {}).items():
+            if (v := _finite(value)) is not None:
+                series.setdefault(f"quality/{name}", []).append((step, v))
+        for name, value in (evaluation.get("spread") or {}).items():
+            if (v := _finite(value)) is not None:
+                series.setdefault(f"quality/{name}_spread", []).append((step, v))
+        grid = evaluation.get("grid")
+        if isinstance(grid, str) and (folder / grid).is_file():  # relative to the results file
+            images.append(("quality/grid", step, folder / grid))
+    return series, images
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("_")[:80] or "cell"
+
+
+def tracker_run(record: dict[str, Any], folder: Path) -> TrackerRun:
+    """The run for one record; `folder` is the results file's folder (grids are relative to it)."""
+    label = record.get("label")
+    name = str(record.get("cell_name") or record["cell_id"]) + (f" [{label}]" if label else "")
+    params = {k: _param(v) for k, v in flatten(record.get("config") or {}).items()}
+    tags = {
+        key: str(record[key])
+        for key in ("suite", "run_id", "cell_id", "label", "status", "reason", "started_at")
+        if record.get(key) is not None
+    }
+    for key in ("gpu_name", "gpu_count", "cpu", "torch", "cuda", "ditbench", "git_sha", "host"):
+        if (record.get("env") or {}).get(key) is not None:
+            tags[f"env.{key}"] = str(record["env"][key])
+    metrics = record.get("metrics") or {}
+    for key in ("noisy", "fits_budget", "attention_kernel", "optimizer_kernel"):
+        if metrics.get(key) is not None:
+            tags[f"metrics.{key}"] = str(metrics[key])
+    key = f"{_slug(name)}-{record['cell_id']}-{record.get('run_id')}"  # a rerun of the cell is a new run
+    run = TrackerRun(key=key, name=name, params=params, tags=tags, metrics=_metrics(metrics), record=record)
+    smoke = record.get("smoke") or {}
+    losses = [(i + 1, v) for i, x in enumerate(smoke.get("loss") or []) if (v := _finite(x)) is not None]
+    if losses:
+        run.series["smoke/loss"] = losses
+    for key in ("first_mean", "last_mean", "nonfinite_steps", "scaler_skips"):
+        if (v := _finite(smoke.get(key))) is not None:
+            run.metrics[f"smoke/{key}"] = v
+    run.series.update((q := _quality(record.get("quality"), folder))[0])
+    run.images = q[1]
+    return run
+
+
+def tracker_runs(df: pd.DataFrame) -> list[TrackerRun]:
+    """One run per loaded record (its source is `path:line`; grids are relative to that folder)."""
+    sources = (Path(str(source).rsplit(":", 1)[0]).parent for source in df["source"])
+    return [tracker_run(record, folder) for record, folder in zip(df["record"], sources, strict=True)]
