@@ -248,6 +248,7 @@ def planner_verdict(prediction: dict | None, record: dict | None) -> dict[str, A
         "predicted_status": (prediction or {}).get("status"),
         "measured_status": record.get("status") if record else None,
     }
+    _speed(out, prediction, record)
     fit = {"fits": True, "oom": False}.get(out["predicted_status"])
     if fit is not None and out["measured_status"] in ("ok", "oom"):
         out["fit_agrees"] = fit == (out["measured_status"] == "ok")
@@ -263,6 +264,19 @@ def planner_verdict(prediction: dict | None, record: dict | None) -> dict[str, A
     out.update(error_gib=round(error, 3), error_pct=round(100 * error / measured, 1) if measured else None)
     ok = abs(error) <= max(rel * measured, gib)
     return {**out, "verdict": MET if ok else NOT_MET, "why": None if ok else "outside +-10% / +-0.5 GiB"}
+
+
+def _speed(out: dict[str, Any], prediction: dict | None, record: dict | None) -> None:
+    """The time model's steps/s on the real GPU against the measured ones (shown beside the memory
+    verdict, which it does not change): the error and whether it is within the calibration's band."""
+    predicted = (prediction or {}).get("predicted_steps_per_s")
+    measured = _metric(record, "steps_per_s")
+    out.update(predicted_steps_per_s=predicted, measured_steps_per_s=measured)
+    if predicted and measured and record and record.get("status") == "ok":
+        error = 100 * (predicted / measured - 1)
+        band = (prediction or {}).get("predicted_speed_band_pct")
+        within = None if band is None else abs(error) <= band
+        out.update(speed_error_pct=round(error, 1), speed_within_band=within)
 
 
 def expectation_verdict(expected: str, record: dict | None, smoke: bool) -> dict[str, Any]:

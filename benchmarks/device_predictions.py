@@ -134,7 +134,11 @@ def predict_all() -> dict[str, Any]:
             start = time.perf_counter()
             knobs = {name: value for name, value in config.items() if name != "card"}
             pred = predict_cell(knobs, card)
+            # Speed is compared with what the real GPU measured, whatever card the cell emulates.
+            on_gpu = pred if card in (None, REAL_GPU) else predict_cell(knobs, REAL_GPU)
             entry = {
+                "predicted_steps_per_s": on_gpu.predicted_steps_per_s,
+                "predicted_speed_band_pct": on_gpu.predicted_speed_band_pct,
                 "status": pred.status,
                 "reason": pred.reason,
                 "card": card,

@@ -112,17 +112,23 @@ def _matched_table(rows: list[dict]) -> list[str]:
 
 def _planner_table(rows: list[dict]) -> list[str]:
     lines = [
-        "| cell | card | measured peak alloc GiB | predicted | error | predicted fit | verdict |",
-        "|---|---|---|---|---|---|---|",
+        "| cell | card | measured peak alloc GiB | predicted | error | predicted fit | verdict "
+        "| steps/s measured | predicted | error |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         error = "-" if r.get("error_gib") is None else f"{r['error_pct']:+.1f}% ({r['error_gib']:+.2f} GiB)"
         fit = r.get("predicted_status") or "-"
         if "fit_agrees" in r:
             fit += f" ({'agrees' if r['fit_agrees'] else 'DISAGREES'}: {r['measured_status']})"
+        speed_error = "-" if r.get("speed_error_pct") is None else f"{r['speed_error_pct']:+.1f}%"
+        if r.get("speed_within_band") is False:
+            speed_error += " (outside the band)"
         lines.append(
             f"| {r['cell']} | {r['card'] or 'CPU'} | {_f(r['measured_gib'], '.2f')} | "
-            f"{_f(r['predicted_gib'], '.2f')} | {error} | {fit} | {r['verdict']} |"
+            f"{_f(r['predicted_gib'], '.2f')} | {error} | {fit} | {r['verdict']} | "
+            f"{_f(r.get('measured_steps_per_s'), '.2f')} | {_f(r.get('predicted_steps_per_s'), '.2f')} | "
+            f"{speed_error} |"
         )
     return lines
 

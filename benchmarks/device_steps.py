@@ -330,6 +330,16 @@ def step_planner(check, cap: float) -> dict[str, Any]:
         }
     outside = [r["cell"] for r in compared if r["verdict"] != dc.MET]
     reason = f"{len(compared) - len(outside)} of {len(compared)} within +-10% / +-0.5 GiB"
+    speeds = sorted(abs(r["speed_error_pct"]) for r in rows if r.get("speed_error_pct") is not None)
+    if speeds:  # the time model against the measured steps/s (shown; the memory verdict decides)
+        import statistics
+
+        median = statistics.median(speeds)
+        inside = sum(bool(r.get("speed_within_band")) for r in rows)
+        reason += (
+            f"; speed: median |error| {median:.1f}%, worst {speeds[-1]:.1f}% over {len(speeds)} cells, "
+            f"{inside} within the band"
+        )
     return {"status": "ok", "reason": reason, "figures": figures}
 
 

@@ -62,6 +62,55 @@ MEMORY_CLASSES_GB = (12, 16, 24, 32, 40, 48, 80, 94, 141)
 GENERIC_NAMES = {"A100": "A100-80GB", "V100": "V100-32GB"}
 
 
+@dataclass(frozen=True)
+class Datasheet:
+    """A card's speed figures for the time model (plan/speed.py), dense (no sparsity), in TFLOPS/GB/s.
+
+    `fp16` is the tensor-core rate for fp16/bf16 inputs with float32 accumulation (what PyTorch's
+    matmuls use; GeForce cards run it at half their fp16-accumulate rate); `tf32` equals `fp32` on
+    cards without TF32 (before Ampere). `link_gbs`: per-GPU bandwidth in one direction to the other
+    GPUs of a node (NVLink where the card has it, else PCIe), what a ring all-reduce moves data at.
+    """
+
+    fp32: float
+    tf32: float
+    fp16: float
+    memory_gbs: float
+    link_gbs: float
+    link: str
+    bf16: bool = True
+
+
+# Vendor datasheets / architecture whitepapers (dense figures; "with sparsity" halved):
+# H100/H200 SXM: NVIDIA H100 and H200 datasheets (67 / 494.7 / 989.4; HBM3 3.35 TB/s, HBM3e 4.8 TB/s;
+# NVLink 4 900 GB/s both ways). H100 NVL: H100 datasheet (60 / 417.5 / 835.5; 3.9 TB/s; NVLink bridge
+# 600 GB/s). A100 SXM: A100 datasheet (19.5 / 156 / 312; 1,555 GB/s 40GB, 2,039 GB/s 80GB; NVLink 3
+# 600 GB/s). V100 SXM2: V100 datasheet (15.7 fp32, 125 tensor fp16, 900 GB/s, NVLink 2 300 GB/s).
+# T4, L4, A10, L40S, RTX A6000: their product datasheets. GeForce: NVIDIA's Ampere GA102 and Ada
+# AD102 whitepapers (fp16 tensor with fp32 accumulate) and product pages (memory bandwidth); RTX 5090:
+# its product page (104.8 fp32, 1,792 GB/s). PCIe per direction: Gen3 x16 16, Gen4 32, Gen5 64 GB/s.
+DATASHEETS: dict[str, Datasheet] = {
+    "RTX 3060 12GB": Datasheet(12.7, 12.7, 25.4, 360, 32, "PCIe 4.0"),
+    "RTX 4070 12GB": Datasheet(29.1, 29.1, 58.3, 504, 32, "PCIe 4.0"),
+    "T4": Datasheet(8.1, 8.1, 65.0, 320, 16, "PCIe 3.0", bf16=False),
+    "RTX 4080 16GB": Datasheet(48.7, 48.7, 97.5, 717, 32, "PCIe 4.0"),
+    "V100 16GB": Datasheet(15.7, 15.7, 125.0, 900, 150, "NVLink 2", bf16=False),
+    "RTX 3090": Datasheet(35.6, 35.6, 71.0, 936, 32, "PCIe 4.0"),
+    "RTX 4090": Datasheet(82.6, 82.6, 165.2, 1008, 32, "PCIe 4.0"),
+    "L4": Datasheet(30.3, 60.0, 121.0, 300, 32, "PCIe 4.0"),
+    "A10": Datasheet(31.2, 62.5, 125.0, 600, 32, "PCIe 4.0"),
+    "RTX 5090": Datasheet(104.8, 104.8, 209.5, 1792, 64, "PCIe 5.0"),
+    "V100-32GB": Datasheet(15.7, 15.7, 125.0, 900, 150, "NVLink 2", bf16=False),
+    "A100-40GB": Datasheet(19.5, 156.0, 312.0, 1555, 300, "NVLink 3"),
+    "RTX A6000": Datasheet(38.7, 77.4, 154.8, 768, 32, "PCIe 4.0"),
+    "L40S": Datasheet(91.6, 183.0, 362.0, 864, 32, "PCIe 4.0"),
+    "A100-80GB": Datasheet(19.5, 156.0, 312.0, 2039, 300, "NVLink 3"),
+    "H100": Datasheet(67.0, 494.7, 989.4, 3350, 450, "NVLink 4"),
+    "H100 NVL": Datasheet(60.0, 417.5, 835.5, 3900, 300, "NVLink bridge"),
+    "H200": Datasheet(67.0, 494.7, 989.4, 4800, 450, "NVLink 4"),
+}
+
+
 def _key(text: str) -> str:
     low = text.lower().replace("nvidia", "").replace("geforce", "").replace("tesla", "")
     return re.sub(r"[^a-z0-9]", "", low)

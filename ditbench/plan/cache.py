@@ -23,7 +23,7 @@ from ditbench.plan.emulation import Target
 from ditbench.plan.trace import Trace
 
 CACHE_ENV = "DITBENCH_CACHE"
-VERSION = 1  # bump when what a trace records, or how, changes outside the source files
+VERSION = 2  # bump when what a trace records, or how, changes outside the source files
 
 
 def cache_dir() -> Path:
@@ -65,6 +65,9 @@ def load(name: str) -> SeriesTrace | None:
             notes=[str(n) for n in t["notes"]],
             ops=int(t["ops"]),
             params=int(t["params"]),
+            kernels={
+                (str(r[0]), str(r[1]), bool(r[2]), *(int(x) for x in r[3:7])): int(r[7]) for r in t["kernels"]
+            },
         )
         series = SeriesTrace(trace, int(data["probe"]), data["const"], data["per_sample"])
         if len(series.const) != len(trace.sizes) or len(series.per_sample) != len(trace.sizes):
@@ -90,6 +93,7 @@ def save(name: str, series: SeriesTrace) -> None:
             "notes": t.notes,
             "ops": t.ops,
             "params": t.params,
+            "kernels": [[*row, count] for row, count in t.kernels.items()],
         },
         "probe": series.probe,
         "const": series.const,

@@ -68,6 +68,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-tree", action="store_true", help="skip the decision tree over card classes")
     parser.add_argument(
+        "--gpus",
+        type=int,
+        default=None,
+        help="data-parallel GPUs per cell for the speed prediction (default 1): adds DDP's all-reduce over "
+        "the card's interconnect; memory stays the one-GPU trace",
+    )
+    goal = parser.add_mutually_exclusive_group()
+    goal.add_argument(
+        "--target-steps", type=int, default=None, help="steps to train, for days and GPU-hours (400000)"
+    )
+    goal.add_argument("--target-images", type=int, default=None, help="or images to train on")
+    parser.add_argument(
+        "--calibrate",
+        type=Path,
+        metavar="RESULTS.jsonl",
+        help="fit the speed model on these measured cells (ditbench records of GPUs in the card table) "
+        "instead of the shipped H200 calibration",
+    )
+    parser.add_argument(
         "--jobs",
         type=int,
         default=None,
@@ -233,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ditbench.plan.grid import default_jobs, evaluate
     from ditbench.plan.predict import DEFAULT_CONTEXT_GIB, budget
-    from ditbench.plan.render import advice_details, cells_table, reasons, to_json, tree_table
+    from ditbench.plan.render import advice_details, cells_table, reasons, speed_table, to_json, tree_table
     from ditbench.plan.tree import DEFAULT_TARGET_BATCH, class_cards, decision_tree
 
     warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
@@ -246,6 +265,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--target-batch must be a positive integer, got {args.target_batch}")
     target_batch = DEFAULT_TARGET_BATCH if args.target_batch is None else args.target_batch
     records = _read_results(args.results) if args.results else []
+    speed = _speed_options(args)
     series, suite = _series(args)
     main = _budgets(args, suite, series, context)
     cuda = any(s.config["device"] == "cuda" for s in series)
@@ -263,7 +283,7 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     jobs = args.jobs or default_jobs()
     with _progress(len(series), args.no_cache) as bar:
-        results = evaluate(series, budgets, jobs, lambda n, total, s: bar.update(1), not args.no_cache)
+        results = evaluate(series, budgets, jobs, lambda n, total, s: bar.update(1), not args.no_cache, speed)
     seconds = time.perf_counter() - start
     cells = [p for res in results for p in res[0]]
     by_class = {gb: [p for res in results for p in res[i + 1]] for i, (gb, _) in enumerate(tree_cards)}
@@ -282,6 +302,12 @@ def run(args: argparse.Namespace) -> int:
         "series": len(series),
         "seconds": round(seconds, 1),
         "measured_cells": measured,
+        "gpus": speed.gpus,
+        "target_steps": None if speed.target_images else speed.target_steps,
+        "target_images": speed.target_images,
+        "speed_calibration": {
+            k: v for k, v in (speed.calibration or _shipped()).to_dict().items() if k != "loo"
+        },
     }
     if args.json:
         print(json.dumps(to_json(cells, advice, meta, target_batch), indent=1, allow_nan=False))
@@ -298,6 +324,18 @@ def run(args: argparse.Namespace) -> int:
     )
     print()
     print(cells_table(cells))
+    speeds = speed_table(cells)
+    if speeds:
+        cal = speed.calibration or _shipped()
+        goal = f"{speed.target_images:,} images" if speed.target_images else f"{speed.target_steps:,} steps"
+        per = f" per GPU x {speed.gpus} GPUs (DDP)" if speed.gpus > 1 else ""
+        band = (
+            f"+-{cal.band_pct:g}%, the calibration's worst leave-one-out error"
+            if cal.band_pct is not None
+            else "no error band: fewer than 3 calibration cells"
+        )
+        print(f"\nPredicted speed{per} ({band}; calibrated on {cal.source}); days and GPU-hours to {goal}:\n")
+        print(speeds)
     for line in reasons(cells):
         print(f"\n{line}")
     notes = sorted({n for p in cells for n in p.notes})
@@ -305,8 +343,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"\nnote: {note}")
     if advice:
         print(
-            "\nDecision tree (each class's smallest card; the fastest setting that reaches batch "
-            f"{target_batch}):\n"
+            "\nDecision tree (each class's smallest card; the fastest setting, by predicted images/s, "
+            f"that reaches batch {target_batch}; days to the target at its batch):\n"
         )
         print(tree_table(advice, target_batch))
         details = advice_details(advice)
@@ -315,18 +353,46 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_results(path: Path) -> list[dict]:
+def _shipped():
+    from ditbench.plan.speed import shipped
+
+    return shipped()
+
+
+def _speed_options(args: argparse.Namespace):
+    from ditbench.plan.predict import SpeedOptions
+    from ditbench.plan.speed import DEFAULT_TARGET_STEPS
+
+    for flag in ("gpus", "target_steps", "target_images"):
+        value = getattr(args, flag)
+        if value is not None and not 1 <= value <= (4096 if flag == "gpus" else 10**12):
+            top = 4096 if flag == "gpus" else "10^12"
+            raise UserError(f"--{flag.replace('_', '-')} must be an integer from 1 to {top}, got {value}")
+    calibration = None
+    if args.calibrate is not None:
+        from ditbench.plan.calibration import from_records
+
+        calibration = from_records(args.calibrate, _read_results(args.calibrate, "--calibrate"))
+    return SpeedOptions(
+        calibration=calibration,
+        gpus=args.gpus or 1,
+        target_steps=args.target_steps or DEFAULT_TARGET_STEPS,
+        target_images=args.target_images,
+    )
+
+
+def _read_results(path: Path, flag: str = "--results") -> list[dict]:
     from ditbench.plan.measured_records import read_results
 
     hint = "give a results.jsonl written by `ditbench run`"
     if not path.exists():
-        raise UserError(f"--results {path}: no such file ({hint})")
+        raise UserError(f"{flag} {path}: no such file ({hint})")
     if not path.is_file():
-        raise UserError(f"--results {path}: not a regular file ({hint})")
+        raise UserError(f"{flag} {path}: not a regular file ({hint})")
     try:
         records = read_results(path)
     except OSError as err:
-        raise UserError(f"--results {path}: cannot read it ({err.strerror or err})") from err
+        raise UserError(f"{flag} {path}: cannot read it ({err.strerror or err})") from err
     if not records:
-        raise UserError(f"--results {path}: no result records in it ({hint})")
+        raise UserError(f"{flag} {path}: no result records in it ({hint})")
     return records

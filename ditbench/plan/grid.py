@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ditbench.plan.predict import Budget, Prediction, normalize, predict_budgets
+from ditbench.plan.predict import Budget, Prediction, SpeedOptions, normalize, predict_budgets
 from ditbench.precision import PRECISIONS
 
 DEFAULT_PRECISIONS = PRECISIONS  # every policy
@@ -91,13 +91,16 @@ def _groups(series: list[Series], budgets: list[Budget]) -> list[list[int]]:
     return sorted(groups.values(), key=lambda g: -_cost([series[i] for i in g]))
 
 
-def _work(group: list[Series], budgets: list[Budget], disk_cache: bool) -> list[list[list[Prediction]]]:
-    """Predict the first series of a group; the others differ only in their precision's name."""
+def _work(
+    group: list[Series], budgets: list[Budget], disk_cache: bool, speed: SpeedOptions | None = None
+) -> list[list[list[Prediction]]]:
+    """Predict the first series of a group; the others differ only in their precision's name (and
+    speed: tf32 runs fp32's matmuls on tensor cores)."""
     import copy
     import warnings
 
     warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
-    first = predict_budgets(group[0].config, group[0].batch_sizes, budgets, disk_cache)
+    first = predict_budgets(group[0].config, group[0].batch_sizes, budgets, disk_cache, speed)
     out = [first]
     for s in group[1:]:
         rows = copy.deepcopy(first)
@@ -105,8 +108,18 @@ def _work(group: list[Series], budgets: list[Budget], disk_cache: bool) -> list[
             for p in row:
                 p.precision = s.config["precision"]
                 p.config = {**s.config, "batch_size": p.batch_size}
+                if p.predicted_steps_per_s is not None:
+                    _respeed(p, budgets[0].target, disk_cache, speed or SpeedOptions())
         out.append(rows)
     return out
+
+
+def _respeed(p: Prediction, target, disk_cache: bool, speed: SpeedOptions) -> None:
+    from ditbench.plan.emulation import CPU, cuda_target
+    from ditbench.plan.predict import fill_speed, series_trace, trace_knobs
+
+    first = CPU if target.device == "cpu" else cuda_target(None)
+    fill_speed(p, series_trace(trace_knobs(p.config, first), first, disk=disk_cache), speed)
 
 
 def evaluate(
@@ -115,6 +128,7 @@ def evaluate(
     jobs: int = 1,
     progress: Callable[[int, int, Series], None] | None = None,
     disk_cache: bool = False,
+    speed: SpeedOptions | None = None,
 ) -> list[list[list[Prediction]]]:
     """Predictions [series][budget][batch], tracing the costliest series first."""
     groups = _groups(series, budgets)
@@ -133,7 +147,7 @@ def evaluate(
 
     if jobs == 1:
         for group in groups:
-            collect(group, _work([series[i] for i in group], budgets, disk_cache))
+            collect(group, _work([series[i] for i in group], budgets, disk_cache, speed))
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -141,7 +155,8 @@ def evaluate(
         context = multiprocessing.get_context("spawn")  # no fork of a process that holds torch threads
         with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
             futures = {
-                pool.submit(_work, [series[i] for i in group], budgets, disk_cache): group for group in groups
+                pool.submit(_work, [series[i] for i in group], budgets, disk_cache, speed): group
+                for group in groups
             }
             for future in as_completed(futures):
                 collect(futures[future], future.result())

@@ -66,6 +66,13 @@ class Prediction:
     notes: list[str] = field(default_factory=list)
     measured: bool = False
     config: dict[str, Any] = field(default_factory=dict)
+    # The time model (speed.py), on a card with a datasheet; per GPU of `gpus` data-parallel GPUs.
+    predicted_steps_per_s: float | None = None
+    predicted_images_per_s: float | None = None
+    predicted_speed_band_pct: float | None = None
+    step_split_pct: dict[str, float] = field(default_factory=dict)  # speed.SPLIT shares of a step
+    gpus: int = 1
+    time_to_target: dict[str, float] | None = None  # steps, days, gpu_hours
 
     @property
     def fits(self) -> bool | None:
@@ -112,6 +119,17 @@ def trace_knobs(cell: Mapping[str, Any], target: Target) -> Knobs:
     return Knobs(
         **{**knobs, "optimizer_impl": optimizer_impl(cell["optimizer_impl"], target), "data": "synthetic"}
     )
+
+
+@dataclass(frozen=True)
+class SpeedOptions:
+    """How to predict speed: the calibration (None: the shipped one), data-parallel GPUs and the
+    target a time is given for (`target_images` wins over `target_steps`)."""
+
+    calibration: Any = None
+    gpus: int = 1
+    target_steps: int = 400_000
+    target_images: int | None = None
 
 
 @dataclass(frozen=True)
@@ -219,7 +237,11 @@ def predict_series(
 
 
 def predict_budgets(
-    config: dict[str, Any], batch_sizes: list[int], budgets: list[Budget], disk_cache: bool = False
+    config: dict[str, Any],
+    batch_sizes: list[int],
+    budgets: list[Budget],
+    disk_cache: bool = False,
+    speed: SpeedOptions | None = None,
 ) -> list[list[Prediction]]:
     """Predictions of a series at each batch size, for each budget (one trace, one replay per GPU kind)."""
     cell = normalize(config)
@@ -271,9 +293,34 @@ def predict_budgets(
                 _fill_cuda(pred, series, batch, bud, unlimited)
             if series is not None and why is None:
                 pred.notes = list(series.trace.notes)
+                fill_speed(pred, series, speed or SpeedOptions())
             row.append(pred)
         out.append(row)
     return out
+
+
+def fill_speed(pred: Prediction, series: SeriesTrace, options: SpeedOptions) -> None:
+    """The time model's figures for a predicted cell on a card with a datasheet (else left None)."""
+    from ditbench.plan import speed
+
+    sheet = speed.datasheet(pred.card)
+    if sheet is None or pred.device != "cuda":
+        return
+    cal = options.calibration or speed.shipped()
+    depth, ckpt_blocks = speed.blocks(pred.model, pred.grad_ckpt)
+    t = speed.step_time(
+        series.trace.kernels, pred.batch_size, sheet, pred.precision, cal.params,
+        compiled=bool(pred.config.get("compile")), gpus=options.gpus, grad_bytes=4 * series.trace.params,
+        blocks=depth, ckpt_blocks=ckpt_blocks,
+    )  # fmt: skip
+    pred.gpus = options.gpus
+    pred.predicted_steps_per_s = t.steps_per_s
+    pred.predicted_images_per_s = t.steps_per_s * pred.batch_size * options.gpus
+    pred.predicted_speed_band_pct = cal.band_pct
+    pred.step_split_pct = speed.split_shares(t.split)
+    pred.time_to_target = speed.time_to_target(
+        t.steps_per_s, pred.batch_size, options.gpus, options.target_steps, options.target_images
+    )
 
 
 def _target_reason(cell: dict[str, Any], target: Target) -> str | None:

@@ -78,6 +78,32 @@ def cells_table(preds: list[Prediction]) -> str:
     return "\n".join(lines)
 
 
+_SPLIT_NAMES = {"matmul": "mm", "attention": "attn", "elementwise": "elem", "optimizer": "opt",
+                "launch_overhead": "launch", "communication": "comm"}  # fmt: skip
+
+
+def speed_table(preds: list[Prediction]) -> str | None:
+    """Per predicted cell that fits (or has no card limit): steps/s, images/s, days and GPU-hours to
+    the target, and the two largest parts of a step; None when no cell has a speed prediction."""
+    rows = [p for p in preds if p.predicted_steps_per_s is not None and p.fits is not False]
+    if not rows:
+        return None
+    lines = [
+        "| model | precision | ckpt | bs | steps/s | img/s | days | GPU-h | where the step goes |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in rows:
+        parts = sorted(p.step_split_pct.items(), key=lambda kv: -kv[1])[:3]
+        where = ", ".join(f"{_SPLIT_NAMES.get(k, k)} {v:.0f}%" for k, v in parts if v >= 1)
+        t = p.time_to_target or {}
+        lines.append(
+            f"| {p.model} | {p.precision} | {p.grad_ckpt} | {p.batch_size} | {p.predicted_steps_per_s:.2f} | "
+            f"{p.predicted_images_per_s:.0f} | {t.get('days', float('nan')):.1f} | "
+            f"{t.get('gpu_hours', float('nan')):.0f} | {where} |"
+        )
+    return "\n".join(lines)
+
+
 def reasons(preds: list[Prediction]) -> list[str]:
     """One line per distinct reason a cell was not predicted (n/a, err)."""
     seen: dict[str, list[str]] = {}
@@ -109,11 +135,12 @@ def components_text(p: Prediction) -> str:
 def tree_table(advice: list[Advice], target_batch: int) -> str:
     lines = [
         "| class | smallest card | largest model that trains | setting | batch | card holds GiB "
-        "| next step up |",
-        "|---|---|---|---|---|---|---|",
+        "| predicted steps/s (days) | next step up |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for i, a in enumerate(advice):
         card = f"{a.card} ({a.memory_gib:.2f} GiB)"
+        pace = "-"
         if a.model is None:
             model = setting = batch = holds = "none"
         else:
@@ -123,6 +150,8 @@ def tree_table(advice: list[Advice], target_batch: int) -> str:
             batch = str(s.batch_size) + ("" if s.batch_size >= target_batch else " (largest that fits)")
             holds = f"{s.device_gib:.1f}" if s.device_gib is not None else f"{s.peak_allocated_gib:.1f}"
             holds += " tight" if is_tight(s) else ""
+            if s.predicted_steps_per_s is not None and s.time_to_target:
+                pace = f"{s.predicted_steps_per_s:.2f} ({s.time_to_target['days']:.1f} d)"
         if a.next_model is None:
             step = _next_class(a, advice[i + 1 :], target_batch)
         elif a.next_needs is None:
@@ -135,7 +164,8 @@ def tree_table(advice: list[Advice], target_batch: int) -> str:
                 f"{a.next_model} needs {need:.1f} GiB at least ({n.precision}, ckpt {n.grad_ckpt}, "
                 f"bs {n.batch_size}): {where}"
             )
-        lines.append(f"| {a.class_gb} GB | {card} | {model} | {setting} | {batch} | {holds} | {step} |")
+        cells = [f"{a.class_gb} GB", card, model, setting, batch, holds, pace, step]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

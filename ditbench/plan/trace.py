@@ -31,6 +31,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTens
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ditbench.plan.emulation import FakeDeepcopy, Target, emulate, in_low_precision_autocast
+from ditbench.plan.kernels import op_row
 from ditbench.plan.memo import MISS, DispatchMemo
 
 aten = torch.ops.aten
@@ -88,6 +89,10 @@ class Trace:
     A CUDA trace serves every GPU: the allocations whose size depends on the GPU (cuBLAS workspaces,
     attention backward scratch) have size 0 here and a `modeled` entry that `workspace_bytes` turns
     into bytes for a given compute capability and batch size.
+
+    `kernels` counts the kernels of step 2 (the steady-state step) by their cost row
+    (kernels.op_row: category, dtype, backward, FLOPs and bytes split into batch-independent and
+    per-sample parts), for the time model.
     """
 
     target: Target
@@ -100,6 +105,7 @@ class Trace:
     notes: list[str] = field(default_factory=list)
     ops: int = 0
     params: int = 0
+    kernels: dict[tuple, int] = field(default_factory=dict)
 
 
 class _Recorder(TorchDispatchMode):
@@ -119,6 +125,7 @@ class _Recorder(TorchDispatchMode):
         self.refs: dict[int, weakref.ref] = {}
         self.workspace_threads: set[bool] = set()
         self.open = True
+        self.counting = False  # inside step 2: count its kernels
 
     # ---- bookkeeping -----------------------------------------------------------------------
 
@@ -164,6 +171,7 @@ class _Recorder(TorchDispatchMode):
     def mark(self, name: str) -> None:
         gc.collect(0)  # cyclic garbage of the phase is released here, not at an arbitrary later op
         self.trace.marks[name] = len(self.trace.events)
+        self.counting = name == "step2"
 
     def label(self, tensors, label: str) -> None:
         for t in tensors:
@@ -195,6 +203,11 @@ class _Recorder(TorchDispatchMode):
                 out = func(*args, **kwargs)
                 self.memo.learn(key, func, args, out)
         self._track_outputs(out)
+        if self.counting:
+            backward = torch._C._current_autograd_node() is not None
+            row = op_row(func, args, kwargs, out, self.trace.batch_size, backward)
+            if row is not None:
+                self.trace.kernels[row] = self.trace.kernels.get(row, 0) + 1
         if self.cuda:
             self._cuda_extras(func, args)
         return out

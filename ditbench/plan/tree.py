@@ -4,12 +4,13 @@
 trains on a class when some precision and checkpointing setting fits at least the grid's smallest
 batch on the class's smallest card (so the answer holds for every card of the class). Of the
 settings that fit, the advice takes the fastest that reaches the target batch (32 per GPU: DiT's
-global batch of 256 on 8 GPUs), else the one that fits the largest batch. Speed order, from the
-H200 anchors (DiT-XL/2, batch 32): bf16 277 ~ fp16 270 img/s without checkpointing, bf16 with full
-checkpointing 194, tf32 163, fp32 54; every_2 sits between none and full. Before Ampere (sm80) TF32
-does not exist and tf32 runs as fp32, so it is not offered there. "Next step up" is the next larger
-model (the least it needs and the first class it trains on), or, when the largest model already
-trains, what the next class up adds.
+global batch of 256 on 8 GPUs), else the one that fits the largest batch. Fastest is the time
+model's predicted images/s at the setting's largest fitting batch (speed.py); without a prediction,
+the speed order from the H200 anchors (DiT-XL/2, batch 32): bf16 277 ~ fp16 270 img/s without
+checkpointing, bf16 with full checkpointing 194, tf32 163, fp32 54; every_2 sits between none and
+full. Before Ampere (sm80) TF32 does not exist and tf32 runs as fp32, so it is not offered there.
+"Next step up" is the next larger model (the least it needs and the first class it trains on), or,
+when the largest model already trains, what the next class up adds.
 """
 
 from __future__ import annotations
@@ -31,6 +32,13 @@ def speed_rank(precision: str, grad_ckpt: str) -> tuple[int, int, int]:
     c = _CKPT_SPEED.index(grad_ckpt) if grad_ckpt in _CKPT_SPEED else 1  # every_K: between none and full
     low = p < 2
     return (0 if low else 1, c if low else p, p if low else c)
+
+
+def _speed_key(p: Prediction) -> tuple:
+    """Fastest first: the predicted images/s where the time model has one, else the anchors' order."""
+    if p.predicted_images_per_s is not None:
+        return (0, -p.predicted_images_per_s)
+    return (1, *speed_rank(p.precision, p.grad_ckpt))
 
 
 def class_cards() -> list[tuple[int, Any]]:
@@ -99,7 +107,7 @@ def decision_tree(
                     key = (p.precision, p.grad_ckpt)
                     if key not in best or p.batch_size > best[key].batch_size:
                         best[key] = p
-            ranked = sorted(best.values(), key=lambda p: speed_rank(p.precision, p.grad_ckpt))
+            ranked = sorted(best.values(), key=_speed_key)
             reach = [p for p in ranked if p.batch_size >= target_batch]
             setting = reach[0] if reach else max(ranked, key=lambda p: (p.batch_size, -ranked.index(p)))
             alternatives = len(best) - 1

@@ -58,6 +58,7 @@ class ClaimResult:
     evidence: str
     cells: list[str] = field(default_factory=list)
     numbers: list[dict[str, Any]] = field(default_factory=list)
+    predicted: dict[str, Any] | None = None  # `report --predict`: the planner's verdict (claim_predict)
 
     def as_dict(self) -> dict[str, Any]:
         c = self.claim
@@ -81,6 +82,7 @@ class ClaimResult:
             "cells": self.cells,
             "evidence": self.evidence,
             "numbers": self.numbers,
+            "predicted": self.predicted,
         }
 
 

@@ -41,6 +41,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "claim gets the measured value and a verdict (held / not held / not measured)",
     )
     parser.add_argument(
+        "--predict",
+        action="store_true",
+        help="with --claims: a claim the run did not measure gets the planner's verdict (\"predicted: held "
+        '/ not held", with its band); a measured one keeps its verdict, the prediction shown beside it '
+        "(traces each claimed cell: minutes on a CPU)",
+    )
+    parser.add_argument(
         "--target-steps",
         type=_steps,
         default=None,
@@ -74,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     from ditbench.report.timing import target_steps
 
     out = Path(args.out) if args.out else None
+    if args.predict and not args.claims:
+        raise UserError("--predict judges the claims the run did not measure; give --claims FILE|NAME too.")
     if args.claims:  # a path, or a shipped claims file's name (as a suite's)
         args.claims = resolve_claims(args.claims)
     if out is None and not args.json:
@@ -91,6 +100,10 @@ def run(args: argparse.Namespace) -> int:
     df = load_results(args.results, keep=args.keep)
     steps, steps_source = target_steps(df, args.target_steps)
     results = check_claims(df, claims_file, steps) if claims_file else None
+    if results and args.predict:
+        from ditbench.report.claim_predict import predict_claims
+
+        predict_claims(results, claims_file.card, steps)
     claims = (results, claims_file.path, claims_file.source, claims_file.card) if claims_file else None
     written: dict[str, Path] = {}
     if out is not None:
@@ -142,5 +155,9 @@ def run(args: argparse.Namespace) -> int:
     if results:
         always = ("held", "not held", "not measured")
         counts = {v: sum(r.verdict == v for r in results) for v in (*always, "inconclusive", "not judged")}
+        if args.predict:
+            from ditbench.report.claim_predict import counts as predicted_counts
+
+            counts.update(predicted_counts(results))
         print("claims: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n or v in always))
     return 0

@@ -183,6 +183,14 @@ def test_planner_and_24gb_verdicts():
     small = _record(dc.MATCHED[0].cell, peak_mem_allocated_gib=2.0)
     assert dc.planner_verdict({"peak_allocated_gib": 2.45}, small)["verdict"] == dc.MET  # within 0.5 GiB
     assert dc.planner_verdict(None, rec)["verdict"] == dc.NOT_MEASURED
+    # The time model's steps/s beside the memory verdict: error and whether it is inside the band.
+    timed = _record(dc.MATCHED[0].cell, peak_mem_allocated_gib=32.0, steps_per_s=2.0)
+    fast = dc.planner_verdict(
+        {"peak_allocated_gib": 32.0, "predicted_steps_per_s": 2.5, "predicted_speed_band_pct": 18.3}, timed
+    )
+    assert fast["verdict"] == dc.MET and fast["speed_error_pct"] == 25.0
+    assert fast["speed_within_band"] is False
+    assert fast["measured_steps_per_s"] == 2.0 and fast["predicted_steps_per_s"] == 2.5
     oom = _record(dc.EXPECT_24GB[0][0], status="oom")  # judged on the fit: no peak to compare
     assert dc.planner_verdict({"status": "oom", "peak_allocated_gib": 32.6}, oom)["verdict"] == dc.MET
     wrong = dc.planner_verdict({"status": "fits", "peak_allocated_gib": 20.0}, oom)

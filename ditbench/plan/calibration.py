@@ -1,0 +1,90 @@
+"""A speed calibration from the user's own measured cells (`ditbench plan --calibrate RESULTS.jsonl`).
+
+Each record that finished (`status: ok`) on a GPU of the card table with a measured `steps_per_s`
+becomes a calibration cell: its config is traced as the planner traces any cell (the trace cache
+serves a second plan) and the speed model's efficiencies are fitted to the measured speeds
+(speed.calibrate). Parameters the records cannot inform (the compile fusion share without a
+compiled cell) keep the shipped calibration's values, which also start the fit. Records are read
+with the planner's record reader (plain JSON, nothing unpickled).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ditbench.errors import UserError
+
+
+def _card(record: dict[str, Any]) -> str | None:
+    from ditbench.cards import DATASHEETS, find_card
+
+    env = record.get("env") if isinstance(record.get("env"), dict) else {}
+    emulation = (
+        (record.get("metrics") or {}).get("emulation") if isinstance(record.get("metrics"), dict) else None
+    )
+    name = (emulation or {}).get("real_gpu") if isinstance(emulation, dict) else None
+    name = name or env.get("gpu_name")
+    if not isinstance(name, str):
+        return None
+    try:
+        card = find_card(name)
+    except UserError:
+        return None
+    return card.name if card.name in DATASHEETS else None
+
+
+def cells_from_records(records: list[dict[str, Any]]):
+    """(speed.Cell list, why each skipped record was skipped)."""
+    from ditbench.cards import DATASHEETS
+    from ditbench.plan.emulation import cuda_target
+    from ditbench.plan.predict import normalize, series_trace, trace_knobs
+    from ditbench.plan.speed import Cell, blocks
+
+    cells, skipped = [], []
+    target = cuda_target(None)
+    for i, record in enumerate(records, 1):
+        metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
+        steps = metrics.get("steps_per_s")
+        card = _card(record)
+        why = None
+        if record.get("status") != "ok":
+            why = f"status {record.get('status')!r}"
+        elif not isinstance(steps, (int, float)) or isinstance(steps, bool) or not steps > 0:
+            why = "no measured steps_per_s"
+        elif card is None:
+            why = "not run on a GPU of the card table"
+        if why is None:
+            try:
+                cell = normalize(record["config"])
+                gpus = cell["gpus"] * cell["nodes"]
+                one = {**cell, "gpus": 1, "nodes": 1}
+                series = series_trace(trace_knobs(one, target), target, disk=True)
+            except Exception as err:  # a record the planner cannot trace is skipped, said why
+                why = f"not traceable ({type(err).__name__}: {err})"
+        if why is not None:
+            skipped.append(f"record {i}: {why}")
+            continue
+        depth, ckpt_blocks = blocks(cell["model"], cell["grad_ckpt"])
+        cells.append(
+            Cell(f"{cell['model']} {cell['precision']} ckpt={cell['grad_ckpt']} b{cell['batch_size']} {card}",
+                 series.trace.kernels, cell["batch_size"], DATASHEETS[card], cell["precision"],
+                 bool(cell["compile"]), float(steps), gpus=gpus, grad_bytes=4 * series.trace.params,
+                 blocks=depth, ckpt_blocks=ckpt_blocks)
+        )  # fmt: skip
+    return cells, skipped
+
+
+def from_records(path: Path, records: list[dict[str, Any]]):
+    """The calibration fitted on a results file's measured GPU cells, or a one-paragraph error."""
+    from ditbench.plan.speed import calibrate, shipped
+
+    cells, skipped = cells_from_records(records)
+    if not cells:
+        reasons = "; ".join(skipped[:5]) + (f"; and {len(skipped) - 5} more" if len(skipped) > 5 else "")
+        raise UserError(
+            f"--calibrate {path}: no record can calibrate the speed model ({reasons}). A calibration cell "
+            "is a record with status ok, a measured steps_per_s, run on a GPU of the card table "
+            "(`ditbench plan --help` lists where the cards are)."
+        )
+    return calibrate(cells, f"{path} ({len(cells)} measured cells)", start=shipped().params)

@@ -1,0 +1,109 @@
+"""What each traced operation costs: its category, its math dtype, its FLOPs and the bytes it moves.
+
+The trace (trace.py) sees every aten operation of the training step with its real shapes and dtypes.
+For the time model (speed.py) each operation that launches a kernel is reduced to one row:
+
+* category: `matmul` (mm, addmm, bmm, convolutions), `attention` (the fused scaled-dot-product
+  kernels, forward and backward), `optimizer` (the foreach/fused AdamW kernels, the GradScaler's
+  checks and the EMA's foreach update) or `elementwise` (everything else: norms, activations, casts,
+  copies, reductions);
+* the dtype its math runs in (the first floating-point input's);
+* FLOPs, from torch's own FLOP formulas (`torch.utils.flop_counter`), for matmuls and attention
+  (elementwise work is memory bound, so only its bytes count);
+* bytes: every tensor read plus every tensor written (a mutated argument is written back);
+* whether it runs in the backward pass (autograd's engine is calling it), for DDP's overlap.
+
+FLOPs and bytes are split into a batch-independent part and a per-sample part the way batch.py
+splits allocations: traced at a prime batch P, a quantity carrying the batch dimension is divisible
+by P. Views, empty allocations and host scalars launch nothing and are not counted.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.utils import flop_counter
+
+CATEGORIES = ("matmul", "attention", "elementwise", "optimizer")
+_MATMUL = frozenset(
+    "mm addmm bmm baddbmm addbmm mv addmv dot _addmm_activation convolution _convolution "
+    "convolution_backward".split()
+)
+# Ops that only describe memory (no kernel), in addition to every view op.
+_NO_KERNEL = frozenset(
+    "empty empty_strided empty_like new_empty new_empty_strided _local_scalar_dense detach lift_fresh "
+    "set_ resize_ alias _unsafe_view".split()
+)
+_DTYPES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
+
+
+def _name(func) -> str:
+    return func._schema.name.split("::", 1)[-1]
+
+
+def category(name: str) -> str:
+    if name in _MATMUL:
+        return "matmul"
+    if "scaled_dot_product" in name or "flash_attention" in name or "efficient_attention" in name:
+        return "attention"
+    if name.startswith(("_foreach_", "_fused_adam", "_amp_foreach", "_amp_update_scale")):
+        return "optimizer"
+    return "elementwise"
+
+
+def _tensors(x):
+    if isinstance(x, torch.Tensor):
+        yield x
+    elif isinstance(x, (tuple, list)):
+        for item in x:
+            yield from _tensors(item)
+
+
+def _flops(name: str, func, args, kwargs, out) -> int:
+    if name.startswith("_scaled_dot_product_flash_attention_for_cpu"):
+        # The CPU kernel the fake device runs in place of CUDA's flash/efficient kernels: same math.
+        if name.endswith("_backward"):
+            grad_out, q, k, v = args[:4]
+            return flop_counter.sdpa_backward_flop_count(grad_out.shape, q.shape, k.shape, v.shape)
+        q, k, v = args[:3]
+        return flop_counter.sdpa_flop_count(q.shape, k.shape, v.shape)
+    count = flop_counter.flop_registry.get(func.overloadpacket)
+    if count is None:
+        return 0
+    return int(count(*args, **kwargs, out_val=out))
+
+
+def _split(value: int, batch: int) -> tuple[int, int]:
+    """(batch-independent, per-sample) parts of a quantity measured at the (prime) batch `batch`."""
+    if batch > 1 and value and value % batch == 0:
+        return 0, value // batch
+    return value, 0
+
+
+def op_row(func, args, kwargs, out, batch: int, backward: bool) -> tuple | None:
+    """(category, dtype, backward, flops_const, flops_per_sample, bytes_const, bytes_per_sample), or
+    None for an operation that launches no kernel."""
+    name = _name(func)
+    if func.is_view or name in _NO_KERNEL:
+        return None
+    inputs = list(_tensors(list(args) + list(kwargs.values())))
+    outputs = list(_tensors(out))
+    if not outputs and func._schema.is_mutable:  # in-place foreach ops return nothing: they write back
+        outputs = [
+            t
+            for arg, value in zip(func._schema.arguments, args, strict=False)
+            if arg.alias_info is not None and arg.alias_info.is_write
+            for t in _tensors(value)
+        ]
+    if not inputs and not outputs:
+        return None
+    cat = category(name)
+    floating = next((t for t in inputs if t.is_floating_point()), None)
+    dtype = _DTYPES.get(floating.dtype, "fp32") if floating is not None else "fp32"
+    flops = _flops(name, func, args, kwargs, out) if cat in ("matmul", "attention") else 0
+    b_const = b_per = 0
+    for t in inputs + outputs:
+        c, p = _split(t.numel() * t.element_size(), batch)
+        b_const += c
+        b_per += p
+    f_const, f_per = _split(flops, batch)
+    return (cat, dtype, backward, f_const, f_per, b_const, b_per)
