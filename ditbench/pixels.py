@@ -5,7 +5,7 @@ A DiT works on a grid of 4-channel latent cells (s = image_size / 8 per side). W
 - grey (the default): each cell is a 2x2 block of a grayscale image of side 2s (= image_size / 4),
   one pixel per channel (pixel_unshuffle); decoding repeats the grey into RGB for Inception;
 - `colour: rgb`: each cell is one RGB pixel of an image of side s (= image_size / 8) in channels
-  0-2, channel 3 is zero (the latent has four channels, a pixel three).
+  0-2 and its luma in channel 3 (the latent has four channels, a pixel three).
 Decoding is the exact inverse, so samples need no VAE and no download, and a CPU can train and
 score a real image model in minutes (`suites/cpu_quality.yaml`).
 
@@ -55,16 +55,23 @@ def encode(grey):
     return F.pixel_unshuffle(x.float().div(127.5).sub(1.0).unsqueeze(1), BLOCK)
 
 
+LUMA = (0.299, 0.587, 0.114)  # ITU-R 601, as to_grey
+
+
 def encode_rgb(rgb):
-    """uint8 RGB images (N, H, W, 3) -> latents (N, 4, H, W) float32 in [-1, 1], channel 3 zero."""
+    """uint8 RGB images (N, H, W, 3) -> latents (N, 4, H, W) float32 in [-1, 1]: R, G, B and the luma.
+
+    The fourth channel repeats what the other three hold (the luma) rather than a constant, whose
+    noise prediction at small noise levels would need an unbounded gain."""
     import torch
 
     x = torch.as_tensor(rgb).float().div(127.5).sub(1.0).permute(0, 3, 1, 2)
-    return torch.cat([x, torch.zeros_like(x[:, :1])], dim=1).contiguous()
+    luma = sum(w * x[:, c : c + 1] for c, w in enumerate(LUMA))
+    return torch.cat([x, luma], dim=1).contiguous()
 
 
 def decode_rgb(latents):
-    """Latents (N, 4, s, s) -> RGB images in [-1, 1] (N, 3, s, s), fp32; channel 3 is dropped."""
+    """Latents (N, 4, s, s) -> RGB images in [-1, 1] (N, 3, s, s), fp32; the luma channel is dropped."""
     return latents[:, :3].float().clamp(-1.0, 1.0)
 
 
