@@ -85,6 +85,7 @@ class Pending:
     ref: JobRef
     cell: SuiteCell | None  # None: submitted by an earlier run for a cell this suite no longer has
     handle: Any = None  # submitit's Job, when this run submitted it
+    stopped: str | None = None  # why this run cancelled the job while it queued (`stop_queued`)
 
 
 def submit_suite(
@@ -324,7 +325,7 @@ class _Submitter:
         if pending in self.pending:
             self.pending.remove(pending)
         if submitted and not ticket.result_path.exists():
-            inflight.write_result_file(ticket, self._ended(ref, pending.handle))
+            inflight.write_result_file(ticket, self._ended(pending))
         context = ticket.read_context()
         started = _started_unix(ticket)
         if started is not None:  # the record starts when the job did, not when it was queued
@@ -351,17 +352,32 @@ class _Submitter:
         record = inflight.commit(self.results_path, ticket, max(0.0, ended - begin), finish)
         if pending.cell is not None:
             self.runner.note(pending.cell, record)
+        if record["status"] == "oom" and self.kind == "slurm":
+            self._stop_queued()
         if ref.job_id:
             shutil.rmtree(
                 Path(ref.folder) / ref.job_id, ignore_errors=True
             )  # its log is in logs/ or the record
         self.say(format_line(record))
 
-    def _ended(self, ref: JobRef, handle) -> dict[str, Any]:
+    def _stop_queued(self) -> None:
+        """After an out-of-memory, the larger batches of its series that still queue are cancelled (and
+        recorded `skipped` once SLURM says they ended); a job already running runs on to its own record."""
+        for pending, reason in stop_queued(self.pending, self.runner.decide):
+            if executors.cancel_if_queued(pending.ref):
+                pending.stopped = reason
+                self.say(f"cancelled queued job {pending.ref.job_id} ({pending.cell.cell_name}): {reason}")
+
+    def _ended(self, pending: Pending) -> dict[str, Any]:
         """The result of a job that ended without writing one."""
         from ditbench.bench.launch import procs
 
-        state = executors.state(ref, handle)
+        ref = pending.ref
+        state = executors.state(ref, pending.handle)
+        started = started_path(pending.ticket.result_path).exists()
+        if pending.stopped and state.startswith("CANCELLED") and not started:
+            why = f"{pending.stopped}; ditbench cancelled its queued SLURM job {ref.job_id}"
+            return {"status": "skipped", "reason": why}
         tail = procs.tail(executors.job_log(ref), 64_000)
         if state.startswith("TIMEOUT"):
             return {
@@ -370,9 +386,10 @@ class _Submitter:
                 "traceback": tail,
             }
         where = "SLURM job" if ref.executor == "slurm" else "local job"
+        why = f": ditbench cancelled it as it started, because {pending.stopped}" if pending.stopped else ""
         return {
             "status": "error",
-            "reason": f"{where} {ref.job_id} ended ({state}) without writing a result",
+            "reason": f"{where} {ref.job_id} ended ({state}) without writing a result{why}",
             "traceback": tail,
         }
 
@@ -399,6 +416,19 @@ def cell_verdict(cell: SuiteCell, kind: str, visible: Visible) -> tuple[str, str
             "use --executor slurm"
         )
     return precheck(cell, visible)
+
+
+def stop_queued(pending: list[Pending], decide) -> list[tuple[Pending, str]]:
+    """The waited-for cells the run's out-of-memory skip now rules out (`SuiteRun.decide`) and whose
+    job has not started (no `<key>.started.json`): each with the skip's reason."""
+    out = []
+    for waiting in pending:
+        if waiting.cell is None or waiting.stopped or started_path(waiting.ticket.result_path).exists():
+            continue
+        decided = decide(waiting.cell, None)
+        if decided is not None and decided["status"] == "skipped":
+            out.append((waiting, decided["reason"]))
+    return out
 
 
 def _started_unix(ticket: inflight.Ticket) -> float | None:

@@ -177,13 +177,22 @@ def _squeue_state(job_id: str) -> str:
 
     A job squeue no longer lists has ended: NOT_IN_QUEUE. Without squeue: UNKNOWN (still waited for).
     """
-    import subprocess
     import time
 
     now = time.monotonic()
     cached = _squeued.get(job_id)
     if cached is not None and now - cached[0] < _SQUEUE_EVERY_S:
         return cached[1]
+    found = squeue_state(job_id)
+    _squeued[job_id] = (now, found)
+    return found
+
+
+def squeue_state(job_id: str) -> str:
+    """squeue's word for the job now: PENDING, RUNNING ..., NOT_IN_QUEUE once it has gone, UNKNOWN
+    when squeue cannot say."""
+    import subprocess
+
     try:
         done = subprocess.run(
             ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=60
@@ -192,11 +201,9 @@ def _squeue_state(job_id: str) -> str:
         return "UNKNOWN"
     words = done.stdout.split()
     if done.returncode == 0:
-        found = words[0].upper() if words else "NOT_IN_QUEUE"
-    else:  # squeue exits 1 for an id it has forgotten ("Invalid job id specified")
-        found = "NOT_IN_QUEUE" if "invalid job id" in done.stderr.lower() else "UNKNOWN"
-    _squeued[job_id] = (now, found)
-    return found
+        return words[0].upper() if words else "NOT_IN_QUEUE"
+    # squeue exits 1 for an id it has forgotten ("Invalid job id specified")
+    return "NOT_IN_QUEUE" if "invalid job id" in done.stderr.lower() else "UNKNOWN"
 
 
 def cancel(ref: JobRef, handle=None) -> None:
@@ -224,6 +231,18 @@ def cancel(ref: JobRef, handle=None) -> None:
         subprocess.call(["scancel", ref.job_id], timeout=60, **quiet)
     except (OSError, subprocess.TimeoutExpired):  # no scancel here: the job is left to its time limit
         pass
+
+
+def cancel_if_queued(ref: JobRef) -> bool:
+    """scancel a SLURM job squeue says has not started (PENDING); whether it was.
+
+    Not `scancel --state=PENDING ID`: on an array whose tasks all still queue, SLURM 22.05 then
+    cancels every queued task of the array, not the one named (seen on the test cluster).
+    """
+    if ref.executor != "slurm" or squeue_state(ref.job_id) != "PENDING":
+        return False
+    cancel(ref)
+    return True
 
 
 # -- finding a job whose id the submitter never wrote down -----------------------------------------
