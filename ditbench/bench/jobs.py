@@ -45,6 +45,7 @@ from ditbench.bench.runner import (
     RunOptions,
     SuiteRun,
     Visible,
+    already_recorded,
     check_options,
     check_out_dir,
     new_run_id,
@@ -152,10 +153,12 @@ class _Submitter:
                 self._pick_up()
                 previous = latest_by_cell(read_records(self.results_path))
                 waiting = {p.ticket.read_context()["cell_id"] for p in self.pending}
-                done = {c.cell_id for c in cells if self._recorded(c, previous)}
+                done = set()
                 for cell in cells:
-                    if cell.cell_id in done:
-                        self.runner.latest[cell.cell_id] = previous.get(cell.cell_id)
+                    prev = previous.get(cell.cell_id)
+                    if already_recorded(prev, self.options.force, lambda c=cell: self._verdict(c)):
+                        done.add(cell.cell_id)
+                        self.runner.latest[cell.cell_id] = prev
                 todo = [c for c in run_order(cells) if c.cell_id not in done | waiting]
                 if planner is not None:
                     todo = plan_option.run_order(todo, cells)
@@ -178,18 +181,6 @@ class _Submitter:
         return records
 
     # -- before submitting -------------------------------------------------------------------
-
-    def _recorded(self, cell: SuiteCell, previous: dict) -> bool:
-        """ok, or unsupported for the same reason as last time (the local runner's rule)."""
-        prev = previous.get(cell.cell_id)
-        if self.options.force or prev is None:
-            return False
-        if prev.get("status") == "ok":
-            return True
-        verdict = self._verdict(cell)
-        return (
-            prev.get("status") == "unsupported" and verdict is not None and prev.get("reason") == verdict[1]
-        )
 
     def _verdict(self, cell: SuiteCell) -> tuple[str, str] | None:
         return cell_verdict(cell, self.kind, self.runner.visible)
@@ -244,7 +235,7 @@ class _Submitter:
                 inflight.write_result_file(ticket, decided)
                 self._finish(Pending(ticket, JobRef(self.kind, "", ""), cell), submitted=False)
                 continue
-            params = job_parameters(cell.config, self._timeout(cell), self.cluster, self.kind)
+            params = job_parameters(cell.config, self.runner.timeout(cell), self.cluster, self.kind)
             shape = json.dumps(params, sort_keys=True, default=str)
             groups.setdefault(shape, []).append(cell)
             params_of[shape] = params
@@ -255,9 +246,6 @@ class _Submitter:
                 params_of[shape], [(c, inflight.open_ticket(self.folder, self._context(c))) for c in members]
             )
 
-    def _timeout(self, cell: SuiteCell) -> float:
-        return self.options.timeout_s or cell.timeout_s
-
     def _context(self, cell: SuiteCell) -> dict[str, Any]:
         # a cell reports its node's environment; a record without one must not claim the login node's
         env = self.runner.env if self.kind == "local" else None
@@ -267,15 +255,9 @@ class _Submitter:
         from ditbench.bench.launch.files import write_spec
 
         calls = []
-        for cell, ticket in members:
-            timeout = self._timeout(cell)
-            about = {
-                "cell_id": cell.cell_id,
-                "cell_name": cell.cell_name,
-                "rendezvous": None,
-                "out_dir": str(self.out.resolve()),  # sample grids go under it
-            }
-            write_spec(ticket.spec_path, cell.spec, **about, timeout_s=timeout)
+        for cell, ticket in members:  # the job reads its cell from the spec file (`srun.run_task`)
+            timeout = self.runner.timeout(cell)
+            write_spec(ticket.spec_path, cell.spec, **self.runner.about(cell), timeout_s=timeout)
             log = self.out / LOGS_DIR / f"{cell.cell_id}.log"
             calls.append((str(ticket.spec_path), str(ticket.result_path), str(log), timeout))
         if self.kind == "slurm":  # a rerun finds the job by this name if we die before saving its id
@@ -285,13 +267,11 @@ class _Submitter:
             params = {**params, "job_name": name}
         try:
             submitted = executors.submit_cells(self.executor, self.kind, params, calls)
-        except UserError:
-            for _, ticket in members:
-                ticket.remove()
-            raise
         except Exception as err:  # sbatch refused (a partition or account the cluster does not know)
             for _, ticket in members:
                 ticket.remove()
+            if isinstance(err, UserError):
+                raise
             raise UserError(
                 f"submitting {len(members)} cell(s) failed: {' '.join(str(err).split())[:2000]}"
             ) from None
@@ -326,18 +306,21 @@ class _Submitter:
             self.pending.remove(pending)
         if submitted and not ticket.result_path.exists():
             inflight.write_result_file(ticket, self._ended(pending))
-        context = ticket.read_context()
-        started = _started_unix(ticket)
-        if started is not None:  # the record starts when the job did, not when it was queued
-            context["started_at"] = _iso(started)
-            write_json_atomic(ticket.ticket_path, context, default=str)
+        context, started = ticket.read_context(), _started(ticket)
         try:
             ended = ticket.result_path.stat().st_mtime
         except OSError:
             ended = time.time()
-        begin = started if started is not None else context.get("started_unix") or ended
+        begin = started.get("started_unix")
+        if isinstance(begin, (int, float)) and not isinstance(begin, bool):
+            context["started_at"] = _iso(begin)  # the record starts when the job did, not when it was queued
+            write_json_atomic(ticket.ticket_path, context, default=str)
+        else:
+            begin = ended  # it never started
         committing_run = self.run_id
-        slurm_job = _slurm_job(ticket, ref)
+        nodes = started.get("hostnames")  # as the job's task 0 saw them
+        nodes = nodes if isinstance(nodes, list) and all(isinstance(n, str) for n in nodes) else None
+        slurm_job = {"id": ref.job_id, "nodes": nodes} if ref.executor == "slurm" and ref.job_id else None
 
         def finish(record: dict[str, Any]) -> None:
             if record["run_id"] != committing_run:
@@ -431,24 +414,13 @@ def stop_queued(pending: list[Pending], decide) -> list[tuple[Pending, str]]:
     return out
 
 
-def _started_unix(ticket: inflight.Ticket) -> float | None:
+def _started(ticket: inflight.Ticket) -> dict[str, Any]:
+    """What the job's task 0 wrote when it started (`srun.run_task`): {} before that."""
     try:
-        value = json.loads(started_path(ticket.result_path).read_text()).get("started_unix")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _slurm_job(ticket: inflight.Ticket, ref: JobRef) -> dict[str, Any] | None:
-    """A SLURM cell's job id and the nodes it ran on (as its task 0 saw them when the job started)."""
-    if ref.executor != "slurm" or not ref.job_id:
-        return None
-    try:
-        nodes = json.loads(started_path(ticket.result_path).read_text()).get("hostnames")
-    except (OSError, ValueError, AttributeError):
-        nodes = None
-    ok = isinstance(nodes, list) and all(isinstance(n, str) for n in nodes)
-    return {"id": ref.job_id, "nodes": nodes if ok else None}
+        found = json.loads(started_path(ticket.result_path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def _iso(unix: float) -> str:
