@@ -143,14 +143,9 @@ def check_out_dir(out: Path, *, create: bool) -> None:
 def already_recorded(prev: dict | None, force: bool, verdict: Callable[[], tuple[str, str] | None]) -> bool:
     """Whether a rerun leaves a cell as its latest record `prev` has it: ok, or unsupported here for the
     same reason as last time (`verdict()`: a new line would say nothing new)."""
-    if force or prev is None:
+    if force or prev is None or prev.get("status") not in ("ok", "unsupported"):
         return False
-    if prev.get("status") == "ok":
-        return True
-    if prev.get("status") != "unsupported":
-        return False
-    now = verdict()
-    return now is not None and prev.get("reason") == now[1]
+    return prev["status"] == "ok" or ((now := verdict()) is not None and prev.get("reason") == now[1])
 
 
 def select_cells(suite: Suite, filters: list[str]) -> list[SuiteCell]:

@@ -26,7 +26,6 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from ditbench.bench.launch import base, procs
 from ditbench.bench.launch.files import read_report, read_spec, write_result
@@ -80,14 +79,8 @@ def run_task(spec_path: str, result_path: str, log_path: str, timeout_s: float) 
         write_json_atomic(started_path(result), info)
     if job.num_tasks != spec.world_size:
         if job.global_rank == 0:
-            write_result(
-                result,
-                {
-                    "status": "error",
-                    "reason": f"the job has {job.num_tasks} task(s) but the cell needs {spec.world_size} "
-                    "rank(s); ditbench submits one task per rank",
-                },
-            )
+            why = f"the job has {job.num_tasks} task(s) but the cell needs {spec.world_size} rank(s)"
+            write_result(result, {"status": "error", "reason": why + "; ditbench submits one task per rank"})
         return
     about = {k: doc.get(k) for k in ("cell_id", "cell_name", "rendezvous", "out_dir")}
     launcher = base.for_cell(spec, ranks=JOB_RANKS)  # the one process, or this task's rank
@@ -130,14 +123,8 @@ class JobRanks:
     cell's result."""
 
     def launch(
-        self,
-        spec: CellSpec,
-        about: dict[str, Any],
-        timeout_s: float,
-        spec_path: Path,
-        result_path: Path,
-        log_path: Path,
-    ) -> None:
+        self, spec: CellSpec, about, timeout_s: float, spec_path: Path, result_path: Path, log_path: Path
+    ):
         import submitit
 
         job = submitit.JobEnvironment()
@@ -168,7 +155,8 @@ class JobRanks:
                         break
                     time.sleep(POLL_S)
             finally:  # Ctrl-C, scancel's SIGTERM, a timeout, a failed peer: the rank goes with us
-                _stop(proc)
+                if proc.poll() is None:
+                    procs.stop_tree(proc, {}, STOP_GRACE_S)
         write_json_atomic(
             report_dir / f"exit{rank}.json",
             {
@@ -184,21 +172,6 @@ class JobRanks:
 
 
 JOB_RANKS = JobRanks()
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def _write_cell_result(spec, result, log_path, report_dir, timeout_s, start, deadline, job) -> None:
