@@ -305,7 +305,7 @@ class _Submitter:
         if pending in self.pending:
             self.pending.remove(pending)
         if submitted and not ticket.result_path.exists():
-            inflight.write_result_file(ticket, self._ended(pending))
+            inflight.write_result_file(ticket, ended_result(pending))
         context, started = ticket.read_context(), _started(ticket)
         try:
             ended = ticket.result_path.stat().st_mtime
@@ -351,31 +351,6 @@ class _Submitter:
                 pending.stopped = reason
                 self.say(f"cancelled queued job {pending.ref.job_id} ({pending.cell.cell_name}): {reason}")
 
-    def _ended(self, pending: Pending) -> dict[str, Any]:
-        """The result of a job that ended without writing one."""
-        from ditbench.bench.launch import procs
-
-        ref = pending.ref
-        state = executors.state(ref, pending.handle)
-        started = started_path(pending.ticket.result_path).exists()
-        if pending.stopped and state.startswith("CANCELLED") and not started:
-            why = f"{pending.stopped}; ditbench cancelled its queued SLURM job {ref.job_id}"
-            return {"status": "skipped", "reason": why}
-        tail = procs.tail(executors.job_log(ref), 64_000)
-        if state.startswith("TIMEOUT"):
-            return {
-                "status": "timeout",
-                "reason": f"SLURM stopped job {ref.job_id} at its time limit before the cell wrote a result",
-                "traceback": tail,
-            }
-        where = "SLURM job" if ref.executor == "slurm" else "local job"
-        why = f": ditbench cancelled it as it started, because {pending.stopped}" if pending.stopped else ""
-        return {
-            "status": "error",
-            "reason": f"{where} {ref.job_id} ended ({state}) without writing a result{why}",
-            "traceback": tail,
-        }
-
     def _cancel(self) -> None:
         """Ctrl-C, SIGTERM or an error: cancel every job this run waits for; a finished result stays."""
         for pending in list(self.pending):
@@ -399,6 +374,33 @@ def cell_verdict(cell: SuiteCell, kind: str, visible: Visible) -> tuple[str, str
             "use --executor slurm"
         )
     return precheck(cell, visible)
+
+
+def ended_result(pending: Pending) -> dict[str, Any]:
+    """The result of a cell whose job ended without writing one: from SLURM's state, or `skipped` when
+    this run cancelled it before it started (`stop_queued`)."""
+    from ditbench.bench.launch import procs
+
+    ref = pending.ref
+    # task 0 writes its started file first thing: a cancelled job without one never ran the cell
+    if pending.stopped and not started_path(pending.ticket.result_path).exists():
+        why = f"{pending.stopped}; ditbench cancelled its queued SLURM job {ref.job_id}"
+        return {"status": "skipped", "reason": why}
+    state = executors.state(ref, pending.handle)
+    tail = procs.tail(executors.job_log(ref), 64_000)
+    if state.startswith("TIMEOUT"):
+        return {
+            "status": "timeout",
+            "reason": f"SLURM stopped job {ref.job_id} at its time limit before the cell wrote a result",
+            "traceback": tail,
+        }
+    where = "SLURM job" if ref.executor == "slurm" else "local job"
+    why = f": ditbench cancelled it as it started, because {pending.stopped}" if pending.stopped else ""
+    return {
+        "status": "error",
+        "reason": f"{where} {ref.job_id} ended ({state}) without writing a result{why}",
+        "traceback": tail,
+    }
 
 
 def stop_queued(pending: list[Pending], decide) -> list[tuple[Pending, str]]:
