@@ -23,7 +23,6 @@ submitter never reads submitit's pickles).
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import shutil
 import time
@@ -49,6 +48,7 @@ from ditbench.bench.runner import (
     check_options,
     check_out_dir,
     new_run_id,
+    now_iso,
     precheck,
     print_line,
     run_order,
@@ -249,7 +249,7 @@ class _Submitter:
     def _context(self, cell: SuiteCell) -> dict[str, Any]:
         # a cell reports its node's environment; a record without one must not claim the login node's
         env = self.runner.env if self.kind == "local" else None
-        return self.runner.record_context(cell, env, _iso(time.time()))
+        return self.runner.record_context(cell, env, now_iso())
 
     def _submit(self, params: dict, members: list[tuple[SuiteCell, inflight.Ticket]]) -> None:
         from ditbench.bench.launch.files import write_spec
@@ -313,7 +313,9 @@ class _Submitter:
             ended = time.time()
         begin = started.get("started_unix")
         if isinstance(begin, (int, float)) and not isinstance(begin, bool):
-            context["started_at"] = _iso(begin)  # the record starts when the job did, not when it was queued
+            context["started_at"] = now_iso(
+                begin
+            )  # the record starts when the job did, not when it was queued
             write_json_atomic(ticket.ticket_path, context, default=str)
         else:
             begin = ended  # it never started
@@ -423,12 +425,6 @@ def _started(ticket: inflight.Ticket) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return found if isinstance(found, dict) else {}
-
-
-def _iso(unix: float) -> str:
-    return (
-        dt.datetime.fromtimestamp(unix, dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-    )
 
 
 def _sweep_orphans(folder: Path) -> None:

@@ -165,8 +165,10 @@ def run_order(cells: list[SuiteCell]) -> list[SuiteCell]:
 # ---------------------------------------------------------------------------------------------
 
 
-def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+def now_iso(unix: float | None = None) -> str:
+    """Now (or the time `unix`) as a record writes it: UTC to the second, e.g. 2026-01-31T12:00:00Z."""
+    when = dt.datetime.fromtimestamp(time.time() if unix is None else unix, dt.timezone.utc)
+    return when.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def new_run_id() -> str:

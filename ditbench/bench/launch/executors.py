@@ -165,34 +165,24 @@ def state(ref: JobRef, handle=None) -> str:
     job = handle if handle is not None else SlurmJob(folder=Path(ref.folder) / "%j", job_id=ref.job_id)
     found = str(job.watcher.get_state(ref.job_id, mode="standard")).split()
     found = found[0].upper() if found else "UNKNOWN"
-    return _squeue_state(ref.job_id) if found == "UNKNOWN" else found
+    return squeue_state(ref.job_id, _SQUEUE_EVERY_S) if found == "UNKNOWN" else found
 
 
 _SQUEUE_EVERY_S = 60.0
 _squeued: dict[str, tuple[float, str]] = {}
 
 
-def _squeue_state(job_id: str) -> str:
-    """squeue's word for a job sacct does not know (no accounting on some clusters), at most once a minute.
-
-    A job squeue no longer lists has ended: NOT_IN_QUEUE. Without squeue: UNKNOWN (still waited for).
-    """
+def squeue_state(job_id: str, max_age_s: float = 0.0) -> str:
+    """squeue's word for the job: PENDING, RUNNING ..., NOT_IN_QUEUE once squeue no longer lists it,
+    UNKNOWN where squeue cannot say. An answer younger than `max_age_s` is reused (`state` asks only
+    for jobs sacct does not know, as on clusters without accounting: at most once a minute)."""
+    import subprocess
     import time
 
     now = time.monotonic()
     cached = _squeued.get(job_id)
-    if cached is not None and now - cached[0] < _SQUEUE_EVERY_S:
+    if cached is not None and now - cached[0] < max_age_s:
         return cached[1]
-    found = squeue_state(job_id)
-    _squeued[job_id] = (now, found)
-    return found
-
-
-def squeue_state(job_id: str) -> str:
-    """squeue's word for the job now: PENDING, RUNNING ..., NOT_IN_QUEUE once it has gone, UNKNOWN
-    when squeue cannot say."""
-    import subprocess
-
     try:
         done = subprocess.run(
             ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=60
@@ -201,9 +191,11 @@ def squeue_state(job_id: str) -> str:
         return "UNKNOWN"
     words = done.stdout.split()
     if done.returncode == 0:
-        return words[0].upper() if words else "NOT_IN_QUEUE"
-    # squeue exits 1 for an id it has forgotten ("Invalid job id specified")
-    return "NOT_IN_QUEUE" if "invalid job id" in done.stderr.lower() else "UNKNOWN"
+        found = words[0].upper() if words else "NOT_IN_QUEUE"
+    else:  # squeue exits 1 for an id it has forgotten ("Invalid job id specified")
+        found = "NOT_IN_QUEUE" if "invalid job id" in done.stderr.lower() else "UNKNOWN"
+    _squeued[job_id] = (now, found)
+    return found
 
 
 def cancel(ref: JobRef, handle=None) -> None:
