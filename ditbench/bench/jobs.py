@@ -222,8 +222,7 @@ class _Submitter:
 
     def _start(self, cells: list[SuiteCell]) -> None:
         """Open each cell's ticket; record the cells that must not start, submit the others."""
-        groups: dict[str, list[SuiteCell]] = {}
-        params_of: dict[str, dict] = {}
+        groups: dict[str, tuple[dict, list[SuiteCell]]] = {}  # job shape -> its parameters, its cells
         for cell in cells:
             verdict = self._verdict(cell)
             # a cell predicted not to fit is recorded `skipped`, never submitted
@@ -236,15 +235,11 @@ class _Submitter:
                 self._finish(Pending(ticket, JobRef(self.kind, "", ""), cell), submitted=False)
                 continue
             params = job_parameters(cell.config, self.runner.timeout(cell), self.cluster, self.kind)
-            shape = json.dumps(params, sort_keys=True, default=str)
-            groups.setdefault(shape, []).append(cell)
-            params_of[shape] = params
+            groups.setdefault(json.dumps(params, sort_keys=True, default=str), (params, []))[1].append(cell)
         if groups and self.executor is None:
             self.executor = executors.make_executor(self.kind, self.folder / executors.SUBMITIT_DIR)
-        for shape, members in groups.items():  # tickets per group: a refused group leaves none behind
-            self._submit(
-                params_of[shape], [(c, inflight.open_ticket(self.folder, self._context(c))) for c in members]
-            )
+        for params, members in groups.values():  # tickets per group: a refused group leaves none behind
+            self._submit(params, [(c, inflight.open_ticket(self.folder, self._context(c))) for c in members])
 
     def _context(self, cell: SuiteCell) -> dict[str, Any]:
         # a cell reports its node's environment; a record without one must not claim the login node's
@@ -287,11 +282,9 @@ class _Submitter:
         """Append each result as it arrives; the local executor starts the next cell when one ends."""
         todo = list(todo)
         while self.pending or todo:
-            for pending in list(self.pending):
-                has_result = pending.ticket.result_path.exists()
-                if has_result and self.kind == "slurm":
-                    self._finish(pending)
-                elif not executors.is_active(pending.ref, pending.handle):
+            for pending in list(self.pending):  # a SLURM cell's result counts before its job has ended
+                arrived = self.kind == "slurm" and pending.ticket.result_path.exists()
+                if arrived or not executors.is_active(pending.ref, pending.handle):
                     self._finish(pending)
             if self.kind == "local" and not self.pending and todo:
                 self._start([todo.pop(0)])
