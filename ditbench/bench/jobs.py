@@ -23,7 +23,6 @@ submitter never reads submitit's pickles).
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import shutil
 import time
@@ -45,9 +44,11 @@ from ditbench.bench.runner import (
     RunOptions,
     SuiteRun,
     Visible,
+    already_recorded,
     check_options,
     check_out_dir,
     new_run_id,
+    now_iso,
     precheck,
     print_line,
     run_order,
@@ -85,6 +86,7 @@ class Pending:
     ref: JobRef
     cell: SuiteCell | None  # None: submitted by an earlier run for a cell this suite no longer has
     handle: Any = None  # submitit's Job, when this run submitted it
+    stopped: str | None = None  # why this run cancelled the job while it queued (`stop_queued`)
 
 
 def submit_suite(
@@ -151,10 +153,12 @@ class _Submitter:
                 self._pick_up()
                 previous = latest_by_cell(read_records(self.results_path))
                 waiting = {p.ticket.read_context()["cell_id"] for p in self.pending}
-                done = {c.cell_id for c in cells if self._recorded(c, previous)}
+                done = set()
                 for cell in cells:
-                    if cell.cell_id in done:
-                        self.runner.latest[cell.cell_id] = previous.get(cell.cell_id)
+                    prev = previous.get(cell.cell_id)
+                    if already_recorded(prev, self.options.force, lambda c=cell: self._verdict(c)):
+                        done.add(cell.cell_id)
+                        self.runner.latest[cell.cell_id] = prev
                 todo = [c for c in run_order(cells) if c.cell_id not in done | waiting]
                 if planner is not None:
                     todo = plan_option.run_order(todo, cells)
@@ -177,18 +181,6 @@ class _Submitter:
         return records
 
     # -- before submitting -------------------------------------------------------------------
-
-    def _recorded(self, cell: SuiteCell, previous: dict) -> bool:
-        """ok, or unsupported for the same reason as last time (the local runner's rule)."""
-        prev = previous.get(cell.cell_id)
-        if self.options.force or prev is None:
-            return False
-        if prev.get("status") == "ok":
-            return True
-        verdict = self._verdict(cell)
-        return (
-            prev.get("status") == "unsupported" and verdict is not None and prev.get("reason") == verdict[1]
-        )
 
     def _verdict(self, cell: SuiteCell) -> tuple[str, str] | None:
         return cell_verdict(cell, self.kind, self.runner.visible)
@@ -230,8 +222,7 @@ class _Submitter:
 
     def _start(self, cells: list[SuiteCell]) -> None:
         """Open each cell's ticket; record the cells that must not start, submit the others."""
-        groups: dict[str, list[SuiteCell]] = {}
-        params_of: dict[str, dict] = {}
+        groups: dict[str, tuple[dict, list[SuiteCell]]] = {}  # job shape -> its parameters, its cells
         for cell in cells:
             verdict = self._verdict(cell)
             # a cell predicted not to fit is recorded `skipped`, never submitted
@@ -243,38 +234,25 @@ class _Submitter:
                 inflight.write_result_file(ticket, decided)
                 self._finish(Pending(ticket, JobRef(self.kind, "", ""), cell), submitted=False)
                 continue
-            params = job_parameters(cell.config, self._timeout(cell), self.cluster, self.kind)
-            shape = json.dumps(params, sort_keys=True, default=str)
-            groups.setdefault(shape, []).append(cell)
-            params_of[shape] = params
+            params = job_parameters(cell.config, self.runner.timeout(cell), self.cluster, self.kind)
+            groups.setdefault(json.dumps(params, sort_keys=True, default=str), (params, []))[1].append(cell)
         if groups and self.executor is None:
             self.executor = executors.make_executor(self.kind, self.folder / executors.SUBMITIT_DIR)
-        for shape, members in groups.items():  # tickets per group: a refused group leaves none behind
-            self._submit(
-                params_of[shape], [(c, inflight.open_ticket(self.folder, self._context(c))) for c in members]
-            )
-
-    def _timeout(self, cell: SuiteCell) -> float:
-        return self.options.timeout_s or cell.timeout_s
+        for params, members in groups.values():  # tickets per group: a refused group leaves none behind
+            self._submit(params, [(c, inflight.open_ticket(self.folder, self._context(c))) for c in members])
 
     def _context(self, cell: SuiteCell) -> dict[str, Any]:
         # a cell reports its node's environment; a record without one must not claim the login node's
         env = self.runner.env if self.kind == "local" else None
-        return self.runner.record_context(cell, env, _iso(time.time()))
+        return self.runner.record_context(cell, env, now_iso())
 
     def _submit(self, params: dict, members: list[tuple[SuiteCell, inflight.Ticket]]) -> None:
         from ditbench.bench.launch.files import write_spec
 
         calls = []
-        for cell, ticket in members:
-            timeout = self._timeout(cell)
-            about = {
-                "cell_id": cell.cell_id,
-                "cell_name": cell.cell_name,
-                "rendezvous": None,
-                "out_dir": str(self.out.resolve()),  # sample grids go under it
-            }
-            write_spec(ticket.spec_path, cell.spec, **about, timeout_s=timeout)
+        for cell, ticket in members:  # the job reads its cell from the spec file (`srun.run_task`)
+            timeout = self.runner.timeout(cell)
+            write_spec(ticket.spec_path, cell.spec, **self.runner.about(cell), timeout_s=timeout)
             log = self.out / LOGS_DIR / f"{cell.cell_id}.log"
             calls.append((str(ticket.spec_path), str(ticket.result_path), str(log), timeout))
         if self.kind == "slurm":  # a rerun finds the job by this name if we die before saving its id
@@ -284,13 +262,11 @@ class _Submitter:
             params = {**params, "job_name": name}
         try:
             submitted = executors.submit_cells(self.executor, self.kind, params, calls)
-        except UserError:
-            for _, ticket in members:
-                ticket.remove()
-            raise
         except Exception as err:  # sbatch refused (a partition or account the cluster does not know)
             for _, ticket in members:
                 ticket.remove()
+            if isinstance(err, UserError):
+                raise
             raise UserError(
                 f"submitting {len(members)} cell(s) failed: {' '.join(str(err).split())[:2000]}"
             ) from None
@@ -306,11 +282,9 @@ class _Submitter:
         """Append each result as it arrives; the local executor starts the next cell when one ends."""
         todo = list(todo)
         while self.pending or todo:
-            for pending in list(self.pending):
-                has_result = pending.ticket.result_path.exists()
-                if has_result and self.kind == "slurm":
-                    self._finish(pending)
-                elif not executors.is_active(pending.ref, pending.handle):
+            for pending in list(self.pending):  # a SLURM cell's result counts before its job has ended
+                arrived = self.kind == "slurm" and pending.ticket.result_path.exists()
+                if arrived or not executors.is_active(pending.ref, pending.handle):
                     self._finish(pending)
             if self.kind == "local" and not self.pending and todo:
                 self._start([todo.pop(0)])
@@ -324,19 +298,24 @@ class _Submitter:
         if pending in self.pending:
             self.pending.remove(pending)
         if submitted and not ticket.result_path.exists():
-            inflight.write_result_file(ticket, self._ended(ref, pending.handle))
-        context = ticket.read_context()
-        started = _started_unix(ticket)
-        if started is not None:  # the record starts when the job did, not when it was queued
-            context["started_at"] = _iso(started)
-            write_json_atomic(ticket.ticket_path, context, default=str)
+            inflight.write_result_file(ticket, ended_result(pending))
+        context, started = ticket.read_context(), _started(ticket)
         try:
             ended = ticket.result_path.stat().st_mtime
         except OSError:
             ended = time.time()
-        begin = started if started is not None else context.get("started_unix") or ended
+        begin = started.get("started_unix")
+        if isinstance(begin, (int, float)) and not isinstance(begin, bool):
+            context["started_at"] = now_iso(
+                begin
+            )  # the record starts when the job did, not when it was queued
+            write_json_atomic(ticket.ticket_path, context, default=str)
+        else:
+            begin = ended  # it never started
         committing_run = self.run_id
-        slurm_job = _slurm_job(ticket, ref)
+        nodes = started.get("hostnames")  # as the job's task 0 saw them
+        nodes = nodes if isinstance(nodes, list) and all(isinstance(n, str) for n in nodes) else None
+        slurm_job = {"id": ref.job_id, "nodes": nodes} if ref.executor == "slurm" and ref.job_id else None
 
         def finish(record: dict[str, Any]) -> None:
             if record["run_id"] != committing_run:
@@ -351,30 +330,21 @@ class _Submitter:
         record = inflight.commit(self.results_path, ticket, max(0.0, ended - begin), finish)
         if pending.cell is not None:
             self.runner.note(pending.cell, record)
+        if record["status"] == "oom" and self.kind == "slurm":
+            self._stop_queued()
         if ref.job_id:
             shutil.rmtree(
                 Path(ref.folder) / ref.job_id, ignore_errors=True
             )  # its log is in logs/ or the record
         self.say(format_line(record))
 
-    def _ended(self, ref: JobRef, handle) -> dict[str, Any]:
-        """The result of a job that ended without writing one."""
-        from ditbench.bench.launch import procs
-
-        state = executors.state(ref, handle)
-        tail = procs.tail(executors.job_log(ref), 64_000)
-        if state.startswith("TIMEOUT"):
-            return {
-                "status": "timeout",
-                "reason": f"SLURM stopped job {ref.job_id} at its time limit before the cell wrote a result",
-                "traceback": tail,
-            }
-        where = "SLURM job" if ref.executor == "slurm" else "local job"
-        return {
-            "status": "error",
-            "reason": f"{where} {ref.job_id} ended ({state}) without writing a result",
-            "traceback": tail,
-        }
+    def _stop_queued(self) -> None:
+        """After an out-of-memory, the larger batches of its series that still queue are cancelled (and
+        recorded `skipped` once SLURM says they ended); a job already running runs on to its own record."""
+        for pending, reason in stop_queued(self.pending, self.runner.decide):
+            if executors.cancel_if_queued(pending.ref):
+                pending.stopped = reason
+                self.say(f"cancelled queued job {pending.ref.job_id} ({pending.cell.cell_name}): {reason}")
 
     def _cancel(self) -> None:
         """Ctrl-C, SIGTERM or an error: cancel every job this run waits for; a finished result stays."""
@@ -401,30 +371,53 @@ def cell_verdict(cell: SuiteCell, kind: str, visible: Visible) -> tuple[str, str
     return precheck(cell, visible)
 
 
-def _started_unix(ticket: inflight.Ticket) -> float | None:
+def ended_result(pending: Pending) -> dict[str, Any]:
+    """The result of a cell whose job ended without writing one: from SLURM's state, or `skipped` when
+    this run cancelled it before it started (`stop_queued`)."""
+    from ditbench.bench.launch import procs
+
+    ref = pending.ref
+    # task 0 writes its started file first thing: a cancelled job without one never ran the cell
+    if pending.stopped and not started_path(pending.ticket.result_path).exists():
+        why = f"{pending.stopped}; ditbench cancelled its queued SLURM job {ref.job_id}"
+        return {"status": "skipped", "reason": why}
+    state = executors.state(ref, pending.handle)
+    tail = procs.tail(executors.job_log(ref), 64_000)
+    if state.startswith("TIMEOUT"):
+        return {
+            "status": "timeout",
+            "reason": f"SLURM stopped job {ref.job_id} at its time limit before the cell wrote a result",
+            "traceback": tail,
+        }
+    where = "SLURM job" if ref.executor == "slurm" else "local job"
+    why = f": ditbench cancelled it as it started, because {pending.stopped}" if pending.stopped else ""
+    return {
+        "status": "error",
+        "reason": f"{where} {ref.job_id} ended ({state}) without writing a result{why}",
+        "traceback": tail,
+    }
+
+
+def stop_queued(pending: list[Pending], decide) -> list[tuple[Pending, str]]:
+    """The waited-for cells the run's out-of-memory skip now rules out (`SuiteRun.decide`) and whose
+    job has not started (no `<key>.started.json`): each with the skip's reason."""
+    out = []
+    for waiting in pending:
+        if waiting.cell is None or waiting.stopped or started_path(waiting.ticket.result_path).exists():
+            continue
+        decided = decide(waiting.cell, None)
+        if decided is not None and decided["status"] == "skipped":
+            out.append((waiting, decided["reason"]))
+    return out
+
+
+def _started(ticket: inflight.Ticket) -> dict[str, Any]:
+    """What the job's task 0 wrote when it started (`srun.run_task`): {} before that."""
     try:
-        value = json.loads(started_path(ticket.result_path).read_text()).get("started_unix")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _slurm_job(ticket: inflight.Ticket, ref: JobRef) -> dict[str, Any] | None:
-    """A SLURM cell's job id and the nodes it ran on (as its task 0 saw them when the job started)."""
-    if ref.executor != "slurm" or not ref.job_id:
-        return None
-    try:
-        nodes = json.loads(started_path(ticket.result_path).read_text()).get("hostnames")
-    except (OSError, ValueError, AttributeError):
-        nodes = None
-    ok = isinstance(nodes, list) and all(isinstance(n, str) for n in nodes)
-    return {"id": ref.job_id, "nodes": nodes if ok else None}
-
-
-def _iso(unix: float) -> str:
-    return (
-        dt.datetime.fromtimestamp(unix, dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-    )
+        found = json.loads(started_path(ticket.result_path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def _sweep_orphans(folder: Path) -> None:

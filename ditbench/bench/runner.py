@@ -140,6 +140,14 @@ def check_out_dir(out: Path, *, create: bool) -> None:
         raise UserError(f"{shorten(str(results))} is not readable and writable; a run appends to it.")
 
 
+def already_recorded(prev: dict | None, force: bool, verdict: Callable[[], tuple[str, str] | None]) -> bool:
+    """Whether a rerun leaves a cell as its latest record `prev` has it: ok, or unsupported here for the
+    same reason as last time (`verdict()`: a new line would say nothing new)."""
+    if force or prev is None or prev.get("status") not in ("ok", "unsupported"):
+        return False
+    return prev["status"] == "ok" or ((now := verdict()) is not None and prev.get("reason") == now[1])
+
+
 def select_cells(suite: Suite, filters: list[str]) -> list[SuiteCell]:
     if not filters:
         return list(suite.cells)
@@ -157,8 +165,10 @@ def run_order(cells: list[SuiteCell]) -> list[SuiteCell]:
 # ---------------------------------------------------------------------------------------------
 
 
-def now_iso() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+def now_iso(unix: float | None = None) -> str:
+    """Now (or the time `unix`) as a record writes it: UTC to the second, e.g. 2026-01-31T12:00:00Z."""
+    when = dt.datetime.fromtimestamp(time.time() if unix is None else unix, dt.timezone.utc)
+    return when.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def new_run_id() -> str:
@@ -200,19 +210,11 @@ def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str
     visible = Visible.detect()
     env = collect_env(probe_cuda=False)  # no CUDA context in the parent: it would hold device memory
 
-    def already_recorded(cell: SuiteCell) -> bool:
-        """ok, or unsupported here for the same reason as last time (a new line would say nothing new)."""
-        prev = previous.get(cell.cell_id)
-        if options.force or prev is None:
-            return False
-        if prev.get("status") == "ok":
-            return True
-        verdict = precheck(cell, visible)
-        return (
-            prev.get("status") == "unsupported" and verdict is not None and prev.get("reason") == verdict[1]
-        )
-
-    done = {c.cell_id for c in cells if already_recorded(c)}
+    done = {
+        c.cell_id
+        for c in cells
+        if already_recorded(previous.get(c.cell_id), options.force, lambda c=c: precheck(c, visible))
+    }
     todo = [c for c in run_order(cells) if c.cell_id not in done]
     planner = None
     if suite.plan is not None:  # imported only then: a suite without it never loads the planner
@@ -340,16 +342,11 @@ class SuiteRun:
             if decided is not None:
                 inflight.write_result_file(ticket, decided)
             else:
-                timeout = self.options.timeout_s or cell.timeout_s
                 log = self.out / LOGS_DIR / f"{cell.cell_id}.log"
-                about = {
-                    "cell_id": cell.cell_id,
-                    "cell_name": cell.cell_name,
-                    "rendezvous": self.options.rendezvous,
-                    "out_dir": str(self.out.resolve()),  # sample grids go under it
-                }
                 launcher = launcher_for(cell.spec)  # one process, or torchrun's ranks
-                launcher.launch(cell.spec, about, timeout, ticket.spec_path, ticket.result_path, log)
+                launcher.launch(
+                    cell.spec, self.about(cell), self.timeout(cell), ticket.spec_path, ticket.result_path, log
+                )
         except BaseException:  # Ctrl-C, SIGTERM
             if not ticket.result_path.exists():
                 ticket.remove()  # cut off before a result: the cell runs again next time
@@ -359,6 +356,18 @@ class SuiteRun:
         )
         self.note(cell, record)
         return record
+
+    def timeout(self, cell: SuiteCell) -> float:
+        return self.options.timeout_s or cell.timeout_s
+
+    def about(self, cell: SuiteCell) -> dict[str, Any]:
+        """What a launcher writes into the cell's spec file beside the cell (`launch.base.Launcher`)."""
+        return {
+            "cell_id": cell.cell_id,
+            "cell_name": cell.cell_name,
+            "rendezvous": self.options.rendezvous,
+            "out_dir": str(self.out.resolve()),  # sample grids go under it
+        }
 
     def note(self, cell: SuiteCell, record: dict[str, Any]) -> None:
         """Remember an appended record: the latest per cell, and the smallest batch that ran out of memory."""

@@ -63,7 +63,7 @@ def start(suite: str, out: Path, *extra: str, **env_extra) -> subprocess.Popen:
     )
 
 
-def write_suite(tmp_path: Path, matrix: str, timeout_s: int = 300) -> str:
+def write_suite(tmp_path: Path, matrix: str, timeout_s: int = 300, extra: str = "") -> str:
     text = f"""
     name: live
     device: cpu
@@ -77,7 +77,7 @@ def write_suite(tmp_path: Path, matrix: str, timeout_s: int = 300) -> str:
     matrix: {{{matrix}}}
     """
     path = tmp_path / "live.yaml"
-    path.write_text(textwrap.dedent(text))
+    path.write_text(textwrap.dedent(text) + extra)
     return str(path)
 
 
@@ -246,6 +246,50 @@ def test_a_killed_submitter_is_rerun_waits_adopts_and_submits_nothing_twice(tmp_
     assert sorted(r["status"] for r in got) == ["ok", "ok", "ok"], [r.get("reason") for r in got]
     assert all(r.get("adopted_by") for r in got)  # measured under the killed run's id
     assert sorted(r["slurm_job"]["id"] for r in got) == ids
+
+
+@pytest.mark.timeout(300)
+def test_an_oom_cancels_the_queued_larger_batches_of_its_series_and_records_them_skipped(tmp_path):
+    """Under `plan:`, bs=2 runs out of memory while bs=3 and bs=4 queue (submitted held, so that the
+    cluster cannot start them first): the submitter cancels both; each is `skipped`, naming bs=2."""
+    suite = write_suite(tmp_path, "batch_size: [2, 3, 4]", extra="plan: {}\n")
+    out = tmp_path / "o"
+    slurm = ("--executor", "slurm", "--cluster", "sbatch.hold=true")
+    submitter = start(suite, out, *slurm, DITBENCH_INJECT_FAULT="bs=2=oom")
+    ids: dict[str, str] = {}
+    try:
+        wait_until(lambda: len(job_ids(out)) == 3, "all three jobs were submitted", submitter)
+        ids = dict(zip(("bs=2", "bs=3", "bs=4"), _ids_by_batch(out), strict=True))
+        assert {slurm_state(i) for i in ids.values()} == {"PENDING"}
+        subprocess.run(["scontrol", "release", ids["bs=2"]], check=True)
+        stdout, _ = submitter.communicate(timeout=240)
+    finally:
+        if submitter.poll() is None:
+            submitter.kill()
+        subprocess.run(["scancel", *ids.values()])
+    assert submitter.returncode == 0, stdout
+    got = by_name(out)
+    assert {name.split()[-1]: r["status"] for name, r in got.items()} == {
+        "bs=2": "oom",
+        "bs=3": "skipped",
+        "bs=4": "skipped",
+    }, stdout
+    for batch in ("bs=3", "bs=4"):
+        skipped = _one(got, batch)
+        assert skipped["reason"] == (
+            "DiT-T/4 fp32 ckpt=none bs=2 ran out of memory at batch 2; this larger batch of the same "
+            f"series would too; ditbench cancelled its queued SLURM job {ids[batch]}"
+        )
+        assert skipped["slurm_job"] == {"id": ids[batch], "nodes": None}  # it never ran on a node
+        assert skipped["metrics"]["prediction"]["status"] == "predicted"  # the planner's word is kept
+        assert f"cancelled queued job {ids[batch]} " in stdout
+    # sacct folds an array's tasks that never started into one row (e.g. 137_[0-1%3]): never started
+    array = ids["bs=2"].split("_")[0]
+    rows = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", array, "-o", "JobID,State,Start"], capture_output=True, text=True
+    ).stdout.splitlines()
+    others = [row.split("|") for row in rows if row.split("|")[0] != ids["bs=2"]]
+    assert others and all(s.startswith("CANCELLED") and start == "None" for _, s, start in others), rows
 
 
 KILL_AFTER_SBATCH = """

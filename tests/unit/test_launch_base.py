@@ -29,6 +29,14 @@ def test_a_cell_gets_one_process_or_torchrun_from_its_gpus_and_nodes(knobs, laun
     assert chosen is launcher and chosen.module == module
 
 
+def test_inside_a_submitit_job_the_jobs_tasks_start_the_ranks_and_one_process_stays_one():
+    from ditbench.bench.launch.srun import JOB_RANKS
+
+    assert base.for_cell(spec(gpus=2), ranks=JOB_RANKS) is JOB_RANKS
+    assert base.for_cell(spec(nodes=2), ranks=JOB_RANKS) is JOB_RANKS
+    assert base.for_cell(spec(), ranks=JOB_RANKS) is ONE_PROCESS
+
+
 def test_the_ranks_reports_sit_beside_the_result_file():
     assert base.report_dir("/out/.inflight/abc.result.json") == Path("/out/.inflight/abc.result.ranks")
 

@@ -155,6 +155,20 @@ def test_imports_only_point_down():
     assert up == [], up
 
 
+def test_no_module_imports_another_modules_private_names():
+    """What a module starts with `_` is its own: e.g. bench/jobs.py takes from bench/runner.py only the
+    runner's public functions (the launchers meet through launch/base.py's interface)."""
+    private = sorted(
+        f"{path.relative_to(ROOT)}: {node.module}.{alias.name}"
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("ditbench")
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    )
+    assert private == [], private
+
+
 def test_sampling_never_imports_training():
     graph = import_graph()
     seen, todo = set(), [m for m in graph if m.startswith("ditbench.sampling")]

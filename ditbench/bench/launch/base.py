@@ -8,7 +8,9 @@ torchrun or srun started them.
 
 Implementations: `FreshProcess` (`launch.process`): a fresh process of its own session running
 one module, either the one-process cell (`ONE_PROCESS`) or torchrun's parent (`TORCHRUN`), which
-starts the ranks. `for_cell` picks one from the cell's gpus x nodes.
+starts the ranks; `JobRanks` (`launch.srun`): inside a submitit job (srun's tasks on SLURM), each
+task runs one rank. `for_cell` picks one from the cell's gpus x nodes and where it runs. Whoever
+starts the cell (the runner, `bench.jobs`'s job task `srun.run_task`) goes through `for_cell`.
 """
 
 from __future__ import annotations
@@ -41,11 +43,12 @@ class Launcher(Protocol):
         """
 
 
-def for_cell(spec: CellSpec) -> Launcher:
-    """The launcher of a cell run on this machine: torchrun for several processes, else one process."""
+def for_cell(spec: CellSpec, ranks: Launcher | None = None) -> Launcher:
+    """The launcher of a cell: one process, else `ranks`, which starts a multi-process cell's ranks where
+    the cell runs: torchrun's on this machine by default, the job's own tasks in a submitit job."""
     from ditbench.bench.launch.process import ONE_PROCESS, TORCHRUN
 
-    return TORCHRUN if spec.world_size > 1 else ONE_PROCESS
+    return ONE_PROCESS if spec.world_size == 1 else ranks or TORCHRUN
 
 
 def report_dir(result_path: str | Path) -> Path:

@@ -165,24 +165,23 @@ def state(ref: JobRef, handle=None) -> str:
     job = handle if handle is not None else SlurmJob(folder=Path(ref.folder) / "%j", job_id=ref.job_id)
     found = str(job.watcher.get_state(ref.job_id, mode="standard")).split()
     found = found[0].upper() if found else "UNKNOWN"
-    return _squeue_state(ref.job_id) if found == "UNKNOWN" else found
+    return squeue_state(ref.job_id, _SQUEUE_EVERY_S) if found == "UNKNOWN" else found
 
 
 _SQUEUE_EVERY_S = 60.0
 _squeued: dict[str, tuple[float, str]] = {}
 
 
-def _squeue_state(job_id: str) -> str:
-    """squeue's word for a job sacct does not know (no accounting on some clusters), at most once a minute.
-
-    A job squeue no longer lists has ended: NOT_IN_QUEUE. Without squeue: UNKNOWN (still waited for).
-    """
+def squeue_state(job_id: str, max_age_s: float = 0.0) -> str:
+    """squeue's word for the job: PENDING, RUNNING ..., NOT_IN_QUEUE once squeue no longer lists it,
+    UNKNOWN where squeue cannot say. An answer younger than `max_age_s` is reused (`state` asks only
+    for jobs sacct does not know, as on clusters without accounting: at most once a minute)."""
     import subprocess
     import time
 
     now = time.monotonic()
     cached = _squeued.get(job_id)
-    if cached is not None and now - cached[0] < _SQUEUE_EVERY_S:
+    if cached is not None and now - cached[0] < max_age_s:
         return cached[1]
     try:
         done = subprocess.run(
@@ -224,6 +223,18 @@ def cancel(ref: JobRef, handle=None) -> None:
         subprocess.call(["scancel", ref.job_id], timeout=60, **quiet)
     except (OSError, subprocess.TimeoutExpired):  # no scancel here: the job is left to its time limit
         pass
+
+
+def cancel_if_queued(ref: JobRef) -> bool:
+    """scancel a SLURM job squeue says has not started (PENDING); whether it was.
+
+    Not `scancel --state=PENDING ID`: on an array whose tasks all still queue, SLURM 22.05 then
+    cancels every queued task of the array, not the one named (seen on the test cluster).
+    """
+    if ref.executor != "slurm" or squeue_state(ref.job_id) != "PENDING":
+        return False
+    cancel(ref)
+    return True
 
 
 # -- finding a job whose id the submitter never wrote down -----------------------------------------

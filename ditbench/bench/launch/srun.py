@@ -6,12 +6,13 @@ starts them as processes on this machine. No torchrun runs inside the job:
 
 - a one-process cell: the one task runs it exactly as the local runner does (`process.ONE_PROCESS`:
   a fresh process, its own timeout recorded `timeout`);
-- a multi-process cell: each task takes its rank, world size and rendezvous address from the job
-  (`submitit.helpers.TorchDistributedEnvironment`, i.e. SLURM_PROCID, SLURM_LOCALID, the node
-  list ...) and runs the existing rank entry (`launch.rank`) in a process of its own under the
-  cell's timeout; when a peer fails it stops its own rank (as torchrun would). Each task writes
-  `exit<R>.json`; task 0 waits for them and turns the ranks' reports into the cell's result with
-  the torchrun launcher's own judging and aggregation (`torchrun.result_of_launch`).
+- a multi-process cell (`JobRanks`, a `launch.base.Launcher`): each task takes its rank, world
+  size and rendezvous address from the job (`submitit.helpers.TorchDistributedEnvironment`, i.e.
+  SLURM_PROCID, SLURM_LOCALID, the node list ...) and runs the existing rank entry (`launch.rank`)
+  in a process of its own under the cell's timeout; when a peer fails it stops its own rank (as
+  torchrun would). Each task writes `exit<R>.json`; task 0 waits for them and turns the ranks'
+  reports into the cell's result with the torchrun launcher's own judging and aggregation
+  (`torchrun.result_of_launch`).
 
 Every file goes next to the ticket in the out directory, which SLURM's nodes must share.
 """
@@ -23,10 +24,12 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ditbench.bench.launch import base, procs
 from ditbench.bench.launch.files import read_report, read_spec, write_result
+from ditbench.cellspec import CellSpec
 from ditbench.fileio import open_log, write_atomic, write_json_atomic
 
 POLL_S = 0.2
@@ -66,8 +69,6 @@ def run_task(spec_path: str, result_path: str, log_path: str, timeout_s: float) 
     """One task of a cell's job; returns None (the result is the RESULT file, never a pickle)."""
     import submitit
 
-    from ditbench.bench.launch.process import ONE_PROCESS
-
     job = submitit.JobEnvironment()
     if job.cluster == "slurm":
         _leave_the_end_to_slurm()
@@ -78,20 +79,12 @@ def run_task(spec_path: str, result_path: str, log_path: str, timeout_s: float) 
         write_json_atomic(started_path(result), info)
     if job.num_tasks != spec.world_size:
         if job.global_rank == 0:
-            write_result(
-                result,
-                {
-                    "status": "error",
-                    "reason": f"the job has {job.num_tasks} task(s) but the cell needs {spec.world_size} "
-                    "rank(s); ditbench submits one task per rank",
-                },
-            )
+            why = f"the job has {job.num_tasks} task(s) but the cell needs {spec.world_size} rank(s)"
+            write_result(result, {"status": "error", "reason": why + "; ditbench submits one task per rank"})
         return
-    if spec.world_size == 1:
-        about = {k: doc.get(k) for k in ("cell_id", "cell_name", "rendezvous", "out_dir")}
-        ONE_PROCESS.launch(spec, about, timeout_s, Path(spec_path), result, Path(log_path))
-        return
-    _rank_task(spec, spec_path, result, Path(log_path), timeout_s, job)
+    about = {k: doc.get(k) for k in ("cell_id", "cell_name", "rendezvous", "out_dir")}
+    launcher = base.for_cell(spec, ranks=JOB_RANKS)  # the one process, or this task's rank
+    launcher.launch(spec, about, timeout_s, Path(spec_path), result, Path(log_path))
 
 
 def _rank_env(spec, job) -> dict[str, str]:
@@ -123,57 +116,62 @@ def _peer_failed(report_dir: Path, rank: int) -> bool:
     return False
 
 
-def _rank_task(spec, spec_path: str, result: Path, log_path: Path, timeout_s: float, job) -> None:
-    env = _rank_env(spec, job)
-    rank = int(env["RANK"])
-    report_dir = base.report_dir(result)
-    report_dir.mkdir(parents=True, exist_ok=True)
-    start = time.monotonic()
-    timed_out, timed_out_at, failed_peer_at = False, None, None
-    with open_log(report_dir / f"task{rank}.log", append=True) as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", base.RANK_MODULE, spec_path, str(report_dir)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # its own group, stopped as a whole
-            preexec_fn=procs.die_with_parent(signal.SIGKILL),
+@dataclass(frozen=True)
+class JobRanks:
+    """A `launch.base.Launcher` for a multi-process cell inside its submitit job: every task of the job
+    calls it and runs one rank (the spec file is the one the submitter wrote); task 0 then writes the
+    cell's result."""
+
+    def launch(
+        self, spec: CellSpec, about, timeout_s: float, spec_path: Path, result_path: Path, log_path: Path
+    ):
+        import submitit
+
+        job = submitit.JobEnvironment()
+        env = _rank_env(spec, job)
+        rank = int(env["RANK"])
+        report_dir = base.report_dir(result_path)
+        report_dir.mkdir(parents=True, exist_ok=True)
+        start = time.monotonic()
+        timed_out, timed_out_at, failed_peer_at = False, None, None
+        with open_log(report_dir / f"task{rank}.log", append=True) as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", base.RANK_MODULE, str(spec_path), str(report_dir)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # its own group, stopped as a whole
+                preexec_fn=procs.die_with_parent(signal.SIGKILL),
+            )
+            try:
+                while proc.poll() is None:
+                    now = time.monotonic()
+                    if now - start > timeout_s:
+                        timed_out, timed_out_at = True, time.time()  # before the rank is stopped
+                        break
+                    if failed_peer_at is None and _peer_failed(report_dir, rank):
+                        failed_peer_at = now
+                    if failed_peer_at is not None and now - failed_peer_at > PEER_GRACE_S:
+                        break
+                    time.sleep(POLL_S)
+            finally:  # Ctrl-C, scancel's SIGTERM, a timeout, a failed peer: the rank goes with us
+                if proc.poll() is None:
+                    procs.stop_tree(proc, {}, STOP_GRACE_S)
+        write_json_atomic(
+            report_dir / f"exit{rank}.json",
+            {
+                "rank": rank,
+                "returncode": proc.returncode,
+                "timed_out": timed_out,
+                "timed_out_at": timed_out_at,
+            },
         )
-        try:
-            while proc.poll() is None:
-                now = time.monotonic()
-                if now - start > timeout_s:
-                    timed_out, timed_out_at = True, time.time()  # before the rank is stopped
-                    break
-                if failed_peer_at is None and _peer_failed(report_dir, rank):
-                    failed_peer_at = now
-                if failed_peer_at is not None and now - failed_peer_at > PEER_GRACE_S:
-                    break
-                time.sleep(POLL_S)
-        finally:  # Ctrl-C, scancel's SIGTERM, a timeout, a failed peer: the rank goes with us
-            _stop(proc)
-    write_json_atomic(
-        report_dir / f"exit{rank}.json",
-        {"rank": rank, "returncode": proc.returncode, "timed_out": timed_out, "timed_out_at": timed_out_at},
-    )
-    if rank == 0:
-        deadline = time.monotonic() + max(0.0, timeout_s - (time.monotonic() - start)) + 2 * PEER_GRACE_S
-        _write_cell_result(spec, result, log_path, report_dir, timeout_s, start, deadline, job)
+        if rank == 0:
+            deadline = time.monotonic() + max(0.0, timeout_s - (time.monotonic() - start)) + 2 * PEER_GRACE_S
+            _write_cell_result(spec, result_path, log_path, report_dir, timeout_s, start, deadline, job)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+JOB_RANKS = JobRanks()
 
 
 def _write_cell_result(spec, result, log_path, report_dir, timeout_s, start, deadline, job) -> None:
