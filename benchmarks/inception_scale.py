@@ -80,6 +80,7 @@ def main(argv=None) -> int:
     rows = []
     for a, b, what in PAIRS:
         fa, fb = feats[a], feats[b]
+        kid = kernel_inception_distance(fa["pool3"], fb["pool3"], subsets=100, subset_size=kid_subset)
         rows.append(
             {
                 "pair": what,
@@ -88,9 +89,8 @@ def main(argv=None) -> int:
                 "sfid": frechet_distance(
                     *feature_statistics(fa["spatial"]), *feature_statistics(fb["spatial"])
                 ),
-                "kid": kernel_inception_distance(
-                    fa["pool3"], fb["pool3"], subsets=100, subset_size=kid_subset
-                )[0],
+                "kid": kid[0],
+                "kid_std": kid[1],
             }
         )
     scale = {
@@ -143,11 +143,14 @@ def markdown(r: dict) -> str:
         f"{c['torch_threads']} torch thread(s), {c['cpu_count']} cores, load "
         f"{c['load_1min_start']:.1f} -> {c['load_1min_end']:.1f}, torch {c['torch']}.",
         "",
-        "| pair | FID | sFID | KID |",
+        "| pair | FID | sFID | KID (std over subsets) |",
         "|---|---:|---:|---:|",
     ]
     for row in r["rows"]:
-        lines.append(f"| {row['pair']} | {row['fid']:.1f} | {row['sfid']:.1f} | {row['kid']:.4f} |")
+        lines.append(
+            f"| {row['pair']} | {row['fid']:.1f} | {row['sfid']:.1f} | "
+            f"{row['kid']:.4f} ({row['kid_std']:.4f}) |"
+        )
     lines += [
         "",
         "Feature scale per set (mean value; total variance = trace of the covariance):",
