@@ -7,6 +7,16 @@ are set from a pass over varied synthetic images, so activations stay at unit sc
 network and differ between images. Metric values from such a network mean nothing about image
 quality; they exercise the code paths with realistic numbers (tests) and cost the same compute
 as the real network (GPU timing runs on machines without the real weights).
+
+Its scale (recipe 2, weights.TEST_NETWORK_RECIPE): the calibration images span 32 to 256 px
+(calibration_images), and after the calibration pass the BatchNorms whose ReLU outputs are the
+features (the six output branches of Mixed_7c for pool3, Mixed_6d.branch1x1 for the sFID spatial
+features) are rescaled so that over the calibration images the features' total variance (the trace
+of their covariance, which FID's trace terms add up) is FEATURE_TRACE. ReLU is positively
+homogeneous, so the features scale exactly; what reads them is compensated (fc's weight for the
+logits, Mixed_6e's first convolutions), so the logits and all other activations are as before.
+FID and sFID between unlike image sets then read in the tens to hundreds
+(reports/test_inception_scale/ has the measured table).
 """
 
 from __future__ import annotations
@@ -14,7 +24,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ditbench.metrics.inception import InceptionV3
+from ditbench.metrics.inception import INPUT_SIZE, InceptionV3, resize_tf1_bilinear
+
+FEATURE_TRACE = 100.0  # total variance of pool3 and of the spatial features over the calibration images
 
 
 def synthetic_images(n: int, size: int = 32, seed: int = 0, style: str = "mixed") -> np.ndarray:
@@ -56,6 +68,25 @@ def to_nchw(images: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous()
 
 
+CALIBRATION_SIZES = (32, 64, 128, 256)
+
+
+def calibration_images(n: int = 16, seed: int = 1000) -> torch.Tensor:
+    """The calibration batch: synthetic images at 32, 64, 128 and 256 px in turn, resized to 299 px.
+
+    One batch at the network's input size, so every BatchNorm's statistics cover all sizes at once:
+    a larger image carries more high-frequency energy after the resize (as a photograph does than a
+    32 px crop), and a network calibrated on 32 px images alone gave ~5x larger features (FID ~200x)
+    on 128 px ones (recipe 1; reports/test_inception_scale/).
+    """
+    parts = []
+    for k, size in enumerate(CALIBRATION_SIZES):
+        count = n // len(CALIBRATION_SIZES) + (k < n % len(CALIBRATION_SIZES))
+        x = to_nchw(synthetic_images(count, size, seed=seed + k)).double()
+        parts.append(resize_tf1_bilinear(x, INPUT_SIZE).round().clamp(0, 255).to(torch.uint8))
+    return torch.cat(parts)
+
+
 def build_calibrated_inception(seed: int = 0, n_calibration: int = 16) -> InceptionV3:
     """A random InceptionV3 whose BatchNorms are calibrated on synthetic images (float32, CPU, eval mode).
 
@@ -81,9 +112,60 @@ def build_calibrated_inception(seed: int = 0, n_calibration: int = 16) -> Incept
             bn.momentum = None  # cumulative average: after one batch, running stats = batch stats
             bn.reset_running_stats()
         net.train()
-        net(to_nchw(synthetic_images(n_calibration, 32, seed=1000 + seed)))
+        feats = net(calibration_images(n_calibration, seed=1000 + seed))
         net.eval()
         for bn in bns:
             bn.momentum = 0.1
+        _set_feature_scale(net, feats)
         net.float()
     return net
+
+
+def _total_variance(features: torch.Tensor) -> float:
+    x = features.double()
+    return float(((x - x.mean(0)) ** 2).sum() / (len(x) - 1))
+
+
+def _scale_bn(bn: torch.nn.BatchNorm2d, s: float) -> None:
+    bn.weight.mul_(s)
+    bn.bias.mul_(s)
+
+
+def _set_feature_scale(net: InceptionV3, feats: dict[str, torch.Tensor]) -> None:
+    """Scale pool3 and the spatial features to a total variance of FEATURE_TRACE.
+
+    `feats`: the features of the calibration pass (train mode: batch statistics, which the running
+    statistics now equal up to the n/(n-1) of the unbiased variance, n = images x positions >= 1,000).
+    """
+    rescale_features(
+        net,
+        pool3=(FEATURE_TRACE / _total_variance(feats["pool3"])) ** 0.5,
+        spatial=(FEATURE_TRACE / _total_variance(feats["spatial"])) ** 0.5,
+    )
+
+
+@torch.no_grad()
+def rescale_features(net: InceptionV3, pool3: float, spatial: float) -> None:
+    """Multiply the pool3 features by `pool3` and the spatial ones by `spatial` (both > 0), in place.
+
+    Exact because ReLU(s y) = s ReLU(y) for s > 0; what reads the features (fc, Mixed_6e's first
+    convolutions) is divided by the same factor, so the logits and all other activations are unchanged.
+    """
+    last = net.Mixed_7c  # the six branches concatenated into pool3 (their ReLU outputs)
+    for conv in (
+        last.branch1x1,
+        last.branch3x3_2a,
+        last.branch3x3_2b,
+        last.branch3x3dbl_3a,
+        last.branch3x3dbl_3b,
+        last.branch_pool,
+    ):
+        _scale_bn(conv.bn, pool3)
+    net.fc.weight.div_(pool3)
+    # The spatial features are Mixed_6d.branch1x1's first 7 channels; all its 192 channels feed
+    # Mixed_6e (input channels 0..191 of its four first convolutions, one behind a linear average pool).
+    branch = net.Mixed_6d.branch1x1.bn
+    _scale_bn(branch, spatial)
+    nxt = net.Mixed_6e
+    for conv in (nxt.branch1x1, nxt.branch7x7_1, nxt.branch7x7dbl_1, nxt.branch_pool):
+        conv.conv.weight[:, : branch.num_features].div_(spatial)

@@ -84,6 +84,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _network_line(inception: dict) -> str:
     what = "official" if inception["official"] else "NOT official"
+    if inception.get("recipe") is not None:  # the calibrated random test network
+        what += f", calibrated random network recipe {inception['recipe']}"
     return f"{inception['name']} ({what}, sha256 {inception['sha256'][:12]})"
 
 

@@ -123,7 +123,12 @@ class Evaluator:
                     "file": self.reference,
                     "count": self.scorer.reference.count,
                 },
-                "inception": {"name": weights.name, "sha256": weights.sha256, "official": weights.official},
+                "inception": {
+                    "name": weights.name,
+                    "sha256": weights.sha256,
+                    "official": weights.official,
+                    "recipe": weights.recipe,
+                },
                 "metrics": [m.name for m in active],
                 "skipped": skipped,
                 "reference_s": round(seconds, 3),

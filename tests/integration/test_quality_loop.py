@@ -68,7 +68,7 @@ def test_a_quality_run_evaluates_each_step_with_training_timed_apart(reference, 
     field = _run(_spec(reference), tmp_path, fake)
     assert field["status"] == "ok", field["reason"]
     assert field["reference"]["path"] == str(reference) and field["reference"]["digest"].startswith("sha256:")
-    assert field["inception"] == {"name": "fake", "sha256": "f" * 64, "official": False}
+    assert field["inception"] == {"name": "fake", "sha256": "f" * 64, "official": False, "recipe": None}
     assert field["sampler"] == {"name": "ddpm", "steps": 3, "cfg_scale": 1.5, "precision": "fp32"}
     assert (field["samples"], field["seeds"], field["at"], field["ranks"]) == (6, [0, 1], [0, 5], 1)
     assert "kid" in field["skipped"]  # 6 samples cannot give subsets of 1000
@@ -147,6 +147,7 @@ def test_the_test_inception_scores_the_samples_end_to_end(reference, tmp_path, m
     field = _run(spec, tmp_path)
     assert field["status"] == "ok", field["reason"]
     assert field["inception"]["name"] == "test" and field["inception"]["official"] is False
+    assert field["inception"]["recipe"] == 2  # which calibration of the test network made the numbers
     assert field["banner"] == "not the official Inception: numbers are not comparable with papers"
     (e,) = field["evaluations"]
     assert all(p["fid"] > 0 for p in e["per_seed"]) and e["spread"]["fid"] > 0

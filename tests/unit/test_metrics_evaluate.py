@@ -282,6 +282,7 @@ def test_the_test_network_needs_no_weights_and_says_it_is_not_official(
     result = json.loads(out.read_text())
     assert result["inception"]["name"] == "test" and result["inception"]["official"] is False
     assert len(result["inception"]["sha256"]) == 64 and result["banner"] == NOT_OFFICIAL_BANNER
+    assert result["inception"]["recipe"] == 2 and "calibrated random network recipe 2" in captured.out
     assert captured.out.startswith(f"*** {NOT_OFFICIAL_BANNER} ***") and "test (NOT official" in captured.out
     assert NOT_OFFICIAL_BANNER in captured.err
     # the cache entry made with it carries the banner too

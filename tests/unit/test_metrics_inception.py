@@ -1,4 +1,9 @@
-"""Our InceptionV3 against torch-fidelity's FeatureExtractorInceptionV3 on the same weights and images."""
+"""Our InceptionV3 against torch-fidelity's FeatureExtractorInceptionV3 on the same weights and images.
+
+These are the evidence for keeping the port (README, "Why ditbench keeps its own Inception"): the
+features agree bit for bit, so exactness is not the reason; torch-fidelity's loader is
+(test_metrics_weights.py::test_torch_fidelity_runs_code_from_a_weight_file).
+"""
 
 import numpy as np
 import pytest
@@ -61,6 +66,86 @@ def test_features_identical_to_torch_fidelity(both_features):
         assert ours["logits_unbiased"].shape[1] == 1008
         for key in ("pool3", "logits_unbiased", "spatial"):
             torch.testing.assert_close(ours[key], theirs[key], rtol=1e-6, atol=1e-6, msg=key)
+
+
+def _random_state_dict(seed: int) -> dict[str, torch.Tensor]:
+    """Random weights with BatchNorm statistics that keep activations at unit scale (not ~1e-8)."""
+    from ditbench.metrics.inception import InceptionV3
+
+    g = torch.Generator().manual_seed(seed)
+    state = {}
+    for key, v in InceptionV3().state_dict().items():
+        if key.endswith("num_batches_tracked"):
+            state[key] = v
+        elif key.endswith("running_var"):
+            state[key] = torch.rand(v.shape, generator=g) * 2 + 0.5
+        elif key.endswith("running_mean"):
+            state[key] = torch.randn(v.shape, generator=g) * 0.1
+        elif key.endswith("bn.weight"):
+            state[key] = torch.rand(v.shape, generator=g) + 0.5
+        elif key.endswith("bn.bias"):
+            state[key] = torch.randn(v.shape, generator=g) * 0.3
+        elif key.endswith("conv.weight"):  # He scale: unit-variance outputs before the BatchNorm
+            state[key] = torch.randn(v.shape, generator=g) * (2 / v[0].numel()) ** 0.5
+        else:  # fc
+            state[key] = torch.randn(v.shape, generator=g) * 0.05
+    return state
+
+
+@pytest.mark.slow  # two networks, 2 x 5 images at 299 px
+def test_random_weights_give_identical_features_in_both(tmp_path):
+    """The same random state dict, saved to a file, read by both: the same pool3, unbiased logits and
+    sFID features (torch-fidelity's `Mixed_6d.branch1x1` output hooked, as the port takes it)."""
+    path = tmp_path / "random.pth"
+    torch.save(_random_state_dict(seed=5), path)
+    ours = load_inception(path)  # ditbench's safe path: weights_only=True, SHA-256
+    theirs = FeatureExtractorInceptionV3(
+        "inception-v3-compat", ["2048", "logits_unbiased"], feature_extractor_weights_path=str(path)
+    )
+    grab = {}
+    theirs.Mixed_6d.branch1x1.register_forward_hook(lambda m, i, o: grab.__setitem__("spatial", o))
+    x = to_nchw(synthetic_images(5, 40, seed=3, style="noisy"))
+    with torch.no_grad():
+        got = ours(x)
+        pool3, logits = theirs(x)
+    spatial = grab["spatial"][:, :7].permute(0, 2, 3, 1).reshape(len(x), -1)
+    for key, expected in (("pool3", pool3), ("logits_unbiased", logits), ("spatial", spatial)):
+        assert float(got[key].std(0).mean()) > 1e-2, key  # features that differ between images
+        # float32 rounding of values of order 1; measured on CPU (torch 2.14, torch-fidelity 0.4.0): 0.0
+        torch.testing.assert_close(got[key], expected, rtol=1e-6, atol=1e-6, msg=key)
+
+
+@pytest.mark.slow  # 3 passes of 2 images
+def test_rescaling_scales_the_features_exactly_and_leaves_the_logits():
+    import copy
+
+    from ditbench.metrics.calibrated import rescale_features
+
+    net = load_inception(calibrated_weights_file())
+    scaled = copy.deepcopy(net)
+    rescale_features(scaled, pool3=2.0, spatial=0.25)
+    x = to_nchw(synthetic_images(2, 32, seed=7))
+    with torch.no_grad():
+        before, after = net(x), scaled(x)
+    torch.testing.assert_close(after["pool3"], 2.0 * before["pool3"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(after["spatial"], 0.25 * before["spatial"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(after["logits_unbiased"], before["logits_unbiased"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.slow  # 16 images
+def test_the_test_network_has_its_stated_scale():
+    """Over its calibration images (the recipe's 16, seed 1000) the features' total variance is
+    FEATURE_TRACE: the sum of the per-dimension sample variances (ddof 1), computed here in numpy."""
+    from ditbench.metrics.calibrated import FEATURE_TRACE, calibration_images
+
+    net = load_inception(calibrated_weights_file())
+    with torch.no_grad():
+        f = net(calibration_images(16, seed=1000))
+    for key in ("pool3", "spatial"):
+        total = np.var(f[key].double().numpy(), axis=0, ddof=1).sum()
+        # The scale is set from the calibration pass, which normalises by the biased batch variance;
+        # eval mode uses the unbiased one, through ~20 BatchNorms in a row: about 1% lower.
+        assert total == pytest.approx(FEATURE_TRACE, rel=0.03), key
 
 
 def test_state_dict_keys_match_torch_fidelity():

@@ -68,6 +68,7 @@ def test_result_schema_and_the_not_official_banner(ref_npz, tmp_path):
         "sha256": "f" * 64,
         "file": None,
         "path": None,
+        "recipe": None,  # only the test network has a calibration recipe
     }
     assert result["settings"]["inception_weights"] == result["inception"]
     assert result["banner"] == "not the official Inception: numbers are not comparable with papers"

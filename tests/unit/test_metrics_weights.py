@@ -97,6 +97,30 @@ def test_no_route_unpickles_a_weight_file(route, attack, tmp_path, monkeypatch, 
     assert "Traceback" not in err and not (tmp_path / "m.json").exists()
 
 
+def test_torch_fidelity_runs_code_from_a_weight_file(tmp_path):
+    """Why ditbench keeps its own Inception (README): torch-fidelity 0.4.0's FeatureExtractorInceptionV3
+    takes weights only as a path it unpickles with weights_only=False
+    (feature_extractor_inceptionv3.py line 95) or by downloading them (line 93), so the file's code
+    runs. When this test fails, torch-fidelity loads safely and the switch is worth revisiting."""
+    from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
+
+    marker = tmp_path / "MARKER"
+    state = InceptionV3().state_dict()
+    state["Mixed_6d.branch1x1.bn.num_batches_tracked"] = Payload(marker)
+    payload = tmp_path / "crafted.pth"
+    torch.save(state, payload)
+    with pytest.raises(UserError, match="Python objects other than tensors"):
+        load_weight_file(payload)
+    assert not marker.exists()  # ditbench's loader refused without running it
+    try:
+        FeatureExtractorInceptionV3(
+            "inception-v3-compat", ["2048"], feature_extractor_weights_path=str(payload)
+        )
+    except Exception:  # noqa: BLE001 - the state dict then fails to load; the code has already run
+        pass
+    assert marker.read_text() == "code ran"
+
+
 @pytest.mark.slow
 def test_the_command_exits_2_without_a_traceback(attack, tmp_path):
     root, payload, marker = attack
@@ -200,5 +224,6 @@ def test_the_test_network_is_reproducible_and_leaves_the_rng_alone():
     assert torch.equal(torch.rand(3), expected)  # the caller's random stream is untouched
     _, info = load_network("test")
     assert info.name == "test" and info.official is False and info.path is None
+    assert info.describe()["recipe"] == weights.TEST_NETWORK_RECIPE == 2
     assert state_dict_sha256(built.state_dict()) == info.sha256
     assert json.loads(json.dumps(info.describe()))["sha256"] == info.sha256
