@@ -3,6 +3,7 @@
     python benchmarks/readme_times.py                      # the quick-start figures (about a minute)
     python benchmarks/readme_times.py --only cpu_smoke     # one entry (see ENTRIES)
     python benchmarks/readme_times.py --pytest-log LOG     # the test-suite figure, from a pytest run's output
+    python benchmarks/readme_times.py --only cpu_quality --keep-runs runs/   # keep the suite's output
 
 Each figure is an entry of reports/readme_times/times.json: what ran, its wall time, and the conditions
 that decide it (cores, torch threads, the load average and the CPU share of other processes during
@@ -183,15 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", action="append", choices=sorted(ENTRIES), help="entries to measure")
     parser.add_argument("--pytest-log", type=Path, help="a full `pytest` run's output (the pytest entry)")
+    parser.add_argument("--keep-runs", type=Path, help="run the suites into this folder and keep them there")
     args = parser.parse_args(argv)
     times = json.loads(TIMES.read_text()) if TIMES.is_file() else {}
     if args.pytest_log:
         times["pytest"] = from_pytest_log(args.pytest_log.read_text(errors="replace"))
     keys = args.only or ([] if args.pytest_log else list(QUICK))
     with tempfile.TemporaryDirectory() as tmp:
+        runs = str(args.keep_runs.resolve()) if args.keep_runs else tmp
         for key in keys:
             print(f"measuring {key}: {' '.join(ENTRIES[key])}", file=sys.stderr)
-            times[key] = measure(key, tmp)
+            times[key] = measure(key, runs)
             print(f"  {render(key, times[key])}", file=sys.stderr)
     TIMES.parent.mkdir(parents=True, exist_ok=True)
     TIMES.write_text(json.dumps(times, indent=2, sort_keys=True) + "\n")
