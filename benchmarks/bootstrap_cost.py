@@ -2,8 +2,9 @@
 
     python benchmarks/bootstrap_cost.py 5000 50000 [--reference 10000] [--out reports/bootstrap_cost.json]
 
-A resample recomputes each metric on N features drawn with replacement (metrics.bootstrap), so its
-cost is one computation of the metric at N; `ditbench fid --bootstrap B` costs about B times the sum
+A resample recomputes each metric on N features drawn with replacement (metrics.bootstrap): one
+computation of the metric at N, or one call of its spec's `resampler` (FID, sFID) after a preparation
+made once per score; `ditbench fid --bootstrap B` costs about B times the sum
 of the rows. The reference is fixed: ADM's reference batches hold 10,000 images.
 """
 
@@ -16,7 +17,6 @@ import platform
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from ditbench.metrics import bootstrap, registry
@@ -44,13 +44,25 @@ def main() -> None:
         samples = {name: torch.rand(n, d, generator=g) for name, d in FEATURE_DIMS.items()}
         idx = torch.from_numpy(bootstrap.draws(n, 1, 0)[0])
         drawn = {name: x[idx] for name, x in samples.items()}
-        inputs = MetricInputs(drawn, reference, frozenset(), args.reference, torch.device("cpu"), lambda _: None)
+        inputs = MetricInputs(
+            drawn, reference, frozenset(), args.reference, torch.device("cpu"), lambda _: None
+        )
+        full = MetricInputs(
+            samples, reference, frozenset(), args.reference, torch.device("cpu"), lambda _: None
+        )
         for metric in metrics:
             t = time.perf_counter()
-            metric.compute(inputs, options)
+            one = metric.resampler(full, options) if metric.resampler is not None else None
+            prepare = time.perf_counter() - t
+            t = time.perf_counter()
+            one(idx.numpy()) if one is not None else metric.compute(inputs, options)
             seconds = time.perf_counter() - t
-            rows.append({"n": n, "metric": metric.name, "seconds_per_resample": round(seconds, 2)})
-            print(f"N={n:>6,} {metric.name:>4}: {seconds:8.2f} s per resample", flush=True)
+            row = {"n": n, "metric": metric.name, "seconds_per_resample": round(seconds, 2)}
+            if one is not None:
+                row["seconds_once"] = round(prepare, 2)  # the resampler's preparation, once per score
+            rows.append(row)
+            once = f" (+ {prepare:.2f} s once)" if one is not None else ""
+            print(f"N={n:>6,} {metric.name:>4}: {seconds:8.2f} s per resample{once}", flush=True)
     about = {
         "cpu": platform.processor() or platform.machine(),
         "torch_threads": torch.get_num_threads(),

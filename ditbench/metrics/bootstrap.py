@@ -3,7 +3,8 @@ another draw of N samples from the same model.
 
 Each resample draws N sample indices with replacement (one draw shared by every metric, seeded, so
 the JSON is the same on every run); the reference stays fixed. Every metric is recomputed from the
-resampled features with its own function, and the interval is the normal bootstrap interval:
+resampled features with its own function (or its spec's `resampler`, the same figure computed
+faster), and the interval is the normal bootstrap interval:
 
     estimate +- z(level) x the standard deviation of the B recomputed values (the bootstrap SE)
 
@@ -13,9 +14,10 @@ stable at tens. Centred on the estimate because resampling with replacement repe
 shifts FID up by about its own small-N bias: the replicates' spread is what the bootstrap measures
 well, their location is not.
 
-Cost per resample is about one computation of the metric: FID/sFID about N x d^2 for the covariance
-plus d^3 for the square root (d = 2048); IS is cheap; precision/recall are about N^2 x d (the k-NN
-radii of the resampled set); KID its subsets' kernels. Measured costs are in the README.
+Cost per resample is about one computation of the metric: FID/sFID one N x d^2 Gram matrix and one
+eigvalsh of d x d (their `resampler` prepares the reference's square root once; d = 2048); IS is
+cheap; precision/recall about N^2 x d (the k-NN radii of the resampled set); KID its subsets'
+kernels. Measured costs are in the README.
 """
 
 from __future__ import annotations
@@ -85,13 +87,16 @@ def sample_intervals(
     n = len(next(iter(inputs.samples.values())))
     replicates: dict[str, list[float]] = {}
     quiet = dataclasses.replace(inputs, warn=lambda _text: None)  # the estimate already warned
+    fast = {m.name: m.resampler(inputs, options) for m in active if m.resampler is not None}
+    fast = {name: f for name, f in fast.items() if f is not None}
     for idx in draws(n, resamples, int(options["bootstrap_seed"])):
-        index = torch.from_numpy(idx)
-        quiet.samples = {name: x[index] for name, x in inputs.samples.items()}
+        if len(fast) < len(active):  # a metric without a resampler reruns on the drawn features
+            index = torch.from_numpy(idx)
+            quiet.samples = {name: x[index] for name, x in inputs.samples.items()}
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             for metric in active:
-                out = metric.compute(quiet, options)
+                out = fast[metric.name](idx) if metric.name in fast else metric.compute(quiet, options)
                 for o in metric.outputs:
                     if o.quality and o.key in values:
                         replicates.setdefault(o.key, []).append(float(out[o.key]))

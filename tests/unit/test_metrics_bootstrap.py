@@ -4,7 +4,9 @@ threshold: inconclusive, exit 3)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -133,3 +135,28 @@ def test_a_negative_bootstrap_se_is_an_input_error(tmp_path):
     bad["bootstrap_se"]["fid"] = -1.0
     with pytest.raises(IncomparableError, match=r"bootstrap_se\.fid is -1, not a spread"):
         run(tmp_path, cell(quality(_one_seed(500, 20.0, 0.5))), cell(quality(bad), seed=2))
+
+
+@pytest.mark.parametrize("n", [5, 40])  # fewer samples than dimensions, and more
+def test_the_frechet_resampler_equals_the_metric_on_the_drawn_samples(n):
+    import torch
+
+    from ditbench.metrics.fid import FID, feature_statistics
+    from ditbench.metrics.spec import MetricInputs
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(n, 16, generator=g, dtype=torch.float64).float()
+    mu, sigma = feature_statistics(torch.rand(30, 16, generator=g, dtype=torch.float64) * 2)
+    inputs = MetricInputs(
+        {"pool3": x}, {"mu": mu, "sigma": sigma}, frozenset(), None, torch.device("cpu"), print
+    )
+    one = FID.resampler(inputs, {})
+    if n < 16:
+        assert one is None  # fewer samples than dims: the metric's own low-rank route is the cheaper
+        return
+    for idx in bootstrap.draws(n, 3, 1):
+        drawn = dataclasses.replace(inputs, samples={"pool3": x[torch.from_numpy(idx)]})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # fewer samples than the 2048 dims FID warns about
+            expected = FID.compute(drawn, {})["fid"]
+        assert one(idx)["fid"] == pytest.approx(expected, rel=1e-9)
