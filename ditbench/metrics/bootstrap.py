@@ -14,10 +14,12 @@ stable at tens. Centred on the estimate because resampling with replacement repe
 shifts FID up by about its own small-N bias: the replicates' spread is what the bootstrap measures
 well, their location is not.
 
-Cost per resample is about one computation of the metric: FID/sFID one N x d^2 Gram matrix and one
-eigvalsh of d x d (their `resampler` prepares the reference's square root once; d = 2048); IS is
-cheap; precision/recall about N^2 x d (the k-NN radii of the resampled set); KID its subsets'
-kernels. Measured costs are in the README.
+Cost: the metrics' resamplers prepare once what does not change between resamples, then each
+resample is cheap: FID/sFID the reference covariance's square root once, then one N x d^2 Gram matrix
+and one d x d eigvalsh a resample (d = 2048); precision/recall every sample's nearest neighbours and
+the (reference, sample) pairs they could cover once (one computation of the metric), then O(N) a
+resample; KID the kernels once (up to N = 10,000), then sums of gathered kernel entries; IS reruns
+(cheap). Measured costs are in the README (benchmarks/bootstrap_cost.py).
 """
 
 from __future__ import annotations
@@ -43,8 +45,8 @@ OPTIONS = (
     Option(
         "bootstrap",
         RESAMPLES,
-        "resamples of the samples for the metrics' 95%% intervals; each costs about one computation of "
-        "every metric (0: no intervals) (%(default)s)",
+        "resamples of the samples for the metrics' 95%% intervals (0: none); their cost is in the "
+        "README (%(default)s)",
         minimum=0,
     ),
     Option(

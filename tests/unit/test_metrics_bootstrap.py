@@ -160,3 +160,41 @@ def test_the_frechet_resampler_equals_the_metric_on_the_drawn_samples(n):
             warnings.simplefilter("ignore")  # fewer samples than the 2048 dims FID warns about
             expected = FID.compute(drawn, {})["fid"]
         assert one(idx)["fid"] == pytest.approx(expected, rel=1e-9)
+
+
+@pytest.mark.parametrize("neighbours", [32, 2])  # 2: fewer than k=3 kept, every radius found the slow way
+def test_the_precision_recall_resampler_equals_the_metric_on_the_drawn_samples(neighbours, monkeypatch):
+    import torch
+
+    from ditbench.metrics import prdc
+    from ditbench.metrics.spec import MetricInputs
+
+    monkeypatch.setattr(prdc, "NEIGHBOURS", neighbours)
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(60, 8, generator=g)
+    ref = (torch.rand(50, 8, generator=g) * 1.2).numpy()
+    inputs = MetricInputs({"pool3": x}, {"pool3": ref}, frozenset(), 50, torch.device("cpu"), print)
+    options = {"pr_k": 3, "pr_block_size": 16}
+    one = prdc.PR.resampler(inputs, options)
+    for idx in bootstrap.draws(60, 4, 2):
+        drawn = dataclasses.replace(inputs, samples={"pool3": x[torch.from_numpy(idx)]})
+        assert one(idx) == prdc.PR.compute(drawn, options)
+
+
+def test_the_kid_resampler_equals_the_metric_on_the_drawn_samples(monkeypatch):
+    import torch
+
+    from ditbench.metrics import kid
+    from ditbench.metrics.spec import MetricInputs
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(30, 8, generator=g)
+    ref = (torch.rand(25, 8, generator=g) * 1.1).numpy()
+    inputs = MetricInputs({"pool3": x}, {"pool3": ref}, frozenset(), 25, torch.device("cpu"), print)
+    options = {"kid_subsets": 6, "kid_subset_size": 10, "kid_seed": 5, "kid_degree": 3, "kid_coef0": 1.0}
+    one = kid.KID.resampler(inputs, options)
+    for idx in bootstrap.draws(30, 4, 2):
+        drawn = dataclasses.replace(inputs, samples={"pool3": x[torch.from_numpy(idx)]})
+        assert one(idx) == pytest.approx(kid.KID.compute(drawn, options), rel=1e-9, abs=1e-12)
+    monkeypatch.setattr(kid, "KERNEL_CACHE_BYTES", 8 * 30 * 40)  # 30 x (30 + up to 25) values: too many
+    assert kid.KID.resampler(inputs, options) is None  # the bootstrap reruns KID instead
