@@ -21,7 +21,8 @@ PACKAGE_MODULES = {"diffusers": "diffusers", "torch-fidelity": "torch_fidelity",
 NEEDED_BY = {
     "diffusers": "the sampling part (its VAE); also impl: diffusers cells",
     "torch-fidelity": "no part of this check (ditbench's FID has its own network); pip install wants it",
-    "nvidia-ml-py": "NVML's device memory and driver version in records (null without it)",
+    "nvidia-ml-py": "NVML in records: device memory and driver (null without it), the window's clocks, "
+    "throttle reasons, temperature, power and energy (absent without it)",
 }
 CARRY_HOW = (
     "carry diffusers as wheels: here, in the repo root, `python3 -m pip download --no-deps "

@@ -99,21 +99,32 @@ def trace_sqrt_product(sigma1, sigma2, device: str | torch.device = "cpu", facto
         f = torch.as_tensor(
             np.asarray(factor1) if not torch.is_tensor(factor1) else factor1, device=device
         ).double()
-        # Centred features have rank n - 1 at most: drop the null directions exactly (an SVD of the
-        # small factor), since sqrt() turns a 1e-10 rounding eigenvalue into a 1e-5 error.
-        _, sv, vh = torch.linalg.svd(f, full_matrices=False)
-        keep = sv > sv.max() * max(f.shape) * torch.finfo(torch.float64).eps
-        g = sv[keep, None] * vh[keep]
-        m = g @ s2 @ g.T
-    else:
-        s1 = torch.as_tensor(np.asarray(sigma1, dtype=np.float64), device=device)
-        chol, info = torch.linalg.cholesky_ex(s1)
-        if int(info) == 0:
-            m = chol.T @ s2 @ chol
-        else:
-            w, v = _eigh(s1)
-            root1 = (v * w.clamp_min(0).sqrt()) @ v.T
-            m = root1 @ s2 @ root1
+        return _low_rank_trace_sqrt(f, s2)
+    s1 = torch.as_tensor(np.asarray(sigma1, dtype=np.float64), device=device)
+    chol, info = torch.linalg.cholesky_ex(s1)
+    if int(info) == 0:
+        return _sum_sqrt_eigenvalues(chol.T @ s2 @ chol)
+    w, v = _eigh(s1)
+    root1 = (v * w.clamp_min(0).sqrt()) @ v.T
+    return _sum_sqrt_eigenvalues(root1 @ s2 @ root1)
+
+
+def _low_rank_trace_sqrt(f: torch.Tensor, s2: torch.Tensor) -> float:
+    """tr sqrt(F^T F S2) from the n x n matrix F S2 F^T (F: n x d, float64)."""
+    import torch
+
+    # Centred features have rank n - 1 at most: drop the null directions exactly (an SVD of the
+    # small factor), since sqrt() turns a 1e-10 rounding eigenvalue into a 1e-5 error.
+    _, sv, vh = torch.linalg.svd(f, full_matrices=False)
+    keep = sv > sv.max() * max(f.shape) * torch.finfo(torch.float64).eps
+    g = sv[keep, None] * vh[keep]
+    return _sum_sqrt_eigenvalues(g @ s2 @ g.T)
+
+
+def _sum_sqrt_eigenvalues(m: torch.Tensor) -> float:
+    """The sum of the square roots of the eigenvalues of m, symmetric PSD in exact arithmetic."""
+    import torch
+
     m = (m + m.T) / 2  # symmetric in exact arithmetic; make eigvalsh see exactly that
     if m.numel() == 0:  # sigma1 is zero (identical samples, a mode collapse): tr sqrt(0 S2) = 0
         return 0.0
@@ -177,8 +188,8 @@ def _frechet_resampler(name: str, mu_key: str, sigma_key: str, feature: str):
     With R = sqrt(sigma_ref) computed once, tr sqrt(S_b sigma_ref) = tr sqrt(R S_b R) and R S_b R is
     the covariance of the resample's rows of Y = (X - mu) R, also computed once; so a resample costs
     one d x d Gram matrix of its rows (n x d^2) and one eigvalsh, no Cholesky and no d^3 products.
-    Equal to the metric's own function on the resampled features (to rounding). Fewer samples than
-    dimensions: None, since the metric's own low-rank route is cheaper than sqrt(sigma_ref) then.
+    Fewer samples than dimensions: the metric's own low-rank route (an n x n matrix) on each
+    resample, without the d x d covariance. Equal to the metric's function on the drawn features.
     """
 
     def prepare(inputs: MetricInputs, options):
@@ -186,28 +197,30 @@ def _frechet_resampler(name: str, mu_key: str, sigma_key: str, feature: str):
 
         dev = inputs.device
         x = inputs.samples[feature].to(dev).double()
-        if x.shape[0] < x.shape[1]:
-            return None
         mu2 = torch.as_tensor(np.asarray(inputs.reference[mu_key], dtype=np.float64), device=dev)
         s2 = torch.as_tensor(np.asarray(inputs.reference[sigma_key], dtype=np.float64), device=dev)
-        w, v = _eigh(s2)
-        root2 = (v * w.clamp_min(0).sqrt()) @ v.T
-        xc = x - x.mean(0)
-        y = xc @ root2
-        offset, trace2 = x.mean(0) - mu2, float(torch.trace(s2))
+        trace2 = float(torch.trace(s2))
+        n, d = x.shape
+        if n < d:
+            y = None
+        else:
+            w, v = _eigh(s2)
+            y = (x - x.mean(0)) @ ((v * w.clamp_min(0).sqrt()) @ v.T)
 
         def one(index: np.ndarray) -> dict[str, float]:
             idx = torch.from_numpy(index).to(dev)
-            n = len(index)
-            xb, yb = xc[idx], y[idx]
-            mean_x, mean_y = xb.mean(0), yb.mean(0)
-            xb, yb = xb - mean_x, yb - mean_y
-            gram = (yb.T @ yb) / (n - 1)
-            ev = _eigvalsh((gram + gram.T) / 2).clamp_min(0)
-            ev[ev < ev.max() * gram.shape[0] * torch.finfo(torch.float64).eps] = 0
-            diff = offset + mean_x
-            trace1 = float(xb.square().sum()) / (n - 1)
-            return {name: float(diff @ diff) + trace1 + trace2 - 2.0 * float(ev.sqrt().sum())}
+            xb = x[idx]
+            mean = xb.mean(0)
+            centred = xb - mean
+            if y is None:
+                tr = _low_rank_trace_sqrt(centred / np.sqrt(n - 1), s2)
+            else:
+                yb = y[idx]
+                yb = yb - yb.mean(0)
+                tr = _sum_sqrt_eigenvalues(yb.T @ yb / (n - 1))
+            diff = mean - mu2
+            trace1 = float(centred.square().sum()) / (n - 1)
+            return {name: float(diff @ diff) + trace1 + trace2 - 2.0 * tr}
 
         return one
 
