@@ -73,18 +73,20 @@ def kernel_inception_distance(
     return float(values.mean()), float(values.std())
 
 
-KERNEL_CACHE_BYTES = 2 * 2**30  # the resampler's kernels; beyond this the bootstrap reruns KID
+KERNEL_CACHE_BYTES = 2 * 2**30  # the resampler's sample kernel; beyond this the bootstrap reruns KID
 
 
 def _resampler(inputs: MetricInputs, options):
     """KID of resampled samples against the fixed reference (metrics.bootstrap), from kernels kept once.
 
     A resample draws its subsets exactly as `kernel_inception_distance` would from the drawn samples
-    (the same RandomState sequence: positions depend only on N), so subset t of the reference is the
-    same in every resample: its kernel sum is computed once. The samples' kernel with themselves and
-    with the reference rows the subsets use are computed once too (N^2 + N x R values, float64), and
-    a resample only gathers and sums them. None (KID reruns per resample) when they exceed
-    KERNEL_CACHE_BYTES: N = 10,000 with 10,000 reference images fits, N = 50,000 does not.
+    (the same RandomState sequence: positions depend only on N), so reference subset t is the same in
+    every resample and its kernel sum is computed once. With c_t the count of each sample in subset
+    t (a drawn sample may appear more than once), the sample terms are sums over the kernel K of the
+    samples, kept once (N^2 float64): sum over pairs = c_t K c_t - c_t . diag K, and the cross term
+    c_t . (K_sr e_t) with K_sr e_t (each sample's kernel summed over reference subset t) kept once.
+    A resample is then one T x N by N x N product. None (KID reruns per resample) when K exceeds
+    KERNEL_CACHE_BYTES (N above about 16,000).
     """
     import torch
 
@@ -94,30 +96,30 @@ def _resampler(inputs: MetricInputs, options):
     s = torch.as_tensor(inputs.samples["pool3"]).to(dev, torch.float64)
     r = torch.from_numpy(np.asarray(inputs.reference["pool3"], dtype=np.float64)).to(dev)
     n = len(s)
-    rng = np.random.RandomState(seed)
-    positions, ref_rows = [], []
-    for _ in range(subsets):
-        positions.append(rng.choice(n, m, replace=False))
-        ref_rows.append(rng.choice(len(r), m, replace=False))
-    used = np.unique(np.concatenate(ref_rows))
-    if 8 * n * (n + len(used)) > KERNEL_CACHE_BYTES:
+    if 8 * n * n > KERNEL_CACHE_BYTES:
         return None
-    column = np.zeros(len(r), dtype=np.int64)
-    column[used] = np.arange(len(used))
-    k_ss = polynomial_kernel(s, s, **kernel).cpu().numpy()
-    k_sr = polynomial_kernel(s, r[torch.from_numpy(used).to(dev)], **kernel).cpu().numpy()
-    within_ref = []
-    for rows in ref_rows:
-        k = polynomial_kernel(*(r[torch.from_numpy(rows).to(dev)],) * 2, **kernel)
-        within_ref.append(float(k.sum() - k.diagonal().sum()))
+    rng = np.random.RandomState(seed)
+    positions, cross, within_ref = [], np.empty((n, subsets)), np.empty(subsets)
+    for t in range(subsets):
+        positions.append(rng.choice(n, m, replace=False))
+        rows = r[torch.from_numpy(rng.choice(len(r), m, replace=False)).to(dev)]
+        k = polynomial_kernel(rows, rows, **kernel)
+        within_ref[t] = float(k.sum() - k.diagonal().sum())
+        cross[:, t] = polynomial_kernel(s, rows, **kernel).sum(1).cpu().numpy()
+    k_ss = polynomial_kernel(s, s, **kernel)
+    diag = k_ss.diagonal().clone()
 
     def one(index: np.ndarray) -> dict[str, float]:
-        values = np.empty(subsets)
+        counts = torch.zeros(subsets, n, dtype=torch.float64, device=dev)
         for t in range(subsets):
-            a = index[positions[t]]  # the drawn samples' original rows
-            kxx = k_ss[np.ix_(a, a)]
-            within = (kxx.sum() - np.trace(kxx) + within_ref[t]) / (m * (m - 1))
-            values[t] = within - 2.0 * k_sr[np.ix_(a, column[ref_rows[t]])].sum() / (m * m)
+            counts[t].index_add_(
+                0,
+                torch.from_numpy(index[positions[t]]).to(dev),
+                torch.ones(m, dtype=torch.float64, device=dev),
+            )
+        within_s = ((counts @ k_ss) * counts).sum(1) - counts @ diag
+        cross_t = (counts.cpu().numpy() * cross.T).sum(1)
+        values = (within_s.cpu().numpy() + within_ref) / (m * (m - 1)) - 2.0 * cross_t / (m * m)
         return {"kid": float(values.mean()), "kid_std": float(values.std())}
 
     return one

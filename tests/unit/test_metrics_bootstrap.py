@@ -193,5 +193,5 @@ def test_the_kid_resampler_equals_the_metric_on_the_drawn_samples(monkeypatch):
     for idx in bootstrap.draws(30, 4, 2):
         drawn = dataclasses.replace(inputs, samples={"pool3": x[torch.from_numpy(idx)]})
         assert one(idx) == pytest.approx(kid.KID.compute(drawn, options), rel=1e-9, abs=1e-12)
-    monkeypatch.setattr(kid, "KERNEL_CACHE_BYTES", 8 * 30 * 40)  # 30 x (30 + up to 25) values: too many
+    monkeypatch.setattr(kid, "KERNEL_CACHE_BYTES", 8 * 30 * 30 - 1)  # the 30 x 30 sample kernel: too big
     assert kid.KID.resampler(inputs, options) is None  # the bootstrap reruns KID instead
