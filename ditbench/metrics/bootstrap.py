@@ -18,8 +18,8 @@ Cost: the metrics' resamplers prepare once what does not change between resample
 resample is cheap: FID/sFID the reference covariance's square root once, then one N x d^2 Gram matrix
 and one d x d eigvalsh a resample (d = 2048); precision/recall every sample's nearest neighbours and
 the (reference, sample) pairs they could cover once (one computation of the metric), then O(N) a
-resample; KID the kernels once (up to N = 10,000), then sums of gathered kernel entries; IS reruns
-(cheap). Measured costs are in the README (benchmarks/bootstrap_cost.py).
+resample; KID the samples' kernel once (N^2 float64, up to N of about 16,000; beyond, KID reruns),
+then one T x N by N x N product a resample; IS reruns (cheap). Measured costs are in the README (benchmarks/bootstrap_cost.py).
 """
 
 from __future__ import annotations
