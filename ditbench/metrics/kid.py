@@ -99,13 +99,24 @@ def _resampler(inputs: MetricInputs, options):
     if 8 * n * n > KERNEL_CACHE_BYTES:
         return None
     rng = np.random.RandomState(seed)
-    positions, cross, within_ref = [], np.empty((n, subsets)), np.empty(subsets)
+    positions, ref_rows, within_ref = [], [], np.empty(subsets)
     for t in range(subsets):
         positions.append(rng.choice(n, m, replace=False))
-        rows = r[torch.from_numpy(rng.choice(len(r), m, replace=False)).to(dev)]
+        ref_rows.append(rng.choice(len(r), m, replace=False))
+        rows = r[torch.from_numpy(ref_rows[t]).to(dev)]
         k = polynomial_kernel(rows, rows, **kernel)
         within_ref[t] = float(k.sum() - k.diagonal().sum())
-        cross[:, t] = polynomial_kernel(s, rows, **kernel).sum(1).cpu().numpy()
+    # Each sample's kernel summed over each reference subset: against every used row once, then
+    # summed per subset by a 0/1 membership matrix (rows x subsets), a block of samples at a time.
+    used = np.unique(np.concatenate(ref_rows))
+    member = torch.zeros(len(used), subsets, dtype=torch.float64, device=dev)
+    for t, rows in enumerate(ref_rows):
+        member[np.searchsorted(used, rows), t] = 1.0
+    r_used = r[torch.from_numpy(used).to(dev)]
+    cross = torch.cat(
+        [polynomial_kernel(s[i : i + 1000], r_used, **kernel) @ member for i in range(0, n, 1000)]
+    )
+    cross = cross.cpu().numpy()
     k_ss = polynomial_kernel(s, s, **kernel)
     diag = k_ss.diagonal().clone()
 
