@@ -14,12 +14,13 @@ stable at tens. Centred on the estimate because resampling with replacement repe
 shifts FID up by about its own small-N bias: the replicates' spread is what the bootstrap measures
 well, their location is not.
 
-Cost: the metrics' resamplers prepare once what does not change between resamples, then each
-resample is cheap: FID/sFID the reference covariance's square root once, then one N x d^2 Gram matrix
-and one d x d eigvalsh a resample (d = 2048); precision/recall every sample's nearest neighbours and
-the (reference, sample) pairs they could cover once (one computation of the metric), then O(N) a
-resample; KID the samples' kernel once (N^2 float64, up to N of about 16,000; beyond, KID reruns),
-then one T x N by N x N product a resample; IS reruns (cheap). Measured costs are in the README (benchmarks/bootstrap_cost.py).
+Cost: a metric's resampler prepares once what does not change between resamples. FID/sFID below
+N = d = 2048: an n x n matrix a resample; from N = d up they rerun (an N x d^2 covariance and a
+d x d eigenvalue problem a resample). Precision/recall: every sample's nearest neighbours and the
+(reference, sample) pairs they could cover once (one computation of the metric), then O(N) a
+resample. KID: the samples' kernel once (N^2 float64, up to N of about 16,000; beyond, KID
+reruns), then one T x N by N x N product a resample. IS reruns (cheap). Measured costs are in the
+README (benchmarks/bootstrap_cost.py).
 """
 
 from __future__ import annotations

@@ -183,13 +183,11 @@ def _frechet_metric(name: str, mu_key: str, sigma_key: str, feature: str, dim: i
 
 
 def _frechet_resampler(name: str, mu_key: str, sigma_key: str, feature: str):
-    """The Frechet distance of resampled samples against the fixed reference, fast (metrics.bootstrap).
-
-    With R = sqrt(sigma_ref) computed once, tr sqrt(S_b sigma_ref) = tr sqrt(R S_b R) and R S_b R is
-    the covariance of the resample's rows of Y = (X - mu) R, also computed once; so a resample costs
-    one d x d Gram matrix of its rows (n x d^2) and one eigvalsh, no Cholesky and no d^3 products.
-    Fewer samples than dimensions: the metric's own low-rank route (an n x n matrix) on each
-    resample, without the d x d covariance. Equal to the metric's function on the drawn features.
+    """The Frechet distance of resampled samples against the fixed reference (metrics.bootstrap),
+    for fewer samples than dimensions: the metric's own low-rank route (an n x n matrix) on each
+    resample without building the d x d covariance and its checks. None from N = d up: there the
+    N x d^2 covariance dominates and nothing is saved (a route through sqrt(sigma_ref) prepared
+    once measured 27.9 s a resample against 28.4 s at N = 5,000, after 42 s of preparation).
     """
 
     def prepare(inputs: MetricInputs, options):
@@ -197,30 +195,20 @@ def _frechet_resampler(name: str, mu_key: str, sigma_key: str, feature: str):
 
         dev = inputs.device
         x = inputs.samples[feature].to(dev).double()
+        n, d = x.shape
+        if n >= d:
+            return None
         mu2 = torch.as_tensor(np.asarray(inputs.reference[mu_key], dtype=np.float64), device=dev)
         s2 = torch.as_tensor(np.asarray(inputs.reference[sigma_key], dtype=np.float64), device=dev)
         trace2 = float(torch.trace(s2))
-        n, d = x.shape
-        if n < d:
-            y = None
-        else:
-            w, v = _eigh(s2)
-            y = (x - x.mean(0)) @ ((v * w.clamp_min(0).sqrt()) @ v.T)
 
         def one(index: np.ndarray) -> dict[str, float]:
-            idx = torch.from_numpy(index).to(dev)
-            xb = x[idx]
+            xb = x[torch.from_numpy(index).to(dev)]
             mean = xb.mean(0)
-            centred = xb - mean
-            if y is None:
-                tr = _low_rank_trace_sqrt(centred / np.sqrt(n - 1), s2)
-            else:
-                yb = y[idx]
-                yb = yb - yb.mean(0)
-                tr = _sum_sqrt_eigenvalues(yb.T @ yb / (n - 1))
+            centred = (xb - mean) / np.sqrt(n - 1)  # F with F^T F = the covariance
             diff = mean - mu2
-            trace1 = float(centred.square().sum()) / (n - 1)
-            return {name: float(diff @ diff) + trace1 + trace2 - 2.0 * tr}
+            tr = _low_rank_trace_sqrt(centred, s2)
+            return {name: float(diff @ diff) + float(centred.square().sum()) + trace2 - 2.0 * tr}
 
         return one
 

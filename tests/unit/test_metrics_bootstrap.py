@@ -137,7 +137,7 @@ def test_a_negative_bootstrap_se_is_an_input_error(tmp_path):
         run(tmp_path, cell(quality(_one_seed(500, 20.0, 0.5))), cell(quality(bad), seed=2))
 
 
-@pytest.mark.parametrize("n", [5, 40])  # fewer samples than dimensions (the low-rank route), and more
+@pytest.mark.parametrize("n", [5, 12, 40])  # fewer samples than dimensions (the low-rank route), and more
 def test_the_frechet_resampler_equals_the_metric_on_the_drawn_samples(n):
     import torch
 
@@ -151,6 +151,9 @@ def test_the_frechet_resampler_equals_the_metric_on_the_drawn_samples(n):
         {"pool3": x}, {"mu": mu, "sigma": sigma}, frozenset(), None, torch.device("cpu"), print
     )
     one = FID.resampler(inputs, {})
+    if n >= 16:
+        assert one is None  # from N = d up the metric's own function reruns: nothing to save
+        return
     for idx in bootstrap.draws(n, 3, 1):
         drawn = dataclasses.replace(inputs, samples={"pool3": x[torch.from_numpy(idx)]})
         with warnings.catch_warnings():
