@@ -112,22 +112,30 @@ def _resampler(inputs: MetricInputs, options):
     inside = manifold_coverage(s, r, knn_radii(r, k, block), block).cpu().numpy()
     near_d = torch.empty(n, keep, dtype=torch.float32, device=dev)
     near_i = torch.empty(n, keep, dtype=torch.long, device=dev)
-    for i in range(0, n, block):
-        d = _squared_distances(s[i : i + block], s)
-        d[torch.arange(d.shape[0], device=dev), torch.arange(i, i + d.shape[0], device=dev)] = torch.inf
-        near_d[i : i + block], near_i[i : i + block] = d.topk(keep, dim=1, largest=False)
+    for i in range(0, n, block):  # block x block distances at a time, as knn_radii
+        best_d, best_i = [], []
+        for j in range(0, n, block):
+            d = _squared_distances(s[i : i + block], s[j : j + block])
+            if i == j:
+                d.fill_diagonal_(torch.inf)  # a sample is not its own neighbour
+            top = d.topk(min(keep, d.shape[1]), dim=1, largest=False)
+            best_d.append(top.values)
+            best_i.append(top.indices + j)
+        top = torch.cat(best_d, 1).topk(keep, dim=1, largest=False)
+        near_d[i : i + block], near_i[i : i + block] = top.values, torch.cat(best_i, 1).gather(1, top.indices)
     reach = near_d[:, -1]  # no radius found from the list is larger
     pairs_r, pairs_s, pairs_d = [], [], []
     count = 0
     for i in range(0, r.shape[0], block):
-        d = _squared_distances(r[i : i + block], s)
-        hit = (d <= reach.unsqueeze(0)).nonzero()
-        count += len(hit)
-        if count > 50_000_000:  # about 1 GB of pairs
-            return None
-        pairs_r.append(hit[:, 0] + i)
-        pairs_s.append(hit[:, 1])
-        pairs_d.append(d[hit[:, 0], hit[:, 1]])
+        for j in range(0, n, block):
+            d = _squared_distances(r[i : i + block], s[j : j + block])
+            hit = (d <= reach[j : j + block].unsqueeze(0)).nonzero()
+            count += len(hit)
+            if count > 50_000_000:  # about 1 GB of pairs
+                return None
+            pairs_r.append(hit[:, 0] + i)
+            pairs_s.append(hit[:, 1] + j)
+            pairs_d.append(d[hit[:, 0], hit[:, 1]])
     pr_, ps_, pd_ = (torch.cat(x).cpu().numpy() for x in (pairs_r, pairs_s, pairs_d))
     near_d, near_i = near_d.cpu().numpy(), near_i.cpu().numpy()
     s_host, r_host = s.cpu(), r.cpu()
