@@ -198,3 +198,12 @@ def test_the_kid_resampler_equals_the_metric_on_the_drawn_samples(monkeypatch):
         assert one(idx) == pytest.approx(kid.KID.compute(drawn, options), rel=1e-9, abs=1e-12)
     monkeypatch.setattr(kid, "KERNEL_CACHE_BYTES", 8 * 30 * 30 - 1)  # the 30 x 30 sample kernel: too big
     assert kid.KID.resampler(inputs, options) is None  # the bootstrap reruns KID instead
+
+
+def test_the_report_shows_and_judges_one_seed_by_its_bootstrap_se():
+    from ditbench.report.quality import _metric_cells, compare_fid
+
+    e = _one_seed(500, 20.0, 0.5)
+    assert _metric_cells(e)[0] == "20.0000 ± 0.5000"  # FID: no seeds' spread, the bootstrap SE
+    verdict = compare_fid(quality(e), quality(_one_seed(500, 21.0, 0.5)))  # |1| < 2 x 0.71
+    assert verdict.text == "within noise" and "seeds' or bootstrap's" in verdict.detail

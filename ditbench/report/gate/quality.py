@@ -148,7 +148,7 @@ def compare_quality(
             v, why = number(e["metrics"].get(metric.path))
             if why is None and v is not None and metric.out_of_range(v):
                 why = f"is {v:g}, not a {metric.valid} value"
-            noise, nwhy = _noise(e, metric.path)
+            noise, nwhy = evaluation_noise(e, metric.path)
             if why or nwhy:
                 text = f"{where}.metrics.{metric.path} {why}" if why else f"{where}.{nwhy}"
                 bad = (side, metric.name, text)
@@ -172,7 +172,7 @@ def compare_quality(
     return deltas, not_measured, problems
 
 
-def _noise(evaluation: dict[str, Any], key: str) -> tuple[float | None, str | None]:
+def evaluation_noise(evaluation: dict[str, Any], key: str) -> tuple[float | None, str | None]:
     """(one evaluation's noise in `key`, None) or (None, what is wrong): the larger of the seeds'
     spread and the bootstrap's standard error over samples (either may be absent)."""
     found = []
