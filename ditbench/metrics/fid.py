@@ -187,8 +187,8 @@ def _frechet_resampler(name: str, mu_key: str, sigma_key: str, feature: str):
     for fewer samples than dimensions: the metric's own low-rank route (an n x n matrix) on each
     resample without building the d x d covariance and its checks. None from N = d up: there the
     N x d^2 covariance dominates (a route through sqrt(sigma_ref) prepared once measured 27.9 vs
-    28.4 s and 20.4 vs 34.1 s a resample in two pairs at N = 5,000 on a loaded CPU, after 42 s of
-    preparation: at most about a fifth saved at B = 20, not worth a second route).
+    28.4, 20.4 vs 34.1 and 10.8 vs 17.3 s a resample in three pairs at N = 5,000 on a loaded CPU,
+    after 42 s of preparation: about a fifth saved at B = 20, not worth a second route).
     """
 
     def prepare(inputs: MetricInputs, options):
