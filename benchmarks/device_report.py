@@ -11,6 +11,7 @@ from typing import Any
 
 import device_cells as dc
 import device_predictions as dp
+import device_steps as ds
 
 SCHEMA = "ditbench.device_check/1"
 DRY_BANNER = (
@@ -234,6 +235,14 @@ def markdown(summary: dict) -> str:
     ]
     out += _planner_table(t["planner"]) + [""]
     out += ["## Parts", ""] + _parts_table(summary["parts"]) + [""]
+    gpu = [
+        f"- {part['name']}: {line}"
+        for part in summary["parts"]
+        for cell in (part.get("figures") or {}).get("cells", [])
+        if (line := ds.gpu_line(cell))
+    ]
+    if gpu:
+        out += ["## The GPU during each cell's window (NVML)", ""] + gpu + [""]
     figures = _figures(summary["parts"])
     if figures:
         out += ["## Other figures", ""] + figures + [""]

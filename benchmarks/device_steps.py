@@ -21,7 +21,8 @@ PACKAGE_MODULES = {"diffusers": "diffusers", "torch-fidelity": "torch_fidelity",
 NEEDED_BY = {
     "diffusers": "the sampling part (its VAE); also impl: diffusers cells",
     "torch-fidelity": "no part of this check (ditbench's FID has its own network); pip install wants it",
-    "nvidia-ml-py": "NVML's device memory and driver version in records (null without it)",
+    "nvidia-ml-py": "NVML in records: device memory and driver (null without it), the window's clocks, "
+    "throttle reasons, temperature, power and energy (absent without it)",
 }
 CARRY_HOW = (
     "carry diffusers as wheels: here, in the repo root, `python3 -m pip download --no-deps "
@@ -243,7 +244,49 @@ def cell_figures(record: dict) -> dict[str, Any]:
         "noisy": m.get("noisy"),
         "smoke": {k: smoke.get(k) for k in ("steps", "status", "first_mean", "last_mean")} if smoke else None,
         "duration_s": record.get("duration_s"),
+        **({"gpu": gpu} if (gpu := gpu_figures(m)) else {}),
     }
+
+
+def gpu_figures(m: dict) -> dict[str, Any]:
+    """What NVML saw of the GPU during the cell's window (bench.gpu_meter): only what was recorded."""
+    w = m.get("gpu_window") if isinstance(m.get("gpu_window"), dict) else {}
+    out = {f"{k}_median": w[k].get("median") for k in ("sm_clock_mhz", "mem_clock_mhz", "power_w") if k in w}
+    if "temperature_c" in w:
+        out["temperature_c_max"] = w["temperature_c"].get("max")
+    if "clock_event_reasons" in w:
+        out["clock_event_reasons"] = w["clock_event_reasons"]
+    out.update({k: m[k] for k in ("energy_j", "energy_j_per_image") if k in m})
+    throttle = (m.get("noise") or {}).get("gpu_throttle")
+    if throttle is not None:
+        out["throttled"] = throttle
+    return out
+
+
+def gpu_line(cell: dict) -> str | None:
+    """'DiT-XL/2 ...: SM 1980 MHz, memory 3201 MHz, power 640 W (medians), 71 C max, 2.1 J/image,
+    reasons sw_power_cap 40%' for a cell with GPU figures, else None."""
+    g = cell.get("gpu")
+    if not g:
+        return None
+    said = [
+        f"{label} {g[key]:g} {unit}"
+        for key, label, unit in (
+            ("sm_clock_mhz_median", "SM", "MHz"),
+            ("mem_clock_mhz_median", "memory", "MHz"),
+            ("power_w_median", "power", "W"),
+            ("temperature_c_max", "max", "C"),
+            ("energy_j_per_image", "energy", "J/image"),
+        )
+        if isinstance(g.get(key), (int, float))
+    ]
+    reasons = g.get("clock_event_reasons") or {}
+    said.append(
+        "clock-event reasons " + (", ".join(f"{r} {100 * v:.0f}%" for r, v in reasons.items()) or "none")
+    )
+    if g.get("throttled"):
+        said.append("NOISY: throttled (" + ", ".join(g["throttled"]) + ")")
+    return f"{cell.get('cell_name')}: " + ", ".join(said)
 
 
 def run_suite(check, part: str, suite: dict, cap: float, env: dict | None = None) -> dict[str, Any]:
@@ -257,6 +300,8 @@ def run_suite(check, part: str, suite: dict, cap: float, env: dict | None = None
     records = read_jsonl(out / "results.jsonl")
     check.records[part] = records
     figures = {"cells": [cell_figures(r) for r in records], "expected_cells": 1 + len(suite["include"])}
+    for line in filter(None, map(gpu_line, figures["cells"])):
+        print(f"  GPU {line}", flush=True)  # clocks, throttling and energy: read at once from the log
     failed = [f"{r.get('cell_name')}: {r.get('status')}" for r in records if r.get("status") in FAILED_CELL]
     if rc is None:
         return {

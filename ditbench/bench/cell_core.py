@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ditbench.bench import memory, threads
+from ditbench.bench.gpu_meter import GpuMeter, nvml_handle
 from ditbench.bench.load import LoadMeter
 from ditbench.bench.window import failed_smoke, measure_window, noise, smoke_run, step_stats
 from ditbench.cellspec import CellSpec
@@ -87,10 +88,16 @@ def _agree_max(ctx) -> Callable[[int], int] | None:
 
 
 def window_metrics(
-    spec: CellSpec, window: dict[str, Any], ctx, gpu_name: str | None, load: dict[str, Any] | None = None
+    spec: CellSpec,
+    window: dict[str, Any],
+    ctx,
+    gpu_name: str | None,
+    load: dict[str, Any] | None = None,
+    gpu: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Throughput, step times, FLOPs and MFU of this process's window (a rank's share in a job), and
-    the machine's `load` during it (bench.load)."""
+    """Throughput, step times, FLOPs and MFU of this process's window (a rank's share in a job), the
+    machine's `load` during it (bench.load) and what NVML saw of the GPU (`gpu`: bench.gpu_meter)."""
+    from ditbench.bench.gpu_meter import throttling
     from ditbench.bench.mfu import mfu, model_flops_per_image
 
     knobs = spec.knobs
@@ -114,7 +121,14 @@ def window_metrics(
         "scaling_efficiency": None,
         "loss_last": window["last_loss"],
         "load": load,
-        **noise(window["step_ms"], images_per_s, spec.rank_batch, (load or {}).get("other_cpu_share")),
+        **(gpu or {}),
+        **noise(
+            window["step_ms"],
+            images_per_s,
+            spec.rank_batch,
+            (load or {}).get("other_cpu_share"),
+            throttling((gpu or {}).get("gpu_window")),
+        ),
     }
     if ctx.distributed:
         import torch
@@ -151,11 +165,14 @@ def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured
 
         # a rank's tree is its launcher's (torchrun's agent): its sibling ranks are not "other processes"
         load = LoadMeter(os.getppid() if ctx.distributed else None)
+        nvml = nvml_handle(ctx.device.index) if device == "cuda" else None
+        gpu_meter = GpuMeter(*(nvml or (None, None)))
 
         def after_warmup() -> None:
             memory.reset_peaks(device)
             log(f"window: at least {s.measure} steps and {s.min_seconds:g} s", ctx)
             load.start()
+            gpu_meter.start()
 
         window = measure_window(
             trainer,
@@ -168,6 +185,7 @@ def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured
             after_warmup=after_warmup,
         )
         window_load = load.stop()
+        window_gpu = gpu_meter.stop(window["steps"], window["steps"] * spec.rank_batch)
         out.steps_run = step.count
         median = step_stats(window["step_ms"])["median"]
         log(
@@ -180,7 +198,7 @@ def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured
             import torch
 
             gpu_name = torch.cuda.get_device_name(ctx.device)
-        metrics.update(window_metrics(spec, window, ctx, gpu_name, window_load))
+        metrics.update(window_metrics(spec, window, ctx, gpu_name, window_load, window_gpu))
         metrics.update(memory.peak_metrics(device))
         if device == "cpu" and not ctx.distributed:  # after the window (the profiler slows steps)
             del step, trainer  # gone before the meter starts: it counts what is allocated after

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.bench.load import LOAD_BOUND
-from ditbench.bench.window import GAP_BOUND, SPREAD_BOUND, load_advice
+from ditbench.bench.window import GAP_BOUND, SPREAD_BOUND, noise_advice
 from ditbench.escape import md_cell, md_text
 from ditbench.fileio import write_atomic
 from ditbench.units import memory_text
@@ -57,7 +57,7 @@ def noise_note(metrics: dict[str, Any]) -> str | None:
     if metrics.get("noisy") is not True:
         return None
     n = metrics.get("noise") if isinstance(metrics.get("noise"), dict) else {}
-    advice = load_advice(n)
+    advice = noise_advice(n)
     said = [advice] if advice is not None else []  # first: the table's note column is cut short
     spread, bound = _num(n.get("step_spread"), ".2f"), _num(n.get("spread_bound"), "g")
     if spread is not None and bound is not None and n["step_spread"] > n["spread_bound"]:

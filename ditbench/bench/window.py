@@ -39,13 +39,19 @@ def step_stats(step_ms: list[float]) -> dict[str, Any]:
 
 
 def noise(
-    step_ms: list[float], images_per_s: float, batch: int, other_cpu_share: float | None = None
+    step_ms: list[float],
+    images_per_s: float,
+    batch: int,
+    other_cpu_share: float | None = None,
+    gpu_throttle: list[str] | None = None,
 ) -> dict[str, Any]:
     """{noisy, noise: {step_spread, throughput_gap, spread_bound, gap_bound[, other_cpu_share,
-    load_bound]}} of a measured window.
+    load_bound][, gpu_throttle]}} of a measured window.
 
     `batch` is the images of one (synchronised) step: the global batch of a multi-process cell.
     `other_cpu_share` (bench.load): the cores' share other processes took during the window.
+    `gpu_throttle` (bench.gpu_meter.throttling): the heat or power reasons the GPU lowered its clocks
+    for during the window; any makes the window noisy. None: not measured (no NVML), not recorded.
     """
     from ditbench.bench.load import LOAD_BOUND
 
@@ -64,21 +70,33 @@ def noise(
     if other_cpu_share is not None:
         figures.update(other_cpu_share=other_cpu_share, load_bound=LOAD_BOUND)
         steady = steady and other_cpu_share <= LOAD_BOUND
+    if gpu_throttle is not None:
+        figures["gpu_throttle"] = list(gpu_throttle)
+        steady = steady and not gpu_throttle
     return {"noisy": not steady, "noise": figures}
 
 
-def load_advice(noise: Any) -> str | None:
-    """What to change when other processes loaded the machine beyond the bound, else None."""
+def noise_advice(noise: Any) -> str | None:
+    """What to change when the machine disturbed the window (other processes' load beyond the bound,
+    a GPU that throttled for heat or power), else None."""
     if not isinstance(noise, dict):
         return None
+    said = []
     share, bound = noise.get("other_cpu_share"), noise.get("load_bound")
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (share, bound))
-    if not numbers or not share > bound:
-        return None
-    return (
-        f"other processes used {100 * share:.0f}% of the CPUs during the window: rerun on a quiet "
-        "machine (a cell with more than one thread also gains from threads=1)"
-    )
+    if numbers and share > bound:
+        said.append(
+            f"other processes used {100 * share:.0f}% of the CPUs during the window: rerun on a quiet "
+            "machine (a cell with more than one thread also gains from threads=1)"
+        )
+    throttle = noise.get("gpu_throttle")
+    if isinstance(throttle, list) and throttle:
+        names = ", ".join(str(x) for x in throttle)
+        said.append(
+            f"the GPU lowered its clocks ({names}) during the window, so it measured a slowed card: check "
+            "its cooling and power limit (nvidia-smi -q -d PERFORMANCE) and rerun"
+        )
+    return "; ".join(said) or None
 
 
 def _check_finite(losses: list, first_step: int, phase: str) -> None:

@@ -110,12 +110,19 @@ def format_table(result: dict) -> str:
         lines = [f"*** {result['banner']} ***", ""] + lines
     outputs = registry.OUTPUTS.values()
     width = max(len(o.label) for o in outputs)
+    intervals = result.get("intervals") or {}
     for o in outputs:
         if o.key in m:
-            lines.append(f"{o.label:<{width}}  {o.fmt.format(m[o.key])}")
+            ends = intervals.get(o.key)
+            ci = f"  (95% {o.fmt.format(ends[0])} to {o.fmt.format(ends[1])})" if ends else ""
+            lines.append(f"{o.label:<{width}}  {o.fmt.format(m[o.key])}{ci}")
     for metric, reason in result["skipped"].items():
         lines.append(f"{metric:<{width}}  skipped: {reason}")
     t = result["timings_s"]
+    if intervals:
+        lines.append(
+            f"intervals: bootstrap, {st['bootstrap']} resamples of the samples ({t['bootstrap']:.1f} s)"
+        )
     lines.append("")
     lines.append(
         f"time {t['total']:.1f} s (reference features {t.get('reference_features', 0):.1f} s, "

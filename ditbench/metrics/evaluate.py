@@ -37,7 +37,7 @@ import torch
 
 import ditbench
 from ditbench.errors import UserError
-from ditbench.metrics import registry
+from ditbench.metrics import bootstrap, registry
 from ditbench.metrics.defaults import DEFAULTS
 from ditbench.metrics.features import FeatureExtractor
 from ditbench.metrics.inception_score import split_rule
@@ -215,10 +215,13 @@ class Scorer:
                 t = time.perf_counter()
                 values.update(_checked(metric, metric.compute(inputs, self.options)))
                 timings[metric.name] = time.perf_counter() - t
+            boot = bootstrap.sample_intervals(active, inputs, self.options, values)
+        if boot is not None:
+            timings["bootstrap"] = boot.seconds
         timings["total"] = time.perf_counter() - t_start
-        return self._result(about, values, skipped, warns, timings)
+        return self._result(about, values, skipped, warns, timings, boot)
 
-    def _result(self, samples: dict, values, skipped, warns, timings) -> dict:
+    def _result(self, samples: dict, values, skipped, warns, timings, boot=None) -> dict:
         ex = self.extractor
         dev = ex.device
         result = {
@@ -239,6 +242,7 @@ class Scorer:
                 **self.options,
                 **_is_rule(self.wanted, self.options, samples.get("count")),
             },
+            **_interval_fields(boot),
             "timings_s": {k: round(v, 4) for k, v in timings.items()},
             "env": {
                 "ditbench": ditbench.__version__,
@@ -253,6 +257,14 @@ class Scorer:
         if ex.weights.banner:
             result["banner"] = ex.weights.banner
         return result
+
+
+def _interval_fields(boot: bootstrap.Intervals | None) -> dict:
+    """`intervals` ({key: [low, high]}) and `bootstrap` (how, and the SEs) when the bootstrap ran."""
+    if boot is None:
+        return {}
+    about = {"rule": bootstrap.RULE, "level": bootstrap.LEVEL, "se": boot.se}
+    return {"intervals": boot.intervals, "bootstrap": about}
 
 
 def _is_rule(wanted, options, n) -> dict:

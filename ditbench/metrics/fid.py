@@ -99,21 +99,32 @@ def trace_sqrt_product(sigma1, sigma2, device: str | torch.device = "cpu", facto
         f = torch.as_tensor(
             np.asarray(factor1) if not torch.is_tensor(factor1) else factor1, device=device
         ).double()
-        # Centred features have rank n - 1 at most: drop the null directions exactly (an SVD of the
-        # small factor), since sqrt() turns a 1e-10 rounding eigenvalue into a 1e-5 error.
-        _, sv, vh = torch.linalg.svd(f, full_matrices=False)
-        keep = sv > sv.max() * max(f.shape) * torch.finfo(torch.float64).eps
-        g = sv[keep, None] * vh[keep]
-        m = g @ s2 @ g.T
-    else:
-        s1 = torch.as_tensor(np.asarray(sigma1, dtype=np.float64), device=device)
-        chol, info = torch.linalg.cholesky_ex(s1)
-        if int(info) == 0:
-            m = chol.T @ s2 @ chol
-        else:
-            w, v = _eigh(s1)
-            root1 = (v * w.clamp_min(0).sqrt()) @ v.T
-            m = root1 @ s2 @ root1
+        return _low_rank_trace_sqrt(f, s2)
+    s1 = torch.as_tensor(np.asarray(sigma1, dtype=np.float64), device=device)
+    chol, info = torch.linalg.cholesky_ex(s1)
+    if int(info) == 0:
+        return _sum_sqrt_eigenvalues(chol.T @ s2 @ chol)
+    w, v = _eigh(s1)
+    root1 = (v * w.clamp_min(0).sqrt()) @ v.T
+    return _sum_sqrt_eigenvalues(root1 @ s2 @ root1)
+
+
+def _low_rank_trace_sqrt(f: torch.Tensor, s2: torch.Tensor) -> float:
+    """tr sqrt(F^T F S2) from the n x n matrix F S2 F^T (F: n x d, float64)."""
+    import torch
+
+    # Centred features have rank n - 1 at most: drop the null directions exactly (an SVD of the
+    # small factor), since sqrt() turns a 1e-10 rounding eigenvalue into a 1e-5 error.
+    _, sv, vh = torch.linalg.svd(f, full_matrices=False)
+    keep = sv > sv.max() * max(f.shape) * torch.finfo(torch.float64).eps
+    g = sv[keep, None] * vh[keep]
+    return _sum_sqrt_eigenvalues(g @ s2 @ g.T)
+
+
+def _sum_sqrt_eigenvalues(m: torch.Tensor) -> float:
+    """The sum of the square roots of the eigenvalues of m, symmetric PSD in exact arithmetic."""
+    import torch
+
     m = (m + m.T) / 2  # symmetric in exact arithmetic; make eigvalsh see exactly that
     if m.numel() == 0:  # sigma1 is zero (identical samples, a mode collapse): tr sqrt(0 S2) = 0
         return 0.0
@@ -171,6 +182,40 @@ def _frechet_metric(name: str, mu_key: str, sigma_key: str, feature: str, dim: i
     return compute
 
 
+def _frechet_resampler(name: str, mu_key: str, sigma_key: str, feature: str):
+    """The Frechet distance of resampled samples against the fixed reference (metrics.bootstrap),
+    for fewer samples than dimensions: the metric's own low-rank route (an n x n matrix) on each
+    resample without building the d x d covariance and its checks. None from N = d up: there the
+    N x d^2 covariance dominates (a route through sqrt(sigma_ref) prepared once measured 27.9 vs
+    28.4, 20.4 vs 34.1 and 10.8 vs 17.3 s a resample in three pairs at N = 5,000 on a loaded CPU,
+    after 42 s of preparation: about a fifth saved at B = 20, not worth a second route).
+    """
+
+    def prepare(inputs: MetricInputs, options):
+        import torch
+
+        dev = inputs.device
+        x = inputs.samples[feature].to(dev).double()
+        n, d = x.shape
+        if n >= d:
+            return None
+        mu2 = torch.as_tensor(np.asarray(inputs.reference[mu_key], dtype=np.float64), device=dev)
+        s2 = torch.as_tensor(np.asarray(inputs.reference[sigma_key], dtype=np.float64), device=dev)
+        trace2 = float(torch.trace(s2))
+
+        def one(index: np.ndarray) -> dict[str, float]:
+            xb = x[torch.from_numpy(index).to(dev)]
+            mean = xb.mean(0)
+            centred = (xb - mean) / np.sqrt(n - 1)  # F with F^T F = the covariance
+            diff = mean - mu2
+            tr = _low_rank_trace_sqrt(centred, s2)
+            return {name: float(diff @ diff) + float(centred.square().sum()) + trace2 - 2.0 * tr}
+
+        return one
+
+    return prepare
+
+
 def _covariance_need(options) -> Need:
     return Need(2, 2, "a covariance needs at least 2 images per set")
 
@@ -183,6 +228,7 @@ FID = Metric(
     outputs=(Output("fid", "FID", "{:.4f}", "lower", threshold_pct=2.0),),
     needs=_covariance_need,
     compute=_frechet_metric("fid", "mu", "sigma", "pool3", POOL3_DIM),
+    resampler=_frechet_resampler("fid", "mu", "sigma", "pool3"),
 )
 
 SFID = Metric(
@@ -193,4 +239,5 @@ SFID = Metric(
     outputs=(Output("sfid", "sFID", "{:.4f}", "lower"),),
     needs=_covariance_need,
     compute=_frechet_metric("sfid", "mu_s", "sigma_s", "spatial", SPATIAL_DIM),
+    resampler=_frechet_resampler("sfid", "mu_s", "sigma_s", "spatial"),
 )

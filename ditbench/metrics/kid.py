@@ -73,6 +73,69 @@ def kernel_inception_distance(
     return float(values.mean()), float(values.std())
 
 
+KERNEL_CACHE_BYTES = 2 * 2**30  # the resampler's sample kernel; beyond this the bootstrap reruns KID
+
+
+def _resampler(inputs: MetricInputs, options):
+    """KID of resampled samples against the fixed reference (metrics.bootstrap), from kernels kept once.
+
+    A resample draws its subsets exactly as `kernel_inception_distance` would from the drawn samples
+    (the same RandomState sequence: positions depend only on N), so reference subset t is the same in
+    every resample and its kernel sum is computed once. With c_t the count of each sample in subset
+    t (a drawn sample may appear more than once), the sample terms are sums over the kernel K of the
+    samples, kept once (N^2 float64): sum over pairs = c_t K c_t - c_t . diag K, and the cross term
+    c_t . (K_sr e_t) with K_sr e_t (each sample's kernel summed over reference subset t) kept once.
+    A resample is then one T x N by N x N product. None (KID reruns per resample) when K exceeds
+    KERNEL_CACHE_BYTES (N above about 16,000).
+    """
+    import torch
+
+    subsets, m, seed = options["kid_subsets"], options["kid_subset_size"], options["kid_seed"]
+    kernel = {"degree": options["kid_degree"], "coef0": options["kid_coef0"]}
+    dev = inputs.device
+    s = torch.as_tensor(inputs.samples["pool3"]).to(dev, torch.float64)
+    r = torch.from_numpy(np.asarray(inputs.reference["pool3"], dtype=np.float64)).to(dev)
+    n = len(s)
+    if 8 * n * n > KERNEL_CACHE_BYTES:
+        return None
+    rng = np.random.RandomState(seed)
+    positions, ref_rows, within_ref = [], [], np.empty(subsets)
+    for t in range(subsets):
+        positions.append(rng.choice(n, m, replace=False))
+        ref_rows.append(rng.choice(len(r), m, replace=False))
+        rows = r[torch.from_numpy(ref_rows[t]).to(dev)]
+        k = polynomial_kernel(rows, rows, **kernel)
+        within_ref[t] = float(k.sum() - k.diagonal().sum())
+    # Each sample's kernel summed over each reference subset: against every used row once, then
+    # summed per subset by a 0/1 membership matrix (rows x subsets), a block of samples at a time.
+    used = np.unique(np.concatenate(ref_rows))
+    member = torch.zeros(len(used), subsets, dtype=torch.float64, device=dev)
+    for t, rows in enumerate(ref_rows):
+        member[np.searchsorted(used, rows), t] = 1.0
+    r_used = r[torch.from_numpy(used).to(dev)]
+    cross = torch.cat(
+        [polynomial_kernel(s[i : i + 1000], r_used, **kernel) @ member for i in range(0, n, 1000)]
+    )
+    cross = cross.cpu().numpy()
+    k_ss = polynomial_kernel(s, s, **kernel)
+    diag = k_ss.diagonal().clone()
+
+    def one(index: np.ndarray) -> dict[str, float]:
+        counts = torch.zeros(subsets, n, dtype=torch.float64, device=dev)
+        for t in range(subsets):
+            counts[t].index_add_(
+                0,
+                torch.from_numpy(index[positions[t]]).to(dev),
+                torch.ones(m, dtype=torch.float64, device=dev),
+            )
+        within_s = ((counts @ k_ss) * counts).sum(1) - counts @ diag
+        cross_t = (counts.cpu().numpy() * cross.T).sum(1)
+        values = (within_s.cpu().numpy() + within_ref) / (m * (m - 1)) - 2.0 * cross_t / (m * m)
+        return {"kid": float(values.mean()), "kid_std": float(values.std())}
+
+    return one
+
+
 def _compute(inputs: MetricInputs, options) -> dict[str, float]:
     import torch
 
@@ -119,4 +182,5 @@ KID = Metric(
         "lower --kid-subset-size",
     ),
     compute=_compute,
+    resampler=_resampler,
 )

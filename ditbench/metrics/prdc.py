@@ -88,6 +88,82 @@ def precision_recall(
     return precision, recall
 
 
+NEIGHBOURS = 32  # nearest others kept per sample for the bootstrap's radii; fewer than k drawn is rare
+
+
+def _resampler(inputs: MetricInputs, options):
+    """Precision and recall of resampled samples against the fixed reference (metrics.bootstrap),
+    without the N^2 distances of each resample.
+
+    Precision is the mean over samples of "inside the reference manifold", a per-sample fact: the
+    mean over the drawn indices. Recall needs each drawn sample's k-th nearest other drawn point
+    (copies count: a sample drawn c times has c - 1 others at distance 0): found from its
+    NEIGHBOURS nearest samples, kept once, or computed against the drawn set when fewer than k of
+    them were drawn. A reference point is covered when a drawn sample's ball holds it; the pairs
+    (reference, sample) that any radius up to the kept neighbours' reach could cover are kept once.
+    Returns None (the bootstrap reruns the metric) when those pairs would not fit in memory.
+    """
+    import torch
+
+    k, block, dev = options["pr_k"], options["pr_block_size"], inputs.device
+    s = torch.as_tensor(inputs.samples["pool3"]).to(dev, torch.float32)
+    r = torch.from_numpy(np.asarray(inputs.reference["pool3"], dtype=np.float32)).to(dev)
+    n, keep = s.shape[0], min(NEIGHBOURS, s.shape[0] - 1)
+    inside = manifold_coverage(s, r, knn_radii(r, k, block), block).cpu().numpy()
+    near_d = torch.empty(n, keep, dtype=torch.float32, device=dev)
+    near_i = torch.empty(n, keep, dtype=torch.long, device=dev)
+    for i in range(0, n, block):  # block x block distances at a time, as knn_radii
+        best_d, best_i = [], []
+        for j in range(0, n, block):
+            d = _squared_distances(s[i : i + block], s[j : j + block])
+            if i == j:
+                d.fill_diagonal_(torch.inf)  # a sample is not its own neighbour
+            top = d.topk(min(keep, d.shape[1]), dim=1, largest=False)
+            best_d.append(top.values)
+            best_i.append(top.indices + j)
+        top = torch.cat(best_d, 1).topk(keep, dim=1, largest=False)
+        near_d[i : i + block], near_i[i : i + block] = top.values, torch.cat(best_i, 1).gather(1, top.indices)
+    reach = near_d[:, -1]  # no radius found from the list is larger
+    pairs_r, pairs_s, pairs_d = [], [], []
+    count = 0
+    for i in range(0, r.shape[0], block):
+        for j in range(0, n, block):
+            d = _squared_distances(r[i : i + block], s[j : j + block])
+            hit = (d <= reach[j : j + block].unsqueeze(0)).nonzero()
+            count += len(hit)
+            if count > 50_000_000:  # about 1 GB of pairs
+                return None
+            pairs_r.append(hit[:, 0] + i)
+            pairs_s.append(hit[:, 1] + j)
+            pairs_d.append(d[hit[:, 0], hit[:, 1]])
+    pr_, ps_, pd_ = (torch.cat(x).cpu().numpy() for x in (pairs_r, pairs_s, pairs_d))
+    near_d, near_i = near_d.cpu().numpy(), near_i.cpu().numpy()
+    s_host, r_host = s.cpu(), r.cpu()
+    m = r.shape[0]
+
+    def one(index: np.ndarray) -> dict[str, float]:
+        counts = np.bincount(index, minlength=n)
+        drawn = np.flatnonzero(counts)
+        need = k - (counts[drawn] - 1)  # others still to find beyond the sample's own copies
+        cum = np.cumsum(counts[near_i[drawn]], axis=1)
+        found = cum >= need[:, None]
+        radius = near_d[drawn, found.argmax(1)]
+        radius[need <= 0] = 0.0
+        all_radii = np.full(n, -np.inf, dtype=np.float32)  # not drawn: no ball
+        all_radii[drawn] = radius
+        covered = np.zeros(m, dtype=bool)
+        ok = pd_ <= all_radii[ps_]
+        covered[pr_[ok]] = True
+        for j in drawn[~found.any(1) & (need > 0)]:  # fewer than k of the kept neighbours drawn
+            d = _squared_distances(s_host[j : j + 1], s_host[drawn])[0].numpy()
+            others = np.repeat(d, counts[drawn] - (drawn == j))  # its own copies but one, then the rest
+            rad = np.partition(others, k - 1)[k - 1]
+            covered |= _squared_distances(r_host, s_host[j : j + 1])[:, 0].numpy() <= rad
+        return {"precision": float(inside[index].mean()), "recall": float(covered.mean())}
+
+    return one
+
+
 def _compute(inputs: MetricInputs, options) -> dict[str, float]:
     import torch
 
@@ -115,4 +191,5 @@ PR = Metric(
         o["pr_k"] + 1, o["pr_k"] + 1, f"k={o['pr_k']} needs k + 1 points per set", "lower --pr-k"
     ),
     compute=_compute,
+    resampler=_resampler,
 )

@@ -15,19 +15,21 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ditbench.errors import UserError, shorten
-from ditbench.metrics import fid, inception_score, kid, prdc
+from ditbench.metrics import bootstrap, fid, inception_score, kid, prdc
 from ditbench.metrics.spec import Metric, Output
 
 METRICS: tuple[Metric, ...] = (fid.FID, fid.SFID, inception_score.IS, prdc.PR, kid.KID)
 
 
 def index(metrics: tuple[Metric, ...]):
-    """(by name, options by name, outputs by key) of a metric list, checked for clashes."""
+    """(by name, options by name, outputs by key) of a metric list, checked for clashes. The options
+    include the bootstrap's (bootstrap.OPTIONS), which apply to every metric."""
     by_name = {m.name: m for m in metrics}
-    options = {o.name: o for m in metrics for o in m.options}
+    options = {o.name: o for m in metrics for o in m.options} | {o.name: o for o in bootstrap.OPTIONS}
     outputs = {o.key: o for m in metrics for o in m.outputs}
     assert len(by_name) == len(metrics), "two metrics share a name"
-    assert len(options) == sum(len(m.options) for m in metrics), "two options share a name"
+    declared = sum(len(m.options) for m in metrics) + len(bootstrap.OPTIONS)
+    assert len(options) == declared, "two options share a name"
     assert len(outputs) == sum(len(m.outputs) for m in metrics), "two outputs share a key"
     return by_name, options, outputs
 

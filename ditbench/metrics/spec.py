@@ -118,6 +118,12 @@ class Metric:
     needs: Callable[[Mapping[str, Any]], Need]  # at the resolved options
     compute: Callable[[MetricInputs, Mapping[str, Any]], dict[str, float]]
     options: tuple[Option, ...] = ()
+    # Optional, for the bootstrap (metrics.bootstrap): prepare(inputs, options) once, then
+    # f(sample indices) -> the outputs of the drawn samples; without it (or when prepare returns
+    # None) `compute` reruns on each resample.
+    resampler: (
+        Callable[[MetricInputs, Mapping[str, Any]], Callable[[np.ndarray], dict[str, float]]] | None
+    ) = None
 
     def __post_init__(self):
         unknown = set(self.reference_keys) - set(REFERENCE_KEYS)

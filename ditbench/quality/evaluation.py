@@ -13,7 +13,10 @@ order) and computes the metrics; the grid is rank 0's. The reference is prepared
 
 Per evaluation: `metrics` is the mean over seeds of every quality output of the metric registry
 (FID, sFID, IS, precision, recall, KID), `spread` their sample standard deviation over seeds (null
-with one seed): the noise a difference must exceed (the gate's `noise_rule`).
+with one seed); with the scorer's bootstrap on (metrics.bootstrap), each seed carries its `interval`
+and `bootstrap_se` over its samples, and the evaluation `bootstrap_se` (one seed's standard error)
+and `interval` (of the mean over seeds). The gate's `noise_rule` takes the larger of a seed spread
+and a bootstrap SE as the noise a difference must exceed.
 """
 
 from __future__ import annotations
@@ -154,6 +157,9 @@ class Evaluator:
             score_s += self._now() - t
             if result is not None:
                 per_seed.append({"seed": seed, **{k: result["metrics"].get(k) for k in keys}})
+                if result.get("intervals"):
+                    per_seed[-1]["interval"] = result["intervals"]
+                    per_seed[-1]["bootstrap_se"] = result["bootstrap"]["se"]
                 warnings += [w for w in result["warnings"] if w not in warnings]
         grid_file = self._grid(model, step, grid) if grid is not None and self.q.grid else None
         if self.ctx.rank != 0:
@@ -168,6 +174,7 @@ class Evaluator:
             "per_seed": per_seed,
             "metrics": {k: _mean([p[k] for p in per_seed]) for k in keys},
             "spread": _spread(per_seed, keys) if len(per_seed) > 1 else None,
+            **_bootstrap(per_seed, keys),
             "grid": grid_file,
         }
         if warnings:
@@ -250,6 +257,25 @@ def _mean(values: list[float | None]) -> float | None:
     if not values or any(v is None for v in values):
         return None
     return float(statistics.fmean(values))
+
+
+def _bootstrap(per_seed: list[dict], keys: list[str]) -> dict[str, Any]:
+    """`bootstrap_se` (one seed's standard error, the root mean square over seeds) and `interval` (of
+    the mean over seeds: mean +- z x se / sqrt(seeds)) per metric, where every seed was bootstrapped."""
+    from ditbench.metrics import bootstrap
+
+    if not per_seed or not all("bootstrap_se" in p for p in per_seed):
+        return {}
+    se, interval = {}, {}
+    for k in keys:
+        values = [p["bootstrap_se"].get(k) for p in per_seed]
+        mean = _mean([p[k] for p in per_seed])
+        if mean is None or any(v is None for v in values):
+            continue
+        se[k] = math.sqrt(statistics.fmean(v * v for v in values))
+        half = bootstrap.Z * se[k] / math.sqrt(len(values))
+        interval[k] = [mean - half, mean + half]
+    return {"bootstrap_se": se, "interval": interval} if se else {}
 
 
 def _spread(per_seed: list[dict], keys: list[str]) -> dict[str, float | None]:

@@ -1,8 +1,8 @@
 """The report's quality section: sample quality per evaluated cell, judged against the suite's baseline.
 
 Reads each record's `quality` field (`ditbench.quality`). Per evaluated cell: every quality output
-of the metric registry (FID, sFID, IS, precision, recall, KID: mean over seeds ± the seeds' spread,
-in the metric's own format) at its last evaluation, and the verdict
+of the metric registry (FID, sFID, IS, precision, recall, KID: mean over seeds ± the seeds' spread
+or the bootstrap SE, the larger, in the metric's own format) at its last evaluation, and the verdict
 against its baseline cell at the last training step both evaluated: "better"/"worse" only when the
 FID difference exceeds the noise (`gate.quality.noise_rule`, the gate's own rule and its default k),
 "within noise" otherwise. Then every cell's sample grids side by side (the same noise and labels in
@@ -24,7 +24,7 @@ from ditbench.metrics import registry
 from ditbench.report.blocks import Block, Heading, Image, Para, Table, num
 from ditbench.report.cells import cell_label
 from ditbench.report.gate.policy import DEFAULT_QUALITY_NOISE_K
-from ditbench.report.gate.quality import noise_rule, read_quality
+from ditbench.report.gate.quality import evaluation_noise, noise_rule, read_quality
 
 BANNER = "not the official Inception: numbers are not comparable with papers"
 GRIDS_FILE = "quality_grids.png"
@@ -71,12 +71,12 @@ def compare_fid(base: dict[str, Any], new: dict[str, Any], k: float = DEFAULT_QU
     b, n = (e["metrics"].get("fid") for e in (eb, en))
     if not _finite(b) or not _finite(n):
         return Verdict("not comparable", f"no FID at step {step:,}", step)
-    sb, sn = ((e.get("spread") or {}).get("fid") for e in (eb, en))
+    sb, sn = (evaluation_noise(e, "fid")[0] for e in (eb, en))
     noise = noise_rule(b, n, sb, sn, k)
     delta = f"FID {n - b:+.2f} at step {step:,}"
     if noise.beyond is None:
         return Verdict("noise unknown", f"{delta}; {noise.weak_reason}", step)
-    bound = f"noise bound {noise.bound:.2f} (k={k:g} x the seeds' spreads)"
+    bound = f"noise bound {noise.bound:.2f} (k={k:g} x the spreads: seeds' or bootstrap's)"
     if not noise.beyond:
         return Verdict("within noise", f"{delta}, within the {bound}", step)
     return Verdict("better" if n < b else "worse", f"{delta}, beyond the {bound}", step)
@@ -109,8 +109,9 @@ def quality_section(df: pd.DataFrame) -> tuple[list[Block], dict[str, bytes]]:
         f"({sampler.get('steps')} steps, guidance {sampler.get('cfg_scale')}), "
         f"{first.get('samples')} samples per seed and evaluation, "
         f"{len(first.get('seeds') or [])} seed(s), against "
-        f"{(first.get('reference') or {}).get('path')}. FID is the mean over seeds ± their standard "
-        f"deviation; a cell differs from its baseline only when the FID difference exceeds "
+        f"{(first.get('reference') or {}).get('path')}. FID is the mean over seeds ± the larger of their "
+        f"standard deviation and the bootstrap standard error over samples; a cell differs from its "
+        f"baseline only when the FID difference exceeds "
         f"{DEFAULT_QUALITY_NOISE_K:g} x the combined spread of the two (the gate's rule), else it is "
         '"within noise".'
     )
@@ -134,8 +135,8 @@ def quality_section(df: pd.DataFrame) -> tuple[list[Block], dict[str, bytes]]:
 
 def _metric_cells(e: dict[str, Any]) -> list[str]:
     """An evaluation's quality figures, one column per quality output of the metric registry."""
-    m, s = e.get("metrics") or {}, e.get("spread") or {}
-    return [_pm(m.get(o.key), s.get(o.key), o.fmt) for o in registry.quality_outputs()]
+    m = e.get("metrics") or {}
+    return [_pm(m.get(o.key), evaluation_noise(e, o.key)[0], o.fmt) for o in registry.quality_outputs()]
 
 
 def _metric_headers() -> list[str]:
@@ -188,7 +189,7 @@ def _points(q: dict) -> list[tuple[float, float, float | None, int]]:
     for e in q["evaluations"]:
         fid = (e.get("metrics") or {}).get("fid")
         if _finite(fid) and _finite(e.get("train_gpu_s")):
-            out.append((e["train_gpu_s"] / 3600, fid, (e.get("spread") or {}).get("fid"), e.get("step", 0)))
+            out.append((e["train_gpu_s"] / 3600, fid, evaluation_noise(e, "fid")[0], e.get("step", 0)))
     return out
 
 

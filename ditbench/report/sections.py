@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from ditbench.bench.window import load_advice
+from ditbench.bench.window import noise_advice
 from ditbench.report import advice, analysis
 from ditbench.report.blocks import (
     Block,
@@ -81,7 +81,7 @@ def noise_text(row: pd.Series) -> str:
         v, b = value(noise, name), value(noise, bound)
         if v is not None:
             parts.append(f"{label} {v:.3g}" + (f" (bound {b:.3g})" if b is not None else ""))
-    if (advice := load_advice(noise)) is not None:
+    if (advice := noise_advice(noise)) is not None:
         parts.append(advice)
     return "noisy: " + ", ".join(parts) if parts else "noisy"
 
@@ -328,6 +328,7 @@ def model_section(
         "reserved",
         fit_header,
         "MFU",
+        "energy J / image",
         "scaling efficiency",
         "vs baseline (speed-up, memory saved)",
         "smoke loss first → last",
@@ -389,6 +390,7 @@ def _detail_row(
         mem_text(value(row, MEM_RESERVED)),
         fit,
         num(mfu * 100, 1, "%") if mfu is not None else "—",
+        num(value(row, "metrics.energy_j_per_image"), 3),
         num(scaling * 100, 1, "%") if scaling is not None else "—",
         vs,
         smoke_text,

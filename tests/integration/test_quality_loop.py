@@ -113,6 +113,12 @@ def test_one_seed_has_no_spread(reference, tmp_path):
     field = _run(_spec(reference, seeds=(3,), at=(0,), grid=0), tmp_path, FakeExtractor())
     (e,) = field["evaluations"]
     assert e["spread"] is None and e["seeds"] == [3] and e["grid"] is None
+    # the bootstrap over the seed's samples stands in for the seeds' spread (the gate's noise)
+    (seed,) = e["per_seed"]
+    assert e["bootstrap_se"] == seed["bootstrap_se"] and e["bootstrap_se"]["fid"] > 0
+    assert e["interval"] == seed["interval"]
+    low, high = e["interval"]["fid"]
+    assert low < e["metrics"]["fid"] < high
 
 
 @pytest.mark.slow

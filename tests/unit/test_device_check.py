@@ -365,3 +365,39 @@ def test_gpu_tests_part_runs_the_files_one_by_one_and_adds_their_counts(tmp_path
     assert (
         result["figures"]["per_file"]["tests/integration/test_runner.py"] == "1 passed, 1 failed, 0 skipped"
     )
+
+
+def test_a_cells_gpu_window_is_printed_and_in_the_summary():
+    record = {
+        "cell_name": "DiT-XL/2 bf16 bs256",
+        "status": "ok",
+        "metrics": {
+            "noisy": True,
+            "noise": {"gpu_throttle": ["sw_power_cap"]},
+            "gpu_window": {
+                "sm_clock_mhz": {"min": 1755, "median": 1980, "max": 1980},
+                "power_w": {"min": 400.0, "median": 650.5, "max": 700.0},
+                "temperature_c": {"min": 50, "median": 60, "max": 71},
+                "clock_event_reasons": {"sw_power_cap": 0.4},
+                "samples": 20,
+            },
+            "energy_j": 1200.0,
+            "energy_j_per_image": 2.5,
+        },
+    }
+    cell = device_steps.cell_figures(record)
+    assert cell["gpu"] == {
+        "sm_clock_mhz_median": 1980,
+        "power_w_median": 650.5,
+        "temperature_c_max": 71,
+        "clock_event_reasons": {"sw_power_cap": 0.4},
+        "energy_j": 1200.0,
+        "energy_j_per_image": 2.5,
+        "throttled": ["sw_power_cap"],
+    }
+    assert device_steps.gpu_line(cell) == (
+        "DiT-XL/2 bf16 bs256: SM 1980 MHz, power 650.5 W, max 71 C, energy 2.5 J/image, "
+        "clock-event reasons sw_power_cap 40%, NOISY: throttled (sw_power_cap)"
+    )
+    cpu = device_steps.cell_figures({"cell_name": "cpu", "metrics": {"noisy": False}})
+    assert "gpu" not in cpu and device_steps.gpu_line(cpu) is None  # nothing measured, nothing said

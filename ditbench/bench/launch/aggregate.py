@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import json
 
+from ditbench.bench.gpu_meter import throttling
 from ditbench.bench.window import noise, step_stats
 
 # Config keys that differ between a cell and its one-GPU reference for scaling efficiency.
 SCALING_KEYS = ("gpus", "nodes", "global_batch", "strategy")
-_SUM_KEYS = ("images_per_s", "tflops_per_s")
+_SUM_KEYS = ("images_per_s", "tflops_per_s", "energy_j", "energy_j_per_step")  # energy: every GPU's
 _MIN_KEYS = ("steps_per_s",)
 _MEM_KEYS = ("peak_mem_allocated_gib", "peak_mem_reserved_gib", "device_mem_gib", "cpu_peak_rss_gib")
 
@@ -47,6 +48,8 @@ def aggregate(per_rank: list[dict], *, global_batch: int) -> dict:
         out["fits_budget"] = False if False in fits else (None if None in fits else True)
     if isinstance(out.get("images_per_s"), float):
         out["images_per_s_per_gpu"] = out["images_per_s"] / world
+    if (vals := _numbers(per_rank, "energy_j_per_image")) is not None:
+        out["energy_j_per_image"] = float(sum(vals) / world)  # all GPUs' joules over all images
     if (steps := _slowest_steps(per_rank)) is not None:
         out["step_ms"] = steps
     # MFU of the job = summed FLOP/s over summed peak = mean of the ranks' MFU.
@@ -58,7 +61,9 @@ def aggregate(per_rank: list[dict], *, global_batch: int) -> dict:
     if isinstance(out.get("images_per_s"), float) and (out.get("step_ms") or {}).get("samples"):
         load = out.get("load") if isinstance(out.get("load"), dict) else {}  # rank 0's machine
         share = load.get("other_cpu_share")
-        out.update(noise(out["step_ms"]["samples"], out["images_per_s"], out["global_batch"], share))
+        throttle = [throttling(m.get("gpu_window")) for m in per_rank]  # any rank's GPU slows the step
+        seen = None if all(t is None for t in throttle) else sorted({r for t in throttle for r in t or ()})
+        out.update(noise(out["step_ms"]["samples"], out["images_per_s"], out["global_batch"], share, seen))
     out["per_rank"] = [
         {
             "rank": i,

@@ -47,7 +47,8 @@ interval that straddles the threshold is inconclusive. One run a side samples st
 so its interval is narrow: process-level noise needs repeated runs. With fewer than min_samples steps
 a side the threshold alone decides and the summary says so. Memory and loss: threshold alone. Quality
 (the last evaluation both runs have at the same step): |new - base| must also exceed quality_noise_k
-* sqrt(spread_base^2 + spread_new^2), and the change +- that bound must lie wholly beyond the
+* sqrt(spread_base^2 + spread_new^2) (a side's spread: the larger of its seeds' standard deviation
+and its bootstrap SE over samples), and the change +- that bound must lie wholly beyond the
 threshold (straddling it: inconclusive); with no spread recorded the threshold decides (weak). A cell
 whose record says metrics.noisy: true keeps its timing verdicts, marked weak.
 
@@ -56,7 +57,7 @@ policy file (YAML; every key optional, metrics merge over the defaults):
   min_samples: 5
   fail_on_missing: false
   allow_incomparable: [mfu]     # or true: these may be missing / unusable in a cell (listed, not compared)
-  quality_noise_k: 2            # a quality change must exceed k combined seed spreads
+  quality_noise_k: 2            # a quality change must exceed k combined spreads (seeds or bootstrap)
   inconclusive: inconclusive    # or pass / fail: what an inconclusive cell does (exit 3 / 0 / 1)
   allow_sample_count_mismatch: false  # true: compare quality at different N (weak: FID bias depends on N)
   environment: must_match       # or may_differ: compare runs from other machines, naming the differences

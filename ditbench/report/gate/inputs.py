@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from ditbench.bench.window import load_advice
+from ditbench.bench.window import noise_advice
 from ditbench.errors import UserError, shorten
 
 MAX_NAMED = 5  # problems a refusal names one by one; the rest are counted
@@ -126,7 +126,7 @@ def noisy(record: dict[str, Any]) -> tuple[str | None, str | None]:
         if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
             limit = f" (bound {b:.3g})" if isinstance(b, (int, float)) and math.isfinite(b) else ""
             parts.append(f"{label} {v:.3g}{limit}")
-    if (advice := load_advice(noise)) is not None:
+    if (advice := noise_advice(noise)) is not None:
         parts.append(advice)
     return "noisy measurement window" + (f": {', '.join(parts)}" if parts else ""), None
 

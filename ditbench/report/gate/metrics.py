@@ -1,6 +1,6 @@
 """What the gate can compare: where each metric lives in a record, which way is better, how it is judged.
 
-Speed, memory and loss metrics are read from the record at `path`; their table is below, with the
+Speed, memory, loss and energy metrics are read from the record at `path`; their table is below, with the
 default thresholds. Quality metrics are the quality outputs of `ditbench.metrics.registry` (their
 spec gives the direction, label, valid values and default threshold), read from one evaluation of
 the record's `quality` field (`evaluations[i].metrics[path]`), see quality.py. `table()` joins the
@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 
 HIGHER, LOWER = "higher", "lower"
-TIMING, MEMORY, LOSS, QUALITY = "timing", "memory", "loss", "quality"
+TIMING, MEMORY, LOSS, QUALITY, ENERGY = "timing", "memory", "loss", "quality", "energy"
 POSITIVE, NONNEGATIVE, ANY = "positive", "non-negative", "any"
 
 
@@ -66,6 +66,9 @@ RECORD_METRICS: tuple[Metric, ...] = (
     Metric("cpu_peak_alloc_gib", "metrics.cpu_peak_alloc_gib", LOWER, "CPU allocator peak", MEMORY),
     Metric("cpu_peak_rss_gib", "metrics.cpu_peak_rss_gib", LOWER, "CPU peak RSS", MEMORY),
     Metric("smoke_last_loss", "smoke.last_mean", LOWER, "smoke loss (last window)", LOSS, ANY),
+    # From NVML's energy counter over the window (bench.gpu_meter); only GPU records have them.
+    Metric("energy_j_per_image", "metrics.energy_j_per_image", LOWER, "energy J/image", ENERGY),
+    Metric("energy_j_per_step", "metrics.energy_j_per_step", LOWER, "energy J/step", ENERGY),
 )
 CORE = tuple(m.name for m in RECORD_METRICS if m.core)
 

@@ -5,8 +5,9 @@ Two runs' quality numbers are comparable only when made the same way: the same I
 refuses the gate (exit 2). The gate compares the last evaluation both runs have at the same
 training step. A change counts when it crosses the metric's threshold in the bad (or good)
 direction AND exceeds the noise: |new - base| > k * sqrt(spread_base^2 + spread_new^2), k =
-quality_noise_k (default 2), each spread being the run's own sample standard deviation over seeds
-(or bootstrap) as recorded. The change's interval is (new - base) +- that bound: a regression or
+quality_noise_k (default 2), each spread being the larger of the run's sample standard deviation
+over seeds (`spread`) and the bootstrap standard error over its samples (`bootstrap_se`,
+metrics.bootstrap), as recorded. The change's interval is (new - base) +- that bound: a regression or
 improvement needs it wholly beyond the threshold; one that straddles the threshold is inconclusive
 (exit 3, as for timing). With a spread on one side only, that side's spread stands for both; with
 none, the noise is unknown and the threshold alone decides; both verdicts are marked weak.
@@ -81,8 +82,9 @@ def read_quality(record: dict[str, Any]) -> tuple[Quality | None, str | None]:
             return None, f"{where}.step {step} appears twice"
         if not isinstance(e.get("metrics"), dict):
             return None, f"{where}.metrics is {shorten(e.get('metrics'))}, not an object"
-        if not isinstance(e.get("spread"), (dict, type(None))):
-            return None, f"{where}.spread is {shorten(e.get('spread'))}, not an object or null"
+        for field in ("spread", "bootstrap_se"):
+            if not isinstance(e.get(field), (dict, type(None))):
+                return None, f"{where}.{field} is {shorten(e.get(field))}, not an object or null"
         by_step[step] = e
     return Quality(identity, official if isinstance(official, bool) else None, by_step), None
 
@@ -146,18 +148,13 @@ def compare_quality(
             v, why = number(e["metrics"].get(metric.path))
             if why is None and v is not None and metric.out_of_range(v):
                 why = f"is {v:g}, not a {metric.valid} value"
-            s, swhy = number((e.get("spread") or {}).get(metric.path))
-            if swhy is None and s is not None and s < 0:
-                swhy = f"is {s:g}, not a spread (>= 0)"
-            if why or swhy:
-                bad = (
-                    side,
-                    metric.name,
-                    f"{where}.{'metrics' if why else 'spread'}.{metric.path} {why or swhy}",
-                )
+            noise, nwhy = evaluation_noise(e, metric.path)
+            if why or nwhy:
+                text = f"{where}.metrics.{metric.path} {why}" if why else f"{where}.{nwhy}"
+                bad = (side, metric.name, text)
                 break
             values.append(v)
-            spreads.append(s)
+            spreads.append(noise)
         if bad:
             problems.append(bad)
             continue
@@ -173,6 +170,21 @@ def compare_quality(
             continue
         deltas.append(_judge(metric, rule, b, n, spreads[0], spreads[1], k, step))
     return deltas, not_measured, problems
+
+
+def evaluation_noise(evaluation: dict[str, Any], key: str) -> tuple[float | None, str | None]:
+    """(one evaluation's noise in `key`, None) or (None, what is wrong): the larger of the seeds'
+    spread and the bootstrap's standard error over samples (either may be absent)."""
+    found = []
+    for field in ("spread", "bootstrap_se"):
+        v, why = number((evaluation.get(field) or {}).get(key))
+        if why is None and v is not None and v < 0:
+            why = f"is {v:g}, not a spread (>= 0)"
+        if why:
+            return None, f"{field}.{key} {why}"
+        if v is not None:
+            found.append(v)
+    return (max(found) if found else None), None
 
 
 @dataclass(frozen=True)
@@ -194,7 +206,8 @@ def noise_rule(b: float, n: float, sb: float | None, sn: float | None, k: float)
         return Noise(
             None,
             None,
-            "noise unknown: neither run recorded a spread (one seed?), so the threshold alone decided",
+            "noise unknown: neither run recorded a spread or a bootstrap SE (one seed, --bootstrap 0?), so "
+            "the threshold alone decided",
         )
     weak_reason = None
     if sb is None or sn is None:

@@ -282,9 +282,8 @@ def _policy_line(c: Comparison) -> list[str]:
         "step-to-step noise, so the interval is narrow: process-level noise (start-up, clocks, machine "
         "load) needs repeated runs. "
         f"Memory and loss are gated on the threshold alone; a quality change must also exceed "
-        f"{p.quality_noise_k:g}σ of the seeds' combined spread."
-        + (f" Allowed to go uncompared: {allowed}." if allowed else "")
-        + unused,
+        f"{p.quality_noise_k:g}σ of the combined spread (each side's seeds' or its bootstrap's, "
+        "whichever is larger)." + (f" Allowed to go uncompared: {allowed}." if allowed else "") + unused,
     ]
 
 
