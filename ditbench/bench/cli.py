@@ -60,6 +60,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run only cells whose name contains SUBSTR (or whose id is SUBSTR); repeatable",
     )
     parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        metavar="K",
+        help="measure each cell K times, each in a fresh process, round-robin across cells (over the "
+        "suite's `repeats`); each repeat is a record of its own, speeds are the median of the "
+        "per-process medians with a bootstrap interval, and compare tests the repeats",
+    )
+    parser.add_argument(
         "--timeout-s",
         type=float,
         default=None,
@@ -172,8 +181,14 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         rendezvous=rendezvous,
         label=args.label,
+        repeats=args.repeats,
     )
     check_options(options)
+    if args.executor is not None and (args.repeats or suite.repeats) > 1:
+        raise UserError(
+            f"repeats ({args.repeats or suite.repeats}) run round-robin in the local runner only; "
+            f"--executor {args.executor} runs each cell once. Drop --executor, or run with --repeats 1."
+        )
     if args.cluster and args.executor is None:
         raise UserError("--cluster sets where --executor slurm submits the cells; add --executor slurm.")
     # the --cluster keys are checked before a dry run too: it promises what the real run would do
