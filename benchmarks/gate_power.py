@@ -132,8 +132,7 @@ def write_report(out: Path, meta: dict, rounds: list[dict]) -> None:
         )
     lines += [
         "",
-        "Per round, the images/s change of the new run against the base and its 95% interval "
-        "(per cell):",
+        "Per round, the images/s change of the new run against the base and its 95% interval (per cell):",
         "",
         "| round | order | A/A | +10% | +5% (2% threshold) |",
         "|---:|---|---|---|---|",
@@ -155,7 +154,9 @@ def write_report(out: Path, meta: dict, rounds: list[dict]) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--pairs", type=int, default=20, help="rounds to run (each: one pair per condition)")
     parser.add_argument("--repeats", type=int, default=5, help="--repeats of every run")
     parser.add_argument("--suite", type=Path, default=SUITE)
@@ -169,8 +170,9 @@ def main() -> int:
     from ditbench.bench.suite import load_suite
 
     suite = load_suite(args.suite)
+    inside = args.suite.resolve().is_relative_to(HERE.parent)
     meta = {
-        "suite": str(args.suite.relative_to(HERE.parent) if args.suite.is_relative_to(HERE.parent) else args.suite),
+        "suite": str(args.suite.resolve().relative_to(HERE.parent) if inside else args.suite),
         "cells": ", ".join(c.cell_name for c in suite.cells),
         "repeats": args.repeats,
         "busy": not args.no_busy,
