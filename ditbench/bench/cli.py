@@ -314,7 +314,9 @@ def _print_dry_run(suite, cells, plans: dict, out, args) -> None:
     """The matrix, a row per cell; each reason a cell will not run once, numbered, under the table."""
     from ditbench.units import memory_text
 
-    print(f"suite {suite.name} ({suite.path}): {len(cells)} cells -> {out}")
+    k = args.repeats or suite.repeats
+    times = f", each {k} times in fresh processes, round-robin" if k > 1 else ""
+    print(f"suite {suite.name} ({suite.path}): {len(cells)} cells{times} -> {out}")
     if args.overrides:
         print(f"overrides: {' '.join(args.overrides)}")
     peak = suite.plan is not None
