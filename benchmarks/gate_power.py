@@ -164,6 +164,12 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=None, help="where the runs go (default: a temp folder)")
     parser.add_argument("--no-busy", action="store_true", help="no background process keeping a core busy")
     parser.add_argument("--resume", action="store_true", help="continue OUT/raw.json's rounds")
+    parser.add_argument(
+        "--recompare",
+        action="store_true",
+        help="compare OUT/raw.json's rounds again from their runs under --work (after a gate change), "
+        "run nothing",
+    )
     args = parser.parse_args()
     import platform
 
@@ -180,11 +186,20 @@ def main() -> int:
         "started": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
     rounds: list[dict] = []
-    if args.resume and (args.out / "raw.json").exists():
+    if (args.resume or args.recompare) and (args.out / "raw.json").exists():
         old = json.loads((args.out / "raw.json").read_text())
         rounds = old["rounds"]
-        meta["started"] = old["started"]
+        meta.update({k: v for k, v in old.items() if k != "rounds"})
     work = args.work or Path(tempfile.mkdtemp(prefix="gate_power_"))
+    if args.recompare:
+        for i, r in enumerate(rounds):
+            folder = work / f"round{i + 1}"
+            r["pairs"] = {
+                n: compare(folder / "base", folder / n, CONDITIONS[n][1], folder) for n in CONDITIONS
+            }
+        write_report(args.out, meta, rounds)
+        print(json.dumps(rates(rounds)))
+        return 0
     busy = None if args.no_busy else busy_core()
     names = ["base", *CONDITIONS]
     loads: list[float] = [r["load_1min"] for r in rounds]

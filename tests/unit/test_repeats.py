@@ -269,6 +269,22 @@ def test_the_gate_is_inconclusive_when_the_repeats_spread_across_the_threshold(t
     assert compare_files(base, new).cells[0].verdict == "inconclusive"
 
 
+def test_an_apparent_improvement_whose_interval_reaches_a_slowdown_is_inconclusive(tmp_path):
+    # the +5% case of reports/gate_power/ round 1: images/s +12% by the medians, interval -25%..+56%
+    base = run_file(tmp_path, "base", [54.2, 49.2, 66.8, 38.8, 75.3])
+    new = run_file(tmp_path, "new", [45.8, 47.8, 47.9, 72.0, 59.6])
+    delta = images(compare_files(base, new, load_policy_text(tmp_path, "metrics: {images_per_s: 2}")))
+    assert delta.direction == "better" and delta.verdict == "inconclusive"
+
+
+def load_policy_text(tmp_path, text):
+    from ditbench.report.gate import load_policy
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(text + "\n")
+    return load_policy(path)
+
+
 def test_too_few_repeats_to_test_say_so(tmp_path):
     base = run_file(tmp_path, "base", [20.0, 20.2, 19.8])
     new = run_file(tmp_path, "new", [22.0, 22.2, 21.8])

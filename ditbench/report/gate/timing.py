@@ -56,7 +56,7 @@ class StepTest:
         return self.enough and p_min(len(self.base), len(self.new)) < self.policy.alpha
 
     def why_not(self) -> str:
-        n = f"n={len(self.base)}/{len(self.new)} {self.unit}"
+        n = f"n={len(self.base)}/{len(self.new)}" + (" runs" if self.unit == "runs" else "")
         if not self.enough:
             return f"{n} < {self.policy.min_samples}"
         return f"{n} cannot reach p<{self.policy.alpha:g}"
@@ -130,8 +130,10 @@ def judge(
         if interval is not None:
             significance += f"; {_interval_text(interval)}"
             low, high = _worse(metric, interval)
-            if slower and low <= rule.threshold_pct:
-                verdict = "inconclusive"  # a change within the threshold is as consistent with the data
+            if low <= rule.threshold_pct < high or (slower and low <= rule.threshold_pct):
+                # a change within the threshold and one beyond it fit the data alike (an apparent
+                # improvement whose interval reaches a slowdown beyond the threshold included)
+                verdict = "inconclusive"
             elif not slower and high >= -rule.threshold_pct:
                 verdict = "noise"  # an improvement the interval does not show
     else:
