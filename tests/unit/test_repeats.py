@@ -102,18 +102,21 @@ def cells(monkeypatch):
         ran: list[tuple[int, int]] = []
         fail: dict[tuple[int, int], str] = {}
         kill_at: int | None = None  # a KeyboardInterrupt when this many cells have started
+        after_result = False  # ... after the cell wrote its result (a kill before the append)
 
     def launch(spec, about, timeout_s, spec_path, result_path, log_path):
         batch = int(about["cell_name"].rsplit("bs=", 1)[1])
         key = result_path.name.split(".")[0]  # the ticket key names the repeat: <cell_id>-r<K>
         repeat = int(key.rsplit("-r", 1)[1]) if "-r" in key else 1
         Cells.ran.append((batch, repeat))
-        if Cells.kill_at is not None and len(Cells.ran) == Cells.kill_at:
+        if Cells.kill_at is not None and len(Cells.ran) == Cells.kill_at and not Cells.after_result:
             raise KeyboardInterrupt
         status = Cells.fail.get((batch, repeat))
         write_result(result_path, ok(OK_MS[repeat]) if status is None else {"status": status, "reason": "x"})
+        if Cells.kill_at is not None and len(Cells.ran) == Cells.kill_at:
+            raise KeyboardInterrupt
 
-    Cells.ran, Cells.fail, Cells.kill_at = [], {}, None
+    Cells.ran, Cells.fail, Cells.kill_at, Cells.after_result = [], {}, None, False
     monkeypatch.setattr(runner, "launcher_for", lambda spec: SimpleNamespace(launch=launch))
     return Cells
 
@@ -166,6 +169,20 @@ def test_resume_after_a_kill_redoes_only_the_missing_repeats(tmp_path, cells):
     assert sorted((r["config"]["batch_size"], r["repeat"]) for r in written) == [
         (1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)
     ]  # fmt: skip
+
+
+def test_a_repeat_killed_before_its_append_is_adopted_as_that_repeat(tmp_path, cells):
+    cells.kill_at, cells.after_result = 4, True  # (2, 2) wrote its result; the run died before appending
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, repeats=3)
+    cells.ran, cells.kill_at = [], None
+    _, lines = run(tmp_path, repeats=3)
+    assert lines[0].startswith("adopted the finished result of a killed run: DiT-T/8 fp32 ckpt=none bs=2")
+    assert cells.ran == [(1, 3), (2, 3)]
+    written = read_records(tmp_path / "out" / "results.jsonl")
+    keys = [(r["config"]["batch_size"], r["repeat"]) for r in written]
+    assert sorted(keys) == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)]
+    assert written[3]["repeat"] == 2 and "adopted_by" in written[3]
 
 
 def test_a_failed_repeat_stops_the_cells_later_repeats(tmp_path, cells):
