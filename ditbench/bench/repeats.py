@@ -16,8 +16,6 @@ import copy
 import statistics
 from typing import Any
 
-from ditbench.intervals import median_interval
-
 REPEATS_MAX = 100  # a cell measured more often than this is a soak test, not a benchmark
 
 
@@ -65,6 +63,8 @@ def combine(group: list[dict[str, Any]]) -> dict[str, Any]:
     median for an even count), with images/s, steps/s and the median step time replaced by the
     median over the ok repeats, and `metrics.repeats` holding the per-repeat figures and their
     bootstrap intervals. No ok repeat: the first failure (the skipped repeats after it say less)."""
+    from ditbench.intervals import median_interval  # numpy: only where repeats are combined
+
     if len(group) == 1 and repeats_of(group[0]) == 1:
         return group[0]
     ok = [r for r in group if r.get("status") == "ok"]
