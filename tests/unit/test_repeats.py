@@ -294,6 +294,15 @@ def test_an_apparent_improvement_whose_interval_reaches_a_slowdown_is_inconclusi
     assert delta.direction == "better" and delta.verdict == "inconclusive"
 
 
+def test_a_slowdown_beyond_the_threshold_by_its_interval_but_not_significant_is_inconclusive(tmp_path):
+    # like gate_power round 6, +5% at a 2% threshold: images/s -13.1%, interval -40.4%..-3.6%, p=0.032
+    base = run_file(tmp_path, "base", [18.63, 19.94, 19.88, 20.50, 19.94])
+    new = run_file(tmp_path, "new", [32.81, 23.46, 20.70, 20.88, 22.52])
+    delta = images(compare_files(base, new, load_policy_text(tmp_path, "metrics: {images_per_s: 2}")))
+    assert delta.direction == "worse" and delta.p_value >= 0.01
+    assert max(delta.interval_pct) < -2.0 and delta.verdict == "inconclusive"
+
+
 def load_policy_text(tmp_path, text):
     from ditbench.report.gate import load_policy
 

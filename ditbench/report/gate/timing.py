@@ -136,6 +136,10 @@ def judge(
                 verdict = "inconclusive"
             elif not slower and high >= -rule.threshold_pct:
                 verdict = "noise"  # an improvement the interval does not show
+            elif slower and p_value >= test.policy.alpha:
+                # wholly beyond T by the interval, not shown by the rank test: never a pass (a shift
+                # the test finds the other way contradicts the rate, and stays noise)
+                verdict = "inconclusive"
     else:
         significance, significant, untested = f"not tested ({test.why_not()}; threshold decides)", True, True
     weak = metric.timed and weak_reason is not None
