@@ -7,8 +7,11 @@ one mapping from what a cell raised to the record's status.
   oom    the step raises torch.OutOfMemoryError   -> status oom
   nan    the model's weights are set to NaN, so the real forward pass gives a non-finite loss
                                                   -> status nan_loss
+  slow:F every step from then on sleeps F times its own time (F in (0, 10]), a real slowdown of
+         1 + F for a gate to find (benchmarks/gate_power.py)  -> status ok, slower
 `@step` is the 1-based training step (warm-up and measured steps counted together) at which the
-fault fires; default 1. Example: DITBENCH_INJECT_FAULT="bs=16=oom,ckpt=full=nan@3". In a
+fault fires (slow: from which it lasts); default 1. Example:
+DITBENCH_INJECT_FAULT="bs=16=oom,ckpt=full=nan@3,bs=8=slow:0.10". In a
 multi-process cell, DITBENCH_INJECT_FAULT_RANK=R gives the fault to rank R only. The runner
 checks the variable's syntax before any cell starts.
 """
@@ -25,16 +28,20 @@ from ditbench.errors import UnsupportedError, UserError, shorten
 
 FAULT_ENV = "DITBENCH_INJECT_FAULT"
 FAULT_RANK_ENV = "DITBENCH_INJECT_FAULT_RANK"
-FAULT_KINDS = ("raise", "hang", "oom", "nan")
+FAULT_KINDS = ("raise", "hang", "oom", "nan", "slow")
+SLOW_MAX = 10.0  # a step slowed more than 11-fold is a hang by another name
 TRACEBACK_CHARS = 4000  # the end of a traceback kept in a result; the record keeps its last lines
 REASON_CHARS = 300  # an out-of-memory message's first characters (the allocator's summary)
-_ITEM = re.compile(r"(?P<substring>.+)=(?P<kind>[a-z]+)(?:@(?P<step>[1-9]\d{0,8}))?")
+_ITEM = re.compile(
+    r"(?P<substring>.+)=(?P<kind>[a-z]+)(?::(?P<fraction>[0-9.eE+-]{1,20}))?(?:@(?P<step>[1-9]\d{0,8}))?"
+)
 
 
 @dataclass(frozen=True)
 class Fault:
     kind: str
     step: int = 1  # 1-based
+    fraction: float = 0.0  # slow: each step sleeps this share of its own time
 
 
 def parse_fault_spec(text: str | None) -> list[tuple[str, Fault]]:
@@ -44,14 +51,32 @@ def parse_fault_spec(text: str | None) -> list[tuple[str, Fault]]:
         if not item.strip():
             continue
         m = _ITEM.fullmatch(item.strip())
-        if m is None or m["kind"] not in FAULT_KINDS:
+        fraction = _fraction(m["fraction"]) if m is not None and m["kind"] == "slow" else None
+        if (
+            m is None
+            or m["kind"] not in FAULT_KINDS
+            or (m["kind"] == "slow") != (m["fraction"] is not None)
+            or (m["kind"] == "slow" and fraction is None)
+        ):
             raise UserError(
                 f"{FAULT_ENV} item {shorten(item)} is not valid: expected "
                 f"'<cell-name substring>=<kind>[@step]' with kind one of {', '.join(FAULT_KINDS)} "
-                "and step a positive integer, e.g. 'bs=16=oom@3'."
+                f"(slow as slow:F, F a fraction above 0 and at most {SLOW_MAX:g}: each step sleeps F "
+                "times its own time) and step a positive integer, e.g. 'bs=16=oom@3' or 'bs=8=slow:0.10'."
             )
-        out.append((m["substring"], Fault(m["kind"], int(m["step"] or 1))))
+        out.append((m["substring"], Fault(m["kind"], int(m["step"] or 1), fraction or 0.0)))
     return out
+
+
+def _fraction(text: str | None) -> float | None:
+    """slow's F as a float in (0, SLOW_MAX], else None."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and 0 < value <= SLOW_MAX else None
 
 
 def check_fault_rank(text: str | None) -> int | None:
@@ -83,6 +108,8 @@ class FaultyStep:
         import torch
 
         self.count += 1
+        if self.fault is not None and self.fault.kind == "slow" and self.count >= self.fault.step:
+            return self._slowed(batch)
         if self.fault is not None and self.count == self.fault.step:
             kind = self.fault.kind
             if kind == "raise":
@@ -99,6 +126,18 @@ class FaultyStep:
                     for p in self.trainer.model.parameters():
                         p.fill_(math.nan)
         return self.trainer.step(batch)
+
+    def _slowed(self, batch):
+        """The step, then a sleep of `fraction` times the step's own time (synchronised on CUDA, where
+        the call returns before the kernels end)."""
+        import torch
+
+        start = time.perf_counter()
+        loss = self.trainer.step(batch)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        time.sleep((time.perf_counter() - start) * self.fault.fraction)
+        return loss
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ these with their own `DistContext`; they differ only in how the processes start 
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import sys
@@ -237,7 +238,10 @@ def smoke(spec: CellSpec, measured: Measured, agree_stop: Callable[[bool], bool]
     fault = measured.fault
     if fault is not None:
         left = fault.step - measured.steps_run
-        fault = Fault(fault.kind, left) if left >= 1 else None
+        if fault.kind == "slow":  # lasts: the smoke run is slowed from its first step on, or from `left`
+            fault = dataclasses.replace(fault, step=max(1, left))
+        else:
+            fault = dataclasses.replace(fault, step=left) if left >= 1 else None
     from ditbench.progress import progress
 
     log(f"smoke run: {steps} steps", ctx)

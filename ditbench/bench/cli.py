@@ -60,6 +60,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="run only cells whose name contains SUBSTR (or whose id is SUBSTR); repeatable",
     )
     parser.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        metavar="K",
+        help="measure each cell K times, each in a fresh process, round-robin across cells (over the "
+        "suite's `repeats`); each repeat is a record of its own, speeds are the median of the "
+        "per-process medians with a bootstrap interval, and compare tests the repeats",
+    )
+    parser.add_argument(
         "--timeout-s",
         type=float,
         default=None,
@@ -172,8 +181,14 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         rendezvous=rendezvous,
         label=args.label,
+        repeats=args.repeats,
     )
     check_options(options)
+    if args.executor is not None and (args.repeats or suite.repeats) > 1:
+        raise UserError(
+            f"repeats ({args.repeats or suite.repeats}) run round-robin in the local runner only; "
+            f"--executor {args.executor} runs each cell once. Drop --executor, or run with --repeats 1."
+        )
     if args.cluster and args.executor is None:
         raise UserError("--cluster sets where --executor slurm submits the cells; add --executor slurm.")
     # the --cluster keys are checked before a dry run too: it promises what the real run would do
@@ -299,7 +314,9 @@ def _print_dry_run(suite, cells, plans: dict, out, args) -> None:
     """The matrix, a row per cell; each reason a cell will not run once, numbered, under the table."""
     from ditbench.units import memory_text
 
-    print(f"suite {suite.name} ({suite.path}): {len(cells)} cells -> {out}")
+    k = args.repeats or suite.repeats
+    times = f", each {k} times in fresh processes, round-robin" if k > 1 else ""
+    print(f"suite {suite.name} ({suite.path}): {len(cells)} cells{times} -> {out}")
     if args.overrides:
         print(f"overrides: {' '.join(args.overrides)}")
     peak = suite.plan is not None

@@ -12,7 +12,7 @@ removed and it runs again); a ticket with a result that results.jsonl does not h
 came between the cell's end and its append: `adopt` appends it, the measurement is kept); or a
 ticket whose result is already appended (the kill came between the append and the clean-up: the
 files are removed, nothing is appended twice). A run is identified by its run_id, and a run runs a
-cell once, so (run_id, cell_id) names one result.
+cell's repeat once, so (run_id, cell_id, repeat) names one result.
 
 The one-cell path another executor (SLURM) reuses: `open_ticket`, have something write
 `ticket.result_path`, `commit`.
@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.bench.records import SCHEMA, append_record, decode_line
+from ditbench.bench.repeats import repeat_of
 from ditbench.fileio import mkdir_real, refuse_link, write_json_atomic
 
 INFLIGHT_DIR = ".inflight"
@@ -97,7 +98,8 @@ def open_ticket(folder: Path, context: dict[str, Any]) -> Ticket:
     if missing:
         raise ValueError(f"a ticket needs {', '.join(missing)}")
     mkdir_real(folder, "--out")
-    ticket = Ticket(folder, f"{context['cell_id']}.{context['run_id']}")
+    repeat = f"-r{context['repeat']}" if context.get("repeats") else ""  # a run runs each repeat once
+    ticket = Ticket(folder, f"{context['cell_id']}{repeat}.{context['run_id']}")
     ticket.remove()  # leftovers of an attempt with the same key (cannot be a result: one run, one attempt)
     write_json_atomic(ticket.ticket_path, {**context, "started_unix": time.time()}, default=str)
     return ticket
@@ -131,6 +133,8 @@ def make_record(context: dict[str, Any], result: dict[str, Any], duration_s: flo
     }
     if context.get("label"):  # `run --label`: only where one was given
         record["label"] = context["label"]
+    if context.get("repeats"):  # a run with repeats: which one of how many (bench.repeats)
+        record["repeat"], record["repeats"] = context.get("repeat"), context["repeats"]
     for key, value in result.items():
         if key not in _PLACED and key not in record:
             record[key] = value
@@ -173,8 +177,8 @@ def commit(
     return written
 
 
-def appended_keys(results_path: Path) -> set[tuple[str, str]]:
-    """(run_id, cell_id) of every line of results.jsonl that decodes, valid record or not."""
+def appended_keys(results_path: Path) -> set[tuple[str, str, int]]:
+    """(run_id, cell_id, repeat) of every line of results.jsonl that decodes, valid record or not."""
     try:
         data = results_path.read_bytes()
     except FileNotFoundError:
@@ -189,7 +193,7 @@ def appended_keys(results_path: Path) -> set[tuple[str, str]]:
             and isinstance(value.get("run_id"), str)
             and isinstance(value.get("cell_id"), str)
         ):
-            keys.add((value["run_id"], value["cell_id"]))
+            keys.add((value["run_id"], value["cell_id"], repeat_of(value)))
     return keys
 
 
@@ -221,7 +225,7 @@ def adopt(
     done = appended_keys(results_path) if tickets else set()
     for started, ticket, context in sorted(tickets, key=lambda t: t[0]):
         result, _problem = read_result(ticket.result_path)
-        if result is not None and (context["run_id"], context["cell_id"]) not in done:
+        if result is not None and (context["run_id"], context["cell_id"], repeat_of(context)) not in done:
             try:
                 ended = ticket.result_path.stat().st_mtime
             except OSError:

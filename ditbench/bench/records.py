@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ditbench.bench.repeats import REPEATS_MAX
 from ditbench.errors import shorten
 from ditbench.fileio import open_nofollow
 
@@ -106,10 +107,28 @@ def shape_problem(record: Any) -> str | None:
     for section in ("metrics", "smoke", "env", "quality"):
         if not isinstance(record.get(section), (dict, type(None))):
             return f'"{section}" is not an object or null'
+    if (repeats := _repeats_problem(record)) is not None:
+        return repeats
     smoke = record.get("smoke") or {}
     for key in ("first_mean", "last_mean"):
         if smoke.get(key) is not None and not _finite_number(smoke[key]):
             return f'"smoke.{key}" is not a finite number or null'
+    return None
+
+
+def _repeats_problem(record: dict[str, Any]) -> str | None:
+    """`repeat` and `repeats` (a run with repeats writes both): whole numbers, 1 <= repeat <= repeats."""
+    if "repeat" not in record and "repeats" not in record:
+        return None
+    repeat, repeats = record.get("repeat"), record.get("repeats")
+    whole = all(
+        isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= REPEATS_MAX for v in (repeat, repeats)
+    )
+    if not whole or repeat > repeats:
+        return (
+            f'"repeat" {shorten(repeat)} of "repeats" {shorten(repeats)} is not a repeat index from 1 to '
+            f"repeats (at most {REPEATS_MAX})"
+        )
     return None
 
 

@@ -6,8 +6,16 @@ an out-of-memory or a hang in one cell cannot take the suite down; a timeout kil
 whole process group.
 
 Resume: a rerun into the same directory skips cells whose latest record is `ok` (same cell_id);
-`force=True` reruns everything. After an out-of-memory at batch B, the larger batches of the same
-series (the same cell except the batch size) are recorded `skipped` without being started.
+`force=True` reruns everything.
+
+Repeats (`repeats: K`, `run --repeats K`): every cell K times, each in a fresh process, round-robin
+(cell 1 repeat 1, cell 2 repeat 1, ..., cell 1 repeat 2, ...) so that a load spike hits every cell
+alike; each repeat is a record of its own (`repeat`, `repeats`), and resume skips the repeats whose
+latest record is `ok`. A repeat that fails (oom, error, ...) stops the cell's later repeats
+(`skipped`, naming it). `bench.repeats` makes one figure of a cell's repeats.
+
+Out of memory: after an out-of-memory at batch B, the larger batches of the same series (the same
+cell except the batch size) are recorded `skipped` without being started.
 
 One writer, nothing lost: a run holds the output folder's lock (`ditbench.outlock`) from start to
 end, so a second run on the same folder stops at once naming the first. Each cell's result goes
@@ -35,7 +43,8 @@ from typing import Any
 
 from ditbench.bench import inflight
 from ditbench.bench.launch.base import for_cell as launcher_for
-from ditbench.bench.records import latest_by_cell, read_records
+from ditbench.bench.records import read_records
+from ditbench.bench.repeats import REPEATS_MAX, combined, latest_by_repeat
 from ditbench.bench.suite import TIMEOUT_MAX_S, Suite, SuiteCell
 from ditbench.bench.summary import format_line, write_summary
 from ditbench.device import cuda_visible, device_type
@@ -60,6 +69,7 @@ class RunOptions:
     progress: bool = True
     rendezvous: dict | None = None  # torchrun's multi-node options (launch.rendezvous.Rendezvous)
     label: str | None = None  # `run --label`: written into each record; reports group by it
+    repeats: int | None = None  # `run --repeats K`: over the suite's `repeats`
 
 
 @dataclass
@@ -103,6 +113,12 @@ def check_options(options: RunOptions) -> None:
         raise UserError(
             f"--timeout-s must be a finite number of seconds above 0 and at most {TIMEOUT_MAX_S:g} "
             f"(a week), got {timeout}."
+        )
+    repeats = options.repeats
+    if repeats is not None and (isinstance(repeats, bool) or not 1 <= repeats <= REPEATS_MAX):
+        raise UserError(
+            f"--repeats must be a whole number of runs from 1 to {REPEATS_MAX}, got {repeats}; each "
+            "repeat is a fresh process per cell (3 to 10 is typical for a gate)."
         )
     parse_fault_spec(os.environ.get(FAULT_ENV))  # a typo would fail every cell it names, one by one
     check_fault_rank(os.environ.get(FAULT_RANK_ENV))
@@ -206,29 +222,35 @@ def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str
     for record in adopted:
         say(f"adopted the finished result of a killed run: {format_line(record)}")
     cells = select_cells(suite, options.cell_filters)
-    previous = latest_by_cell(read_records(results_path))
+    k = options.repeats or suite.repeats
+    written = read_records(results_path)
+    previous = latest_by_repeat(written)
     visible = Visible.detect()
     env = collect_env(probe_cuda=False)  # no CUDA context in the parent: it would hold device memory
 
     done = {
-        c.cell_id
+        (c.cell_id, r)
         for c in cells
-        if already_recorded(previous.get(c.cell_id), options.force, lambda c=c: precheck(c, visible))
+        for r in range(1, k + 1)
+        if already_recorded(previous.get((c.cell_id, r)), options.force, lambda c=c: precheck(c, visible))
     }
-    todo = [c for c in run_order(cells) if c.cell_id not in done]
+    order = run_order(cells)
     planner = None
     if suite.plan is not None:  # imported only then: a suite without it never loads the planner
         from ditbench.bench import plan_option
 
         planner = plan_option.SuitePlanner(suite, suite.plan, env)
-        todo = plan_option.run_order(todo, cells)
-    latest = {c.cell_id: previous.get(c.cell_id) for c in cells if c.cell_id in done}
+        order = plan_option.run_order(order, cells)
+    # round-robin: every cell's repeat 1, then every cell's repeat 2, ...
+    todo = [(c, r) for r in range(1, k + 1) for c in order if (c.cell_id, r) not in done]
+    latest = {cid: previous[(cid, r)] for cid, r in sorted(done, key=lambda key: key[1])}
     # a line per cell prints anyway: a log that is not a terminal gets no bar lines on top
     bar = progress(total=len(todo), unit="cell", disable=not options.progress, plain=False)
     if done:
-        n_ok = sum(rec["status"] == "ok" for rec in latest.values())
+        n_ok = sum(previous[key]["status"] == "ok" for key in done)
+        what = "cells" if k == 1 else "cell repeats"
         say(
-            f"resuming {out}: {n_ok} of {len(cells)} cells already ok"
+            f"resuming {out}: {n_ok} of {len(cells) * k} {what} already ok"
             + (f", {len(done) - n_ok} unsupported here" if len(done) > n_ok else "")
             + f", {len(todo)} to run"
         )
@@ -236,26 +258,29 @@ def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str
     from ditbench.progress import is_terminal
 
     watch = SuiteProgress(
-        todo,
+        [c for c, _ in todo],
         lambda c: precheck(c, visible, options.rendezvous) is None,
         heartbeat=options.progress and not is_terminal(),  # a terminal has the bar
     )
     try:
         with sigterm_as_interrupt():
-            run = SuiteRun(suite, options, run_id, env, visible, out, latest, planner)
-            for i, cell in enumerate(todo, 1):
+            run = SuiteRun(suite, options, run_id, env, visible, out, latest, planner, k)
+            for i, (cell, repeat) in enumerate(todo, 1):
                 bar.set_postfix_str(cell.cell_name)
                 watch.start(i, cell)
                 record = None
                 try:
-                    record = run.cell(cell)
+                    record = run.cell(cell, repeat)
                 finally:  # the heartbeat stops with the cell, Ctrl-C included
                     watch.end(record["status"] if record else "interrupted")
-                say(f"[{i}/{len(todo)}] {format_line(record)}")
+                which = f" repeat {repeat}/{k}" if k > 1 else ""
+                say(f"[{i}/{len(todo)}]{which} {format_line(record)}")
                 bar.update(1)
     finally:
         bar.close()
-    records = [latest[c.cell_id] for c in cells if c.cell_id in latest]
+    # one record per cell: its repeats combined (bench.repeats), from the file's records and this run's
+    by_cell = combined(written + run.appended)
+    records = [by_cell[c.cell_id] for c in cells if c.cell_id in by_cell]
     write_summary(out / SUMMARY_FILE, suite, records)
     return records
 
@@ -306,18 +331,34 @@ class SuiteRun:
     (`cell`); the submitter (`bench.jobs`) decides, finishes and notes the cells its jobs run."""
 
     def __init__(
-        self, suite, options, run_id, env, visible, out: Path, latest: dict[str, dict], planner=None
+        self,
+        suite,
+        options,
+        run_id,
+        env,
+        visible,
+        out: Path,
+        latest: dict[str, dict],
+        planner=None,
+        repeats: int = 1,
     ):
         self.suite, self.options, self.run_id, self.env, self.visible = suite, options, run_id, env, visible
-        self.out, self.latest, self.planner = out, latest, planner
+        self.out, self.latest, self.planner, self.repeats = out, latest, planner, repeats
+        self.appended: list[dict[str, Any]] = []  # the records this run wrote, in order
+        self.failed_repeat: dict[str, dict[str, Any]] = {}  # cell_id -> its first failed repeat's record
         self.results_path = out / RESULTS_FILE
         self.folder = inflight.inflight_dir(out)
         # series -> (the smallest batch that ran out of memory, its cell's name)
         self.oom_at: dict[str, tuple[int, str]] = {}
 
-    def record_context(self, cell: SuiteCell, env: dict | None, started_at: str) -> dict[str, Any]:
-        """What a cell's record says of its run beside the result: the suite, the run, the cell, when."""
+    def record_context(
+        self, cell: SuiteCell, env: dict | None, started_at: str, repeat: int = 1
+    ) -> dict[str, Any]:
+        """What a cell's record says of its run beside the result: the suite, the run, the cell, when
+        (and, in a run with repeats, which repeat of how many)."""
+        repeats = {"repeat": repeat, "repeats": self.repeats} if self.repeats > 1 else {}
         return {
+            **repeats,
             "suite": self.suite.name,
             "run_id": self.run_id,
             "cell_id": cell.cell_id,
@@ -330,19 +371,26 @@ class SuiteRun:
             "started_at": started_at,
         }
 
-    def cell(self, cell: SuiteCell) -> dict[str, Any]:
+    def cell(self, cell: SuiteCell, repeat: int = 1) -> dict[str, Any]:
         """Run one cell (or decide it need not start) and append its record; returns the record as written."""
         verdict = precheck(cell, self.visible, self.options.rendezvous)
         # Before the clock starts: the first cell of a series waits for its series' trace.
         skip = self.skip_reason(cell) if verdict is None else None
+        if skip is None and verdict is None and (failed := self.failed_repeat.get(cell.cell_id)):
+            skip = (
+                f"repeat {failed['repeat']} of this cell ended {failed['status']}; its other repeats "
+                "are not run"
+            )
         started_at, t0 = now_iso(), time.monotonic()
-        ticket = inflight.open_ticket(self.folder, self.record_context(cell, self.env, started_at))
+        context = self.record_context(cell, self.env, started_at, repeat)
+        ticket = inflight.open_ticket(self.folder, context)
         try:
             decided = self.decide(cell, verdict, skip)
             if decided is not None:
                 inflight.write_result_file(ticket, decided)
             else:
-                log = self.out / LOGS_DIR / f"{cell.cell_id}.log"
+                name = f"{cell.cell_id}.r{repeat}.log" if self.repeats > 1 else f"{cell.cell_id}.log"
+                log = self.out / LOGS_DIR / name
                 launcher = launcher_for(cell.spec)  # one process, or torchrun's ranks
                 launcher.launch(
                     cell.spec, self.about(cell), self.timeout(cell), ticket.spec_path, ticket.result_path, log
@@ -355,6 +403,7 @@ class SuiteRun:
             self.results_path, ticket, time.monotonic() - t0, lambda record: self.finish(record, cell)
         )
         self.note(cell, record)
+        self.appended.append(record)
         return record
 
     def timeout(self, cell: SuiteCell) -> float:
@@ -376,6 +425,8 @@ class SuiteRun:
             if known is None or cell.config["batch_size"] < known[0]:
                 self.oom_at[cell.series_key] = (cell.config["batch_size"], cell.cell_name)
         self.latest[cell.cell_id] = record
+        if self.repeats > 1 and record["status"] not in ("ok", "skipped", "unsupported"):
+            self.failed_repeat.setdefault(cell.cell_id, record)
 
     def decide(self, cell: SuiteCell, verdict, skip: str | None = None) -> dict[str, Any] | None:
         """The result of a cell that must not start (unsupported, predicted or seen not to fit), else None."""

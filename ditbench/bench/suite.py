@@ -20,6 +20,7 @@ from typing import Any
 from ditbench.bench.cellid import cell_id
 from ditbench.bench.cluster import ClusterOptions, parse_cluster
 from ditbench.bench.plan_option import PlanOption, parse_plan_option
+from ditbench.bench.repeats import REPEATS_MAX
 from ditbench.cards import check_gib, find_card
 from ditbench.cellspec import MAX_SECONDS as TIMEOUT_MAX_S
 from ditbench.cellspec import MAX_STEPS, CellSpec, Steps
@@ -36,6 +37,7 @@ SMOKE_STEPS_DEFAULT = 500
 TIMEOUT_DEFAULT_S = 1800.0
 SMOKE_STEPS_CHECK = int_in("steps", 0, MAX_STEPS)
 TIMEOUT_CHECK = number_in("timeout_s", 0.0, TIMEOUT_MAX_S, low_open=True)
+REPEATS_CHECK = int_in("repeats", 1, REPEATS_MAX)
 
 TOP_KEYS = (
     "name",
@@ -51,6 +53,7 @@ TOP_KEYS = (
     "plan",
     "cluster",
     "quality",
+    "repeats",
 )
 DEFAULTS_EXTRA_KEYS = ("steps", "smoke", "timeout_s")
 
@@ -90,6 +93,7 @@ class Suite:
     cluster: ClusterOptions = field(default_factory=ClusterOptions)  # where --executor slurm runs the cells
     quality: quality_spec.QualitySpec | None = None  # the `quality` section, on the cells it applies to
     overrides: dict[str, Any] = field(default_factory=dict)  # `key=value`s from the command line
+    repeats: int = 1  # each cell this many times, each in a fresh process, round-robin (bench.repeats)
 
 
 class _Validator:
@@ -298,6 +302,7 @@ def parse_suite(
     budget, card = _emulation(v, raw)
     plan = parse_plan_option(raw.get("plan"), v.at("plan"))
     cluster = parse_cluster(raw.get("cluster"), v.at("cluster"))
+    repeats = v.number("repeats", raw["repeats"], REPEATS_CHECK) if raw.get("repeats") is not None else 1
 
     # defaults: knobs plus steps / smoke / timeout_s
     defaults_raw = v.mapping("defaults", raw.get("defaults") or {})
@@ -382,6 +387,7 @@ def parse_suite(
         cluster,
         quality,
         as_record(overrides or []),
+        repeats,
     )
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from ditbench.bench.cluster import CLUSTER_KEYS
 from ditbench.bench.plan_option import PLAN_KEYS
-from ditbench.bench.suite import SMOKE_CELLS, SMOKE_STEPS_CHECK, TIMEOUT_CHECK
+from ditbench.bench.suite import REPEATS_CHECK, SMOKE_CELLS, SMOKE_STEPS_CHECK, TIMEOUT_CHECK
 from ditbench.cards import CARDS
 from ditbench.cellspec import STEP_CHECKS
 from ditbench.device import DEVICE_CHOICES
@@ -104,6 +104,12 @@ def suite_schema() -> dict[str, Any]:
                 "plan": _or_null(_keys(PLAN_KEYS, "planner options")),
                 "cluster": _or_null(_keys(CLUSTER_KEYS, "where --executor slurm runs the cells")),
                 "quality": _or_null(_keys(QUALITY_KEYS, "evaluate the trained cells")),
+                "repeats": {
+                    **REPEATS_CHECK.schema,
+                    "default": 1,
+                    "description": "measure each cell this many times, each in a fresh process, "
+                    "round-robin across cells; speeds are the median of the per-process medians",
+                },
             },
             required=["name", "matrix"],
         ),

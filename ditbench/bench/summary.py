@@ -87,7 +87,7 @@ def format_line(record: dict[str, Any]) -> str:
     m = record.get("metrics") or {}
     if status != "ok":
         return f"{name}: {status.upper()}  {record.get('reason') or ''}"
-    parts = [f"{m['images_per_s']:.1f} img/s", f"step {m['step_ms']['median']:.1f} ms", _mem(m)]
+    parts = [f"{rate_text(m)} img/s", f"step {m['step_ms']['median']:.1f} ms", _mem(m)]
     if (mfu := _mfu(m)) is not None:
         parts.append(f"MFU {mfu}")
     world = m.get("world_size")
@@ -111,6 +111,20 @@ def _step_text(step: Any) -> str:
     return f"{median} ({p10}-{p90})" if p10 is not None and p90 is not None else median
 
 
+def rate_text(metrics: dict[str, Any]) -> str:
+    """images/s; for a cell with repeats, the median over the processes with its interval and count:
+    '50.0 (95% CI 45.5-55.6, 3 runs)'."""
+    text = _num(metrics.get("images_per_s"), ".1f") or "-"
+    rep = metrics.get("repeats") if isinstance(metrics.get("repeats"), dict) else {}
+    ci = rep.get("images_per_s_ci")
+    if isinstance(ci, list) and len(ci) == 2 and all(_num(x, "g") is not None for x in ci):
+        failed = (
+            f", {len(rep['failed'])} failed" if isinstance(rep.get("failed"), dict) and rep["failed"] else ""
+        )
+        text += f" (95% CI {ci[0]:.1f}-{ci[1]:.1f}, {rep.get('count')} runs{failed})"
+    return text
+
+
 def summary_table(records: list[dict[str, Any]]) -> str:
     header = (
         "| cell | status | img/s | step ms p50 (p10-p90) | peak mem | MFU | smoke loss first -> last | "
@@ -128,7 +142,7 @@ def summary_table(records: list[dict[str, Any]]) -> str:
         cells = [
             md_cell(r["cell_name"]),  # user text: no HTML, link or `|` in a markdown table
             r["status"] + (" (noisy)" if ok and m.get("noisy") is True else ""),
-            (_num(m.get("images_per_s"), ".1f") or "-") if ok else "-",
+            rate_text(m) if ok else "-",
             _step_text(m.get("step_ms")) if ok else "-",
             _mem(m) if ok else "-",
             (_mfu(m) or "-") if ok else "-",
@@ -150,6 +164,17 @@ def _emulation_text(records: list[dict[str, Any]]) -> str:
         f"Emulated card: {card} ({budget} GiB) on a {emulated.get('real_gpu')} of {total} GiB: the "
         "allocator was capped at the card's memory less the CUDA context, and `fits` means a cell "
         f"completed under that cap; {emulated.get('note')}.\n\n"
+    )
+
+
+def _repeats_text(records: list[dict[str, Any]]) -> str:
+    k = max((_at(r, "metrics", "repeats", "of") or 1 for r in records), default=1)
+    if not isinstance(k, int) or k <= 1:
+        return ""
+    return (
+        f"Each cell ran {k} times, each in a fresh process, round-robin across cells; img/s and step ms "
+        "are the median of the per-process medians, with a 95% bootstrap interval over the processes "
+        "(p10-p90 are those of the median process's steps).\n\n"
     )
 
 
@@ -181,6 +206,7 @@ def write_summary(path: Path, suite, records: list[dict[str, Any]]) -> None:
         "metrics.cpu_peak_alloc_gib), or in older records the process's peak resident memory (`CPU peak "
         "RSS`, metrics.cpu_peak_rss_gib), which stays flat across settings. Below 1 GiB it reads in MiB. "
         "MFU is given only where the device's peak is in the table (never on a CPU).\n\n"
+        + _repeats_text(records)
         + _emulation_text(records)
         + (
             f"{noisy} cell(s) are marked noisy: their step times spread beyond p90/p10 > "

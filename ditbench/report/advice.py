@@ -16,10 +16,10 @@ from typing import Any
 import pandas as pd
 
 from ditbench.errors import UserError
+from ditbench.intervals import median_interval
 from ditbench.models.configs import get_config
 from ditbench.report.cells import cell_label as _cell
 from ditbench.report.cells import knobs, pairs
-from ditbench.report.intervals import median_interval
 from ditbench.report.load import value
 from ditbench.report.memory import MEM_ALLOCATED, card_lower_bounds, fit_memory, fits
 

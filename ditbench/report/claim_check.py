@@ -23,6 +23,7 @@ from typing import Any
 
 import pandas as pd
 
+from ditbench.intervals import LEVEL, median_interval
 from ditbench.report.cells import cell_label, knob_key, knobs
 from ditbench.report.claim_values import (
     GIB_TO_GB,
@@ -39,7 +40,6 @@ from ditbench.report.claim_values import (
     why_no_match,
 )
 from ditbench.report.claims import Claim, ClaimsFile, metric_kind
-from ditbench.report.intervals import LEVEL, median_interval
 from ditbench.report.load import value
 from ditbench.report.memory import card_lower_bounds, fit_memory, fits, needs_more_than
 

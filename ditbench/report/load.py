@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from ditbench.bench.records import decode_line, shape_problem
+from ditbench.bench.repeats import combine, repeat_of, repeats_of
 from ditbench.errors import UserError
 from ditbench.outpaths import not_a_file
 from ditbench.report.consistency import record_problem
@@ -162,7 +163,10 @@ def load_results(
     keep="latest" keeps, for each cell_id, the record the runner would take as its latest: within a
     file the last line (the runner appends, so later lines supersede earlier ones, whatever their
     dates say); across files the one with the latest started_at (ties and missing times: the file
-    given last). keep="all" keeps every record, e.g. to study run-to-run noise.
+    given last). A cell measured with repeats (`run --repeats K`) keeps the latest record of each
+    repeat, combined into one row (bench.repeats.combine: the median of the per-process figures,
+    `metrics.repeats` with each repeat's and the bootstrap intervals; `source` names every line).
+    keep="all" keeps every record, e.g. to study run-to-run noise.
     judge_metrics=True (the gate) leaves non-finite or huge metric values to the caller, which names
     each one by cell; otherwise they are input errors, like every contradiction (report.consistency).
     """
@@ -182,6 +186,22 @@ def load_results(
             f"no result records in {names}; run `ditbench run SUITE.yaml --out DIR` first, or check "
             "that you gave its DIR/results.jsonl."
         )
+    df = _frame(rows, file_index)
+    if keep == "latest":
+        # within a file the last line wins (as bench.repeats.latest_by_repeat); then, across files, the
+        # later started_at (NaT sorts first, so a dated record beats an undated one), then file order
+        df["_repeat"] = [repeat_of(r) for r in df["record"]]
+        df = df.drop_duplicates(["_file", "cell_id", "_repeat"], keep="last")
+        df = df.sort_values(["started_at", "_file"], na_position="first", kind="stable")
+        df = df.drop_duplicates(["cell_id", "_repeat"], keep="last").sort_values("_order", kind="stable")
+        if (df["_repeat"] > 1).any() or any(repeats_of(r) > 1 for r in df["record"]):
+            rows = _combine_repeats(df)
+            df = _frame(rows, [0] * len(rows))
+    df = df.drop(columns=[c for c in ("_order", "_file", "_repeat") if c in df]).reset_index(drop=True)
+    return _tidy_columns(df, rows)
+
+
+def _frame(rows: list[dict[str, Any]], file_index: list[int]) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     df["_order"] = range(len(df))
     df["_file"] = file_index
@@ -189,14 +209,26 @@ def load_results(
         df["started_at"] = pd.to_datetime(df["started_at"], utc=True, errors="coerce", format="ISO8601")
     else:
         df["started_at"] = pd.NaT
-    if keep == "latest":
-        # within a file the last line wins (as bench.records.latest_by_cell); then, across files, the
-        # later started_at (NaT sorts first, so a dated record beats an undated one), then file order
-        df = df.drop_duplicates(["_file", "cell_id"], keep="last")
-        df = df.sort_values(["started_at", "_file"], na_position="first", kind="stable")
-        df = df.drop_duplicates("cell_id", keep="last").sort_values("_order", kind="stable")
-    df = df.drop(columns=["_order", "_file"]).reset_index(drop=True)
-    return _tidy_columns(df, rows)
+    return df
+
+
+def _combine_repeats(df: pd.DataFrame) -> list[dict[str, Any]]:
+    """One row per cell from the latest record of each of its repeats (up to the K of the cell's
+    latest record), in the order of each cell's first kept line."""
+    latest = df.sort_values(["started_at", "_file", "_order"], na_position="first", kind="stable")
+    k = {cid: repeats_of(r) for cid, r in zip(latest["cell_id"], latest["record"], strict=True)}
+    rows = []
+    for cid, group in df.groupby("cell_id", sort=False):
+        group = group[group["_repeat"] <= k[cid]].sort_values("_repeat", kind="stable")
+        records, sources = list(group["record"]), [str(x) for x in group["source"]]
+        if len(records) == 1 and k[cid] == 1:
+            rows.append(record_row(records[0], sources[0]))
+            continue
+        paths = {src.rpartition(":")[0] for src in sources}
+        lines = ",".join(src.rpartition(":")[2] for src in sources)
+        source = f"{paths.pop()}:{lines}" if len(paths) == 1 else "; ".join(sources)
+        rows.append(record_row(combine(records), source))
+    return rows
 
 
 def _tidy_columns(df: pd.DataFrame, rows: list[dict[str, Any]]) -> pd.DataFrame:

@@ -381,7 +381,7 @@ def _detail_row(
     return [
         cell_label(row),
         status,
-        num(value(row, IMG_S)),
+        rate_text(row),
         step,
         time_text(row, steps) if ok else "—",
         gpu_hours_text(row) if ok else "—",
@@ -398,6 +398,17 @@ def _detail_row(
         ran_on_text(row) if emulated else "—",
         notes,
     ]
+
+
+def rate_text(row: pd.Series) -> str:
+    """images/s; a cell with repeats: the median of the per-process medians, its 95% interval and
+    the number of processes (bench.repeats)."""
+    text = num(value(row, IMG_S))
+    rep = (row["record"].get("metrics") or {}).get("repeats")
+    ci = rep.get("images_per_s_ci") if isinstance(rep, dict) else None
+    if isinstance(ci, list) and len(ci) == 2:
+        text += f" (95% CI {num(ci[0])}–{num(ci[1])}, {rep.get('count')} runs)"
+    return text
 
 
 def mem_text(gib: Any) -> str:

@@ -11,10 +11,10 @@ from synthetic_records import make_record, write_jsonl
 from test_compare import cli
 
 from ditbench.errors import UserError
+from ditbench.intervals import median_interval, median_ratio_interval
 from ditbench.report.gate import compare_files, load_policy, summary_markdown
 from ditbench.report.gate.metrics import table
 from ditbench.report.gate.timing import change_interval
-from ditbench.report.intervals import median_interval, median_ratio_interval
 
 BASE_MS = 20.0  # DiT-S/8 at batch 8: 400 images/s
 

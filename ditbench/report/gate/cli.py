@@ -41,11 +41,13 @@ sampler or sample count; and a comparison that compared no value at all (a gate 
 default).
 
 A regression needs the threshold crossed in the bad direction AND, for timing metrics, the 95%
-bootstrap interval of the change (from the ratio of the median per-step times, seeded) wholly beyond
-the threshold and a significant Mann-Whitney U difference of the per-step times (p < alpha); an
-interval that straddles the threshold is inconclusive. One run a side samples step-to-step noise only,
-so its interval is narrow: process-level noise needs repeated runs. With fewer than min_samples steps
-a side the threshold alone decides and the summary says so. Memory and loss: threshold alone. Quality
+bootstrap interval of the change (from the ratio of the median step times, seeded) wholly beyond the
+threshold and a significant Mann-Whitney U difference of the samples (p < alpha); an interval that
+straddles the threshold is inconclusive. When both runs have repeats (`run --repeats K`), the samples
+are the repeats' per-process median step times, which sample process-level noise (start-up, clocks,
+machine load); else they are one run's per-step times, which sample step-to-step noise only, so the
+interval is narrow. With fewer than min_samples samples a side (5 by default: K >= 5 repeats) the
+threshold alone decides and the summary says so. Memory and loss: threshold alone. Quality
 (the last evaluation both runs have at the same step): |new - base| must also exceed quality_noise_k
 * sqrt(spread_base^2 + spread_new^2) (a side's spread: the larger of its seeds' standard deviation
 and its bootstrap SE over samples), and the change +- that bound must lie wholly beyond the

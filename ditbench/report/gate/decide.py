@@ -34,6 +34,7 @@ from ditbench.report.gate.inputs import (
     noisy,
     number_at,
     rows,
+    run_samples,
     step_samples,
 )
 from ditbench.report.gate.metrics import CORE, QUALITY, Metric, table
@@ -103,6 +104,16 @@ class _Cell:
         return "; ".join(reasons) or None
 
     def _step_test(self) -> StepTest:
+        """Run-level samples (each repeat's median step time) when both runs have repeats: they sample
+        the process-to-process noise; else the per-step times of the one process a side."""
+        runs = []
+        for row in (self.b, self.n):
+            s, problem = run_samples(row.record)
+            if problem:
+                self.problem(row, STEP_SAMPLES, problem)
+            runs.append(s)
+        if all(len(s) >= 2 for s in runs):
+            return StepTest(runs[0], runs[1], self.policy, unit="runs")
         samples = []
         for row in (self.b, self.n):
             s, problem = step_samples(row.record)

@@ -104,6 +104,25 @@ def step_samples(record: dict[str, Any]) -> tuple[list[float], str | None]:
     return out, None
 
 
+def run_samples(record: dict[str, Any]) -> tuple[list[float], str | None]:
+    """The per-process median step times of a cell's repeats (metrics.repeats.step_ms, written by
+    bench.repeats.combine): [] for a cell measured once, or a problem naming the first bad value."""
+    repeats = (record.get("metrics") or {}).get("repeats")
+    if repeats is None:
+        return [], None
+    values = repeats.get("step_ms") if isinstance(repeats, dict) else None
+    if not isinstance(values, list):
+        return [], f"metrics.repeats.step_ms is {shorten(values)}, not a list of per-repeat step times"
+    out = []
+    for i, s in enumerate(values):
+        v, problem = number(s)
+        if v is None or v <= 0:
+            why = problem or ("is null" if s is None else "is not a positive time")
+            return [], f"metrics.repeats.step_ms[{i}] {why} (per-repeat step times must be positive ms)"
+        out.append(v)
+    return out, None
+
+
 def noisy(record: dict[str, Any]) -> tuple[str | None, str | None]:
     """(why the cell's timing is weak, or None; a problem with metrics.noisy / metrics.noise)."""
     metrics = record.get("metrics") or {}

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from ditbench.escape import md_cell
+from ditbench.intervals import BOOTSTRAP_B, LEVEL
 from ditbench.report.gate.metrics import MEMORY, limit, limits, table
 from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
-from ditbench.report.intervals import BOOTSTRAP_B, LEVEL
 from ditbench.units import memory_text
 
 MAX_SUMMARY_ROWS = 150  # rows of the "All cells" table: a PR comment holds 65,536 characters
@@ -200,7 +200,7 @@ def _notes(c: Comparison) -> list[str]:
         lines += [
             "",
             f"**Significance not tested** for {len(untested)} cell(s) with a change beyond the threshold: "
-            f"fewer than {c.policy.min_samples} per-step samples on a side (or too few to reach "
+            f"fewer than {c.policy.min_samples} samples (steps, or repeats) on a side (or too few to reach "
             f"p<{c.policy.alpha:g}), so the threshold alone decided: {_names(untested)}.",
         ]
     weak = [x for x in c.cells if x.weak]
@@ -274,13 +274,14 @@ def _policy_line(c: Comparison) -> list[str]:
         "",
         f"Policy ({p.source}): {rules or 'no metric'}; a timing change is a regression only if its "
         f"{LEVEL:.0%} bootstrap interval (of the ratio of median step times, {BOOTSTRAP_B} resamples) lies "
-        f"wholly beyond the threshold and the per-step times differ by a Mann-Whitney U test at "
+        f"wholly beyond the threshold and the samples differ by a Mann-Whitney U test at "
         f"p<{p.alpha:g} (with ≥{p.min_samples} samples a side); an interval that straddles the threshold "
         f"is inconclusive (policy `inconclusive: {p.inconclusive}`: "
         f"exits {_INCONCLUSIVE_EXIT[p.inconclusive]}). "
-        "One run a side samples only "
-        "step-to-step noise, so the interval is narrow: process-level noise (start-up, clocks, machine "
-        "load) needs repeated runs. "
+        "Where both runs have repeats (`run --repeats K`) the samples are the repeats' per-process "
+        "median step times, which sample process-level noise (start-up, clocks, machine load); else "
+        "they are one run's per-step times, which sample only step-to-step noise, so the interval is "
+        "narrow. "
         f"Memory and loss are gated on the threshold alone; a quality change must also exceed "
         f"{p.quality_noise_k:g}σ of the combined spread (each side's seeds' or its bootstrap's, "
         "whichever is larger)." + (f" Allowed to go uncompared: {allowed}." if allowed else "") + unused,

@@ -3,16 +3,18 @@
 A metric timed per step gets a confidence interval of its change: a seeded percentile bootstrap of
 the ratio of the median step times (metrics.step_ms.samples, new / base), centred on the recorded
 change (the samples give its width). Its verdict, with threshold T in the bad direction:
-- the whole interval is worse than T and the per-step times differ by a two-sided Mann-Whitney U
+- the whole interval is worse than T and the samples differ by a two-sided Mann-Whitney U
   test (p < alpha, shifted the same way): regression (not significant: noise);
 - the interval straddles T (the data cannot tell a change beyond T from one within it): inconclusive;
 - the whole interval is better than -T and significant: improvement (else noise or unchanged).
-One run per side samples only step-to-step noise, and consecutive steps are autocorrelated, so
-this interval is narrow: it misses process-level noise (start-up, clocks, allocator, machine load),
-which only repeated runs sample. With fewer than min_samples samples on either side, or too few for
-the test to ever reach p < alpha, the threshold alone decides and the cell says so. Memory and loss
-have no per-step samples and are near-deterministic: threshold alone. A cell measured in a noisy
-window (metrics.noisy) keeps its timing verdicts, marked weak.
+When both runs have repeats (`run --repeats K`), the samples are the repeats' per-process median
+step times (run-level: they sample process-level noise: start-up, clocks, allocator, machine load).
+Otherwise they are the per-step times of one run per side, which sample only step-to-step noise, and
+consecutive steps are autocorrelated, so that interval is narrow.
+With fewer than min_samples samples on either side, or too few for the test to ever reach p < alpha,
+the threshold alone decides and the cell says so. Memory and loss have no per-step samples and are
+near-deterministic: threshold alone. A cell measured in a noisy window (metrics.noisy) keeps its
+timing verdicts, marked weak.
 """
 
 from __future__ import annotations
@@ -23,10 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.stats import mannwhitneyu
 
+from ditbench.intervals import LEVEL, median_ratio_interval
 from ditbench.report.gate.metrics import HIGHER, Metric, crossing
 from ditbench.report.gate.policy import Policy, Rule
 from ditbench.report.gate.result import MetricDelta
-from ditbench.report.intervals import LEVEL, median_ratio_interval
 
 
 def p_min(n: int, m: int) -> float:
@@ -36,11 +38,12 @@ def p_min(n: int, m: int) -> float:
 
 @dataclass
 class StepTest:
-    """The per-step samples of both runs, tested once, on demand."""
+    """The samples of both runs (per-step times, or the repeats' medians), tested once, on demand."""
 
     base: list[float]
     new: list[float]
     policy: Policy
+    unit: str = "steps"  # "runs": one sample per repeat (bench.repeats)
     _result: tuple[float, float] | None = None
     _ratio: tuple[float, float, float] | None = None
 
@@ -53,7 +56,7 @@ class StepTest:
         return self.enough and p_min(len(self.base), len(self.new)) < self.policy.alpha
 
     def why_not(self) -> str:
-        n = f"n={len(self.base)}/{len(self.new)}"
+        n = f"n={len(self.base)}/{len(self.new)}" + (" runs" if self.unit == "runs" else "")
         if not self.enough:
             return f"{n} < {self.policy.min_samples}"
         return f"{n} cannot reach p<{self.policy.alpha:g}"
@@ -118,17 +121,25 @@ def judge(
             verdict = "inconclusive"  # the data allow a change beyond the threshold
     elif test.testable:
         p_value, shift = test.run()
-        significance = f"p={p_value:.2g}"
+        significance = f"p={p_value:.2g}" + (
+            f" over {len(test.base)}/{len(test.new)} runs" if test.unit == "runs" else ""
+        )
         # Slower steps mean lower throughput and higher step time alike.
         slower = c.direction == "worse"
         significant = p_value < test.policy.alpha and (shift > 0 if slower else shift < 0)
         if interval is not None:
             significance += f"; {_interval_text(interval)}"
             low, high = _worse(metric, interval)
-            if slower and low <= rule.threshold_pct:
-                verdict = "inconclusive"  # a change within the threshold is as consistent with the data
+            if low <= rule.threshold_pct < high or (slower and low <= rule.threshold_pct):
+                # a change within the threshold and one beyond it fit the data alike (an apparent
+                # improvement whose interval reaches a slowdown beyond the threshold included)
+                verdict = "inconclusive"
             elif not slower and high >= -rule.threshold_pct:
                 verdict = "noise"  # an improvement the interval does not show
+            elif slower and p_value >= test.policy.alpha:
+                # wholly beyond T by the interval, not shown by the rank test: never a pass (a shift
+                # the test finds the other way contradicts the rate, and stays noise)
+                verdict = "inconclusive"
     else:
         significance, significant, untested = f"not tested ({test.why_not()}; threshold decides)", True, True
     weak = metric.timed and weak_reason is not None
