@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ditbench.bench.records import SCHEMA, append_record, decode_line
+from ditbench.bench.records import SCHEMA, append_record, decode_line, read_records
 from ditbench.bench.repeats import repeat_of
 from ditbench.fileio import mkdir_real, refuse_link, write_json_atomic
 
@@ -247,3 +247,17 @@ def _empty(folder: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
         else:
             path.unlink(missing_ok=True)
+
+
+def scaling_finish(results_path: Path) -> Finish:
+    """Fills a multi-process record's scaling efficiency from the one-GPU records in results.jsonl."""
+
+    def finish(record: dict[str, Any]) -> None:
+        config = record.get("config") if isinstance(record.get("config"), dict) else {}
+        gpus, nodes = config.get("gpus", 1), config.get("nodes", 1)
+        if isinstance(gpus, int) and isinstance(nodes, int) and gpus * nodes > 1:
+            from ditbench.bench.launch.aggregate import add_scaling_efficiency
+
+            add_scaling_efficiency(record, read_records(results_path))
+
+    return finish

@@ -52,7 +52,6 @@ from ditbench.bench.runner import (
     precheck,
     print_line,
     run_order,
-    scaling_finish,
     select_cells,
     sigterm_as_interrupt,
 )
@@ -134,7 +133,7 @@ class _Submitter:
             self.results_path,
             inflight.inflight_dir(self.out),
             self.run_id,
-            finish=scaling_finish(self.results_path),
+            finish=inflight.scaling_finish(self.results_path),
         )
         for record in adopted:
             self.say(f"adopted the finished result of a killed run: {format_line(record)}")
@@ -325,7 +324,7 @@ class _Submitter:
             if pending.cell is not None:
                 self.runner.finish(record, pending.cell)
             else:
-                scaling_finish(self.results_path)(record)
+                inflight.scaling_finish(self.results_path)(record)
 
         record = inflight.commit(self.results_path, ticket, max(0.0, ended - begin), finish)
         if pending.cell is not None:

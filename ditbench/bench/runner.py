@@ -217,7 +217,7 @@ def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str
     results_path = out / RESULTS_FILE
     run_id = new_run_id()
     adopted = inflight.adopt(
-        results_path, inflight.inflight_dir(out), run_id, finish=scaling_finish(results_path)
+        results_path, inflight.inflight_dir(out), run_id, finish=inflight.scaling_finish(results_path)
     )
     for record in adopted:
         say(f"adopted the finished result of a killed run: {format_line(record)}")
@@ -283,20 +283,6 @@ def _run_locked(suite: Suite, options: RunOptions, out: Path, say: Callable[[str
     records = [by_cell[c.cell_id] for c in cells if c.cell_id in by_cell]
     write_summary(out / SUMMARY_FILE, suite, records)
     return records
-
-
-def scaling_finish(results_path: Path) -> inflight.Finish:
-    """Fills a multi-process record's scaling efficiency from the one-GPU records in results.jsonl."""
-
-    def finish(record: dict[str, Any]) -> None:
-        config = record.get("config") if isinstance(record.get("config"), dict) else {}
-        gpus, nodes = config.get("gpus", 1), config.get("nodes", 1)
-        if isinstance(gpus, int) and isinstance(nodes, int) and gpus * nodes > 1:
-            from ditbench.bench.launch.aggregate import add_scaling_efficiency
-
-            add_scaling_efficiency(record, read_records(results_path))
-
-    return finish
 
 
 def print_line(line: str) -> None:
