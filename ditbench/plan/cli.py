@@ -71,7 +71,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gpus",
         type=int,
         default=None,
-        help="data-parallel GPUs per cell for the speed prediction (default 1): adds DDP's all-reduce over "
+        help="data-parallel GPUs per cell for the speed prediction (default: 1): adds DDP's all-reduce over "
         "the card's interconnect; memory stays the one-GPU trace",
     )
     goal = parser.add_mutually_exclusive_group()

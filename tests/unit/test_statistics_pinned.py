@@ -42,8 +42,10 @@ def _gate(tmp_path, base_s, new_s, policy=None):
 @pytest.mark.parametrize(
     "n,shift,p_range,verdict,exit_code",
     [
-        (20, 4, (0.03, 0.035), "noise", 0),  # alpha 0.01 < p < 0.05: not significant at the policy's alpha
-        (20, 5, (0.0105, 0.011), "noise", 0),  # just above alpha
+        # alpha 0.01 < p < 0.05: not significant at the policy's alpha, so not a regression; the change's
+        # interval lies wholly beyond the threshold, so it is not a pass either (inconclusive, exit 3)
+        (20, 4, (0.03, 0.035), "inconclusive", 3),
+        (20, 5, (0.0105, 0.011), "inconclusive", 3),  # just above alpha
         (19, 5, (0.009, 0.0099), "regression", 1),  # just below alpha
     ],
 )
@@ -64,7 +66,7 @@ def test_a_policy_alpha_of_0_05_makes_p_0_03_a_regression(tmp_path):
     # and 0.011 is not significant at alpha 0.005
     policy_file.write_text("alpha: 0.005\n")
     result, d = _gate(tmp_path, *_ranked(20, 5), load_policy(policy_file))
-    assert d.verdict == "noise" and result.exit_code == 0
+    assert d.verdict == "inconclusive" and result.exit_code == 3
 
 
 # ---- the recorded percentiles ----------------------------------------------------------------
