@@ -271,7 +271,9 @@ class Scaled(Trainer):
 
 def test_smoke_run_curve_means_over_the_first_and_last_50(clock):
     losses = [float(i) + 0.1234567 for i in range(60)]
-    out = smoke_run(Scaled(), Steps(clock, losses), steps=60)
+    step = Steps(clock, losses)
+    out = smoke_run(Scaled(), step, steps=60)
+    assert step.calls == list(range(1, 61))  # each step gets the trainer's next batch
     assert SMOKE_MEAN_STEPS == 50
     assert out["loss"] == [round(x, 6) for x in losses]
     assert out["first_mean"] == pytest.approx(sum(losses[:50]) / 50)  # 24.6234567
