@@ -231,7 +231,9 @@ def test_step_test_ratio_and_run_values():
     assert zero.ratio() is None  # a median of 0: no ratio
     assert StepTest(new, [0.0] * 6, Policy(alpha=0.01, min_samples=5)).ratio() is None
     same = StepTest([5.0] * 6, [5.0] * 6, Policy(alpha=0.01, min_samples=5))
-    assert same.run() == (1.0, 0.0)  # identical samples: p = 1 (scipy may give nan: read as 1)
+    assert same.run() == (1.0, 0.0)  # identical samples: p = 1
+    nan = StepTest([float("nan")] + base[1:], new, Policy(alpha=0.01, min_samples=5))
+    assert nan.run()[0] == 1.0  # scipy's nan p-value (a nan sample) counts as no evidence, never as p = 0
 
 
 def test_change_interval_scales_the_recorded_change_by_the_ratio_interval():
