@@ -175,6 +175,7 @@ def test_window_on_cuda_uses_events_and_synchronises_once_per_phase(clock, monke
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: syncs.append(len(created)))
     step = Steps(clock, seconds=[0.1, 0.002, 0.003])
     out = measure_window(Trainer(), step, "cuda", warmup=1, measure=2, min_seconds=0)
+    assert step.calls == [1, 2, 3]  # each timed step gets the trainer's next batch
     assert len(created) == 4  # a begin and an end event per timed step, none for the warm-up
     assert syncs == [0, 4]  # after the warm-up, and once after the whole window
     assert out["step_ms"] == pytest.approx([2.0, 3.0])
