@@ -221,6 +221,8 @@ def test_noise_figures_and_degenerate_windows():
     assert noise([10.0] * 3, 90.0, 1)["noise"]["throughput_gap"] == pytest.approx(0.1)
     assert noise([10.0] * 3, 120.0, 2)["noise"]["throughput_gap"] == pytest.approx(0.4)
     assert noise([10.0] * 3, 89.0, 1)["noisy"] is True
+    at_gap = noise([10.0] * 3, 110.0, 1)  # |110 - 100| / 100: exactly the gap bound, which is inclusive
+    assert at_gap["noise"]["throughput_gap"] == GAP_BOUND and at_gap["noisy"] is False
     assert noise([10.0] * 9 + [15.01], 100.0, 1)["noisy"] is False  # p90 = 10.501: spread 1.05
 
 
