@@ -112,7 +112,7 @@ class _Recorder(TorchDispatchMode):
     """Records every new storage an aten op returns, and its release through a weak reference."""
 
     @classmethod
-    def _should_skip_dynamo(cls) -> bool:
+    def _should_skip_dynamo(cls) -> bool:  # pragma: no mutate block (torch calls it as the class is built)
         return False  # no dynamo-disabling wrapper around every call in an eager trace (see below)
 
     def __init__(self, trace: Trace, fake_mode: FakeTensorMode, memo: DispatchMemo | None = None):
@@ -242,7 +242,7 @@ class _CompileRecorder(_Recorder):
     """For cells with torch.compile: dynamo must not trace the recorder itself."""
 
     @classmethod
-    def _should_skip_dynamo(cls) -> bool:
+    def _should_skip_dynamo(cls) -> bool:  # pragma: no mutate block (torch calls it as the class is built)
         return True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

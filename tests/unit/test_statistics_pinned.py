@@ -182,3 +182,121 @@ def test_pr_k_changes_the_answer(images):
     _, _, feats, ref_feats = images
     a, b = feats["pool3"].numpy(), ref_feats["pool3"].numpy()
     assert len({_pr_reference(a, b, k) for k in (1, 3, 5)}) == 3  # so the test above can tell k apart
+
+
+# ---- the gate's timing maths: the exact test's floor, the change interval, the crossing --------
+
+
+def test_p_min_is_two_over_the_number_of_rankings():
+    from math import comb
+
+    from ditbench.report.gate.timing import p_min
+
+    # the most extreme split of n + m ranks: 1 of C(n + m, min(n, m)) arrangements, two-sided
+    assert p_min(5, 5) == pytest.approx(2 / 252) and p_min(3, 7) == pytest.approx(2 / 120)
+    assert p_min(7, 3) == p_min(3, 7)
+    assert p_min(1, 1) == 1.0 and p_min(1, 2) == pytest.approx(2 / 3)
+    assert p_min(0, 5) == 1.0  # one arrangement: 2 / 1, capped at 1
+    assert p_min(400, 400) == pytest.approx(2 / comb(800, 400)) and p_min(400, 400) > 0
+
+
+def test_step_test_needs_min_samples_and_a_reachable_p():
+    from ditbench.report.gate.policy import Policy
+    from ditbench.report.gate.timing import StepTest
+
+    policy = Policy(alpha=0.01, min_samples=5)
+    five = [1.0, 2.0, 3.0, 4.0, 5.0]
+    short = StepTest(five[:4], five, policy)
+    assert not short.enough and not short.testable and short.why_not() == "n=4/5 < 5"
+    assert short.ratio() is None
+    at = StepTest(five, five, policy)  # p_min(5, 5) = 0.0079 < 0.01
+    assert at.enough and at.testable
+    loose = StepTest(five, five, Policy(alpha=0.005, min_samples=5))  # 0.0079 cannot reach 0.005
+    assert loose.enough and not loose.testable and loose.why_not() == "n=5/5 cannot reach p<0.005"
+    assert StepTest(five, five, Policy(alpha=2 / 252, min_samples=5)).testable is False  # strict <
+
+
+def test_step_test_ratio_and_run_values():
+    from ditbench.report.gate.policy import Policy
+    from ditbench.report.gate.timing import StepTest
+
+    base = [10.0, 11.0, 12.0, 13.0, 14.0, 15.0]
+    new = [x * 1.5 for x in base]
+    test = StepTest(base, new, Policy(alpha=0.01, min_samples=5))
+    point, low, high = test.ratio()
+    assert point == pytest.approx(1.5) and low <= 1.5 <= high
+    assert test.ratio() == (point, low, high)
+    p, shift = test.run()
+    assert p == pytest.approx(mannwhitneyu(new, base, alternative="two-sided").pvalue)
+    assert shift == pytest.approx(np.median(new) - np.median(base)) and shift > 0
+    zero = StepTest([0.0] * 5 + [1.0], new, Policy(alpha=0.01, min_samples=5))
+    assert zero.ratio() is None  # a median of 0: no ratio
+    assert StepTest(new, [0.0] * 6, Policy(alpha=0.01, min_samples=5)).ratio() is None
+    same = StepTest([5.0] * 6, [5.0] * 6, Policy(alpha=0.01, min_samples=5))
+    assert same.run() == (1.0, 0.0)  # identical samples: p = 1
+    nan = StepTest([float("nan")] + base[1:], new, Policy(alpha=0.01, min_samples=5))
+    assert nan.run()[0] == 1.0  # scipy's nan p-value (a nan sample) counts as no evidence, never as p = 0
+
+
+def test_change_interval_scales_the_recorded_change_by_the_ratio_interval():
+    from ditbench.report.gate.metrics import HIGHER, LOWER, TIMING, Metric
+    from ditbench.report.gate.timing import _worse, change_interval
+
+    rate = Metric("r", "r", HIGHER, "r", TIMING)
+    time_ = Metric("t", "t", LOWER, "t", TIMING)
+    # step time 1.1x (interval 1.0x to 1.2x): a step time of 20 -> 22 moves +10% (0% to +20%) ...
+    assert change_interval(time_, 20.0, 22.0, (1.1, 1.0, 1.2)) == pytest.approx((0.0, 20.0))
+    # ... and a rate 400 -> 400 / 1.1 moves by 1 / factor: 1.1 / 1.2 and 1.1 / 1.0 times the new rate
+    lo, hi = change_interval(rate, 400.0, 400 / 1.1, (1.1, 1.0, 1.2))
+    assert lo == pytest.approx((1 / 1.2 - 1) * 100) and hi == pytest.approx(0.0, abs=1e-12)
+    assert _worse(rate, (-16.7, 0.0)) == (-0.0, 16.7) and _worse(time_, (-2.0, 3.0)) == (-2.0, 3.0)
+
+
+@pytest.mark.parametrize(
+    "direction,base,new,pct,min_abs,expected",
+    [
+        ("higher", 100.0, 94.0, 5.0, 0.0, (-6.0, "worse", True)),
+        ("higher", 100.0, 95.0, 5.0, 0.0, (-5.0, "worse", False)),  # at the threshold: not beyond
+        ("higher", 100.0, 106.0, 5.0, 0.0, (6.0, "better", True)),
+        ("lower", 100.0, 106.0, 5.0, 0.0, (6.0, "worse", True)),
+        ("lower", 100.0, 106.0, 5.0, 6.0, (6.0, "worse", True)),  # |delta| == min_abs still counts
+        ("lower", 100.0, 106.0, 5.0, 6.5, (6.0, "worse", False)),
+        ("lower", -50.0, -47.0, 5.0, 0.0, (6.0, "worse", True)),  # percent of |base|
+        ("lower", 0.0, 0.5, 5.0, 0.0, (None, "worse", True)),  # from 0: any move is beyond a percent
+        ("lower", 0.0, 0.5, 5.0, 1.0, (None, "worse", False)),
+        ("lower", 3.0, 3.0, 5.0, 0.0, (0.0, "same", False)),
+        ("lower", 0.0, 0.0, 5.0, 0.0, (0.0, "same", False)),
+        ("lower", 5e-324, 1.0, 5.0, 0.0, (None, "worse", True)),  # the percentage overflows
+    ],
+)
+def test_crossing_values(direction, base, new, pct, min_abs, expected):
+    from ditbench.report.gate.metrics import TIMING, Metric, crossing
+
+    c = crossing(Metric("m", "m", direction, "m", TIMING), base, new, pct, min_abs)
+    change, where, crossed = expected
+    assert (c.direction, c.crossed) == (where, crossed)
+    assert c.change_pct == (None if change is None else pytest.approx(change))
+
+
+def test_crossing_verdicts_and_value_ranges():
+    from ditbench.report.gate.metrics import (
+        ANY,
+        NONNEGATIVE,
+        POSITIVE,
+        TIMING,
+        Crossing,
+        Metric,
+        limit,
+        limits,
+    )
+
+    assert Crossing(1.0, "worse", False).verdict(True) == "unchanged"
+    assert Crossing(9.0, "worse", True).verdict(False) == "noise"
+    assert Crossing(9.0, "worse", True).verdict(True) == "regression"
+    assert Crossing(-9.0, "better", True).verdict(True) == "improvement"
+    m = {v: Metric("m", "m", "lower", "m", TIMING, v) for v in (POSITIVE, NONNEGATIVE, ANY)}
+    assert [m[POSITIVE].out_of_range(v) for v in (-1.0, 0.0, 1e-9)] == [True, True, False]
+    assert [m[NONNEGATIVE].out_of_range(v) for v in (-1e-9, 0.0, 2.0)] == [True, False, False]
+    assert [m[ANY].out_of_range(v) for v in (-5.0, 0.0)] == [False, False]
+    assert limit("images_per_s", 5.0) == "-5%" and limit("peak_mem_allocated_gib", 2.5) == "+2.5%"
+    assert limits({"images_per_s": 5.0, "step_ms": 3.0}) == "images/s -5%, step ms (median) +3%"
