@@ -112,8 +112,9 @@ def quality_fids(results: Path) -> list[dict[str, Any]]:
     raise SystemExit(f"{results}: no quality evaluations")
 
 
-def from_pytest_log(text: str) -> dict[str, Any]:
-    """The figures of a pytest run's last summary line (`N passed, M skipped ... in S s`)."""
+def from_pytest_log(text: str, commit: str | None = None, date: str | None = None) -> dict[str, Any]:
+    """The figures of a pytest run's last summary line (`N passed, M skipped ... in S s`); the run's
+    commit and date when the log came from another checkout or day (else this checkout's, today)."""
     matches = list(PYTEST_LINE.finditer(text))
     if not matches:
         raise SystemExit("no pytest summary line ('N passed ... in S s') in the log")
@@ -123,8 +124,8 @@ def from_pytest_log(text: str) -> dict[str, Any]:
         "skipped": int((m["skipped"] or "0").replace(",", "")),
         "wall_s": round(float(m["s"])),
         "cores": os.cpu_count() or 1,
-        "date": dt.date.today().isoformat(),
-        "commit": _git_sha(),
+        "date": date or dt.date.today().isoformat(),
+        "commit": commit or _git_sha(),
     }
 
 
@@ -155,7 +156,7 @@ def render(key: str, entry: dict[str, Any]) -> str:
         )
     if key == "pytest":
         return (
-            f"{entry['passed']:,} tests ({entry['skipped']} skipped) in {entry['wall_s']:,} s "
+            f"{entry['passed']:,} tests passed ({entry['skipped']} skipped) in {entry['wall_s']:,} s "
             f"({entry['wall_s'] / 60:.0f} min) on {entry['cores']} CPU cores with the SLURM cluster up, "
             f"measured {entry['date']}"
         )
@@ -184,11 +185,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", action="append", choices=sorted(ENTRIES), help="entries to measure")
     parser.add_argument("--pytest-log", type=Path, help="a full `pytest` run's output (the pytest entry)")
+    parser.add_argument("--commit", help="with --pytest-log: the commit the logged run tested")
+    parser.add_argument("--date", help="with --pytest-log: the day of the logged run (YYYY-MM-DD)")
     parser.add_argument("--keep-runs", type=Path, help="run the suites into this folder and keep them there")
     args = parser.parse_args(argv)
     times = json.loads(TIMES.read_text()) if TIMES.is_file() else {}
     if args.pytest_log:
-        times["pytest"] = from_pytest_log(args.pytest_log.read_text(errors="replace"))
+        times["pytest"] = from_pytest_log(args.pytest_log.read_text(errors="replace"), args.commit, args.date)
     keys = args.only or ([] if args.pytest_log else list(QUICK))
     with tempfile.TemporaryDirectory() as tmp:
         runs = str(args.keep_runs.resolve()) if args.keep_runs else tmp

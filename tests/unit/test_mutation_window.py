@@ -17,7 +17,7 @@ from ditbench.bench.window import (
     SMOKE_MEAN_STEPS,
     SPREAD_BOUND,
     failed_smoke,
-    load_advice,
+    noise_advice,
     measure_window,
     noise,
     smoke_run,
@@ -252,17 +252,17 @@ def test_noise_load_bound_is_inclusive_and_only_added_when_measured():
         {"other_cpu_share": 0.1, "load_bound": 0.25},
     ],
 )
-def test_load_advice_is_none_unless_a_share_is_beyond_its_bound(figures):
-    assert load_advice(figures) is None
+def test_noise_advice_is_none_unless_a_share_is_beyond_its_bound(figures):
+    assert noise_advice(figures) is None
 
 
-def test_load_advice_names_the_share_in_percent():
+def test_noise_advice_names_the_share_in_percent():
     expected = (
-        "other processes used {}% of the CPUs during the window: rerun on a quiet machine, or pin threads "
-        "with threads=1"
+        "other processes used {}% of the CPUs during the window: rerun on a quiet machine (a cell with more "
+        "than one thread also gains from threads=1)"
     )
-    assert load_advice({"other_cpu_share": 0.456, "load_bound": 0.25}) == expected.format(46)
-    assert load_advice({"other_cpu_share": 1, "load_bound": 0}) == expected.format(100)  # ints are numbers
+    assert noise_advice({"other_cpu_share": 0.456, "load_bound": 0.25}) == expected.format(46)
+    assert noise_advice({"other_cpu_share": 1, "load_bound": 0}) == expected.format(100)  # ints are numbers
 
 
 # ---- the smoke run ------------------------------------------------------------------------------
