@@ -279,8 +279,14 @@ class _Submitter:
 
     def _wait(self, todo: list[SuiteCell]) -> None:
         """Append each result as it arrives; the local executor starts the next cell when one ends."""
+        from ditbench.bench.suite_progress import JobWatch
+        from ditbench.progress import is_terminal
+
         todo = list(todo)
+        total = len(self.runner.latest) + len(todo) + len(self.pending)
+        watch = JobWatch(total, heartbeat=self.options.progress and not is_terminal())
         while self.pending or todo:
+            watch.poll([_watched(p) for p in self.pending], len(self.runner.latest))
             for pending in list(self.pending):  # a SLURM cell's result counts before its job has ended
                 arrived = self.kind == "slurm" and pending.ticket.result_path.exists()
                 if arrived or not executors.is_active(pending.ref, pending.handle):
@@ -408,6 +414,16 @@ def stop_queued(pending: list[Pending], decide) -> list[tuple[Pending, str]]:
         if decided is not None and decided["status"] == "skipped":
             out.append((waiting, decided["reason"]))
     return out
+
+
+def _watched(p: Pending) -> tuple[str, str, str | None, dict | None]:
+    """(key, cell name, job id, what its start wrote or None) of a job the submitter waits for."""
+    return (
+        p.ticket.key,
+        p.cell.cell_name if p.cell else p.ticket.key,
+        p.ref.job_id,
+        _started(p.ticket) or None,
+    )
 
 
 def _started(ticket: inflight.Ticket) -> dict[str, Any]:

@@ -94,6 +94,41 @@ class SuiteProgress:
             )
 
 
+class JobWatch:
+    """Start lines and the heartbeat of a run whose cells are jobs (`--executor`, bench/jobs.py).
+
+    The submitter polls; each poll hands over what it waits for as (key, cell name, job id, started
+    info or None). A job's first poll with started info prints its start line; where stderr is not a
+    terminal, a line every `every_s` seconds says how many jobs run, queue and are recorded.
+    """
+
+    def __init__(self, total: int, heartbeat: bool, every_s: float | None = None, write=None):
+        from ditbench.progress import every_s as default_every
+
+        self.total, self.heartbeat = total, heartbeat
+        self.every_s = default_every() if every_s is None else every_s
+        self.write = write or _stderr_line
+        self.seen: set[str] = set()
+        self._began = self._last = time.monotonic()
+
+    def poll(self, waiting: list[tuple[str, str, str | None, dict | None]], recorded: int) -> None:
+        for key, name, job_id, started in waiting:
+            if started is not None and key not in self.seen:
+                self.seen.add(key)
+                hosts = ", ".join(started.get("hostnames") or []) or "its node"
+                self.write(
+                    f"cell started ({len(self.seen)} of {self.total}): {name}, job {job_id} on {hosts}"
+                )
+        now = time.monotonic()
+        if self.heartbeat and self.every_s > 0 and now - self._last >= self.every_s:
+            self._last = now
+            running = sum(started is not None for *_, started in waiting)
+            self.write(
+                f"waiting for {len(waiting)} job(s): {running} running, {len(waiting) - running} queued; "
+                f"{recorded} of {self.total} cells recorded, {duration(now - self._began)} so far"
+            )
+
+
 def _stderr_line(text: str) -> None:
     from tqdm import tqdm
 

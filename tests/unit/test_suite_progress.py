@@ -30,3 +30,29 @@ def test_the_eta_counts_only_cells_that_will_start_from_the_mean_of_those_run():
     assert lines == [
         "cell 3/4 deciding (will not start): x; suite ETA 1 min 00 s (mean 1 min 00 s over 2 cells run)"
     ]
+
+
+def test_a_job_run_says_when_each_job_starts_and_beats_while_it_waits(monkeypatch):
+    from ditbench.bench import suite_progress
+
+    clock = [100.0]
+    monkeypatch.setattr(suite_progress.time, "monotonic", lambda: clock[0])
+    lines: list[str] = []
+    watch = suite_progress.JobWatch(3, heartbeat=True, every_s=30, write=lines.append)
+    queued = [("a", "DiT-T/4 bs=4", "101", None), ("b", "DiT-T/4 bs=8", "102", None)]
+    watch.poll(queued, recorded=1)
+    assert lines == []  # nothing started, and no beat before every_s
+    started = {"hostnames": ["node1", "node2"], "job_id": "101"}
+    clock[0] += 31
+    watch.poll([("a", "DiT-T/4 bs=4", "101", started), queued[1]], recorded=1)
+    assert lines == [
+        "cell started (1 of 3): DiT-T/4 bs=4, job 101 on node1, node2",
+        "waiting for 2 job(s): 1 running, 1 queued; 1 of 3 cells recorded, 31 s so far",
+    ]
+    clock[0] += 5
+    watch.poll([("a", "DiT-T/4 bs=4", "101", started)], recorded=2)
+    assert len(lines) == 2  # a start line once per job; the next beat 30 s after the last
+    quiet = suite_progress.JobWatch(1, heartbeat=False, every_s=30, write=lines.append)
+    clock[0] += 100
+    quiet.poll([("c", "x", "7", {})], recorded=0)  # started without hosts; a terminal gets no beat
+    assert lines[2:] == ["cell started (1 of 1): x, job 7 on its node"]
