@@ -86,22 +86,29 @@ def number_at(record: dict[str, Any], dotted: str) -> tuple[float | None, str | 
     return number(node)
 
 
+def _positive_times(values: Any, where: str, what: str, rule: str) -> tuple[list[float], str | None]:
+    """`values` as floats, or a problem naming the first that is not a positive finite number."""
+    if not isinstance(values, list):
+        return [], f"{where} is {shorten(values)}, not a list of {what}"
+    out = []
+    for i, s in enumerate(values):
+        v, problem = number(s)
+        if v is None or v <= 0:
+            why = problem or ("is null" if s is None else "is not a positive time")
+            return [], f"{where}[{i}] {why} ({rule})"
+        out.append(v)
+    return out, None
+
+
 def step_samples(record: dict[str, Any]) -> tuple[list[float], str | None]:
     """metrics.step_ms.samples as floats ([] when absent), or a problem naming the first bad sample."""
     step = (record.get("metrics") or {}).get("step_ms")
     samples = step.get("samples") if isinstance(step, dict) else None
     if samples is None:
         return [], None
-    if not isinstance(samples, list):
-        return [], f"metrics.step_ms.samples is {shorten(samples)}, not a list of per-step times"
-    out = []
-    for i, s in enumerate(samples):
-        v, problem = number(s)
-        if v is None or v <= 0:
-            why = problem or ("is null" if s is None else "is not a positive time")
-            return [], f"metrics.step_ms.samples[{i}] {why} (per-step times must be finite numbers of ms)"
-        out.append(v)
-    return out, None
+    return _positive_times(
+        samples, "metrics.step_ms.samples", "per-step times", "per-step times must be finite numbers of ms"
+    )
 
 
 def run_samples(record: dict[str, Any]) -> tuple[list[float], str | None]:
@@ -111,16 +118,12 @@ def run_samples(record: dict[str, Any]) -> tuple[list[float], str | None]:
     if repeats is None:
         return [], None
     values = repeats.get("step_ms") if isinstance(repeats, dict) else None
-    if not isinstance(values, list):
-        return [], f"metrics.repeats.step_ms is {shorten(values)}, not a list of per-repeat step times"
-    out = []
-    for i, s in enumerate(values):
-        v, problem = number(s)
-        if v is None or v <= 0:
-            why = problem or ("is null" if s is None else "is not a positive time")
-            return [], f"metrics.repeats.step_ms[{i}] {why} (per-repeat step times must be positive ms)"
-        out.append(v)
-    return out, None
+    return _positive_times(
+        values,
+        "metrics.repeats.step_ms",
+        "per-repeat step times",
+        "per-repeat step times must be positive ms",
+    )
 
 
 def noisy(record: dict[str, Any]) -> tuple[str | None, str | None]:
