@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fixed_rows import Rows
 
 from ditbench.bench.cell_core import window_metrics
 from ditbench.cellspec import CellSpec
@@ -14,27 +15,8 @@ from ditbench.dist import DistContext
 from ditbench.errors import UserError
 from ditbench.knobs import Knobs
 from ditbench.train import Trainer
-from ditbench.train.data import DataSource
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-class Rows(DataSource):
-    """Fixed latents served in order, `batch_size` rows at a time: K draws of B are one draw of K*B."""
-
-    def __init__(self, batch_size: int, rows: int = 24, size: int = 8):
-        g = torch.Generator().manual_seed(0)
-        self.x = torch.randn(rows, 4, size, size, generator=g)
-        self.y = torch.randint(0, 10, (rows,), generator=g)
-        self.batch_size, self.at = batch_size, 0
-
-    def next_batch(self):
-        idx = torch.arange(self.at, self.at + self.batch_size) % len(self.x)
-        self.at += self.batch_size
-        return self.x[idx], self.y[idx]
-
-    def describe(self):
-        return {"kind": "rows"}
 
 
 def _trainer(batch, accum, **kw):
@@ -133,7 +115,7 @@ RANKS_SCRIPT = textwrap.dedent("""
     from ditbench.cellspec import CellSpec, Steps
     from ditbench.knobs import Knobs
     from ditbench.train import Trainer
-    from test_grad_accum import Rows
+    from fixed_rows import Rows
 
     def run(ctx, strategy, batch, accum):
         cfg = Knobs(model="DiT-T/8", image_size=64, batch_size=batch, grad_accum=accum, num_classes=10)
@@ -183,7 +165,7 @@ def test_two_ranks_accumulate_without_all_reducing_each_micro_batch(tmp_path):
     script.write_text(RANKS_SCRIPT)
     out = tmp_path / "ranks.pt"
     env = dict(os.environ)
-    here = str(Path(__file__).resolve().parent)  # the ranks import this module's Rows
+    here = str(REPO / "tests" / "support")  # the ranks import fixed_rows.Rows
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), here, env.get("PYTHONPATH", "")])
     env.pop("DITBENCH_INJECT_FAULT", None)
     cmd = [

@@ -10,30 +10,17 @@ import copy
 
 import pytest
 import torch
+from fixed_rows import Rows as FixedRows
 from torch import nn
 
 from ditbench.diffusion import create_diffusion
 from ditbench.knobs import Knobs
 from ditbench.train import Trainer
-from ditbench.train.data import DataSource
 
 
-class Rows(DataSource):
-    """Fixed latents served in order."""
-
-    def __init__(self, batch_size: int, rows: int = 16, size: int = 8):
-        g = torch.Generator().manual_seed(1)
-        self.x = torch.randn(rows, 4, size, size, generator=g)
-        self.y = torch.randint(0, 10, (rows,), generator=g)
-        self.batch_size, self.at = batch_size, 0
-
-    def next_batch(self):
-        idx = torch.arange(self.at, self.at + self.batch_size) % len(self.x)
-        self.at += self.batch_size
-        return self.x[idx], self.y[idx]
-
-    def describe(self):
-        return {"kind": "rows"}
+def Rows(batch_size: int) -> FixedRows:
+    """16 fixed latents (seed 1), served in order."""
+    return FixedRows(batch_size, rows=16, seed=1)
 
 
 def _knobs(**kw) -> Knobs:
