@@ -1,4 +1,3 @@
-import importlib.util
 import os
 import subprocess
 import sys
@@ -6,15 +5,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu_train_matrix.py"
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("gpu_train_matrix", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("gpu_train_matrix")
 
 
 def test_plan_covers_anchors_and_every_paper_config():

@@ -7,12 +7,12 @@ fresh trace, so neither the calibration nor the report can go stale unnoticed.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 from ditbench.cards import DATASHEETS, Datasheet
 from ditbench.plan import speed
@@ -26,10 +26,7 @@ PARAMS = {"matmul_eff": 0.5, "attention_eff": 0.25, "memory_eff": 0.5, "host_us"
 
 
 def bench():
-    spec = importlib.util.spec_from_file_location("speed_vs_h200", ROOT / "benchmarks" / "speed_vs_h200.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("speed_vs_h200")
 
 
 def test_a_matmul_takes_its_flops_at_the_dtype_peak_times_the_efficiency():

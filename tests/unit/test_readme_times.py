@@ -4,18 +4,13 @@ edited by hand nor left behind when it is re-measured."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from benchmark_scripts import load_benchmark
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("readme_times", ROOT / "benchmarks" / "readme_times.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("readme_times")
 
 
 def test_every_marked_time_in_the_readme_is_the_measured_one():

@@ -2,24 +2,15 @@
 benchmarks/bench_vs_official.py times it against): the same loss, AdamW update and EMA,
 within float rounding."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from benchmark_scripts import load_benchmark
 
 from ditbench.diffusion import create_diffusion
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_vs_official.py"
-
 
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_vs_official", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
-    spec.loader.exec_module(mod)
-    return mod
+    return load_benchmark("bench_vs_official")
 
 
 bench = _load()
