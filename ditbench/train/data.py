@@ -391,8 +391,9 @@ def data_source_from_config(
     if "latents" in spec and keys <= {"latents"}:
         return LatentFile(spec["latents"], batch_size, size, num_classes, device, seed)
     if "pixels" in spec and keys <= {"pixels", "colour"}:
-        colour = spec.get("colour", "grey")
-        return PixelImages(spec["pixels"], batch_size, image_size, num_classes, device, seed, colour)
+        from ditbench.pixels import colour_of
+
+        return PixelImages(spec["pixels"], batch_size, image_size, num_classes, device, seed, colour_of(spec))
     if "images" in spec and keys <= {"images", "vae"}:
         return ImageFolderVAE(
             spec["images"],
