@@ -17,9 +17,9 @@ from ditbench.bench.window import (
     SMOKE_MEAN_STEPS,
     SPREAD_BOUND,
     failed_smoke,
-    noise_advice,
     measure_window,
     noise,
+    noise_advice,
     smoke_run,
     step_stats,
 )
