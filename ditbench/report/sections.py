@@ -56,6 +56,9 @@ VERDICT_CSS = {
     "not measured": "not-measured",
     "inconclusive": "not-measured",
     "not judged": "not-measured",
+    "predicted: held": "held",
+    "predicted: not held": "not-held",
+    "predicted: inconclusive": "not-measured",
 }
 
 
@@ -180,10 +183,14 @@ def collapse_unmeasured(rows: list[tuple[str, str, list[str], str]]) -> list[tup
     return [(verdict, row, len(names)) for verdict, row, names in out]
 
 
-def advice_section(df: pd.DataFrame) -> list[Block]:
-    checks = advice.advice_checks(df)
+def advice_section(df: pd.DataFrame, checks: list[advice.AdviceCheck] | None = None) -> list[Block]:
+    """checks: the run's advice checks (with `report --predict`'s predictions); None: checked here."""
+    checks = advice.advice_checks(df) if checks is None else checks
     rows = collapse_unmeasured(
-        [(c.verdict, c.evidence, [c.claim, c.verdict, c.evidence], c.claim) for c in checks]
+        [
+            (c.shown_verdict, c.shown_evidence, [c.claim, c.shown_verdict, c.shown_evidence], c.claim)
+            for c in checks
+        ]
     )
     table = Table(
         ["advice", "verdict", "evidence from this run"],
@@ -194,8 +201,13 @@ def advice_section(df: pd.DataFrame) -> list[Block]:
         Heading(2, "Common advice, checked"),
         table,
         Para("How each verdict is decided:"),
-        Bullets([f"{c.claim}: {c.rule}." for c in checks]),
+        Bullets([f"{c.claim}: {c.rule}." + _predicted_rule(c) for c in checks]),
     ]
+
+
+def _predicted_rule(check: advice.AdviceCheck) -> str:
+    rule = (check.predicted or {}).get("rule")
+    return f" {rule[0].upper()}{rule[1:]}." if rule else ""
 
 
 def claims_section(

@@ -108,12 +108,3 @@ def test_a_predicted_claim_whose_band_spans_the_claim_is_inconclusive(tmp_path, 
     got = mocked(tmp_path, monkeypatch, [{"says": "c", "cell": L4, **claim}], table)["c"]
     assert got.verdict == "not measured" and got.predicted["verdict"] == verdict
     assert got.evidence.startswith(verdict + " (")
-
-
-def test_predict_without_claims_is_an_error(capsys, tmp_path):
-    from ditbench.cli import main
-
-    write_jsonl(tmp_path / "r.jsonl", [cell("DiT-L/4", "fp16", "none", 16, reserved=10.8, steps_per_s=1.0)])
-    code = main(["report", str(tmp_path / "r.jsonl"), "--json", "--predict"])
-    _, err = capsys.readouterr()
-    assert code == 2 and "--predict judges the claims" in err
