@@ -25,7 +25,8 @@ from ditbench.report.blocks import (
     speedup_text,
 )
 from ditbench.report.cells import cell_label, knobs, value_order, varying_knobs
-from ditbench.report.claim_check import ClaimResult
+from ditbench.report.claim_check import VERDICTS, ClaimResult
+from ditbench.report.claim_predict import counts as predicted_counts
 from ditbench.report.load import column, value
 from ditbench.report.memory import (
     MEM_PREDICTED,
@@ -213,8 +214,11 @@ def _predicted_rule(check: advice.AdviceCheck) -> str:
 def claims_section(
     results: list[ClaimResult], path: str, source: str | None, card: str | None
 ) -> list[Block]:
-    counts = {v: sum(r.verdict == v for r in results) for v in VERDICT_CSS}
+    counts = {v: sum(r.verdict == v for r in results) for v in VERDICT_CSS if v in VERDICTS}
     summary = ", ".join(f"{n} {v}" for v, n in counts.items())
+    predicted = predicted_counts(results)
+    if any(predicted.values()):  # `report --predict`
+        summary += "; of those not measured, " + ", ".join(f"{n} {v}" for v, n in predicted.items())
     intro = f"{len(results)} claims from `{path}`" + (f" ({source})" if source else "") + f": {summary}."
     if card:
         intro += (

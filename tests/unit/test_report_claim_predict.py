@@ -108,3 +108,19 @@ def test_a_predicted_claim_whose_band_spans_the_claim_is_inconclusive(tmp_path, 
     got = mocked(tmp_path, monkeypatch, [{"says": "c", "cell": L4, **claim}], table)["c"]
     assert got.verdict == "not measured" and got.predicted["verdict"] == verdict
     assert got.evidence.startswith(verdict + " (")
+
+
+def test_the_claims_section_counts_the_predicted_verdicts_apart(tmp_path, monkeypatch):
+    from ditbench.report.sections import claims_section
+
+    claims = [
+        {"says": "a", "cell": L4, "metric": "peak_memory_gib", "at_most": 9.0},
+        {"says": "b", "cell": L4, "metric": "peak_memory_gib", "at_most": 12.0},
+        {"says": "c", "cell": L4, "metric": "peak_memory_gib", "at_most": 10.3},
+    ]
+    got = mocked(tmp_path, monkeypatch, claims, {("DiT-L/4", "fp16", "none"): ("fits", 9.5, 10.0, 2.0, 10.0)})
+    intro = claims_section(list(got.values()), "t.yaml", None, "RTX 4090")[1].text
+    assert intro.startswith(
+        "3 claims from `t.yaml`: 0 held, 0 not held, 3 not measured, 0 inconclusive, 0 not judged; of those "
+        "not measured, 1 predicted: held, 1 predicted: not held, 1 predicted: inconclusive. The claims'"
+    )
