@@ -7,6 +7,7 @@ timing        time to N steps, GPU-hours per million images
 analysis      baseline comparison, the fastest cell that fits
 advice        six sayings of common advice, checked
 claims        claims files (YAML) and their validation; claim_values + claim_check give verdicts
+claim_predict, advice_predict   `report --predict`: the planner's verdicts where nothing was measured
 figures, speed_memory, plots   the PNG figures
 blocks, sections, render       report.md, report.html and results.csv
 cli           `ditbench report`

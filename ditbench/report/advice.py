@@ -49,6 +49,24 @@ class AdviceCheck:
     evidence: str
     rule: str
     numbers: list[dict[str, Any]] = field(default_factory=list)
+    key: str = ""  # the check's function name (advice_predict's key)
+    predicted: dict[str, Any] | None = None  # `report --predict`: the planner's verdict (advice_predict)
+
+    @property
+    def shown_verdict(self) -> str:
+        """The measured verdict; where nothing was measured, the prediction's (`predicted: held`, ...)."""
+        said = (self.predicted or {}).get("verdict")
+        return said if self.verdict == NOT_MEASURED and said else self.verdict
+
+    @property
+    def shown_evidence(self) -> str:
+        """The evidence, with the prediction first where it gives the verdict, else after it."""
+        if not self.predicted:
+            return self.evidence
+        said = self.predicted["text"] if self.predicted["verdict"] else self.predicted["why"]
+        if self.shown_verdict != self.verdict:
+            return f"{said}; {self.evidence}"
+        return f"{self.evidence}; {said}"
 
 
 def check_fp16_halves(df: pd.DataFrame) -> AdviceCheck:
@@ -359,4 +377,8 @@ ADVICE_CHECKS = (
 
 
 def advice_checks(df: pd.DataFrame) -> list[AdviceCheck]:
-    return [check(df) for check in ADVICE_CHECKS]
+    checks = []
+    for check in ADVICE_CHECKS:
+        checks.append(check(df))
+        checks[-1].key = check.__name__
+    return checks

@@ -43,9 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--predict",
         action="store_true",
-        help="with --claims: a claim the run did not measure gets the planner's verdict (\"predicted: held "
-        '/ not held", with its band); a measured one keeps its verdict, the prediction shown beside it '
-        "(traces each claimed cell: minutes on a CPU)",
+        help="the common advice checks, and with --claims the claims, that the run did not measure get "
+        'the planner\'s verdict ("predicted: held / not held / inconclusive", with its band); a measured '
+        "one keeps its verdict, the prediction shown beside it (traces each predicted cell: minutes on a "
+        "CPU)",
     )
     parser.add_argument(
         "--target-steps",
@@ -81,8 +82,6 @@ def run(args: argparse.Namespace) -> int:
     from ditbench.report.timing import target_steps
 
     out = Path(args.out) if args.out else None
-    if args.predict and not args.claims:
-        raise UserError("--predict judges the claims the run did not measure; give --claims FILE|NAME too.")
     if args.claims:  # a path, or a shipped claims file's name (as a suite's)
         args.claims = resolve_claims(args.claims)
     if out is None and not args.json:
@@ -100,10 +99,14 @@ def run(args: argparse.Namespace) -> int:
     df = load_results(args.results, keep=args.keep)
     steps, steps_source = target_steps(df, args.target_steps)
     results = check_claims(df, claims_file, steps) if claims_file else None
-    if results and args.predict:
+    checks = advice.advice_checks(df)
+    if args.predict:
+        from ditbench.report.advice_predict import predict_advice
         from ditbench.report.claim_predict import predict_claims
 
-        predict_claims(results, claims_file.card, steps)
+        predict_advice(checks)
+        if results:
+            predict_claims(results, claims_file.card, steps)
     claims = (results, claims_file.path, claims_file.source, claims_file.card) if claims_file else None
     written: dict[str, Path] = {}
     if out is not None:
@@ -114,6 +117,7 @@ def run(args: argparse.Namespace) -> int:
             sources=[str(p) for p in args.results],
             claims=claims,
             steps=args.target_steps,  # None: the report finds the records' own, or the default
+            advice_checks=checks,
         )
     if args.json:
         doc: dict[str, Any] = {
@@ -121,8 +125,14 @@ def run(args: argparse.Namespace) -> int:
             "target_steps": {"steps": steps, "from": steps_source},
             "claims": None,
             "advice": [
-                {"claim": c.claim, "verdict": c.verdict, "evidence": c.evidence, "rule": c.rule}
-                for c in advice.advice_checks(df)
+                {
+                    "claim": c.claim,
+                    "verdict": c.verdict,
+                    "evidence": c.evidence,
+                    "rule": c.rule,
+                    "predicted": c.predicted,
+                }
+                for c in checks
             ],
             "recommendations": [
                 {

@@ -18,6 +18,7 @@ from ditbench import __version__
 from ditbench.escape import csv_safe
 from ditbench.fileio import write_atomic
 from ditbench.report import analysis
+from ditbench.report.advice import AdviceCheck
 from ditbench.report.blocks import Block, Bullets, Heading, Image, Para, Table, to_html, to_markdown
 from ditbench.report.claim_check import ClaimResult
 from ditbench.report.memory import emulated_cells, memory_metric
@@ -41,11 +42,13 @@ def build_report(
     sources: list[str] | None = None,
     claims: tuple[list[ClaimResult], str, str | None, str | None] | None = None,
     steps: int | None = None,
+    advice_checks: list[AdviceCheck] | None = None,
 ) -> tuple[list[Block], dict[str, bytes]]:
     """The report as blocks, and the PNG plots it refers to (name -> bytes).
 
     claims: (results, claims file path, source, card) from `claim_check.check_claims`; steps: the
-    target number of steps for "time to N steps" (default: the records' or 400,000).
+    target number of steps for "time to N steps" (default: the records' or 400,000); advice_checks:
+    the advice checks with their predictions (`report --predict`; None: checked without).
     """
     suites = (
         ", ".join(dict.fromkeys(str(s) for s in df.get("suite", pd.Series(dtype=str)).dropna())) or "results"
@@ -70,7 +73,7 @@ def build_report(
     blocks += recommendations(df, steps)
     if "speed_memory" in plots:
         blocks += _speed_memory(df, plots["speed_memory"])
-    blocks += advice_section(df)
+    blocks += advice_section(df, advice_checks)
     quality_blocks, quality_figures = quality_section(df)
     blocks += quality_blocks
     if claims is not None:
@@ -242,10 +245,11 @@ def write_report(
     sources: list[str] | None = None,
     claims: tuple[list[ClaimResult], str, str | None, str | None] | None = None,
     steps: int | None = None,
+    advice_checks: list[AdviceCheck] | None = None,
 ) -> dict[str, Path]:
     """Write report.md, report.html, results.csv and the plot PNGs into out_dir; name -> path."""
     out_dir = Path(out_dir)
-    blocks, plots = build_report(df, title, sources, claims, steps)
+    blocks, plots = build_report(df, title, sources, claims, steps, advice_checks)
     heading = next(b.text for b in blocks if isinstance(b, Heading))
     written = {}
     for name, png in plots.items():

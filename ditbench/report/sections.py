@@ -25,7 +25,8 @@ from ditbench.report.blocks import (
     speedup_text,
 )
 from ditbench.report.cells import cell_label, knobs, value_order, varying_knobs
-from ditbench.report.claim_check import ClaimResult
+from ditbench.report.claim_check import VERDICTS, ClaimResult
+from ditbench.report.claim_predict import counts as predicted_counts
 from ditbench.report.load import column, value
 from ditbench.report.memory import (
     MEM_PREDICTED,
@@ -56,6 +57,9 @@ VERDICT_CSS = {
     "not measured": "not-measured",
     "inconclusive": "not-measured",
     "not judged": "not-measured",
+    "predicted: held": "held",
+    "predicted: not held": "not-held",
+    "predicted: inconclusive": "not-measured",
 }
 
 
@@ -180,10 +184,14 @@ def collapse_unmeasured(rows: list[tuple[str, str, list[str], str]]) -> list[tup
     return [(verdict, row, len(names)) for verdict, row, names in out]
 
 
-def advice_section(df: pd.DataFrame) -> list[Block]:
-    checks = advice.advice_checks(df)
+def advice_section(df: pd.DataFrame, checks: list[advice.AdviceCheck] | None = None) -> list[Block]:
+    """checks: the run's advice checks (with `report --predict`'s predictions); None: checked here."""
+    checks = advice.advice_checks(df) if checks is None else checks
     rows = collapse_unmeasured(
-        [(c.verdict, c.evidence, [c.claim, c.verdict, c.evidence], c.claim) for c in checks]
+        [
+            (c.shown_verdict, c.shown_evidence, [c.claim, c.shown_verdict, c.shown_evidence], c.claim)
+            for c in checks
+        ]
     )
     table = Table(
         ["advice", "verdict", "evidence from this run"],
@@ -194,15 +202,23 @@ def advice_section(df: pd.DataFrame) -> list[Block]:
         Heading(2, "Common advice, checked"),
         table,
         Para("How each verdict is decided:"),
-        Bullets([f"{c.claim}: {c.rule}." for c in checks]),
+        Bullets([f"{c.claim}: {c.rule}." + _predicted_rule(c) for c in checks]),
     ]
+
+
+def _predicted_rule(check: advice.AdviceCheck) -> str:
+    rule = (check.predicted or {}).get("rule")
+    return f" {rule[0].upper()}{rule[1:]}." if rule else ""
 
 
 def claims_section(
     results: list[ClaimResult], path: str, source: str | None, card: str | None
 ) -> list[Block]:
-    counts = {v: sum(r.verdict == v for r in results) for v in VERDICT_CSS}
+    counts = {v: sum(r.verdict == v for r in results) for v in VERDICT_CSS if v in VERDICTS}
     summary = ", ".join(f"{n} {v}" for v, n in counts.items())
+    predicted = predicted_counts(results)
+    if any(predicted.values()):  # `report --predict`
+        summary += "; of those not measured, " + ", ".join(f"{n} {v}" for v, n in predicted.items())
     intro = f"{len(results)} claims from `{path}`" + (f" ({source})" if source else "") + f": {summary}."
     if card:
         intro += (
