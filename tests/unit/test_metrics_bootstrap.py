@@ -204,6 +204,6 @@ def test_the_report_shows_and_judges_one_seed_by_its_bootstrap_se():
     from ditbench.report.quality import _metric_cells, compare_fid
 
     e = _one_seed(500, 20.0, 0.5)
-    assert _metric_cells(e)[0] == "20.0000 ± 0.5000"  # FID: no seeds' spread, the bootstrap SE
+    assert _metric_cells(e)[0] == "20.00 ± 0.50"  # FID: no seeds' spread, the bootstrap SE (to its 2 digits)
     verdict = compare_fid(quality(e), quality(_one_seed(500, 21.0, 0.5)))  # |1| < 2 x 0.71
     assert verdict.text == "within noise" and "seeds' or bootstrap's" in verdict.detail

@@ -225,6 +225,16 @@ def test_a_new_metric_is_one_spec_in_the_registry(ref_npz, tmp_path, monkeypatch
         _scorer(ref_npz, tmp_path, metrics="ms").score(synthetic_images(3, 16))
 
 
+def test_the_table_shows_a_value_and_its_interval_to_the_intervals_precision(ref_npz, tmp_path):
+    from ditbench.metrics.cli import format_table
+
+    result = _scorer(ref_npz, tmp_path, metrics="fid", bootstrap=2).score(synthetic_images(8, 16, seed=2))
+    result["metrics"]["fid"] = 72.9574
+    result["intervals"]["fid"] = [37.7474, 108.1674]  # ± 35.21: no decimal means anything
+    (line,) = [row for row in format_table(result).splitlines() if row.startswith("FID")]
+    assert line.split() == ["FID", "73", "(95%", "38", "to", "108)"]
+
+
 def test_prepare_gathers_the_reference_before_the_first_batch(ref_npz, tmp_path):
     ex = FakeExtractor()
     scorer = _scorer(ref_npz, tmp_path, ex, metrics="fid,kid")
