@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
-from metrics_support import FakeExtractor, synthetic_images
+from metrics_support import SMALL, FakeExtractor, synthetic_images
 from test_gate_quality import cell, evaluation, fid_delta, quality, run
 
 from ditbench.metrics import bootstrap, registry
@@ -18,15 +18,6 @@ from ditbench.metrics.evaluate import Scorer
 from ditbench.metrics.npz_io import ArrayImages
 from ditbench.metrics.spec import Metric, Need, Output
 from ditbench.quality.evaluation import _bootstrap
-
-SMALL = {"is_splits": 2, "kid_subset_size": 4, "kid_subsets": 5}
-
-
-@pytest.fixture
-def ref_npz(tmp_path):
-    path = tmp_path / "ref.npz"
-    np.savez(path, arr_0=synthetic_images(12, 16, seed=1, style="noisy"))
-    return path
 
 
 def _score(ref, metrics="fid,is,pr", **kw):

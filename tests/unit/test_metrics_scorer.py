@@ -12,21 +12,12 @@ import dataclasses
 
 import numpy as np
 import pytest
-from metrics_support import FakeExtractor, synthetic_images
+from metrics_support import SMALL, FakeExtractor, synthetic_images
 
 from ditbench.errors import UserError
 from ditbench.metrics import registry
 from ditbench.metrics.evaluate import Scorer, evaluate
 from ditbench.metrics.spec import Metric, Need, Option, Output
-
-SMALL = {"is_splits": 2, "kid_subset_size": 4, "kid_subsets": 5}
-
-
-@pytest.fixture
-def ref_npz(tmp_path):
-    path = tmp_path / "ref.npz"
-    np.savez(path, arr_0=synthetic_images(12, 16, seed=1, style="noisy"))
-    return path
 
 
 def _scorer(ref, tmp_path, extractor=None, **kw):
