@@ -38,3 +38,14 @@ def test_with_ends_takes_the_decimals_of_the_half_width():
 def test_decimals():
     assert [decimals(h, 4) for h in (35.2, 9.99, 1.0, 0.5, 0.05, 0.00001)] == [0, 1, 1, 2, 3, 4]
     assert decimals(None, 3) == decimals(0.0, 3) == decimals(-1.0, 3) == 3
+
+
+def test_the_summary_line_takes_the_intervals_precision():
+    from ditbench.bench.summary import rate_text
+
+    wide = {"images_per_s": 400.04, "repeats": {"images_per_s_ci": [320.0, 500.0], "count": 3}}
+    assert rate_text(wide) == "400 (95% CI 320-500, 3 runs)"  # was 400.0 (95% CI 320.0-500.0, ...)
+    narrow = {"images_per_s": 50.04, "repeats": {"images_per_s_ci": [45.5, 55.6], "count": 3}}
+    assert rate_text(narrow) == "50.0 (95% CI 45.5-55.6, 3 runs)"
+    missing = {"images_per_s": None, "repeats": {"images_per_s_ci": [45.5, 55.6], "count": 3}}
+    assert rate_text(missing) == "- (95% CI 45.5-55.6, 3 runs)"
