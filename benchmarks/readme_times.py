@@ -149,7 +149,11 @@ def render(key: str, entry: dict[str, Any]) -> str:
     if key == "cpu_smoke":
         return f"{entry['wall_s'] / 60:.1f} min measured on {_load(entry)}"
     if key == "cpu_quality":
-        fids = ", ".join(f"{f['fid']:g} ± {f['spread']:g} at step {f['step']:,}" for f in entry["fid"])
+        from ditbench.metrics.registry import OUTPUTS  # FID's own format, to the spread's precision
+
+        fids = ", ".join(
+            f"{OUTPUTS['fid'].plus_minus(f['fid'], f['spread'])} at step {f['step']:,}" for f in entry["fid"]
+        )
         return (
             f"{entry['wall_s']:.0f} s for the whole suite on {_load(entry)}; FID (test Inception, mean ± "
             f"spread over the sample seeds) {fids}"

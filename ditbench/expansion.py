@@ -18,6 +18,17 @@ DEFAULT_MAX_CELLS = 10_000  # the shipped suites have at most a few dozen cells;
 MAX_EVALUATIONS = 10_000  # quality evaluations (steps x seeds) of one cell
 
 
+def add_max_cells(parser, refuse: str) -> None:
+    """`--max-cells N` (`run`, `plan`): `refuse` says what is counted, e.g. "a grid of"."""
+    parser.add_argument(
+        "--max-cells",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"refuse {refuse} more than N cells, counted before expanding (default: {DEFAULT_MAX_CELLS})",
+    )
+
+
 def matrix_count(axes: Mapping[str, Sequence], n_include: int = 0) -> int:
     """Cells of `axes` x ... (before excludes, which can only remove) plus the includes."""
     return math.prod(len(values) for values in axes.values()) + n_include

@@ -45,3 +45,15 @@ def one_torch_thread():
     machine. The autouse fixture above sets 2 again before the next test."""
     torch.set_num_threads(1)
     yield
+
+
+@pytest.fixture
+def ref_npz(tmp_path):
+    """A 12-image reference batch (16 px, 'noisy' style) as an ADM npz, for the metrics tests' stand-in
+    network (metrics_support: FakeExtractor, and SMALL options that a dozen images allow)."""
+    import numpy as np
+    from metrics_support import synthetic_images
+
+    path = tmp_path / "ref.npz"
+    np.savez(path, arr_0=synthetic_images(12, 16, seed=1, style="noisy"))
+    return path

@@ -86,16 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run larger batches even after a smaller batch of the same series ran out of memory",
     )
-    from ditbench.expansion import DEFAULT_MAX_CELLS
+    from ditbench.expansion import add_max_cells
 
-    parser.add_argument(
-        "--max-cells",
-        type=int,
-        default=None,
-        metavar="N",
-        help="refuse a suite whose matrix (with its overrides) expands to more than N cells, counted "
-        f"before expanding (default: {DEFAULT_MAX_CELLS})",
-    )
+    add_max_cells(parser, "a suite whose matrix (with its overrides) expands to")
     from ditbench.cliopts import add_json, add_no_progress
 
     add_json(parser, "the records of the selected cells (or, with --dry-run, the planned cells)")

@@ -150,6 +150,7 @@ class _Submitter:
         try:
             with sigterm_as_interrupt():
                 self._pick_up()
+                executors.clear_ended(self.folder / executors.SUBMITIT_DIR, self.say)
                 previous = latest_by_cell(read_records(self.results_path))
                 waiting = {p.ticket.read_context()["cell_id"] for p in self.pending}
                 done = set()
@@ -174,6 +175,7 @@ class _Submitter:
         except BaseException:
             self._cancel()
             raise
+        executors.clear_ended(self.folder / executors.SUBMITIT_DIR, self.say, last=True)
         latest = self.runner.latest
         records = [latest[c.cell_id] for c in cells if c.cell_id in latest]
         write_summary(self.out / SUMMARY_FILE, self.suite, records)
@@ -291,6 +293,7 @@ class _Submitter:
                 arrived = self.kind == "slurm" and pending.ticket.result_path.exists()
                 if arrived or not executors.is_active(pending.ref, pending.handle):
                     self._finish(pending)
+            executors.clear_ended(self.folder / executors.SUBMITIT_DIR, self.say)
             if self.kind == "local" and not self.pending and todo:
                 self._start([todo.pop(0)])
                 continue
@@ -302,7 +305,8 @@ class _Submitter:
         ticket, ref = pending.ticket, pending.ref
         if pending in self.pending:
             self.pending.remove(pending)
-        if submitted and not ticket.result_path.exists():
+        wrote_result = ticket.result_path.exists()
+        if submitted and not wrote_result:
             inflight.write_result_file(ticket, ended_result(pending))
         context, started = ticket.read_context(), _started(ticket)
         try:
@@ -337,10 +341,8 @@ class _Submitter:
             self.runner.note(pending.cell, record)
         if record["status"] == "oom" and self.kind == "slurm":
             self._stop_queued()
-        if ref.job_id:
-            shutil.rmtree(
-                Path(ref.folder) / ref.job_id, ignore_errors=True
-            )  # its log is in logs/ or the record
+        if ref.job_id:  # a job that wrote its result may still be ending: its folder waits for that
+            executors.retire(ref, self.folder / executors.SUBMITIT_DIR, may_run=wrote_result)
         self.say(format_line(record))
 
     def _stop_queued(self) -> None:

@@ -10,6 +10,7 @@ from ditbench.bench.load import LOAD_BOUND
 from ditbench.bench.window import GAP_BOUND, SPREAD_BOUND, noise_advice
 from ditbench.escape import md_cell, md_text
 from ditbench.fileio import write_atomic
+from ditbench.interval_text import with_ends
 from ditbench.units import memory_text
 
 REASON_CHARS = 160  # of a reason in the summary table's note column
@@ -121,7 +122,9 @@ def rate_text(metrics: dict[str, Any]) -> str:
         failed = (
             f", {len(rep['failed'])} failed" if isinstance(rep.get("failed"), dict) and rep["failed"] else ""
         )
-        text += f" (95% CI {ci[0]:.1f}-{ci[1]:.1f}, {rep.get('count')} runs{failed})"
+        value = metrics["images_per_s"] if text != "-" else ci[0]
+        shown, low, high = with_ends(value, ci[0], ci[1], "{:.1f}")  # to the interval's precision
+        text = (shown if text != "-" else text) + f" (95% CI {low}-{high}, {rep.get('count')} runs{failed})"
     return text
 
 

@@ -16,18 +16,13 @@ import tempfile
 from pathlib import Path
 
 from ditbench.errors import UserError
-from ditbench.report.load import KEEP_CHOICES
+from ditbench.report.load import KEEP_CHOICES, add_results
 
 TRACKERS = {"tensorboard": "DIR", "mlflow": "URI"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "results",
-        nargs="+",
-        metavar="RESULTS",
-        help="results.jsonl files written by `ditbench run` (or their run directories)",
-    )
+    add_results(parser)
     parser.add_argument(
         "--to",
         nargs=2,

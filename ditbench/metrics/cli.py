@@ -114,8 +114,11 @@ def format_table(result: dict) -> str:
     for o in outputs:
         if o.key in m:
             ends = intervals.get(o.key)
-            ci = f"  (95% {o.fmt.format(ends[0])} to {o.fmt.format(ends[1])})" if ends else ""
-            lines.append(f"{o.label:<{width}}  {o.fmt.format(m[o.key])}{ci}")
+            if ends:
+                value, low, high = o.with_ends(m[o.key], ends[0], ends[1])
+                lines.append(f"{o.label:<{width}}  {value}  (95% {low} to {high})")
+            else:
+                lines.append(f"{o.label:<{width}}  {o.fmt.format(m[o.key])}")
     for metric, reason in result["skipped"].items():
         lines.append(f"{metric:<{width}}  skipped: {reason}")
     t = result["timings_s"]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from ditbench import interval_text
 from ditbench.errors import UserError, shorten
 
 if TYPE_CHECKING:
@@ -84,6 +85,14 @@ class Output:
     def quality(self) -> bool:
         """A quality figure (it has a direction): evaluated per seed, gated and reported."""
         return self.better is not None
+
+    def plus_minus(self, value: float, spread: float | None) -> str:
+        """`73 ± 35`: the value and its spread to the decimals the spread justifies (`interval_text`)."""
+        return interval_text.plus_minus(value, spread, self.fmt)
+
+    def with_ends(self, value: float, low: float, high: float) -> tuple[str, str, str]:
+        """The value and the ends of its interval, to the decimals the interval justifies."""
+        return interval_text.with_ends(value, low, high, self.fmt)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from torch import nn
 from ditbench.errors import UnsupportedError
 from ditbench.models.attention import kernel_context, refused
 from ditbench.models.configs import DiTConfig, parse_grad_ckpt
+from ditbench.models.dit import cfg_forward
 from ditbench.vae import LATENT_CHANNELS
 
 
@@ -56,13 +57,7 @@ class DiffusersDiT(nn.Module):
             raise
 
     def forward_with_cfg(self, x, t, y, cfg_scale: float, guidance_channels: int | None = None):
-        half = x[: len(x) // 2]
-        out = self.forward(torch.cat([half, half], dim=0), t, y)
-        g = self.in_channels if guidance_channels is None else guidance_channels
-        eps, rest = out[:, :g], out[:, g:]
-        cond, uncond = torch.split(eps, len(eps) // 2, dim=0)
-        guided = uncond + cfg_scale * (cond - uncond)
-        return torch.cat([torch.cat([guided, guided], dim=0), rest], dim=1)
+        return cfg_forward(self.forward, self.in_channels, x, t, y, cfg_scale, guidance_channels)
 
 
 @torch.no_grad()

@@ -309,11 +309,16 @@ class DiT(nn.Module):
         (DiT issue #41 / PR #12; cfg 1.5 on 3 channels gives FID 2.27, about what cfg 1.375 on all 4
         gives). Pass guidance_channels=3 to reproduce the official numbers exactly.
         """
-        half = x[: len(x) // 2]
-        combined = torch.cat([half, half], dim=0)
-        out = self.forward(combined, t, y)
-        g = self.in_channels if guidance_channels is None else guidance_channels
-        eps, rest = out[:, :g], out[:, g:]
-        cond, uncond = torch.split(eps, len(eps) // 2, dim=0)
-        guided = uncond + cfg_scale * (cond - uncond)
-        return torch.cat([torch.cat([guided, guided], dim=0), rest], dim=1)
+        return cfg_forward(self.forward, self.in_channels, x, t, y, cfg_scale, guidance_channels)
+
+
+def cfg_forward(forward, in_channels: int, x, t, y, cfg_scale: float, guidance_channels: int | None = None):
+    """`DiT.forward_with_cfg` for any network whose `forward(x, t, y)` returns eps then the rest
+    (DiT, and diffusers' DiT in `diffusers_impl`): guides the first `guidance_channels` channels."""
+    half = x[: len(x) // 2]
+    out = forward(torch.cat([half, half], dim=0), t, y)
+    g = in_channels if guidance_channels is None else guidance_channels
+    eps, rest = out[:, :g], out[:, g:]
+    cond, uncond = torch.split(eps, len(eps) // 2, dim=0)
+    guided = uncond + cfg_scale * (cond - uncond)
+    return torch.cat([torch.cat([guided, guided], dim=0), rest], dim=1)

@@ -95,16 +95,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print the plan as JSON on stdout instead of tables"
     )
-    from ditbench.expansion import DEFAULT_MAX_CELLS
+    from ditbench.expansion import add_max_cells
 
-    parser.add_argument(
-        "--max-cells",
-        type=int,
-        default=None,
-        metavar="N",
-        help="refuse a grid (or --suite matrix) of more than N cells, counted before expanding "
-        f"(default: {DEFAULT_MAX_CELLS})",
-    )
+    add_max_cells(parser, "a grid (or --suite matrix) of")
     parser.add_argument(
         "--no-cache", action="store_true", help="trace every series afresh (default: reuse traces on disk)"
     )

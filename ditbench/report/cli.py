@@ -10,17 +10,12 @@ from typing import Any
 
 from ditbench.errors import UserError
 from ditbench.outpaths import refuse_output_as_input
-from ditbench.report.load import KEEP_CHOICES, load_results
+from ditbench.report.load import KEEP_CHOICES, add_results, load_results
 from ditbench.report.timing import DEFAULT_TARGET_STEPS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "results",
-        nargs="+",
-        metavar="RESULTS",
-        help="results.jsonl files written by `ditbench run` (or their run directories)",
-    )
+    add_results(parser)
     parser.add_argument(
         "--out",
         metavar="DIR",

@@ -35,6 +35,16 @@ REQUIRED_KEYS = ("cell_id", "config", "status")
 KEEP_CHOICES = ("latest", "all")
 
 
+def add_results(parser) -> None:
+    """The RESULTS files a command reads (`report`, `export`), as `load_results` takes them."""
+    parser.add_argument(
+        "results",
+        nargs="+",
+        metavar="RESULTS",
+        help="results.jsonl files written by `ditbench run` (or their run directories)",
+    )
+
+
 def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     """{"a": {"b": 1}, "c": [1, 2]} -> {"a.b": 1, "c": [1, 2]}; an empty or null dict gives its own key."""
     out: dict[str, Any] = {}

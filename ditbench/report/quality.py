@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 
 from ditbench.metrics import registry
+from ditbench.metrics.spec import Output
 from ditbench.report.blocks import Block, Heading, Image, Para, Table, num
 from ditbench.report.cells import cell_label
 from ditbench.report.gate.policy import DEFAULT_QUALITY_NOISE_K
@@ -136,7 +137,7 @@ def quality_section(df: pd.DataFrame) -> tuple[list[Block], dict[str, bytes]]:
 def _metric_cells(e: dict[str, Any]) -> list[str]:
     """An evaluation's quality figures, one column per quality output of the metric registry."""
     m = e.get("metrics") or {}
-    return [_pm(m.get(o.key), evaluation_noise(e, o.key)[0], o.fmt) for o in registry.quality_outputs()]
+    return [_pm(m.get(o.key), evaluation_noise(e, o.key)[0], o) for o in registry.quality_outputs()]
 
 
 def _metric_headers() -> list[str]:
@@ -172,11 +173,11 @@ def _verdict(df: pd.DataFrame, label, q: dict, comparison: pd.DataFrame) -> Verd
     return compare_fid(base_q, q)
 
 
-def _pm(mean: Any, spread: Any, fmt: str) -> str:
-    """mean ± spread in the metric's format; the mean alone without a spread (one seed)."""
+def _pm(mean: Any, spread: Any, output: Output) -> str:
+    """mean ± spread to the decimals the spread justifies; the mean alone without a spread (one seed)."""
     if not _finite(mean):
         return "—"
-    return f"{fmt.format(mean)} ± {fmt.format(spread)}" if _finite(spread) else fmt.format(mean)
+    return output.plus_minus(mean, spread if _finite(spread) else None)
 
 
 def _finite(x: Any) -> bool:
@@ -209,7 +210,7 @@ def _hours_table(df: pd.DataFrame, cells) -> list[Block]:
         row = [cell_label(df.loc[label])]
         for x in hours:
             within = [(h, fid, spread, step) for h, fid, spread, step in p if h <= x]
-            text = _pm(within[-1][1], within[-1][2], registry.OUTPUTS["fid"].fmt)
+            text = _pm(within[-1][1], within[-1][2], registry.OUTPUTS["fid"])
             row.append(f"{text} (step {within[-1][3]:,})" if within else "—")
         rows.append(row)
     return [

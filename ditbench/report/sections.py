@@ -12,6 +12,7 @@ from typing import Any
 import pandas as pd
 
 from ditbench.bench.window import noise_advice
+from ditbench.interval_text import decimals
 from ditbench.report import advice, analysis
 from ditbench.report.blocks import (
     Block,
@@ -419,12 +420,15 @@ def _detail_row(
 def rate_text(row: pd.Series) -> str:
     """images/s; a cell with repeats: the median of the per-process medians, its 95% interval and
     the number of processes (bench.repeats)."""
-    text = num(value(row, IMG_S))
     rep = (row["record"].get("metrics") or {}).get("repeats")
     ci = rep.get("images_per_s_ci") if isinstance(rep, dict) else None
-    if isinstance(ci, list) and len(ci) == 2:
-        text += f" (95% CI {num(ci[0])}–{num(ci[1])}, {rep.get('count')} runs)"
-    return text
+    if not (isinstance(ci, list) and len(ci) == 2):
+        return num(value(row, IMG_S))
+    # to the decimals the interval justifies (interval_text), at most num's one
+    ends = [x for x in ci if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    digits = decimals((ends[1] - ends[0]) / 2, 1) if len(ends) == 2 else 1
+    text = num(value(row, IMG_S), digits)
+    return text + f" (95% CI {num(ci[0], digits)}–{num(ci[1], digits)}, {rep.get('count')} runs)"
 
 
 def mem_text(gib: Any) -> str:

@@ -400,3 +400,57 @@ def test_without_accounting_a_job_squeue_no_longer_lists_has_ended(tmp_path, fak
     (record,) = submit_suite(suite, options, "slurm", echo=lambda line: None, poll_s=0.01)
     assert record["status"] == "error" and "ended (NOT_IN_QUEUE) without writing a result" in record["reason"]
     assert record["env"] is None  # never the login node's environment
+
+
+@pytest.mark.parametrize("end", ["COMPLETED", "FAILED"])
+def test_a_job_that_wrote_its_result_keeps_its_submitit_folder_until_slurm_says_it_ended(
+    tmp_path, fake_slurm, end
+):
+    """The record is appended as the result file appears, while the job still runs (submitit writes
+    its own result into the job's folder as it exits): the folder goes only once sacct says COMPLETED;
+    a job that ended another way keeps its logs there, and the run says where."""
+    from submitit.slurm.slurm import SlurmJob
+
+    state = tmp_path / "state"
+    state.write_text("RUNNING")
+    sacct = fake_slurm.parent / "bin" / "sacct"
+    sacct.write_text(
+        "#!/bin/bash\necho 'JobID|State|NodeList'\n"
+        'while [ $# -gt 0 ]; do if [ "$1" = -j ]; then shift\n'
+        f'echo "$1|$(cat {state})|node1"; fi; shift; done\n'
+    )
+    suite = load_suite(write_suite(tmp_path, device="cpu", cluster=""))
+    cell, out = suite.cells[0], tmp_path / "out"
+    job_id = str(random.randint(10_000, 900_000) * 100 + 99)  # the watcher caches finished ids across tests
+    metrics = {
+        "images_per_s": 12.5,
+        "steps_per_s": 6.25,
+        "step_ms": {"median": 160.0, "p10": 150.0, "p90": 170.0},
+    }
+    ticket = leave_ticket(out, suite, cell, {"status": "ok", "metrics": metrics, "env": {"host": "node1"}})
+    submitit_dir = out / JOBS_DIR / "submitit"
+    JobRef("slurm", job_id, str(submitit_dir)).save(job_path(ticket))
+    (submitit_dir / job_id).mkdir(parents=True)
+    (submitit_dir / job_id / f"{job_id}_0_log.out").write_text("the job's own log\n")
+    options = RunOptions(out=out, progress=False, cell_filters=[cell.cell_id])
+    lines: list[str] = []
+    (record,) = submit_suite(suite, options, "slurm", echo=lines.append, poll_s=0.01)
+    assert record["status"] == "ok" and record["slurm_job"]["id"] == job_id
+    assert (submitit_dir / job_id / f"{job_id}_0_log.out").exists()  # the job still runs: left alone
+    assert "1 job(s) still ending after their records" in lines[-1]
+
+    state.write_text(end)
+    SlurmJob.watcher.clear()  # sacct is asked again at once, not after submitit's back-off
+    lines.clear()
+    assert submit_suite(suite, options, "slurm", echo=lines.append, poll_s=0.01) == [record]
+    assert len(read_records(out / "results.jsonl")) == 1
+    assert not list(submitit_dir.glob("*.ending.json"))
+    if end == "COMPLETED":
+        assert not (submitit_dir / job_id).exists()
+        assert not [line for line in lines if line.startswith("job ")]
+    else:
+        assert (submitit_dir / job_id / f"{job_id}_0_log.out").exists()
+        assert [line for line in lines if line.startswith("job ")] == [
+            f"job {job_id} ended FAILED after writing its cell's result (the record stands); "
+            f"its logs stay in {submitit_dir / job_id}"
+        ]

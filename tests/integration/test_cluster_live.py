@@ -155,17 +155,42 @@ def test_cpu_multi_runs_as_one_array_per_job_shape_and_matches_a_local_run(tmp_p
         if record["config"]["gpus"] == 2:
             assert record["metrics"]["launcher"] == "srun" and len(record["metrics"]["per_rank"]) == 2
     assert sorted(map(shape, got)) == sorted(map(shape, records(local)))
+    ended_completed([r["slurm_job"]["id"] for r in got])
 
 
 @pytest.mark.timeout(300)
 def test_a_two_node_gloo_cell_runs_through_srun_on_node1_and_node2(tmp_path):
-    out = tmp_path / "o"
-    run(write_suite(tmp_path, "gpus: [1], nodes: [2]"), out, "--executor", "slurm")
+    out, suite = tmp_path / "o", write_suite(tmp_path, "gpus: [1], nodes: [2]")
+    run(suite, out, "--executor", "slurm")
     (record,) = records(out)
     assert record["status"] == "ok", (record.get("reason"), record.get("traceback"))
     assert record["slurm_job"]["nodes"] == ["node1", "node2"]
     assert record["config"]["nodes"] == 2 and record["metrics"]["world_size"] == 2
     assert record["metrics"]["launcher"] == "srun" and len(record["metrics"]["per_rank"]) == 2
+    job = record["slurm_job"]["id"]
+    ended_completed([job])
+    run(suite, out, "--executor", "slurm")  # nothing to run; the ended job's submitit folder goes
+    assert not (jobs_dir(out) / executors.SUBMITIT_DIR / job).exists() and len(records(out)) == 1
+
+
+def ended_completed(job_ids: list[str]) -> None:
+    """Each job, recorded ok, ends COMPLETED: it exits after its record is appended (submitit then
+    writes its own result into the job's folder), so the submitter must not have removed that folder
+    (before the fix, about half such jobs ended FAILED on this cluster)."""
+    for job in job_ids:
+        wait_until(
+            lambda j=job: sacct_state(j) not in ("", "PENDING", "RUNNING", "COMPLETING"), f"{job} ended"
+        )
+    assert {job: sacct_state(job) for job in job_ids} == dict.fromkeys(job_ids, "COMPLETED")
+
+
+def sacct_state(job_id: str) -> str:
+    """sacct's state of the job ('' while sacct does not know it yet)."""
+    done = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], capture_output=True, text=True
+    )
+    words = done.stdout.split()
+    return words[0] if words else ""
 
 
 @pytest.mark.timeout(420)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 
 import numpy as np
 import pytest
@@ -115,7 +116,9 @@ def test_a_registered_metric_reaches_fid_the_quality_record_compare_and_the_repo
     blocks, _ = quality_section(df)
     summary = next(b for b in blocks if "vs baseline" in getattr(b, "headers", []))
     column = summary.headers.index("Mean pool3")
-    assert summary.rows[0][column] == f"{np.mean(seeds):.5f} ± {np.std(seeds, ddof=1):.5f}"
+    sd = np.std(seeds, ddof=1)  # in its own format, at most; two significant digits of the spread
+    places = min(5, max(0, 1 - math.floor(math.log10(sd))))
+    assert summary.rows[0][column] == f"{np.mean(seeds):.{places}f} ± {sd:.{places}f}"
     claim = {
         "says": "mean pool3 below 1e6",
         "cell": {"model": "DiT-S/8"},

@@ -13,7 +13,11 @@ import torch
 from ditbench.metrics.calibrated import synthetic_images, to_nchw
 from ditbench.metrics.weights import load_network
 
-__all__ = ["calibrated_weights_file", "npz_digest", "synthetic_images", "to_nchw"]
+__all__ = ["SMALL", "calibrated_weights_file", "npz_digest", "synthetic_images", "to_nchw"]
+
+# Metric options small enough for a dozen stand-in images (conftest's `ref_npz`): IS in 2 splits, KID
+# on 5 subsets of 4.
+SMALL = {"is_splits": 2, "kid_subset_size": 4, "kid_subsets": 5}
 
 
 def npz_digest(path: str | Path) -> str:

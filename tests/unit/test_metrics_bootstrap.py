@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
-from metrics_support import FakeExtractor, synthetic_images
+from metrics_support import SMALL, FakeExtractor, synthetic_images
 from test_gate_quality import cell, evaluation, fid_delta, quality, run
 
 from ditbench.metrics import bootstrap, registry
@@ -18,15 +18,6 @@ from ditbench.metrics.evaluate import Scorer
 from ditbench.metrics.npz_io import ArrayImages
 from ditbench.metrics.spec import Metric, Need, Output
 from ditbench.quality.evaluation import _bootstrap
-
-SMALL = {"is_splits": 2, "kid_subset_size": 4, "kid_subsets": 5}
-
-
-@pytest.fixture
-def ref_npz(tmp_path):
-    path = tmp_path / "ref.npz"
-    np.savez(path, arr_0=synthetic_images(12, 16, seed=1, style="noisy"))
-    return path
 
 
 def _score(ref, metrics="fid,is,pr", **kw):
@@ -204,6 +195,6 @@ def test_the_report_shows_and_judges_one_seed_by_its_bootstrap_se():
     from ditbench.report.quality import _metric_cells, compare_fid
 
     e = _one_seed(500, 20.0, 0.5)
-    assert _metric_cells(e)[0] == "20.0000 ± 0.5000"  # FID: no seeds' spread, the bootstrap SE
+    assert _metric_cells(e)[0] == "20.00 ± 0.50"  # FID: no seeds' spread, the bootstrap SE (to its 2 digits)
     verdict = compare_fid(quality(e), quality(_one_seed(500, 21.0, 0.5)))  # |1| < 2 x 0.71
     assert verdict.text == "within noise" and "seeds' or bootstrap's" in verdict.detail

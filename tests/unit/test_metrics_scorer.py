@@ -12,21 +12,12 @@ import dataclasses
 
 import numpy as np
 import pytest
-from metrics_support import FakeExtractor, synthetic_images
+from metrics_support import SMALL, FakeExtractor, synthetic_images
 
 from ditbench.errors import UserError
 from ditbench.metrics import registry
 from ditbench.metrics.evaluate import Scorer, evaluate
 from ditbench.metrics.spec import Metric, Need, Option, Output
-
-SMALL = {"is_splits": 2, "kid_subset_size": 4, "kid_subsets": 5}
-
-
-@pytest.fixture
-def ref_npz(tmp_path):
-    path = tmp_path / "ref.npz"
-    np.savez(path, arr_0=synthetic_images(12, 16, seed=1, style="noisy"))
-    return path
 
 
 def _scorer(ref, tmp_path, extractor=None, **kw):
@@ -223,6 +214,16 @@ def test_a_new_metric_is_one_spec_in_the_registry(ref_npz, tmp_path, monkeypatch
     registry.register(nan, remove="ms")
     with pytest.raises(UserError, match="Mean shift came out nan"):
         _scorer(ref_npz, tmp_path, metrics="ms").score(synthetic_images(3, 16))
+
+
+def test_the_table_shows_a_value_and_its_interval_to_the_intervals_precision(ref_npz, tmp_path):
+    from ditbench.metrics.cli import format_table
+
+    result = _scorer(ref_npz, tmp_path, metrics="fid", bootstrap=2).score(synthetic_images(8, 16, seed=2))
+    result["metrics"]["fid"] = 72.9574
+    result["intervals"]["fid"] = [37.7474, 108.1674]  # ± 35.21: no decimal means anything
+    (line,) = [row for row in format_table(result).splitlines() if row.startswith("FID")]
+    assert line.split() == ["FID", "73", "(95%", "38", "to", "108)"]
 
 
 def test_prepare_gathers_the_reference_before_the_first_batch(ref_npz, tmp_path):

@@ -308,6 +308,24 @@ def test_diffusers_impl_builds_runs_and_counts():
     assert count_params(model) == ours + (depth - 1) * per_copy - tokens * d
 
 
+def test_the_diffusers_model_guides_as_the_dit_does():
+    """Both implementations' forward_with_cfg are one rule (models.dit.cfg_forward): same weights
+    in, the diffusers model's guided output is its raw output guided the same way."""
+    model = _randomise(build_model("DiT-T/4", image_size=64, impl="diffusers")).eval()
+    x, t, _ = inputs(n=2)
+    y = torch.tensor([3, 1000])
+    x2, t2 = torch.cat([x[:1], x[:1]]), torch.cat([t[:1], t[:1]])
+    with torch.no_grad():
+        out = model.forward_with_cfg(x2, t2, y, cfg_scale=4.0)
+        raw = model(x2, t2, y)
+        official = model.forward_with_cfg(x2, t2, y, cfg_scale=4.0, guidance_channels=3)
+    eps = raw[1:, :4] + 4.0 * (raw[:1, :4] - raw[1:, :4])
+    assert torch.allclose(out[0, :4], eps[0], atol=1e-5) and torch.allclose(out[1, :4], eps[0], atol=1e-5)
+    assert torch.allclose(out[:, 4:], raw[:, 4:])
+    assert torch.allclose(official[:, 3], raw[:, 3])  # the official code leaves channel 3 unguided
+    assert torch.allclose(official[0, :3], eps[0, :3], atol=1e-5)
+
+
 def test_diffusers_xl2_parameter_count():
     with torch.device("meta"):
         model = build_model("DiT-XL/2", impl="diffusers")

@@ -106,7 +106,7 @@ def test_the_section_tables_figures_and_grids(tmp_path):
     hours = next(b for b in blocks if getattr(b, "headers", [""])[-1].startswith("after"))
     assert hours.headers[1:] == ["after 30 GPU-min", "after 1 GPU-h", "after 1.28 GPU-h"]
     # the bf16 cell reached step 500 within 30 GPU-minutes; the fp32 baseline only had step 0 then
-    assert hours.rows[1][1].startswith("102.0000 ± 2.0000 (step 500)") and "(step 0)" in hours.rows[0][1]
+    assert hours.rows[1][1].startswith("102.0 ± 2.0 (step 500)") and "(step 0)" in hours.rows[0][1]
     assert set(figures) == {"quality_gpu_hours.png", "quality_grids.png"}
     written = write_report(df, tmp_path / "report")
     assert (tmp_path / "report" / "quality_grids.png").is_file() and "quality_gpu_hours.png" in written

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.errors import UserError
-from ditbench.fileio import write_json_atomic
+from ditbench.fileio import rmtree_real, write_json_atomic
 
 SUBMITIT_DIR = "submitit"
 JOB_ID = {"local": re.compile(r"[1-9][0-9]{0,9}"), "slurm": re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")}
@@ -235,6 +235,50 @@ def cancel_if_queued(ref: JobRef) -> bool:
         return False
     cancel(ref)
     return True
+
+
+# -- a job's submitit folder --------------------------------------------------------------------
+
+# How a job that wrote its result may end for its folder to go: SLURM's clean exit, the local
+# controller's exit, or a cluster without accounting that no longer lists the job (no state to show).
+CLEAN_ENDS = {"COMPLETED", "FINISHED", "NOT_IN_QUEUE"}
+
+
+def retire(ref: JobRef, folder: Path, may_run: bool) -> None:
+    """The job's cell is recorded: remove its folder (`folder/<job id>`) now if the job has ended
+    without a result (the end of its log is in the record), else once it has ended (`clear_ended`).
+
+    A record is appended as soon as the job's result file appears, while submitit still writes the
+    job's own result into that folder as the job exits: removed then, the job fails (sacct FAILED)
+    under a good record.
+    """
+    if may_run:
+        ref.save(folder / f"{ref.job_id}.ending.json")
+    else:
+        rmtree_real(folder / ref.job_id)
+
+
+def clear_ended(folder: Path, say, last: bool = False) -> None:
+    """Remove the folder of each retired job that has ended COMPLETED; a job that ended any other way
+    keeps its logs there (the id its record's `slurm_job` names) and `say` tells where. The folders of
+    retired jobs that still run wait for the next call (after the `last` of a run: the next run)."""
+    left = 0
+    for path in sorted(folder.glob("*.ending.json")):
+        ref = JobRef.load(path)
+        found = state(ref) if ref is not None else None  # None: a file not ours, dropped
+        if found in ACTIVE_STATES:
+            left += 1
+            continue
+        if found in CLEAN_ENDS:
+            rmtree_real(folder / ref.job_id)
+        elif found is not None:
+            say(
+                f"job {ref.job_id} ended {found} after writing its cell's result (the record stands); "
+                f"its logs stay in {folder / ref.job_id}"
+            )
+        path.unlink(missing_ok=True)
+    if last and left:
+        say(f"{left} job(s) still ending after their records: the next run removes their submitit folders")
 
 
 # -- finding a job whose id the submitter never wrote down -----------------------------------------

@@ -106,21 +106,21 @@ class _Cell:
     def _step_test(self) -> StepTest:
         """Run-level samples (each repeat's median step time) when both runs have repeats: they sample
         the process-to-process noise; else the per-step times of the one process a side."""
-        runs = []
-        for row in (self.b, self.n):
-            s, problem = run_samples(row.record)
-            if problem:
-                self.problem(row, STEP_SAMPLES, problem)
-            runs.append(s)
+        runs = self._samples(run_samples)
         if all(len(s) >= 2 for s in runs):
             return StepTest(runs[0], runs[1], self.policy, unit="runs")
-        samples = []
+        steps = self._samples(step_samples)
+        return StepTest(steps[0], steps[1], self.policy)
+
+    def _samples(self, read) -> list[list[float]]:
+        """Each run's samples as `read` (run_samples or step_samples) finds them; a problem is recorded."""
+        sides = []
         for row in (self.b, self.n):
-            s, problem = step_samples(row.record)
+            s, problem = read(row.record)
             if problem:
                 self.problem(row, STEP_SAMPLES, problem)
-            samples.append(s)
-        return StepTest(samples[0], samples[1], self.policy)
+            sides.append(s)
+        return sides
 
     def _value(self, row: Row, metric: Metric) -> tuple[float | None, bool]:
         """(value, usable); a problem is recorded when not usable."""
