@@ -208,7 +208,8 @@ def _predict_compare(r: ClaimResult, where: str, target_steps: int, cache: dict)
     of = f", median of {len(pairs)} pairs" if len(pairs) > 1 else ""
     return {
         "verdict": judge(lo, hi, c.low, c.high),
-        "value": f"×{ratio:.2f}{of}, ×{lo:.2f}–×{hi:.2f} with each cell's{_band_text(band_pct)}",
+        "value": f"×{ratio:.2f}{of}"
+        + (f", ×{lo:.2f}–×{hi:.2f} with each cell's{_band_text(band_pct)}" if band_pct is not None else ""),
         "ratio": ratio,
         "interval": [lo, hi],
         "band_pct": band_pct,

@@ -303,3 +303,15 @@ def test_a_measured_compare_keeps_its_verdict_with_the_prediction_beside_it(tmp_
     assert r.predicted["verdict"] == "predicted: not held"  # 2.6/4.0: 0.576-0.733, above 0.575
     assert "; predicted: not held (×0.65, ×0.58–×0.73 with each cell's +-6% on RTX 4090: " in r.evidence
     assert counts(out) == {"predicted: held": 0, "predicted: not held": 0, "predicted: inconclusive": 0}
+
+
+def test_a_speed_compare_without_a_calibrated_band_judges_the_ratio_itself(tmp_path, monkeypatch):
+    table = {k: (*v[:4], None) for k, v in B8.items()}  # no speed band: no calibration for the card
+    claims = [{"says": "t", **CKPT, "metric": "step_time", "ratio_range": [1.2, 1.3]}]
+    p = unmeasured_run(tmp_path, monkeypatch, claims, table)[0]["t"].predicted
+    # step time x1.25 (fp32 10 -> 8 steps/s) and x1.33 (fp16 12 -> 9): the median x1.29 is inside
+    assert p["ratio"] == pytest.approx((1.25 + 12 / 9) / 2) and p["interval"] == pytest.approx(
+        [p["ratio"]] * 2
+    )
+    assert p["verdict"] == "predicted: held" and p["band_pct"] is None
+    assert p["value"] == "×1.29, median of 2 pairs"
