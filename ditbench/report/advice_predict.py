@@ -20,6 +20,7 @@ from ditbench.cards import cards_in_class
 from ditbench.report import advice
 from ditbench.report.advice import AdviceCheck
 from ditbench.report.claim_predict import (
+    ATTENTION_NOT_PREDICTED,
     PREDICTED_HELD,
     PREDICTED_INCONCLUSIVE,
     PREDICTED_NOT_HELD,
@@ -28,14 +29,14 @@ from ditbench.report.claim_predict import (
     judge,
     memory_band_pct,
     predict,
+    ratio_band,
 )
 
 CALIBRATION_CARD = "H200"  # the H200 anchors: the shipped speed calibration and the memory table
 DIT_CELL = {"model": "DiT-XL/2", "batch_size": 32}  # the DiT paper's run: batch 256 over 8 GPUs
 
 NOT_PREDICTABLE = {
-    "check_flash_speedup": "not predicted: the planner traces attention with its default kernel, so its "
-    "time model cannot tell flash from math",
+    "check_flash_speedup": ATTENTION_NOT_PREDICTED,
     "check_quality_unchanged": "not predicted: the planner predicts memory and speed, not sample quality",
 }
 
@@ -48,12 +49,6 @@ def class_card(gb: int) -> str:
 def _label(config: dict[str, Any]) -> str:
     ckpt = config.get("grad_ckpt", "none")
     return f"{config['model']} {config['precision']} ckpt={ckpt} bs={config['batch_size']}"
-
-
-def _ratio(top: float, bottom: float, top_pct: float, bottom_pct: float) -> tuple[float, float]:
-    """The interval of top / bottom when each lies anywhere in its band."""
-    (t_lo, t_hi), (b_lo, b_hi) = band(top, top_pct), band(bottom, bottom_pct)
-    return t_lo / b_hi, t_hi / b_lo
 
 
 def _both(verdicts: list[str]) -> str:
@@ -76,7 +71,7 @@ def predict_fp16_halves() -> dict[str, Any]:
         return {"verdict": None, "why": why}
     mem = memory_band_pct()
     ratio = half.peak_allocated_gib / full.peak_allocated_gib
-    lo, hi = _ratio(half.peak_allocated_gib, full.peak_allocated_gib, mem, mem)
+    lo, hi = ratio_band(band(half.peak_allocated_gib, mem), band(full.peak_allocated_gib, mem))
     verdict = judge(lo, hi, high=advice.FP16_HALVES_MAX_RATIO)
     return {
         "verdict": verdict,
@@ -106,10 +101,10 @@ def predict_ckpt_tradeoff() -> dict[str, Any]:
     if speed is None or not full.predicted_steps_per_s or not none.predicted_steps_per_s:
         return {"verdict": None, "why": f"not predicted: no speed prediction on the {CALIBRATION_CARD}"}
     saving = 1 - full.peak_allocated_gib / none.peak_allocated_gib
-    r_lo, r_hi = _ratio(full.peak_allocated_gib, none.peak_allocated_gib, mem, mem)
+    r_lo, r_hi = ratio_band(band(full.peak_allocated_gib, mem), band(none.peak_allocated_gib, mem))
     s_lo, s_hi = 1 - r_hi, 1 - r_lo
     extra = none.predicted_steps_per_s / full.predicted_steps_per_s - 1
-    slow = _ratio(none.predicted_steps_per_s, full.predicted_steps_per_s, speed, speed)
+    slow = ratio_band(band(none.predicted_steps_per_s, speed), band(full.predicted_steps_per_s, speed))
     e_lo, e_hi = slow[0] - 1, slow[1] - 1
     verdict = _both(
         [judge(s_lo, s_hi, low=advice.CKPT_MIN_SAVING), judge(e_lo, e_hi, high=advice.CKPT_MAX_EXTRA_TIME)]

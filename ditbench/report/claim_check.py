@@ -59,6 +59,10 @@ class ClaimResult:
     cells: list[str] = field(default_factory=list)
     numbers: list[dict[str, Any]] = field(default_factory=list)
     predicted: dict[str, Any] | None = None  # `report --predict`: the planner's verdict (claim_predict)
+    # The run's cells the claim is about, as (label, knobs), for `--predict`: a compare claim's
+    # pairs (from, to), a fits claim's matching cells
+    pairs: list[tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]]] = field(default_factory=list)
+    matched: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         c = self.claim
@@ -195,13 +199,14 @@ def _check_fits(run: _Run, claim: Claim) -> ClaimResult:
     assert gib is not None
     claimed = claimed_text(claim)
     rows = run.matching(claim.cell)
+    matched = [_labelled(r) for r in rows]
     skipped = [r for r in rows if r["status"] == "skipped"]
     rows = [r for r in rows if r["status"] != "skipped"]
     if not rows:
         why = (
             why_no_match(df, claim.cell) if not skipped else f"all {len(skipped)} matching cells were skipped"
         )
-        return ClaimResult(claim, NOT_MEASURED, claimed, "—", why)
+        return ClaimResult(claim, NOT_MEASURED, claimed, "—", why, matched=matched)
     yes, no, unknown = [], [], []
     numbers = []
     for row in rows:
@@ -239,8 +244,9 @@ def _check_fits(run: _Run, claim: Claim) -> ClaimResult:
         evidence += f"{len(yes)} of {len(rows)} matching cell(s) fit"
         mem, _ = fit_memory(best)
         measured = f"{mem:.2f} GiB" if mem is not None else "ran inside a smaller cap"
+        fit_cells = [cell_label(r) for r in yes]
         return ClaimResult(
-            claim, HELD, claimed, measured, evidence + tail, [cell_label(r) for r in yes], numbers
+            claim, HELD, claimed, measured, evidence + tail, fit_cells, numbers, matched=matched
         )
     listed = "; ".join(f"{cell_label(r)}: {why(r)}" for r in (no + unknown)[:SHOWN])
     if no and not unknown:
@@ -252,6 +258,7 @@ def _check_fits(run: _Run, claim: Claim) -> ClaimResult:
             f"none fits {gib:g} GiB: {listed}{tail}",
             [cell_label(r) for r in no],
             numbers,
+            matched=matched,
         )
     return ClaimResult(
         claim,
@@ -266,6 +273,7 @@ def _check_fits(run: _Run, claim: Claim) -> ClaimResult:
         + f" cannot say: {listed}{tail}",
         [],
         numbers,
+        matched=matched,
     )
 
 
@@ -284,12 +292,14 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
     bounded: list[str] = []  # an out-of-memory side proves the ratio outside the claim
     unjudged: list[str] = []
     twins = on_cpu = 0
+    pairs: list[tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]]] = []
     for row in sources:
         labels = index.get(knob_key({**knobs(row["record"]), **claim.change_to}), [])
         if not labels:
             continue
         twins += 1
         twin = run.by_label[labels[-1]]
+        pairs.append((_labelled(row), _labelled(twin)))
         pair = f"{cell_label(row)} → {cell_label(twin)}"
         cpu = next(
             (speed_elsewhere(x, claim.card) for x in (row, twin) if x.get("config.device") == "cpu"), ""
@@ -332,8 +342,10 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
         else:
             why = "; ".join(unjudged[:SHOWN])
         if on_cpu:  # every pair that ran, ran on a CPU: no verdict beside the note (not this card's speeds)
-            return ClaimResult(claim, NOT_JUDGED, claimed, "—", "not judged: " + why, cells, numbers)
-        return ClaimResult(claim, NOT_MEASURED, claimed, "—", why, cells, numbers)
+            return ClaimResult(
+                claim, NOT_JUDGED, claimed, "—", "not judged: " + why, cells, numbers, pairs=pairs
+            )
+        return ClaimResult(claim, NOT_MEASURED, claimed, "—", why, cells, numbers, pairs=pairs)
     parts = []
     if ratios:
         values = [r for _, _, r in ratios]
@@ -357,7 +369,11 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
     parts += bounded[:SHOWN]
     if unjudged:
         parts.append("not judged: " + "; ".join(unjudged[:SHOWN]))
-    return ClaimResult(claim, verdict, claimed, measured, "; ".join(parts), cells, numbers)
+    return ClaimResult(claim, verdict, claimed, measured, "; ".join(parts), cells, numbers, pairs=pairs)
+
+
+def _labelled(row: pd.Series) -> tuple[str, dict[str, Any]]:
+    return cell_label(row), knobs(row["record"])
 
 
 def _sel(selector: dict[str, Any]) -> str:

@@ -7,8 +7,16 @@ CUDA context, the claims' `peak_memory_gib`), speed from the time model. A claim
 measure gets "predicted: held" or "predicted: not held" with the prediction's band (the memory
 planner's 6%, the speed calibration's worst leave-one-out error); a measured claim keeps its verdict,
 and the prediction is shown beside it. Issue 22's rule holds here as for measured verdicts: a band
-that spans what the claim accepts is "predicted: inconclusive". Compare claims and cells with open
-knobs are not predicted (the run's cells decide what they compare), and say so.
+that spans what the claim accepts is "predicted: inconclusive".
+
+The run's cells decide what a compare claim compares, and which cells a fits claim with open knobs is
+about: a compare claim predicts both cells of each pair the claims checker found in the run, on the
+claim's card, and judges the median of the pairs' ratios (the measured rule) with its worst-case
+interval (each ratio from one cell at the top of its band and the other at the bottom; the median of
+the pairs' lower and upper ends bounds the median ratio); a fits claim predicts the run's matching
+cells, held when one is predicted to fit, not held when none can. A claim with open knobs and no
+matching cell in the run is not predicted (no batch size is invented), nor is a change of attention
+kernel, and each says why.
 
 The report's advice checks are predicted through the same calls (`predict`, `band`, `judge`:
 advice_predict).
@@ -17,9 +25,11 @@ advice_predict).
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any
 
-from ditbench.report.claim_check import NOT_MEASURED, ClaimResult
+from ditbench.report.cells import knob_key
+from ditbench.report.claim_check import NOT_MEASURED, SHOWN, ClaimResult
 from ditbench.report.claim_values import GIB_TO_GB, fmt
 from ditbench.report.claims import metric_kind
 
@@ -27,6 +37,12 @@ PREDICTED_HELD, PREDICTED_NOT_HELD = "predicted: held", "predicted: not held"
 PREDICTED_INCONCLUSIVE = "predicted: inconclusive"
 PREDICTED_VERDICTS = (PREDICTED_HELD, PREDICTED_NOT_HELD, PREDICTED_INCONCLUSIVE)
 _REQUIRED = ("model", "precision", "batch_size")
+_NOT_CELL = ("card", "gpu_memory_gib", "device")  # where the run ran, not what the planner predicts
+ATTENTION_NOT_PREDICTED = (
+    "not predicted: the planner traces attention with its default kernel, so its time model cannot tell "
+    "flash from math"
+)
+Labelled = tuple[str, dict[str, Any]]  # a run's cell: its label and knobs
 
 
 def predict(config: dict[str, Any], card: str) -> tuple[Any, str | None]:
@@ -53,6 +69,11 @@ def memory_band_pct() -> float:
 def band(v: float, pct: float) -> tuple[float, float]:
     """A predicted figure's interval: v -+ pct%."""
     return v * (1 - pct / 100), v * (1 + pct / 100)
+
+
+def ratio_band(top: tuple[float, float], bottom: tuple[float, float]) -> tuple[float, float]:
+    """The interval of top / bottom when each lies anywhere in its interval."""
+    return top[0] / bottom[1], top[1] / bottom[0]
 
 
 def judge(lo: float, hi: float, low: float = -math.inf, high: float = math.inf) -> str:
@@ -93,41 +114,154 @@ def _value(pred, metric: str, target_steps: int, scale: float = 1.0) -> float | 
     }.get(metric)
 
 
+def _interval(pred: Any, metric: str, target_steps: int) -> tuple[float, float, float | None] | None:
+    """A claim metric's predicted value, the interval its band gives, and the band %, or None."""
+    kind = metric_kind(metric)
+    v = _value(pred, metric, target_steps) if kind in ("memory", "speed") else None
+    if v is None:
+        return None
+    band_pct = memory_band_pct() if kind == "memory" else pred.predicted_speed_band_pct
+    ends = [_value(pred, metric, target_steps, s) for s in band(1.0, band_pct or 0.0)]
+    return min(ends), max(ends), band_pct  # type: ignore[type-var]
+
+
+def _band_text(band_pct: float | None) -> str:
+    return f" +-{band_pct:g}%" if band_pct is not None else ""
+
+
+def _predict_cell(c: Any, where: str, target_steps: int) -> dict[str, Any]:
+    pred, why = predict({k: v for k, v in c.cell.items() if k not in _NOT_CELL}, where)
+    if pred is None:
+        return {"verdict": None, "why": why}
+    if c.kind == "fits":
+        band_pct = memory_band_pct()
+        text = f"{'fits' if pred.fits else 'does not fit'} {where}"
+        return {"verdict": fit_verdict(pred), "value": text, "band_pct": band_pct, "card": where}
+    got = _interval(pred, c.metric or "", target_steps)
+    if got is None:
+        return {"verdict": None, "why": "not predicted: the planner has no such figure here"}
+    lo, hi, band_pct = got
+    v = _value(pred, c.metric or "", target_steps)
+    return {
+        "verdict": judge(lo, hi, c.low, c.high),
+        "value": fmt(v, c.metric),
+        "band_pct": band_pct,
+        "card": where,
+    }
+
+
+def _predict_run_fits(matched: list[Labelled], where: str, cache: dict) -> dict[str, Any]:
+    """A fits claim over the run's matching cells: held when one fits, not held when none can."""
+    cells, verdicts = [], []
+    for label, knobs in matched:
+        pred, why = _cached(knobs, where, cache)
+        if pred is None:
+            return {"verdict": None, "why": f"{why} ({label})"}
+        verdicts.append(fit_verdict(pred))
+        cells.append({"cell": label, "device_gib": pred.device_gib, "verdict": verdicts[-1]})
+    verdict = (
+        PREDICTED_HELD
+        if PREDICTED_HELD in verdicts
+        else PREDICTED_NOT_HELD
+        if all(v == PREDICTED_NOT_HELD for v in verdicts)
+        else PREDICTED_INCONCLUSIVE
+    )
+    fit = sum(v == PREDICTED_HELD for v in verdicts)
+    return {
+        "verdict": verdict,
+        "value": f"{fit} of {len(cells)} run cell(s) fit {where}",
+        "band_pct": memory_band_pct(),
+        "card": where,
+        "cells": cells,
+        "detail": "; ".join(f"{x['cell']}: {x['device_gib']:.2f} GiB" for x in cells[:SHOWN]),
+    }
+
+
+def _predict_compare(r: ClaimResult, where: str, target_steps: int, cache: dict) -> dict[str, Any]:
+    """A compare claim over the run's pairs: the median ratio, judged with its worst-case interval."""
+    c, metric = r.claim, r.claim.metric or ""
+    if "attention" in {**(c.change_from or {}), **(c.change_to or {})}:
+        return {"verdict": None, "why": ATTENTION_NOT_PREDICTED}
+    if not r.pairs:
+        return {"verdict": None, "why": "not predicted: the run has no pair of cells that differ as claimed"}
+    pairs, band_pcts = [], set()
+    for (a_label, a), (b_label, b) in r.pairs:
+        ends = []
+        for label, knobs in ((a_label, a), (b_label, b)):
+            pred, why = _cached(knobs, where, cache)
+            got = None if pred is None else _interval(pred, metric, target_steps)
+            if got is None:
+                return {
+                    "verdict": None,
+                    "why": f"{why or 'not predicted: the planner has no such figure'} ({label})",
+                }
+            ends.append((_value(pred, metric, target_steps), got))
+        (va, (a_lo, a_hi, a_pct)), (vb, (b_lo, b_hi, b_pct)) = ends
+        if not va or not a_lo:
+            return {"verdict": None, "why": f"not predicted: zero on the from side ({a_label})"}
+        lo, hi = ratio_band((b_lo, b_hi), (a_lo, a_hi))
+        pairs.append({"from": a_label, "to": b_label, "ratio": vb / va, "interval": [lo, hi]})
+        band_pcts |= {a_pct, b_pct}
+    ratio = statistics.median(p["ratio"] for p in pairs)
+    lo, hi = (statistics.median(p["interval"][i] for p in pairs) for i in (0, 1))
+    band_pct = max((b for b in band_pcts if b is not None), default=None)
+    of = f", median of {len(pairs)} pairs" if len(pairs) > 1 else ""
+    return {
+        "verdict": judge(lo, hi, c.low, c.high),
+        "value": f"×{ratio:.2f}{of}"
+        + (f", ×{lo:.2f}–×{hi:.2f} with each cell's{_band_text(band_pct)}" if band_pct is not None else ""),
+        "ratio": ratio,
+        "interval": [lo, hi],
+        "band_pct": band_pct,
+        "card": where,
+        "pairs": pairs,
+        "detail": "; ".join(f"{p['from']} → {p['to']}: ×{p['ratio']:.2f}" for p in pairs[:SHOWN]),
+    }
+
+
+def _cached(knobs: dict[str, Any], card: str, cache: dict) -> tuple[Any, str | None]:
+    """A run's cell predicted on a card once per report (pairs share cells)."""
+    key = (knob_key(knobs), card)
+    if key not in cache:
+        cache[key] = predict({k: v for k, v in knobs.items() if k not in _NOT_CELL}, card)
+    return cache[key]
+
+
 def predict_claims(results: list[ClaimResult], card: str | None, target_steps: int) -> None:
     """Add the planner's prediction to each claim result it can predict (in place)."""
+    cache: dict = {}
     for r in results:
         c = r.claim
-        if c.kind == "compare" or any(k not in c.cell for k in _REQUIRED):
-            r.predicted = {"verdict": None, "why": "not predicted: the claim's cell leaves knobs open"}
-            continue
         where = c.fits_card if c.kind == "fits" else (c.card or card)
+        complete = all(k in c.cell for k in _REQUIRED)
         if where is None:
             r.predicted = {"verdict": None, "why": "not predicted: the claim names no card"}
-            continue
-        pred, why = predict({k: v for k, v in c.cell.items() if k not in ("card", "gpu_memory_gib")}, where)
-        if pred is None:
-            r.predicted = {"verdict": None, "why": why}
-            continue
-        if c.kind == "fits":
-            verdict, band_pct = fit_verdict(pred), memory_band_pct()
-            text = f"{'fits' if pred.fits else 'does not fit'} {where}"
+        elif c.kind == "compare":
+            r.predicted = _predict_compare(r, where, target_steps, cache)
+        elif complete:
+            r.predicted = _predict_cell(c, where, target_steps)
+        elif c.kind == "fits" and r.matched:
+            r.predicted = _predict_run_fits(r.matched, where, cache)
         else:
-            kind = metric_kind(c.metric or "")
-            v = _value(pred, c.metric or "", target_steps) if kind in ("memory", "speed") else None
-            if v is None:
-                r.predicted = {"verdict": None, "why": "not predicted: the planner has no such figure here"}
-                continue
-            band_pct = memory_band_pct() if kind == "memory" else pred.predicted_speed_band_pct
-            ends = [_value(pred, c.metric or "", target_steps, s) for s in band(1.0, band_pct or 0.0)]
-            verdict, text = judge(min(ends), max(ends), c.low, c.high), fmt(v, c.metric)
-        band_text = f" +-{band_pct:g}%" if band_pct is not None else ""
-        r.predicted = {"verdict": verdict, "value": text, "band_pct": band_pct, "card": where}
-        shown = f"{verdict} ({text}{band_text} on {where}, by ditbench plan)"
-        if r.verdict == NOT_MEASURED:
-            r.measured = f"— ({text}{band_text} predicted)"
-            r.evidence = shown + (f"; {r.evidence}" if r.evidence else "")
-        else:  # measured wins; the prediction is shown beside it
-            r.evidence = (r.evidence + "; " if r.evidence else "") + shown
+            r.predicted = {
+                "verdict": None,
+                "why": "not predicted: the claim's cell leaves knobs open and no cell of the run matches it",
+            }
+        if r.predicted.get("verdict") is not None:
+            _show(r)
+
+
+def _show(r: ClaimResult) -> None:
+    """The prediction in the measured column and the evidence (beside a measured verdict, which wins)."""
+    p = r.predicted or {}
+    text = p["value"] + ("" if "ratio" in p else _band_text(p["band_pct"]))
+    detail = f": {p['detail']}" if p.get("detail") else ""
+    shown = f"{p['verdict']} ({text} on {p['card']}{detail}, by ditbench plan)"
+    if r.verdict == NOT_MEASURED:
+        r.measured = f"— ({text} predicted)"
+        r.evidence = shown + (f"; {r.evidence}" if r.evidence else "")
+    else:  # measured wins; the prediction is shown beside it
+        r.evidence = (r.evidence + "; " if r.evidence else "") + shown
 
 
 def counts(results: list[ClaimResult]) -> dict[str, int]:
