@@ -49,8 +49,10 @@ PYTEST_LINE = re.compile(
 def conditions(wall: float, other_busy: float) -> dict[str, Any]:
     """Cores, threads, load and other processes' CPU share (`other_busy` CPU seconds over `wall`)."""
     cores = os.cpu_count() or 1
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
     return {
         "cores": cores,
+        **({"cores_allowed": allowed} if allowed != cores else {}),  # pinned: the run could use fewer
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "load_average_1min": round(os.getloadavg()[0], 2),
         "other_cpu_share": round(max(0.0, other_busy / (wall * cores)), 2) if wall > 0 else None,
@@ -85,7 +87,9 @@ def measure(key: str, tmp: str) -> dict[str, Any]:
     own = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if proc.returncode != 0:
         sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
-    entry = {"command": " ".join(cmd).replace(tmp, "OUT"), "wall_s": round(wall, 1)}
+    # cpu_s: the CPU time of the command's own processes, which scales to a quiet machine when the
+    # wall time was stretched by other load
+    entry = {"command": " ".join(cmd).replace(tmp, "OUT"), "wall_s": round(wall, 1), "cpu_s": round(own, 1)}
     entry.update(conditions(wall, busy_seconds() - busy0 - own))
     if key == "train_sanity":
         m = DONE_LINE.search(proc.stdout + proc.stderr)
@@ -133,9 +137,11 @@ def _load(entry: dict[str, Any]) -> str:
     share = entry.get("other_cpu_share")
     busy = f", other processes {share:.0%} of the cores" if share is not None else ""
     threads = entry.get("omp_num_threads") or "default"
+    allowed = entry.get("cores_allowed")
+    pinned = f" (the run pinned to {allowed})" if allowed is not None else ""
     return (
-        f"{entry['cores']} CPU cores, OMP_NUM_THREADS={threads}, load average {entry['load_average_1min']:g}"
-        f"{busy}; {entry['date']}"
+        f"{entry['cores']} CPU cores{pinned}, OMP_NUM_THREADS={threads}, load average "
+        f"{entry['load_average_1min']:g}{busy}; {entry['date']}"
     )
 
 
@@ -154,9 +160,10 @@ def render(key: str, entry: dict[str, Any]) -> str:
         fids = ", ".join(
             f"{OUTPUTS['fid'].plus_minus(f['fid'], f['spread'])} at step {f['step']:,}" for f in entry["fid"]
         )
+        cpu = f" ({entry['cpu_s']:.0f} s of CPU time in its processes)" if "cpu_s" in entry else ""
         return (
-            f"{entry['wall_s']:.0f} s for the whole suite on {_load(entry)}; FID (test Inception, mean ± "
-            f"spread over the sample seeds) {fids}"
+            f"{entry['wall_s']:.0f} s for the whole suite{cpu} on {_load(entry)}; FID (test Inception, "
+            f"mean ± spread over the sample seeds) {fids}"
         )
     if key == "pytest":
         return (

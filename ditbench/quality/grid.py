@@ -16,7 +16,7 @@ from ditbench.fileio import atomic_write
 
 GRID_SEED = 1_000_003  # a prime far from the scoring seeds (0, 1, ...)
 COLUMNS = 8
-MIN_SIDE = 64  # small images are enlarged (nearest neighbour) so that a reader can see them
+MIN_SIDE = 128  # small images are enlarged (nearest neighbour) so that a reader can see them: 32 px x 4
 PAD = 2
 DIT_PAPER_CLASSES = (207, 360, 387, 974, 88, 979, 417, 279)  # DiT's sample.py: retriever, otter, panda, ...
 

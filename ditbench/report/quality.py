@@ -5,8 +5,8 @@ of the metric registry (FID, sFID, IS, precision, recall, KID: mean over seeds Â
 or the bootstrap SE, the larger, in the metric's own format) at its last evaluation, and the verdict
 against its baseline cell at the last training step both evaluated: "better"/"worse" only when the
 FID difference exceeds the noise (`gate.quality.noise_rule`, the gate's own rule and its default k),
-"within noise" otherwise. Then every cell's sample grids side by side (the same noise and labels in
-every cell), FID against GPU-hours of training (one line per setting) and the table "FID after X
+"within noise" otherwise. Then every cell's sample grids, one per row at full width (the same noise
+and labels in every cell), FID against GPU-hours of training (one line per setting) and the table "FID after X
 GPU-hours". A cell's numbers are compared only with numbers made the same way (Inception weights,
 reference, sampler, sample count: the gate's identity).
 """
@@ -29,6 +29,7 @@ from ditbench.report.gate.quality import evaluation_noise, noise_rule, read_qual
 
 BANNER = "not the official Inception: numbers are not comparable with papers"
 GRIDS_FILE = "quality_grids.png"
+GRID_WIDTH_IN = 10.0  # each grid's width in the figure: at the report's 100 dpi, about its PNG's own width
 GPU_HOURS_FILE = "quality_gpu_hours.png"
 QUALITY_FILES = (GRIDS_FILE, GPU_HOURS_FILE)
 MAX_HOUR_COLUMNS = 6
@@ -277,16 +278,17 @@ def _gpu_hours_figure(df: pd.DataFrame, cells) -> bytes | None:
 
 
 def _grids_figure(df: pd.DataFrame, cells) -> bytes | None:
-    """Rows: cells; columns: training steps; each panel the cell's grid at that step."""
+    """One grid per row, at full width (cells in turn, each cell's steps in order): side by side, a
+    32-pixel sample would be drawn a few screen pixels wide and nothing in it could be judged."""
     from matplotlib.figure import Figure
     from PIL import Image as PILImage
 
     from ditbench.report.figures import figure_png
 
-    table: list[tuple[str, list[tuple[int, Any]]]] = []
+    rows: list[tuple[str, Any]] = []
     for label, q in cells:
         root = _run_dir(df.loc[label])
-        panels = []
+        name = cell_label(df.loc[label])
         for e in q["evaluations"]:
             grid = e.get("grid")
             if not isinstance(grid, str) or root is None:
@@ -296,24 +298,19 @@ def _grids_figure(df: pd.DataFrame, cells) -> bytes | None:
                 continue  # a grid outside the run, or not there (moved results): not shown
             try:
                 with PILImage.open(path) as image:
-                    panels.append((e.get("step", 0), image.convert("RGB").copy()))
+                    rows.append((f"{name}, step {e.get('step', 0):,}", image.convert("RGB").copy()))
             except OSError:
                 continue
-        if panels:
-            table.append((cell_label(df.loc[label]), panels))
-    if not table:
+    if not rows:
         return None
-    columns = max(len(p) for _, p in table)
-    fig = Figure(figsize=(2.6 * columns, 2.0 * len(table) + 0.6), constrained_layout=True)
-    axes = fig.subplots(len(table), columns, squeeze=False)
-    for r, (name, panels) in enumerate(table):
-        for c in range(columns):
-            ax = axes[r][c]
-            ax.set_axis_off()
-            if c < len(panels):
-                step, image = panels[c]
-                ax.imshow(image, interpolation="nearest")
-                ax.set_title(f"{name}\nstep {step:,}" if c == 0 else f"step {step:,}", fontsize=8)
+    width = GRID_WIDTH_IN
+    heights = [width * image.height / image.width for _, image in rows]
+    fig = Figure(figsize=(width, sum(heights) + 0.3 * len(rows) + 0.5), constrained_layout=True)
+    axes = fig.subplots(len(rows), 1, squeeze=False, gridspec_kw={"height_ratios": heights})
+    for ax, (title, image) in zip(axes[:, 0], rows, strict=True):
+        ax.set_axis_off()
+        ax.imshow(image, interpolation="nearest")
+        ax.set_title(title, fontsize=9)
     fig.suptitle("Sample grids: the same noise and class labels in every cell", fontsize=10)
     return figure_png(fig)
 

@@ -99,10 +99,10 @@ def test_grids_share_noise_and_labels_and_are_written_under_the_run(reference, t
     assert first["grid"] == "grids/c1/step0000000.png" and last["grid"] == "grids/c1/step0000005.png"
     image = np.asarray(Image.open(tmp_path / first["grid"]))
     assert image.shape == (
-        grid.PAD + 64 + grid.PAD,
-        4 * (64 + grid.PAD) + grid.PAD,
+        grid.PAD + 128 + grid.PAD,
+        4 * (128 + grid.PAD) + grid.PAD,
         3,
-    )  # 4 of 16 px, enlarged
+    )  # 4 of 16 px, enlarged 8 times to 128
     again = _run(_spec(reference, seeds=(5,)), tmp_path / "other", FakeExtractor())
     assert np.array_equal(np.asarray(Image.open(tmp_path / "other" / again["evaluations"][0]["grid"])), image)
     assert list(grid.grid_labels(10, 1000)) == [207, 360, 387, 974, 88, 979, 417, 279, 207, 360]

@@ -56,3 +56,22 @@ def test_rewriting_replaces_only_the_marked_spans(tmp_path):
         "a <!-- measured:cpu_smoke -->6.4 min measured on 2 CPU cores, OMP_NUM_THREADS=1, "
     )
     assert "load average 1.5, other processes 10% of the cores; 2026-12-01<!-- /measured --> b " in text
+
+
+def test_a_pinned_run_says_so_and_the_quality_figure_carries_its_cpu_time():
+    entry = {
+        "wall_s": 1500.4,
+        "cpu_s": 430.2,
+        "cores": 2,
+        "cores_allowed": 1,
+        "omp_num_threads": "1",
+        "load_average_1min": 9.0,
+        "other_cpu_share": 0.7,
+        "date": "2026-12-01",
+        "fid": [{"step": 0, "fid": 900.0, "spread": 5.0}, {"step": 1500, "fid": 60.5, "spread": 3.2}],
+    }
+    assert _script().render("cpu_quality", entry) == (
+        "1500 s for the whole suite (430 s of CPU time in its processes) on 2 CPU cores (the run pinned "
+        "to 1), OMP_NUM_THREADS=1, load average 9, other processes 70% of the cores; 2026-12-01; FID "
+        "(test Inception, mean ± spread over the sample seeds) 900 ± 5 at step 0, 60.5 ± 3.2 at step 1,500"
+    )

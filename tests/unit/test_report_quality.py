@@ -1,5 +1,5 @@
 """The report's quality section: per-cell FID/IS/P/R against the baseline with the gate's noise rule,
-the grids side by side, FID against GPU-hours, "FID after X GPU-hours", and the advice check that fp16 /
+the grids one per row, FID against GPU-hours, "FID after X GPU-hours", and the advice check that fp16 /
 bf16 / checkpointing do not change quality. Records are synthetic (milliseconds)."""
 
 from __future__ import annotations
