@@ -10,12 +10,16 @@ import copy
 
 import pytest
 import torch
+import torch._dynamo  # noqa: F401 - AdamW imports it on first use (5-10 s of CPU); at collection here
 from fixed_rows import Rows as FixedRows
 from torch import nn
 
 from ditbench.diffusion import create_diffusion
 from ditbench.knobs import Knobs
 from ditbench.train import Trainer
+
+# (torch._dynamo above: mutmut collects once and forks a process per mutant, which would otherwise
+# each import it again inside the mutant's time limit)
 
 
 def Rows(batch_size: int) -> FixedRows:
