@@ -214,3 +214,29 @@ def test_the_data_seed_defaults_to_the_knobs_seed():
     a, b, c = first(seed=3), first(seed=5, data_seed=3), first(seed=5)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert not torch.equal(a[0], c[0])
+
+
+def test_the_steps_draws_follow_the_batch_not_torchs_defaults():
+    """t and eps are made on the batch's device in its dtype (on a GPU a CPU default would fail or
+    copy each step): with torch's default device set to `meta` and its default dtype to float64 for
+    the step, the loss and the weights are those of a step under the usual defaults."""
+    runs = []
+    for odd_defaults in (False, True):
+        trainer = _perturbed(Trainer(_knobs(), data=Rows(4), class_dropout_prob=0.0))
+        batch = trainer.next_batch()
+        torch.manual_seed(3)
+        if odd_defaults:
+            dtype = torch.get_default_dtype()
+            torch.set_default_dtype(torch.float64)
+            try:
+                with torch.device("meta"):
+                    loss = trainer.step(batch)
+            finally:
+                torch.set_default_dtype(dtype)
+        else:
+            loss = trainer.step(batch)
+        assert loss.device.type == "cpu" and loss.dtype == torch.float32
+        runs.append((loss, [p.detach().clone() for p in trainer.base_model.parameters()]))
+    (loss, weights), (odd_loss, odd_weights) = runs
+    assert torch.equal(odd_loss, loss)
+    assert all(torch.equal(a, b) for a, b in zip(odd_weights, weights, strict=True))
