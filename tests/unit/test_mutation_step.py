@@ -240,3 +240,20 @@ def test_the_steps_draws_follow_the_batch_not_torchs_defaults():
     (loss, weights), (odd_loss, odd_weights) = runs
     assert torch.equal(odd_loss, loss)
     assert all(torch.equal(a, b) for a, b in zip(odd_weights, weights, strict=True))
+
+
+@pytest.mark.parametrize("order,held", [("before_forward", False), ("after_forward", True)])
+def test_zero_grad_order_decides_whether_the_last_gradients_live_through_the_forward(order, held):
+    """before_forward frees the previous step's gradients before the first forward; after_forward (the
+    official train.py's order) frees them after it: seen from the model's forward, at each step after
+    the first, and for the first micro-batch only (the later ones accumulate, so gradients exist)."""
+    trainer = Trainer(_knobs(zero_grad=order, grad_accum=2, batch_size=2), data=Rows(2))
+    seen = []
+    trainer.base_model.register_forward_pre_hook(
+        lambda module, args: seen.append(any(p.grad is not None for p in module.parameters()))
+    )
+    for _ in range(3):
+        trainer.step(trainer.next_batch())
+    # step 1: no gradients yet, then micro-batch 1's; steps 2 and 3: the previous step's (or none), then
+    # micro-batch 1's
+    assert seen == [False, True, held, True, held, True]
