@@ -22,6 +22,9 @@ from ditbench.train import Trainer
 # each import it again inside the mutant's time limit)
 
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: a second thread only waits (7x here)
+
+
 def Rows(batch_size: int) -> FixedRows:
     """16 fixed latents (seed 1), served in order."""
     return FixedRows(batch_size, rows=16, seed=1)
@@ -252,8 +255,35 @@ def test_zero_grad_order_decides_whether_the_last_gradients_live_through_the_for
     trainer.base_model.register_forward_pre_hook(
         lambda module, args: seen.append(any(p.grad is not None for p in module.parameters()))
     )
+    grads = []
     for _ in range(3):
         trainer.step(trainer.next_batch())
+        grads.append([p.grad for p in trainer.base_model.parameters() if p.grad is not None])
     # step 1: no gradients yet, then micro-batch 1's; steps 2 and 3: the previous step's (or none), then
     # micro-batch 1's
     assert seen == [False, True, held, True, held, True]
+    # freed (set to None), not zeroed in place: each step's gradients are new tensors
+    assert len(grads[1]) > 20 and not any(a is b for a, b in zip(grads[1], grads[2], strict=True))
+
+
+def test_a_grad_scaler_step_computes_the_unscaled_step():
+    """With a GradScaler the loss is scaled before backward and the gradients unscaled before AdamW:
+    the gradients and weights after the step are those of the step without one (fp32 rounding)."""
+    runs = []
+    for scaled in (False, True):
+        trainer = _perturbed(Trainer(_knobs(), data=Rows(4)))
+        if scaled:  # the fp16 policy is CUDA only; a CPU GradScaler runs the same code
+            trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+            trainer._skips = torch.zeros((), dtype=torch.long)
+        torch.manual_seed(4)
+        trainer.step(trainer.next_batch())
+        params = list(trainer.base_model.parameters())
+        runs.append(
+            ([p.grad.clone() for p in params if p.grad is not None], [p.detach().clone() for p in params])
+        )
+    (grads, weights), (scaled_grads, scaled_weights) = runs
+    assert len(grads) == len(scaled_grads) > 20
+    for a, b in zip(scaled_grads, grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-9)
+    for a, b in zip(scaled_weights, weights, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
