@@ -287,3 +287,22 @@ def test_a_grad_scaler_step_computes_the_unscaled_step():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-9)
     for a, b in zip(scaled_weights, weights, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("precision,dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
+def test_the_attention_kernel_is_probed_with_the_models_shapes(monkeypatch, precision, dtype):
+    """The kernel probe gets the model's attention inputs: DiT-T/2 (hidden 64, 4 heads) at 64 px is a
+    8 x 8 latent in 2 x 2 patches, so 16 tokens of 4 heads x 16; the autocast dtype, or fp32 without."""
+    import ditbench.train.step as step_module
+
+    calls = []
+    real = step_module.resolve_kernel
+
+    def probe(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(step_module, "resolve_kernel", probe)
+    trainer = Trainer(_knobs(model="DiT-T/2", attention="sdpa", precision=precision), data=Rows(4))
+    assert calls == [("sdpa", torch.device("cpu"), dtype, 4, 16, 16)]
+    assert trainer.attention_kernel == real("sdpa", "cpu", dtype, 4, 16, 16)
