@@ -210,6 +210,20 @@ def test_config_and_resume_carry_what_the_process_was_given(tmp_path):
     assert other.step_count == 1 and len(other.optimizer.state_dict()["state"]) > 0
 
 
+def test_a_trainer_given_nothing_records_its_defaults():
+    """What a checkpoint's config says when the caller passed nothing: this process on the CPU, the
+    knobs' seed for the data, no loader processes, DiT's label dropout 0.1 (in the model too)."""
+    trainer = Trainer(_knobs(), data=Rows(4))
+    config = trainer.config()
+    assert {k: config[k] for k in ("device", "data_seed", "data_workers", "class_dropout_prob")} == {
+        "device": "cpu",
+        "data_seed": None,
+        "data_workers": 0,
+        "class_dropout_prob": 0.1,
+    }
+    assert trainer.device == torch.device("cpu") and trainer.base_model.y_embedder.dropout_prob == 0.1
+
+
 def test_the_data_seed_defaults_to_the_knobs_seed():
     def first(**kw):
         return Trainer(_knobs(data="synthetic", seed=kw.pop("seed")), **kw).next_batch()
