@@ -320,3 +320,45 @@ def test_the_attention_kernel_is_probed_with_the_models_shapes(monkeypatch, prec
     trainer = Trainer(_knobs(model="DiT-T/2", attention="sdpa", precision=precision), data=Rows(4))
     assert calls == [("sdpa", torch.device("cpu"), dtype, 4, 16, 16)]
     assert trainer.attention_kernel == real("sdpa", "cpu", dtype, 4, 16, 16)
+
+
+def test_a_policy_with_a_scaler_gets_a_skip_counter_on_the_device(monkeypatch):
+    """fp16's policy (CUDA only) has a GradScaler; one on the CPU stands in: the constructor makes the
+    scaler and a long 0-d skip counter on the device, and the steps count into it."""
+    import dataclasses
+
+    import ditbench.train.step as step_module
+
+    real = step_module.get_precision_policy
+    monkeypatch.setattr(
+        step_module, "get_precision_policy", lambda *a: dataclasses.replace(real(*a), use_scaler=True)
+    )
+    trainer = _perturbed(Trainer(_knobs(), data=Rows(4)))
+    assert isinstance(trainer.scaler, torch.amp.GradScaler)
+    assert (
+        trainer._skips.shape == ()
+        and trainer._skips.dtype == torch.long
+        and trainer._skips.device.type == "cpu"
+    )
+    trainer.step(trainer.next_batch())
+    assert trainer.scaler_skips == 0
+    with torch.no_grad():
+        trainer.base_model.final_layer.linear.bias[0] = float("inf")
+    trainer.step(trainer.next_batch())
+    assert trainer.scaler_skips == 1
+
+
+@pytest.mark.parametrize("mode,passed", [("default", None), ("max-autotune", "max-autotune")])
+def test_compile_wraps_the_model_with_the_mode_asked(monkeypatch, mode, passed):
+    """`compile: true` hands the (wrapped) model to torch.compile with the knob's mode, `default` as
+    torch's own default (None); the bare DiT stays `base_model`. torch.compile is stood in (seconds)."""
+    calls = []
+
+    def compile_(model, mode=None):
+        calls.append((model, mode))
+        return "compiled"
+
+    monkeypatch.setattr(torch, "compile", compile_)
+    trainer = Trainer(_knobs(compile=True, compile_mode=mode), data=Rows(4))
+    assert calls == [(trainer.base_model, passed)] and trainer.model == "compiled"
+    assert Trainer(_knobs(), data=Rows(4)).model is not None and len(calls) == 1  # no compile: no call
