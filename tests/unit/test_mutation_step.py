@@ -362,3 +362,12 @@ def test_compile_wraps_the_model_with_the_mode_asked(monkeypatch, mode, passed):
     trainer = Trainer(_knobs(compile=True, compile_mode=mode), data=Rows(4))
     assert calls == [(trainer.base_model, passed)] and trainer.model == "compiled"
     assert Trainer(_knobs(), data=Rows(4)).model is not None and len(calls) == 1  # no compile: no call
+
+
+def test_the_model_is_built_from_the_knobs():
+    """The DiT has the knobs' classes (10, and the null class for label dropout: 11 embeddings) and
+    num_params counts its parameters (DiT-T/8 at 64 px: 378,176)."""
+    trainer = Trainer(_knobs(num_classes=10), data=Rows(4))
+    model = trainer.base_model
+    assert model.num_classes == 10 and model.y_embedder.embedding_table.num_embeddings == 11
+    assert trainer.num_params == sum(p.numel() for p in model.parameters()) == 378_176
