@@ -10,12 +10,19 @@ import copy
 
 import pytest
 import torch
+import torch._dynamo  # noqa: F401 - AdamW imports it on first use (5-10 s of CPU); at collection here
 from fixed_rows import Rows as FixedRows
 from torch import nn
 
 from ditbench.diffusion import create_diffusion
 from ditbench.knobs import Knobs
 from ditbench.train import Trainer
+
+# (torch._dynamo above: mutmut collects once and forks a process per mutant, which would otherwise
+# each import it again inside the mutant's time limit)
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: a second thread only waits (7x here)
 
 
 def Rows(batch_size: int) -> FixedRows:
@@ -203,6 +210,20 @@ def test_config_and_resume_carry_what_the_process_was_given(tmp_path):
     assert other.step_count == 1 and len(other.optimizer.state_dict()["state"]) > 0
 
 
+def test_a_trainer_given_nothing_records_its_defaults():
+    """What a checkpoint's config says when the caller passed nothing: this process on the CPU, the
+    knobs' seed for the data, no loader processes, DiT's label dropout 0.1 (in the model too)."""
+    trainer = Trainer(_knobs(), data=Rows(4))
+    config = trainer.config()
+    assert {k: config[k] for k in ("device", "data_seed", "data_workers", "class_dropout_prob")} == {
+        "device": "cpu",
+        "data_seed": None,
+        "data_workers": 0,
+        "class_dropout_prob": 0.1,
+    }
+    assert trainer.device == torch.device("cpu") and trainer.base_model.y_embedder.dropout_prob == 0.1
+
+
 def test_the_data_seed_defaults_to_the_knobs_seed():
     def first(**kw):
         return Trainer(_knobs(data="synthetic", seed=kw.pop("seed")), **kw).next_batch()
@@ -210,3 +231,143 @@ def test_the_data_seed_defaults_to_the_knobs_seed():
     a, b, c = first(seed=3), first(seed=5, data_seed=3), first(seed=5)
     assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
     assert not torch.equal(a[0], c[0])
+
+
+def test_the_steps_draws_follow_the_batch_not_torchs_defaults():
+    """t and eps are made on the batch's device in its dtype (on a GPU a CPU default would fail or
+    copy each step): with torch's default device set to `meta` and its default dtype to float64 for
+    the step, the loss and the weights are those of a step under the usual defaults."""
+    runs = []
+    for odd_defaults in (False, True):
+        trainer = _perturbed(Trainer(_knobs(), data=Rows(4), class_dropout_prob=0.0))
+        batch = trainer.next_batch()
+        torch.manual_seed(3)
+        if odd_defaults:
+            dtype = torch.get_default_dtype()
+            torch.set_default_dtype(torch.float64)
+            try:
+                with torch.device("meta"):
+                    loss = trainer.step(batch)
+            finally:
+                torch.set_default_dtype(dtype)
+        else:
+            loss = trainer.step(batch)
+        assert loss.device.type == "cpu" and loss.dtype == torch.float32
+        runs.append((loss, [p.detach().clone() for p in trainer.base_model.parameters()]))
+    (loss, weights), (odd_loss, odd_weights) = runs
+    assert torch.equal(odd_loss, loss)
+    assert all(torch.equal(a, b) for a, b in zip(odd_weights, weights, strict=True))
+
+
+@pytest.mark.parametrize("order,held", [("before_forward", False), ("after_forward", True)])
+def test_zero_grad_order_decides_whether_the_last_gradients_live_through_the_forward(order, held):
+    """before_forward frees the previous step's gradients before the first forward; after_forward (the
+    official train.py's order) frees them after it: seen from the model's forward, at each step after
+    the first, and for the first micro-batch only (the later ones accumulate, so gradients exist)."""
+    trainer = Trainer(_knobs(zero_grad=order, grad_accum=2, batch_size=2), data=Rows(2))
+    seen = []
+    trainer.base_model.register_forward_pre_hook(
+        lambda module, args: seen.append(any(p.grad is not None for p in module.parameters()))
+    )
+    grads = []
+    for _ in range(3):
+        trainer.step(trainer.next_batch())
+        grads.append([p.grad for p in trainer.base_model.parameters() if p.grad is not None])
+    # step 1: no gradients yet, then micro-batch 1's; steps 2 and 3: the previous step's (or none), then
+    # micro-batch 1's
+    assert seen == [False, True, held, True, held, True]
+    # freed (set to None), not zeroed in place: each step's gradients are new tensors
+    assert len(grads[1]) > 20 and not any(a is b for a, b in zip(grads[1], grads[2], strict=True))
+
+
+def test_a_grad_scaler_step_computes_the_unscaled_step():
+    """With a GradScaler the loss is scaled before backward and the gradients unscaled before AdamW:
+    the gradients and weights after the step are those of the step without one (fp32 rounding)."""
+    runs = []
+    for scaled in (False, True):
+        trainer = _perturbed(Trainer(_knobs(), data=Rows(4)))
+        if scaled:  # the fp16 policy is CUDA only; a CPU GradScaler runs the same code
+            trainer.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+            trainer._skips = torch.zeros((), dtype=torch.long)
+        torch.manual_seed(4)
+        trainer.step(trainer.next_batch())
+        params = list(trainer.base_model.parameters())
+        runs.append(
+            ([p.grad.clone() for p in params if p.grad is not None], [p.detach().clone() for p in params])
+        )
+    (grads, weights), (scaled_grads, scaled_weights) = runs
+    assert len(grads) == len(scaled_grads) > 20
+    for a, b in zip(scaled_grads, grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-9)
+    for a, b in zip(scaled_weights, weights, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("precision,dtype", [("fp32", torch.float32), ("bf16", torch.bfloat16)])
+def test_the_attention_kernel_is_probed_with_the_models_shapes(monkeypatch, precision, dtype):
+    """The kernel probe gets the model's attention inputs: DiT-T/2 (hidden 64, 4 heads) at 64 px is a
+    8 x 8 latent in 2 x 2 patches, so 16 tokens of 4 heads x 16; the autocast dtype, or fp32 without."""
+    import ditbench.train.step as step_module
+
+    calls = []
+    real = step_module.resolve_kernel
+
+    def probe(*args):
+        calls.append(args)
+        return real(*args)
+
+    monkeypatch.setattr(step_module, "resolve_kernel", probe)
+    trainer = Trainer(_knobs(model="DiT-T/2", attention="sdpa", precision=precision), data=Rows(4))
+    assert calls == [("sdpa", torch.device("cpu"), dtype, 4, 16, 16)]
+    assert trainer.attention_kernel == real("sdpa", "cpu", dtype, 4, 16, 16)
+
+
+def test_a_policy_with_a_scaler_gets_a_skip_counter_on_the_device(monkeypatch):
+    """fp16's policy (CUDA only) has a GradScaler; one on the CPU stands in: the constructor makes the
+    scaler and a long 0-d skip counter on the device, and the steps count into it."""
+    import dataclasses
+
+    import ditbench.train.step as step_module
+
+    real = step_module.get_precision_policy
+    monkeypatch.setattr(
+        step_module, "get_precision_policy", lambda *a: dataclasses.replace(real(*a), use_scaler=True)
+    )
+    trainer = _perturbed(Trainer(_knobs(), data=Rows(4)))
+    assert isinstance(trainer.scaler, torch.amp.GradScaler)
+    assert (
+        trainer._skips.shape == ()
+        and trainer._skips.dtype == torch.long
+        and trainer._skips.device.type == "cpu"
+    )
+    trainer.step(trainer.next_batch())
+    assert trainer.scaler_skips == 0
+    with torch.no_grad():
+        trainer.base_model.final_layer.linear.bias[0] = float("inf")
+    trainer.step(trainer.next_batch())
+    assert trainer.scaler_skips == 1
+
+
+@pytest.mark.parametrize("mode,passed", [("default", None), ("max-autotune", "max-autotune")])
+def test_compile_wraps_the_model_with_the_mode_asked(monkeypatch, mode, passed):
+    """`compile: true` hands the (wrapped) model to torch.compile with the knob's mode, `default` as
+    torch's own default (None); the bare DiT stays `base_model`. torch.compile is stood in (seconds)."""
+    calls = []
+
+    def compile_(model, mode=None):
+        calls.append((model, mode))
+        return "compiled"
+
+    monkeypatch.setattr(torch, "compile", compile_)
+    trainer = Trainer(_knobs(compile=True, compile_mode=mode), data=Rows(4))
+    assert calls == [(trainer.base_model, passed)] and trainer.model == "compiled"
+    assert Trainer(_knobs(), data=Rows(4)).model is not None and len(calls) == 1  # no compile: no call
+
+
+def test_the_model_is_built_from_the_knobs():
+    """The DiT has the knobs' classes (10, and the null class for label dropout: 11 embeddings) and
+    num_params counts its parameters (DiT-T/8 at 64 px: 378,176)."""
+    trainer = Trainer(_knobs(num_classes=10), data=Rows(4))
+    model = trainer.base_model
+    assert model.num_classes == 10 and model.y_embedder.embedding_table.num_embeddings == 11
+    assert trainer.num_params == sum(p.numel() for p in model.parameters()) == 378_176
