@@ -88,4 +88,3 @@ def add_no_progress(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="no progress bar (where stderr is not a terminal, progress is plain lines anyway)",
     )
-

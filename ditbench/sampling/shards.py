@@ -106,4 +106,3 @@ def merge_shards(shard_dir: Path, n_shards: int, num_samples: int) -> tuple[np.n
     if len(images) != num_samples:
         raise RuntimeError(f"merged {len(images)} images from {shard_dir}, expected {num_samples}")
     return images, labels
-
