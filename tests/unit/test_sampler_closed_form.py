@@ -411,6 +411,71 @@ def test_a_loop_without_noise_draws_it_from_the_generator_and_shows_progress_ali
     )
 
 
+def test_sample_latents_draws_its_noise_on_the_labels_device():
+    # The meta device stands in for a GPU: the labels say where the samples live.
+    d, labels = create_diffusion("2"), torch.tensor([1, 2], device="meta")
+
+    def model(x, t, y):
+        assert x.device.type == "meta" and t.device.type == "meta"
+        return torch.zeros(2, 8, 2, 2, device="meta")
+
+    assert sample_latents(model, d, labels, latent_size=2).device.type == "meta"
+
+
+class NoClassesDiT:
+    """A guided model that does not say how many classes it has: the null class is then 1000,
+    ImageNet's (DiT's own null label)."""
+
+    def __init__(self):
+        self.ys = []
+
+    def forward_with_cfg(self, x, t, y, cfg_scale, guidance_channels):
+        self.ys.append(y.clone())
+        return torch.cat([0.3 * x, torch.zeros_like(x)], dim=1)
+
+
+def test_a_model_without_num_classes_is_guided_with_the_null_class_1000():
+    model = NoClassesDiT()
+    sample_latents(model, create_diffusion("2"), torch.tensor([4, 0]), latent_size=2, cfg_scale=2.0)
+    assert len(model.ys) == 2 and all(y.tolist() == [4, 0, 1000, 1000] for y in model.ys)
+
+
+def test_guided_ddpm_draws_every_step_from_the_generator():
+    d, labels = create_diffusion("3"), torch.tensor([2, 5])
+
+    def run():
+        return sample_latents(
+            StubDiT(), d, labels, latent_size=2, cfg_scale=1.5, generator=torch.Generator().manual_seed(5)
+        )
+
+    first = run()
+    torch.manual_seed(321)  # the global generator must play no part
+    assert torch.equal(run(), first)
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn((2, 4, 2, 2), generator=g)
+    kwargs = {"y": torch.tensor([2, 5, 10, 10]), "cfg_scale": 1.5, "guidance_channels": None}
+    model = StubDiT().forward_with_cfg
+    want = d.p_sample_loop(model, None, noise=torch.cat([z, z]), model_kwargs=kwargs, generator=g)
+    assert torch.equal(first, want[:2])
+
+
+@pytest.mark.parametrize("cfg_scale", [1.0, 1.5])
+def test_sampling_shows_one_sampling_bar_on_a_terminal_only_when_asked(cfg_scale, capsys, monkeypatch):
+    d, labels = create_diffusion("3"), torch.tensor([2, 5])
+
+    def run(**kw):
+        sample_latents(StubDiT(), d, labels, latent_size=2, cfg_scale=cfg_scale, **kw)
+        return capsys.readouterr().err
+
+    assert run(progress=True) == ""  # a log (stderr is no terminal here): no line per sampling loop
+    monkeypatch.setattr("ditbench.progress.is_terminal", lambda stream=None: True)
+    assert run() == ""  # not asked
+    err = run(progress=True)
+    # tqdm's first frame: "sampling", counted in steps; the bar is cleared at the end (leave=False)
+    assert err.startswith("\rsampling:   0%|") and "| 0/3 [" in err and "?step/s]" in err
+    assert err.endswith("\r") and "\n" not in err and "100%" not in err
+
+
 # ---- respacing: the reference's section convention, written out -------------------------------
 
 
