@@ -476,6 +476,16 @@ def test_sampling_shows_one_sampling_bar_on_a_terminal_only_when_asked(cfg_scale
     assert err.endswith("\r") and "\n" not in err and "100%" not in err
 
 
+def test_p_mean_variance_does_not_clip_unless_asked():
+    d, kept = create_diffusion("50"), _kept("50")
+    a = _step_schedule(kept, 10)[0]
+    x, eps = torch.full((1, 1, 1, 1), 0.5), torch.full((1, 1, 1, 1), -3.0)
+    out = torch.cat([eps, torch.zeros_like(eps)], dim=1)
+    x0 = (0.5 + 3.0 * math.sqrt(1 - a)) / math.sqrt(a)  # beyond 1
+    got = d.p_mean_variance(lambda *a, **k: out, x, torch.tensor([10]))["pred_xstart"]
+    assert x0 > 1.5 and got.item() == pytest.approx(x0, rel=1e-5)
+
+
 # ---- respacing: the reference's section convention, written out -------------------------------
 
 
