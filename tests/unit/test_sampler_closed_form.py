@@ -336,12 +336,13 @@ def test_clip_denoised_clamps_the_predicted_x0_in_the_posterior(sampler):
     d, kept = create_diffusion("50"), _kept("50")
     i = 10
     a, a_prev, beta = _step_schedule(kept, i)
-    x = torch.full((1, 1, 1, 2), 0.5)
-    eps = torch.tensor([[[[-3.0, 0.1]]]])  # x0 = (x - sqrt(1 - a) eps) / sqrt(a): beyond 1, then inside
+    x = torch.full((1, 1, 1, 3), 0.5)
+    eps = torch.tensor([[[[-3.0, 0.1, 5.0]]]])  # x0 = (x - sqrt(1 - a) eps) / sqrt(a): > 1, inside, < -1
     out = torch.cat([eps, torch.full_like(eps, -1.0)], dim=1)
     t = torch.tensor([i])
     x0 = ((x.double() - math.sqrt(1 - a) * eps.double()) / math.sqrt(a)).clamp(-1, 1)
-    assert x0[0, 0, 0, 0] == 1.0 and abs(x0[0, 0, 0, 1]) < 1
+    assert x0[0, 0, 0, 0] == 1.0 and abs(x0[0, 0, 0, 1]) < 1 and x0[0, 0, 0, 2] == -1.0
+    assert (x.double()[0, 0, 0, 2] - math.sqrt(1 - a) * 5.0) / math.sqrt(a) < -2  # below clamp(-2, 1) too
     if sampler == "ddpm":
         got = d.p_sample(
             lambda *a, **k: out, x, t, clip_denoised=True, generator=torch.Generator().manual_seed(4)
@@ -365,7 +366,8 @@ def test_the_noise_is_drawn_on_the_samples_device(sampler):
     d = create_diffusion("5")
     x, t = torch.zeros(2, 4, 2, 2, device="meta"), torch.tensor([3, 0], device="meta")
 
-    def model(*a, **k):
+    def model(x, t, **k):
+        assert t.device.type == "meta"  # the respaced timestep table follows t's device
         return torch.zeros(2, 8, 2, 2, device="meta")
 
     step = d.p_sample(model, x, t) if sampler == "ddpm" else d.ddim_sample(model, x, t, eta=0.5)
@@ -482,8 +484,9 @@ def test_p_mean_variance_does_not_clip_unless_asked():
     x, eps = torch.full((1, 1, 1, 1), 0.5), torch.full((1, 1, 1, 1), -3.0)
     out = torch.cat([eps, torch.zeros_like(eps)], dim=1)
     x0 = (0.5 + 3.0 * math.sqrt(1 - a)) / math.sqrt(a)  # beyond 1
-    got = d.p_mean_variance(lambda *a, **k: out, x, torch.tensor([10]))["pred_xstart"]
-    assert x0 > 1.5 and got.item() == pytest.approx(x0, rel=1e-5)
+    got = d.p_mean_variance(lambda *a, **k: out, x, torch.tensor([10]))
+    assert x0 > 1.5 and got["pred_xstart"].item() == pytest.approx(x0, rel=1e-5)
+    assert torch.equal(got["eps"], eps)  # the model's own noise prediction, returned as given
 
 
 # ---- respacing: the reference's section convention, written out -------------------------------
