@@ -182,8 +182,9 @@ def test_sampling_is_deterministic_for_a_seed():
 def test_gaussian_diffusion_validates_betas():
     with pytest.raises(ValueError):
         GaussianDiffusion(np.array([0.0, 0.1]))
-    with pytest.raises(ValueError, match=r"betas must be a 1-D array in \(0, 1\]"):
+    with pytest.raises(ValueError) as err:
         GaussianDiffusion(np.array([0.5, 1.5]))
+    assert str(err.value) == "betas must be a 1-D array in (0, 1]"
     with np.errstate(divide="ignore"):  # beta = 1 is allowed: alpha-bar reaches 0
         assert GaussianDiffusion(np.array([0.5, 1.0])).alphas_cumprod.tolist() == [0.5, 0.0]
 
