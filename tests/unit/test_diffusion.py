@@ -182,3 +182,16 @@ def test_sampling_is_deterministic_for_a_seed():
 def test_gaussian_diffusion_validates_betas():
     with pytest.raises(ValueError):
         GaussianDiffusion(np.array([0.0, 0.1]))
+    with pytest.raises(ValueError) as err:
+        GaussianDiffusion(np.array([0.5, 1.5]))
+    assert str(err.value) == "betas must be a 1-D array in (0, 1]"
+    with np.errstate(divide="ignore"):  # beta = 1 is allowed: alpha-bar reaches 0
+        assert GaussianDiffusion(np.array([0.5, 1.0])).alphas_cumprod.tolist() == [0.5, 0.0]
+
+
+def test_the_schedule_is_float64_whatever_betas_are_given_as():
+    d = GaussianDiffusion(np.array([0.1, 0.3], dtype=np.float32))
+    assert d.betas.dtype == np.float64 and d.alphas_cumprod.dtype == np.float64
+    # float32(0.1) and float32(0.3) widened, then 1 - beta multiplied in float64
+    b1, b2 = float(np.float32(0.1)), float(np.float32(0.3))
+    assert d.alphas_cumprod.tolist() == [1.0 - b1, (1.0 - b1) * (1.0 - b2)]

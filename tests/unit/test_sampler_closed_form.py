@@ -336,12 +336,13 @@ def test_clip_denoised_clamps_the_predicted_x0_in_the_posterior(sampler):
     d, kept = create_diffusion("50"), _kept("50")
     i = 10
     a, a_prev, beta = _step_schedule(kept, i)
-    x = torch.full((1, 1, 1, 2), 0.5)
-    eps = torch.tensor([[[[-3.0, 0.1]]]])  # x0 = (x - sqrt(1 - a) eps) / sqrt(a): beyond 1, then inside
+    x = torch.full((1, 1, 1, 3), 0.5)
+    eps = torch.tensor([[[[-3.0, 0.1, 5.0]]]])  # x0 = (x - sqrt(1 - a) eps) / sqrt(a): > 1, inside, < -1
     out = torch.cat([eps, torch.full_like(eps, -1.0)], dim=1)
     t = torch.tensor([i])
     x0 = ((x.double() - math.sqrt(1 - a) * eps.double()) / math.sqrt(a)).clamp(-1, 1)
-    assert x0[0, 0, 0, 0] == 1.0 and abs(x0[0, 0, 0, 1]) < 1
+    assert x0[0, 0, 0, 0] == 1.0 and abs(x0[0, 0, 0, 1]) < 1 and x0[0, 0, 0, 2] == -1.0
+    assert (x.double()[0, 0, 0, 2] - math.sqrt(1 - a) * 5.0) / math.sqrt(a) < -2  # below clamp(-2, 1) too
     if sampler == "ddpm":
         got = d.p_sample(
             lambda *a, **k: out, x, t, clip_denoised=True, generator=torch.Generator().manual_seed(4)
@@ -365,7 +366,8 @@ def test_the_noise_is_drawn_on_the_samples_device(sampler):
     d = create_diffusion("5")
     x, t = torch.zeros(2, 4, 2, 2, device="meta"), torch.tensor([3, 0], device="meta")
 
-    def model(*a, **k):
+    def model(x, t, **k):
+        assert t.device.type == "meta"  # the respaced timestep table follows t's device
         return torch.zeros(2, 8, 2, 2, device="meta")
 
     step = d.p_sample(model, x, t) if sampler == "ddpm" else d.ddim_sample(model, x, t, eta=0.5)
@@ -409,6 +411,82 @@ def test_a_loop_without_noise_draws_it_from_the_generator_and_shows_progress_ali
     assert torch.equal(
         quiet, loop(model, None, noise=z, model_kwargs={"y": torch.tensor([1, 2])}, generator=g)
     )
+
+
+def test_sample_latents_draws_its_noise_on_the_labels_device():
+    # The meta device stands in for a GPU: the labels say where the samples live.
+    d, labels = create_diffusion("2"), torch.tensor([1, 2], device="meta")
+
+    def model(x, t, y):
+        assert x.device.type == "meta" and t.device.type == "meta"
+        return torch.zeros(2, 8, 2, 2, device="meta")
+
+    assert sample_latents(model, d, labels, latent_size=2).device.type == "meta"
+
+
+class NoClassesDiT:
+    """A guided model that does not say how many classes it has: the null class is then 1000,
+    ImageNet's (DiT's own null label)."""
+
+    def __init__(self):
+        self.ys = []
+
+    def forward_with_cfg(self, x, t, y, cfg_scale, guidance_channels):
+        self.ys.append(y.clone())
+        return torch.cat([0.3 * x, torch.zeros_like(x)], dim=1)
+
+
+def test_a_model_without_num_classes_is_guided_with_the_null_class_1000():
+    model = NoClassesDiT()
+    sample_latents(model, create_diffusion("2"), torch.tensor([4, 0]), latent_size=2, cfg_scale=2.0)
+    assert len(model.ys) == 2 and all(y.tolist() == [4, 0, 1000, 1000] for y in model.ys)
+
+
+def test_guided_ddpm_draws_every_step_from_the_generator():
+    d, labels = create_diffusion("3"), torch.tensor([2, 5])
+
+    def run():
+        return sample_latents(
+            StubDiT(), d, labels, latent_size=2, cfg_scale=1.5, generator=torch.Generator().manual_seed(5)
+        )
+
+    first = run()
+    torch.manual_seed(321)  # the global generator must play no part
+    assert torch.equal(run(), first)
+    g = torch.Generator().manual_seed(5)
+    z = torch.randn((2, 4, 2, 2), generator=g)
+    kwargs = {"y": torch.tensor([2, 5, 10, 10]), "cfg_scale": 1.5, "guidance_channels": None}
+    model = StubDiT().forward_with_cfg
+    want = d.p_sample_loop(model, None, noise=torch.cat([z, z]), model_kwargs=kwargs, generator=g)
+    assert torch.equal(first, want[:2])
+
+
+@pytest.mark.parametrize("cfg_scale", [1.0, 1.5])
+def test_sampling_shows_one_sampling_bar_on_a_terminal_only_when_asked(cfg_scale, capsys, monkeypatch):
+    d, labels = create_diffusion("3"), torch.tensor([2, 5])
+
+    def run(**kw):
+        sample_latents(StubDiT(), d, labels, latent_size=2, cfg_scale=cfg_scale, **kw)
+        return capsys.readouterr().err
+
+    assert run(progress=True) == ""  # a log (stderr is no terminal here): no line per sampling loop
+    monkeypatch.setattr("ditbench.progress.is_terminal", lambda stream=None: True)
+    assert run() == ""  # not asked
+    err = run(progress=True)
+    # tqdm's first frame: "sampling", counted in steps; the bar is cleared at the end (leave=False)
+    assert err.startswith("\rsampling:   0%|") and "| 0/3 [" in err and "?step/s]" in err
+    assert err.endswith("\r") and "\n" not in err and "100%" not in err
+
+
+def test_p_mean_variance_does_not_clip_unless_asked():
+    d, kept = create_diffusion("50"), _kept("50")
+    a = _step_schedule(kept, 10)[0]
+    x, eps = torch.full((1, 1, 1, 1), 0.5), torch.full((1, 1, 1, 1), -3.0)
+    out = torch.cat([eps, torch.zeros_like(eps)], dim=1)
+    x0 = (0.5 + 3.0 * math.sqrt(1 - a)) / math.sqrt(a)  # beyond 1
+    got = d.p_mean_variance(lambda *a, **k: out, x, torch.tensor([10]))
+    assert x0 > 1.5 and got["pred_xstart"].item() == pytest.approx(x0, rel=1e-5)
+    assert torch.equal(got["eps"], eps)  # the model's own noise prediction, returned as given
 
 
 # ---- respacing: the reference's section convention, written out -------------------------------
