@@ -73,5 +73,6 @@ def test_a_pinned_run_says_so_and_the_quality_figure_carries_its_cpu_time():
     assert _script().render("cpu_quality", entry) == (
         "1500 s for the whole suite (430 s of CPU time in its processes) on 2 CPU cores (the run pinned "
         "to 1), OMP_NUM_THREADS=1, load average 9, other processes 70% of the cores; 2026-12-01; FID "
-        "(test Inception, mean ± spread over the sample seeds) 900.0 ± 5.0 at step 0, 60.5 ± 3.2 at step 1,500"
+        "(test Inception, mean ± spread over the sample seeds) 900.0 ± 5.0 at step 0, 60.5 ± 3.2 at step "
+        "1,500"
     )
