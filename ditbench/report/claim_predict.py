@@ -129,8 +129,8 @@ def _band_text(band_pct: float | None) -> str:
     return f" +-{band_pct:g}%" if band_pct is not None else ""
 
 
-def _predict_cell(c: Any, where: str, target_steps: int) -> dict[str, Any]:
-    pred, why = predict({k: v for k, v in c.cell.items() if k not in _NOT_CELL}, where)
+def _predict_cell(c: Any, where: str, target_steps: int, cache: dict) -> dict[str, Any]:
+    pred, why = _cached(c.cell, where, cache)
     if pred is None:
         return {"verdict": None, "why": why}
     if c.kind == "fits":
@@ -220,7 +220,8 @@ def _predict_compare(r: ClaimResult, where: str, target_steps: int, cache: dict)
 
 
 def _cached(knobs: dict[str, Any], card: str, cache: dict) -> tuple[Any, str | None]:
-    """A run's cell predicted on a card once per report (pairs share cells)."""
+    """A cell predicted on a card once per report (pairs share cells; a claim's memory and speed
+    figures share theirs)."""
     key = (knob_key(knobs), card)
     if key not in cache:
         cache[key] = predict({k: v for k, v in knobs.items() if k not in _NOT_CELL}, card)
@@ -239,7 +240,7 @@ def predict_claims(results: list[ClaimResult], card: str | None, target_steps: i
         elif c.kind == "compare":
             r.predicted = _predict_compare(r, where, target_steps, cache)
         elif complete:
-            r.predicted = _predict_cell(c, where, target_steps)
+            r.predicted = _predict_cell(c, where, target_steps, cache)
         elif c.kind == "fits" and r.matched:
             r.predicted = _predict_run_fits(r.matched, where, cache)
         else:
