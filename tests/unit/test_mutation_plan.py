@@ -1,0 +1,473 @@
+"""The planner's arithmetic pinned by value (issue 27, mutation testing of ditbench/plan/).
+
+Each expected number is worked out here from the rule it checks (the time model's max of compute,
+memory and kernel minimum; the fit's common factor; the caching allocator's rounding and segments;
+the budget's capacity), on hand-made kernel rows and hand-made traces, so no test traces a model and
+the file runs in about a second. reports/mutation/plan.md lists the mutants each test was added for.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import OrderedDict
+
+import pytest
+
+from ditbench.cards import DATASHEETS, Datasheet, find_card
+from ditbench.errors import UnsupportedError, UserError
+from ditbench.knobs import Knobs
+from ditbench.plan import allocator, batch, predict, speed
+from ditbench.plan.emulation import CPU, cuda_target
+from ditbench.plan.trace import Trace
+
+MiB, GiB = 1 << 20, 1 << 30
+SHEET = Datasheet(fp32=10.0, tf32=100.0, fp16=200.0, memory_gbs=1000.0, link_gbs=100.0, link="NVLink")
+PARAMS = {"matmul_eff": 0.5, "attention_eff": 0.25, "memory_eff": 0.5, "host_us": 10.0, "kernel_us": 2.0,
+          "block_us": 100.0, "checkpoint_us": 50.0, "fused_share": 0.25}  # fmt: skip
+
+
+# ---- speed.py: the time model ------------------------------------------------------------------
+
+
+def test_each_kernel_runs_at_its_dtypes_peak_and_its_categorys_efficiency():
+    tf = 10**12
+    # fp16 like bf16 runs on the tensor cores: 1e12 / (0.5 * 200e12) = 10 ms.
+    assert speed.step_time({("matmul", "fp16", False, tf, 0, 0, 0): 1}, 1, SHEET, "fp16", PARAMS).seconds == (
+        pytest.approx(0.01)
+    )
+    # Attention takes the attention efficiency: 1e12 / (0.25 * 200e12) = 20 ms in bf16.
+    t = speed.step_time({("attention", "bf16", False, tf, 0, 0, 0): 1}, 1, SHEET, "bf16", PARAMS)
+    assert t.split["attention"] == pytest.approx(0.02) and t.split["matmul"] == 0
+    # tf32 speeds up matmuls only: fp32 attention under tf32 runs at the fp32 peak, 1e12 / (0.25 * 10e12).
+    t = speed.step_time({("attention", "fp32", False, tf, 0, 0, 0): 1}, 1, SHEET, "tf32", PARAMS)
+    assert t.seconds == pytest.approx(0.4)
+    # An fp32 elementwise kernel under tf32: the fp32 peak with the matmul efficiency, 1e12 / (0.5 * 10e12).
+    t = speed.step_time({("elementwise", "fp32", False, tf, 0, 0, 0): 1}, 1, SHEET, "tf32", PARAMS)
+    assert t.split["elementwise"] == pytest.approx(0.2)
+
+
+def test_flops_and_bytes_are_a_constant_plus_a_per_sample_part():
+    # FLOPs 1e12 + 3 * 1e12 at batch 3 = 4e12 -> 4e12 / 100e12 = 40 ms; bytes 1e9 + 3 * 1e9 = 4e9 at
+    # 500 GB/s = 8 ms, less than the compute: the kernel is compute bound.
+    row = ("matmul", "bf16", False, 10**12, 10**12, 10**9, 10**9)
+    assert speed.step_time({row: 1}, 3, SHEET, "bf16", PARAMS).seconds == pytest.approx(0.04)
+    # Bytes alone: 1e9 + 3e9 at 500 GB/s = 8 ms.
+    row = ("elementwise", "bf16", False, 0, 0, 10**9, 10**9)
+    t = speed.step_time({row: 2}, 3, SHEET, "bf16", PARAMS)
+    assert t.split["elementwise"] == pytest.approx(0.016)
+    assert t.kernels == 2 and t.steps_per_s == pytest.approx(1 / 0.016)
+
+
+def test_fused_launches_count_a_share_of_the_elementwise_kernels():
+    rows = {("elementwise", "bf16", False, 0, 0, 1000, 0): 8, ("matmul", "bf16", False, 0, 0, 1000, 0): 3}
+    assert speed.step_time(rows, 1, SHEET, "bf16", PARAMS).kernels == 11
+    # 8 * 0.25 = 2 elementwise launches left, matmuls untouched; each takes the 2 us minimum and the
+    # host 10 us to issue: 5 launches, 50 us of host time.
+    t = speed.step_time(rows, 1, SHEET, "bf16", PARAMS, compiled=True)
+    assert t.kernels == 5
+    assert t.seconds == pytest.approx(50e-6)
+
+
+def test_the_backward_that_hides_the_all_reduce_includes_its_kernels_latency():
+    # 1000 backward kernels of 8 ns of bytes: each is busy 8 ns and waits 2 us - 8 ns: 2 ms of backward.
+    rows = {("elementwise", "fp32", True, 0, 0, 4000, 0): 1000}
+    grad = 10**9
+    ring = 2 * (2 - 1) / 2 * grad / 100e9  # 10 ms over 2 GPUs
+    t = speed.step_time(rows, 1, SHEET, "fp32", PARAMS, gpus=2, grad_bytes=grad, overlap=False)
+    assert t.split["communication"] == pytest.approx(ring - 1000 * 2e-6)
+    # Gradients smaller than one DDP bucket: the whole all-reduce is the last bucket, none hidden.
+    small = 10**6
+    t = speed.step_time({("matmul", "bf16", True, 10**14, 0, 0, 0): 1}, 1, SHEET, "bf16", PARAMS, gpus=2,
+                        grad_bytes=small)  # fmt: skip
+    assert t.split["communication"] == pytest.approx(small / 100e9)
+    # A 'card' without an interconnect (a CPU) has no all-reduce to time.
+    cpu = speed.cpu_datasheet(1000.0)
+    t = speed.step_time(rows, 1, cpu, "fp32", PARAMS, gpus=2, grad_bytes=grad)
+    assert t.split["communication"] == 0
+
+
+def test_a_cpu_datasheet_is_its_measured_peak_at_every_dtype():
+    assert speed.cpu_datasheet(2500.0) == Datasheet(2.5, 2.5, 2.5, 20.0, 0.0, "none")
+    assert speed.cpu_datasheet(500.0, 50.0) == Datasheet(0.5, 0.5, 0.5, 50.0, 0.0, "none")
+    assert speed.datasheet("H200") is DATASHEETS["H200"]
+    assert (
+        speed.datasheet(None) is None and speed.datasheet("") is None and speed.datasheet("no card") is None
+    )
+
+
+def test_split_shares_are_percent_to_one_decimal():
+    assert speed.split_shares({"matmul": 1.0, "attention": 2.0}) == {"matmul": 33.3, "attention": 66.7}
+    assert speed.split_shares({"matmul": 0.0, "attention": 0.0}) == {"matmul": 0.0, "attention": 0.0}
+
+
+def test_blocks_counts_every_kth_block_from_block_0():
+    assert speed.blocks("DiT-XL/2", "none") == (28, 0)
+    assert speed.blocks("DiT-XL/2", "full") == (28, 28)
+    assert speed.blocks("DiT-XL/2", "every_3") == (28, 10)  # blocks 0, 3, ..., 27
+    assert speed.blocks("DiT-T/2", "every_2") == (4, 2)
+
+
+def test_the_shipped_calibration_is_the_files_content():
+    data = json.loads(speed.SHIPPED.read_text())
+    cal = speed.shipped()
+    assert cal.to_dict() == {k: data.get(k, []) for k in ("params", "band_pct", "source", "cells", "loo")}
+    assert cal.cells == data["cells"] > 0 and len(cal.loo) == cal.cells
+
+
+def _cells(ratios, params=PARAMS, **kw):
+    """Cells whose measured speed is `ratio` times what `params` predict (matmul rows of different sizes)."""
+    out = []
+    for i, r in enumerate(ratios):
+        kernels = {("matmul", "bf16", False, 10**12 * (i + 1), 0, 10**6, 0): 1 + i}
+        cell = speed.Cell(f"c{i}", kernels, 1, SHEET, "bf16", False, 1.0, **kw)
+        out.append(
+            speed.Cell(f"c{i}", kernels, 1, SHEET, "bf16", False, speed.predict(cell, params) * r, **kw)
+        )
+    return out
+
+
+def test_predict_passes_every_field_of_the_cell():
+    rows = {("elementwise", "fp32", True, 0, 0, 4000, 0): 100}
+    cell = speed.Cell("x", rows, 1, SHEET, "fp32", True, 1.0, gpus=2, grad_bytes=10**9, overlap=False,
+                      blocks=3, ckpt_blocks=2)  # fmt: skip
+    # 25 fused launches of 2 us (of them 8 ns busy) + host 25 * 10 + 3 * 100 + 2 * 50 us; the all-reduce
+    # 10 ms less the 50 us backward.
+    seconds = 25 * 2e-6 + (25 * 10 + 300 + 100) * 1e-6 + (0.01 - 25 * 2e-6)
+    assert speed.predict(cell, PARAMS) == pytest.approx(1 / seconds)
+
+
+def test_too_few_cells_fit_one_common_factor_and_three_give_a_leave_one_out_band():
+    # Measured at 1, 2 and 4 times the prediction: the factor is their geometric mean, 2.
+    cells = _cells([1.0, 2.0, 4.0])
+    cal = speed.calibrate(cells, "three", start=PARAMS)
+    assert cal.params == pytest.approx(speed.scaled(PARAMS, 2.0))
+    assert (cal.source, cal.cells) == ("three", 3)
+    # Each cell predicted by the other two: factors 2**1.5, 2**1 and 2**0.5.
+    errors = [100 * (2**1.5 - 1), 0.0, 100 * (2**0.5 / 4 - 1)]
+    assert [r["cell"] for r in cal.loo] == ["c0", "c1", "c2"]
+    assert [r["error_pct"] for r in cal.loo] == pytest.approx(errors, abs=1e-9)
+    assert [r["measured_steps_per_s"] for r in cal.loo] == [c.measured_steps_per_s for c in cells]
+    assert [r["predicted_steps_per_s"] for r in cal.loo] == pytest.approx(
+        [c.measured_steps_per_s * (1 + e / 100) for c, e in zip(cells, errors, strict=True)]
+    )
+    assert cal.band_pct == round(100 * (2**1.5 - 1), 1) == 182.8
+    # Two cells: no band; with no start, the shipped defaults are scaled.
+    defaults = {k: v[0] for k, v in speed.PARAMS.items()}
+    two = speed.calibrate(_cells([2.0, 8.0], defaults), "two")
+    assert two.band_pct is None and two.loo == []
+    assert two.params == pytest.approx(speed.scaled(defaults, 4.0))
+    with pytest.raises(UserError, match="no measured cells"):
+        speed.calibrate([], "none")
+
+
+def test_scaled_divides_every_time_and_keeps_the_fused_share():
+    out = speed.scaled(PARAMS, 4.0)
+    want = {"matmul_eff": 2.0, "attention_eff": 1.0, "memory_eff": 2.0, "host_us": 2.5, "kernel_us": 0.5}
+    want.update({"block_us": 25.0, "checkpoint_us": 12.5, "fused_share": 0.25})
+    assert out == want
+    assert PARAMS["matmul_eff"] == 0.5  # the input is left alone
+
+
+def test_the_fit_frees_only_the_parameters_some_cell_informs():
+    # Six plain cells: six free parameters (no compiled cell, no checkpointed block) -> the common factor,
+    # which scales checkpoint_us too.
+    six = speed.fit(_cells([1.5] * 6), PARAMS)
+    assert six == pytest.approx(speed.scaled(PARAMS, 1.5))
+    # Seven: least squares over the six; checkpoint_us and fused_share keep their start, and the fit
+    # reproduces every measured cell.
+    cells = _cells([1.5] * 7)
+    seven = speed.fit(cells, PARAMS)
+    assert seven["checkpoint_us"] == PARAMS["checkpoint_us"] and seven["fused_share"] == PARAMS["fused_share"]
+    for cell in cells:
+        assert speed.predict(cell, seven) == pytest.approx(cell.measured_steps_per_s, rel=1e-3)
+    # Seven checkpointed cells: seven free parameters, so the common factor again.
+    ckpt = speed.fit(_cells([1.5] * 7, ckpt_blocks=1), PARAMS)
+    assert ckpt == pytest.approx(speed.scaled(PARAMS, 1.5))
+
+
+# ---- predict.py: budgets, the cache and the fill of a prediction ---------------------------------
+
+
+def test_a_budget_from_each_kind_of_card_argument():
+    h200 = find_card("H200")
+    assert predict.budget("H200") == predict.Budget("H200", h200.usable_gib, 0.5, cuda_target("H200"))
+    assert predict.budget(h200, 1.0) == predict.Budget("H200", h200.usable_gib, 1.0, cuda_target("H200"))
+    assert predict.budget(12) == predict.Budget(None, 12.0, 0.5, cuda_target(None))
+    assert predict.budget(None) == predict.Budget(None, None, 0.5, cuda_target(None))
+    assert predict.budget("H200", 0, device="cpu") == predict.Budget(None, None, 0.0, CPU)
+    # Capacity: what the allocator may reserve, the context taken off, never negative.
+    assert predict.budget(2.5, 0.5).capacity == 2 * GiB
+    assert predict.budget(0.25, 0.5).capacity == 0
+    assert predict.budget(None).capacity is None
+    for bad in (-0.1, math.nan, math.inf, True, "0.5"):
+        with pytest.raises(UserError, match="the CUDA context must be a finite number of GiB >= 0"):
+            predict.budget("H200", bad)
+
+
+def test_fits_follows_the_status():
+    pred = predict.Prediction("DiT-T/2", "fp32", "none", 1, "cuda", None, None, "fits")
+    assert pred.fits is True and pred.to_dict()["fits"] is True
+    pred.status = "oom"
+    assert pred.fits is False and pred.to_dict()["fits"] is False
+    for status in ("predicted", "unsupported", "error", "ok"):
+        pred.status = status
+        assert pred.fits is None
+
+
+def test_normalize_validates_the_knobs_and_the_device():
+    cell = predict.normalize({"model": "DiT-T/2", "steps": 10})
+    assert cell["device"] == "cuda" and cell["model"] == "DiT-T/2" and "steps" not in cell
+    assert predict.normalize({"model": "DiT-T/2", "device": "cpu"})["device"] == "cpu"
+    with pytest.raises(UserError, match="device must be cuda or cpu to plan a cell, got 'tpu'"):
+        predict.normalize({"model": "DiT-T/2", "device": "tpu"})
+    with pytest.raises(UserError, match="a cell config must be a mapping of knobs, got"):
+        predict.normalize(["DiT-T/2"])
+
+
+def test_the_traced_knobs_leave_the_untraced_at_their_defaults():
+    cell = predict.normalize({"model": "DiT-T/2", "batch_size": 8, "lr": 0.5, "seed": 3, "precision": "bf16",
+                              "optimizer_impl": "auto", "grad_ckpt": "every_2"})  # fmt: skip
+    knobs = predict.trace_knobs(cell, CPU)
+    assert knobs == Knobs(model="DiT-T/2", precision="bf16", grad_ckpt="every_2", optimizer_impl="fused")
+    assert predict.trace_knobs({**cell, "optimizer_impl": "foreach"}, CPU).optimizer_impl == "foreach"
+
+
+def test_a_trace_key_shares_policies_that_allocate_alike():
+    gpu = cuda_target(None)
+    key = {p: predict.trace_key(Knobs(model="DiT-T/2", precision=p), gpu) for p in ("fp32", "tf32", "bf16")}
+    assert key["fp32"] == key["tf32"] != key["bf16"]
+    assert key["fp32"][0] == (("model", "DiT-T/2"),) and key["fp32"][-1] == "cuda"
+    assert predict.trace_key(Knobs(model="DiT-T/2"), CPU)[-1] == "cpu"
+    with pytest.raises(UnsupportedError):
+        predict.trace_key(Knobs(model="DiT-T/2", precision="fp16"), CPU)
+
+
+def test_series_traces_are_kept_for_the_32_last_used(monkeypatch):
+    traced = []
+    monkeypatch.setattr(predict, "_CACHE", OrderedDict())
+    monkeypatch.setattr(predict, "trace_key", lambda knobs, target: knobs)
+    monkeypatch.setattr(predict, "trace_series", lambda knobs, target: traced.append(knobs) or f"s{knobs}")
+    for k in range(32):
+        assert predict.series_trace(k, CPU) == f"s{k}"
+    assert predict.series_trace(0, CPU) == "s0" and traced == list(range(32))  # from memory; 0 now newest
+    predict.series_trace(32, CPU)  # evicts 1, the least recently used
+    assert list(predict._CACHE) == [*range(2, 32), 0, 32]
+    predict.series_trace(1, CPU)
+    assert traced == [*range(33), 1]
+
+
+def test_series_traces_go_through_the_disk_cache_when_asked(monkeypatch):
+    from ditbench.plan import cache
+
+    saved = []
+    monkeypatch.setattr(predict, "_CACHE", OrderedDict())
+    monkeypatch.setattr(predict, "trace_key", lambda knobs, target: knobs)
+    monkeypatch.setattr(predict, "trace_series", lambda knobs, target: f"traced {knobs}")
+    monkeypatch.setattr(cache, "key", lambda key: f"name {key}")
+    monkeypatch.setattr(cache, "load", lambda name: "from disk" if name == "name a" else None)
+    monkeypatch.setattr(cache, "save", lambda name, series: saved.append((name, series)))
+    assert predict.series_trace("a", CPU, disk=True) == "from disk" and saved == []
+    assert predict.series_trace("b", CPU, disk=True) == "traced b"
+    assert saved == [("name b", "traced b")]
+    assert predict.series_trace("c", CPU) == "traced c" and len(saved) == 1
+
+
+# A hand-made trace: weights of 1000 B (a 512-granular 1024 B block in a 2 MiB small segment), a 30 MiB
+# build-time temporary (its own 30 MiB segment, cached once freed), then in step 2 an activation of
+# 256 MiB per sample and, on a GPU, a modeled cuBLAS workspace (8 MiB + 128 KiB before sm90, 32 MiB on
+# sm90: the first fits in the cached 30 MiB block, the second needs a segment of its own).
+def _series(target):
+    gpu = target.device == "cuda"
+    trace = Trace(
+        target=target, batch_size=4099, sizes=[1000, 30 * MiB, 4099 * 256 * MiB, 0],
+        events=[1, 2, -2, 3, 4, -4, -3], labels={0: "weights", 3: "workspace"},
+        modeled={3: ("cublas",)} if gpu else {},
+        marks={"build": 0, "step1": 3, "step2": 3, "end": 7}, notes=["a note"], params=10**6,
+        kernels={("matmul", "bf16", False, 0, 10**12, 0, 0): 1},
+    )  # fmt: skip
+    return batch.SeriesTrace(trace, 4099, [1000, 30 * MiB, 0, 0], [0, 0, 256 * MiB, 0])
+
+
+CELL = {"model": "DiT-XL/2", "precision": "bf16", "batch_size": 4}
+
+
+@pytest.fixture
+def planted(monkeypatch):
+    """predict_budgets with the hand-made trace in place of a traced one."""
+    monkeypatch.setattr(predict, "_CACHE", OrderedDict())
+    for target in (cuda_target(None), CPU):
+        knobs = predict.trace_knobs(predict.normalize({**CELL, "device": target.device}), target)
+        predict._CACHE[predict.trace_key(knobs, target)] = _series(target)
+
+
+def _one(gib, context=0.5, batch_size=4, **kw):
+    return predict.predict_budgets(CELL, [batch_size], [predict.budget(gib, context)], **kw)[0][0]
+
+
+def test_a_cell_that_fits_without_the_limit(planted):
+    # Unlimited replay: 2 MiB + 30 MiB + 1 GiB reserved (the workspace takes the cached 30 MiB block);
+    # at the peak (the workspace's malloc, event 4) 1024 B + 1 GiB + 8.125 MiB allocated.
+    pred = _one(2.0)
+    ws = 8 * MiB + 128 * 1024
+    assert (pred.status, pred.fits, pred.reason) == ("fits", True, None)
+    assert pred.peak_allocated_gib == (1024 + GiB + ws) / GiB
+    assert pred.peak_reserved_gib == (32 * MiB + GiB) / GiB
+    assert pred.device_gib == pred.peak_reserved_gib + 0.5
+    assert pred.components == {"weights": 1024 / GiB, "gradients": 0.0, "optimizer": 0.0, "ema": 0.0,
+                               "activations": 1.0, "workspace": ws / GiB, "context": 0.5}  # fmt: skip
+    assert (pred.model, pred.precision, pred.grad_ckpt, pred.batch_size) == ("DiT-XL/2", "bf16", "none", 4)
+    assert (pred.device, pred.card, pred.memory_gib, pred.notes) == ("cuda", None, 2.0, ["a note"])
+    assert pred.config["batch_size"] == 4 and pred.config["device"] == "cuda"
+    # No card: predicted, not fitted; no datasheet, so no speed.
+    pred = _one(None)
+    assert (pred.status, pred.fits, pred.peak_allocated_gib) == ("predicted", None, (1024 + GiB + ws) / GiB)
+    assert pred.predicted_steps_per_s is None and pred.time_to_target is None
+
+
+def test_a_cell_that_fits_only_once_the_cached_segment_is_released(planted):
+    # Capacity 2 MiB + 1 GiB + 20 MiB: the 1 GiB segment needs the cached 30 MiB one released, and the
+    # workspace then gets a new 20 MiB segment (a large request under 10 MiB).
+    ws = 8 * MiB + 128 * 1024
+    pred = _one(0.5 + (22 * MiB + GiB) / GiB)
+    assert pred.status == "fits"
+    assert pred.peak_reserved_gib == (22 * MiB + GiB) / GiB  # the limited replay's figures
+    assert pred.peak_allocated_gib == (1024 + GiB + ws) / GiB
+
+
+@pytest.mark.parametrize("gib", [0.5 + (GiB + 16 * MiB) / GiB, 1.0])
+def test_a_cell_that_does_not_fit(planted, gib):
+    # Short of the workspace's 20 MiB segment even after the release; or under the allocated peak itself.
+    pred = _one(gib)
+    assert (pred.status, pred.fits) == ("oom", False)
+    assert pred.reason == (
+        "needs 1.01 GiB allocated (1.03 reserved) + 0.5 GiB context; the card has " + f"{gib:.2f} GiB"
+    )
+    assert pred.peak_reserved_gib == (32 * MiB + GiB) / GiB  # the unlimited replay
+
+
+def test_a_cpu_cell_is_the_peak_of_requested_bytes(planted):
+    cell = {**CELL, "device": "cpu"}
+    [[pred]] = predict.predict_budgets(cell, [2], [predict.budget(None, device="cpu")])
+    # No rounding, no workspace on a CPU: 1000 B + 512 MiB at the activation's malloc.
+    assert (pred.status, pred.device, pred.card) == ("predicted", "cpu", None)
+    assert pred.peak_allocated_gib == (1000 + 512 * MiB) / GiB
+    assert pred.components["weights"] == 1000 / GiB and pred.components["activations"] == 0.5
+    assert pred.peak_reserved_gib is None and pred.predicted_steps_per_s is None
+
+
+def test_a_card_with_a_datasheet_gets_the_time_model(planted):
+    # H200 (bf16 at 989.4 TFLOPS): 4e12 FLOPs at 0.5 of the peak = 8.0857 ms; the host's 1 kernel and
+    # 28 blocks (DiT-XL/2) take 10 + 28 * 100 us = 2.81 ms, hidden. The workspace is 32 MiB on sm90.
+    cal = speed.Calibration(PARAMS, 12.5, "test")
+    options = predict.SpeedOptions(calibration=cal, gpus=2, target_steps=1000)
+    pred = predict.predict_budgets(CELL, [4], [predict.budget("H200")], speed=options)[0][0]
+    seconds = 4e12 / (0.5 * 989.4e12)
+    seconds += 2 * (2 - 1) / 2 * 4 * 10**6 / 450e9  # the all-reduce of 4 MB of fp32 gradients over 2 GPUs
+    assert pred.status == "fits" and pred.components["workspace"] == 32 * MiB / GiB
+    assert pred.predicted_steps_per_s == pytest.approx(1 / seconds)
+    assert pred.predicted_images_per_s == pytest.approx(4 * 2 / seconds)
+    assert (pred.predicted_speed_band_pct, pred.gpus) == (12.5, 2)
+    assert pred.time_to_target == pytest.approx({"steps": 1000, "days": 1000 * seconds / 86400,
+                                                 "gpu_hours": 1000 * seconds * 2 / 3600})  # fmt: skip
+    assert pred.step_split_pct["matmul"] == pytest.approx(100 * 4e12 / (0.5 * 989.4e12) / seconds, abs=0.05)
+    # A target in images wins: 10,000 images at 4 a step on one GPU (the default) = 2,500 steps.
+    options = predict.SpeedOptions(calibration=cal, target_images=10_000)
+    pred = predict.predict_budgets(CELL, [4], [predict.budget("H200")], speed=options)[0][0]
+    assert pred.time_to_target["steps"] == 2500 and pred.gpus == 1
+    pred = predict.predict_budgets(CELL, [4], [predict.budget("H200")])[0][0]
+    assert pred.predicted_speed_band_pct == speed.shipped().band_pct
+    assert pred.time_to_target["steps"] == 400_000
+
+
+def test_a_card_that_cannot_run_the_policy_is_unsupported_for_that_card_only(planted):
+    preds = predict.predict_budgets(CELL, [4], [predict.budget("V100-32GB"), predict.budget("H200")])
+    v100, h200 = preds[0][0], preds[1][0]
+    assert v100.status == "unsupported" and "bf16" in v100.reason and v100.peak_allocated_gib is None
+    assert v100.notes == [] and v100.predicted_steps_per_s is None
+    assert h200.status == "fits" and h200.notes == ["a note"]
+
+
+def test_cells_the_planner_does_not_trace(monkeypatch):
+    def boom(knobs, target, disk=False):
+        raise RuntimeError("no storage")
+
+    monkeypatch.setattr(predict, "series_trace", boom)
+    [[pred]] = predict.predict_budgets(CELL, [4], [predict.budget(24)])
+    assert (pred.status, pred.reason) == (
+        "error",
+        "the planner could not trace this cell: RuntimeError: no storage",
+    )
+    assert pred.peak_allocated_gib is None and pred.notes == []
+    [[pred]] = predict.predict_budgets({**CELL, "gpus": 2}, [4], [predict.budget(24)])
+    assert pred.status == "unsupported" and pred.reason.startswith(
+        "multi-GPU cells (DDP/FSDP) are not traced"
+    )
+
+    def unsupported(knobs, target, disk=False):
+        raise UnsupportedError("not on this target")
+
+    monkeypatch.setattr(predict, "series_trace", unsupported)
+    [[pred]] = predict.predict_budgets(CELL, [4], [predict.budget(24)])
+    assert (pred.status, pred.reason) == ("unsupported", "not on this target")
+
+    def refused(knobs, target, disk=False):
+        raise UserError("bad cell")
+
+    monkeypatch.setattr(predict, "series_trace", refused)
+    with pytest.raises(UserError, match="bad cell"):
+        predict.predict_budgets(CELL, [4], [predict.budget(24)])
+    with pytest.raises(UserError, match="batch_size"):
+        predict.predict_budgets(CELL, [0], [predict.budget(24)])
+
+
+def test_the_cpu_target_traces_a_cpu_budget(monkeypatch):
+    seen = []
+
+    def record(knobs, target, disk=False):
+        seen.append((target, disk))
+        raise UnsupportedError("recorded")
+
+    monkeypatch.setattr(predict, "series_trace", record)
+    predict.predict_budgets({**CELL, "precision": "fp32"}, [4], [predict.budget(None, device="cpu")])
+    predict.predict_budgets(CELL, [4], [predict.budget("V100-32GB")], disk_cache=True)
+    assert seen == [(CPU, False), (cuda_target(None), True)]  # a GPU cell is traced on the generic sm80
+
+
+# ---- batch.py: one trace per series -------------------------------------------------------------
+
+
+def test_the_probe_batch_is_the_first_prime_above_every_fixed_dimension():
+    assert batch.probe_batch(Knobs(model="DiT-T/2")) == 4099
+    assert batch.probe_batch(Knobs(model="DiT-T/2", num_classes=4200)) == 4211  # 4202 -> the next prime
+    assert [n for n in range(-2, 30) if batch._is_prime(n)] == [2, 3, 5, 7, 11, 13, 17, 19, 23, 29]
+    assert not batch._is_prime(9) and not batch._is_prime(4097) and batch._is_prime(4099)
+
+
+def test_sizes_scale_the_per_sample_part_and_model_the_workspaces():
+    series = _series(cuda_target(None))
+    assert series.sizes(2) == [1000, 30 * MiB, 512 * MiB, 8 * MiB + 128 * 1024]
+    assert series.sizes(2, cuda_target("H200"))[3] == 32 * MiB
+
+
+def test_trace_series_splits_each_size_by_the_probe(monkeypatch):
+    made = []
+
+    def fake(knobs, target, probe):
+        made.append(probe)
+        return Trace(target=target, batch_size=probe, sizes=[1000, probe * 6, 4099 * 4099, 0])
+
+    monkeypatch.setattr(batch, "trace_training", fake)
+    series = batch.trace_series(Knobs(model="DiT-T/2"), CPU)
+    assert made == [4099] and series.probe == 4099
+    assert (series.const, series.per_sample) == ([1000, 0, 0, 0], [0, 6, 4099, 0])
+
+
+# ---- allocator.py: the caching allocator's arithmetic -------------------------------------------
+
+
+def test_rounding_and_segments_at_their_edges():
+    assert [allocator.round_size(n) for n in (0, 1, 511, 512, 513, 1024)] == [512, 512, 512, 512, 1024, 1024]
+    assert allocator.segment_size(MiB) == 2 * MiB and allocator.segment_size(MiB + 512) == 20 * MiB
+    assert allocator.segment_size(10 * MiB - 512) == 20 * MiB and allocator.segment_size(10 * MiB) == 10 * MiB
+    assert allocator.segment_size(10 * MiB + 512) == 12 * MiB
