@@ -17,7 +17,7 @@ import pytest
 from ditbench.cards import DATASHEETS, Datasheet, find_card
 from ditbench.errors import UnsupportedError, UserError
 from ditbench.knobs import Knobs
-from ditbench.plan import allocator, batch, predict, speed
+from ditbench.plan import allocator, batch, calibration, predict, speed
 from ditbench.plan.emulation import CPU, cuda_target
 from ditbench.plan.trace import Trace
 
@@ -471,3 +471,91 @@ def test_rounding_and_segments_at_their_edges():
     assert allocator.segment_size(MiB) == 2 * MiB and allocator.segment_size(MiB + 512) == 20 * MiB
     assert allocator.segment_size(10 * MiB - 512) == 20 * MiB and allocator.segment_size(10 * MiB) == 10 * MiB
     assert allocator.segment_size(10 * MiB + 512) == 12 * MiB
+
+
+# ---- calibration.py: calibration cells from the user's records ----------------------------------
+
+
+def _record(status="ok", steps=2.5, gpu="NVIDIA H200", **config):
+    config = {"model": "DiT-XL/2", "precision": "bf16", "batch_size": 4, **config}
+    return {"status": status, "config": config, "metrics": {"steps_per_s": steps}, "env": {"gpu_name": gpu}}
+
+
+def test_the_card_of_a_record_is_the_emulated_runs_real_gpu_else_the_envs():
+    assert calibration._card(_record()) == "H200"
+    assert calibration._card(_record(gpu="A100-SXM4-80GB")) == "A100-80GB"
+    emulated = {**_record(), "metrics": {"emulation": {"real_gpu": "H200"}}, "env": {"gpu_name": "RTX 4090"}}
+    assert calibration._card(emulated) == "H200"
+    no_real = {**_record(gpu="RTX 4090"), "metrics": {"emulation": {"real_gpu": None}}}
+    assert calibration._card(no_real) == "RTX 4090"
+    assert calibration._card({**_record(gpu="RTX 4090"), "metrics": {"emulation": "H200"}}) == "RTX 4090"
+    assert calibration._card({**_record(gpu="RTX 4090"), "metrics": ["H200"]}) == "RTX 4090"
+    for record in (_record(gpu="a CPU"), _record(gpu=None), {"env": "H200"}, {}):
+        assert calibration._card(record) is None
+
+
+def test_calibration_cells_are_the_measured_gpu_records(monkeypatch):
+    traced = []
+
+    def fake(knobs, target, disk=False):
+        traced.append((knobs.model, knobs.grad_ckpt, knobs.compile, target, disk))
+        if knobs.model == "DiT-S/2":
+            raise RuntimeError("no storage")
+        return batch.SeriesTrace(Trace(target, 4099, params=10**6, kernels={"row": 1}), 4099, [], [])
+
+    monkeypatch.setattr(predict, "series_trace", fake)
+    records = [
+        _record(grad_ckpt="every_2", gpus=2, compile=True),
+        _record(status="oom"),
+        _record(steps=True),
+        _record(steps=0),
+        _record(steps="3"),
+        _record(gpu="a CPU"),
+        _record(model="DiT-S/2"),
+        {**_record(), "metrics": "fast"},
+    ]
+    cells, skipped = calibration.cells_from_records(records)
+    assert skipped == [
+        "record 2: status 'oom'",
+        "record 3: no measured steps_per_s",
+        "record 4: no measured steps_per_s",
+        "record 5: no measured steps_per_s",
+        "record 6: not run on a GPU of the card table",
+        "record 7: not traceable (RuntimeError: no storage)",
+        "record 8: no measured steps_per_s",
+    ]
+    # Traced as one GPU on the generic sm80 target, through the disk cache; the GPUs go to the cell.
+    assert traced == [("DiT-XL/2", "every_2", True, cuda_target(None), True),
+                      ("DiT-S/2", "none", False, cuda_target(None), True)]  # fmt: skip
+    assert cells == [
+        speed.Cell("DiT-XL/2 bf16 ckpt=every_2 b4 H200", {"row": 1}, 4, DATASHEETS["H200"], "bf16", True, 2.5,
+                   gpus=2, grad_bytes=4 * 10**6, blocks=28, ckpt_blocks=14)
+    ]  # fmt: skip
+    assert isinstance(cells[0].measured_steps_per_s, float)
+
+
+def test_a_calibration_from_records_or_why_none_can_calibrate(monkeypatch, tmp_path):
+    rows = {("matmul", "bf16", False, 0, 10**12, 0, 0): 1}
+    monkeypatch.setattr(
+        predict,
+        "series_trace",
+        lambda k, t, disk=False: batch.SeriesTrace(Trace(t, 4099, kernels=rows), 1, [], []),
+    )
+    path = tmp_path / "results.jsonl"
+    with pytest.raises(UserError) as err:
+        calibration.from_records(path, [_record(status=f"s{i}") for i in range(7)])
+    assert str(err.value) == (
+        f"--calibrate {path}: no record can calibrate the speed model (record 1: status 's0'; record 2: "
+        "status 's1'; record 3: status 's2'; record 4: status 's3'; record 5: status 's4'; and 2 more). A "
+        "calibration cell is a record with status ok, a measured steps_per_s, run on a GPU of the card "
+        "table (`ditbench plan --help` lists where the cards are)."
+    )
+    with pytest.raises(UserError, match=r"\(record 1: status 'x'\)\. A calibration"):
+        calibration.from_records(path, [_record(status="x")])
+    # One cell: the shipped parameters scaled by one common factor to its measured speed.
+    cal = calibration.from_records(path, [_record(steps=2.5)])
+    shipped = speed.shipped().params
+    cell = speed.Cell("c", rows, 4, DATASHEETS["H200"], "bf16", False, 2.5, blocks=28)
+    factor = 2.5 / speed.predict(cell, shipped)
+    assert (cal.source, cal.cells, cal.band_pct) == (f"{path} (1 measured cells)", 1, None)
+    assert cal.params == pytest.approx(speed.scaled(shipped, factor))
