@@ -346,6 +346,36 @@ def test_a_cell_that_does_not_fit(planted, gib):
     assert pred.peak_reserved_gib == (32 * MiB + GiB) / GiB  # the unlimited replay
 
 
+def test_predict_cell_and_series_pass_the_card_and_the_context(planted):
+    ws = 8 * MiB + 128 * 1024
+    pred = predict.predict_cell(CELL, 3.0, context_gib=1.0)
+    assert (pred.status, pred.memory_gib, pred.batch_size) == ("fits", 3.0, 4)
+    assert predict.predict_cell(CELL, 2.0, context_gib=1.0).status == "oom"  # 1 GiB left for the allocator
+    assert pred.device_gib == (32 * MiB + GiB) / GiB + 1.0 and pred.components["context"] == 1.0
+    assert predict.predict_cell(CELL, 1.0).status == "oom"
+    assert predict.predict_cell(CELL).status == "predicted"
+    # Each batch size is its own replay: 512 MiB of activation at batch 2, 1 GiB at batch 4.
+    two, four = predict.predict_series(CELL, [2, 4], 2.0, context_gib=0.25)
+    assert (
+        two.peak_allocated_gib == (1024 + 512 * MiB + ws) / GiB
+        and two.device_gib == (32 * MiB + 512 * MiB) / GiB + 0.25
+    )
+    assert four.peak_allocated_gib == (1024 + GiB + ws) / GiB
+
+
+def test_a_peak_that_fills_the_card_exactly_fits_once_the_cache_is_released(monkeypatch):
+    # A 30 MiB temporary, then 12 MiB per sample: exact 2 MiB multiples, so segments are the requests.
+    # At batch 4 the 48 MiB allocated peak equals the capacity; the unlimited run reserved 78 MiB.
+    trace = Trace(target=cuda_target(None), batch_size=4099, events=[1, -1, 2, -2],
+                  marks={"build": 0, "step1": 2, "step2": 2, "end": 4})  # fmt: skip
+    series = batch.SeriesTrace(trace, 4099, [30 * MiB, 0], [0, 12 * MiB])
+    monkeypatch.setattr(predict, "_CACHE", OrderedDict())
+    monkeypatch.setattr(predict, "series_trace", lambda knobs, target, disk=False: series)
+    pred = _one(0.5 + 48 / 1024)
+    assert (pred.status, pred.peak_allocated_gib, pred.peak_reserved_gib) == ("fits", 48 / 1024, 48 / 1024)
+    assert _one(0.5 + 47 / 1024).status == "oom"
+
+
 def test_a_cpu_cell_is_the_peak_of_requested_bytes(planted):
     cell = {**CELL, "device": "cpu"}
     [[pred]] = predict.predict_budgets(cell, [2], [predict.budget(None, device="cpu")])
