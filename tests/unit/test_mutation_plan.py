@@ -87,6 +87,13 @@ def test_the_backward_that_hides_the_all_reduce_includes_its_kernels_latency():
     assert t.split["communication"] == 0
 
 
+def test_the_exposed_last_bucket_is_ddps_default_25_mib():
+    # 1 s of backward hides the ring but its last 25 MiB bucket: 2 * 7/8 * 25 MiB / 100 GB/s over 8 GPUs.
+    long = {("matmul", "bf16", True, 10**14, 0, 0, 0): 1}
+    t = speed.step_time(long, 1, SHEET, "bf16", PARAMS, gpus=8, grad_bytes=4 * 10**9)
+    assert t.split["communication"] == pytest.approx(2 * 7 / 8 * 25 * 2**20 / 100e9)
+
+
 def test_a_cpu_datasheet_is_its_measured_peak_at_every_dtype():
     assert speed.cpu_datasheet(2500.0) == Datasheet(2.5, 2.5, 2.5, 20.0, 0.0, "none")
     assert speed.cpu_datasheet(500.0, 50.0) == Datasheet(0.5, 0.5, 0.5, 50.0, 0.0, "none")
