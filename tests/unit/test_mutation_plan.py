@@ -17,7 +17,7 @@ import pytest
 from ditbench.cards import DATASHEETS, Datasheet, find_card
 from ditbench.errors import UnsupportedError, UserError
 from ditbench.knobs import Knobs
-from ditbench.plan import allocator, batch, calibration, predict, speed
+from ditbench.plan import allocator, batch, calibration, grid, predict, speed
 from ditbench.plan.emulation import CPU, cuda_target
 from ditbench.plan.trace import Trace
 
@@ -596,3 +596,128 @@ def test_a_calibration_from_records_or_why_none_can_calibrate(monkeypatch, tmp_p
     factor = 2.5 / speed.predict(cell, shipped)
     assert (cal.source, cal.cells, cal.band_pct) == (f"{path} (1 measured cells)", 1, None)
     assert cal.params == pytest.approx(speed.scaled(shipped, factor))
+
+
+# ---- grid.py: series, their grouping and the order they are traced in -----------------------------
+
+
+class _SuiteCell:
+    def __init__(self, **config):
+        self.config = config
+
+
+def test_a_grid_is_model_by_precision_by_checkpointing_over_sorted_batches():
+    series = grid.grid(
+        ["DiT-S/2", "DiT-B/2"], ["bf16", "fp32"], ["none", "full"], [32, 8, 32, 16], {"lr": 0.5}
+    )
+    assert [(s.config["model"], s.config["precision"], s.config["grad_ckpt"]) for s in series] == [
+        (m, p, c) for m in ("DiT-S/2", "DiT-B/2") for p in ("bf16", "fp32") for c in ("none", "full")
+    ]
+    assert all(s.batch_sizes == [8, 16, 32] for s in series)
+    assert series[0].config["lr"] == 0.5 and series[0].config["device"] == "cuda"
+    assert grid.grid(["DiT-S/2"], ["fp32"], ["none"], [8])[0].config["lr"] == 0.0001  # no base: the defaults
+    assert grid.paper_models()[:2] == ["DiT-XL/2", "DiT-XL/4"] and len(grid.paper_models()) == 12
+
+
+def test_a_suites_cells_group_into_series_by_all_but_the_batch():
+    cells = [
+        _SuiteCell(model="DiT-S/2", batch_size=32),
+        _SuiteCell(model="DiT-S/2", batch_size=8),
+        _SuiteCell(model="DiT-S/2", batch_size=32, seed=0),  # the same cell again: the default seed
+        _SuiteCell(model="DiT-S/2", batch_size=16, precision="bf16"),
+    ]
+    series = grid.suite_grid(cells)
+    assert [(s.config["precision"], s.batch_sizes) for s in series] == [("fp32", [32, 8]), ("bf16", [16])]
+    assert series[0].config["device"] == "cuda"
+    assert [s.config["device"] for s in grid.suite_grid(cells, "cpu")] == ["cpu", "cpu"]
+    assert cells[0].config == {"model": "DiT-S/2", "batch_size": 32}  # the suite's cells are left alone
+
+
+def _budgets(device="cuda"):
+    return [predict.budget(None, device=device)]
+
+
+def test_series_that_share_a_trace_are_grouped_and_the_costliest_goes_first():
+    series = grid.grid(["DiT-S/2"], ["fp32"], ["none"], [8])
+    series += grid.grid(["DiT-XL/2"], ["fp32", "tf32", "bf16"], ["none"], [8])
+    series += grid.grid(["DiT-XL/2"], ["tf32"], ["none"], [8, 16])  # other batch sizes: its own group
+    series += grid.grid(["DiT-B/2"], ["fp32"], ["none"], [8])
+    # DiT-XL/2 costs 28 * 1152, DiT-B/2 12 * 768, DiT-S/2 12 * 384; fp32 and tf32 share a trace on a GPU.
+    assert grid._cost([series[1]]) == 28 * 1152
+    assert grid._groups(series, _budgets()) == [[1, 2], [3], [4], [5], [0]]
+    # On a CPU fp16 cannot run: such a series is a group of its own, never merged with another.
+    cpu = grid.grid(["DiT-S/2"], ["fp16", "fp16", "fp32"], ["none"], [8])
+    assert grid._groups(cpu, _budgets("cpu")) == [[0], [1], [2]]
+
+
+def test_the_other_series_of_a_group_are_copies_renamed_and_respeeded(monkeypatch):
+    calls, respeeded = [], []
+
+    def fake(config, batch_sizes, budgets, disk_cache, speed):
+        calls.append((config["precision"], batch_sizes, disk_cache, speed))
+        return [[predict.Prediction(config["model"], config["precision"], "none", b, "cuda", None, None,
+                                    "fits", config=dict(config), predicted_steps_per_s=s)
+                 for b, s in zip(batch_sizes, (2.0, None), strict=False)]]  # fmt: skip
+
+    monkeypatch.setattr(grid, "predict_budgets", fake)
+    monkeypatch.setattr(
+        grid, "_respeed", lambda p, target, disk, speed: respeeded.append((p, target, disk, speed))
+    )
+    series = grid.grid(["DiT-S/2"], ["fp32", "tf32"], ["none"], [8, 16])
+    out = grid._work(series, _budgets(), True, "opts")
+    assert calls == [("fp32", [8, 16], True, "opts")]
+    first, second = out
+    assert [p.precision for p in first[0]] == ["fp32", "fp32"] and [p.precision for p in second[0]] == [
+        "tf32"
+    ] * 2
+    assert [p.config["precision"] for p in second[0]] == ["tf32", "tf32"]
+    assert [p.config["batch_size"] for p in second[0]] == [8, 16]
+    assert first[0][0].config["precision"] == "fp32"  # a copy, not the first series' prediction
+    # Only a prediction with a speed is respeeded, on the budgets' target, with the options given.
+    assert [(p.batch_size, t, d, s) for p, t, d, s in respeeded] == [(8, cuda_target(None), True, "opts")]
+    respeeded.clear()
+    grid._work(series, _budgets(), False)
+    assert respeeded[0][2:] == (False, predict.SpeedOptions())
+
+
+def test_respeed_predicts_the_renamed_cells_speed_from_its_own_trace(monkeypatch):
+    seen = []
+    monkeypatch.setattr(
+        predict, "series_trace", lambda knobs, target, disk=False: (knobs.precision, target, disk)
+    )
+    monkeypatch.setattr(predict, "fill_speed", lambda p, series, options: seen.append((series, options)))
+    config = predict.normalize({"model": "DiT-S/2", "precision": "tf32"})
+    pred = predict.Prediction("DiT-S/2", "tf32", "none", 8, "cuda", None, None, "fits", config=config)
+    grid._respeed(pred, cuda_target("H200"), True, "opts")
+    grid._respeed(pred, CPU, False, "opts")
+    assert seen == [(("tf32", cuda_target(None), True), "opts"), (("tf32", CPU, False), "opts")]
+
+
+def test_evaluate_returns_every_series_in_its_place_and_reports_progress(monkeypatch):
+    def fake(config, batch_sizes, budgets, disk, speed):
+        return [
+            [predict.Prediction(config["model"], config["precision"], "none", 8, "cuda", None, None, "fits")]
+        ]
+
+    monkeypatch.setattr(grid, "predict_budgets", fake)
+    series = grid.grid(["DiT-S/2", "DiT-XL/2"], ["fp32", "tf32"], ["none"], [8])
+    progress = []
+    out = grid.evaluate(
+        series, _budgets(), jobs=4, progress=lambda d, n, s: progress.append((d, n, s.config["model"]))
+    )
+    assert [(r[0][0].model, r[0][0].precision) for r in out] == [
+        ("DiT-S/2", "fp32"), ("DiT-S/2", "tf32"), ("DiT-XL/2", "fp32"), ("DiT-XL/2", "tf32")
+    ]  # fmt: skip
+    # Two groups (fp32 and tf32 share a trace): in this process, the costliest first.
+    assert progress == [(1, 4, "DiT-XL/2"), (2, 4, "DiT-XL/2"), (3, 4, "DiT-S/2"), (4, 4, "DiT-S/2")]
+    assert 1 <= grid.default_jobs() <= 2
+
+
+def test_largest_batches_keeps_the_largest_that_fits_per_setting():
+    def pred(model, batch, status):
+        return predict.Prediction(model, "fp32", "none", batch, "cuda", None, None, status)
+
+    preds = [pred("DiT-S/2", 8, "fits"), pred("DiT-S/2", 32, "fits"), pred("DiT-S/2", 16, "fits"),
+             pred("DiT-S/2", 64, "oom"), pred("DiT-B/2", 8, "oom")]  # fmt: skip
+    best = grid.largest_batches(preds)
+    assert best == {("DiT-S/2", "fp32", "none"): preds[1], ("DiT-B/2", "fp32", "none"): None}
