@@ -13,11 +13,12 @@ import math
 from collections import OrderedDict
 
 import pytest
+import torch
 
 from ditbench.cards import DATASHEETS, Datasheet, find_card
 from ditbench.errors import UnsupportedError, UserError
 from ditbench.knobs import Knobs
-from ditbench.plan import allocator, batch, calibration, grid, predict, speed
+from ditbench.plan import allocator, batch, calibration, grid, kernels, predict, speed
 from ditbench.plan.emulation import CPU, cuda_target
 from ditbench.plan.trace import Trace
 
@@ -721,3 +722,102 @@ def test_largest_batches_keeps_the_largest_that_fits_per_setting():
              pred("DiT-S/2", 64, "oom"), pred("DiT-B/2", 8, "oom")]  # fmt: skip
     best = grid.largest_batches(preds)
     assert best == {("DiT-S/2", "fp32", "none"): preds[1], ("DiT-B/2", "fp32", "none"): None}
+
+
+# ---- kernels.py: one cost row per kernel ----------------------------------------------------------
+
+
+def test_each_op_name_has_its_category():
+    names = {
+        "mm": "matmul", "addmm": "matmul", "convolution_backward": "matmul", "_addmm_activation": "matmul",
+        "_scaled_dot_product_flash_attention_for_cpu": "attention", "_flash_attention_backward": "attention",
+        "_efficient_attention_forward": "attention", "_foreach_mul_": "optimizer",
+        "_fused_adamw_": "optimizer",
+        "_amp_foreach_non_finite_check_and_unscale_": "optimizer", "_amp_update_scale_": "optimizer",
+        "add": "elementwise", "native_layer_norm": "elementwise", "foreach_x": "elementwise",
+    }  # fmt: skip
+    assert {n: kernels.category(n) for n in names} == names
+
+
+def test_a_quantity_carrying_the_prime_batch_is_per_sample():
+    assert kernels._split(7 * 12, 7) == (0, 12)
+    assert kernels._split(7 * 12 + 1, 7) == (7 * 12 + 1, 0)
+    assert kernels._split(0, 7) == (0, 0)
+    assert kernels._split(12, 1) == (12, 0)  # at batch 1 nothing can be told apart: all constant
+
+
+def test_a_matmul_row_has_its_flops_and_every_bytes_read_and_written():
+    aten = torch.ops.aten
+    a, b = torch.ones(7, 8), torch.ones(8, 16)
+    out = aten.mm.default(a, b)
+    # 2 * 7 * 8 * 16 = 1792 FLOPs, all per sample (7 | 1792); bytes: a 224 (per sample 32), b 512
+    # (constant: 7 does not divide it), the output 448 (per sample 64).
+    assert kernels.op_row(aten.mm.default, (a, b), {}, out, 7, True) == (
+        "matmul",
+        "fp32",
+        True,
+        0,
+        256,
+        512,
+        96,
+    )
+    # The dtype is the first floating input's; integer-only ops count as fp32; elementwise ops no FLOPs.
+    h = torch.ones(7, 8, dtype=torch.bfloat16)
+    assert kernels.op_row(aten.mm.default, (h, h.T), {}, h @ h.T, 7, False)[:2] == ("matmul", "bf16")
+    i = torch.ones(7, dtype=torch.int64)
+    assert kernels.op_row(aten.add.Tensor, (i, i), {}, i + i, 7, False) == (
+        "elementwise",
+        "fp32",
+        False,
+        0,
+        0,
+        0,
+        24,
+    )
+    for dtype, name in ((torch.float16, "fp16"), (torch.float64, "fp64")):
+        x = torch.ones(3, dtype=dtype)
+        assert kernels.op_row(aten.add.Tensor, (i, x), {"alpha": 1}, x + x, 7, False)[1] == name
+    x = torch.ones(7, 8)
+    assert kernels.op_row(aten.mul.Tensor, (x, x), {}, x * x, 7, False) == (
+        "elementwise",
+        "fp32",
+        False,
+        0,
+        0,
+        0,
+        96,
+    )
+
+
+def test_views_and_allocations_launch_nothing():
+    aten = torch.ops.aten
+    x = torch.ones(4, 4)
+    assert kernels.op_row(aten.view.default, (x, [16]), {}, x.view(16), 7, False) is None
+    assert kernels.op_row(aten.detach.default, (x,), {}, x.detach(), 7, False) is None
+    assert kernels.op_row(aten.empty_like.default, (x,), {}, torch.empty_like(x), 7, False) is None
+    assert kernels.op_row(aten.add.Scalar, (3, 4), {}, 7, 7, False) is None  # host scalars only
+
+
+def test_an_in_place_foreach_op_writes_back_its_lists():
+    aten = torch.ops.aten
+    xs = [torch.ones(7), torch.ones(3)]
+    # Read and written back, 2 * (28 + 12) bytes: the 28 (7 | 28) per sample, 4 a sample; the 12 constant.
+    row = kernels.op_row(aten._foreach_add_.Scalar, (xs, 1.0), {}, None, 7, False)
+    assert row == ("optimizer", "fp32", False, 0, 0, 24, 8)
+
+
+def test_attention_flops_are_torchs_sdpa_formulas():
+    aten = torch.ops.aten
+    q = torch.ones(7, 3, 5, 4)
+    fwd = aten._scaled_dot_product_flash_attention_for_cpu.default
+    out = fwd(q, q, q)
+    # Forward: QK^T and PV, 2 * 2 * B * H * T^2 * D = 4 * 7 * 3 * 25 * 4 = 8400, per sample 1200.
+    assert kernels.op_row(fwd, (q, q, q), {}, out, 7, False)[:5] == ("attention", "fp32", False, 0, 1200)
+    bwd = aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+    args = (out[0], q, q, q, out[0], out[1], 0.0, False)
+    grads = bwd(*args)
+    # Backward: torch counts five matmuls (QK^T recomputed, dV, dP, dQ, dK): 10 * 3 * 25 * 4 per sample.
+    assert kernels.op_row(bwd, args, {}, grads, 7, True)[:5] == ("attention", "fp32", True, 0, 3000)
+    # An op torch has no formula for counts no FLOPs.
+    x = torch.ones(7, 4)
+    assert kernels._flops("relu", aten.relu.default, (x,), {}, x) == 0
