@@ -821,3 +821,17 @@ def test_attention_flops_are_torchs_sdpa_formulas():
     # An op torch has no formula for counts no FLOPs.
     x = torch.ones(7, 4)
     assert kernels._flops("relu", aten.relu.default, (x,), {}, x) == 0
+
+
+def test_a_split_keeps_512_bytes_in_the_small_pool_and_more_than_1_mib_in_the_large():
+    a = allocator.CachingAllocator()
+    a.malloc(MiB)  # half of a 2 MiB small segment
+    b = a.malloc(MiB - 512)  # leaves exactly 512 B: worth a block in the small pool
+    assert b.size == MiB - 512 and a.allocated == 2 * MiB - 512
+    c = a.malloc(1)
+    assert (c.addr, c.size, a.reserved) == (b.addr + MiB - 512, 512, 2 * MiB)
+    large = allocator.CachingAllocator()
+    d = large.malloc(19 * MiB)  # a 20 MiB segment; exactly 1 MiB left is not worth a block there
+    assert (d.size, large.allocated, large.reserved) == (20 * MiB, 20 * MiB, 20 * MiB)
+    e = large.malloc(2 * MiB)  # nothing cached is free: a new segment
+    assert (e.size, large.reserved) == (2 * MiB, 40 * MiB)
