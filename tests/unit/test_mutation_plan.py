@@ -18,7 +18,7 @@ import torch
 from ditbench.cards import DATASHEETS, Datasheet, find_card
 from ditbench.errors import UnsupportedError, UserError
 from ditbench.knobs import Knobs
-from ditbench.plan import allocator, batch, calibration, grid, kernels, predict, speed
+from ditbench.plan import allocator, batch, calibration, grid, kernels, predict, speed, tree
 from ditbench.plan.emulation import CPU, cuda_target
 from ditbench.plan.trace import Trace
 
@@ -835,3 +835,93 @@ def test_a_split_keeps_512_bytes_in_the_small_pool_and_more_than_1_mib_in_the_la
     assert (d.size, large.allocated, large.reserved) == (20 * MiB, 20 * MiB, 20 * MiB)
     e = large.malloc(2 * MiB)  # nothing cached is free: a new segment
     assert (e.size, large.reserved) == (2 * MiB, 40 * MiB)
+
+
+# ---- tree.py: the advice per card class -----------------------------------------------------------
+
+
+def test_speed_rank_puts_low_precision_without_checkpointing_first():
+    assert tree.speed_rank("bf16", "none") == (0, 0, 0)
+    assert tree.speed_rank("fp16", "full") == (0, 2, 1)
+    assert tree.speed_rank("bf16", "every_4") == (0, 1, 0)  # every_K sits between none and full
+    assert tree.speed_rank("tf32", "none") == (1, 2, 0)
+    assert tree.speed_rank("fp32", "every_2") == (1, 3, 1)
+    assert tree.speed_rank("fp8", "full") == (1, 4, 2)  # an unknown precision after fp32
+    order = sorted([("fp32", "none"), ("bf16", "full"), ("tf32", "none"), ("fp16", "none"), ("bf16", "none")],
+                   key=lambda s: tree.speed_rank(*s))  # fmt: skip
+    assert order == [("bf16", "none"), ("fp16", "none"), ("bf16", "full"), ("tf32", "none"), ("fp32", "none")]
+
+
+def test_each_class_is_judged_on_its_smallest_card():
+    got = [(gb, card.name) for gb, card in tree.class_cards()]
+    assert got == [(12, "RTX 3060 12GB"), (16, "T4"), (24, "L4"), (32, "V100-32GB"), (40, "A100-40GB"),
+                   (48, "L40S"), (80, "A100-80GB"), (94, "H100 NVL"), (141, "H200")]  # fmt: skip
+    assert tree._pre_ampere(find_card("T4")) and not tree._pre_ampere(find_card("RTX 3060 12GB"))
+    assert not tree._pre_ampere(find_card("H200"))
+    assert tree._gflops("DiT-XL/2", 256) == pytest.approx(118.6, abs=0.05)  # the paper's Table 4
+    assert tree._gflops("DiT-XL/2", 512) == pytest.approx(524.5, abs=0.05)
+
+
+def _p(model, precision, ckpt, batch, status, peak=None, device=None, ips=None):
+    return predict.Prediction(
+        model,
+        precision,
+        ckpt,
+        batch,
+        "cuda",
+        None,
+        None,
+        status,
+        peak_allocated_gib=peak,
+        device_gib=device,
+        predicted_images_per_s=ips,
+    )
+
+
+def test_the_decision_tree_takes_the_largest_model_that_fits_and_its_fastest_setting():
+    xl, b = "DiT-XL/2", "DiT-B/2"
+    t4 = [
+        _p(xl, "bf16", "none", 8, "oom", 20, 21),
+        _p(xl, "fp32", "full", 8, "oom", 14, 16.5),
+        _p(xl, "fp32", "full", 16, "oom", 15),
+        _p(xl, "fp16", "none", 8, "unsupported"),
+        _p(b, "tf32", "none", 64, "fits"),
+        _p(b, "fp32", "none", 16, "fits"),
+        _p(b, "fp32", "none", 32, "fits"),
+        _p(b, "fp32", "full", 64, "fits"),
+    ]
+    a100 = [
+        _p(xl, "bf16", "none", 16, "fits", ips=100),
+        _p(xl, "bf16", "none", 8, "fits", ips=120),
+        _p(xl, "tf32", "none", 64, "fits", ips=50),
+        _p(xl, "bf16", "every_2", 128, "fits"),
+        _p(xl, "fp32", "full", 128, "fits"),
+        _p(xl, "fp32", "full", 256, "oom"),
+        _p(b, "bf16", "none", 512, "fits"),
+    ]
+    rtx = [
+        _p(xl, "bf16", "none", 8, "oom", 30, 31),
+        _p(b, "bf16", "none", 8, "oom", 12.5, 13),
+        _p(b, "fp32", "none", 8, "oom", 12.5, 13.5),
+        _p(b, "bf16", "full", 16, "oom", 12.5, 13),
+    ]
+    cards = [(12, find_card("RTX 3060 12GB")), (16, find_card("T4")), (80, find_card("A100-80GB"))]
+    by_class = {12: rtx, 16: t4, 80: a100}
+    no_fit, small, large = tree.decision_tree(by_class, cards)
+    # 12 GB: nothing fits; the next step is the smallest model's least demanding cell (then the smaller
+    # batch), which first trains on 16 GB.
+    assert (no_fit.class_gb, no_fit.card, no_fit.memory_gib) == (12, "RTX 3060 12GB", 11.76)
+    assert (no_fit.model, no_fit.setting, no_fit.alternatives) == (None, None, 0)
+    assert (no_fit.next_model, no_fit.next_needs, no_fit.next_class_gb) == (b, rtx[1], 16)
+    # 16 GB (a T4, before Ampere: no tf32): DiT-B/2, fp32 without checkpointing at its largest batch, 32,
+    # reaching the target; one alternative. The next model's least demanding cell by device memory, and
+    # by the allocated peak where no device figure is given.
+    assert (small.model, small.setting, small.alternatives) == (b, t4[6], 1)
+    assert (small.next_model, small.next_needs, small.next_class_gb) == (xl, t4[2], 80)
+    # 80 GB: DiT-XL/2; bf16 is predicted fastest but reaches only batch 16: tf32 at 64 reaches 32.
+    assert (large.model, large.setting, large.alternatives, large.next_model) == (xl, a100[2], 3, None)
+    assert (large.next_needs, large.next_class_gb) == (None, None)
+    assert tree.decision_tree(by_class, cards, target_batch=16)[2].setting == a100[0]
+    # No setting reaches 256: the largest batch, and of equal ones the faster setting (bf16 every_2).
+    assert tree.decision_tree(by_class, cards, target_batch=256)[2].setting == a100[3]
+    assert tree.decision_tree({}, cards) == []
