@@ -418,6 +418,28 @@ def test_a_card_with_a_datasheet_gets_the_time_model(planted):
     assert pred.time_to_target["steps"] == 400_000
 
 
+def test_the_time_model_sees_the_cells_checkpointed_blocks_and_compile():
+    # Launch bound: 8 elementwise kernels of 2 us on the device; the host issues each in 10 us, and
+    # spends 100 us per block and 50 us per checkpointed block (DiT-XL/2: 28 blocks, all checkpointed).
+    series = _series(cuda_target("H200"))
+    series.trace.kernels = {("elementwise", "bf16", False, 0, 0, 1000, 0): 8}
+    options = predict.SpeedOptions(calibration=speed.Calibration(PARAMS, None, "test"))
+    pred = predict.Prediction("DiT-XL/2", "bf16", "full", 4, "cuda", "H200", 139.8, "fits", config={})
+    predict.fill_speed(pred, series, options)
+    assert pred.predicted_steps_per_s == pytest.approx(1 / ((8 * 10 + 28 * 100 + 28 * 50) * 1e-6))
+    # Compiled: 8 * 0.25 = 2 launches left.
+    pred = predict.Prediction(
+        "DiT-XL/2", "bf16", "none", 4, "cuda", "H200", 139.8, "fits", config={"compile": True}
+    )
+    predict.fill_speed(pred, series, options)
+    assert pred.predicted_steps_per_s == pytest.approx(1 / ((2 * 10 + 28 * 100) * 1e-6))
+    # No datasheet, or not a GPU: no speed.
+    for card, device in (("no card", "cuda"), ("H200", "cpu")):
+        pred = predict.Prediction("DiT-XL/2", "bf16", "none", 4, device, card, None, "fits")
+        predict.fill_speed(pred, series, options)
+        assert pred.predicted_steps_per_s is None and pred.time_to_target is None
+
+
 def test_a_card_that_cannot_run_the_policy_is_unsupported_for_that_card_only(planted):
     preds = predict.predict_budgets(CELL, [4], [predict.budget("V100-32GB"), predict.budget("H200")])
     v100, h200 = preds[0][0], preds[1][0]
