@@ -392,6 +392,9 @@ def test_a_cpu_cell_is_the_peak_of_requested_bytes(planted):
     assert pred.peak_allocated_gib == (1000 + 512 * MiB) / GiB
     assert pred.components["weights"] == 1000 / GiB and pred.components["activations"] == 0.5
     assert pred.peak_reserved_gib is None and pred.predicted_steps_per_s is None
+    # predict_cell plans a CPU cell for the CPU, whatever card is named.
+    pred = predict.predict_cell(cell, "H200")
+    assert (pred.device, pred.card, pred.peak_allocated_gib) == ("cpu", None, (1000 + GiB) / GiB)
 
 
 def test_a_card_with_a_datasheet_gets_the_time_model(planted):
