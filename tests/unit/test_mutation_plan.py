@@ -950,3 +950,19 @@ def test_the_decision_tree_takes_the_largest_model_that_fits_and_its_fastest_set
     # No setting reaches 256: the largest batch, and of equal ones the faster setting (bf16 every_2).
     assert tree.decision_tree(by_class, cards, target_batch=256)[2].setting == a100[3]
     assert tree.decision_tree({}, cards) == []
+
+
+def test_the_raw_peak_restarts_at_the_window_and_keeps_the_first_of_equal_peaks():
+    sizes = [1, 10, 100]
+    # +k+1 allocates k, -(k+1) frees it: live 1, 11, 10, 110, 100, 0.
+    assert allocator.raw_peak([1, 2, -1, 3, -2, -3], sizes, (0, 6)) == (110, 3)
+    # The window starts at event 3 with 111 B live, its peak: reported at the event before the window.
+    assert allocator.raw_peak([1, 2, 3, -3, -2, -1], sizes, (3, 6)) == (111, 2)
+    # An allocation at the window's first event counts; a peak before the window does not.
+    assert allocator.raw_peak([3, -3, 1, 2], sizes, (2, 4)) == (11, 3)
+    assert allocator.raw_peak([2, 3], sizes, (1, 2)) == (110, 1)
+    # A smaller later allocation does not lower the peak; of equal peaks the first is kept.
+    assert allocator.raw_peak([3, -3, 2], sizes, (0, 3)) == (100, 0)
+    assert allocator.raw_peak([2, -2, 2, -2], sizes, (0, 4)) == (10, 0)
+    # A window past the last event: nothing seen.
+    assert allocator.raw_peak([1, -1], sizes, (5, 5)) == (0, -1)
