@@ -966,3 +966,18 @@ def test_the_raw_peak_restarts_at_the_window_and_keeps_the_first_of_equal_peaks(
     assert allocator.raw_peak([2, -2, 2, -2], sizes, (0, 4)) == (10, 0)
     # A window past the last event: nothing seen.
     assert allocator.raw_peak([1, -1], sizes, (5, 5)) == (0, -1)
+
+
+def test_a_replay_before_its_window_reports_nothing_in_it():
+    # The window starts after the last event: peaks stay 0 at event -1; the run's maxima still count.
+    r = allocator.replay([1, 2], [10, 2 * MiB], (5, 5))
+    assert (r.peak_allocated, r.peak_reserved, r.peak_event) == (0, 0, -1)
+    assert (r.max_allocated, r.max_reserved, r.block_sizes) == (
+        512 + 2 * MiB,
+        2 * MiB + 20 * MiB,
+        [512, 2 * MiB],
+    )
+    # Events past the window's end are not replayed: that allocation never gets a block.
+    r = allocator.replay([1, 2], [10, 20], (0, 1))
+    assert (r.block_sizes, r.peak_allocated, r.peak_event, r.oom) == ([512, 0], 512, 0, False)
+    assert allocator.replay([], [], (0, 0)).peak_allocated == 0
