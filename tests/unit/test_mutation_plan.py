@@ -981,3 +981,28 @@ def test_a_replay_before_its_window_reports_nothing_in_it():
     r = allocator.replay([1, 2], [10, 20], (0, 1))
     assert (r.block_sizes, r.peak_allocated, r.peak_event, r.oom) == ([512, 0], 512, 0, False)
     assert allocator.replay([], [], (0, 0)).peak_allocated == 0
+
+
+def test_a_replay_that_runs_out_reports_every_figure_up_to_the_failed_request():
+    # 80 MiB card: a 50 MiB segment (freed before the window), then 4 and 40 MiB carved out of it;
+    # a second 40 MiB request needs a new segment, nothing is entirely free to release: OOM.
+    r = allocator.replay([1, -1, 2, 3, 4], [50 * MiB, 4 * MiB, 40 * MiB, 40 * MiB], (2, 5), 80 * MiB)
+    assert r == allocator.Replay(
+        peak_allocated=44 * MiB, peak_reserved=50 * MiB, peak_event=3,
+        block_sizes=[50 * MiB, 4 * MiB, 40 * MiB, 0], oom_event=4, oom_request=40 * MiB, retries=1,
+        max_allocated=50 * MiB, max_reserved=50 * MiB,
+    )  # fmt: skip
+
+
+def test_replay_peaks_within_the_window():
+    # The window opens on a peak already reached: the event before it.
+    r = allocator.replay([1, 2, -2], [10, 20], (2, 3))
+    assert (r.peak_allocated, r.peak_event) == (1024, 1)
+    # Reaching the run's maximum again later keeps the first event; a smaller allocation keeps the peak.
+    r = allocator.replay([1, -1, 2], [10, 10], (0, 3))
+    assert (r.peak_allocated, r.peak_event) == (512, 0)
+    r = allocator.replay([1, -1, 2], [2 * MiB, 512], (0, 3))
+    assert (r.peak_allocated, r.peak_event) == (2 * MiB, 0)
+    # Below the run's maximum (before the window) but above the window's start: the window's peak.
+    r = allocator.replay([1, -1, 2], [2 * MiB, 512], (2, 3))
+    assert (r.peak_allocated, r.peak_event, r.max_allocated) == (512, 2, 2 * MiB)
