@@ -1006,3 +1006,14 @@ def test_replay_peaks_within_the_window():
     # Below the run's maximum (before the window) but above the window's start: the window's peak.
     r = allocator.replay([1, -1, 2], [2 * MiB, 512], (2, 3))
     assert (r.peak_allocated, r.peak_event, r.max_allocated) == (512, 2, 2 * MiB)
+
+
+def test_a_release_in_the_window_does_not_lower_its_reserved_peak():
+    # 51 MiB card: the freed 50 MiB segment is released for a small one (one retry); the window's
+    # reserved peak stays 50 MiB, and the replay that fits reports no failed request.
+    r = allocator.replay([1, -1, 2], [50 * MiB, 512], (0, 3), 51 * MiB)
+    assert (r.peak_reserved, r.max_reserved, r.retries) == (50 * MiB, 50 * MiB, 1)
+    assert (r.oom, r.oom_event, r.oom_request) == (False, None, 0)
+    # A window peak below the run's maximum, reached twice: the first event is kept.
+    r = allocator.replay([1, -1, 2, -2, 3], [2 * MiB, 512, 512], (2, 5))
+    assert (r.peak_allocated, r.peak_event) == (512, 2)
