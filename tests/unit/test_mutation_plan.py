@@ -1017,3 +1017,17 @@ def test_a_release_in_the_window_does_not_lower_its_reserved_peak():
     # A window peak below the run's maximum, reached twice: the first event is kept.
     r = allocator.replay([1, -1, 2, -2, 3], [2 * MiB, 512, 512], (2, 5))
     assert (r.peak_allocated, r.peak_event) == (512, 2)
+
+
+def test_a_merge_keeps_the_segments_links_both_ways():
+    # One 20 MiB segment: x, y, z of 4 MiB and an 8 MiB tail. Freeing x then y merges y into x, which
+    # must still lead to z (in use: the segment is not entirely free, so a retry cannot release it).
+    a = allocator.CachingAllocator(capacity=20 * MiB)
+    x, y, z = (a.malloc(4 * MiB) for _ in range(3))
+    a.free(x)
+    a.free(y)
+    assert a.malloc(16 * MiB) is None and (a.retries, a.reserved) == (1, 20 * MiB)
+    # z must lead back to x: freeing it merges the whole segment into one 20 MiB block.
+    a.free(z)
+    whole = a.malloc(20 * MiB)
+    assert (whole.addr, whole.size, a.reserved) == (x.addr, 20 * MiB, 20 * MiB)
