@@ -1031,3 +1031,34 @@ def test_a_merge_keeps_the_segments_links_both_ways():
     a.free(z)
     whole = a.malloc(20 * MiB)
     assert (whole.addr, whole.size, a.reserved) == (x.addr, 20 * MiB, 20 * MiB)
+
+
+def _four_blocks(capacity=None):
+    """One 20 MiB segment holding x, y, z of 4 MiB and w of 8 MiB (the tail taken whole)."""
+    a = allocator.CachingAllocator(capacity)
+    blocks = [a.malloc(4 * MiB) for _ in range(3)] + [a.malloc(8 * MiB)]
+    assert a.reserved == 20 * MiB and blocks[3].size == 8 * MiB
+    return a, blocks
+
+
+def test_a_block_that_absorbs_its_next_takes_over_its_links():
+    # Free z, then y: y absorbs z and must lead to w and be led back to from w.
+    a, (x, y, z, w) = _four_blocks()
+    a.free(z)
+    a.free(y)
+    a.free(w)  # w merges back into y: one 16 MiB block at y
+    got = a.malloc(16 * MiB)
+    assert (got.addr, a.reserved) == (y.addr, 20 * MiB)
+    # Then x absorbs y (with z): x leads to w, still in use, so the segment is not entirely free.
+    a, (x, y, z, w) = _four_blocks(capacity=20 * MiB)
+    a.free(z)
+    a.free(y)
+    a.free(x)
+    assert a.malloc(16 * MiB) is None and (a.retries, a.reserved) == (1, 20 * MiB)
+
+
+def test_an_exact_fit_at_address_0_is_reused():
+    a = allocator.CachingAllocator()
+    x = a.malloc(12 * MiB)  # its own 12 MiB segment at address 0
+    a.free(x)
+    assert (a.malloc(12 * MiB).addr, a.reserved) == (0, 12 * MiB)
