@@ -1062,3 +1062,25 @@ def test_an_exact_fit_at_address_0_is_reused():
     x = a.malloc(12 * MiB)  # its own 12 MiB segment at address 0
     a.free(x)
     assert (a.malloc(12 * MiB).addr, a.reserved) == (0, 12 * MiB)
+
+
+def test_a_split_in_the_middle_of_a_segment_links_the_tail_to_the_next_block():
+    a, (x, y, z, w) = _four_blocks()
+    a.free(y)
+    part = a.malloc(2 * MiB)  # y split: 2 MiB used, a 2 MiB tail that z must lead back to
+    assert part.addr == y.addr
+    a.free(z)  # merges with that tail: 6 MiB free after `part`
+    got = a.malloc(6 * MiB)
+    assert (got.addr, a.reserved) == (y.addr + 2 * MiB, 20 * MiB)
+
+
+def test_segments_get_consecutive_addresses_and_each_retry_counts():
+    a = allocator.CachingAllocator(capacity=40 * MiB)
+    segs = [a.malloc(12 * MiB) for _ in range(3)]
+    assert [s.addr for s in segs] == [0, 12 * MiB, 24 * MiB]
+    for s in segs:
+        a.free(s)
+    a.malloc(30 * MiB)  # 36 + 30 > 40: the three free segments are released (retry 1)
+    assert (a.retries, a.reserved) == (1, 30 * MiB)
+    assert a.malloc(12 * MiB) is None  # 30 + 12 > 40, nothing free to release (retry 2): out of memory
+    assert (a.retries, a.reserved) == (2, 30 * MiB)
