@@ -443,6 +443,23 @@ def test_the_time_model_sees_the_cells_checkpointed_blocks_and_compile():
         assert pred.predicted_steps_per_s is None and pred.time_to_target is None
 
 
+def test_components_add_up_what_each_label_holds():
+    series = _series(CPU)
+    comp = predict._components(series, {0: GiB, 1: GiB // 2, 2: GiB // 4, 3: 3 * GiB})
+    assert comp == {"weights": 1.0, "gradients": 0.0, "optimizer": 0.0, "ema": 0.0, "activations": 0.75,
+                    "workspace": 3.0}  # fmt: skip
+
+
+def test_the_time_model_gets_the_cells_precision():
+    # An fp32 matmul runs at the tf32 peak (494.7 TFLOPS on an H200) when the cell's precision is tf32.
+    series = _series(cuda_target("H200"))
+    series.trace.kernels = {("matmul", "fp32", False, 10**13, 0, 0, 0): 1}
+    options = predict.SpeedOptions(calibration=speed.Calibration(PARAMS, None, "test"))
+    pred = predict.Prediction("DiT-T/2", "tf32", "none", 4, "cuda", "H200", 139.8, "fits", config={})
+    predict.fill_speed(pred, series, options)
+    assert pred.predicted_steps_per_s == pytest.approx(0.5 * 494.7e12 / 10**13)
+
+
 def test_a_card_that_cannot_run_the_policy_is_unsupported_for_that_card_only(planted):
     preds = predict.predict_budgets(CELL, [4], [predict.budget("V100-32GB"), predict.budget("H200")])
     v100, h200 = preds[0][0], preds[1][0]
