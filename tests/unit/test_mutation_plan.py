@@ -165,8 +165,21 @@ def test_too_few_cells_fit_one_common_factor_and_three_give_a_leave_one_out_band
     two = speed.calibrate(_cells([2.0, 8.0], defaults), "two")
     assert two.band_pct is None and two.loo == []
     assert two.params == pytest.approx(speed.scaled(defaults, 4.0))
-    with pytest.raises(UserError, match="no measured cells"):
+    with pytest.raises(UserError) as err:
         speed.calibrate([], "none")
+    assert str(err.value) == "no measured cells to calibrate the speed model on"
+
+
+def test_the_leave_one_out_fits_start_where_the_full_fit_does():
+    # A launch-bound cell (50 tiny kernels: the host's 500 us) between two compute-bound ones: from the
+    # start given, every cell scales with the common factor, so the errors are the factors' alone.
+    cells = _cells([1.0, 2.0, 4.0])
+    launch = {("elementwise", "bf16", False, 0, 0, 1000, 0): 50}
+    measured = speed.predict(speed.Cell("c1", launch, 1, SHEET, "bf16", False, 1.0), PARAMS) * 2.0
+    cells[1] = speed.Cell("c1", launch, 1, SHEET, "bf16", False, measured)
+    cal = speed.calibrate(cells, "mixed", start=PARAMS)
+    errors = [100 * (2**1.5 - 1), 0.0, 100 * (2**0.5 / 4 - 1)]
+    assert [r["error_pct"] for r in cal.loo] == pytest.approx(errors, abs=1e-9)
 
 
 def test_scaled_divides_every_time_and_keeps_the_fused_share():
