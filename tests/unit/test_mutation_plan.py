@@ -268,10 +268,14 @@ def test_series_traces_are_kept_for_the_32_last_used(monkeypatch):
     traced = []
     monkeypatch.setattr(predict, "_CACHE", OrderedDict())
     monkeypatch.setattr(predict, "trace_key", lambda knobs, target: knobs)
-    monkeypatch.setattr(predict, "trace_series", lambda knobs, target: traced.append(knobs) or f"s{knobs}")
+    monkeypatch.setattr(
+        predict, "trace_series", lambda knobs, target: traced.append(knobs) or f"s{knobs} {target}"
+    )
     for k in range(32):
-        assert predict.series_trace(k, CPU) == f"s{k}"
-    assert predict.series_trace(0, CPU) == "s0" and traced == list(range(32))  # from memory; 0 now newest
+        assert predict.series_trace(k, CPU) == f"s{k} {CPU}"
+    assert predict.series_trace(0, CPU) == f"s0 {CPU}" and traced == list(
+        range(32)
+    )  # from memory; 0 now newest
     predict.series_trace(32, CPU)  # evicts 1, the least recently used
     assert list(predict._CACHE) == [*range(2, 32), 0, 32]
     predict.series_trace(1, CPU)
@@ -492,10 +496,9 @@ def test_cells_the_planner_does_not_trace(monkeypatch):
         "the planner could not trace this cell: RuntimeError: no storage",
     )
     assert pred.peak_allocated_gib is None and pred.notes == []
-    [[pred]] = predict.predict_budgets({**CELL, "gpus": 2}, [4], [predict.budget(24)])
-    assert pred.status == "unsupported" and pred.reason.startswith(
-        "multi-GPU cells (DDP/FSDP) are not traced"
-    )
+    for gpus, nodes in ((2, 1), (1, 2)):
+        [[pred]] = predict.predict_budgets({**CELL, "gpus": gpus, "nodes": nodes}, [4], [predict.budget(24)])
+        assert pred.status == "unsupported" and pred.reason.startswith("multi-GPU cells (DDP/FSDP)")
 
     def unsupported(knobs, target, disk=False):
         raise UnsupportedError("not on this target")
