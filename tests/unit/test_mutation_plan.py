@@ -517,6 +517,22 @@ def test_cells_the_planner_does_not_trace(monkeypatch):
         predict.predict_budgets(CELL, [0], [predict.budget(24)])
 
 
+def test_what_the_planner_refuses_to_trace_it_says_why(planted):
+    [[pred]] = predict.predict_budgets({**CELL, "gpus": 8}, [4], [predict.budget(24)])
+    assert pred.reason == (
+        "multi-GPU cells (DDP/FSDP) are not traced by the planner (DDP's reducer and FSDP2's sharding need "
+        "real tensors); plan the one-GPU cell instead"
+    )
+    [[pred]] = predict.predict_budgets({**CELL, "data": {"images": "imgs/"}}, [4], [predict.budget(24)])
+    assert (pred.status, pred.reason) == (
+        "unsupported",
+        "image-folder cells encode through the VAE on the device; the planner traces latent data only",
+    )
+    # A latent file's batch reaches the device as synthetic data does: traced.
+    [[pred]] = predict.predict_budgets({**CELL, "data": {"latents": "x.npz"}}, [4], [predict.budget(24)])
+    assert (pred.status, pred.reason) == ("fits", None)
+
+
 def test_the_cpu_target_traces_a_cpu_budget(monkeypatch):
     seen = []
 
