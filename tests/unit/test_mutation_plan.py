@@ -381,6 +381,7 @@ def test_predict_cell_and_series_pass_the_card_and_the_context(planted):
     assert predict.predict_cell(CELL).status == "predicted"
     # Each batch size is its own replay: 512 MiB of activation at batch 2, 1 GiB at batch 4.
     two, four = predict.predict_series(CELL, [2, 4], 2.0, context_gib=0.25)
+    assert (two.batch_size, two.config["batch_size"], four.config["batch_size"]) == (2, 2, 4)
     assert (
         two.peak_allocated_gib == (1024 + 512 * MiB + ws) / GiB
         and two.device_gib == (32 * MiB + 512 * MiB) / GiB + 0.25
@@ -501,11 +502,20 @@ def test_cells_the_planner_does_not_trace(monkeypatch):
         assert pred.status == "unsupported" and pred.reason.startswith("multi-GPU cells (DDP/FSDP)")
 
     def unsupported(knobs, target, disk=False):
-        raise UnsupportedError("not on this target")
+        raise UnsupportedError(message)
 
     monkeypatch.setattr(predict, "series_trace", unsupported)
+    message = "not on this target"
     [[pred]] = predict.predict_budgets(CELL, [4], [predict.budget(24)])
     assert (pred.status, pred.reason) == ("unsupported", "not on this target")
+    # A reason is kept to 400 characters.
+    message = "x" * 400
+    assert predict.predict_budgets(CELL, [4], [predict.budget(24)])[0][0].reason == message
+    message = "x" * 401
+    assert (
+        predict.predict_budgets(CELL, [4], [predict.budget(24)])[0][0].reason
+        == "x" * 399 + "… (401 characters)"
+    )
 
     def refused(knobs, target, disk=False):
         raise UserError("bad cell")
