@@ -207,6 +207,15 @@ def test_the_fit_frees_only_the_parameters_some_cell_informs():
     assert ckpt == pytest.approx(speed.scaled(PARAMS, 1.5))
 
 
+def test_a_fit_whose_start_already_matches_every_cell_keeps_the_start():
+    # Seven cells measured exactly as the start predicts: the first start (the given one, unclipped
+    # inside the bounds) has zero residuals, and no later start can beat it. host_us 0.6 sits within
+    # one e-fold of its lower bound (0.5), matmul_eff 0.9 within one of its upper (1.0).
+    start = {**PARAMS, "host_us": 0.6, "matmul_eff": 0.9}
+    fitted = speed.fit(_cells([1.0] * 7, start), start)
+    assert fitted == pytest.approx(start, rel=1e-9)
+
+
 # ---- predict.py: budgets, the cache and the fill of a prediction ---------------------------------
 
 
