@@ -233,6 +233,9 @@ def test_a_budget_from_each_kind_of_card_argument():
     for bad in (-0.1, math.nan, math.inf, True, "0.5"):
         with pytest.raises(UserError, match="the CUDA context must be a finite number of GiB >= 0"):
             predict.budget("H200", bad)
+    with pytest.raises(UserError) as err:
+        predict.budget("H200", -0.1)
+    assert str(err.value) == "the CUDA context must be a finite number of GiB >= 0, got -0.1"
 
 
 def test_fits_follows_the_status():
