@@ -216,6 +216,15 @@ def test_a_fit_whose_start_already_matches_every_cell_keeps_the_start():
     assert fitted == pytest.approx(start, rel=1e-9)
 
 
+def test_the_fit_keeps_every_parameter_within_its_bounds():
+    # Seven compute-bound cells measured 3x faster than a matmul efficiency of 0.5 allows would need
+    # 1.5, past the bound of 1.0: the fit stops at the bound.
+    fitted = speed.fit(_cells([3.0] * 7), PARAMS)
+    assert fitted["matmul_eff"] == pytest.approx(1.0, rel=1e-6)
+    for name, (_, low, high) in speed.PARAMS.items():
+        assert low <= fitted[name] <= high, name
+
+
 # ---- predict.py: budgets, the cache and the fill of a prediction ---------------------------------
 
 
