@@ -145,6 +145,12 @@ def test_predict_passes_every_field_of_the_cell():
     assert speed.predict(cell, PARAMS) == pytest.approx(1 / seconds)
 
 
+def test_predict_runs_the_cell_at_its_precision():
+    # An fp32 matmul of 1e12 FLOPs at tf32 (100 TFLOPS) with efficiency 0.5: 20 ms.
+    cell = speed.Cell("tf32", {("matmul", "fp32", False, 10**12, 0, 0, 0): 1}, 1, SHEET, "tf32", False, 1.0)
+    assert speed.predict(cell, PARAMS) == pytest.approx(50.0)
+
+
 def test_too_few_cells_fit_one_common_factor_and_three_give_a_leave_one_out_band():
     # Measured at 1, 2 and 4 times the prediction: the factor is their geometric mean, 2.
     cells = _cells([1.0, 2.0, 4.0])
