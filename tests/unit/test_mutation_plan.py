@@ -614,6 +614,7 @@ def test_trace_series_splits_each_size_by_the_probe(monkeypatch):
     series = batch.trace_series(Knobs(model="DiT-T/2"), CPU)
     assert made == [4099] and series.probe == 4099
     assert (series.const, series.per_sample) == ([1000, 0, 0, 0], [0, 6, 4099, 0])
+    assert all(type(n) is int for n in series.per_sample + series.sizes(3))  # bytes stay whole numbers
 
 
 # ---- allocator.py: the caching allocator's arithmetic -------------------------------------------
