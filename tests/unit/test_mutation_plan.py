@@ -593,6 +593,10 @@ def test_the_cpu_target_traces_a_cpu_budget(monkeypatch):
 def test_the_probe_batch_is_the_first_prime_above_every_fixed_dimension():
     assert batch.probe_batch(Knobs(model="DiT-T/2")) == 4099
     assert batch.probe_batch(Knobs(model="DiT-T/2", num_classes=4200)) == 4211  # 4202 -> the next prime
+    assert batch.probe_batch(Knobs(model="DiT-T/2", num_classes=4109)) == 4111  # classes + 2 is prime
+    # Above the image side: 4129 is prime, one above 4128; above 8192 the first prime is 8209.
+    assert batch.probe_batch(Knobs(model="DiT-T/2", image_size=4128)) == 4129
+    assert batch.probe_batch(Knobs(model="DiT-T/2", image_size=8192)) == 8209
     assert [n for n in range(-2, 30) if batch._is_prime(n)] == [2, 3, 5, 7, 11, 13, 17, 19, 23, 29]
     assert not batch._is_prime(9) and not batch._is_prime(4097) and batch._is_prime(4099)
 
@@ -607,12 +611,12 @@ def test_trace_series_splits_each_size_by_the_probe(monkeypatch):
     made = []
 
     def fake(knobs, target, probe):
-        made.append(probe)
+        made.append((knobs.model, target, probe))
         return Trace(target=target, batch_size=probe, sizes=[1000, probe * 6, 4099 * 4099, 0])
 
     monkeypatch.setattr(batch, "trace_training", fake)
     series = batch.trace_series(Knobs(model="DiT-T/2"), CPU)
-    assert made == [4099] and series.probe == 4099
+    assert made == [("DiT-T/2", CPU, 4099)] and series.probe == 4099
     assert (series.const, series.per_sample) == ([1000, 0, 0, 0], [0, 6, 4099, 0])
     assert all(type(n) is int for n in series.per_sample + series.sizes(3))  # bytes stay whole numbers
 
