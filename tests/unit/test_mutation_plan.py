@@ -88,6 +88,20 @@ def test_the_backward_that_hides_the_all_reduce_includes_its_kernels_latency():
     assert t.split["communication"] == 0
 
 
+def test_the_units_are_tera_and_giga_to_the_last_digit():
+    # 1e12 FLOPs at 0.5 * 200 TFLOPS: 10 ms; 5e8 bytes at 0.5 * 1000 GB/s: 1 ms (to 12 digits).
+    t = speed.step_time({("matmul", "bf16", False, 10**12, 0, 0, 0): 1}, 1, SHEET, "bf16", PARAMS)
+    assert t.split["matmul"] == pytest.approx(0.01, rel=1e-12)
+    t = speed.step_time({("elementwise", "bf16", False, 0, 0, 5 * 10**8, 0): 1}, 1, SHEET, "bf16", PARAMS)
+    assert t.split["elementwise"] == pytest.approx(0.001, rel=1e-12)
+
+
+def test_one_gpu_and_no_gradients_are_the_defaults():
+    rows = {("matmul", "bf16", False, 10**12, 0, 0, 0): 1}
+    assert speed.step_time(rows, 1, SHEET, "bf16", PARAMS, grad_bytes=4 * 10**9).split["communication"] == 0
+    assert speed.step_time(rows, 1, SHEET, "bf16", PARAMS, gpus=2).split["communication"] == 0
+
+
 def test_the_exposed_last_bucket_is_ddps_default_25_mib():
     # 1 s of backward hides the ring but its last 25 MiB bucket: 2 * 7/8 * 25 MiB / 100 GB/s over 8 GPUs.
     long = {("matmul", "bf16", True, 10**14, 0, 0, 0): 1}
