@@ -102,6 +102,23 @@ def test_one_gpu_and_no_gradients_are_the_defaults():
     assert speed.step_time(rows, 1, SHEET, "bf16", PARAMS, gpus=2).split["communication"] == 0
 
 
+def test_each_kernel_row_adds_to_its_part_its_latency_and_the_backward():
+    # Two backward matmuls of 10 and 20 ms: 30 ms of matmul and of backward; the 40 ms ring over 2
+    # GPUs (4 GB of gradients at 100 GB/s) is exposed for 10 ms.
+    rows = {("matmul", "bf16", True, 10**12, 0, 0, 0): 1, ("matmul", "bf16", True, 2 * 10**12, 0, 0, 0): 1}
+    t = speed.step_time(rows, 1, SHEET, "bf16", PARAMS, gpus=2, grad_bytes=4 * 10**9)
+    assert t.split["matmul"] == pytest.approx(0.03)
+    assert t.split["communication"] == pytest.approx(0.01)
+    # Two rows of 10 tiny kernels (8 ns busy each): both rows' waits to the 2 us minimum, plus the
+    # host's 20 * 10 us added on a CPU.
+    tiny = {
+        ("elementwise", "fp32", False, 0, 0, 4000, 0): 10,
+        ("optimizer", "fp32", False, 0, 0, 4000, 0): 10,
+    }
+    t = speed.step_time(tiny, 1, SHEET, "fp32", PARAMS, overlap=False)
+    assert t.split["launch_overhead"] == pytest.approx(20 * (2e-6 - 8e-9) + 200e-6)
+
+
 def test_the_exposed_last_bucket_is_ddps_default_25_mib():
     # 1 s of backward hides the ring but its last 25 MiB bucket: 2 * 7/8 * 25 MiB / 100 GB/s over 8 GPUs.
     long = {("matmul", "bf16", True, 10**14, 0, 0, 0): 1}
