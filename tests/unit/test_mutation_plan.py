@@ -636,6 +636,13 @@ def test_sizes_scale_the_per_sample_part_and_model_the_workspaces():
     series = _series(cuda_target(None))
     assert series.sizes(2) == [1000, 30 * MiB, 512 * MiB, 8 * MiB + 128 * 1024]
     assert series.sizes(2, cuda_target("H200"))[3] == 32 * MiB
+    # Attention's backward scratch grows with the batch: q of (B, 2 heads, 100 tokens, 64): flash on
+    # sm80 (bf16) 4 B * (128 * 2 * 64 + 2 * 128) per sample; memory-efficient (fp32) 4 B * 2 * 100.
+    series.trace.modeled = {
+        0: ("attention", None, 2, 100, 64, True),
+        1: ("attention", None, 2, 100, 64, False),
+    }
+    assert series.sizes(3)[:2] == [3 * 4 * (128 * 2 * 64 + 2 * 128), 3 * 4 * 2 * 100]
 
 
 def test_trace_series_splits_each_size_by_the_probe(monkeypatch):
