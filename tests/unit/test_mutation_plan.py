@@ -748,6 +748,11 @@ def test_a_calibration_from_records_or_why_none_can_calibrate(monkeypatch, tmp_p
     )
     with pytest.raises(UserError, match=r"\(record 1: status 'x'\)\. A calibration"):
         calibration.from_records(path, [_record(status="x")])
+    # Five reasons are listed whole; a sixth is counted.
+    with pytest.raises(UserError, match=r"record 5: status 's4'\)\. A calibration"):
+        calibration.from_records(path, [_record(status=f"s{i}") for i in range(5)])
+    with pytest.raises(UserError, match=r"record 5: status 's4'; and 1 more\)\. A calibration"):
+        calibration.from_records(path, [_record(status=f"s{i}") for i in range(6)])
     # One cell: the shipped parameters scaled by one common factor to its measured speed.
     cal = calibration.from_records(path, [_record(steps=2.5)])
     shipped = speed.shipped().params
