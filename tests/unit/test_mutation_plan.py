@@ -728,6 +728,9 @@ def test_calibration_cells_are_the_measured_gpu_records(monkeypatch):
                    gpus=2, grad_bytes=4 * 10**6, blocks=28, ckpt_blocks=14)
     ]  # fmt: skip
     assert isinstance(cells[0].measured_steps_per_s, float)
+    # Under one step a second (a large model) is a measured speed too.
+    cells, skipped = calibration.cells_from_records([_record(steps=0.5)])
+    assert [c.measured_steps_per_s for c in cells] == [0.5] and skipped == []
 
 
 def test_a_calibration_from_records_or_why_none_can_calibrate(monkeypatch, tmp_path):
