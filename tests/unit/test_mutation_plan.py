@@ -96,6 +96,16 @@ def test_the_units_are_tera_and_giga_to_the_last_digit():
     assert t.split["elementwise"] == pytest.approx(0.001, rel=1e-12)
 
 
+def test_any_interconnect_carries_the_all_reduce_at_its_gb_per_s():
+    # 1 MB of gradients over 2 GPUs: the ring moves 1 MB, at 0.5 GB/s 2 ms, at 100 GB/s 10 us (exact units).
+    slow = Datasheet(fp32=10.0, tf32=100.0, fp16=200.0, memory_gbs=1000.0, link_gbs=0.5, link="slow")
+    rows = {("matmul", "bf16", False, 10**12, 0, 0, 0): 1}
+    t = speed.step_time(rows, 1, slow, "bf16", PARAMS, gpus=2, grad_bytes=10**6)
+    assert t.split["communication"] == pytest.approx(2e-3, rel=1e-12)
+    t = speed.step_time(rows, 1, SHEET, "bf16", PARAMS, gpus=2, grad_bytes=10**6)
+    assert t.split["communication"] == pytest.approx(1e-5, rel=1e-12)
+
+
 def test_one_gpu_and_no_gradients_are_the_defaults():
     rows = {("matmul", "bf16", False, 10**12, 0, 0, 0): 1}
     assert speed.step_time(rows, 1, SHEET, "bf16", PARAMS, grad_bytes=4 * 10**9).split["communication"] == 0
