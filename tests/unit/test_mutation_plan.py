@@ -741,6 +741,9 @@ def test_calibration_cells_are_the_measured_gpu_records(monkeypatch):
     # Under one step a second (a large model) is a measured speed too.
     cells, skipped = calibration.cells_from_records([_record(steps=0.5)])
     assert [c.measured_steps_per_s for c in cells] == [0.5] and skipped == []
+    # GPUs per node times nodes: 8 data-parallel GPUs.
+    cells, skipped = calibration.cells_from_records([_record(gpus=4, nodes=2)])
+    assert [c.gpus for c in cells] == [8] and skipped == []
 
 
 def test_a_calibration_from_records_or_why_none_can_calibrate(monkeypatch, tmp_path):
