@@ -10,7 +10,7 @@ from dataclasses import asdict
 
 import pytest
 
-from ditbench.report.gate.metrics import HIGHER, LOWER, QUALITY, Metric, crossing, table
+from ditbench.report.gate.metrics import HIGHER, LOWER, QUALITY, Metric, table
 from ditbench.report.gate.policy import Policy, Rule
 from ditbench.report.gate.timing import StepTest, _interval_text, judge
 
@@ -81,11 +81,6 @@ def test_the_ratio_of_medians_below_one(base, new, ratio):
 
 def test_the_interval_text():
     assert _interval_text((-3.4, 9.0)) == "95% CI -3.4% to +9.0%"
-
-
-def test_a_move_to_the_same_value_is_no_change():
-    c = crossing(STEP, 20.0, 20.0, 5.0, 0.0)
-    assert (c.change_pct, c.direction, c.crossed) == (0.0, "same", False)
 
 
 # ---- judge: metrics without samples, and untested crossings ---------------------------------
