@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import asdict
 
 import pytest
+from synthetic_records import make_record, write_jsonl
 
+from ditbench.errors import UserError
+from ditbench.report.gate import NothingComparedError, compare_files, load_policy
 from ditbench.report.gate.metrics import HIGHER, LOWER, QUALITY, Metric, table
 from ditbench.report.gate.policy import Policy, Rule
 from ditbench.report.gate.timing import StepTest, _interval_text, judge
@@ -306,3 +309,86 @@ def test_a_rates_improvement_reads_the_interval_the_bad_way():
     d, _ = verdict(RATE, 400.0, 500.0, given(p=0.001, shift=-1.0, ratio=(0.8, 0.625, 0.75)))
     # 1.25 x 0.8 / 0.75 and 1.25 x 0.8 / 0.625: +33.3% to +60%, wholly better than +5%
     assert d["interval_pct"] == pytest.approx([100 / 3, 60.0]) and d["verdict"] == "improvement"
+
+
+# ---- decide.py: status changes, explicit metrics, refusals that name the policy key -----------
+
+
+def _gate(tmp_path, base, new, policy_text=None):
+    b, n = tmp_path / "base.jsonl", tmp_path / "new.jsonl"
+    write_jsonl(b, base)
+    write_jsonl(n, new)
+    policy = None
+    if policy_text is not None:
+        (tmp_path / "policy.yaml").write_text(policy_text)
+        policy = load_policy(tmp_path / "policy.yaml")
+    return compare_files(b, n, policy, False)
+
+
+def test_each_status_change_keeps_the_cell_both_statuses_and_the_new_reason(tmp_path):
+    changes = {8: ("ok", "oom"), 16: ("ok", "skipped"), 32: ("oom", "ok"), 64: ("oom", "error")}
+    base = [make_record(batch_size=bs, status=b, reason=f"base {bs}") for bs, (b, _) in changes.items()]
+    new = [make_record(batch_size=bs, status=n, reason=f"new {bs}") for bs, (_, n) in changes.items()]
+    compared = make_record(batch_size=4)  # one cell ok on both sides: a gate needs a compared value
+    result = _gate(tmp_path, [*base, compared], [*new, make_record(batch_size=4, sample_seed=2)])
+    expected = {
+        8: ("new failure", "ok", "oom", "new 8"),
+        16: ("no longer measured", "ok", "skipped", "new 16"),
+        32: ("fixed", "oom", "ok", None),
+        64: ("still failing", "oom", "error", "new 64"),
+    }
+    for rec, cell in zip(new, result.cells[:4], strict=True):
+        verdict_, bs, ns, reason = expected[rec["config"]["batch_size"]]
+        assert (cell.cell_id, cell.cell_name) == (rec["cell_id"], rec["cell_name"])
+        assert (cell.verdict, cell.base_status, cell.new_status, cell.reason) == (verdict_, bs, ns, reason)
+        assert cell.metrics == [] and cell.untested is False
+
+
+@pytest.mark.parametrize(
+    "gated,allowed,named,pronoun",
+    [
+        (
+            "energy_j_per_image: 5, energy_j_per_step: 5",
+            "[]",
+            "energy_j_per_image, energy_j_per_step",
+            "them",
+        ),
+        ("energy_j_per_step: 5", "[]", "energy_j_per_step", "it"),
+        ("energy_j_per_image: 5, energy_j_per_step: 5", "[energy_j_per_image]", "energy_j_per_step", "it"),
+    ],
+)
+def test_a_metric_the_policy_names_that_no_cell_measured_refuses(tmp_path, gated, allowed, named, pronoun):
+    # the synthetic records have no energy figures (no NVML meter): measured by neither run
+    text = f"metrics: {{{gated}}}\nallow_incomparable: {allowed}\n"
+    with pytest.raises(NothingComparedError) as err:
+        _gate(tmp_path, [make_record()], [make_record(sample_seed=2)], text)
+    first = named.split(", ")[0]
+    assert str(err.value) == (
+        f"policy {tmp_path / 'policy.yaml'} gates {named}, but no cell ok in both runs measured {pronoun} on "
+        f"both sides (1 cell(s) had no {first} in either run). The gate cannot check what the policy asks, "
+        "so it refuses (exit 2). Remove the metric from the policy, list it under allow_incomparable, or "
+        "measure it."
+    )
+
+
+def test_an_allowed_metric_the_policy_names_that_no_cell_measured_passes(tmp_path):
+    text = "metrics: {energy_j_per_step: 5}\nallow_incomparable: [energy_j_per_step]\n"
+    result = _gate(tmp_path, [make_record()], [make_record(sample_seed=2)], text)
+    assert result.cells[0].not_measured == [
+        "energy_j_per_step",
+        "fid",
+        "inception_score",
+    ]  # no quality either
+    assert result.exit_code == 0
+
+
+def test_a_value_out_of_range_refuses_and_names_the_policy_key_that_would_allow_it(tmp_path):
+    new = make_record(sample_seed=2)
+    new["metrics"]["images_per_s"] = -1.0
+    with pytest.raises(UserError) as err:
+        _gate(tmp_path, [make_record()], [new])
+    assert "metrics.images_per_s is -1, not a positive value." in str(err.value)
+    assert str(err.value).endswith(
+        "If this is expected, list `images_per_s` under `allow_incomparable` in the policy to report it "
+        "as not compared instead."
+    )
