@@ -10,6 +10,7 @@ from dataclasses import asdict
 
 import pytest
 from synthetic_records import make_record, write_jsonl
+from test_gate_quality import evaluation, quality
 
 from ditbench.errors import UserError
 from ditbench.report.gate import NothingComparedError, compare_files, load_policy
@@ -392,3 +393,25 @@ def test_a_value_out_of_range_refuses_and_names_the_policy_key_that_would_allow_
         "If this is expected, list `images_per_s` under `allow_incomparable` in the policy to report it "
         "as not compared instead."
     )
+
+
+@pytest.mark.parametrize("side", ["BASE", "NEW"])
+def test_quality_on_one_side_only_names_the_side_without_it(tmp_path, side):
+    with_quality = make_record(sample_seed=1)
+    with_quality["quality"] = quality(evaluation(500, 20.0, 50.0))
+    without = make_record(sample_seed=2)
+    base, new = (without, with_quality) if side == "BASE" else (with_quality, without)
+    text = "allow_incomparable: [fid, inception_score]\n"
+    (cell,) = _gate(tmp_path, [base], [new], text).cells
+    reason = f"{side}: has no quality field, but the other run has one"
+    assert cell.not_compared == [
+        {"metric": "fid", "reason": reason},
+        {"metric": "inception_score", "reason": reason},
+    ]
+
+
+def test_a_cell_ok_on_both_sides_keeps_its_id_name_and_statuses(tmp_path):
+    new = make_record(sample_seed=2)
+    (cell,) = _gate(tmp_path, [make_record()], [new]).cells
+    assert (cell.cell_id, cell.cell_name, cell.verdict) == (new["cell_id"], new["cell_name"], "pass")
+    assert (cell.base_status, cell.new_status, cell.reason) == ("ok", "ok", None)
