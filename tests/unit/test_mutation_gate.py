@@ -415,3 +415,17 @@ def test_a_cell_ok_on_both_sides_keeps_its_id_name_and_statuses(tmp_path):
     (cell,) = _gate(tmp_path, [make_record()], [new]).cells
     assert (cell.cell_id, cell.cell_name, cell.verdict) == (new["cell_id"], new["cell_name"], "pass")
     assert (cell.base_status, cell.new_status, cell.reason) == ("ok", "ok", None)
+
+
+def test_a_quality_verdict_weak_twice_gives_both_reasons(tmp_path):
+    # a spread on one side only (it stands for both) and sample counts that differ (allowed)
+    base = make_record(sample_seed=1)
+    base["quality"] = quality(evaluation(500, 20.0, 50.0, fid_sd=1.0), samples=5000)
+    new = make_record(sample_seed=2)
+    new["quality"] = quality(evaluation(500, 21.0, 50.0, seeds=(0,)), samples=10_000)
+    (cell,) = _gate(tmp_path, [base], [new], "allow_sample_count_mismatch: true\n").cells
+    fid = next(d for d in cell.metrics if d.metric == "fid")
+    assert fid.weak and fid.weak_reason == (
+        "only one run recorded a spread; it stands for both; "
+        "N 5000 (base) vs 10000 (new): FID's bias depends on N"
+    )
