@@ -415,6 +415,7 @@ def test_a_cell_ok_on_both_sides_keeps_its_id_name_and_statuses(tmp_path):
     (cell,) = _gate(tmp_path, [make_record()], [new]).cells
     assert (cell.cell_id, cell.cell_name, cell.verdict) == (new["cell_id"], new["cell_name"], "pass")
     assert (cell.base_status, cell.new_status, cell.reason) == ("ok", "ok", None)
+    assert cell.untested is False  # 20 step times a side: images/s was tested
 
 
 def test_a_quality_verdict_weak_twice_gives_both_reasons(tmp_path):
@@ -429,3 +430,29 @@ def test_a_quality_verdict_weak_twice_gives_both_reasons(tmp_path):
         "only one run recorded a spread; it stands for both; "
         "N 5000 (base) vs 10000 (new): FID's bias depends on N"
     )
+
+
+def test_a_core_metric_missing_on_one_side_says_an_ok_record_needs_it(tmp_path):
+    new = make_record(sample_seed=2)
+    del new["metrics"]["images_per_s"]
+    with pytest.raises(UserError) as err:
+        _gate(tmp_path, [make_record()], [new])
+    assert "metrics.images_per_s is missing (a status ok record needs it)." in str(err.value)
+
+
+@pytest.mark.parametrize("side", ["BASE", "NEW"])
+def test_a_bad_quality_value_is_not_compared_on_its_side_when_allowed(tmp_path, side):
+    records = []
+    for seed in (1, 2):
+        r = make_record(sample_seed=seed)
+        r["quality"] = quality(evaluation(500, 20.0, 50.0))
+        records.append(r)
+    bad = records[0] if side == "BASE" else records[1]
+    bad["quality"]["evaluations"][0]["metrics"]["fid"] = -1.0
+    (cell,) = _gate(tmp_path, records[:1], records[1:], "allow_incomparable: [fid]\n").cells
+    assert cell.not_compared == [
+        {
+            "metric": "fid",
+            "reason": f"{side}: quality.evaluations[step 500].metrics.fid is -1, not a non-negative value",
+        }
+    ]
