@@ -456,3 +456,24 @@ def test_a_bad_quality_value_is_not_compared_on_its_side_when_allowed(tmp_path, 
             "reason": f"{side}: quality.evaluations[step 500].metrics.fid is -1, not a non-negative value",
         }
     ]
+
+
+def test_with_repeats_on_both_sides_the_repeats_are_the_samples(tmp_path):
+    # images/s -10% (beyond 5%); 2 repeats in base, 3 in new: run-level samples, too few to test
+    base, new = make_record(images_per_s=400.0), make_record(images_per_s=360.0, sample_seed=2)
+    base["metrics"]["repeats"] = {"step_ms": [20.0, 20.2]}
+    new["metrics"]["repeats"] = {"step_ms": [22.0, 22.1, 22.3]}
+    (cell,) = _gate(tmp_path, [base], [new]).cells
+    d = next(d for d in cell.metrics if d.metric == "images_per_s")
+    assert d.significance == "not tested (n=2/3 runs < 5; threshold decides)" and d.verdict == "regression"
+    assert cell.untested is True
+
+
+def test_noisy_windows_on_both_sides_give_both_reasons(tmp_path):
+    base, new = make_record(), make_record(sample_seed=2)
+    for r in (base, new):
+        r["metrics"]["noisy"] = True
+        del r["metrics"]["noise"]  # the flag alone: no spread figures to quote
+    (cell,) = _gate(tmp_path, [base], [new]).cells
+    d = next(d for d in cell.metrics if d.metric == "images_per_s")
+    assert d.weak and d.weak_reason == "base: noisy measurement window; new: noisy measurement window"
