@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict
 
 import pytest
-from synthetic_records import make_record, write_jsonl
+from synthetic_records import H200_ENV, make_record, write_jsonl
 from test_gate_quality import evaluation, quality
 
 from ditbench.errors import UserError
@@ -477,3 +477,18 @@ def test_noisy_windows_on_both_sides_give_both_reasons(tmp_path):
     (cell,) = _gate(tmp_path, [base], [new]).cells
     d = next(d for d in cell.metrics if d.metric == "images_per_s")
     assert d.weak and d.weak_reason == "base: noisy measurement window; new: noisy measurement window"
+
+
+def test_compare_frames_by_default_names_the_sides_and_refuses_other_environments(tmp_path):
+    from ditbench.report.gate import EnvMismatchError
+    from ditbench.report.gate.decide import compare_frames
+    from ditbench.report.gate.inputs import load_run
+
+    b, n = tmp_path / "base.jsonl", tmp_path / "new.jsonl"
+    write_jsonl(b, [make_record()])
+    write_jsonl(n, [make_record(sample_seed=2)])
+    result = compare_frames(load_run(b), load_run(n))
+    assert (result.base_path, result.new_path) == ("BASE", "NEW")
+    write_jsonl(n, [make_record(sample_seed=2, env=dict(H200_ENV, torch="2.15.0"))])
+    with pytest.raises(EnvMismatchError):
+        compare_frames(load_run(b), load_run(n))
