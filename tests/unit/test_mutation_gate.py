@@ -492,3 +492,38 @@ def test_compare_frames_by_default_names_the_sides_and_refuses_other_environment
     write_jsonl(n, [make_record(sample_seed=2, env=dict(H200_ENV, torch="2.15.0"))])
     with pytest.raises(EnvMismatchError):
         compare_frames(load_run(b), load_run(n))
+
+
+def test_no_matching_cell_refuses_in_full(tmp_path):
+    b, n = str(tmp_path / "base.jsonl"), str(tmp_path / "new.jsonl")
+    with pytest.raises(NothingComparedError) as err:
+        _gate(tmp_path, [make_record(batch_size=8)], [make_record(batch_size=16), make_record(batch_size=32)])
+    assert str(err.value) == (
+        f"no cell of {n} matches a cell of {b} (cells match by cell_id, a hash of the whole cell config; 1 "
+        "cells vs 2). Are these runs of the same suite, and was the suite file changed since the baseline? "
+        "A gate that compares nothing cannot pass; refresh the baseline if the suite changed on purpose."
+    )
+
+
+@pytest.mark.parametrize(
+    "policy,gated",
+    [
+        (None, "images_per_s, peak_mem_allocated_gib, peak_mem_reserved_gib, fid, inception_score"),
+        (
+            "metrics: {images_per_s: false, peak_mem_allocated_gib: false, peak_mem_reserved_gib: false, "
+            "fid: false, inception_score: false}\n",
+            "none",
+        ),
+    ],
+)
+def test_nothing_compared_refuses_in_full(tmp_path, policy, gated):
+    b, n = str(tmp_path / "base.jsonl"), str(tmp_path / "new.jsonl")
+    base = [make_record(batch_size=8, status="oom"), make_record(batch_size=16, status="oom")]
+    new = [make_record(batch_size=8, status="error"), make_record(batch_size=16, status="oom")]
+    with pytest.raises(NothingComparedError) as err:
+        _gate(tmp_path, base, new, policy)
+    assert str(err.value) == (
+        f"{n} vs {b}: no value of any matched cell could be compared (2 still failing; gated metrics: "
+        f"{gated}). A gate that compared nothing cannot pass, so it refuses (exit 2). Check that the cells "
+        "ran ok in both runs and that the policy gates a metric they measure."
+    )
