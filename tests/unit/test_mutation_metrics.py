@@ -223,6 +223,30 @@ def test_the_kid_resampler_equals_the_definition_on_drawn_samples(monkeypatch):
     assert kid.KID.resampler(inputs, _KID_OPTIONS) is None
 
 
+def test_kid_scores_subsets_on_the_device_asked_for_else_the_samples_device(monkeypatch):
+    """Where the kernels are computed: `meta` tensors (no data) stand in for a second device."""
+    seen = []
+
+    def spy(x, y, **kernel_args):
+        seen.append((x.device.type, y.device.type, x.dtype, y.dtype, x.shape, y.shape, kernel_args))
+        return float(len(seen))
+
+    monkeypatch.setattr(kid, "mmd2_unbiased", spy)
+    meta = ("meta", "meta", torch.float64, torch.float64, (3, 3), (3, 3))
+    assert kid.kernel_inception_distance(_X, _Y, subsets=2, subset_size=3, device="meta") == (1.5, 0.5)
+    assert seen == [(*meta, {})] * 2
+    seen.clear()
+    on_meta = torch.from_numpy(_X).float().to("meta")  # no device given: the samples' device
+    kid.kernel_inception_distance(on_meta, torch.from_numpy(_Y).float(), subsets=2, subset_size=3, degree=2)
+    assert seen == [(*meta, {"degree": 2})] * 2
+    seen.clear()
+    inputs = MetricInputs(
+        {"pool3": torch.from_numpy(_X).float()}, {"pool3": _Y}, frozenset(), 4, torch.device("meta"), print
+    )
+    assert kid.KID.compute(inputs, _KID_OPTIONS) == {"kid": 2.0, "kid_std": pytest.approx(np.std([1, 2, 3]))}
+    assert seen == [(*meta, {"degree": 2, "coef0": 0.5})] * 3
+
+
 # --- FID ----------------------------------------------------------------------------------------------
 
 
@@ -384,11 +408,15 @@ def test_the_frechet_resampler_scores_each_draw_by_the_definition():
     assert (
         prepare(_inputs({"pool3": torch.from_numpy(np.concatenate([_FEW, _FEW[:1] + 1]))}, ref), {}) is None
     )
-    one = prepare(_inputs({"pool3": torch.from_numpy(_FEW)}, ref), {})
-    for index in ([0, 1, 2], [2, 2, 0], [1, 0, 1]):
-        got = one(np.array(index))
-        assert got.keys() == {"fid"}
-        assert got["fid"] == pytest.approx(_fid_reference(_FEW[index], ref["mu"], ref["sigma"]), rel=1e-9)
+    ref32 = {
+        key: value.astype(np.float32) for key, value in ref.items()
+    }  # float32 statistics: read as float64
+    for given in (ref, ref32):
+        one = prepare(_inputs({"pool3": torch.from_numpy(_FEW)}, given), {})
+        for index in ([0, 1, 2], [2, 2, 0], [1, 0, 1]):
+            got = one(np.array(index))
+            assert got.keys() == {"fid"}
+            assert got["fid"] == pytest.approx(_fid_reference(_FEW[index], ref["mu"], ref["sigma"]), rel=1e-9)
 
 
 def test_a_covariance_needs_two_images_on_each_side():
