@@ -317,6 +317,20 @@ def test_frechet_distance_of_diagonal_gaussians_written_out():
     assert got == pytest.approx(_fid_reference(x, mu2, s2), rel=1e-10)
 
 
+def test_frechet_distance_computes_float32_statistics_in_float64():
+    """4097^2 and 2^24 + 1 + 1 are not float32 numbers: summed in float32 they would round."""
+    mu1, s1 = np.array([4097.0, 0.0, 0.0]), np.diag([2.0**24, 1.0, 1.0])
+    mu2, s2 = np.zeros(3), np.eye(3)
+    want = 4097.0**2 + (2.0**24 + 2) + 3 - 2 * (4096 + 1 + 1)  # 33,554,434: exact in float64
+    for args in [
+        (mu1.astype(np.float32), s1, mu2, s2),
+        (mu2, s2, mu1.astype(np.float32), s1),
+        (mu1, s1.astype(np.float32), mu2, s2),
+        (mu2, s2, mu1, s1.astype(np.float32)),
+    ]:
+        assert fid.frechet_distance(*args) == pytest.approx(want, rel=1e-15)
+
+
 def test_frechet_distance_names_what_is_wrong_with_the_statistics():
     mu, s = np.zeros(2), np.eye(2)
     shape_msg = "Feature means differ in shape: {} vs {}; the statistics come from different feature layers."
