@@ -282,7 +282,13 @@ def test_trace_sqrt_product_of_diagonal_covariances_on_every_route():
     assert fid.trace_sqrt_product(full, s2) == pytest.approx(0.12 + 1.2 + 1.5 + 0.24, rel=1e-13)
     singular = np.diag([0.16, 0.0, 0.49, 0.0])  # eigh route (Cholesky fails at the second pivot)
     assert fid.trace_sqrt_product(singular, s2) == pytest.approx(0.12 + 0.35, rel=1e-12)
+    first = np.diag([0.0, 0.36, 0.49, 0.0])  # Cholesky fails at the first pivot (info 1)
+    assert fid.trace_sqrt_product(first, s2) == pytest.approx(1.2 + 0.35, rel=1e-12)
     assert fid.trace_sqrt_product([[4.0]], [[9.0]]) == pytest.approx(6.0, rel=1e-15)  # 1 x 1
+    # float32 covariances are read as float64 (0.25, 2.25, ... are float32 numbers)
+    a32, b32 = np.diag([0.25, 4.0, 2.25, 1.0]).astype(np.float32), np.diag([4.0, 0.25, 1.0, 0.0625])
+    for s1_, s2_ in ((a32, b32), (b32, a32), (a32.astype(np.float64), b32.astype(np.float32))):
+        assert fid.trace_sqrt_product(s1_, s2_) == pytest.approx(1.0 + 1.0 + 1.5 + 0.25, rel=1e-14)
     # a factor F with F^T F = diag(0.16, 0, 0.49, 0): rows 0.4 e0 and 0.7 e2, numpy or torch
     f = np.array([[0.4, 0.0, 0.0, 0.0], [0.0, 0.0, 0.7, 0.0]])
     for factor in (f, torch.from_numpy(f)):
