@@ -550,3 +550,43 @@ def test_the_pr_resampler_equals_the_definition_on_drawn_samples(neighbours, mon
                 k,
                 index,
             )
+
+
+def test_the_pr_metric_passes_k_block_and_the_device_on(monkeypatch):
+    seen = []
+
+    def spy(samples, ref, **kw):
+        seen.append((samples.dtype, ref.dtype, kw))
+        return 0.25, 0.5
+
+    monkeypatch.setattr(prdc, "precision_recall", spy)
+    inputs = MetricInputs(
+        {"pool3": torch.from_numpy(_S).float()}, {"pool3": _R}, frozenset(), 6, torch.device("meta"), print
+    )
+    assert prdc.PR.compute(inputs, {"pr_k": 2, "pr_block_size": 5}) == {"precision": 0.25, "recall": 0.5}
+    # the reference (float64 here) is read as float32, like the samples
+    assert seen == [(torch.float32, torch.float32, {"k": 2, "block": 5, "device": torch.device("meta")})]
+
+
+def test_the_pr_resampler_blocks_its_distances_and_reads_any_float_reference(monkeypatch):
+    """The block size reaches every distance pass; a float64 reference and more dims than samples
+    (more neighbours asked for than there are others) score as the definition says."""
+    blocks = []
+    for name in ("knn_radii", "manifold_coverage"):
+        original = getattr(prdc, name)
+
+        def spy(*args, _original=original, **kw):
+            blocks.append(args[-1] if len(args) in (3, 4) else kw.get("block"))
+            return _original(*args, **kw)
+
+        monkeypatch.setattr(prdc, name, spy)
+    rng = np.random.default_rng(5)
+    s = rng.integers(0, 4, size=(6, 12)).astype(np.float32)  # 6 samples in 12 dims: 5 others each
+    r = rng.integers(0, 4, size=(5, 12)).astype(np.float64)
+    one = prdc.PR.resampler(
+        _inputs({"pool3": torch.from_numpy(s)}, {"pool3": r}), {"pr_k": 2, "pr_block_size": 3}
+    )
+    assert blocks == [3, 3]
+    for index in ([0, 1, 2, 3, 4, 5], [0, 0, 1, 1, 2, 5]):
+        got = one(np.array(index))
+        assert got == dict(zip(("precision", "recall"), _pr_reference(s[index], r, 2), strict=True))
