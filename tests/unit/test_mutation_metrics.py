@@ -590,3 +590,53 @@ def test_the_pr_resampler_blocks_its_distances_and_reads_any_float_reference(mon
     for index in ([0, 1, 2, 3, 4, 5], [0, 0, 1, 1, 2, 5]):
         got = one(np.array(index))
         assert got == dict(zip(("precision", "recall"), _pr_reference(s[index], r, 2), strict=True))
+
+
+def test_precision_recall_compute_where_and_in_the_precision_asked(monkeypatch):
+    """`meta` tensors (no data) stand in for a second device; the spies record what each pass gets."""
+    calls = []
+
+    def radii(feats, k, block="default"):
+        calls.append(("radii", feats.device.type, feats.dtype, feats.shape[0], k, block))
+        return f"radii of {feats.shape[0]}"
+
+    def cover(query, points, radii, block="default"):
+        calls.append(
+            ("cover", query.device.type, points.device.type, query.dtype, points.dtype, radii, block)
+        )
+        return torch.tensor([True, False, False, False])
+
+    monkeypatch.setattr(prdc, "knn_radii", radii)
+    monkeypatch.setattr(prdc, "manifold_coverage", cover)
+    assert prdc.precision_recall(_S, _R, k=2, block=5, device="meta") == (0.25, 0.25)
+    f32 = torch.float32
+    assert calls == [
+        ("radii", "meta", f32, 6, 2, 5),
+        ("cover", "meta", "meta", f32, f32, "radii of 6", 5),
+        ("radii", "meta", f32, 9, 2, 5),
+        ("cover", "meta", "meta", f32, f32, "radii of 9", 5),
+    ]
+    calls.clear()
+    on_meta = torch.from_numpy(_S).to("meta")  # no device given: the samples' device
+    prdc.precision_recall(on_meta, _R, k=1, block=4, dtype=torch.float64)
+    f64 = torch.float64
+    assert calls == [
+        ("radii", "meta", f64, 6, 1, 4),
+        ("cover", "meta", "meta", f64, f64, "radii of 6", 4),
+        ("radii", "meta", f64, 9, 1, 4),
+        ("cover", "meta", "meta", f64, f64, "radii of 9", 4),
+    ]
+
+
+def test_the_pr_resampler_covers_with_the_first_sample_and_with_copies_at_radius_zero():
+    """1-d: sample 0 alone covers reference 1; sample 30 drawn k + 1 = 2 times has radius 0 (its copy),
+    so it covers the reference at 30 and not the one at 30.5."""
+    s = np.array([[0.0], [10.0], [11.0], [12.0], [30.0]], dtype=np.float32)
+    r = np.array([[1.0], [11.0], [30.0], [30.5]], dtype=np.float32)
+    one = prdc.PR.resampler(
+        _inputs({"pool3": torch.from_numpy(s)}, {"pool3": r}), {"pr_k": 1, "pr_block_size": 2}
+    )
+    index = np.array([0, 1, 2, 4, 4])
+    want = _pr_reference(s[index], r, 1)
+    assert want[1] == 0.75
+    assert one(index) == {"precision": want[0], "recall": want[1]}
