@@ -479,6 +479,14 @@ def test_knn_radii_are_the_kth_nearest_other_point(k, block):
     np.testing.assert_array_equal(got, _radii(_LINE, k))
 
 
+def test_knn_radii_keep_the_features_precision():
+    """4097^2 and 4097.5^2 are not float32 numbers: float64 features keep float64 radii."""
+    feats = torch.tensor([[0.0], [4097.0], [8194.5]], dtype=torch.float64)
+    got = prdc.knn_radii(feats, 1)
+    assert got.dtype == torch.float64
+    assert got.tolist() == [4097.0**2, 4097.0**2, 4097.5**2]
+
+
 def test_knn_radii_need_k_plus_one_points():
     assert prdc.knn_radii(torch.from_numpy(_LINE[:4]), 3).tolist() == [36.0, 25.0, 9.0, 36.0]
     with _exact(UserError, "Precision/recall with k=3 needs at least 4 points per set; got 3."):
