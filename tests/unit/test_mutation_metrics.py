@@ -664,3 +664,121 @@ def test_the_pr_resampler_covers_with_the_first_sample_and_with_copies_at_radius
     want = _pr_reference(s[index], r, 1)
     assert want[1] == 0.75
     assert one(index) == {"precision": want[0], "recall": want[1]}
+
+
+# --- where tensors are made (a CPU stand-in for a second device) ----------------------------------------
+
+
+class _NewTensorsOnMeta(torch.overrides.TorchFunctionMode):
+    """torch's default device set to `meta`, for new tensors only: a factory call, or `as_tensor` of
+    non-tensor data, given no device makes a meta tensor. (`torch.device("meta")` itself also moves
+    `as_tensor(cpu_tensor)` to meta, so no CPU features could be used under it.) A tensor made without
+    the inputs' device then meets the CPU inputs on another device: an error."""
+
+    FACTORIES = frozenset({torch.zeros, torch.ones, torch.empty, torch.full, torch.tensor, torch.as_tensor})
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if (
+            func in self.FACTORIES
+            and kwargs.get("device") is None
+            and not (args and torch.is_tensor(args[0]))
+        ):
+            kwargs["device"] = "meta"
+        return func(*args, **kwargs)
+
+
+def test_new_tensors_on_meta_places_only_unplaced_new_tensors():
+    on_cpu = torch.ones(2)
+    with _NewTensorsOnMeta():
+        assert torch.zeros(2).device.type == torch.as_tensor(np.ones(2)).device.type == "meta"
+        assert torch.zeros(2, device=None).device.type == "meta"
+        assert torch.zeros(2, device="cpu").device.type == torch.as_tensor(on_cpu).device.type == "cpu"
+
+
+def test_feature_statistics_and_the_factor_are_made_on_the_features_device():
+    x = np.array([[1.0, 2.0], [3.0, 0.0], [0.0, 1.0], [4.0, 5.0], [2.0, 2.0]])  # as in the test above
+    with _NewTensorsOnMeta():
+        mu, sigma = fid.feature_statistics(torch.from_numpy(x).float(), block=2)
+        f = fid.covariance_factor(torch.from_numpy(x).float(), mu)
+    np.testing.assert_allclose(mu, [2.0, 2.0], rtol=1e-15)
+    np.testing.assert_allclose(sigma, [[2.5, 1.5], [1.5, 3.5]], rtol=1e-15)
+    assert f.device.type == "cpu" and f.dtype == torch.float64
+    np.testing.assert_allclose(f.numpy(), (x - 2.0) / 2.0, rtol=1e-15)  # sqrt(n - 1) = 2
+
+
+def test_the_frechet_distance_is_computed_on_the_device_asked_for():
+    """Under torch's default device `meta`, every route still computes on the CPU it is given."""
+    s2 = np.diag([0.09, 4.0, 0.25, 1.44])
+    f = np.array([[0.4, 0.0, 0.0, 0.0], [0.0, 0.0, 0.7, 0.0]])  # F^T F = diag(0.16, 0, 0.49, 0)
+    mu1, mu2 = np.array([1.0, 0.0, 0.0, 2.0]), np.zeros(4)
+    with torch.device("meta"):
+        assert fid.trace_sqrt_product(np.diag([0.16, 0.36, 9.0, 0.04]), s2) == pytest.approx(3.06, rel=1e-13)
+        assert fid.trace_sqrt_product(np.diag([0.16, 0.0, 0.49, 0.0]), s2) == pytest.approx(0.47, rel=1e-12)
+        for factor in (f, torch.from_numpy(f)):
+            assert fid.trace_sqrt_product(None, s2, factor1=factor) == pytest.approx(0.47, rel=1e-12)
+        got = fid.frechet_distance(mu1, np.diag([0.16, 0.0, 0.49, 0.0]), mu2, s2, device="cpu")
+    # |mu1 - mu2|^2 + tr S1 + tr S2 - 2 tr sqrt(S1 S2) = 5 + 0.65 + 5.78 - 0.94
+    assert got == pytest.approx(5 + 0.65 + 5.78 - 0.94, rel=1e-13)
+
+
+def test_the_frechet_distance_and_metric_pass_the_device_on(monkeypatch):
+    """Spies record the device each step gets; `meta` stands in for a second device."""
+    seen = []
+
+    def trace_spy(sigma1, sigma2, device="cpu", factor1=None):
+        seen.append(("trace", device))
+        return 1.0
+
+    monkeypatch.setattr(fid, "trace_sqrt_product", trace_spy)
+    assert (
+        fid.frechet_distance(np.zeros(2), np.eye(2), np.ones(2), np.eye(2), device="meta") == 2.0 + 2 + 2 - 2
+    )
+    assert seen == [("trace", "meta")]
+    seen.clear()
+
+    def stats_spy(x):
+        seen.append(("stats", x.device.type))
+        return np.zeros(4), np.eye(4)
+
+    def factor_spy(x, mu):
+        seen.append(("factor", x.device.type))
+        return "F"
+
+    def distance_spy(mu1, sigma1, mu2, sigma2, device, factor1):
+        seen.append(("distance", device.type, factor1))
+        return 7.0
+
+    monkeypatch.setattr(fid, "feature_statistics", stats_spy)
+    monkeypatch.setattr(fid, "covariance_factor", factor_spy)
+    monkeypatch.setattr(fid, "frechet_distance", distance_spy)
+    compute = fid._frechet_metric("fid", "mu", "sigma", "pool3", 4)
+    inputs = MetricInputs(
+        {"pool3": torch.from_numpy(_FEW)}, {"mu": 0, "sigma": 0}, frozenset(), 5, torch.device("meta"), print
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert compute(inputs, {}) == {"fid": 7.0}
+    assert seen == [("stats", "meta"), ("factor", "meta"), ("distance", "meta", "F")]
+
+
+def test_off_the_cpu_the_eigenvalues_come_from_torchs_solver(monkeypatch):
+    """A `meta` matrix (no data) takes the non-CPU branch: torch's solver gets the matrix (spies: torch's
+    meta solver itself takes 2 s to load)."""
+    m = torch.zeros(3, 3, dtype=torch.float64, device="meta")  # torch.eye on meta: 2 s to load
+    got = []
+    monkeypatch.setattr(torch.linalg, "eigvalsh", lambda a: got.append(("eigvalsh", a)) or "w")
+    monkeypatch.setattr(torch.linalg, "eigh", lambda a: got.append(("eigh", a)) or ("w", "v"))
+    assert fid._eigvalsh(m) == "w"
+    assert fid._eigh(m) == ("w", "v")
+    assert got == [("eigvalsh", m), ("eigh", m)]
+
+
+def test_the_frechet_resampler_makes_the_reference_on_the_inputs_device():
+    ref = {"mu": np.array([0.5, 1.0, 1.5, 0.0]), "sigma": np.diag([2.0, 0.5, 1.0, 3.0])}
+    with torch.device("meta"):
+        one = fid._frechet_resampler("fid", "mu", "sigma", "pool3")(
+            _inputs({"pool3": torch.from_numpy(_FEW)}, ref), {}
+        )
+        got = one(np.array([2, 2, 0]))
+    assert got == {"fid": pytest.approx(_fid_reference(_FEW[[2, 2, 0]], ref["mu"], ref["sigma"]), rel=1e-9)}
