@@ -782,3 +782,35 @@ def test_the_frechet_resampler_makes_the_reference_on_the_inputs_device():
         )
         got = one(np.array([2, 2, 0]))
     assert got == {"fid": pytest.approx(_fid_reference(_FEW[[2, 2, 0]], ref["mu"], ref["sigma"]), rel=1e-9)}
+
+
+def test_kid_and_pr_make_their_work_tensors_on_the_inputs_device():
+    """The KID resampler's membership, counts and ones, the k-NN radii, the coverage flags and the P/R
+    resampler's neighbour tables, under torch's default device `meta` (new tensors only)."""
+    s32, r32 = _X.astype(np.float32), _Y.astype(np.float32)
+    index = np.array([4, 4, 0, 2, 1])
+    with _NewTensorsOnMeta():
+        one = kid.KID.resampler(_inputs({"pool3": torch.from_numpy(s32)}, {"pool3": r32}), _KID_OPTIONS)
+        got_kid = one(index)
+        radii = prdc.knn_radii(torch.from_numpy(_LINE).float(), 2, 3)
+        inside = prdc.manifold_coverage(
+            torch.tensor([[2.0, 0.0], [3.0, 1.0]], device="cpu"),
+            torch.from_numpy(_LINE[:2]).float(),
+            radii[:2],
+            1,
+        )
+        s = np.concatenate([_S[:6], [[4.0, 4.0]]]).astype(np.float32)
+        pr = prdc.PR.resampler(
+            _inputs({"pool3": torch.from_numpy(s)}, {"pool3": _R.astype(np.float32)}),
+            {"pr_k": 2, "pr_block_size": 3},
+        )
+        got_pr = pr(np.array([0, 0, 3, 4, 6, 6, 2]))
+    want = _kid_reference(_X[index], _Y, 3, 3, 11, degree=2, coef0=0.5)  # exact in float32
+    assert got_kid == {"kid": pytest.approx(want[0], rel=1e-9), "kid_std": pytest.approx(want[1], rel=1e-9)}
+    assert radii.device.type == "cpu" and radii.tolist() == _radii(_LINE, 2).tolist()
+    assert inside.device.type == "cpu" and inside.tolist() == [
+        True,
+        False,
+    ]  # radii 9 at 0, 4 at 1: (3, 1) at 10 and 5
+    want = _pr_reference(s[[0, 0, 3, 4, 6, 6, 2]], _R.astype(np.float32), 2)
+    assert got_pr == {"precision": want[0], "recall": want[1]}
