@@ -814,3 +814,45 @@ def test_kid_and_pr_make_their_work_tensors_on_the_inputs_device():
     ]  # radii 9 at 0, 4 at 1: (3, 1) at 10 and 5
     want = _pr_reference(s[[0, 0, 3, 4, 6, 6, 2]], _R.astype(np.float32), 2)
     assert got_pr == {"precision": want[0], "recall": want[1]}
+
+
+class _Stop(Exception):
+    """Raised by a spy once it has seen what it records: the rest cannot run on `meta` (no data)."""
+
+
+def test_the_kid_and_pr_resamplers_move_samples_and_reference_to_the_inputs_device(monkeypatch):
+    """`inputs.device` = meta with CPU features: the first kernels and the first coverage see meta
+    tensors (spies; the resamplers cannot finish on meta, where no number can be read back)."""
+    seen = []
+
+    def kernel_spy(x, y, **kernel_args):
+        seen.append(("kernel", x.device.type, y.device.type, x.dtype, y.dtype))
+        if len(seen) > _KID_OPTIONS["kid_subsets"]:  # past the reference subsets: samples vs reference
+            raise _Stop
+        return torch.ones(len(x), len(y), dtype=torch.float64)  # on the CPU: float() reads it
+
+    monkeypatch.setattr(kid, "polynomial_kernel", kernel_spy)
+    s32, r32 = _X.astype(np.float32), _Y.astype(np.float32)
+    on_meta = MetricInputs(
+        {"pool3": torch.from_numpy(s32)}, {"pool3": r32}, frozenset(), 4, torch.device("meta"), print
+    )
+    with pytest.raises(_Stop):
+        kid.KID.resampler(on_meta, _KID_OPTIONS)
+    f64 = torch.float64
+    assert seen == [("kernel", "meta", "meta", f64, f64)] * 4
+    seen.clear()
+
+    def radii_spy(feats, k, block):
+        seen.append(("radii", feats.device.type, feats.dtype))
+        return torch.zeros(len(feats), device=feats.device)
+
+    def cover_spy(query, points, radii, block):
+        seen.append(("cover", query.device.type, points.device.type, query.dtype, points.dtype))
+        raise _Stop
+
+    monkeypatch.setattr(prdc, "knn_radii", radii_spy)
+    monkeypatch.setattr(prdc, "manifold_coverage", cover_spy)
+    with pytest.raises(_Stop):
+        prdc.PR.resampler(on_meta, {"pr_k": 2, "pr_block_size": 3})
+    f32 = torch.float32
+    assert seen == [("radii", "meta", f32), ("cover", "meta", "meta", f32, f32)]
