@@ -11,9 +11,10 @@ from dataclasses import asdict
 import pytest
 from synthetic_records import H200_ENV, make_record, write_jsonl
 from test_gate_quality import evaluation, quality
+from test_gate_quality import run as _gate  # records and a policy text to a Comparison
 
 from ditbench.errors import UserError
-from ditbench.report.gate import NothingComparedError, compare_files, load_policy
+from ditbench.report.gate import NothingComparedError
 from ditbench.report.gate.metrics import HIGHER, LOWER, QUALITY, Metric, table
 from ditbench.report.gate.policy import Policy, Rule
 from ditbench.report.gate.timing import StepTest, _interval_text, judge
@@ -313,17 +314,6 @@ def test_a_rates_improvement_reads_the_interval_the_bad_way():
 
 
 # ---- decide.py: status changes, explicit metrics, refusals that name the policy key -----------
-
-
-def _gate(tmp_path, base, new, policy_text=None):
-    b, n = tmp_path / "base.jsonl", tmp_path / "new.jsonl"
-    write_jsonl(b, base)
-    write_jsonl(n, new)
-    policy = None
-    if policy_text is not None:
-        (tmp_path / "policy.yaml").write_text(policy_text)
-        policy = load_policy(tmp_path / "policy.yaml")
-    return compare_files(b, n, policy, False)
 
 
 def test_each_status_change_keeps_the_cell_both_statuses_and_the_new_reason(tmp_path):
