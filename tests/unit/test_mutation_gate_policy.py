@@ -165,6 +165,16 @@ def test_a_file_that_is_not_a_mapping_names_the_keys(tmp_path):
     )
 
 
+def test_a_policy_path_that_is_no_file_is_named_as_a_policy(tmp_path):
+    missing = tmp_path / "nowhere.yaml"
+    with pytest.raises(UserError) as err:
+        load_policy(missing)
+    assert str(err.value) == f"policy {missing} does not exist."
+    with pytest.raises(UserError) as err:
+        load_policy(tmp_path)
+    assert str(err.value) == f"policy {tmp_path} is a directory; give the path of a policy file."
+
+
 def test_a_long_policy_path_is_cut_to_200_characters_unquoted(tmp_path):
     # shorten(path, 200, quote=False): a 201-character path keeps 199 and an ellipsis, then its length.
     name = "p" * (201 - len(str(tmp_path)) - 1 - len(".yaml")) + ".yaml"
