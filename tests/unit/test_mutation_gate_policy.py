@@ -482,3 +482,16 @@ def test_the_comparison_keeps_the_new_runs_environment_without_unset_fields(tmp_
         "torch": "2.14.1",
         "torch_threads": "16",
     }
+
+
+def test_a_refusal_for_nothing_compared_lists_each_verdict_with_its_count(tmp_path):
+    base = [make_record(batch_size=8, status="oom"), make_record(batch_size=16), make_record(batch_size=32)]
+    new = [
+        make_record(batch_size=8, status="error"),
+        make_record(batch_size=16, status="skipped"),
+        make_record(batch_size=32, status="unsupported"),
+    ]
+    with pytest.raises(NothingComparedError) as err:
+        _gate(tmp_path, base, new)
+    # In VERDICTS' order, joined by ", ": one failure changed kind, two ok cells no longer ran.
+    assert "could be compared (1 still failing, 2 no longer measured; gated metrics: " in str(err.value)
