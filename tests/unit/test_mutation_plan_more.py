@@ -6,15 +6,197 @@ added for.
 
 from __future__ import annotations
 
-import pytest
+import warnings
 
-from ditbench.plan import batch
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from ditbench.plan import batch, memo
+
+aten = torch.ops.aten
 
 
 # ---- batch.py: the probe batch's prime search -----------------------------------------------------
 
 
-@pytest.mark.parametrize("n, prime", [(0, False), (1, False), (2, True), (3, True), (4, False), (9, False),
-                                      (25, False), (49, False), (97, True), (4099, True), (4101, False)])  # fmt: skip
+@pytest.mark.parametrize(
+    "n, prime",
+    [(0, False), (1, False), (2, True), (3, True), (4, False), (9, False), (25, False), (49, False),
+     (97, True), (4099, True), (4101, False)],
+)  # fmt: skip
 def test_is_prime_by_trial_division(n, prime):
     assert batch._is_prime(n) is prime
+
+
+# ---- memo.py: the dispatch memo, on fake tensors made by hand ----------------------------------
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """A fresh fake mode, a memo on an empty entry table, and two (2, 3) float tensors of the mode."""
+    monkeypatch.setattr(memo, "_ENTRIES", {})
+    mode = FakeTensorMode()
+    with mode:
+        x, y = torch.empty(2, 3), torch.empty(2, 3)
+    return mode, memo.DispatchMemo(mode), x, y
+
+
+class _Op:
+    """A stand-in for an aten overload: what the memo reads of one (its tags and whether it is a view)."""
+
+    def __init__(self, is_view=False, tags=()):
+        self.is_view, self.tags = is_view, list(tags)
+
+
+def _meta(t):
+    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype, t.fake_device, t.requires_grad)
+
+
+def _same_storage(a, b):
+    return a.untyped_storage()._cdata == b.untyped_storage()._cdata
+
+
+def test_a_key_is_the_op_and_every_arguments_metadata_or_value(fake):
+    mode, m, x, y = fake
+    with mode:
+        z = torch.empty(4, 6, dtype=torch.float16)[1:, ::2]  # strides (12, 2), offset 6
+    tx = (torch.float32, torch.device("cpu"), torch.Size([2, 3]), (3, 1), 0)
+    tz = (torch.float16, torch.device("cpu"), torch.Size([3, 3]), (6, 2), 6)
+    assert m.key(aten.add.Tensor, (x, z), {}) == (aten.add.Tensor, (tx, tz), ())
+    # Keyword arguments sorted by name; lists become tuples; scalars, dtypes and None are their value.
+    key = m.key(aten.add.Tensor, (x, [y, 2.5, None]), {"b": torch.int8, "a": 1})
+    assert key == (aten.add.Tensor, (tx, (tx, 2.5, None)), (("a", 1), ("b", torch.int8)))
+
+
+def test_what_cannot_be_keyed_goes_to_the_fake_mode(fake):
+    mode, m, x, _ = fake
+    with FakeTensorMode():
+        other = torch.empty(2, 3)  # another mode's tensor
+    assert m.key(aten.add.Tensor, (x, other), {}) is None
+    assert m.key(aten.add.Tensor, (x,), {"other": other}) is None
+    assert m.key(aten.add.Tensor, (torch.ones(2),), {}) is None  # a real tensor
+    assert m.key(aten.add.Tensor, ([x, object()],), {}) is None
+    x.constant = torch.ones(2, 3)  # a constant the fake mode follows
+    assert m.key(aten.add.Tensor, (x,), {}) is None
+
+
+def test_a_fresh_output_is_remembered_by_its_metadata_and_rebuilt_on_a_hit(fake):
+    mode, m, x, y = fake
+    key = m.key(aten.add.Tensor, (x, y), {})
+    assert m.lookup(key, (x, y)) is memo.MISS and (m.hits, m.misses) == (0, 0)
+    out = aten.add.Tensor(x, y)
+    m.learn(key, aten.add.Tensor, (x, y), out)
+    assert m.entries[key] == ("new", None, (2, 3), (3, 1), 0, torch.float32, torch.device("cpu"), False)
+    assert memo._ENTRIES[key] == m.entries[key]  # the table every memo of the process shares
+    assert (m.hits, m.misses) == (0, 1)
+    built = m.lookup(key, (x, y))
+    assert type(built) is FakeTensor and built.fake_mode is mode and _meta(built) == _meta(out)
+    assert not _same_storage(built, out) and not _same_storage(built, x)
+    assert (m.hits, m.misses) == (1, 1)
+
+
+def test_a_view_is_rebuilt_on_its_arguments_storage_at_its_offset(fake):
+    mode, m, x, _ = fake
+    with mode:
+        w = torch.empty(2, 3)
+    key = m.key(aten.slice.Tensor, (x, 1, 1, 3), {})
+    out = aten.slice.Tensor(x, 1, 1, 3)
+    m.learn(key, aten.slice.Tensor, (x, 1, 1, 3), out)
+    assert m.entries[key] == ("view", 0, (2, 2), (3, 1), 1, torch.float32, torch.device("cpu"), False)
+    built = m.lookup(key, (w, 1, 1, 3))  # the same call on another tensor of the same metadata
+    assert _same_storage(built, w)
+    assert _meta(built) == ((2, 2), (3, 1), 1, torch.float32, torch.device("cpu"), False)
+    # The view of the second argument names that argument.
+    op = _Op(is_view=True)
+    assert m._entry(op, (1, x), x[0]) == ("view", 1, (3,), (1,), 0, torch.float32, torch.device("cpu"), False)
+
+
+def test_an_in_place_result_is_its_argument(fake):
+    mode, m, x, y = fake
+    key = m.key(aten.add_.Tensor, (x, y), {})
+    m.learn(key, aten.add_.Tensor, (x, y), aten.add_.Tensor(x, y))
+    assert m.entries[key] == ("arg", 0)
+    assert m.lookup(key, (y, x)) is y
+    assert m._entry(_Op(), (x, y), y) == ("arg", 1)
+
+
+def test_sequences_and_none_are_rebuilt_as_they_came(fake):
+    mode, m, x, _ = fake
+    out = aten.var_mean.correction(x, [1])
+    m.learn("vm", aten.var_mean.correction, (x, [1]), out)
+    new = ("new", None, (2,), (1,), 0, torch.float32, torch.device("cpu"), False)
+    assert m.entries["vm"] == ("seq", tuple, [new, new])
+    built = m.lookup("vm", (x, [1]))
+    assert type(built) is tuple and [_meta(b) for b in built] == [_meta(o) for o in out]
+    assert not _same_storage(built[0], built[1])
+    parts = aten.split.Tensor(x, 1)
+    m.learn("split", aten.split.Tensor, (x, 1), parts)
+    built = m.lookup("split", (x, 1))
+    assert type(built) is list and [b.storage_offset() for b in built] == [0, 3]
+    assert all(_same_storage(b, x) for b in built)
+    m.learn("none", _Op(), (x,), None)
+    assert m.entries["none"] is None and m.lookup("none", (x,)) is None and m.hits == 3
+    assert m._entry(_Op(), (x,), [None, x]) == ("seq", list, [None, ("arg", 0)])
+
+
+def test_outputs_the_memo_cannot_rebuild_are_always_recomputed(fake):
+    mode, m, x, y = fake
+    un = memo._UNMEMOIZABLE
+    for tag in (torch.Tag.inplace_view, torch.Tag.out, torch.Tag.dynamic_output_shape):
+        assert m._entry(_Op(tags=[tag]), (x,), aten.add.Tensor(x, y)) is un
+    fresh = aten.add.Tensor(x, y)
+    assert m._entry(_Op(), (x,), ()) is un  # an empty sequence
+    assert m._entry(_Op(), (x,), (fresh, 3)) is un  # a part that is no tensor
+    assert m._entry(_Op(), (x,), (fresh, fresh[0])) is un  # two outputs on one new storage
+    assert m._entry(_Op(), (x,), (x, x[0])) is un  # one part that cannot be rebuilt spoils the rest
+    assert m._entry(_Op(is_view=True), (x,), fresh) is un  # a view of no argument
+    assert m._entry(_Op(), (x,), x[1]) is un  # a new output at an offset
+    assert m._entry(_Op(), (y, x), x.view(3, 2)) is un  # a new output on an argument's storage
+    with mode:
+        bigger = torch.empty(8)[:6].view(2, 3)  # storage of 8 floats behind 6
+    assert m._entry(_Op(), (x,), bigger) is un
+    with mode:
+        c = torch.empty(2, dtype=torch.complex64)
+    assert m._entry(_Op(), (c,), aten.conj.default(c)) is un
+    assert m._entry(_Op(), (x,), aten.neg.default(x)) != un  # an ordinary negation is a new tensor
+    assert m._entry(_Op(), (x,), torch.ones(2)) is un  # a real tensor
+    fresh.constant = torch.ones(2, 3)
+    assert m._entry(_Op(), (x,), fresh) is un
+    key = m.key(aten.nonzero.default, (x,), {})
+    m.learn(key, aten.nonzero.default, (x,), fresh)
+    assert m.lookup(key, (x,)) is memo.MISS and m.hits == 0 and m.misses == 1
+
+
+def test_a_rebuilt_tensor_is_a_fake_of_its_device_like_one_the_mode_makes(fake):
+    mode, m, x, _ = fake
+    cuda = torch.device("cuda:0")
+    for device in (torch.device("cpu"), cuda, torch.device("cpu")):
+        entry = ("new", None, (2, 3), (1, 2), 0, torch.bfloat16, device, True)
+        t = m._build(entry, (x,))
+        assert type(t) is FakeTensor and t.fake_mode is mode and t.fake_device == device
+        assert _meta(t) == ((2, 3), (1, 2), 0, torch.bfloat16, device, True)
+        with torch._C._DisableTorchDispatch():
+            probe = torch.empty(0, device="meta")
+        assert t.__dict__ == FakeTensor(mode, probe, device).__dict__
+    assert set(m._templates) == {torch.device("cpu"), cuda}
+    assert m._build(None, (x,)) is None
+    # data_ptr() follows the mode: allowed (the default) or refused, as on the mode's own tensors.
+    for t in (x, m._build(("new", None, (2,), (1,), 0, torch.float32, cuda, False), ())):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns once per process that this is deprecated
+            t.data_ptr()
+    strict = FakeTensorMode()
+    strict._allow_unsafe_data_ptr_access = False
+    t = memo.DispatchMemo(strict)._build(("new", None, (2,), (1,), 0, torch.float32, cuda, False), ())
+    with pytest.raises(RuntimeError, match="Cannot access data pointer"):
+        t.data_ptr()
+
+
+def test_the_shared_table_is_cleared_only_once_it_holds_more_than_200000_entries(monkeypatch):
+    mode = FakeTensorMode()
+    full = dict.fromkeys(range(200_000))
+    monkeypatch.setattr(memo, "_ENTRIES", full)
+    assert memo.DispatchMemo(mode).entries is full and len(full) == 200_000
+    full[-1] = None
+    assert memo.DispatchMemo(mode).entries is full and full == {}
