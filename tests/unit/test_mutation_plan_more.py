@@ -7,6 +7,7 @@ added for.
 from __future__ import annotations
 
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -27,6 +28,17 @@ aten = torch.ops.aten
 )  # fmt: skip
 def test_is_prime_by_trial_division(n, prime):
     assert batch._is_prime(n) is prime
+
+
+def test_the_probe_search_stops_at_twice_its_start_with_a_clear_error(monkeypatch):
+    """Bertrand's postulate puts a prime below 2n: a search that finds none fails instead of hanging."""
+    tried = []
+    monkeypatch.setattr(batch, "_is_prime", lambda n: tried.append(n) and False)
+    with pytest.raises(
+        RuntimeError, match=r"^no prime found in \[5000, 10000\): ditbench\.plan\.batch\._is_prime is wrong$"
+    ):
+        batch.probe_batch(SimpleNamespace(num_classes=4998, image_size=256))
+    assert tried == list(range(5000, 10000))
 
 
 # ---- memo.py: the dispatch memo, on fake tensors made by hand ----------------------------------
