@@ -251,3 +251,53 @@ def test_the_models_are_ordered_by_their_gflops_at_the_predictions_image_size(mo
     ]
     (advice,) = tree.decision_tree({80: preds}, [(80, find_card("A100-80GB"))])
     assert set(seen) == {512} and advice.model == "DiT-S/2" and advice.setting is preds[1]
+
+
+class _Pool:
+    """A stand-in for ProcessPoolExecutor that runs each job at once, here, and records its size."""
+
+    made: list = []
+
+    def __init__(self, max_workers, mp_context):
+        self.made.append((max_workers, mp_context.get_start_method()))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+
+        future = Future()
+        future.set_result(fn(*args))
+        return future
+
+
+@pytest.mark.parametrize("models, jobs, pool", [
+    (4, None, []),  # the default: one process
+    (3, 8, []),  # fewer than 4 groups: not worth a worker's imports
+    (4, 0, []),  # at least one
+    (4, 3, [(3, "spawn")]),
+    (5, 8, [(5, "spawn")]),  # no more workers than groups
+])  # fmt: skip
+def test_evaluate_uses_a_spawned_pool_of_at_most_one_worker_per_group(monkeypatch, models, jobs, pool):
+    import concurrent.futures
+
+    work = []
+
+    def fake_work(group, budgets, disk_cache, speed):
+        work.append((len(group), disk_cache, speed))
+        return [[[_p(s.config["model"], "fp32", "none", 8)]] for s in group]
+
+    monkeypatch.setattr(grid, "_work", fake_work)
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", _Pool)
+    monkeypatch.setattr(_Pool, "made", [])
+    names = ["DiT-S/2", "DiT-B/2", "DiT-L/2", "DiT-XL/2", "DiT-S/4"][:models]
+    series = grid.grid(names, ["fp32"], ["none"], [8])
+    kwargs = {} if jobs is None else {"jobs": jobs}
+    out = grid.evaluate(series, [predict.budget(None)], **kwargs)
+    assert _Pool.made == pool
+    assert [r[0][0].model for r in out] == names
+    assert work == [(1, False, None)] * models  # one series a group, no disk cache, no speed options
