@@ -879,7 +879,11 @@ def test_evaluate_returns_every_series_in_its_place_and_reports_progress(monkeyp
             [predict.Prediction(config["model"], config["precision"], "none", 8, "cuda", None, None, "fits")]
         ]
 
+    import concurrent.futures
+
     monkeypatch.setattr(grid, "predict_budgets", fake)
+    # Two groups are traced in this process: a worker pool here would fail at once instead of tracing.
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", None)
     series = grid.grid(["DiT-S/2", "DiT-XL/2"], ["fp32", "tf32"], ["none"], [8])
     progress = []
     out = grid.evaluate(
