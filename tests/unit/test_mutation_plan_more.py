@@ -301,3 +301,35 @@ def test_evaluate_uses_a_spawned_pool_of_at_most_one_worker_per_group(monkeypatc
     assert _Pool.made == pool
     assert [r[0][0].model for r in out] == names
     assert work == [(1, False, None)] * models  # one series a group, no disk cache, no speed options
+
+
+def test_default_jobs_is_the_usable_cpus_up_to_2(monkeypatch):
+    import os
+
+    for cpus, jobs in (({0}, 1), ({0, 1}, 2), (set(range(8)), 2)):
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid, cpus=cpus: cpus, raising=False)
+        assert grid.default_jobs() == jobs
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)  # macOS has none: one process
+    assert grid.default_jobs() == 1
+
+
+def test_work_predicts_the_groups_first_series_on_the_budgets_and_hides_only_torchs_data_pointer_warning(
+    monkeypatch,
+):
+    seen = []
+
+    def fake(config, batch_sizes, budgets, disk_cache, speed):
+        seen.append((config["model"], batch_sizes, budgets, disk_cache, speed))
+        return [[_p(config["model"], config["precision"], "none", b) for b in batch_sizes]]
+
+    monkeypatch.setattr(grid, "predict_budgets", fake)
+    budgets = [predict.budget("H200")]
+    (series,) = grid.grid(["DiT-S/2"], ["bf16"], ["none"], [16, 8])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        (rows,) = grid._work([series], budgets, False, None)
+        warnings.warn("Accessing the data pointer of FakeTensor is deprecated", UserWarning, stacklevel=1)
+        warnings.warn("another warning", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["another warning"]
+    assert seen == [("DiT-S/2", [8, 16], budgets, False, None)]
+    assert [p.batch_size for p in rows[0]] == [8, 16]
