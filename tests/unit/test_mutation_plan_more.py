@@ -333,3 +333,9 @@ def test_work_predicts_the_groups_first_series_on_the_budgets_and_hides_only_tor
     assert [str(w.message) for w in caught] == ["another warning"]
     assert seen == [("DiT-S/2", [8, 16], budgets, False, None)]
     assert [p.batch_size for p in rows[0]] == [8, 16]
+
+
+def test_a_group_predicted_short_of_its_series_fails_instead_of_leaving_a_series_empty(monkeypatch):
+    monkeypatch.setattr(grid, "_work", lambda group, budgets, disk, speed: [])
+    with pytest.raises(ValueError, match="zip"):
+        grid.evaluate(grid.grid(["DiT-S/2"], ["fp32"], ["none"], [8]), [predict.budget(None)])
