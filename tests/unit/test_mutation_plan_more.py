@@ -288,7 +288,7 @@ def test_evaluate_uses_a_spawned_pool_of_at_most_one_worker_per_group(monkeypatc
     work = []
 
     def fake_work(group, budgets, disk_cache, speed):
-        work.append((len(group), disk_cache, speed))
+        work.append((len(group), budgets, disk_cache, speed))
         return [[[_p(s.config["model"], "fp32", "none", 8)]] for s in group]
 
     monkeypatch.setattr(grid, "_work", fake_work)
@@ -296,11 +296,14 @@ def test_evaluate_uses_a_spawned_pool_of_at_most_one_worker_per_group(monkeypatc
     monkeypatch.setattr(_Pool, "made", [])
     names = ["DiT-S/2", "DiT-B/2", "DiT-L/2", "DiT-XL/2", "DiT-S/4"][:models]
     series = grid.grid(names, ["fp32"], ["none"], [8])
-    kwargs = {} if jobs is None else {"jobs": jobs}
-    out = grid.evaluate(series, [predict.budget(None)], **kwargs)
+    budgets = [predict.budget(None)]
+    # The defaults: no disk cache, no speed options; else what is given is passed to every group.
+    kwargs = {} if jobs is None else {"jobs": jobs, "disk_cache": True, "speed": "opts"}
+    out = grid.evaluate(series, budgets, **kwargs)
     assert _Pool.made == pool
     assert [r[0][0].model for r in out] == names
-    assert work == [(1, False, None)] * models  # one series a group, no disk cache, no speed options
+    passed = (False, None) if jobs is None else (True, "opts")
+    assert work == [(1, budgets, *passed)] * models  # one series a group
 
 
 def test_default_jobs_is_the_usable_cpus_up_to_2(monkeypatch):
