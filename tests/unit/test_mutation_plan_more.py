@@ -14,7 +14,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from ditbench.cards import find_card
-from ditbench.plan import batch, grid, memo, predict, tree
+from ditbench.plan import batch, grid, kernels, memo, predict, tree
 
 aten = torch.ops.aten
 
@@ -342,3 +342,30 @@ def test_a_group_predicted_short_of_its_series_fails_instead_of_leaving_a_series
     monkeypatch.setattr(grid, "_work", lambda group, budgets, disk, speed: [])
     with pytest.raises(ValueError, match="zip"):
         grid.evaluate(grid.grid(["DiT-S/2"], ["fp32"], ["none"], [8]), [predict.budget(None)])
+
+
+# ---- kernels.py and tree.py: FLOP formulas fed every argument ---------------------------------------
+
+
+def test_a_forward_attention_with_its_dropout_and_causal_flags_counts_q_k_v():
+    fwd = aten._scaled_dot_product_flash_attention_for_cpu.default
+    q = torch.ones(2, 3, 5, 4)
+    args = (q, q, q, 0.0, False)
+    # 2 * 2 * B * H * T^2 * D = 4 * 2 * 3 * 25 * 4 = 2400.
+    assert kernels._flops(fwd._schema.name.split("::")[1], fwd, args, {}, fwd(*args)) == 2400
+
+
+def test_a_convolutions_flops_come_from_its_output_shape():
+    conv = aten.convolution.default
+    x, w = torch.ones(2, 3, 8, 8), torch.ones(4, 3, 3, 3)
+    args = (x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    out = conv(*args)  # (2, 4, 6, 6)
+    # 2 FLOPs per multiply-add: each of the 2 * 4 * 6 * 6 outputs sums 3 * 3 * 3 products.
+    assert kernels._flops("convolution", conv, args, {}, out) == 2 * (2 * 4 * 6 * 6) * (3 * 3 * 3)
+
+
+def test_gflops_are_the_forward_macs_over_1e9(monkeypatch):
+    from ditbench.models import flops
+
+    monkeypatch.setattr(flops, "forward_macs", lambda model, size: 3 * 10**9 if size == 256 else 0)
+    assert tree._gflops("DiT-S/2", 256) == 3.0
