@@ -306,3 +306,58 @@ def test_the_text_plan_prints_speeds_reasons_notes_and_what_the_recommended_cell
 def test_a_plan_with_no_cache_does_not_say_it_reuses_traces(capsys, evaluated):
     _, _, err = plan(capsys, *GRID, "--no-tree", "--no-cache")
     assert "ditbench plan: tracing 1 series" in err and "(traces on disk are reused)" not in err
+
+
+# ---- the default grid's sizes and a suite's cells --------------------------------------------------
+
+
+def test_each_grid_flag_is_named_in_its_error_and_the_default_grid_is_counted(capsys, evaluated):
+    for i in range(0, len(GRID), 2):
+        flag, argv = GRID[i], GRID[:i] + GRID[i + 2 :]
+        code, _, err = plan(capsys, *argv, flag, " , ")
+        assert code == 2 and f"{flag} is empty; give a comma-separated list" in err
+    # 12 paper models x 4 precisions x 3 checkpointing settings x 7 batch sizes = 1,008 cells.
+    code, _, err = plan(capsys, "--max-cells", "10")
+    assert code == 2 and evaluated == []
+    assert err.endswith(
+        "the plan grid expands to 1,008 cells (models 12 x precisions 4 x grad-ckpt 3 x batches 7), above "
+        "the cap of 10; nothing was expanded or run. Narrow it, or raise the cap with --max-cells 1008 if "
+        "you mean to run them all."
+    )
+    # 8 px passes the multiple-of-8 check; the model then says what it needs.
+    code, _, err = plan(capsys, *GRID, "--image-size", "8")
+    assert code == 2 and "multiple of 16" in err and "positive multiple of 8" not in err
+
+
+def _suite(tmp_path, head="device: cpu\n"):
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        f"name: s\n{head}defaults: {{image_size: 64}}\n"
+        "matrix: {model: [DiT-T/4], precision: [fp32, fp16], batch_size: [4, 8]}\n"
+    )
+    return str(path)
+
+
+def test_a_suite_is_planned_with_its_overrides_on_its_device_or_the_cards(capsys, evaluated, tmp_path):
+    suite = _suite(tmp_path)
+    assert plan(capsys, suite, "batch_size=16", "--json")[0] == 0
+    series, budgets = evaluated[0]["series"], evaluated[0]["budgets"]
+    assert [(s.config["precision"], s.config["device"], s.batch_sizes) for s in series] == [
+        ("fp32", "cpu", [16]), ("fp16", "cpu", [16])]  # fmt: skip
+    assert budgets == [predict.budget(None, device="cpu")]
+    assert plan(capsys, suite, "--card", "T4", "--no-tree", "--context-gib", "0.25", "--json")[0] == 0
+    assert {s.config["device"] for s in evaluated[1]["series"]} == {"cuda"}
+    assert evaluated[1]["budgets"] == [predict.budget("T4", 0.25)]
+    assert plan(capsys, suite, "--memory-gib", "20", "--no-tree", "--json")[0] == 0
+    assert {s.config["device"] for s in evaluated[2]["series"]} == {"cuda"}
+    code, _, err = plan(capsys, suite, "--max-cells", "3")
+    assert code == 2 and "4 cells" in err and len(evaluated) == 3
+    code, _, err = plan(capsys, suite, "--models", "DiT-S/2")
+    assert code == 2 and "--models 'DiT-S/2' shapes the default grid and does not apply to a suite" in err
+
+
+def test_a_suite_that_emulates_a_card_is_planned_on_it(capsys, evaluated, tmp_path):
+    suite = _suite(tmp_path, "device: cuda\ncard: L4\n")
+    assert plan(capsys, suite, "--no-tree", "--context-gib", "0.25", "--json")[0] == 0
+    assert evaluated[0]["budgets"] == [predict.budget("L4", 0.25)]
+    assert {s.config["device"] for s in evaluated[0]["series"]} == {"cuda"}
