@@ -191,7 +191,11 @@ def test_a_rebuilt_tensor_is_a_fake_of_its_device_like_one_the_mode_makes(fake):
         assert _meta(t) == ((2, 3), (1, 2), 0, torch.bfloat16, device, True)
         with torch._C._DisableTorchDispatch():
             probe = torch.empty(0, device="meta")
-        assert t.__dict__ == FakeTensor(mode, probe, device).__dict__
+        ref = FakeTensor(mode, probe, device)
+        assert t.__dict__ == ref.__dict__
+        # Dispatched as a tensor of its device (CUDA keys, autocast), and reporting that device.
+        assert torch._C._dispatch_keys(t) == torch._C._dispatch_keys(ref)
+        assert (t.device, t.is_cuda) == (device, device.type == "cuda")
     assert set(m._templates) == {torch.device("cpu"), cuda}
     assert m._build(None, (x,)) is None
     # data_ptr() follows the mode: allowed (the default) or refused, as on the mode's own tensors.
@@ -369,3 +373,40 @@ def test_gflops_are_the_forward_macs_over_1e9(monkeypatch):
 
     monkeypatch.setattr(flops, "forward_macs", lambda model, size: 3 * 10**9 if size == 256 else 0)
     assert tree._gflops("DiT-S/2", 256) == 3.0
+
+
+def test_cudnn_attention_is_attention_and_a_split_needs_a_batch_above_1():
+    assert kernels.category("_scaled_dot_product_cudnn_attention") == "attention"
+    assert kernels.category("_scaled_dot_product_cudnn_attention_backward") == "attention"
+    # At batch 2 a value of 4 bytes carries the batch: all per sample, a whole number of bytes.
+    const, per = kernels._split(4, 2)
+    assert (const, per) == (0, 2) and type(per) is int
+    assert (
+        kernels._split(4, 1) == (4, 0) and kernels._split(0, 7) == (0, 0) and kernels._split(15, 7) == (15, 0)
+    )
+
+
+def test_an_out_variant_writes_its_out_argument_and_a_factory_writes_its_output():
+    x, y, z = torch.ones(7), torch.ones(7), torch.empty(7)
+    # Every tensor argument counts as read (x, y and the out= tensor z) and the output z as written:
+    # 4 * 28 bytes, all per sample at batch 7.
+    row = kernels.op_row(aten.add.out, (x, y), {"out": z}, z, 7, False)
+    assert row == ("elementwise", "fp32", False, 0, 0, 0, 4 * 4)
+    out = torch.zeros(2, 3)
+    assert kernels.op_row(aten.zeros.default, ([2, 3],), {}, out, 7, False) == (
+        "elementwise", "fp32", False, 0, 0, 24, 0)  # fmt: skip
+    # A foreach op whose keyword argument (alpha) is left out still writes back its list.
+    xs, ys = [torch.ones(7)], [torch.ones(7)]
+    assert kernels.op_row(aten._foreach_add_.List, (xs, ys), {}, None, 7, False) == (
+        "optimizer", "fp32", False, 0, 0, 0, 3 * 4)  # fmt: skip
+
+
+def test_a_floating_dtype_without_a_name_is_counted_as_fp32_and_a_conv_row_has_its_flops():
+    x8 = torch.empty(4, dtype=torch.float8_e4m3fn)
+    assert kernels.op_row(aten.clone.default, (x8,), {}, torch.empty_like(x8), 7, False)[1] == "fp32"
+    conv = aten.convolution.default
+    x, w = torch.ones(7, 3, 8, 8), torch.ones(4, 3, 3, 3)
+    args = (x, w, None, [1, 1], [0, 0], [1, 1], False, [0, 0], 1)
+    row = kernels.op_row(conv, args, {}, conv(*args), 7, False)
+    # Per sample: 2 * (4 * 6 * 6) outputs * 27 products.
+    assert row[:5] == ("matmul", "fp32", False, 0, 2 * (4 * 6 * 6) * 27)
