@@ -361,3 +361,31 @@ def test_a_suite_that_emulates_a_card_is_planned_on_it(capsys, evaluated, tmp_pa
     assert plan(capsys, suite, "--no-tree", "--context-gib", "0.25", "--json")[0] == 0
     assert evaluated[0]["budgets"] == [predict.budget("L4", 0.25)]
     assert {s.config["device"] for s in evaluated[0]["series"]} == {"cuda"}
+
+
+def test_the_progress_line_says_how_many_series_and_whether_traces_are_reused(capsys, monkeypatch):
+    import ditbench.progress
+
+    monkeypatch.setattr(ditbench.progress, "progress", lambda **kw: kw)
+    assert cli._progress(3, False) == {"total": 3, "unit": "series", "desc": "traced"}
+    assert capsys.readouterr().err == "ditbench plan: tracing 3 series (traces on disk are reused)\n"
+    cli._progress(1, True)
+    assert capsys.readouterr().err == "ditbench plan: tracing 1 series\n"
+
+
+def test_speed_options_from_the_smallest_flags_and_a_calibration_file(tmp_path, monkeypatch):
+    from ditbench.plan import calibration, measured_records
+
+    args = argparse.Namespace(gpus=1, target_steps=1, target_images=1, calibrate=None)
+    assert cli._speed_options(args) == predict.SpeedOptions(None, 1, 1, 1)
+    records = tmp_path / "cal.jsonl"
+    records.write_text("")
+    monkeypatch.setattr(measured_records, "read_results", lambda path: [{"path": str(path)}])
+    monkeypatch.setattr(calibration, "from_records", lambda path, recs: ("fitted", path, recs))
+    args = argparse.Namespace(gpus=None, target_steps=None, target_images=None, calibrate=records)
+    options = cli._speed_options(args)
+    assert options.calibration == ("fitted", records, [{"path": str(records)}])
+    assert (options.gpus, options.target_steps, options.target_images) == (1, 400_000, None)
+    missing = argparse.Namespace(gpus=None, target_steps=None, target_images=None, calibrate=tmp_path / "no")
+    with pytest.raises(UserError, match=r"^--calibrate .*no: no such file"):
+        cli._speed_options(missing)
