@@ -389,3 +389,54 @@ def test_speed_options_from_the_smallest_flags_and_a_calibration_file(tmp_path, 
     missing = argparse.Namespace(gpus=None, target_steps=None, target_images=None, calibrate=tmp_path / "no")
     with pytest.raises(UserError, match=r"^--calibrate .*no: no such file"):
         cli._speed_options(missing)
+
+
+# ---- the flags themselves ----------------------------------------------------------------------
+
+
+def test_the_help_states_the_defaults_the_command_uses(capsys, monkeypatch):
+    from ditbench.plan.grid import DEFAULT_BATCHES, DEFAULT_GRAD_CKPT, DEFAULT_PRECISIONS, paper_models
+    from ditbench.plan.predict import DEFAULT_CONTEXT_GIB
+    from ditbench.plan.speed import DEFAULT_TARGET_STEPS
+    from ditbench.plan.tree import DEFAULT_TARGET_BATCH
+
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--help"])
+    assert exc.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    batches = f"{DEFAULT_BATCHES[0]},{DEFAULT_BATCHES[1]},...,{DEFAULT_BATCHES[-1]}"
+    stated = {
+        "--models": f"grid models, comma-separated (default: the {len(paper_models())})",
+        "--precisions": f"grid precisions (default: {','.join(DEFAULT_PRECISIONS)})",
+        "--grad-ckpt": f"grid checkpointing (default: {','.join(DEFAULT_GRAD_CKPT)})",
+        "--batches": f"grid batch sizes (default: {batches})",
+        "--image-size": "grid image size in pixels (256)",
+        "--impl": "grid DiT implementation (ditbench)",
+        "--optimizer-impl": "grid AdamW kernel (auto)",
+        "--context-gib": f"CUDA context outside the allocator (default: {DEFAULT_CONTEXT_GIB:g}, or measured",
+        "--target-batch": f"batch the decision tree aims for ({DEFAULT_TARGET_BATCH})",
+        "--target-steps": f"steps to train, for days and GPU-hours ({DEFAULT_TARGET_STEPS})",
+        "--gpus": "data-parallel GPUs per cell for the speed prediction (default: 1):",
+    }
+    for flag, words in stated.items():
+        assert f"{flag} " in text and words in text, flag
+    assert "--impl {ditbench,diffusers}" in text and "--optimizer-impl {auto,fused,foreach,for-loop}" in text
+    assert "[suite] [KEY=VALUE ...]" in text
+
+
+@pytest.mark.parametrize("flag, value", [("--impl", "ditbench"), ("--impl", "diffusers"),
+    ("--optimizer-impl", "auto"), ("--optimizer-impl", "fused"), ("--optimizer-impl", "foreach"),
+    ("--optimizer-impl", "for-loop")])  # fmt: skip
+def test_each_choice_is_accepted_and_passed_to_the_grid(capsys, evaluated, flag, value):
+    assert plan(capsys, *GRID, flag, value, "--no-tree", "--json")[0] == 0
+    assert evaluated[0]["series"][0].config[flag[2:].replace("-", "_")] == value
+
+
+def test_a_value_outside_the_choices_is_refused_by_the_parser(capsys, evaluated):
+    for flag in ("--impl", "--optimizer-impl"):
+        with pytest.raises(SystemExit) as exc:
+            main(["plan", *GRID, flag, "bogus"])
+        assert exc.value.code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err
+    code, _, err = plan(capsys, *GRID, "--results", "/nonexistent/results.jsonl")
+    hint = "give a results.jsonl written by `ditbench run`"
+    assert code == 2 and err.endswith(f"--results /nonexistent/results.jsonl: no such file ({hint})")
