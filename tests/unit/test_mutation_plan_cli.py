@@ -440,3 +440,70 @@ def test_a_value_outside_the_choices_is_refused_by_the_parser(capsys, evaluated)
     code, _, err = plan(capsys, *GRID, "--results", "/nonexistent/results.jsonl")
     hint = "give a results.jsonl written by `ditbench run`"
     assert code == 2 and err.endswith(f"--results /nonexistent/results.jsonl: no such file ({hint})")
+
+
+# ---- a whole run: measured records, progress, the JSON document ----------------------------------
+
+
+def test_a_run_with_records_counts_the_measured_cells_in_the_plan_and_the_tree(capsys, evaluated, tmp_path):
+    record = {"config": {**evaluated_config(), "batch_size": 8}, "status": "ok",
+              "metrics": {"peak_mem_allocated_gib": 0.25}}  # fmt: skip
+    results = tmp_path / "results.jsonl"
+    results.write_text(json.dumps(record) + "\n")
+    code, out, _ = plan(capsys, *GRID, "--card", "H200", "--results", str(results), "--json", "--jobs", "1",
+                        "--target-batch", "1")  # fmt: skip
+    doc = json.loads(out)
+    assert code == 0 and doc["measured_cells"] == 1 and evaluated[0]["jobs"] == 1
+    assert [c["measured"] for c in doc["cells"]] == [True, False]
+    # Every class is judged on its own card's predictions, measured where a record matches.
+    assert [t["setting"]["card"] for t in doc["tree"]] == [b.card for b in evaluated[0]["budgets"][1:]]
+    assert all(t["setting"]["batch_size"] == 16 for t in doc["tree"])
+    assert out.startswith('{\n "card": "H200",\n')  # indented by 1
+    code, out, _ = plan(capsys, *GRID, "--card", "H200", "--results", str(results), "--no-tree")
+    assert "; 1 cells measured (--results)" in out.splitlines()[0]
+
+
+def evaluated_config():
+    return predict.normalize({"model": "DiT-S/2", "precision": "bf16", "grad_ckpt": "none"})
+
+
+def test_a_run_reports_progress_per_series_and_its_time(capsys, evaluated, monkeypatch):
+    import ditbench.progress
+
+    updates = []
+
+    class Bar:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, n):
+            updates.append(n)
+
+    monkeypatch.setattr(ditbench.progress, "progress", lambda **kw: Bar())
+    clock = iter([100.0, 101.26])
+    monkeypatch.setattr(cli.time, "perf_counter", lambda: next(clock))
+    code, out, _ = plan(capsys, *GRID, "--precisions", "fp32", "--no-tree", "--json")
+    assert code == 0 and updates == [1, 1] and json.loads(out)["seconds"] == 1.3
+
+
+def test_a_generic_card_name_says_which_card_it_chose(capsys, evaluated, tmp_path):
+    from ditbench.cards import ambiguity
+
+    _, _, err = plan(capsys, *GRID, "--card", "A100", "--no-tree", "--json")
+    assert f"ditbench plan: {' '.join(ambiguity('A100').split())}" in err
+    _, _, err = plan(capsys, *GRID, "--card", "H200", "--no-tree", "--json")
+    assert "chose" not in err
+
+
+def test_a_run_hides_only_torchs_data_pointer_warning(capsys, evaluated):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert plan(capsys, *GRID, "--no-tree", "--json")[0] == 0
+        warnings.warn("Accessing the data pointer of FakeTensor is deprecated", UserWarning, stacklevel=1)
+        warnings.warn("another warning", UserWarning, stacklevel=1)
+    assert [str(w.message) for w in caught] == ["another warning"]
