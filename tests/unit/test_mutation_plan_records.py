@@ -127,3 +127,9 @@ def test_the_latest_finished_or_oom_record_of_a_cell_wins():
     assert mr.apply_measured(preds, records) == 2
     assert [p.peak_allocated_gib for p in preds] == [3.0, 1.0, 7.0]
     assert mr.apply_measured([_pred()], [_record(metrics={})]) == 0
+
+
+def test_an_out_of_memory_record_is_applied_like_a_finished_one():
+    preds = [_pred(memory=16.0)]
+    assert mr.apply_measured(preds, [_record("oom", gpu_memory_gib=16.0)]) == 1
+    assert (preds[0].status, preds[0].measured) == ("oom", True)
