@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch._dynamo  # noqa: F401  (FakeTensorMode imports it on first use: seconds, paid here once)
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from ditbench.cards import find_card
