@@ -411,3 +411,35 @@ def test_a_floating_dtype_without_a_name_is_counted_as_fp32_and_a_conv_row_has_i
     row = kernels.op_row(conv, args, {}, conv(*args), 7, False)
     # Per sample: 2 * (4 * 6 * 6) outputs * 27 products.
     assert row[:5] == ("matmul", "fp32", False, 0, 2 * (4 * 6 * 6) * 27)
+
+
+def test_each_output_of_a_sequence_must_own_its_new_storage_and_each_miss_is_counted(fake):
+    mode, m, x, y = fake
+    fresh = aten.add.Tensor(x, y)
+    # Two whole views of one new storage: each alone is a new tensor, together they cannot be rebuilt.
+    assert m._entry(_Op(), (x,), (fresh, fresh.view(2, 3))) is memo._UNMEMOIZABLE
+    # A conjugate or negative view that shares no argument's storage is not rebuilt either.
+    with mode:
+        c = torch.empty(2, dtype=torch.complex64)
+    assert m._entry(_Op(), (), aten.conj.default(c)) is memo._UNMEMOIZABLE
+    assert m._entry(_Op(), (), aten._neg_view.default(c)) is memo._UNMEMOIZABLE
+    # A half-precision output and a 4 TiB one are new tensors (the size check runs on the meta device).
+    with mode:
+        half, huge = torch.empty(2, 3, dtype=torch.float16), torch.empty(2**40)
+    assert m._entry(_Op(), (x,), half) == (
+        "new",
+        None,
+        (2, 3),
+        (3, 1),
+        0,
+        torch.float16,
+        torch.device("cpu"),
+        False,
+    )
+    assert m._entry(_Op(), (x,), huge)[:3] == ("new", None, (2**40,))
+    # A keyword argument of the memo's own mode is keyed by its metadata.
+    tx = (torch.float32, torch.device("cpu"), torch.Size([2, 3]), (3, 1), 0)
+    assert m.key(aten.add.Tensor, (x,), {"other": y}) == (aten.add.Tensor, (tx,), (("other", tx),))
+    m.learn("a", _Op(), (x,), None)
+    m.learn("b", _Op(), (x,), None)
+    assert m.misses == 2
