@@ -151,6 +151,10 @@ def test_the_json_plan_states_its_card_its_goal_and_its_calibration(capsys, eval
 def test_a_plan_without_a_card_says_so(capsys, evaluated):
     _, out, _ = plan(capsys, *GRID, "--no-tree")
     assert " for no card (no fit check); CUDA context 0.5 GiB assumed;" in out.splitlines()[0]
+    assert out.splitlines()[1:3] == [
+        "",
+        "| model | precision | ckpt | bs 8 | bs 16 | largest batch that fits |",
+    ]
 
 
 # ---- what it refuses ---------------------------------------------------------------------------
@@ -288,10 +292,10 @@ def test_the_text_plan_prints_speeds_reasons_notes_and_what_the_recommended_cell
     monkeypatch.setattr(grid, "evaluate", fake)
     cal = speed.shipped()
     band = f"+-{cal.band_pct:g}%, the calibration's worst leave-one-out error"
-    code, out, _ = plan(capsys, *GRID, "--card", "H200", "--gpus", "8", "--target-images", "1000")
+    code, out, _ = plan(capsys, *GRID, "--card", "H200", "--gpus", "2", "--target-images", "1000")
     assert code == 0
     assert (
-        f"\n\nPredicted speed per GPU x 8 GPUs (DDP) ({band}; calibrated on {cal.source}); days and "
+        f"\n\nPredicted speed per GPU x 2 GPUs (DDP) ({band}; calibrated on {cal.source}); days and "
         "GPU-hours to 1,000 images:\n\n| model | precision |" in out
     )
     assert "\n\nn/a: no fp16 here (DiT-S/2 fp16 ckpt=none)\n\nnote: a note\n\nnote: b note\n" in out
@@ -507,3 +511,41 @@ def test_a_run_hides_only_torchs_data_pointer_warning(capsys, evaluated):
         warnings.warn("Accessing the data pointer of FakeTensor is deprecated", UserWarning, stacklevel=1)
         warnings.warn("another warning", UserWarning, stacklevel=1)
     assert [str(w.message) for w in caught] == ["another warning"]
+
+
+def test_a_calibration_without_a_band_says_so(capsys, monkeypatch, tmp_path):
+    import dataclasses
+
+    from ditbench.plan import calibration, measured_records
+
+    mine = dataclasses.replace(speed.shipped(), band_pct=None, source="my.jsonl")
+    monkeypatch.setattr(measured_records, "read_results", lambda path: [{}])
+    monkeypatch.setattr(calibration, "from_records", lambda path, recs: mine)
+    cal = tmp_path / "cal.jsonl"
+    cal.write_text("")
+
+    def fake(series, budgets, jobs=1, progress=None, disk_cache=False, options=None):
+        cell = _cell(series[0].config, 8, budgets[0])
+        cell.predicted_steps_per_s, cell.predicted_images_per_s = 2.0, 16.0
+        return [[[cell]]]
+
+    monkeypatch.setattr(grid, "evaluate", fake)
+    _, out, _ = plan(capsys, *GRID, "--batches", "8", "--no-tree", "--calibrate", str(cal))
+    assert (
+        "\n\nPredicted speed (no error band: fewer than 3 calibration cells; calibrated on my.jsonl);" in out
+    )
+
+
+def test_a_grid_flag_on_a_suite_names_the_override_to_use_instead(capsys, evaluated, tmp_path):
+    suite = _suite(tmp_path)
+    code, _, err = plan(capsys, suite, "--batches", "8, 16")
+    assert code == 2 and err.endswith(
+        "--batches '8,16' shapes the default grid and does not apply to a suite, whose cells bring their own "
+        "batch_size (the suite's value would win). Set it in the suite (`batch_size:` under defaults, or a "
+        f"matrix axis) or as an override after the suite's name: `ditbench plan {suite} batch_size=[8,16]`."
+    )
+    code, _, err = plan(capsys, suite, "--optimizer-impl", "foreach")
+    assert code == 2 and err.startswith("ditbench: error: --optimizer-impl 'foreach' shapes the default grid")
+    assert err.endswith(f"`ditbench plan {suite} optimizer_impl=foreach`.")
+    code, _, err = plan(capsys, suite, "--image-size", "128")
+    assert err.endswith(f"`ditbench plan {suite} image_size=128`.")
