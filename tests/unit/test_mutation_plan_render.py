@@ -230,3 +230,29 @@ def test_the_json_has_every_cell_the_largest_batches_and_the_tree():
     ]  # fmt: skip
     assert render.to_json([], None, {}, 8)["tree"] is None
     assert math.isclose(doc["cells"][1]["device_gib"], 79.0)
+
+
+def test_mib_are_1024_to_the_gib():
+    # 0.0805 GiB = 82.432 MiB; 0.00932 GiB = 9.54368 MiB.
+    assert (
+        render._figure(_p(device="cpu", memory=None, status="predicted", peak_allocated_gib=0.0805)) == "82M"
+    )
+    assert render._size(0.00932) == "9.5 MiB"
+
+
+def test_the_tree_table_next_steps_and_paces():
+    fp32 = _p("DiT-XL/2", "fp32", "full", 16, device_gib=70.0)
+    bf16 = _p("DiT-XL/2", "bf16", "none", 8, device_gib=70.0, predicted_steps_per_s=3.0)  # no time to target
+    needs = _p("DiT-XL/2", "bf16", "full", 8, status="oom", peak_allocated_gib=30.0, device_gib=31.04)
+    rows = [_a(40, "DiT-XL/2", bf16), _a(80, "DiT-XL/2", fp32), _a(141, "DiT-XL/2", fp32),
+            _a(24, "DiT-B/2", _p("DiT-B/2", batch=64, device_gib=9.0), "DiT-XL/2", needs, 40)]  # fmt: skip
+    lines = render.tree_table(rows, 8).splitlines()[2:]
+    last = "the largest model already trains; no larger class of the table adds more"
+    # 40 GB: 80 GB is the first larger class and adds fp32 with full checkpointing at 16.
+    assert lines[0].endswith("| 70.0 | - | 80 GB: fp32, ckpt full, bs 16 |")
+    assert lines[1].endswith(f"| 70.0 | - | {last} |")  # 141 GB adds nothing to 80 GB
+    assert lines[3].endswith("| DiT-XL/2 needs 31.0 GiB at least (bf16, ckpt full, bs 8): the 40 GB class |")
+    # Classes of another model or none are passed over to the first that adds something.
+    a = _a(80, "DiT-XL/2", fp32)
+    above = [_a(94, "DiT-L/2", bf16), _a(100, None, None), _a(141, "DiT-XL/2", bf16)]
+    assert render._next_class(a, above, 8) == "141 GB: bf16, ckpt none, bs 8"
