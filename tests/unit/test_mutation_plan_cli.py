@@ -300,6 +300,9 @@ def test_the_text_plan_prints_speeds_reasons_notes_and_what_the_recommended_cell
     )
     assert "\n\nn/a: no fp16 here (DiT-S/2 fp16 ckpt=none)\n\nnote: a note\n\nnote: b note\n" in out
     assert "\n\nWhat the recommended cells hold at their peak:\n- 12 GB, DiT-S/2: weights 1.00 GiB\n" in out
+    assert (
+        "\n| 12 GB | RTX 3060 12GB (11.76 GiB) | DiT-S/2 | bf16, ckpt none | 8 (largest that fits) |" in out
+    )
     _, out, _ = plan(capsys, *GRID, "--card", "H200")
     assert (
         f"\n\nPredicted speed ({band}; calibrated on {cal.source}); days and GPU-hours to 400,000 steps:"
@@ -425,7 +428,20 @@ def test_the_help_states_the_defaults_the_command_uses(capsys, monkeypatch):
     for flag, words in stated.items():
         assert f"{flag} " in text and words in text, flag
     assert "--impl {ditbench,diffusers}" in text and "--optimizer-impl {auto,fused,foreach,for-loop}" in text
-    assert "[suite] [KEY=VALUE ...]" in text
+    assert "[suite] [KEY=VALUE ...]" in text and "--calibrate RESULTS.jsonl" in text
+    assert text.startswith("usage: ditbench plan ") and cli.HELP.split(":")[0] in text
+    assert "--max-cells N refuse a grid (or --suite matrix) of more than N cells" in text
+
+
+def test_every_argument_is_documented():
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    assert parser.description == cli.HELP
+    # suite, overrides, card, memory_gib, models, precisions, grad_ckpt, batches, image_size, impl,
+    # optimizer_impl, results, context_gib, target_batch, no_tree, gpus, target_steps, target_images,
+    # calibrate, jobs, json, max_cells, no_cache
+    helps = {a.dest: a.help for a in parser._actions if a.dest != "help"}
+    assert len(helps) == 23 and all(isinstance(h, str) and len(h) > 10 for h in helps.values()), helps
 
 
 @pytest.mark.parametrize("flag, value", [("--impl", "ditbench"), ("--impl", "diffusers"),
