@@ -12,6 +12,7 @@ traces at other batch sizes, allocation by allocation.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ditbench.plan.trace import Trace, trace_training, workspace_bytes
@@ -20,21 +21,18 @@ from ditbench.plan.trace import Trace, trace_training, workspace_bytes
 def probe_batch(knobs) -> int:
     """The prime batch size to trace at: above every batch-independent dimension of the cell."""
     # Bytes are elements times 1, 2, 4 or 8, which an odd prime does not divide.
-    n = max(4099, knobs.num_classes + 2, knobs.image_size + 1)
-    while not _is_prime(n):
-        n += 1
-    return n
+    start = max(4099, knobs.num_classes + 2, knobs.image_size + 1)
+    # Bertrand's postulate: a prime lies between start and 2 * start, so the search ends by then.
+    for n in range(start, 2 * start):
+        if _is_prime(n):
+            return n
+    raise RuntimeError(f"no prime found in [{start}, {2 * start}): ditbench.plan.batch._is_prime is wrong")
 
 
 def _is_prime(n: int) -> bool:
     if n < 2 or n % 2 == 0:
         return n == 2
-    f = 3
-    while f * f <= n:
-        if n % f == 0:
-            return False
-        f += 2
-    return True
+    return all(n % f for f in range(3, math.isqrt(n) + 1, 2))
 
 
 @dataclass

@@ -865,12 +865,12 @@ def test_respeed_predicts_the_renamed_cells_speed_from_its_own_trace(monkeypatch
     monkeypatch.setattr(
         predict, "series_trace", lambda knobs, target, disk=False: (knobs.precision, target, disk)
     )
-    monkeypatch.setattr(predict, "fill_speed", lambda p, series, options: seen.append((series, options)))
+    monkeypatch.setattr(predict, "fill_speed", lambda p, series, options: seen.append((p, series, options)))
     config = predict.normalize({"model": "DiT-S/2", "precision": "tf32"})
     pred = predict.Prediction("DiT-S/2", "tf32", "none", 8, "cuda", None, None, "fits", config=config)
     grid._respeed(pred, cuda_target("H200"), True, "opts")
     grid._respeed(pred, CPU, False, "opts")
-    assert seen == [(("tf32", cuda_target(None), True), "opts"), (("tf32", CPU, False), "opts")]
+    assert seen == [(pred, ("tf32", cuda_target(None), True), "opts"), (pred, ("tf32", CPU, False), "opts")]
 
 
 def test_evaluate_returns_every_series_in_its_place_and_reports_progress(monkeypatch):
@@ -879,7 +879,11 @@ def test_evaluate_returns_every_series_in_its_place_and_reports_progress(monkeyp
             [predict.Prediction(config["model"], config["precision"], "none", 8, "cuda", None, None, "fits")]
         ]
 
+    import concurrent.futures
+
     monkeypatch.setattr(grid, "predict_budgets", fake)
+    # Two groups are traced in this process: a worker pool here would fail at once instead of tracing.
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", None)
     series = grid.grid(["DiT-S/2", "DiT-XL/2"], ["fp32", "tf32"], ["none"], [8])
     progress = []
     out = grid.evaluate(
