@@ -484,6 +484,12 @@ def test_a_metric_neither_run_measured_is_listed_and_one_missing_on_one_side_is_
     ]
 
 
+def test_a_metric_neither_run_measured_does_not_stop_the_next_one():
+    qb, qn = quality({4: ev({"fid": 100.0})}), quality({4: ev({"fid": 100.0})})
+    (d,), not_measured, problems = compare_quality(qb, qn, [(KID, rule()), (FID, rule())], 2.0)
+    assert (d.metric, d.verdict, not_measured, problems) == ("fid", "unchanged", ["kid"], [])
+
+
 @pytest.mark.parametrize(
     ("eb", "en", "problem"),
     [
