@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import pytest
 from synthetic_records import make_record, write_jsonl
@@ -261,19 +262,35 @@ def test_a_summary_that_is_an_input_is_refused_before_any_work(tmp_path, monkeyp
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     b, n = runs(tmp_path)
     before = b.read_text()
-    with pytest.raises(UserError, match="--summary"):
+    with pytest.raises(UserError) as err:
         run(ns(b, n, summary=str(b)))
-    with pytest.raises(UserError, match=r"\$GITHUB_STEP_SUMMARY"):
-        monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(n))
+    assert re.match(r"--summary '.+ is the input BASE '.+: writing it", str(err.value))
+    assert str(err.value).endswith("Give another path for --summary.")
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(n))
+    with pytest.raises(UserError) as err:
         run(ns(b, n))
+    assert re.match(r"\$GITHUB_STEP_SUMMARY '.+ is the input NEW '.+: writing it", str(err.value))
     assert b.read_text() == before
 
 
-def test_a_step_summary_that_is_a_folder_is_refused(tmp_path, monkeypatch):
+def test_a_step_summary_that_is_a_folder_is_refused_before_any_work(tmp_path, monkeypatch, capsys):
     b, n = runs(tmp_path)
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path))
-    with pytest.raises(UserError, match=r"\$GITHUB_STEP_SUMMARY"):
-        run(ns(b, n))
+    with pytest.raises(UserError) as err:
+        run(ns(b, n, json_=True))
+    assert re.match(r"\$GITHUB_STEP_SUMMARY '.+ is a ", str(err.value))
+    assert "the summary is appended to a regular file" in str(err.value)
+    assert capsys.readouterr().out == ""  # refused before comparing
+
+
+def test_a_refusal_as_json_is_indented_by_two(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+    b, n = runs(tmp_path, new_env={"gpu_name": "NVIDIA A100", "gpu_count": 1, "torch": "2.5.0"})
+    with pytest.raises(EnvMismatchError):
+        run(ns(b, n, json_=True))
+    out = capsys.readouterr().out
+    assert out.startswith('{\n  "result": "refused",\n  "exit_code": 2,\n  "reason": "')
+    assert out.endswith('"\n}\n')
 
 
 def test_a_policy_that_is_the_summary_is_refused(tmp_path, monkeypatch):
@@ -281,6 +298,7 @@ def test_a_policy_that_is_the_summary_is_refused(tmp_path, monkeypatch):
     b, n = runs(tmp_path)
     policy = tmp_path / "p.yaml"
     policy.write_text("alpha: 0.05\n")
-    with pytest.raises(UserError, match="--policy"):
+    with pytest.raises(UserError) as err:
         run(ns(b, n, policy=str(policy), summary=str(policy)))
+    assert re.match(r"--summary '.+ is the input --policy '.+: writing it", str(err.value))
     assert policy.read_text() == "alpha: 0.05\n"
