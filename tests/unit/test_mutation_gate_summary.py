@@ -517,3 +517,23 @@ def test_the_summary_is_its_parts_in_order_ending_with_a_newline():
     expected = _head(c) + _sections(c) + _notes(c) + _all_cells(c) + _policy_line(c)
     assert summary_markdown(c) == "\n".join(expected) + "\n"
     assert summary_markdown(c).startswith("## ❌ ditbench compare: 1 regression\n\nBase `b.jsonl`")
+
+
+def test_the_not_compared_table_follows_the_other_sections():
+    nc = [{"metric": "mfu", "reason": "missing"}]
+    c = comparison([cell("A", "regression", metrics=[delta()], not_compared=nc)])
+    assert _sections(c) == [
+        "",
+        "### Regressions",
+        "",
+        *HEADER,
+        "| A | images/s | 400.0 | 300.0 | -25.0% | -5% | p=0.001 |",
+        "",
+        "### Not compared (allowed by the policy's allow_incomparable)",
+        "",
+        "| cell | metric | why |",
+        "|---|---|---|",
+        "| A | mfu | [1] |",
+        "",
+        "[1] missing (1 cell)",
+    ]
