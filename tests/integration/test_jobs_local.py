@@ -74,6 +74,20 @@ def processes_naming(text: str) -> list[psutil.Process]:
     return found
 
 
+def alive(pid: int, out: Path) -> str:
+    """The submitter's state and every process naming `out` (pid, parent, state, command)."""
+    found = []
+    for proc in [psutil.Process(pid) if psutil.pid_exists(pid) else None, *processes_naming(str(out))]:
+        try:
+            if proc is not None:
+                found.append(
+                    f"{proc.pid} (parent {proc.ppid()}, {proc.status()}): {' '.join(proc.cmdline())[:160]}"
+                )
+        except psutil.Error:
+            pass
+    return "; ".join(found) or "no process left"
+
+
 def shape(record: dict) -> tuple:
     keys = sorted(k for k in record if k != "adopted_by")
     metrics = sorted(record.get("metrics") or {})
@@ -132,15 +146,30 @@ def test_ctrl_c_cancels_the_suites_jobs_and_leaves_no_ticket_behind(tmp_path):
         text=True,
     )
     ranks = lambda: list((out / JOBS_DIR).glob("*.result.ranks/rank*.json"))  # noqa: E731
-    started = lambda: list((out / JOBS_DIR).glob("*.started.json")) and processes_naming("launch.rank")  # noqa: E731
+
+    def started():  # this run's ranks (their spec lies in `out`), not a rank another test left ending
+        ours = processes_naming(str(out))
+        return list((out / JOBS_DIR).glob("*.started.json")) and [
+            p for p in processes_naming("launch.rank") if p in ours
+        ]
+
+    ended = False
     try:
         wait_for(started, submitter, "its job started the ranks")
         job_id = int(json.loads(job_files(out)[0].read_text())["job_id"])
         submitter.send_signal(signal.SIGINT)
-        stdout, stderr = submitter.communicate(timeout=120)
+        try:
+            stdout, stderr = submitter.communicate(timeout=120)
+            ended = True
+        except subprocess.TimeoutExpired:  # seen once in CI: say who was still alive, for the cause
+            pytest.fail(f"120 s after Ctrl-C: {alive(submitter.pid, out)}")
     finally:
-        if submitter.poll() is None:
-            submitter.kill()
+        if not ended:  # the test failed before the run and its pipes ended: nothing of it outlives it
+            for proc in [submitter, *processes_naming(str(out))]:
+                try:
+                    proc.kill()
+                except (OSError, psutil.Error):
+                    pass
     assert submitter.returncode == 130, stderr
     assert f"cancelled 1 job(s): {job_id}" in stdout
     deadline = time.monotonic() + 60
