@@ -144,6 +144,9 @@ def test_ctrl_c_cancels_the_suites_jobs_and_leaves_no_ticket_behind(tmp_path):
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # as from a terminal: under a shell's background job (`pytest &`) SIGINT is ignored, the run
+        # would inherit that and rightly ignore Ctrl-C (what hung this test under a backgrounded .ci/run)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     ranks = lambda: list((out / JOBS_DIR).glob("*.result.ranks/rank*.json"))  # noqa: E731
 
@@ -161,7 +164,7 @@ def test_ctrl_c_cancels_the_suites_jobs_and_leaves_no_ticket_behind(tmp_path):
         try:
             stdout, stderr = submitter.communicate(timeout=120)
             ended = True
-        except subprocess.TimeoutExpired:  # seen once in CI: say who was still alive, for the cause
+        except subprocess.TimeoutExpired:  # say who was still alive, for the cause
             pytest.fail(f"120 s after Ctrl-C: {alive(submitter.pid, out)}")
     finally:
         if not ended:  # the test failed before the run and its pipes ended: nothing of it outlives it
