@@ -91,6 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    for stream in (sys.stdout, sys.stderr):  # a record's lone surrogate is printed escaped, never fatal
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         check_text_arguments(argv)
         check_arguments(args)
@@ -98,6 +101,13 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         _print_error(str(err))
         return err.exit_code
+    except UnicodeEncodeError as err:  # ditbench's own text always encodes: this came from an input
+        _print_error(
+            f"an input holds text that is not valid Unicode ({err.reason}: "
+            f"{err.object[err.start : err.end][:8]!r}), e.g. a lone surrogate written as \\ud800 in a JSON "
+            "file, and it could not be written out; fix that field of the input."
+        )
+        return 2
     except OSError as err:  # a file system refusal no check foresaw: which file and why, not a traceback
         if os.environ.get(TRACEBACK_ENV):
             raise

@@ -58,7 +58,7 @@ from ditbench.bench.runner import (
 from ditbench.bench.suite import Suite, SuiteCell
 from ditbench.bench.summary import format_line, write_summary
 from ditbench.errors import UserError, shorten
-from ditbench.fileio import write_json_atomic
+from ditbench.fileio import read_regular, write_json_atomic
 from ditbench.outlock import OutputLock
 from ditbench.outpaths import ensure_dir
 from ditbench.precision import unsupported_reason
@@ -431,7 +431,7 @@ def _watched(p: Pending) -> tuple[str, str, str | None, dict | None]:
 def _started(ticket: inflight.Ticket) -> dict[str, Any]:
     """What the job's task 0 wrote when it started (`srun.run_task`): {} before that."""
     try:
-        found = json.loads(started_path(ticket.result_path).read_text())
+        found = json.loads(read_regular(started_path(ticket.result_path)))
     except (OSError, ValueError):
         return {}
     return found if isinstance(found, dict) else {}

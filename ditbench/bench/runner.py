@@ -149,8 +149,8 @@ def check_out_dir(out: Path, *, create: bool) -> None:
     if create:
         ensure_dir(out, "--out")
     check_kept(out, kept_entries())  # lstat: a link, a FIFO or a folder where a run keeps a file is refused
-    if (out / LOGS_DIR).is_dir():  # a cell's log is truncated when the cell starts: never through a link
-        check_kept(out / LOGS_DIR, {p.name: False for p in (out / LOGS_DIR).iterdir() if p.is_symlink()})
+    if (out / LOGS_DIR).is_dir():  # a cell's log is truncated when the cell starts: a link, FIFO or hard link
+        check_kept(out / LOGS_DIR, {p.name: False for p in (out / LOGS_DIR).glob("*.log")})
     results = out / RESULTS_FILE
     if results.exists() and not os.access(results, os.R_OK | (os.W_OK if create else 0)):
         raise UserError(f"{shorten(str(results))} is not readable and writable; a run appends to it.")

@@ -72,6 +72,9 @@ def run(args: argparse.Namespace) -> int:
     require_extra(tracker, tracker, f"ditbench export --to {tracker}")  # before any work
     df = load_results(args.results, keep=args.keep)
     runs = tracker_runs(df)
+    notes = [note for r in runs for note in r.notes]  # grids left out: outside the run, too large
+    for note in notes:
+        print(f"ditbench: note: {note}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="ditbench-export-") as tmp:
         report = None
         if not args.no_report:
@@ -91,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
             experiment = args.experiment or (suites[0] if len(suites) == 1 else "ditbench")
             done = mlflow_writer.export(runs, target, experiment, report)
     if args.json:
-        json.dump({"tracker": tracker, "target": target, **done}, sys.stdout, indent=2)
+        json.dump({"tracker": tracker, "target": target, **done, "notes": notes}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     print(

@@ -139,29 +139,14 @@ def _printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def check_output_path(out: Path, inputs) -> None:
-    """Refuse, before any compute, an --out that cannot be written or would replace an input."""
-    if out.is_dir():
-        raise UserError(f"--out {out} is a directory; give a file name, e.g. {out / 'metrics.json'}.")
-    parent = out.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UserError(f"--out {out}: {parent} is not a directory, so the result cannot be written there.")
-    for given in inputs:
-        p = Path(given)
-        if out.exists() and p.exists() and out.resolve() == p.resolve():
-            raise UserError(
-                f"--out {out} would overwrite the input {given}; choose another file for the result."
-            )
-
-
 def run(args: argparse.Namespace) -> int:
     from ditbench.fileio import write_atomic
     from ditbench.metrics.evaluate import default_output_path, evaluate
+    from ditbench.outpaths import check_file_target, refuse_output_as_input
 
-    if args.out:
-        check_output_path(Path(args.out), (args.samples, args.ref))
+    if args.out:  # before any compute: not a folder, link, FIFO or device, nor an input
+        check_file_target(args.out, "--out")
+        refuse_output_as_input([("--out", args.out)], [("--samples", args.samples), ("--ref", args.ref)])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the result carries its own warnings; printed below
         result = evaluate(
@@ -183,8 +168,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_output_path(args.samples)
     if out is not None:
         try:
-            write_atomic(out, text + "\n")
-        except OSError as err:
+            write_atomic(out, text + "\n", "--out")
+        except (OSError, UserError) as err:
             if args.out:
                 raise UserError(f"--out {out} could not be written: {err}.") from None
             print(f"ditbench: warning: could not write {out} ({err}); use --out", file=sys.stderr)

@@ -50,9 +50,10 @@ def key(parts: Any) -> str:
 
 
 def load(name: str) -> SeriesTrace | None:
-    path = cache_dir() / f"{name}.json"
+    from ditbench.fileio import read_regular  # a FIFO planted as the entry is refused, not waited on
+
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_regular(cache_dir() / f"{name}.json", "the plan cache"))
         t = data["trace"]
         trace = Trace(
             target=Target(t["target"][0], tuple(t["target"][1]) if t["target"][1] else None),

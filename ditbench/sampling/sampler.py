@@ -17,7 +17,7 @@ import numpy as np
 
 from ditbench.diffusion import NUM_TIMESTEPS
 from ditbench.errors import UserError
-from ditbench.fileio import atomic_write, write_json_atomic
+from ditbench.fileio import atomic_write, read_regular, write_json_atomic
 from ditbench.pretrained import DIT_CHECKPOINTS, is_vae_name, resolve_checkpoint
 from ditbench.sampling.shards import (
     default_paths,
@@ -79,6 +79,7 @@ def check_args(args) -> None:
 
     check_file_target(args.out, "--out", create_parent=False)  # rank 0 creates the folder later
     shard_dir, record_path = default_paths(Path(args.out))
+    check_file_target(record_path, "--out's record", create_parent=False)
     refuse_output_as_input(  # the npz, its record and its shard folder, against what sampling reads
         [("--out", args.out), ("--out's record", record_path), ("--out's shard folder", shard_dir)],
         [("CHECKPOINT", None if args.checkpoint == "random" else args.checkpoint), ("--vae", args.vae)],
@@ -161,8 +162,11 @@ def _settings(args, model_name: str, image_size: int, num_classes: int, weights:
 def _finished(args, out: Path, record_path: Path, settings: dict) -> dict | None:
     """The record of an npz already made with these settings; UserError if --out holds another."""
     if out.exists() and record_path.exists():
-        old = json.loads(record_path.read_text())
-        if old.get("settings") == settings:
+        try:
+            old = json.loads(read_regular(record_path, "--out's record"))
+        except ValueError:  # not UTF-8 JSON: no usable record of how --out was made
+            old = None
+        if isinstance(old, dict) and old.get("settings") == settings:
             return old
         if not args.overwrite:
             raise UserError(

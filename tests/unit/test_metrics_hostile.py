@@ -277,15 +277,15 @@ CASES = {
     ),
     "ref_is_a_directory_npz": lambda t: (["--ref", _folder(t / "r.npz", {})], "holds no .png", "r.npz"),
     # ---- output and options ----
-    "out_is_a_directory": lambda t: (["--out", _folder(t / "out", {})], "is a directory", "out"),
+    "out_is_a_directory": lambda t: (["--out", _folder(t / "out", {})], "is a folder", "out"),
     "out_under_a_file": lambda t: (
         ["--out", _write(t / "file", b"x") / "m.json"],
-        "is not a directory",
+        "is a file, not a folder",
         "file",
     ),
     "out_would_overwrite_the_samples": lambda t: (
         ["--samples", _samples(t, _images(8)), "--out", t / "s.npz"],
-        "would overwrite the input",
+        "is the input --samples",
         "s.npz",
     ),
     "kid_coef0_nan": lambda t: (["--kid-coef0", "nan"], "must be a finite number", "--kid-coef0"),

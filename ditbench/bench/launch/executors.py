@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.errors import UserError
-from ditbench.fileio import rmtree_real, write_json_atomic
+from ditbench.fileio import read_regular, rmtree_real, write_json_atomic
 
 SUBMITIT_DIR = "submitit"
 JOB_ID = {"local": re.compile(r"[1-9][0-9]{0,9}"), "slurm": re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")}
@@ -55,7 +55,7 @@ class JobRef:
     @classmethod
     def load(cls, path: Path) -> JobRef | None:
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(read_regular(path))
             ref = cls(**data)
         except (OSError, ValueError, TypeError):
             return None
@@ -305,7 +305,7 @@ def write_submission(path: Path, name: str, index: int | None) -> None:
 def find_submitted(path: Path, folder: str) -> JobRef | None:
     """The job a submission file (`write_submission`) names, if SLURM has it (squeue, then sacct)."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_regular(path))
         name, index = data["job_name"], data["array_index"]
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -8,7 +8,7 @@ from typing import Any
 
 from ditbench.bench.records import jsonable
 from ditbench.cellspec import CellSpec
-from ditbench.fileio import write_json_atomic
+from ditbench.fileio import read_regular, write_json_atomic
 
 
 def write_spec(path: Path, spec: CellSpec, **about: Any) -> None:
@@ -18,14 +18,14 @@ def write_spec(path: Path, spec: CellSpec, **about: Any) -> None:
 
 def read_spec(path: str | Path) -> tuple[CellSpec, dict[str, Any]]:
     """(the cell's spec, the whole document: cell_id, cell_name, timeout_s, rendezvous)."""
-    doc = json.loads(Path(path).read_text())
+    doc = json.loads(read_regular(path))
     return CellSpec.from_record_config(doc["config"]), doc
 
 
 def read_report(path: Path) -> dict | None:
     """A rank's or task's report file, or None while it is missing, half-written or not a mapping."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_regular(path))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -47,12 +47,15 @@ def watch_parent(poll_s: float = 0.5) -> None:
 
 def tail(path: Path, max_bytes: int = 6000) -> str:
     """The last `max_bytes` of a log (decoded leniently); '' when it cannot be read."""
+    from ditbench.errors import UserError
+    from ditbench.fileio import open_regular
+
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:  # never a FIFO planted as the log
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - max_bytes))
             return f.read().decode("utf-8", "replace")
-    except OSError:
+    except (OSError, UserError):
         return ""
 
 

@@ -34,7 +34,7 @@ from ditbench.bench.launch.aggregate import aggregate
 from ditbench.bench.launch.files import read_report, read_spec, write_result
 from ditbench.bench.launch.rendezvous import Rendezvous, add_rendezvous_arguments, rendezvous_from_args
 from ditbench.errors import UserError
-from ditbench.fileio import open_log
+from ditbench.fileio import open_log, read_regular
 
 GRACE_S = 10.0  # between SIGTERM and SIGKILL when a cell's processes are stopped
 POLL_S = 0.2
@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, stop)
-    doc = json.loads(Path(args.spec).read_text())
+    doc = json.loads(read_regular(args.spec))
     timeout = args.timeout
     if timeout is None:
         outer = float(doc.get("timeout_s") or 1800.0)

@@ -17,9 +17,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+from ditbench import outpaths
 from ditbench.errors import UserError, shorten
 from ditbench.fileio import append_text, write_atomic
-from ditbench.outpaths import check_step_summary, refuse_output_as_input
 from ditbench.report.gate.decide import compare_files
 from ditbench.report.gate.inputs import GateRefusal
 from ditbench.report.gate.metrics import default_thresholds, limits, table
@@ -107,15 +107,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _publish(text: str, summary: str | None) -> None:
-    step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    step_summary = outpaths.step_summary()
     same = summary and step_summary and Path(summary).resolve() == Path(step_summary).resolve()
     where = "--summary"
     try:
         if summary and not same:
-            write_atomic(summary, text)
+            write_atomic(summary, text, "--summary")
         where = "$GITHUB_STEP_SUMMARY"
         if step_summary:  # other steps write there too: append, never replace
-            append_text(step_summary, text + "\n")
+            append_text(step_summary, text + "\n", "$GITHUB_STEP_SUMMARY")
     except OSError as err:
         target = summary if where == "--summary" else step_summary
         raise UserError(
@@ -142,10 +142,12 @@ def _policy_path(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     args.policy = _policy_path(args)
     inputs = [("BASE", args.base), ("NEW", args.new), ("--policy", args.policy)]
-    refuse_output_as_input(
+    outpaths.refuse_output_as_input(
         [("--summary", args.summary), ("$GITHUB_STEP_SUMMARY", os.environ.get("GITHUB_STEP_SUMMARY"))], inputs
     )
-    check_step_summary(os.environ.get("GITHUB_STEP_SUMMARY"))
+    outpaths.step_summary()
+    if args.summary:  # replaced at the end: only a regular file (or nothing) may be there
+        outpaths.check_file_target(args.summary, "--summary")
     policy = load_policy(args.policy)
     try:
         result = compare_files(args.base, args.new, policy, args.allow_env_mismatch)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ditbench.escape import md_cell
+from ditbench.escape import md_code, md_text
 from ditbench.intervals import BOOTSTRAP_B, LEVEL
 from ditbench.report.gate.metrics import MEMORY, limit, limits, table
 from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
@@ -48,7 +48,7 @@ def _change(d: MetricDelta) -> str:
 
 
 def _md(text: Any) -> str:
-    return md_cell(text)  # no HTML, no link, no new row or block
+    return md_text(text)  # no HTML, no link, no new row or block
 
 
 def _label(d: MetricDelta) -> str:
@@ -56,7 +56,7 @@ def _label(d: MetricDelta) -> str:
 
 
 def _names(cells: list[CellResult]) -> str:
-    shown = ", ".join(f"`{_md(x.cell_name)}`" for x in cells[:MAX_LISTED_CELLS])
+    shown = ", ".join(md_code(x.cell_name) for x in cells[:MAX_LISTED_CELLS])
     return shown + ("…" if len(cells) > MAX_LISTED_CELLS else "")
 
 
@@ -88,11 +88,12 @@ def _reasons_once(reasons: list[str]) -> tuple[list[str], list[str]]:
 
 def _status_text(x: CellResult) -> str:
     """A cell's status in the table: one word when unchanged, new/missing for cells on one side only."""
+    base, new = _md(x.base_status), _md(x.new_status)  # a record's text
     if x.base_status is None:
-        return f"new ({x.new_status})"
+        return f"new ({new})"
     if x.new_status is None:
-        return f"missing (was {x.base_status})"
-    return x.new_status if x.base_status == x.new_status else f"{x.base_status} → {x.new_status}"
+        return f"missing (was {base})"
+    return new if x.base_status == x.new_status else f"{base} → {new}"
 
 
 def _head(c: Comparison) -> list[str]:
@@ -113,9 +114,9 @@ def _head(c: Comparison) -> list[str]:
     lines = [
         head,
         "",
-        f"Base `{c.base_path}` vs new `{c.new_path}`: {matched} cells matched ({counts}); "
+        f"Base {md_code(c.base_path)} vs new {md_code(c.new_path)}: {matched} cells matched ({counts}); "
         f"{c.compared} values compared.",
-        "Environment: " + (", ".join(f"{k} {v}" for k, v in c.env.items()) or "unknown") + ".",
+        "Environment: " + (", ".join(f"{_md(k)} {_md(v)}" for k, v in c.env.items()) or "unknown") + ".",
     ]
     if c.env_differences:
         why = (
@@ -140,7 +141,9 @@ def _head(c: Comparison) -> list[str]:
 
 
 def _pairs(diffs: dict[str, tuple[list[str], list[str]]]) -> str:
-    return "; ".join(f"{k}: {', '.join(b)} → {', '.join(n)}" for k, (b, n) in diffs.items()) + "."
+    return (
+        "; ".join(f"{_md(k)}: {_md(', '.join(b))} → {_md(', '.join(n))}" for k, (b, n) in diffs.items()) + "."
+    )
 
 
 def _sections(c: Comparison) -> list[str]:
@@ -219,7 +222,7 @@ def _notes(c: Comparison) -> list[str]:
         ("only in new", "New cells (no baseline)"),
     ):
         rows = [
-            f"| {_md(x.cell_name)} | `{x.cell_id}` | {x.base_status or x.new_status} |"
+            f"| {_md(x.cell_name)} | {md_code(x.cell_id)} | {_md(x.base_status or x.new_status)} |"
             for x in c.cells
             if x.verdict == verdict
         ]
@@ -272,7 +275,7 @@ def _policy_line(c: Comparison) -> list[str]:
         unused = f" ⚠️ No compared cell matched {shown}: check its knobs and values."
     return [
         "",
-        f"Policy ({p.source}): {rules or 'no metric'}; a timing change is a regression only if its "
+        f"Policy ({_md(p.source)}): {rules or 'no metric'}; a timing change is a regression only if its "
         f"{LEVEL:.0%} bootstrap interval (of the ratio of median step times, {BOOTSTRAP_B} resamples) lies "
         f"wholly beyond the threshold and the samples differ by a Mann-Whitney U test at "
         f"p<{p.alpha:g} (with ≥{p.min_samples} samples a side); an interval that straddles the threshold "
