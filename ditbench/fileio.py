@@ -80,10 +80,9 @@ def refusal(path: str | Path, st: os.stat_result, what: str = "", in_place: bool
     if not stat.S_ISREG(st.st_mode):
         kind = file_kind(st.st_mode) or "not a regular file"
         return (
-            f"{where} is {kind}, not a regular file; ditbench writes and reads its files only as regular "
-            f"files, and never "
-            f"replaces, opens or writes into {kind}. Move it away, or give the path of a regular file "
-            "(or of one to create)."
+            f"{where} is {kind}, not a regular file; ditbench writes, replaces and reads back regular files "
+            "only (a FIFO would block it, a device would be destroyed). Move it away, or give the path of "
+            "a regular file (or of one to create)."
         )
     if in_place and st.st_nlink > 1:
         return (

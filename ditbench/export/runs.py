@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -119,6 +120,21 @@ def _quality(quality: dict[str, Any] | None, source: str, notes: list[str]) -> t
     return series, images
 
 
+_NAME = re.compile(r"[A-Za-z0-9_.\- :/]{1,250}")  # what MLflow takes as a metric or param name
+
+
+def _tracker_names(values: dict[str, Any], what: str, source: str, notes: list[str]) -> dict[str, Any]:
+    """The entries whose names every tracker takes (no path that normalises to another); the rest are
+    left out with a note (a hand-edited record's key should not fail the whole export)."""
+    bad = [k for k in values if not _NAME.fullmatch(k) or posixpath.normpath(k) != k]
+    if bad:
+        notes.append(
+            f"{source}: {len(bad)} {what} left out: a tracker refuses names such as {plain(bad[0])!r} "
+            "(a name is letters, digits and `_-. :/`)"
+        )
+    return {k: v for k, v in values.items() if k not in bad}
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("_")[:80] or "cell"
 
@@ -152,6 +168,9 @@ def tracker_run(record: dict[str, Any], source: str) -> TrackerRun:
             run.metrics[f"smoke/{key}"] = v
     run.series.update((q := _quality(record.get("quality"), source, run.notes))[0])
     run.images = q[1]
+    run.params = _tracker_names(run.params, "parameters", source, run.notes)
+    run.metrics = _tracker_names(run.metrics, "metrics", source, run.notes)
+    run.series = _tracker_names(run.series, "series", source, run.notes)
     return run
 
 

@@ -80,6 +80,6 @@ def export(runs: list[TrackerRun], target: Path, report: tuple[str, dict[str, Pa
         if _exported(folder):
             skipped.append(str(folder))
         else:
-            write_report(folder, report[1])
+            write_report(mkdir_real(folder, "--to tensorboard"), report[1])
             written.append(str(folder))
     return {"written": written, "skipped": skipped}

@@ -12,7 +12,10 @@ step times (run-level: they sample process-level noise: start-up, clocks, alloca
 Otherwise they are the per-step times of one run per side, which sample only step-to-step noise, and
 consecutive steps are autocorrelated, so that interval is narrow.
 With fewer than min_samples samples on either side, or too few for the test to ever reach p < alpha,
-the threshold alone decides and the cell says so. Memory and loss have no per-step samples and are
+the threshold alone decides and the cell says so. A side of more than MAX_SAMPLES per-step times is
+thinned to MAX_SAMPLES evenly spaced over its window (deterministic, and said beside the p-value): a
+window of 200,000 steps would cost the bootstrap gigabytes and the gate minutes, for no better an
+interval. Memory and loss have no per-step samples and are
 near-deterministic: threshold alone. A cell measured in a noisy window (metrics.noisy) keeps its
 timing verdicts, marked weak.
 """
@@ -30,6 +33,8 @@ from ditbench.report.gate.metrics import HIGHER, Metric, crossing
 from ditbench.report.gate.policy import Policy, Rule
 from ditbench.report.gate.result import MetricDelta
 
+MAX_SAMPLES = 5_000  # per side and cell
+
 
 def p_min(n: int, m: int) -> float:
     """Smallest two-sided p-value an exact Mann-Whitney U test can give for sample sizes n and m."""
@@ -46,6 +51,14 @@ class StepTest:
     unit: str = "steps"  # "runs": one sample per repeat (bench.repeats)
     _result: tuple[float, float] | None = None
     _ratio: tuple[float, float, float] | None = None
+    thinned: str = ""  # what was left out, for the output: "" when nothing
+
+    def __post_init__(self) -> None:
+        sizes = (len(self.base), len(self.new))
+        if max(sizes) > MAX_SAMPLES:
+            self.base, self.new = _evenly(self.base), _evenly(self.new)
+            kept = f"{len(self.base):,}/{len(self.new):,}"
+            self.thinned = f"{kept} of {sizes[0]:,}/{sizes[1]:,} {self.unit}, evenly spaced"
 
     @property
     def enough(self) -> bool:
@@ -75,6 +88,12 @@ class StepTest:
             p = float(mannwhitneyu(self.new, self.base, alternative="two-sided").pvalue)
             self._result = (p if math.isfinite(p) else 1.0, float(np.median(self.new) - np.median(self.base)))
         return self._result
+
+
+def _evenly(samples: list[float]) -> list[float]:
+    if len(samples) <= MAX_SAMPLES:
+        return samples
+    return [samples[i] for i in np.linspace(0, len(samples) - 1, MAX_SAMPLES).round().astype(int)]
 
 
 def change_interval(
@@ -124,6 +143,7 @@ def judge(
         significance = f"p={p_value:.2g}" + (
             f" over {len(test.base)}/{len(test.new)} runs" if test.unit == "runs" else ""
         )
+        significance += f" ({test.thinned})" if test.thinned else ""
         # Slower steps mean lower throughput and higher step time alike.
         slower = c.direction == "worse"
         significant = p_value < test.policy.alpha and (shift > 0 if slower else shift < 0)
