@@ -19,7 +19,9 @@ from typing import Any
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 _SPECIAL = re.compile(r"([\\`*\[|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")  # `a_b` is no emphasis
-_MARKUP = re.compile(r"(`[^`]*`|\*\*)")  # ditbench's own: a code span, a bold marker
+# ditbench's own markup: a bold marker, or a code span as CommonMark pairs them (a run of backticks
+# closed by the next run of the same length), so what is kept as code is code in every viewer
+_MARKUP = re.compile(r"(?<!`)(`+)(?!`).*?(?<!`)\1(?!`)|\*\*")
 
 
 def plain(text: Any) -> str:
@@ -57,8 +59,11 @@ def md_code(text: Any) -> str:
 def md_inline(text: Any) -> str:
     """A line ditbench wrote with user values in it: its `code` spans and **bold** kept, every other
     character md_text-escaped (so a user value can add at most a code span or bold, never a link)."""
-    parts = _MARKUP.split(_line(text))
-    return _not_a_block("".join(p.replace("|", "\\|") if i % 2 else _inert(p) for i, p in enumerate(parts)))
+    line, out, at = _line(text), [], 0
+    for markup in _MARKUP.finditer(line):
+        out += [_inert(line[at : markup.start()]), markup.group(0).replace("|", "\\|")]
+        at = markup.end()
+    return _not_a_block("".join(out) + _inert(line[at:]))
 
 
 def csv_cell(value: Any) -> Any:

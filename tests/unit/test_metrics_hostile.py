@@ -14,10 +14,10 @@ import struct
 import subprocess
 import sys
 import zipfile
-import zlib
 
 import numpy as np
 import pytest
+from images import png_header_only
 from metrics_support import FakeExtractor, synthetic_images
 from PIL import Image
 
@@ -65,17 +65,6 @@ def _patch_zip(path, *, flags=None, method=None):
                 data[i + method_at : i + method_at + 2] = struct.pack("<H", method)
             i = data.find(sig, i + 4)
     path.write_bytes(bytes(data))
-    return path
-
-
-def _png_header_only(path, width, height):
-    """A PNG that declares width x height and holds no pixels: PIL reads the size from its header."""
-
-    def chunk(kind, body):
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b""))
     return path
 
 
@@ -196,12 +185,12 @@ CASES = {
         "a.png",
     ),
     "decompression_bomb_png": lambda t: (
-        ["--samples", _png_header_only(_folder(t / "imgs", {}) / "bomb.png", 30000, 30000).parent],
+        ["--samples", png_header_only(_folder(t / "imgs", {}) / "bomb.png", 30000, 30000).parent],
         "declares more pixels than an image decoder should allocate",
         "bomb.png",
     ),
     "large_png": lambda t: (
-        ["--samples", _png_header_only(_folder(t / "imgs", {}) / "big.png", 10000, 9000).parent],
+        ["--samples", png_header_only(_folder(t / "imgs", {}) / "big.png", 10000, 9000).parent],
         "more than 89,478,485",
         "big.png",
     ),
