@@ -1,4 +1,4 @@
-"""Issue 34, classes 1 and 2: what is already at an output path is never replaced, followed or changed.
+"""Issue 34, classes 1, 2 and 5: what is already at an output path is never replaced, followed or changed.
 
 Every command's output option (compare --summary and $GITHUB_STEP_SUMMARY, fid --out, train --save,
 sample --out, extract-latents --out, report --out's files, run --out's files) is given a path that
@@ -7,39 +7,30 @@ link to nowhere: the command ends in one paragraph naming the path (exit 2) befo
 thing at the path is still what it was, and a link's target is untouched. Files ditbench changes in
 place (results.jsonl, the lock, a cell log, the step summary) with a second hard link are refused the
 same way, and the other name's file keeps its bytes; a file ditbench replaces whole may have one (the
-rename leaves the other name alone).
+rename leaves the other name alone). A FIFO where a run reads its own state (an .inflight ticket or
+its result) is refused without blocking, and the folder's lock is free afterwards.
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import stat
-import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
 from synthetic_records import make_record, write_jsonl
+from test_hostile_inputs import suite
 
+from ditbench.bench import inflight
 from ditbench.cli import main
+from ditbench.outlock import OutputLock
 
 KINDS = ("fifo", "socket", "folder", "device", "link", "dangling")
 
 
-@pytest.fixture(autouse=True)
-def no_hang():
-    """A FIFO opened for reading or writing blocks forever: fail after 60 s instead of hanging."""
-
-    def stop(*_):
-        raise TimeoutError("blocked on a special file")
-
-    old = signal.signal(signal.SIGALRM, stop)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, old)
+pytestmark = pytest.mark.usefixtures("no_hang")
 
 
 def plant(path: Path, kind: str) -> Path:
@@ -73,22 +64,6 @@ def snapshot(path: Path) -> tuple:
         resolved = Path(os.path.realpath(path))
         target = (os.readlink(path), resolved.read_bytes() if resolved.is_file() else None)
     return stat.S_IFMT(st.st_mode), st.st_ino, target
-
-
-SUITE = """
-name: hostile
-device: cpu
-defaults:
-  model: DiT-T/8
-  image_size: 64
-  steps: {warmup: 1, measure: 2, min_seconds: 0}
-matrix: {precision: [fp32]}
-"""
-
-
-def _suite(tmp: Path) -> Path:
-    (tmp / "suite.yaml").write_text(textwrap.dedent(SUITE))
-    return tmp / "suite.yaml"
 
 
 def _records(tmp: Path) -> tuple[str, str]:
@@ -128,15 +103,15 @@ COMMANDS = {
         "r/results.csv",
         lambda t, p: ["report", _records(t)[1], "--out", str(p.parent)],
     ),
-    "run --out's summary.md": ("o/summary.md", lambda t, p: ["run", str(_suite(t)), "--out", str(p.parent)]),
+    "run --out's summary.md": ("o/summary.md", lambda t, p: ["run", str(suite(t)), "--out", str(p.parent)]),
     "run --out's results.jsonl": (
         "o/results.jsonl",
-        lambda t, p: ["run", str(_suite(t)), "--out", str(p.parent)],
+        lambda t, p: ["run", str(suite(t)), "--out", str(p.parent)],
     ),
-    "run --out's lock": ("o/.ditbench.lock", lambda t, p: ["run", str(_suite(t)), "--out", str(p.parent)]),
+    "run --out's lock": ("o/.ditbench.lock", lambda t, p: ["run", str(suite(t)), "--out", str(p.parent)]),
     "run --out's cell log": (
         "o/logs/x.log",
-        lambda t, p: ["run", str(_suite(t)), "--out", str(p.parent.parent)],
+        lambda t, p: ["run", str(suite(t)), "--out", str(p.parent.parent)],
     ),
 }
 CASES = [(c, k) for c in COMMANDS for k in KINDS if not (k == "folder" and c.startswith("run --out's lock"))]
@@ -203,7 +178,7 @@ def linked(tmp: Path, name: str) -> tuple[Path, bytes]:
 @pytest.mark.parametrize("name", ["o/results.jsonl", "o/.ditbench.lock", "o/logs/x.log", "o/summary.md"])
 def test_a_hard_link_among_the_files_a_run_keeps_is_refused_and_the_other_file_kept(name, tmp_path, capsys):
     outside, data = linked(tmp_path, name)
-    code = main(["run", str(_suite(tmp_path)), "--out", str(tmp_path / "o"), "--no-progress"])
+    code = main(["run", str(suite(tmp_path)), "--out", str(tmp_path / "o"), "--no-progress"])
     assert_clean(code, capsys.readouterr().err, Path(name).name, "2 hard links")
     assert outside.read_bytes() == data and os.stat(outside).st_nlink == 2
 
@@ -236,3 +211,23 @@ def test_a_planted_hard_link_between_the_check_and_the_open_is_refused_on_the_de
     with pytest.raises(UserError, match="2 hard links|3 hard links"):
         open_log(tmp_path / "cell.log")
     assert outside.read_bytes() == data
+
+
+@pytest.mark.parametrize("name", ["x.ticket.json", "result"])
+def test_a_fifo_in_inflight_is_refused_quickly_and_the_lock_is_free_afterwards(name, tmp_path, capsys):
+    out = tmp_path / "o"
+    folder = out / inflight.INFLIGHT_DIR
+    if name == "result":  # a ticket whose result file is a FIFO
+        name = inflight.open_ticket(folder, {"run_id": "r", "cell_id": "c", **TICKET}).result_path.name
+    else:
+        folder.mkdir(parents=True)
+    os.mkfifo(folder / name)
+    code = main(["run", str(suite(tmp_path)), "--out", str(out), "--no-progress"])
+    assert_clean(code, capsys.readouterr().err, name, "FIFO")
+    with OutputLock(out, "a later run") as lock:  # released when the refusal ended the run
+        assert lock.stale is None
+
+
+TICKET = dict.fromkeys(
+    ("suite", "cell_name", "suite_baseline", "suite_overrides", "config", "started_at"), "x"
+)
