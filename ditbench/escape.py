@@ -1,15 +1,11 @@
 """Text from records and suites made inert for what it goes into: markdown, HTML, CSV, any encoder.
 
-Cell names, labels, reasons, env fields (gpu_name, cpu), paths and claim texts come from files a
-user (or someone else) wrote, and reach pull-request comments ($GITHUB_STEP_SUMMARY), report.md and
-summary.md. In markdown `<` starts HTML, `[` a link or (after `!`) an image, a backtick a code span,
-`*`/`_`/`~` emphasis, `|` a new table cell, and a newline a new block (a heading, a table row):
-`md_text` escapes each, `md_code` makes a code span the text cannot leave, and `md_inline` keeps
-ditbench's own markup (`code` and **bold**, the two the HTML renderer knows) in a text that holds
-user values, escaping the rest. The HTML report escapes with `html.escape` (report.blocks). A lone
-surrogate (JSON's "\\ud800") or a NUL fails a UTF-8 encoder: `plain` writes them as escapes. In CSV,
-a cell starting with `=`, `+`, `-`, `@`, a tab or a carriage return is a formula to a spreadsheet
-(OWASP "CSV injection"): it gets a leading `'`, which spreadsheets show as text.
+Cell names, labels, reasons, env fields and paths reach pull-request comments, report.md and
+summary.md. In markdown `<` starts HTML, `[` a link or image, a backtick code, `*`/`_`/`~` emphasis, `|`
+a table cell and a newline a block: `md_text` escapes them, `md_code` makes a code span the text
+cannot leave, `md_inline` keeps ditbench's own `code` and **bold** in a line holding user values.
+HTML uses `html.escape` (report.blocks). `plain` escapes what fails a UTF-8 encoder (a lone surrogate,
+JSON's "\\ud800"; a NUL). A CSV cell a spreadsheet would run as a formula gets a leading `'`.
 """
 
 from __future__ import annotations

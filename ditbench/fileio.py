@@ -1,18 +1,13 @@
-"""Every file ditbench writes or reads back as its own goes through here.
+"""Every file ditbench writes, or reads back as its own, goes through here.
 
-Atomic writes: `atomic_write` writes a temporary file in the same folder, flushed and fsynced, then
-renames it over the target (a crash leaves the old file or the new one, never half); on failure the
-temporary file is removed and the error re-raised. The file gets the permissions an ordinary write
-would give it: the umask's for a new file (mkstemp alone makes every file 0600), the old file's when
-it replaces one.
-
-Only a regular file is ever replaced, appended to, repaired or read as state (`refusal`): a
-symbolic link is refused, never followed or renamed over (a link planted in an output folder could
-otherwise make a run write, truncate, lock or empty a file elsewhere); a FIFO, socket, device
-(/dev/null as root) or folder is refused without being opened. A file changed in place (results.jsonl,
-the lock, a cell log, $GITHUB_STEP_SUMMARY) must have no second hard link, which would carry the
-change to a file outside. Refusals are UserError (exit 2) naming the file. `rmtree_real` deletes only
-a real folder, never what a link points to.
+`atomic_write` writes a temporary file beside the target, fsyncs it and renames it into place (a crash
+leaves the old file or the new one), with the permissions an ordinary write would give it. Only a
+regular file is ever replaced, appended to, repaired or read back as state (`refusal`, UserError exit
+2 naming the file): a link is never followed or renamed over (planted in an output folder, it would
+make a run write or empty a file elsewhere), a FIFO, socket, device or folder is never opened, and a
+file changed in place (results.jsonl, the lock, a cell log, $GITHUB_STEP_SUMMARY) must have no second
+hard link, which would carry the change outside. Text is written as UTF-8 with a lone surrogate (JSON's
+"\\ud800" in a record) escaped. `rmtree_real` deletes only a real folder, never what a link names.
 """
 
 from __future__ import annotations
@@ -28,8 +23,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from ditbench.errors import UserError, shorten
+
 _UMASK_LOCK = threading.Lock()
-O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CHANGES = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC
 
 
 def file_kind(mode: int) -> str | None:
@@ -54,8 +51,6 @@ def link_refusal(path: str | Path, what: str = "") -> str:
         target = os.readlink(path)
     except OSError:
         target = "?"
-    from ditbench.errors import shorten
-
     return (
         f"{what + ': ' if what else ''}{shorten(str(path), 240)} is a symbolic link "
         f"(to {shorten(target, 240)}); ditbench never writes, repairs, locks, empties or deletes anything "
@@ -65,17 +60,10 @@ def link_refusal(path: str | Path, what: str = "") -> str:
 
 
 def refusal(path: str | Path, st: os.stat_result, what: str = "", in_place: bool = False) -> str | None:
-    """Why ditbench may not write `path` (lstat'd or fstat'd as `st`), or None when it may.
-
-    Only a regular file is ever replaced, appended to or read as ditbench's own state: a link is never
-    followed, a FIFO would block forever, a device (/dev/null as root) would be replaced by a file.
-    `in_place`: the file is changed where it is (appended to, repaired, truncated), which a second hard
-    link would carry to a file outside; an atomic replace leaves other links untouched.
-    """
+    """Why ditbench may not write or read back `path` (lstat'd or fstat'd as `st`), or None. `in_place`:
+    it is changed where it is (appended to, repaired, truncated), not replaced by a rename."""
     if stat.S_ISLNK(st.st_mode):
         return link_refusal(path, what)
-    from ditbench.errors import shorten
-
     where = f"{what + ' ' if what else ''}{shorten(str(path), 240)}"
     if not stat.S_ISREG(st.st_mode):
         kind = file_kind(st.st_mode) or "not a regular file"
@@ -94,51 +82,35 @@ def refusal(path: str | Path, st: os.stat_result, what: str = "", in_place: bool
 
 
 def check_target(path: str | Path, what: str = "", *, in_place: bool = False) -> None:
-    """UserError when what is at `path` (lstat: a link is not followed) is not a file ditbench may
-    replace, or (`in_place`) change in place; nothing there is fine."""
+    """UserError when what is at `path` (lstat'd) is not a file ditbench may replace, or (`in_place`)
+    change in place; nothing there is fine."""
     try:
-        st = os.lstat(path)
+        why = refusal(path, os.lstat(path), what, in_place)
     except (FileNotFoundError, NotADirectoryError):
         return
-    why = refusal(path, st, what, in_place)
     if why is not None:
-        from ditbench.errors import UserError
-
         raise UserError(why)
 
 
 def refuse_link(path: str | Path, what: str = "") -> None:
     """UserError when `path` itself is a symbolic link (checked with lstat, the link is not followed)."""
     if os.path.islink(path):
-        from ditbench.errors import UserError
-
         raise UserError(link_refusal(path, what))
 
 
-_CHANGES = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC
-
-
 def open_regular(path: str | Path, flags: int = os.O_RDONLY, mode: int = 0o644, what: str = "") -> int:
-    """os.open for a file ditbench keeps, appends to or repairs: only a regular file, never through a
-    link, never blocking on a FIFO; to change it in place, only a file with no other hard link.
-
-    The path is lstat'd first (a device or FIFO is never opened), then opened with O_NOFOLLOW and
-    O_NONBLOCK and checked again on the descriptor (something planted between the two). O_TRUNC is
-    applied only after the checks. Refusals are UserError (exit 2) naming the file.
-    """
-    from ditbench.errors import UserError
-
+    """os.open through `refusal`, checked on the path (lstat: a FIFO or device is never opened) and again
+    on the descriptor (O_NOFOLLOW | O_NONBLOCK: something planted meanwhile); O_TRUNC only after both."""
     in_place = bool(flags & _CHANGES)
     check_target(path, what, in_place=in_place)
     try:
-        fd = os.open(path, (flags & ~os.O_TRUNC) | O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+        fd = os.open(path, (flags & ~os.O_TRUNC) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as err:
         if err.errno in (errno.ELOOP, errno.EMLINK, errno.ENXIO):  # a link, or a FIFO, planted meanwhile
             check_target(path, what, in_place=in_place)
         raise
     try:
-        why = refusal(path, os.fstat(fd), what, in_place)
-        if why is not None:
+        if (why := refusal(path, os.fstat(fd), what, in_place)) is not None:
             raise UserError(why)
         if flags & os.O_TRUNC:
             os.ftruncate(fd, 0)
@@ -149,34 +121,27 @@ def open_regular(path: str | Path, flags: int = os.O_RDONLY, mode: int = 0o644, 
 
 
 def read_regular(path: str | Path, what: str = "") -> bytes:
-    """The bytes of a file ditbench reads back (a ticket, a cache entry, a marker, results.jsonl),
-    through open_regular: a FIFO planted there is refused, never waited on. FileNotFoundError as
-    read_bytes gives it."""
+    """The bytes of a file ditbench reads back (a ticket, a cache entry, results.jsonl) through
+    open_regular; FileNotFoundError as read_bytes gives it."""
     with os.fdopen(open_regular(path, os.O_RDONLY, what=what), "rb") as f:
         return f.read()
 
 
 def open_log(path: str | Path, append: bool = False) -> IO[bytes]:
-    """A log file for a child's output, opened through open_regular (no link, no FIFO, one hard link)."""
+    """A log file for a child's output, opened through open_regular."""
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
     return os.fdopen(open_regular(path, flags), "ab" if append else "wb")
 
 
 def append_text(path: str | Path, text: str, what: str = "") -> None:
-    """Append UTF-8 text (a lone surrogate escaped) to a regular file another program also appends to."""
+    """Append text to a regular file another program also appends to."""
     fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, what=what)
     try:
-        data = encode_text(text)
+        data = text.encode("utf-8", "backslashreplace")
         while data:
             data = data[os.write(fd, data) :]
     finally:
         os.close(fd)
-
-
-def encode_text(text: str) -> bytes:
-    """UTF-8 for every output file: a lone surrogate a record carried (JSON's "\\ud800") is written as
-    `\\ud800` rather than failing the write."""
-    return text.encode("utf-8", "backslashreplace")
 
 
 def rmtree_real(path: str | Path) -> None:
@@ -248,8 +213,8 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any], what: str 
 
 
 def write_atomic(path: str | Path, data: bytes | str, what: str = "") -> Path:
-    """Write bytes, or text as UTF-8 (encode_text), atomically."""
-    payload = encode_text(data) if isinstance(data, str) else data
+    """Write bytes, or text as UTF-8, atomically."""
+    payload = data.encode("utf-8", "backslashreplace") if isinstance(data, str) else data
     return atomic_write(path, lambda f: f.write(payload), what)
 
 

@@ -1,14 +1,9 @@
-"""Every image ditbench decodes (training photos, FID folders, sample grids in report and export) is
-opened here: its size read from the header and refused beyond a cap sized to its use before a byte of
-it is decoded, and a damaged file is one paragraph naming it.
-
-A PNG can declare 100,000 x 100,000 pixels in a few hundred bytes; decoding it would allocate 30 GB.
-PIL refuses beyond twice its MAX_IMAGE_PIXELS with DecompressionBombError (not an OSError, so a
-traceback wherever only OSError was caught) and only warns between once and twice, far above what a
-sample grid needs (a 6,000 x 6,000 grid costs 2.7 GB to draw in a report). The caps:
-- PHOTO_PIXELS, PIL's own bound (about 9,459 x 9,459), for images a user trains on or scores;
-- GRID_PIXELS, 4,096 x 4,096, for the sample grids a quality run writes (ditbench's are far smaller).
-$DITBENCH_MAX_IMAGE_PIXELS (a whole number of pixels) replaces both, to read larger images on purpose.
+"""Every image ditbench decodes (training and FID images, sample grids in report and export): its size
+read from the header and refused beyond a cap sized to its use before any pixel is decoded (a PNG of
+a few hundred bytes can declare 100,000 x 100,000 pixels, 30 GB), PIL's DecompressionBombError and
+warning and a damaged file one paragraph naming it. Caps: PHOTO_PIXELS (PIL's bound, ~9,459 x 9,459)
+for images a user trains on or scores, GRID_PIXELS (4,096 x 4,096) for sample grids;
+$DITBENCH_MAX_IMAGE_PIXELS replaces both, to read larger images on purpose.
 """
 
 from __future__ import annotations
@@ -46,9 +41,8 @@ def max_pixels(default: int) -> int:
 
 @contextmanager
 def open_image(path: str | Path, cap: int, use: str) -> Iterator[Image.Image]:
-    """PIL's lazily opened image at `path`, after refusing one that declares more than `cap` pixels
-    (`use` says what it is for, in the message); whatever fails while the caller decodes it inside
-    the `with` (a truncated file) is a UserError naming the file too."""
+    """PIL's lazily opened image at `path`, refused (UserError) beyond `cap` pixels; `use` names what it
+    is for. A decode inside the `with` that fails (a truncated file) is a UserError naming it too."""
     limit = max_pixels(cap)
     where = shorten(str(path), 200, quote=False)
     try:

@@ -102,10 +102,6 @@ def check_kept(folder: str | Path, entries: dict[str, bool], what: str = "--out"
             st = os.lstat(path)
         except FileNotFoundError:
             continue
-        except OSError as err:
-            raise UserError(
-                f"{what} {_quote(folder)}: {name} cannot be checked ({err.strerror or err})."
-            ) from None
         if want_dir and stat.S_ISDIR(st.st_mode):
             continue
         if want_dir and not stat.S_ISLNK(st.st_mode):

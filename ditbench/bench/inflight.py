@@ -27,7 +27,6 @@ import json
 import math
 import os
 import re
-import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -37,7 +36,7 @@ from typing import Any
 
 from ditbench.bench.records import SCHEMA, append_record, decode_line, read_records, record_problem
 from ditbench.bench.repeats import repeat_of
-from ditbench.fileio import mkdir_real, read_regular, refuse_link, write_json_atomic
+from ditbench.fileio import mkdir_real, read_regular, refuse_link, rmtree_real, write_json_atomic
 
 INFLIGHT_DIR = ".inflight"
 BROKEN_DIR = "broken"  # beside it: tickets that could not be read or made into a record
@@ -91,10 +90,7 @@ class Ticket:
     def remove(self) -> None:
         """Every file of this ticket: spec, result, the ranks' reports and torchrun's logs."""
         for path in self.folder.glob(f"{glob_escape(self.key)}.*"):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+            rmtree_real(path)
         for path in self.folder.glob(f".{glob_escape(self.key)}.*.tmp"):  # an atomic write cut short
             path.unlink(missing_ok=True)
 
@@ -271,10 +267,7 @@ def context_problem(context: Any) -> str | None:
 def _empty(folder: Path) -> None:
     """Remove what no ticket owns any more (specs, rank reports and temp files of cut-off cells)."""
     for path in folder.iterdir():
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        rmtree_real(path)
 
 
 def scaling_finish(results_path: Path) -> Finish:

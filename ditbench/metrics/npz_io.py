@@ -9,7 +9,6 @@ message that names the file and says what would be valid.
 
 from __future__ import annotations
 
-import stat
 import zipfile
 import zlib
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from PIL import Image
 
 from ditbench.errors import UserError, shorten
 from ditbench.imageload import PHOTO_PIXELS, PIXELS_ENV, load_rgb, max_pixels, open_image
+from ditbench.outpaths import not_a_file
 
 IMAGE_KEY = "arr_0"
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
@@ -153,17 +153,10 @@ def describe_keys(zf: zipfile.ZipFile) -> str:
 
 def open_zip(path: Path) -> zipfile.ZipFile:
     """An .npz opened as the zip it is; UserError for anything that is not a readable regular file."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
+    why = not_a_file(path)  # a FIFO or a device is named as such, never opened
+    if why is not None:
         raise UserError(
-            f"{path} does not exist. Give an ADM-format .npz ({_ADM_FORMAT}) or a folder of PNG/JPEG images."
-        ) from None
-    except OSError as err:
-        raise UserError(f"{path} cannot be read ({err.strerror}).") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise UserError(
-            f"{path} is not a regular file (a pipe, socket or device); give an .npz file or a folder."
+            f"{path} {why}. Give an ADM-format .npz ({_ADM_FORMAT}) or a folder of PNG/JPEG images."
         )
     try:
         return zipfile.ZipFile(path)

@@ -173,7 +173,7 @@ CASES = {
         "not a readable .npz",
         "s.npz",
     ),
-    "fifo": lambda t: (["--samples", _fifo(t / "s.npz")], "not a regular file", "s.npz"),
+    "fifo": lambda t: (["--samples", _fifo(t / "s.npz")], "is a FIFO", "s.npz"),
     "folder_of_non_images": lambda t: (
         ["--samples", _folder(t / "imgs", {"a.txt": b"x", "b.csv": b"y"})],
         "holds no .png",
