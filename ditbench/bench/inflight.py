@@ -255,13 +255,9 @@ def adopt(
 
 def context_problem(context: Any) -> str | None:
     """Why a ticket's content cannot make a record, or None."""
-    if not isinstance(context, dict):
-        return "not a JSON object"
-    missing = [k for k in _CONTEXT_KEYS if k not in context]
-    if missing:
-        return f"no {', '.join(missing)}"
-    bad = [k for k in ("run_id", "cell_id") if not isinstance(context[k], str)]
-    return f"{' and '.join(bad)} not text" if bad else None
+    if not isinstance(context, dict) or not all(k in context for k in _CONTEXT_KEYS):
+        return f"not a JSON object with {', '.join(_CONTEXT_KEYS)}"
+    return None if all(isinstance(context[k], str) for k in ("run_id", "cell_id")) else "ids not text"
 
 
 def _empty(folder: Path) -> None:

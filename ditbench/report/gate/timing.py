@@ -12,11 +12,9 @@ step times (run-level: they sample process-level noise: start-up, clocks, alloca
 Otherwise they are the per-step times of one run per side, which sample only step-to-step noise, and
 consecutive steps are autocorrelated, so that interval is narrow.
 With fewer than min_samples samples on either side, or too few for the test to ever reach p < alpha,
-the threshold alone decides and the cell says so. A side of more than MAX_SAMPLES per-step times is
-thinned to MAX_SAMPLES evenly spaced over its window (deterministic, and said beside the p-value): a
-window of 200,000 steps would cost the bootstrap gigabytes and the gate minutes, for no better an
-interval. Memory and loss have no per-step samples and are
-near-deterministic: threshold alone. A cell measured in a noisy window (metrics.noisy) keeps its
+the threshold alone decides and the cell says so. More than MAX_SAMPLES a side are thinned to that
+many, evenly spaced and said beside the p-value (200,000 steps cost the bootstrap 3 GB and 50 s).
+Memory and loss have no per-step samples and are near-deterministic: threshold alone. A cell measured in a noisy window (metrics.noisy) keeps its
 timing verdicts, marked weak.
 """
 
