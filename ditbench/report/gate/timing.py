@@ -14,8 +14,8 @@ consecutive steps are autocorrelated, so that interval is narrow.
 With fewer than min_samples samples on either side, or too few for the test to ever reach p < alpha,
 the threshold alone decides and the cell says so. More than MAX_SAMPLES a side are thinned to that
 many, evenly spaced and said beside the p-value (200,000 steps cost the bootstrap 3 GB and 50 s).
-Memory and loss have no per-step samples and are near-deterministic: threshold alone. A cell measured in a noisy window (metrics.noisy) keeps its
-timing verdicts, marked weak.
+Memory and loss have no per-step samples and are near-deterministic: threshold alone. A cell measured
+in a noisy window (metrics.noisy) keeps its timing verdicts, marked weak.
 """
 
 from __future__ import annotations
