@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ditbench.errors import UserError, shorten
-from ditbench.fileio import atomic_write, read_regular, refuse_link, write_json_atomic
+from ditbench.fileio import atomic_write, refuse_link, write_json_atomic
 from ditbench.outlock import OutputLock
 from ditbench.outpaths import check_file_target, ensure_dir, refuse_output_as_input
 
@@ -83,7 +83,7 @@ def read_progress(parts: Path, job: dict, n_shards: int) -> dict:
         write_json_atomic(marker, state, indent=1)
         return state
     try:
-        state = json.loads(read_regular(marker))
+        state = json.loads(marker.read_bytes())
     except (ValueError, RecursionError):
         state = None
     done = state.get("done") if isinstance(state, dict) else None
