@@ -91,7 +91,7 @@ def problem(model: type[BaseModel], errors: list[dict[str, Any]], verb: str = "e
         needs = f"{title} needs" if title else "needs"
         return loc[:-1], f"{needs} `{loc[-1]}`: {_description(model, loc)}."
     valid = _description(model, loc)
-    if kind in ("model_type", "model_attributes_type", "dict_type") and valid == "a valid value":
+    if kind in ("model_type", "model_attributes_type", "dict_type") and "mapping" not in valid:
         return loc, f"{verb} a mapping (key: value), got {described(value)}."
     return loc, f"{verb} {valid}, got {shorten(value)}."
 

@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         run_suite,
         select_cells,
     )
-    from ditbench.bench.suite import load_suite
+    from ditbench.spec.suite import load_suite
     from ditbench.bench.summary import summary_table
     from ditbench.errors import UserError
     from ditbench.outpaths import refuse_output_as_input
@@ -250,7 +250,7 @@ def _exit_status(records: list[dict], args: argparse.Namespace) -> int:
 
 def _cluster_options(suite, args):
     """The suite's `cluster:` with the --cluster KEY=VALUE flags over it, validated (UserError)."""
-    from ditbench.bench.cluster import parse_cluster_flags
+    from ditbench.spec.cluster import parse_cluster_flags
     from ditbench.errors import UserError
 
     flags = parse_cluster_flags(args.cluster)

@@ -55,7 +55,7 @@ from ditbench.bench.runner import (
     select_cells,
     sigterm_as_interrupt,
 )
-from ditbench.bench.suite import Suite, SuiteCell
+from ditbench.spec.suite import Suite, SuiteCell
 from ditbench.bench.summary import format_line, write_summary
 from ditbench.errors import UserError, shorten
 from ditbench.fileio import write_json_atomic

@@ -45,7 +45,7 @@ from ditbench.bench import inflight
 from ditbench.bench.launch.base import for_cell as launcher_for
 from ditbench.bench.records import read_records
 from ditbench.bench.repeats import REPEATS_MAX, combined, latest_by_repeat
-from ditbench.bench.suite import TIMEOUT_MAX_S, Suite, SuiteCell
+from ditbench.spec.suite import TIMEOUT_MAX_S, Suite, SuiteCell
 from ditbench.bench.summary import format_line, write_summary
 from ditbench.device import cuda_visible, device_type
 from ditbench.errors import UserError, shorten

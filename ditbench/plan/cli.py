@@ -161,7 +161,7 @@ def _series(args: argparse.Namespace):
             raise UserError(f"--image-size must be a positive multiple of 8, got {base['image_size']}")
         return grid(models, precisions, ckpts, batches, base), None
     _refuse_grid_flags(args)
-    from ditbench.bench.suite import load_suite
+    from ditbench.spec.suite import load_suite
     from ditbench.plan.grid import suite_grid
 
     suite = load_suite(args.suite, args.overrides, max_cells=args.max_cells)

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ditbench import dist
-from ditbench.cellspec import CellSpec
+from ditbench.spec.cell import CellSpec
 from ditbench.metrics import registry
 from ditbench.quality import grid as grids
 

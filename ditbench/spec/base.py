@@ -121,3 +121,20 @@ def checked_by(function: Any) -> BeforeValidator:
             raise refuse(str(err)) from None
 
     return BeforeValidator(call)
+
+
+def from_flags(model: type[S], values: dict[str, Any], text: tuple[str, ...] = ()) -> S:
+    """`model` from a command's flags (`--batch-size 8`): each string value read as a YAML value, as a
+    suite file's would be (the fields in `text` are taken as typed); an error names the flag."""
+    from ditbench.yamlio import parse_yaml_text
+
+    raw = {
+        k: parse_yaml_text(v, f"--{k.replace('_', '-')}") if isinstance(v, str) and k not in text else v
+        for k, v in values.items()
+    }
+    try:
+        return model.model_validate(raw)
+    except ValidationError as err:
+        loc, message = problem(model, err.errors())
+    flag = f"--{str(loc[0]).replace('_', '-')}: " if loc else ""
+    raise UserError(f"{flag}{message}")

@@ -106,8 +106,8 @@ class CellSpec(SpecModel):
         out["device"] = self.device
         return out
 
-    @property
-    def cell_id(self) -> str:
-        """Short stable hash of the cell (key order and defaults left implicit do not matter)."""
-        text = json.dumps(self.identity(), sort_keys=True, separators=(",", ":"), default=str)
-        return hashlib.sha256(text.encode()).hexdigest()[:ID_CHARS]
+
+def cell_id(spec: CellSpec) -> str:
+    """Short stable hash of the cell (key order and defaults left implicit do not matter)."""
+    text = json.dumps(spec.identity(), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:ID_CHARS]

@@ -95,7 +95,8 @@ class ClusterOptions(SpecModel):
 
     def merged(self, other: ClusterOptions) -> ClusterOptions:
         """These options with every option `other` sets (the command line over the suite)."""
-        return self.replace(**{k: v for k, v in other if v not in (None, (), {})}, sbatch={**self.sbatch, **other.sbatch})
+        given = {k: v for k, v in other if v not in (None, (), {})}
+        return self.replace(**{**given, "sbatch": {**self.sbatch, **other.sbatch}})
 
     def any_set(self) -> list[str]:
         return [k for k, v in self if v not in (None, (), {})]

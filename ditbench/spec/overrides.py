@@ -41,13 +41,11 @@ class Override:
     value: Any
 
 
-def parse_overrides(items: list[str]) -> list[Override]:
-    """Each `key=value` parsed (a key is a knob or a suite key); a malformed one is an error."""
-    from ditbench.spec.suite import SuiteFile
-
+def parse_overrides(items: list[str], suite_keys: tuple[str, ...]) -> list[Override]:
+    """Each `key=value` parsed (a key is a knob or one of `suite_keys`); a malformed one is an error."""
     if len(items) > MAX_OVERRIDES:
         raise UserError(f"{len(items)} overrides given; at most {MAX_OVERRIDES} are read.")
-    valid = tuple(dict.fromkeys((*KNOBS, *DEFAULTS_KEYS, *SuiteFile.model_fields)))
+    valid = tuple(dict.fromkeys((*KNOBS, *DEFAULTS_KEYS, *suite_keys)))
     parsed: list[Override] = []
     seen: dict[str, str] = {}
     for item in items:

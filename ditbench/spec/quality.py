@@ -21,7 +21,7 @@ evaluated (no smoke run to evaluate, synthetic data, a random VAE) before anythi
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_serializer, model_validator
 
@@ -88,6 +88,9 @@ def _distinct(seeds: tuple[int, ...]) -> tuple[int, ...]:
     return seeds
 
 
+Step, Seed = Int(0, MAX_TRAIN_STEPS), Int(0, SEED_MAX)
+
+
 class QualitySpec(SpecModel):
     reference: Annotated[
         Text("a path or a name"),
@@ -97,9 +100,15 @@ class QualitySpec(SpecModel):
     sampler: Sampler = Field(Sampler(), description="a mapping such as {name: ddpm, steps: 250}")
     # training steps of a quality run; None: the end of the smoke run
     at: Annotated[
-        tuple[Int(0, MAX_TRAIN_STEPS), ...] | None, BeforeValidator(_at), AfterValidator(_steps_once)
+        tuple[Step, ...] | None,
+        BeforeValidator(_at, json_schema_input_type=Literal[SMOKE_END] | list[Literal[SMOKE_END]] | list[Step]),
+        AfterValidator(_steps_once),
     ] = None
-    seeds: Annotated[tuple[Int(0, SEED_MAX), ...], BeforeValidator(_seeds), AfterValidator(_distinct)] = (0, 1)
+    seeds: Annotated[
+        tuple[Seed, ...],
+        BeforeValidator(_seeds, json_schema_input_type=Int(1, MAX_SEEDS) | list[Seed]),
+        AfterValidator(_distinct),
+    ] = (0, 1)
     inception: Text("a path or a name", optional=True) = None  # None: the official weights; "test"; a file
     vae: Text("a path or a name", optional=True) = None  # decodes latent-file data; others as encoded
     batch_size: Int(1, MAX_SAMPLE_BATCH) = 32

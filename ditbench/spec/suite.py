@@ -27,10 +27,12 @@ from ditbench.cards import CARDS, check_gib, find_card
 from ditbench.device import DEVICE_CHOICES, device_type
 from ditbench.errors import UserError, shorten
 from ditbench.expansion import factors, matrix_count, over_cap
+from ditbench.spec.catalog import resolve_suite
 from ditbench.spec.base import EXPONENT, Choice, Flag, Int, Real, SpecModel, checked_by, number, required
-from ditbench.spec.cell import MAX_SECONDS, MAX_STEPS, CellSpec, Steps
+from ditbench.spec.cell import MAX_SECONDS, MAX_STEPS, CellSpec, Steps, cell_id
 from ditbench.spec.cluster import ClusterOptions
 from ditbench.spec.knobs import Cells, Knobs, PartialKnobs
+from ditbench.spec.overrides import apply_overrides, as_record, parse_overrides
 from ditbench.spec.quality import QualitySection
 from ditbench.validation import problem, refuse, rule, where
 from ditbench.yamlio import load_yaml_file
@@ -224,16 +226,14 @@ def matches(config: dict[str, Any], partial: dict[str, Any]) -> bool:
 def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = (), max_cells: int | None = None) -> Suite:
     """Read and validate a suite (a file, or a shipped suite's name) with its `key=value` overrides;
     raise UserError naming the file, key or override on any mistake."""
-    from ditbench.bench.catalog import resolve_suite
+    from ditbench.spec.catalog import resolve_suite
 
     path = resolve_suite(path)
     return parse_suite(load_yaml_file(path, "suite"), str(path), list(overrides), max_cells)
 
 
 def parse_suite(raw: Any, path: str = "<suite>", overrides: list[str] | None = None, max_cells: int | None = None) -> Suite:
-    from ditbench.spec.overrides import apply_overrides, as_record, parse_overrides
-
-    given = parse_overrides(overrides or [])
+    given = parse_overrides(overrides or [], tuple(SuiteFile.model_fields))
     raw, origin = apply_overrides(raw, given, path)
     errors = _Errors(path, origin)
     if raw is None:
@@ -280,14 +280,15 @@ def parse_suite(raw: Any, path: str = "<suite>", overrides: list[str] | None = N
         steps = smoke.steps if _smoked(smoke.cells, values, baseline) else 0
         evaluated = quality is not None and quality.applies(values, steps, baseline)
         spec = CellSpec(knobs, resolved, defaults.steps, steps, budget, file.card, quality.spec() if evaluated else None)
-        if spec.cell_id in seen:  # an include repeating a matrix cell: run it once
+        cid = cell_id(spec)
+        if cid in seen:  # an include repeating a matrix cell: run it once
             continue
-        seen.add(spec.cell_id)
+        seen.add(cid)
         name = cell_name(values, varying)
         problem_ = quality.conflict(knobs, steps) if evaluated else None
         if problem_:
             raise errors.fail("quality", f"cell {name} cannot be evaluated: {problem_}.")
-        cells.append(SuiteCell(spec, spec.cell_id, name, defaults.timeout_s))
+        cells.append(SuiteCell(spec, cid, name, defaults.timeout_s))
     if quality is not None and not any(c.spec.quality for c in cells):
         raise errors.fail(
             "quality.cells",

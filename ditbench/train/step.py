@@ -24,7 +24,7 @@ from torch import nn
 
 from ditbench.device import resolve_device
 from ditbench.diffusion import create_diffusion
-from ditbench.knobs import Knobs
+from ditbench.spec.knobs import Knobs
 from ditbench.models.attention import resolve_kernel
 from ditbench.models.build import build_model, count_params
 from ditbench.models.checkpoint import save_checkpoint

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from ditbench.bench.launch import base, procs
 from ditbench.bench.launch.files import read_report, read_spec, write_result
-from ditbench.cellspec import CellSpec
+from ditbench.spec.cell import CellSpec
 from ditbench.fileio import open_log, write_atomic, write_json_atomic
 
 POLL_S = 0.2
