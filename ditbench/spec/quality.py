@@ -53,7 +53,7 @@ class Sampler(SpecModel):
 def _at(value: Any) -> Any:
     if value == SMOKE_END or value == [SMOKE_END]:
         return None
-    if not isinstance(value, list) or not value:
+    if not isinstance(value, (list, tuple)) or not value:  # a list in a file, a tuple from code
         raise refuse(
             f"at must be [{SMOKE_END}] or a list of training steps such as [0, 1000, 4000], got {shorten(value)}"
         )
@@ -77,7 +77,7 @@ def _seeds(value: Any) -> Any:
         if not 1 <= value <= MAX_SEEDS:
             raise refuse(f"seeds must be an integer from 1 to {MAX_SEEDS}, got {value}")
         return tuple(range(value))
-    if not isinstance(value, list) or not 1 <= len(value) <= MAX_SEEDS:
+    if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= MAX_SEEDS:
         raise refuse(SEEDS.format(shorten(value)))
     return value
 

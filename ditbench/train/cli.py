@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ditbench.device import resolve_device
     from ditbench.errors import UserError
+    from ditbench.precision import uses_scaler
     from ditbench.progress import progress
     from ditbench.spec.base import from_flags
     from ditbench.spec.knobs import TRAIN_KNOBS, Knobs
@@ -110,9 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if args.save:
         trainer.save(args.save)
         print(f"checkpoint written to {args.save}", file=out)
-    skips = (
-        f", {trainer.scaler_skips} fp16 steps skipped by the GradScaler" if cfg.precision == "fp16" else ""
-    )
+    skips = f", {trainer.scaler_skips} {cfg.precision} steps skipped by the GradScaler" if uses_scaler(cfg.precision) else ""
     print(
         f"done: {args.steps} steps in {elapsed:.1f} s, {args.steps / elapsed:.2f} steps/s, "
         f"{args.steps * cfg.batch_size * cfg.grad_accum / elapsed:.1f} img/s "
@@ -131,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
             "images_per_s": args.steps * cfg.batch_size * cfg.grad_accum / elapsed,
             "loss_first": first_loss,
             "loss_last": last_loss,
-            "scaler_skips": trainer.scaler_skips if cfg.precision == "fp16" else None,
+            "scaler_skips": trainer.scaler_skips if uses_scaler(cfg.precision) else None,
             "checkpoint": args.save,
             "note": "speeds include the first steps' warm-up",
         }
