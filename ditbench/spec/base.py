@@ -123,15 +123,12 @@ def checked_by(function: Any) -> BeforeValidator:
     return BeforeValidator(call)
 
 
-def from_flags(model: type[S], values: dict[str, Any], text: tuple[str, ...] = ()) -> S:
+def from_flags(model: type[S], values: dict[str, Any]) -> S:
     """`model` from a command's flags (`--batch-size 8`): each string value read as a YAML value, as a
-    suite file's would be (the fields in `text` are taken as typed); an error names the flag."""
+    suite file's or an override's would be; an error names the flag."""
     from ditbench.yamlio import parse_yaml_text
 
-    raw = {
-        k: parse_yaml_text(v, f"--{k.replace('_', '-')}") if isinstance(v, str) and k not in text else v
-        for k, v in values.items()
-    }
+    raw = {k: parse_yaml_text(v, f"--{k.replace('_', '-')}") if isinstance(v, str) else v for k, v in values.items()}
     try:
         return model.model_validate(raw)
     except ValidationError as err:

@@ -56,13 +56,11 @@ class CellSpec(SpecModel):
 
     @property
     def rank_batch(self) -> int:
-        """Images one process trains on per optimizer step: batch_size x grad_accum."""
-        return self.knobs.batch_size * self.knobs.grad_accum
+        return self.knobs.rank_batch
 
     @property
     def global_batch(self) -> int:
-        """Images per optimizer step over the job: batch_size x gpus x nodes x grad_accum."""
-        return self.rank_batch * self.world_size
+        return self.knobs.global_batch
 
     @model_validator(mode="wrap")
     @classmethod

@@ -200,6 +200,16 @@ class Knobs(PartialKnobs):
             )
         return None
 
+    @property
+    def rank_batch(self) -> int:
+        """Images one process trains on per optimizer step: batch_size x grad_accum."""
+        return self.batch_size * self.grad_accum
+
+    @property
+    def global_batch(self) -> int:
+        """Images per optimizer step over the job: batch_size x gpus x nodes x grad_accum."""
+        return self.rank_batch * self.gpus * self.nodes
+
     def non_defaults(self) -> dict[str, Any]:
         """The knobs set to something else than their default: what identifies the cell."""
         return {k: v for k, v in self if v != KNOB_DEFAULTS[k]}

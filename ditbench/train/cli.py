@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         refuse_output_as_input([("--save", args.save)], [("--data", args.data), ("--vae", args.vae)])
     device = str(resolve_device(args.device))
     knobs = {name: getattr(args, name) for name in TRAIN_KNOBS}
-    cfg = from_flags(Knobs, {**knobs, "data": data_spec(args.data, args.vae)}, text=("model", "precision", "data"))
+    cfg = from_flags(Knobs, {**knobs, "data": data_spec(args.data, args.vae)})
     trainer = Trainer(cfg, device=device)
     data_desc = trainer.data.describe()
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON alone
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     skips = f", {trainer.scaler_skips} {cfg.precision} steps skipped by the GradScaler" if uses_scaler(cfg.precision) else ""
     print(
         f"done: {args.steps} steps in {elapsed:.1f} s, {args.steps / elapsed:.2f} steps/s, "
-        f"{args.steps * cfg.batch_size * cfg.grad_accum / elapsed:.1f} img/s "
+        f"{args.steps * cfg.rank_batch / elapsed:.1f} img/s "
         "(includes the first steps' warm-up); "
         f"loss {first_loss:.4f} -> {last_loss:.4f}{skips}",
         file=out,
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             "steps": args.steps,
             "elapsed_s": round(elapsed, 3),
             "steps_per_s": args.steps / elapsed,
-            "images_per_s": args.steps * cfg.batch_size * cfg.grad_accum / elapsed,
+            "images_per_s": args.steps * cfg.rank_batch / elapsed,
             "loss_first": first_loss,
             "loss_last": last_loss,
             "scaler_skips": trainer.scaler_skips if uses_scaler(cfg.precision) else None,
