@@ -133,5 +133,5 @@ def from_flags(model: type[S], values: dict[str, Any]) -> S:
         return model.model_validate(raw)
     except ValidationError as err:
         loc, message = problem(model, err.errors())
-    flag = f"--{str(loc[0]).replace('_', '-')}: " if loc else ""
+    flag = f"--{str(loc[0]).replace('_', '-')}: " if loc and not message.startswith("--") else ""
     raise UserError(f"{flag}{message}")
