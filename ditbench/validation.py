@@ -52,7 +52,7 @@ def rule(template: str) -> WrapValidator:
 
 
 def did_you_mean(key: Any, valid: Iterable[str], cutoff: float = 0.5) -> str:
-    """" Did you mean `x`?" for the closest of `valid`, or "" when none is close."""
+    """ " Did you mean `x`?" for the closest of `valid`, or "" when none is close."""
     close = difflib.get_close_matches(str(key), list(valid), n=1, cutoff=cutoff)
     return f" Did you mean `{close[0]}`?" if close else ""
 
@@ -60,7 +60,8 @@ def did_you_mean(key: Any, valid: Iterable[str], cutoff: float = 0.5) -> str:
 def unknown_key(key: Any, valid: Iterable[str]) -> str:
     """The message for a key that is not one of `valid`."""
     valid = list(valid)
-    return f"unknown key `{shorten(key, quote=False)}`.{did_you_mean(key, valid)} Valid keys here: {', '.join(valid)}."
+    hint = did_you_mean(key, valid)
+    return f"unknown key `{shorten(key, quote=False)}`.{hint} Valid keys here: {', '.join(valid)}."
 
 
 def where(loc: tuple[str | int, ...] | list[str | int]) -> str:
@@ -76,7 +77,9 @@ def where(loc: tuple[str | int, ...] | list[str | int]) -> str:
     return out
 
 
-def problem(model: type[BaseModel], errors: list[dict[str, Any]], verb: str = "expected") -> tuple[tuple, str]:
+def problem(
+    model: type[BaseModel], errors: list[dict[str, Any]], verb: str = "expected"
+) -> tuple[tuple, str]:
     """(the key path at fault, what is wrong there and what is valid) for the first error."""
     # An unknown key first: a misspelt key also leaves its right spelling "missing".
     first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
@@ -97,7 +100,7 @@ def problem(model: type[BaseModel], errors: list[dict[str, Any]], verb: str = "e
 
 
 def located(label: str, loc: tuple, text: str) -> str:
-    """"<label> at `<key>`: <text>" (the suite and claims style)."""
+    """ "<label> at `<key>`: <text>" (the suite and claims style)."""
     return f"{label}{f' at `{where(loc)}`' if loc else ''}: {text}"
 
 

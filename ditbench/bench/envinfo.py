@@ -37,9 +37,7 @@ def run(args) -> int:
     device = resolve_device(args.device)  # cuda without a GPU: a clean error before anything runs
     env = collect_env()
     key = gpu_table_key(env["gpu_name"])
-    peaks = {
-        p: (peak_entry(env["gpu_name"], p) or {}).get("peak_tflops") for p in PRECISIONS
-    }
+    peaks = {p: (peak_entry(env["gpu_name"], p) or {}).get("peak_tflops") for p in PRECISIONS}
     vision = torchvision_check()
     out: dict[str, Any] = {
         "env": env,

@@ -131,7 +131,10 @@ def _request(args: argparse.Namespace):
 
     if args.suite is not None and "=" in args.suite and not Path(args.suite).exists():
         args.suite, args.overrides = None, [args.suite, *args.overrides]  # `plan key=value`: no suite
-    given = {k: getattr(args, k) for k in ("context_gib", "jobs", "target_batch", "gpus", "target_steps", "target_images")}
+    given = {
+        k: getattr(args, k)
+        for k in ("context_gib", "jobs", "target_batch", "gpus", "target_steps", "target_images")
+    }
     if args.suite is None:
         given.update(
             models=_list(args.models, paper_models(), "models"),
@@ -161,12 +164,17 @@ def _series(args: argparse.Namespace, request):
         from ditbench.expansion import check_count, factors, matrix_count
 
         r = request
-        axes = {"models": r.models, "precisions": r.precisions, "grad-ckpt": r.grad_ckpt, "batches": r.batches}
+        axes = {
+            "models": r.models,
+            "precisions": r.precisions,
+            "grad-ckpt": r.grad_ckpt,
+            "batches": r.batches,
+        }
         check_count(matrix_count(axes), args.max_cells, "the plan grid", factors(axes))
         return grid(r.models, r.precisions, r.grad_ckpt, r.batches, base), None
     _refuse_grid_flags(args)
-    from ditbench.spec.suite import load_suite
     from ditbench.plan.grid import suite_grid
+    from ditbench.spec.suite import load_suite
 
     suite = load_suite(args.suite, args.overrides, max_cells=args.max_cells)
     device = "cuda" if (args.card or args.memory_gib is not None) else None

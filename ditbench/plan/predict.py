@@ -23,11 +23,11 @@ from typing import Any
 
 from ditbench.cards import Card, check_gib, find_card
 from ditbench.errors import UnsupportedError, UserError, shorten
-from ditbench.spec.knobs import KNOBS, Knobs, PartialKnobs
 from ditbench.plan.allocator import Replay, live_at, raw_peak, replay
 from ditbench.plan.batch import SeriesTrace, trace_series
 from ditbench.plan.emulation import CPU, Target, cuda_target, optimizer_impl, policy_for
 from ditbench.plan.trace import STATE_LABELS
+from ditbench.spec.knobs import KNOBS, Knobs, PartialKnobs
 
 GiB = 1 << 30
 # The CUDA context and what the driver and libraries hold outside PyTorch's allocator (module images,

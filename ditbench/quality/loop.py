@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ditbench.spec.cell import CellSpec
 from ditbench.faults import NonFiniteLoss, failure
 from ditbench.quality.evaluation import SPLIT, Evaluator
+from ditbench.spec.cell import CellSpec
 
 CHECK_EVERY = 100  # training steps between reads of the loss (a host synchronisation) in a quality run
 

@@ -51,7 +51,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     default = Sampler()  # the quality section's sampler: the same defaults and bounds
     parser.add_argument(
-        "--steps", type=int, default=default.steps, help="sampling steps, respaced from 1000 (default: %(default)s)"
+        "--steps",
+        type=int,
+        default=default.steps,
+        help="sampling steps, respaced from 1000 (default: %(default)s)",
     )
     parser.add_argument("--sampler", choices=SAMPLERS, default=default.name, help="(default: %(default)s)")
     parser.add_argument(

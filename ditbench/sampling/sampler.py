@@ -35,17 +35,21 @@ FAIL_AFTER_ENV = "DITBENCH_SAMPLE_FAIL_AFTER_SHARDS"
 
 
 def check_args(args) -> None:
-    from ditbench.spec.knobs import MAX_CLASSES, MAX_IMAGE_SIZE, SEED_MAX
-    from ditbench.vae import LATENT_CHANNELS
-
     from ditbench.spec.base import from_flags
+    from ditbench.spec.knobs import MAX_CLASSES, MAX_IMAGE_SIZE, SEED_MAX
     from ditbench.spec.quality import Sampler
+    from ditbench.vae import LATENT_CHANNELS
 
     for name in ("num_samples", "batch_size", "num_classes"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least 1.")
     # the quality section's sampler, its bounds: --steps, --cfg-scale (1 turns guidance off)
-    settings = {"name": args.sampler, "steps": args.steps, "cfg_scale": args.cfg_scale, "precision": args.precision}
+    settings = {
+        "name": args.sampler,
+        "steps": args.steps,
+        "cfg_scale": args.cfg_scale,
+        "precision": args.precision,
+    }
     from_flags(Sampler, settings)
     bounds = (  # beyond them a value is a typo, and an allocation the size of the typo
         ("seed", 0, SEED_MAX),

@@ -34,7 +34,7 @@ class SpecModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     def __init__(self, *args: Any, **values: Any) -> None:
-        values.update(zip(type(self).model_fields, args))
+        values.update(zip(type(self).model_fields, args, strict=False))
         try:
             super().__init__(**values)
         except ValidationError as err:
@@ -128,7 +128,10 @@ def from_flags(model: type[S], values: dict[str, Any]) -> S:
     suite file's or an override's would be; an error names the flag."""
     from ditbench.yamlio import parse_yaml_text
 
-    raw = {k: parse_yaml_text(v, f"--{k.replace('_', '-')}") if isinstance(v, str) else v for k, v in values.items()}
+    raw = {
+        k: parse_yaml_text(v, f"--{k.replace('_', '-')}") if isinstance(v, str) else v
+        for k, v in values.items()
+    }
     try:
         return model.model_validate(raw)
     except ValidationError as err:

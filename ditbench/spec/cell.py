@@ -78,7 +78,8 @@ class CellSpec(SpecModel):
         spec = handler({**rest, "knobs": {k: v for k, v in data.items() if k in KNOBS}})
         if data["global_batch"] != spec.global_batch:
             raise refuse(
-                f"{shorten(data['global_batch'])} is not batch_size x gpus x nodes x grad_accum", "global_batch"
+                f"{shorten(data['global_batch'])} is not batch_size x gpus x nodes x grad_accum",
+                "global_batch",
             )
         return spec
 

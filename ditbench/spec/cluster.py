@@ -65,7 +65,11 @@ def _sbatch(value: Any) -> dict[str, Any]:
         if not SBATCH_KEY.fullmatch(name):
             raise refuse("expected an sbatch option name such as cpus-per-task or mem.", at)
         if name in MANAGED_SBATCH:
-            own = f"set by `cluster.{name}`; write it there." if name in TEXT_KEYS else "set by ditbench from the cell."
+            own = (
+                f"set by `cluster.{name}`; write it there."
+                if name in TEXT_KEYS
+                else "set by ditbench from the cell."
+            )
             raise refuse(f"--{name} is {own} The other sbatch options are free.", at)
         if isinstance(item, float) and not math.isfinite(item):
             raise refuse(f"{item} is not a finite number.", at)
@@ -91,7 +95,9 @@ class ClusterOptions(SpecModel):
         rule(f"expected whole minutes from 1 to {MAX_TIME_LIMIT_MIN}, got {{value}}."),
     ] = None
     sbatch: Annotated[dict[str, Any], BeforeValidator(_sbatch)] = {}
-    setup: tuple[Line, ...] = Field((), max_length=MAX_SETUP_LINES, description=f"a list of at most {MAX_SETUP_LINES} shell lines")
+    setup: tuple[Line, ...] = Field(
+        (), max_length=MAX_SETUP_LINES, description=f"a list of at most {MAX_SETUP_LINES} shell lines"
+    )
 
     def merged(self, other: ClusterOptions) -> ClusterOptions:
         """These options with every option `other` sets (the command line over the suite)."""

@@ -85,7 +85,10 @@ def _data(value: Any) -> Any:
             out = {"pixels": _path(value["pixels"], "pixels")}
             return out if colour == "grey" else {**out, "colour": colour}  # grey: the id it always had
         if "images" in keys and keys <= {"images", "vae"}:
-            return {"images": _path(value["images"], "images"), "vae": _path(value.get("vae", "random"), "vae")}
+            return {
+                "images": _path(value["images"], "images"),
+                "vae": _path(value.get("vae", "random"), "vae"),
+            }
     raise refuse(f"data must be {DATA_HELP}; got {shorten(value)}")
 
 
@@ -96,14 +99,21 @@ def _paths(*keys: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 Model = Annotated[
-    Literal[(*MODEL_NAMES, *(n.replace("/", "-") for n in MODEL_NAMES))] | None,  # DiT-XL-2: the file spelling
+    Literal[(*MODEL_NAMES, *(n.replace("/", "-") for n in MODEL_NAMES))]
+    | None,  # DiT-XL-2: the file spelling
     checked_by(lambda v: v if v is None else canonical_name(v if isinstance(v, str) else repr(v))),
 ]
 GradCkpt = Annotated[
     str,
     checked_by(lambda v: grad_ckpt_name(v if isinstance(v, (str, bool)) else repr(v))),
     WithJsonSchema(
-        {"anyOf": [{"type": "boolean"}, {"enum": [*GRAD_CKPT_OFF, *GRAD_CKPT_ON]}, {"pattern": f"^{GRAD_CKPT_EVERY}$"}]}
+        {
+            "anyOf": [
+                {"type": "boolean"},
+                {"enum": [*GRAD_CKPT_OFF, *GRAD_CKPT_ON]},
+                {"pattern": f"^{GRAD_CKPT_EVERY}$"},
+            ]
+        }
     ),
 ]
 Threads = Annotated[
@@ -144,7 +154,9 @@ class PartialKnobs(SpecModel):
     # set in the cell's process before the trainer is built (ditbench.bench.threads)
     threads: Threads = Field(None, description=THREADS_HELP)
     compile: Flag = Field(False, description="torch.compile the model")
-    compile_mode: Choice(*COMPILE_MODES) = Field("default", description="torch.compile mode (with compile: true)")
+    compile_mode: Choice(*COMPILE_MODES) = Field(
+        "default", description="torch.compile mode (with compile: true)"
+    )
     attention: Choice(*ATTENTION_BACKENDS) = Field(
         "sdpa", description="math, sdpa (torch picks), or a forced flash|efficient|cudnn"
     )
@@ -152,7 +164,7 @@ class PartialKnobs(SpecModel):
     optimizer_impl: Choice(*OPTIMIZER_IMPLS) = Field("auto", description="AdamW kernel")
     zero_grad: Choice(*ZERO_GRAD_ORDERS) = Field(
         "before_forward",
-        description="free the previous gradients before the forward, or after it (the official train.py's order)",
+        description="free the previous gradients before the forward, or after it (official train.py's order)",
     )
     data: Data = Field("synthetic", description=DATA_HELP)
     seed: Int(0, SEED_MAX) = Field(0, description="model init, timesteps, noise and data")

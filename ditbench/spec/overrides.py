@@ -61,17 +61,24 @@ def parse_overrides(items: list[str], suite_keys: tuple[str, ...]) -> list[Overr
         if head not in valid:
             raise UserError(f"override {shorten(item)}: {unknown_key(head, valid)}")
         if key in seen:
-            raise UserError(f"overrides {shorten(seen[key])} and {shorten(item)} both set `{key}`; give it once.")
+            raise UserError(
+                f"overrides {shorten(seen[key])} and {shorten(item)} both set `{key}`; give it once."
+            )
         if not text.strip():
-            raise UserError(f"override {shorten(item)} has no value; write one after `=` (`null` removes a setting).")
+            raise UserError(
+                f"override {shorten(item)} has no value; write one after `=` (`null` removes a setting)."
+            )
         seen[key] = item
         parsed.append(Override(item, key, parse_yaml_text(text, f"override {shorten(item)}")))
     return parsed
 
 
 def as_record(overrides: list[Override]) -> dict[str, Any]:
-    """The record's `suite_overrides`: key -> value as parsed, numbers as the model reads them ({} when none)."""
-    return {o.key: [number(v) for v in o.value] if isinstance(o.value, list) else number(o.value) for o in overrides}
+    """The record's `suite_overrides`: key -> value as parsed, numbers as the models read them."""
+    return {
+        o.key: [number(v) for v in o.value] if isinstance(o.value, list) else number(o.value)
+        for o in overrides
+    }
 
 
 def apply_overrides(raw: Any, overrides: list[Override], where: str) -> tuple[Any, dict[str, str]]:

@@ -25,9 +25,13 @@ def _count(template: str, low: int, high: int | None = None, **more: Any) -> Any
     return Annotated[Annotated[int, Field(strict=True, ge=low, le=high, **more)] | None, rule(template)]
 
 
-Precision = Annotated[Literal[PRECISIONS], rule(f"--precisions: unknown precision {{value}}; valid: {', '.join(PRECISIONS)}")]
+Precision = Annotated[
+    Literal[PRECISIONS], rule(f"--precisions: unknown precision {{value}}; valid: {', '.join(PRECISIONS)}")
+]
 Batch = Annotated[
-    int, Field(strict=True, ge=1, le=MAX_BATCH_SIZE), rule(f"--batches takes integers from 1 to {MAX_BATCH_SIZE}, got {{value}}")
+    int,
+    Field(strict=True, ge=1, le=MAX_BATCH_SIZE),
+    rule(f"--batches takes integers from 1 to {MAX_BATCH_SIZE}, got {{value}}"),
 ]
 
 
@@ -45,6 +49,12 @@ class PlanRequest(SpecModel):
     ] = None
     jobs: _count(f"--jobs must be between 1 and {MAX_JOBS}, got {{value}}", 1, MAX_JOBS) = None
     target_batch: _count("--target-batch must be a positive integer, got {value}", 1) = None
-    gpus: _count(f"--gpus must be an integer from 1 to {MAX_PROCESSES}, got {{value}}", 1, MAX_PROCESSES) = None
-    target_steps: _count("--target-steps must be an integer from 1 to 10^12, got {value}", 1, MAX_TARGET) = None
-    target_images: _count("--target-images must be an integer from 1 to 10^12, got {value}", 1, MAX_TARGET) = None
+    gpus: _count(f"--gpus must be an integer from 1 to {MAX_PROCESSES}, got {{value}}", 1, MAX_PROCESSES) = (
+        None
+    )
+    target_steps: _count("--target-steps must be an integer from 1 to 10^12, got {value}", 1, MAX_TARGET) = (
+        None
+    )
+    target_images: _count(
+        "--target-images must be an integer from 1 to 10^12, got {value}", 1, MAX_TARGET
+    ) = None

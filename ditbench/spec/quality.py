@@ -55,7 +55,8 @@ def _at(value: Any) -> Any:
         return None
     if not isinstance(value, (list, tuple)) or not value:  # a list in a file, a tuple from code
         raise refuse(
-            f"at must be [{SMOKE_END}] or a list of training steps such as [0, 1000, 4000], got {shorten(value)}"
+            f"at must be [{SMOKE_END}] or a list of training steps such as [0, 1000, 4000], "
+            f"got {shorten(value)}"
         )
     return value
 
@@ -101,7 +102,9 @@ class QualitySpec(SpecModel):
     # training steps of a quality run; None: the end of the smoke run
     at: Annotated[
         tuple[Step, ...] | None,
-        BeforeValidator(_at, json_schema_input_type=Literal[SMOKE_END] | list[Literal[SMOKE_END]] | list[Step]),
+        BeforeValidator(
+            _at, json_schema_input_type=Literal[SMOKE_END] | list[Literal[SMOKE_END]] | list[Step]
+        ),
         AfterValidator(_steps_once),
     ] = None
     seeds: Annotated[
@@ -154,7 +157,9 @@ class QualitySpec(SpecModel):
             if data["vae"] == "random":
                 return "its VAE is random, so decoded samples mean nothing; use vae: ema, mse or a path"
             if self.vae is not None and self.vae != data["vae"]:
-                return f"quality.vae {shorten(self.vae)} is not the VAE it trains with ({shorten(data['vae'])})"
+                return (
+                    f"quality.vae {shorten(self.vae)} is not the VAE it trains with ({shorten(data['vae'])})"
+                )
         if "latents" in data and self.vae is None:
             return (
                 "it trains on a latent file, which does not say which VAE made it; name it in quality.vae "

@@ -20,15 +20,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, WithJsonSchema, create_model, model_validator
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    create_model,
+    model_validator,
+)
 from pydantic.json_schema import GenerateJsonSchema
 
 from ditbench.cards import CARDS, check_gib, find_card
 from ditbench.device import DEVICE_CHOICES, device_type
 from ditbench.errors import UserError, shorten
 from ditbench.expansion import factors, matrix_count, over_cap
-from ditbench.spec.catalog import resolve_suite
 from ditbench.spec.base import EXPONENT, Choice, Flag, Int, Real, SpecModel, checked_by, number, required
+from ditbench.spec.catalog import resolve_suite
 from ditbench.spec.cell import MAX_SECONDS, MAX_STEPS, CellSpec, Steps, cell_id
 from ditbench.spec.cluster import ClusterOptions
 from ditbench.spec.knobs import Cells, Knobs, PartialKnobs
@@ -71,7 +79,9 @@ def _axis_type(f: Any) -> Any:
 
 
 class Matrix(
-    create_model("Axes", __base__=SpecModel, **{k: (_axis_type(f), None) for k, f in PartialKnobs.model_fields.items()})
+    create_model(
+        "Axes", __base__=SpecModel, **{k: (_axis_type(f), None) for k, f in PartialKnobs.model_fields.items()}
+    )
 ):
     """knob: list of values; the cells are their product."""
 
@@ -81,7 +91,10 @@ class Matrix(
     @classmethod
     def _not_empty(cls, value: Any) -> Any:
         if value == {}:
-            raise refuse("the matrix is empty; give at least one knob with a list of values, e.g. `batch_size: [8, 16]`.")
+            raise refuse(
+                "the matrix is empty; give at least one knob with a list of values, e.g. "
+                "`batch_size: [8, 16]`."
+            )
         return value
 
 
@@ -95,7 +108,9 @@ class PlanOption(SpecModel):
 Gib = Annotated[
     float | None,
     checked_by(lambda v: v if v is None else check_gib(number(v), "gpu_memory_gib")),
-    WithJsonSchema({"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string", "pattern": EXPONENT}]}),
+    WithJsonSchema(
+        {"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"type": "string", "pattern": EXPONENT}]}
+    ),
 ]
 Card = Annotated[
     str | None,
@@ -140,7 +155,9 @@ class SuiteFile(SpecModel):
     @classmethod
     def _one_card(cls, value: Any) -> Any:
         if isinstance(value, dict) and "gpu_memory_gib" in value and "card" in value:
-            raise refuse("give either `card` or `gpu_memory_gib`, not both (a card has a fixed memory).", "card")
+            raise refuse(
+                "give either `card` or `gpu_memory_gib`, not both (a card has a fixed memory).", "card"
+            )
         return value
 
 
@@ -190,13 +207,19 @@ class _Errors:
 
     def fail(self, keypath: str, message: str) -> UserError:
         where_ = f" at `{keypath}`" if keypath else ""
-        by = [text for key, text in self.origin.items() if keypath == key or keypath.startswith((f"{key}.", f"{key}["))]
+        by = [
+            text
+            for key, text in self.origin.items()
+            if keypath == key or keypath.startswith((f"{key}.", f"{key}["))
+        ]
         if by:
             where_ += f" (set by the override `{shorten(by[0], quote=False)}`)"
         elif self.origin:
             listed = ", ".join(f"`{shorten(t, quote=False)}`" for t in self.origin.values())
             message += f" (The suite was changed by the overrides {listed}.)"
-        return UserError(f"suite {self.path}{where_}: {message if message.endswith(('.', '?', ')')) else message + '.'}")
+        return UserError(
+            f"suite {self.path}{where_}: {message if message.endswith(('.', '?', ')')) else message + '.'}"
+        )
 
     def model(self, model: type[SpecModel], raw: Any, keypath: str = "") -> Any:
         try:
@@ -212,7 +235,9 @@ def _refuse_non_finite(errors: _Errors, raw: Any) -> None:
     while stack:
         keypath, value = stack.pop()
         if isinstance(value, float) and not math.isfinite(value):
-            raise errors.fail(keypath, f"{value} is not a finite number; every number in a suite must be finite.")
+            raise errors.fail(
+                keypath, f"{value} is not a finite number; every number in a suite must be finite."
+            )
         if isinstance(value, dict):
             stack.extend((f"{keypath}.{k}" if keypath else str(k), x) for k, x in value.items())
         elif isinstance(value, list):
@@ -223,16 +248,19 @@ def matches(config: dict[str, Any], partial: dict[str, Any]) -> bool:
     return all(config.get(k) == v for k, v in partial.items())
 
 
-def load_suite(path: str | Path, overrides: list[str] | tuple[str, ...] = (), max_cells: int | None = None) -> Suite:
+def load_suite(
+    path: str | Path, overrides: list[str] | tuple[str, ...] = (), max_cells: int | None = None
+) -> Suite:
     """Read and validate a suite (a file, or a shipped suite's name) with its `key=value` overrides;
     raise UserError naming the file, key or override on any mistake."""
-    from ditbench.spec.catalog import resolve_suite
 
     path = resolve_suite(path)
     return parse_suite(load_yaml_file(path, "suite"), str(path), list(overrides), max_cells)
 
 
-def parse_suite(raw: Any, path: str = "<suite>", overrides: list[str] | None = None, max_cells: int | None = None) -> Suite:
+def parse_suite(
+    raw: Any, path: str = "<suite>", overrides: list[str] | None = None, max_cells: int | None = None
+) -> Suite:
     given = parse_overrides(overrides or [], tuple(SuiteFile.model_fields))
     raw, origin = apply_overrides(raw, given, path)
     errors = _Errors(path, origin)
@@ -246,18 +274,22 @@ def parse_suite(raw: Any, path: str = "<suite>", overrides: list[str] | None = N
     if smoke.cells == "baseline" and smoke.steps > 0 and baseline is None:
         raise errors.fail(
             "defaults.smoke.cells",
-            "smoke cells are `baseline` but the suite has no `baseline`; add one (e.g. `baseline: {precision: "
-            "fp32}`) or list the cells.",
+            "smoke cells are `baseline` but the suite has no `baseline`; add one (e.g. "
+            "`baseline: {precision: fp32}`) or list the cells.",
         )
     # Expansion: cartesian product - excludes + includes (completed from the defaults), counted first.
     axes = {k: getattr(file.matrix, k) for k in raw["matrix"]}  # in the file's order
     include = [p.given() for p in file.include or ()]
     exclude = [p.given() for p in file.exclude or ()]
-    too_many = over_cap(matrix_count(axes, len(include)), max_cells, "the matrix", factors(axes, len(include)))
+    too_many = over_cap(
+        matrix_count(axes, len(include)), max_cells, "the matrix", factors(axes, len(include))
+    )
     if too_many:
         raise errors.fail("matrix", too_many)
     common = {k: getattr(defaults, k) for k in defaults.model_fields_set if k in PartialKnobs.model_fields}
-    product = ({**common, **dict(zip(axes, combo, strict=True))} for combo in itertools.product(*axes.values()))
+    product = (
+        {**common, **dict(zip(axes, combo, strict=True))} for combo in itertools.product(*axes.values())
+    )
     configs = [("matrix", values) for values in product if not any(matches(values, ex) for ex in exclude)]
     configs += [(f"include[{i}]", {**common, **partial}) for i, partial in enumerate(include)]
     if not configs:
@@ -272,14 +304,18 @@ def parse_suite(raw: Any, path: str = "<suite>", overrides: list[str] | None = N
             f"{file.device}); use device: cuda on a machine with a GPU, or remove it.",
         )
     full = [errors.model(Knobs, values, keypath) for keypath, values in configs]
-    varying = [k for k in Knobs.model_fields if len({json.dumps(getattr(c, k), sort_keys=True) for c in full}) > 1]
+    varying = [
+        k for k in Knobs.model_fields if len({json.dumps(getattr(c, k), sort_keys=True) for c in full}) > 1
+    ]
     cells: list[SuiteCell] = []
     seen: set[str] = set()
     for knobs in full:
         values = dict(knobs)
         steps = smoke.steps if _smoked(smoke.cells, values, baseline) else 0
         evaluated = quality is not None and quality.applies(values, steps, baseline)
-        spec = CellSpec(knobs, resolved, defaults.steps, steps, budget, file.card, quality.spec() if evaluated else None)
+        spec = CellSpec(
+            knobs, resolved, defaults.steps, steps, budget, file.card, quality.spec() if evaluated else None
+        )
         cid = cell_id(spec)
         if cid in seen:  # an include repeating a matrix cell: run it once
             continue
@@ -292,8 +328,8 @@ def parse_suite(raw: Any, path: str = "<suite>", overrides: list[str] | None = N
     if quality is not None and not any(c.spec.quality for c in cells):
         raise errors.fail(
             "quality.cells",
-            f"selects no cell ({shorten(raw['quality'].get('cells', 'smoke'))}); the default `smoke` needs smoke "
-            "cells (defaults.smoke.cells), or give `all`, `baseline` or a list of partial cells.",
+            f"selects no cell ({shorten(raw['quality'].get('cells', 'smoke'))}); the default `smoke` needs "
+            "smoke cells (defaults.smoke.cells), or give `all`, `baseline` or a list of partial cells.",
         )
     return Suite(
         file.name, file.description or "", path, file.device, cells, baseline, budget, file.card, file.plan,
@@ -310,7 +346,12 @@ def _smoked(cells: Any, knobs: dict[str, Any], baseline: dict | None) -> bool:
 
 def cell_name(config: dict[str, Any], varying: list[str] | tuple[str, ...] = ()) -> str:
     """Readable name: the headline knobs, then any other knob that varies within the suite."""
-    parts = [config["model"], config["precision"], f"ckpt={config['grad_ckpt']}", f"bs={config['batch_size']}"]
+    parts = [
+        config["model"],
+        config["precision"],
+        f"ckpt={config['grad_ckpt']}",
+        f"bs={config['batch_size']}",
+    ]
     shown = {"model", "precision", "grad_ckpt", "batch_size"}
     always = ("grad_accum", "gpus", "nodes")  # how many images a step is: shown when more than one
     for key in varying:

@@ -30,7 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         elif isinstance(default, bool):
             parser.add_argument(flag, action="store_true", help=field.description)
         elif name == "data":
-            parser.add_argument(flag, default=default, help="synthetic, a .npz/.pt latent file, or an image folder")
+            parser.add_argument(
+                flag, default=default, help="synthetic, a .npz/.pt latent file, or an image folder"
+            )
         else:
             parser.add_argument(flag, default=default, help=field.description)
     parser.add_argument("--vae", default=None, help="VAE for an image folder: a local path, or 'random'")
@@ -111,7 +113,11 @@ def run(args: argparse.Namespace) -> int:
     if args.save:
         trainer.save(args.save)
         print(f"checkpoint written to {args.save}", file=out)
-    skips = f", {trainer.scaler_skips} {cfg.precision} steps skipped by the GradScaler" if uses_scaler(cfg.precision) else ""
+    skips = (
+        f", {trainer.scaler_skips} {cfg.precision} steps skipped by the GradScaler"
+        if uses_scaler(cfg.precision)
+        else ""
+    )
     print(
         f"done: {args.steps} steps in {elapsed:.1f} s, {args.steps / elapsed:.2f} steps/s, "
         f"{args.steps * cfg.rank_batch / elapsed:.1f} img/s "

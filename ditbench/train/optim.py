@@ -30,7 +30,9 @@ def make_optimizer(
     `name` is the optimizer knob: AdamW is the one DiT trains with, and the only one so far.
     `opt.ditbench_impl` names the kernel that runs (the record's `metrics.optimizer_kernel`).
     """
-    PartialKnobs(optimizer=name, optimizer_impl=impl, lr=lr, weight_decay=weight_decay)  # UserError if not valid
+    PartialKnobs(
+        optimizer=name, optimizer_impl=impl, lr=lr, weight_decay=weight_decay
+    )  # UserError if not valid
     params = [p for p in model.parameters() if p.requires_grad]
     dev = (
         torch.device(device) if device is not None else (params[0].device if params else torch.device("cpu"))
