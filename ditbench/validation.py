@@ -13,7 +13,7 @@ refused. `rule(template)` gives a type its own sentence, whatever check of the t
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError, WrapValidator
@@ -104,14 +104,22 @@ def located(label: str, loc: tuple, text: str) -> str:
     return f"{label}{f' at `{where(loc)}`' if loc else ''}: {text}"
 
 
+def validate(model: type[M], raw: Any, say: Callable[[tuple, str], str], *, json: bool = False) -> M:
+    """`raw` (with json=True: its JSON text) validated by `model`; else UserError(say(key path, text))."""
+    try:
+        return model.model_validate_json(raw) if json else model.model_validate(raw)
+    except ValidationError as err:
+        raise UserError(say(*problem(model, err.errors()))) from None
+
+
 def check(model: type[M], raw: Any, label: str, *, where_first: bool = False) -> M:
     """`raw` validated by `model`; else UserError naming `label`, the key path and what is valid."""
+    if where_first:
+        return validate(model, raw, lambda loc, text: located(label, loc, text))
     try:
         return model.model_validate(raw)
     except ValidationError as err:
         errors = err.errors()
-    if where_first:
-        raise UserError(located(label, *problem(model, errors)))
     extra = [e["loc"] for e in errors if e["type"] == "extra_forbidden"]
     if extra:  # the policy's style: every unknown key of the mapping at once
         parent = tuple(extra[0][:-1])

@@ -20,7 +20,7 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from ditbench.errors import UserError
-from ditbench.validation import located, problem, refuse, rule
+from ditbench.validation import located, problem, refuse, rule, validate
 
 S = TypeVar("S", bound="SpecModel")
 EXPONENT = r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"
@@ -52,11 +52,9 @@ class SpecModel(BaseModel):
     def read(cls: type[S], raw: Any, label: str, *, json: bool = False) -> S:
         """`raw` (a mapping, or with json=True the model's JSON) validated once; UserError naming `label`
         and the key path otherwise."""
-        try:
-            return cls.model_validate_json(raw) if json else cls.model_validate(raw)
-        except ValidationError as err:
-            loc, text = problem(cls, err.errors())
-        raise UserError(located(label, tuple(p for p in loc if p not in cls.FLAT), text))
+        return validate(
+            cls, raw, lambda loc, text: located(label, [p for p in loc if p not in cls.FLAT], text), json=json
+        )
 
     FLAT: ClassVar[tuple[str, ...]] = ()  # fields whose keys sit one level up in the input (no key path)
 
@@ -132,9 +130,8 @@ def from_flags(model: type[S], values: dict[str, Any]) -> S:
         k: parse_yaml_text(v, f"--{k.replace('_', '-')}") if isinstance(v, str) else v
         for k, v in values.items()
     }
-    try:
-        return model.model_validate(raw)
-    except ValidationError as err:
-        loc, message = problem(model, err.errors())
-    flag = f"--{str(loc[0]).replace('_', '-')}: " if loc and not message.startswith("--") else ""
-    raise UserError(f"{flag}{message}")
+
+    def say(loc: tuple, text: str) -> str:
+        return text if not loc or text.startswith("--") else f"--{str(loc[0]).replace('_', '-')}: {text}"
+
+    return validate(model, raw, say)

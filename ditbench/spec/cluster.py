@@ -19,11 +19,11 @@ import math
 import re
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, Field, ValidationError
+from pydantic import BeforeValidator, Field
 
 from ditbench.errors import UserError, shorten
 from ditbench.spec.base import SpecModel
-from ditbench.validation import refuse, rule
+from ditbench.validation import refuse, rule, validate, where
 
 TEXT_KEYS = ("partition", "account", "qos", "constraint")
 # sbatch options ditbench sets from the cell (or submitit sets itself): a second value would contradict them
@@ -110,7 +110,6 @@ class ClusterOptions(SpecModel):
 
 def parse_cluster_flags(items: list[str]) -> ClusterOptions:
     """`--cluster KEY=VALUE` (repeatable; `sbatch.OPTION=VALUE` sets an sbatch option), as in the file."""
-    from ditbench.validation import problem, where
     from ditbench.yamlio import parse_yaml_text
 
     raw: dict[str, Any] = {}
@@ -127,8 +126,6 @@ def parse_cluster_flags(items: list[str]) -> ClusterOptions:
             raw.setdefault("sbatch", {})[key[len("sbatch.") :]] = value
         else:
             raw[key] = value
-    try:
-        return ClusterOptions.model_validate(raw)
-    except ValidationError as err:
-        loc, text = problem(ClusterOptions, err.errors())
-    raise UserError(f"--cluster {where(loc)}: {text}" if loc else f"--cluster: {text}")
+    return validate(
+        ClusterOptions, raw, lambda loc, text: f"--cluster{f' {where(loc)}' if loc else ''}: {text}"
+    )

@@ -24,7 +24,6 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
-    ValidationError,
     WithJsonSchema,
     create_model,
     model_validator,
@@ -42,7 +41,7 @@ from ditbench.spec.cluster import ClusterOptions
 from ditbench.spec.knobs import Cells, Knobs, PartialKnobs
 from ditbench.spec.overrides import apply_overrides, as_record, parse_overrides
 from ditbench.spec.quality import QualitySection
-from ditbench.validation import problem, refuse, rule, where
+from ditbench.validation import refuse, rule, validate, where
 from ditbench.yamlio import load_yaml_file
 
 REPEATS_MAX = 100  # a cell measured more often than this is a soak test, not a benchmark
@@ -206,6 +205,9 @@ class _Errors:
         self.path, self.origin = path, origin  # keypath -> the command-line override that set it
 
     def fail(self, keypath: str, message: str) -> UserError:
+        return UserError(self.say(keypath, message))
+
+    def say(self, keypath: str, message: str) -> str:
         where_ = f" at `{keypath}`" if keypath else ""
         by = [
             text
@@ -217,16 +219,12 @@ class _Errors:
         elif self.origin:
             listed = ", ".join(f"`{shorten(t, quote=False)}`" for t in self.origin.values())
             message += f" (The suite was changed by the overrides {listed}.)"
-        return UserError(
-            f"suite {self.path}{where_}: {message if message.endswith(('.', '?', ')')) else message + '.'}"
-        )
+        return f"suite {self.path}{where_}: {message if message.endswith(('.', '?', ')')) else message + '.'}"
 
     def model(self, model: type[SpecModel], raw: Any, keypath: str = "") -> Any:
-        try:
-            return model.model_validate(raw)
-        except ValidationError as err:
-            loc, text = problem(model, err.errors())
-        raise self.fail(".".join(filter(None, (keypath, where(loc)))), text)
+        return validate(
+            model, raw, lambda loc, text: self.say(".".join(filter(None, (keypath, where(loc)))), text)
+        )
 
 
 def _refuse_non_finite(errors: _Errors, raw: Any) -> None:
