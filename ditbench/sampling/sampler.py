@@ -43,14 +43,8 @@ def check_args(args) -> None:
     for name in ("num_samples", "batch_size", "num_classes"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least 1.")
-    # the quality section's sampler, its bounds: --steps, --cfg-scale (1 turns guidance off)
-    settings = {
-        "name": args.sampler,
-        "steps": args.steps,
-        "cfg_scale": args.cfg_scale,
-        "precision": args.precision,
-    }
-    from_flags(Sampler, settings)
+    # the bounds of the quality section's sampler (--sampler and --precision are checked as choices)
+    from_flags(Sampler, {"steps": args.steps, "cfg_scale": args.cfg_scale})
     bounds = (  # beyond them a value is a typo, and an allocation the size of the typo
         ("seed", 0, SEED_MAX),
         ("num_classes", 1, MAX_CLASSES),
