@@ -173,7 +173,7 @@ def main() -> int:
     args = parser.parse_args()
     import platform
 
-    from ditbench.bench.suite import load_suite
+    from ditbench.spec.suite import load_suite
 
     suite = load_suite(args.suite)
     inside = args.suite.resolve().is_relative_to(HERE.parent)

@@ -55,13 +55,13 @@ from ditbench.bench.runner import (
     select_cells,
     sigterm_as_interrupt,
 )
-from ditbench.bench.suite import Suite, SuiteCell
 from ditbench.bench.summary import format_line, write_summary
 from ditbench.errors import UserError, shorten
 from ditbench.fileio import read_regular, write_json_atomic
 from ditbench.outlock import OutputLock
 from ditbench.outpaths import ensure_dir
 from ditbench.precision import unsupported_reason
+from ditbench.spec.suite import Suite, SuiteCell
 
 JOBS_DIR = ".jobs"
 POLL_S = 2.0

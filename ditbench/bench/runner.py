@@ -45,7 +45,6 @@ from ditbench.bench import inflight
 from ditbench.bench.launch.base import for_cell as launcher_for
 from ditbench.bench.records import read_records
 from ditbench.bench.repeats import REPEATS_MAX, combined, latest_by_repeat
-from ditbench.bench.suite import TIMEOUT_MAX_S, Suite, SuiteCell
 from ditbench.bench.summary import format_line, write_summary
 from ditbench.device import cuda_visible, device_type
 from ditbench.errors import UserError, shorten
@@ -53,6 +52,7 @@ from ditbench.faults import FAULT_ENV, FAULT_RANK_ENV, check_fault_rank, parse_f
 from ditbench.outlock import HELD_NAME, LOCK_NAME, OutputLock
 from ditbench.outpaths import check_kept, ensure_dir
 from ditbench.precision import unsupported_reason
+from ditbench.spec.suite import TIMEOUT_MAX_S, Suite, SuiteCell
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.md"

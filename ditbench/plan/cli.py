@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -119,17 +118,37 @@ def _ints(values: list[str] | None, default, what: str) -> list[int]:
             value = int(text)
         except ValueError:
             raise UserError(f"--{what} takes positive integers, got {shorten(text)}") from None
-        if value < 1 or value > 1 << 20:
-            raise UserError(f"--{what} takes integers from 1 to 1048576, got {value}")
         out.append(value)
     return sorted(set(out))
 
 
-def _series(args: argparse.Namespace):
-    from ditbench.plan.grid import DEFAULT_BATCHES, DEFAULT_GRAD_CKPT, DEFAULT_PRECISIONS, grid, paper_models
+def _request(args: argparse.Namespace):
+    """The flags that take values, validated once; the grid's only without a suite (whose cells bring
+    their own, and `_refuse_grid_flags` says so)."""
+    from ditbench.plan.grid import DEFAULT_BATCHES, DEFAULT_GRAD_CKPT, DEFAULT_PRECISIONS, paper_models
+    from ditbench.spec.base import from_flags
+    from ditbench.spec.plan import PlanRequest
 
     if args.suite is not None and "=" in args.suite and not Path(args.suite).exists():
         args.suite, args.overrides = None, [args.suite, *args.overrides]  # `plan key=value`: no suite
+    given = {
+        k: getattr(args, k)
+        for k in ("context_gib", "jobs", "target_batch", "gpus", "target_steps", "target_images")
+    }
+    if args.suite is None:
+        given.update(
+            models=_list(args.models, paper_models(), "models"),
+            precisions=_list(args.precisions, DEFAULT_PRECISIONS, "precisions"),
+            grad_ckpt=_list(args.grad_ckpt, DEFAULT_GRAD_CKPT, "grad-ckpt"),
+            batches=_ints(args.batches, DEFAULT_BATCHES, "batches"),
+            image_size=256 if args.image_size is None else args.image_size,
+        )
+    return from_flags(PlanRequest, given)
+
+
+def _series(args: argparse.Namespace, request):
+    from ditbench.plan.grid import grid
+
     if args.suite is None:
         if args.overrides:
             raise UserError(
@@ -138,31 +157,24 @@ def _series(args: argparse.Namespace):
                 "--image-size, --impl and --optimizer-impl"
             )
         base = {
-            "image_size": 256 if args.image_size is None else args.image_size,
+            "image_size": request.image_size,
             "impl": args.impl or "ditbench",
             "optimizer_impl": args.optimizer_impl or "auto",
         }
-        models = _list(args.models, paper_models(), "models")
-        precisions = _list(args.precisions, DEFAULT_PRECISIONS, "precisions")
-        from ditbench.precision import PRECISIONS
-
-        for p in precisions:
-            if p not in PRECISIONS:
-                raise UserError(
-                    f"--precisions: unknown precision {shorten(p)}; valid: {', '.join(PRECISIONS)}"
-                )
-        ckpts = _list(args.grad_ckpt, DEFAULT_GRAD_CKPT, "grad-ckpt")
-        batches = _ints(args.batches, DEFAULT_BATCHES, "batches")
         from ditbench.expansion import check_count, factors, matrix_count
 
-        axes = {"models": models, "precisions": precisions, "grad-ckpt": ckpts, "batches": batches}
+        r = request
+        axes = {
+            "models": r.models,
+            "precisions": r.precisions,
+            "grad-ckpt": r.grad_ckpt,
+            "batches": r.batches,
+        }
         check_count(matrix_count(axes), args.max_cells, "the plan grid", factors(axes))
-        if base["image_size"] < 8 or base["image_size"] % 8:
-            raise UserError(f"--image-size must be a positive multiple of 8, got {base['image_size']}")
-        return grid(models, precisions, ckpts, batches, base), None
+        return grid(r.models, r.precisions, r.grad_ckpt, r.batches, base), None
     _refuse_grid_flags(args)
-    from ditbench.bench.suite import load_suite
     from ditbench.plan.grid import suite_grid
+    from ditbench.spec.suite import load_suite
 
     suite = load_suite(args.suite, args.overrides, max_cells=args.max_cells)
     device = "cuda" if (args.card or args.memory_gib is not None) else None
@@ -249,17 +261,12 @@ def run(args: argparse.Namespace) -> int:
     from ditbench.plan.tree import DEFAULT_TARGET_BATCH, class_cards, decision_tree
 
     warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
-    context = DEFAULT_CONTEXT_GIB if args.context_gib is None else args.context_gib
-    if not math.isfinite(context) or context < 0:
-        raise UserError(f"--context-gib must be a finite number of GiB >= 0, got {context}")
-    if args.jobs is not None and not 1 <= args.jobs <= 64:
-        raise UserError(f"--jobs must be between 1 and 64, got {args.jobs}")
-    if args.target_batch is not None and args.target_batch < 1:
-        raise UserError(f"--target-batch must be a positive integer, got {args.target_batch}")
-    target_batch = DEFAULT_TARGET_BATCH if args.target_batch is None else args.target_batch
+    request = _request(args)
+    context = DEFAULT_CONTEXT_GIB if request.context_gib is None else request.context_gib
+    target_batch = DEFAULT_TARGET_BATCH if request.target_batch is None else request.target_batch
     records = _read_results(args.results) if args.results else []
-    speed = _speed_options(args)
-    series, suite = _series(args)
+    speed = _speed_options(args, request)
+    series, suite = _series(args, request)
     main = _budgets(args, suite, series, context)
     cuda = any(s.config["device"] == "cuda" for s in series)
     _refuse_unused(args, cuda)
@@ -274,7 +281,7 @@ def run(args: argparse.Namespace) -> int:
     budgets = [main] + [budget(card, context) for _, card in tree_cards]
 
     start = time.perf_counter()
-    jobs = args.jobs or default_jobs()
+    jobs = request.jobs or default_jobs()
     with _progress(len(series), args.no_cache) as bar:
         results = evaluate(series, budgets, jobs, lambda n, total, s: bar.update(1), not args.no_cache, speed)
     seconds = time.perf_counter() - start
@@ -352,15 +359,10 @@ def _shipped():
     return shipped()
 
 
-def _speed_options(args: argparse.Namespace):
+def _speed_options(args: argparse.Namespace, request):
     from ditbench.plan.predict import SpeedOptions
     from ditbench.plan.speed import DEFAULT_TARGET_STEPS
 
-    for flag in ("gpus", "target_steps", "target_images"):
-        value = getattr(args, flag)
-        if value is not None and not 1 <= value <= (4096 if flag == "gpus" else 10**12):
-            top = 4096 if flag == "gpus" else "10^12"
-            raise UserError(f"--{flag.replace('_', '-')} must be an integer from 1 to {top}, got {value}")
     calibration = None
     if args.calibrate is not None:
         from ditbench.plan.calibration import from_records
@@ -368,9 +370,9 @@ def _speed_options(args: argparse.Namespace):
         calibration = from_records(args.calibrate, _read_results(args.calibrate, "--calibrate"))
     return SpeedOptions(
         calibration=calibration,
-        gpus=args.gpus or 1,
-        target_steps=args.target_steps or DEFAULT_TARGET_STEPS,
-        target_images=args.target_images,
+        gpus=request.gpus or 1,
+        target_steps=request.target_steps or DEFAULT_TARGET_STEPS,
+        target_images=request.target_images,
     )
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from ditbench.cards import DATASHEETS, Datasheet
 from ditbench.errors import UserError
+from ditbench.precision import LOW_PRECISIONS
 
 SHIPPED = Path(__file__).with_name("speed_calibration.json")
 # Fitted parameters, their starting values and bounds.
@@ -75,7 +76,7 @@ def datasheet(card: str | None) -> Datasheet | None:
 
 
 def _peak(sheet: Datasheet, cat: str, dtype: str, precision: str) -> float:
-    if dtype in ("fp16", "bf16"):
+    if dtype in LOW_PRECISIONS:
         return sheet.fp16
     if cat == "matmul" and precision == "tf32":
         return sheet.tf32

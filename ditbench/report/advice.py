@@ -18,6 +18,7 @@ import pandas as pd
 from ditbench.errors import UserError
 from ditbench.intervals import median_interval
 from ditbench.models.configs import get_config
+from ditbench.precision import LOW_PRECISIONS
 from ditbench.report.cells import cell_label as _cell
 from ditbench.report.cells import knobs, pairs
 from ditbench.report.load import value
@@ -75,7 +76,7 @@ def check_fp16_halves(df: pd.DataFrame) -> AdviceCheck:
         f"held when fp16's peak allocated GPU memory is at most {FP16_HALVES_MAX_RATIO:.0%} of fp32's "
         "(median over cells that differ only in precision)"
     )
-    for used in ("fp16", "bf16"):  # bf16 stands in where no fp16 cell was measured
+    for used in LOW_PRECISIONS:  # bf16 stands in where no fp16 cell was measured
         found = [
             (x, y)
             for x, y in pairs(df, {"precision": used}, {"precision": "fp32"})

@@ -24,6 +24,7 @@ from ditbench.errors import UserError
 from ditbench.imageload import GRID_PIXELS, load_rgb
 from ditbench.metrics import registry
 from ditbench.metrics.spec import Output
+from ditbench.precision import LOW_PRECISIONS
 from ditbench.report.blocks import Block, Heading, Image, Para, Table, num
 from ditbench.report.cells import cell_label
 from ditbench.report.gate.policy import DEFAULT_QUALITY_NOISE_K
@@ -316,8 +317,7 @@ def _grids_figure(df: pd.DataFrame, cells) -> bytes | None:
 # ------------------------------------------------------------------------------------------ advice
 
 QUALITY_CHANGES = (
-    ("fp16", {"precision": "fp16"}, {"precision": "fp32"}),
-    ("bf16", {"precision": "bf16"}, {"precision": "fp32"}),
+    *((p, {"precision": p}, {"precision": "fp32"}) for p in LOW_PRECISIONS),
     ("checkpointing", {"grad_ckpt": "full"}, {"grad_ckpt": "none"}),
 )
 

@@ -47,14 +47,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--num-samples", type=int, default=50_000, help="(default: %(default)s, the FID protocol)"
     )
+    from ditbench.spec.quality import SAMPLERS, Sampler
+
+    default = Sampler()  # the quality section's sampler: the same defaults and bounds
     parser.add_argument(
-        "--steps", type=int, default=250, help="sampling steps, respaced from 1000 (default: %(default)s)"
+        "--steps",
+        type=int,
+        default=default.steps,
+        help="sampling steps, respaced from 1000 (default: %(default)s)",
     )
-    parser.add_argument("--sampler", choices=("ddpm", "ddim"), default="ddpm", help="(default: %(default)s)")
+    parser.add_argument("--sampler", choices=SAMPLERS, default=default.name, help="(default: %(default)s)")
     parser.add_argument(
         "--cfg-scale",
         type=float,
-        default=1.5,
+        default=default.cfg_scale,
         help="classifier-free guidance scale; 1 = off (default: %(default)s)",
     )
     parser.add_argument(

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import sys
@@ -15,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 
-from ditbench.diffusion import NUM_TIMESTEPS
 from ditbench.errors import UserError
 from ditbench.fileio import atomic_write, read_regular, write_json_atomic
 from ditbench.pretrained import DIT_CHECKPOINTS, is_vae_name, resolve_checkpoint
@@ -37,18 +35,16 @@ FAIL_AFTER_ENV = "DITBENCH_SAMPLE_FAIL_AFTER_SHARDS"
 
 
 def check_args(args) -> None:
-    from ditbench.knobs import MAX_CLASSES, MAX_IMAGE_SIZE, SEED_MAX
+    from ditbench.spec.base import from_flags
+    from ditbench.spec.knobs import MAX_CLASSES, MAX_IMAGE_SIZE, SEED_MAX
+    from ditbench.spec.quality import Sampler
     from ditbench.vae import LATENT_CHANNELS
 
-    for name in ("num_samples", "batch_size", "steps", "num_classes"):
+    for name in ("num_samples", "batch_size", "num_classes"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least 1.")
-    if args.steps > NUM_TIMESTEPS:
-        raise UserError(
-            f"--steps {args.steps} must be at most {NUM_TIMESTEPS} (the diffusion has {NUM_TIMESTEPS} steps)."
-        )
-    if not (math.isfinite(args.cfg_scale) and args.cfg_scale >= 1.0):
-        raise UserError(f"--cfg-scale {args.cfg_scale} must be a finite number >= 1 (1 turns guidance off).")
+    # the bounds of the quality section's sampler (--sampler and --precision are checked as choices)
+    from_flags(Sampler, {"steps": args.steps, "cfg_scale": args.cfg_scale})
     bounds = (  # beyond them a value is a typo, and an allocation the size of the typo
         ("seed", 0, SEED_MAX),
         ("num_classes", 1, MAX_CLASSES),

@@ -58,7 +58,7 @@ WHERE = "the progress folder of --out"
 
 def check_arguments(out, image_size: int, batch_size: int, shard_size: int, workers: int, seed: int) -> Path:
     """Refuse, before any work, what would fail midway (UserError naming the option)."""
-    from ditbench.knobs import MAX_IMAGE_SIZE, SEED_MAX
+    from ditbench.spec.knobs import MAX_IMAGE_SIZE, SEED_MAX
 
     for flag, value, low, high in (
         ("--image-size", image_size, 1, MAX_IMAGE_SIZE),

@@ -24,7 +24,7 @@ from PIL import Image
 
 from ditbench.bench import inflight
 from ditbench.bench.records import read_records
-from ditbench.bench.suite import load_suite
+from ditbench.spec.suite import load_suite
 from ditbench.cli import main
 from ditbench.outlock import OutputLock
 

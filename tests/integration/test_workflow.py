@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ditbench.bench.catalog import shipped_suites
-from ditbench.bench.suite import load_suite
+from ditbench.spec.catalog import shipped_suites
+from ditbench.spec.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "gpu-regression.yml"

@@ -517,7 +517,7 @@ def test_large_matrix_gate_counts(tmp_path):
 
 
 def test_shipped_ci_policy_and_workflow_agree():
-    from ditbench.bench.suite import load_suite
+    from ditbench.spec.suite import load_suite
     from ditbench.report.load import flatten
 
     policy = load_policy(ROOT / "baselines" / "ci_gate" / "policy.yaml")

@@ -14,7 +14,7 @@ from ditbench.bench.launch import executors
 from ditbench.bench.launch.executors import JobRef
 from ditbench.bench.launch.srun import started_path
 from ditbench.bench.runner import RunOptions, SuiteRun, Visible
-from ditbench.bench.suite import load_suite
+from ditbench.spec.suite import load_suite
 
 
 def suite(tmp_path):

@@ -17,7 +17,7 @@ import torch
 
 from ditbench.cards import DATASHEETS, Datasheet, find_card
 from ditbench.errors import UnsupportedError, UserError
-from ditbench.knobs import Knobs
+from ditbench.spec.knobs import Knobs
 from ditbench.plan import allocator, batch, calibration, grid, kernels, predict, speed, tree
 from ditbench.plan.emulation import CPU, cuda_target
 from ditbench.plan.trace import Trace

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ditbench.knobs import Knobs
+from ditbench.spec.knobs import Knobs
 from ditbench.plan.batch import probe_batch, trace_series
 from ditbench.plan.emulation import CPU, cuda_target
 from ditbench.plan.trace import trace_training

@@ -16,8 +16,8 @@ from ditbench.bench.launch.files import write_result
 from ditbench.bench.records import read_records, record_problem
 from ditbench.bench.repeats import cell_groups, combine
 from ditbench.bench.runner import RunOptions, run_suite
-from ditbench.bench.suite import load_suite
-from ditbench.bench.suite_schema import suite_schema
+from ditbench.spec.suite import load_suite
+from ditbench.spec.suite import suite_schema
 from ditbench.errors import UserError
 from ditbench.faults import Fault, FaultyStep, parse_fault_spec
 from ditbench.intervals import median_interval

@@ -13,7 +13,7 @@ import pytest
 from report_support import A6000_ENV, RTX4090_ENV, cell, emulated, on_card
 from synthetic_records import CPU_ENV, make_record, write_jsonl
 
-from ditbench.bench.suite import load_suite
+from ditbench.spec.suite import load_suite
 from ditbench.errors import UserError
 from ditbench.report.claim_check import check_claims
 from ditbench.report.claims import CLAIMS_DIR, load_claims, parse_claims, resolve_claims
@@ -92,7 +92,7 @@ BAD = [
     ("claims: [{says: x, metric: stepz_per_s, value: 1}]", "Did you mean `steps_per_s`?"),
     ("claims: [{says: x, cell: {model: DiT-L/5}, metric: steps_per_s, value: 1}]", "claims[0].cell.model"),
     ("claims: [{says: x, cell: {precision: fp8}, metric: steps_per_s, value: 1}]", "unknown precision"),
-    ("claims: [{says: x, cell: {batch_size: 1.5}, metric: steps_per_s, value: 1}]", "batch_size is a whole"),
+    ("claims: [{says: x, cell: {batch_size: 1.5}, metric: steps_per_s, value: 1}]", "batch_size must be an integer from 1"),
     ("claims: [{says: x, cell: {modle: DiT-L/4}, metric: steps_per_s, value: 1}]", "Did you mean `model`?"),
     (
         "claims: [{says: x, cell: {model: []}, metric: steps_per_s, value: 1}]",

@@ -112,12 +112,12 @@ LAYERS: list[tuple[str, ...]] = [
         "ditbench.escape", "ditbench.expansion", "ditbench.imageload", "ditbench.inputcheck",
         "ditbench.extras", "ditbench.intervals", "ditbench.interval_text",
     ),
-    # the network, the diffusion, process groups, the knob table
-    ("ditbench.models", "ditbench.diffusion", "ditbench.dist", "ditbench.knobs"),
+    # the network, the diffusion, process groups, the typed spec (knobs, cells, suites)
+    ("ditbench.models", "ditbench.diffusion", "ditbench.dist", "ditbench.spec"),
     # what one process does: train, sample, score
     ("ditbench.train", "ditbench.sampling", "ditbench.metrics"),
-    # the typed cell spec, sample quality during training, the memory planner
-    ("ditbench.cellspec", "ditbench.quality", "ditbench.plan"),
+    # sample quality during training, the memory planner
+    ("ditbench.quality", "ditbench.plan"),
     # suites, runners, launchers, records
     ("ditbench.bench",),
     # reading records back: reports, claims, the gate

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ditbench.bench.catalog import SUITES_DIR, resolve_suite, shipped_suites
-from ditbench.bench.suite import load_suite
+from ditbench.spec.catalog import SUITES_DIR, resolve_suite, shipped_suites
+from ditbench.spec.suite import load_suite
 from ditbench.cli import main
 from ditbench.errors import UserError
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ditbench.bench import threads
-from ditbench.cellspec import CellSpec
+from ditbench.spec.cell import CellSpec
 
 # What a multi-process cell's ranks run, whoever starts them (torchrun, or a submitit job's tasks)
 RANK_MODULE = "ditbench.bench.launch.rank"

@@ -26,9 +26,9 @@ import ditbench
 from ditbench.bench import cell_core
 from ditbench.bench.launch import procs
 from ditbench.bench.launch.files import read_spec, write_result, write_spec
-from ditbench.cellspec import CellSpec
 from ditbench.errors import UserError
 from ditbench.fileio import open_log
+from ditbench.spec.cell import CellSpec
 
 MODULE = "ditbench.bench.launch.process"
 TORCHRUN_MODULE = "ditbench.bench.launch.torchrun"

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from ditbench.bench.launch import base, procs
 from ditbench.bench.launch.files import read_report, read_spec, write_result
-from ditbench.cellspec import CellSpec
 from ditbench.fileio import open_log, write_atomic, write_json_atomic
+from ditbench.spec.cell import CellSpec
 
 POLL_S = 0.2
 PEER_GRACE_S = 10.0  # a failed peer's rank is given this long to write its own report, then stopped
