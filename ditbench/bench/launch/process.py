@@ -1,10 +1,10 @@
-"""A cell in a fresh process of its own: how the runner starts every cell, and the one-process cell.
+"""A cell in a fresh process of its own: the default executor (`Processes`), and the one-process cell.
 
-Parent side, `FreshProcess` (a `launch.base.Launcher`): the runner starts `python -m MODULE
-SPEC.json RESULT.json` in a session of its own (so a timeout kills its whole process group, and it
-dies with the runner), waits, and leaves RESULT.json for the runner: the cell's own, or one saying
-how the process died. MODULE is this one for a one-process cell (`ONE_PROCESS`) and
-`launch.torchrun` (which starts the ranks) for a multi-process one (`TORCHRUN`).
+Parent side, `FreshProcess` (a `launch.base.Launcher`): `PYTHON -m MODULE SPEC.json RESULT.json` in a
+session of its own (so a timeout kills its whole process group, and it dies with its parent), waited
+for; RESULT.json is then the cell's own, or one saying how the process died. MODULE is this one for a
+one-process cell (`ONE_PROCESS`) and `launch.torchrun` (which starts the ranks) for a multi-process
+one (`TORCHRUN`). `Processes` (a `launch.base.Executor`) runs a suite's cells so, one at a time.
 
 Child side, `main`: `python -m ditbench.bench.launch.process SPEC.json RESULT.json` measures
 the cell (`bench.cell_core`), smoke-trains it and evaluates its sample quality if asked, and writes the
@@ -18,13 +18,15 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import ditbench
 from ditbench.bench import cell_core
 from ditbench.bench.launch import procs
+from ditbench.bench.launch.base import Pending, for_cell
 from ditbench.bench.launch.files import read_spec, write_result, write_spec
 from ditbench.cellspec import CellSpec
 from ditbench.errors import UserError
@@ -35,19 +37,25 @@ TORCHRUN_MODULE = "ditbench.bench.launch.torchrun"
 LOG_TAIL_BYTES = 64_000  # enough for the traceback lines a record keeps
 
 
-def child_env() -> dict[str, str]:
+def child_env(python: str = sys.executable, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This environment, `extra` over it; a child of this interpreter imports this copy of ditbench
+    (another interpreter, e.g. a side of `ditbench ab`, imports its own)."""
     env = dict(os.environ)
-    package_root = str(Path(ditbench.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    if python == sys.executable:
+        package_root = str(Path(ditbench.__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # torch and NVML then agree on device indices
+    env.update(extra or {})
     return env
 
 
 @dataclass(frozen=True)
 class FreshProcess:
-    """A `launch.base.Launcher`: `python -m MODULE SPEC.json RESULT.json` in a session of its own."""
+    """A `launch.base.Launcher`: `PYTHON -m MODULE SPEC.json RESULT.json` in a session of its own."""
 
     module: str
+    python: str = sys.executable
+    env: Mapping[str, str] | None = field(default=None, hash=False)  # over this process's environment
 
     def launch(
         self,
@@ -63,10 +71,10 @@ class FreshProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open_log(log_path) as log:  # O_NOFOLLOW: a link planted in logs/ is refused, not truncated
             proc = subprocess.Popen(
-                [sys.executable, "-m", self.module, str(spec_path), str(result_path)],
+                [self.python, "-m", self.module, str(spec_path), str(result_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=child_env(),
+                env=child_env(self.python, self.env),
                 start_new_session=True,  # its own process group, which a timeout kills as a whole
                 preexec_fn=procs.die_with_parent(signal.SIGKILL),  # no orphan keeps the GPU
             )
@@ -85,6 +93,47 @@ class FreshProcess:
 
 ONE_PROCESS = FreshProcess(MODULE)
 TORCHRUN = FreshProcess(TORCHRUN_MODULE)  # launch.torchrun's parent starts the ranks
+
+
+@dataclass(frozen=True)
+class Processes:
+    """The executor of `ditbench run`: each cell a fresh process on this machine (torchrun's parent for
+    several ranks), one at a time; `submit` returns when the cell has ended, Ctrl-C kills it.
+
+    `python` and `env` (over this environment) are what every cell runs in: `ditbench ab` runs each
+    side's cells in that side's interpreter. `launchers` (spec -> Launcher) stands in for tests.
+    """
+
+    python: str = sys.executable
+    env: Mapping[str, str] | None = field(default=None, hash=False)
+    launchers: Callable | None = field(default=None, hash=False)
+    waits, remote, poll_s = True, False, 0.0
+
+    def verdict(self, cell, visible, rendezvous: dict | None = None) -> tuple[str, str] | None:
+        from ditbench.bench.runner import precheck
+
+        return precheck(cell, visible, rendezvous)
+
+    def start(self, out: Path, say) -> list[Pending]:
+        return []  # a killed run's cells died with it; `inflight.adopt` appends what they finished
+
+    def submit(self, jobs: list[Pending]) -> None:
+        for job in jobs:
+            spec, ticket = job.cell.spec, job.ticket
+            if self.launchers is not None:
+                launcher = self.launchers(spec)
+            else:
+                launcher = replace(for_cell(spec), python=self.python, env=self.env)
+            launcher.launch(spec, job.about, job.timeout_s, ticket.spec_path, ticket.result_path, job.log)
+
+    def poll(self, jobs: list[Pending]) -> list[Pending]:
+        return list(jobs)  # `submit` waited for them
+
+    def cancel(self, jobs: list[Pending], decide=None) -> None:
+        pass  # nothing outlives `submit`: an interrupted launch kills its cell
+
+    def collect(self, job: Pending) -> dict[str, Any]:
+        return {}
 
 
 def timed_out(timeout_s: float, log_path: Path) -> dict[str, Any]:
