@@ -30,8 +30,8 @@ from ditbench.bench.launch import executors
 from ditbench.bench.launch.base import Pending
 from ditbench.bench.launch.executors import JobRef
 from ditbench.bench.launch.files import write_spec
-from ditbench.bench.launch.srun import started_path
-from ditbench.bench.runner import JOBS_DIR, RunOptions, Visible, now_iso, precheck, run_suite, started
+from ditbench.bench.launch.srun import read_started, started_path
+from ditbench.bench.runner import JOBS_DIR, RunOptions, Visible, now_iso, precheck, run_suite
 from ditbench.bench.suite import Suite, SuiteCell
 from ditbench.errors import UserError, shorten
 from ditbench.precision import unsupported_reason
@@ -200,7 +200,7 @@ class Submitit:
         wrote_result = ticket.result_path.exists()
         if not wrote_result:
             inflight.write_result_file(ticket, ended_result(job))
-        info = started(ticket)
+        info = read_started(ticket.result_path)
         extra: dict[str, Any] = {"duration_s": 0.0}  # a job that never started took no time
         begin = info.get("started_unix")
         if isinstance(begin, (int, float)) and not isinstance(begin, bool):

@@ -1,52 +1,42 @@
-"""The suite loop: every cell of a suite through one executor, one record per cell appended to results.jsonl.
+"""The suite loop: every cell of a suite through one executor (`launch.base.Executor`), one record per
+cell appended to results.jsonl. By default each cell is a fresh process here (`launch.process`), with
+`--executor local|slurm` a submitit job (`bench.jobs`); everything below holds for every executor.
 
-Executors (`launch.base.Executor`): by default each cell runs in a fresh process of its own session
-on this machine (`launch.process.Processes`: one process, or torchrun's for several), so the
-allocator and its peak counters start clean, and a crash, an out-of-memory or a hang in one cell
-cannot take the suite down; a timeout kills the cell's whole process group. `--executor local|slurm`
-submits each cell as a submitit job (`bench.jobs.Submitit`). Everything below holds for every one.
-
-Resume: a rerun into the same directory skips cells whose latest record is `ok` (same cell_id);
-`force=True` reruns everything. A job an earlier (killed) run submitted is waited for, never
-submitted again, and its result appended (`Executor.start`).
+Resume: a rerun into the same folder skips cells whose latest record is `ok` (same cell_id; `force`
+reruns them), appends what a killed run finished, and waits for the jobs it submitted, never
+submitting them again. Ctrl-C (or SIGTERM) cancels every cell still running or queued.
 
 Repeats (`repeats: K`, `run --repeats K`): every cell K times, each in a fresh process, round-robin
 (cell 1 repeat 1, cell 2 repeat 1, ..., cell 1 repeat 2, ...) so that a load spike hits every cell
-alike; each repeat is a record of its own (`repeat`, `repeats`), and resume skips the repeats whose
-latest record is `ok`. A repeat that fails (oom, error, ...) stops the cell's later repeats
-(`skipped`, naming it). `bench.repeats` makes one figure of a cell's repeats.
+alike; each repeat is a record of its own (`repeat`, `repeats`). A repeat that fails (oom, error,
+...) stops the cell's later repeats (`skipped`, naming it). `bench.repeats` makes one figure of them.
 
 Out of memory: after an out-of-memory at batch B, the larger batches of the same series (the same
-cell except the batch size) are recorded `skipped` without being started.
+cell except the batch size) are recorded `skipped` without being started (queued jobs cancelled).
+With the suite's `plan` option (`bench.plan_option`) every record holds the planner's prediction,
+cells predicted not to fit are `skipped` unrun, and each series runs largest batch first.
 
 One writer, nothing lost: a run holds the output folder's lock (`ditbench.outlock`) from start to
-end, so a second run on the same folder stops at once naming the first. Each cell's result goes
-through `<out>/.inflight/` (`bench.inflight`): written there, appended once, then removed; a run
-killed between a cell's end and its append leaves the result there, and the next run appends it.
-
-Planning: with the suite's `plan` option (`bench.plan_option`) every record holds the planner's
-prediction, cells predicted not to fit are `skipped` unrun, and each series runs largest batch first.
+end. Each cell's result goes through its ticket (`bench.inflight`): written, appended once, removed.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
-import json
 import secrets
-import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ditbench.bench import inflight
+from ditbench.bench.launch import procs
 from ditbench.bench.launch.base import Executor, Pending
 from ditbench.bench.launch.base import for_cell as launcher_for
 from ditbench.bench.launch.process import Processes
-from ditbench.bench.launch.srun import started_path
+from ditbench.bench.launch.srun import read_started
 from ditbench.bench.records import read_records
 from ditbench.bench.repeats import combined, latest_by_repeat, repeat_of
 from ditbench.bench.runopts import (
@@ -173,7 +163,7 @@ def _run_locked(suite, options: RunOptions, out: Path, say, executor: Executor) 
     k = options.repeats or suite.repeats
     run = SuiteRun(suite, options, run_id, env, Visible.detect(), out, {}, planner, k, executor)
     try:
-        with sigterm_as_interrupt():
+        with procs.sigterm_as_interrupt():
             run.run(select_cells(suite, options.cell_filters), say)
     except BaseException:  # Ctrl-C, SIGTERM, a refused submission
         run.cancel()
@@ -191,25 +181,6 @@ def print_line(line: str) -> None:
 
     tqdm.write(line, file=sys.stdout)  # above the bar, which lives on stderr
     sys.stdout.flush()  # a line per cell shows at once in a piped log, not at exit
-
-
-@contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops the run like Ctrl-C (so the running cell is killed too), in the main thread."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _interrupt(_signum, _frame):
-    raise KeyboardInterrupt
 
 
 class SuiteRun:
@@ -463,16 +434,12 @@ def _repeat(job: Pending) -> int:
     return repeat_of(job.ticket.read_context())
 
 
-def started(ticket: inflight.Ticket) -> dict[str, Any]:
-    """What a job's task 0 wrote when it started (`srun.run_task`): {} before that, or for a process."""
-    try:
-        found = json.loads(started_path(ticket.result_path).read_text())
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
-
-
 def _watched(job: Pending) -> tuple[str, str, str | None, dict | None]:
     """(key, cell name, job id, what its start wrote or None) of a job the run waits for."""
     name = job.cell.cell_name if job.cell else job.ticket.key
-    return job.ticket.key, name, getattr(job.ref, "job_id", None), started(job.ticket) or None
+    return (
+        job.ticket.key,
+        name,
+        getattr(job.ref, "job_id", None),
+        read_started(job.ticket.result_path) or None,
+    )
