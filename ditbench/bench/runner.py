@@ -183,6 +183,9 @@ def print_line(line: str) -> None:
     sys.stdout.flush()  # a line per cell shows at once in a piped log, not at exit
 
 
+NO_FAILURE = ("ok", "skipped", "unsupported")  # statuses that rule no other cell out
+
+
 class SuiteRun:
     """One run of a suite through its executor: what to run and in which order, each cell's ticket
     (opened, handed to the executor, its result appended once), the OOM skip, the planner's skip and
@@ -294,7 +297,7 @@ class SuiteRun:
                 self.bar.set_postfix_str(cell.cell_name)
                 self.watch.start(taken, cell)
                 # before the clock starts: the first cell of a series waits for its series' trace
-                decided = self.decide(cell, verdict := self.verdict(cell), self.skip(cell, verdict))
+                decided = self.rules_out(cell, self.verdict(cell))
                 job = self.open(cell, repeat)
                 if decided is None:
                     batch.append(job)
@@ -380,8 +383,8 @@ class SuiteRun:
         record = inflight.commit(self.results_path, job.ticket, max(0.0, duration), complete)
         if job.cell is not None:
             self.note(job.cell, record)
-        if record["status"] == "oom" and self.pending:
-            self.executor.cancel(self.pending, self.decide)
+        if record["status"] not in NO_FAILURE and self.pending:  # it may rule out queued jobs (`rules_out`)
+            self.executor.cancel(self.pending, self.rules_out)
         return record
 
     def cancel(self) -> None:
@@ -399,8 +402,12 @@ class SuiteRun:
             if known is None or cell.config["batch_size"] < known[0]:
                 self.oom_at[cell.series_key] = (cell.config["batch_size"], cell.cell_name)
         self.latest[cell.cell_id] = record
-        if self.repeats > 1 and record["status"] not in ("ok", "skipped", "unsupported"):
+        if self.repeats > 1 and record["status"] not in NO_FAILURE:
             self.failed_repeat.setdefault(cell.cell_id, record)
+
+    def rules_out(self, cell: SuiteCell, verdict=None) -> dict[str, Any] | None:
+        """The result of a cell that must not start now (`decide`, with `skip`'s reasons), else None."""
+        return self.decide(cell, verdict, self.skip(cell, verdict))
 
     def skip(self, cell: SuiteCell, verdict) -> str | None:
         """Why a cell this executor could run must not start: predicted not to fit (the planner's trace
