@@ -132,13 +132,8 @@ def run_suite(
     executor = executor or Processes(launchers=launcher_for)
     out = Path(options.out)
     check_out_dir(out, create=True)
-    rdzv = options.rendezvous or {}
-    hint = (
-        "In a multi-node run every node needs its own --out, e.g. runs/NAME_node$NODE_RANK "
-        "(docs/distributed.md)."
-        if rdzv.get("nnodes", 1) > 1
-        else ""
-    )
+    hint = "In a multi-node run every node needs its own --out, e.g. runs/NAME_node$NODE_RANK "
+    hint = hint + "(docs/distributed.md)." if (options.rendezvous or {}).get("nnodes", 1) > 1 else ""
     with OutputLock(out, hint=hint):  # one run per folder, or two runs would each run every cell
         return _run_locked(suite, options, out, echo or print_line, executor)
 
@@ -149,10 +144,8 @@ def _run_locked(suite, options: RunOptions, out: Path, say, executor: Executor) 
     ensure_dir(out / LOGS_DIR, "--out's logs folder", probe=False)
     run_id = new_run_id()
     results_path = out / RESULTS_FILE
-    adopted = inflight.adopt(
-        results_path, inflight.inflight_dir(out), run_id, finish=inflight.scaling_finish(results_path)
-    )
-    for record in adopted:
+    finish = inflight.scaling_finish(results_path)
+    for record in inflight.adopt(results_path, inflight.inflight_dir(out), run_id, finish=finish):
         say(f"adopted the finished result of a killed run: {format_line(record)}")
     env = collect_env(probe_cuda=False)  # no CUDA context in the parent: it would hold device memory
     planner = None
@@ -191,19 +184,8 @@ class SuiteRun:
     (opened, handed to the executor, its result appended once), the OOM skip, the planner's skip and
     its prediction in each record, a failed repeat stopping the cell's later repeats."""
 
-    def __init__(
-        self,
-        suite,
-        options,
-        run_id,
-        env,
-        visible,
-        out: Path,
-        latest: dict[str, dict],
-        planner=None,
-        repeats: int = 1,
-        executor: Executor | None = None,
-    ):
+    def __init__(self, suite, options, run_id, env, visible, out: Path, latest: dict[str, dict],
+                 planner=None, repeats: int = 1, executor: Executor | None = None):  # fmt: skip
         self.suite, self.options, self.run_id, self.env, self.visible = suite, options, run_id, env, visible
         self.out, self.latest, self.planner, self.repeats = out, latest, planner, repeats
         self.executor = executor or Processes(launchers=launcher_for)
@@ -369,16 +351,9 @@ class SuiteRun:
             record.update(extra)
             if record["run_id"] != self.run_id:
                 record["adopted_by"] = self.run_id  # measured by a killed run, appended by this one
-            if job.cell is None:
-                inflight.scaling_finish(self.results_path)(record)
-                return
-            if self.planner is not None:
+            if self.planner is not None and job.cell is not None:
                 self.planner.annotate(record, job.cell)
-            config = record["config"]
-            if config["gpus"] * config["nodes"] > 1:
-                from ditbench.bench.launch.aggregate import add_scaling_efficiency
-
-                add_scaling_efficiency(record, list(self.latest.values()))
+            inflight.scaling_finish(self.results_path)(record)
 
         record = inflight.commit(self.results_path, job.ticket, max(0.0, duration), complete)
         if job.cell is not None:

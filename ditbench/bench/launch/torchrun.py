@@ -77,12 +77,8 @@ def torchrun_command(
         cmd.append("--standalone")  # local store on a free port: parallel jobs never collide
     else:
         job_id = rdzv.run_id or rdzv_id or "ditbench"
-        cmd += [
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={rdzv.endpoint}",
-            f"--rdzv-id={job_id}",
-            f"--node-rank={rdzv.node_rank}",
-        ]
+        cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv.endpoint}", f"--rdzv-id={job_id}"]
+        cmd.append(f"--node-rank={rdzv.node_rank}")
         if join_timeout_s:
             # The nodes reach a cell at different times (node 0 alone runs the one-node cells);
             # wait for the others as long as the cell may take, not torchrun's default 600 s.
