@@ -259,7 +259,7 @@ def _cluster_options(suite, args):
 def _executor(args, cluster):
     """What runs the cells: submitit's executor with --executor, else a fresh process per cell here."""
     if args.executor is None:
-        from ditbench.bench.launch.process import Processes
+        from ditbench.bench.runner import Processes
 
         return Processes()
     from ditbench.bench.jobs import Submitit

@@ -31,7 +31,8 @@ from ditbench.bench.launch.base import Pending
 from ditbench.bench.launch.executors import JobRef
 from ditbench.bench.launch.files import write_spec
 from ditbench.bench.launch.srun import read_started, started_path
-from ditbench.bench.runner import JOBS_DIR, RunOptions, Visible, now_iso, precheck, run_suite
+from ditbench.bench.runner import RunOptions, Visible, precheck, run_suite
+from ditbench.bench.runopts import JOBS_DIR, RESULTS_FILE, now_iso
 from ditbench.bench.suite import Suite, SuiteCell
 from ditbench.errors import UserError, shorten
 from ditbench.precision import unsupported_reason
@@ -104,8 +105,6 @@ class Submitit:
     def start(self, out: Path, say: Callable[[str], None]) -> list[Pending]:
         """The tickets earlier runs left in .jobs: removed, unless their job may still write a result."""
         self.folder, self.say = out / JOBS_DIR, say
-        from ditbench.bench.runopts import RESULTS_FILE
-
         appended = inflight.appended_keys(out / RESULTS_FILE)
         _sweep_orphans(self.folder)
         found = []

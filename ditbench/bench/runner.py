@@ -22,12 +22,10 @@ end. Each cell's result goes through its ticket (`bench.inflight`): written, app
 
 from __future__ import annotations
 
-import datetime as dt
-import secrets
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +33,6 @@ from ditbench.bench import inflight
 from ditbench.bench.launch import procs
 from ditbench.bench.launch.base import Executor, Pending
 from ditbench.bench.launch.base import for_cell as launcher_for
-from ditbench.bench.launch.process import Processes
 from ditbench.bench.launch.srun import read_started
 from ditbench.bench.records import read_records
 from ditbench.bench.repeats import combined, latest_by_repeat, repeat_of
@@ -45,8 +42,12 @@ from ditbench.bench.runopts import (
     RESULTS_FILE,
     SUMMARY_FILE,
     RunOptions,
+    already_recorded,
     check_options,
     check_out_dir,
+    new_run_id,
+    now_iso,
+    run_order,
     select_cells,
 )
 from ditbench.bench.suite import Suite, SuiteCell
@@ -92,33 +93,41 @@ def precheck(cell: SuiteCell, visible: Visible, rendezvous: dict | None = None) 
     return None
 
 
-def already_recorded(prev: dict | None, force: bool, verdict: Callable[[], tuple[str, str] | None]) -> bool:
-    """Whether a rerun leaves a cell as its latest record `prev` has it: ok, or unsupported here for the
-    same reason as last time (`verdict()`: a new line would say nothing new)."""
-    if force or prev is None or prev.get("status") not in ("ok", "unsupported"):
-        return False
-    return prev["status"] == "ok" or ((now := verdict()) is not None and prev.get("reason") == now[1])
+@dataclass(frozen=True)
+class Processes:
+    """The executor of `ditbench run` (a `launch.base.Executor`): each cell a fresh process on this
+    machine (`launch.process`: one, or torchrun's parent for several ranks), one at a time; `submit`
+    returns when the cell has ended, and Ctrl-C kills it. `python` and `env` (over this environment)
+    are what every cell runs in: `ditbench ab` runs each side's cells in that side's interpreter."""
 
+    python: str = sys.executable
+    env: Mapping[str, str] | None = field(default=None, hash=False)
+    waits, remote, poll_s = True, False, 0.0
 
-def run_order(cells: list[SuiteCell]) -> list[SuiteCell]:
-    """Suite order, except that within a series smaller batches go first (so an OOM can skip the rest)."""
-    first: dict[str, int] = {}
-    for i, cell in enumerate(cells):
-        first.setdefault(cell.series_key, i)
-    return sorted(cells, key=lambda c: (first[c.series_key], c.config["batch_size"]))
+    def verdict(self, cell, visible, rendezvous: dict | None = None) -> tuple[str, str] | None:
+        return precheck(cell, visible, rendezvous)
 
+    def start(self, out: Path, say) -> list[Pending]:
+        return []  # a killed run's cells died with it; `inflight.adopt` appends what they finished
 
-# ---------------------------------------------------------------------------------------------
+    def submit(self, jobs: list[Pending]) -> None:
+        for job in jobs:
+            launcher = launcher_for(job.cell.spec)  # a module global: tests stand a launcher in
+            if self.python != sys.executable or self.env:
+                launcher = replace(launcher, python=self.python, env=self.env)
+            ticket = job.ticket
+            launcher.launch(
+                job.cell.spec, job.about, job.timeout_s, ticket.spec_path, ticket.result_path, job.log
+            )
 
+    def poll(self, jobs: list[Pending]) -> list[Pending]:
+        return list(jobs)  # `submit` waited for them
 
-def now_iso(unix: float | None = None) -> str:
-    """Now (or the time `unix`) as a record writes it: UTC to the second, e.g. 2026-01-31T12:00:00Z."""
-    when = dt.datetime.fromtimestamp(time.time() if unix is None else unix, dt.timezone.utc)
-    return when.isoformat(timespec="seconds").replace("+00:00", "Z")
+    def cancel(self, jobs: list[Pending], decide=None) -> None:
+        pass  # nothing outlives `submit`: an interrupted launch kills its cell
 
-
-def new_run_id() -> str:
-    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+    def collect(self, job: Pending) -> dict[str, Any]:
+        return {}
 
 
 def run_suite(
@@ -129,7 +138,7 @@ def run_suite(
 ) -> list[dict[str, Any]]:
     """Run (or resume) the suite; return the latest record of every selected cell, in suite order."""
     check_options(options)
-    executor = executor or Processes(launchers=launcher_for)
+    executor = executor or Processes()
     out = Path(options.out)
     check_out_dir(out, create=True)
     hint = "In a multi-node run every node needs its own --out, e.g. runs/NAME_node$NODE_RANK "
@@ -188,7 +197,7 @@ class SuiteRun:
                  planner=None, repeats: int = 1, executor: Executor | None = None):  # fmt: skip
         self.suite, self.options, self.run_id, self.env, self.visible = suite, options, run_id, env, visible
         self.out, self.latest, self.planner, self.repeats = out, latest, planner, repeats
-        self.executor = executor or Processes(launchers=launcher_for)
+        self.executor = executor or Processes()
         self.failed_repeat: dict[str, dict[str, Any]] = {}  # cell_id -> its first failed repeat's record
         self.results_path = out / RESULTS_FILE
         self.folder = inflight.inflight_dir(out) if self.executor.waits else out / JOBS_DIR

@@ -1,10 +1,15 @@
-"""A run's options, and what a run refuses before any cell starts: bad options, an output folder it
-could not finish in. What a run keeps in its --out is named here."""
+"""A run's options and what is decided before any cell starts: what a run refuses (bad options, an output
+folder it could not finish in), which cells it selects and in which order, which are recorded already.
+What a run keeps in its --out is named here."""
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import os
+import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,3 +94,29 @@ def select_cells(suite: Suite, filters: list[str]) -> list[SuiteCell]:
     if not filters:
         return list(suite.cells)
     return [c for c in suite.cells if any(f in c.cell_name or f == c.cell_id for f in filters)]
+
+
+def already_recorded(prev: dict | None, force: bool, verdict: Callable[[], tuple[str, str] | None]) -> bool:
+    """Whether a rerun leaves a cell as its latest record `prev` has it: ok, or unsupported here for the
+    same reason as last time (`verdict()`: a new line would say nothing new)."""
+    if force or prev is None or prev.get("status") not in ("ok", "unsupported"):
+        return False
+    return prev["status"] == "ok" or ((now := verdict()) is not None and prev.get("reason") == now[1])
+
+
+def run_order(cells: list[SuiteCell]) -> list[SuiteCell]:
+    """Suite order, except that within a series smaller batches go first (so an OOM can skip the rest)."""
+    first: dict[str, int] = {}
+    for i, cell in enumerate(cells):
+        first.setdefault(cell.series_key, i)
+    return sorted(cells, key=lambda c: (first[c.series_key], c.config["batch_size"]))
+
+
+def now_iso(unix: float | None = None) -> str:
+    """Now (or the time `unix`) as a record writes it: UTC to the second, e.g. 2026-01-31T12:00:00Z."""
+    when = dt.datetime.fromtimestamp(time.time() if unix is None else unix, dt.timezone.utc)
+    return when.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def new_run_id() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)

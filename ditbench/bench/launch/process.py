@@ -4,7 +4,7 @@ Parent side, `FreshProcess` (a `launch.base.Launcher`): `PYTHON -m MODULE SPEC.j
 session of its own (so a timeout kills its whole process group, and it dies with its parent), waited
 for; RESULT.json is then the cell's own, or one saying how the process died. MODULE is this one for a
 one-process cell (`ONE_PROCESS`) and `launch.torchrun` (which starts the ranks) for a multi-process
-one (`TORCHRUN`). `Processes` (a `launch.base.Executor`) runs a suite's cells so, one at a time.
+one (`TORCHRUN`). `bench.runner.Processes` runs a suite's cells so, one at a time.
 
 Child side, `main`: `python -m ditbench.bench.launch.process SPEC.json RESULT.json` measures
 the cell (`bench.cell_core`), smoke-trains it and evaluates its sample quality if asked, and writes the
@@ -18,15 +18,14 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import ditbench
 from ditbench.bench import cell_core
 from ditbench.bench.launch import procs
-from ditbench.bench.launch.base import Pending, for_cell
 from ditbench.bench.launch.files import read_spec, write_result, write_spec
 from ditbench.cellspec import CellSpec
 from ditbench.errors import UserError
@@ -93,47 +92,6 @@ class FreshProcess:
 
 ONE_PROCESS = FreshProcess(MODULE)
 TORCHRUN = FreshProcess(TORCHRUN_MODULE)  # launch.torchrun's parent starts the ranks
-
-
-@dataclass(frozen=True)
-class Processes:
-    """The executor of `ditbench run`: each cell a fresh process on this machine (torchrun's parent for
-    several ranks), one at a time; `submit` returns when the cell has ended, Ctrl-C kills it.
-
-    `python` and `env` (over this environment) are what every cell runs in: `ditbench ab` runs each
-    side's cells in that side's interpreter. `launchers` (spec -> Launcher) stands in for tests.
-    """
-
-    python: str = sys.executable
-    env: Mapping[str, str] | None = field(default=None, hash=False)
-    launchers: Callable | None = field(default=None, hash=False)
-    waits, remote, poll_s = True, False, 0.0
-
-    def verdict(self, cell, visible, rendezvous: dict | None = None) -> tuple[str, str] | None:
-        from ditbench.bench.runner import precheck
-
-        return precheck(cell, visible, rendezvous)
-
-    def start(self, out: Path, say) -> list[Pending]:
-        return []  # a killed run's cells died with it; `inflight.adopt` appends what they finished
-
-    def submit(self, jobs: list[Pending]) -> None:
-        for job in jobs:
-            spec, ticket = job.cell.spec, job.ticket
-            if self.launchers is not None:
-                launcher = self.launchers(spec)
-            else:
-                launcher = replace(for_cell(spec), python=self.python, env=self.env)
-            launcher.launch(spec, job.about, job.timeout_s, ticket.spec_path, ticket.result_path, job.log)
-
-    def poll(self, jobs: list[Pending]) -> list[Pending]:
-        return list(jobs)  # `submit` waited for them
-
-    def cancel(self, jobs: list[Pending], decide=None) -> None:
-        pass  # nothing outlives `submit`: an interrupted launch kills its cell
-
-    def collect(self, job: Pending) -> dict[str, Any]:
-        return {}
 
 
 def timed_out(timeout_s: float, log_path: Path) -> dict[str, Any]:
