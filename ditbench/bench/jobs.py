@@ -1,18 +1,13 @@
 """`ditbench run SUITE --executor slurm|local`: the suite loop (`bench.runner`) with each cell a submitit job.
 
-`Submitit` is a `launch.base.Executor`. The tickets of submitted cells live in `<out>/.jobs/`, each
-with `<key>.job.json` (the executor and job id, written as soon as sbatch answers) and
-`<key>.started.json` (written by the job when it starts); submitit's own files (batch scripts,
-logs) are under `<out>/.jobs/submitit/`. On SLURM the out directory must be on a file system the
-nodes share. SLURM gets every cell at once, one job array per job shape; the local executor one
-cell at a time (cells sharing one machine would disturb each other's measurements).
-
-A rerun picks up earlier submissions (`start`): a finished job's result is appended; a job still
-queued or running is waited for, never submitted again; a job that ended without a result is
-recorded from its state (SLURM's TIMEOUT is `timeout`); a ticket without a job file is removed.
-
-What the job runs is `launch.srun.run_task`; its result is the cell's JSON result file (the
-submitter never reads submitit's pickles).
+`Submitit` is a `launch.base.Executor`. Its tickets live in `<out>/.jobs/`, each with `<key>.job.json`
+(the executor and job id, written as soon as sbatch answers) and `<key>.started.json` (written by the
+job as it starts); submitit's own files (batch scripts, logs) go under `<out>/.jobs/submitit/`, on a
+file system SLURM's nodes share. SLURM gets every cell at once, one job array per job shape; the
+local executor one cell at a time (cells sharing one machine would disturb each other's measurements).
+A rerun waits for the jobs an earlier run submitted; one that ended without a result is recorded from
+its state (SLURM's TIMEOUT is `timeout`). The job runs `launch.srun.run_task`; its result is the
+cell's JSON result file (submitit's pickles are never read).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 An executor takes the cells the suite loop (`bench.runner`) hands it, each as a `Pending` with its
 ticket (`bench.inflight`), and leaves each cell's result in the ticket's result file; the loop
 decides, orders, appends and resumes the same way whatever runs the cells. Implementations:
-`launch.process.Processes` (a fresh process per cell on this machine, the default) and
+`bench.runner.Processes` (a fresh process per cell on this machine, the default) and
 `bench.jobs.Submitit` (a submitit job per cell: `--executor local|slurm`).
 
 A launcher runs one cell spec under a timeout, its output in a log, and leaves the cell's result in
