@@ -86,16 +86,7 @@ class Submitit:
         return self.folder / executors.SUBMITIT_DIR
 
     def verdict(self, cell: SuiteCell, visible: Visible, rendezvous=None) -> tuple[str, str] | None:
-        config = cell.config
-        if self.kind == "slurm":  # the job's nodes have what it asks for; only the precision is refused
-            reason = unsupported_reason(config["precision"], config["device"])
-            return ("unsupported", reason) if reason else None
-        if config["nodes"] > 1:
-            return "unsupported", (
-                f"nodes={config['nodes']}: submitit's local executor runs on this one machine; "
-                "use --executor slurm"
-            )
-        return precheck(cell, visible)
+        return cell_verdict(cell, self.kind, visible)
 
     def start(self, out: Path, say: Callable[[str], None]) -> list[Pending]:
         """The tickets earlier runs left in .jobs: removed, unless their job may still write a result."""
@@ -209,6 +200,20 @@ class Submitit:
         # a job that wrote its result may still be ending: its folder waits for that
         executors.retire(ref, self.submitit_dir, may_run=wrote_result)
         return extra
+
+
+def cell_verdict(cell: SuiteCell, kind: str, visible: Visible) -> tuple[str, str] | None:
+    """(status, reason) for a cell that must not be submitted, else None."""
+    config = cell.config
+    if kind == "slurm":  # the job's nodes have what it asks for; only the precision can be refused here
+        reason = unsupported_reason(config["precision"], config["device"])
+        return ("unsupported", reason) if reason else None
+    if config["nodes"] > 1:
+        return "unsupported", (
+            f"nodes={config['nodes']}: submitit's local executor runs on this one machine; "
+            "use --executor slurm"
+        )
+    return precheck(cell, visible)
 
 
 def ended_result(pending: Pending) -> dict[str, Any]:
