@@ -159,7 +159,10 @@ def test_repeats_run_round_robin_as_jobs_each_its_own_record(tmp_path):
     assert (out / "summary.md").read_text().count("2 runs") == 2  # each cell: the median of its 2 repeats
     assert not list((out / JOBS_DIR).glob("*.json"))
     again = subprocess.run(
-        command(suite, out, "--executor", "local", "--repeats", "2"), env=env(), capture_output=True, text=True
+        command(suite, out, "--executor", "local", "--repeats", "2"),
+        env=env(),
+        capture_output=True,
+        text=True,
     )
     assert again.returncode == 0 and "4 of 4 cell repeats already ok" in again.stdout, again.stdout
     assert "submitted" not in again.stdout and len(read_records(out / "results.jsonl")) == 4
