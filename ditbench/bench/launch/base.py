@@ -59,11 +59,11 @@ class Executor(Protocol):
         """Start the cells (raises UserError, leaving none of their tickets, when refused)."""
 
     def poll(self, jobs: list[Pending]) -> list[Pending]:
-        """The jobs whose result has arrived or that have ended; [] at the run's end."""
+        """The jobs whose result has arrived or that have ended. `poll([])`: the run has ended."""
 
     def cancel(self, jobs: list[Pending], decide: Callable | None = None) -> None:
-        """Cancel the jobs (Ctrl-C, an error); with `decide` (`SuiteRun.decide`), only the queued ones
-        it now rules out (an out-of-memory in their series), each `stopped` with the reason."""
+        """Cancel the jobs (Ctrl-C, an error); with `decide` (`SuiteRun.rules_out`), only the queued
+        ones it now rules out (an OOM in their series, a failed repeat), each `stopped` with why."""
 
     def collect(self, job: Pending) -> dict[str, Any]:
         """After a job ended: write its result from how it ended if it wrote none; the record's fields
