@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,7 @@ class Processes:
     are what every cell runs in: `ditbench ab` runs each side's cells in that side's interpreter."""
 
     python: str = sys.executable
-    env: Mapping[str, str] | None = field(default=None, hash=False)
+    env: tuple[tuple[str, str], ...] = ()  # over `launch.process.child_env()`
     waits, remote, poll_s = True, False, 0.0
 
     def verdict(self, cell, visible, rendezvous: dict | None = None) -> tuple[str, str] | None:
@@ -314,34 +314,24 @@ class SuiteRun:
 
     def open(self, cell: SuiteCell, repeat: int) -> Pending:
         """The cell's ticket (what its record says besides the result), as a job for the executor."""
-        repeats = {"repeat": repeat, "repeats": self.repeats} if self.repeats > 1 else {}
-        context = {
-            **repeats,
-            "suite": self.suite.name,
-            "run_id": self.run_id,
-            "cell_id": cell.cell_id,
-            "cell_name": cell.cell_name,
-            "suite_baseline": self.suite.baseline,
-            "suite_overrides": self.suite.overrides,
-            "label": self.options.label,
-            "config": cell.config,
-            # a remote cell reports its node's environment: its record must not claim this machine's
-            "env": None if self.executor.remote else self.env,
-            "started_at": now_iso(),
-        }
+        # a remote cell reports its node's environment: its record must not claim this machine's
+        env = None if self.executor.remote else self.env
+        context = inflight.record_context(
+            self.suite, self.run_id, cell, now_iso(), env=env, label=self.options.label, repeat=repeat,
+            repeats=self.repeats,
+        )  # fmt: skip
         about = {
             "cell_id": cell.cell_id,
             "cell_name": cell.cell_name,
             "rendezvous": self.options.rendezvous,
             "out_dir": str(self.out.resolve()),  # sample grids go under it
         }
-        log = (
-            self.out
-            / LOGS_DIR
-            / (f"{cell.cell_id}.r{repeat}.log" if self.repeats > 1 else f"{cell.cell_id}.log")
+        name = f"{cell.cell_id}.r{repeat}" if self.repeats > 1 else cell.cell_id
+        log = self.out / LOGS_DIR / f"{name}.log"
+        ticket, timeout_s = (
+            inflight.open_ticket(self.folder, context),
+            self.options.timeout_s or cell.timeout_s,
         )
-        timeout_s = self.options.timeout_s or cell.timeout_s
-        ticket = inflight.open_ticket(self.folder, context)
         return Pending(ticket, None, cell, about=about, timeout_s=timeout_s, log=log)
 
     def finish(self, job: Pending, submitted: bool = True) -> dict[str, Any]:

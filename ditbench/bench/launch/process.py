@@ -1,10 +1,10 @@
-"""A cell in a fresh process of its own: the default executor (`Processes`), and the one-process cell.
+"""A cell in a fresh process of its own: how the runner starts every cell, and the one-process cell.
 
-Parent side, `FreshProcess` (a `launch.base.Launcher`): `PYTHON -m MODULE SPEC.json RESULT.json` in a
-session of its own (so a timeout kills its whole process group, and it dies with its parent), waited
-for; RESULT.json is then the cell's own, or one saying how the process died. MODULE is this one for a
-one-process cell (`ONE_PROCESS`) and `launch.torchrun` (which starts the ranks) for a multi-process
-one (`TORCHRUN`). `bench.runner.Processes` runs a suite's cells so, one at a time.
+Parent side, `FreshProcess` (a `launch.base.Launcher`): the runner starts `python -m MODULE
+SPEC.json RESULT.json` in a session of its own (so a timeout kills its whole process group, and it
+dies with the runner), waits, and leaves RESULT.json for the runner: the cell's own, or one saying
+how the process died. MODULE is this one for a one-process cell (`ONE_PROCESS`) and
+`launch.torchrun` (which starts the ranks) for a multi-process one (`TORCHRUN`).
 
 Child side, `main`: `python -m ditbench.bench.launch.process SPEC.json RESULT.json` measures
 the cell (`bench.cell_core`), smoke-trains it and evaluates its sample quality if asked, and writes the
@@ -18,8 +18,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,25 +35,42 @@ TORCHRUN_MODULE = "ditbench.bench.launch.torchrun"
 LOG_TAIL_BYTES = 64_000  # enough for the traceback lines a record keeps
 
 
-def child_env(python: str = sys.executable, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This environment, `extra` over it; a child of this interpreter imports this copy of ditbench
-    (another interpreter, e.g. a side of `ditbench ab`, imports its own)."""
+def child_env(own: bool = True) -> dict[str, str]:
+    """The cell's environment: ours, with this ditbench first on the path; for another interpreter
+    (own=False: `ditbench ab`'s side) without PYTHONPATH and, from Python 3.11, without the current
+    folder on the path (PYTHONSAFEPATH), so that it imports its own ditbench, not a checkout's here."""
     env = dict(os.environ)
-    if python == sys.executable:
+    if own:
         package_root = str(Path(ditbench.__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    else:
+        env.pop("PYTHONPATH", None)
+        env["PYTHONSAFEPATH"] = "1"
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # torch and NVML then agree on device indices
-    env.update(extra or {})
     return env
 
 
 @dataclass(frozen=True)
 class FreshProcess:
-    """A `launch.base.Launcher`: `PYTHON -m MODULE SPEC.json RESULT.json` in a session of its own."""
+    """A `launch.base.Launcher`: `python -m MODULE SPEC.json RESULT.json` in a session of its own.
+    `ditbench ab` gives the side's interpreter, its extra environment and, side by side, its CPUs."""
 
     module: str
     python: str = sys.executable
-    env: Mapping[str, str] | None = field(default=None, hash=False)  # over this process's environment
+    env: tuple[tuple[str, str], ...] = ()  # over child_env()
+    cpus: frozenset[int] | None = None  # the CPUs the process (and what it starts) may run on
+
+    def _preexec(self):
+        die = procs.die_with_parent(signal.SIGKILL)  # no orphan keeps the GPU
+        if self.cpus is None:
+            return die
+
+        def preexec() -> None:
+            if die is not None:
+                die()
+            os.sched_setaffinity(0, self.cpus)
+
+        return preexec
 
     def launch(
         self,
@@ -73,9 +89,9 @@ class FreshProcess:
                 [self.python, "-m", self.module, str(spec_path), str(result_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=child_env(self.python, self.env),
+                env={**child_env(self.python == sys.executable), **dict(self.env)},
                 start_new_session=True,  # its own process group, which a timeout kills as a whole
-                preexec_fn=procs.die_with_parent(signal.SIGKILL),  # no orphan keeps the GPU
+                preexec_fn=self._preexec(),
             )
             try:
                 rc = proc.wait(timeout=timeout_s)
