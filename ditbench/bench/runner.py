@@ -288,7 +288,7 @@ class SuiteRun:
                 self.bar.set_postfix_str(cell.cell_name)
                 self.watch.start(taken, cell)
                 # before the clock starts: the first cell of a series waits for its series' trace
-                decided = self.rules_out(cell, self.verdict(cell))
+                decided = self.decide(cell, self.verdict(cell))
                 job = self.open(cell, repeat)
                 if decided is None:
                     batch.append(job)
@@ -357,8 +357,8 @@ class SuiteRun:
         record = inflight.commit(self.results_path, job.ticket, max(0.0, duration), complete)
         if job.cell is not None:
             self.note(job.cell, record)
-        if record["status"] not in NO_FAILURE and self.pending:  # it may rule out queued jobs (`rules_out`)
-            self.executor.cancel(self.pending, self.rules_out)
+        if record["status"] not in NO_FAILURE and self.pending:  # it may rule out queued jobs (`decide`)
+            self.executor.cancel(self.pending, self.decide)
         return record
 
     def cancel(self) -> None:
@@ -379,36 +379,21 @@ class SuiteRun:
         if self.repeats > 1 and record["status"] not in NO_FAILURE:
             self.failed_repeat.setdefault(cell.cell_id, record)
 
-    def rules_out(self, cell: SuiteCell, verdict=None) -> dict[str, Any] | None:
-        """The result of a cell that must not start now (`decide`, with `skip`'s reasons), else None."""
-        return self.decide(cell, verdict, self.skip(cell, verdict))
-
-    def skip(self, cell: SuiteCell, verdict) -> str | None:
-        """Why a cell this executor could run must not start: predicted not to fit (the planner's trace
-        of its series comes before the cell's clock starts), or an earlier repeat of it failed."""
-        if verdict is not None:
-            return None
-        if self.planner is not None and (reason := self.planner.skip_reason(cell)):
-            return reason
-        if failed := self.failed_repeat.get(cell.cell_id):
-            status = failed["status"]
-            return f"repeat {failed['repeat']} of this cell ended {status}; its other repeats are not run"
-        return None
-
-    def decide(self, cell: SuiteCell, verdict, skip: str | None = None) -> dict[str, Any] | None:
-        """The result of a cell that must not start (unsupported, predicted or seen not to fit), else None."""
+    def decide(self, cell: SuiteCell, verdict=None) -> dict[str, Any] | None:
+        """The result of a cell that must not start now, else None: `verdict` (what the executor cannot
+        run), predicted not to fit (the planner traces the series before the cell's clock starts), an
+        earlier repeat of it failed, or a smaller batch of its series ran out of memory."""
         if verdict is not None:
             return {"status": verdict[0], "reason": verdict[1]}
-        if skip is not None:
-            return {"status": "skipped", "reason": skip}
+        reason = self.planner.skip_reason(cell) if self.planner is not None else None
+        if reason is None and (failed := self.failed_repeat.get(cell.cell_id)):
+            reason = f"repeat {failed['repeat']} of this cell ended {failed['status']}; its other repeats "
+            reason += "are not run"
         oom = self.oom_at.get(cell.series_key)
-        if self.options.oom_skip and oom and cell.config["batch_size"] > oom[0]:
-            return {
-                "status": "skipped",
-                "reason": f"{oom[1]} ran out of memory at batch {oom[0]}; this larger batch of the same "
-                "series would too",
-            }
-        return None
+        if reason is None and self.options.oom_skip and oom and cell.config["batch_size"] > oom[0]:
+            reason = f"{oom[1]} ran out of memory at batch {oom[0]}; this larger batch of the same series "
+            reason += "would too"
+        return None if reason is None else {"status": "skipped", "reason": reason}
 
 
 def _repeat(job: Pending) -> int:

@@ -114,6 +114,6 @@ def test_a_failed_repeat_stops_the_queued_later_repeats_of_its_cell(tmp_path):
     run.note(failed, {"status": "error", "cell_id": failed.cell_id, "repeat": 1})
     ref = JobRef("slurm", "8_1", str(tmp_path))
     pending = [Pending(inflight.Ticket(tmp_path, f"{c.cell_id}-r2.r1"), ref, c) for c in (failed, other)]
-    assert [(p.cell, reason) for p, reason in stop_queued(pending, run.rules_out)] == [
+    assert [(p.cell, reason) for p, reason in stop_queued(pending, run.decide)] == [
         (failed, "repeat 1 of this cell ended error; its other repeats are not run")
     ]

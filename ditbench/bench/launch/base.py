@@ -62,7 +62,7 @@ class Executor(Protocol):
         """The jobs whose result has arrived or that have ended. `poll([])`: the run has ended."""
 
     def cancel(self, jobs: list[Pending], decide: Callable | None = None) -> None:
-        """Cancel the jobs (Ctrl-C, an error); with `decide` (`SuiteRun.rules_out`), only the queued
+        """Cancel the jobs (Ctrl-C, an error); with `decide` (`SuiteRun.decide`), only the queued
         ones it now rules out (an OOM in their series, a failed repeat), each `stopped` with why."""
 
     def collect(self, job: Pending) -> dict[str, Any]:
