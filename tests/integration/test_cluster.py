@@ -318,11 +318,16 @@ def test_a_job_that_ended_without_a_result_is_recorded_as_an_error(tmp_path, mon
     # the cell would be submitted again after its error record: stop right there
     import ditbench.bench.jobs as jobs
 
-    def no_submit(self, cells):
-        assert [c.cell_id for c in cells] == [cell.cell_id]
+    class Stop(Exception):
+        pass
 
-    monkeypatch.setattr(jobs._Submitter, "_start", no_submit)
-    submit_suite(suite, options, "local", echo=lines.append, poll_s=0.01)
+    def no_submit(self, pending):
+        assert [job.cell.cell_id for job in pending] == [cell.cell_id]
+        raise Stop
+
+    monkeypatch.setattr(jobs.Submitit, "submit", no_submit)
+    with pytest.raises(Stop):
+        submit_suite(suite, options, "local", echo=lines.append, poll_s=0.01)
     (record,) = read_records(out / "results.jsonl")
     assert record["status"] == "error" and "local job 999999999 ended" in record["reason"]
     assert "without writing a result" in record["reason"]

@@ -66,15 +66,12 @@ def test_run_refuses_repeats_out_of_range(tmp_path):
         runner.check_options(RunOptions(out=tmp_path, repeats=0))
 
 
-def test_dry_run_says_how_often_and_executor_refuses_repeats(tmp_path, capsys):
+def test_dry_run_says_how_often(tmp_path, capsys):
     from ditbench.cli import main
 
     path = suite_file(tmp_path, "repeats: 3\n")
     assert main(["run", str(path), "--dry-run", "--out", str(tmp_path / "o")]) == 0
     assert "2 cells, each 3 times in fresh processes, round-robin ->" in capsys.readouterr().out
-    assert main(["run", str(path), "--out", str(tmp_path / "o"), "--executor", "local"]) == 2
-    err = capsys.readouterr().err
-    assert "repeats (3) run round-robin in the local runner only; --executor local runs each cell once" in err
 
 
 # ------------------------------------------------------------------------------------------ the runner

@@ -24,22 +24,12 @@ from ditbench.fileio import read_regular, rmtree_real, write_json_atomic
 SUBMITIT_DIR = "submitit"
 JOB_ID = {"local": re.compile(r"[1-9][0-9]{0,9}"), "slurm": re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")}
 LOCAL_CONTROLLER = "submitit.local._local"  # the module a local job's controller runs
-# SLURM states of a job that has not ended (sacct/squeue); anything else has ended.
-ACTIVE_STATES = {
-    "PENDING",
-    "RUNNING",
-    "REQUEUED",
-    "REQUEUE_HOLD",
-    "REQUEUE_FED",
-    "CONFIGURING",
-    "COMPLETING",
-    "RESIZING",
-    "SUSPENDED",
-    "SIGNALING",
-    "STAGE_OUT",
-    "READY",
-    "UNKNOWN",  # not (yet) in sacct: submitted a moment ago, or sacct is slow
-}
+# SLURM states of a job that has not ended (sacct/squeue); anything else has ended. UNKNOWN: not (yet)
+# in sacct: submitted a moment ago, or sacct is slow.
+ACTIVE_STATES = set(
+    "PENDING RUNNING REQUEUED REQUEUE_HOLD REQUEUE_FED CONFIGURING COMPLETING RESIZING SUSPENDED "
+    "SIGNALING STAGE_OUT READY UNKNOWN".split()
+)
 
 
 @dataclass(frozen=True)

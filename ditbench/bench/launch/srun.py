@@ -65,6 +65,11 @@ def started_path(result_path: Path) -> Path:
     return result_path.with_name(result_path.name.replace(".result.json", ".started.json"))
 
 
+def read_started(result_path: Path) -> dict:
+    """What the job's task 0 wrote when it started: {} before that (or for a cell that is no job)."""
+    return read_report(started_path(result_path)) or {}
+
+
 def run_task(spec_path: str, result_path: str, log_path: str, timeout_s: float) -> None:
     """One task of a cell's job; returns None (the result is the RESULT file, never a pickle)."""
     import submitit
