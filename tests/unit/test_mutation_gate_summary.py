@@ -167,7 +167,7 @@ def test_regressions_are_counted_in_the_head():
 
 def test_missing_cells_failing_the_gate_say_so_in_the_head():
     c = comparison([cell("A", "only in base", "ok", None)], Policy(fail_on_missing=True))
-    assert _head(c)[0] == "## ❌ ditbench compare: cells missing from the new run"
+    assert _head(c)[0] == "## ❌ ditbench compare: cells or quality steps missing from the new run"
 
 
 @pytest.mark.parametrize(

@@ -30,8 +30,9 @@ from ditbench.report.gate.summary import summary_markdown
 POLICY_BESIDE = "policy.yaml"
 _METRIC_NAMES = textwrap.fill("metrics: " + ", ".join(table()), 100, subsequent_indent="  ")
 POLICY_EXAMPLE = f"""\
-exit status: 0 pass or improvement, 1 regression (or missing cells with fail_on_missing), 3
-inconclusive (a timing change whose confidence interval straddles its threshold; the policy's
+exit status: 0 pass or improvement, 1 regression (a new failure, or a cell ok in BASE that NEW
+skipped or did not run, unless allow_stopped names it; or, with fail_on_missing, missing cells or
+quality steps), 3 inconclusive (a timing change whose confidence interval straddles its threshold; the policy's
 `inconclusive: pass | fail` maps it to 0 or 1), 2 usage or input error: runs from different GPU /
 driver / CUDA / torch without --allow-env-mismatch or the policy's `environment: may_differ` (a
 CPU cell's torch build, CPU or CUDA wheel of one release, is named, not gated); a gated value that
@@ -43,10 +44,11 @@ default).
 A regression needs the threshold crossed in the bad direction AND, for timing metrics, the 95%
 bootstrap interval of the change (from the ratio of the median step times, seeded) wholly beyond the
 threshold and a significant Mann-Whitney U difference of the samples (p < alpha); an interval that
-straddles the threshold is inconclusive. When both runs have repeats (`run --repeats K`), the samples
-are the repeats' per-process median step times, which sample process-level noise (start-up, clocks,
-machine load); else they are one run's per-step times, which sample step-to-step noise only, so the
-interval is narrow. With fewer than min_samples samples a side (5 by default: K >= 5 repeats) the
+straddles the threshold is inconclusive, and so is a pass whose minimum detectable effect (MDE: from
+the interval's width, the change it would see 4 times in 5) exceeds the threshold. When both runs
+have repeats (`run --repeats K`), the samples are the repeats' per-process median step times, which
+sample process-level noise (start-up, clocks, machine load); else they are one run's per-step times,
+which sample step-to-step noise only, so the interval is narrow. With fewer than min_samples samples a side (5 by default: K >= 5 repeats) the
 threshold alone decides and the summary says so. Memory and loss: threshold alone. Quality
 (the last evaluation both runs have at the same step): |new - base| must also exceed quality_noise_k
 * sqrt(spread_base^2 + spread_new^2) (a side's spread: the larger of its seeds' standard deviation
@@ -57,7 +59,8 @@ whose record says metrics.noisy: true keeps its timing verdicts, marked weak.
 policy file (YAML; every key optional, metrics merge over the defaults):
   alpha: 0.01
   min_samples: 5
-  fail_on_missing: false
+  fail_on_missing: false        # true: cells or quality steps of BASE missing from NEW fail the gate
+  allow_stopped: [bs=64]        # or true: cells (name substrings, ids) that may stop running
   allow_incomparable: [mfu]     # or true: these may be missing / unusable in a cell (listed, not compared)
   quality_noise_k: 2            # a quality change must exceed k combined spreads (seeds or bootstrap)
   inconclusive: inconclusive    # or pass / fail: what an inconclusive cell does (exit 3 / 0 / 1)

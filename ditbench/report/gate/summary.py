@@ -21,6 +21,7 @@ STATUS_SECTIONS = (
     ("new failure", "New failures (ok before)"),
     ("fixed", "Fixed (failed before, ok now)"),
     ("no longer measured", "No longer measured (ok before, not run now)"),
+    ("stopped (allowed)", "Stopped, allowed by the policy (allow_stopped)"),
     ("still failing", "Still failing"),
 )
 
@@ -66,6 +67,7 @@ def _metric_rows(c: Comparison, keep) -> list[str]:
         for d in cell.metrics:
             if keep(d):
                 weak = " · ⚠️ weak" if d.weak else ""
+                weak += f" · MDE {d.mde_pct:.1f}%" if d.mde_pct is not None else ""
                 base, new = _value(d.metric, d.base), _value(d.metric, d.new)
                 rows.append(
                     f"| {_md(cell.cell_name)} | {_md(_label(d))} | {base} | {new} | "
@@ -98,16 +100,16 @@ def _status_text(x: CellResult) -> str:
 def _head(c: Comparison) -> list[str]:
     n_reg = len(c.regressions)
     if c.failed:
-        head = f"## ❌ ditbench compare: {n_reg} regression{'s' if n_reg != 1 else ''}"
+        head = f"## ❌ {c.tool}: {n_reg} regression{'s' if n_reg != 1 else ''}"
         if not n_reg:
-            head = "## ❌ ditbench compare: cells missing from the new run"
+            head = f"## ❌ {c.tool}: cells or quality steps missing from the new run"
     elif c.inconclusive:
         n_inc = len(c.inconclusive)
         mark = {0: "✅", 1: "❌"}.get(c.exit_code, "❔")
         mapped = {0: " (counted as pass by the policy)", 1: " (counted as failing by the policy)"}
-        head = f"## {mark} ditbench compare: {n_inc} inconclusive{mapped.get(c.exit_code, '')}"
+        head = f"## {mark} {c.tool}: {n_inc} inconclusive{mapped.get(c.exit_code, '')}"
     else:
-        head = "## ✅ ditbench compare: no regression"
+        head = f"## ✅ {c.tool}: no regression"
     matched = sum(x.verdict not in ("only in base", "only in new") for x in c.cells)
     counts = ", ".join(f"{c.count(v)} {v}" for v in VERDICTS if c.count(v))
     lines = [
@@ -117,6 +119,12 @@ def _head(c: Comparison) -> list[str]:
         f"{c.compared} values compared.",
         "Environment: " + (", ".join(f"{k} {v}" for k, v in c.env.items()) or "unknown") + ".",
     ]
+    if c.largest_mde is not None:
+        lines.append(
+            f"This comparison could see timing changes of {c.largest_mde:.1f}% or more (the largest "
+            "minimum detectable effect of its timed verdicts, at 80% power); a pass needs it within the "
+            "threshold."
+        )
     if c.env_differences:
         why = (
             "the policy says `environment: may_differ`"
@@ -214,6 +222,12 @@ def _notes(c: Comparison) -> list[str]:
             + _md("; ".join(reasons[:5]))
             + ".",
         ]
+    missing = [x for x in c.cells if x.missing_steps]
+    if missing:
+        fail = " (fails the gate: fail_on_missing)" if c.policy.fail_on_missing else ""
+        lines += ["", f"### Quality steps the base evaluated and the new run lacks{fail}", ""]
+        lines += ["| cell | steps |", "|---|---|"]
+        lines += [f"| {_md(x.cell_name)} | {', '.join(map(str, x.missing_steps[:20]))} |" for x in missing]
     for verdict, title in (
         ("only in base", "Missing from the new run"),
         ("only in new", "New cells (no baseline)"),
