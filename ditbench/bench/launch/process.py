@@ -35,19 +35,40 @@ TORCHRUN_MODULE = "ditbench.bench.launch.torchrun"
 LOG_TAIL_BYTES = 64_000  # enough for the traceback lines a record keeps
 
 
-def child_env() -> dict[str, str]:
+def child_env(own: bool = True) -> dict[str, str]:
+    """The cell's environment: ours, with this ditbench first on the path; for another interpreter
+    (own=False: `ditbench ab`'s side) without PYTHONPATH, so that it imports its own ditbench."""
     env = dict(os.environ)
-    package_root = str(Path(ditbench.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    if own:
+        package_root = str(Path(ditbench.__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    else:
+        env.pop("PYTHONPATH", None)
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # torch and NVML then agree on device indices
     return env
 
 
 @dataclass(frozen=True)
 class FreshProcess:
-    """A `launch.base.Launcher`: `python -m MODULE SPEC.json RESULT.json` in a session of its own."""
+    """A `launch.base.Launcher`: `python -m MODULE SPEC.json RESULT.json` in a session of its own.
+    `ditbench ab` gives the side's interpreter, its extra environment and, side by side, its CPUs."""
 
     module: str
+    python: str = sys.executable
+    env: tuple[tuple[str, str], ...] = ()  # over child_env()
+    cpus: frozenset[int] | None = None  # the CPUs the process (and what it starts) may run on
+
+    def _preexec(self):
+        die = procs.die_with_parent(signal.SIGKILL)  # no orphan keeps the GPU
+        if self.cpus is None:
+            return die
+
+        def preexec() -> None:
+            if die is not None:
+                die()
+            os.sched_setaffinity(0, self.cpus)
+
+        return preexec
 
     def launch(
         self,
@@ -63,12 +84,12 @@ class FreshProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open_log(log_path) as log:  # O_NOFOLLOW: a link planted in logs/ is refused, not truncated
             proc = subprocess.Popen(
-                [sys.executable, "-m", self.module, str(spec_path), str(result_path)],
+                [self.python, "-m", self.module, str(spec_path), str(result_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=child_env(),
+                env={**child_env(self.python == sys.executable), **dict(self.env)},
                 start_new_session=True,  # its own process group, which a timeout kills as a whole
-                preexec_fn=procs.die_with_parent(signal.SIGKILL),  # no orphan keeps the GPU
+                preexec_fn=self._preexec(),
             )
             try:
                 rc = proc.wait(timeout=timeout_s)

@@ -109,7 +109,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _publish(text: str, summary: str | None) -> None:
+def publish(text: str, summary: str | None) -> None:
+    """The markdown to --summary FILE (replaced) and $GITHUB_STEP_SUMMARY (appended)."""
     step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
     same = summary and step_summary and Path(summary).resolve() == Path(step_summary).resolve()
     where = "--summary"
@@ -125,6 +126,14 @@ def _publish(text: str, summary: str | None) -> None:
             f"cannot write the summary to {where} {shorten(str(target), 200, quote=False)}: "
             f"{err.strerror or err}. Give a writable file path."
         ) from None
+
+
+def refused(err: GateRefusal, summary: str | None, as_json: bool) -> None:
+    """A refusal's reason where the summary would go, and with --json as {"result": "refused", ...}."""
+    publish(err.markdown(), summary)
+    if as_json:
+        reason = " ".join(str(err).split())
+        print(json.dumps({"result": "refused", "exit_code": err.exit_code, "reason": reason}, indent=2))
 
 
 def _policy_path(args: argparse.Namespace) -> str | None:
@@ -153,12 +162,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = compare_files(args.base, args.new, policy, args.allow_env_mismatch)
     except GateRefusal as err:
-        _publish(err.markdown(), args.summary)
-        if args.json:
-            reason = " ".join(str(err).split())
-            print(json.dumps({"result": "refused", "exit_code": err.exit_code, "reason": reason}, indent=2))
+        refused(err, args.summary, args.json)
         raise
     text = summary_markdown(result)
-    _publish(text, args.summary)
+    publish(text, args.summary)
     sys.stdout.write(to_json_text(result) + "\n" if args.json else text)
     return result.exit_code

@@ -126,6 +126,8 @@ def _worse_pct(metric: Metric, log_ratio: float) -> float:
 
 def judge_paired(metric: Metric, rule: Rule, b: float, n: float, log_ratios: list[float], alpha: float):
     """The verdict on a timed metric from the rounds' log step-time ratios at one look of level alpha."""
+    if not log_ratios:  # a side never ran ok alongside the other: nothing paired
+        log_ratios, alpha = [0.0], 0.0
     est, low, high, attained = _interval(log_ratios, alpha)
     worse = sorted(_worse_pct(metric, x) for x in (low, high))
     change = _worse_pct(metric, est)
@@ -142,19 +144,16 @@ def judge_paired(metric: Metric, rule: Rule, b: float, n: float, log_ratios: lis
         verdict = "unchanged"
     else:
         verdict = "inconclusive"
-    level = f"{1 - attained:.1%} CI {sign * worse[0]:+.1f}% to {sign * worse[1]:+.1f}%" if attained else "no CI yet"
-    significance = (
-        f"paired, {len(log_ratios)} rounds: {level}; MDE {detectable:.1f}%"
-        if math.isfinite(detectable)
-        else f"paired, {len(log_ratios)} rounds: {level}"
-    )
+    interval = sorted(sign * w for w in worse)
+    level = f"{1 - attained:.1%} CI {interval[0]:+.1f}% to {interval[1]:+.1f}%" if attained else "no interval yet"
     c = crossing(metric, b, n, t, rule.min_abs)
-    delta = MetricDelta.judged(metric, rule, b, n, c, True, significance, direction=_direction(change))
+    delta = MetricDelta.judged(
+        metric, rule, b, n, c, True, f"paired, {len(log_ratios)} rounds: {level}", direction=_direction(change)
+    )
     delta.change_pct, delta.verdict = sign * change, verdict
     if attained:
-        delta.interval_pct = sorted(sign * w for w in worse)
-        delta.interval_level = 1 - attained
-    delta.mde_pct = detectable if math.isfinite(detectable) else None
+        delta.interval_pct, delta.interval_level = interval, 1 - attained
+        delta.mde_pct = detectable
     return delta
 
 
