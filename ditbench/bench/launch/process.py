@@ -37,13 +37,15 @@ LOG_TAIL_BYTES = 64_000  # enough for the traceback lines a record keeps
 
 def child_env(own: bool = True) -> dict[str, str]:
     """The cell's environment: ours, with this ditbench first on the path; for another interpreter
-    (own=False: `ditbench ab`'s side) without PYTHONPATH, so that it imports its own ditbench."""
+    (own=False: `ditbench ab`'s side) without PYTHONPATH and, from Python 3.11, without the current
+    folder on the path (PYTHONSAFEPATH), so that it imports its own ditbench, not a checkout's here."""
     env = dict(os.environ)
     if own:
         package_root = str(Path(ditbench.__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     else:
         env.pop("PYTHONPATH", None)
+        env["PYTHONSAFEPATH"] = "1"
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # torch and NVML then agree on device indices
     return env
 
