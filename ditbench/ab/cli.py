@@ -8,7 +8,6 @@ or --budget-min is spent; then the gate's summary (report.gate.summary) and exit
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import random
 import sys
@@ -66,7 +65,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help=f"an environment variable for side {side.upper()}'s processes; repeatable",
         )
     parser.add_argument("--duet", action="store_true", help="run A and B at the same time on disjoint CPUs")
-    parser.add_argument("--seed", type=int, default=None, help="the order's seed (default: drawn and printed)")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="the order's seed (default: drawn and printed)"
+    )
     parser.add_argument("--max-rounds", type=int, default=DEFAULT_ROUNDS, help="rounds at most")
     parser.add_argument(
         "--budget-min",
@@ -75,11 +76,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="start no round that would end after this many minutes (a round takes as long as the last)",
     )
     parser.add_argument("--cells", action="append", default=[], metavar="SUBSTR", help="only these cells")
-    parser.add_argument("--policy", metavar="POLICY.yaml", default=None, help="as for compare (default: defaults)")
+    parser.add_argument(
+        "--policy", metavar="POLICY.yaml", default=None, help="as for compare (default: defaults)"
+    )
     parser.add_argument("--timeout-s", type=float, default=None, help="per-process timeout in seconds")
-    parser.add_argument("--out", type=Path, default=Path("runs") / "ab", metavar="DIR", help="the run's folder")
-    parser.add_argument("--summary", metavar="FILE", default=None, help="also write the markdown summary to FILE")
-    parser.add_argument("--json", action="store_true", help="print the comparison as JSON instead of markdown")
+    parser.add_argument(
+        "--out", type=Path, default=Path("runs") / "ab", metavar="DIR", help="the run's folder"
+    )
+    parser.add_argument(
+        "--summary", metavar="FILE", default=None, help="also write the markdown summary to FILE"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print the comparison as JSON instead of markdown"
+    )
 
 
 def _check(args: argparse.Namespace, alpha: float) -> None:
@@ -88,8 +97,9 @@ def _check(args: argparse.Namespace, alpha: float) -> None:
     fewest = math.ceil(math.log2(2 / alpha))  # 2 / 2^n: the exact interval's smallest level
     if not fewest <= args.max_rounds <= MAX_ROUNDS:
         raise UserError(
-            f"--max-rounds {args.max_rounds}: give {fewest} to {MAX_ROUNDS}; with fewer than {fewest} rounds "
-            f"no exact signed-rank interval reaches the policy's alpha {alpha:g}, so nothing could be decided."
+            f"--max-rounds {args.max_rounds}: give {fewest} to {MAX_ROUNDS}; with fewer than {fewest} "
+            f"rounds no exact signed-rank interval reaches the policy's alpha {alpha:g}, so nothing could "
+            "be decided."
         )
     if not (math.isfinite(args.budget_min) and args.budget_min > 0):
         raise UserError(f"--budget-min {args.budget_min}: give a number of minutes above 0.")
@@ -113,7 +123,9 @@ def run(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite, args.overrides)
     cells = select_cells(suite, args.cells)
     if not cells:
-        raise UserError(f"--cells {' '.join(args.cells)} matches none of the {len(suite.cells)} cells of {suite.path}.")
+        raise UserError(
+            f"--cells {' '.join(args.cells)} matches none of the {len(suite.cells)} cells of {suite.path}."
+        )
     sides = tuple(
         Side(name, interpreter(f"--{name.lower()}", getattr(args, name.lower()) or sys.executable),
              env_items(f"--{name.lower()}", getattr(args, f"{name.lower()}_env")))
@@ -166,7 +178,7 @@ def _gate(args, suite, cells, sides, policy, out: Path, seed: int, run_id: str) 
             spec.unlink(missing_ok=True)
     rounds.sides = sides
     mode = "duet" if rounds.duet else "interleaved"
-    say(f"seed {seed} (--seed {seed} repeats this order); {mode}; {len(cells)} cells, up to {args.max_rounds} rounds")
+    say(f"seed {seed} (--seed {seed} repeats this order); {mode}; {len(cells)} cells, up to {args.max_rounds} rounds")  # noqa: E501
     gate = Gate(cells, policy, args.max_rounds, rounds.where, tuple(f"{s.name} {s.python}" for s in sides))
     start, budget_s, stopped, result, n = time.monotonic(), args.budget_min * 60, "", None, 0
     try:
@@ -185,7 +197,10 @@ def _gate(args, suite, cells, sides, policy, out: Path, seed: int, run_id: str) 
             if stopped and left:
                 result = gate.judge(last=True)  # no round follows: the open cells' last look spends the rest
             mde = result.largest_mde
-            say(f"round {n}: {len(ran) - left} of {len(ran)} cells decided" + (f"; largest MDE {mde:.1f}%" if mde else ""))
+            say(
+                f"round {n}: {len(ran) - left} of {len(ran)} cells decided"
+                + (f"; largest MDE {mde:.1f}%" if mde else "")
+            )
     except GateRefusal as err:
         refused(err, args.summary, args.json)
         write_atomic(out / "summary.md", err.markdown())

@@ -114,7 +114,9 @@ class Rounds:
                 self._together(cell, sides, round_no, out)
             else:
                 for side in sides:
-                    out[(cell.cell_id, side.name)] = self._said(self.one(cell, side, round_no), side, round_no)
+                    out[(cell.cell_id, side.name)] = self._said(
+                        self.one(cell, side, round_no), side, round_no
+                    )
         return out
 
     def _together(self, cell: SuiteCell, sides: list[Side], round_no: int, out: dict) -> None:

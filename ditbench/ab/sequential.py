@@ -40,7 +40,9 @@ class CellState:
 
 
 class Gate:
-    def __init__(self, cells: list[SuiteCell], policy: Policy, max_rounds: int, where: dict, paths: tuple[str, str]):
+    def __init__(
+        self, cells: list[SuiteCell], policy: Policy, max_rounds: int, where: dict, paths: tuple[str, str]
+    ):
         self.states = {c.cell_id: CellState(c) for c in cells}
         self.policy, self.max_rounds, self.where, self.paths = policy, max_rounds, where, paths
 

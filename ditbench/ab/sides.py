@@ -115,7 +115,11 @@ def probe(side: Side, specs: list[Path]) -> Side:
     except ValueError:
         found = None
     if not isinstance(found, dict) or "error" in found:
-        why = found["error"] if isinstance(found, dict) else (done.stderr.strip()[-600:] or f"exit {done.returncode}")
+        why = (
+            found["error"]
+            if isinstance(found, dict)
+            else (done.stderr.strip()[-600:] or f"exit {done.returncode}")
+        )
         raise UserError(
             f"side {side.name} ({side.option} {side.python}) cannot run this suite's cells: {why}. Both "
             "sides must be ditbench versions that read the cell spec this ditbench writes "

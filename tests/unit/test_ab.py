@@ -9,7 +9,6 @@ import os
 import random
 import re
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -183,7 +182,7 @@ def test_a_side_whose_ditbench_cannot_read_the_spec_is_refused_by_name(tmp_path,
         (init / "__init__.py").write_text("__version__ = '0.0.1'\n" if init == fake else "")
     (fake / "bench" / "launch" / "files.py").write_text("def write_spec(*a): pass\n")
     python = tmp_path / "python"
-    python.write_text(f"#!/bin/sh\nPYTHONPATH={fake.parent} exec {sys.executable} -S \"$@\"\n")
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={fake.parent} exec {sys.executable} -S "$@"\n')
     python.chmod(0o755)
     side = sides_module.Side("B", str(python))
     with pytest.raises(sides_module.UserError) as err:

@@ -158,7 +158,7 @@ def test_a_cell_that_stops_running_fails_unless_the_policy_allows_it(tmp_path, s
     result = gate(tmp_path, [cell(), other_cell()], new)
     verdict = "no longer measured" if status in ("unsupported", "skipped") else "new failure"
     assert result.cells[0].verdict == verdict and result.exit_code == 1
-    assert f"## ❌ ditbench compare: 0 regressions" not in summary_markdown(result)
+    assert summary_markdown(result).startswith("## ❌ ditbench compare: 1 regression\n")
     policy_file = tmp_path / "allow.yaml"
     for allowed in ("[bs=8]", f"[{cell()['cell_id']}]", "true"):
         policy_file.write_text(f"allow_stopped: {allowed}\n")
@@ -169,16 +169,19 @@ def test_a_cell_that_stops_running_fails_unless_the_policy_allows_it(tmp_path, s
     assert gate(tmp_path, [cell(), other_cell()], new, load_policy(policy_file)).exit_code == 1
 
 
-@pytest.mark.parametrize("bad", ["allow_stopped: 3", "allow_stopped: [\"\"]", "allow_stopped: {a: 1}"])
+@pytest.mark.parametrize("bad", ["allow_stopped: 3", 'allow_stopped: [""]', "allow_stopped: {a: 1}"])
 def test_allow_stopped_takes_true_false_or_names(tmp_path, bad):
     policy_file = tmp_path / "p.yaml"
     policy_file.write_text(bad + "\n")
-    with pytest.raises(UserError, match="`allow_stopped` must be true, false or a list of cell-name substrings"):
+    with pytest.raises(
+        UserError, match="`allow_stopped` must be true, false or a list of cell-name substrings"
+    ):
         load_policy(policy_file)
 
 
 def test_new_failed_repeats_are_a_new_failure(tmp_path):
     """A cell ok overall whose new run lost repeats (repeat 2 ran out of memory) does not pass."""
+
     def with_repeats(record, failed):
         record["metrics"]["repeats"] = {"count": 2, "of": 3, "failed": failed, "step_ms": [10.0, 10.1]}
         return record

@@ -155,7 +155,8 @@ MDE_6_25 = 6.25 / 1.959964 * (1.959964 + 0.841621)  # half-width 6.25 at 95%, 80
 
 
 @pytest.mark.parametrize(
-    "threshold,expected", [(8.94, "unchanged"), (8.93, "inconclusive"), (6.25, "inconclusive"), (6.0, "inconclusive")]
+    "threshold,expected",
+    [(8.94, "unchanged"), (8.93, "inconclusive"), (6.25, "inconclusive"), (6.0, "inconclusive")],
 )
 def test_within_the_threshold_the_interval_and_its_mde_decide(threshold, expected):
     # no change (16 -> 16 ms), ratio interval 0.9375 to 1.0625: -6.25% to +6.25% exactly. At T = 6.0 the

@@ -32,8 +32,8 @@ _METRIC_NAMES = textwrap.fill("metrics: " + ", ".join(table()), 100, subsequent_
 POLICY_EXAMPLE = f"""\
 exit status: 0 pass or improvement, 1 regression (a new failure, or a cell ok in BASE that NEW
 skipped or did not run, unless allow_stopped names it; or, with fail_on_missing, missing cells or
-quality steps), 3 inconclusive (a timing change whose confidence interval straddles its threshold; the policy's
-`inconclusive: pass | fail` maps it to 0 or 1), 2 usage or input error: runs from different GPU /
+quality steps), 3 inconclusive (a timing change whose confidence interval straddles its threshold;
+the policy's `inconclusive: pass | fail` maps it to 0 or 1), 2 usage or input error: runs from different GPU /
 driver / CUDA / torch without --allow-env-mismatch or the policy's `environment: may_differ` (a
 CPU cell's torch build, CPU or CUDA wheel of one release, is named, not gated); a gated value that
 cannot be compared (missing on one side, NaN, inf, not a number, bad per-step samples) unless the
@@ -48,13 +48,14 @@ straddles the threshold is inconclusive, and so is a pass whose minimum detectab
 the interval's width, the change it would see 4 times in 5) exceeds the threshold. When both runs
 have repeats (`run --repeats K`), the samples are the repeats' per-process median step times, which
 sample process-level noise (start-up, clocks, machine load); else they are one run's per-step times,
-which sample step-to-step noise only, so the interval is narrow. With fewer than min_samples samples a side (5 by default: K >= 5 repeats) the
-threshold alone decides and the summary says so. Memory and loss: threshold alone. Quality
-(the last evaluation both runs have at the same step): |new - base| must also exceed quality_noise_k
-* sqrt(spread_base^2 + spread_new^2) (a side's spread: the larger of its seeds' standard deviation
-and its bootstrap SE over samples), and the change +- that bound must lie wholly beyond the
-threshold (straddling it: inconclusive); with no spread recorded the threshold decides (weak). A cell
-whose record says metrics.noisy: true keeps its timing verdicts, marked weak.
+which sample step-to-step noise only, so the interval is narrow. With fewer than min_samples samples
+a side (5 by default: K >= 5 repeats) the threshold alone decides and the summary says so. Memory
+and loss: threshold alone. Quality (the last evaluation both runs have at the same step): |new -
+base| must also exceed quality_noise_k * sqrt(spread_base^2 + spread_new^2) (a side's spread: the
+larger of its seeds' standard deviation and its bootstrap SE over samples), and the change +- that
+bound must lie wholly beyond the threshold (straddling it: inconclusive); with no spread recorded
+the threshold decides (weak). A cell whose record says metrics.noisy: true keeps its timing
+verdicts, marked weak.
 
 policy file (YAML; every key optional, metrics merge over the defaults):
   alpha: 0.01

@@ -132,7 +132,9 @@ def judge_paired(metric: Metric, rule: Rule, b: float, n: float, log_ratios: lis
     worse = sorted(_worse_pct(metric, x) for x in (low, high))
     change = _worse_pct(metric, est)
     sign = -1 if metric.direction == HIGHER else 1  # change_pct is signed the metric's own way
-    detectable = _worse_pct(metric, mde((high - low) / 2, attained)) if math.isfinite(high - low) else math.inf
+    detectable = (
+        _worse_pct(metric, mde((high - low) / 2, attained)) if math.isfinite(high - low) else math.inf
+    )
     t = rule.threshold_pct
     if abs(n - b) < rule.min_abs:
         verdict = "unchanged"
@@ -145,10 +147,19 @@ def judge_paired(metric: Metric, rule: Rule, b: float, n: float, log_ratios: lis
     else:
         verdict = "inconclusive"
     interval = sorted(sign * w for w in worse)
-    level = f"{1 - attained:.1%} CI {interval[0]:+.1f}% to {interval[1]:+.1f}%" if attained else "no interval yet"
+    level = (
+        f"{1 - attained:.1%} CI {interval[0]:+.1f}% to {interval[1]:+.1f}%" if attained else "no interval yet"
+    )
     c = crossing(metric, b, n, t, rule.min_abs)
     delta = MetricDelta.judged(
-        metric, rule, b, n, c, True, f"paired, {len(log_ratios)} rounds: {level}", direction=_direction(change)
+        metric,
+        rule,
+        b,
+        n,
+        c,
+        True,
+        f"paired, {len(log_ratios)} rounds: {level}",
+        direction=_direction(change),
     )
     delta.change_pct, delta.verdict = sign * change, verdict
     if attained:

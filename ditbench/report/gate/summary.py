@@ -302,12 +302,12 @@ def _policy_line(c: Comparison) -> list[str]:
             f"a timing change is a regression only if its {LEVEL:.0%} bootstrap interval (of the ratio of "
             f"median step times, {BOOTSTRAP_B} resamples) lies wholly beyond the threshold and the samples "
             f"differ by a Mann-Whitney U test at p<{p.alpha:g} (with ≥{p.min_samples} samples a side); an "
-            f"interval that straddles the threshold is inconclusive (policy `inconclusive: {p.inconclusive}`: "
-            f"exits {_INCONCLUSIVE_EXIT[p.inconclusive]}), and so is a pass whose minimum detectable effect "
-            "(80% power) exceeds the threshold. Where both runs have repeats (`run --repeats K`) the samples "
-            "are the repeats' per-process median step times, which sample process-level noise (start-up, "
-            "clocks, machine load); else they are one run's per-step times, which sample only step-to-step "
-            "noise, so the interval is narrow. "
+            "interval that straddles the threshold is inconclusive (policy "
+            f"`inconclusive: {p.inconclusive}`: exits {_INCONCLUSIVE_EXIT[p.inconclusive]}), and so is a "
+            "pass whose minimum detectable effect (80% power) exceeds the threshold. Where both runs have "
+            "repeats (`run --repeats K`) the samples are the repeats' per-process median step times, which "
+            "sample process-level noise (start-up, clocks, machine load); else they are one run's per-step "
+            "times, which sample only step-to-step noise, so the interval is narrow. "
         )
     stopped = ", ".join(sorted(p.allow_stopped)) if "*" not in p.allow_stopped else "every cell"
     return [
