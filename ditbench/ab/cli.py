@@ -73,7 +73,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--budget-min",
         type=float,
         default=DEFAULT_BUDGET_MIN,
-        help="start no round that would end after this many minutes (a round takes as long as the last)",
+        help="minutes from the start (the sides' check included) after which no round may end; a round "
+        "is expected to take as long a pair as the slowest so far",
     )
     parser.add_argument("--cells", action="append", default=[], metavar="SUBSTR", help="only these cells")
     parser.add_argument(
@@ -165,6 +166,7 @@ def _gate(args, suite, cells, sides, policy, out: Path, seed: int, run_id: str) 
     def say(line: str) -> None:
         print(f"ditbench ab: {line}", file=sys.stderr, flush=True)
 
+    start = time.monotonic()  # the budget counts the probe too
     rounds = Rounds(suite, sides, out, run_id, args.max_rounds, rng=random.Random(seed), say=say,
                     duet=args.duet, timeout_s=args.timeout_s, cells=cells)  # fmt: skip
     specs = []
@@ -178,17 +180,20 @@ def _gate(args, suite, cells, sides, policy, out: Path, seed: int, run_id: str) 
             spec.unlink(missing_ok=True)
     rounds.sides = sides
     mode = "duet" if rounds.duet else "interleaved"
-    say(f"seed {seed} (--seed {seed} repeats this order); {mode}; {len(cells)} cells, up to {args.max_rounds} rounds")  # noqa: E501
+    say(
+        f"seed {seed} (--seed {seed} repeats this order); {mode}; {len(cells)} cells, up to {args.max_rounds} rounds"
+    )  # noqa: E501
     gate = Gate(cells, policy, args.max_rounds, rounds.where, tuple(f"{s.name} {s.python}" for s in sides))
-    start, budget_s, stopped, result, n = time.monotonic(), args.budget_min * 60, "", None, 0
+    budget_s, stopped, result, n, pair_s = args.budget_min * 60, "", None, 0, 0.0
     try:
         while not stopped:
             n += 1
             ran, t0 = gate.open, time.monotonic()
             gate.add(n, rounds.round(ran, n))
             result = gate.judge(last=False)
-            took, left = time.monotonic() - t0, len(gate.open)
-            more = time.monotonic() - start + took * left / len(ran) <= budget_s
+            # the next round, at the slowest pair so far: no round starts that would end past the budget
+            pair_s, left = max(pair_s, (time.monotonic() - t0) / len(ran)), len(gate.open)
+            more = time.monotonic() - start + pair_s * left <= budget_s
             stopped = (
                 "every cell decided" if not left
                 else f"{args.max_rounds} rounds run" if n >= args.max_rounds

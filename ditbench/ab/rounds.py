@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.ab.sides import Side
-from ditbench.bench.inflight import Ticket, make_record, read_result
+from ditbench.bench.inflight import Ticket, make_record, read_result, record_context
 from ditbench.bench.launch.process import MODULE, TORCHRUN_MODULE, FreshProcess
 from ditbench.bench.records import append_record
 from ditbench.bench.runner import LOGS_DIR, RESULTS_FILE, Visible, now_iso, precheck
@@ -85,19 +85,11 @@ class Rounds:
                 ticket.remove()
             if result is None:
                 result = {"status": "error", "reason": f"the cell finished but {problem}"}
-        context = {
-            "suite": self.suite.name,
-            "run_id": self.run_id,
-            "cell_id": cell.cell_id,
-            "cell_name": cell.cell_name,
-            "suite_baseline": self.suite.baseline,
-            "suite_overrides": self.suite.overrides,
-            "config": cell.config,
-            "started_at": started,
-            "label": f"ab side {side.name}",
-            "repeat": round_no,  # a round is a repeat: `ditbench report` combines them alike
-            "repeats": self.rounds,
-        }
+        # a round is a repeat: `ditbench report` combines a side's rounds as it does repeats
+        context = record_context(
+            self.suite, self.run_id, cell, started, label=f"ab side {side.name}", repeat=round_no,
+            repeats=self.rounds,
+        )  # fmt: skip
         record = append_record(self.paths[side.name], make_record(context, result, time.monotonic() - t0))
         self.lines[side.name] += 1
         self.where[(side.name, cell.cell_id, round_no)] = f"{self.paths[side.name]}:{self.lines[side.name]}"

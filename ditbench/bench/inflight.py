@@ -92,6 +92,24 @@ def inflight_dir(out: Path) -> Path:
     return Path(out) / INFLIGHT_DIR
 
 
+def record_context(suite, run_id: str, cell, started_at: str, **more: Any) -> dict[str, Any]:
+    """What a cell's record says of its run beside the result: the suite, the run, the cell, when;
+    `more`: env, label and, in a run with repeats, repeat and repeats (K > 1 only)."""
+    if more.get("repeats", 1) <= 1:  # one run of each cell: no repeat keys
+        more = {k: v for k, v in more.items() if k not in ("repeat", "repeats")}
+    return {
+        "suite": suite.name,
+        "run_id": run_id,
+        "cell_id": cell.cell_id,
+        "cell_name": cell.cell_name,
+        "suite_baseline": suite.baseline,
+        "suite_overrides": suite.overrides,
+        "config": cell.config,
+        "started_at": started_at,
+        **more,
+    }
+
+
 def open_ticket(folder: Path, context: dict[str, Any]) -> Ticket:
     """Write the ticket of a cell about to start; `context` holds _CONTEXT_KEYS and `env`."""
     missing = [k for k in _CONTEXT_KEYS if k not in context]

@@ -340,22 +340,11 @@ class SuiteRun:
     def record_context(
         self, cell: SuiteCell, env: dict | None, started_at: str, repeat: int = 1
     ) -> dict[str, Any]:
-        """What a cell's record says of its run beside the result: the suite, the run, the cell, when
-        (and, in a run with repeats, which repeat of how many)."""
-        repeats = {"repeat": repeat, "repeats": self.repeats} if self.repeats > 1 else {}
-        return {
-            **repeats,
-            "suite": self.suite.name,
-            "run_id": self.run_id,
-            "cell_id": cell.cell_id,
-            "cell_name": cell.cell_name,
-            "suite_baseline": self.suite.baseline,
-            "suite_overrides": self.suite.overrides,
-            "label": self.options.label,
-            "config": cell.config,
-            "env": env,
-            "started_at": started_at,
-        }
+        """inflight.record_context of this run's cell (and, with repeats, which repeat of how many)."""
+        return inflight.record_context(
+            self.suite, self.run_id, cell, started_at, env=env, label=self.options.label, repeat=repeat,
+            repeats=self.repeats,
+        )  # fmt: skip
 
     def cell(self, cell: SuiteCell, repeat: int = 1) -> dict[str, Any]:
         """Run one cell (or decide it need not start) and append its record; returns the record as written."""
