@@ -77,7 +77,7 @@ def slow(fraction: float) -> str:
 def test_a_a_passes_once_every_cell_is_decided(ab):
     code, out, err = ab("--max-rounds", "20")
     assert code == 0 and out.startswith("## ✅ ditbench ab: no regression")
-    assert "seed 7 (--seed 7 repeats this order); interleaved; 2 cells, up to 20 rounds" in err
+    assert "seed 7 (--seed 7 repeats the order); interleaved; 2 cells, 20 rounds at most" in err
     doc = json.loads((ab.out / "ab.json").read_text())
     rounds = doc["ab"]["rounds"]
     assert doc["ab"]["stopped"] == "every cell decided" and rounds < 20
