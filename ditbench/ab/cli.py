@@ -180,9 +180,8 @@ def _gate(args, suite, cells, sides, policy, out: Path, seed: int, run_id: str) 
             spec.unlink(missing_ok=True)
     rounds.sides = sides
     mode = "duet" if rounds.duet else "interleaved"
-    say(
-        f"seed {seed} (--seed {seed} repeats this order); {mode}; {len(cells)} cells, up to {args.max_rounds}"
-    )
+    rounds_at_most = f"{len(cells)} cells, {args.max_rounds} rounds at most"
+    say(f"seed {seed} (--seed {seed} repeats the order); {mode}; {rounds_at_most}")
     gate = Gate(cells, policy, args.max_rounds, rounds.where, tuple(f"{s.name} {s.python}" for s in sides))
     budget_s, stopped, result, n, pair_s = args.budget_min * 60, "", None, 0, 0.0
     try:
