@@ -142,9 +142,7 @@ def write_report(out: Path, meta: dict, rows: list[dict]) -> None:
         if not mine:
             continue
         c = counts(rows, name)
-        done = (
-            "yes" if met(c) and c["total"] >= want else ("not yet" if c["total"] < want and met(c) else "no")
-        )
+        done = ("yes" if c["total"] >= want else "so far") if met(name, c) else "no"
         rounds = [float(r["rounds"]) for r in mine if r.get("rounds")]
         mdes = [r["mde_pct"] for r in mine if r.get("mde_pct") is not None]
         lines.append(

@@ -18,27 +18,18 @@ DEFAULT_ROUNDS = 20
 DEFAULT_BUDGET_MIN = 60.0
 MAX_ROUNDS = 1000
 EPILOG = """\
-A side is a Python interpreter or a virtual environment's folder (its bin/python) with ditbench
-installed, plus environment variables of its own (--a-env, --b-env). This process reads the suite
-once; every cell runs as a fresh process of the side's interpreter, so each side uses its own torch,
-ditbench and model code. Both sides must be ditbench versions that read the cell spec this one
-writes: a side that cannot is refused by name before anything runs (exit 2).
-
-Each round runs every open cell once per side: the cells in a random order, each cell's two
-processes back to back in a random order (--duet: at the same time, each pinned to its half of the
-CPUs, and with two GPUs or more its half of the GPUs; a CUDA suite on one GPU runs interleaved,
-since two processes sharing one GPU measure each other). The seed is printed; --seed repeats it.
-
-Per cell and round, the ratio B/A of the two processes' median step times; the Hodges-Lehmann
-estimate of the ratio with an exact Wilcoxon signed-rank interval, looked at after every round at a
-level from an O'Brien-Fleming-type alpha-spending function whose levels add up to the policy's
-alpha. A cell is a regression when the interval lies wholly beyond its threshold, a pass when it
-lies within it and its minimum detectable effect (80% power) is within it too; else it runs more
-rounds, and is inconclusive when the rounds or the time run out. Memory, loss, quality and status
-changes are gated as by `compare` (see `ditbench compare --help` for the policy file).
+A side is a Python interpreter or a virtual environment's folder with ditbench installed, plus
+environment variables of its own; every cell runs as a fresh process of the side's interpreter (its
+own torch, ditbench and model code). Both sides must read the cell spec this ditbench writes: a side
+that cannot is refused by name (exit 2). Each round runs every undecided cell once per side, in a
+random order (--seed repeats it), interleaved or --duet (at once, on disjoint CPUs; a CUDA suite on
+one GPU runs interleaved). Per round the ratio B/A of the two processes' median step times; an exact
+signed-rank interval, looked at after every round with O'Brien-Fleming-type alpha spending; a pass
+needs the interval and the minimum detectable effect within the threshold. Memory, loss, quality and
+status changes are gated as by `compare` (its --help describes the policy). docs/gate-in-ci.md.
 
 exit status: 0 pass or improvement, 1 regression, 2 usage or input error, 3 inconclusive.
-Written: OUT/a/results.jsonl and OUT/b/results.jsonl (each process's record, appended at once),
+Written: OUT/a/results.jsonl, OUT/b/results.jsonl (every process's record, appended at once),
 OUT/logs/RUN_ID/, OUT/summary.md, OUT/ab.json; the summary also to stdout (--json: the JSON),
 --summary FILE and $GITHUB_STEP_SUMMARY.
 """

@@ -1,29 +1,23 @@
 """Paired timing statistics (`ditbench ab`): B/A ratios per round, their interval, the sequential rule.
 
-Each round runs a cell once per side; its pair gives x = log(median step B / median step A), the
-log ratio of the two processes' median step times. The noise that both processes of a round share
-(machine load, clocks, thermal state) cancels in x.
+Each round runs a cell once per side: x = log(median step B / median step A) of its two processes;
+the noise both share (machine load, clocks) cancels in x. Interval: the Hodges-Lehmann estimate with
+the exact Wilcoxon signed-rank interval, not a bootstrap: when both sides' processes have the same
+noise, B/A and A/B are equally likely, so x is symmetric about the true log ratio, which is all that
+interval needs, at any number of rounds; a bootstrap at the 6-20 rounds a gate affords covers less
+than it claims, and a t interval trusts normal tails that a load spike breaks.
 
-Interval: Hodges-Lehmann estimate with the exact Wilcoxon signed-rank interval of the centre of x,
-not a bootstrap. When the two sides' processes have the same noise, B/A and A/B are equally likely,
-so x is symmetric about the true log ratio: exactly what the signed-rank interval needs, with
-coverage that holds at any number of rounds. A bootstrap at the 6-20 rounds a gate can afford
-covers less than it claims, and a t interval trusts normal tails that a load spike breaks.
+Sequential rule: a look after every round, at a level from an O'Brien-Fleming-type spending
+function (Lan-DeMets: alpha(t) = 2 - 2 Phi(z_{1-alpha/2} / sqrt(t)), t = rounds / max rounds). The
+looks' levels add up to alpha (Bonferroni over the looks: valid whatever their correlation,
+conservative); a look whose exact interval cannot reach its level (n rounds reach 2 / 2^n at best)
+spends nothing and passes it on; the last look (the last round, or the last the clock allows)
+spends what is left. So the chance that any look's interval misses the true ratio, and with it that
+of a false regression, is at most alpha (tests/unit/test_ab_stats.py simulates it).
 
-Sequential rule: the interval is looked at after every round, each look at its own level alpha_k,
-from an O'Brien-Fleming-type alpha-spending function (Lan-DeMets, alpha(t) = 2 - 2 Phi(z_{1-alpha/2}
-/ sqrt(t)), t = rounds / max rounds): little is spent on the first looks, most on the last. The
-looks' levels add up to alpha (Bonferroni over the looks, so it holds whatever the looks'
-correlation; conservative). A look whose exact interval cannot reach its level (2 / 2^n is the
-smallest two-sided level n rounds reach) spends nothing, and what it did not spend is carried to
-the next; the last look (the last round, or the last the time budget allows, chosen by the clock
-before the round runs) spends all that is left. So the chance that any look's interval misses the
-true ratio is at most alpha, and with it the chance of a false regression.
-
-Minimum detectable effect: (h / z) (z + z_0.80), with h the interval's half-width and z its normal
-quantile: the change that this interval, at this noise and this many rounds, would tell from none
-4 times in 5. A pass whose MDE exceeds the threshold is inconclusive: the run could not have seen a
-change of the threshold's size.
+Minimum detectable effect: (h / z)(z + z_0.80), h the interval's half-width, z its normal quantile:
+the change this interval would tell from none 4 times in 5. A pass whose MDE exceeds the threshold
+is inconclusive: the run could not have seen a change of the threshold's size.
 """
 
 from __future__ import annotations
