@@ -11,6 +11,7 @@ that keeps one half busy slows each side equally often.
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -52,7 +53,12 @@ class Rounds:
         self.lines = {name: _line_count(path) for name, path in self.paths.items()}
         self.where: dict[tuple[str, str, int], str] = {}  # (side, cell_id, round) -> "path:line"
         self.cpus = halves(sorted(_affinity())) if self.duet else None
-        gpus = [str(i) for i in range(self.visible.gpu_count)]
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")  # the GPUs this process sees, as the parent names them
+        gpus = (
+            shown.split(",")[: self.visible.gpu_count]
+            if shown
+            else [str(i) for i in range(self.visible.gpu_count)]
+        )
         self.gpus = halves(gpus) if self.duet and len(gpus) >= 2 else None
         if self.duet and len(self.cpus[0]) < 1:
             raise UserError("--duet needs at least 2 CPUs to give each side its own; this process may use 1.")
@@ -76,7 +82,7 @@ class Rounds:
             launcher = FreshProcess(module, side.python, tuple(env.items()), cpus)
             log = self.out / LOGS_DIR / self.run_id / side.name.lower() / f"{cell.cell_id}.r{round_no}.log"
             about = {"cell_id": cell.cell_id, "cell_name": cell.cell_name, "rendezvous": None}
-            about["out_dir"] = str(self.out.resolve())
+            about["out_dir"] = str(self.paths[side.name].parent.resolve())  # a side's sample grids: its own
             timeout = self.timeout_s or cell.timeout_s
             try:
                 launcher.launch(cell.spec, about, timeout, ticket.spec_path, ticket.result_path, log)
@@ -138,8 +144,6 @@ class Rounds:
 
 
 def _affinity() -> set[int]:
-    import os
-
     try:
         return os.sched_getaffinity(0)
     except AttributeError:  # not Linux: every CPU
