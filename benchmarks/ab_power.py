@@ -182,6 +182,41 @@ def write_report(out: Path, meta: dict, rows: list[dict]) -> None:
     (out / "README.md").write_text("\n".join(lines) + "\n")
 
 
+def simulate(sigma: float, rounds: int, alpha: float, sims: int = 4000, seed: int = 0) -> dict[str, dict]:
+    """What the targets need: per condition, the share of invocations (2 cells, independent) that pass,
+    regress or stay inconclusive when each round's log B/A ratio is the condition's slowdown plus
+    normal noise of sd `sigma`, under ab's own rule (report.gate.paired: looks, levels, MDE)."""
+    import math
+
+    import numpy as np
+    from scipy.stats import norm
+
+    from ditbench.report.gate.paired import POWER, hl_interval, look_alpha
+
+    out = {}
+    for name in ("aa", "slow10", "slow05"):
+        _, slow, threshold, _, _ = CONDITIONS[name]
+        rng = np.random.default_rng(seed)
+        x = math.log1p(slow or 0.0) + sigma * rng.standard_normal((sims * 2, rounds))
+        verdict = np.zeros(sims * 2, dtype=int)  # 0 open, 1 regression, 2 pass
+        bound = -math.log1p(-threshold / 100)  # images/s down T% <=> step ratio above this
+        for n in range(1, rounds + 1):
+            _, low, high, attained = hl_interval(x[:, :n], look_alpha(n, rounds, alpha, last=n == rounds))
+            if not attained:
+                continue
+            z = norm.isf(attained / 2)
+            seen = (high - low) / 2 / z * (z + norm.ppf(POWER))  # the MDE, as a log ratio
+            still = verdict == 0
+            verdict[still & (low > bound)] = 1
+            verdict[still & (high <= bound) & (seen <= bound)] = 2
+        cells = verdict.reshape(sims, 2)
+        out[name] = {
+            "pass": float(np.mean((cells == 2).all(axis=1))),
+            "regression": float(np.mean((cells == 1).any(axis=1))),
+        }
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -200,11 +235,29 @@ def main() -> int:
     parser.add_argument(
         "--work", type=Path, default=None, help="where the ab runs go (default: a temp folder)"
     )
+    parser.add_argument(
+        "--simulate",
+        action="store_true",
+        help="run nothing: print what each condition would give at paired noise of 2-30%% (ab's own rule)",
+    )
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n]
     unknown = [n for n in names if n not in CONDITIONS]
     if unknown:
         parser.error(f"unknown condition(s) {', '.join(unknown)}; known: {', '.join(CONDITIONS)}")
+    if args.simulate:
+        print(
+            "| paired noise (sd of log B/A) | rounds | A/A pass | +10% regression | +10% pass | +5%@2% pass |"
+        )
+        print("|---:|---:|---:|---:|---:|---:|")
+        for sigma in (0.02, 0.03, 0.04, 0.06, 0.10, 0.20, 0.30):
+            for rounds in (args.rounds, args.duet_rounds):
+                p = simulate(sigma, rounds, args.alpha)
+                print(
+                    f"| {sigma:.0%} | {rounds} | {p['aa']['pass']:.0%} | {p['slow10']['regression']:.0%} | "
+                    f"{p['slow10']['pass']:.0%} | {p['slow05']['pass']:.0%} |"
+                )
+        return 0
     from ditbench.bench.suite import load_suite
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE)
