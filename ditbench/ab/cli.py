@@ -84,6 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace, alpha: float) -> None:
+    from ditbench.bench.suite import TIMEOUT_MAX_S
     from ditbench.errors import UserError
 
     fewest = math.ceil(math.log2(2 / alpha))  # 2 / 2^n: the exact interval's smallest level
@@ -95,6 +96,11 @@ def _check(args: argparse.Namespace, alpha: float) -> None:
         )
     if not (math.isfinite(args.budget_min) and args.budget_min > 0):
         raise UserError(f"--budget-min {args.budget_min}: give a number of minutes above 0.")
+    timeout = args.timeout_s
+    if timeout is not None and not (math.isfinite(timeout) and 0 < timeout <= TIMEOUT_MAX_S):
+        raise UserError(
+            f"--timeout-s {timeout}: give a number of seconds above 0, at most {TIMEOUT_MAX_S:g}."
+        )
     if args.seed is not None and not 0 <= args.seed < 2**63:
         raise UserError(f"--seed {args.seed}: give a whole number from 0 to 2^63 - 1.")
     if any(not f.strip() for f in args.cells):

@@ -166,6 +166,8 @@ def test_a_side_writing_records_this_gate_cannot_read_is_refused_by_name(ab):
         (["--a-env", "1X=2"], "--a-env '1X=2' is not KEY=VALUE"),
         (["--b", "/no/such/python"], "--b '/no/such/python' is not an executable Python interpreter"),
         (["--budget-min", "nan"], "--budget-min nan: give a number of minutes above 0"),
+        (["--timeout-s", "-1"], "--timeout-s -1.0: give a number of seconds above 0"),
+        (["--seed", "-1"], "--seed -1: give a whole number from 0"),
         (["--cells", "nothing-matches"], "--cells nothing-matches matches none of the 2 cells"),
     ],
 )
