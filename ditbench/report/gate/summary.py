@@ -344,7 +344,7 @@ def _ab_lines(c: Comparison) -> list[str]:
     for name, side in a["sides"].items():
         env = " ".join(f"{k}={v}" for k, v in side.get("env", {}).items()) or "—"
         lines.append(
-            f"| {name} | `{_md(side.get('python'))}` | {_md(env)} | {_md(side.get('ditbench', '?'))} | "
+            f"| {name} | {_md(side.get('python'))} | {_md(env)} | {_md(side.get('ditbench', '?'))} | "
             f"{_md(side.get('torch', '?'))} |"
         )
     return lines
