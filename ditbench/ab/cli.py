@@ -75,12 +75,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out", type=Path, default=Path("runs") / "ab", metavar="DIR", help="the run's folder"
     )
-    parser.add_argument(
-        "--summary", metavar="FILE", default=None, help="also write the markdown summary to FILE"
-    )
-    parser.add_argument(
-        "--json", action="store_true", help="print the comparison as JSON instead of markdown"
-    )
+    from ditbench.report.gate.cli import add_summary_options
+
+    add_summary_options(parser)
 
 
 def _check(args: argparse.Namespace, alpha: float) -> None:
@@ -113,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
     from ditbench.bench.suite import load_suite
     from ditbench.errors import UserError
     from ditbench.outlock import HELD_NAME, LOCK_NAME, OutputLock
-    from ditbench.outpaths import check_kept, check_step_summary, ensure_dir, refuse_output_as_input
+    from ditbench.outpaths import check_kept, ensure_dir, refuse_output_as_input
+    from ditbench.report.gate.cli import check_summary_target
     from ditbench.report.gate.policy import load_policy
 
     policy = load_policy(args.policy)
@@ -129,17 +127,12 @@ def run(args: argparse.Namespace) -> int:
              env_items(f"--{name.lower()}", getattr(args, f"{name.lower()}_env")))
         for name in ("A", "B")
     )  # fmt: skip
-    import os
-
     out: Path = args.out
     kept = {"a": True, "b": True, "logs": True, "summary.md": False, "ab.json": False, ".ab": True}
     kept.update({LOCK_NAME: False, HELD_NAME: False})
-    refuse_output_as_input(
-        [("--summary", args.summary), ("$GITHUB_STEP_SUMMARY", os.environ.get("GITHUB_STEP_SUMMARY"))]
-        + [(f"--out's {name}", out / name) for name in kept],
-        [("SUITE", suite.path), ("--policy", args.policy)],
-    )
-    check_step_summary(os.environ.get("GITHUB_STEP_SUMMARY"))
+    inputs = [("SUITE", suite.path), ("--policy", args.policy)]
+    refuse_output_as_input([(f"--out's {name}", out / name) for name in kept], inputs)
+    check_summary_target(args.summary, inputs)
     ensure_dir(out, "--out")
     check_kept(out, kept)
     for side in ("a", "b"):

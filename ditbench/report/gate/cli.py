@@ -99,6 +99,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="compare even when GPU, driver, CUDA or torch differ between the runs",
     )
+    add_summary_options(parser)
+
+
+def add_summary_options(parser: argparse.ArgumentParser) -> None:
+    """--summary and --json, for compare and ab."""
     parser.add_argument(
         "--summary",
         metavar="FILE",
@@ -108,6 +113,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--json", action="store_true", help="print the full comparison as JSON instead of markdown"
     )
+
+
+def check_summary_target(summary: str | None, inputs: list[tuple[str, str | None]]) -> None:
+    """--summary and $GITHUB_STEP_SUMMARY must not be an input, and the latter must be writable."""
+    step = os.environ.get("GITHUB_STEP_SUMMARY")
+    refuse_output_as_input([("--summary", summary), ("$GITHUB_STEP_SUMMARY", step)], inputs)
+    check_step_summary(step)
 
 
 def publish(text: str, summary: str | None) -> None:
@@ -154,11 +166,7 @@ def _policy_path(args: argparse.Namespace) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     args.policy = _policy_path(args)
-    inputs = [("BASE", args.base), ("NEW", args.new), ("--policy", args.policy)]
-    refuse_output_as_input(
-        [("--summary", args.summary), ("$GITHUB_STEP_SUMMARY", os.environ.get("GITHUB_STEP_SUMMARY"))], inputs
-    )
-    check_step_summary(os.environ.get("GITHUB_STEP_SUMMARY"))
+    check_summary_target(args.summary, [("BASE", args.base), ("NEW", args.new), ("--policy", args.policy)])
     policy = load_policy(args.policy)
     try:
         result = compare_files(args.base, args.new, policy, args.allow_env_mismatch)
