@@ -79,7 +79,7 @@ class Rounds:
                 if self.gpus is not None:
                     env.setdefault("CUDA_VISIBLE_DEVICES", ",".join(self.gpus[share]))
             module = MODULE if cell.spec.world_size == 1 else TORCHRUN_MODULE
-            launcher = FreshProcess(module, side.python, tuple(env.items()), cpus)
+            launcher = FreshProcess(module, side.python, env, cpus)
             log = self.out / LOGS_DIR / self.run_id / side.name.lower() / f"{cell.cell_id}.r{round_no}.log"
             about = {"cell_id": cell.cell_id, "cell_name": cell.cell_name, "rendezvous": None}
             about["out_dir"] = str(self.paths[side.name].parent.resolve())  # a side's sample grids: its own

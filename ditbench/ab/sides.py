@@ -15,7 +15,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,7 +57,7 @@ class Side:
 
     def process_env(self) -> dict[str, str]:
         """The environment the side's processes start with (FreshProcess's, for the probe)."""
-        return {**child_env(self.python == sys.executable), **dict(self.env)}
+        return child_env(self.python, dict(self.env))
 
     def about(self) -> dict[str, Any]:
         return {"python": self.python, "env": dict(self.env), **self.info}

@@ -35,8 +35,8 @@ class Fake:
     rng = random.Random(0)
     broken: dict[tuple[str, int], dict] = {}  # (side's fault text, its n-th launch) -> result
 
-    def __init__(self, module, python, env=(), cpus=None):
-        self.env, self.cpus = dict(env), cpus
+    def __init__(self, module, python, env=None, cpus=None):
+        self.env, self.cpus = dict(env or {}), cpus
 
     def launch(self, spec, about, timeout_s, spec_path, result_path, log_path):
         fault = self.env.get(FAULT_ENV, "")
