@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("ditbench.report.cli", "turn results.jsonl files into markdown, HTML and CSV reports"),
     "export": ("ditbench.export.cli", "write each cell as a TensorBoard or MLflow run"),
     "compare": ("ditbench.report.gate.cli", "compare two runs and fail on a regression (exit 1)"),
+    "ab": ("ditbench.ab.cli", "run a suite on two environments in paired rounds; fail on a regression"),
     "plan": ("ditbench.plan.cli", "predict training memory on any card without the card, and what fits"),
     "env": ("ditbench.bench.envinfo", "print the environment that result records capture"),
 }

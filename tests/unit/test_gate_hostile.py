@@ -201,11 +201,13 @@ def test_results_paths_that_are_not_files(tmp_path, capsys, monkeypatch):
     assert_clean_error(2, capsys.readouterr().err, "results.jsonl")
 
 
-def test_nothing_but_skipped_cells_refuses(tmp_path, capsys, monkeypatch):
+def test_cells_that_all_stopped_running_fail_and_never_ran_refuses(tmp_path, capsys, monkeypatch):
     base, _ = pair()
     new = [make_record("DiT-S/8", batch_size=b, status="skipped") for b in (8, 16)]
     code, out, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, new)
-    assert_clean_error(code, err, "no value of any matched cell could be compared", "2 no longer measured")
+    assert code == 1 and "### No longer measured (ok before, not run now)" in out and err == ""
+    code, out, err, _, _ = compare(tmp_path, capsys, monkeypatch, new, new)
+    assert_clean_error(code, err, "no value of any matched cell could be compared", "2 still failing")
 
 
 def test_a_policy_that_gates_nothing_refuses(tmp_path, capsys, monkeypatch):

@@ -122,6 +122,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("ditbench.bench",),
     # reading records back: reports, claims, the gate
     ("ditbench.report",),
+    # the gate that runs both sides itself: suites and launchers below, the gate's decisions
+    ("ditbench.ab",),
     # writing records into experiment trackers (TensorBoard, MLflow)
     ("ditbench.export",),
     # the entry points: `ditbench` and each command's module (cli.COMMANDS)

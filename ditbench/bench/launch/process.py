@@ -18,7 +18,8 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,29 +36,30 @@ TORCHRUN_MODULE = "ditbench.bench.launch.torchrun"
 LOG_TAIL_BYTES = 64_000  # enough for the traceback lines a record keeps
 
 
-def child_env(own: bool = True) -> dict[str, str]:
-    """The cell's environment: ours, with this ditbench first on the path; for another interpreter
-    (own=False: `ditbench ab`'s side) without PYTHONPATH and, from Python 3.11, without the current
-    folder on the path (PYTHONSAFEPATH), so that it imports its own ditbench, not a checkout's here."""
+def child_env(python: str = sys.executable, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This environment, `extra` over it. A child of this interpreter imports this copy of ditbench;
+    another interpreter (a side of `ditbench ab`) imports its own: no PYTHONPATH, and from Python 3.11
+    no current folder on its path (PYTHONSAFEPATH), so a checkout where ab runs cannot stand in."""
     env = dict(os.environ)
-    if own:
+    if python == sys.executable:
         package_root = str(Path(ditbench.__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
     else:
         env.pop("PYTHONPATH", None)
         env["PYTHONSAFEPATH"] = "1"
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # torch and NVML then agree on device indices
+    env.update(extra or {})
     return env
 
 
 @dataclass(frozen=True)
 class FreshProcess:
-    """A `launch.base.Launcher`: `python -m MODULE SPEC.json RESULT.json` in a session of its own.
-    `ditbench ab` gives the side's interpreter, its extra environment and, side by side, its CPUs."""
+    """A `launch.base.Launcher`: `PYTHON -m MODULE SPEC.json RESULT.json` in a session of its own;
+    `ditbench ab` gives the side's interpreter, its environment and, side by side, its CPUs."""
 
     module: str
     python: str = sys.executable
-    env: tuple[tuple[str, str], ...] = ()  # over child_env()
+    env: Mapping[str, str] | None = field(default=None, hash=False)  # over this process's environment
     cpus: frozenset[int] | None = None  # the CPUs the process (and what it starts) may run on
 
     def _preexec(self):
@@ -89,7 +91,7 @@ class FreshProcess:
                 [self.python, "-m", self.module, str(spec_path), str(result_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**child_env(self.python == sys.executable), **dict(self.env)},
+                env=child_env(self.python, self.env),
                 start_new_session=True,  # its own process group, which a timeout kills as a whole
                 preexec_fn=self._preexec(),
             )

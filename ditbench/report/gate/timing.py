@@ -6,7 +6,9 @@ change (the samples give its width). Its verdict, with threshold T in the bad di
 - the whole interval is worse than T and the samples differ by a two-sided Mann-Whitney U
   test (p < alpha, shifted the same way): regression (not significant: noise);
 - the interval straddles T (the data cannot tell a change beyond T from one within it): inconclusive;
-- the whole interval is better than -T and significant: improvement (else noise or unchanged).
+- the whole interval is better than -T and significant: improvement (else noise or unchanged);
+- a pass whose minimum detectable effect (paired.check_mde: from the interval's width, 80% power)
+  exceeds T: inconclusive (the data could not have seen a change of T).
 When both runs have repeats (`run --repeats K`), the samples are the repeats' per-process median
 step times (run-level: they sample process-level noise: start-up, clocks, allocator, machine load).
 Otherwise they are the per-step times of one run per side, which sample only step-to-step noise, and
@@ -28,6 +30,7 @@ from scipy.stats import mannwhitneyu
 
 from ditbench.intervals import LEVEL, median_ratio_interval
 from ditbench.report.gate.metrics import HIGHER, Metric, crossing
+from ditbench.report.gate.paired import check_mde
 from ditbench.report.gate.policy import Policy, Rule
 from ditbench.report.gate.result import MetricDelta
 
@@ -178,4 +181,5 @@ def judge(
     )
     if verdict is not None:
         delta.verdict = verdict
+    check_mde(delta, rule)
     return delta, untested
