@@ -139,29 +139,15 @@ def _printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def check_output_path(out: Path, inputs) -> None:
-    """Refuse, before any compute, an --out that cannot be written or would replace an input."""
-    if out.is_dir():
-        raise UserError(f"--out {out} is a directory; give a file name, e.g. {out / 'metrics.json'}.")
-    parent = out.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UserError(f"--out {out}: {parent} is not a directory, so the result cannot be written there.")
-    for given in inputs:
-        p = Path(given)
-        if out.exists() and p.exists() and out.resolve() == p.resolve():
-            raise UserError(
-                f"--out {out} would overwrite the input {given}; choose another file for the result."
-            )
-
-
 def run(args: argparse.Namespace) -> int:
     from ditbench.fileio import write_atomic
     from ditbench.metrics.evaluate import default_output_path, evaluate
 
-    if args.out:
-        check_output_path(Path(args.out), (args.samples, args.ref))
+    if args.out:  # before any compute: a name that says JSON, a path that can be written, not an input
+        from ditbench.outpaths import check_file_target, refuse_output_as_input
+
+        check_file_target(args.out, "--out", writes=("the JSON result", (".json",)))
+        refuse_output_as_input([("--out", args.out)], [("--samples", args.samples), ("--ref", args.ref)])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the result carries its own warnings; printed below
         result = evaluate(

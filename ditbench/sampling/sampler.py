@@ -73,11 +73,9 @@ def check_args(args) -> None:
             "diffusion_pytorch_model.safetensors) or a state-dict file, or 'random' to time sampling with "
             "random VAE weights (the images are then meaningless)."
         )
-    if not str(args.out).endswith(".npz"):
-        raise UserError(f"--out {args.out!r} must end in .npz (the ADM batch format).")
-    from ditbench.outpaths import check_file_target, refuse_output_as_input
+    from ditbench.outpaths import NPZ, check_file_target, refuse_output_as_input
 
-    check_file_target(args.out, "--out", create_parent=False)  # rank 0 creates the folder later
+    check_file_target(args.out, "--out", create_parent=False, writes=NPZ)  # rank 0 creates the folder later
     shard_dir, record_path = default_paths(Path(args.out))
     refuse_output_as_input(  # the npz, its record and its shard folder, against what sampling reads
         [("--out", args.out), ("--out's record", record_path), ("--out's shard folder", shard_dir)],

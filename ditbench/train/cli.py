@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
     if args.save:
         from ditbench.outpaths import check_file_target, refuse_output_as_input
 
-        check_file_target(args.save, "--save")  # before training, not after it
         refuse_output_as_input([("--save", args.save)], [("--data", args.data), ("--vae", args.vae)])
+        check_file_target(args.save, "--save", writes=("a torch checkpoint", (".pt", ".pth")))  # before training
     device = str(resolve_device(args.device))
     knobs = {name: getattr(args, name) for name in TRAIN_KNOBS}
     knobs["data"] = data_spec(args.data, args.vae)

@@ -277,16 +277,17 @@ CASES = {
     ),
     "ref_is_a_directory_npz": lambda t: (["--ref", _folder(t / "r.npz", {})], "holds no .png", "r.npz"),
     # ---- output and options ----
-    "out_is_a_directory": lambda t: (["--out", _folder(t / "out", {})], "is a directory", "out"),
+    "out_is_a_directory": lambda t: (["--out", _folder(t / "out", {})], "is a folder", "out"),
     "out_under_a_file": lambda t: (
         ["--out", _write(t / "file", b"x") / "m.json"],
-        "is not a directory",
+        "is a file, not a folder",
         "file",
     ),
+    "out_names_another_format": lambda t: (["--out", t / "m.npz"], "ending in .json (e.g. m.json)", "m.npz"),
     "out_would_overwrite_the_samples": lambda t: (
-        ["--samples", _samples(t, _images(8)), "--out", t / "s.npz"],
-        "would overwrite the input",
-        "s.npz",
+        ["--samples", _samples(t, _images(8)).rename(t / "s.json"), "--out", t / "s.json"],
+        "is the input --samples",
+        "s.json",
     ),
     "kid_coef0_nan": lambda t: (["--kid-coef0", "nan"], "must be a finite number", "--kid-coef0"),
     "is_splits_negative": lambda t: (["--is-splits", "-1"], "must be >= 0", "--is-splits"),

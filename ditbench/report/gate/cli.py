@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ditbench.errors import UserError, shorten
 from ditbench.fileio import append_text, write_atomic
-from ditbench.outpaths import check_step_summary, refuse_output_as_input
+from ditbench.outpaths import check_file_target, check_step_summary, refuse_output_as_input
 from ditbench.report.gate.decide import compare_files
 from ditbench.report.gate.inputs import GateRefusal
 from ditbench.report.gate.metrics import default_thresholds, limits, table
@@ -146,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
         [("--summary", args.summary), ("$GITHUB_STEP_SUMMARY", os.environ.get("GITHUB_STEP_SUMMARY"))], inputs
     )
     check_step_summary(os.environ.get("GITHUB_STEP_SUMMARY"))
+    if args.summary:
+        check_file_target(args.summary, "--summary", writes=("the markdown summary", (".md", ".markdown", ".txt")))
     policy = load_policy(args.policy)
     try:
         result = compare_files(args.base, args.new, policy, args.allow_env_mismatch)
