@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import sys
 import textwrap
 
@@ -104,7 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         _print_error(os_error_message(err))
         return 2
     except KeyboardInterrupt:
-        print("ditbench: interrupted", file=sys.stderr)
+        # a command whose work survives an interruption says what is kept (args._resume)
+        kept = getattr(args, "_resume", None)
+        again = f"; {kept}: ditbench {shlex.join(argv)}" if kept else ""
+        print(f"ditbench: interrupted{again}", file=sys.stderr)
         return 130
 
 

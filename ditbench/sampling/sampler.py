@@ -21,6 +21,7 @@ from ditbench.fileio import atomic_write, write_json_atomic
 from ditbench.pretrained import DIT_CHECKPOINTS, is_vae_name, resolve_checkpoint
 from ditbench.sampling.shards import (
     default_paths,
+    discard_if_empty,
     file_fingerprint,
     labels_for,
     merge_shards,
@@ -175,6 +176,29 @@ def _finished(args, out: Path, record_path: Path, settings: dict) -> dict | None
     return None
 
 
+def _announce(args, ctx, settings: dict, images: int) -> None:
+    """The estimate of the images still to make (rank 0), before the first shard: DiT forward passes
+    (a third of a traced training step at the guided batch) and the VAE decodes (walltime)."""
+    from ditbench.walltime import LONG_CPU_S, VAE_DECODE_FLOPS_PER_PIXEL, announce, flops_s, train_step_s
+
+    device = ctx.device.type if ctx.device.type == "cpu" else str(ctx.device)
+    batch = args.batch_size * (2 if args.cfg_scale > 1 else 1)
+    config = {k: settings[k] for k in ("model", "image_size", "num_classes", "precision")}
+    step_s = train_step_s({**config, "batch_size": batch}, device)
+    decode_s = flops_s(VAE_DECODE_FLOPS_PER_PIXEL * settings["image_size"] ** 2, device, args.precision)
+    known = step_s is not None and decode_s is not None
+    per_image = step_s / 3 * args.steps / args.batch_size + decode_s if known else None
+    cheaper = (
+        f"Fewer images (--num-samples {max(1, int(LONG_CPU_S / per_image)):,} takes about 30 min), fewer "
+        "steps (--steps 50 --sampler ddim), or a GPU."
+        if per_image
+        else ""
+    )
+    what = f"{images:,} images of {settings['model']}, {args.steps} steps each"
+    yes = getattr(args, "yes", False)
+    announce("sample", per_image and per_image * images / ctx.world_size, what, device, yes, cheaper)
+
+
 def _progress(args, labels, missing: list[int]):
     from ditbench.progress import progress
 
@@ -300,6 +324,9 @@ def sample(args) -> dict:
             [k for k in range(n_shards) if not shard_path(shard_dir, k).exists()] if ctx.is_main else None
         )
         missing = dist.all_gather_objects(ctx, missing)[0]
+        if ctx.is_main and missing:
+            todo = sum(min(args.batch_size, args.num_samples - k * args.batch_size) for k in missing)
+            _announce(args, ctx, settings, todo)
         mine = _make_shards(args, ctx, model, vae, settings, shard_dir, missing)
         per_rank = dist.all_gather_objects(ctx, mine)
         dist.barrier(ctx)
@@ -312,5 +339,9 @@ def sample(args) -> dict:
         if not args.keep_shards:
             shutil.rmtree(shard_dir, ignore_errors=True)
         return record
+    except BaseException:  # failed or interrupted: a shard folder with no shard claims none (issue 38)
+        if ctx.is_main:
+            discard_if_empty(shard_dir)
+        raise
     finally:
         dist.shutdown()

@@ -17,7 +17,7 @@ MAX_STEPS = 10**9  # beyond it a step count is a typo, and the run would never e
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ditbench.cliopts import add_device, add_json, add_no_progress, add_precision
+    from ditbench.cliopts import add_device, add_json, add_no_progress, add_precision, add_yes
     from ditbench.knobs import FIELDS, TRAIN_KNOBS
 
     parser.add_argument("--steps", type=int, default=50, help="training steps")
@@ -44,6 +44,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_json(parser, "the run's summary (speed, loss, parameters)")
     add_no_progress(parser)
+    add_yes(parser)
+
+
+def _announce(args: argparse.Namespace, cfg, device: str) -> None:
+    """The estimate before the model is built (DiT-XL/2 takes a while to build on a CPU)."""
+    from ditbench.walltime import LONG_CPU_S, announce, train_step_s
+
+    step_s = train_step_s(cfg.to_dict(), device)
+    cheaper = (
+        f"Fewer steps (--steps {max(1, int(LONG_CPU_S / step_s)):,} takes about 30 min), a smaller model "
+        "(--model DiT-S/8), or a GPU (`ditbench plan` predicts one)."
+        if step_s
+        else ""
+    )
+    what = f"{args.steps:,} steps of {cfg.model} at batch {cfg.batch_size}"
+    announce("train", step_s and step_s * args.steps, what, device, args.yes, cheaper)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -72,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
     knobs = {name: getattr(args, name) for name in TRAIN_KNOBS}
     knobs["data"] = data_spec(args.data, args.vae)
     cfg = Knobs(**knobs)
+    _announce(args, cfg, device)
     trainer = Trainer(cfg, device=device)
     data_desc = trainer.data.describe()
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON alone
