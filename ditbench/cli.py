@@ -99,6 +99,17 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         _print_error(str(err))
         return err.exit_code
+    except (RuntimeError, MemoryError) as err:  # out of memory (train, sample, fid): a paragraph, in GiB
+        from ditbench.faults import is_out_of_memory, one_line
+        from ditbench.units import bytes_as_gib
+
+        if not is_out_of_memory(err) or os.environ.get(TRACEBACK_ENV):
+            raise
+        _print_error(
+            f"out of memory: {bytes_as_gib(one_line(err))[:400]}. Lower --batch-size, or (train) use "
+            "--grad-ckpt full or --precision bf16; `ditbench plan` predicts what fits."
+        )
+        return 2
     except OSError as err:  # a file system refusal no check foresaw: which file and why, not a traceback
         if os.environ.get(TRACEBACK_ENV):
             raise
