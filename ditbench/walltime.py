@@ -1,13 +1,14 @@
 """How long `train`, `sample` and `fid` will take, said before they start; long CPU work needs --yes.
 
-A training step is the planner's time model (plan/speed.py) on the traced step: its kernels at the
-device's rate. A CPU's rate is its matmul rate measured now (0.3 s, at this process's threads, so a
-busy machine gets a longer estimate), with the efficiencies fitted on CPU cells (reports/plan_vs_cpu,
-shipped as plan/speed_calibration_cpu.json); a GPU's is its datasheet with the shipped calibration.
-The warm-up is not the estimate: DiT-XL/2's first CPU step takes minutes. Sampling and Inception
-features are not traced steps: a DiT forward pass is a third of a traced step (forward and backward
-are three forwards), a VAE decode and an Inception pass are their FLOPs at the calibrated matmul rate
-(torch's FLOP counter on meta tensors; tests/unit/test_walltime.py counts them again).
+The rate is the planner's time model's (plan/speed.py): a CPU is its matmul rate measured now (0.3
+s at this process's threads, so a busy machine gets a longer estimate) with the efficiencies fitted
+on CPU cells (reports/plan_vs_cpu, shipped as plan/speed_calibration_cpu.json); a GPU is its
+datasheet (cards.py) with the shipped calibration. A training step is the traced step at that rate
+(train/cli.py: the warm-up is no estimate, DiT-XL/2's first CPU step takes minutes). Sampling and
+Inception features are their forward FLOPs at the calibrated matmul rate: a DiT forward is
+2 x models.flops.forward_macs, a VAE decode and an Inception pass are the constants below
+(torch's FLOP counter on meta tensors; tests/unit/test_walltime.py counts them again). Kernel
+launches are not counted there, so small models at small sizes take longer than said.
 
 On a CPU, work estimated over LONG_CPU_S is refused in a terminal without --yes, naming the estimate
 and a cheaper way; elsewhere (CI, a log) it proceeds, the estimate printed first.
@@ -19,6 +20,7 @@ import functools
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from ditbench.errors import UserError
@@ -27,59 +29,39 @@ from ditbench.progress import duration, is_terminal
 LONG_CPU_S = 30 * 60
 INCEPTION_FLOPS = 11.426e9  # one image, any size: it is resized to 299 x 299 first
 VAE_DECODE_FLOPS_PER_PIXEL = 9.494e6  # sd-vae's decoder: 622.2 GFLOP for a 256 x 256 image
-CPU_CALIBRATION = Path(__file__).with_name("plan") / "speed_calibration_cpu.json"
+CALIBRATIONS = Path(__file__).with_name("plan")  # speed_calibration.json (GPU), ..._cpu.json
 
 
 @functools.lru_cache(maxsize=4)
-def _rate(device: str):
-    """(datasheet, calibrated params, what it is) for `device`, or None (a GPU without a datasheet)."""
-    from ditbench.plan import speed
-
+def rate(device: str) -> tuple[dict[str, float], dict[str, float], str, str | None] | None:
+    """({fp32, tf32, fp16} peak TFLOP/s, calibrated time-model params, what they are, the card) of
+    `device`; None for a GPU without a datasheet."""
     if device == "cpu":
-        from ditbench.bench.mfu import measure_matmul_tflops
-
         peak = measure_matmul_tflops("cpu", "fp32", n=512, seconds=0.3)
-        params = json.loads(CPU_CALIBRATION.read_text())["params"]
-        return speed.cpu_datasheet(peak * 1000), params, f"this CPU's measured {peak * 1000:.0f} GFLOP/s"
+        params = json.loads((CALIBRATIONS / "speed_calibration_cpu.json").read_text())["params"]
+        return dict.fromkeys(("fp32", "tf32", "fp16"), peak), params, f"this CPU's {peak * 1000:.0f} GFLOP/s", None
     import torch
 
-    from ditbench.cards import find_card
+    from ditbench.cards import DATASHEETS, find_card
 
     try:
         card = find_card(torch.cuda.get_device_name(torch.device(device))).name
     except UserError:
         return None
-    sheet = speed.datasheet(card)
-    return (sheet, speed.shipped().params, f"the {card}'s datasheet") if sheet else None
-
-
-def train_step_s(config: dict, device: str) -> float | None:
-    """Seconds of one steady training step of `config` (Knobs fields) on `device`, or None."""
-    from ditbench.plan import speed
-    from ditbench.plan.emulation import CPU, cuda_target
-    from ditbench.plan.predict import normalize, series_trace, trace_knobs
-
-    rate = _rate(device)
-    cell = normalize({**config, "device": "cpu" if device == "cpu" else "cuda"})
-    if rate is None or not (cell["data"] == "synthetic" or "latents" in str(cell["data"])):
-        return None  # no datasheet for this GPU; an image folder encodes through the VAE each step
-    target = CPU if device == "cpu" else cuda_target(None)
-    series = series_trace(trace_knobs(cell, target), target, disk=True)
-    depth, ckpt = speed.blocks(cell["model"], cell["grad_ckpt"])
-    t = speed.step_time(
-        series.trace.kernels, cell["batch_size"], rate[0], cell["precision"], rate[1],
-        compiled=bool(cell["compile"]), overlap=device != "cpu", blocks=depth, ckpt_blocks=ckpt,
-    )  # fmt: skip
-    return t.seconds * cell["grad_accum"]
+    if card not in DATASHEETS:
+        return None
+    sheet = DATASHEETS[card]
+    params = json.loads((CALIBRATIONS / "speed_calibration.json").read_text())["params"]
+    return {"fp32": sheet.fp32, "tf32": sheet.tf32, "fp16": sheet.fp16}, params, f"the {card}'s datasheet", card
 
 
 def flops_s(flops: float, device: str, precision: str = "fp32") -> float | None:
     """Seconds for `flops` of convolutions and matmuls at the calibrated matmul rate, or None."""
-    rate = _rate(device)
-    if rate is None:
+    found = rate(device)
+    if found is None:
         return None
-    sheet, params, _ = rate
-    peak = sheet.fp16 if precision in ("fp16", "bf16") else sheet.tf32 if precision == "tf32" else sheet.fp32
+    peaks, params = found[0], found[1]
+    peak = peaks["fp16"] if precision in ("fp16", "bf16") else peaks.get(precision, peaks["fp32"])
     return flops / (params["matmul_eff"] * peak * 1e12)
 
 
@@ -88,7 +70,7 @@ def announce(command: str, seconds: float | None, what: str, device: str, yes: b
     if seconds is None:
         print(f"ditbench {command}: no time estimate for {what} on {device}", file=sys.stderr, flush=True)
         return
-    basis = _rate(device)[2]
+    basis = rate(device)[2]
     print(f"ditbench {command}: {what}: estimated {duration(seconds)} at {basis}", file=sys.stderr, flush=True)
     interactive = is_terminal(sys.stdin) and is_terminal() and not os.environ.get("CI")
     if device == "cpu" and seconds > LONG_CPU_S and not yes and interactive:
@@ -96,3 +78,39 @@ def announce(command: str, seconds: float | None, what: str, device: str, yes: b
             f"{what} is estimated at {duration(seconds)} on this CPU, over the {LONG_CPU_S // 60} minutes "
             f"ditbench starts without asking. {cheaper} Add --yes to run it as it is."
         )
+
+
+# ---- the measured matmul rate (also `ditbench env --measure-peak`, and MFU's measured basis) -------------
+
+MATMUL_SIDE_CUDA = 8192  # large enough to saturate an H100/H200's tensor cores
+MATMUL_SIDE_CPU = 1024
+WARMUP_MATMULS = 3  # cuBLAS picks its kernel on the first calls
+MATMULS_PER_SYNC = 5  # enough queued work that the host's synchronisation costs nothing
+
+
+def measure_matmul_tflops(device: str, precision: str, n: int | None = None, seconds: float = 1.0) -> float:
+    """Achieved TFLOP/s of a square matmul in `precision`: a ceiling that is honest on any card."""
+    import torch
+
+    from ditbench.precision import compute_dtype, tf32_mode
+
+    dev = torch.device(device)
+    n = n or (MATMUL_SIDE_CUDA if dev.type == "cuda" else MATMUL_SIDE_CPU)
+    dtype = compute_dtype(precision)
+    with tf32_mode(precision == "tf32"):
+        a = torch.randn(n, n, device=dev, dtype=dtype)
+        b = torch.randn(n, n, device=dev, dtype=dtype)
+        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+        for _ in range(WARMUP_MATMULS):
+            a @ b
+        sync()
+        count, start = 0, time.perf_counter()
+        while True:
+            for _ in range(MATMULS_PER_SYNC):
+                a @ b
+            count += MATMULS_PER_SYNC
+            sync()
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                break
+        return 2 * n**3 * count / elapsed / 1e12

@@ -177,17 +177,15 @@ def _finished(args, out: Path, record_path: Path, settings: dict) -> dict | None
 
 
 def _announce(args, ctx, settings: dict, images: int) -> None:
-    """The estimate of the images still to make (rank 0), before the first shard: DiT forward passes
-    (a third of a traced training step at the guided batch) and the VAE decodes (walltime)."""
-    from ditbench.walltime import LONG_CPU_S, VAE_DECODE_FLOPS_PER_PIXEL, announce, flops_s, train_step_s
+    """The estimate of the images still to make (rank 0), before the first shard: a DiT forward per
+    step (two with guidance) and a VAE decode per image, at the device's rate (walltime)."""
+    from ditbench.models.flops import forward_macs
+    from ditbench.walltime import LONG_CPU_S, VAE_DECODE_FLOPS_PER_PIXEL, announce, flops_s
 
     device = ctx.device.type if ctx.device.type == "cpu" else str(ctx.device)
-    batch = args.batch_size * (2 if args.cfg_scale > 1 else 1)
-    config = {k: settings[k] for k in ("model", "image_size", "num_classes", "precision")}
-    step_s = train_step_s({**config, "batch_size": batch}, device)
-    decode_s = flops_s(VAE_DECODE_FLOPS_PER_PIXEL * settings["image_size"] ** 2, device, args.precision)
-    known = step_s is not None and decode_s is not None
-    per_image = step_s / 3 * args.steps / args.batch_size + decode_s if known else None
+    size, passes = settings["image_size"], args.steps * (2 if args.cfg_scale > 1 else 1)
+    flops = 2 * forward_macs(settings["model"], size) * passes + VAE_DECODE_FLOPS_PER_PIXEL * size**2
+    per_image = flops_s(flops, device, args.precision)
     cheaper = (
         f"Fewer images (--num-samples {max(1, int(LONG_CPU_S / per_image)):,} takes about 30 min), fewer "
         "steps (--steps 50 --sampler ddim), or a GPU."

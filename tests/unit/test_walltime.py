@@ -10,6 +10,7 @@ import pytest
 
 from ditbench import progress, walltime
 from ditbench.errors import UserError
+from ditbench.train.cli import train_step_s
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,12 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def quiet_cpu(monkeypatch):
     """The CPU of reports/plan_vs_cpu: its measured peak (95.5 GFLOP/s, one thread), not this one's now."""
-    from ditbench.bench import mfu
-
-    monkeypatch.setattr(mfu, "measure_matmul_tflops", lambda *a, **k: 0.09552)
-    walltime._rate.cache_clear()
+    monkeypatch.setattr(walltime, "measure_matmul_tflops", lambda *a, **k: 0.09552)
+    walltime.rate.cache_clear()
     yield
-    walltime._rate.cache_clear()
+    walltime.rate.cache_clear()
 
 
 def test_a_training_step_estimate_matches_the_measured_cpu_records(quiet_cpu):
@@ -32,19 +31,19 @@ def test_a_training_step_estimate_matches_the_measured_cpu_records(quiet_cpu):
     records = [json.loads(line) for line in lines[::5]]
     errors = []
     for r in records:
-        step_s = walltime.train_step_s(r["config"], "cpu")
+        step_s = train_step_s(r["config"], "cpu")
         errors.append(abs(1 / step_s / r["metrics"]["steps_per_s"] - 1))
     assert len(errors) == 4 and max(errors) < 0.25, errors
 
 
 def test_flops_at_the_calibrated_rate(quiet_cpu):
-    eff = json.loads(walltime.CPU_CALIBRATION.read_text())["params"]["matmul_eff"]
+    eff = json.loads((walltime.CALIBRATIONS / "speed_calibration_cpu.json").read_text())["params"]["matmul_eff"]
     assert walltime.flops_s(95.52e9, "cpu") == pytest.approx(1 / eff)
 
 
 def _announce(monkeypatch, seconds, *, terminal=True, yes=False, device="cpu", ci=None):
     monkeypatch.setattr(walltime, "is_terminal", lambda stream=None: terminal)
-    monkeypatch.setattr(walltime, "_rate", lambda device: (None, None, "a test rate"))
+    monkeypatch.setattr(walltime, "rate", lambda device: (None, None, "a test rate", None))
     if ci is None:
         monkeypatch.delenv("CI", raising=False)
     else:
