@@ -292,6 +292,7 @@ def sample(args) -> dict:
     out = Path(args.out)
     shard_dir, record_path = default_paths(out)
     ctx = dist.init(args.device)
+    fresh = not os.path.lexists(shard_dir)  # a folder this run makes is this run's to take back
     try:
         _precision_context(args.precision, ctx.device)  # refuse fp16/tf32 on a CPU before any work
         model, model_name, image_size, weights = load_model_cached(
@@ -337,8 +338,8 @@ def sample(args) -> dict:
         if not args.keep_shards:
             shutil.rmtree(shard_dir, ignore_errors=True)
         return record
-    except BaseException:  # failed or interrupted: a shard folder with no shard claims none (issue 38)
-        if ctx.is_main:
+    except BaseException:  # failed or interrupted: a shard folder it made with no shard claims none
+        if ctx.is_main and fresh:
             discard_if_empty(shard_dir)
         raise
     finally:
