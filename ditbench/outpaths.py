@@ -63,7 +63,11 @@ def ensure_dir(path: str | Path, what: str, *, probe: bool = True) -> Path:
 
 
 def check_file_target(
-    path: str | Path, what: str, *, create_parent: bool = True, writes: tuple[str, tuple[str, ...]] | None = None
+    path: str | Path,
+    what: str,
+    *,
+    create_parent: bool = True,
+    writes: tuple[str, tuple[str, ...]] | None = None,
 ) -> Path:
     """A path a command will write one file to: not a folder, in a folder that can be written in.
 

@@ -38,21 +38,23 @@ def rate(device: str) -> tuple[dict[str, float], dict[str, float], str, str | No
     `device`; None for a GPU without a datasheet."""
     if device == "cpu":
         peak = measure_matmul_tflops("cpu", "fp32", n=512, seconds=0.3)
-        params = json.loads((CALIBRATIONS / "speed_calibration_cpu.json").read_text())["params"]
-        return dict.fromkeys(("fp32", "tf32", "fp16"), peak), params, f"this CPU's {peak * 1000:.0f} GFLOP/s", None
-    import torch
+        peaks, card = dict.fromkeys(("fp32", "tf32", "fp16"), peak), None
+        basis = f"this CPU's {peak * 1000:.0f} GFLOP/s"
+    else:
+        import torch
 
-    from ditbench.cards import DATASHEETS, find_card
+        from ditbench.cards import DATASHEETS, find_card
 
-    try:
-        card = find_card(torch.cuda.get_device_name(torch.device(device))).name
-    except UserError:
-        return None
-    if card not in DATASHEETS:
-        return None
-    sheet = DATASHEETS[card]
-    params = json.loads((CALIBRATIONS / "speed_calibration.json").read_text())["params"]
-    return {"fp32": sheet.fp32, "tf32": sheet.tf32, "fp16": sheet.fp16}, params, f"the {card}'s datasheet", card
+        try:
+            card = find_card(torch.cuda.get_device_name(torch.device(device))).name
+        except UserError:
+            return None
+        if card not in DATASHEETS:
+            return None
+        sheet, basis = DATASHEETS[card], f"the {card}'s datasheet"
+        peaks = {"fp32": sheet.fp32, "tf32": sheet.tf32, "fp16": sheet.fp16}
+    name = "speed_calibration.json" if card else "speed_calibration_cpu.json"
+    return peaks, json.loads((CALIBRATIONS / name).read_text())["params"], basis, card
 
 
 def flops_s(flops: float, device: str, precision: str = "fp32") -> float | None:
@@ -71,7 +73,9 @@ def announce(command: str, seconds: float | None, what: str, device: str, yes: b
         print(f"ditbench {command}: no time estimate for {what} on {device}", file=sys.stderr, flush=True)
         return
     basis = rate(device)[2]
-    print(f"ditbench {command}: {what}: estimated {duration(seconds)} at {basis}", file=sys.stderr, flush=True)
+    print(
+        f"ditbench {command}: {what}: estimated {duration(seconds)} at {basis}", file=sys.stderr, flush=True
+    )
     interactive = is_terminal(sys.stdin) and is_terminal() and not os.environ.get("CI")
     if device == "cpu" and seconds > LONG_CPU_S and not yes and interactive:
         raise UserError(

@@ -27,7 +27,7 @@ BATCH = 100  # MLflow's log_batch takes at most 100 params and 1,000 metrics a c
 
 
 def tracking_uri(uri: str | None) -> str:
-    """The URI given, else MLflow's own default (MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in MLflow 3)."""
+    """The URI given, else MLflow's default (MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in MLflow 3)."""
     return uri or require_extra("mlflow", "mlflow", "ditbench export --to mlflow").get_tracking_uri()
 
 

@@ -40,7 +40,9 @@ def _start(wandb, target: Path, project: str, rid: str, name: str, **kwargs):
     fields = getattr(wandb.Settings, "model_fields", {})
     settings = wandb.Settings(**{k: v for k, v in QUIET.items() if k in fields})
     mode = None if os.environ.get("WANDB_MODE") else "offline"  # the user's WANDB_MODE wins
-    return wandb.init(dir=str(target), project=project, id=rid, name=name, mode=mode, settings=settings, **kwargs)
+    return wandb.init(
+        dir=str(target), project=project, id=rid, name=name, mode=mode, settings=settings, **kwargs
+    )
 
 
 def _write_run(wandb, target: Path, project: str, rid: str, run: TrackerRun) -> None:

@@ -188,7 +188,7 @@ def _method(df: pd.DataFrame, steps: int, steps_source: str) -> list[Block]:
             [
                 "A cell's baseline is the ok cell equal to it except on the suite's `baseline` keys. "
                 "Speed-up is images/s over the baseline's; memory saved is 1 − memory / baseline memory "
-                "(negative: more memory), and \"not meaningful at this scale\" where the baseline's "
+                '(negative: more memory), and "not meaningful at this scale" where the baseline\'s '
                 "activations are under 10% of its peak: the training state (20 bytes a parameter: fp32 "
                 "weights, gradients, Adam, EMA) stays whatever the precision or checkpointing, so no "
                 "saving can show (the planner's components where the record has them).",

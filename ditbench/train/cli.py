@@ -107,7 +107,9 @@ def run(args: argparse.Namespace) -> int:
         from ditbench.outpaths import check_file_target, refuse_output_as_input
 
         refuse_output_as_input([("--save", args.save)], [("--data", args.data), ("--vae", args.vae)])
-        check_file_target(args.save, "--save", writes=("a torch checkpoint", (".pt", ".pth")))  # before training
+        check_file_target(
+            args.save, "--save", writes=("a torch checkpoint", (".pt", ".pth"))
+        )  # before training
     device = str(resolve_device(args.device))
     knobs = {name: getattr(args, name) for name in TRAIN_KNOBS}
     knobs["data"] = data_spec(args.data, args.vae)

@@ -218,7 +218,9 @@ def test_mlflow_file_store_needs_no_switch(results, tmp_path, monkeypatch, capsy
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # to read it back with MLflow 3's client
     client = MlflowClient(uri)
     runs = client.search_runs([client.get_experiment_by_name("cpu_smoke").experiment_id])
-    assert sorted(r.data.tags["cell_id"] for r in runs) == sorted(r["cell_id"] for r in _records(results["smoke"]))
+    assert sorted(r.data.tags["cell_id"] for r in runs) == sorted(
+        r["cell_id"] for r in _records(results["smoke"])
+    )
 
 
 def _wandb_log(folder: Path) -> list[dict]:
@@ -254,7 +256,9 @@ def test_wandb_holds_each_cell_as_an_offline_run(results, tmp_path, monkeypatch,
     config = run["config"]["update"]
     assert config["model"] == "DiT-T/4" and config["batch_size"] == 4
     assert config["steps.warmup"] == ok["config"]["steps"]["warmup"] and config["tag.run_id"] == ok["run_id"]
-    history = {r["history"]["step"].get("num", 0): r["history"]["item"] for r in log if r["type"] == "history"}
+    history = {
+        r["history"]["step"].get("num", 0): r["history"]["item"] for r in log if r["type"] == "history"
+    }
     assert history[0]["speed/images_per_s"] == ok["metrics"]["images_per_s"]
     assert history[0]["memory/cpu_peak_alloc_gib"] == ok["metrics"]["cpu_peak_alloc_gib"]
     assert history[0]["speed/step_ms.p90"] == ok["metrics"]["step_ms"]["p90"]
@@ -268,13 +272,19 @@ def test_wandb_holds_each_cell_as_an_offline_run(results, tmp_path, monkeypatch,
     assert run["config"]["update"]["tag.reason"] == unsupported["reason"]
 
     log = _wandb_log(folders[run_id(f"{quality['run_id']}/{quality['cell_id']}")])
-    history = {r["history"]["step"].get("num", 0): r["history"]["item"] for r in log if r["type"] == "history"}
+    history = {
+        r["history"]["step"].get("num", 0): r["history"]["item"] for r in log if r["type"] == "history"
+    }
     evaluations = quality["quality"]["evaluations"]
-    assert [history[e["step"]]["quality/fid"] for e in evaluations] == [e["metrics"]["fid"] for e in evaluations]
+    assert [history[e["step"]]["quality/fid"] for e in evaluations] == [
+        e["metrics"]["fid"] for e in evaluations
+    ]
     assert all(history[e["step"]]["quality/grid._type"] == "image-file" for e in evaluations)
 
     (report,) = [p for p in folders.values() if (p / "files/report").is_dir()]
-    assert {"report.md", "report.html", "results.csv"} <= {p.name for p in (report / "files/report").iterdir()}
+    assert {"report.md", "report.html", "results.csv"} <= {
+        p.name for p in (report / "files/report").iterdir()
+    }
 
     assert main(argv) == 0  # exporting again writes nothing twice
     assert "0 run(s) written" in capsys.readouterr().out

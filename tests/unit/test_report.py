@@ -65,8 +65,12 @@ def bad_advice_records():
         make_record(
             "DiT-L/4", "fp32", "none", 16, images_per_s=217.0, peak_alloc=12.5, device_mem=13.5, **cap
         ),
-        make_record("DiT-L/4", "fp16", "none", 16, images_per_s=200.0, peak_alloc=10.0, device_mem=11.0, **cap),
-        make_record("DiT-L/4", "fp16", "full", 16, images_per_s=130.0, peak_alloc=9.5, device_mem=10.5, **cap),
+        make_record(
+            "DiT-L/4", "fp16", "none", 16, images_per_s=200.0, peak_alloc=10.0, device_mem=11.0, **cap
+        ),
+        make_record(
+            "DiT-L/4", "fp16", "full", 16, images_per_s=130.0, peak_alloc=9.5, device_mem=10.5, **cap
+        ),
         make_record("DiT-L/4", "fp16", "full", 32, "oom", **cap),
         make_record(
             "DiT-B/8", "fp16", "none", 256, images_per_s=5000.0, peak_alloc=13.5, device_mem=14.0, **cap

@@ -52,7 +52,9 @@ def test_the_advice_is_not_judged_at_toy_scale_and_says_why(tmp_path):
     checks = {c.key: c for c in advice.advice_checks(frame(tmp_path, records))}
     for key in ("check_fp16_halves", "check_ckpt_tradeoff"):
         assert checks[key].verdict == "not judged"
-        assert checks[key].evidence.startswith("not meaningful at this scale: activations are 2.0% of the peak")
+        assert checks[key].evidence.startswith(
+            "not meaningful at this scale: activations are 2.0% of the peak"
+        )
         assert "under a tenth of its peak are not judged" in checks[key].rule
     # with a pair at scale beside it, the verdict rests on that pair and names what was set aside
     big = [toy(alloc=4.0, image_size=512), toy("fp16", alloc=2.3, image_size=512)]
@@ -82,7 +84,9 @@ def test_a_memory_claim_at_toy_scale_is_not_judged(tmp_path):
             }
         ]
     }
-    (result,) = check_claims(frame(tmp_path, [toy(), toy("fp16", alloc=0.625)]), parse_claims(doc, "t.yaml"), 1)
+    (result,) = check_claims(
+        frame(tmp_path, [toy(), toy("fp16", alloc=0.625)]), parse_claims(doc, "t.yaml"), 1
+    )
     assert result.verdict == "not judged" and result.measured == "—"
     assert "not meaningful at this scale: activations are 2.0% of the peak" in result.evidence
 

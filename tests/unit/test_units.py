@@ -48,7 +48,9 @@ def test_an_out_of_memory_is_one_paragraph_in_gib(monkeypatch, capsys):
     from ditbench.train import cli as train_cli
 
     def oom(args):
-        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 60129542144 bytes.")
+        raise RuntimeError(
+            "DefaultCPUAllocator: can't allocate memory: you tried to allocate 60129542144 bytes."
+        )
 
     monkeypatch.setattr(train_cli, "run", oom)
     assert main(["train", "--device", "cpu"]) == 2

@@ -37,7 +37,9 @@ def test_a_training_step_estimate_matches_the_measured_cpu_records(quiet_cpu):
 
 
 def test_flops_at_the_calibrated_rate(quiet_cpu):
-    eff = json.loads((walltime.CALIBRATIONS / "speed_calibration_cpu.json").read_text())["params"]["matmul_eff"]
+    eff = json.loads((walltime.CALIBRATIONS / "speed_calibration_cpu.json").read_text())["params"][
+        "matmul_eff"
+    ]
     assert walltime.flops_s(95.52e9, "cpu") == pytest.approx(1 / eff)
 
 

@@ -147,7 +147,9 @@ def run(args: argparse.Namespace) -> int:
     )
     check_step_summary(os.environ.get("GITHUB_STEP_SUMMARY"))
     if args.summary:
-        check_file_target(args.summary, "--summary", writes=("the markdown summary", (".md", ".markdown", ".txt")))
+        check_file_target(
+            args.summary, "--summary", writes=("the markdown summary", (".md", ".markdown", ".txt"))
+        )
     policy = load_policy(args.policy)
     try:
         result = compare_files(args.base, args.new, policy, args.allow_env_mismatch)
