@@ -1,17 +1,12 @@
-"""How long `train`, `sample` and `fid` will take, said before they start; long CPU work needs --yes.
+"""How long `train`, `sample` and `fid` will take, said first; long CPU work needs --yes in a terminal.
 
-The rate is the planner's time model's (plan/speed.py): a CPU is its matmul rate measured now (0.3
-s at this process's threads, so a busy machine gets a longer estimate) with the efficiencies fitted
-on CPU cells (reports/plan_vs_cpu, shipped as plan/speed_calibration_cpu.json); a GPU is its
-datasheet (cards.py) with the shipped calibration. A training step is the traced step at that rate
-(train/cli.py: the warm-up is no estimate, DiT-XL/2's first CPU step takes minutes). Sampling and
-Inception features are their forward FLOPs at the calibrated matmul rate: a DiT forward is
-2 x models.flops.forward_macs, a VAE decode and an Inception pass are the constants below
-(torch's FLOP counter on meta tensors; tests/unit/test_walltime.py counts them again). Kernel
-launches are not counted there, so small models at small sizes take longer than said.
-
-On a CPU, work estimated over LONG_CPU_S is refused in a terminal without --yes, naming the estimate
-and a cheaper way; elsewhere (CI, a log) it proceeds, the estimate printed first.
+The rate is the planner's time model's (plan/speed.py): a CPU's matmul rate measured now (0.3 s, at
+this process's threads: a busy machine gets a longer estimate) with the efficiencies fitted on CPU
+cells (reports/plan_vs_cpu), or a GPU's datasheet with the shipped calibration. A training step is
+the traced step at that rate (train/cli.py; the warm-up is no estimate). Sampling and Inception
+features are their FLOPs at the calibrated matmul rate (kernel launches not counted: small models at
+small sizes take longer than said). Over LONG_CPU_S on a CPU, a terminal without --yes is refused
+with the estimate and a cheaper way; CI and logs proceed, the estimate printed.
 """
 
 from __future__ import annotations
