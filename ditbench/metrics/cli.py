@@ -143,10 +143,9 @@ def _printable(text: str) -> str:
 def _announce(args: argparse.Namespace, scorer, source) -> None:
     """The Inception passes ahead: the samples', and the reference's when its features are not
     precomputed (a cache hit, found only once the reference is hashed, makes it shorter)."""
-    from ditbench.device import resolve_device
     from ditbench.walltime import INCEPTION_FLOPS, announce, flops_s
 
-    device = str(resolve_device(args.device))
+    device = str(scorer.extractor.device)  # the network (and its weight file) is checked first
     per_image = flops_s(INCEPTION_FLOPS, device, "tf32" if args.tf32 else "fp32")
     ref = scorer.reference
     name = str(source.path) if source.path else "the samples"  # as score() names them
