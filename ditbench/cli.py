@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import sys
 import textwrap
 
@@ -109,13 +110,27 @@ def main(argv: list[str] | None = None) -> int:
             "file, and it could not be written out; fix that field of the input."
         )
         return 2
+    except (RuntimeError, MemoryError) as err:  # out of memory (train, sample, fid): a paragraph, in GiB
+        from ditbench.faults import is_out_of_memory, one_line
+        from ditbench.units import bytes_as_gib
+
+        if not is_out_of_memory(err) or os.environ.get(TRACEBACK_ENV):
+            raise
+        _print_error(
+            f"out of memory: {bytes_as_gib(one_line(err))[:400]}. Lower --batch-size, or (train) use "
+            "--grad-ckpt full or --precision bf16; `ditbench plan` predicts what fits."
+        )
+        return 2
     except OSError as err:  # a file system refusal no check foresaw: which file and why, not a traceback
         if os.environ.get(TRACEBACK_ENV):
             raise
         _print_error(os_error_message(err))
         return 2
     except KeyboardInterrupt:
-        print("ditbench: interrupted", file=sys.stderr)
+        # a command whose work survives an interruption says what is kept (args._resume)
+        kept = getattr(args, "_resume", None)
+        again = f"; {kept}: ditbench {shlex.join(argv)}" if kept else ""
+        print(f"ditbench: interrupted{again}", file=sys.stderr)
         return 130
 
 

@@ -26,6 +26,7 @@ import traceback
 from dataclasses import dataclass
 
 from ditbench.errors import UnsupportedError, UserError, shorten
+from ditbench.units import bytes_as_gib
 
 FAULT_ENV = "DITBENCH_INJECT_FAULT"
 FAULT_RANK_ENV = "DITBENCH_INJECT_FAULT_RANK"
@@ -178,7 +179,7 @@ def failure(err: BaseException) -> dict:
     if isinstance(err, NonFiniteLoss):
         return {"status": "nan_loss", "reason": str(err)}
     if is_out_of_memory(err):
-        return {"status": "oom", "reason": "out of memory: " + one_line(err)[:REASON_CHARS]}
+        return {"status": "oom", "reason": "out of memory: " + bytes_as_gib(one_line(err))[:REASON_CHARS]}
     if isinstance(err, UnsupportedError):
         return {"status": "unsupported", "reason": one_line(err)}
     if isinstance(err, UserError):

@@ -19,6 +19,8 @@ from typing import Any
 from ditbench.errors import UserError, shorten
 from ditbench.fileio import check_target, file_kind, refusal
 
+NPZ = ("an ADM .npz batch", (".npz",))  # check_file_target's `writes` for the array files
+
 
 def _quote(path: Path) -> str:
     return shorten(str(path))
@@ -64,15 +66,28 @@ def ensure_dir(path: str | Path, what: str, *, probe: bool = True) -> Path:
     return path
 
 
-def check_file_target(path: str | Path, what: str, *, create_parent: bool = True) -> Path:
+def check_file_target(
+    path: str | Path,
+    what: str,
+    *,
+    create_parent: bool = True,
+    writes: tuple[str, tuple[str, ...]] | None = None,
+) -> Path:
     """A path a command will write one file to: nothing there yet, or a regular file it may replace
     (not a folder, link, FIFO or device: fileio.check_target), in a folder that can be written in.
 
     create_parent=False leaves a missing folder to the caller and only checks that it can be created.
+    writes=(format, suffixes): the name must end in one of the suffixes, so that `fid --out x.npz`
+    does not put JSON in a file that says npz.
     """
     path = Path(path)
     if path.is_dir() and not path.is_symlink():
         raise UserError(f"{what} {_quote(path)} is a folder; give the path of a file to write.")
+    if writes is not None and not path.name.lower().endswith(writes[1]):
+        raise UserError(
+            f"{what} {_quote(path)}: ditbench writes {writes[0]} there, and the name must say so: give "
+            f"a name ending in {' or '.join(writes[1])} (e.g. {path.stem or 'out'}{writes[1][0]})."
+        )
     check_target(path, what)
     parent = path.parent if str(path.parent) else Path(".")
     if (blocker := _blocking_ancestor(parent)) is not None:

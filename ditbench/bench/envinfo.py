@@ -171,7 +171,7 @@ def measure_peaks(device: str) -> dict[str, Any]:
     """Achieved matmul TFLOP/s per precision on `device` and how they were measured (bounded on a CPU)."""
     import time
 
-    from ditbench.bench.mfu import measure_matmul_tflops
+    from ditbench.walltime import measure_matmul_tflops
 
     start = time.perf_counter()
     tflops: dict[str, float] = {}

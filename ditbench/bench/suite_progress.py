@@ -16,15 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 
-
-def duration(seconds: float) -> str:
-    """`42 s`, `3 min 05 s`, `1 h 02 min`."""
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+from ditbench.progress import duration
 
 
 class _Watch:

@@ -9,7 +9,7 @@ from ditbench.sampling.shards import default_paths
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ditbench.cliopts import add_device, add_json, add_no_progress, add_precision
+    from ditbench.cliopts import add_device, add_json, add_no_progress, add_precision, add_yes
 
     parser.description = (
         "Sample class-conditional images from a DiT checkpoint into an ADM-format .npz (arr_0 uint8 NHWC "
@@ -87,11 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_json(parser, "the sampling record")
     add_no_progress(parser)
+    add_yes(parser)
 
 
 def run(args) -> int:
     from ditbench.sampling.sampler import sample
 
+    args._resume = "the shards written so far are kept; the same command makes only the missing ones"
     record = sample(args)
     if record and args.json:
         import json

@@ -72,6 +72,15 @@ def prepare_shard_dir(shard_dir: Path, settings: dict, overwrite: bool) -> None:
         write_json_atomic(manifest, settings, indent=1, sort_keys=True)
 
 
+def discard_if_empty(shard_dir: Path) -> None:
+    """Remove a shard folder that holds its manifest and nothing else (a run that made no shard)."""
+    try:
+        if not shard_dir.is_symlink() and {p.name for p in shard_dir.iterdir()} <= {"manifest.json"}:
+            rmtree_real(shard_dir)
+    except OSError:  # nothing there, or not ours to read: leave it
+        pass
+
+
 def _read_manifest(manifest: Path) -> dict | None:
     """The settings a sampling run recorded, or None when the file is not that (damaged, a link, a FIFO)."""
     try:

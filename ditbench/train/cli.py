@@ -17,7 +17,7 @@ MAX_STEPS = 10**9  # beyond it a step count is a typo, and the run would never e
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ditbench.cliopts import add_device, add_json, add_no_progress, add_precision
+    from ditbench.cliopts import add_device, add_json, add_no_progress, add_precision, add_yes
     from ditbench.spec.knobs import TRAIN_KNOBS, Knobs
 
     parser.add_argument("--steps", type=int, default=50, help="training steps")
@@ -43,6 +43,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_json(parser, "the run's summary (speed, loss, parameters)")
     add_no_progress(parser)
+    add_yes(parser)
+
+
+def train_step_s(config: dict, device: str) -> float | None:
+    """Seconds of one steady training step of `config` (Knobs fields) on `device` (ditbench.walltime's
+    rate, the planner's time model on the traced step), or None (no datasheet; image-folder data)."""
+    from ditbench.plan import speed
+    from ditbench.plan.emulation import CPU, cuda_target
+    from ditbench.plan.predict import normalize, series_trace, trace_knobs
+    from ditbench.walltime import rate
+
+    found = rate(device)
+    cell = normalize({**config, "device": "cpu" if device == "cpu" else "cuda"})
+    if found is None or isinstance(cell["data"], dict) and "images" in cell["data"]:
+        return None
+    peaks, params, _, card = found
+    sheet = speed.cpu_datasheet(peaks["fp32"] * 1000) if device == "cpu" else speed.datasheet(card)
+    target = CPU if device == "cpu" else cuda_target(card)
+    series = series_trace(trace_knobs(cell, target), target, disk=True)
+    depth, ckpt = speed.blocks(cell["model"], cell["grad_ckpt"])
+    t = speed.step_time(
+        series.trace.kernels, cell["batch_size"], sheet, cell["precision"], params,
+        compiled=bool(cell["compile"]), overlap=device != "cpu", blocks=depth, ckpt_blocks=ckpt,
+    )  # fmt: skip
+    return t.seconds * cell["grad_accum"]
+
+
+def _announce(args: argparse.Namespace, cfg, device: str) -> None:
+    """The estimate before the model is built (DiT-XL/2 takes a while to build on a CPU)."""
+    from ditbench.walltime import LONG_CPU_S, announce
+
+    step_s = train_step_s(cfg.to_dict(), device)
+    cheaper = (
+        f"Fewer steps (--steps {max(1, int(LONG_CPU_S / step_s)):,} takes about 30 min), a smaller model "
+        "(--model DiT-S/8), or a GPU (`ditbench plan` predicts one)."
+        if step_s
+        else ""
+    )
+    what = f"{args.steps:,} steps of {cfg.model} at batch {cfg.batch_size}"
+    announce("train", step_s and step_s * args.steps, what, device, args.yes, cheaper)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -67,11 +107,14 @@ def run(args: argparse.Namespace) -> int:
     if args.save:
         from ditbench.outpaths import check_file_target, refuse_output_as_input
 
-        check_file_target(args.save, "--save")  # before training, not after it
         refuse_output_as_input([("--save", args.save)], [("--data", args.data), ("--vae", args.vae)])
+        check_file_target(
+            args.save, "--save", writes=("a torch checkpoint", (".pt", ".pth"))
+        )  # before training
     device = str(resolve_device(args.device))
     knobs = {name: getattr(args, name) for name in TRAIN_KNOBS}
     cfg = from_flags(Knobs, {**knobs, "data": data_spec(args.data, args.vae)})
+    _announce(args, cfg, device)
     trainer = Trainer(cfg, device=device)
     data_desc = trainer.data.describe()
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON alone

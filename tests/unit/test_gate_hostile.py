@@ -343,7 +343,10 @@ def test_summary_targets_that_cannot_be_written(tmp_path, capsys, monkeypatch):
     write_jsonl(n, new)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     assert main(["compare", str(b), str(n), "--summary", str(tmp_path)]) == 2  # a directory
-    assert_clean_error(2, capsys.readouterr().err, "--summary", "is a folder")  # before any work
+    assert_clean_error(2, capsys.readouterr().err, "--summary", "is a folder")
+    assert main(["compare", str(b), str(n), "--summary", str(tmp_path / "pr.json")]) == 2  # not markdown
+    assert_clean_error(2, capsys.readouterr().err, "--summary", "ending in .md or .markdown or .txt")
+    assert not (tmp_path / "pr.json").exists()
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path))
     assert main(["compare", str(b), str(n)]) == 2
     assert_clean_error(2, capsys.readouterr().err, "$GITHUB_STEP_SUMMARY", "is a folder")  # before any work

@@ -272,10 +272,11 @@ CASES = {
         "is a file, not a folder",
         "file",
     ),
+    "out_names_another_format": lambda t: (["--out", t / "m.npz"], "ending in .json (e.g. m.json)", "m.npz"),
     "out_would_overwrite_the_samples": lambda t: (
-        ["--samples", _samples(t, _images(8)), "--out", t / "s.npz"],
+        ["--samples", _samples(t, _images(8)).rename(t / "s.json"), "--out", t / "s.json"],
         "is the input --samples",
-        "s.npz",
+        "s.json",
     ),
     "kid_coef0_nan": lambda t: (["--kid-coef0", "nan"], "must be a finite number", "--kid-coef0"),
     "is_splits_negative": lambda t: (["--is-splits", "-1"], "must be >= 0", "--is-splits"),

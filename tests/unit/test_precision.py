@@ -40,8 +40,8 @@ def test_each_cuda_policy_leaves_every_tf32_getter_readable(name, monkeypatch):
         want = "ieee" if name == "fp32" else "tf32"
         assert (state["matmul.fp32_precision"], state["conv.fp32_precision"]) == (want, want)
     # every other reader of the flags in ditbench works after it: the FID extractor and the peak measure
-    from ditbench.bench.mfu import measure_matmul_tflops
     from ditbench.precision import tf32_mode
+    from ditbench.walltime import measure_matmul_tflops
 
     with tf32_mode(False, cudnn_benchmark=True):  # what FID feature extraction uses
         pass

@@ -121,7 +121,9 @@ def check_summary_target(summary: str | None, inputs: list[tuple[str, str | None
     outpaths.refuse_output_as_input([("--summary", summary), ("$GITHUB_STEP_SUMMARY", step)], inputs)
     outpaths.step_summary()
     if summary:  # replaced at the end: only a regular file (or nothing) may be there
-        outpaths.check_file_target(summary, "--summary")
+        outpaths.check_file_target(
+            summary, "--summary", writes=("the markdown summary", (".md", ".markdown", ".txt"))
+        )
 
 
 def publish(text: str, summary: str | None) -> None:
