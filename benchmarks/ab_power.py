@@ -258,7 +258,7 @@ def main() -> int:
                     f"{p['slow10']['pass']:.0%} | {p['slow05']['pass']:.0%} |"
                 )
         return 0
-    from ditbench.bench.suite import load_suite
+    from ditbench.spec.suite import load_suite
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE)
     meta = {

@@ -81,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace, alpha: float) -> None:
-    from ditbench.bench.suite import TIMEOUT_MAX_S
+    from ditbench.spec.suite import TIMEOUT_MAX_S
     from ditbench.errors import UserError
 
     fewest = math.ceil(math.log2(2 / alpha))  # 2 / 2^n: the exact interval's smallest level
@@ -107,7 +107,7 @@ def _check(args: argparse.Namespace, alpha: float) -> None:
 def run(args: argparse.Namespace) -> int:
     from ditbench.ab.sides import Side, env_items, interpreter
     from ditbench.bench.runopts import new_run_id, select_cells
-    from ditbench.bench.suite import load_suite
+    from ditbench.spec.suite import load_suite
     from ditbench.errors import UserError
     from ditbench.outlock import HELD_NAME, LOCK_NAME, OutputLock
     from ditbench.outpaths import check_kept, ensure_dir, refuse_output_as_input

@@ -19,7 +19,7 @@ from typing import Any
 import pandas as pd
 
 from ditbench.bench.repeats import combine
-from ditbench.bench.suite import SuiteCell
+from ditbench.spec.suite import SuiteCell
 from ditbench.errors import UserError
 from ditbench.report.gate.decide import compare_frames
 from ditbench.report.gate.inputs import number_at

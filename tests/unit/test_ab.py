@@ -205,7 +205,7 @@ def test_a_venv_folder_names_its_interpreter_and_keeps_the_link(tmp_path):
 
 def test_the_probe_reads_every_spec_with_the_sides_own_ditbench(tmp_path):
     from ditbench.bench.launch.files import write_spec
-    from ditbench.bench.suite import load_suite
+    from ditbench.spec.suite import load_suite
 
     suite = tmp_path / "suite.yaml"
     suite.write_text(SUITE)
