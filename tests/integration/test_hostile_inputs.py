@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 
 from ditbench.bench import inflight
-from ditbench.bench.records import read_records
+from ditbench.records.jsonl import read_records
 from ditbench.spec.suite import load_suite
 from ditbench.cli import main
 from ditbench.outlock import OutputLock

@@ -200,7 +200,7 @@ def test_a_replaced_output_may_have_a_hard_link_whose_file_keeps_its_bytes(tmp_p
 
 
 def test_a_planted_hard_link_between_the_check_and_the_open_is_refused_on_the_descriptor(tmp_path):
-    from ditbench.bench.records import append_record
+    from ditbench.records.jsonl import append_record
     from ditbench.errors import UserError
     from ditbench.fileio import open_log
 

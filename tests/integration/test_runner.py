@@ -6,7 +6,7 @@ import textwrap
 
 import pytest
 
-from ditbench.bench.records import read_records
+from ditbench.records.jsonl import read_records
 from ditbench.bench.runner import RunOptions, run_suite
 from ditbench.spec.suite import load_suite
 from ditbench.cli import main

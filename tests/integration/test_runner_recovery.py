@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ditbench.bench.records import read_records
+from ditbench.records.jsonl import read_records
 from ditbench.cli import main
 from ditbench.outlock import LOCK_NAME
 

@@ -12,7 +12,7 @@ import pytest
 
 from ditbench.bench import inflight, runner
 from ditbench.bench.launch.files import write_result
-from ditbench.bench.records import read_records
+from ditbench.records.jsonl import read_records
 from ditbench.bench.runner import RunOptions, run_suite
 from ditbench.spec.suite import load_suite
 

@@ -1,0 +1,201 @@
+"""The result record as a model: one JSON object per cell per run, validated once where it is made or
+read back, then passed as it is to every reader.
+
+Typed where a reader reads it (the config is the cell's `CellSpec`; numbers are numbers, texts are
+texts, at any depth of metrics, smoke, env and quality); any other key is kept as it was written, so
+records of older versions load. `check` says why a value is not a record, naming the key path.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from ditbench.errors import UserError, shorten
+from ditbench.records.metrics import Count, Metrics, Number, Numbers, Part, Text, section
+from ditbench.spec.cell import CellSpec
+from ditbench.spec.suite import REPEATS_MAX
+from ditbench.validation import refuse, where
+
+SCHEMA = "ditbench.result/1"
+SCHEMA_PREFIX = "ditbench.result/"
+STATUSES = ("ok", "oom", "timeout", "nan_loss", "error", "skipped", "unsupported")
+Finite = Annotated[float | None, Field(allow_inf_nan=False, description="a finite number or null")]
+
+
+class RecordError(UserError):
+    """A value that is not a result record (a process's result of another ditbench, an edited line)."""
+
+
+Smoke = section(
+    "Smoke",
+    counts="steps nonfinite_steps first_nonfinite_step scaler_skips",
+    texts="status reason",
+    loss=(Numbers, None),
+    first_mean=(Finite, None),
+    last_mean=(Finite, None),
+)
+Env = section(
+    "Env",
+    texts="host platform cpu gpu_name driver nvml cuda torch python ditbench git_sha",
+    counts="cpu_count torch_threads gpu_count",
+    numbers="gpu_memory_gib",
+)
+Figures = Annotated[dict[str, Number] | None, Field(description="an object of numbers or null")]
+# One quality evaluation (ditbench.quality): the figures over seeds at a training step.
+Evaluation = section(
+    "Evaluation",
+    texts="grid",
+    numbers="train_wall_s train_gpu_s sample_s score_s",
+    step=(Annotated[int, Field(ge=0)], ...),
+    metrics=(dict[str, Number], ...),
+    spread=(Figures, None),
+    bootstrap_se=(Figures, None),
+    interval=(dict[str, Numbers] | None, None),
+    per_seed=(list[dict[str, Any]] | None, None),
+    seeds=(list[int] | None, None),
+)
+Quality = section(
+    "Quality",
+    texts="status reason banner",
+    counts="samples train_steps",
+    reference=(section("Reference", texts="path digest file", counts="count") | None, None),
+    inception=(section("Inception", texts="name sha256", flags="official") | None, None),
+    sampler=(dict[str, Any] | None, None),  # compared as a whole
+    seeds=(list[int] | None, None),
+    at=(list[int] | str | None, None),  # the steps, or "smoke_end"
+    metrics=(list[str] | None, None),
+    skipped=(dict[str, Text] | None, None),
+    warnings=(list[str] | None, None),
+    train_loss=(list[Numbers] | None, None),  # [step, mean loss] pairs
+    evaluations=(list[Evaluation] | None, None),
+)
+
+
+class Record(Part):
+    schema_: str = Field(alias="schema")
+    suite: Text = None
+    run_id: Text = None
+    cell_id: Annotated[str, Field(min_length=1)]
+    cell_name: str
+    suite_baseline: dict[str, Any] | None = None
+    suite_overrides: dict[str, Any] | None = None  # the run's command-line `key=value`s
+    config: CellSpec
+    status: Literal[STATUSES]  # type: ignore[valid-type]
+    reason: Text = None
+    metrics: Metrics | None = None  # type: ignore[valid-type]
+    smoke: Smoke | None = None
+    env: Env | None = None
+    quality: Quality | None = None
+    started_at: Text = None
+    duration_s: Number = None
+    repeat: Count = None  # which repeat of `repeats` (a run with repeats writes both)
+    repeats: Count = None
+    label: Text = None  # `run --label`
+    adopted_by: Text = None  # the run that appended it after the run that measured it was killed
+    traceback: Text = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _schema(cls, value: str) -> str:
+        if not value.startswith(SCHEMA_PREFIX):
+            raise refuse(f'is {shorten(value)}, not "{SCHEMA}"')
+        if value != SCHEMA:
+            raise refuse(
+                f"is {shorten(value)}, which this ditbench does not know (it reads {SCHEMA}); upgrade it"
+            )
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _repeat(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict) or ("repeat" not in raw and "repeats" not in raw):
+            return raw
+        # a cell's repeats combined (bench.repeats.combine) keep `repeats` alone
+        repeat, repeats = raw.get("repeat", 1), raw.get("repeats")
+        whole = all(
+            isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= REPEATS_MAX
+            for v in (repeat, repeats)
+        )
+        if not whole or repeat > repeats:
+            raise refuse(
+                f"repeat {shorten(repeat)} of repeats {shorten(repeats)} is not a repeat index from 1 to "
+                f"repeats (at most {REPEATS_MAX})"
+            )
+        return raw
+
+    @property
+    def repeat_index(self) -> int:
+        """Its repeat (1-based); 1 for a record of a run without repeats."""
+        return self.repeat or 1
+
+    @property
+    def repeat_count(self) -> int:
+        """K of the run that wrote it; 1 without repeats."""
+        return self.repeats or 1
+
+    def unfinished(self) -> str | None:
+        """Why an ok record is not a finished measurement (a resumed run runs its cell again), or None:
+        an ok record states its images/s and median step time as finite numbers."""
+        from ditbench.records.metrics import IMAGES_PER_S, STEP_MS, finite
+
+        if self.status != "ok":
+            return None
+        if self.metrics is None:
+            return 'status "ok" without metrics'
+        for metric in (IMAGES_PER_S, STEP_MS):
+            if finite(metric.of(self)) is None:
+                return f'status "ok" but "{metric.path}" is not a finite number'
+        return None
+
+
+# What a value of the wrong type should have been, by pydantic's error type.
+_EXPECTED = {
+    "float_type": "a number",
+    "int_type": "an integer",
+    "string_type": "a string",
+    "bool_type": "true or false",
+    "list_type": "a list",
+    "dict_type": "an object",
+    "model_type": "an object",
+    "model_attributes_type": "an object",
+    "finite_number": "a finite number",
+    "greater_than_equal": "a number >= {ge}",
+    "string_too_short": "a non-empty string",
+}
+
+
+def check(raw: Any) -> tuple[Record | None, str | None]:
+    """(the record, None), or (None, why `raw` is not one, naming the key path). Never raises."""
+    if not isinstance(raw, dict):
+        return None, f"a JSON {type(raw).__name__}, not a result record (a JSON object)"
+    try:
+        return Record.model_validate(raw), None
+    except ValidationError as err:
+        return None, explain(err.errors()[0])
+    except RecursionError:  # deeper than any record: the reader's bound (jsonl.MAX_DEPTH) comes first
+        return None, "nested too deeply to read"
+
+
+def explain(error: dict[str, Any]) -> str:
+    """One pydantic error as `key.path is <value>, not <what is valid>`, or a validator's own words as
+    `field key.path: <words>`."""
+    loc, kind = tuple(error["loc"]), error["type"]
+    if loc[:1] == ("config",):
+        loc = tuple(p for p in loc if p != "knobs")  # a config is flat: its knobs sit at the top
+    key, value = where(loc), error.get("input")
+    if kind == "ditbench":  # a validator's own words (the config's: the cell spec's), about `at` if named
+        at = error["ctx"]["at"]
+        text = error["ctx"]["text"]
+        if loc[:1] == ("config",):
+            return f"field {where((*loc, at) if at else loc)}: {text}"
+        return f"{key} {text}".strip()
+    if kind == "missing":
+        return f"{key} is missing"
+    if kind == "literal_error":
+        return f"{key} is {shorten(value)}, not one of {', '.join(STATUSES)}"
+    if kind == "float_type" and isinstance(value, int) and not isinstance(value, bool):
+        return f"{key} is an integer too large for a number"
+    expected = _EXPECTED.get(kind, "a valid value").format(**error.get("ctx", {}))
+    return f"{key} is {shorten(value)}, not {expected}"
