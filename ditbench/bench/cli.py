@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         records = run_suite(suite, options, echo=echo)
     if args.json:
-        print(json.dumps(records, default=str))
+        print(json.dumps([r.dump() for r in records]))
         return _exit_status(records, args)
     print()
     print(summary_table(records), end="")

@@ -193,6 +193,8 @@ def explain(error: dict[str, Any]) -> str:
         return f"{key} {text}".strip()
     if kind == "missing":
         return f"{key} is missing"
+    if kind == "string_unicode":  # a key holding a lone surrogate (values may: they are kept)
+        return f"{key} has a key {shorten(value)} that is not text"
     if kind == "literal_error":
         return f"{key} is {shorten(value)}, not one of {', '.join(STATUSES)}"
     if kind == "float_type" and isinstance(value, int) and not isinstance(value, bool):

@@ -114,9 +114,6 @@ def _validate(value: Any, where: str, judge_metrics: bool) -> Record:
             f"{where} is a JSON {type(value).__name__}, not a result record (a JSON object with "
             f'"schema": "{SCHEMA}"); is this the results.jsonl of `ditbench run`?'
         )
-    name, cid = value.get("cell_name"), value.get("cell_id")
-    if isinstance(name, str) and isinstance(cid, str):
-        where += f", cell `{shorten(name, 100, quote=False)}` ({shorten(cid, 40, quote=False)})"
     schema = value.get("schema")
     if not (isinstance(schema, str) and schema.startswith(SCHEMA_PREFIX)):
         raise UserError(
@@ -126,6 +123,9 @@ def _validate(value: Any, where: str, judge_metrics: bool) -> Record:
     contradiction = value_problem(value, judge_metrics=judge_metrics)  # values pandas can hold
     record, problem = as_record(value) if contradiction is None else (None, None)
     if problem is not None:
+        name, cid = value.get("cell_name"), value.get("cell_id")
+        if isinstance(name, str) and isinstance(cid, str):
+            where += f" (cell `{shorten(name, 100, quote=False)}`, {shorten(cid, 40, quote=False)})"
         raise UserError(
             f"{where} is not a valid result record: {problem}. Is this the results.jsonl of `ditbench run`, "
             "unedited?"

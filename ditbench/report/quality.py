@@ -57,10 +57,10 @@ def not_official(df: pd.DataFrame) -> bool:
     return any((q.get("inception") or {}).get("official") is not True for _, q in evaluated(df))
 
 
-def compare_fid(base: Quality, new: Quality, k: float = DEFAULT_QUALITY_NOISE_K) -> Verdict:
+def compare_fid(base: dict[str, Any], new: dict[str, Any], k: float = DEFAULT_QUALITY_NOISE_K) -> Verdict:
     """new's FID against base's at the last step both evaluated, by the gate's noise rule."""
-    qb, why_b = read_quality({"quality": base.dump()})
-    qn, why_n = read_quality({"quality": new.dump()})
+    qb, why_b = read_quality({"quality": base})
+    qn, why_n = read_quality({"quality": new})
     if qb is None or qn is None:
         return Verdict("not comparable", why_b or why_n or "no quality field")
     differs = [label for label in qb.identity if qb.identity[label] != qn.identity[label]]
@@ -172,7 +172,7 @@ def _verdict(df: pd.DataFrame, label, q: Quality, comparison: pd.DataFrame) -> V
     base_q = df.loc[base_label]["record"].quality
     if base_q is None:
         return Verdict("no baseline", "its baseline cell was not evaluated")
-    return compare_fid(base_q, q)
+    return compare_fid(base_q.dump(), q.dump())
 
 
 def _pm(mean: Any, spread: Any, output: Output) -> str:
@@ -329,7 +329,7 @@ def quality_unchanged(df: pd.DataFrame) -> tuple[str, str, int | None]:
         for row, other in pairs(df, change, twin):
             q, base = row["record"].quality, other["record"].quality
             if q is not None and base is not None:
-                verdict = compare_fid(base, q)
+                verdict = compare_fid(base.dump(), q.dump())
                 if verdict.step is not None and verdict.text != "not comparable":
                     judged.append((f"{name} ({cell_label(row)})", verdict))
     if not judged:

@@ -331,7 +331,7 @@ def test_a_job_that_ended_without_a_result_is_recorded_as_an_error(tmp_path, mon
     (record,) = read_records(out / "results.jsonl")
     assert record["status"] == "error" and "local job 999999999 ended" in record["reason"]
     assert "without writing a result" in record["reason"]
-    assert json.dumps(record)  # a plain JSON record
+    assert json.dumps(record.dump())  # a plain JSON record
 
 
 @pytest.mark.parametrize(

@@ -102,7 +102,9 @@ def test_tensorboards_record_text_is_inert():
     from ditbench.export.runs import tracker_run
     from ditbench.export.tensorboard_writer import _identity
 
-    assert_inert(_identity(tracker_run(hostile(PAYLOAD), "/x/r.jsonl:1")))
+    from ditbench.records.model import Record
+
+    assert_inert(_identity(tracker_run(Record.model_validate(hostile(PAYLOAD)), "/x/r.jsonl:1")))
 
 
 # ------------------------------------------------------------------------- text that is not text

@@ -10,6 +10,7 @@ import argparse
 import json
 
 import pytest
+from synthetic_records import make_record
 from test_mutation_plan_cli import GRID, _cell, _suite, plan, stand_in
 
 from ditbench.cli import main
@@ -89,8 +90,7 @@ def test_a_value_outside_the_choices_is_refused_by_the_parser(capsys, evaluated)
 
 
 def test_a_run_with_records_counts_the_measured_cells_in_the_plan_and_the_tree(capsys, evaluated, tmp_path):
-    record = {"config": {**evaluated_config(), "batch_size": 8}, "status": "ok",
-              "metrics": {"peak_mem_allocated_gib": 0.25}}  # fmt: skip
+    record = make_record("DiT-S/2", "bf16", "none", 8, peak_alloc=0.25)  # a record of the first cell
     results = tmp_path / "results.jsonl"
     results.write_text(json.dumps(record) + "\n")
     code, out, _ = plan(capsys, *GRID, "--card", "H200", "--results", str(results), "--json", "--jobs", "1",

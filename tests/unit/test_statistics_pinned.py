@@ -29,7 +29,7 @@ def _ranked(n: int, shift_ranks: int) -> tuple[list[float], list[float]]:
 
 def _gate(tmp_path, base_s, new_s, policy=None):
     def rec(img_s, samples, run):
-        return make_record("DiT-S/8", "fp32", "none", 8, rate=img_s, samples=samples, run_id=run)
+        return make_record("DiT-S/8", "fp32", "none", 8, images_per_s=img_s, samples=samples, run_id=run)
 
     b, n = tmp_path / "base.jsonl", tmp_path / "new.jsonl"
     write_jsonl(b, [rec(400.0, base_s, "a")])

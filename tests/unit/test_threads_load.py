@@ -93,9 +93,7 @@ def test_a_window_under_load_is_noisy_with_the_reason_and_what_to_change():
         "more than one thread also gains from threads=1)"
     )
     assert noise_note(loaded) == f"noisy ({advice})"
-    spread = noise(
-        [100.0, 100.0, 2846.0, 100.0, 2846.0], rate=4 / 0.374, batch=4, other_cpu_share=0.46
-    )
+    spread = noise([100.0, 100.0, 2846.0, 100.0, 2846.0], rate=4 / 0.374, batch=4, other_cpu_share=0.46)
     assert noise_note(spread).startswith(f"noisy ({advice}, p90/p10")  # first: a table cell is cut short
     record = {"metrics": loaded}
     assert noisy(record) == (
@@ -111,7 +109,7 @@ def _cpu_cell(seed, threads_now):
         "fp32",
         "none",
         8,
-        rate=40.0,
+        images_per_s=40.0,
         sample_seed=seed,
         env=dict(CPU_ENV, torch_threads=threads_now),
         device="cpu",
