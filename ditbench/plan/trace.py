@@ -21,6 +21,7 @@ trace records a note instead of silently predicting the CPU behaviour.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ditbench.plan.emulation import FakeDeepcopy, Target, emulate, in_low_precision_autocast
+from ditbench.plan.emulation import FakeDeepcopy, Target, cuda_autocast, policy_for
 from ditbench.plan.kernels import op_row
 from ditbench.plan.memo import MISS, DispatchMemo
 
@@ -227,7 +228,10 @@ class _Recorder(TorchDispatchMode):
             if in_backward not in self.workspace_threads:
                 self.workspace_threads.add(in_backward)
                 self.trace.modeled[self.allocate(0, "workspace")] = ("cublas",)
-        elif name in _CUDA_FP32_ONLY and in_low_precision_autocast():
+        elif (
+            name in _CUDA_FP32_ONLY and "step1" in self.trace.marks and not torch._C._current_autograd_node()
+        ):
+            # In a step's forward every fp16/bf16 tensor comes from autocast (the weights are fp32).
             low = next((a for a in args if isinstance(a, torch.Tensor) and a.dtype in _LOW), None)
             if low is not None:
                 note = (
@@ -285,11 +289,19 @@ def trace_training(knobs, target: Target, batch_size: int, *, memo: bool = True)
     gc_was_enabled = gc.isenabled()
     gc.disable()  # released at the marks, deterministically
     try:
-        with emulate(target), FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
+        with contextlib.ExitStack() as stack:
+            compiler = None
+            if knobs.compile:  # dynamo's import takes seconds: only for the cells that compile
+                from ditbench.plan.compiled import traced_compiler
+
+                compiler = stack.enter_context(traced_compiler())
+            if target.device == "cuda":
+                stack.enter_context(cuda_autocast())
+            fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
             kind = _CompileRecorder if knobs.compile else _Recorder
-            recorder = kind(trace, fake_mode, DispatchMemo(fake_mode) if memo else None)
-            with recorder:
-                _run(recorder, trace, lambda: Trainer(knobs, device="cpu"))
+            recorder = stack.enter_context(kind(trace, fake_mode, DispatchMemo(fake_mode) if memo else None))
+            policy = policy_for(knobs.precision, target)
+            _run(recorder, trace, lambda: Trainer(knobs, device="cpu", policy=policy, compiler=compiler))
     finally:
         if gc_was_enabled:
             gc.enable()
