@@ -198,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.write:
         from ditbench.plan.speed import SHIPPED
 
-        SHIPPED.write_text(json.dumps(cal.to_dict(), indent=1) + "\n")
+        kept = {k: v for k, v in json.loads(SHIPPED.read_text()).items() if k == "memory_errors_pct"}
+        SHIPPED.write_text(json.dumps({**cal.to_dict(), **kept}, indent=1) + "\n")
         REPORT.mkdir(parents=True, exist_ok=True)
         save_cells(full)
         (REPORT / "speed_rows.json").write_text(

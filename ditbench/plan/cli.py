@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -10,14 +11,18 @@ import time
 from pathlib import Path
 
 from ditbench.errors import UserError, shorten
+from ditbench.plan.speed import DEFAULT_GLOBAL_BATCH
 
 HELP = """\
-Predict each cell's peak training memory on a card without the card: the Trainer's real step is
-traced on fake tensors and replayed through the CUDA caching allocator. Without SUITE the grid is
-the 12 paper models x fp32/tf32/fp16/bf16 x checkpointing none/full/every_2 x batches 8..512.
-Table cells show the GiB the card must hold (allocator reserve + CUDA context); (x) does not fit,
-"tight" fits within the planner's error (6%) of the card's memory, * measured (from --results), n/a
-the setting cannot run there. With SUITE, KEY=VALUE overrides change its cells (optimizer_impl=foreach).
+The answer first: for each model (the paper's four sizes at patch 2 unless --models), the fastest setting
+that fits the card (precision, checkpointing, per-GPU batch and the accumulation that reaches the global
+batch), its memory and speed with intervals, and days to the target; every row at the same global batch.
+Memory comes from the Trainer's real step traced on fake tensors and replayed through the CUDA caching
+allocator; speed from a time model over the step's kernels, calibrated on measured GPUs. --full adds the
+grid (12 paper models x fp32/tf32/fp16/bf16 x checkpointing none/full/every_2 x batches 8..512, the GiB
+the card must hold; (x) does not fit, "tight" within the planner's error of the card, * measured from
+--results, n/a cannot run there) and the decision tree. With SUITE, its cells are planned; KEY=VALUE
+overrides change them (optimizer_impl=foreach).
 """
 
 
@@ -37,15 +42,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--card", help='the card to plan for, e.g. "RTX 4090", A100-80GB, H200')
-    where.add_argument("--memory-gib", type=float, help="or the card's usable memory in GiB")
-    parser.add_argument("--models", action="append", help="grid models, comma-separated (default: the 12)")
+    where.add_argument("--memory-gib", type=float, help="or the usable GiB of a card not in the table")
     parser.add_argument(
-        "--precisions", action="append", help="grid precisions (default: fp32,tf32,fp16,bf16)"
+        "--tflops",
+        type=float,
+        help="with --memory-gib: its dense bf16/fp16 tensor TFLOPS (tf32 and fp32: half)",
+    )
+    parser.add_argument("--mem-bw", type=float, help="with --memory-gib: its memory bandwidth in GB/s")
+    parser.add_argument(
+        "--full", action="store_true", help="after the answer, the grid and the decision tree"
     )
     parser.add_argument(
-        "--grad-ckpt", action="append", help="grid checkpointing (default: none,full,every_2)"
+        "--global-batch", type=int, help=f"images per optimizer step, all GPUs ({DEFAULT_GLOBAL_BATCH})"
     )
-    parser.add_argument("--batches", action="append", help="grid batch sizes (default: 8,16,...,512)")
+    parser.add_argument(
+        "--models",
+        action="append",
+        help="models, comma-separated (default: S/2,B/2,L/2,XL/2; --full: 12)",
+    )
+    parser.add_argument(
+        "--precisions",
+        action="append",
+        help="precisions (default: the card's fastest; --full: fp32,tf32,fp16,bf16)",
+    )
+    parser.add_argument("--grad-ckpt", action="append", help="checkpointing (default: none,full,every_2)")
+    parser.add_argument(
+        "--batches",
+        action="append",
+        help="per-GPU batch sizes (default: those dividing the global batch; --full: 8,16,...,512)",
+    )
     parser.add_argument("--image-size", type=int, default=None, help="grid image size in pixels (256)")
     parser.add_argument(
         "--impl", default=None, choices=("ditbench", "diffusers"), help="grid DiT implementation (ditbench)"
@@ -125,41 +150,52 @@ def _ints(values: list[str] | None, default, what: str) -> list[int]:
     return sorted(set(out))
 
 
+def _is_suite(args: argparse.Namespace) -> bool:
+    if args.suite is not None and "=" in args.suite and not Path(args.suite).exists():
+        args.suite, args.overrides = None, [args.suite, *args.overrides]  # `plan key=value`: no suite
+    if args.suite is None and args.overrides:
+        raise UserError(
+            f"{shorten(args.overrides[0])}: KEY=VALUE overrides change a suite; without SUITE the "
+            "plan is the default grid, shaped by --models, --precisions, --grad-ckpt, --batches, "
+            "--image-size, --impl and --optimizer-impl"
+        )
+    return args.suite is not None
+
+
+def _base(args: argparse.Namespace) -> dict:
+    size = 256 if args.image_size is None else args.image_size
+    if size < 8 or size % 8:
+        raise UserError(f"--image-size must be a positive multiple of 8, got {size}")
+    return {
+        "image_size": size,
+        "impl": args.impl or "ditbench",
+        "optimizer_impl": args.optimizer_impl or "auto",
+    }
+
+
+def _precisions(args: argparse.Namespace, default) -> list[str]:
+    from ditbench.precision import PRECISIONS
+
+    precisions = _list(args.precisions, default, "precisions")
+    for p in precisions:
+        if p not in PRECISIONS:
+            raise UserError(f"--precisions: unknown precision {shorten(p)}; valid: {', '.join(PRECISIONS)}")
+    return precisions
+
+
 def _series(args: argparse.Namespace):
     from ditbench.plan.grid import DEFAULT_BATCHES, DEFAULT_GRAD_CKPT, DEFAULT_PRECISIONS, grid, paper_models
 
-    if args.suite is not None and "=" in args.suite and not Path(args.suite).exists():
-        args.suite, args.overrides = None, [args.suite, *args.overrides]  # `plan key=value`: no suite
     if args.suite is None:
-        if args.overrides:
-            raise UserError(
-                f"{shorten(args.overrides[0])}: KEY=VALUE overrides change a suite; without SUITE the "
-                "plan is the default grid, shaped by --models, --precisions, --grad-ckpt, --batches, "
-                "--image-size, --impl and --optimizer-impl"
-            )
-        base = {
-            "image_size": 256 if args.image_size is None else args.image_size,
-            "impl": args.impl or "ditbench",
-            "optimizer_impl": args.optimizer_impl or "auto",
-        }
         models = _list(args.models, paper_models(), "models")
-        precisions = _list(args.precisions, DEFAULT_PRECISIONS, "precisions")
-        from ditbench.precision import PRECISIONS
-
-        for p in precisions:
-            if p not in PRECISIONS:
-                raise UserError(
-                    f"--precisions: unknown precision {shorten(p)}; valid: {', '.join(PRECISIONS)}"
-                )
+        precisions = _precisions(args, DEFAULT_PRECISIONS)
         ckpts = _list(args.grad_ckpt, DEFAULT_GRAD_CKPT, "grad-ckpt")
         batches = _ints(args.batches, DEFAULT_BATCHES, "batches")
         from ditbench.expansion import check_count, factors, matrix_count
 
         axes = {"models": models, "precisions": precisions, "grad-ckpt": ckpts, "batches": batches}
         check_count(matrix_count(axes), args.max_cells, "the plan grid", factors(axes))
-        if base["image_size"] < 8 or base["image_size"] % 8:
-            raise UserError(f"--image-size must be a positive multiple of 8, got {base['image_size']}")
-        return grid(models, precisions, ckpts, batches, base), None
+        return grid(models, precisions, ckpts, batches, _base(args)), None
     _refuse_grid_flags(args)
     from ditbench.bench.suite import load_suite
     from ditbench.plan.grid import suite_grid
@@ -240,12 +276,37 @@ def _progress(total: int, no_cache: bool):
     return progress(total=total, unit="series", desc="traced")
 
 
+def _answer(args: argparse.Namespace, context: float, speed):
+    """(JSON rows, text) of the answer on the card asked, or None when no card with a speed is given."""
+    from ditbench.plan import answer
+    from ditbench.plan.predict import budget, normalize
+    from ditbench.plan.speed import datasheet
+
+    global_batch = DEFAULT_GLOBAL_BATCH if args.global_batch is None else args.global_batch
+    if not 1 <= global_batch <= 1 << 20:
+        raise UserError(f"--global-batch must be an integer from 1 to 1048576, got {global_batch}")
+    models = _list(args.models, answer.ANSWER_MODELS, "models")
+    ckpts = tuple(_list(args.grad_ckpt, answer.CKPTS, "grad-ckpt"))
+    allowed = _ints(args.batches, (), "batches") if args.batches else None
+    base = _base(args)
+    for m, c in itertools.product(models, ckpts):  # unknown names are refused before any trace
+        normalize({**base, "model": m, "grad_ckpt": c})
+    bud = budget(args.card if args.card is not None else args.memory_gib, context)
+    sheet = speed.sheet or datasheet(bud.card)
+    precisions = tuple(_precisions(args, answer.default_precisions(bud, sheet)))
+    if bud.memory_gib is None or sheet is None:
+        return None
+    batches = answer.micro_batches(global_batch, speed.gpus, allowed)
+    return answer.plan(bud, speed, models, precisions, ckpts, batches, global_batch, base, not args.no_cache)
+
+
 def run(args: argparse.Namespace) -> int:
     import warnings
 
+    from ditbench.cards import ambiguity
     from ditbench.plan.grid import default_jobs, evaluate
     from ditbench.plan.predict import DEFAULT_CONTEXT_GIB, budget
-    from ditbench.plan.render import advice_details, cells_table, reasons, speed_table, to_json, tree_table
+    from ditbench.plan.render import full_text, to_json
     from ditbench.plan.tree import DEFAULT_TARGET_BATCH, class_cards, decision_tree
 
     warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
@@ -259,14 +320,21 @@ def run(args: argparse.Namespace) -> int:
     target_batch = DEFAULT_TARGET_BATCH if args.target_batch is None else args.target_batch
     records = _read_results(args.results) if args.results else []
     speed = _speed_options(args)
+    answered = None if _is_suite(args) else _answer(args, context, speed)
+    if not args.full and args.suite is None:
+        if answered is None:
+            raise UserError(
+                'plan for which card? Give --card NAME (`ditbench plan --card "RTX 4090"`), or --memory-gib, '
+                "--tflops and --mem-bw for a card not in the table; --full plans the grid without a card"
+            )
+        print(json.dumps(answered[0], indent=1, allow_nan=False) if args.json else answered[1])
+        return 0
     series, suite = _series(args)
     main = _budgets(args, suite, series, context)
     cuda = any(s.config["device"] == "cuda" for s in series)
     _refuse_unused(args, cuda)
     card_name = args.card if args.card is not None else getattr(suite, "card", None)
     if card_name is not None:
-        from ditbench.cards import ambiguity
-
         note = ambiguity(card_name)
         if note:
             print(f"ditbench plan: {note}", file=sys.stderr)
@@ -303,46 +371,16 @@ def run(args: argparse.Namespace) -> int:
         },
     }
     if args.json:
-        print(json.dumps(to_json(cells, advice, meta, target_batch), indent=1, allow_nan=False))
+        doc = {**to_json(cells, advice, meta, target_batch), **(answered[0] if answered else {})}
+        print(json.dumps(doc, indent=1, allow_nan=False))
         return 0
-    where = (
-        f"{main.card} ({main.memory_gib:.2f} GiB usable)"
-        if main.card
-        else (f"a {main.memory_gib:g} GiB card" if main.memory_gib is not None else "no card (no fit check)")
-    )
+    if answered:
+        print(answered[1] + "\n")
     print(
-        f"ditbench plan: {len(cells)} cells in {len(series)} series for {where}; CUDA context "
-        f"{main.context_gib:g} GiB assumed; traced in {seconds:.0f} s"
-        + (f"; {measured} cells measured (--results)" if records else "")
+        full_text(
+            cells, main, len(series), seconds, measured if records else None, speed, advice, target_batch
+        )
     )
-    print()
-    print(cells_table(cells))
-    speeds = speed_table(cells)
-    if speeds:
-        cal = speed.calibration or _shipped()
-        goal = f"{speed.target_images:,} images" if speed.target_images else f"{speed.target_steps:,} steps"
-        per = f" per GPU x {speed.gpus} GPUs (DDP)" if speed.gpus > 1 else ""
-        band = (
-            f"+-{cal.band_pct:g}%, the calibration's worst leave-one-out error"
-            if cal.band_pct is not None
-            else "no error band: fewer than 3 calibration cells"
-        )
-        print(f"\nPredicted speed{per} ({band}; calibrated on {cal.source}); days and GPU-hours to {goal}:\n")
-        print(speeds)
-    for line in reasons(cells):
-        print(f"\n{line}")
-    notes = sorted({n for p in cells for n in p.notes})
-    for note in notes:
-        print(f"\nnote: {note}")
-    if advice:
-        print(
-            "\nDecision tree (each class's smallest card; the fastest setting, by predicted images/s, "
-            f"that reaches batch {target_batch}; days to the target at its batch):\n"
-        )
-        print(tree_table(advice, target_batch))
-        details = advice_details(advice)
-        if details:
-            print("\nWhat the recommended cells hold at their peak:\n" + details)
     return 0
 
 
@@ -361,6 +399,9 @@ def _speed_options(args: argparse.Namespace):
         if value is not None and not 1 <= value <= (4096 if flag == "gpus" else 10**12):
             top = 4096 if flag == "gpus" else "10^12"
             raise UserError(f"--{flag.replace('_', '-')} must be an integer from 1 to {top}, got {value}")
+    sheet = None
+    if args.tflops is not None or args.mem_bw is not None:
+        sheet = _sheet(args)
     calibration = None
     if args.calibrate is not None:
         from ditbench.plan.calibration import from_records
@@ -371,7 +412,24 @@ def _speed_options(args: argparse.Namespace):
         gpus=args.gpus or 1,
         target_steps=args.target_steps or DEFAULT_TARGET_STEPS,
         target_images=args.target_images,
+        sheet=sheet,
     )
+
+
+def _sheet(args: argparse.Namespace):
+    """The datasheet of a card not in the table: --tflops (bf16/fp16 tensor cores; tf32 and fp32 half of
+    it, as on Ampere and later) and --mem-bw, over PCIe 4.0 between GPUs."""
+    from ditbench.cards import Datasheet
+
+    if args.memory_gib is None or args.tflops is None or args.mem_bw is None:
+        raise UserError(
+            "--tflops and --mem-bw describe a card not in the table, with --memory-gib: give all three "
+            "(e.g. --memory-gib 24 --tflops 165 --mem-bw 1008); a card of the table (--card) has its own"
+        )
+    for flag, value in (("--tflops", args.tflops), ("--mem-bw", args.mem_bw)):
+        if not math.isfinite(value) or not 0 < value <= 1e6:
+            raise UserError(f"{flag} must be a finite number above 0, got {value}")
+    return Datasheet(args.tflops / 2, args.tflops / 2, args.tflops, args.mem_bw, 32, "PCIe 4.0")
 
 
 def _read_results(path: Path, flag: str = "--results") -> list[dict]:

@@ -37,10 +37,11 @@ COMPONENTS = (*STATE_LABELS, "activations", "workspace")
 
 # Knobs the trace leaves at their defaults: they do not change what a one-GPU step allocates (seed,
 # learning rates, the decay), or the planner does not model them (multi-GPU cells are refused, the
-# attention backend, grad_accum and compile_mode are traced at their defaults); the batch size is
-# the series' axis. Every other knob, a new one included, shapes the traced step.
+# attention backend and compile_mode are traced at their defaults); the batch size is the series'
+# axis. Accumulation is traced at 1 or 2 micro-batches: from the second on, each holds the gradients
+# through its forward, so 2 is every K >= 2's steady state. Every other knob shapes the traced step.
 _UNTRACED = (
-    "batch_size", "gpus", "nodes", "strategy", "compile_mode", "grad_accum", "attention", "optimizer",
+    "batch_size", "gpus", "nodes", "strategy", "compile_mode", "attention", "optimizer",
     "seed", "lr", "weight_decay", "ema_decay",
 )  # fmt: skip
 DEVICES = ("cuda", "cpu")
@@ -116,9 +117,12 @@ def trace_knobs(cell: Mapping[str, Any], target: Target) -> Knobs:
     """The knobs the planner traces for `cell` on `target`: the untraced ones at their defaults, the
     `auto` AdamW kernel resolved, synthetic data (a latent file's batch reaches the device as one)."""
     knobs = {k: v for k, v in cell.items() if k in FIELDS and k not in _UNTRACED}
-    return Knobs(
-        **{**knobs, "optimizer_impl": optimizer_impl(cell["optimizer_impl"], target), "data": "synthetic"}
-    )
+    impl = optimizer_impl(cell["optimizer_impl"], target)
+    return Knobs(**{**knobs, "optimizer_impl": impl, "data": "synthetic", "grad_accum": traced_accum(cell)})
+
+
+def traced_accum(cell: Mapping[str, Any]) -> int:
+    return min(cell.get("grad_accum", 1), 2)
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,7 @@ class SpeedOptions:
     gpus: int = 1
     target_steps: int = 400_000
     target_images: int | None = None
+    sheet: Any = None  # a card outside the table (--tflops, --mem-bw); None: the card's datasheet
 
 
 @dataclass(frozen=True)
@@ -177,7 +182,7 @@ def budget(
 
 
 _CACHE: OrderedDict[tuple, SeriesTrace] = OrderedDict()
-_CACHE_SIZE = 32
+_CACHE_SIZE = 64  # the default answer searches 48 series
 
 
 def trace_key(knobs: Knobs, target: Target) -> tuple:
@@ -190,7 +195,8 @@ def trace_key(knobs: Knobs, target: Target) -> tuple:
 
 
 def series_trace(knobs: Knobs, target: Target, disk: bool = False) -> SeriesTrace:
-    """The traced series: from this process's memory, else (disk=True) the on-disk cache, else traced.
+    """The traced series: from this process's memory, else (disk=True) the shipped traces or the on-disk
+    cache, else traced.
 
     One trace serves every GPU (workspaces are sized at replay).
     """
@@ -203,7 +209,7 @@ def series_trace(knobs: Knobs, target: Target, disk: bool = False) -> SeriesTrac
         from ditbench.plan import cache
 
         name = cache.key(key)
-        series = cache.load(name)
+        series = cache.shipped(key) or cache.load(name)
     if series is None:
         series = trace_series(knobs, target)
         if disk:
@@ -303,24 +309,35 @@ def fill_speed(pred: Prediction, series: SeriesTrace, options: SpeedOptions) -> 
     """The time model's figures for a predicted cell on a card with a datasheet (else left None)."""
     from ditbench.plan import speed
 
-    sheet = speed.datasheet(pred.card)
+    sheet = options.sheet or speed.datasheet(pred.card)
     if sheet is None or pred.device != "cuda":
         return
     cal = options.calibration or speed.shipped()
-    depth, ckpt_blocks = speed.blocks(pred.model, pred.grad_ckpt)
-    t = speed.step_time(
-        series.trace.kernels, pred.batch_size, sheet, pred.precision, cal.params,
-        compiled=bool(pred.config.get("compile")), gpus=options.gpus, grad_bytes=4 * series.trace.params,
-        blocks=depth, ckpt_blocks=ckpt_blocks,
-    )  # fmt: skip
+    cell = {**pred.config, "model": pred.model, "precision": pred.precision, "grad_ckpt": pred.grad_ckpt,
+            "batch_size": pred.batch_size}  # fmt: skip
+    t = step_time_of(series, cell, sheet, cal, options.gpus)
+    accum = cell.get("grad_accum", 1)
     pred.gpus = options.gpus
     pred.predicted_steps_per_s = t.steps_per_s
-    pred.predicted_images_per_s = t.steps_per_s * pred.batch_size * options.gpus
+    pred.predicted_images_per_s = t.steps_per_s * pred.batch_size * accum * options.gpus
     pred.predicted_speed_band_pct = cal.band_pct
     pred.step_split_pct = speed.split_shares(t.split)
     pred.time_to_target = speed.time_to_target(
-        t.steps_per_s, pred.batch_size, options.gpus, options.target_steps, options.target_images
+        t.steps_per_s, pred.batch_size * accum, options.gpus, options.target_steps, options.target_images
     )
+
+
+def step_time_of(series: SeriesTrace, cell: Mapping[str, Any], sheet, cal, gpus: int = 1):
+    """The time model's optimizer step of `cell` (its batch size, accumulation and knobs) from its trace."""
+    from ditbench.plan import speed
+
+    depth, ckpt_blocks = speed.blocks(cell["model"], cell["grad_ckpt"])
+    return speed.step_time(
+        series.trace.kernels, cell["batch_size"], sheet, cell["precision"], cal.params,
+        compiled=bool(cell.get("compile")), gpus=gpus, grad_bytes=4 * series.trace.params,
+        blocks=depth, ckpt_blocks=ckpt_blocks, accum=cell.get("grad_accum", 1),
+        traced_accum=traced_accum(cell),
+    )  # fmt: skip
 
 
 def _target_reason(cell: dict[str, Any], target: Target) -> str | None:

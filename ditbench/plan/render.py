@@ -189,6 +189,50 @@ def advice_details(advice: list[Advice]) -> str:
     return "\n".join(out)
 
 
+def full_text(
+    cells, main, series: int, seconds: float, measured: int | None, speed, advice, target_batch
+) -> str:
+    """The grid's table, its speeds, reasons and notes, and the decision tree (`plan --full`, a suite)."""
+    from ditbench.plan.speed import shipped
+
+    where = (
+        f"{main.card} ({main.memory_gib:.2f} GiB usable)"
+        if main.card
+        else (f"a {main.memory_gib:g} GiB card" if main.memory_gib is not None else "no card (no fit check)")
+    )
+    out = [
+        f"ditbench plan: {len(cells)} cells in {series} series for {where}; CUDA context "
+        f"{main.context_gib:g} GiB assumed; traced in {seconds:.0f} s"
+        + (f"; {measured} cells measured (--results)" if measured is not None else ""),
+        "",
+        cells_table(cells),
+    ]
+    speeds = speed_table(cells)
+    if speeds:
+        cal = speed.calibration or shipped()
+        goal = f"{speed.target_images:,} images" if speed.target_images else f"{speed.target_steps:,} steps"
+        per = f" per GPU x {speed.gpus} GPUs (DDP)" if speed.gpus > 1 else ""
+        band = (
+            f"+-{cal.band_pct:g}%, the calibration's worst leave-one-out error"
+            if cal.band_pct is not None
+            else "no error band: fewer than 3 calibration cells"
+        )
+        head = f"Predicted speed{per} ({band}; calibrated on {cal.source}); days and GPU-hours to {goal}:"
+        out += [f"\n{head}\n", speeds]
+    out += [f"\n{line}" for line in reasons(cells)]
+    out += [f"\nnote: {note}" for note in sorted({n for p in cells for n in p.notes})]
+    if advice:
+        out += [
+            "\nDecision tree (each class's smallest card; the fastest setting, by predicted images/s, "
+            f"that reaches batch {target_batch}; days to the target at its batch):\n",
+            tree_table(advice, target_batch),
+        ]
+        details = advice_details(advice)
+        if details:
+            out.append("\nWhat the recommended cells hold at their peak:\n" + details)
+    return "\n".join(out)
+
+
 def to_json(
     preds: list[Prediction], advice: list[Advice] | None, meta: dict[str, Any], target_batch: int
 ) -> dict[str, Any]:

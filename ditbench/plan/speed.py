@@ -44,6 +44,7 @@ PARAMS = {
 SPLIT = ("matmul", "attention", "elementwise", "optimizer", "launch_overhead", "communication")
 DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's default bucket_cap_mb
 DEFAULT_TARGET_STEPS = 400_000  # the paper's DiT-XL/2 run
+DEFAULT_GLOBAL_BATCH = 256  # and its images per step
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,12 @@ class Calibration:
 def shipped() -> Calibration:
     data = json.loads(SHIPPED.read_text())
     return Calibration(data["params"], data["band_pct"], data["source"], data["cells"], data.get("loo", []))
+
+
+def memory_errors_pct() -> list[float]:
+    """The memory planner's errors on the H200 anchors (predicted / measured reserved - 1, %), which
+    benchmarks/plan_vs_h200.py writes beside the calibration."""
+    return json.loads(SHIPPED.read_text()).get("memory_errors_pct", [])
 
 
 def cpu_datasheet(peak_gflops: float, memory_gbs: float = 20.0) -> Datasheet:
@@ -106,13 +113,18 @@ def step_time(
     overlap: bool = True,
     blocks: int = 0,
     ckpt_blocks: int = 0,
+    accum: int = 1,
+    traced_accum: int = 1,
 ) -> StepTime:
-    """One step's predicted time from a trace's kernel rows (kernels.op_row) at `batch` per GPU."""
+    """One optimizer step's predicted time from a trace's kernel rows (kernels.op_row) at `batch` per GPU
+    and micro-batch: `accum` micro-batches, where the trace ran `traced_accum` (the optimizer's kernels
+    run once a step, the rest once per micro-batch)."""
     work = dict.fromkeys(SPLIT, 0.0)
     launches = 0.0
     backward = 0.0
     for (cat, dtype, in_backward, f0, f1, b0, b1), count in kernels.items():
-        flops, nbytes, n = f0 + f1 * batch, b0 + b1 * batch, float(count)
+        scale = 1.0 if cat == "optimizer" else accum / traced_accum
+        flops, nbytes, n = f0 + f1 * batch, b0 + b1 * batch, count * scale
         if compiled and cat == "elementwise":  # fused: fewer kernels, each one round trip to memory
             n *= params["fused_share"]
         eff = params["attention_eff"] if cat == "attention" else params["matmul_eff"]
@@ -127,15 +139,15 @@ def step_time(
         if in_backward:
             backward += n * busy + latency
     device = sum(work.values())
-    host_us = (
-        launches * params["host_us"] + blocks * params["block_us"] + ckpt_blocks * params["checkpoint_us"]
+    host_us = launches * params["host_us"] + accum * (
+        blocks * params["block_us"] + ckpt_blocks * params["checkpoint_us"]
     )
     host = host_us * 1e-6
     work["launch_overhead"] += max(0.0, host - device) if overlap else host
-    if gpus > 1 and sheet.link_gbs > 0:
+    if gpus > 1 and sheet.link_gbs > 0:  # once a step, behind the last micro-batch's backward
         ring = 2 * (gpus - 1) / gpus * grad_bytes / (sheet.link_gbs * 1e9)
         last = ring * min(1.0, DDP_BUCKET_BYTES / max(grad_bytes, 1))
-        work["communication"] = max(ring - backward, last)
+        work["communication"] = max(ring - backward / accum, last)
     return StepTime(sum(work.values()), work, round(launches))
 
 

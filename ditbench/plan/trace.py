@@ -305,7 +305,22 @@ def trace_training(knobs, target: Target, batch_size: int, *, memo: bool = True)
     finally:
         if gc_was_enabled:
             gc.enable()
+    trace.events = _in_order(trace.events, set(trace.marks.values()))
     return trace
+
+
+def _in_order(events: list[int], marks: set[int]) -> list[int]:
+    """Releases that follow one another within a phase in id order: some come from hash maps
+    (autocast's cache of weight copies), whose order varies from run to run; the allocator ends in the
+    same state either way."""
+    out: list[int] = []
+    for e in events:
+        j = len(out)
+        out.append(e)
+        while e < 0 and j > 0 and j not in marks and out[j - 1] < 0 and out[j - 1] < out[j]:
+            out[j - 1], out[j] = out[j], out[j - 1]  # insertion sort within the run
+            j -= 1
+    return out
 
 
 def _run(recorder: _Recorder, trace: Trace, build) -> None:

@@ -336,22 +336,22 @@ def test_a_trace_key_shares_policies_that_allocate_alike():
         predict.trace_key(Knobs(model="DiT-T/2", precision="fp16"), CPU)
 
 
-def test_series_traces_are_kept_for_the_32_last_used(monkeypatch):
+def test_series_traces_are_kept_for_the_64_last_used(monkeypatch):
     traced = []
     monkeypatch.setattr(predict, "_CACHE", OrderedDict())
     monkeypatch.setattr(predict, "trace_key", lambda knobs, target: knobs)
     monkeypatch.setattr(
         predict, "trace_series", lambda knobs, target: traced.append(knobs) or f"s{knobs} {target}"
     )
-    for k in range(32):
+    for k in range(64):
         assert predict.series_trace(k, CPU) == f"s{k} {CPU}"
     assert predict.series_trace(0, CPU) == f"s0 {CPU}" and traced == list(
-        range(32)
+        range(64)
     )  # from memory; 0 now newest
-    predict.series_trace(32, CPU)  # evicts 1, the least recently used
-    assert list(predict._CACHE) == [*range(2, 32), 0, 32]
+    predict.series_trace(64, CPU)  # evicts 1, the least recently used
+    assert list(predict._CACHE) == [*range(2, 64), 0, 64]
     predict.series_trace(1, CPU)
-    assert traced == [*range(33), 1]
+    assert traced == [*range(65), 1]
 
 
 def test_series_traces_go_through_the_disk_cache_when_asked(monkeypatch):
@@ -362,12 +362,15 @@ def test_series_traces_go_through_the_disk_cache_when_asked(monkeypatch):
     monkeypatch.setattr(predict, "trace_key", lambda knobs, target: knobs)
     monkeypatch.setattr(predict, "trace_series", lambda knobs, target: f"traced {knobs}")
     monkeypatch.setattr(cache, "key", lambda key: f"name {key}")
+    monkeypatch.setattr(cache, "shipped", lambda key: "shipped" if key == "s" else None)
     monkeypatch.setattr(cache, "load", lambda name: "from disk" if name == "name a" else None)
     monkeypatch.setattr(cache, "save", lambda name, series: saved.append((name, series)))
     assert predict.series_trace("a", CPU, disk=True) == "from disk" and saved == []
     assert predict.series_trace("b", CPU, disk=True) == "traced b"
     assert saved == [("name b", "traced b")]
     assert predict.series_trace("c", CPU) == "traced c" and len(saved) == 1
+    assert predict.series_trace("s", CPU, disk=True) == "shipped" and len(saved) == 1
+    assert predict.series_trace("s2", CPU) == "traced s2"  # neither shipped nor disk traces without disk
 
 
 # A hand-made trace: weights of 1000 B (a 512-granular 1024 B block in a 2 MiB small segment), a 30 MiB

@@ -53,7 +53,8 @@ def stand_in(monkeypatch):
 
 
 def plan(capsys, *argv):
-    code = main(["plan", *argv])
+    """The grid and tree (`--full`), after the answer where a card is given."""
+    code = main(["plan", *argv, "--full"])
     out, err = capsys.readouterr()
     return code, out, " ".join(err.split())
 
@@ -126,8 +127,9 @@ def test_the_tree_plans_every_class_with_the_same_context(capsys, evaluated):
     budgets = evaluated[0]["budgets"]
     assert [b.card for b in budgets] == ["H200"] + [card.name for _, card in class_cards()]
     assert {b.context_gib for b in budgets} == {0.75}
-    assert out.splitlines()[0].startswith("ditbench plan: 2 cells in 1 series for H200 (")
-    assert "; CUDA context 0.75 GiB assumed;" in out.splitlines()[0]
+    head = next(line for line in out.splitlines() if line.startswith("ditbench plan: "))
+    assert head.startswith("ditbench plan: 2 cells in 1 series for H200 (")
+    assert "; CUDA context 0.75 GiB assumed;" in head
     assert "\nDecision tree (each class's smallest card; the fastest setting, by predicted images/s, that " \
         "reaches batch 32; days to the target at its batch):\n" in out  # fmt: skip
     code, out, _ = plan(capsys, *GRID, "--card", "H200", "--target-batch", "16")
@@ -387,16 +389,18 @@ def test_the_progress_line_says_how_many_series_and_whether_traces_are_reused(ca
 def test_speed_options_from_the_smallest_flags_and_a_calibration_file(tmp_path, monkeypatch):
     from ditbench.plan import calibration, measured_records
 
-    args = argparse.Namespace(gpus=1, target_steps=1, target_images=1, calibrate=None)
+    none = {"tflops": None, "mem_bw": None, "memory_gib": None}
+    args = argparse.Namespace(gpus=1, target_steps=1, target_images=1, calibrate=None, **none)
     assert cli._speed_options(args) == predict.SpeedOptions(None, 1, 1, 1)
     records = tmp_path / "cal.jsonl"
     records.write_text("")
     monkeypatch.setattr(measured_records, "read_results", lambda path: [{"path": str(path)}])
     monkeypatch.setattr(calibration, "from_records", lambda path, recs: ("fitted", path, recs))
-    args = argparse.Namespace(gpus=None, target_steps=None, target_images=None, calibrate=records)
+    args = argparse.Namespace(gpus=None, target_steps=None, target_images=None, calibrate=records, **none)
     options = cli._speed_options(args)
     assert options.calibration == ("fitted", records, [{"path": str(records)}])
     assert (options.gpus, options.target_steps, options.target_images) == (1, 400_000, None)
-    missing = argparse.Namespace(gpus=None, target_steps=None, target_images=None, calibrate=tmp_path / "no")
+    missing = argparse.Namespace(gpus=None, target_steps=None, target_images=None, calibrate=tmp_path / "no",
+                                 **none)  # fmt: skip
     with pytest.raises(UserError, match=r"^--calibrate .*no: no such file"):
         cli._speed_options(missing)

@@ -179,8 +179,8 @@ def plan(capsys, tmp_path_factory, monkeypatch):
 
     monkeypatch.setenv("DITBENCH_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
 
-    def run(*argv):
-        code = main(["plan", *argv])
+    def run(*argv):  # the grid: --full
+        code = main(["plan", *argv, "--full"])
         out, err = capsys.readouterr()
         return code, out, err
 

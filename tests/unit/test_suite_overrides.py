@@ -190,6 +190,6 @@ def test_includes_count_towards_the_cap_and_the_cap_is_raisable(tmp_path):
 
 def test_a_plan_grid_is_counted_before_it_is_traced(tmp_path, capsys):
     batches = ",".join(str(i) for i in range(1, 3001))
-    code = main(["plan", "--card", "RTX 4090", "--batches", batches, "--no-cache", "--max-cells", "5000"])
+    code = main(["plan", "--card", "RTX 4090", "--batches", batches, "--no-cache", "--max-cells", "5000", "--full"])
     text = err_text(capsys)
     assert code == 2 and "the plan grid expands to" in text and "batches 3,000" in text, text

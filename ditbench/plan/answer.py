@@ -1,0 +1,239 @@
+"""The answer first (`ditbench plan --card CARD`): per model, the fastest setting that fits the card.
+
+A setting is a precision, a checkpointing and a per-GPU micro-batch; the gradient accumulation that
+reaches the global batch follows (global = micro-batch x accumulation x GPUs), so every row trains the
+same recipe and its days compare. The search ranks every setting by predicted images/s (the time
+model, speed.py) and walks down the ranking until one fits: that one is the answer, the one before it
+the next faster setting, dropped for its memory. A setting whose live tensors alone exceed the card is
+dropped without a replay (the allocator holds at least what is live); the others are replayed through
+the caching allocator as every plan is. Accumulation is traced as such (from the second micro-batch on
+the gradients live through the forward). Precisions searched: bf16 and tf32 where the card has them
+(fp16 holds bf16's memory plus the GradScaler's at the same tensor-core rate; fp32 holds tf32's memory
+and is slower), else fp16 and fp32; `--precisions` searches others.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+from ditbench.errors import UserError
+from ditbench.plan.predict import Budget, Prediction, SpeedOptions, normalize, predict_budgets
+
+ANSWER_MODELS = ("DiT-S/2", "DiT-B/2", "DiT-L/2", "DiT-XL/2")  # the paper's four sizes at its patch
+CKPTS = ("none", "every_2", "full")
+
+
+@dataclass
+class Option:
+    config: dict[str, Any]  # the cell: model, precision, grad_ckpt, batch_size (per GPU), grad_accum
+    images_per_s: float  # over all GPUs
+    steps_per_s: float  # optimizer steps
+    split: dict[str, float]
+    series: Any = None  # its trace (batch.SeriesTrace)
+    pred: Prediction | None = None  # its memory, once replayed
+    need_gib: float | None = None  # a lower bound, when it was dropped without a replay
+
+    def label(self) -> str:
+        c = self.config
+        return f"{c['precision']}, ckpt {c['grad_ckpt']}, {c['batch_size']} x {c['grad_accum']}"
+
+
+@dataclass
+class Answer:
+    model: str
+    best: Option | None
+    dropped: Option | None  # the next faster setting, which does not fit
+    searched: int
+
+
+def default_precisions(bud: Budget, sheet) -> tuple[str, ...]:
+    return ("bf16", "tf32") if bud.target.bf16 and (sheet is None or sheet.bf16) else ("fp16", "fp32")
+
+
+def micro_batches(global_batch: int, gpus: int, allowed: list[int] | None) -> list[int]:
+    if global_batch % gpus:
+        raise UserError(
+            f"--global-batch {global_batch} does not split over {gpus} GPUs; give a multiple of {gpus}"
+        )
+    per_gpu = global_batch // gpus
+    sizes = [b for b in range(1, per_gpu + 1) if per_gpu % b == 0 and (allowed is None or b in allowed)]
+    if not sizes:
+        raise UserError(f"--batches: none of {allowed} divides the {per_gpu} images per GPU of a step")
+    return sizes
+
+
+def search(
+    model: str,
+    bud: Budget,
+    speed: SpeedOptions,
+    precisions: tuple[str, ...],
+    ckpts: tuple[str, ...],
+    batches: list[int],
+    global_batch: int,
+    base: dict[str, Any],
+    disk: bool = True,
+) -> Answer:
+    from ditbench.plan import speed as time_model
+    from ditbench.plan.emulation import cuda_target
+    from ditbench.plan.predict import series_trace, step_time_of, trace_knobs
+
+    target = cuda_target(None)  # one trace serves every GPU
+    sheet = speed.sheet or time_model.datasheet(bud.card)
+    cal = speed.calibration or time_model.shipped()
+    options = []
+    for precision in precisions:
+        for ckpt in ckpts:
+            for batch in batches:
+                accum = global_batch // (speed.gpus * batch)
+                cell = normalize({**base, "model": model, "precision": precision, "grad_ckpt": ckpt,
+                                  "batch_size": batch, "grad_accum": accum})  # fmt: skip
+                series = series_trace(trace_knobs(cell, target), target, disk=disk)
+                t = step_time_of(series, cell, sheet, cal, speed.gpus)
+                options.append(Option(cell, t.steps_per_s * global_batch, t.steps_per_s, t.split, series))
+    options.sort(key=lambda o: -o.images_per_s)
+    dropped = None
+    capacity = bud.capacity
+    for option in options:
+        live = option.series.live_peak(option.config["batch_size"])
+        if capacity is not None and live > capacity:
+            option.need_gib = live / 2**30 + bud.context_gib
+            dropped = option
+            continue
+        option.pred = predict_budgets(option.config, [option.config["batch_size"]], [bud], disk, speed)[0][0]
+        if option.pred.status in ("fits", "predicted"):
+            return Answer(model, option, dropped, len(options))
+        dropped = option
+    return Answer(model, None, dropped, len(options))
+
+
+def interval(value: float, errors_pct: list[float]) -> tuple[float, float] | None:
+    """Where the measured figure lies given the prediction's measured errors (predicted / measured - 1,
+    in %): from the largest error seen to the smallest. None without errors."""
+    if not errors_pct:
+        return None
+    return value / (1 + max(errors_pct) / 100), value / (1 + min(errors_pct) / 100)
+
+
+@dataclass
+class Goal:
+    global_batch: int
+    steps: int  # optimizer steps of global_batch images
+    gpus: int
+
+
+def row(answer: Answer, goal: Goal, speed_errors: list[float], memory_errors: list[float]) -> dict[str, Any]:
+    """An answer as the JSON row and the figures the text shows."""
+    out: dict[str, Any] = {
+        "model": answer.model,
+        "fits": answer.best is not None,
+        "searched": answer.searched,
+    }
+    b, d = answer.best, answer.dropped
+    if d is not None:
+        need = d.need_gib if d.pred is None else d.pred.device_gib
+        out["next_faster"] = {**_setting(d), "images_per_s": d.images_per_s, "needs_gib": need,
+                              "reason": None if d.pred is None else d.pred.reason}  # fmt: skip
+    if b is None:
+        return out
+    p = b.pred
+    seconds = goal.steps / b.steps_per_s
+    memory = p.device_gib if p.device_gib is not None else p.peak_allocated_gib
+    speed = interval(b.images_per_s, speed_errors)
+    out.update(
+        _setting(b),
+        memory_gib=memory,
+        memory_interval=None if memory is None else interval(memory, memory_errors),
+        images_per_s=b.images_per_s,
+        images_per_s_interval=speed,
+        days=seconds / 86400,
+        days_interval=None
+        if speed is None
+        else tuple(seconds * b.images_per_s / s / 86400 for s in speed[::-1]),
+        gpu_hours=seconds * goal.gpus / 3600,
+        step_split_pct=p.step_split_pct,
+        components=p.components,
+        notes=p.notes,
+    )
+    return out
+
+
+def _setting(o: Option) -> dict[str, Any]:
+    c = o.config
+    return {k: c[k] for k in ("precision", "grad_ckpt", "batch_size", "grad_accum")}
+
+
+def _range(v: float, iv, fmt: str) -> str:
+    text = format(v, fmt)
+    return text if iv is None else f"{text} ({format(iv[0], fmt)}-{format(iv[1], fmt)})"
+
+
+def text(rows: list[dict[str, Any]], where: str, goal: Goal, context_gib: float, note: str) -> str:
+    """The answer as at most ~25 lines: a table, why not faster, a legend."""
+    lines = [
+        f"{where}: the fastest setting that fits, per model, at {goal.global_batch} images a step "
+        f"({goal.steps:,} steps):",
+        "",
+        "| model | precision | ckpt | batch x accum | memory GiB | img/s | days | GPU-hours |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    why = []
+    for r in rows:
+        if r["fits"]:
+            setting = f"{r['precision']} | {r['grad_ckpt']} | {r['batch_size']} x {r['grad_accum']}"
+            lines.append(
+                f"| {r['model']} | {setting} "
+                f"| {_range(r['memory_gib'], r['memory_interval'], '.1f')} "
+                f"| {_range(r['images_per_s'], r['images_per_s_interval'], ',.0f')} "
+                f"| {_range(r['days'], r['days_interval'], '.1f')} | {r['gpu_hours']:,.0f} |"
+            )
+        else:
+            lines.append(f"| {r['model']} | does not fit | | | | | | |")
+        d = r.get("next_faster")
+        if d is None:
+            why.append(f"{r['model']}: none; this is the fastest of the {r['searched']} settings searched")
+        else:
+            setting = f"{d['precision']}, ckpt {d['grad_ckpt']}, {d['batch_size']} x {d['grad_accum']}"
+            need = "" if d["needs_gib"] is None else f" needs {d['needs_gib']:.1f} GiB"
+            why.append(f"{r['model']}: {setting} ({d['images_per_s']:,.0f} img/s){need}")
+    lines += ["", "Next faster setting, dropped (it does not fit):", *[f"  {w}" for w in why], ""]
+    legend = (
+        "precision: bf16/fp16 autocast, tf32 fp32 with tensor-core matmuls, fp32 strict; ckpt: activation "
+        "checkpointing of no, every second (every_2) or every block (full); batch x accum: images per GPU "
+        f"per micro-batch x micro-batches per step (x {goal.gpus} GPU(s) = {goal.global_batch}); memory: "
+        f"what the card holds at the peak (allocator reserve + {context_gib:g} GiB CUDA context); img/s: "
+        "training images a second over all GPUs; days, GPU-hours: to the steps above. (a-b): "
+        + note
+        + " `--full`: every setting's memory and speed, and the decision tree; `--json`: all of it."
+    )
+    return "\n".join(lines + textwrap.wrap(legend, 110))
+
+
+def plan(bud: Budget, speed: SpeedOptions, models, precisions, ckpts, batches, global_batch: int, base,
+         disk: bool = True) -> tuple[dict[str, Any], str]:  # fmt: skip
+    """The answer for each model: (the JSON document, the text)."""
+    import math
+
+    from ditbench.plan.speed import memory_errors_pct, shipped
+
+    found = [search(m, bud, speed, precisions, ckpts, batches, global_batch, base, disk) for m in models]
+    steps = speed.target_steps if not speed.target_images else math.ceil(speed.target_images / global_batch)
+    goal = Goal(global_batch, steps, speed.gpus)
+    cal = speed.calibration or shipped()
+    speed_errors = [r["error_pct"] for r in cal.loo]
+    memory_errors = memory_errors_pct()
+    rows = [row(a, goal, speed_errors, memory_errors) for a in found]
+    note = (
+        f"where the measured figure lies, from the errors measured: memory {_span(memory_errors)} over "
+        f"{len(memory_errors)} H200 cells; speed {_span(speed_errors)} over {len(speed_errors)} cells "
+        f"predicted by a fit without them ({cal.source})."
+    )
+    name = bud.card or f"a {bud.memory_gib:g} GiB card"
+    where = f"{name} ({bud.memory_gib:.2f} GiB usable) x {speed.gpus} GPU{'s' if speed.gpus > 1 else ''}"
+    doc = {"global_batch": global_batch, "steps": steps, "answer": rows, "interval_note": note}
+    return doc, text(rows, where, goal, bud.context_gib, note)
+
+
+def _span(errors: list[float]) -> str:
+    return f"{min(errors):+.1f}% to {max(errors):+.1f}%" if errors else "(none)"
