@@ -128,8 +128,8 @@ def find_card(name: str) -> Card:
     close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.5)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise UserError(
-        f"unknown card {shorten(name)}.{hint} Known cards: {', '.join(names)}; or give the memory "
-        "in GiB instead (gpu_memory_gib / --memory-gib)."
+        f"unknown card {shorten(name)}.{hint} Known cards: {', '.join(names)}; or describe it: its memory "
+        "in GiB (gpu_memory_gib; `ditbench plan --memory-gib GIB --tflops T --mem-bw GBS`)."
     )
 
 

@@ -303,7 +303,7 @@ def _answer(args: argparse.Namespace, context: float, speed):
 def run(args: argparse.Namespace) -> int:
     import warnings
 
-    from ditbench.cards import ambiguity
+    from ditbench.cards import ambiguity, find_card
     from ditbench.plan.grid import default_jobs, evaluate
     from ditbench.plan.predict import DEFAULT_CONTEXT_GIB, budget
     from ditbench.plan.render import full_text, to_json
@@ -338,7 +338,8 @@ def run(args: argparse.Namespace) -> int:
         note = ambiguity(card_name)
         if note:
             print(f"ditbench plan: {note}", file=sys.stderr)
-    tree_cards = class_cards() if cuda and not args.no_tree else []
+    asked = find_card(main.card) if main.card else main.memory_gib
+    tree_cards = class_cards(asked) if cuda and not args.no_tree else []
     budgets = [main] + [budget(card, context) for _, card in tree_cards]
 
     start = time.perf_counter()

@@ -223,7 +223,7 @@ def full_text(
     out += [f"\nnote: {note}" for note in sorted({n for p in cells for n in p.notes})]
     if advice:
         out += [
-            "\nDecision tree (each class's smallest card; the fastest setting, by predicted images/s, "
+            f"\nDecision tree ({_tree_cards(main)}; the fastest setting, by predicted images/s, "
             f"that reaches batch {target_batch}; days to the target at its batch):\n",
             tree_table(advice, target_batch),
         ]
@@ -231,6 +231,13 @@ def full_text(
         if details:
             out.append("\nWhat the recommended cells hold at their peak:\n" + details)
     return "\n".join(out)
+
+
+def _tree_cards(main) -> str:
+    if main.card is None and main.memory_gib is None:
+        return "each class's smallest card"
+    asked = main.card or f"a {main.memory_gib:g} GiB card"
+    return f"its own class on the {asked} asked for, each other class on its smallest card"
 
 
 def to_json(

@@ -1038,10 +1038,17 @@ def test_speed_rank_puts_low_precision_without_checkpointing_first():
     assert order == [("bf16", "none"), ("fp16", "none"), ("bf16", "full"), ("tf32", "none"), ("fp32", "none")]
 
 
-def test_each_class_is_judged_on_its_smallest_card():
+def test_each_class_is_judged_on_its_smallest_card_and_the_asked_class_on_the_asked_card():
     got = [(gb, card.name) for gb, card in tree.class_cards()]
     assert got == [(12, "RTX 3060 12GB"), (16, "T4"), (24, "L4"), (32, "V100-32GB"), (40, "A100-40GB"),
                    (48, "L40S"), (80, "A100-80GB"), (94, "H100 NVL"), (141, "H200")]  # fmt: skip
+    asked = [(gb, card.name) for gb, card in tree.class_cards(find_card("RTX 4090"))]
+    assert asked == [*got[:2], (24, "RTX 4090"), *got[3:]]
+    by_gib = {gb: (card.name, card.usable_gib) for gb, card in tree.class_cards(20.5)}
+    assert by_gib[24] == ("a 20.5 GiB card", 20.5) and by_gib[12] == ("RTX 3060 12GB", 11.76)
+    assert tree.class_cards(24)[2][1].name == "a 24 GiB card"  # a class holds up to its size
+    big = tree.class_cards(200)
+    assert [gb for gb, _ in big][-2:] == [141, 200] and big[-1][1].name == "a 200 GiB card"
     assert tree._pre_ampere(find_card("T4")) and not tree._pre_ampere(find_card("RTX 3060 12GB"))
     assert not tree._pre_ampere(find_card("H200"))
     assert tree._gflops("DiT-XL/2", 256) == pytest.approx(118.6, abs=0.05)  # the paper's Table 4

@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from ditbench.cards import find_card
 from ditbench.cli import main
 from ditbench.errors import UserError
 from ditbench.plan import cli, grid, predict, speed
@@ -125,15 +126,21 @@ def test_the_tree_plans_every_class_with_the_same_context(capsys, evaluated):
     code, out, _ = plan(capsys, *GRID, "--card", "H200", "--context-gib", "0.75")
     assert code == 0
     budgets = evaluated[0]["budgets"]
-    assert [b.card for b in budgets] == ["H200"] + [card.name for _, card in class_cards()]
+    assert [b.card for b in budgets] == ["H200"] + [card.name for _, card in class_cards(find_card("H200"))]
     assert {b.context_gib for b in budgets} == {0.75}
     head = next(line for line in out.splitlines() if line.startswith("ditbench plan: "))
     assert head.startswith("ditbench plan: 2 cells in 1 series for H200 (")
     assert "; CUDA context 0.75 GiB assumed;" in head
-    assert "\nDecision tree (each class's smallest card; the fastest setting, by predicted images/s, that " \
-        "reaches batch 32; days to the target at its batch):\n" in out  # fmt: skip
+    assert "\nDecision tree (its own class on the H200 asked for, each other class on its smallest card; " \
+        "the fastest setting, by predicted images/s, that reaches batch 32; days to the target at its " \
+        "batch):\n" in out  # fmt: skip
     code, out, _ = plan(capsys, *GRID, "--card", "H200", "--target-batch", "16")
     assert "that reaches batch 16;" in out
+    code, out, _ = plan(capsys, *GRID, "--card", "RTX 4090")  # its class is judged on it, not on an L4
+    cards = [c.name for _, c in class_cards(find_card("RTX 4090"))]
+    assert [b.card for b in evaluated[-1]["budgets"]][1:] == cards and "L4" not in cards
+    assert "| 24 GB | RTX 4090 (23.99 GiB) |" in out and "| L4 " not in out
+    assert "Decision tree (its own class on the RTX 4090 asked for, each other class on its smallest" in out
 
 
 def test_the_json_plan_states_its_card_its_goal_and_its_calibration(capsys, evaluated):

@@ -122,6 +122,8 @@ def test_the_json_answer_states_each_row_at_the_same_global_batch(capsys):
         (["--memory-gib", "24", "--tflops", "nan", "--mem-bw", "1"], "--tflops must be a finite number"),
         (["--card", "T4", "--global-batch", "0"], "--global-batch must be an integer from 1"),
         (["--card", "T4", "--gpus", "3"], "--global-batch 256 does not split over 3 GPUs"),
+        (["--card", "RTX 4900"], "unknown card 'RTX 4900'. Did you mean 'RTX 4090'?"),
+        (["--card", "P100"], "`ditbench plan --memory-gib GIB --tflops T --mem-bw GBS`"),
     ],
 )
 def test_an_answer_without_a_card_or_with_a_bad_flag_is_refused(capsys, argv, message):

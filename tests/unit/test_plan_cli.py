@@ -33,6 +33,7 @@ def test_grid_table_and_tree_for_a_card(capsys):
     assert "largest batch that fits" in out
     assert "| 12 GB | RTX 3060 12GB (11.76 GiB) | DiT-T/2 |" in out  # more Gflops than T/4
     assert "| 16 GB | T4 (14.75 GiB) | DiT-T/2 | fp16" in out  # no bf16 before sm80
+    assert "| 24 GB | RTX 4090 (23.99 GiB) | DiT-T/2 |" in out and "| L4 " not in out  # the card asked
     assert "weights 1.5 MiB" in out and "context 0.50 GiB" in out
 
 
