@@ -96,8 +96,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gpus",
         type=int,
         default=None,
-        help="data-parallel GPUs per cell for the speed prediction (default: 1): adds DDP's all-reduce over "
-        "the card's interconnect; memory stays the one-GPU trace",
+        help="data-parallel GPUs (default: 1): memory per rank, the collectives over the card's interconnect",
+    )
+    parser.add_argument(
+        "--shard", choices=("ddp", "fsdp"), help="with --gpus: DDP (a replica per GPU, default) or FSDP2"
     )
     goal = parser.add_mutually_exclusive_group()
     goal.add_argument(
@@ -166,11 +168,11 @@ def _base(args: argparse.Namespace) -> dict:
     size = 256 if args.image_size is None else args.image_size
     if size < 8 or size % 8:
         raise UserError(f"--image-size must be a positive multiple of 8, got {size}")
-    return {
-        "image_size": size,
-        "impl": args.impl or "ditbench",
-        "optimizer_impl": args.optimizer_impl or "auto",
-    }
+    if args.shard and not args.gpus:
+        raise UserError(f"--shard {args.shard} splits a model over GPUs: give --gpus N (2 or more)")
+    impl, optimizer, gpus = args.impl or "ditbench", args.optimizer_impl or "auto", args.gpus or 1
+    return {"image_size": size, "impl": impl, "optimizer_impl": optimizer, "gpus": gpus,
+            "strategy": args.shard or "ddp"}  # fmt: skip
 
 
 def _precisions(args: argparse.Namespace, default) -> list[str]:
@@ -214,6 +216,7 @@ _GRID_FLAGS = {
     "image_size": "image_size",
     "impl": "impl",
     "optimizer_impl": "optimizer_impl",
+    "shard": "strategy",
 }
 
 
@@ -268,11 +271,7 @@ def _progress(total: int, no_cache: bool):
     from ditbench.progress import progress
 
     reuse = "" if no_cache else " (traces on disk are reused)"
-    print(
-        f"ditbench plan: tracing {total} series{reuse}",
-        file=sys.stderr,
-        flush=True,
-    )
+    print(f"ditbench plan: tracing {total} series{reuse}", file=sys.stderr, flush=True)
     return progress(total=total, unit="series", desc="traced")
 
 

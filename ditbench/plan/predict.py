@@ -27,19 +27,21 @@ from ditbench.knobs import FIELDS, InvalidValue, Knobs, check_knob
 from ditbench.plan.allocator import Replay, live_at, raw_peak, replay
 from ditbench.plan.batch import SeriesTrace, trace_series
 from ditbench.plan.emulation import CPU, Target, cuda_target, optimizer_impl, policy_for
+from ditbench.plan.parallel import per_rank, world
 from ditbench.plan.trace import STATE_LABELS
 
 GiB = 1 << 30
 # The CUDA context and what the driver and libraries hold outside PyTorch's allocator (module images,
 # cuBLAS/cuDNN handles): 0.3-0.6 GiB with CUDA 12's lazy module loading, driver dependent.
 DEFAULT_CONTEXT_GIB = 0.5
-COMPONENTS = (*STATE_LABELS, "activations", "workspace")
+COMPONENTS = (*STATE_LABELS, "activations", "workspace", "buffers")  # buffers: DDP's or FSDP's
 
 # Knobs the trace leaves at their defaults: they do not change what a one-GPU step allocates (seed,
-# learning rates, the decay), or the planner does not model them (multi-GPU cells are refused, the
-# attention backend and compile_mode are traced at their defaults); the batch size is the series'
-# axis. Accumulation is traced at 1 or 2 micro-batches: from the second on, each holds the gradients
-# through its forward, so 2 is every K >= 2's steady state. Every other knob shapes the traced step.
+# learning rates, the decay; data parallelism is applied to the one-GPU trace, parallel.py), or the
+# planner does not model them (the attention backend and compile_mode are traced at their defaults);
+# the batch size is the series' axis. Accumulation is traced at 1 or 2 micro-batches: from the second
+# on, each holds the gradients through its forward, so 2 is every K >= 2's steady state. Every other
+# knob shapes the traced step.
 _UNTRACED = (
     "batch_size", "gpus", "nodes", "strategy", "compile_mode", "attention", "optimizer",
     "seed", "lr", "weight_decay", "ema_decay",
@@ -96,20 +98,12 @@ def normalize(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _unsupported_reason(cell: dict[str, Any]) -> str | None:
-    """Knobs that shape memory in a way the planner does not trace: say so rather than guess.
-
-    Multi-GPU cells: DDP's C++ reducer reads the storage of the tensors it buckets and FSDP2's
-    sharding runs value-dependent ops, neither of which a fake tensor has; a formula in their place
-    would be a guess, so such a cell is `unsupported`.
-    """
-    if cell["gpus"] * cell["nodes"] > 1:
-        return (
-            "multi-GPU cells (DDP/FSDP) are not traced by the planner (DDP's reducer and FSDP2's "
-            "sharding need real tensors); plan the one-GPU cell instead"
-        )
+    """Knobs that shape memory in a way the planner does not trace: say so rather than guess."""
     data = cell["data"]
     if isinstance(data, dict) and "images" in data:
         return "image-folder cells encode through the VAE on the device; the planner traces latent data only"
+    if world(cell) > 1 and cell["strategy"] == "fsdp" and cell["impl"] != "ditbench":
+        return "strategy fsdp shards ditbench's DiT block by block; the diffusers DiT has no such blocks"
     return None
 
 
@@ -315,15 +309,16 @@ def fill_speed(pred: Prediction, series: SeriesTrace, options: SpeedOptions) -> 
     cal = options.calibration or speed.shipped()
     cell = {**pred.config, "model": pred.model, "precision": pred.precision, "grad_ckpt": pred.grad_ckpt,
             "batch_size": pred.batch_size}  # fmt: skip
-    t = step_time_of(series, cell, sheet, cal, options.gpus)
+    gpus = world(cell) if world(cell) > 1 else options.gpus
+    t = step_time_of(series, cell, sheet, cal, gpus)
     accum = cell.get("grad_accum", 1)
-    pred.gpus = options.gpus
+    pred.gpus = gpus
     pred.predicted_steps_per_s = t.steps_per_s
-    pred.predicted_images_per_s = t.steps_per_s * pred.batch_size * accum * options.gpus
+    pred.predicted_images_per_s = t.steps_per_s * pred.batch_size * accum * gpus
     pred.predicted_speed_band_pct = cal.band_pct
     pred.step_split_pct = speed.split_shares(t.split)
     pred.time_to_target = speed.time_to_target(
-        t.steps_per_s, pred.batch_size * accum, options.gpus, options.target_steps, options.target_images
+        t.steps_per_s, pred.batch_size * accum, gpus, options.target_steps, options.target_images
     )
 
 
@@ -336,7 +331,7 @@ def step_time_of(series: SeriesTrace, cell: Mapping[str, Any], sheet, cal, gpus:
         series.trace.kernels, cell["batch_size"], sheet, cell["precision"], cal.params,
         compiled=bool(cell.get("compile")), gpus=gpus, grad_bytes=4 * series.trace.params,
         blocks=depth, ckpt_blocks=ckpt_blocks, accum=cell.get("grad_accum", 1),
-        traced_accum=traced_accum(cell),
+        traced_accum=traced_accum(cell), fsdp=cell.get("strategy") == "fsdp",
     )  # fmt: skip
 
 
@@ -349,34 +344,28 @@ def _target_reason(cell: dict[str, Any], target: Target) -> str | None:
     return None
 
 
-def _window(series: SeriesTrace) -> tuple[int, int]:
-    return series.trace.marks["step2"], series.trace.marks["end"]
-
-
-def _components(series: SeriesTrace, live_sizes: dict[int, int]) -> dict[str, float]:
+def _components(rank, live_sizes: dict[int, int]) -> dict[str, float]:
     comp = dict.fromkeys(COMPONENTS, 0.0)
-    labels = series.trace.labels
     for aid, size in live_sizes.items():
-        comp[labels.get(aid, "activations")] += size / GiB
+        comp[rank.labels.get(aid, "activations")] += size / GiB
     return comp
 
 
 def _fill_cpu(pred: Prediction, series: SeriesTrace, batch: int) -> None:
-    sizes = series.sizes(batch)
-    events = series.trace.events
-    peak, at = raw_peak(events, sizes, _window(series))
+    rank = per_rank(series.trace, series.sizes(batch), pred.config)
+    peak, at = raw_peak(rank.events, rank.sizes, rank.window)
     pred.peak_allocated_gib = peak / GiB
-    pred.components = _components(series, {a: sizes[a] for a in live_at(events, at)})
+    pred.components = _components(rank, {a: rank.sizes[a] for a in live_at(rank.events, at)})
 
 
 def _fill_cuda(
     pred: Prediction, series: SeriesTrace, batch: int, bud: Budget, unlimited: dict[tuple, Replay]
 ) -> None:
-    events = series.trace.events
+    rank = per_rank(series.trace, series.sizes(batch, bud.target), pred.config)
+    events, sizes = rank.events, rank.sizes
     key = (batch, bud.target.family)
-    sizes = series.sizes(batch, bud.target)
     if key not in unlimited:
-        unlimited[key] = replay(events, sizes, _window(series), None)
+        unlimited[key] = replay(events, sizes, rank.window, None)
     result = unlimited[key]
     capacity = bud.capacity
     if capacity is not None:
@@ -388,7 +377,7 @@ def _fill_cuda(
         elif result.max_allocated > capacity:
             pred.status = "oom"
         else:
-            limited = replay(events, sizes, _window(series), capacity)
+            limited = replay(events, sizes, rank.window, capacity)
             pred.status = "oom" if limited.oom else "fits"
             if not limited.oom:
                 result = limited
@@ -400,6 +389,6 @@ def _fill_cuda(
     pred.peak_allocated_gib = result.peak_allocated / GiB
     pred.peak_reserved_gib = result.peak_reserved / GiB
     pred.device_gib = pred.peak_reserved_gib + bud.context_gib
-    comp = _components(series, {a: result.block_sizes[a] for a in live_at(events, result.peak_event)})
+    comp = _components(rank, {a: result.block_sizes[a] for a in live_at(events, result.peak_event)})
     comp["context"] = bud.context_gib
     pred.components = comp

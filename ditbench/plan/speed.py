@@ -11,7 +11,8 @@ are launch bound); on a CPU the two add. Recomputation under checkpointing is in
 backward runs the forward's kernels again). `compile` fuses elementwise kernels: a calibrated share
 of their launches and round trips to memory remains. Data-parallel cells add a ring all-reduce of
 the fp32 gradients over the card's interconnect, overlapped with the backward as DDP's buckets allow
-(the last bucket is exposed).
+(the last bucket is exposed); FSDP cells gather the weights in every forward and backward and
+reduce-scatter the gradients, behind the compute but for the first block's gather.
 
 The few efficiencies are calibrated on measured cells (`calibrate`): the shipped calibration is fitted
 on the H200 anchors by benchmarks/plan_vs_h200.py, and its band is the largest leave-one-out error.
@@ -115,6 +116,7 @@ def step_time(
     ckpt_blocks: int = 0,
     accum: int = 1,
     traced_accum: int = 1,
+    fsdp: bool = False,
 ) -> StepTime:
     """One optimizer step's predicted time from a trace's kernel rows (kernels.op_row) at `batch` per GPU
     and micro-batch: `accum` micro-batches, where the trace ran `traced_accum` (the optimizer's kernels
@@ -144,10 +146,15 @@ def step_time(
     )
     host = host_us * 1e-6
     work["launch_overhead"] += max(0.0, host - device) if overlap else host
-    if gpus > 1 and sheet.link_gbs > 0:  # once a step, behind the last micro-batch's backward
-        ring = 2 * (gpus - 1) / gpus * grad_bytes / (sheet.link_gbs * 1e9)
-        last = ring * min(1.0, DDP_BUCKET_BYTES / max(grad_bytes, 1))
-        work["communication"] = max(ring - backward / accum, last)
+    if gpus > 1 and sheet.link_gbs > 0:
+        share = (gpus - 1) / gpus * grad_bytes / (sheet.link_gbs * 1e9)  # one ring pass over the weights
+        if fsdp:  # all-gathers in each micro-batch's forward and backward, one reduce-scatter a step,
+            ring = (2 * accum + 1) * share  # behind the compute (prefetched) but for the first block's
+            work["communication"] = max(ring - device, ring / max(blocks, 1) / (2 * accum + 1))
+        else:  # DDP: one all-reduce a step, behind the last micro-batch's backward but for its last bucket
+            ring = 2 * share
+            last = ring * min(1.0, DDP_BUCKET_BYTES / max(grad_bytes, 1))
+            work["communication"] = max(ring - backward / accum, last)
     return StepTime(sum(work.values()), work, round(launches))
 
 

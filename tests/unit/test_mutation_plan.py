@@ -415,7 +415,8 @@ def test_a_cell_that_fits_without_the_limit(planted):
     assert pred.peak_reserved_gib == (32 * MiB + GiB) / GiB
     assert pred.device_gib == pred.peak_reserved_gib + 0.5
     assert pred.components == {"weights": 1024 / GiB, "gradients": 0.0, "optimizer": 0.0, "ema": 0.0,
-                               "activations": 1.0, "workspace": ws / GiB, "context": 0.5}  # fmt: skip
+                               "activations": 1.0, "workspace": ws / GiB, "buffers": 0.0,
+                               "context": 0.5}  # fmt: skip
     assert (pred.model, pred.precision, pred.grad_ckpt, pred.batch_size) == ("DiT-XL/2", "bf16", "none", 4)
     assert (pred.device, pred.card, pred.memory_gib, pred.notes) == ("cuda", None, 2.0, ["a note"])
     assert pred.config["batch_size"] == 4 and pred.config["device"] == "cuda"
@@ -538,9 +539,9 @@ def test_the_time_model_sees_the_cells_checkpointed_blocks_and_compile():
 
 def test_components_add_up_what_each_label_holds():
     series = _series(CPU)
-    comp = predict._components(series, {0: GiB, 1: GiB // 2, 2: GiB // 4, 3: 3 * GiB})
+    comp = predict._components(series.trace, {0: GiB, 1: GiB // 2, 2: GiB // 4, 3: 3 * GiB})
     assert comp == {"weights": 1.0, "gradients": 0.0, "optimizer": 0.0, "ema": 0.0, "activations": 0.75,
-                    "workspace": 3.0}  # fmt: skip
+                    "workspace": 3.0, "buffers": 0.0}  # fmt: skip
 
 
 def test_the_time_model_gets_the_cells_precision():
@@ -572,9 +573,9 @@ def test_cells_the_planner_does_not_trace(monkeypatch):
         "the planner could not trace this cell: RuntimeError: no storage",
     )
     assert pred.peak_allocated_gib is None and pred.notes == []
-    for gpus, nodes in ((2, 1), (1, 2)):
+    for gpus, nodes in ((2, 1), (1, 2)):  # a rank of several is traced as one GPU
         [[pred]] = predict.predict_budgets({**CELL, "gpus": gpus, "nodes": nodes}, [4], [predict.budget(24)])
-        assert pred.status == "unsupported" and pred.reason.startswith("multi-GPU cells (DDP/FSDP)")
+        assert pred.status == "error" and pred.reason.endswith("RuntimeError: no storage")
 
     def unsupported(knobs, target, disk=False):
         raise UnsupportedError(message)
@@ -603,10 +604,10 @@ def test_cells_the_planner_does_not_trace(monkeypatch):
 
 
 def test_what_the_planner_refuses_to_trace_it_says_why(planted):
-    [[pred]] = predict.predict_budgets({**CELL, "gpus": 8}, [4], [predict.budget(24)])
+    cell = {**CELL, "gpus": 8, "strategy": "fsdp", "impl": "diffusers"}
+    [[pred]] = predict.predict_budgets(cell, [4], [predict.budget(24)])
     assert pred.reason == (
-        "multi-GPU cells (DDP/FSDP) are not traced by the planner (DDP's reducer and FSDP2's sharding need "
-        "real tensors); plan the one-GPU cell instead"
+        "strategy fsdp shards ditbench's DiT block by block; the diffusers DiT has no such blocks"
     )
     [[pred]] = predict.predict_budgets({**CELL, "data": {"images": "imgs/"}}, [4], [predict.budget(24)])
     assert (pred.status, pred.reason) == (

@@ -47,7 +47,8 @@ def test_the_help_states_the_defaults_the_command_uses(capsys, monkeypatch):
         "--context-gib": f"CUDA context outside the allocator (default: {DEFAULT_CONTEXT_GIB:g}, or measured",
         "--target-batch": f"batch the decision tree aims for ({DEFAULT_TARGET_BATCH})",
         "--target-steps": f"steps to train, for days and GPU-hours ({DEFAULT_TARGET_STEPS})",
-        "--gpus": "data-parallel GPUs per cell for the speed prediction (default: 1):",
+        "--gpus": "data-parallel GPUs (default: 1): memory per rank, the collectives over the card's",
+        "--shard": "with --gpus: DDP (a replica per GPU, default) or FSDP2",
     }
     for flag, words in stated.items():
         assert f"{flag} " in text and words in text, flag
@@ -62,10 +63,10 @@ def test_every_argument_is_documented():
     cli.add_arguments(parser)
     assert parser.description == cli.HELP
     # suite, overrides, card, memory_gib, tflops, mem_bw, full, global_batch, models, precisions, grad_ckpt,
-    # batches, image_size, impl, optimizer_impl, results, context_gib, target_batch, no_tree, gpus,
+    # batches, image_size, impl, optimizer_impl, results, context_gib, target_batch, no_tree, gpus, shard,
     # target_steps, target_images, calibrate, jobs, json, max_cells, no_cache
     helps = {a.dest: a.help for a in parser._actions if a.dest != "help"}
-    assert len(helps) == 27 and all(isinstance(h, str) and len(h) > 10 for h in helps.values()), helps
+    assert len(helps) == 28 and all(isinstance(h, str) and len(h) > 10 for h in helps.values()), helps
 
 
 @pytest.mark.parametrize("flag, value", [("--impl", "ditbench"), ("--impl", "diffusers"),
