@@ -20,6 +20,7 @@ from typing import Any
 
 from ditbench.errors import UserError
 from ditbench.plan.predict import Budget, Prediction, SpeedOptions, normalize, predict_budgets
+from ditbench.plan.speed import band
 
 ANSWER_MODELS = ("DiT-S/2", "DiT-B/2", "DiT-L/2", "DiT-XL/2")  # the paper's four sizes at its patch
 CKPTS = ("none", "every_2", "full")
@@ -108,14 +109,6 @@ def search(
     return Answer(model, None, dropped, len(options))
 
 
-def interval(value: float, errors_pct: list[float]) -> tuple[float, float] | None:
-    """Where the measured figure lies given the prediction's measured errors (predicted / measured - 1,
-    in %): from the largest error seen to the smallest. None without errors."""
-    if not errors_pct:
-        return None
-    return value / (1 + max(errors_pct) / 100), value / (1 + min(errors_pct) / 100)
-
-
 @dataclass
 class Goal:
     global_batch: int
@@ -123,13 +116,9 @@ class Goal:
     gpus: int
 
 
-def row(answer: Answer, goal: Goal, speed_errors: list[float], memory_errors: list[float]) -> dict[str, Any]:
-    """An answer as the JSON row and the figures the text shows."""
-    out: dict[str, Any] = {
-        "model": answer.model,
-        "fits": answer.best is not None,
-        "searched": answer.searched,
-    }
+def row(answer: Answer, goal: Goal, speed_band: float | None, memory_band: float) -> dict[str, Any]:
+    """An answer as the JSON row and the figures the text shows; intervals: speed.band."""
+    out: dict[str, Any] = {"model": answer.model, "fits": bool(answer.best), "searched": answer.searched}
     b, d = answer.best, answer.dropped
     if d is not None:
         need = d.need_gib if d.pred is None else d.pred.device_gib
@@ -140,17 +129,18 @@ def row(answer: Answer, goal: Goal, speed_errors: list[float], memory_errors: li
     p = b.pred
     seconds = goal.steps / b.steps_per_s
     memory = p.device_gib if p.device_gib is not None else p.peak_allocated_gib
-    speed = interval(b.images_per_s, speed_errors)
+    days = seconds / 86400
     out.update(
         _setting(b),
         memory_gib=memory,
-        memory_interval=None if memory is None else interval(memory, memory_errors),
+        memory_interval=band(memory, memory_band),
+        tight=p.memory_gib is not None and memory * (1 + memory_band / 100) > p.memory_gib,
         images_per_s=b.images_per_s,
-        images_per_s_interval=speed,
-        days=seconds / 86400,
+        images_per_s_interval=band(b.images_per_s, speed_band),
+        days=days,
         days_interval=None
-        if speed is None
-        else tuple(seconds * b.images_per_s / s / 86400 for s in speed[::-1]),
+        if speed_band is None
+        else [days / (1 + speed_band / 100), days / (1 - speed_band / 100)],
         gpu_hours=seconds * goal.gpus / 3600,
         step_split_pct=p.step_split_pct,
         components=p.components,
@@ -184,7 +174,7 @@ def text(rows: list[dict[str, Any]], where: str, goal: Goal, context_gib: float,
             setting = f"{r['precision']} | {r['grad_ckpt']} | {r['batch_size']} x {r['grad_accum']}"
             lines.append(
                 f"| {r['model']} | {setting} "
-                f"| {_range(r['memory_gib'], r['memory_interval'], '.1f')} "
+                f"| {_range(r['memory_gib'], r['memory_interval'], '.1f')}{' tight' if r['tight'] else ''} "
                 f"| {_range(r['images_per_s'], r['images_per_s_interval'], ',.0f')} "
                 f"| {_range(r['days'], r['days_interval'], '.1f')} | {r['gpu_hours']:,.0f} |"
             )
@@ -215,25 +205,26 @@ def plan(bud: Budget, speed: SpeedOptions, models, precisions, ckpts, batches, g
     """The answer for each model: (the JSON document, the text)."""
     import math
 
-    from ditbench.plan.speed import memory_errors_pct, shipped
+    from ditbench.plan.speed import memory_band_pct, memory_errors_pct, shipped
 
     found = [search(m, bud, speed, precisions, ckpts, batches, global_batch, base, disk) for m in models]
     steps = speed.target_steps if not speed.target_images else math.ceil(speed.target_images / global_batch)
     goal = Goal(global_batch, steps, speed.gpus)
     cal = speed.calibration or shipped()
-    speed_errors = [r["error_pct"] for r in cal.loo]
-    memory_errors = memory_errors_pct()
-    rows = [row(a, goal, speed_errors, memory_errors) for a in found]
+    memory_band = memory_band_pct()
+    rows = [row(a, goal, cal.band_pct, memory_band) for a in found]
+    speed_text = (
+        f"+-{cal.band_pct:g}% (the largest error of {cal.cells} cells each predicted by a fit without it; "
+        f"{cal.source})."
+        if cal.band_pct is not None
+        else "without a band (fewer than 3 calibration cells)."
+    )
     note = (
-        f"where the measured figure lies, from the errors measured: memory {_span(memory_errors)} over "
-        f"{len(memory_errors)} H200 cells; speed {_span(speed_errors)} over {len(speed_errors)} cells "
-        f"predicted by a fit without them ({cal.source})."
+        f"the interval the measured errors give: memory +-{memory_band:g}% (the largest error over "
+        f"{len(memory_errors_pct())} H200 cells, rounded up; tight: the card may not hold it), speed "
+        + speed_text
     )
     name = bud.card or f"a {bud.memory_gib:g} GiB card"
     where = f"{name} ({bud.memory_gib:.2f} GiB usable) x {speed.gpus} GPU{'s' if speed.gpus > 1 else ''}"
     doc = {"global_batch": global_batch, "steps": steps, "answer": rows, "interval_note": note}
     return doc, text(rows, where, goal, bud.context_gib, note)
-
-
-def _span(errors: list[float]) -> str:
-    return f"{min(errors):+.1f}% to {max(errors):+.1f}%" if errors else "(none)"

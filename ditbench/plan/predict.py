@@ -219,9 +219,13 @@ def predict_cell(
     card_or_gib: str | Card | float | int | None = None,
     *,
     context_gib: float = DEFAULT_CONTEXT_GIB,
+    disk: bool = False,
 ) -> Prediction:
-    """Predict one cell. `card_or_gib`: a card name ("RTX 4090"), a Card, usable GiB, or None."""
-    return predict_series(config, [normalize(config)["batch_size"]], card_or_gib, context_gib=context_gib)[0]
+    """Predict one cell. `card_or_gib`: a card name ("RTX 4090"), a Card, usable GiB, or None; disk:
+    the shipped traces and the trace cache serve it (as `ditbench plan`)."""
+    cell = normalize(config)
+    bud = budget(card_or_gib, context_gib, cell["device"])
+    return predict_budgets(cell, [cell["batch_size"]], [bud], disk_cache=disk)[0][0]
 
 
 def predict_series(

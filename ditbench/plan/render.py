@@ -6,6 +6,7 @@ from typing import Any
 
 from ditbench.plan.grid import largest_batches
 from ditbench.plan.predict import Prediction
+from ditbench.plan.speed import memory_band_pct
 from ditbench.plan.tree import Advice
 
 _COMPONENT_NAMES = {
@@ -20,9 +21,9 @@ _COMPONENT_NAMES = {
 
 
 # A fit is "tight" when the card holds less than this fraction more than the prediction: the planner's
-# largest error on the H200 anchors' peaks (reports/plan_vs_h200: reserved memory, which decides a fit,
-# up to 5.8% low, DiT-S/2 bf16 b64; allocated within 0.3%), rounded up. The CUDA context is assumed.
-TIGHT_MARGIN = 0.06
+# memory band (speed.memory_band_pct: its largest error on the H200 anchors' reserved memory, which
+# decides a fit, rounded up to a whole percent), as the report judges a fit. The CUDA context is assumed.
+TIGHT_MARGIN = memory_band_pct() / 100
 
 
 def is_tight(p: Prediction) -> bool:

@@ -72,6 +72,16 @@ def memory_errors_pct() -> list[float]:
     return json.loads(SHIPPED.read_text()).get("memory_errors_pct", [])
 
 
+def memory_band_pct() -> float:
+    """A predicted memory's band: its largest error on the anchors, rounded up to a whole percent."""
+    return float(math.ceil(max(abs(e) for e in memory_errors_pct())))
+
+
+def band(value: float, pct: float | None) -> tuple[float, float] | None:
+    """A predicted figure's interval, value -+ pct% (None without a band): the plan's, the report's."""
+    return None if pct is None else (value * (1 - pct / 100), value * (1 + pct / 100))
+
+
 def cpu_datasheet(peak_gflops: float, memory_gbs: float = 20.0) -> Datasheet:
     """A CPU as a 'card': its measured matmul peak (`ditbench env --measure-peak`) at every dtype."""
     t = peak_gflops / 1000
