@@ -111,6 +111,15 @@ DATASHEETS: dict[str, Datasheet] = {
 }
 
 
+def described(tflops: float, mem_bw: float) -> Datasheet:
+    """A card not in the table (`plan --tflops --mem-bw`): its dense bf16/fp16 tensor TFLOPS (tf32 and
+    fp32 half of it, as on Ampere and later) and its memory GB/s, over PCIe 4.0 between GPUs."""
+    for flag, value in (("--tflops", tflops), ("--mem-bw", mem_bw)):
+        if not math.isfinite(value) or not 0 < value <= 1e6:
+            raise UserError(f"{flag} must be a finite number above 0, got {value}")
+    return Datasheet(tflops / 2, tflops / 2, tflops, mem_bw, 32, "PCIe 4.0")
+
+
 def _key(text: str) -> str:
     low = text.lower().replace("nvidia", "").replace("geforce", "").replace("tesla", "")
     return re.sub(r"[^a-z0-9]", "", low)

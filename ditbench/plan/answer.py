@@ -188,6 +188,19 @@ def text(rows: list[dict[str, Any]], where: str, goal: Goal, context_gib: float,
             need = "" if d["needs_gib"] is None else f" needs {d['needs_gib']:.1f} GiB"
             why.append(f"{r['model']}: {setting} ({d['images_per_s']:,.0f} img/s){need}")
     lines += ["", "Next faster setting, dropped (it does not fit):", *[f"  {w}" for w in why], ""]
+    saves = [
+        f"{r['model']} {r['latents']['images_per_s'] / r['images_per_s'] - 1:+.0%} img/s, "
+        f"{r['latents']['memory_gib'] - r['memory_gib']:+.2f} GiB"
+        for r in rows
+        if "latents" in r
+    ]
+    if saves:
+        head = "Images go through the VAE every step; on latents extracted once (`ditbench extract-latents`):"
+        lines += [
+            head,
+            *textwrap.wrap("; ".join(saves), 108, initial_indent="  ", subsequent_indent="  "),
+            "",
+        ]
     legend = (
         "precision: bf16/fp16 autocast, tf32 fp32 with tensor-core matmuls, fp32 strict; ckpt: activation "
         "checkpointing of no, every second (every_2) or every block (full); batch x accum: images per GPU "
@@ -208,11 +221,18 @@ def plan(bud: Budget, speed: SpeedOptions, models, precisions, ckpts, batches, g
     from ditbench.plan.speed import memory_band_pct, memory_errors_pct, shipped
 
     found = [search(m, bud, speed, precisions, ckpts, batches, global_batch, base, disk) for m in models]
+    images = isinstance(base.get("data"), dict)
     steps = speed.target_steps if not speed.target_images else math.ceil(speed.target_images / global_batch)
     goal = Goal(global_batch, steps, speed.gpus)
     cal = speed.calibration or shipped()
     memory_band = memory_band_pct()
     rows = [row(a, goal, cal.band_pct, memory_band) for a in found]
+    if images:  # the same settings on pre-extracted latents: what extracting them saves
+        for r, a in zip(rows, found, strict=True):
+            if a.best is not None:
+                lat = {**a.best.config, "data": "synthetic"}
+                p = predict_budgets(lat, [lat["batch_size"]], [bud], disk, speed)[0][0]
+                r["latents"] = {"images_per_s": p.predicted_images_per_s, "memory_gib": p.device_gib}
     speed_text = (
         f"+-{cal.band_pct:g}% (the largest error of {cal.cells} cells each predicted by a fit without it; "
         f"{cal.source})."

@@ -14,15 +14,14 @@ from ditbench.errors import UserError, shorten
 from ditbench.plan.speed import DEFAULT_GLOBAL_BATCH
 
 HELP = """\
-The answer first: for each model (the paper's four sizes at patch 2 unless --models), the fastest setting
-that fits the card (precision, checkpointing, per-GPU batch and the accumulation that reaches the global
-batch), its memory and speed with intervals, and days to the target; every row at the same global batch.
-Memory comes from the Trainer's real step traced on fake tensors and replayed through the CUDA caching
-allocator; speed from a time model over the step's kernels, calibrated on measured GPUs. --full adds the
-grid (12 paper models x fp32/tf32/fp16/bf16 x checkpointing none/full/every_2 x batches 8..512, the GiB
-the card must hold; (x) does not fit, "tight" within the planner's error of the card, * measured from
---results, n/a cannot run there) and the decision tree. With SUITE, its cells are planned; KEY=VALUE
-overrides change them (optimizer_impl=foreach).
+The answer first: per model (the paper's four sizes at patch 2 unless --models), the fastest setting that
+fits the card (precision, checkpointing, per-GPU batch and the accumulation that reaches the global batch),
+its memory and speed with intervals, and days to the target, every row at one global batch. Memory: the
+Trainer's step traced on fake tensors and replayed through the CUDA caching allocator; speed: a time model
+of the step's kernels calibrated on measured GPUs. --full adds the grid (12 paper models x fp32/tf32/fp16/
+bf16 x checkpointing none/full/every_2 x batches 8..512: GiB the card must hold; (x) does not fit, "tight"
+within the planner's error of the card, * measured (--results), n/a cannot run there) and the decision
+tree. With SUITE, its cells are planned; KEY=VALUE overrides change them (optimizer_impl=foreach).
 """
 
 
@@ -51,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mem-bw", type=float, help="with --memory-gib: its memory bandwidth in GB/s")
     parser.add_argument(
         "--full", action="store_true", help="after the answer, the grid and the decision tree"
+    )
+    parser.add_argument(
+        "--images", action="store_true", help="train from images, the VAE encoding every step"
     )
     parser.add_argument(
         "--global-batch", type=int, help=f"images per optimizer step, all GPUs ({DEFAULT_GLOBAL_BATCH})"
@@ -171,8 +173,11 @@ def _base(args: argparse.Namespace) -> dict:
     if args.shard and not args.gpus:
         raise UserError(f"--shard {args.shard} splits a model over GPUs: give --gpus N (2 or more)")
     impl, optimizer, gpus = args.impl or "ditbench", args.optimizer_impl or "auto", args.gpus or 1
+    from ditbench.plan.predict import IMAGES
+
+    data = {"data": IMAGES} if args.images else {}
     return {"image_size": size, "impl": impl, "optimizer_impl": optimizer, "gpus": gpus,
-            "strategy": args.shard or "ddp"}  # fmt: skip
+            "strategy": args.shard or "ddp", **data}  # fmt: skip
 
 
 def _precisions(args: argparse.Namespace, default) -> list[str]:
@@ -222,6 +227,8 @@ _GRID_FLAGS = {
 
 def _refuse_grid_flags(args: argparse.Namespace) -> None:
     """A suite brings its own cells, so a grid flag would be ignored: an error saying where to set it."""
+    if args.images:
+        raise UserError("--images shapes the default grid; a suite's cells bring their own `data:`")
     for flag, knob in _GRID_FLAGS.items():
         value = getattr(args, flag)
         if value is None or value == []:
@@ -306,6 +313,7 @@ def run(args: argparse.Namespace) -> int:
     from ditbench.plan.grid import default_jobs, evaluate
     from ditbench.plan.predict import DEFAULT_CONTEXT_GIB, budget
     from ditbench.plan.render import full_text, to_json
+    from ditbench.plan.speed import shipped
     from ditbench.plan.tree import DEFAULT_TARGET_BATCH, class_cards, decision_tree
 
     warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
@@ -367,7 +375,7 @@ def run(args: argparse.Namespace) -> int:
         "target_steps": None if speed.target_images else speed.target_steps,
         "target_images": speed.target_images,
         "speed_calibration": {
-            k: v for k, v in (speed.calibration or _shipped()).to_dict().items() if k != "loo"
+            k: v for k, v in (speed.calibration or shipped()).to_dict().items() if k != "loo"
         },
     }
     if args.json:
@@ -382,12 +390,6 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     return 0
-
-
-def _shipped():
-    from ditbench.plan.speed import shipped
-
-    return shipped()
 
 
 def _speed_options(args: argparse.Namespace):
@@ -417,19 +419,14 @@ def _speed_options(args: argparse.Namespace):
 
 
 def _sheet(args: argparse.Namespace):
-    """The datasheet of a card not in the table: --tflops (bf16/fp16 tensor cores; tf32 and fp32 half of
-    it, as on Ampere and later) and --mem-bw, over PCIe 4.0 between GPUs."""
-    from ditbench.cards import Datasheet
+    from ditbench.cards import described
 
     if args.memory_gib is None or args.tflops is None or args.mem_bw is None:
         raise UserError(
             "--tflops and --mem-bw describe a card not in the table, with --memory-gib: give all three "
             "(e.g. --memory-gib 24 --tflops 165 --mem-bw 1008); a card of the table (--card) has its own"
         )
-    for flag, value in (("--tflops", args.tflops), ("--mem-bw", args.mem_bw)):
-        if not math.isfinite(value) or not 0 < value <= 1e6:
-            raise UserError(f"{flag} must be a finite number above 0, got {value}")
-    return Datasheet(args.tflops / 2, args.tflops / 2, args.tflops, args.mem_bw, 32, "PCIe 4.0")
+    return described(args.tflops, args.mem_bw)
 
 
 def _read_results(path: Path, flag: str = "--results") -> list[dict]:

@@ -34,7 +34,7 @@ GiB = 1 << 30
 # The CUDA context and what the driver and libraries hold outside PyTorch's allocator (module images,
 # cuBLAS/cuDNN handles): 0.3-0.6 GiB with CUDA 12's lazy module loading, driver dependent.
 DEFAULT_CONTEXT_GIB = 0.5
-COMPONENTS = (*STATE_LABELS, "activations", "workspace", "buffers")  # buffers: DDP's or FSDP's
+COMPONENTS = (*STATE_LABELS, "vae", "activations", "workspace", "buffers")  # buffers: DDP's or FSDP's
 
 # Knobs the trace leaves at their defaults: they do not change what a one-GPU step allocates (seed,
 # learning rates, the decay; data parallelism is applied to the one-GPU trace, parallel.py), or the
@@ -98,10 +98,8 @@ def normalize(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _unsupported_reason(cell: dict[str, Any]) -> str | None:
-    """Knobs that shape memory in a way the planner does not trace: say so rather than guess."""
-    data = cell["data"]
-    if isinstance(data, dict) and "images" in data:
-        return "image-folder cells encode through the VAE on the device; the planner traces latent data only"
+    """Knobs that shape memory in a way the planner does not trace: say so rather than guess (an
+    image-folder cell without diffusers is refused by its trace: the VAE needs it)."""
     if world(cell) > 1 and cell["strategy"] == "fsdp" and cell["impl"] != "ditbench":
         return "strategy fsdp shards ditbench's DiT block by block; the diffusers DiT has no such blocks"
     return None
@@ -112,7 +110,12 @@ def trace_knobs(cell: Mapping[str, Any], target: Target) -> Knobs:
     `auto` AdamW kernel resolved, synthetic data (a latent file's batch reaches the device as one)."""
     knobs = {k: v for k, v in cell.items() if k in FIELDS and k not in _UNTRACED}
     impl = optimizer_impl(cell["optimizer_impl"], target)
-    return Knobs(**{**knobs, "optimizer_impl": impl, "data": "synthetic", "grad_accum": traced_accum(cell)})
+    images = isinstance(cell["data"], dict) and "images" in cell["data"]
+    data = IMAGES if images else "synthetic"  # a latent file's batch reaches the device as synthetic data
+    return Knobs(**{**knobs, "optimizer_impl": impl, "data": data, "grad_accum": traced_accum(cell)})
+
+
+IMAGES = {"images": "(traced)", "vae": "random"}  # any folder, any weights: the VAE in the loop
 
 
 def traced_accum(cell: Mapping[str, Any]) -> int:
@@ -184,7 +187,9 @@ def trace_key(knobs: Knobs, target: Target) -> tuple:
     a GPU: tf32 changes only the matmul math mode) share a key. UnsupportedError when the target cannot
     run the policy (bf16 before sm80, fp16 on a CPU)."""
     policy = policy_for(knobs.precision, target)
-    shape = {k: v for k, v in knobs.non_defaults().items() if k != "precision"}
+    shape = {
+        k: repr(v) if isinstance(v, dict) else v for k, v in knobs.non_defaults().items() if k != "precision"
+    }
     return (tuple(sorted(shape.items())), str(policy.autocast_dtype), policy.use_scaler, target.device)
 
 

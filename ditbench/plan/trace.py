@@ -74,7 +74,7 @@ _CUDA_FP32_ONLY = frozenset(
 )
 _LOW = (torch.float16, torch.bfloat16)
 
-STATE_LABELS = ("weights", "gradients", "optimizer", "ema")
+STATE_LABELS = ("weights", "gradients", "optimizer", "ema")  # the model's (the VAE's weights: "vae")
 
 
 @dataclass
@@ -301,7 +301,9 @@ def trace_training(knobs, target: Target, batch_size: int, *, memo: bool = True)
             kind = _CompileRecorder if knobs.compile else _Recorder
             recorder = stack.enter_context(kind(trace, fake_mode, DispatchMemo(fake_mode) if memo else None))
             policy = policy_for(knobs.precision, target)
-            _run(recorder, trace, lambda: Trainer(knobs, device="cpu", policy=policy, compiler=compiler))
+            data = VaeImages(knobs) if isinstance(knobs.data, dict) and "images" in knobs.data else None
+            build = lambda: Trainer(knobs, device="cpu", policy=policy, compiler=compiler, data=data)  # noqa: E731
+            _run(recorder, trace, build)
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -348,3 +350,27 @@ def _label_state(recorder: _Recorder, trainer) -> None:
     state = [v for s in trainer.optimizer.state.values() for v in s.values()]
     recorder.label(state, "optimizer")
     recorder.label(list(trainer.ema.state_dict().values()), "ema")
+    if isinstance(trainer.data, VaeImages):
+        recorder.label(list(trainer.data.vae.parameters()), "vae")
+
+
+class VaeImages:
+    """Image-folder data as a traced step sees it: every batch of images is encoded by the VAE (the
+    sd-vae-ft-ema AutoencoderKL, built on the device as a run builds it: encoder and decoder), in
+    float32 and without gradients, outside the step's autocast; its random weights allocate and cost
+    what trained ones do. The images come from the host, as a run's data loader's do."""
+
+    def __init__(self, knobs):
+        from ditbench import vae
+        from ditbench.extras import require_diffusers
+
+        self.knobs = knobs
+        autoencoder = require_diffusers("the VAE of an image-folder cell").AutoencoderKL
+        self.vae = autoencoder(**vae.SD_VAE_CONFIG).eval().requires_grad_(False)  # vae.build_vae but .to()
+
+    def next_batch(self):
+        from ditbench import vae
+
+        k = self.knobs
+        images = torch.randn(k.batch_size, 3, k.image_size, k.image_size)
+        return vae.encode_images(self.vae, images), torch.randint(0, k.num_classes, (k.batch_size,))

@@ -390,6 +390,7 @@ def _series(target):
 
 
 CELL = {"model": "DiT-XL/2", "precision": "bf16", "batch_size": 4}
+GPU = cuda_target(None)
 
 
 @pytest.fixture
@@ -415,7 +416,7 @@ def test_a_cell_that_fits_without_the_limit(planted):
     assert pred.peak_reserved_gib == (32 * MiB + GiB) / GiB
     assert pred.device_gib == pred.peak_reserved_gib + 0.5
     assert pred.components == {"weights": 1024 / GiB, "gradients": 0.0, "optimizer": 0.0, "ema": 0.0,
-                               "activations": 1.0, "workspace": ws / GiB, "buffers": 0.0,
+                               "vae": 0.0, "activations": 1.0, "workspace": ws / GiB, "buffers": 0.0,
                                "context": 0.5}  # fmt: skip
     assert (pred.model, pred.precision, pred.grad_ckpt, pred.batch_size) == ("DiT-XL/2", "bf16", "none", 4)
     assert (pred.device, pred.card, pred.memory_gib, pred.notes) == ("cuda", None, 2.0, ["a note"])
@@ -540,8 +541,8 @@ def test_the_time_model_sees_the_cells_checkpointed_blocks_and_compile():
 def test_components_add_up_what_each_label_holds():
     series = _series(CPU)
     comp = predict._components(series.trace, {0: GiB, 1: GiB // 2, 2: GiB // 4, 3: 3 * GiB})
-    assert comp == {"weights": 1.0, "gradients": 0.0, "optimizer": 0.0, "ema": 0.0, "activations": 0.75,
-                    "workspace": 3.0, "buffers": 0.0}  # fmt: skip
+    assert comp == {"weights": 1.0, "gradients": 0.0, "optimizer": 0.0, "ema": 0.0, "vae": 0.0,
+                    "activations": 0.75, "workspace": 3.0, "buffers": 0.0}  # fmt: skip
 
 
 def test_the_time_model_gets_the_cells_precision():
@@ -609,11 +610,10 @@ def test_what_the_planner_refuses_to_trace_it_says_why(planted):
     assert pred.reason == (
         "strategy fsdp shards ditbench's DiT block by block; the diffusers DiT has no such blocks"
     )
-    [[pred]] = predict.predict_budgets({**CELL, "data": {"images": "imgs/"}}, [4], [predict.budget(24)])
-    assert (pred.status, pred.reason) == (
-        "unsupported",
-        "image-folder cells encode through the VAE on the device; the planner traces latent data only",
-    )
+    # An image folder's cell is traced with the VAE in the loop: a key of its own, whatever the folder.
+    keys = {predict.trace_key(predict.trace_knobs(predict.normalize({**CELL, "data": d}), GPU), GPU)
+            for d in ({"images": "a/"}, {"images": "b/", "vae": "ema"}, "synthetic")}  # fmt: skip
+    assert len(keys) == 2
     # A latent file's batch reaches the device as synthetic data does: traced.
     [[pred]] = predict.predict_budgets({**CELL, "data": {"latents": "x.npz"}}, [4], [predict.budget(24)])
     assert (pred.status, pred.reason) == ("fits", None)

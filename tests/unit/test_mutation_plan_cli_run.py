@@ -62,11 +62,11 @@ def test_every_argument_is_documented():
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     assert parser.description == cli.HELP
-    # suite, overrides, card, memory_gib, tflops, mem_bw, full, global_batch, models, precisions, grad_ckpt,
-    # batches, image_size, impl, optimizer_impl, results, context_gib, target_batch, no_tree, gpus, shard,
-    # target_steps, target_images, calibrate, jobs, json, max_cells, no_cache
+    # suite, overrides, card, memory_gib, tflops, mem_bw, full, images, global_batch, models, precisions,
+    # grad_ckpt, batches, image_size, impl, optimizer_impl, results, context_gib, target_batch, no_tree,
+    # gpus, shard, target_steps, target_images, calibrate, jobs, json, max_cells, no_cache
     helps = {a.dest: a.help for a in parser._actions if a.dest != "help"}
-    assert len(helps) == 28 and all(isinstance(h, str) and len(h) > 10 for h in helps.values()), helps
+    assert len(helps) == 29 and all(isinstance(h, str) and len(h) > 10 for h in helps.values()), helps
 
 
 @pytest.mark.parametrize("flag, value", [("--impl", "ditbench"), ("--impl", "diffusers"),
