@@ -79,6 +79,9 @@ class Datasheet:
     link_gbs: float
     link: str
     bf16: bool = True
+    # fp32, tf32, fp16, bf16 TFLOPS of large matmuls as measured on the card, where the project measured
+    # them: what a datasheet's boost-clock peak is not (an H200 sustains 76-82% of it).
+    sustained: tuple[float, float, float, float] | None = None
 
 
 # Vendor datasheets / architecture whitepapers (dense figures; "with sparsity" halved):
@@ -107,7 +110,8 @@ DATASHEETS: dict[str, Datasheet] = {
     "A100-80GB": Datasheet(19.5, 156.0, 312.0, 2039, 300, "NVLink 3"),
     "H100": Datasheet(67.0, 494.7, 989.4, 3350, 450, "NVLink 4"),
     "H100 NVL": Datasheet(60.0, 417.5, 835.5, 3900, 300, "NVLink bridge"),
-    "H200": Datasheet(67.0, 494.7, 989.4, 4800, 450, "NVLink 4"),
+    # sustained: the 8192^3 matmuls of benchmarks/h200_official_dit_anchor.jsonl
+    "H200": Datasheet(67.0, 494.7, 989.4, 4800, 450, "NVLink 4", sustained=(50.6, 405.5, 748.8, 780.5)),
 }
 
 

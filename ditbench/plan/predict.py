@@ -38,12 +38,12 @@ COMPONENTS = (*STATE_LABELS, "vae", "activations", "workspace", "buffers")  # bu
 
 # Knobs the trace leaves at their defaults: they do not change what a one-GPU step allocates (seed,
 # learning rates, the decay; data parallelism is applied to the one-GPU trace, parallel.py), or the
-# planner does not model them (the attention backend and compile_mode are traced at their defaults);
+# planner does not model them (compile_mode is traced at its default);
 # the batch size is the series' axis. Accumulation is traced at 1 or 2 micro-batches: from the second
 # on, each holds the gradients through its forward, so 2 is every K >= 2's steady state. Every other
 # knob shapes the traced step.
 _UNTRACED = (
-    "batch_size", "gpus", "nodes", "strategy", "compile_mode", "attention", "optimizer",
+    "batch_size", "gpus", "nodes", "strategy", "compile_mode", "optimizer",
     "seed", "lr", "weight_decay", "ema_decay",
 )  # fmt: skip
 DEVICES = ("cuda", "cpu")

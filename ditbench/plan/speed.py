@@ -14,8 +14,10 @@ the fp32 gradients over the card's interconnect, overlapped with the backward as
 (the last bucket is exposed); FSDP cells gather the weights in every forward and backward and
 reduce-scatter the gradients, behind the compute but for the first block's gather.
 
-The few efficiencies are calibrated on measured cells (`calibrate`): the shipped calibration is fitted
-on the H200 anchors by benchmarks/plan_vs_h200.py, and its band is the largest leave-one-out error.
+The few efficiencies are calibrated on measured cells (`calibrate`), relative to a card's sustained
+matmul rates where measured (the H200's), else its datasheet's: the shipped calibration is fitted on
+the H200 anchors and published A100 figures by benchmarks/speed_vs_published.py, and its band is the
+largest error of a calibration cell predicted by a fit without it (a published one: without its card).
 """
 
 from __future__ import annotations
@@ -93,11 +95,14 @@ def datasheet(card: str | None) -> Datasheet | None:
 
 
 def _peak(sheet: Datasheet, cat: str, dtype: str, precision: str) -> float:
+    """The card's matmul rate for a kernel: measured where the card's sustained rates are known."""
     if dtype in ("fp16", "bf16"):
-        return sheet.fp16
-    if cat == "matmul" and precision != "fp32":  # TF32 is on but under fp32 (precision.py): the VAE's convs
-        return sheet.tf32
-    return sheet.fp32
+        i, peak = (2 if dtype == "fp16" else 3), sheet.fp16
+    elif cat == "matmul" and precision != "fp32":  # TF32 is on but under fp32 (precision.py): VAE convs
+        i, peak = 1, sheet.tf32
+    else:
+        i, peak = 0, sheet.fp32
+    return sheet.sustained[i] if sheet.sustained else peak
 
 
 @dataclass
