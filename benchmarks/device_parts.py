@@ -40,7 +40,7 @@ def preflight(args) -> dict[str, Any]:
     import torch
 
     import ditbench
-    from ditbench import knobs
+    from ditbench.spec import knobs
     from ditbench.models import configs
 
     out: dict[str, Any] = {
@@ -72,11 +72,11 @@ def preflight(args) -> dict[str, Any]:
             out["gpu"]["driver"] = f"unknown ({type(err).__name__})"
     out["inception_weights"] = preflight_weights()
     modes = list(getattr(knobs, "COMPILE_MODES", None) or getattr(configs, "COMPILE_MODES", None) or ())
-    mode_knob = "compile_mode" if "compile_mode" in knobs.FIELDS else ("compile" if modes else None)
+    mode_knob = "compile_mode" if "compile_mode" in knobs.KNOBS else ("compile" if modes else None)
     valid = []
     for mode in modes:
         try:
-            knobs.check_knob(mode_knob, mode)
+            knobs.PartialKnobs(**{mode_knob: mode})
             valid.append(mode)
         except Exception:  # noqa: BLE001 - a mode this knob does not take is not offered
             pass
@@ -207,7 +207,7 @@ def ddp(args) -> dict[str, Any]:
 
     from ditbench import dist
     from ditbench.bench.window import measure_window
-    from ditbench.knobs import Knobs
+    from ditbench.spec.knobs import Knobs
     from ditbench.train import Trainer
 
     s = DDP_DRY if args.dry_run else DDP_REAL

@@ -35,7 +35,7 @@ FINGERPRINT_GLOBS = (
     "ditbench/plan/**/*.py",
     "ditbench/models/**/*.py",
     "ditbench/train/**/*.py",
-    "ditbench/knobs.py",
+    "ditbench/spec/**/*.py",
     "ditbench/device.py",
     "ditbench/precision.py",
     "ditbench/diffusion.py",

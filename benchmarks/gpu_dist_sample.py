@@ -116,7 +116,7 @@ def ddp_overhead(
 
     from ditbench import dist
     from ditbench.bench.window import measure_window
-    from ditbench.knobs import Knobs
+    from ditbench.spec.knobs import Knobs
     from ditbench.train import Trainer
 
     os.environ.update(

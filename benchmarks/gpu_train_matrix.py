@@ -101,7 +101,7 @@ def run_cell(c: dict, device: str, warmup: int, measure: int, min_seconds: float
     from ditbench.bench.mfu import model_flops_per_image
     from ditbench.bench.window import measure_window, step_stats
     from ditbench.errors import UserError
-    from ditbench.knobs import Knobs
+    from ditbench.spec.knobs import Knobs
     from ditbench.train import Trainer
 
     out = dict(c)

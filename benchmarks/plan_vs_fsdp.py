@@ -30,7 +30,7 @@ warnings.filterwarnings("ignore")
 import torch
 from ditbench import dist
 from ditbench.bench.alloc_meter import AllocationMeter
-from ditbench.knobs import Knobs
+from ditbench.spec.knobs import Knobs
 from ditbench.train import Trainer
 
 def local(t):

@@ -19,7 +19,7 @@ import pytest
 from ditbench.bench import inflight
 from ditbench.bench.launch.files import write_result
 from ditbench.bench.runner import RunOptions, run_suite
-from ditbench.bench.suite import load_suite
+from ditbench.spec.suite import load_suite
 
 SUITE = """
 name: bench_runner

@@ -9,7 +9,7 @@ small configuration in fp32 on the CPU, and records images/s in the saved figure
 import pytest
 import torch
 
-from ditbench.knobs import Knobs
+from ditbench.spec.knobs import Knobs
 from ditbench.train import Trainer
 
 CASES = [  # model, image size, batch, grad_ckpt, rounds

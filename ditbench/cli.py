@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import shlex
 import sys
 import textwrap
 
@@ -28,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("ditbench.report.cli", "turn results.jsonl files into markdown, HTML and CSV reports"),
     "export": ("ditbench.export.cli", "write each cell as a TensorBoard or MLflow run"),
     "compare": ("ditbench.report.gate.cli", "compare two runs and fail on a regression (exit 1)"),
+    "ab": ("ditbench.ab.cli", "run a suite on two environments in paired rounds; fail on a regression"),
     "plan": ("ditbench.plan.cli", "predict training memory on any card without the card, and what fits"),
     "env": ("ditbench.bench.envinfo", "print the environment that result records capture"),
 }
@@ -91,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    for stream in (sys.stdout, sys.stderr):  # a record's lone surrogate is printed escaped, never fatal
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     try:
         check_text_arguments(argv)
         check_arguments(args)
@@ -98,13 +103,34 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         _print_error(str(err))
         return err.exit_code
+    except UnicodeEncodeError as err:  # ditbench's own text always encodes: this came from an input
+        _print_error(
+            f"an input holds text that is not valid Unicode ({err.reason}: "
+            f"{err.object[err.start : err.end][:8]!r}), e.g. a lone surrogate written as \\ud800 in a JSON "
+            "file, and it could not be written out; fix that field of the input."
+        )
+        return 2
+    except (RuntimeError, MemoryError) as err:  # out of memory (train, sample, fid): a paragraph, in GiB
+        from ditbench.faults import is_out_of_memory, one_line
+        from ditbench.units import bytes_as_gib
+
+        if not is_out_of_memory(err) or os.environ.get(TRACEBACK_ENV):
+            raise
+        _print_error(
+            f"out of memory: {bytes_as_gib(one_line(err))[:400]}. Lower --batch-size, or (train) use "
+            "--grad-ckpt full or --precision bf16; `ditbench plan` predicts what fits."
+        )
+        return 2
     except OSError as err:  # a file system refusal no check foresaw: which file and why, not a traceback
         if os.environ.get(TRACEBACK_ENV):
             raise
         _print_error(os_error_message(err))
         return 2
     except KeyboardInterrupt:
-        print("ditbench: interrupted", file=sys.stderr)
+        # a command whose work survives an interruption says what is kept (args._resume)
+        kept = getattr(args, "_resume", None)
+        again = f"; {kept}: ditbench {shlex.join(argv)}" if kept else ""
+        print(f"ditbench: interrupted{again}", file=sys.stderr)
         return 130
 
 

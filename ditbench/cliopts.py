@@ -9,6 +9,7 @@
 - `--out` names one kind of thing per command, said in its help and metavar: DIR for a folder
   (run, report), FILE.npz for an array file (sample, extract-latents), FILE.json for a result (fid).
 - `--no-progress`: no progress bar (logs that are not a terminal get plain lines anyway).
+- `--yes`: start CPU work estimated over 30 minutes from a terminal (ditbench.walltime).
 """
 
 from __future__ import annotations
@@ -80,6 +81,12 @@ def check_text_arguments(argv: list[str]) -> None:
 
 def add_json(parser: argparse.ArgumentParser, what: str = "the result") -> None:
     parser.add_argument("--json", action="store_true", help=f"print {what} as JSON on stdout instead of text")
+
+
+def add_yes(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--yes", action="store_true", help="start even when the estimate on a CPU is over 30 minutes"
+    )
 
 
 def add_no_progress(parser: argparse.ArgumentParser) -> None:

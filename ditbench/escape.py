@@ -1,27 +1,65 @@
-"""User text made inert for the file it goes into: markdown people open, CSV a spreadsheet opens.
+"""Text from records and suites made inert for what it goes into: markdown, HTML, CSV, any encoder.
 
-Suite names, cell names, models, reasons and claim texts come from files a user (or someone else)
-wrote. In markdown, `<` starts HTML that many viewers render and `[` starts a link; a newline
-starts a new block (a heading of its own). In CSV, a cell starting with `=`, `+`, `-`, `@`, a tab
-or a carriage return is a formula to a spreadsheet (OWASP "CSV injection"): it gets a leading `'`,
-which spreadsheets show as text. The HTML report escapes with `html.escape` (report.blocks).
+Cell names, labels, reasons, env fields and paths reach pull-request comments, report.md and
+summary.md. In markdown `<` starts HTML, `[` a link or image, a backtick code, `*`/`_`/`~` emphasis, `|`
+a table cell and a newline a block: `md_text` escapes them, `md_code` makes a code span the text
+cannot leave, `md_inline` keeps ditbench's own `code` and **bold** in a line holding user values.
+HTML uses `html.escape` (report.blocks). `plain` escapes what fails a UTF-8 encoder (a lone surrogate,
+JSON's "\\ud800"; a NUL). A CSV cell a spreadsheet would run as a formula gets a leading `'`.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+_SPECIAL = re.compile(r"([\\`*\[|~]|(?<![A-Za-z0-9])_|_(?![A-Za-z0-9]))")  # `a_b` is no emphasis
+# ditbench's own markup: a bold marker, or a code span as CommonMark pairs them (a run of backticks
+# closed by the next run of the same length), so what is kept as code is code in every viewer
+_MARKUP = re.compile(r"(?<!`)(`+)(?!`).*?(?<!`)\1(?!`)|\*\*")
+
+
+def plain(text: Any) -> str:
+    """str(text) that every UTF-8 writer accepts: lone surrogates and NUL as backslash escapes."""
+    return str(text).encode("utf-8", "backslashreplace").decode("utf-8").replace("\0", "\\x00")
+
+
+def _inert(text: str) -> str:
+    return _SPECIAL.sub(r"\\\1", text).replace("<", "&lt;")
+
+
+def _line(text: Any) -> str:
+    return " ".join(plain(text).split())  # one line: a newline would start a block of its own
+
+
+def _not_a_block(line: str) -> str:
+    return "\\" + line if line[:1] in ("#", ">", "+", "-") else line  # no heading, quote or list
 
 
 def md_text(text: Any) -> str:
-    """One line of user text for markdown prose or a heading: no HTML, no link, no new block."""
-    return " ".join(str(text).split()).replace("<", "&lt;").replace("[", "\\[")
+    """User text for markdown prose, a heading or a table cell: one line, no HTML, link, image, code,
+    emphasis, new cell or new block."""
+    return _not_a_block(_inert(_line(text)))
 
 
-def md_cell(text: Any) -> str:
-    """User text for a markdown table cell: md_text, and `|` cannot end the cell."""
-    return md_text(text).replace("|", "\\|")
+def md_code(text: Any) -> str:
+    """User text (a path, an id) as an inline code span its backticks cannot end; `|` is escaped, as a
+    table cell needs (GitHub renders `\\|` in a code span as `|` there)."""
+    body = _line(text).replace("|", "\\|")
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", body)), default=0) + 1)
+    pad = " " if body[:1] == "`" or body[-1:] == "`" else ""
+    return f"{fence}{pad}{body}{pad}{fence}"
+
+
+def md_inline(text: Any) -> str:
+    """A line ditbench wrote with user values in it: its `code` spans and **bold** kept, every other
+    character md_text-escaped (so a user value can add at most a code span or bold, never a link)."""
+    line, out, at = _line(text), [], 0
+    for markup in _MARKUP.finditer(line):
+        out += [_inert(line[at : markup.start()]), markup.group(0).replace("|", "\\|")]
+        at = markup.end()
+    return _not_a_block("".join(out) + _inert(line[at:]))
 
 
 def csv_cell(value: Any) -> Any:

@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from ditbench.errors import UserError
 
 DEFAULT_MAX_CELLS = 10_000  # the shipped suites have at most a few dozen cells; 10,000 is days of GPU time
-MAX_EVALUATIONS = 10_000  # quality evaluations (steps x seeds) of one cell
 
 
 def add_max_cells(parser, refuse: str) -> None:

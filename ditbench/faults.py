@@ -7,8 +7,9 @@ one mapping from what a cell raised to the record's status.
   oom    the step raises torch.OutOfMemoryError   -> status oom
   nan    the model's weights are set to NaN, so the real forward pass gives a non-finite loss
                                                   -> status nan_loss
-  slow:F every step from then on sleeps F times its own time (F in (0, 10]), a real slowdown of
-         1 + F for a gate to find (benchmarks/gate_power.py)  -> status ok, slower
+  slow:F every step from then on is followed by F times its own time of busy work on the same core
+         (F in (0, 10]): a slowdown of 1 + F for a gate to find (benchmarks/ab_power.py). Busy, not
+         asleep: on a loaded machine waking from a sleep costs more than F -> status ok, slower
 `@step` is the 1-based training step (warm-up and measured steps counted together) at which the
 fault fires (slow: from which it lasts); default 1. Example:
 DITBENCH_INJECT_FAULT="bs=16=oom,ckpt=full=nan@3,bs=8=slow:0.10". In a
@@ -25,6 +26,7 @@ import traceback
 from dataclasses import dataclass
 
 from ditbench.errors import UnsupportedError, UserError, shorten
+from ditbench.units import bytes_as_gib
 
 FAULT_ENV = "DITBENCH_INJECT_FAULT"
 FAULT_RANK_ENV = "DITBENCH_INJECT_FAULT_RANK"
@@ -41,7 +43,7 @@ _ITEM = re.compile(
 class Fault:
     kind: str
     step: int = 1  # 1-based
-    fraction: float = 0.0  # slow: each step sleeps this share of its own time
+    fraction: float = 0.0  # slow: each step adds this share of its own time
 
 
 def parse_fault_spec(text: str | None) -> list[tuple[str, Fault]]:
@@ -61,7 +63,7 @@ def parse_fault_spec(text: str | None) -> list[tuple[str, Fault]]:
             raise UserError(
                 f"{FAULT_ENV} item {shorten(item)} is not valid: expected "
                 f"'<cell-name substring>=<kind>[@step]' with kind one of {', '.join(FAULT_KINDS)} "
-                f"(slow as slow:F, F a fraction above 0 and at most {SLOW_MAX:g}: each step sleeps F "
+                f"(slow as slow:F, F a fraction above 0 and at most {SLOW_MAX:g}: each step adds F "
                 "times its own time) and step a positive integer, e.g. 'bs=16=oom@3' or 'bs=8=slow:0.10'."
             )
         out.append((m["substring"], Fault(m["kind"], int(m["step"] or 1), fraction or 0.0)))
@@ -128,15 +130,19 @@ class FaultyStep:
         return self.trainer.step(batch)
 
     def _slowed(self, batch):
-        """The step, then a sleep of `fraction` times the step's own time (synchronised on CUDA, where
-        the call returns before the kernels end)."""
+        """The step, then `fraction` times the step's own time spinning on this core (synchronised on
+        CUDA, where the call returns before the kernels end). A spin keeps the core, so the step takes
+        1 + fraction times as long; a sleep would add the wake-up's wait for a core as well."""
         import torch
 
         start = time.perf_counter()
         loss = self.trainer.step(batch)
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
-        time.sleep((time.perf_counter() - start) * self.fault.fraction)
+        end = time.perf_counter()
+        deadline = end + (end - start) * self.fault.fraction
+        while time.perf_counter() < deadline:
+            pass
         return loss
 
 
@@ -173,7 +179,7 @@ def failure(err: BaseException) -> dict:
     if isinstance(err, NonFiniteLoss):
         return {"status": "nan_loss", "reason": str(err)}
     if is_out_of_memory(err):
-        return {"status": "oom", "reason": "out of memory: " + one_line(err)[:REASON_CHARS]}
+        return {"status": "oom", "reason": "out of memory: " + bytes_as_gib(one_line(err))[:REASON_CHARS]}
     if isinstance(err, UnsupportedError):
         return {"status": "unsupported", "reason": one_line(err)}
     if isinstance(err, UserError):

@@ -1,17 +1,13 @@
-"""Atomic file writes: a crash at any moment leaves either the old file or the new one, never half.
+"""Every file ditbench writes, or reads back as its own, goes through here.
 
-Every output ditbench writes whole (records' result files, checkpoints, npz batches, caches,
-reports) goes through `atomic_write`: a temporary file in the same folder, flushed and fsynced,
-then renamed over the target; on failure the temporary file is removed and the error re-raised.
-The file gets the permissions an ordinary write would give it: the umask's for a new file (mkstemp
-alone makes every file 0600), the old file's when it replaces one.
-
-Link-safe primitives for the files ditbench keeps in a folder it owns (an output folder's lock,
-results.jsonl, cell logs, `.inflight/`): `open_nofollow` opens with O_NOFOLLOW, `rmtree_real`
-deletes only a real folder, never what a link points to. A link planted where ditbench keeps its
-own file is refused (UserError, exit 2), never followed: a link there could otherwise make a run
-truncate, lock or empty a file or folder outside the output folder. An atomic write replaces a
-link by a file (rename does not follow it), so it needs no check.
+`atomic_write` writes a temporary file beside the target, fsyncs it and renames it into place (a crash
+leaves the old file or the new one), with the permissions an ordinary write would give it. Only a
+regular file is ever replaced, appended to, repaired or read back as state (`refusal`, UserError exit
+2 naming the file): a link is never followed or renamed over (planted in an output folder, it would
+make a run write or empty a file elsewhere), a FIFO, socket, device or folder is never opened, and a
+file changed in place (results.jsonl, the lock, a cell log, $GITHUB_STEP_SUMMARY) must have no second
+hard link, which would carry the change outside. Text is written as UTF-8 with a lone surrogate (JSON's
+"\\ud800" in a record) escaped. `rmtree_real` deletes only a real folder, never what a link names.
 """
 
 from __future__ import annotations
@@ -27,64 +23,121 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from ditbench.errors import UserError, shorten
+
 _UMASK_LOCK = threading.Lock()
-O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CHANGES = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC
+
+
+def file_kind(mode: int) -> str | None:
+    """What a path that is not a regular file is, in words ("a folder", "a FIFO (a named pipe)"), or
+    None for a regular file or a kind without a name here."""
+    for test, kind in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO (a named pipe)"),
+        (stat.S_ISCHR, "a device"),
+        (stat.S_ISBLK, "a device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return None
 
 
 def link_refusal(path: str | Path, what: str = "") -> str:
-    """The one-paragraph refusal of a symbolic link found where ditbench keeps its own file."""
+    """The one-paragraph refusal of a symbolic link found where ditbench writes or keeps a file."""
     try:
         target = os.readlink(path)
     except OSError:
         target = "?"
-    from ditbench.errors import shorten
-
     return (
         f"{what + ': ' if what else ''}{shorten(str(path), 240)} is a symbolic link "
-        f"(to {shorten(target, 240)}), where "
-        "ditbench keeps a file or folder of its own; ditbench never creates, repairs, locks, empties or "
-        "deletes anything through a link. Remove the link (or move what it names into its place), or "
-        "give another folder."
+        f"(to {shorten(target, 240)}); ditbench never writes, repairs, locks, empties or deletes anything "
+        "through a link. Give the path it points to, remove the link (or move what it names into its "
+        "place), or give another path."
     )
+
+
+def refusal(path: str | Path, st: os.stat_result, what: str = "", in_place: bool = False) -> str | None:
+    """Why ditbench may not write or read back `path` (lstat'd or fstat'd as `st`), or None. `in_place`:
+    it is changed where it is (appended to, repaired, truncated), not replaced by a rename."""
+    if stat.S_ISLNK(st.st_mode):
+        return link_refusal(path, what)
+    where = f"{what + ' ' if what else ''}{shorten(str(path), 240)}"
+    if not stat.S_ISREG(st.st_mode):
+        kind = file_kind(st.st_mode) or "not a regular file"
+        return (
+            f"{where} is {kind}, not a regular file; ditbench writes, replaces and reads back regular files "
+            "only (a FIFO would block it, a device would be destroyed). Move it away, or give the path of "
+            "a regular file (or of one to create)."
+        )
+    if in_place and st.st_nlink > 1:
+        return (
+            f"{where} has {st.st_nlink} hard links: ditbench changes it in place (appends to it, repairs "
+            "or truncates it), which would change the other names' file too. Remove the other links (or "
+            "copy the file into its place), or give another path."
+        )
+    return None
+
+
+def check_target(path: str | Path, what: str = "", *, in_place: bool = False) -> None:
+    """UserError when what is at `path` (lstat'd) is not a file ditbench may replace, or (`in_place`)
+    change in place; nothing there is fine."""
+    try:
+        why = refusal(path, os.lstat(path), what, in_place)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if why is not None:
+        raise UserError(why)
 
 
 def refuse_link(path: str | Path, what: str = "") -> None:
     """UserError when `path` itself is a symbolic link (checked with lstat, the link is not followed)."""
     if os.path.islink(path):
-        from ditbench.errors import UserError
-
         raise UserError(link_refusal(path, what))
 
 
-def open_nofollow(path: str | Path, flags: int, mode: int = 0o644, what: str = "") -> int:
-    """os.open with O_NOFOLLOW | O_CLOEXEC; a link at `path` is a UserError, its target is never opened."""
+def open_regular(path: str | Path, flags: int = os.O_RDONLY, mode: int = 0o644, what: str = "") -> int:
+    """os.open through `refusal`, checked on the path (lstat: a FIFO or device is never opened) and again
+    on the descriptor (O_NOFOLLOW | O_NONBLOCK: something planted meanwhile); O_TRUNC only after both."""
+    in_place = bool(flags & _CHANGES)
+    check_target(path, what, in_place=in_place)
     try:
-        return os.open(path, flags | O_NOFOLLOW | os.O_CLOEXEC, mode)
+        fd = os.open(path, (flags & ~os.O_TRUNC) | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
     except OSError as err:
-        if err.errno == errno.ELOOP or (err.errno == errno.EMLINK and os.path.islink(path)):
-            from ditbench.errors import UserError
-
-            raise UserError(link_refusal(path, what)) from None
+        if err.errno in (errno.ELOOP, errno.EMLINK, errno.ENXIO):  # a link, or a FIFO, planted meanwhile
+            check_target(path, what, in_place=in_place)
         raise
+    try:
+        if (why := refusal(path, os.fstat(fd), what, in_place)) is not None:
+            raise UserError(why)
+        if flags & os.O_TRUNC:
+            os.ftruncate(fd, 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_regular(path: str | Path, what: str = "") -> bytes:
+    """The bytes of a file ditbench reads back (a ticket, a cache entry, results.jsonl) through
+    open_regular; FileNotFoundError as read_bytes gives it."""
+    with os.fdopen(open_regular(path, os.O_RDONLY, what=what), "rb") as f:
+        return f.read()
 
 
 def open_log(path: str | Path, append: bool = False) -> IO[bytes]:
-    """A log file for a child's output, opened without following a link planted at `path`."""
+    """A log file for a child's output, opened through open_regular."""
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
-    return os.fdopen(open_nofollow(path, flags), "ab" if append else "wb")
+    return os.fdopen(open_regular(path, flags), "ab" if append else "wb")
 
 
-def append_text(path: str | Path, text: str) -> None:
-    """Append UTF-8 text to a file another program also appends to; never blocks (a FIFO is refused).
-
-    O_NONBLOCK: opening a FIFO nobody reads would otherwise wait forever (ENXIO instead).
-    """
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+def append_text(path: str | Path, text: str, what: str = "") -> None:
+    """Append text to a regular file another program also appends to."""
+    fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, what=what)
     try:
-        mode = os.fstat(fd).st_mode
-        if not (stat.S_ISREG(mode) or stat.S_ISCHR(mode)):  # a regular file, or /dev/null
-            raise OSError(errno.EINVAL, "not a regular file")
-        data = text.encode("utf-8")
+        data = text.encode("utf-8", "backslashreplace")
         while data:
             data = data[os.write(fd, data) :]
     finally:
@@ -137,9 +190,11 @@ def _mode_for(path: Path) -> int:
         return 0o666 & ~current_umask()  # what open(path, "w") would have made
 
 
-def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
-    """Call write(binary_file) on a temporary file next to `path`, then rename it into place."""
+def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any], what: str = "") -> Path:
+    """Call write(binary_file) on a temporary file next to `path`, then rename it into place; only a
+    regular file (or nothing) at `path` is replaced (checked before and again just before the rename)."""
     path = Path(path)
+    check_target(path, what)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -148,6 +203,7 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        check_target(path, what)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -156,10 +212,10 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any]) -> Path:
     return path
 
 
-def write_atomic(path: str | Path, data: bytes | str) -> Path:
+def write_atomic(path: str | Path, data: bytes | str, what: str = "") -> Path:
     """Write bytes, or text as UTF-8, atomically."""
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    return atomic_write(path, lambda f: f.write(payload))
+    payload = data.encode("utf-8", "backslashreplace") if isinstance(data, str) else data
+    return atomic_write(path, lambda f: f.write(payload), what)
 
 
 def write_json_atomic(path: str | Path, obj: Any, **dumps_kwargs: Any) -> Path:
@@ -170,6 +226,7 @@ def download_atomic(url: str, dest: Path) -> None:
     """Download url to dest through a temporary file beside it: a cut download leaves no partial file."""
     import torch  # only when a download happens
 
+    check_target(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
     os.close(fd)

@@ -1,39 +1,74 @@
-"""Images from a user's folder (extract-latents, training on images): each file checked by its header
-before it is decoded, so a decompression bomb or a damaged file is one paragraph naming it.
-
-A PNG can declare 100,000 x 100,000 pixels in a few hundred bytes; decoding it would allocate 30 GB.
-PIL refuses beyond twice its MAX_IMAGE_PIXELS with DecompressionBombError (an exception nothing
-caught, so a traceback from inside a DataLoader) and only warns between once and twice. Here any
-image beyond MAX_PIXELS is refused from its header, before a byte of it is decoded.
+"""Every image ditbench decodes (training and FID images, sample grids in report and export): its size
+read from the header and refused beyond a cap sized to its use before any pixel is decoded (a PNG of
+a few hundred bytes can declare 100,000 x 100,000 pixels, 30 GB), PIL's DecompressionBombError and
+warning and a damaged file one paragraph naming it. Caps: PHOTO_PIXELS (PIL's bound, ~9,459 x 9,459)
+for images a user trains on or scores, GRID_PIXELS (4,096 x 4,096) for sample grids;
+$DITBENCH_MAX_IMAGE_PIXELS replaces both, to read larger images on purpose.
 """
 
 from __future__ import annotations
 
+import os
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 
-from ditbench.errors import UserError
+from ditbench.errors import UserError, shorten
 
-MAX_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485  # PIL's own limit (about 9,459 x 9,459)
+PIXELS_ENV = "DITBENCH_MAX_IMAGE_PIXELS"
+PHOTO_PIXELS = 89_478_485  # PIL's default MAX_IMAGE_PIXELS
+GRID_PIXELS = 4096 * 4096
 
 
-def load_rgb(path: str | Path) -> Image.Image:
-    """The image at `path` as RGB; UserError (naming the file) for a bomb, a damaged or unknown file."""
+def max_pixels(default: int) -> int:
+    """The cap for one use: `default`, or $DITBENCH_MAX_IMAGE_PIXELS where it is set."""
+    text = os.environ.get(PIXELS_ENV, "").strip().replace("_", "").replace(",", "")
+    if not text:
+        return default
+    if not text.isdigit() or int(text) <= 0:
+        raise UserError(
+            f"${PIXELS_ENV} is {shorten(os.environ[PIXELS_ENV])}; set it to a whole number of pixels per "
+            f"image (for example {PHOTO_PIXELS}), or unset it for the defaults."
+        )
+    cap = int(text)
+    if cap > (Image.MAX_IMAGE_PIXELS or 0):  # PIL refuses beyond twice its bound when it opens a file
+        Image.MAX_IMAGE_PIXELS = cap
+    return cap
+
+
+@contextmanager
+def open_image(path: str | Path, cap: int, use: str) -> Iterator[Image.Image]:
+    """PIL's lazily opened image at `path`, refused (UserError) beyond `cap` pixels; `use` names what it
+    is for. A decode inside the `with` that fails (a truncated file) is a UserError naming it too."""
+    limit = max_pixels(cap)
+    where = shorten(str(path), 200, quote=False)
     try:
-        with warnings.catch_warnings():  # the size is checked below, from the header
+        with warnings.catch_warnings():  # PIL's bomb warning: the size is checked here, from the header
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(path) as img:
                 width, height = img.size
-                if width * height > MAX_PIXELS:
+                if width * height > limit:
                     raise UserError(
-                        f"image {path} declares {width:,} x {height:,} pixels, more than an image decoder "
-                        f"should allocate ({MAX_PIXELS:,}); it is a decompression bomb or far larger than "
-                        "training needs. Resize it, or remove it from the folder."
+                        f"image {where} declares {width:,} x {height:,} pixels, more than {limit:,}, the "
+                        f"most an image decoder should allocate for {use}; it is a decompression bomb or "
+                        f"far larger than needed. Resize it, or set ${PIXELS_ENV} to read it anyway."
                     )
-                return img.convert("RGB")
+                yield img
     except Image.DecompressionBombError as err:
-        raise UserError(f"image {path} declares more pixels than a decoder should allocate ({err})") from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
-        raise UserError(f"image {path} is not a readable image ({err}); it is truncated or corrupt") from None
+        raise UserError(
+            f"image {where} declares more pixels than an image decoder should allocate for {use} ({err}); "
+            f"resize it, or set ${PIXELS_ENV} to read it anyway."
+        ) from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError, EOFError) as err:
+        raise UserError(
+            f"image {where} is not a readable image ({err}); it is truncated or corrupt."
+        ) from None
+
+
+def load_rgb(path: str | Path, cap: int = PHOTO_PIXELS, use: str = "training") -> Image.Image:
+    """The image at `path` decoded as RGB, through open_image's checks."""
+    with open_image(path, cap, use) as img:
+        return img.convert("RGB")

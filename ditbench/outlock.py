@@ -25,13 +25,12 @@ import errno
 import json
 import os
 import socket
-import stat
 import sys
 from pathlib import Path
 from typing import Any
 
 from ditbench.errors import UserError, shorten
-from ditbench.fileio import O_NOFOLLOW, link_refusal, open_nofollow, refuse_link
+from ditbench.fileio import check_target, link_refusal, open_regular, read_regular, refusal
 
 LOCK_NAME = ".ditbench.lock"
 HELD_NAME = ".ditbench.lock.held"  # the lock itself where flock is not supported
@@ -116,6 +115,9 @@ class OutputLock:
         record = json.dumps(holder_record(self.command)).encode()
 
         def write_holder(fd: int) -> None:  # filelock hands the locked descriptor over: our record in it
+            why = refusal(path, os.fstat(fd), self.what, in_place=True)  # a hard link planted meanwhile
+            if why is not None:
+                raise UserError(why)  # filelock releases the lock and raises it
             previous.append(_parse(_read_all(fd)))
             os.ftruncate(fd, 0)
             os.pwrite(fd, record, 0)
@@ -148,25 +150,14 @@ class OutputLock:
         return self
 
     def _check_lock_path(self, path: Path) -> None:
-        """lstat: a link is refused (never followed), and so is a FIFO or a device planted as the lock."""
+        """lstat: a link is refused (never followed), and so is a FIFO, a device or a second hard link
+        planted as the lock (its record is written into it)."""
         if not self.folder.is_dir():  # filelock would create the folders; the caller makes (and checks) them
             raise UserError(
                 f"{self.what} {shorten(str(self.folder))}: cannot create its lock file {LOCK_NAME} (no such "
                 "folder); give a folder you can write in."
             )
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return
-        except OSError:
-            return  # the acquire reports it
-        if stat.S_ISLNK(st.st_mode):
-            raise UserError(link_refusal(path, self.what))
-        if not stat.S_ISREG(st.st_mode):
-            raise UserError(
-                f"{self.what} {shorten(str(self.folder))}: {LOCK_NAME} is not a regular file; move it "
-                f"away (ditbench keeps its lock there), or give another {self.what}."
-            )
+        check_target(path, self.what, in_place=True)
 
     def _busy(self, holder: dict[str, Any] | None) -> UserError:
         folder = shorten(str(self.folder))
@@ -188,12 +179,12 @@ class OutputLock:
     # -- no flock: the record file is the lock ----------------------------------------------------------
     def _acquire_held_file(self) -> OutputLock:
         held = self.folder / HELD_NAME
-        refuse_link(held, self.what)  # read and deleted below: never through a link
+        check_target(held, self.what)  # read and deleted below: never through a link, never a FIFO
         record = json.dumps(holder_record(self.command)).encode()
         for _ in range(_TAKEOVER_TRIES):
             tmp = self.folder / f"{HELD_NAME}.{os.getpid()}.tmp"
             tmp.unlink(missing_ok=True)  # O_EXCL below: never written through a planted link
-            fd = open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, what=self.what)
+            fd = open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, what=self.what)
             with os.fdopen(fd, "wb") as f:
                 f.write(record)
             try:
@@ -205,7 +196,7 @@ class OutputLock:
             finally:
                 tmp.unlink(missing_ok=True)
             try:
-                holder = _parse(held.read_bytes())
+                holder = _parse(read_regular(held, self.what))
             except FileNotFoundError:
                 continue  # released meanwhile
             alive = holder_alive(holder) if holder else None
@@ -224,7 +215,7 @@ class OutputLock:
             os.rename(held, aside)
         except FileNotFoundError:
             return
-        if _parse(aside.read_bytes()) == holder:
+        if _parse(read_regular(aside, self.what)) == holder:
             self.stale = holder
             aside.unlink(missing_ok=True)
             return
@@ -250,7 +241,7 @@ class OutputLock:
     def release(self) -> None:
         if self._lock is not None:
             try:  # still holding it: clear our record (no record: nobody holds it)
-                fd = open_nofollow(self.folder / LOCK_NAME, os.O_WRONLY | os.O_NONBLOCK)
+                fd = open_regular(self.folder / LOCK_NAME, os.O_WRONLY)
                 try:
                     os.ftruncate(fd, 0)
                 finally:
@@ -270,16 +261,12 @@ class OutputLock:
         self.release()
 
 
-def _read_path(path: Path, limit: int = 64_000) -> bytes:
+def _read_path(path: Path) -> bytes:
     """The holder record in the lock file, read without following a link or blocking on a FIFO."""
     try:
-        fd = os.open(path, os.O_RDONLY | O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
+        return read_regular(path)
+    except (OSError, UserError):
         return b""
-    try:
-        return _read_all(fd, limit)
-    finally:
-        os.close(fd)
 
 
 def _read_all(fd: int, limit: int = 64_000) -> bytes:

@@ -8,12 +8,18 @@ what is wrong with it.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from ditbench.errors import UserError, shorten
+from ditbench.fileio import check_target, file_kind, refusal
+
+NPZ = ("an ADM .npz batch", (".npz",))  # check_file_target's `writes` for the array files
 
 
 def _quote(path: Path) -> str:
@@ -60,16 +66,29 @@ def ensure_dir(path: str | Path, what: str, *, probe: bool = True) -> Path:
     return path
 
 
-def check_file_target(path: str | Path, what: str, *, create_parent: bool = True) -> Path:
-    """A path a command will write one file to: not a folder, in a folder that can be written in.
+def check_file_target(
+    path: str | Path,
+    what: str,
+    *,
+    create_parent: bool = True,
+    writes: tuple[str, tuple[str, ...]] | None = None,
+) -> Path:
+    """A path a command will write one file to: nothing there yet, or a regular file it may replace
+    (not a folder, link, FIFO or device: fileio.check_target), in a folder that can be written in.
 
     create_parent=False leaves a missing folder to the caller and only checks that it can be created.
+    writes=(format, suffixes): the name must end in one of the suffixes, so that `fid --out x.npz`
+    does not put JSON in a file that says npz.
     """
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():
         raise UserError(f"{what} {_quote(path)} is a folder; give the path of a file to write.")
-    if os.path.lexists(path) and not path.is_file() and not path.is_symlink():
-        raise UserError(f"{what} {_quote(path)} is not a regular file; give the path of a file to write.")
+    if writes is not None and not path.name.lower().endswith(writes[1]):
+        raise UserError(
+            f"{what} {_quote(path)}: ditbench writes {writes[0]} there, and the name must say so: give "
+            f"a name ending in {' or '.join(writes[1])} (e.g. {path.stem or 'out'}{writes[1][0]})."
+        )
+    check_target(path, what)
     parent = path.parent if str(path.parent) else Path(".")
     if (blocker := _blocking_ancestor(parent)) is not None:
         raise UserError(
@@ -86,34 +105,57 @@ def check_kept(folder: str | Path, entries: dict[str, bool], what: str = "--out"
     """Refuse an output folder whose own entries are not what a command keeps there (UserError).
 
     `entries` maps each name the command creates, appends to, locks or empties inside `folder` to
-    True (a folder) or False (a regular file). Each one that exists must be exactly that, checked
-    with lstat: a symbolic link is refused, since following it would write, truncate or delete
-    outside the folder; a FIFO would block the command forever, a folder would fail it mid-run.
+    True (a folder) or False (a regular file it may change in place). Each one that exists must be
+    exactly that, checked with lstat: a symbolic link is refused, since following it would write,
+    truncate or delete outside the folder; a FIFO would block the command forever, a folder would fail
+    it mid-run, a second hard link would carry an append or a repair to a file outside.
     """
-    from ditbench.fileio import link_refusal
-
     folder = Path(folder)
-    where = _quote(folder)
     for name, want_dir in entries.items():
         path = folder / name
         try:
             st = os.lstat(path)
         except FileNotFoundError:
             continue
-        except OSError as err:
-            raise UserError(f"{what} {where}: {name} cannot be checked ({err.strerror or err}).") from None
-        if stat.S_ISLNK(st.st_mode):
-            raise UserError(link_refusal(path, what))
-        if stat.S_ISDIR(st.st_mode) if want_dir else stat.S_ISREG(st.st_mode):
+        if want_dir and stat.S_ISDIR(st.st_mode):
             continue
-        if want_dir:
+        if want_dir and not stat.S_ISLNK(st.st_mode):
             kind = "a file, not a folder" if stat.S_ISREG(st.st_mode) else "not a folder"
-        else:
-            kind = "a folder" if stat.S_ISDIR(st.st_mode) else "not a regular file"
-        raise UserError(
-            f"{what} {where} holds {name}, which is {kind}; ditbench keeps {name} there as a "
-            f"{'folder' if want_dir else 'regular file'}. Move it away, or give another {what}."
-        )
+            raise UserError(
+                f"{what} {_quote(folder)} holds {name}, which is {kind}; ditbench keeps {name} there as a "
+                f"folder. Move it away, or give another {what}."
+            )
+        why = refusal(path, st, what, in_place=True)
+        if why is not None:
+            raise UserError(why)
+
+
+_SAFE = "A-Za-z0-9._=-"
+
+
+def safe_component(text: Any, limit: int = 80) -> str:
+    """Record text (a run_id, a cell id) as one file or folder name: itself when it is only letters,
+    digits and `._=-` (not `.` or `..`); else those characters, `_` for the rest, and a hash of the
+    whole text, so two texts never share a name and no text reaches outside its folder."""
+    text = str(text)
+    if re.fullmatch(f"[{_SAFE}]{{1,{limit}}}", text) and text not in (".", ".."):
+        return text
+    slug = re.sub(f"[^{_SAFE}]+", "_", text).strip("._")[:limit]
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{slug}-{digest}" if slug else digest
+
+
+def inside(root: str | Path, relative: Any) -> Path | None:
+    """`root / relative` resolved (links followed), or None when it leads outside `root` (an absolute
+    path, `..`, a link out) or cannot be a path (a NUL, a lone surrogate): for paths a record holds."""
+    if not isinstance(relative, str):
+        return None
+    try:
+        base = Path(root).resolve()
+        path = (base / relative).resolve()
+    except (OSError, ValueError, RuntimeError):  # ValueError: NUL, UnicodeEncodeError; RuntimeError: a loop
+        return None
+    return path if path.is_relative_to(base) else None
 
 
 def _identity(path: str | Path) -> tuple[int, int] | None:
@@ -161,26 +203,21 @@ def refuse_output_as_input(
                 )
 
 
-def check_step_summary(path: str | None) -> None:
-    """$GITHUB_STEP_SUMMARY, when set, must be a file one can append to: a FIFO would block forever."""
-    if not path:
-        return
+def step_summary() -> str | None:
+    """$GITHUB_STEP_SUMMARY, checked before any work: the regular file GitHub Actions creates for a step,
+    appended to (so with one hard link only); None when unset, or /dev/null (no summary, on purpose).
+    A FIFO, a device, a link or a folder there is refused."""
+    path = os.environ.get("GITHUB_STEP_SUMMARY") or None
+    if path is None or path == os.devnull:
+        return None
     try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return  # created by the append
-    except (OSError, ValueError) as err:
+        check_target(path, "$GITHUB_STEP_SUMMARY", in_place=True)
+    except UserError as err:
         raise UserError(
-            f"$GITHUB_STEP_SUMMARY {shorten(path, 200)} cannot be checked "
-            f"({getattr(err, 'strerror', None) or err}); "
-            "set it to a file path, or unset it."
+            f"{err} (the summary is appended to a regular file, which GitHub Actions creates for each step; "
+            "unset $GITHUB_STEP_SUMMARY for none)"
         ) from None
-    if not (stat.S_ISREG(st.st_mode) or stat.S_ISCHR(st.st_mode)):
-        kind = file_kind(st.st_mode) or "not a file"
-        raise UserError(
-            f"$GITHUB_STEP_SUMMARY {shorten(path, 200)} is {kind}; the summary is appended to a regular file "
-            "(GitHub Actions sets one). Set it to a file path, or unset it."
-        )
+    return path
 
 
 def not_a_file(path: str | Path) -> str | None:
@@ -199,18 +236,3 @@ def not_a_file(path: str | Path) -> str | None:
         return None
     kind = file_kind(st.st_mode)
     return f"is {kind}, not a file" if kind else "is not a regular file"
-
-
-def file_kind(mode: int) -> str | None:
-    """What a path that is not a regular file is, in words ("a folder", "a FIFO (a named pipe)"), or
-    None for a regular file or a kind without a name here."""
-    for test, kind in (
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISFIFO, "a FIFO (a named pipe)"),
-        (stat.S_ISCHR, "a device"),
-        (stat.S_ISBLK, "a device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return kind
-    return None

@@ -30,8 +30,12 @@ if TYPE_CHECKING:
 
 # torch is imported where it is used: the command line's --precision reads these names, and
 # `ditbench --help` must not pay for torch.
+# The one place these names are written as a list (tests/unit/test_structure.py checks it).
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 _LOW = {"fp16": "float16", "bf16": "bfloat16"}  # the autocast dtypes; fp32 and tf32 compute in float32
+LOW_PRECISIONS = tuple(_LOW)  # 16-bit autocast: fp16 (loss-scaled), bf16
+BY_SPEED = ("bf16", "fp16", "tf32", "fp32")  # fastest first where the tensor cores run them all
+BF16_CAPABILITY = (8, 0)  # the compute capability from which CUDA runs bf16 (and TF32): Ampere
 
 
 def check_precision(name: Any, where: str = "precision") -> str:
@@ -39,6 +43,16 @@ def check_precision(name: Any, where: str = "precision") -> str:
     if not isinstance(name, str) or name not in PRECISIONS:
         raise UserError(f"{where} {shorten(name)} is not known; valid precisions are {', '.join(PRECISIONS)}")
     return name
+
+
+def uses_scaler(name: str) -> bool:
+    """Whether a step in this precision runs under a GradScaler (fp16: its range needs loss scaling)."""
+    return name == "fp16"
+
+
+def supported_on(device_type: str) -> tuple[str, ...]:
+    """The precisions a device type ("cpu", "cuda") can run, by `unsupported_reason`."""
+    return tuple(p for p in PRECISIONS if unsupported_reason(p, device_type) is None)
 
 
 def compute_dtype(name: str) -> torch.dtype:
@@ -201,5 +215,5 @@ def get_precision_policy(
         device_type=device_type,
         autocast_dtype=compute_dtype(key) if key in _LOW else None,
         tf32=key != "fp32",
-        use_scaler=key == "fp16",
+        use_scaler=uses_scaler(key),
     )

@@ -49,6 +49,18 @@ def progress(
     return PlainProgress(iterable, total, initial, unit, desc, quiet=disable or not plain)
 
 
+def duration(seconds: float) -> str:
+    """`42 s`, `3 min 05 s`, `1 h 02 min`, `3 days 4 h`."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    if s < 2 * 86400:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 86400:,} days {s % 86400 // 3600} h"
+
+
 def every_s() -> float:
     """Seconds between plain progress lines: `DITBENCH_PROGRESS_EVERY_S`, 30 when unset or not a number."""
     try:
@@ -59,7 +71,7 @@ def every_s() -> float:
 
 
 class PlainProgress:
-    """`desc: 120/1000 img (12%), 3.2 img/s, loss=0.31` on stderr, one line at a time."""
+    """`desc: 120/1000 img (12%), 3.2 img/s, 38 s, ETA 4 min 35 s, loss=0.31` on stderr, a line at a time."""
 
     def __init__(self, iterable, total, initial, unit, desc, quiet=False):
         self.iterable, self.total, self.n, self.unit, self.desc = iterable, total, initial, unit, desc
@@ -116,4 +128,6 @@ class PlainProgress:
         rate = (self.n - self.start_n) / elapsed
         what = self.desc or "progress"
         text = f"{what}: {done} {self.unit}{pct}, {rate:.3g} {self.unit}/s, {elapsed:.0f} s"
+        if self.total and rate > 0 and self.n < self.total:
+            text += f", ETA {duration((self.total - self.n) / rate)}"
         print(text + (f", {self.postfix}" if self.postfix else ""), file=sys.stderr, flush=True)

@@ -6,6 +6,8 @@ by a fifth look equal. Records keep GiB (the `*_gib` fields); only what a person
 
 from __future__ import annotations
 
+import re
+
 MIB_PER_GIB = 1024
 
 
@@ -23,3 +25,9 @@ def memory_text(gib: float | None, missing: str = "-") -> str:
 def memory_delta_text(gib: float) -> str:
     """A signed difference in the unit its size reads in: `+1.25 GiB`, `-1.9 MiB`."""
     return ("+" if gib >= 0 else "-") + memory_text(abs(gib))
+
+
+def bytes_as_gib(message: str) -> str:
+    """A message's raw byte counts as a person reads memory (the CPU allocator's out-of-memory error
+    says "you tried to allocate 60129542144 bytes"): `56.00 GiB`."""
+    return re.sub(r"\b(\d{4,}) bytes\b", lambda m: memory_text(int(m.group(1)) / 2**30), message)

@@ -1,24 +1,25 @@
-"""A pydantic model's verdict on a user's file, as ditbench's one-paragraph error.
+"""A pydantic model's verdict on a user's input, as ditbench's one-paragraph error.
 
-The models (the gate's policy, the claims file) declare types, bounds and required keys; each
-field's `description` says what a valid value is, a model's `title` what it is ("a claim").
-`check` validates and turns the first problem into one paragraph naming the file, the key path
-and the valid values, never pydantic's own wording ("Input should be a valid number"), which names
-neither. Two house styles: "<label>: `<key>` must be <valid>, got <value>." (policy files) and
-"<label> at `<key>`: expected <valid>, got <value>." (claims files, like suite files). A validator
-that knows better says it with `refuse(text)`; `{where}` in the text stands for the key path, and
-`at` names a key below the one refused.
+The models (suite files, cells, the gate's policy, claims files) declare types, bounds and
+required keys; each field's `description` says what a valid value is, a model's `title` what it is
+("a claim"). `problem` turns the first error into (key path, what is wrong and what is valid),
+never pydantic's own wording ("Input should be a valid number"), which names neither. Two house
+styles: "<label>: `<key>` must be <valid>, got <value>." (policy files) and "<label> at `<key>`:
+expected <valid>, got <value>." (suites, claims). A validator that knows better says it with
+`refuse(text)`; `{where}` in the text stands for the key path, and `at` names a key below the one
+refused. `rule(template)` gives a type its own sentence, whatever check of the type failed.
 """
 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ValidationError, WrapValidator
 from pydantic_core import PydanticCustomError
 
-from ditbench.errors import UserError, shorten
+from ditbench.errors import UserError, shorten, type_name
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -28,10 +29,47 @@ def refuse(text: str, at: str = "") -> PydanticCustomError:
     return PydanticCustomError("ditbench", "{text}", {"text": text, "at": at})
 
 
+def described(value: Any) -> str:
+    """A value for a message: a number as it is, anything else with its kind ("a string '16'")."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return shorten(value)
+    return "nothing" if value is None else f"{type_name(value)} {shorten(value)}"
+
+
+def rule(template: str) -> WrapValidator:
+    """The type's checks before it, any failure said as `template` ({name}: the key, {value}: the value,
+    {got}: the value with its kind); a validator's own `refuse` message inside is kept."""
+
+    def check(value: Any, handler: Any, info: Any) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as err:
+            own = next((e["ctx"]["text"] for e in err.errors() if e["type"] == "ditbench"), None)
+            text = own or template.format(name=info.field_name, value=shorten(value), got=described(value))
+            raise refuse(text) from None
+
+    return WrapValidator(check)
+
+
+def did_you_mean(key: Any, valid: Iterable[str], cutoff: float = 0.5) -> str:
+    """ " Did you mean `x`?" for the closest of `valid`, or "" when none is close."""
+    close = difflib.get_close_matches(str(key), list(valid), n=1, cutoff=cutoff)
+    return f" Did you mean `{close[0]}`?" if close else ""
+
+
+def unknown_key(key: Any, valid: Iterable[str]) -> str:
+    """The message for a key that is not one of `valid`."""
+    valid = list(valid)
+    hint = did_you_mean(key, valid)
+    return f"unknown key `{shorten(key, quote=False)}`.{hint} Valid keys here: {', '.join(valid)}."
+
+
 def where(loc: tuple[str | int, ...] | list[str | int]) -> str:
-    """('overrides', 0, 'match') -> 'overrides[0].match'."""
+    """('overrides', 0, 'match') -> 'overrides[0].match'; blank parts (a union's tags) are no keys."""
     out = ""
     for part in loc:
+        if isinstance(part, str) and not part.strip():
+            continue
         if isinstance(part, int) or str(part).startswith("["):
             out += f"[{part}]" if isinstance(part, int) else str(part)
         else:
@@ -39,54 +77,65 @@ def where(loc: tuple[str | int, ...] | list[str | int]) -> str:
     return out
 
 
+def problem(
+    model: type[BaseModel], errors: list[dict[str, Any]], verb: str = "expected"
+) -> tuple[tuple, str]:
+    """(the key path at fault, what is wrong there and what is valid) for the first error."""
+    # An unknown key first: a misspelt key also leaves its right spelling "missing".
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    loc, kind, value = tuple(first["loc"]), first["type"], first.get("input")
+    if kind == "ditbench":
+        at = first["ctx"]["at"]
+        return ((*loc, at) if at else loc), first["ctx"]["text"].replace("{where}", where(loc))
+    if kind == "extra_forbidden":
+        return loc, unknown_key(loc[-1], _keys(model, loc[:-1]))
+    if kind == "missing":
+        title = _model_at(model, loc[:-1]).model_config.get("title")
+        needs = f"{title} needs" if title else "needs"
+        return loc[:-1], f"{needs} `{loc[-1]}`: {_description(model, loc)}."
+    valid = _description(model, loc)
+    if kind in ("model_type", "model_attributes_type", "dict_type") and "mapping" not in valid:
+        return loc, f"{verb} a mapping (key: value), got {described(value)}."
+    return loc, f"{verb} {valid}, got {shorten(value)}."
+
+
+def located(label: str, loc: tuple, text: str) -> str:
+    """ "<label> at `<key>`: <text>" (the suite and claims style)."""
+    return f"{label}{f' at `{where(loc)}`' if loc else ''}: {text}"
+
+
+def validate(model: type[M], raw: Any, say: Callable[[tuple, str], str], *, json: bool = False) -> M:
+    """`raw` (with json=True: its JSON text) validated by `model`; else UserError(say(key path, text))."""
+    try:
+        return model.model_validate_json(raw) if json else model.model_validate(raw)
+    except ValidationError as err:
+        raise UserError(say(*problem(model, err.errors()))) from None
+
+
 def check(model: type[M], raw: Any, label: str, *, where_first: bool = False) -> M:
     """`raw` validated by `model`; else UserError naming `label`, the key path and what is valid."""
+    if where_first:
+        return validate(model, raw, lambda loc, text: located(label, loc, text))
     try:
         return model.model_validate(raw)
     except ValidationError as err:
-        raise UserError(_Message(model, label, where_first).of(err.errors())) from None
+        errors = err.errors()
+    extra = [e["loc"] for e in errors if e["type"] == "extra_forbidden"]
+    if extra:  # the policy's style: every unknown key of the mapping at once
+        parent = tuple(extra[0][:-1])
+        keys = [str(e[-1]) for e in extra if tuple(e[:-1]) == parent]
+        valid = _keys(model, parent)
+        text = f"{'has ' if parent else ''}unknown key(s) {shorten(', '.join(keys), quote=False)}."
+        text += f"{did_you_mean(keys[0], valid)} Valid keys: {', '.join(valid)}."
+        raise UserError(f"{label}: `{where(parent)}` {text}" if parent else f"{label}: {text}")
+    loc, text = problem(model, errors, "must be")
+    if errors[0]["type"] == "ditbench" or not loc:
+        raise UserError(f"{label}: {text}")
+    raise UserError(f"{label}: `{where(loc)}` {text}")
 
 
-class _Message:
-    def __init__(self, model: type[BaseModel], label: str, where_first: bool):
-        self.model, self.label, self.where_first = model, label, where_first
-        self.verb = "expected" if where_first else "must be"
-
-    def place(self, loc: tuple, text: str) -> str:
-        key = where(loc)
-        if self.where_first:
-            return f"{self.label}{f' at `{key}`' if key else ''}: {text}"
-        return f"{self.label}: `{key}` {text}" if key else f"{self.label}: {text}"
-
-    def of(self, errors: list[dict[str, Any]]) -> str:
-        # An unknown key first: a misspelt key also leaves its right spelling "missing".
-        first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-        loc, kind, value = tuple(first["loc"]), first["type"], first.get("input")
-        if kind == "ditbench":
-            text = first["ctx"]["text"].replace("{where}", where(loc))
-            at = first["ctx"]["at"]
-            if not self.where_first:
-                return f"{self.label}: {text}"
-            return self.place((*loc, at) if at else loc, text)
-        if kind == "extra_forbidden":
-            parent = loc[:-1]
-            extra = [
-                str(e["loc"][-1]) for e in errors if e["type"] == kind and tuple(e["loc"][:-1]) == parent
-            ]
-            valid = [f.alias or name for name, f in _model_at(self.model, parent).model_fields.items()]
-            close = difflib.get_close_matches(extra[0], valid, n=1, cutoff=0.5)
-            hint = f" Did you mean `{close[0]}`?" if close else ""
-            if self.where_first:
-                text = f"unknown key {shorten(extra[0])}.{hint} Valid keys here: {', '.join(valid)}."
-                return self.place(loc, text)
-            has = "has " if parent else ""
-            keys = shorten(", ".join(extra), quote=False)
-            return self.place(parent, f"{has}unknown key(s) {keys}.{hint} Valid keys: {', '.join(valid)}.")
-        if kind == "missing":
-            title = _model_at(self.model, loc[:-1]).model_config.get("title")
-            needs = f"{title} needs" if title else "needs"
-            return self.place(loc[:-1], f"{needs} `{loc[-1]}`: {_description(self.model, loc)}.")
-        return self.place(loc, f"{self.verb} {_description(self.model, loc)}, got {shorten(value)}.")
+def _keys(model: type[BaseModel], loc: tuple) -> list[str]:
+    return [f.alias or name for name, f in _model_at(model, loc).model_fields.items()]
 
 
 def _model_at(model: type[BaseModel], loc: tuple) -> Any:

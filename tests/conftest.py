@@ -57,3 +57,18 @@ def ref_npz(tmp_path):
     path = tmp_path / "ref.npz"
     np.savez(path, arr_0=synthetic_images(12, 16, seed=1, style="noisy"))
     return path
+
+
+@pytest.fixture
+def no_hang():
+    """Fail after 60 s instead of hanging: opening a FIFO nobody writes (or reads) blocks forever."""
+    import signal
+
+    def stop(*_):
+        raise TimeoutError("blocked, on a FIFO or another special file")
+
+    old = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, old)

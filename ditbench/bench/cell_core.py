@@ -22,8 +22,8 @@ from ditbench.bench import memory, threads
 from ditbench.bench.gpu_meter import GpuMeter, nvml_handle
 from ditbench.bench.load import LoadMeter
 from ditbench.bench.window import failed_smoke, measure_window, noise, smoke_run, step_stats
-from ditbench.cellspec import CellSpec
 from ditbench.faults import FAULT_ENV, FAULT_RANK_ENV, Fault, FaultyStep, failure, fault_for
+from ditbench.spec.cell import CellSpec
 
 RANK_SEED_STRIDE = 1000  # rank r's data seed is seed + 1000 r: its own batches, the same model init
 

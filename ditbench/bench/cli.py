@@ -129,20 +129,19 @@ def label_arg(text: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ditbench.bench.records import latest_by_cell, read_records
-    from ditbench.bench.runner import (
+    from ditbench.bench.runner import Visible, run_suite
+    from ditbench.bench.runopts import (
         RESULTS_FILE,
         RunOptions,
-        Visible,
         check_options,
         check_out_dir,
         kept_entries,
-        run_suite,
         select_cells,
     )
-    from ditbench.bench.suite import load_suite
     from ditbench.bench.summary import summary_table
     from ditbench.errors import UserError
     from ditbench.outpaths import refuse_output_as_input
+    from ditbench.spec.suite import load_suite
 
     if any(not f.strip() for f in args.cells):
         raise UserError(
@@ -177,11 +176,6 @@ def run(args: argparse.Namespace) -> int:
         repeats=args.repeats,
     )
     check_options(options)
-    if args.executor is not None and (args.repeats or suite.repeats) > 1:
-        raise UserError(
-            f"repeats ({args.repeats or suite.repeats}) run round-robin in the local runner only; "
-            f"--executor {args.executor} runs each cell once. Drop --executor, or run with --repeats 1."
-        )
     if args.cluster and args.executor is None:
         raise UserError("--cluster sets where --executor slurm submits the cells; add --executor slurm.")
     # the --cluster keys are checked before a dry run too: it promises what the real run would do
@@ -191,7 +185,8 @@ def run(args: argparse.Namespace) -> int:
         previous = latest_by_cell(read_records(Path(out) / RESULTS_FILE))
         visible = Visible.detect()
         planner = _planner(suite)
-        plans = {c.cell_id: _plan(c, visible, rendezvous, previous, args, planner) for c in cells}
+        executor = _executor(args, cluster)
+        plans = {c.cell_id: _plan(c, visible, rendezvous, previous, args, executor, planner) for c in cells}
         if args.json:
             rows = [
                 {"cell_id": c.cell_id, "cell_name": c.cell_name, **plans[c.cell_id], "config": c.config}
@@ -205,18 +200,17 @@ def run(args: argparse.Namespace) -> int:
             return 0
         _print_dry_run(suite, cells, plans, out, args)
         return 0
+    # with --json the per-cell lines go to stderr; stdout holds the records alone
+    echo = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else None
     if args.executor is not None:
-        echo = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else None
-        records = _submit(suite, options, args, cluster, echo)
-        if args.json:
-            print(json.dumps(records, default=str))
-            return _exit_status(records, args)
-    elif args.json:  # the per-cell lines go to stderr; stdout holds the records alone
-        records = run_suite(suite, options, echo=lambda line: print(line, file=sys.stderr, flush=True))
+        from ditbench.bench.jobs import submit_suite
+
+        records = submit_suite(suite, options, args.executor, cluster, echo=echo)
+    else:
+        records = run_suite(suite, options, echo=echo)
+    if args.json:
         print(json.dumps(records, default=str))
         return _exit_status(records, args)
-    else:
-        records = run_suite(suite, options)
     print()
     print(summary_table(records), end="")
     print(f"\nresults: {Path(out) / RESULTS_FILE}   summary: {Path(out) / 'summary.md'}")
@@ -250,8 +244,8 @@ def _exit_status(records: list[dict], args: argparse.Namespace) -> int:
 
 def _cluster_options(suite, args):
     """The suite's `cluster:` with the --cluster KEY=VALUE flags over it, validated (UserError)."""
-    from ditbench.bench.cluster import parse_cluster_flags
     from ditbench.errors import UserError
+    from ditbench.spec.cluster import parse_cluster_flags
 
     flags = parse_cluster_flags(args.cluster)
     if args.executor == "local" and flags.any_set():
@@ -262,10 +256,15 @@ def _cluster_options(suite, args):
     return suite.cluster.merged(flags)
 
 
-def _submit(suite, options, args, cluster, echo=None) -> list[dict]:
-    from ditbench.bench.jobs import submit_suite
+def _executor(args, cluster):
+    """What runs the cells: submitit's executor with --executor, else a fresh process per cell here."""
+    if args.executor is None:
+        from ditbench.bench.runner import Processes
 
-    return submit_suite(suite, options, args.executor, cluster, echo=echo)
+        return Processes()
+    from ditbench.bench.jobs import Submitit
+
+    return Submitit(args.executor, cluster)
 
 
 def _planner(suite):
@@ -278,17 +277,10 @@ def _planner(suite):
     return SuitePlanner(suite, suite.plan, collect_env(probe_cuda=False))
 
 
-def _plan(cell, visible, rendezvous, previous: dict, args: argparse.Namespace, planner=None) -> dict:
-    """What a real run would do with the cell: {plan: the precheck's verdict, skipped, done or run;
+def _plan(cell, visible, rendezvous, previous: dict, args, executor, planner=None) -> dict:
+    """What a real run would do with the cell: {plan: the executor's verdict, skipped, done or run;
     reason: why it will not run (None when it will); with the suite's `plan:`, predicted_peak_gib}."""
-    if args.executor is not None:
-        from ditbench.bench.jobs import cell_verdict
-
-        verdict = cell_verdict(cell, args.executor, visible)
-    else:
-        from ditbench.bench.runner import precheck
-
-        verdict = precheck(cell, visible, rendezvous)
+    verdict = executor.verdict(cell, visible, rendezvous)
     out: dict = {"plan": "run", "reason": None}
     if planner is not None:
         prediction = planner.prediction(cell)

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from ditbench.environment import collect_env
+from ditbench.precision import PRECISIONS, compute_dtype, supported_on, unsupported_reason
 
 __all__ = ["add_arguments", "collect_env", "run"]
 
@@ -36,9 +37,7 @@ def run(args) -> int:
     device = resolve_device(args.device)  # cuda without a GPU: a clean error before anything runs
     env = collect_env()
     key = gpu_table_key(env["gpu_name"])
-    peaks = {
-        p: (peak_entry(env["gpu_name"], p) or {}).get("peak_tflops") for p in ("fp32", "tf32", "fp16", "bf16")
-    }
+    peaks = {p: (peak_entry(env["gpu_name"], p) or {}).get("peak_tflops") for p in PRECISIONS}
     vision = torchvision_check()
     out: dict[str, Any] = {
         "env": env,
@@ -148,11 +147,6 @@ def _report_torchvision(vision: dict[str, Any]) -> int:
     return 2
 
 
-CPU_SKIPPED = {
-    "tf32": "TF32 is a mode of NVIDIA tensor cores; a CPU computes it as fp32",
-    "fp16": "fp16 training needs CUDA here (a CPU cell is recorded unsupported), so its ceiling "
-    "means nothing",
-}
 CPU_SECONDS = 0.5  # per precision: a CPU's matmul rate is steady; its bound is the time a user waits
 CPU_MATMUL_S = 0.05  # the side is chosen so one matmul takes about this long (slow bf16 CPUs included)
 
@@ -163,7 +157,7 @@ def _cpu_side(precision: str) -> int:
 
     import torch
 
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    dtype = compute_dtype(precision)
     a = torch.randn(256, 256, dtype=dtype)
     a @ a  # the first call pays for kernel selection
     start = time.perf_counter()
@@ -177,21 +171,21 @@ def measure_peaks(device: str) -> dict[str, Any]:
     """Achieved matmul TFLOP/s per precision on `device` and how they were measured (bounded on a CPU)."""
     import time
 
-    from ditbench.bench.mfu import measure_matmul_tflops
+    from ditbench.walltime import measure_matmul_tflops
 
     start = time.perf_counter()
     tflops: dict[str, float] = {}
     sides: dict[str, int | None] = {}
     if device.startswith("cuda"):
-        for p in ("fp32", "tf32", "fp16", "bf16"):
+        for p in PRECISIONS:
             tflops[p] = float(f"{measure_matmul_tflops(device, p):.4g}")
             sides[p] = None  # measure.MATMUL_SIDE_CUDA
         skipped: dict[str, str] = {}
     else:
-        for p in ("fp32", "bf16"):
+        for p in supported_on("cpu"):
             sides[p] = _cpu_side(p)
             tflops[p] = float(f"{measure_matmul_tflops(device, p, n=sides[p], seconds=CPU_SECONDS):.4g}")
-        skipped = dict(CPU_SKIPPED)
+        skipped = {p: unsupported_reason(p, "cpu") for p in PRECISIONS if p not in tflops}
     how = {
         "device": device,
         "side": sides,

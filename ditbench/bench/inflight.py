@@ -5,6 +5,9 @@ For every cell a run starts, it first writes a ticket, `<out>/.inflight/<cell_id
 cell's process writes `<key>.result.json` next to it (atomically), or the runner writes the result
 it decided itself (timeout, died, unsupported, skipped). `commit` then turns ticket + result into
 the record, appends it to results.jsonl, and only after that removes the ticket's files.
+Every file here is read through fileio.read_regular: a FIFO planted as a ticket is refused (exit 2),
+never waited on with the folder's lock held; a ticket that is not a ticket is moved to `<out>/broken/`
+with a warning, so it can be looked at and never stops a later run.
 
 So whatever moment a run is killed at, the next run in the same folder (holding its lock, so no
 other run is writing) finds one of: a ticket without a result (the cell was cut off: its files are
@@ -22,8 +25,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
-import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -31,11 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ditbench.bench.records import SCHEMA, append_record, decode_line, read_records
+from ditbench.bench.records import SCHEMA, append_record, decode_line, read_records, record_problem
 from ditbench.bench.repeats import repeat_of
-from ditbench.fileio import mkdir_real, refuse_link, write_json_atomic
+from ditbench.fileio import mkdir_real, read_regular, refuse_link, rmtree_real, write_json_atomic
 
 INFLIGHT_DIR = ".inflight"
+BROKEN_DIR = "broken"  # beside it: tickets that could not be read or made into a record
 TRACEBACK_LINES = 15
 # Result keys the record places itself; any other key a cell reports (e.g. quality) is carried over.
 _PLACED = ("status", "reason", "metrics", "smoke", "env", "traceback")
@@ -71,15 +75,22 @@ class Ticket:
         return self.folder / f"{self.key}.result.json"
 
     def read_context(self) -> dict[str, Any]:
-        return json.loads(self.ticket_path.read_bytes())
+        return json.loads(read_regular(self.ticket_path, "--out"))
+
+    def set_aside(self, run_id: str, why: str) -> None:
+        """Move this ticket's files to <out>/broken/ (named after the run that found them), saying why."""
+        broken = mkdir_real(self.folder.parent / BROKEN_DIR, "--out")
+        for path in self.folder.glob(f"{glob_escape(self.key)}.*"):
+            os.replace(path, broken / f"{run_id}.{path.name}")
+        warnings.warn(
+            f"{self.ticket_path}: an unreadable ticket of an earlier run ({why}); moved to {broken}",
+            stacklevel=3,
+        )
 
     def remove(self) -> None:
         """Every file of this ticket: spec, result, the ranks' reports and torchrun's logs."""
         for path in self.folder.glob(f"{glob_escape(self.key)}.*"):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+            rmtree_real(path)
         for path in self.folder.glob(f".{glob_escape(self.key)}.*.tmp"):  # an atomic write cut short
             path.unlink(missing_ok=True)
 
@@ -90,6 +101,24 @@ def glob_escape(text: str) -> str:
 
 def inflight_dir(out: Path) -> Path:
     return Path(out) / INFLIGHT_DIR
+
+
+def record_context(suite, run_id: str, cell, started_at: str, **more: Any) -> dict[str, Any]:
+    """What a cell's record says of its run beside the result: the suite, the run, the cell, when;
+    `more`: env, label and, in a run with repeats, repeat and repeats (K > 1 only)."""
+    if more.get("repeats", 1) <= 1:  # one run of each cell: no repeat keys
+        more = {k: v for k, v in more.items() if k not in ("repeat", "repeats")}
+    return {
+        "suite": suite.name,
+        "run_id": run_id,
+        "cell_id": cell.cell_id,
+        "cell_name": cell.cell_name,
+        "suite_baseline": suite.baseline,
+        "suite_overrides": suite.overrides,
+        "config": cell.config,
+        "started_at": started_at,
+        **more,
+    }
 
 
 def open_ticket(folder: Path, context: dict[str, Any]) -> Ticket:
@@ -147,7 +176,7 @@ def make_record(context: dict[str, Any], result: dict[str, Any], duration_s: flo
 def read_result(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     """(result, None), or (None, why it cannot be used). Never raises."""
     try:
-        data = path.read_bytes()
+        data = read_regular(path, "--out")
     except FileNotFoundError:
         return None, "no result file"
     except OSError as err:
@@ -180,7 +209,7 @@ def commit(
 def appended_keys(results_path: Path) -> set[tuple[str, str, int]]:
     """(run_id, cell_id, repeat) of every line of results.jsonl that decodes, valid record or not."""
     try:
-        data = results_path.read_bytes()
+        data = read_regular(results_path)
     except FileNotFoundError:
         return set()
     keys = set()
@@ -212,11 +241,10 @@ def adopt(
         ticket = Ticket(folder, path.name[: -len(".ticket.json")])
         try:
             context = ticket.read_context()
-            if not all(k in context for k in _CONTEXT_KEYS):
-                raise ValueError("incomplete")
-        except (OSError, ValueError, RecursionError):
-            warnings.warn(f"{path}: an unreadable ticket of an earlier run; removed", stacklevel=2)
-            ticket.remove()
+        except (OSError, ValueError, RecursionError):  # ValueError: not UTF-8, not JSON
+            context = None
+        if (why := context_problem(context)) is not None:
+            ticket.set_aside(run_id, why)
             continue
         started = context.get("started_unix")
         ok = isinstance(started, (int, float)) and not isinstance(started, bool) and math.isfinite(started)
@@ -232,6 +260,9 @@ def adopt(
                 ended = time.time()
             record = make_record(context, result, max(0.0, ended - started) if started else 0.0)
             record["adopted_by"] = run_id  # appended by this run after the run that measured it was killed
+            if (why := record_problem(record)) is not None:
+                ticket.set_aside(run_id, f"its record would be invalid: {why}")
+                continue
             if finish is not None:
                 finish(record)
             adopted.append(append_record(results_path, record))
@@ -240,13 +271,17 @@ def adopt(
     return adopted
 
 
+def context_problem(context: Any) -> str | None:
+    """Why a ticket's content cannot make a record, or None."""
+    if not isinstance(context, dict) or not all(k in context for k in _CONTEXT_KEYS):
+        return f"not a JSON object with {', '.join(_CONTEXT_KEYS)}"
+    return None if all(isinstance(context[k], str) for k in ("run_id", "cell_id")) else "ids not text"
+
+
 def _empty(folder: Path) -> None:
     """Remove what no ticket owns any more (specs, rank reports and temp files of cut-off cells)."""
     for path in folder.iterdir():
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
+        rmtree_real(path)
 
 
 def scaling_finish(results_path: Path) -> Finish:

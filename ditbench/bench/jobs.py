@@ -1,69 +1,37 @@
-"""`ditbench run SUITE --executor slurm|local`: each cell a submitit job, each record appended here.
+"""`ditbench run SUITE --executor slurm|local`: the suite loop (`bench.runner`) with each cell a submitit job.
 
-The same guarantees as the local runner (`bench.runner`), through the same machinery: the out
-directory's lock, one ticket per cell (`bench.inflight`: ticket, spec, result file, one append,
-then clean-up), resume and `--force`. The tickets of submitted cells live in `<out>/.jobs/`, each
-with `<key>.job.json` (the executor and job id, written as soon as sbatch answers) and
-`<key>.started.json` (written by the job when it starts); submitit's own files (batch scripts,
-logs) are under `<out>/.jobs/submitit/`. On SLURM the out directory must be on a file system the
-nodes share.
-
-A run, holding the lock:
-1. appends what a killed local run left (`inflight.adopt`), as the local runner does;
-2. picks up earlier submissions: a finished job's result is appended; a job still queued or
-   running is waited for, never submitted again; a job that ended without a result is recorded
-   from its state (SLURM's TIMEOUT is `timeout`); a ticket without a job file is removed;
-3. submits the other cells: SLURM all at once, one job array per job shape; the local executor
-   one cell at a time (cells sharing one machine would disturb each other's measurements);
-4. appends each result as it arrives. Ctrl-C (or SIGTERM) cancels every job it waits for.
-
-What the job runs is `launch.srun.run_task`; its result is the cell's JSON result file (the
-submitter never reads submitit's pickles).
+`Submitit` is a `launch.base.Executor`. Its tickets live in `<out>/.jobs/`, each with `<key>.job.json`
+(the executor and job id, written as soon as sbatch answers) and `<key>.started.json` (written by the
+job as it starts); submitit's own files (batch scripts, logs) go under `<out>/.jobs/submitit/`, on a
+file system SLURM's nodes share. SLURM gets every cell at once, one job array per job shape; the
+local executor one cell at a time (cells sharing one machine would disturb each other's measurements).
+A rerun waits for the jobs an earlier run submitted; one that ended without a result is recorded from
+its state (SLURM's TIMEOUT is `timeout`). The job runs `launch.srun.run_task`; its result is the
+cell's JSON result file (submitit's pickles are never read).
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ditbench.bench import inflight
 from ditbench.bench.cluster import EXECUTORS, ClusterOptions, job_parameters
 from ditbench.bench.launch import executors
+from ditbench.bench.launch.base import Pending
 from ditbench.bench.launch.executors import JobRef
-from ditbench.bench.launch.srun import started_path
-from ditbench.bench.records import latest_by_cell, read_records
-from ditbench.bench.runner import (
-    LOGS_DIR,
-    RESULTS_FILE,
-    SUMMARY_FILE,
-    RunOptions,
-    SuiteRun,
-    Visible,
-    already_recorded,
-    check_options,
-    check_out_dir,
-    new_run_id,
-    now_iso,
-    precheck,
-    print_line,
-    run_order,
-    select_cells,
-    sigterm_as_interrupt,
-)
-from ditbench.bench.suite import Suite, SuiteCell
-from ditbench.bench.summary import format_line, write_summary
+from ditbench.bench.launch.files import write_spec
+from ditbench.bench.launch.srun import read_started, started_path
+from ditbench.bench.runner import RunOptions, Visible, precheck, run_suite
+from ditbench.bench.runopts import JOBS_DIR, RESULTS_FILE, now_iso
 from ditbench.errors import UserError, shorten
-from ditbench.fileio import write_json_atomic
-from ditbench.outlock import OutputLock
-from ditbench.outpaths import ensure_dir
 from ditbench.precision import unsupported_reason
+from ditbench.spec.suite import Suite, SuiteCell
 
-JOBS_DIR = ".jobs"
 POLL_S = 2.0
 
 
@@ -77,17 +45,6 @@ def submission_path(ticket: inflight.Ticket) -> Path:
     return ticket.folder / f"{ticket.key}.sbatch.json"
 
 
-@dataclass
-class Pending:
-    """A submitted cell this run waits for."""
-
-    ticket: inflight.Ticket
-    ref: JobRef
-    cell: SuiteCell | None  # None: submitted by an earlier run for a cell this suite no longer has
-    handle: Any = None  # submitit's Job, when this run submitted it
-    stopped: str | None = None  # why this run cancelled the job while it queued (`stop_queued`)
-
-
 def submit_suite(
     suite: Suite,
     options: RunOptions,
@@ -97,7 +54,6 @@ def submit_suite(
     poll_s: float = POLL_S,
 ) -> list[dict[str, Any]]:
     """Run (or resume) the suite through submitit; the latest record of each selected cell, in suite order."""
-    check_options(options)
     if kind not in EXECUTORS:
         raise UserError(f"--executor {shorten(kind)}: valid executors are {' and '.join(EXECUTORS)}.")
     if options.rendezvous:
@@ -106,262 +62,144 @@ def submit_suite(
             "job's nodes come from SLURM (a cell's `nodes` knob). Drop those flags."
         )
     executors.require_submitit()
-    out = Path(options.out)
-    check_out_dir(out, create=True)
-    with OutputLock(out):
-        return _Submitter(
-            suite, options, kind, cluster or ClusterOptions(), out, echo or print_line, poll_s
-        ).run()
+    return run_suite(suite, options, echo, Submitit(kind, cluster or ClusterOptions(), poll_s))
 
 
-class _Submitter:
-    def __init__(self, suite, options, kind, cluster, out: Path, say, poll_s: float):
-        self.suite, self.options, self.kind, self.cluster = suite, options, kind, cluster
-        self.out, self.say, self.poll_s = out, say, poll_s
-        self.results_path = out / RESULTS_FILE
-        self.folder = out / JOBS_DIR
-        self.run_id = new_run_id()
-        self.pending: list[Pending] = []
-        self.executor = None
+@dataclass
+class Submitit:
+    """A `launch.base.Executor`: each cell a submitit job, on SLURM (`slurm`) or this machine (`local`)."""
 
-    def run(self) -> list[dict[str, Any]]:
-        from ditbench.environment import collect_env
+    kind: str
+    cluster: ClusterOptions = field(default_factory=ClusterOptions)
+    poll_s: float = POLL_S
+    waits = False
+    executor: Any = None  # submitit's, made at the first submission
+    say: Callable[[str], None] = print
+    folder: Path = Path(JOBS_DIR)
 
-        ensure_dir(self.out / LOGS_DIR, "--out's logs folder", probe=False)
-        ensure_dir(self.folder, "--out's jobs folder", probe=False)
-        adopted = inflight.adopt(
-            self.results_path,
-            inflight.inflight_dir(self.out),
-            self.run_id,
-            finish=inflight.scaling_finish(self.results_path),
-        )
-        for record in adopted:
-            self.say(f"adopted the finished result of a killed run: {format_line(record)}")
-        cells = select_cells(self.suite, self.options.cell_filters)
-        gpus = max((c.config["gpus"] for c in cells), default=1)
-        visible = Visible.detect() if self.kind == "local" else Visible(cuda=True, gpu_count=gpus)
-        env = collect_env(probe_cuda=False)
-        planner = None
-        if self.suite.plan is not None:  # predicted in this process, before submitting (bench.plan_option)
-            from ditbench.bench import plan_option
+    @property
+    def remote(self) -> bool:
+        return self.kind == "slurm"
 
-            planner = plan_option.SuitePlanner(self.suite, self.suite.plan, env)
-        self.runner = SuiteRun(self.suite, self.options, self.run_id, env, visible, self.out, {}, planner)
-        try:
-            with sigterm_as_interrupt():
-                self._pick_up()
-                executors.clear_ended(self.folder / executors.SUBMITIT_DIR, self.say)
-                previous = latest_by_cell(read_records(self.results_path))
-                waiting = {p.ticket.read_context()["cell_id"] for p in self.pending}
-                done = set()
-                for cell in cells:
-                    prev = previous.get(cell.cell_id)
-                    if already_recorded(prev, self.options.force, lambda c=cell: self._verdict(c)):
-                        done.add(cell.cell_id)
-                        self.runner.latest[cell.cell_id] = prev
-                todo = [c for c in run_order(cells) if c.cell_id not in done | waiting]
-                if planner is not None:
-                    todo = plan_option.run_order(todo, cells)
-                if done or waiting:
-                    self.say(
-                        f"resuming {self.out}: {len(done)} of {len(cells)} cells already recorded, "
-                        + (f"{len(waiting)} submitted earlier and waited for, " if waiting else "")
-                        + f"{len(todo)} to submit"
-                    )
-                if self.kind == "slurm":
-                    self._start(todo)
-                    todo = []
-                self._wait(todo)
-        except BaseException:
-            self._cancel()
-            raise
-        executors.clear_ended(self.folder / executors.SUBMITIT_DIR, self.say, last=True)
-        latest = self.runner.latest
-        records = [latest[c.cell_id] for c in cells if c.cell_id in latest]
-        write_summary(self.out / SUMMARY_FILE, self.suite, records)
-        return records
+    @property
+    def submitit_dir(self) -> Path:
+        return self.folder / executors.SUBMITIT_DIR
 
-    # -- before submitting -------------------------------------------------------------------
+    def verdict(self, cell: SuiteCell, visible: Visible, rendezvous=None) -> tuple[str, str] | None:
+        return cell_verdict(cell, self.kind, visible)
 
-    def _verdict(self, cell: SuiteCell) -> tuple[str, str] | None:
-        return cell_verdict(cell, self.kind, self.runner.visible)
-
-    def _pick_up(self) -> None:
-        """The tickets earlier runs left in .jobs: append, wait for, or remove each."""
-        by_id = {c.cell_id: c for c in self.suite.cells}
-        appended = inflight.appended_keys(self.results_path)
+    def start(self, out: Path, say: Callable[[str], None]) -> list[Pending]:
+        """The tickets earlier runs left in .jobs: removed, unless their job may still write a result."""
+        self.folder, self.say = out / JOBS_DIR, say
+        appended = inflight.appended_keys(out / RESULTS_FILE)
         _sweep_orphans(self.folder)
+        found = []
         for path in sorted(self.folder.glob("*.ticket.json")):
             ticket = inflight.Ticket(self.folder, path.name[: -len(".ticket.json")])
             try:
                 context = ticket.read_context()
-                key = (context["run_id"], context["cell_id"])
+                key = (context["run_id"], context["cell_id"], inflight.repeat_of(context))
             except (OSError, ValueError, KeyError, TypeError, RecursionError):
                 ticket.remove()
                 continue
             ref = JobRef.load(job_path(ticket))
             if ref is None and key not in appended:  # killed between sbatch's answer and the job file?
-                ref = executors.find_submitted(
-                    submission_path(ticket), str(self.folder / executors.SUBMITIT_DIR)
-                )
+                ref = executors.find_submitted(submission_path(ticket), str(self.submitit_dir))
                 if ref is not None:
                     ref.save(job_path(ticket))
-                    self.say(f"found job {ref.job_id} ({context.get('cell_name')}) by its name in SLURM")
+                    say(f"found job {ref.job_id} ({context.get('cell_name')}) by its name in SLURM")
             if key in appended or ref is None:  # appended already, or never (known to be) submitted
                 ticket.remove()
-                continue
-            pending = Pending(ticket, ref, by_id.get(context["cell_id"]))
-            if ticket.result_path.exists() or not executors.is_active(ref):
-                self._finish(pending)
             else:
-                self.say(
-                    f"waiting for job {ref.job_id} ({context.get('cell_name')}), submitted by an earlier run"
-                )
-                self.pending.append(pending)
+                found.append(Pending(ticket, ref))
+        executors.clear_ended(self.submitit_dir, say)
+        return found
 
-    # -- submitting --------------------------------------------------------------------------
+    def submit(self, jobs: list[Pending]) -> None:
+        """One submission per job shape (a job array on SLURM); a refused one leaves no ticket behind."""
+        groups: dict[str, tuple[dict, list[Pending]]] = {}
+        for job in jobs:
+            params = job_parameters(job.cell.config, job.timeout_s, self.cluster, self.kind)
+            groups.setdefault(json.dumps(params, sort_keys=True, default=str), (params, []))[1].append(job)
+        if self.executor is None:
+            self.executor = executors.make_executor(self.kind, self.submitit_dir)
+        for params, members in groups.values():
+            self._submit(params, members)
 
-    def _start(self, cells: list[SuiteCell]) -> None:
-        """Open each cell's ticket; record the cells that must not start, submit the others."""
-        groups: dict[str, tuple[dict, list[SuiteCell]]] = {}  # job shape -> its parameters, its cells
-        for cell in cells:
-            verdict = self._verdict(cell)
-            # a cell predicted not to fit is recorded `skipped`, never submitted
-            decided = self.runner.decide(
-                cell, verdict, self.runner.skip_reason(cell) if verdict is None else None
-            )
-            if decided is not None:
-                ticket = inflight.open_ticket(self.folder, self._context(cell))
-                inflight.write_result_file(ticket, decided)
-                self._finish(Pending(ticket, JobRef(self.kind, "", ""), cell), submitted=False)
-                continue
-            params = job_parameters(cell.config, self.runner.timeout(cell), self.cluster, self.kind)
-            groups.setdefault(json.dumps(params, sort_keys=True, default=str), (params, []))[1].append(cell)
-        if groups and self.executor is None:
-            self.executor = executors.make_executor(self.kind, self.folder / executors.SUBMITIT_DIR)
-        for params, members in groups.values():  # tickets per group: a refused group leaves none behind
-            self._submit(params, [(c, inflight.open_ticket(self.folder, self._context(c))) for c in members])
-
-    def _context(self, cell: SuiteCell) -> dict[str, Any]:
-        # a cell reports its node's environment; a record without one must not claim the login node's
-        env = self.runner.env if self.kind == "local" else None
-        return self.runner.record_context(cell, env, now_iso())
-
-    def _submit(self, params: dict, members: list[tuple[SuiteCell, inflight.Ticket]]) -> None:
-        from ditbench.bench.launch.files import write_spec
-
+    def _submit(self, params: dict, members: list[Pending]) -> None:
         calls = []
-        for cell, ticket in members:  # the job reads its cell from the spec file (`srun.run_task`)
-            timeout = self.runner.timeout(cell)
-            write_spec(ticket.spec_path, cell.spec, **self.runner.about(cell), timeout_s=timeout)
-            log = self.out / LOGS_DIR / f"{cell.cell_id}.log"
-            calls.append((str(ticket.spec_path), str(ticket.result_path), str(log), timeout))
+        for job in members:  # the job reads its cell from the spec file (`srun.run_task`)
+            write_spec(job.ticket.spec_path, job.cell.spec, **job.about, timeout_s=job.timeout_s)
+            calls.append(
+                (str(job.ticket.spec_path), str(job.ticket.result_path), str(job.log), job.timeout_s)
+            )
         if self.kind == "slurm":  # a rerun finds the job by this name if we die before saving its id
-            name = executors.job_name([ticket.key for _, ticket in members])
-            for index, (_, ticket) in enumerate(members):
-                executors.write_submission(submission_path(ticket), name, index if len(members) > 1 else None)
+            name = executors.job_name([job.ticket.key for job in members])
+            for index, job in enumerate(members):
+                executors.write_submission(
+                    submission_path(job.ticket), name, index if len(members) > 1 else None
+                )
             params = {**params, "job_name": name}
         try:
             submitted = executors.submit_cells(self.executor, self.kind, params, calls)
         except Exception as err:  # sbatch refused (a partition or account the cluster does not know)
-            for _, ticket in members:
-                ticket.remove()
+            for job in members:
+                job.ticket.remove()
             if isinstance(err, UserError):
                 raise
             raise UserError(
                 f"submitting {len(members)} cell(s) failed: {' '.join(str(err).split())[:2000]}"
             ) from None
-        for (cell, ticket), (handle, ref) in zip(members, submitted, strict=True):
-            ref.save(job_path(ticket))
-            self.pending.append(Pending(ticket, ref, cell, handle))
+        for job, (handle, ref) in zip(members, submitted, strict=True):
+            ref.save(job_path(job.ticket))
+            job.ref, job.handle = ref, handle
         ids = ", ".join(ref.job_id for _, ref in submitted)
         self.say(f"submitted {len(members)} cell(s) to {self.kind}: job(s) {ids}")
 
-    # -- waiting -----------------------------------------------------------------------------
+    def poll(self, jobs: list[Pending]) -> list[Pending]:
+        # a SLURM cell's result counts before its job has ended; a local job is waited for to its end
+        ended = [
+            job
+            for job in jobs
+            if (self.remote and job.ticket.result_path.exists())
+            or not executors.is_active(job.ref, job.handle)
+        ]
+        executors.clear_ended(self.submitit_dir, self.say, last=not jobs)
+        return ended
 
-    def _wait(self, todo: list[SuiteCell]) -> None:
-        """Append each result as it arrives; the local executor starts the next cell when one ends."""
-        from ditbench.bench.suite_progress import JobWatch
-        from ditbench.progress import is_terminal
+    def cancel(self, jobs: list[Pending], decide=None) -> None:
+        if decide is not None:  # an out-of-memory: the larger batches of its series that still queue
+            for job, reason in stop_queued(jobs, decide):
+                if executors.cancel_if_queued(job.ref):  # recorded `skipped` once SLURM says it ended
+                    job.stopped = reason
+                    self.say(f"cancelled queued job {job.ref.job_id} ({job.cell.cell_name}): {reason}")
+            return
+        submitted = [job for job in jobs if job.ref is not None]
+        for job in submitted:
+            executors.cancel(job.ref, job.handle)
+        if submitted:
+            self.say(f"cancelled {len(submitted)} job(s): {', '.join(job.ref.job_id for job in submitted)}")
 
-        todo = list(todo)
-        total = len(self.runner.latest) + len(todo) + len(self.pending)
-        watch = JobWatch(total, heartbeat=self.options.progress and not is_terminal())
-        while self.pending or todo:
-            watch.poll([_watched(p) for p in self.pending], len(self.runner.latest))
-            for pending in list(self.pending):  # a SLURM cell's result counts before its job has ended
-                arrived = self.kind == "slurm" and pending.ticket.result_path.exists()
-                if arrived or not executors.is_active(pending.ref, pending.handle):
-                    self._finish(pending)
-            executors.clear_ended(self.folder / executors.SUBMITIT_DIR, self.say)
-            if self.kind == "local" and not self.pending and todo:
-                self._start([todo.pop(0)])
-                continue
-            if self.pending:
-                time.sleep(self.poll_s)
-
-    def _finish(self, pending: Pending, submitted: bool = True) -> None:
-        """Append the cell's record (from its result file, or from how its job ended), then clean up."""
-        ticket, ref = pending.ticket, pending.ref
-        if pending in self.pending:
-            self.pending.remove(pending)
+    def collect(self, job: Pending) -> dict[str, Any]:
+        ticket, ref = job.ticket, job.ref
         wrote_result = ticket.result_path.exists()
-        if submitted and not wrote_result:
-            inflight.write_result_file(ticket, ended_result(pending))
-        context, started = ticket.read_context(), _started(ticket)
-        try:
-            ended = ticket.result_path.stat().st_mtime
-        except OSError:
-            ended = time.time()
-        begin = started.get("started_unix")
+        if not wrote_result:
+            inflight.write_result_file(ticket, ended_result(job))
+        info = read_started(ticket.result_path)
+        extra: dict[str, Any] = {"duration_s": 0.0}  # a job that never started took no time
+        begin = info.get("started_unix")
         if isinstance(begin, (int, float)) and not isinstance(begin, bool):
-            context["started_at"] = now_iso(
-                begin
-            )  # the record starts when the job did, not when it was queued
-            write_json_atomic(ticket.ticket_path, context, default=str)
-        else:
-            begin = ended  # it never started
-        committing_run = self.run_id
-        nodes = started.get("hostnames")  # as the job's task 0 saw them
+            ended = ticket.result_path.stat().st_mtime
+            extra.update(
+                started_at=now_iso(begin), duration_s=ended - begin
+            )  # the job's start, not its queueing
+        nodes = info.get("hostnames")  # as the job's task 0 saw them
         nodes = nodes if isinstance(nodes, list) and all(isinstance(n, str) for n in nodes) else None
-        slurm_job = {"id": ref.job_id, "nodes": nodes} if ref.executor == "slurm" and ref.job_id else None
-
-        def finish(record: dict[str, Any]) -> None:
-            if record["run_id"] != committing_run:
-                record["adopted_by"] = committing_run  # as the local runner marks a killed run's result
-            if slurm_job is not None:
-                record["slurm_job"] = slurm_job
-            if pending.cell is not None:
-                self.runner.finish(record, pending.cell)
-            else:
-                inflight.scaling_finish(self.results_path)(record)
-
-        record = inflight.commit(self.results_path, ticket, max(0.0, ended - begin), finish)
-        if pending.cell is not None:
-            self.runner.note(pending.cell, record)
-        if record["status"] == "oom" and self.kind == "slurm":
-            self._stop_queued()
-        if ref.job_id:  # a job that wrote its result may still be ending: its folder waits for that
-            executors.retire(ref, self.folder / executors.SUBMITIT_DIR, may_run=wrote_result)
-        self.say(format_line(record))
-
-    def _stop_queued(self) -> None:
-        """After an out-of-memory, the larger batches of its series that still queue are cancelled (and
-        recorded `skipped` once SLURM says they ended); a job already running runs on to its own record."""
-        for pending, reason in stop_queued(self.pending, self.runner.decide):
-            if executors.cancel_if_queued(pending.ref):
-                pending.stopped = reason
-                self.say(f"cancelled queued job {pending.ref.job_id} ({pending.cell.cell_name}): {reason}")
-
-    def _cancel(self) -> None:
-        """Ctrl-C, SIGTERM or an error: cancel every job this run waits for; a finished result stays."""
-        for pending in list(self.pending):
-            executors.cancel(pending.ref, pending.handle)
-            if not pending.ticket.result_path.exists():
-                pending.ticket.remove()  # cut off before a result: the cell is submitted again next time
-        if self.pending:
-            self.say(f"cancelled {len(self.pending)} job(s): {', '.join(p.ref.job_id for p in self.pending)}")
-        self.pending.clear()
+        if ref.executor == "slurm" and ref.job_id:
+            extra["slurm_job"] = {"id": ref.job_id, "nodes": nodes}
+        # a job that wrote its result may still be ending: its folder waits for that
+        executors.retire(ref, self.submitit_dir, may_run=wrote_result)
+        return extra
 
 
 def cell_verdict(cell: SuiteCell, kind: str, visible: Visible) -> tuple[str, str] | None:
@@ -416,25 +254,6 @@ def stop_queued(pending: list[Pending], decide) -> list[tuple[Pending, str]]:
         if decided is not None and decided["status"] == "skipped":
             out.append((waiting, decided["reason"]))
     return out
-
-
-def _watched(p: Pending) -> tuple[str, str, str | None, dict | None]:
-    """(key, cell name, job id, what its start wrote or None) of a job the submitter waits for."""
-    return (
-        p.ticket.key,
-        p.cell.cell_name if p.cell else p.ticket.key,
-        p.ref.job_id,
-        _started(p.ticket) or None,
-    )
-
-
-def _started(ticket: inflight.Ticket) -> dict[str, Any]:
-    """What the job's task 0 wrote when it started (`srun.run_task`): {} before that."""
-    try:
-        found = json.loads(started_path(ticket.result_path).read_text())
-    except (OSError, ValueError):
-        return {}
-    return found if isinstance(found, dict) else {}
 
 
 def _sweep_orphans(folder: Path) -> None:

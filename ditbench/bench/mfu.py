@@ -1,4 +1,4 @@
-"""Model FLOPs per image, the peak table behind MFU, and the measured matmul ceiling.
+"""Model FLOPs per image and the peak table behind MFU (the measured matmul ceiling: ditbench.walltime).
 
 Model FLOPs are the FLOPs of one forward + backward of the plain model (no checkpoint
 recomputation, no optimizer), counted by `torch.utils.flop_counter.FlopCounterMode` on the meta
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import re
-import time
 from typing import Any
 
 # Dense (no sparsity) datasheet peaks in TFLOP/s for the precision a cell trains in.
@@ -114,42 +113,3 @@ def model_flops_per_image(
         from ditbench.models.flops import train_flops_per_image
 
         return train_flops_per_image(model, image_size)
-
-
-# ---------------------------------------------------------------------------------------------
-# Measured matmul peak (ditbench env --measure-peak)
-# ---------------------------------------------------------------------------------------------
-
-
-MATMUL_SIDE_CUDA = 8192  # large enough to saturate an H100/H200's tensor cores
-MATMUL_SIDE_CPU = 1024
-WARMUP_MATMULS = 3  # cuBLAS picks its kernel on the first calls
-MATMULS_PER_SYNC = 5  # enough queued work that the host's synchronisation costs nothing
-
-
-def measure_matmul_tflops(device: str, precision: str, n: int | None = None, seconds: float = 1.0) -> float:
-    """Achieved TFLOP/s of a square matmul in `precision`: a ceiling that is honest on any card."""
-    import torch
-
-    from ditbench.precision import compute_dtype, tf32_mode
-
-    dev = torch.device(device)
-    n = n or (MATMUL_SIDE_CUDA if dev.type == "cuda" else MATMUL_SIDE_CPU)
-    dtype = compute_dtype(precision)
-    with tf32_mode(precision == "tf32"):
-        a = torch.randn(n, n, device=dev, dtype=dtype)
-        b = torch.randn(n, n, device=dev, dtype=dtype)
-        sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-        for _ in range(WARMUP_MATMULS):
-            a @ b
-        sync()
-        count, start = 0, time.perf_counter()
-        while True:
-            for _ in range(MATMULS_PER_SYNC):
-                a @ b
-            count += MATMULS_PER_SYNC
-            sync()
-            elapsed = time.perf_counter() - start
-            if elapsed >= seconds:
-                break
-        return 2 * n**3 * count / elapsed / 1e12

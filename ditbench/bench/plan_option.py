@@ -1,5 +1,5 @@
-"""A suite's `plan` option: the planner's prediction in every cell's record, cells predicted not to fit
-the (emulated) card skipped, the rest of each series run largest batch first.
+"""A suite's `plan` option (`spec.suite.PlanOption`): the planner's prediction in every cell's record,
+cells predicted not to fit the (emulated) card skipped, the rest of each series run largest batch first.
 
     plan: {skip_predicted_oom: true}     # in a suite; `plan: {}` records the predictions only
 
@@ -18,33 +18,11 @@ run, and the cells predicted not to fit cost nothing.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from ditbench.errors import UserError, shorten
 
-PLAN_KEYS = ("skip_predicted_oom",)
 REASON_CHARS = 300
-
-
-@dataclass(frozen=True)
-class PlanOption:
-    skip_predicted_oom: bool = False
-
-
-def parse_plan_option(value: Any, fail) -> PlanOption | None:
-    """The suite's `plan` mapping as a PlanOption (None when absent); fail(key, message) -> Exception."""
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        raise fail(None, f"expected a mapping such as {{skip_predicted_oom: true}}, got {shorten(value)}.")
-    for key in value:
-        if key not in PLAN_KEYS:
-            raise fail(str(key), f"unknown key; valid: {', '.join(PLAN_KEYS)}.")
-    skip = value.get("skip_predicted_oom", False)
-    if not isinstance(skip, bool):
-        raise fail("skip_predicted_oom", f"expected true or false, got {shorten(skip)}.")
-    return PlanOption(skip_predicted_oom=skip)
 
 
 def run_order(cells: list, first_order: list) -> list:
@@ -75,7 +53,7 @@ def target_budget(suite, env: dict[str, Any] | None):
 class SuitePlanner:
     """Predicts each cell of a suite on demand (one trace per series) for the runner."""
 
-    def __init__(self, suite, option: PlanOption, env: dict[str, Any] | None = None):
+    def __init__(self, suite, option, env: dict[str, Any] | None = None):
         self.suite, self.option = suite, option
         self._budget = None
         self._env = env

@@ -25,7 +25,7 @@ from typing import Any
 
 from ditbench.bench.repeats import REPEATS_MAX
 from ditbench.errors import shorten
-from ditbench.fileio import open_nofollow
+from ditbench.fileio import open_regular, read_regular
 
 SCHEMA = "ditbench.result/1"
 SCHEMA_PREFIX = "ditbench.result/"
@@ -161,9 +161,10 @@ def _measurement_problem(metrics: dict[str, Any] | None) -> str | None:
 def read_records(path: str | Path) -> list[dict[str, Any]]:
     """Every valid record in the file, in order; other lines are skipped with one warning."""
     path = Path(path)
-    if not path.exists():
+    try:
+        data = read_regular(path)  # a FIFO planted here is refused, never waited on
+    except FileNotFoundError:
         return []
-    data = path.read_bytes()
     lines = data.split(b"\n")
     records, skipped = [], []
     for index, line in enumerate(lines):
@@ -301,8 +302,8 @@ def append_record(path: str | Path, record: dict[str, Any]) -> dict[str, Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     safe = json_safe(record)
     line = (json.dumps(safe, separators=(",", ":"), allow_nan=False) + "\n").encode()
-    # O_NOFOLLOW: the tail repair truncates, so a link planted here must not reach a file elsewhere
-    fd = open_nofollow(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+    # the tail repair truncates: a link, a FIFO or a second hard link here is refused (open_regular)
+    fd = open_regular(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
     try:
         _repair_tail(fd)
         written = os.write(fd, line)

@@ -1,10 +1,12 @@
 """What a running suite tells the person watching it, on stderr.
 
-A line when each cell starts (its name, its index of the total, the suite's ETA from the cells run
-so far), and, where stderr is not a terminal (a CI log, `2> file`), a plain line every
-`DITBENCH_PROGRESS_EVERY_S` seconds while a cell runs: a cell is a process of its own that can take
-minutes, and a log that says nothing for that long looks hung. The per-cell result lines stay on
-the runner's own channel (stdout, or stderr with --json).
+A line when each cell starts, and, where stderr is not a terminal (a CI log, `2> file`), a plain
+line every `DITBENCH_PROGRESS_EVERY_S` seconds while cells run: a cell can take minutes, and a log
+that says nothing for that long looks hung. Cells run here one by one (`SuiteProgress`: the cell's
+index and the suite's ETA from the cells run so far), or as jobs (`JobWatch`: a job's start as the
+loop's poll sees it). The loop calls both alike: `start`/`end` around each cell it takes, `poll`
+while jobs are pending. The per-cell result lines stay on the loop's own channel (stdout, or
+stderr with --json).
 """
 
 from __future__ import annotations
@@ -14,19 +16,29 @@ import threading
 import time
 from collections.abc import Callable
 
-
-def duration(seconds: float) -> str:
-    """`42 s`, `3 min 05 s`, `1 h 02 min`."""
-    s = max(0, round(seconds))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60:02d} s"
-    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+from ditbench.progress import duration
 
 
-class SuiteProgress:
-    """Start lines and the heartbeat of one run.
+class _Watch:
+    def __init__(self, heartbeat: bool, every_s: float | None, write: Callable[[str], None] | None):
+        from ditbench.progress import every_s as default_every
+
+        self.heartbeat = heartbeat
+        self.every_s = default_every() if every_s is None else every_s
+        self.write = write or _stderr_line
+
+    def start(self, index: int, cell) -> None:
+        """The loop takes cell `index` (1-based): it is decided, started or submitted."""
+
+    def end(self, status: str) -> None:
+        """A cell the loop took was recorded with `status` (or "interrupted")."""
+
+    def poll(self, waiting: list[tuple[str, str, str | None, dict | None]], recorded: int) -> None:
+        """The loop polls the jobs it waits for: (key, cell name, job id, its start info or None)."""
+
+
+class SuiteProgress(_Watch):
+    """Start lines and the heartbeat of a run whose cells run here, one at a time.
 
     `runs(cell)` says whether a cell will start a process (a cell decided unrun, such as one
     unsupported here, takes no time and does not count towards the ETA).
@@ -40,12 +52,8 @@ class SuiteProgress:
         every_s: float | None = None,
         write: Callable[[str], None] | None = None,
     ):
-        from ditbench.progress import every_s as default_every
-
+        super().__init__(heartbeat, every_s, write)
         self.cells, self.runs = cells, runs
-        self.heartbeat = heartbeat
-        self.every_s = default_every() if every_s is None else every_s
-        self.write = write or _stderr_line
         self.ran_s: list[float] = []  # how long each cell that ran took
         self._to_run = [runs(c) for c in cells]
         self._stop = threading.Event()
@@ -94,20 +102,16 @@ class SuiteProgress:
             )
 
 
-class JobWatch:
+class JobWatch(_Watch):
     """Start lines and the heartbeat of a run whose cells are jobs (`--executor`, bench/jobs.py).
 
-    The submitter polls; each poll hands over what it waits for as (key, cell name, job id, started
-    info or None). A job's first poll with started info prints its start line; where stderr is not a
-    terminal, a line every `every_s` seconds says how many jobs run, queue and are recorded.
+    A job's first poll with started info prints its start line; where stderr is not a terminal, a
+    line every `every_s` seconds says how many jobs run, queue and are recorded.
     """
 
     def __init__(self, total: int, heartbeat: bool, every_s: float | None = None, write=None):
-        from ditbench.progress import every_s as default_every
-
-        self.total, self.heartbeat = total, heartbeat
-        self.every_s = default_every() if every_s is None else every_s
-        self.write = write or _stderr_line
+        super().__init__(heartbeat, every_s, write)
+        self.total = total
         self.seen: set[str] = set()
         self._began = self._last = time.monotonic()
 

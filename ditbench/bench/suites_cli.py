@@ -6,12 +6,12 @@ import argparse
 import json
 from pathlib import Path
 
-from ditbench.bench.catalog import SUITES_DIR, shipped_suites
+from ditbench.spec.catalog import SUITES_DIR, shipped_suites
 
 
 def describe(path: Path) -> dict[str, object]:
     """Name, cell count, device and description of one suite file (errors are the suite's own)."""
-    from ditbench.bench.suite import load_suite
+    from ditbench.spec.suite import load_suite
 
     suite = load_suite(path)
     return {
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     import textwrap
 
     if args.schema:
-        from ditbench.bench.suite_schema import suite_schema
+        from ditbench.spec.suite import suite_schema
 
         print(json.dumps(suite_schema(), indent=2))
         return 0

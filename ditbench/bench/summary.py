@@ -8,7 +8,7 @@ from typing import Any
 
 from ditbench.bench.load import LOAD_BOUND
 from ditbench.bench.window import GAP_BOUND, SPREAD_BOUND, noise_advice
-from ditbench.escape import md_cell, md_text
+from ditbench.escape import md_code, md_text
 from ditbench.fileio import write_atomic
 from ditbench.interval_text import with_ends
 from ditbench.units import memory_text
@@ -143,14 +143,14 @@ def summary_table(records: list[dict[str, Any]]) -> str:
             note = "; ".join(x for x in (note, _smoke_text(smoke)) if x)
         first, last = _num(_at(smoke, "first_mean"), ".4f"), _num(_at(smoke, "last_mean"), ".4f")
         cells = [
-            md_cell(r["cell_name"]),  # user text: no HTML, link or `|` in a markdown table
+            md_text(r["cell_name"]),  # user text: no HTML, link or `|` in a markdown table
             r["status"] + (" (noisy)" if ok and m.get("noisy") is True else ""),
             rate_text(m) if ok else "-",
             _step_text(m.get("step_ms")) if ok else "-",
             _mem(m) if ok else "-",
             (_mfu(m) or "-") if ok else "-",
             f"{first} -> {last}" if first is not None and last is not None else "-",
-            md_cell(note.replace("|", "/"))[:REASON_CHARS],
+            md_text(note.replace("|", "/")[:REASON_CHARS]),
         ]
         rows.append("| " + " | ".join(cells) + " |")
     return header + "\n".join(rows) + "\n"
@@ -162,11 +162,11 @@ def _emulation_text(records: list[dict[str, Any]]) -> str:
         return ""
     budget = _num(emulated.get("budget_gib"), "g") or "?"
     total = _num(emulated.get("real_total_gib"), ".1f") or "?"
-    card = emulated.get("card") or f"a {budget} GiB card"
+    card = md_text(emulated.get("card") or f"a {budget} GiB card")
     return (
-        f"Emulated card: {card} ({budget} GiB) on a {emulated.get('real_gpu')} of {total} GiB: the "
-        "allocator was capped at the card's memory less the CUDA context, and `fits` means a cell "
-        f"completed under that cap; {emulated.get('note')}.\n\n"
+        f"Emulated card: {card} ({budget} GiB) on a {md_text(emulated.get('real_gpu'))} of {total} GiB: "
+        "the allocator was capped at the card's memory less the CUDA context, and `fits` means a cell "
+        f"completed under that cap; {md_text(emulated.get('note'))}.\n\n"
     )
 
 
@@ -186,7 +186,7 @@ def _overrides_text(overrides: dict[str, Any] | None) -> str:
         return ""
     import json
 
-    shown = ", ".join(f"`{k}={json.dumps(v)}`" for k, v in overrides.items())
+    shown = ", ".join(md_code(f"{k}={json.dumps(v)}") for k, v in overrides.items())
     return f"Overrides given on the command line: {shown}.\n\n"
 
 
@@ -201,9 +201,9 @@ def write_summary(path: Path, suite, records: list[dict[str, Any]]) -> None:
         f"# {md_text(suite.name)}\n\n{md_text(suite.description)}\n\n"
         + _overrides_text(getattr(suite, "overrides", None))
         + f"{len(records)} cells: "
-        + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        + f". Device: {device}; torch {env.get('torch')}; "
-        f"ditbench {env.get('ditbench')} ({env.get('git_sha')}).\n\n"
+        + ", ".join(f"{n} {md_text(s)}" for s, n in sorted(counts.items()))
+        + f". Device: {md_text(device)}; torch {md_text(env.get('torch'))}; "
+        f"ditbench {md_text(env.get('ditbench'))} ({md_text(env.get('git_sha'))}).\n\n"
         "Peak memory is the CUDA allocator's peak allocated on a GPU (`peak allocated`); on a CPU the "
         "CPU allocator's peak over a fresh trainer's second step (`CPU allocator peak`, "
         "metrics.cpu_peak_alloc_gib), or in older records the process's peak resident memory (`CPU peak "

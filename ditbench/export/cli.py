@@ -1,9 +1,11 @@
-"""`ditbench export RESULTS... --to tensorboard DIR | --to mlflow URI`: each cell as a tracker's run.
+"""`ditbench export RESULTS... --to tensorboard|mlflow|wandb [TARGET]`: each cell as a tracker's run.
 
 A command of its own rather than `report --to`: a report renders files into --out, while an export
 writes into another tool's store, with its own target, experiment and rules for what is there
 already; keeping it apart also keeps the trackers off report's path. The report is rendered and
-attached (TensorBoard: its markdown and plots; MLflow: its files as artifacts) unless --no-report.
+attached (TensorBoard: its markdown and plots; MLflow: its files as artifacts; W&B: its files)
+unless --no-report. Without TARGET each tool's own default: runs/, MLflow's tracking URI
+(MLFLOW_TRACKING_URI, else MLflow 3's sqlite:///mlflow.db), ./wandb (offline).
 """
 
 from __future__ import annotations
@@ -18,24 +20,28 @@ from pathlib import Path
 from ditbench.errors import UserError
 from ditbench.report.load import KEEP_CHOICES, add_results
 
-TRACKERS = {"tensorboard": "DIR", "mlflow": "URI"}
+TRACKERS = {"tensorboard": "DIR", "mlflow": "URI", "wandb": "DIR"}
+DEFAULT_DIRS = {"tensorboard": "runs", "wandb": "."}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_results(parser)
     parser.add_argument(
         "--to",
-        nargs=2,
+        nargs="+",
         required=True,
-        metavar=("TRACKER", "TARGET"),
-        help="tensorboard DIR (a log directory: one run folder per cell) or mlflow URI (a tracking "
-        "server, or a local store such as file:///path/mlruns); needs pip install 'ditbench[TRACKER]'",
+        metavar="TRACKER [TARGET]",
+        help="tensorboard [DIR] (a log directory, default runs: one run folder per cell), mlflow [URI] "
+        "(a tracking server, or a local store: sqlite:///mlflow.db, MLflow 3's default, or file:///path) "
+        "or wandb [DIR] (offline runs under DIR/wandb, default ./wandb; `wandb sync` uploads them); "
+        "needs pip install 'ditbench[TRACKER]'",
     )
     parser.add_argument(
         "--experiment",
         metavar="NAME",
         default=None,
-        help="MLflow experiment to write into (default: the suite's name, or ditbench for several suites)",
+        help="MLflow experiment or W&B project to write into (default: the suite's name, or ditbench for "
+        "several suites)",
     )
     parser.add_argument(
         "--keep",
@@ -47,19 +53,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print what was written and skipped as JSON")
 
 
-def _target(args: argparse.Namespace) -> tuple[str, str]:
-    tracker, target = args.to
-    if tracker not in TRACKERS:
+def _target(args: argparse.Namespace) -> tuple[str, str | None]:
+    tracker, target = args.to[0], (args.to[1:] or [DEFAULT_DIRS.get(args.to[0])])[0]
+    if tracker not in TRACKERS or len(args.to) > 2:
         raise UserError(
-            f"--to {tracker!r} is not a tracker ditbench exports to; give --to tensorboard DIR or "
-            "--to mlflow URI (for example --to tensorboard runs/tb, --to mlflow file:///tmp/mlruns)."
+            f"--to {' '.join(args.to)!r} is not a tracker ditbench exports to; give --to tensorboard [DIR], "
+            "--to mlflow [URI] or --to wandb [DIR] (for example --to tensorboard runs/tb, "
+            "--to mlflow sqlite:///mlflow.db, --to wandb runs/wb)."
         )
-    if tracker == "tensorboard" and Path(target).exists() and not Path(target).is_dir():
+    if TRACKERS[tracker] == "DIR" and Path(target).exists() and not Path(target).is_dir():
+        raise UserError(f"--to {tracker} {target}: that is a file; give a directory (created if missing).")
+    if tracker == "tensorboard" and args.experiment:
         raise UserError(
-            f"--to tensorboard {target}: that is a file; give a log directory (created if missing)."
+            "--experiment names an MLflow experiment or a W&B project; it does not apply to --to tensorboard."
         )
-    if tracker != "mlflow" and args.experiment:
-        raise UserError("--experiment names an MLflow experiment; it applies only to --to mlflow URI.")
     return tracker, target
 
 
@@ -72,6 +79,9 @@ def run(args: argparse.Namespace) -> int:
     require_extra(tracker, tracker, f"ditbench export --to {tracker}")  # before any work
     df = load_results(args.results, keep=args.keep)
     runs = tracker_runs(df)
+    notes = [note for r in runs for note in r.notes]  # grids left out: outside the run, too large
+    for note in notes:
+        print(f"ditbench: note: {note}", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="ditbench-export-") as tmp:
         report = None
         if not args.no_report:
@@ -85,13 +95,19 @@ def run(args: argparse.Namespace) -> int:
 
             done = tensorboard_writer.export(runs, Path(target), report)
         else:
-            from ditbench.export import mlflow_writer
-
             suites = sorted(set(df["suite"].dropna()))
             experiment = args.experiment or (suites[0] if len(suites) == 1 else "ditbench")
-            done = mlflow_writer.export(runs, target, experiment, report)
+            if tracker == "wandb":
+                from ditbench.export import wandb_writer
+
+                done = wandb_writer.export(runs, Path(target), experiment, report)
+            else:
+                from ditbench.export import mlflow_writer
+
+                target = mlflow_writer.tracking_uri(target)
+                done = mlflow_writer.export(runs, target, experiment, report)
     if args.json:
-        json.dump({"tracker": tracker, "target": target, **done}, sys.stdout, indent=2)
+        json.dump({"tracker": tracker, "target": target, **done, "notes": notes}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     print(

@@ -4,14 +4,18 @@ Each cell is a run named by its cell: knobs as params, identity as tags, metrics
 at their steps, grids as artifacts under grids/ and the record itself as record.json. The report is
 a run of its own (tag `ditbench.kind: report`) with report.md, report.html, results.csv and the plots
 under report/. A run carries `ditbench.record` (run id/cell id); a record already in the experiment
-is skipped, so exporting twice adds nothing twice. Needs mlflow-skinny (the `mlflow` extra);
-imported only here.
+is skipped, so exporting twice adds nothing twice. Needs mlflow-skinny with sqlalchemy and alembic
+for a sqlite store (the `mlflow` extra); imported only here. A file store the user names (file:///path,
+or a plain path) is opened with MLFLOW_ALLOW_FILE_STORE=true for the export: MLflow 3 keeps it behind
+that switch, and naming the store is the user's choice of it.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
+from urllib.parse import urlparse
 
 from ditbench.errors import UserError, shorten
 from ditbench.export.runs import TrackerRun
@@ -19,6 +23,11 @@ from ditbench.extras import require_extra
 
 RECORD_TAG = "ditbench.record"
 BATCH = 100  # MLflow's log_batch takes at most 100 params and 1,000 metrics a call
+
+
+def tracking_uri(uri: str | None) -> str:
+    """The URI given, else MLflow's default (MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in MLflow 3)."""
+    return uri or require_extra("mlflow", "mlflow", "ditbench export --to mlflow").get_tracking_uri()
 
 
 def _client(uri: str):
@@ -30,11 +39,10 @@ def _client(uri: str):
         client = MlflowClient(tracking_uri=uri)
         client.search_experiments(max_results=1)  # the store answers now, not halfway through
     except MlflowException as err:
-        hint = (
-            " MLflow 3 keeps a local file store only when MLFLOW_ALLOW_FILE_STORE=true is set; set it, "
-            "or give a tracking server's http:// URI."
-            if "MLFLOW_ALLOW_FILE_STORE" in str(err)
-            else " Give a tracking server's URI (http://host:5000) or a local store (file:///path)."
+        hint = (  # mlflow-skinny alone: "Model registry functionality is unavailable" for sqlite
+            " A sqlite store needs sqlalchemy and alembic: pip install 'ditbench[mlflow]' installs them."
+            if "registry" in str(err).lower()
+            else " Give a tracking server's URI (http://host:5000) or a local store (sqlite:///mlflow.db)."
         )
         raise UserError(
             f"MLflow refused the tracking URI {uri!r}: {shorten(str(err).split('. ')[0], 300, quote=False)}."
@@ -76,6 +84,20 @@ def export(
     runs: list[TrackerRun], uri: str, experiment: str, report: tuple[str, dict[str, Path]] | None
 ) -> dict:
     """Each run not yet in the experiment; {"written": [run names], "skipped": [...], "experiment": id}."""
+    file_store = urlparse(uri).scheme in ("", "file")
+    before = os.environ.get("MLFLOW_ALLOW_FILE_STORE")
+    if file_store:
+        os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    try:
+        return _export(runs, uri, experiment, report)
+    finally:  # the environment as it was (no unittest.mock in ditbench/)
+        if before is None:
+            os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
+        else:
+            os.environ["MLFLOW_ALLOW_FILE_STORE"] = before
+
+
+def _export(runs: list[TrackerRun], uri: str, experiment: str, report: tuple[str, dict[str, Path]] | None):
     client = _client(uri)
     experiment_id = _experiment(client, experiment)
     seen = _exported(client, experiment_id)

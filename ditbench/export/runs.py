@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import posixpath
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,11 @@ from typing import Any
 
 import pandas as pd
 
-from ditbench.report.load import flatten
+from ditbench.errors import UserError
+from ditbench.escape import plain
+from ditbench.imageload import GRID_PIXELS, open_image
+from ditbench.outpaths import safe_component
+from ditbench.report.load import flatten, grid_file
 
 # metrics.<key> -> the group a tracker shows it under; keys not listed go under "metrics/".
 SPEED_KEYS = (
@@ -34,7 +39,8 @@ Param = str | int | float | bool
 
 @dataclass
 class TrackerRun:
-    """What one record becomes in a tracker. `key` (name, cell id, run id) is safe as a folder name."""
+    """What one record becomes in a tracker. `key` (name, cell id, run id) is one safe folder name;
+    every text is plain (no NUL, no lone surrogate: trackers write UTF-8)."""
 
     key: str
     name: str
@@ -44,6 +50,7 @@ class TrackerRun:
     series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     images: list[tuple[str, int, Path]] = field(default_factory=list)  # (tag, step, PNG path)
     record: dict[str, Any] = field(default_factory=dict)  # the record itself, for trackers that keep files
+    notes: list[str] = field(default_factory=list)  # what was left out, and why (said on stderr)
 
 
 def _finite(value: Any) -> float | None:
@@ -56,7 +63,9 @@ def _finite(value: Any) -> float | None:
 def _param(value: Any) -> Param:
     if value is None:
         return "null"
-    if isinstance(value, str | int | float | bool):
+    if isinstance(value, str):
+        return plain(value)
+    if isinstance(value, int | float | bool):
         return value
     return json.dumps(value, sort_keys=True)  # a list of steps or seeds: one readable value
 
@@ -79,7 +88,7 @@ def _metrics(metrics: dict[str, Any] | None) -> dict[str, float]:
     return out
 
 
-def _quality(quality: dict[str, Any] | None, folder: Path) -> tuple[dict, list]:
+def _quality(quality: dict[str, Any] | None, source: str, notes: list[str]) -> tuple[dict, list]:
     series: dict[str, list[tuple[int, float]]] = {}
     images: list[tuple[str, int, Path]] = []
     if not quality:
@@ -96,33 +105,59 @@ def _quality(quality: dict[str, Any] | None, folder: Path) -> tuple[dict, list]:
             if (v := _finite(value)) is not None:
                 series.setdefault(f"quality/{name}_spread", []).append((step, v))
         grid = evaluation.get("grid")
-        if isinstance(grid, str) and (folder / grid).is_file():  # relative to the results file
-            images.append(("quality/grid", step, folder / grid))
+        path = grid_file(source, grid)  # relative to the results file, and inside its folder
+        if path is None:
+            if grid is not None:
+                notes.append(
+                    f"{source}: grid {plain(grid)!r} is not a file inside the run's folder; left out"
+                )
+            continue
+        try:
+            with open_image(path, GRID_PIXELS, "a sample grid"):  # the header only: a bomb is never decoded
+                images.append(("quality/grid", step, path))
+        except UserError as err:
+            notes.append(f"{err} Left out.")
     return series, images
+
+
+_NAME = re.compile(r"[A-Za-z0-9_.\- :/]{1,250}")  # what MLflow takes as a metric or param name
+
+
+def _tracker_names(values: dict[str, Any], what: str, source: str, notes: list[str]) -> dict[str, Any]:
+    """The entries whose names every tracker takes (no path that normalises to another); the rest are
+    left out with a note (a hand-edited record's key should not fail the whole export)."""
+    bad = [k for k in values if not _NAME.fullmatch(k) or posixpath.normpath(k) != k]
+    if bad:
+        notes.append(
+            f"{source}: {len(bad)} {what} left out: a tracker refuses names such as {plain(bad[0])!r} "
+            "(a name is letters, digits and `_-. :/`)"
+        )
+    return {k: v for k, v in values.items() if k not in bad}
 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("_")[:80] or "cell"
 
 
-def tracker_run(record: dict[str, Any], folder: Path) -> TrackerRun:
-    """The run for one record; `folder` is the results file's folder (grids are relative to it)."""
+def tracker_run(record: dict[str, Any], source: str) -> TrackerRun:
+    """The run for one record; `source` is its row's (`path:line`: grids are relative to that folder)."""
     label = record.get("label")
-    name = str(record.get("cell_name") or record["cell_id"]) + (f" [{label}]" if label else "")
+    name = plain(str(record.get("cell_name") or record["cell_id"]) + (f" [{label}]" if label else ""))
     params = {k: _param(v) for k, v in flatten(record.get("config") or {}).items()}
     tags = {
-        key: str(record[key])
+        key: plain(record[key])
         for key in ("suite", "run_id", "cell_id", "label", "status", "reason", "started_at")
         if record.get(key) is not None
     }
     for key in ("gpu_name", "gpu_count", "cpu", "torch", "cuda", "ditbench", "git_sha", "host"):
         if (record.get("env") or {}).get(key) is not None:
-            tags[f"env.{key}"] = str(record["env"][key])
+            tags[f"env.{key}"] = plain(record["env"][key])
     metrics = record.get("metrics") or {}
     for key in ("noisy", "fits_budget", "attention_kernel", "optimizer_kernel"):
         if metrics.get(key) is not None:
-            tags[f"metrics.{key}"] = str(metrics[key])
-    key = f"{_slug(name)}-{record['cell_id']}-{record.get('run_id')}"  # a rerun of the cell is a new run
+            tags[f"metrics.{key}"] = plain(metrics[key])
+    # one folder name, whatever the record's ids hold; a rerun of the cell (another run id) is a new run
+    key = f"{_slug(name)}-{safe_component(record['cell_id'])}-{safe_component(record.get('run_id'))}"
     run = TrackerRun(key=key, name=name, params=params, tags=tags, metrics=_metrics(metrics), record=record)
     smoke = record.get("smoke") or {}
     losses = [(i + 1, v) for i, x in enumerate(smoke.get("loss") or []) if (v := _finite(x)) is not None]
@@ -131,12 +166,16 @@ def tracker_run(record: dict[str, Any], folder: Path) -> TrackerRun:
     for key in ("first_mean", "last_mean", "nonfinite_steps", "scaler_skips"):
         if (v := _finite(smoke.get(key))) is not None:
             run.metrics[f"smoke/{key}"] = v
-    run.series.update((q := _quality(record.get("quality"), folder))[0])
+    run.series.update((q := _quality(record.get("quality"), source, run.notes))[0])
     run.images = q[1]
+    run.params = _tracker_names(run.params, "parameters", source, run.notes)
+    run.metrics = _tracker_names(run.metrics, "metrics", source, run.notes)
+    run.series = _tracker_names(run.series, "series", source, run.notes)
     return run
 
 
 def tracker_runs(df: pd.DataFrame) -> list[TrackerRun]:
     """One run per loaded record (its source is `path:line`; grids are relative to that folder)."""
-    sources = (Path(str(source).rsplit(":", 1)[0]).parent for source in df["source"])
-    return [tracker_run(record, folder) for record, folder in zip(df["record"], sources, strict=True)]
+    return [
+        tracker_run(record, str(source)) for record, source in zip(df["record"], df["source"], strict=True)
+    ]

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ditbench.escape import md_text
 from ditbench.export.runs import TrackerRun
 from ditbench.extras import require_extra
+from ditbench.fileio import mkdir_real
+from ditbench.imageload import GRID_PIXELS, load_rgb
 
 
 def _exported(folder: Path) -> bool:
@@ -22,15 +25,13 @@ def _exported(folder: Path) -> bool:
 
 def _png(path: Path):
     import numpy as np
-    from PIL import Image
 
-    with Image.open(path) as image:
-        return np.asarray(image.convert("RGB"))
+    return np.asarray(load_rgb(path, GRID_PIXELS, "a sample grid"))  # its size checked first, from the header
 
 
-def _identity(run: TrackerRun) -> str:
-    rows = "\n".join(f"| {k} | {v} |" for k, v in sorted(run.tags.items()))
-    return f"**{run.name}**\n\n| key | value |\n|---|---|\n{rows}"
+def _identity(run: TrackerRun) -> str:  # markdown TensorBoard renders: a record's text escaped
+    rows = "\n".join(f"| {md_text(k)} | {md_text(v)} |" for k, v in sorted(run.tags.items()))
+    return f"**{md_text(run.name)}**\n\n| key | value |\n|---|---|\n{rows}"
 
 
 def write_run(folder: Path, run: TrackerRun) -> None:
@@ -68,17 +69,17 @@ def export(runs: list[TrackerRun], target: Path, report: tuple[str, dict[str, Pa
     require_extra("tensorboard", "tensorboard", "ditbench export --to tensorboard")
     written, skipped = [], []
     for run in runs:
-        folder = target / run.key
+        folder = target / run.key  # one safe folder name (runs.safe_component), made here: never a link
         if _exported(folder):
             skipped.append(str(folder))
             continue
-        write_run(folder, run)
+        write_run(mkdir_real(folder, "--to tensorboard"), run)
         written.append(str(folder))
     if report is not None:
         folder = target / f"report-{report[0]}"
         if _exported(folder):
             skipped.append(str(folder))
         else:
-            write_report(folder, report[1])
+            write_report(mkdir_real(folder, "--to tensorboard"), report[1])
             written.append(str(folder))
     return {"written": written, "skipped": skipped}

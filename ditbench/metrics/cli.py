@@ -14,7 +14,7 @@ from ditbench.metrics.defaults import DEFAULTS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ditbench.cliopts import add_device, add_no_progress
+    from ditbench.cliopts import add_device, add_no_progress, add_yes
 
     d = DEFAULTS
     p.add_argument(
@@ -80,6 +80,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="reference cache (default: $DITBENCH_CACHE, else ~/.cache/ditbench/fid)",
     )
     add_no_progress(p)
+    add_yes(p)
 
 
 def _network_line(inception: dict) -> str:
@@ -139,52 +140,61 @@ def _printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def check_output_path(out: Path, inputs) -> None:
-    """Refuse, before any compute, an --out that cannot be written or would replace an input."""
-    if out.is_dir():
-        raise UserError(f"--out {out} is a directory; give a file name, e.g. {out / 'metrics.json'}.")
-    parent = out.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UserError(f"--out {out}: {parent} is not a directory, so the result cannot be written there.")
-    for given in inputs:
-        p = Path(given)
-        if out.exists() and p.exists() and out.resolve() == p.resolve():
-            raise UserError(
-                f"--out {out} would overwrite the input {given}; choose another file for the result."
-            )
+def _announce(args: argparse.Namespace, scorer, source) -> None:
+    """The Inception passes ahead: the samples', and the reference's when its features are not
+    precomputed (a cache hit, found only once the reference is hashed, makes it shorter)."""
+    from ditbench.walltime import INCEPTION_FLOPS, announce, flops_s
+
+    name = str(source.path) if source.path else "the samples"  # as score() names them
+    # what the counts cannot give is refused first, then the network (and its weight file) is checked
+    keys = {k for m in scorer.plan(source.count, name)[0] for k in m.reference_keys}
+    device = str(scorer.extractor.device)
+    per_image = flops_s(INCEPTION_FLOPS, device, "tf32" if args.tf32 else "fp32")
+    ref = scorer.reference
+    refs = ref.count if ref.missing(keys) and ref.source.images is not None else 0
+    what = f"Inception features of {source.count:,} images" + (
+        f" and {refs:,} reference images" + ("" if args.no_cache else " (fewer if cached)") if refs else ""
+    )
+    cheaper = "A GPU (--device cuda) computes them in minutes; the reference's features are cached once made."
+    announce("fid", per_image and per_image * (source.count + refs), what, device, args.yes, cheaper)
 
 
 def run(args: argparse.Namespace) -> int:
     from ditbench.fileio import write_atomic
-    from ditbench.metrics.evaluate import default_output_path, evaluate
+    from ditbench.metrics.evaluate import Scorer, as_source, default_output_path
 
-    if args.out:
-        check_output_path(Path(args.out), (args.samples, args.ref))
+    if args.out:  # before any compute: a name that says JSON, a path that can be written, not an input
+        from ditbench.outpaths import check_file_target, refuse_output_as_input
+
+        check_file_target(args.out, "--out", writes=("the JSON result", (".json",)))
+        refuse_output_as_input([("--out", args.out)], [("--samples", args.samples), ("--ref", args.ref)])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the result carries its own warnings; printed below
-        result = evaluate(
-            args.samples,
+        source = as_source(args.samples)  # the samples are checked before the reference
+        scorer = Scorer(
             args.ref,
             metrics=args.metrics,
             batch_size=args.batch_size,
             device=args.device,
-            inception_weights=args.inception_weights,
+            inception=args.inception_weights,
             tf32=args.tf32,
             cache=not args.no_cache,
             cache_dir=args.cache_dir,
             progress=not args.no_progress,
             **{name: getattr(args, name) for name in registry.OPTIONS},
         )
+        _announce(args, scorer, source)
+        if not args.no_cache:
+            args._resume = "the reference's features are cached once computed; the same command reuses them"
+        result = scorer.score(source)
     for w in ([result["banner"]] if result.get("banner") else []) + result["warnings"]:
         print(f"ditbench: warning: {w}", file=sys.stderr)
     text = json.dumps(result, indent=2, allow_nan=False)  # ASCII: every path escaped, valid JSON
     out = Path(args.out) if args.out else default_output_path(args.samples)
     if out is not None:
         try:
-            write_atomic(out, text + "\n")
-        except OSError as err:
+            write_atomic(out, text + "\n", "--out")
+        except (OSError, UserError) as err:
             if args.out:
                 raise UserError(f"--out {out} could not be written: {err}.") from None
             print(f"ditbench: warning: could not write {out} ({err}); use --out", file=sys.stderr)

@@ -9,23 +9,20 @@ message that names the file and says what would be valid.
 
 from __future__ import annotations
 
-import stat
-import warnings
 import zipfile
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from ditbench.errors import UserError, shorten
+from ditbench.imageload import PHOTO_PIXELS, PIXELS_ENV, load_rgb, max_pixels, open_image
+from ditbench.outpaths import not_a_file
 
 IMAGE_KEY = "arr_0"
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
-# PIL's decompression-bomb bound (89 Mpixel) for every image, from a file or an npz: FID images
-# are resized to 299 x 299, and a batch of 100 such images would already need 27 GB.
-MAX_PIXELS = Image.MAX_IMAGE_PIXELS or 89_478_485
 # What reading a zip member can raise on a damaged or unusual file (RuntimeError: encrypted,
 # NotImplementedError: a compression method zipfile lacks).
 ZIP_ERRORS = (
@@ -102,10 +99,10 @@ def validate_image_array_layout(shape: tuple, dtype: np.dtype, where: str, peek=
         raise UserError(f"{where} has shape {shape}; ditbench fid reads {_ADM_FORMAT}.")
     if n == 0 or h == 0 or w == 0:
         raise UserError(f"{where} has shape {shape}: it holds no images.")
-    if h * w > MAX_PIXELS:
+    if h * w > (cap := max_pixels(PHOTO_PIXELS)):  # FID resizes to 299 x 299; 100 such images: 27 GB
         raise UserError(
-            f"{where} holds images of {h}x{w} pixels, more than {MAX_PIXELS:,} per image; FID images are "
-            "resized to 299x299, so resize them first."
+            f"{where} holds images of {h}x{w} pixels, more than {cap:,} per image; FID images are "
+            f"resized to 299x299, so resize them first (or set ${PIXELS_ENV})."
         )
 
 
@@ -156,17 +153,10 @@ def describe_keys(zf: zipfile.ZipFile) -> str:
 
 def open_zip(path: Path) -> zipfile.ZipFile:
     """An .npz opened as the zip it is; UserError for anything that is not a readable regular file."""
-    try:
-        st = path.stat()
-    except FileNotFoundError:
+    why = not_a_file(path)  # a FIFO or a device is named as such, never opened
+    if why is not None:
         raise UserError(
-            f"{path} does not exist. Give an ADM-format .npz ({_ADM_FORMAT}) or a folder of PNG/JPEG images."
-        ) from None
-    except OSError as err:
-        raise UserError(f"{path} cannot be read ({err.strerror}).") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise UserError(
-            f"{path} is not a regular file (a pipe, socket or device); give an .npz file or a folder."
+            f"{path} {why}. Give an ADM-format .npz ({_ADM_FORMAT}) or a folder of PNG/JPEG images."
         )
     try:
         return zipfile.ZipFile(path)
@@ -302,25 +292,8 @@ class FolderImages(ImageSource):
             )
         first_size = None
         for p in self.files:  # headers only: cheap, and all problems surface before any compute
-            try:
-                with warnings.catch_warnings():  # PIL's bomb warning: the size is checked just below
-                    warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-                    with Image.open(p) as img:
-                        size, problem = img.size, _image_mode_problem(img)
-            except Image.DecompressionBombError as err:
-                raise UserError(
-                    f"{p} declares more pixels than an image decoder should allocate ({reason(err)}); "
-                    "FID images are resized to 299x299, so resize it first."
-                ) from None
-            except (UnidentifiedImageError, OSError, ValueError) as err:
-                raise UserError(
-                    f"{p} is not a readable image ({reason(err)}); it is truncated or corrupt."
-                ) from None
-            if size[0] * size[1] > MAX_PIXELS:
-                raise UserError(
-                    f"{p} is {size[0]}x{size[1]} pixels, more than {MAX_PIXELS:,}; FID images are resized to "
-                    "299x299, so resize it first."
-                )
+            with open_image(p, PHOTO_PIXELS, "FID (resized to 299x299)") as img:
+                size, problem = img.size, _image_mode_problem(img)
             if problem:
                 raise UserError(f"{p} is {problem}. ditbench fid needs RGB images.")
             if first_size is None:
@@ -334,20 +307,7 @@ class FolderImages(ImageSource):
         self.count, (self.width, self.height) = len(self.files), first_size
 
     def load(self, p: Path) -> np.ndarray:
-        try:
-            with Image.open(p) as img:
-                arr = np.asarray(img.convert("RGB"))
-        except (
-            UnidentifiedImageError,
-            OSError,
-            SyntaxError,
-            ValueError,
-            Image.DecompressionBombError,
-        ) as err:
-            raise UserError(
-                f"{p} could not be decoded ({reason(err)}); it is truncated or corrupt."
-            ) from None
-        return arr
+        return np.asarray(load_rgb(p, PHOTO_PIXELS, "FID (resized to 299x299)"))
 
     def batches(self, batch_size: int, pool=None) -> Iterator[np.ndarray]:
         load = pool.map if pool is not None else map  # PIL decodes without the GIL: threads help
@@ -366,25 +326,21 @@ def open_images(path: str | Path) -> ImageSource:
 def write_npz_images(path: str | Path, batches, count: int, height: int, width: int) -> Path:
     """Stream uint8 N x H x W x 3 batches into an ADM `.npz` (`arr_0`, stored uncompressed).
 
-    The array never has to exist in memory whole; the file is written under a temporary name and
-    renamed into place, so a crash leaves no half-written batch behind.
+    The array never has to exist in memory whole; the file is written atomically (fileio), so a crash
+    leaves no half-written batch behind.
     """
-    import os
-    import tempfile
+    from ditbench.fileio import atomic_write
 
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix="." + path.name + ".", suffix=".tmp")
-    os.close(fd)
     header = {
         "descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)),
         "fortran_order": False,
         "shape": (count, height, width, 3),
     }
-    written = 0
-    try:
+
+    def write(file) -> None:
+        written = 0
         with (
-            zipfile.ZipFile(tmp, "w", zipfile.ZIP_STORED, allowZip64=True) as zf,
+            zipfile.ZipFile(file, "w", zipfile.ZIP_STORED, allowZip64=True) as zf,
             zf.open(IMAGE_KEY + ".npy", "w", force_zip64=True) as f,
         ):
             np.lib.format.write_array_header_1_0(f, header)
@@ -398,8 +354,5 @@ def write_npz_images(path: str | Path, batches, count: int, height: int, width: 
                 written += len(batch)
         if written != count:
             raise ValueError(f"{written} images written, {count} declared")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
+
+    return atomic_write(path, write)

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ditbench.errors import UserError
-from ditbench.fileio import atomic_write
+from ditbench.fileio import atomic_write, read_regular
 from ditbench.metrics.npz_io import ArrayImages, FolderImages, open_zip
 from ditbench.metrics.stats_file import read_statistics
 
@@ -55,7 +55,7 @@ class ReferenceCache:
         memo = self.root / "hashes" / (hashlib.sha1(str(path).encode()).hexdigest() + ".json")
         stamp = {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
         try:
-            saved = json.loads(memo.read_text())
+            saved = json.loads(read_regular(memo))
             if {k: saved.get(k) for k in stamp} == stamp:
                 return saved["sha256"]
         except (OSError, ValueError, KeyError):

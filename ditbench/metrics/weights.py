@@ -19,7 +19,6 @@ import io
 import os
 import pickle
 import re
-import stat
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from ditbench.errors import UserError, shorten
 from ditbench.fileio import download_atomic
 from ditbench.metrics.calibrated import build_calibrated_inception
 from ditbench.metrics.inception import InceptionV3
+from ditbench.outpaths import not_a_file
 
 WEIGHTS_FILE_NAME = "weights-inception-2015-12-05-6726825d.pth"
 WEIGHTS_URL = "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/" + WEIGHTS_FILE_NAME
@@ -111,14 +111,9 @@ def resolve_weights(path: str | os.PathLike | None = None, download: bool = True
 
 def _read_weight_bytes(path: Path) -> bytes:
     where = f"Inception weights file {shorten(str(path), 300, quote=False)}"
-    try:
-        st = path.stat()
-    except OSError as err:
-        raise UserError(f"{where} cannot be read ({err.strerror}).") from None
-    if stat.S_ISDIR(st.st_mode):
-        raise UserError(f"{where} is a directory; give the path of {WEIGHTS_FILE_NAME} itself.")
-    if not stat.S_ISREG(st.st_mode):
-        raise UserError(f"{where} is not a regular file (a pipe or a device); give a .pth file.")
+    if (why := not_a_file(path)) is not None:  # a folder, a FIFO or a device, named as such
+        raise UserError(f"{where} {why}; give the path of {WEIGHTS_FILE_NAME} itself.")
+    st = path.stat()
     if st.st_size > MAX_WEIGHTS_BYTES:
         raise UserError(
             f"{where} holds {st.st_size / 2**30:.1f} GiB; the FID InceptionV3 is "
@@ -230,8 +225,10 @@ def _cached_test_state(path: Path) -> tuple[dict[str, torch.Tensor], str] | None
     import json
 
     try:
-        digest = json.loads(path.with_suffix(".json").read_text())["sha256"]
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        from ditbench.fileio import read_regular  # a FIFO planted in the cache is refused, not waited on
+
+        digest = json.loads(read_regular(path.with_suffix(".json")))["sha256"]
+        state = torch.load(io.BytesIO(read_regular(path)), map_location="cpu", weights_only=True)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, EOFError, pickle.UnpicklingError):
         return None
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):

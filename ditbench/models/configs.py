@@ -84,6 +84,7 @@ GRAD_CKPT_HELP = "none, full (every block), or every_K (every K-th block, e.g. e
 # take them: as booleans and as the same words typed on a command line.
 GRAD_CKPT_OFF = ("none", "off", "no", "false")
 GRAD_CKPT_ON = ("full", "on", "yes", "true")
+GRAD_CKPT_EVERY = r"every_([1-9]\d{0,3})"  # every K-th block, K up to 9999
 
 
 def parse_grad_ckpt(value: str | bool | None) -> int:
@@ -97,7 +98,7 @@ def parse_grad_ckpt(value: str | bool | None) -> int:
         return 0
     if text in GRAD_CKPT_ON:
         return 1
-    m = re.fullmatch(r"every_([1-9]\d{0,3})", text or "")
+    m = re.fullmatch(GRAD_CKPT_EVERY, text or "")
     if m:
         return int(m.group(1))
     raise UserError(f"grad_ckpt {shorten(value)} is not valid; use {GRAD_CKPT_HELP}")

@@ -67,7 +67,7 @@ class SeriesTrace:
 
 
 def trace_series(knobs, target) -> SeriesTrace:
-    """The series of `knobs` (ditbench.knobs.Knobs, any batch size) traced at its probe batch."""
+    """The series of `knobs` (ditbench.spec.knobs.Knobs, any batch size) traced at its probe batch."""
     probe = probe_batch(knobs)
     trace = trace_training(knobs, target, probe)
     const, per_sample = [], []

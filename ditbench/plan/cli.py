@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -148,8 +147,6 @@ def _ints(values: list[str] | None, default, what: str) -> list[int]:
             value = int(text)
         except ValueError:
             raise UserError(f"--{what} takes positive integers, got {shorten(text)}") from None
-        if value < 1 or value > 1 << 20:
-            raise UserError(f"--{what} takes integers from 1 to 1048576, got {value}")
         out.append(value)
     return sorted(set(out))
 
@@ -166,13 +163,31 @@ def _is_suite(args: argparse.Namespace) -> bool:
     return args.suite is not None
 
 
-def _base(args: argparse.Namespace) -> dict:
-    size = 256 if args.image_size is None else args.image_size
-    if size < 8 or size % 8:
-        raise UserError(f"--image-size must be a positive multiple of 8, got {size}")
+def _request(args: argparse.Namespace):
+    """The flags that take values, validated once; the grid's only without a suite (whose cells bring
+    their own, and `_refuse_grid_flags` says so)."""
+    from ditbench.plan.grid import DEFAULT_BATCHES, DEFAULT_GRAD_CKPT, DEFAULT_PRECISIONS, paper_models
+    from ditbench.spec.base import from_flags
+    from ditbench.spec.plan import PlanRequest
+
+    keys = ("context_gib", "jobs", "target_batch", "gpus", "target_steps", "target_images", "global_batch")
+    given = {k: getattr(args, k) for k in keys}
+    if not _is_suite(args):
+        given.update(
+            models=_list(args.models, paper_models(), "models"),
+            precisions=_list(args.precisions, DEFAULT_PRECISIONS, "precisions"),
+            grad_ckpt=_list(args.grad_ckpt, DEFAULT_GRAD_CKPT, "grad-ckpt"),
+            batches=_ints(args.batches, DEFAULT_BATCHES, "batches"),
+            image_size=256 if args.image_size is None else args.image_size,
+        )
+    return from_flags(PlanRequest, given)
+
+
+def _base(args: argparse.Namespace, request) -> dict:
+    size = request.image_size
     if args.shard and not args.gpus:
         raise UserError(f"--shard {args.shard} splits a model over GPUs: give --gpus N (2 or more)")
-    impl, optimizer, gpus = args.impl or "ditbench", args.optimizer_impl or "auto", args.gpus or 1
+    impl, optimizer, gpus = args.impl or "ditbench", args.optimizer_impl or "auto", request.gpus or 1
     from ditbench.plan.predict import IMAGES
 
     data = {"data": IMAGES} if args.images else {}
@@ -180,32 +195,20 @@ def _base(args: argparse.Namespace) -> dict:
             "strategy": args.shard or "ddp", **data}  # fmt: skip
 
 
-def _precisions(args: argparse.Namespace, default) -> list[str]:
-    from ditbench.precision import PRECISIONS
-
-    precisions = _list(args.precisions, default, "precisions")
-    for p in precisions:
-        if p not in PRECISIONS:
-            raise UserError(f"--precisions: unknown precision {shorten(p)}; valid: {', '.join(PRECISIONS)}")
-    return precisions
-
-
-def _series(args: argparse.Namespace):
-    from ditbench.plan.grid import DEFAULT_BATCHES, DEFAULT_GRAD_CKPT, DEFAULT_PRECISIONS, grid, paper_models
+def _series(args: argparse.Namespace, request):
+    from ditbench.plan.grid import grid
 
     if args.suite is None:
-        models = _list(args.models, paper_models(), "models")
-        precisions = _precisions(args, DEFAULT_PRECISIONS)
-        ckpts = _list(args.grad_ckpt, DEFAULT_GRAD_CKPT, "grad-ckpt")
-        batches = _ints(args.batches, DEFAULT_BATCHES, "batches")
         from ditbench.expansion import check_count, factors, matrix_count
 
-        axes = {"models": models, "precisions": precisions, "grad-ckpt": ckpts, "batches": batches}
+        r = request
+        axes = {"models": r.models, "precisions": r.precisions, "grad-ckpt": r.grad_ckpt}
+        axes["batches"] = r.batches
         check_count(matrix_count(axes), args.max_cells, "the plan grid", factors(axes))
-        return grid(models, precisions, ckpts, batches, _base(args)), None
+        return grid(r.models, r.precisions, r.grad_ckpt, r.batches, _base(args, request)), None
     _refuse_grid_flags(args)
-    from ditbench.bench.suite import load_suite
     from ditbench.plan.grid import suite_grid
+    from ditbench.spec.suite import load_suite
 
     suite = load_suite(args.suite, args.overrides, max_cells=args.max_cells)
     device = "cuda" if (args.card or args.memory_gib is not None) else None
@@ -282,27 +285,25 @@ def _progress(total: int, no_cache: bool):
     return progress(total=total, unit="series", desc="traced")
 
 
-def _answer(args: argparse.Namespace, context: float, speed):
-    """(JSON rows, text) of the answer on the card asked, or None when no card with a speed is given."""
+def _answer(args: argparse.Namespace, request, context: float, speed):
+    """(JSON rows, text) of the answer on the card asked, or None when no card with a speed is given.
+    The grid's lists (request) are the answer's where the flag was given; its own defaults otherwise."""
     from ditbench.plan import answer
     from ditbench.plan.predict import budget, normalize
     from ditbench.plan.speed import datasheet
 
-    global_batch = DEFAULT_GLOBAL_BATCH if args.global_batch is None else args.global_batch
-    if not 1 <= global_batch <= 1 << 20:
-        raise UserError(f"--global-batch must be an integer from 1 to 1048576, got {global_batch}")
-    models = _list(args.models, answer.ANSWER_MODELS, "models")
-    ckpts = tuple(_list(args.grad_ckpt, answer.CKPTS, "grad-ckpt"))
-    allowed = _ints(args.batches, (), "batches") if args.batches else None
-    base = _base(args)
-    for m, c in itertools.product(models, ckpts):  # unknown names are refused before any trace
+    models = request.models if args.models else list(answer.ANSWER_MODELS)
+    ckpts = tuple(request.grad_ckpt if args.grad_ckpt else answer.CKPTS)
+    base = _base(args, request)
+    for m, c in itertools.product(models, ckpts):  # a model and setting that cannot run: before any trace
         normalize({**base, "model": m, "grad_ckpt": c})
     bud = budget(args.card if args.card is not None else args.memory_gib, context)
     sheet = speed.sheet or datasheet(bud.card)
-    precisions = tuple(_precisions(args, answer.default_precisions(bud, sheet)))
     if bud.memory_gib is None or sheet is None:
         return None
-    batches = answer.micro_batches(global_batch, speed.gpus, allowed)
+    precisions = tuple(request.precisions if args.precisions else answer.default_precisions(bud, sheet))
+    global_batch = request.global_batch or DEFAULT_GLOBAL_BATCH
+    batches = answer.micro_batches(global_batch, speed.gpus, request.batches if args.batches else None)
     return answer.plan(bud, speed, models, precisions, ckpts, batches, global_batch, base, not args.no_cache)
 
 
@@ -317,17 +318,12 @@ def run(args: argparse.Namespace) -> int:
     from ditbench.plan.tree import DEFAULT_TARGET_BATCH, class_cards, decision_tree
 
     warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
-    context = DEFAULT_CONTEXT_GIB if args.context_gib is None else args.context_gib
-    if not math.isfinite(context) or context < 0:
-        raise UserError(f"--context-gib must be a finite number of GiB >= 0, got {context}")
-    if args.jobs is not None and not 1 <= args.jobs <= 64:
-        raise UserError(f"--jobs must be between 1 and 64, got {args.jobs}")
-    if args.target_batch is not None and args.target_batch < 1:
-        raise UserError(f"--target-batch must be a positive integer, got {args.target_batch}")
-    target_batch = DEFAULT_TARGET_BATCH if args.target_batch is None else args.target_batch
+    request = _request(args)
+    context = DEFAULT_CONTEXT_GIB if request.context_gib is None else request.context_gib
+    target_batch = DEFAULT_TARGET_BATCH if request.target_batch is None else request.target_batch
     records = _read_results(args.results) if args.results else []
-    speed = _speed_options(args)
-    answered = None if _is_suite(args) else _answer(args, context, speed)
+    speed = _speed_options(args, request)
+    answered = None if args.suite is not None else _answer(args, request, context, speed)
     if not args.full and args.suite is None:
         if answered is None:
             raise UserError(
@@ -336,7 +332,7 @@ def run(args: argparse.Namespace) -> int:
             )
         print(json.dumps(answered[0], indent=1, allow_nan=False) if args.json else answered[1])
         return 0
-    series, suite = _series(args)
+    series, suite = _series(args, request)
     main = _budgets(args, suite, series, context)
     cuda = any(s.config["device"] == "cuda" for s in series)
     _refuse_unused(args, cuda)
@@ -350,7 +346,7 @@ def run(args: argparse.Namespace) -> int:
     budgets = [main] + [budget(card, context) for _, card in tree_cards]
 
     start = time.perf_counter()
-    jobs = args.jobs or default_jobs()
+    jobs = request.jobs or default_jobs()
     with _progress(len(series), args.no_cache) as bar:
         results = evaluate(series, budgets, jobs, lambda n, total, s: bar.update(1), not args.no_cache, speed)
     seconds = time.perf_counter() - start
@@ -392,15 +388,10 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _speed_options(args: argparse.Namespace):
+def _speed_options(args: argparse.Namespace, request):
     from ditbench.plan.predict import SpeedOptions
     from ditbench.plan.speed import DEFAULT_TARGET_STEPS
 
-    for flag in ("gpus", "target_steps", "target_images"):
-        value = getattr(args, flag)
-        if value is not None and not 1 <= value <= (4096 if flag == "gpus" else 10**12):
-            top = 4096 if flag == "gpus" else "10^12"
-            raise UserError(f"--{flag.replace('_', '-')} must be an integer from 1 to {top}, got {value}")
     sheet = None
     if args.tflops is not None or args.mem_bw is not None:
         sheet = _sheet(args)
@@ -411,9 +402,9 @@ def _speed_options(args: argparse.Namespace):
         calibration = from_records(args.calibrate, _read_results(args.calibrate, "--calibrate"))
     return SpeedOptions(
         calibration=calibration,
-        gpus=args.gpus or 1,
-        target_steps=args.target_steps or DEFAULT_TARGET_STEPS,
-        target_images=args.target_images,
+        gpus=request.gpus or 1,
+        target_steps=request.target_steps or DEFAULT_TARGET_STEPS,
+        target_images=request.target_images,
         sheet=sheet,
     )
 

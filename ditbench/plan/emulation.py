@@ -33,6 +33,8 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 
+from ditbench.precision import BF16_CAPABILITY
+
 MiB = 1 << 20
 
 # Compute capability per card of ditbench.cards (decides bf16, flash attention, cuBLAS workspace).
@@ -80,7 +82,7 @@ class Target:
 
     @property
     def bf16(self) -> bool:
-        return self.device == "cpu" or (self.sm is not None and self.sm >= (8, 0))
+        return self.device == "cpu" or (self.sm is not None and self.sm >= BF16_CAPABILITY)
 
 
 CPU = Target("cpu")

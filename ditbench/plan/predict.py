@@ -23,12 +23,12 @@ from typing import Any
 
 from ditbench.cards import Card, check_gib, find_card
 from ditbench.errors import UnsupportedError, UserError, shorten
-from ditbench.knobs import FIELDS, InvalidValue, Knobs, check_knob
 from ditbench.plan.allocator import Replay, live_at, raw_peak, replay
 from ditbench.plan.batch import SeriesTrace, trace_series
 from ditbench.plan.emulation import CPU, Target, cuda_target, optimizer_impl, policy_for
 from ditbench.plan.parallel import per_rank, world
 from ditbench.plan.trace import STATE_LABELS
+from ditbench.spec.knobs import KNOBS, Knobs, PartialKnobs
 
 GiB = 1 << 30
 # The CUDA context and what the driver and libraries hold outside PyTorch's allocator (module images,
@@ -86,15 +86,14 @@ class Prediction:
 
 
 def normalize(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A cell config's knobs (validated and normalised by ditbench.knobs) and its device ("cuda" by
+    """A cell config's knobs (validated and normalised by ditbench.spec.knobs) and its device ("cuda" by
     default); keys that are not knobs (steps, smoke_steps, ...) are accepted and ignored."""
     if not isinstance(config, Mapping):
         raise UserError(f"a cell config must be a mapping of knobs, got {shorten(config)}")
     device = config.get("device", "cuda")
     if device not in DEVICES:
         raise UserError(f"device must be cuda or cpu to plan a cell, got {shorten(device)}")
-    knobs = Knobs.from_mapping({k: v for k, v in config.items() if k in FIELDS})
-    return {**knobs.to_dict(), "device": device}
+    return {**dict(Knobs(**{k: v for k, v in config.items() if k in KNOBS})), "device": device}
 
 
 def _unsupported_reason(cell: dict[str, Any]) -> str | None:
@@ -108,7 +107,7 @@ def _unsupported_reason(cell: dict[str, Any]) -> str | None:
 def trace_knobs(cell: Mapping[str, Any], target: Target) -> Knobs:
     """The knobs the planner traces for `cell` on `target`: the untraced ones at their defaults, the
     `auto` AdamW kernel resolved, synthetic data (a latent file's batch reaches the device as one)."""
-    knobs = {k: v for k, v in cell.items() if k in FIELDS and k not in _UNTRACED}
+    knobs = {k: v for k, v in cell.items() if k in KNOBS and k not in _UNTRACED}
     impl = optimizer_impl(cell["optimizer_impl"], target)
     images = isinstance(cell["data"], dict) and "images" in cell["data"]
     data = IMAGES if images else "synthetic"  # a latent file's batch reaches the device as synthetic data
@@ -255,10 +254,7 @@ def predict_budgets(
     """Predictions of a series at each batch size, for each budget (one trace, one replay per GPU kind)."""
     cell = normalize(config)
     for batch in batch_sizes:
-        try:
-            check_knob("batch_size", batch)
-        except InvalidValue as err:
-            raise UserError(str(err)) from None
+        PartialKnobs(batch_size=batch)  # UserError if not valid
     reason = _unsupported_reason(cell)
     status = "unsupported"
     series = None

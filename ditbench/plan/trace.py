@@ -275,7 +275,7 @@ def workspace_bytes(model: tuple, batch_size: int, target: Target) -> int:
 
 
 def trace_training(knobs, target: Target, batch_size: int, *, memo: bool = True) -> Trace:
-    """Build a Trainer from `knobs` (ditbench.knobs.Knobs) and trace two steps at `batch_size`.
+    """Build a Trainer from `knobs` (ditbench.spec.knobs.Knobs) and trace two steps at `batch_size`.
 
     `target` says which device's behaviour to emulate (its compute capability matters only to the
     precision policy: bf16 needs sm80+).

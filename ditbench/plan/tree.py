@@ -22,17 +22,17 @@ from typing import Any
 
 from ditbench.cards import MEMORY_CLASSES_GB, Card, cards_in_class
 from ditbench.plan.predict import Prediction
+from ditbench.precision import BF16_CAPABILITY, BY_SPEED, LOW_PRECISIONS
 
-_PRECISION_SPEED = ("bf16", "fp16", "tf32", "fp32")
 _CKPT_SPEED = ("none", "every_2", "full")
 DEFAULT_TARGET_BATCH = 32
 
 
 def speed_rank(precision: str, grad_ckpt: str) -> tuple[int, int, int]:
     """Smaller is faster: low precision without checkpointing first, fp32 last."""
-    p = _PRECISION_SPEED.index(precision) if precision in _PRECISION_SPEED else len(_PRECISION_SPEED)
+    p = BY_SPEED.index(precision) if precision in BY_SPEED else len(BY_SPEED)
     c = _CKPT_SPEED.index(grad_ckpt) if grad_ckpt in _CKPT_SPEED else 1  # every_K: between none and full
-    low = p < 2
+    low = precision in LOW_PRECISIONS
     return (0 if low else 1, c if low else p, p if low else c)
 
 
@@ -76,7 +76,7 @@ def _pre_ampere(card) -> bool:
     from ditbench.plan.emulation import CARD_ARCH
 
     arch = CARD_ARCH.get(card.name)
-    return arch is not None and arch < (8, 0)
+    return arch is not None and arch < BF16_CAPABILITY
 
 
 def _gflops(model: str, image_size: int) -> float:

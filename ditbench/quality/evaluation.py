@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 
 from ditbench import dist
-from ditbench.cellspec import CellSpec
 from ditbench.metrics import registry
 from ditbench.quality import grid as grids
+from ditbench.spec.cell import CellSpec
 
 SPLIT = "ranks split the samples (shard k on rank k mod world); rank 0 gathers the features and scores"
 

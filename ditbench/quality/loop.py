@@ -17,9 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ditbench.cellspec import CellSpec
 from ditbench.faults import NonFiniteLoss, failure
 from ditbench.quality.evaluation import SPLIT, Evaluator
+from ditbench.spec.cell import CellSpec
 
 CHECK_EVERY = 100  # training steps between reads of the loss (a host synchronisation) in a quality run
 
@@ -66,7 +66,7 @@ def run_quality(
     field: dict[str, Any] = {
         "status": "error",
         "reason": None,
-        "sampler": q.sampler_record(),
+        "sampler": q.sampler.model_dump(),
         "samples": q.samples,
         "seeds": list(q.seeds),
         "at": "smoke_end" if q.at_smoke_end else list(q.at),

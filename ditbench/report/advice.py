@@ -18,10 +18,12 @@ import pandas as pd
 from ditbench.errors import UserError
 from ditbench.intervals import median_interval
 from ditbench.models.configs import get_config
+from ditbench.precision import LOW_PRECISIONS
 from ditbench.report.cells import cell_label as _cell
 from ditbench.report.cells import knobs, pairs
 from ditbench.report.load import value
 from ditbench.report.memory import MEM_ALLOCATED, card_lower_bounds, fit_memory, fits
+from ditbench.report.scale import activation_share, not_meaningful
 
 IMG_S = "metrics.images_per_s"
 
@@ -35,6 +37,19 @@ FLASH_SPEEDUP_RANGE = (
 )  # "2-4x faster": flash/math images/s (claims/dit_resource_guide.yaml's range)
 
 HELD, NOT_HELD, NOT_MEASURED, INCONCLUSIVE = "held", "not held", "not measured", "inconclusive"
+NOT_JUDGED = "not judged"  # measured, but at a scale where the effect cannot show (report.scale)
+AT_SCALE = "; pairs whose {} cell's activations are under a tenth of its peak are not judged (report.scale)"
+
+
+def _at_scale(found: list[tuple]) -> tuple[list[tuple], str]:
+    """The pairs whose second (the larger) cell's activations could show a saving (report.scale), and
+    why the others cannot ('' when none is set aside)."""
+    keep = [(x, y) for x, y in found if not not_meaningful(y)]
+    small = [y for x, y in found if not_meaningful(y)]
+    if not small:
+        return keep, ""
+    y = max(small, key=lambda r: activation_share(r) or 0.0)
+    return keep, f"{not_meaningful(y)} at {_cell(y)}, the largest share of {len(small)} pair(s) set aside"
 
 
 def _interval(values: list[float]) -> tuple[float, float]:
@@ -54,9 +69,9 @@ class AdviceCheck:
 
     @property
     def shown_verdict(self) -> str:
-        """The measured verdict; where nothing was measured, the prediction's (`predicted: held`, ...)."""
+        """The measured verdict; where nothing was measured (or could show), the prediction's."""
         said = (self.predicted or {}).get("verdict")
-        return said if self.verdict == NOT_MEASURED and said else self.verdict
+        return said if self.verdict in (NOT_MEASURED, NOT_JUDGED) and said else self.verdict
 
     @property
     def shown_evidence(self) -> str:
@@ -74,8 +89,8 @@ def check_fp16_halves(df: pd.DataFrame) -> AdviceCheck:
     rule = (
         f"held when fp16's peak allocated GPU memory is at most {FP16_HALVES_MAX_RATIO:.0%} of fp32's "
         "(median over cells that differ only in precision)"
-    )
-    for used in ("fp16", "bf16"):  # bf16 stands in where no fp16 cell was measured
+    ) + AT_SCALE.format("fp32")
+    for used in LOW_PRECISIONS:  # bf16 stands in where no fp16 cell was measured
         found = [
             (x, y)
             for x, y in pairs(df, {"precision": used}, {"precision": "fp32"})
@@ -90,6 +105,9 @@ def check_fp16_halves(df: pd.DataFrame) -> AdviceCheck:
             "no fp16 (or bf16) cell with an fp32 twin and GPU memory figures in this run",
             rule,
         )
+    found, small = _at_scale(found)
+    if not found:
+        return AdviceCheck(claim, NOT_JUDGED, small, rule)
     numbers = [
         {
             "cell": _cell(x),
@@ -112,7 +130,7 @@ def check_fp16_halves(df: pd.DataFrame) -> AdviceCheck:
         evidence = "no fp16 pair; measured with bf16, the same 16-bit autocast. " + evidence
     if verdict == NOT_HELD:
         evidence += ". Weights, gradients and Adam state stay fp32 under autocast; only activations shrink"
-    return AdviceCheck(claim, verdict, evidence, rule, numbers)
+    return AdviceCheck(claim, verdict, evidence + (f"; {small}" if small else ""), rule, numbers)
 
 
 def check_ckpt_tradeoff(df: pd.DataFrame) -> AdviceCheck:
@@ -121,13 +139,18 @@ def check_ckpt_tradeoff(df: pd.DataFrame) -> AdviceCheck:
         f"held when checkpointing saves at least {CKPT_MIN_SAVING:.0%} of peak allocated GPU memory and "
         f"costs at most {CKPT_MAX_EXTRA_TIME:.0%} more time per step (medians over cells that differ only "
         "in grad_ckpt)"
-    )
+    ) + AT_SCALE.format("un-checkpointed")
     numbers = []
-    for full, none in pairs(df, {"grad_ckpt": "full"}, {"grad_ckpt": "none"}):
+    measured = [
+        (full, none)
+        for full, none in pairs(df, {"grad_ckpt": "full"}, {"grad_ckpt": "none"})
+        if value(full, MEM_ALLOCATED) is not None and value(none, MEM_ALLOCATED) and value(full, IMG_S)
+        and value(none, IMG_S) is not None
+    ]  # fmt: skip
+    found, small = _at_scale(measured)
+    for full, none in found:
         mf, mn = value(full, MEM_ALLOCATED), value(none, MEM_ALLOCATED)
         sf, sn = value(full, IMG_S), value(none, IMG_S)
-        if mf is None or not mn or not sf or sn is None:
-            continue
         numbers.append(
             {
                 "cell": _cell(full),
@@ -138,6 +161,8 @@ def check_ckpt_tradeoff(df: pd.DataFrame) -> AdviceCheck:
             }
         )
     if not numbers:
+        if small:
+            return AdviceCheck(claim, NOT_JUDGED, small, rule)
         return AdviceCheck(
             claim,
             NOT_MEASURED,
@@ -159,7 +184,7 @@ def check_ckpt_tradeoff(df: pd.DataFrame) -> AdviceCheck:
         f"{min(n['extra_time'] for n in numbers):.0%}-{max(n['extra_time'] for n in numbers):.0%}) "
         f"over {len(numbers)} pair(s); largest saving at {best['cell']} ({best['none_gib']:.2f} -> "
         f"{best['full_gib']:.2f} GiB)"
-    )
+    ) + (f"; {small}" if small else "")
     if not (sure_held or sure_not):
         evidence += (
             f"; 95% intervals of the medians: saved {s_lo:.0%}-{s_hi:.0%}, extra time {e_lo:.0%}-{e_hi:.0%}, "

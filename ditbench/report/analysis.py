@@ -24,6 +24,7 @@ from ditbench.report.cells import (  # noqa: F401 - knobs is imported from here 
 )
 from ditbench.report.load import flatten, value
 from ditbench.report.memory import cell_budget, fit_memory, fits, memory_metric
+from ditbench.report.scale import not_meaningful
 
 FAILED = ("oom", "timeout", "nan_loss", "error")
 IMG_S = "metrics.images_per_s"
@@ -37,7 +38,9 @@ def baseline_comparison(df: pd.DataFrame) -> pd.DataFrame:
 
     A cell's baseline is the ok cell equal to it except on the keys of the suite's `baseline`
     (record field suite_baseline), which take the baseline's values. Speed-up is images/s over the
-    baseline's; memory saved is 1 - memory / baseline memory, in percent (negative: uses more).
+    baseline's; memory saved is 1 - memory / baseline memory, in percent (negative: uses more), left
+    out with a `mem_note` where the baseline's activations are too small a share of its peak for a
+    saving to show (report.scale).
     """
     mem_col, _ = memory_metric(df)
     index = knob_index(df)
@@ -50,6 +53,7 @@ def baseline_comparison(df: pd.DataFrame) -> pd.DataFrame:
             "is_baseline",
             "speedup",
             "mem_saved_pct",
+            "mem_note",
             "baseline_note",
         ],
     )
@@ -82,7 +86,10 @@ def baseline_comparison(df: pd.DataFrame) -> pd.DataFrame:
         if speed is not None and base_speed:
             out.at[label, "speedup"] = speed / base_speed
         mem, base_mem = value(row, mem_col), value(brow, mem_col)
-        if mem is not None and base_mem:
+        note = not_meaningful(brow) if target != k else None
+        if note:
+            out.at[label, "mem_note"] = note
+        elif mem is not None and base_mem:
             out.at[label, "mem_saved_pct"] = (1 - mem / base_mem) * 100
     out["speedup"] = pd.to_numeric(out["speedup"], errors="coerce")
     out["mem_saved_pct"] = pd.to_numeric(out["mem_saved_pct"], errors="coerce")

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ditbench.escape import md_cell, md_text
+from ditbench.escape import md_inline, md_text
 
 
 @dataclass
@@ -97,26 +97,21 @@ def knob_text(name: str, v: Any) -> str:
 # ------------------------------------------------------------------------------------------ render
 
 
-def _md_escape(text: str) -> str:
-    # user text (a claim, a reason) must not break the table or become HTML or a link in a viewer
-    return md_cell(text)
-
-
 def to_markdown(blocks: list[Block]) -> str:
     parts = []
     for b in blocks:
         if isinstance(b, Heading):  # a title, a suite or model name: user text, one line
             parts.append("#" * b.level + " " + md_text(b.text))
-        elif isinstance(b, Para):
-            parts.append(b.text.replace("<", "&lt;"))
+        elif isinstance(b, Para):  # ditbench's text with user values (names, reasons, claims) in it
+            parts.append(md_inline(b.text))
         elif isinstance(b, Bullets):
-            parts.append("\n".join(f"- {item}".replace("<", "&lt;") for item in b.items))
+            parts.append("\n".join(f"- {md_inline(item)}" for item in b.items))
         elif isinstance(b, Table):
             lines = [
-                "| " + " | ".join(_md_escape(h) for h in b.headers) + " |",
+                "| " + " | ".join(md_inline(h) for h in b.headers) + " |",
                 "|" + "|".join("---" for _ in b.headers) + "|",
             ]
-            lines += ["| " + " | ".join(_md_escape(c) for c in row) + " |" for row in b.rows]
+            lines += ["| " + " | ".join(md_inline(c) for c in row) + " |" for row in b.rows]
             parts.append("\n".join(lines))
         elif isinstance(b, Image):
             parts.append(f"[![{md_text(b.title).replace(']', '')}]({b.file})]({b.file})")

@@ -6,7 +6,8 @@ it), `not measured` (no matching cell, or none that could say: failed, a CPU cel
 claim, or a speed measured on another card than the one the claim is about), `inconclusive` (a
 compare claim whose pairs' median has a 95% bootstrap interval that spans an end of the claim's
 range: the data fit both "held" and "not held"), `not judged` (a speed claim about a card whose
-pairs all ran on a CPU: CPU speeds say nothing about that card). With several records of one cell
+pairs all ran on a CPU: CPU speeds say nothing about that card; a memory claim whose pairs all keep
+under a tenth of their peak in activations, report.scale). With several records of one cell
 (`--keep all`), the latest is used.
 
 Absolute speeds belong to the card that computed them: when a claim names its `card`, a speed
@@ -42,6 +43,7 @@ from ditbench.report.claim_values import (
 from ditbench.report.claims import Claim, ClaimsFile, metric_kind
 from ditbench.report.load import value
 from ditbench.report.memory import card_lower_bounds, fit_memory, fits, needs_more_than
+from ditbench.report.scale import not_meaningful
 
 HELD, NOT_HELD, NOT_MEASURED = "held", "not held", "not measured"
 INCONCLUSIVE, NOT_JUDGED = "inconclusive", "not judged"
@@ -291,7 +293,7 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
     ratios: list[tuple[pd.Series, pd.Series, float]] = []
     bounded: list[str] = []  # an out-of-memory side proves the ratio outside the claim
     unjudged: list[str] = []
-    twins = on_cpu = 0
+    twins = cannot_show = 0
     pairs: list[tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]]] = []
     for row in sources:
         labels = index.get(knob_key({**knobs(row["record"]), **claim.change_to}), [])
@@ -306,12 +308,16 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
         )
         if speed and cpu and row["status"] == twin["status"] == "ok":
             unjudged.append(f"{pair}: {cpu}")
-            on_cpu += 1
+            cannot_show += 1
             continue
         if row["status"] == "ok" and twin["status"] == "ok":
             a, why_a = metric_value(row, metric, target_steps)
             b, why_b = metric_value(twin, metric, target_steps)
-            if a and b is not None:
+            small = memory and a and b is not None and not_meaningful(row)
+            if small:  # a memory change cannot show where activations are a sliver of the peak
+                unjudged.append(f"{pair}: {small}")
+                cannot_show += 1
+            elif a and b is not None:
                 ratios.append((row, twin, b / a))
             else:
                 unjudged.append(f"{pair}: {why_a or why_b or 'zero on the from side'}")
@@ -341,7 +347,7 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
             )
         else:
             why = "; ".join(unjudged[:SHOWN])
-        if on_cpu:  # every pair that ran, ran on a CPU: no verdict beside the note (not this card's speeds)
+        if cannot_show:  # every pair that ran, ran on a CPU or at a scale the claim cannot show: no verdict
             return ClaimResult(
                 claim, NOT_JUDGED, claimed, "—", "not judged: " + why, cells, numbers, pairs=pairs
             )

@@ -32,7 +32,6 @@ checked: every mistake names the file and key path.
 
 from __future__ import annotations
 
-import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,8 +41,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from ditbench.cards import find_card
 from ditbench.errors import UserError, shorten
-from ditbench.precision import PRECISIONS
-from ditbench.validation import check, refuse
+from ditbench.validation import check, did_you_mean, refuse, unknown_key
 from ditbench.yamlio import load_yaml_file
 
 # metric -> (kind, unit, what it is). Memory is the figure that decides fit (ditbench.report.memory).
@@ -79,7 +77,6 @@ MAX_CLAIMS = 1000
 MAX_TEXT = 500
 # Knobs a selector may name beyond the suite's matrix knobs.
 EXTRA_SELECTOR_KEYS = ("device", "card", "gpu_memory_gib")
-INT_KNOBS = ("batch_size", "gpus", "nodes", "image_size", "num_classes", "seed")
 
 
 @dataclass(frozen=True)
@@ -165,50 +162,32 @@ def _tolerance(value: Any) -> float:
 
 
 def _selector(value: Any) -> dict[str, Any]:
-    """Knobs of the suite (a value or a list of allowed values), checked against the cell vocabulary."""
-    from ditbench.knobs import FIELDS
-    from ditbench.models.configs import MODEL_NAMES
+    """Knobs of the suite (a value or a list of allowed values), each checked as the knob checks it."""
+    from ditbench.spec.knobs import KNOBS, PartialKnobs
 
     if not isinstance(value, dict):
         raise refuse(f"expected a mapping (key: value), got {_kind(value)}.")
-    valid = (*FIELDS, *EXTRA_SELECTOR_KEYS)
+    valid = (*KNOBS, *EXTRA_SELECTOR_KEYS)
     out: dict[str, Any] = {}
     for key, v in value.items():
         if key not in valid:
-            close = difflib.get_close_matches(str(key), list(valid), n=1, cutoff=0.5)
-            hint = f" Did you mean `{close[0]}`?" if close else ""
-            raise refuse(f"unknown key {shorten(key)}.{hint} Valid keys here: {', '.join(valid)}.", str(key))
-        allowed = v if isinstance(v, list) else [v]
+            raise refuse(unknown_key(key, valid), str(key))
+        allowed = list(v) if isinstance(v, list) else [v]
         if not allowed:
             raise refuse("an empty list matches no cell; give a value or a list of values.", key)
         for i, x in enumerate(allowed):
             at = f"{key}[{i}]" if isinstance(v, list) else key
             if isinstance(x, (dict, list)) or x is None:
                 raise refuse(f"expected a knob value (text, number, true/false), got {_kind(x)}.", at)
-            if key == "model" and x not in MODEL_NAMES:
-                close = difflib.get_close_matches(str(x), MODEL_NAMES, n=1, cutoff=0.6)
-                hint = f" Did you mean `{close[0]}`?" if close else ""
-                raise refuse(f"unknown model {shorten(x)}.{hint} Known: {', '.join(MODEL_NAMES)}.", at)
-            if key == "precision" and x not in PRECISIONS:
-                raise refuse(f"unknown precision {shorten(x)}; valid: {', '.join(PRECISIONS)}.", at)
-            if key == "grad_ckpt" and (not isinstance(x, str) or x != _grad_ckpt_name(x)):
-                raise refuse(f"unknown grad_ckpt {shorten(x)}; valid: none, full, every_K.", at)
-            if key in INT_KNOBS and (isinstance(x, bool) or not isinstance(x, int) or x < 0):
-                raise refuse(f"{key} is a whole number, got {shorten(x)}.", at)
             if isinstance(x, float) and not math.isfinite(x):
                 raise refuse(f"expected a finite value, got {x}.", at)
-        out[key] = list(allowed) if isinstance(v, list) else v
+            if key in KNOBS:
+                try:
+                    allowed[i] = getattr(PartialKnobs(**{key: x}), key)
+                except UserError as err:
+                    raise refuse(f"{err}.", at) from None
+        out[key] = allowed if isinstance(v, list) else allowed[0]
     return out
-
-
-def _grad_ckpt_name(value: str) -> str | None:
-    """The canonical spelling of a grad_ckpt value (models.configs' grammar), None if it has none."""
-    from ditbench.models.configs import grad_ckpt_name
-
-    try:
-        return grad_ckpt_name(value)
-    except UserError:
-        return None
 
 
 Text = Annotated[str, BeforeValidator(_text)]
@@ -282,8 +261,7 @@ class ClaimFile(_Strict):
             raise refuse("a `fits` claim is about memory; leave `metric` out.", "metric")
         valid = claimable()
         if expect != "fits" and metric not in valid:
-            close = difflib.get_close_matches(str(metric), valid, n=1, cutoff=0.5)
-            hint = f" Did you mean `{close[0]}`?" if close else ""
+            hint = did_you_mean(metric, valid)
             raise refuse(f"unknown metric {shorten(metric)}.{hint} Valid: {', '.join(valid)}.", "metric")
         if "tolerance_pct" in item and expect not in ("value", "ratio"):
             raise refuse("a tolerance goes with `value` or `ratio` only.", "tolerance_pct")
@@ -365,7 +343,7 @@ CLAIMS_DIR = Path(__file__).resolve().parent.parent / "claims"
 def resolve_claims(arg: str | Path) -> Path:
     """The claims file `arg` means: an existing path as given, else a shipped one of that name
     (`--claims dit_resource_guide`), as suites resolve."""
-    from ditbench.bench.catalog import resolve_shipped
+    from ditbench.spec.catalog import resolve_shipped
 
     return resolve_shipped(arg, CLAIMS_DIR, "claims file")
 

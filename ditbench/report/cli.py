@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.errors import UserError
+from ditbench.fileio import check_target
 from ditbench.outpaths import refuse_output_as_input
 from ditbench.report.load import KEEP_CHOICES, add_results, load_results
 from ditbench.report.timing import DEFAULT_TARGET_STEPS
@@ -85,7 +86,9 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(
             f"--out {out} is a file; give a directory for the report files (it is created if missing)."
         )
-    if out is not None:  # before any work: a report file that is an input would replace it
+    if out is not None:  # before any work: a report file that is an input, a link or a FIFO
+        for name in report_files():
+            check_target(out / name, "--out")
         refuse_output_as_input(
             [(f"--out's {name}", out / name) for name in report_files()],
             [("RESULTS", p) for p in args.results] + [("--claims", args.claims)],

@@ -2,7 +2,7 @@
 input error naming its field, never a number that passes a gate.
 
 What a record states twice must agree:
-- its `config` is a cell's (`CellSpec.from_record_config` reads it back) and its `cell_id` is that
+- its `config` is a cell's (`CellSpec` reads it back) and its `cell_id` is that
   cell's id: a record keeping another cell's id with a changed config would be compared as that cell;
 - its rates agree with each other and with its per-step samples: `images_per_s` is
   `steps_per_s` x images a step, and the images a step over the mean of `step_ms.samples` (within
@@ -83,10 +83,9 @@ def _knobs(record: dict[str, Any]) -> tuple[str, str] | None:
 
 def config_id(config: dict[str, Any]) -> str:
     """The id of the cell whose record `config` this is; UserError when it is not a cell's config."""
-    from ditbench.bench.cellid import cell_id
-    from ditbench.cellspec import CellSpec
+    from ditbench.spec.cell import CellSpec, cell_id
 
-    return cell_id(CellSpec.from_record_config(config, "config"))
+    return cell_id(CellSpec.read(config, "config"))
 
 
 def _identity(record: dict[str, Any]) -> tuple[str, str] | None:
@@ -95,9 +94,9 @@ def _identity(record: dict[str, Any]) -> tuple[str, str] | None:
         return None
     try:
         expected = config_id(config)
-    except UserError as err:  # "config `key`: what is wrong" or "config: what is wrong"
-        key, _, why = str(err).partition(": ")
-        field = f"config.{key[len('config `') : -1]}" if key.startswith("config `") else "config"
+    except UserError as err:  # "config at `key`: what is wrong" or "config: what is wrong"
+        head, _, why = str(err).partition(": ")
+        field = f"config.{head[len('config at `') : -1]}" if head.startswith("config at `") else "config"
         return field, f"{why.rstrip('.')}; a record's config is the cell's, as `ditbench run` writes it"
     if own == expected:
         return None

@@ -25,7 +25,7 @@ import pandas as pd
 from ditbench.bench.records import decode_line, shape_problem
 from ditbench.bench.repeats import combine, repeat_of, repeats_of
 from ditbench.errors import UserError
-from ditbench.outpaths import not_a_file
+from ditbench.outpaths import inside, not_a_file
 from ditbench.report.consistency import record_problem
 
 SCHEMA_PREFIX = "ditbench.result/"
@@ -55,6 +55,18 @@ def flatten(obj: Any, prefix: str = "") -> dict[str, Any]:
     elif prefix:
         out[prefix] = None if isinstance(obj, dict) else obj
     return out
+
+
+def grid_file(source: Any, grid: Any) -> Path | None:
+    """The sample grid a record names (`quality.evaluations[].grid`, relative to the folder of the
+    results file its row's `source` names), or None where it is no file inside that folder: an
+    absolute or `..` path or a link out of the run is never read."""
+    text = str(source or "")
+    if not text:
+        return None
+    path = Path(text.rsplit(":", 1)[0]) if ":" in text else Path(text)
+    found = inside(path if path.is_dir() else path.parent, grid)  # `export RUN_DIR`: the folder itself
+    return found if found is not None and found.is_file() else None
 
 
 def read_records(path: str | Path, judge_metrics: bool = False) -> list[tuple[int, dict[str, Any]]]:

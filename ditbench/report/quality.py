@@ -14,18 +14,22 @@ reference, sampler, sample count: the gate's identity).
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from ditbench.errors import UserError
+from ditbench.imageload import GRID_PIXELS, load_rgb
 from ditbench.metrics import registry
 from ditbench.metrics.spec import Output
+from ditbench.precision import LOW_PRECISIONS
 from ditbench.report.blocks import Block, Heading, Image, Para, Table, num
 from ditbench.report.cells import cell_label
 from ditbench.report.gate.policy import DEFAULT_QUALITY_NOISE_K
 from ditbench.report.gate.quality import evaluation_noise, noise_rule, read_quality
+from ditbench.report.load import grid_file
 
 BANNER = "not the official Inception: numbers are not comparable with papers"
 GRIDS_FILE = "quality_grids.png"
@@ -281,26 +285,21 @@ def _grids_figure(df: pd.DataFrame, cells) -> bytes | None:
     """One grid per row, at full width (cells in turn, each cell's steps in order): side by side, a
     32-pixel sample would be drawn a few screen pixels wide and nothing in it could be judged."""
     from matplotlib.figure import Figure
-    from PIL import Image as PILImage
 
     from ditbench.report.figures import figure_png
 
     rows: list[tuple[str, Any]] = []
     for label, q in cells:
-        root = _run_dir(df.loc[label])
         name = cell_label(df.loc[label])
         for e in q["evaluations"]:
-            grid = e.get("grid")
-            if not isinstance(grid, str) or root is None:
-                continue
-            path = (root / grid).resolve()
-            if not path.is_relative_to(root.resolve()) or not path.is_file():
-                continue  # a grid outside the run, or not there (moved results): not shown
+            path = grid_file(df.loc[label].get("source"), e.get("grid"))
             try:
-                with PILImage.open(path) as image:
-                    rows.append((f"{name}, step {e.get('step', 0):,}", image.convert("RGB").copy()))
-            except OSError:
-                continue
+                if path is not None:
+                    rows.append(
+                        (f"{name}, step {e.get('step', 0):,}", load_rgb(path, GRID_PIXELS, "a sample grid"))
+                    )
+            except UserError as err:  # too large, or damaged: the report goes on without it
+                warnings.warn(str(err), stacklevel=2)
     if not rows:
         return None
     width = GRID_WIDTH_IN
@@ -315,20 +314,10 @@ def _grids_figure(df: pd.DataFrame, cells) -> bytes | None:
     return figure_png(fig)
 
 
-def _run_dir(row: pd.Series) -> Path | None:
-    """The run's output directory (where the record's grid paths start), from the row's source."""
-    source = str(row.get("source") or "")
-    path = Path(source.rsplit(":", 1)[0]) if ":" in source else Path(source)
-    if not source:
-        return None
-    return path if path.is_dir() else path.parent
-
-
 # ------------------------------------------------------------------------------------------ advice
 
 QUALITY_CHANGES = (
-    ("fp16", {"precision": "fp16"}, {"precision": "fp32"}),
-    ("bf16", {"precision": "bf16"}, {"precision": "fp32"}),
+    *((p, {"precision": p}, {"precision": "fp32"}) for p in LOW_PRECISIONS),
     ("checkpointing", {"grad_ckpt": "full"}, {"grad_ckpt": "none"}),
 )
 

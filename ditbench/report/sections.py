@@ -384,7 +384,8 @@ def _detail_row(
     if c["is_baseline"]:
         vs = "baseline"
     elif ok and not pd.isna(c["speedup"]):
-        vs = f"{speedup_text(c['speedup'])}, {saved_text(c['mem_saved_pct'])} memory saved"
+        note, saved = c["mem_note"], f", {saved_text(c['mem_saved_pct'])} memory saved"
+        vs = speedup_text(c["speedup"]) + (f"; memory {note}" if isinstance(note, str) else saved)
     else:
         vs = c["baseline_note"] if isinstance(c["baseline_note"], str) and ok else "—"
     budget = cell_budget(row)

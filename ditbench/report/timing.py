@@ -73,10 +73,8 @@ def duration_text(seconds: float | None) -> str:
 
 
 def global_batch(row: pd.Series | dict[str, Any]) -> int | None:
+    """The record's global batch (`spec.knobs.Knobs.global_batch`, which every record's config states)."""
     gb = value(row, "config.global_batch")
-    if gb is None:
-        bs = value(row, "config.batch_size")
-        gb = bs * gpu_count(row) if bs is not None else None
     return int(gb) if gb is not None else None
 
 

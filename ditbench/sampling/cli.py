@@ -9,7 +9,7 @@ from ditbench.sampling.shards import default_paths
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ditbench.cliopts import add_device, add_json, add_no_progress, add_precision
+    from ditbench.cliopts import add_device, add_json, add_no_progress, add_precision, add_yes
 
     parser.description = (
         "Sample class-conditional images from a DiT checkpoint into an ADM-format .npz (arr_0 uint8 NHWC "
@@ -47,14 +47,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--num-samples", type=int, default=50_000, help="(default: %(default)s, the FID protocol)"
     )
+    from ditbench.spec.quality import SAMPLERS, Sampler
+
+    default = Sampler()  # the quality section's sampler: the same defaults and bounds
     parser.add_argument(
-        "--steps", type=int, default=250, help="sampling steps, respaced from 1000 (default: %(default)s)"
+        "--steps",
+        type=int,
+        default=default.steps,
+        help="sampling steps, respaced from 1000 (default: %(default)s)",
     )
-    parser.add_argument("--sampler", choices=("ddpm", "ddim"), default="ddpm", help="(default: %(default)s)")
+    parser.add_argument("--sampler", choices=SAMPLERS, default=default.name, help="(default: %(default)s)")
     parser.add_argument(
         "--cfg-scale",
         type=float,
-        default=1.5,
+        default=default.cfg_scale,
         help="classifier-free guidance scale; 1 = off (default: %(default)s)",
     )
     parser.add_argument(
@@ -81,11 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_json(parser, "the sampling record")
     add_no_progress(parser)
+    add_yes(parser)
 
 
 def run(args) -> int:
     from ditbench.sampling.sampler import sample
 
+    args._resume = "the shards written so far are kept; the same command makes only the missing ones"
     record = sample(args)
     if record and args.json:
         import json

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import sys
@@ -15,12 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ditbench.diffusion import NUM_TIMESTEPS
 from ditbench.errors import UserError
-from ditbench.fileio import atomic_write, write_json_atomic
+from ditbench.fileio import atomic_write, read_regular, write_json_atomic
 from ditbench.pretrained import DIT_CHECKPOINTS, is_vae_name, resolve_checkpoint
 from ditbench.sampling.shards import (
     default_paths,
+    discard_if_empty,
     file_fingerprint,
     labels_for,
     merge_shards,
@@ -37,18 +36,16 @@ FAIL_AFTER_ENV = "DITBENCH_SAMPLE_FAIL_AFTER_SHARDS"
 
 
 def check_args(args) -> None:
-    from ditbench.knobs import MAX_CLASSES, MAX_IMAGE_SIZE, SEED_MAX
+    from ditbench.spec.base import from_flags
+    from ditbench.spec.knobs import MAX_CLASSES, MAX_IMAGE_SIZE, SEED_MAX
+    from ditbench.spec.quality import Sampler
     from ditbench.vae import LATENT_CHANNELS
 
-    for name in ("num_samples", "batch_size", "steps", "num_classes"):
+    for name in ("num_samples", "batch_size", "num_classes"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise UserError(f"--{name.replace('_', '-')} {getattr(args, name)} must be at least 1.")
-    if args.steps > NUM_TIMESTEPS:
-        raise UserError(
-            f"--steps {args.steps} must be at most {NUM_TIMESTEPS} (the diffusion has {NUM_TIMESTEPS} steps)."
-        )
-    if not (math.isfinite(args.cfg_scale) and args.cfg_scale >= 1.0):
-        raise UserError(f"--cfg-scale {args.cfg_scale} must be a finite number >= 1 (1 turns guidance off).")
+    # the bounds of the quality section's sampler (--sampler and --precision are checked as choices)
+    from_flags(Sampler, {"steps": args.steps, "cfg_scale": args.cfg_scale})
     bounds = (  # beyond them a value is a typo, and an allocation the size of the typo
         ("seed", 0, SEED_MAX),
         ("num_classes", 1, MAX_CLASSES),
@@ -73,12 +70,11 @@ def check_args(args) -> None:
             "diffusion_pytorch_model.safetensors) or a state-dict file, or 'random' to time sampling with "
             "random VAE weights (the images are then meaningless)."
         )
-    if not str(args.out).endswith(".npz"):
-        raise UserError(f"--out {args.out!r} must end in .npz (the ADM batch format).")
-    from ditbench.outpaths import check_file_target, refuse_output_as_input
+    from ditbench.outpaths import NPZ, check_file_target, refuse_output_as_input
 
-    check_file_target(args.out, "--out", create_parent=False)  # rank 0 creates the folder later
+    check_file_target(args.out, "--out", create_parent=False, writes=NPZ)  # rank 0 creates the folder later
     shard_dir, record_path = default_paths(Path(args.out))
+    check_file_target(record_path, "--out's record", create_parent=False)
     refuse_output_as_input(  # the npz, its record and its shard folder, against what sampling reads
         [("--out", args.out), ("--out's record", record_path), ("--out's shard folder", shard_dir)],
         [("CHECKPOINT", None if args.checkpoint == "random" else args.checkpoint), ("--vae", args.vae)],
@@ -161,8 +157,11 @@ def _settings(args, model_name: str, image_size: int, num_classes: int, weights:
 def _finished(args, out: Path, record_path: Path, settings: dict) -> dict | None:
     """The record of an npz already made with these settings; UserError if --out holds another."""
     if out.exists() and record_path.exists():
-        old = json.loads(record_path.read_text())
-        if old.get("settings") == settings:
+        try:
+            old = json.loads(read_regular(record_path, "--out's record"))
+        except ValueError:  # not UTF-8 JSON: no usable record of how --out was made
+            old = None
+        if isinstance(old, dict) and old.get("settings") == settings:
             return old
         if not args.overwrite:
             raise UserError(
@@ -175,6 +174,27 @@ def _finished(args, out: Path, record_path: Path, settings: dict) -> dict | None
             "pass --overwrite to replace it or choose another --out."
         )
     return None
+
+
+def _announce(args, ctx, settings: dict, images: int) -> None:
+    """The estimate of the images still to make (rank 0), before the first shard: a DiT forward per
+    step (two with guidance) and a VAE decode per image, at the device's rate (walltime)."""
+    from ditbench.models.flops import forward_macs
+    from ditbench.walltime import LONG_CPU_S, VAE_DECODE_FLOPS_PER_PIXEL, announce, flops_s
+
+    device = ctx.device.type if ctx.device.type == "cpu" else str(ctx.device)
+    size, passes = settings["image_size"], args.steps * (2 if args.cfg_scale > 1 else 1)
+    flops = 2 * forward_macs(settings["model"], size) * passes + VAE_DECODE_FLOPS_PER_PIXEL * size**2
+    per_image = flops_s(flops, device, args.precision)
+    cheaper = (
+        f"Fewer images (--num-samples {max(1, int(LONG_CPU_S / per_image)):,} takes about 30 min), fewer "
+        "steps (--steps 50 --sampler ddim), or a GPU."
+        if per_image
+        else ""
+    )
+    what = f"{images:,} images of {settings['model']}, {args.steps} steps each"
+    yes = getattr(args, "yes", False)
+    announce("sample", per_image and per_image * images / ctx.world_size, what, device, yes, cheaper)
 
 
 def _progress(args, labels, missing: list[int]):
@@ -272,6 +292,7 @@ def sample(args) -> dict:
     out = Path(args.out)
     shard_dir, record_path = default_paths(out)
     ctx = dist.init(args.device)
+    fresh = not os.path.lexists(shard_dir)  # a folder this run makes is this run's to take back
     try:
         _precision_context(args.precision, ctx.device)  # refuse fp16/tf32 on a CPU before any work
         model, model_name, image_size, weights = load_model_cached(
@@ -302,6 +323,9 @@ def sample(args) -> dict:
             [k for k in range(n_shards) if not shard_path(shard_dir, k).exists()] if ctx.is_main else None
         )
         missing = dist.all_gather_objects(ctx, missing)[0]
+        if ctx.is_main and missing:
+            todo = sum(min(args.batch_size, args.num_samples - k * args.batch_size) for k in missing)
+            _announce(args, ctx, settings, todo)
         mine = _make_shards(args, ctx, model, vae, settings, shard_dir, missing)
         per_rank = dist.all_gather_objects(ctx, mine)
         dist.barrier(ctx)
@@ -314,5 +338,9 @@ def sample(args) -> dict:
         if not args.keep_shards:
             shutil.rmtree(shard_dir, ignore_errors=True)
         return record
+    except BaseException:  # failed or interrupted: a shard folder it made with no shard claims none
+        if ctx.is_main and fresh:
+            discard_if_empty(shard_dir)
+        raise
     finally:
         dist.shutdown()

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from pathlib import Path
 
 import numpy as np
 
 from ditbench.errors import UserError
-from ditbench.fileio import open_nofollow, refuse_link, rmtree_real, write_json_atomic
+from ditbench.fileio import read_regular, refuse_link, rmtree_real, write_json_atomic
 from ditbench.pretrained import is_vae_name
 
 
@@ -73,19 +72,20 @@ def prepare_shard_dir(shard_dir: Path, settings: dict, overwrite: bool) -> None:
         write_json_atomic(manifest, settings, indent=1, sort_keys=True)
 
 
+def discard_if_empty(shard_dir: Path) -> None:
+    """Remove a shard folder that holds its manifest and nothing else (a run that made no shard)."""
+    try:
+        if not shard_dir.is_symlink() and {p.name for p in shard_dir.iterdir()} <= {"manifest.json"}:
+            rmtree_real(shard_dir)
+    except OSError:  # nothing there, or not ours to read: leave it
+        pass
+
+
 def _read_manifest(manifest: Path) -> dict | None:
     """The settings a sampling run recorded, or None when the file is not that (damaged, a link, a FIFO)."""
     try:
-        fd = open_nofollow(manifest, os.O_RDONLY | os.O_NONBLOCK)
-    except (OSError, UserError):
-        return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return None
-        data = f.read(1 << 20)
-    try:
-        value = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        value = json.loads(read_regular(manifest))
+    except (OSError, UserError, ValueError, RecursionError):  # ValueError: not UTF-8, not JSON
         return None
     return value if isinstance(value, dict) else None
 

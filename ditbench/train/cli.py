@@ -17,25 +17,24 @@ MAX_STEPS = 10**9  # beyond it a step count is a typo, and the run would never e
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ditbench.cliopts import add_device, add_json, add_no_progress, add_precision
-    from ditbench.knobs import FIELDS, TRAIN_KNOBS
+    from ditbench.cliopts import add_device, add_json, add_no_progress, add_precision, add_yes
+    from ditbench.spec.knobs import TRAIN_KNOBS, Knobs
 
     parser.add_argument("--steps", type=int, default=50, help="training steps")
-    # One option per training knob, with the knob's default and help: the same values as a suite.
+    # One option per training knob, with the knob's default and help, its value read as in a suite file.
     for name in TRAIN_KNOBS:
-        flag, spec = "--" + name.replace("_", "-"), FIELDS[name]
-        default = DEFAULT_MODEL if name == "model" else spec.default
-        text = spec.metadata["help"]
+        flag, field = "--" + name.replace("_", "-"), Knobs.model_fields[name]
+        default = DEFAULT_MODEL if name == "model" else field.default
         if name == "precision":
-            add_precision(parser, default, text)
+            add_precision(parser, default, field.description)
         elif isinstance(default, bool):
-            parser.add_argument(flag, action="store_true", help=spec.metadata["help"])
+            parser.add_argument(flag, action="store_true", help=field.description)
         elif name == "data":
             parser.add_argument(
                 flag, default=default, help="synthetic, a .npz/.pt latent file, or an image folder"
             )
         else:
-            parser.add_argument(flag, type=type(default), default=default, help=text)
+            parser.add_argument(flag, default=default, help=field.description)
     parser.add_argument("--vae", default=None, help="VAE for an image folder: a local path, or 'random'")
     add_device(parser)
     parser.add_argument("--log-every", type=int, default=10, help="print the loss every N steps")
@@ -44,6 +43,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_json(parser, "the run's summary (speed, loss, parameters)")
     add_no_progress(parser)
+    add_yes(parser)
+
+
+def train_step_s(config: dict, device: str) -> float | None:
+    """Seconds of one steady training step of `config` (Knobs fields) on `device` (ditbench.walltime's
+    rate, the planner's time model on the traced step), or None (no datasheet; image-folder data)."""
+    from ditbench.plan import speed
+    from ditbench.plan.emulation import CPU, cuda_target
+    from ditbench.plan.predict import normalize, series_trace, trace_knobs, traced_accum
+    from ditbench.walltime import rate
+
+    found = rate(device)
+    cell = normalize({**config, "device": "cpu" if device == "cpu" else "cuda"})
+    if found is None or isinstance(cell["data"], dict) and "images" in cell["data"]:
+        return None
+    peaks, params, _, card = found
+    sheet = speed.cpu_datasheet(peaks["fp32"] * 1000) if device == "cpu" else speed.datasheet(card)
+    target = CPU if device == "cpu" else cuda_target(card)
+    series = series_trace(trace_knobs(cell, target), target, disk=True)
+    depth, ckpt = speed.blocks(cell["model"], cell["grad_ckpt"])
+    t = speed.step_time(
+        series.trace.kernels, cell["batch_size"], sheet, cell["precision"], params,
+        compiled=bool(cell["compile"]), overlap=device != "cpu", blocks=depth, ckpt_blocks=ckpt,
+        accum=cell["grad_accum"], traced_accum=traced_accum(cell),
+    )  # fmt: skip
+    return t.seconds
+
+
+def _announce(args: argparse.Namespace, cfg, device: str) -> None:
+    """The estimate before the model is built (DiT-XL/2 takes a while to build on a CPU)."""
+    from ditbench.walltime import LONG_CPU_S, announce
+
+    step_s = train_step_s(cfg.model_dump(), device)
+    cheaper = (
+        f"Fewer steps (--steps {max(1, int(LONG_CPU_S / step_s)):,} takes about 30 min), a smaller model "
+        "(--model DiT-S/8), or a GPU (`ditbench plan` predicts one)."
+        if step_s
+        else ""
+    )
+    what = f"{args.steps:,} steps of {cfg.model} at batch {cfg.batch_size}"
+    announce("train", step_s and step_s * args.steps, what, device, args.yes, cheaper)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,8 +94,10 @@ def run(args: argparse.Namespace) -> int:
 
     from ditbench.device import resolve_device
     from ditbench.errors import UserError
-    from ditbench.knobs import TRAIN_KNOBS, Knobs
+    from ditbench.precision import uses_scaler
     from ditbench.progress import progress
+    from ditbench.spec.base import from_flags
+    from ditbench.spec.knobs import TRAIN_KNOBS, Knobs
     from ditbench.train import Trainer
     from ditbench.train.data import data_spec
 
@@ -66,12 +108,14 @@ def run(args: argparse.Namespace) -> int:
     if args.save:
         from ditbench.outpaths import check_file_target, refuse_output_as_input
 
-        check_file_target(args.save, "--save")  # before training, not after it
         refuse_output_as_input([("--save", args.save)], [("--data", args.data), ("--vae", args.vae)])
+        check_file_target(
+            args.save, "--save", writes=("a torch checkpoint", (".pt", ".pth"))
+        )  # before training
     device = str(resolve_device(args.device))
     knobs = {name: getattr(args, name) for name in TRAIN_KNOBS}
-    knobs["data"] = data_spec(args.data, args.vae)
-    cfg = Knobs(**knobs)
+    cfg = from_flags(Knobs, {**knobs, "data": data_spec(args.data, args.vae)})
+    _announce(args, cfg, device)
     trainer = Trainer(cfg, device=device)
     data_desc = trainer.data.describe()
     out = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the JSON alone
@@ -114,11 +158,13 @@ def run(args: argparse.Namespace) -> int:
         trainer.save(args.save)
         print(f"checkpoint written to {args.save}", file=out)
     skips = (
-        f", {trainer.scaler_skips} fp16 steps skipped by the GradScaler" if cfg.precision == "fp16" else ""
+        f", {trainer.scaler_skips} {cfg.precision} steps skipped by the GradScaler"
+        if uses_scaler(cfg.precision)
+        else ""
     )
     print(
         f"done: {args.steps} steps in {elapsed:.1f} s, {args.steps / elapsed:.2f} steps/s, "
-        f"{args.steps * cfg.batch_size * cfg.grad_accum / elapsed:.1f} img/s "
+        f"{args.steps * cfg.rank_batch / elapsed:.1f} img/s "
         "(includes the first steps' warm-up); "
         f"loss {first_loss:.4f} -> {last_loss:.4f}{skips}",
         file=out,
@@ -126,15 +172,15 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         result = {
             "status": "ok",
-            "config": {**knobs, "device": str(trainer.device)},
+            "config": {**cfg.train_knobs(), "device": str(trainer.device)},
             "params": trainer.num_params,
             "steps": args.steps,
             "elapsed_s": round(elapsed, 3),
             "steps_per_s": args.steps / elapsed,
-            "images_per_s": args.steps * cfg.batch_size * cfg.grad_accum / elapsed,
+            "images_per_s": args.steps * cfg.rank_batch / elapsed,
             "loss_first": first_loss,
             "loss_last": last_loss,
-            "scaler_skips": trainer.scaler_skips if cfg.precision == "fp16" else None,
+            "scaler_skips": trainer.scaler_skips if uses_scaler(cfg.precision) else None,
             "checkpoint": args.save,
             "note": "speeds include the first steps' warm-up",
         }

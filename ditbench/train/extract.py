@@ -25,7 +25,7 @@ import numpy as np
 from ditbench.errors import UserError, shorten
 from ditbench.fileio import atomic_write, refuse_link, write_json_atomic
 from ditbench.outlock import OutputLock
-from ditbench.outpaths import check_file_target, ensure_dir, refuse_output_as_input
+from ditbench.outpaths import NPZ, check_file_target, ensure_dir, refuse_output_as_input
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,7 +58,7 @@ WHERE = "the progress folder of --out"
 
 def check_arguments(out, image_size: int, batch_size: int, shard_size: int, workers: int, seed: int) -> Path:
     """Refuse, before any work, what would fail midway (UserError naming the option)."""
-    from ditbench.knobs import MAX_IMAGE_SIZE, SEED_MAX
+    from ditbench.spec.knobs import MAX_IMAGE_SIZE, SEED_MAX
 
     for flag, value, low, high in (
         ("--image-size", image_size, 1, MAX_IMAGE_SIZE),
@@ -69,10 +69,8 @@ def check_arguments(out, image_size: int, batch_size: int, shard_size: int, work
     ):
         if not low <= value <= high:
             raise UserError(f"{flag} must be from {low} to {high:,}, got {value}")
-    out = Path(out)
-    if out.suffix != ".npz":
-        raise UserError(f"--out {str(out)!r} must end in .npz")
-    return check_file_target(out, "--out", create_parent=False)  # made when the first shard is written
+    # the folder is made when the first shard is written
+    return check_file_target(out, "--out", create_parent=False, writes=NPZ)
 
 
 def read_progress(parts: Path, job: dict, n_shards: int) -> dict:

@@ -7,8 +7,7 @@ import copy
 import torch
 from torch import nn
 
-from ditbench.errors import UserError
-from ditbench.knobs import InvalidValue, check_knob
+from ditbench.spec.knobs import PartialKnobs
 
 # The AdamW kernel `optimizer_impl: auto` picks, by device, as measured. CPU (DiT-S/8, 33M parameters,
 # one thread, CPU time, fastest of 6): fused 88 ms per step, foreach 347 ms, for-loop (torch's CPU
@@ -31,12 +30,9 @@ def make_optimizer(
     `name` is the optimizer knob: AdamW is the one DiT trains with, and the only one so far.
     `opt.ditbench_impl` names the kernel that runs (the record's `metrics.optimizer_kernel`).
     """
-    settings = {"optimizer": name, "optimizer_impl": impl, "lr": lr, "weight_decay": weight_decay}
-    for knob, value in settings.items():
-        try:
-            check_knob(knob, value)
-        except InvalidValue as err:
-            raise UserError(str(err)) from None
+    PartialKnobs(
+        optimizer=name, optimizer_impl=impl, lr=lr, weight_decay=weight_decay
+    )  # UserError if not valid
     params = [p for p in model.parameters() if p.requires_grad]
     dev = (
         torch.device(device) if device is not None else (params[0].device if params else torch.device("cpu"))
@@ -65,8 +61,7 @@ class EMA:
     """
 
     def __init__(self, model: nn.Module, decay: float = 0.9999):
-        if not 0.0 <= decay < 1.0:
-            raise UserError(f"ema_decay must be in [0, 1), got {decay!r}")
+        PartialKnobs(ema_decay=decay)  # UserError if not valid
         self.decay = decay
         self._names = [name for name, _ in model.named_parameters()]
         self._src = [p for p in model.parameters()]

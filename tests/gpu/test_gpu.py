@@ -4,7 +4,7 @@ checkpointing memory measured by the CUDA allocator."""
 import pytest
 import torch
 
-from ditbench.knobs import Knobs
+from ditbench.spec.knobs import Knobs
 from ditbench.train import Trainer
 
 pytestmark = pytest.mark.gpu

@@ -18,6 +18,7 @@ from ditbench.precision import PRECISIONS
 DEVICE_COMMANDS = {"train", "extract-latents", "sample", "fid", "env"}
 OUT_KINDS = {
     "run": "DIR",
+    "ab": "DIR",
     "report": "DIR",
     "sample": "FILE.npz",
     "extract-latents": "FILE.npz",

@@ -17,12 +17,13 @@ import pytest
 pytest.importorskip("submitit")
 
 from ditbench.bench import inflight  # noqa: E402
-from ditbench.bench.cluster import ClusterOptions, job_parameters, job_timeout_min, parse_cluster_flags  # noqa: E402
+from ditbench.bench.cluster import job_parameters, job_timeout_min  # noqa: E402
+from ditbench.spec.cluster import ClusterOptions, parse_cluster_flags  # noqa: E402
 from ditbench.bench.jobs import JOBS_DIR, job_path, submit_suite  # noqa: E402
 from ditbench.bench.launch.executors import JobRef  # noqa: E402
 from ditbench.bench.records import read_records  # noqa: E402
 from ditbench.bench.runner import RunOptions  # noqa: E402
-from ditbench.bench.suite import load_suite, parse_suite  # noqa: E402
+from ditbench.spec.suite import load_suite, parse_suite  # noqa: E402
 from ditbench.cli import main  # noqa: E402
 from ditbench.errors import UserError  # noqa: E402
 
@@ -72,7 +73,7 @@ def base_suite(**cluster):
 @pytest.mark.parametrize(
     "cluster, needle",
     [
-        ({"partiton": "gpu"}, "at `cluster.partiton`: unknown key; valid: partition"),
+        ({"partiton": "gpu"}, "at `cluster.partiton`: unknown key `partiton`. Did you mean `partition`?"),
         ({"partition": "gpu\n#SBATCH --uid=0"}, "at `cluster.partition`: expected non-empty text"),
         ({"partition": ""}, "at `cluster.partition`"),
         ({"account": ["a"]}, "at `cluster.account`: expected text"),
@@ -317,11 +318,16 @@ def test_a_job_that_ended_without_a_result_is_recorded_as_an_error(tmp_path, mon
     # the cell would be submitted again after its error record: stop right there
     import ditbench.bench.jobs as jobs
 
-    def no_submit(self, cells):
-        assert [c.cell_id for c in cells] == [cell.cell_id]
+    class Stop(Exception):
+        pass
 
-    monkeypatch.setattr(jobs._Submitter, "_start", no_submit)
-    submit_suite(suite, options, "local", echo=lines.append, poll_s=0.01)
+    def no_submit(self, pending):
+        assert [job.cell.cell_id for job in pending] == [cell.cell_id]
+        raise Stop
+
+    monkeypatch.setattr(jobs.Submitit, "submit", no_submit)
+    with pytest.raises(Stop):
+        submit_suite(suite, options, "local", echo=lines.append, poll_s=0.01)
     (record,) = read_records(out / "results.jsonl")
     assert record["status"] == "error" and "local job 999999999 ended" in record["reason"]
     assert "without writing a result" in record["reason"]

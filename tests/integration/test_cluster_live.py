@@ -173,6 +173,24 @@ def test_a_two_node_gloo_cell_runs_through_srun_on_node1_and_node2(tmp_path):
     assert not (jobs_dir(out) / executors.SUBMITIT_DIR / job).exists() and len(records(out)) == 1
 
 
+@pytest.mark.timeout(300)
+def test_repeats_are_one_array_each_repeat_a_record_and_every_job_ends_completed(tmp_path):
+    """`--repeats 2` under SLURM: the suite loop submits each cell's two repeats (one array for the
+    one job shape); each repeat is its own record, and every job that wrote one ends COMPLETED."""
+    out, suite = tmp_path / "o", write_suite(tmp_path, "batch_size: [2, 3]")
+    done = run(suite, out, "--executor", "slurm", "--repeats", "2")
+    assert [line.split(":")[0] for line in submitted_lines(done.stdout)] == ["submitted 4 cell(s) to slurm"]
+    got = records(out)
+    assert sorted((r["config"]["batch_size"], r["repeat"], r["repeats"]) for r in got) == [
+        (2, 1, 2), (2, 2, 2), (3, 1, 2), (3, 2, 2)
+    ], [(r["status"], r.get("reason")) for r in got]  # fmt: skip
+    assert [r["status"] for r in got] == ["ok"] * 4, [r.get("reason") for r in got]
+    assert len({r["run_id"] for r in got}) == 1
+    ended_completed([r["slurm_job"]["id"] for r in got])
+    again = run(suite, out, "--executor", "slurm", "--repeats", "2")
+    assert "4 of 4 cell repeats already ok" in again.stdout and not submitted_lines(again.stdout)
+
+
 def ended_completed(job_ids: list[str]) -> None:
     """Each job, recorded ok, ends COMPLETED: it exits after its record is appended (submitit then
     writes its own result into the job's folder), so the submitter must not have removed that folder

@@ -119,14 +119,14 @@ def test_the_quality_loop_scores_a_learned_model_lower_beyond_noise(tmp_path, mo
     (2): test_sampler_closed_form.py pins each step for that."""
     from metrics_support import FakeExtractor
 
-    from ditbench.cellspec import CellSpec, Steps
+    from ditbench.spec.cell import CellSpec, Steps
     from ditbench.dist import DistContext
-    from ditbench.knobs import Knobs
+    from ditbench.spec.knobs import Knobs
     from ditbench.metrics import registry
     from ditbench.metrics.evaluate import Scorer
     from ditbench.metrics.stats_cache import CACHE_ENV
     from ditbench.quality.loop import run_quality
-    from ditbench.quality.spec import QualitySpec, Sampler
+    from ditbench.spec.quality import QualitySpec, Sampler
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     # the bootstrap's 20 resamples per score cost ~2 s here; the seeds' spread is the noise estimate

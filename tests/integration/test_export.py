@@ -1,15 +1,18 @@
-"""`ditbench export`: each cell as a TensorBoard or an MLflow run, read back with each tool's own reader.
+"""`ditbench export`: each cell as a TensorBoard, MLflow or W&B run, read back with each tool's own reader.
 
 The records are the committed CPU runs (reports/cpu_smoke: smoke losses, an unsupported cell;
 reports/cpu_quality: quality scores and grids), copied so the grids resolve beside them. The
 TensorBoard side is read with tensorboard's EventAccumulator, the MLflow side with MlflowClient on
-a local file store in tmp_path. Both trackers are extras: without one the command is one paragraph
-naming `pip install 'ditbench[...]'`, exit 2, and nothing is written.
+MLflow 3's default sqlite store and on a file store in tmp_path (neither with an environment variable
+set by hand), the W&B side (offline) with `wandb leet inspect --json`, the client's own reader of
+its run log. The trackers are extras: without one the command is one paragraph naming
+`pip install 'ditbench[...]'`, exit 2, and nothing is written.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -116,14 +119,18 @@ def test_tensorboard_holds_each_cell_as_a_run(results, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_mlflow_holds_each_cell_as_a_run(results, tmp_path, monkeypatch, capsys):
+    """MLflow's own default store (sqlite:///mlflow.db in the working folder), no URI, no variable."""
     pytest.importorskip("mlflow")
+    pytest.importorskip("sqlalchemy")
     from mlflow.tracking import MlflowClient
 
-    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind this
-    uri = (tmp_path / "mlruns").as_uri()
-    argv = ["export", str(results["smoke"]), "--to", "mlflow", uri, "--experiment", "smoke"]
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_ALLOW_FILE_STORE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)
+    argv = ["export", str(results["smoke"]), "--to", "mlflow", "--experiment", "smoke"]
     assert main(argv) == 0
-    assert "3 run(s) written" in capsys.readouterr().out
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert f"3 run(s) written to {uri}" in capsys.readouterr().out
     client = MlflowClient(uri)
     experiment = client.get_experiment_by_name("smoke")
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
@@ -159,6 +166,7 @@ def test_mlflow_holds_each_cell_as_a_run(results, tmp_path, monkeypatch, capsys)
     # the quality run's grids are artifacts; the smoke records are not exported twice
     assert main(["export", str(results["smoke"]), str(results["quality"]), "--to", "mlflow", uri,
                  "--experiment", "smoke"]) == 0  # fmt: skip
+    assert not os.environ.get("MLFLOW_ALLOW_FILE_STORE")
     assert "2 run(s) written" in capsys.readouterr().out  # the quality cell and this export's report
     (quality,) = _records(results["quality"])
     (run,) = client.search_runs([experiment.experiment_id], f"tags.cell_id = '{quality['cell_id']}'")
@@ -170,11 +178,11 @@ def test_mlflow_holds_each_cell_as_a_run(results, tmp_path, monkeypatch, capsys)
     ]
 
 
-@pytest.mark.parametrize("tracker", ["tensorboard", "mlflow"])
+@pytest.mark.parametrize("tracker", ["tensorboard", "mlflow", "wandb"])
 def test_a_missing_extra_is_one_paragraph_and_writes_nothing(results, tmp_path, monkeypatch, capsys, tracker):
     monkeypatch.setitem(sys.modules, tracker, None)  # import tracker -> ImportError
     target = tmp_path / "out"
-    where = str(target) if tracker == "tensorboard" else target.as_uri()
+    where = target.as_uri() if tracker == "mlflow" else str(target)
     assert main(["export", str(results["smoke"]), "--to", tracker, where]) == 2
     err = " ".join(capsys.readouterr().err.split())  # the paragraph is wrapped at 100 columns
     assert f"pip install 'ditbench[{tracker}]'" in err and err.count("ditbench: error:") == 1
@@ -186,22 +194,101 @@ def test_bad_targets_are_one_paragraph(results, tmp_path, capsys):
         assert main(["export", str(results["smoke"]), *argv]) == 2
         return " ".join(capsys.readouterr().err.split())
 
-    assert "--to tensorboard DIR or --to mlflow URI" in error("--to", "wandb", "x")
+    assert "--to mlflow [URI] or --to wandb [DIR]" in error("--to", "neptune", "x")
+    assert "is not a tracker" in error("--to", "wandb", "a", "b")
     afile = tmp_path / "afile"
     afile.write_text("")
     assert "that is a file" in error("--to", "tensorboard", str(afile))
-    assert "applies only to --to mlflow" in error("--to", "tensorboard", str(tmp_path), "--experiment", "x")
+    assert "that is a file" in error("--to", "wandb", str(afile))
+    assert "not apply to --to tensorboard" in error("--to", "tensorboard", str(tmp_path), "--experiment", "x")
 
 
 @pytest.mark.slow
-def test_mlflow_file_store_refusal_names_the_switch(results, tmp_path, monkeypatch, capsys):
+def test_mlflow_file_store_needs_no_switch(results, tmp_path, monkeypatch, capsys):
+    """A file store the user names is written without MLFLOW_ALLOW_FILE_STORE (MLflow 3 refuses it
+    otherwise), and the switch is not left set in the process."""
     pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
     monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
-    code = main(["export", str(results["smoke"]), "--to", "mlflow", (tmp_path / "m").as_uri()])
-    err = " ".join(capsys.readouterr().err.split())
-    if code == 0:  # an MLflow that still keeps file stores without the switch
-        pytest.skip("this MLflow writes a file store without MLFLOW_ALLOW_FILE_STORE")
-    assert code == 2 and "MLFLOW_ALLOW_FILE_STORE=true" in err and err.count("ditbench: error:") == 1
+    uri = (tmp_path / "m").as_uri()
+    assert main(["export", str(results["smoke"]), "--to", "mlflow", uri, "--no-report"]) == 0
+    assert "2 run(s) written" in capsys.readouterr().out
+    assert "MLFLOW_ALLOW_FILE_STORE" not in os.environ
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # to read it back with MLflow 3's client
+    client = MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("cpu_smoke").experiment_id])
+    assert sorted(r.data.tags["cell_id"] for r in runs) == sorted(
+        r["cell_id"] for r in _records(results["smoke"])
+    )
+
+
+def _wandb_log(folder: Path) -> list[dict]:
+    """The records of one offline run's log, as the W&B client reads them."""
+    (log,) = folder.glob("*.wandb")
+    done = subprocess.run(
+        [sys.executable, "-m", "wandb", "leet", "inspect", "--json", str(log)],
+        capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.mark.slow
+def test_wandb_holds_each_cell_as_an_offline_run(results, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("wandb")
+    from ditbench.export.wandb_writer import run_id
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # offline is the default, with no key and no network
+    monkeypatch.setenv("WANDB_API_KEY", "")
+    target = tmp_path / "wb"
+    argv = ["export", str(results["smoke"]), str(results["quality"]), "--to", "wandb", str(target)]
+    assert main(argv) == 0
+    assert "4 run(s) written" in capsys.readouterr().out  # 3 cells + the report
+    ok, unsupported = _records(results["smoke"])
+    (quality,) = _records(results["quality"])
+    folders = {p.name.rsplit("-", 1)[1]: p for p in (target / "wandb").glob("offline-run-*")}
+    assert len(folders) == 4
+
+    log = _wandb_log(folders[run_id(f"{ok['run_id']}/{ok['cell_id']}")])
+    (run,) = [r["run"] for r in log if r["type"] == "run"]
+    assert run["display_name"] == SMOKE_CELL and run["project"] == "ditbench" and run["tags"] == ["ok"]
+    config = run["config"]["update"]
+    assert config["model"] == "DiT-T/4" and config["batch_size"] == 4
+    assert config["steps.warmup"] == ok["config"]["steps"]["warmup"] and config["tag.run_id"] == ok["run_id"]
+    history = {
+        r["history"]["step"].get("num", 0): r["history"]["item"] for r in log if r["type"] == "history"
+    }
+    assert history[0]["speed/images_per_s"] == ok["metrics"]["images_per_s"]
+    assert history[0]["memory/cpu_peak_alloc_gib"] == ok["metrics"]["cpu_peak_alloc_gib"]
+    assert history[0]["speed/step_ms.p90"] == ok["metrics"]["step_ms"]["p90"]
+    assert [history[s]["smoke/loss"] for s in range(1, ok["smoke"]["steps"] + 1)] == ok["smoke"]["loss"]
+    files = folders[run_id(f"{ok['run_id']}/{ok['cell_id']}")] / "files"
+    assert json.loads((files / "record.json").read_text()) == ok
+
+    log = _wandb_log(folders[run_id(f"{unsupported['run_id']}/{unsupported['cell_id']}")])
+    assert [r for r in log if r["type"] == "history"] == []  # nothing was measured, and nothing is made up
+    (run,) = [r["run"] for r in log if r["type"] == "run"]
+    assert run["config"]["update"]["tag.reason"] == unsupported["reason"]
+
+    log = _wandb_log(folders[run_id(f"{quality['run_id']}/{quality['cell_id']}")])
+    history = {
+        r["history"]["step"].get("num", 0): r["history"]["item"] for r in log if r["type"] == "history"
+    }
+    evaluations = quality["quality"]["evaluations"]
+    assert [history[e["step"]]["quality/fid"] for e in evaluations] == [
+        e["metrics"]["fid"] for e in evaluations
+    ]
+    assert all(history[e["step"]]["quality/grid._type"] == "image-file" for e in evaluations)
+
+    (report,) = [p for p in folders.values() if (p / "files/report").is_dir()]
+    assert {"report.md", "report.html", "results.csv"} <= {
+        p.name for p in (report / "files/report").iterdir()
+    }
+
+    assert main(argv) == 0  # exporting again writes nothing twice
+    assert "0 run(s) written" in capsys.readouterr().out
+    assert len(list((target / "wandb").glob("offline-run-*"))) == 4
 
 
 @pytest.mark.slow
@@ -213,7 +300,7 @@ def test_default_paths_never_import_a_tracker(results, tmp_path):
         "try:\n    runpy.run_module('ditbench', run_name='__main__')\n"
         "except SystemExit as e:\n    code = e.code\n"
         "print(json.dumps([code, sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('tensorboard', 'mlflow') or m == 'torch.utils.tensorboard')]), file=sys.stderr)\n"
+        "('tensorboard', 'mlflow', 'wandb') or m == 'torch.utils.tensorboard')]), file=sys.stderr)\n"
     )
     smoke = str(results["smoke"])
     for argv in (

@@ -10,10 +10,10 @@ import torch
 from fixed_rows import Rows
 
 from ditbench.bench.cell_core import window_metrics
-from ditbench.cellspec import CellSpec
+from ditbench.spec.cell import CellSpec
 from ditbench.dist import DistContext
 from ditbench.errors import UserError
-from ditbench.knobs import Knobs
+from ditbench.spec.knobs import Knobs
 from ditbench.train import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,14 +73,14 @@ def test_a_step_needs_its_k_micro_batches():
 
 def test_grad_accum_and_compile_mode_are_checked():
     with pytest.raises(UserError, match="grad_accum must be an integer from 1"):
-        Knobs.from_mapping({"model": "DiT-T/8", "grad_accum": 0})
+        Knobs(**{"model": "DiT-T/8", "grad_accum": 0})
     with pytest.raises(
         UserError, match="compile_mode max-autotune-no-cudagraphs shapes a compiled model only"
     ):
-        Knobs.from_mapping({"model": "DiT-T/8", "compile_mode": "max-autotune-no-cudagraphs"})
+        Knobs(**{"model": "DiT-T/8", "compile_mode": "max-autotune-no-cudagraphs"})
     with pytest.raises(UserError, match="unknown compile_mode"):
-        Knobs.from_mapping({"model": "DiT-T/8", "compile": True, "compile_mode": "fast"})
-    ok = Knobs.from_mapping(
+        Knobs(**{"model": "DiT-T/8", "compile": True, "compile_mode": "fast"})
+    ok = Knobs(**
         {"model": "DiT-T/8", "compile": True, "compile_mode": "max-autotune-no-cudagraphs"}
     )
     assert ok.non_defaults() == {
@@ -91,13 +91,13 @@ def test_grad_accum_and_compile_mode_are_checked():
 
 
 def test_the_record_states_the_global_batch_and_counts_every_micro_batch_image():
-    knobs = Knobs.from_mapping({"model": "DiT-T/8", "batch_size": 4, "grad_accum": 3, "gpus": 2})
+    knobs = Knobs(**{"model": "DiT-T/8", "batch_size": 4, "grad_accum": 3, "gpus": 2})
     spec = CellSpec(knobs, "cpu")
-    config = spec.record_config()
+    config = spec.model_dump(mode="json")
     assert config["global_batch"] == 4 * 2 * 3 and config["grad_accum"] == 3
-    assert CellSpec.from_record_config(config) == spec
+    assert CellSpec.read(config, "config") == spec
     with pytest.raises(UserError, match="x grad_accum"):
-        CellSpec.from_record_config({**config, "global_batch": 8})
+        CellSpec.read({**config, "global_batch": 8}, "config")
     window = {"steps": 10, "wall_s": 5.0, "step_ms": [500.0] * 10, "last_loss": 1.0}
     m = window_metrics(spec, window, DistContext(), None)  # one rank's share: 2 steps/s x 4 x 3
     assert m["steps_per_s"] == 2.0 and m["images_per_s"] == 24.0 and not m["noisy"]
@@ -112,8 +112,8 @@ RANKS_SCRIPT = textwrap.dedent("""
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from ditbench import dist
     from ditbench.bench import cell_core
-    from ditbench.cellspec import CellSpec, Steps
-    from ditbench.knobs import Knobs
+    from ditbench.spec.cell import CellSpec, Steps
+    from ditbench.spec.knobs import Knobs
     from ditbench.train import Trainer
     from fixed_rows import Rows
 
@@ -196,7 +196,7 @@ def test_two_ranks_accumulate_without_all_reducing_each_micro_batch(tmp_path):
 @pytest.mark.slow
 def test_a_two_process_cell_records_the_global_batch_of_every_micro_batch(tmp_path):
     from ditbench.bench.runner import RunOptions, run_suite
-    from ditbench.bench.suite import load_suite
+    from ditbench.spec.suite import load_suite
 
     path = tmp_path / "accum.yaml"
     path.write_text(

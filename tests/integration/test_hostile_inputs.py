@@ -24,7 +24,7 @@ from PIL import Image
 
 from ditbench.bench import inflight
 from ditbench.bench.records import read_records
-from ditbench.bench.suite import load_suite
+from ditbench.spec.suite import load_suite
 from ditbench.cli import main
 from ditbench.outlock import OutputLock
 
@@ -225,6 +225,11 @@ CASES = {
         {},
         ["--save", "afile", "is a file"],
     ),
+    "train --save names another format": lambda t: (
+        train("--save", str(t / "c.npz")),
+        {},
+        ["--save", "c.npz", "ending in .pt or .pth"],
+    ),
     "train --steps absurd": lambda t: (train("--steps", str(2**70)), {}, ["--steps", "1,000,000,000"]),
     "train --data pickle payload": lambda t: (
         train("--steps", "1", "--data", str(payload_latents(t))),
@@ -279,6 +284,11 @@ CASES = {
     "sample --guidance-channels 5": lambda t: (sample(t, "--guidance-channels", "5"), {}, ["from 1 to 4"]),
     "sample --num-classes absurd": lambda t: (sample(t, "--num-classes", str(2**40)), {}, ["--num-classes"]),
     "sample --image-size absurd": lambda t: (sample(t, "--image-size", "1000000"), {}, ["--image-size"]),
+    "sample --out names another format": lambda t: (
+        sample(t, out="s.json"),
+        {},
+        ["s.json", "ending in .npz"],
+    ),
     "sample --out under a file": lambda t: (sample(t, out=f"{a_file(t).name}/s.npz"), {}, ["afile"]),
     "sample --out is a folder": lambda t: (
         (t / "dir.npz").mkdir() or sample(t, out="dir.npz"),

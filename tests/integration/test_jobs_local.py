@@ -136,6 +136,39 @@ def test_a_killed_submitter_is_rerun_and_the_records_match_a_local_run(tmp_path)
 
 
 @pytest.mark.slow
+def test_repeats_run_round_robin_as_jobs_each_its_own_record(tmp_path):
+    """The one suite loop under submitit's local executor: `--repeats 2` is two jobs per cell, round-robin,
+    each repeat a record; a rerun finds every repeat ok and submits nothing."""
+    suite, out = write_suite(tmp_path, matrix="batch_size: [1, 2], gpus: [1]"), tmp_path / "out"
+    done = subprocess.run(
+        command(suite, out, "--executor", "local", "--repeats", "2"),
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=850,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    records = read_records(out / "results.jsonl")
+    assert [(r["config"]["batch_size"], r["repeat"], r["repeats"]) for r in records] == [
+        (1, 1, 2), (2, 1, 2), (1, 2, 2), (2, 2, 2)
+    ]  # fmt: skip
+    assert all(r["status"] == "ok" for r in records), [r.get("reason") for r in records]
+    assert len({r["run_id"] for r in records}) == 1 and len({r["cell_id"] for r in records}) == 2
+    assert done.stdout.count("submitted 1 cell(s) to local") == 4
+    assert "[4/4] repeat 2/2 " in done.stdout and "3 runs" not in done.stdout
+    assert (out / "summary.md").read_text().count("2 runs") == 2  # each cell: the median of its 2 repeats
+    assert not list((out / JOBS_DIR).glob("*.json"))
+    again = subprocess.run(
+        command(suite, out, "--executor", "local", "--repeats", "2"),
+        env=env(),
+        capture_output=True,
+        text=True,
+    )
+    assert again.returncode == 0 and "4 of 4 cell repeats already ok" in again.stdout, again.stdout
+    assert "submitted" not in again.stdout and len(read_records(out / "results.jsonl")) == 4
+
+
+@pytest.mark.slow
 def test_ctrl_c_cancels_the_suites_jobs_and_leaves_no_ticket_behind(tmp_path):
     suite, out = write_suite(tmp_path, matrix="gpus: [2]"), tmp_path / "out"
     submitter = subprocess.Popen(

@@ -14,7 +14,7 @@ import pytest
 
 from ditbench.bench import runner
 from ditbench.bench.runner import RunOptions, run_suite
-from ditbench.bench.suite import parse_suite
+from ditbench.spec.suite import parse_suite
 from ditbench.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ RUN = """
 import json, sys
 from pathlib import Path
 from ditbench.bench.runner import RunOptions, run_suite
-from ditbench.bench.suite import load_suite
+from ditbench.spec.suite import load_suite
 records = run_suite(load_suite(sys.argv[1]), RunOptions(out=Path(sys.argv[2]), progress=False), echo=print)
 loaded = sorted(m for m in sys.modules if m.startswith("ditbench.plan"))
 print("RESULT " + json.dumps({"loaded": loaded, "order": [r["config"]["batch_size"] for r in records]}))

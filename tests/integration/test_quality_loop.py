@@ -14,14 +14,14 @@ from PIL import Image
 
 from ditbench import builtin_data
 from ditbench.bench import cell_core
-from ditbench.cellspec import CellSpec, Steps
+from ditbench.spec.cell import CellSpec, Steps
 from ditbench.dist import DistContext
-from ditbench.knobs import Knobs
+from ditbench.spec.knobs import Knobs
 from ditbench.metrics import registry
 from ditbench.metrics.stats_cache import CACHE_ENV
 from ditbench.quality import grid
 from ditbench.quality.loop import run_quality
-from ditbench.quality.spec import QualitySpec, Sampler
+from ditbench.spec.quality import QualitySpec, Sampler
 
 
 @pytest.fixture(scope="module")
@@ -166,10 +166,10 @@ sys.path.insert(0, sys.argv[3])  # tests/support: the stand-in feature network
 from metrics_support import FakeExtractor
 from ditbench import dist
 from ditbench.bench.cell_core import build_trainer
-from ditbench.cellspec import CellSpec, Steps
-from ditbench.knobs import Knobs
+from ditbench.spec.cell import CellSpec, Steps
+from ditbench.spec.knobs import Knobs
 from ditbench.quality.loop import run_quality
-from ditbench.quality.spec import QualitySpec, Sampler
+from ditbench.spec.quality import QualitySpec, Sampler
 
 ctx = dist.init("cpu")
 knobs = Knobs(model="DiT-T/2", image_size=64, batch_size=4, num_classes=2, gpus=2, strategy=sys.argv[4],

@@ -8,7 +8,7 @@ import pytest
 
 from ditbench.bench.records import read_records
 from ditbench.bench.runner import RunOptions, run_suite
-from ditbench.bench.suite import load_suite
+from ditbench.spec.suite import load_suite
 from ditbench.cli import main
 from ditbench.units import memory_text
 
@@ -238,7 +238,7 @@ def test_cuda_cells_record_allocator_peaks_and_a_real_oom_under_the_cap(tmp_path
 
 def test_precheck_and_run_order():
     from ditbench.bench.runner import Visible, precheck, run_order
-    from ditbench.bench.suite import parse_suite
+    from ditbench.spec.suite import parse_suite
 
     def cells(device, matrix):
         suite = parse_suite(

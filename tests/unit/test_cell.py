@@ -6,10 +6,10 @@ import torch
 from ditbench.bench import cell_core, memory
 from ditbench.bench.summary import format_line, summary_table
 from ditbench.bench.window import GAP_BOUND, SPREAD_BOUND, noise
-from ditbench.cellspec import CellSpec, Steps
+from ditbench.spec.cell import CellSpec, Steps
 from ditbench.dist import DistContext
 from ditbench.errors import UnsupportedError
-from ditbench.knobs import Knobs
+from ditbench.spec.knobs import Knobs
 
 GIB = 2**30
 
@@ -107,7 +107,7 @@ def test_a_plain_cell_fits_nothing_and_is_measured_in_full(monkeypatch):
         and m["noise"]["other_cpu_share"] == m["load"]["other_cpu_share"]
     )
     # the conftest runs tests at 2 threads; a CPU cell pins its process to 1 unless the knob says otherwise
-    assert out["env"]["torch_threads"] == 1 and _spec().record_config()["threads"] is None
+    assert out["env"]["torch_threads"] == 1 and _spec().model_dump(mode="json")["threads"] is None
 
 
 def test_the_threads_knob_sets_the_cells_torch_threads(monkeypatch):
@@ -119,7 +119,7 @@ def test_the_threads_knob_sets_the_cells_torch_threads(monkeypatch):
     )
     torch.set_num_threads(1)
     out = cell_core.measure(spec, "DiT-T/8 threads=2", _cpu).result
-    assert out["status"] == "ok" and out["env"]["torch_threads"] == 2 and spec.record_config()["threads"] == 2
+    assert out["status"] == "ok" and out["env"]["torch_threads"] == 2 and spec.model_dump(mode="json")["threads"] == 2
 
 
 def test_noise_bounds():

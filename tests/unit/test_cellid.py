@@ -1,8 +1,8 @@
 """Cell ids: what they hash, and that they stay the same from one version to the next."""
 
-from ditbench.bench.cellid import cell_id
-from ditbench.cellspec import CellSpec, Steps
-from ditbench.knobs import Knobs
+from ditbench.spec.cell import cell_id
+from ditbench.spec.cell import CellSpec, Steps
+from ditbench.spec.knobs import Knobs
 
 
 def test_an_id_hashes_what_differs_from_the_defaults_and_stays_put():

@@ -151,10 +151,46 @@ def test_fixed_failure_passes_and_is_listed(tmp_path):
     assert "### Fixed" in summary_markdown(result)
 
 
-def test_ok_to_unsupported_is_listed_not_failed(tmp_path):
-    new = [make_record("DiT-S/8", "fp32", "none", 8, "unsupported"), other_cell(2)]
+@pytest.mark.parametrize("status", ["unsupported", "skipped", "oom", "error"])
+def test_a_cell_that_stops_running_fails_unless_the_policy_allows_it(tmp_path, status):
+    """ok in the base, not run or failed now: a new OOM skip is exactly what a gate is for."""
+    new = [make_record("DiT-S/8", "fp32", "none", 8, status), other_cell(2)]
     result = gate(tmp_path, [cell(), other_cell()], new)
-    assert result.cells[0].verdict == "no longer measured" and result.exit_code == 0
+    verdict = "no longer measured" if status in ("unsupported", "skipped") else "new failure"
+    assert result.cells[0].verdict == verdict and result.exit_code == 1
+    assert summary_markdown(result).startswith("## ❌ ditbench compare: 1 regression\n")
+    policy_file = tmp_path / "allow.yaml"
+    for allowed in ("[bs=8]", f"[{cell()['cell_id']}]", "true"):
+        policy_file.write_text(f"allow_stopped: {allowed}\n")
+        result = gate(tmp_path, [cell(), other_cell()], new, load_policy(policy_file))
+        assert result.cells[0].verdict == "stopped (allowed)" and result.exit_code == 0, allowed
+        assert "### Stopped, allowed by the policy" in summary_markdown(result)
+    policy_file.write_text("allow_stopped: [bs=16]\n")  # names another cell
+    assert gate(tmp_path, [cell(), other_cell()], new, load_policy(policy_file)).exit_code == 1
+
+
+@pytest.mark.parametrize("bad", ["allow_stopped: 3", 'allow_stopped: [""]', "allow_stopped: {a: 1}"])
+def test_allow_stopped_takes_true_false_or_names(tmp_path, bad):
+    policy_file = tmp_path / "p.yaml"
+    policy_file.write_text(bad + "\n")
+    with pytest.raises(
+        UserError, match="`allow_stopped` must be true, false or a list of cell-name substrings"
+    ):
+        load_policy(policy_file)
+
+
+def test_new_failed_repeats_are_a_new_failure(tmp_path):
+    """A cell ok overall whose new run lost repeats (repeat 2 ran out of memory) does not pass."""
+
+    def with_repeats(record, failed):
+        record["metrics"]["repeats"] = {"count": 2, "of": 3, "failed": failed, "step_ms": [10.0, 10.1]}
+        return record
+
+    base = [with_repeats(cell(), {}), other_cell()]
+    new = [with_repeats(cell(seed=2), {"2": "oom"}), other_cell(2)]
+    result = gate(tmp_path, base, new)
+    assert result.cells[0].verdict == "new failure" and result.exit_code == 1
+    assert result.cells[0].reason == "repeats not ok in the new run: #2 oom"
 
 
 def test_failure_changing_kind_is_still_failing(tmp_path):
@@ -165,7 +201,7 @@ def test_failure_changing_kind_is_still_failing(tmp_path):
 
 @pytest.mark.parametrize(
     "base_status, new_status",
-    [("oom", "ok"), ("ok", "unsupported"), ("oom", "error"), ("skipped", "skipped"), ("ok", "skipped")],
+    [("oom", "ok"), ("oom", "error"), ("skipped", "skipped")],
 )
 def test_status_changes_alone_compare_nothing_and_refuse(tmp_path, base_status, new_status):
     base = cell() if base_status == "ok" else make_record("DiT-S/8", status=base_status)
@@ -517,7 +553,7 @@ def test_large_matrix_gate_counts(tmp_path):
 
 
 def test_shipped_ci_policy_and_workflow_agree():
-    from ditbench.bench.suite import load_suite
+    from ditbench.spec.suite import load_suite
     from ditbench.report.load import flatten
 
     policy = load_policy(ROOT / "baselines" / "ci_gate" / "policy.yaml")

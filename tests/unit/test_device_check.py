@@ -205,7 +205,7 @@ def test_planner_and_24gb_verdicts():
 
 
 def test_generated_suites_are_valid_and_hold_the_promised_cells():
-    from ditbench.bench.suite import parse_suite
+    from ditbench.spec.suite import parse_suite
 
     real = parse_suite(dc.matched_suite(False), "matched")
     assert {(c.config["model"], c.config["precision"], c.config["batch_size"]) for c in real.cells} == {

@@ -63,9 +63,13 @@ def test_open_log_refuses_a_link_and_truncates_nothing(tmp_path):
     assert target.read_text() == "keep me"
 
 
-def test_an_atomic_write_replaces_a_link_instead_of_writing_through_it(tmp_path):
+def test_an_atomic_write_refuses_a_link_and_neither_replaces_nor_follows_it(tmp_path):
+    from ditbench.errors import UserError
+
     target = tmp_path / "target.txt"
     target.write_text("keep me")
     (tmp_path / "report.md").symlink_to(target)
-    write_atomic(tmp_path / "report.md", "new")
-    assert target.read_text() == "keep me" and not (tmp_path / "report.md").is_symlink()
+    with pytest.raises(UserError, match="symbolic link"):
+        write_atomic(tmp_path / "report.md", "new")
+    assert target.read_text() == "keep me" and (tmp_path / "report.md").is_symlink()
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

@@ -201,11 +201,13 @@ def test_results_paths_that_are_not_files(tmp_path, capsys, monkeypatch):
     assert_clean_error(2, capsys.readouterr().err, "results.jsonl")
 
 
-def test_nothing_but_skipped_cells_refuses(tmp_path, capsys, monkeypatch):
+def test_cells_that_all_stopped_running_fail_and_never_ran_refuses(tmp_path, capsys, monkeypatch):
     base, _ = pair()
     new = [make_record("DiT-S/8", batch_size=b, status="skipped") for b in (8, 16)]
     code, out, err, _, _ = compare(tmp_path, capsys, monkeypatch, base, new)
-    assert_clean_error(code, err, "no value of any matched cell could be compared", "2 no longer measured")
+    assert code == 1 and "### No longer measured (ok before, not run now)" in out and err == ""
+    code, out, err, _, _ = compare(tmp_path, capsys, monkeypatch, new, new)
+    assert_clean_error(code, err, "no value of any matched cell could be compared", "2 still failing")
 
 
 def test_a_policy_that_gates_nothing_refuses(tmp_path, capsys, monkeypatch):
@@ -341,7 +343,10 @@ def test_summary_targets_that_cannot_be_written(tmp_path, capsys, monkeypatch):
     write_jsonl(n, new)
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     assert main(["compare", str(b), str(n), "--summary", str(tmp_path)]) == 2  # a directory
-    assert_clean_error(2, capsys.readouterr().err, "cannot write the summary to --summary")
+    assert_clean_error(2, capsys.readouterr().err, "--summary", "is a folder")
+    assert main(["compare", str(b), str(n), "--summary", str(tmp_path / "pr.json")]) == 2  # not markdown
+    assert_clean_error(2, capsys.readouterr().err, "--summary", "ending in .md or .markdown or .txt")
+    assert not (tmp_path / "pr.json").exists()
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(tmp_path))
     assert main(["compare", str(b), str(n)]) == 2
     assert_clean_error(2, capsys.readouterr().err, "$GITHUB_STEP_SUMMARY", "is a folder")  # before any work

@@ -185,12 +185,24 @@ def test_optional_metrics_are_gated_when_the_policy_names_them(tmp_path):
 def test_the_last_evaluation_both_runs_have_is_compared(tmp_path):
     base = cell(
         quality(
-            evaluation(0, 300.0, 1.5), evaluation(500, 20.0, 50.0, fid_sd=0.1), evaluation(1000, 12.0, 70.0)
+            evaluation(0, 300.0, 1.5),
+            evaluation(500, 20.0, 50.0, fid_sd=0.1, is_sd=0.1),
+            evaluation(1000, 12.0, 70.0),
         )
     )
-    new = cell(quality(evaluation(0, 300.0, 1.5), evaluation(500, 20.1, 50.0, fid_sd=0.1)), seed=2)
-    d = fid_delta(run(tmp_path, base, new))
+    new = cell(quality(evaluation(0, 300.0, 1.5), evaluation(500, 20.1, 50.0, fid_sd=0.1, is_sd=0.1)), seed=2)
+    result = run(tmp_path, base, new)
+    d = fid_delta(result)
     assert d.step == 500 and d.verdict == "unchanged"
+    # the step the new run lacks is never a silent pass: named, and a failure with fail_on_missing
+    assert result.cells[0].missing_steps == [1000] and result.exit_code == 0
+    text = summary_markdown(result)
+    assert "### Quality steps the base evaluated and the new run lacks\n" in text
+    assert f"| {base['cell_name']} | 1000 |" in text
+    strict = run(tmp_path, base, new, "fail_on_missing: true\n")
+    assert strict.exit_code == 1 and strict.cells[0].verdict == "pass"
+    assert "lacks (fails the gate: fail_on_missing)" in summary_markdown(strict)
+    assert summary_markdown(strict).startswith("## ❌ ditbench compare: cells or quality steps missing")
 
 
 def test_without_spread_the_threshold_decides_and_the_verdict_is_weak(tmp_path):

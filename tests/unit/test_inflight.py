@@ -2,6 +2,7 @@
 
 import json
 import os
+import warnings
 
 import pytest
 
@@ -160,3 +161,47 @@ def test_a_ticket_removes_a_link_among_its_files_but_not_what_it_names(tmp_path)
     ticket.remove()
     assert not os.path.lexists(folder / f"{ticket.key}.result.ranks")
     assert (outside / "precious.txt").read_text() == "keep me"
+
+
+# ------------------------------------------- broken tickets: set aside, never fatal (issue 34, class 5)
+
+
+BROKEN = {
+    "not JSON": b"\xff\xfe{",
+    "a list": b"[1, 2]",
+    "a string naming every key": json.dumps(" ".join(context())).encode(),
+    "a number": b"7",
+    "run_id a list": json.dumps(context(run_id=["a"])).encode(),
+    "cell_id null": json.dumps(context(cell_id=None)).encode(),
+    "no config": json.dumps({k: v for k, v in context().items() if k != "config"}).encode(),
+}
+
+
+@pytest.mark.parametrize("case", list(BROKEN))
+def test_a_broken_ticket_is_moved_aside_with_a_warning_and_never_stops_a_run(case, tmp_path):
+    out = tmp_path / "out"
+    folder = out / inflight.INFLIGHT_DIR
+    folder.mkdir(parents=True)
+    (folder / "k.r.ticket.json").write_bytes(BROKEN[case])
+    (folder / "k.r.result.json").write_text(json.dumps(OK))
+    good = inflight.open_ticket(folder, context(cell_id="c0ffee000002", run_id="r2"))
+    write_result(good.result_path, OK)
+    with pytest.warns(UserWarning, match=r"k\.r\.ticket\.json: an unreadable ticket .*moved to"):
+        adopted = inflight.adopt(out / "results.jsonl", folder, "run3")
+    assert [r["cell_id"] for r in adopted] == ["c0ffee000002"]  # the good one is still adopted
+    assert list(folder.iterdir()) == []
+    aside = sorted(p.name for p in (out / inflight.BROKEN_DIR).iterdir())
+    assert aside == ["run3.k.r.result.json", "run3.k.r.ticket.json"]
+    assert (out / inflight.BROKEN_DIR / "run3.k.r.ticket.json").read_bytes() == BROKEN[case]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a later run finds nothing to warn about
+        assert inflight.adopt(out / "results.jsonl", folder, "run4") == []
+
+
+def test_a_ticket_whose_record_would_be_invalid_is_moved_aside_not_appended(tmp_path):
+    folder, results = tmp_path / inflight.INFLIGHT_DIR, tmp_path / "results.jsonl"
+    ticket = inflight.open_ticket(folder, context())
+    write_result(ticket.result_path, {"status": "ok", "metrics": None})
+    with pytest.warns(UserWarning, match="its record would be invalid"):
+        assert inflight.adopt(results, folder, "run2") == []
+    assert not results.exists() and len(list((tmp_path / inflight.BROKEN_DIR).iterdir())) == 2

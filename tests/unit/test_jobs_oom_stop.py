@@ -14,7 +14,7 @@ from ditbench.bench.launch import executors
 from ditbench.bench.launch.executors import JobRef
 from ditbench.bench.launch.srun import started_path
 from ditbench.bench.runner import RunOptions, SuiteRun, Visible
-from ditbench.bench.suite import load_suite
+from ditbench.spec.suite import load_suite
 
 
 def suite(tmp_path):
@@ -105,3 +105,15 @@ def test_only_a_job_squeue_lists_as_pending_is_cancelled_and_by_its_own_id(tmp_p
     assert executors.cancel_if_queued(ref) is True
     assert (bin_dir / "scancel.args").read_text() == "7_3\n"
     assert (bin_dir / "squeue.args").read_text().splitlines()[-1] == "-h -j 7_3 -o %T"
+
+
+def test_a_failed_repeat_stops_the_queued_later_repeats_of_its_cell(tmp_path):
+    s = suite(tmp_path)
+    run = SuiteRun(s, RunOptions(out=tmp_path), "r1", None, Visible(False, 0), tmp_path, {}, repeats=2)
+    failed, other = s.cells[0], s.cells[1]
+    run.note(failed, {"status": "error", "cell_id": failed.cell_id, "repeat": 1})
+    ref = JobRef("slurm", "8_1", str(tmp_path))
+    pending = [Pending(inflight.Ticket(tmp_path, f"{c.cell_id}-r2.r1"), ref, c) for c in (failed, other)]
+    assert [(p.cell, reason) for p, reason in stop_queued(pending, run.decide)] == [
+        (failed, "repeat 1 of this cell ended error; its other repeats are not run")
+    ]

@@ -4,18 +4,18 @@ import math
 
 import pytest
 
-from ditbench.cellspec import CellSpec, Steps
+from ditbench.spec.cell import CellSpec, Steps
 from ditbench.errors import UserError
-from ditbench.knobs import FIELDS, TRAIN_KNOBS, Knobs
+from ditbench.spec.knobs import KNOBS, TRAIN_KNOBS, Knobs
 
 
 def test_knobs_are_validated_however_they_are_built():
     knobs = Knobs(model="DiT-XL-2", grad_ckpt="on", batch_size=3, lr=2e-4, optimizer_impl="for-loop")
     assert (knobs.model, knobs.grad_ckpt, knobs.batch_size, knobs.lr) == ("DiT-XL/2", "full", 3, 2e-4)
-    assert knobs == Knobs.from_mapping(
+    assert knobs == Knobs(**
         {"model": "DiT-XL/2", "grad_ckpt": "full", "batch_size": 3, "lr": 2e-4, "optimizer_impl": "for-loop"}
     )
-    assert set(FIELDS) - set(TRAIN_KNOBS) == {"gpus", "nodes", "strategy", "threads"}  # how processes start
+    assert set(KNOBS) - set(TRAIN_KNOBS) == {"gpus", "nodes", "strategy", "threads"}  # how processes start
     with pytest.raises(UserError, match="batch_size must be an integer from 1 to 1,048,576"):
         knobs.replace(batch_size=0)
 
@@ -44,7 +44,7 @@ def test_knobs_are_validated_however_they_are_built():
 )
 def test_bad_values_are_refused_where_they_enter(values, words):
     with pytest.raises(UserError, match=words):
-        Knobs.from_mapping(values)
+        Knobs(**values)
     if "bacth_size" not in values:  # the same rule guards knobs built in code
         with pytest.raises(UserError, match=words):
             Knobs(**values)
@@ -64,14 +64,14 @@ def test_attention_and_optimizer_reach_the_step():
 
 
 def test_spec_round_trips_through_the_record_and_refuses_unknown_keys():
-    knobs = Knobs.from_mapping({"model": "DiT-T/8", "gpus": 2, "batch_size": 4})
+    knobs = Knobs(**{"model": "DiT-T/8", "gpus": 2, "batch_size": 4})
     spec = CellSpec(knobs, "cpu", Steps(1, 2, 0.0), smoke_steps=5, gpu_memory_gib=None)
-    config = spec.record_config()
+    config = spec.model_dump(mode="json")
     assert config["global_batch"] == 8 and config["card"] is None
-    assert CellSpec.from_record_config(config) == spec
+    assert CellSpec.read(config, "config") == spec
     with pytest.raises(UserError, match="unknown key `gpu_memory_gb`"):
-        CellSpec.from_record_config({**config, "gpu_memory_gb": 24})
+        CellSpec.read({**config, "gpu_memory_gb": 24}, "config")
     with pytest.raises(UserError, match="missing card"):
-        CellSpec.from_record_config({k: v for k, v in config.items() if k != "card"})
+        CellSpec.read({k: v for k, v in config.items() if k != "card"}, "config")
     with pytest.raises(UserError, match="global_batch"):
-        CellSpec.from_record_config({**config, "global_batch": 4})
+        CellSpec.read({**config, "global_batch": 4}, "config")

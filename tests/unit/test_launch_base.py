@@ -8,8 +8,8 @@ import pytest
 
 from ditbench.bench.launch import base
 from ditbench.bench.launch.process import MODULE, ONE_PROCESS, TORCHRUN, TORCHRUN_MODULE
-from ditbench.cellspec import CellSpec
-from ditbench.knobs import Knobs
+from ditbench.spec.cell import CellSpec
+from ditbench.spec.knobs import Knobs
 
 
 def spec(device: str = "cpu", **knobs) -> CellSpec:

@@ -14,10 +14,10 @@ import struct
 import subprocess
 import sys
 import zipfile
-import zlib
 
 import numpy as np
 import pytest
+from images import png_header_only
 from metrics_support import FakeExtractor, synthetic_images
 from PIL import Image
 
@@ -65,17 +65,6 @@ def _patch_zip(path, *, flags=None, method=None):
                 data[i + method_at : i + method_at + 2] = struct.pack("<H", method)
             i = data.find(sig, i + 4)
     path.write_bytes(bytes(data))
-    return path
-
-
-def _png_header_only(path, width, height):
-    """A PNG that declares width x height and holds no pixels: PIL reads the size from its header."""
-
-    def chunk(kind, body):
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b""))
     return path
 
 
@@ -184,7 +173,7 @@ CASES = {
         "not a readable .npz",
         "s.npz",
     ),
-    "fifo": lambda t: (["--samples", _fifo(t / "s.npz")], "not a regular file", "s.npz"),
+    "fifo": lambda t: (["--samples", _fifo(t / "s.npz")], "is a FIFO", "s.npz"),
     "folder_of_non_images": lambda t: (
         ["--samples", _folder(t / "imgs", {"a.txt": b"x", "b.csv": b"y"})],
         "holds no .png",
@@ -196,12 +185,12 @@ CASES = {
         "a.png",
     ),
     "decompression_bomb_png": lambda t: (
-        ["--samples", _png_header_only(_folder(t / "imgs", {}) / "bomb.png", 30000, 30000).parent],
+        ["--samples", png_header_only(_folder(t / "imgs", {}) / "bomb.png", 30000, 30000).parent],
         "declares more pixels than an image decoder should allocate",
         "bomb.png",
     ),
     "large_png": lambda t: (
-        ["--samples", _png_header_only(_folder(t / "imgs", {}) / "big.png", 10000, 9000).parent],
+        ["--samples", png_header_only(_folder(t / "imgs", {}) / "big.png", 10000, 9000).parent],
         "more than 89,478,485",
         "big.png",
     ),
@@ -277,16 +266,17 @@ CASES = {
     ),
     "ref_is_a_directory_npz": lambda t: (["--ref", _folder(t / "r.npz", {})], "holds no .png", "r.npz"),
     # ---- output and options ----
-    "out_is_a_directory": lambda t: (["--out", _folder(t / "out", {})], "is a directory", "out"),
+    "out_is_a_directory": lambda t: (["--out", _folder(t / "out", {})], "is a folder", "out"),
     "out_under_a_file": lambda t: (
         ["--out", _write(t / "file", b"x") / "m.json"],
-        "is not a directory",
+        "is a file, not a folder",
         "file",
     ),
+    "out_names_another_format": lambda t: (["--out", t / "m.npz"], "ending in .json (e.g. m.json)", "m.npz"),
     "out_would_overwrite_the_samples": lambda t: (
-        ["--samples", _samples(t, _images(8)), "--out", t / "s.npz"],
-        "would overwrite the input",
-        "s.npz",
+        ["--samples", _samples(t, _images(8)).rename(t / "s.json"), "--out", t / "s.json"],
+        "is the input --samples",
+        "s.json",
     ),
     "kid_coef0_nan": lambda t: (["--kid-coef0", "nan"], "must be a finite number", "--kid-coef0"),
     "is_splits_negative": lambda t: (["--is-splits", "-1"], "must be >= 0", "--is-splits"),

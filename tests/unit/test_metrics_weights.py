@@ -179,7 +179,7 @@ def _state_with(key, value):
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda p: p.mkdir(), "is a directory"),
+        (lambda p: p.mkdir(), "is a folder"),
         (lambda p: p.write_bytes(b""), "could not be read"),
         (
             lambda p: p.write_bytes(calibrated_weights_file().read_bytes()[:5000]),

@@ -151,11 +151,20 @@ def test_within_the_threshold_with_an_interval_reaching_beyond_it(min_abs, expec
     assert d["p_value"] is None  # no rank test without a crossing
 
 
-@pytest.mark.parametrize("threshold,expected", [(6.25, "unchanged"), (6.0, "inconclusive")])
-def test_within_the_threshold_an_interval_ending_at_it_is_no_doubt(threshold, expected):
-    # no change (16 -> 16 ms), ratio interval 0.9375 to 1.0625: -6.25% to +6.25% exactly
+MDE_6_25 = 6.25 / 1.959964 * (1.959964 + 0.841621)  # half-width 6.25 at 95%, 80% power: 8.93%
+
+
+@pytest.mark.parametrize(
+    "threshold,expected",
+    [(8.94, "unchanged"), (8.93, "inconclusive"), (6.25, "inconclusive"), (6.0, "inconclusive")],
+)
+def test_within_the_threshold_the_interval_and_its_mde_decide(threshold, expected):
+    # no change (16 -> 16 ms), ratio interval 0.9375 to 1.0625: -6.25% to +6.25% exactly. At T = 6.0 the
+    # interval reaches past T; at 6.25 <= T < 8.93 it does not, but its minimum detectable effect (8.93%)
+    # does: the data could not have seen a change of T, so that is no pass either.
     d, _ = verdict(STEP, 16.0, 16.0, given(ratio=(1.0, 0.9375, 1.0625)), threshold=threshold)
     assert d["interval_pct"] == pytest.approx([-6.25, 6.25]) and d["verdict"] == expected
+    assert d["mde_pct"] == pytest.approx(MDE_6_25, abs=1e-4)
 
 
 def test_within_the_threshold_a_rates_interval_is_read_the_bad_way():

@@ -12,7 +12,7 @@ import pytest
 from synthetic_records import make_record, write_jsonl
 
 from ditbench.errors import UserError
-from ditbench.report.gate.cli import POLICY_BESIDE, _policy_path, _publish, add_arguments, run
+from ditbench.report.gate.cli import POLICY_BESIDE, _policy_path, publish, add_arguments, run
 from ditbench.report.gate.env import EnvMismatchError
 
 # ------------------------------------------------------------------------------------------ flags
@@ -70,13 +70,13 @@ def test_each_flag_is_explained():
     assert parser().epilog.startswith("exit status: 0 pass or improvement, 1 regression")
 
 
-# ------------------------------------------------------------------------------------------ _publish
+# ------------------------------------------------------------------------------------------ publish
 
 
 def test_without_a_summary_file_or_step_summary_nothing_is_written(tmp_path, monkeypatch):
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     monkeypatch.chdir(tmp_path)
-    _publish("# text", None)
+    publish("# text", None)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -85,7 +85,7 @@ def test_the_summary_file_is_replaced_and_the_step_summary_appended(tmp_path, mo
     summary.write_text("old summary\n")
     step.write_text("other step\n")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
-    _publish("# text\n", str(summary))
+    publish("# text\n", str(summary))
     assert summary.read_text() == "# text\n"
     assert step.read_text() == "other step\n# text\n\n"
 
@@ -93,7 +93,7 @@ def test_the_summary_file_is_replaced_and_the_step_summary_appended(tmp_path, mo
 def test_a_summary_file_alone_is_written(tmp_path, monkeypatch):
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     summary = tmp_path / "s.md"
-    _publish("# text\n", str(summary))
+    publish("# text\n", str(summary))
     assert summary.read_text() == "# text\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.md"]
 
@@ -102,7 +102,7 @@ def test_a_step_summary_alone_is_appended(tmp_path, monkeypatch):
     step = tmp_path / "step.md"
     step.write_text("x\n")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
-    _publish("# t", None)
+    publish("# t", None)
     assert step.read_text() == "x\n# t\n"
 
 
@@ -111,7 +111,7 @@ def test_a_summary_file_that_is_the_step_summary_is_appended_once(tmp_path, monk
     step.write_text("other step\n")
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
     monkeypatch.chdir(tmp_path)
-    _publish("# text", "./step.md")
+    publish("# text", "./step.md")
     assert step.read_text() == "other step\n# text\n"
 
 
@@ -120,7 +120,7 @@ def test_an_unwritable_summary_is_a_user_error_naming_the_flag(tmp_path, monkeyp
     (tmp_path / "afile").write_text("")
     target = tmp_path / "afile" / "s.md"  # its folder is a file
     with pytest.raises(UserError) as err:
-        _publish("# t", str(target))
+        publish("# t", str(target))
     assert str(err.value) == (
         f"cannot write the summary to --summary {target}: File exists. Give a writable file path."
     )
@@ -132,7 +132,7 @@ def test_an_unwritable_step_summary_is_a_user_error_naming_the_variable(tmp_path
     monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(step))
     summary = tmp_path / "s.md"
     with pytest.raises(UserError) as err:
-        _publish("# t", str(summary))
+        publish("# t", str(summary))
     assert str(err.value) == (
         f"cannot write the summary to $GITHUB_STEP_SUMMARY {step}: Not a directory. Give a writable file "
         "path."
@@ -145,7 +145,7 @@ def test_a_long_path_is_cut_in_the_error(tmp_path, monkeypatch):
     (tmp_path / "afile").write_text("")
     target = str(tmp_path / "afile" / ("n" * 250))
     with pytest.raises(UserError) as err:
-        _publish("# t", target)
+        publish("# t", target)
     shown = target[:199] + f"… ({len(target):,} characters)"
     assert (
         str(err.value)

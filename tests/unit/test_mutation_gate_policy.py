@@ -33,7 +33,7 @@ DEFAULT_RULES = {
     "inception_score": Rule(threshold_pct=2.0),
 }
 POLICY_KEYS = (  # PolicyFile's keys in the order it declares them
-    "alpha, min_samples, fail_on_missing, allow_incomparable, quality_noise_k, inconclusive, "
+    "alpha, min_samples, fail_on_missing, allow_incomparable, allow_stopped, quality_noise_k, inconclusive, "
     "allow_sample_count_mismatch, environment, metrics, overrides"
 )
 
@@ -239,6 +239,7 @@ def delta(metric, base, new, change, threshold, verdict, **more) -> dict:
         "noise": None,
         "interval_pct": None,
         "interval_level": None,
+        "mde_pct": None,
         **more,
     }
 
@@ -257,6 +258,7 @@ def cell(cell_id, verdict, base_status="ok", new_status="ok", metrics=(), **more
         "weak": False,
         "not_compared": [],
         "not_measured": [],
+        "missing_steps": [],
         **more,
     }
 
@@ -276,6 +278,7 @@ SLOWER = delta(
     direction="worse",
     interval_pct=[-12.5, -7.5],
     interval_level=0.95,
+    mde_pct=3.57,
 )
 FASTER = delta("images_per_s", 400.0, 440.0, 10.0, 4.0, "improvement", p_value=0.003, direction="better")
 LESS_MEMORY = delta(
@@ -329,6 +332,7 @@ POLICY = dict(
     min_samples=7,
     fail_on_missing=True,
     allow_incomparable=frozenset({"step_samples", "fid"}),
+    allow_stopped=frozenset({"c4", "bs=64"}),
     quality_noise_k=3.0,
     inconclusive="pass",
     allow_sample_count_mismatch=True,
@@ -352,11 +356,13 @@ def test_the_json_document_holds_every_field_by_value():
             "fixed": 0,
             "still failing": 1,
             "no longer measured": 0,
+            "stopped (allowed)": 0,
             "only in base": 1,
             "only in new": 0,
         },
         "compared_metrics": 4,  # 1 + 2 + 1 deltas
         "weak_cells": 2,  # c3 and c6
+        "largest_mde_pct": 3.57,  # c1's images/s
         "inception_official": False,
         "env": {"gpu_name": "NVIDIA A100", "torch": "2.15.0"},
         "env_differences": {
@@ -370,6 +376,7 @@ def test_the_json_document_holds_every_field_by_value():
             "min_samples": 7,
             "fail_on_missing": True,
             "allow_incomparable": ["fid", "step_samples"],  # sorted
+            "allow_stopped": ["bs=64", "c4"],  # sorted
             "quality_noise_k": 3.0,
             "inconclusive": "pass",
             "allow_sample_count_mismatch": True,
@@ -381,11 +388,11 @@ def test_the_json_document_holds_every_field_by_value():
     }
     assert list(doc) == [
         "result", "exit_code", "base", "new", "counts", "compared_metrics", "weak_cells",
-        "inception_official", "env", "env_differences", "env_notes", "policy", "cells",
+        "largest_mde_pct", "inception_official", "env", "env_differences", "env_notes", "policy", "cells",
     ]  # fmt: skip
     assert list(doc["counts"]) == [
         "regression", "new failure", "inconclusive", "improved", "pass", "fixed", "still failing",
-        "no longer measured", "only in base", "only in new",
+        "no longer measured", "stopped (allowed)", "only in base", "only in new",
     ]  # fmt: skip
 
 
@@ -485,13 +492,13 @@ def test_the_comparison_keeps_the_new_runs_environment_without_unset_fields(tmp_
 
 
 def test_a_refusal_for_nothing_compared_lists_each_verdict_with_its_count(tmp_path):
-    base = [make_record(batch_size=8, status="oom"), make_record(batch_size=16), make_record(batch_size=32)]
-    new = [
-        make_record(batch_size=8, status="error"),
+    base = [
+        make_record(batch_size=8, status="oom"),
         make_record(batch_size=16, status="skipped"),
         make_record(batch_size=32, status="unsupported"),
     ]
+    new = [make_record(batch_size=8, status="error"), make_record(batch_size=16), make_record(batch_size=32)]
     with pytest.raises(NothingComparedError) as err:
         _gate(tmp_path, base, new)
-    # In VERDICTS' order, joined by ", ": one failure changed kind, two ok cells no longer ran.
-    assert "could be compared (1 still failing, 2 no longer measured; gated metrics: " in str(err.value)
+    # In VERDICTS' order, joined by ", ": one failure changed kind, two cells run now that did not before.
+    assert "could be compared (2 fixed, 1 still failing; gated metrics: " in str(err.value)

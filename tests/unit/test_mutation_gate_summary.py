@@ -35,7 +35,8 @@ POLICY_TEXT = (
     "a timing change is a regression only if its 95% bootstrap interval (of the ratio of median step times, "
     "1000 resamples) lies wholly beyond the threshold and the samples differ by a Mann-Whitney U test at "
     "p<{alpha} (with ≥{n} samples a side); an interval that straddles the threshold is inconclusive (policy "
-    "`inconclusive: {inc}`: exits {exit}). Where both runs have repeats (`run --repeats K`) the samples are "
+    "`inconclusive: {inc}`: exits {exit}), and so is a pass whose minimum detectable effect (80% power) "
+    "exceeds the threshold. Where both runs have repeats (`run --repeats K`) the samples are "
     "the repeats' per-process median step times, which sample process-level noise (start-up, clocks, "
     "machine load); else they are one run's per-step times, which sample only step-to-step noise, so the "
     "interval is narrow. Memory and loss are gated on the threshold alone; a quality change must also "
@@ -107,7 +108,7 @@ def test_cell_names_are_listed_up_to_ten():
     ten = ", ".join(f"`c{i}`" for i in range(10))
     assert _names(cells[:10]) == ten
     assert _names(cells) == ten + "…"
-    assert _names([cell("a|b <i>")]) == "`a\\|b &lt;i>`"
+    assert _names([cell("a|b <i>")]) == "`a\\|b <i>`"  # a code span: `<` is text there, `|` a table's
 
 
 def test_each_reason_is_stated_once_with_its_count():
@@ -167,7 +168,7 @@ def test_regressions_are_counted_in_the_head():
 
 def test_missing_cells_failing_the_gate_say_so_in_the_head():
     c = comparison([cell("A", "only in base", "ok", None)], Policy(fail_on_missing=True))
-    assert _head(c)[0] == "## ❌ ditbench compare: cells missing from the new run"
+    assert _head(c)[0] == "## ❌ ditbench compare: cells or quality steps missing from the new run"
 
 
 @pytest.mark.parametrize(

@@ -17,10 +17,10 @@ import torch
 
 from ditbench.cards import DATASHEETS, Datasheet, find_card
 from ditbench.errors import UnsupportedError, UserError
-from ditbench.knobs import Knobs
 from ditbench.plan import allocator, batch, calibration, grid, kernels, predict, speed, tree
 from ditbench.plan.emulation import CPU, cuda_target
 from ditbench.plan.trace import Trace
+from ditbench.spec.knobs import Knobs
 
 MiB, GiB = 1 << 20, 1 << 30
 SHEET = Datasheet(fp32=10.0, tf32=100.0, fp16=200.0, memory_gbs=1000.0, link_gbs=100.0, link="NVLink")

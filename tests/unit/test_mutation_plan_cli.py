@@ -79,9 +79,12 @@ def test_integer_flags_are_1_to_2_to_the_20_sorted_without_repeats():
     assert cli._ints(["32,8", "8,1", "1048576"], (), "batches") == [1, 8, 32, 1 << 20]
     with pytest.raises(UserError, match=r"^--batches takes positive integers, got 'x'$"):
         cli._ints(["8,x"], (), "batches")
-    for bad in (0, (1 << 20) + 1):
-        with pytest.raises(UserError, match=rf"^--bs takes integers from 1 to 1048576, got {bad}$"):
-            cli._ints([str(bad)], (), "bs")
+    from ditbench.spec.base import from_flags
+    from ditbench.spec.plan import PlanRequest
+
+    for bad in (0, (1 << 20) + 1):  # the knob's bounds, checked by the plan request
+        with pytest.raises(UserError, match=rf"^--batches takes integers from 1 to 1048576, got {bad}$"):
+            from_flags(PlanRequest, {"batches": cli._ints([str(bad)], (), "batches")})
 
 
 # ---- what the grid command asks the planner ----------------------------------------------------
@@ -395,19 +398,20 @@ def test_the_progress_line_says_how_many_series_and_whether_traces_are_reused(ca
 
 def test_speed_options_from_the_smallest_flags_and_a_calibration_file(tmp_path, monkeypatch):
     from ditbench.plan import calibration, measured_records
+    from ditbench.spec.plan import PlanRequest
 
     none = {"tflops": None, "mem_bw": None, "memory_gib": None}
-    args = argparse.Namespace(gpus=1, target_steps=1, target_images=1, calibrate=None, **none)
-    assert cli._speed_options(args) == predict.SpeedOptions(None, 1, 1, 1)
+    args = argparse.Namespace(calibrate=None, **none)
+    request = PlanRequest(gpus=1, target_steps=1, target_images=1)
+    assert cli._speed_options(args, request) == predict.SpeedOptions(None, 1, 1, 1)
     records = tmp_path / "cal.jsonl"
     records.write_text("")
     monkeypatch.setattr(measured_records, "read_results", lambda path: [{"path": str(path)}])
     monkeypatch.setattr(calibration, "from_records", lambda path, recs: ("fitted", path, recs))
-    args = argparse.Namespace(gpus=None, target_steps=None, target_images=None, calibrate=records, **none)
-    options = cli._speed_options(args)
+    args = argparse.Namespace(calibrate=records, **none)
+    options = cli._speed_options(args, PlanRequest())
     assert options.calibration == ("fitted", records, [{"path": str(records)}])
     assert (options.gpus, options.target_steps, options.target_images) == (1, 400_000, None)
-    missing = argparse.Namespace(gpus=None, target_steps=None, target_images=None, calibrate=tmp_path / "no",
-                                 **none)  # fmt: skip
+    missing = argparse.Namespace(calibrate=tmp_path / "no", **none)
     with pytest.raises(UserError, match=r"^--calibrate .*no: no such file"):
-        cli._speed_options(missing)
+        cli._speed_options(missing, PlanRequest())

@@ -15,7 +15,7 @@ from fixed_rows import Rows as FixedRows
 from torch import nn
 
 from ditbench.diffusion import create_diffusion
-from ditbench.knobs import Knobs
+from ditbench.spec.knobs import Knobs
 from ditbench.train import Trainer
 
 # (torch._dynamo above: mutmut collects once and forks a process per mutant, which would otherwise

@@ -6,7 +6,7 @@ import torch
 
 from ditbench import builtin_data, pixels
 from ditbench.errors import UserError
-from ditbench.knobs import Knobs
+from ditbench.spec.knobs import Knobs
 from ditbench.train.data import data_source_from_config
 
 
@@ -61,7 +61,7 @@ def test_unknown_builtin_name_lists_the_valid_ones():
 
 
 def test_pixel_data_source_trains_on_the_blocks():
-    config = Knobs.from_mapping(
+    config = Knobs(**
         {"model": "DiT-T/2", "image_size": 64, "num_classes": 2, "data": {"pixels": "builtin:mpl-gray16"}}
     )
     source = data_source_from_config(
@@ -118,17 +118,17 @@ def test_rgb_pixels_are_one_pixel_per_latent_cell_and_decode_exactly():
 
 
 def test_the_colour_key_is_checked_and_grey_keeps_the_id_it_always_had():
-    grey = Knobs.from_mapping({"model": "DiT-T/2", "data": {"pixels": "builtin:mpl-gray16"}})
-    named = Knobs.from_mapping(
+    grey = Knobs(**{"model": "DiT-T/2", "data": {"pixels": "builtin:mpl-gray16"}})
+    named = Knobs(**
         {"model": "DiT-T/2", "data": {"pixels": "builtin:mpl-gray16", "colour": "grey"}}
     )
     assert named.data == grey.data == {"pixels": "builtin:mpl-gray16"}
-    rgb = Knobs.from_mapping(
+    rgb = Knobs(**
         {"model": "DiT-T/2", "data": {"pixels": "builtin:photos-rgb32", "colour": "rgb"}}
     )
     assert rgb.data == {"pixels": "builtin:photos-rgb32", "colour": "rgb"}
     with pytest.raises(UserError, match="data.colour must be grey or rgb, got 'cmyk'"):
-        Knobs.from_mapping({"model": "DiT-T/2", "data": {"pixels": "x.npz", "colour": "cmyk"}})
+        Knobs(**{"model": "DiT-T/2", "data": {"pixels": "x.npz", "colour": "cmyk"}})
 
 
 def test_rgb_photos_are_real_colour_crops_and_train_as_rgb_pixels():

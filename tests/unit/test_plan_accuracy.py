@@ -39,7 +39,7 @@ def test_meter_refuses_a_second_window():
 
 
 def _smoke_cells() -> list[dict]:
-    from ditbench.bench.suite import load_suite
+    from ditbench.spec.suite import load_suite
 
     suite = load_suite("suites/cpu_smoke.yaml")
     return [c.config for c in suite.cells]
@@ -62,10 +62,10 @@ MORE = [
 
 
 def _trainer(config: dict):
-    from ditbench.knobs import FIELDS, Knobs
+    from ditbench.spec.knobs import KNOBS, Knobs
     from ditbench.train import Trainer
 
-    return Trainer(Knobs(**{k: v for k, v in config.items() if k in FIELDS}), device=config["device"])
+    return Trainer(Knobs(**{k: v for k, v in config.items() if k in KNOBS}), device=config["device"])
 
 
 @pytest.mark.parametrize("config", _params(_smoke_cells() + MORE, slow_models=("DiT-S/8",)))

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ditbench.knobs import Knobs
 from ditbench.plan.batch import probe_batch, trace_series
 from ditbench.plan.emulation import CPU, cuda_target
 from ditbench.plan.trace import trace_training
+from ditbench.spec.knobs import Knobs
 
 GPU = cuda_target("H200")
 TINY = {"model": "DiT-T/2", "image_size": 64, "optimizer_impl": "fused"}

@@ -40,8 +40,8 @@ def test_each_cuda_policy_leaves_every_tf32_getter_readable(name, monkeypatch):
         want = "ieee" if name == "fp32" else "tf32"
         assert (state["matmul.fp32_precision"], state["conv.fp32_precision"]) == (want, want)
     # every other reader of the flags in ditbench works after it: the FID extractor and the peak measure
-    from ditbench.bench.mfu import measure_matmul_tflops
     from ditbench.precision import tf32_mode
+    from ditbench.walltime import measure_matmul_tflops
 
     with tf32_mode(False, cudnn_benchmark=True):  # what FID feature extraction uses
         pass
@@ -79,3 +79,26 @@ def test_cpu_policies_and_names():
     for bad in ("fp8", "BF16", " bf16", None, 16):
         with pytest.raises(UserError, match="fp32, tf32, fp16, bf16"):
             check_precision(bad)
+
+
+def test_the_precision_names_are_listed_in_one_module():
+    """A tuple, list or set of precision names is written in ditbench/precision.py only: every other
+    module imports PRECISIONS, LOW_PRECISIONS, BY_SPEED or asks `supported_on`/`uses_scaler`."""
+    import re
+    from pathlib import Path
+
+    import ditbench
+
+    names = "|".join(PRECISIONS)
+    listed = re.compile(rf"""[(\[{{]\s*["']({names})["']\s*,\s*["']({names})["']""")
+    root = Path(ditbench.__file__).parent
+    found = [
+        f"{path.relative_to(root)}:{number}"
+        for path in sorted(root.rglob("*.py"))
+        if path.name != "precision.py" or path.parent != root
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if listed.search(line)
+    ]
+    assert found == []
+    assert listed.search('x = ("fp16", "bf16")') and listed.search("{'tf32', 'fp32'}")
+    assert not listed.search('{"fp32": 0, "tf32": 1}')  # a table keyed by precision is no list of them

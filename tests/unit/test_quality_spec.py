@@ -5,11 +5,11 @@ import copy
 
 import pytest
 
-from ditbench.bench.cellid import cell_id
-from ditbench.bench.suite import parse_suite
-from ditbench.cellspec import CellSpec
+from ditbench.spec.cell import cell_id
+from ditbench.spec.suite import parse_suite
+from ditbench.spec.cell import CellSpec
 from ditbench.errors import UserError
-from ditbench.quality.spec import QualitySpec, Sampler
+from ditbench.spec.quality import QualitySpec, Sampler
 
 PIXELS = {"pixels": "builtin:mpl-gray16"}
 
@@ -51,7 +51,7 @@ def test_the_section_applies_to_the_smoke_cells_by_default():
         "grid": 16,
     }
     # the record's config reads back to the same spec: nothing is dropped between suite and cell
-    assert CellSpec.from_record_config(fp32.config) == fp32.spec
+    assert CellSpec.read(fp32.config, "config") == fp32.spec
 
 
 def test_a_quality_section_changes_the_ids_of_the_cells_it_applies_to_only():
@@ -94,20 +94,20 @@ def test_steps_seeds_and_cells_in_their_long_forms():
             "at `quality.smaples`: unknown key `smaples`. Did you mean `samples`?",
         ),
         ({"reference": "r", "samples": 1}, "at `quality.samples`: samples must be an integer from 2"),
-        ({"reference": "r", "samples": True}, "samples must be an integer, got a boolean"),
+        ({"reference": "r", "samples": True}, "samples must be an integer from 2 to 10,000,000, got a boolean True"),
         ({"reference": "r", "at": []}, "at must be [smoke_end] or a list of training steps"),
         ({"reference": "r", "at": [10, 10]}, "at lists a step twice"),
-        ({"reference": "r", "at": [-1]}, "at[] must be an integer from 0"),
+        ({"reference": "r", "at": [-1]}, "at `quality.at[0]`: at must be an integer from 0"),
         ({"reference": "r", "seeds": 0}, "seeds must be an integer from 1 to 64"),
         (
             {"reference": "r", "seeds": [1, 1]},
             "seeds must be a count from 1 to 64 or a list of distinct seeds",
         ),
-        ({"reference": "r", "sampler": {"name": "euler"}}, "at `quality.sampler.name`: unknown sampler.name"),
-        ({"reference": "r", "sampler": {"steps": 2000}}, "sampler.steps must be an integer from 1 to 1,000"),
+        ({"reference": "r", "sampler": {"name": "euler"}}, "at `quality.sampler.name`: unknown name 'euler'; valid: ddpm, ddim"),
+        ({"reference": "r", "sampler": {"steps": 2000}}, "at `quality.sampler.steps`: steps must be an integer from 1 to 1,000"),
         (
             {"reference": "r", "sampler": {"cfg_scale": 0.5}},
-            "sampler.cfg_scale must be a finite number in [1, 100]",
+            "at `quality.sampler.cfg_scale`: cfg_scale must be a finite number in [1, 100]",
         ),
         ({"reference": "r", "sampler": "ddpm"}, "at `quality.sampler`: expected a mapping"),
         ({"reference": "r", "grid": 1000}, "grid must be an integer from 0 to 256"),
@@ -167,7 +167,7 @@ def test_decoders_follow_the_data():
 
 
 def test_a_quality_schedule_of_too_many_evaluations_is_refused_before_it_is_built():
-    from ditbench.expansion import MAX_EVALUATIONS
+    from ditbench.spec.quality import MAX_EVALUATIONS
 
     steps = list(range(0, 200 * 10, 10))  # 200 steps x 64 seeds = 12,800 evaluations of each cell
     with pytest.raises(UserError, match=r"200 steps x 64 seeds is 12,800 evaluations.*cap of 10,000"):

@@ -226,7 +226,7 @@ def test_the_writer_bounds_what_it_lists_and_how_deep_it_goes():
 
 def test_a_resume_file_full_of_garbage_still_gives_records_and_a_summary(tmp_path):
     from ditbench.bench.runner import RunOptions, run_suite
-    from ditbench.bench.suite import load_suite
+    from ditbench.spec.suite import load_suite
 
     suite_file = tmp_path / "t.yaml"
     suite_file.write_text(

@@ -16,8 +16,8 @@ from ditbench.bench.launch.files import write_result
 from ditbench.bench.records import read_records, record_problem
 from ditbench.bench.repeats import cell_groups, combine
 from ditbench.bench.runner import RunOptions, run_suite
-from ditbench.bench.suite import load_suite
-from ditbench.bench.suite_schema import suite_schema
+from ditbench.spec.suite import load_suite
+from ditbench.spec.suite import suite_schema
 from ditbench.errors import UserError
 from ditbench.faults import Fault, FaultyStep, parse_fault_spec
 from ditbench.intervals import median_interval
@@ -66,15 +66,12 @@ def test_run_refuses_repeats_out_of_range(tmp_path):
         runner.check_options(RunOptions(out=tmp_path, repeats=0))
 
 
-def test_dry_run_says_how_often_and_executor_refuses_repeats(tmp_path, capsys):
+def test_dry_run_says_how_often(tmp_path, capsys):
     from ditbench.cli import main
 
     path = suite_file(tmp_path, "repeats: 3\n")
     assert main(["run", str(path), "--dry-run", "--out", str(tmp_path / "o")]) == 0
     assert "2 cells, each 3 times in fresh processes, round-robin ->" in capsys.readouterr().out
-    assert main(["run", str(path), "--out", str(tmp_path / "o"), "--executor", "local"]) == 2
-    err = capsys.readouterr().err
-    assert "repeats (3) run round-robin in the local runner only; --executor local runs each cell once" in err
 
 
 # ------------------------------------------------------------------------------------------ the runner
@@ -343,12 +340,31 @@ def test_slow_fault_needs_a_fraction_and_only_slow_takes_one(bad):
         parse_fault_spec(bad)
 
 
-def test_slow_fault_sleeps_its_fraction_of_each_steps_own_time(monkeypatch):
-    clock = iter([10.0, 10.5, 20.0, 20.25])  # two steps of 0.5 s and 0.25 s
-    slept: list[float] = []
-    monkeypatch.setattr(faults.time, "perf_counter", lambda: next(clock))
-    monkeypatch.setattr(faults.time, "sleep", slept.append)
-    trainer = SimpleNamespace(step=lambda batch: batch * 2)
+def test_slow_fault_spins_its_fraction_of_each_steps_own_time(monkeypatch):
+    """Busy work on the same core, never a sleep (waking from one costs more than F on a loaded machine)."""
+    now = [10.0]
+
+    def clock() -> float:
+        now[0] += 0.001  # every reading costs a millisecond of the spin
+        return now[0]
+
+    def work(seconds):
+        def step(batch):
+            now[0] += seconds
+            return batch * 2
+
+        return step
+
+    monkeypatch.setattr(faults.time, "perf_counter", clock)
+    monkeypatch.setattr(faults.time, "sleep", lambda s: pytest.fail("slow:F must not sleep"))
+    trainer = SimpleNamespace(step=work(0.5))
     step = FaultyStep(trainer, Fault("slow", 2, 0.10))
-    assert [step(1), step(2), step(3)] == [2, 4, 6]  # step 1 is before the fault's step: not slowed
-    assert slept == pytest.approx([0.05, 0.025])
+    assert step(1) == 2 and now[0] == pytest.approx(10.5)  # step 1 is before the fault's step: not slowed
+    start = now[0]
+    assert step(2) == 4
+    # the step (0.5 s, read as 0.501 s between its two clock readings) and 10% of that spun
+    assert now[0] - start == pytest.approx(0.5 + 0.002 + 0.0501, abs=0.0011)
+    trainer.step = work(0.25)
+    start = now[0]
+    assert step(3) == 6
+    assert now[0] - start == pytest.approx(0.25 + 0.002 + 0.0251, abs=0.0011)

@@ -13,7 +13,7 @@ import pytest
 from report_support import A6000_ENV, RTX4090_ENV, cell, emulated, on_card
 from synthetic_records import CPU_ENV, make_record, write_jsonl
 
-from ditbench.bench.suite import load_suite
+from ditbench.spec.suite import load_suite
 from ditbench.errors import UserError
 from ditbench.report.claim_check import check_claims
 from ditbench.report.claims import CLAIMS_DIR, load_claims, parse_claims, resolve_claims
@@ -92,7 +92,7 @@ BAD = [
     ("claims: [{says: x, metric: stepz_per_s, value: 1}]", "Did you mean `steps_per_s`?"),
     ("claims: [{says: x, cell: {model: DiT-L/5}, metric: steps_per_s, value: 1}]", "claims[0].cell.model"),
     ("claims: [{says: x, cell: {precision: fp8}, metric: steps_per_s, value: 1}]", "unknown precision"),
-    ("claims: [{says: x, cell: {batch_size: 1.5}, metric: steps_per_s, value: 1}]", "batch_size is a whole"),
+    ("claims: [{says: x, cell: {batch_size: 1.5}, metric: steps_per_s, value: 1}]", "batch_size must be an integer from 1"),
     ("claims: [{says: x, cell: {modle: DiT-L/4}, metric: steps_per_s, value: 1}]", "Did you mean `model`?"),
     (
         "claims: [{says: x, cell: {model: []}, metric: steps_per_s, value: 1}]",
@@ -295,11 +295,11 @@ COMPARE_DOC = {
 
 def test_ratio_claims_use_the_median_over_twins(tmp_path):
     records = [
-        # fp32 -> fp16: 20 -> 10 (0.5) and 10 -> 6 (0.6): median 0.55, inside 0.425-0.575
+        # fp32 -> fp16: 20 -> 10 (0.5) and 25 -> 15 (0.6): median 0.55, inside 0.425-0.575
         on_card(cell("DiT-L/4", "fp32", "none", 16, reserved=20.0, device_mem=20.0), A6000_ENV),
         on_card(cell("DiT-L/4", "fp16", "none", 16, reserved=10.0, device_mem=10.0), A6000_ENV),
-        on_card(cell("DiT-XL/2", "fp32", "none", 16, reserved=10.0, device_mem=10.0), A6000_ENV),
-        on_card(cell("DiT-XL/2", "fp16", "none", 16, reserved=6.0, device_mem=6.0), A6000_ENV),
+        on_card(cell("DiT-XL/2", "fp32", "none", 16, reserved=25.0, device_mem=25.0), A6000_ENV),
+        on_card(cell("DiT-XL/2", "fp16", "none", 16, reserved=15.0, device_mem=15.0), A6000_ENV),
         # none -> full at 1.0 -> 0.8 steps/s: step time x1.25
         on_card(cell("DiT-L/4", "fp16", "full", 16, reserved=5.0, steps_per_s=0.8), A6000_ENV),
     ]
@@ -456,10 +456,8 @@ EXPECTED = {
     "DiT-L/4 needs 12 GB in fp16": ("held", "11.60 GiB"),
     "DiT-XL/2 needs 48 GB in fp32": ("not measured", "—"),  # out of memory at 23.99: "more than 24"
     "DiT-XL/2 needs 24 GB in fp16": ("held", "20.30 GiB"),
-    "fp16 halves memory": (
-        "not held",
-        "×1.03 (median of 2, ×1.01–×1.06); 95% CI of the median ×1.01–×1.06",
-    ),  # 11.6/11.5, 3.7/3.5
+    # 11.6/11.5; DiT-B/8's pair is not judged: 2.7 GiB allocated of which 2.44 are the training state
+    "fp16 halves memory": ("not held", "×1.01"),
     "checkpointing saves about 50% memory": ("not held", "×0.97"),
     "checkpointing costs 20-30% more time": ("not held", "×1.54"),
     "DiT-L/4 in fp32 at batch 16 uses 22 GB": ("not held", "11.50 GiB"),

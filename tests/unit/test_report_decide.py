@@ -92,7 +92,7 @@ def test_time_to_target_and_gpu_hours():
     assert duration_text(30 * 60) == "30 min" and duration_text(47 * 3600) == "47.0 h"
     assert duration_text(3 * 86400) == "3.0 days"
     # 0.5 steps/s at batch 16 on one GPU: 400,000 steps = 800,000 s = 9.3 days; 8 images/s
-    row = {"metrics.steps_per_s": 0.5, "metrics.images_per_s": 8.0, "config.batch_size": 16, "config.gpus": 1}
+    row = {"metrics.steps_per_s": 0.5, "metrics.images_per_s": 8.0, "config.global_batch": 16, "config.gpus": 1}
     assert time_text(row, 400_000) == "9.3 days on 1 GPU (global batch 16, not the paper's 256)"
     assert gpu_hours_per_million_images(row) == pytest.approx(1e6 / 8 / 3600)  # 34.7
     # the paper's own batch on 8 GPUs: nothing to warn about

@@ -14,7 +14,7 @@ from ditbench.bench import inflight, runner
 from ditbench.bench.launch.files import write_result
 from ditbench.bench.records import read_records
 from ditbench.bench.runner import RunOptions, run_suite
-from ditbench.bench.suite import load_suite
+from ditbench.spec.suite import load_suite
 
 OK = {
     "status": "ok",
@@ -139,3 +139,67 @@ def test_a_runner_killed_next_to_the_append_loses_and_duplicates_nothing(
         assert any(line.startswith("adopted the finished result of a killed run") for line in lines)
         assert records[0]["config"]["batch_size"] == 1 and "adopted_by" in records[0]
     assert list(inflight.inflight_dir(out).iterdir()) == []
+
+
+class FakeJobs:
+    """An executor that does not wait (as submitit's): `submit` queues, each `poll` finishes one job
+    (writing the result a cell would), `cancel` notes what it was asked to cancel."""
+
+    waits, remote, poll_s = False, True, 0.0
+
+    def __init__(self, interrupt_at_poll: int | None = None):
+        self.submitted: list[list[str]] = []
+        self.cancelled: list[str] = []
+        self.polls, self.interrupt_at_poll = 0, interrupt_at_poll
+
+    def verdict(self, cell, visible, rendezvous=None):
+        return None
+
+    def start(self, out, say):
+        return []
+
+    def submit(self, jobs):
+        self.submitted.append([job.ticket.key for job in jobs])
+        for job in jobs:
+            job.ref = SimpleNamespace(job_id=job.ticket.key)
+
+    def poll(self, jobs):
+        self.polls += 1
+        if self.polls == self.interrupt_at_poll:
+            raise KeyboardInterrupt
+        if jobs:
+            write_result(jobs[0].ticket.result_path, OK)
+        return jobs[:1]
+
+    def cancel(self, jobs, decide=None):
+        if decide is None:
+            self.cancelled += [job.ticket.key for job in jobs]
+
+    def collect(self, job):
+        return {"duration_s": 1.25}
+
+
+def test_an_executor_that_does_not_wait_gets_every_repeat_at_once_in_round_robin_order(tmp_path):
+    fake = FakeJobs()
+    lines: list[str] = []
+    options = RunOptions(out=tmp_path / "out", progress=False, repeats=2)
+    records = run_suite(suite(tmp_path, (1, 2)), options, lines.append, executor=fake)
+    (batch,) = fake.submitted  # one submission: a remote executor gets every cell repeat at once
+    assert [key.split(".")[0].rsplit("-r", 1)[1] for key in batch] == ["1", "1", "2", "2"]
+    written = read_records(tmp_path / "out" / "results.jsonl")
+    pairs = sorted((r["config"]["batch_size"], r["repeat"]) for r in written)
+    assert pairs == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert all(r["duration_s"] == 1.25 and r["env"] is None for r in written)  # the executor's, not ours
+    assert [line.split(" ")[0] for line in lines] == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"]
+    assert [r["status"] for r in records] == ["ok", "ok"] and fake.cancelled == []
+    assert not list((tmp_path / "out" / ".jobs").iterdir())
+
+
+def test_ctrl_c_cancels_what_the_executor_still_runs_and_leaves_no_ticket(tmp_path):
+    fake = FakeJobs(interrupt_at_poll=2)
+    options = RunOptions(out=tmp_path / "out", progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        run_suite(suite(tmp_path, (1, 2, 3)), options, lambda line: None, executor=fake)
+    assert len(fake.cancelled) == 2  # the first job was recorded; the other two were cancelled
+    assert len(read_records(tmp_path / "out" / "results.jsonl")) == 1
+    assert not list((tmp_path / "out" / ".jobs").glob("*.ticket.json"))

@@ -110,18 +110,20 @@ LAYERS: list[tuple[str, ...]] = [
         "ditbench.builtin_data", "ditbench.environment", "ditbench.vae", "ditbench.pixels",
         "ditbench.cliopts", "ditbench.faults", "ditbench.validation", "ditbench.units",
         "ditbench.escape", "ditbench.expansion", "ditbench.imageload", "ditbench.inputcheck",
-        "ditbench.extras", "ditbench.intervals", "ditbench.interval_text",
+        "ditbench.extras", "ditbench.intervals", "ditbench.interval_text", "ditbench.walltime",
     ),
-    # the network, the diffusion, process groups, the knob table
-    ("ditbench.models", "ditbench.diffusion", "ditbench.dist", "ditbench.knobs"),
+    # the network, the diffusion, process groups, the typed spec (knobs, cells, suites)
+    ("ditbench.models", "ditbench.diffusion", "ditbench.dist", "ditbench.spec"),
     # what one process does: train, sample, score
     ("ditbench.train", "ditbench.sampling", "ditbench.metrics"),
-    # the typed cell spec, sample quality during training, the memory planner
-    ("ditbench.cellspec", "ditbench.quality", "ditbench.plan"),
+    # sample quality during training, the memory planner
+    ("ditbench.quality", "ditbench.plan"),
     # suites, runners, launchers, records
     ("ditbench.bench",),
     # reading records back: reports, claims, the gate
     ("ditbench.report",),
+    # the gate that runs both sides itself: suites and launchers below, the gate's decisions
+    ("ditbench.ab",),
     # writing records into experiment trackers (TensorBoard, MLflow)
     ("ditbench.export",),
     # the entry points: `ditbench` and each command's module (cli.COMMANDS)

@@ -1,11 +1,10 @@
 """Suite files: expansion (product - exclude + include), stable cell ids, and errors that name the key."""
 
-import dataclasses
 import textwrap
 
 import pytest
 
-from ditbench.bench.suite import cell_id, load_suite, parse_suite
+from ditbench.spec.suite import cell_id, load_suite, parse_suite
 from ditbench.cli import main
 from ditbench.errors import UserError
 
@@ -87,8 +86,8 @@ def test_cell_id_is_stable_and_depends_on_every_knob(tmp_path):
     assert {c.cell_id for c in a.cells} == {c.cell_id for c in b.cells}
     spec = a.cells[0].spec
     assert cell_id(spec) == a.cells[0].cell_id
-    assert cell_id(dataclasses.replace(spec, knobs=dataclasses.replace(spec.knobs, seed=1))) != cell_id(spec)
-    assert cell_id(dataclasses.replace(spec, smoke_steps=3)) != cell_id(spec)
+    assert cell_id(spec.replace(knobs=spec.knobs.replace(seed=1))) != cell_id(spec)
+    assert cell_id(spec.replace(smoke_steps=3)) != cell_id(spec)
 
 
 def test_cell_id_hashes_only_what_differs_from_the_defaults(tmp_path):

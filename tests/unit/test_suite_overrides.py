@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from ditbench.bench.catalog import SUITES_DIR, resolve_suite, shipped_suites
-from ditbench.bench.suite import load_suite
 from ditbench.cli import main
 from ditbench.errors import UserError
+from ditbench.spec.catalog import SUITES_DIR, resolve_suite, shipped_suites
+from ditbench.spec.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,8 +24,10 @@ def test_the_repository_suites_folder_is_the_package_folder():
     names = set(shipped_suites())
     assert {"cpu_smoke", "cpu_multi", "multi_node", "single_24gb", "ci_gate"} <= names
     pyproject = (ROOT / "pyproject.toml").read_text()  # tomllib is 3.11+; the package supports 3.10
-    shipped = 'ditbench = ["suites/*.yaml", "claims/*.yaml", "plan/speed_calibration.json", '
-    shipped += '"plan/traces.json.xz"]'
+    shipped = (
+        'ditbench = ["suites/*.yaml", "claims/*.yaml", "plan/speed_calibration.json", '
+        '"plan/speed_calibration_cpu.json", "plan/traces.json.xz"]'
+    )
     assert "[tool.setuptools.package-data]\n" + shipped in pyproject
 
 

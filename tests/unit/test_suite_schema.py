@@ -8,10 +8,10 @@ import json
 import jsonschema
 import pytest
 
-from ditbench.bench.catalog import shipped_suites
-from ditbench.bench.suite_schema import suite_schema
+from ditbench.spec.catalog import shipped_suites
+from ditbench.spec.suite import suite_schema
 from ditbench.cli import main
-from ditbench.knobs import FIELDS, MAX_BATCH_SIZE
+from ditbench.spec.knobs import KNOBS, MAX_BATCH_SIZE, Knobs
 from ditbench.yamlio import load_yaml_file
 
 SUITE = {
@@ -69,10 +69,10 @@ def test_unknown_top_key_and_missing_matrix_fail(validator):
 
 
 def test_every_knob_is_in_the_schema_with_its_help():
-    knobs = suite_schema()["$defs"]["partial_cell"]["properties"]
-    assert list(knobs) == list(FIELDS)
+    knobs = suite_schema()["$defs"]["PartialKnobs"]["properties"]
+    assert list(knobs) == list(KNOBS)
     assert knobs["batch_size"]["minimum"] == 1 and knobs["batch_size"]["maximum"] == MAX_BATCH_SIZE
-    assert knobs["batch_size"]["description"] == FIELDS["batch_size"].metadata["help"]
+    assert knobs["batch_size"]["description"] == Knobs.model_fields["batch_size"].description
 
 
 def test_the_command_prints_it(capsys):

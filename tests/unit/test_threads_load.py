@@ -12,8 +12,8 @@ from ditbench.bench import load, threads
 from ditbench.bench.launch import base
 from ditbench.bench.summary import noise_note
 from ditbench.bench.window import noise
-from ditbench.cellspec import CellSpec
-from ditbench.knobs import Knobs
+from ditbench.spec.cell import CellSpec
+from ditbench.spec.knobs import Knobs
 from ditbench.report.gate import EnvMismatchError, compare_files, summary_markdown
 from ditbench.report.gate.inputs import noisy
 

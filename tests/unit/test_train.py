@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ditbench.errors import UnsupportedError, UserError
-from ditbench.knobs import Knobs
+from ditbench.spec.knobs import Knobs
 from ditbench.precision import get_precision_policy
 from ditbench.train import Trainer
 from ditbench.train.data import DataSource

@@ -30,3 +30,30 @@ def test_a_cpu_cells_line_and_summary_name_the_allocator_peak_in_mib():
     assert "| 8.09 MiB CPU allocator peak (predicted 7.99 MiB) |" in summary_table([r])
     r["metrics"].update(cpu_peak_alloc_gib=None, predicted_peak_gib=None)  # an older record: RSS, named
     assert "707 MiB CPU peak RSS" in format_line(r)
+
+
+def test_raw_byte_counts_in_a_message_read_in_gib():
+    from ditbench.units import bytes_as_gib
+
+    cpu = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 60129542144 bytes. Error code 12"
+    assert bytes_as_gib(cpu) == (
+        "DefaultCPUAllocator: can't allocate memory: you tried to allocate 56.00 GiB. Error code 12"
+    )
+    assert bytes_as_gib("1048576 bytes, 512 bytes, 2.00 GiB") == "1.00 MiB, 512 bytes, 2.00 GiB"
+
+
+def test_an_out_of_memory_is_one_paragraph_in_gib(monkeypatch, capsys):
+    """`ditbench train` (or sample, fid) out of memory: no traceback, no byte counts, what to change."""
+    from ditbench.cli import main
+    from ditbench.train import cli as train_cli
+
+    def oom(args):
+        raise RuntimeError(
+            "DefaultCPUAllocator: can't allocate memory: you tried to allocate 60129542144 bytes."
+        )
+
+    monkeypatch.setattr(train_cli, "run", oom)
+    assert main(["train", "--device", "cpu"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith("ditbench: error: out of memory: DefaultCPUAllocator") and "56.00 GiB" in err
+    assert "bytes" not in err and "--batch-size" in err and "ditbench plan" in err

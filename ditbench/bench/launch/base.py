@@ -1,30 +1,73 @@
-"""The launcher interface: how a cell's processes start, whichever starts them.
+"""The two interfaces of running a suite: where its cells run (`Executor`), how a cell's processes start
+(`Launcher`).
 
-A launcher runs one cell spec under a timeout, its output in a log, and leaves the cell's result
-in a result file: the cell's own, or one saying how its processes died or timed out. The caller
-(the runner, or a submitit job's task) turns that file into a record (`bench.inflight.commit`);
-a multi-process cell's ranks are judged in one place (`launch.torchrun.result_of_launch`), whether
-torchrun or srun started them.
+An executor takes the cells the suite loop (`bench.runner`) hands it, each as a `Pending` with its
+ticket (`bench.inflight`), and leaves each cell's result in the ticket's result file; the loop
+decides, orders, appends and resumes the same way whatever runs the cells. Implementations:
+`bench.runner.Processes` (a fresh process per cell on this machine, the default) and
+`bench.jobs.Submitit` (a submitit job per cell: `--executor local|slurm`).
 
-Implementations: `FreshProcess` (`launch.process`): a fresh process of its own session running
-one module, either the one-process cell (`ONE_PROCESS`) or torchrun's parent (`TORCHRUN`), which
-starts the ranks; `JobRanks` (`launch.srun`): inside a submitit job (srun's tasks on SLURM), each
-task runs one rank. `for_cell` picks one from the cell's gpus x nodes and where it runs. Whoever
-starts the cell (the runner, `bench.jobs`'s job task `srun.run_task`) goes through `for_cell`.
+A launcher runs one cell spec under a timeout, its output in a log, and leaves the cell's result in
+a result file: the cell's own, or one saying how its processes died or timed out. `FreshProcess`
+(`launch.process`) runs one module in a fresh process of its own session, the one-process cell
+(`ONE_PROCESS`) or torchrun's parent (`TORCHRUN`), which starts the ranks; `JobRanks` (`launch.srun`)
+runs one rank in each task of a submitit job. A multi-process cell's ranks are judged in one place
+(`launch.torchrun.result_of_launch`), whichever started them.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from ditbench.bench import threads
-from ditbench.cellspec import CellSpec
+from ditbench.spec.cell import CellSpec
 
 # What a multi-process cell's ranks run, whoever starts them (torchrun, or a submitit job's tasks)
 RANK_MODULE = "ditbench.bench.launch.rank"
+
+
+@dataclass(eq=False)
+class Pending:
+    """A cell handed to an executor: its ticket, and the executor's name for its job."""
+
+    ticket: Any  # bench.inflight.Ticket: context, spec, result file
+    ref: Any = None  # the executor's name for the job (submitit: a JobRef); None for a process
+    cell: Any = None  # the SuiteCell; None: an earlier run's job for a cell this suite no longer has
+    handle: Any = None  # submitit's Job, when this run submitted it
+    stopped: str | None = None  # why this run cancelled the job while it queued
+    about: dict[str, Any] = field(default_factory=dict)  # the spec file's fields beside the cell
+    timeout_s: float = 0.0
+    log: Path | None = None
+
+
+class Executor(Protocol):
+    waits: ClassVar[bool]  # submit returns once its cells have ended (their tickets: <out>/.inflight)
+    remote: ClassVar[bool]  # cells run elsewhere, all submitted at once (else one at a time, here)
+    poll_s: float  # between polls while jobs are pending
+
+    def verdict(self, cell, visible, rendezvous: dict | None = None) -> tuple[str, str] | None:
+        """(status, reason) of a cell this executor cannot run, decided without starting it."""
+
+    def start(self, out: Path, say: Callable[[str], None]) -> list[Pending]:
+        """Begin a run in `out`: the jobs of earlier (killed) runs whose results may still come."""
+
+    def submit(self, jobs: list[Pending]) -> None:
+        """Start the cells (raises UserError, leaving none of their tickets, when refused)."""
+
+    def poll(self, jobs: list[Pending]) -> list[Pending]:
+        """The jobs whose result has arrived or that have ended. `poll([])`: the run has ended."""
+
+    def cancel(self, jobs: list[Pending], decide: Callable | None = None) -> None:
+        """Cancel the jobs (Ctrl-C, an error); with `decide` (`SuiteRun.decide`), only the queued
+        ones it now rules out (an OOM in their series, a failed repeat), each `stopped` with why."""
+
+    def collect(self, job: Pending) -> dict[str, Any]:
+        """After a job ended: write its result from how it ended if it wrote none; the record's fields
+        the executor knows (started_at, duration_s, slurm_job)."""
 
 
 class Launcher(Protocol):

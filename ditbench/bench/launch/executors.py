@@ -19,27 +19,17 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.errors import UserError
-from ditbench.fileio import rmtree_real, write_json_atomic
+from ditbench.fileio import read_regular, rmtree_real, write_json_atomic
 
 SUBMITIT_DIR = "submitit"
 JOB_ID = {"local": re.compile(r"[1-9][0-9]{0,9}"), "slurm": re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")}
 LOCAL_CONTROLLER = "submitit.local._local"  # the module a local job's controller runs
-# SLURM states of a job that has not ended (sacct/squeue); anything else has ended.
-ACTIVE_STATES = {
-    "PENDING",
-    "RUNNING",
-    "REQUEUED",
-    "REQUEUE_HOLD",
-    "REQUEUE_FED",
-    "CONFIGURING",
-    "COMPLETING",
-    "RESIZING",
-    "SUSPENDED",
-    "SIGNALING",
-    "STAGE_OUT",
-    "READY",
-    "UNKNOWN",  # not (yet) in sacct: submitted a moment ago, or sacct is slow
-}
+# SLURM states of a job that has not ended (sacct/squeue); anything else has ended. UNKNOWN: not (yet)
+# in sacct: submitted a moment ago, or sacct is slow.
+ACTIVE_STATES = set(
+    "PENDING RUNNING REQUEUED REQUEUE_HOLD REQUEUE_FED CONFIGURING COMPLETING RESIZING SUSPENDED "
+    "SIGNALING STAGE_OUT READY UNKNOWN".split()
+)
 
 
 @dataclass(frozen=True)
@@ -55,7 +45,7 @@ class JobRef:
     @classmethod
     def load(cls, path: Path) -> JobRef | None:
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(read_regular(path))
             ref = cls(**data)
         except (OSError, ValueError, TypeError):
             return None
@@ -305,7 +295,7 @@ def write_submission(path: Path, name: str, index: int | None) -> None:
 def find_submitted(path: Path, folder: str) -> JobRef | None:
     """The job a submission file (`write_submission`) names, if SLURM has it (squeue, then sacct)."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_regular(path))
         name, index = data["job_name"], data["array_index"]
     except (OSError, ValueError, KeyError, TypeError):
         return None

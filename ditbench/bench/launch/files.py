@@ -6,26 +6,37 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import ConfigDict
+
 from ditbench.bench.records import jsonable
-from ditbench.cellspec import CellSpec
-from ditbench.fileio import write_json_atomic
+from ditbench.fileio import read_regular, write_atomic, write_json_atomic
+from ditbench.spec.base import SpecModel
+from ditbench.spec.cell import CellSpec
+
+
+class SpecFile(SpecModel):
+    """SPEC.json: the cell's spec (its flat JSON, the record's config) and what the process needs to know
+    about the cell (cell_id, cell_name, timeout_s, rendezvous, out_dir)."""
+
+    model_config = ConfigDict(extra="allow")
+    FLAT = ("knobs",)
+    config: CellSpec
 
 
 def write_spec(path: Path, spec: CellSpec, **about: Any) -> None:
-    """SPEC.json: the record config plus what the process needs to know about the cell (id, name, ...)."""
-    write_json_atomic(path, {"config": spec.record_config(), **about})
+    write_atomic(path, SpecFile(config=spec, **about).model_dump_json())
 
 
 def read_spec(path: str | Path) -> tuple[CellSpec, dict[str, Any]]:
-    """(the cell's spec, the whole document: cell_id, cell_name, timeout_s, rendezvous)."""
-    doc = json.loads(Path(path).read_text())
-    return CellSpec.from_record_config(doc["config"]), doc
+    """(the cell's spec, validated once from the file's JSON; the rest of the document)."""
+    doc = SpecFile.read(read_regular(path), f"spec file {path}", json=True)
+    return doc.config, dict(doc.model_extra or {})
 
 
 def read_report(path: Path) -> dict | None:
     """A rank's or task's report file, or None while it is missing, half-written or not a mapping."""
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_regular(path))
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -18,7 +18,8 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,28 +27,52 @@ import ditbench
 from ditbench.bench import cell_core
 from ditbench.bench.launch import procs
 from ditbench.bench.launch.files import read_spec, write_result, write_spec
-from ditbench.cellspec import CellSpec
 from ditbench.errors import UserError
 from ditbench.fileio import open_log
+from ditbench.spec.cell import CellSpec
 
 MODULE = "ditbench.bench.launch.process"
 TORCHRUN_MODULE = "ditbench.bench.launch.torchrun"
 LOG_TAIL_BYTES = 64_000  # enough for the traceback lines a record keeps
 
 
-def child_env() -> dict[str, str]:
+def child_env(python: str = sys.executable, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This environment, `extra` over it. A child of this interpreter imports this copy of ditbench;
+    another interpreter (a side of `ditbench ab`) imports its own: no PYTHONPATH, and from Python 3.11
+    no current folder on its path (PYTHONSAFEPATH), so a checkout where ab runs cannot stand in."""
     env = dict(os.environ)
-    package_root = str(Path(ditbench.__file__).resolve().parents[1])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    if python == sys.executable:
+        package_root = str(Path(ditbench.__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+    else:
+        env.pop("PYTHONPATH", None)
+        env["PYTHONSAFEPATH"] = "1"
     env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # torch and NVML then agree on device indices
+    env.update(extra or {})
     return env
 
 
 @dataclass(frozen=True)
 class FreshProcess:
-    """A `launch.base.Launcher`: `python -m MODULE SPEC.json RESULT.json` in a session of its own."""
+    """A `launch.base.Launcher`: `PYTHON -m MODULE SPEC.json RESULT.json` in a session of its own;
+    `ditbench ab` gives the side's interpreter, its environment and, side by side, its CPUs."""
 
     module: str
+    python: str = sys.executable
+    env: Mapping[str, str] | None = field(default=None, hash=False)  # over this process's environment
+    cpus: frozenset[int] | None = None  # the CPUs the process (and what it starts) may run on
+
+    def _preexec(self):
+        die = procs.die_with_parent(signal.SIGKILL)  # no orphan keeps the GPU
+        if self.cpus is None:
+            return die
+
+        def preexec() -> None:
+            if die is not None:
+                die()
+            os.sched_setaffinity(0, self.cpus)
+
+        return preexec
 
     def launch(
         self,
@@ -63,12 +88,12 @@ class FreshProcess:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open_log(log_path) as log:  # O_NOFOLLOW: a link planted in logs/ is refused, not truncated
             proc = subprocess.Popen(
-                [sys.executable, "-m", self.module, str(spec_path), str(result_path)],
+                [self.python, "-m", self.module, str(spec_path), str(result_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=child_env(),
+                env=child_env(self.python, self.env),
                 start_new_session=True,  # its own process group, which a timeout kills as a whole
-                preexec_fn=procs.die_with_parent(signal.SIGKILL),  # no orphan keeps the GPU
+                preexec_fn=self._preexec(),
             )
             try:
                 rc = proc.wait(timeout=timeout_s)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
@@ -47,12 +48,15 @@ def watch_parent(poll_s: float = 0.5) -> None:
 
 def tail(path: Path, max_bytes: int = 6000) -> str:
     """The last `max_bytes` of a log (decoded leniently); '' when it cannot be read."""
+    from ditbench.errors import UserError
+    from ditbench.fileio import open_regular
+
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:  # never a FIFO planted as the log
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - max_bytes))
             return f.read().decode("utf-8", "replace")
-    except OSError:
+    except (OSError, UserError):
         return ""
 
 
@@ -60,6 +64,23 @@ def last_lines(text: str, n: int) -> str:
     """The last `n` non-blank lines."""
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return "\n".join(lines[-n:])
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the process like Ctrl-C (and so the cells it waits for), in the main thread."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def kill_group(proc: subprocess.Popen) -> None:

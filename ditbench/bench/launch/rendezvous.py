@@ -66,13 +66,3 @@ def rendezvous_from_args(args) -> Rendezvous:
     )
     rdzv.validate()
     return rdzv
-
-
-def rendezvous_argv(rdzv: Rendezvous) -> list[str]:
-    """The same options as command-line flags, to hand on to `python -m ditbench.bench.torchrun`."""
-    out = ["--nnodes", str(rdzv.nnodes), "--node-rank", str(rdzv.node_rank)]
-    if rdzv.endpoint:
-        out += ["--rdzv-endpoint", rdzv.endpoint]
-    if rdzv.run_id:
-        out += ["--rdzv-id", rdzv.run_id]
-    return out

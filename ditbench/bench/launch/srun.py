@@ -29,8 +29,8 @@ from pathlib import Path
 
 from ditbench.bench.launch import base, procs
 from ditbench.bench.launch.files import read_report, read_spec, write_result
-from ditbench.cellspec import CellSpec
 from ditbench.fileio import open_log, write_atomic, write_json_atomic
+from ditbench.spec.cell import CellSpec
 
 POLL_S = 0.2
 PEER_GRACE_S = 10.0  # a failed peer's rank is given this long to write its own report, then stopped
@@ -63,6 +63,11 @@ def _leave_the_end_to_slurm() -> None:
 def started_path(result_path: Path) -> Path:
     """`<key>.started.json`: written when the job starts (the record's start and duration come from it)."""
     return result_path.with_name(result_path.name.replace(".result.json", ".started.json"))
+
+
+def read_started(result_path: Path) -> dict:
+    """What the job's task 0 wrote when it started: {} before that (or for a cell that is no job)."""
+    return read_report(started_path(result_path)) or {}
 
 
 def run_task(spec_path: str, result_path: str, log_path: str, timeout_s: float) -> None:

@@ -32,9 +32,9 @@ import psutil
 from ditbench.bench.launch import base, procs
 from ditbench.bench.launch.aggregate import aggregate
 from ditbench.bench.launch.files import read_report, read_spec, write_result
-from ditbench.bench.launch.rendezvous import Rendezvous, add_rendezvous_arguments, rendezvous_from_args
+from ditbench.bench.launch.rendezvous import Rendezvous
 from ditbench.errors import UserError
-from ditbench.fileio import open_log
+from ditbench.fileio import open_log, read_regular
 
 GRACE_S = 10.0  # between SIGTERM and SIGKILL when a cell's processes are stopped
 POLL_S = 0.2
@@ -77,12 +77,8 @@ def torchrun_command(
         cmd.append("--standalone")  # local store on a free port: parallel jobs never collide
     else:
         job_id = rdzv.run_id or rdzv_id or "ditbench"
-        cmd += [
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={rdzv.endpoint}",
-            f"--rdzv-id={job_id}",
-            f"--node-rank={rdzv.node_rank}",
-        ]
+        cmd += ["--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv.endpoint}", f"--rdzv-id={job_id}"]
+        cmd.append(f"--node-rank={rdzv.node_rank}")
         if join_timeout_s:
             # The nodes reach a cell at different times (node 0 alone runs the one-node cells);
             # wait for the others as long as the cell may take, not torchrun's default 600 s.
@@ -335,49 +331,25 @@ def result_of_launch(launched: LaunchResult, spec, timeout_s: float, rdzv: Rende
 
 
 def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m ditbench.bench.launch.torchrun",
-        description="run one multi-process cell through torchrun",
-    )
-    parser.add_argument("spec")
-    parser.add_argument("result")
-    add_rendezvous_arguments(parser)
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=None,
-        help="seconds (default: the spec's timeout_s, less a margin to stop every rank before the runner's "
-        "own limit)",
-    )
-    args = parser.parse_args(argv)
-
-    def stop(signum, _frame):  # the runner (or a user) stops us: take the whole job down with us
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, stop)
-    doc = json.loads(Path(args.spec).read_text())
-    timeout = args.timeout
-    if timeout is None:
-        outer = float(doc.get("timeout_s") or 1800.0)
-        timeout = max(outer - max(TIMEOUT_MARGIN_S, 0.05 * outer), 0.5 * outer)
+    """`python -m ditbench.bench.launch.torchrun SPEC.json RESULT.json`: the rendezvous and the time limit
+    (less a margin, to stop every rank before the runner's own limit kills us) come from SPEC."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2:
+        print("usage: python -m ditbench.bench.launch.torchrun SPEC.json RESULT.json", file=sys.stderr)
+        return 2
+    spec_path, result_path = map(Path, argv)
+    doc = json.loads(read_regular(spec_path))
+    outer = float(doc.get("timeout_s") or 1800.0)
+    timeout = max(outer - max(TIMEOUT_MARGIN_S, 0.05 * outer), 0.5 * outer)
     try:
-        rdzv = rendezvous_from_args(args)
-        if doc.get("rendezvous") and args.nnodes == 1 and not args.rdzv_endpoint:
-            rdzv = Rendezvous(**doc["rendezvous"])
-            rdzv.validate()
-        result = run_cell(Path(args.spec), Path(args.result), rdzv=rdzv, timeout_s=timeout)
+        rdzv = Rendezvous(**doc["rendezvous"]) if doc.get("rendezvous") else ONE_NODE
+        with procs.sigterm_as_interrupt():  # the runner stops us: the whole job goes down with us
+            result = run_cell(spec_path, result_path, rdzv=rdzv, timeout_s=timeout)
     except UserError as err:
-        result = {
-            "status": "error",
-            "reason": " ".join(str(err).split()),
-            "metrics": None,
-            "smoke": None,
-            "env": None,
-        }
-    write_result(args.result, result)
-    log = base.report_dir(args.result) / "torchrun.log"
+        result = {"status": "error", "reason": " ".join(str(err).split()), "metrics": None, "smoke": None}
+        result["env"] = None
+    write_result(result_path, result)
+    log = base.report_dir(result_path) / "torchrun.log"
     if log.exists():  # into the runner's log of this cell: every rank's output, in one place
         sys.stdout.write(procs.tail(log, 200_000))
         sys.stdout.flush()

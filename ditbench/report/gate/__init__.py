@@ -3,8 +3,9 @@
 policy.py (thresholds, what may go uncompared), metrics.py (what can be compared, which way is
 better), inputs.py (reading the runs; every unusable value is a problem naming file, line and
 cell), env.py (same machine and stack), timing.py (speed/memory/loss, the per-step significance
-test), quality.py (FID and the other sample metrics, with their noise), decide.py (the decisions,
-in order), result.py (what was found, JSON), summary.py (markdown), cli.py (the command).
+test), paired.py (`ditbench ab`'s paired rounds: signed-rank interval, alpha spending, the minimum
+detectable effect), quality.py (FID and the other sample metrics, with their noise), decide.py (the
+decisions, in order), result.py (what was found, JSON), summary.py (markdown), cli.py (the command).
 """
 
 from ditbench.report.gate.decide import NothingComparedError, compare_files, compare_frames

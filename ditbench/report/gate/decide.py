@@ -3,9 +3,11 @@
 1. Environment (env.py): different hardware or software refuses, unless allowed.
 2. Cells match by cell_id. Cells on one side only are listed; they fail the gate only with
    `fail_on_missing: true`. No matching cell at all refuses.
-3. Status. ok -> oom / timeout / nan_loss / error is a "new failure"; not ok -> ok is "fixed";
-   ok -> skipped / unsupported is "no longer measured" (the suite or the machine stopped running
-   it); a failure that changes kind is "still failing". A status outside the known set refuses.
+3. Status. ok -> oom / timeout / nan_loss / error is a "new failure"; ok -> skipped / unsupported
+   is "no longer measured" (a new OOM skip is exactly what a gate is for); both fail the gate
+   unless the policy's allow_stopped names the cell ("stopped (allowed)"). A cell whose new
+   repeats failed where the base's did not is a new failure too. not ok -> ok is "fixed"; a
+   failure that changes kind is "still failing". A status outside the known set refuses.
 4. Values, for cells ok on both sides. Every gated metric must be comparable: a finite number in
    its valid range on both sides (metrics images/s and step time always, since an ok record claims
    them). Missing on one side, NaN, inf, a string, bad per-step samples or a malformed noisy flag
@@ -13,14 +15,17 @@
    allow_incomparable names the metric; then the cell lists it as not compared. A metric measured
    by neither run is "not measured" there; a metric the policy file names that no cell measured
    refuses.
-5. Metrics: timing.py (thresholds and the per-step significance test) and quality.py (FID and
-   the other sample metrics, with their noise). Quality made with different Inception weights,
-   reference, sampler or sample count refuses (a different count only unless the policy allows it).
+5. Metrics: timing.py (thresholds and the per-step significance test; `ditbench ab` passes its
+   paired judgement instead) and quality.py (FID and the other sample metrics, with their noise).
+   Quality made with different Inception weights, reference, sampler or sample count refuses (a
+   different count only unless the policy allows it). Quality steps the base evaluated and the new
+   run lacks are named, and fail the gate with `fail_on_missing: true`.
 6. A gate that compared no value at all refuses: it never passes by default.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
@@ -44,6 +49,8 @@ from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, Metric
 from ditbench.report.gate.timing import StepTest, judge
 
 FAILED = ("oom", "timeout", "nan_loss", "error")
+# (cell_id, metric, rule, base value, new value) -> the delta of a timed metric (`ditbench ab`)
+TimedJudge = Callable[[str, Metric, Rule, float, float], MetricDelta]
 
 
 class NothingComparedError(GateRefusal):
@@ -53,9 +60,12 @@ class NothingComparedError(GateRefusal):
 class _Cell:
     """The comparison of one cell that is ok in both runs."""
 
-    def __init__(self, b: Row, n: Row, rules: dict[str, Rule], policy: Policy, problems: Problems):
+    def __init__(
+        self, b: Row, n: Row, rules: dict[str, Rule], policy: Policy, problems: Problems, timed=None
+    ):
         self.b, self.n, self.policy, self.problems = b, n, policy, problems
-        self.rules = rules
+        self.rules, self.timed = rules, timed
+        self.missing_steps: list[int] = []
         self.deltas: list[MetricDelta] = []
         self.not_compared: list[dict[str, str]] = []
         self.not_measured: list[str] = []
@@ -150,6 +160,9 @@ class _Cell:
                         else f"{metric.path} is missing, but the other run has it",
                     )
             return
+        if self.timed is not None and metric.timed:
+            self.deltas.append(self.timed(self.n.record["cell_id"], metric, rule, b, n))
+            return
         delta, untested = judge(metric, rule, b, n, test, weak)
         self.untested |= untested
         self.deltas.append(delta)
@@ -172,6 +185,7 @@ class _Cell:
                 self.problem(row, m.name, "has no quality field, but the other run has one")
             return
         n_differs = check_identity(self.b, qb, self.n, qn, self.policy.allow_sample_count_mismatch)
+        self.missing_steps = sorted(set(qb.evaluations) - set(qn.evaluations))
         deltas, not_measured, problems = compare_quality(qb, qn, gated, self.policy.quality_noise_k)
         for d in deltas if n_differs else []:
             d.weak, d.weak_reason = True, "; ".join(filter(None, (d.weak_reason, n_differs)))
@@ -199,11 +213,20 @@ class _Cell:
             weak=any(d.weak for d in self.deltas),
             not_compared=self.not_compared,
             not_measured=self.not_measured,
+            missing_steps=self.missing_steps,
         )
 
 
-def _status_result(b: Row | None, n: Row | None) -> CellResult:
-    """The verdict of a cell that is not ok on both sides (or on one side only)."""
+def _failed_repeats(row: Row) -> dict:
+    """{repeat: status} of the cell's repeats that did not end ok (bench.repeats.combine)."""
+    repeats = (row.record.get("metrics") or {}).get("repeats")
+    failed = repeats.get("failed") if isinstance(repeats, dict) else None
+    return failed if isinstance(failed, dict) else {}
+
+
+def _status_result(b: Row | None, n: Row | None, policy: Policy) -> CellResult:
+    """The verdict of a cell that is not ok on both sides (or on one side only), or whose new repeats
+    failed where the base's did not."""
     rec = (n or b).record
     cid, name = rec["cell_id"], rec["cell_name"]
     bs = b.record["status"] if b else None
@@ -213,7 +236,13 @@ def _status_result(b: Row | None, n: Row | None) -> CellResult:
     if b is None:
         return CellResult(cid, name, "only in new", None, ns)
     reason = n.record.get("reason")
-    if bs == "ok" and ns in FAILED:
+    if bs == ns == "ok":
+        reason = "repeats not ok in the new run: " + ", ".join(
+            f"#{k} {v}" for k, v in _failed_repeats(n).items()
+        )
+    if bs == "ok" and policy.may_stop(cid, name):
+        return CellResult(cid, name, "stopped (allowed)", bs, ns, reason)
+    if bs == "ok" and (ns in FAILED or ns == "ok"):
         return CellResult(cid, name, "new failure", bs, ns, reason)
     if bs == "ok":
         return CellResult(cid, name, "no longer measured", bs, ns, reason)
@@ -229,8 +258,10 @@ def compare_frames(
     allow_env_mismatch: bool = False,
     base_path: str = "BASE",
     new_path: str = "NEW",
+    timed: TimedJudge | None = None,
 ) -> Comparison:
-    """Compare two loaded runs (report.load: one row per cell_id each); raises GateRefusal (exit 2)."""
+    """Compare two loaded runs (report.load: one row per cell_id each); raises GateRefusal (exit 2).
+    `timed` judges the timed metrics instead of timing.judge (`ditbench ab`'s paired rounds)."""
     from ditbench.report.analysis import knobs  # analysis pulls in more than the gate needs at import
 
     policy = policy or Policy()
@@ -254,12 +285,14 @@ def compare_frames(
     used_overrides: set[int] = set()
     for cid in list(base_rows) + [c for c in new_rows if c not in base_rows]:
         b, n = base_rows.get(cid), new_rows.get(cid)
-        if not (b and n and b.record["status"] == n.record["status"] == "ok"):
-            cells.append(_status_result(b, n))
+        both_ok = b and n and b.record["status"] == n.record["status"] == "ok"
+        lost = both_ok and _failed_repeats(n) and not _failed_repeats(b)
+        if not both_ok or (lost and not policy.may_stop(cid, n.record["cell_name"])):
+            cells.append(_status_result(b, n, policy))
             continue
         cell_knobs = knobs(n.record)
         used_overrides.update(policy.matching(cell_knobs))
-        cell = _Cell(b, n, policy.rules_for(cell_knobs), policy, problems)
+        cell = _Cell(b, n, policy.rules_for(cell_knobs), policy, problems, timed)
         cell.run()
         for d in cell.deltas:
             compared[d.metric] = compared.get(d.metric, 0) + 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ditbench.errors import shorten
+from ditbench.escape import md_code, md_text
 from ditbench.report.gate.inputs import GateRefusal, Row
 
 # torch_threads: a CPU step's time scales with it (the `threads` knob sets it; 1 per CPU process by default)
@@ -92,11 +93,13 @@ class EnvMismatchError(GateRefusal):
         )
 
     def markdown(self) -> str:
-        rows = [f"| {k} | {_values(b)} | {_values(n)} |" for k, (b, n) in self.differences.items()]
+        diffs = self.differences.items()
+        rows = [f"| {md_text(k)} | {md_text(_values(b))} | {md_text(_values(n))} |" for k, (b, n) in diffs]
         lines = [
             f"## ⛔ ditbench compare: {self.title}",
             "",
-            f"`{self.base_path}` and `{self.new_path}` were measured on different hardware or software, so "
+            f"{md_code(self.base_path)} and {md_code(self.new_path)} were measured on different hardware or "
+            "software, so "
             "their speed and memory are not comparable. Refresh the baseline on this runner, or pass "
             "`--allow-env-mismatch`." + (THREADS_HINT if "torch_threads" in self.differences else ""),
             "",

@@ -13,6 +13,7 @@ import pandas as pd
 
 from ditbench.bench.window import noise_advice
 from ditbench.errors import UserError, shorten
+from ditbench.escape import md_inline
 
 MAX_NAMED = 5  # problems a refusal names one by one; the rest are counted
 
@@ -183,7 +184,7 @@ class GateRefusal(UserError):
     title = "refused"
 
     def markdown(self) -> str:
-        return f"## ⛔ ditbench compare: {self.title}\n\n{' '.join(str(self).split())}\n"
+        return f"## ⛔ ditbench compare: {self.title}\n\n{md_inline(self)}\n"  # user values inside
 
 
 class IncomparableError(GateRefusal):

@@ -101,6 +101,7 @@ class PolicyFile(_Strict):
     )
     fail_on_missing: StrictBool = Field(False, description="true or false")
     allow_incomparable: frozenset[str] = frozenset()
+    allow_stopped: frozenset[str] = frozenset()
     quality_noise_k: Amount = DEFAULT_QUALITY_NOISE_K
     inconclusive: Literal["inconclusive", "pass", "fail"] = Field(
         "inconclusive",
@@ -141,6 +142,19 @@ class PolicyFile(_Strict):
             f"{shorten(bad)} is not one. Valid names: {', '.join(valid)}."
         )
 
+    @field_validator("allow_stopped", mode="before")
+    @classmethod
+    def _stoppable(cls, raw: Any) -> frozenset[str]:
+        if raw is True or raw is False or raw is None:
+            return frozenset({"*"} if raw else ())
+        if isinstance(raw, list) and all(isinstance(x, str) and x.strip() for x in raw):
+            return frozenset(raw)
+        raise refuse(
+            "`allow_stopped` must be true, false or a list of cell-name substrings or cell ids (cells "
+            f"that may go from ok to skipped, unsupported or failed without failing the gate); got "
+            f"{shorten(raw)}."
+        )
+
     @field_validator("overrides", mode="before")
     @classmethod
     def _none_is_empty(cls, raw: Any) -> Any:
@@ -164,6 +178,9 @@ class Policy:
     # Metric names (and STEP_SAMPLES) whose values may be missing or unusable in a cell: such a
     # metric is listed as not compared there instead of refusing the gate. "*" allows every one.
     allow_incomparable: frozenset[str] = frozenset()
+    # Cells (name substrings or ids; "*" every one) that may stop running: ok in the base, skipped,
+    # unsupported or failed in the new run. Any other such cell is a regression.
+    allow_stopped: frozenset[str] = frozenset()
     quality_noise_k: float = DEFAULT_QUALITY_NOISE_K  # a quality change must exceed k combined spreads
     inconclusive: str = "inconclusive"  # an inconclusive cell exits 3; "pass" -> 0, "fail" -> 1
     # Quality at different sample counts N is compared (marked weak) instead of refused.
@@ -191,6 +208,9 @@ class Policy:
     def allows(self, name: str) -> bool:
         return "*" in self.allow_incomparable or name in self.allow_incomparable
 
+    def may_stop(self, cell_id: str, cell_name: str) -> bool:
+        return any(p == "*" or p == cell_id or p in cell_name for p in self.allow_stopped)
+
 
 def load_policy(path: str | Path | None) -> Policy:
     """The default policy, or a YAML policy file merged over it (validated; errors name the key)."""
@@ -211,6 +231,7 @@ def load_policy(path: str | Path | None) -> Policy:
         "min_samples",
         "fail_on_missing",
         "allow_incomparable",
+        "allow_stopped",
         "quality_noise_k",
         "inconclusive",
         "allow_sample_count_mismatch",

@@ -17,10 +17,11 @@ VERDICTS = (
     "fixed",
     "still failing",
     "no longer measured",
+    "stopped (allowed)",
     "only in base",
     "only in new",
 )
-FAILING_VERDICTS = ("regression", "new failure")
+FAILING_VERDICTS = ("regression", "new failure", "no longer measured")  # a cell that stops running fails
 
 
 @dataclass
@@ -43,6 +44,7 @@ class MetricDelta:
     noise: float | None = None  # quality metrics: the difference that counts as beyond noise
     interval_pct: list[float] | None = None  # confidence interval of change_pct (low, high)
     interval_level: float | None = None  # its confidence level, e.g. 0.95
+    mde_pct: float | None = None  # minimum detectable effect at that interval (report.gate.paired.mde)
 
     @classmethod
     def judged(cls, metric, rule, b: float, n: float, c, significant: bool, significance: str, **more):
@@ -66,6 +68,7 @@ class CellResult:
     weak: bool = False  # one of its verdicts is weak (see MetricDelta.weak)
     not_compared: list[dict[str, str]] = field(default_factory=list)  # allowed by allow_incomparable
     not_measured: list[str] = field(default_factory=list)  # gated, but measured by neither run
+    missing_steps: list[int] = field(default_factory=list)  # quality steps the base has and new lacks
 
 
 @dataclass
@@ -80,6 +83,11 @@ class Comparison:
     unused_overrides: list[int] = field(default_factory=list)  # policy overrides no compared cell matched
     # Differences named but never gated (env.named_differences): key -> (base values, new values).
     env_notes: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)
+    ab: dict[str, Any] | None = None  # `ditbench ab`: how the sides ran (ab.run.about)
+
+    @property
+    def tool(self) -> str:
+        return "ditbench ab" if self.ab is not None else "ditbench compare"
 
     @property
     def regressions(self) -> list[CellResult]:
@@ -91,10 +99,19 @@ class Comparison:
         return sum(len(c.metrics) for c in self.cells)
 
     @property
+    def missing(self) -> list[CellResult]:
+        """Cells missing from the new run, or ok cells lacking quality steps the base evaluated."""
+        return [c for c in self.cells if c.verdict == "only in base" or c.missing_steps]
+
+    @property
     def failed(self) -> bool:
-        if self.regressions:
-            return True
-        return self.policy.fail_on_missing and any(c.verdict == "only in base" for c in self.cells)
+        return bool(self.regressions) or (self.policy.fail_on_missing and bool(self.missing))
+
+    @property
+    def largest_mde(self) -> float | None:
+        """The largest minimum detectable effect of any timed verdict: what this run could see."""
+        found = [d.mde_pct for c in self.cells for d in c.metrics if d.mde_pct is not None and d.step is None]
+        return max(found) if found else None
 
     @property
     def inconclusive(self) -> list[CellResult]:
@@ -126,6 +143,7 @@ class Comparison:
             "counts": {v: self.count(v) for v in VERDICTS},
             "compared_metrics": self.compared,
             "weak_cells": sum(c.weak for c in self.cells),
+            "largest_mde_pct": self.largest_mde,
             "inception_official": self.inception_official,
             "env": self.env,
             "env_differences": {k: {"base": b, "new": n} for k, (b, n) in self.env_differences.items()},
@@ -136,6 +154,7 @@ class Comparison:
                 "min_samples": p.min_samples,
                 "fail_on_missing": p.fail_on_missing,
                 "allow_incomparable": sorted(p.allow_incomparable),
+                "allow_stopped": sorted(p.allow_stopped),
                 "quality_noise_k": p.quality_noise_k,
                 "inconclusive": p.inconclusive,
                 "allow_sample_count_mismatch": p.allow_sample_count_mismatch,
@@ -144,6 +163,7 @@ class Comparison:
                 "unused_overrides": self.unused_overrides,
             },
             "cells": [asdict(c) for c in self.cells],
+            **({"ab": self.ab} if self.ab is not None else {}),
         }
 
 

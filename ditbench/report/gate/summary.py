@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ditbench.escape import md_cell
+from ditbench.escape import md_code, md_text
 from ditbench.intervals import BOOTSTRAP_B, LEVEL
 from ditbench.report.gate.metrics import MEMORY, limit, limits, table
 from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
@@ -21,6 +21,7 @@ STATUS_SECTIONS = (
     ("new failure", "New failures (ok before)"),
     ("fixed", "Fixed (failed before, ok now)"),
     ("no longer measured", "No longer measured (ok before, not run now)"),
+    ("stopped (allowed)", "Stopped, allowed by the policy (allow_stopped)"),
     ("still failing", "Still failing"),
 )
 
@@ -48,7 +49,7 @@ def _change(d: MetricDelta) -> str:
 
 
 def _md(text: Any) -> str:
-    return md_cell(text)  # no HTML, no link, no new row or block
+    return md_text(text)  # no HTML, no link, no new row or block
 
 
 def _label(d: MetricDelta) -> str:
@@ -56,7 +57,7 @@ def _label(d: MetricDelta) -> str:
 
 
 def _names(cells: list[CellResult]) -> str:
-    shown = ", ".join(f"`{_md(x.cell_name)}`" for x in cells[:MAX_LISTED_CELLS])
+    shown = ", ".join(md_code(x.cell_name) for x in cells[:MAX_LISTED_CELLS])
     return shown + ("…" if len(cells) > MAX_LISTED_CELLS else "")
 
 
@@ -66,6 +67,7 @@ def _metric_rows(c: Comparison, keep) -> list[str]:
         for d in cell.metrics:
             if keep(d):
                 weak = " · ⚠️ weak" if d.weak else ""
+                weak += f" · MDE {d.mde_pct:.1f}%" if d.mde_pct is not None else ""
                 base, new = _value(d.metric, d.base), _value(d.metric, d.new)
                 rows.append(
                     f"| {_md(cell.cell_name)} | {_md(_label(d))} | {base} | {new} | "
@@ -88,38 +90,47 @@ def _reasons_once(reasons: list[str]) -> tuple[list[str], list[str]]:
 
 def _status_text(x: CellResult) -> str:
     """A cell's status in the table: one word when unchanged, new/missing for cells on one side only."""
+    base, new = _md(x.base_status), _md(x.new_status)  # a record's text
     if x.base_status is None:
-        return f"new ({x.new_status})"
+        return f"new ({new})"
     if x.new_status is None:
-        return f"missing (was {x.base_status})"
-    return x.new_status if x.base_status == x.new_status else f"{x.base_status} → {x.new_status}"
+        return f"missing (was {base})"
+    return new if x.base_status == x.new_status else f"{base} → {new}"
 
 
 def _head(c: Comparison) -> list[str]:
     n_reg = len(c.regressions)
     if c.failed:
-        head = f"## ❌ ditbench compare: {n_reg} regression{'s' if n_reg != 1 else ''}"
+        head = f"## ❌ {c.tool}: {n_reg} regression{'s' if n_reg != 1 else ''}"
         if not n_reg:
-            head = "## ❌ ditbench compare: cells missing from the new run"
+            head = f"## ❌ {c.tool}: cells or quality steps missing from the new run"
     elif c.inconclusive:
         n_inc = len(c.inconclusive)
         mark = {0: "✅", 1: "❌"}.get(c.exit_code, "❔")
         mapped = {0: " (counted as pass by the policy)", 1: " (counted as failing by the policy)"}
-        head = f"## {mark} ditbench compare: {n_inc} inconclusive{mapped.get(c.exit_code, '')}"
+        head = f"## {mark} {c.tool}: {n_inc} inconclusive{mapped.get(c.exit_code, '')}"
     else:
-        head = "## ✅ ditbench compare: no regression"
+        head = f"## ✅ {c.tool}: no regression"
     matched = sum(x.verdict not in ("only in base", "only in new") for x in c.cells)
     counts = ", ".join(f"{c.count(v)} {v}" for v in VERDICTS if c.count(v))
     lines = [
         head,
         "",
-        f"Base `{c.base_path}` vs new `{c.new_path}`: {matched} cells matched ({counts}); "
+        f"Base {md_code(c.base_path)} vs new {md_code(c.new_path)}: {matched} cells matched ({counts}); "
         f"{c.compared} values compared.",
-        "Environment: " + (", ".join(f"{k} {v}" for k, v in c.env.items()) or "unknown") + ".",
+        "Environment: " + (", ".join(f"{_md(k)} {_md(v)}" for k, v in c.env.items()) or "unknown") + ".",
     ]
+    if c.largest_mde is not None:
+        lines.append(
+            f"This comparison could see timing changes of {c.largest_mde:.1f}% or more (the largest "
+            "minimum detectable effect of its timed verdicts, at 80% power); a pass needs it within the "
+            "threshold."
+        )
     if c.env_differences:
         why = (
-            "the policy says `environment: may_differ`"
+            "both sides ran here, in one `ditbench ab`: what differs is the code under test"
+            if c.ab is not None
+            else "the policy says `environment: may_differ`"
             if c.policy.environment == "may_differ"
             else "with --allow-env-mismatch"
         )
@@ -140,7 +151,9 @@ def _head(c: Comparison) -> list[str]:
 
 
 def _pairs(diffs: dict[str, tuple[list[str], list[str]]]) -> str:
-    return "; ".join(f"{k}: {', '.join(b)} → {', '.join(n)}" for k, (b, n) in diffs.items()) + "."
+    return (
+        "; ".join(f"{_md(k)}: {_md(', '.join(b))} → {_md(', '.join(n))}" for k, (b, n) in diffs.items()) + "."
+    )
 
 
 def _sections(c: Comparison) -> list[str]:
@@ -214,12 +227,18 @@ def _notes(c: Comparison) -> list[str]:
             + _md("; ".join(reasons[:5]))
             + ".",
         ]
+    missing = [x for x in c.cells if x.missing_steps]
+    if missing:
+        fail = " (fails the gate: fail_on_missing)" if c.policy.fail_on_missing else ""
+        lines += ["", f"### Quality steps the base evaluated and the new run lacks{fail}", ""]
+        lines += ["| cell | steps |", "|---|---|"]
+        lines += [f"| {_md(x.cell_name)} | {', '.join(map(str, x.missing_steps[:20]))} |" for x in missing]
     for verdict, title in (
         ("only in base", "Missing from the new run"),
         ("only in new", "New cells (no baseline)"),
     ):
         rows = [
-            f"| {_md(x.cell_name)} | `{x.cell_id}` | {x.base_status or x.new_status} |"
+            f"| {_md(x.cell_name)} | {md_code(x.cell_id)} | {_md(x.base_status or x.new_status)} |"
             for x in c.cells
             if x.verdict == verdict
         ]
@@ -270,24 +289,70 @@ def _policy_line(c: Comparison) -> list[str]:
             f"overrides[{i}] (match {_md(p.overrides[i].match)})" for i in c.unused_overrides[:5]
         )
         unused = f" ⚠️ No compared cell matched {shown}: check its knobs and values."
+    if c.ab is not None:
+        timing = (
+            "a timing change is judged on the per-round ratio B/A of the two sides' per-process median "
+            "step times: the Hodges-Lehmann estimate with its exact Wilcoxon signed-rank interval, looked "
+            "at after every round at a level from an O'Brien-Fleming-type alpha-spending function (the "
+            f"looks' levels add up to alpha {p.alpha:g}). A regression needs the interval wholly beyond "
+            "the threshold; a pass needs it within the threshold and a minimum detectable effect (80% "
+            "power) within the threshold too; otherwise the cell runs another round, and is inconclusive "
+            f"when the rounds or the time run out (policy `inconclusive: {p.inconclusive}`: exits "
+            f"{_INCONCLUSIVE_EXIT[p.inconclusive]}). "
+        )
+    else:
+        timing = (
+            f"a timing change is a regression only if its {LEVEL:.0%} bootstrap interval (of the ratio of "
+            f"median step times, {BOOTSTRAP_B} resamples) lies wholly beyond the threshold and the samples "
+            f"differ by a Mann-Whitney U test at p<{p.alpha:g} (with ≥{p.min_samples} samples a side); an "
+            "interval that straddles the threshold is inconclusive (policy "
+            f"`inconclusive: {p.inconclusive}`: exits {_INCONCLUSIVE_EXIT[p.inconclusive]}), and so is a "
+            "pass whose minimum detectable effect (80% power) exceeds the threshold. Where both runs have "
+            "repeats (`run --repeats K`) the samples are the repeats' per-process median step times, which "
+            "sample process-level noise (start-up, clocks, machine load); else they are one run's per-step "
+            "times, which sample only step-to-step noise, so the interval is narrow. "
+        )
+    stopped = ", ".join(sorted(p.allow_stopped)) if "*" not in p.allow_stopped else "every cell"
     return [
         "",
-        f"Policy ({p.source}): {rules or 'no metric'}; a timing change is a regression only if its "
-        f"{LEVEL:.0%} bootstrap interval (of the ratio of median step times, {BOOTSTRAP_B} resamples) lies "
-        f"wholly beyond the threshold and the samples differ by a Mann-Whitney U test at "
-        f"p<{p.alpha:g} (with ≥{p.min_samples} samples a side); an interval that straddles the threshold "
-        f"is inconclusive (policy `inconclusive: {p.inconclusive}`: "
-        f"exits {_INCONCLUSIVE_EXIT[p.inconclusive]}). "
-        "Where both runs have repeats (`run --repeats K`) the samples are the repeats' per-process "
-        "median step times, which sample process-level noise (start-up, clocks, machine load); else "
-        "they are one run's per-step times, which sample only step-to-step noise, so the interval is "
-        "narrow. "
+        f"Policy ({_md(p.source)}): {rules or 'no metric'}; {timing}"
         f"Memory and loss are gated on the threshold alone; a quality change must also exceed "
         f"{p.quality_noise_k:g}σ of the combined spread (each side's seeds' or its bootstrap's, "
-        "whichever is larger)." + (f" Allowed to go uncompared: {allowed}." if allowed else "") + unused,
+        "whichever is larger)."
+        + (f" Allowed to go uncompared: {allowed}." if allowed else "")
+        + (f" Allowed to stop running: {_md(stopped)}." if p.allow_stopped else "")
+        + unused,
     ]
 
 
+def _ab_lines(c: Comparison) -> list[str]:
+    """How `ditbench ab` ran the sides: the order, the seed, the rounds, and each side's software."""
+    if c.ab is None:
+        return []
+    a = c.ab
+    how = {
+        "duet": "duet (each cell's A and B at the same time, each on its half of the CPUs, the halves "
+        "drawn again for every pair)",
+        "interleaved": "interleaved (each round: the cells in a random order, each cell's A and B back "
+        "to back in a random order)",
+    }[a["mode"]]
+    lines = [
+        "",
+        f"How it ran: {how}; seed {a['seed']} (`--seed {a['seed']}` repeats the order); {a['rounds']} of "
+        f"at most {a['max_rounds']} rounds ({_md(a['stopped'])}); {a['wall_s'] / 60:.1f} min.",
+        "",
+        "| side | python | environment | ditbench | torch |",
+        "|---|---|---|---|---|",
+    ]
+    for name, side in a["sides"].items():
+        env = " ".join(f"{k}={v}" for k, v in side.get("env", {}).items()) or "—"
+        lines.append(
+            f"| {name} | {_md(side.get('python'))} | {_md(env)} | {_md(side.get('ditbench', '?'))} | "
+            f"{_md(side.get('torch', '?'))} |"
+        )
+    return lines
+
+
 def summary_markdown(c: Comparison) -> str:
-    lines = _head(c) + _sections(c) + _notes(c) + _all_cells(c) + _policy_line(c)
+    lines = _head(c) + _ab_lines(c) + _sections(c) + _notes(c) + _all_cells(c) + _policy_line(c)
     return "\n".join(lines) + "\n"

@@ -6,15 +6,18 @@ change (the samples give its width). Its verdict, with threshold T in the bad di
 - the whole interval is worse than T and the samples differ by a two-sided Mann-Whitney U
   test (p < alpha, shifted the same way): regression (not significant: noise);
 - the interval straddles T (the data cannot tell a change beyond T from one within it): inconclusive;
-- the whole interval is better than -T and significant: improvement (else noise or unchanged).
+- the whole interval is better than -T and significant: improvement (else noise or unchanged);
+- a pass whose minimum detectable effect (paired.check_mde: from the interval's width, 80% power)
+  exceeds T: inconclusive (the data could not have seen a change of T).
 When both runs have repeats (`run --repeats K`), the samples are the repeats' per-process median
 step times (run-level: they sample process-level noise: start-up, clocks, allocator, machine load).
 Otherwise they are the per-step times of one run per side, which sample only step-to-step noise, and
 consecutive steps are autocorrelated, so that interval is narrow.
 With fewer than min_samples samples on either side, or too few for the test to ever reach p < alpha,
-the threshold alone decides and the cell says so. Memory and loss have no per-step samples and are
-near-deterministic: threshold alone. A cell measured in a noisy window (metrics.noisy) keeps its
-timing verdicts, marked weak.
+the threshold alone decides and the cell says so. More than MAX_SAMPLES a side are thinned to that
+many, evenly spaced and said beside the p-value (200,000 steps cost the bootstrap 3 GB and 50 s).
+Memory and loss have no per-step samples and are near-deterministic: threshold alone. A cell measured
+in a noisy window (metrics.noisy) keeps its timing verdicts, marked weak.
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ from scipy.stats import mannwhitneyu
 
 from ditbench.intervals import LEVEL, median_ratio_interval
 from ditbench.report.gate.metrics import HIGHER, Metric, crossing
+from ditbench.report.gate.paired import check_mde
 from ditbench.report.gate.policy import Policy, Rule
 from ditbench.report.gate.result import MetricDelta
+
+MAX_SAMPLES = 5_000  # per side and cell
 
 
 def p_min(n: int, m: int) -> float:
@@ -46,6 +52,14 @@ class StepTest:
     unit: str = "steps"  # "runs": one sample per repeat (bench.repeats)
     _result: tuple[float, float] | None = None
     _ratio: tuple[float, float, float] | None = None
+    thinned: str = ""  # what was left out, for the output: "" when nothing
+
+    def __post_init__(self) -> None:
+        sizes = (len(self.base), len(self.new))
+        if max(sizes) > MAX_SAMPLES:
+            self.base, self.new = _evenly(self.base), _evenly(self.new)
+            kept = f"{len(self.base):,}/{len(self.new):,}"
+            self.thinned = f"{kept} of {sizes[0]:,}/{sizes[1]:,} {self.unit}, evenly spaced"
 
     @property
     def enough(self) -> bool:
@@ -75,6 +89,12 @@ class StepTest:
             p = float(mannwhitneyu(self.new, self.base, alternative="two-sided").pvalue)
             self._result = (p if math.isfinite(p) else 1.0, float(np.median(self.new) - np.median(self.base)))
         return self._result
+
+
+def _evenly(samples: list[float]) -> list[float]:
+    if len(samples) <= MAX_SAMPLES:
+        return samples
+    return [samples[i] for i in np.linspace(0, len(samples) - 1, MAX_SAMPLES).round().astype(int)]
 
 
 def change_interval(
@@ -124,6 +144,7 @@ def judge(
         significance = f"p={p_value:.2g}" + (
             f" over {len(test.base)}/{len(test.new)} runs" if test.unit == "runs" else ""
         )
+        significance += f" ({test.thinned})" if test.thinned else ""
         # Slower steps mean lower throughput and higher step time alike.
         slower = c.direction == "worse"
         significant = p_value < test.policy.alpha and (shift > 0 if slower else shift < 0)
@@ -160,4 +181,5 @@ def judge(
     )
     if verdict is not None:
         delta.verdict = verdict
+    check_mde(delta, rule)
     return delta, untested

@@ -1,7 +1,10 @@
 """`key=value` overrides after the suite: `ditbench run single_24gb model=DiT-L/4 batch_size=[16,32]`.
 
-A value is read as a YAML flow value (`16`, `[16, 32]`, `{warmup: 2}`, `bf16`, `true`, `null`),
-through the same bounded parser as suite files. Where an override lands in the suite:
+A value is read as a YAML flow value (`16`, `[16, 32]`, `{warmup: 2}`, `bf16`, `true`, `null`,
+`2e-4`), through the same bounded reader as suite files, and set in the suite's mapping before the
+suite is validated as a whole by its model: a value is accepted or refused the same way in the file
+and on the command line, and an error about a value an override set names the override. Where an
+override lands in the suite:
 
 - a knob (`model`, `batch_size`, ...): a list becomes that knob's matrix axis; a single value
   replaces the axis with that one value, or sets the default when the knob is not in the matrix.
@@ -11,9 +14,6 @@ through the same bounded parser as suite files. Where an override lands in the s
   `card` and `gpu_memory_gib` replace each other (a card has a fixed memory);
 - a dotted key sets a nested value: `steps.measure=10`, `defaults.image_size=64`,
   `plan.skip_predicted_oom=true`.
-
-The suite is then validated as a whole, exactly as a file is, and an error about a value an
-override set names the override (`bench.suite._Validator`).
 """
 
 from __future__ import annotations
@@ -24,12 +24,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ditbench.errors import UserError, shorten
+from ditbench.spec.base import number
+from ditbench.spec.knobs import KNOBS
+from ditbench.validation import unknown_key
 from ditbench.yamlio import parse_yaml_text
 
 MAX_OVERRIDES = 256
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-# YAML 1.1 (PyYAML) reads `2e-4` as text: it needs a dot (`2.0e-4`). On a command line people write 2e-4.
-_EXPONENT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+DEFAULTS_KEYS = ("steps", "smoke", "timeout_s")  # the non-knob keys of `defaults` a bare key means
 
 
 @dataclass(frozen=True)
@@ -41,11 +43,9 @@ class Override:
 
 def parse_overrides(items: list[str], suite_keys: tuple[str, ...]) -> list[Override]:
     """Each `key=value` parsed (a key is a knob or one of `suite_keys`); a malformed one is an error."""
-    from ditbench.knobs import FIELDS
-
     if len(items) > MAX_OVERRIDES:
         raise UserError(f"{len(items)} overrides given; at most {MAX_OVERRIDES} are read.")
-    valid = tuple(dict.fromkeys((*FIELDS, *suite_keys)))
+    valid = tuple(dict.fromkeys((*KNOBS, *DEFAULTS_KEYS, *suite_keys)))
     parsed: list[Override] = []
     seen: dict[str, str] = {}
     for item in items:
@@ -59,9 +59,7 @@ def parse_overrides(items: list[str], suite_keys: tuple[str, ...]) -> list[Overr
             )
         head = key.split(".")[0]
         if head not in valid:
-            from ditbench.knobs import unknown_key_message
-
-            raise UserError(f"override {shorten(item)}: {unknown_key_message(head, valid)}")
+            raise UserError(f"override {shorten(item)}: {unknown_key(head, valid)}")
         if key in seen:
             raise UserError(
                 f"overrides {shorten(seen[key])} and {shorten(item)} both set `{key}`; give it once."
@@ -70,45 +68,31 @@ def parse_overrides(items: list[str], suite_keys: tuple[str, ...]) -> list[Overr
             raise UserError(
                 f"override {shorten(item)} has no value; write one after `=` (`null` removes a setting)."
             )
-        value = _numbers(parse_yaml_text(text, f"override {shorten(item)}"))
         seen[key] = item
-        parsed.append(Override(item, key, value))
+        parsed.append(Override(item, key, parse_yaml_text(text, f"override {shorten(item)}")))
     return parsed
 
 
-def _numbers(value: Any) -> Any:
-    """`2e-4` as the number YAML 1.2 and every command line mean, in a list too."""
-    if isinstance(value, str) and _EXPONENT.fullmatch(value):
-        return float(value)
-    if isinstance(value, list):
-        return [_numbers(v) for v in value]
-    return value
-
-
 def as_record(overrides: list[Override]) -> dict[str, Any]:
-    """The record's `suite_overrides`: key -> value as parsed ({} when none)."""
-    return {o.key: o.value for o in overrides}
+    """The record's `suite_overrides`: key -> value as parsed, numbers as the models read them."""
+    return {
+        o.key: [number(v) for v in o.value] if isinstance(o.value, list) else number(o.value)
+        for o in overrides
+    }
 
 
-def apply_overrides(
-    raw: Any, overrides: list[Override], where: str, defaults_keys: tuple[str, ...]
-) -> tuple[Any, dict[str, str]]:
-    """The suite mapping with the overrides applied, and keypath -> override text for error messages;
-    `defaults_keys` are the non-knob keys of `defaults` (steps, smoke, timeout_s) a bare key means."""
-    from ditbench.knobs import FIELDS
-
-    if not overrides:
-        return raw, {}
-    if not isinstance(raw, dict):
-        return raw, {}  # parse_suite says what is wrong with the file itself
+def apply_overrides(raw: Any, overrides: list[Override], where: str) -> tuple[Any, dict[str, str]]:
+    """The suite mapping with the overrides applied, and keypath -> override text for error messages."""
+    if not overrides or not isinstance(raw, dict):
+        return raw, {}  # a file that is not a mapping: the suite says what is wrong with it
     raw = copy.deepcopy(raw)
     origin: dict[str, str] = {}
     for o in overrides:
         parts = o.key.split(".")
-        if parts[0] in FIELDS and len(parts) == 1:
+        if parts[0] in KNOBS and len(parts) == 1:
             origin[_knob(raw, o.key, o.value, o.text)] = o.text
             continue
-        if parts[0] in defaults_keys:
+        if parts[0] in DEFAULTS_KEYS:
             parts = ["defaults", *parts]
         _set(raw, parts, o.value, o.text, where)
         if parts == ["card"]:

@@ -1,0 +1,122 @@
+"""A run's options and what is decided before any cell starts: what a run refuses (bad options, an output
+folder it could not finish in), which cells it selects and in which order, which are recorded already.
+What a run keeps in its --out is named here."""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ditbench.bench.inflight import INFLIGHT_DIR
+from ditbench.bench.repeats import REPEATS_MAX
+from ditbench.spec.suite import TIMEOUT_MAX_S, Suite, SuiteCell
+from ditbench.errors import UserError, shorten
+from ditbench.faults import FAULT_ENV, FAULT_RANK_ENV, check_fault_rank, parse_fault_spec
+from ditbench.outlock import HELD_NAME, LOCK_NAME
+from ditbench.outpaths import check_kept, ensure_dir
+
+RESULTS_FILE = "results.jsonl"
+SUMMARY_FILE = "summary.md"
+LOGS_DIR = "logs"
+JOBS_DIR = ".jobs"  # the tickets of the cells of an executor that does not wait (submitit's jobs)
+
+
+@dataclass
+class RunOptions:
+    out: Path
+    force: bool = False
+    cell_filters: list[str] = field(default_factory=list)
+    timeout_s: float | None = None  # overrides the suite's per-cell timeout
+    oom_skip: bool = True
+    progress: bool = True
+    rendezvous: dict | None = None  # torchrun's multi-node options (launch.rendezvous.Rendezvous)
+    label: str | None = None  # `run --label`: written into each record; reports group by it
+    repeats: int | None = None  # `run --repeats K`: over the suite's `repeats`
+
+
+def check_options(options: RunOptions) -> None:
+    """Refuse, before any cell starts, what would otherwise fail midway (or never end)."""
+    timeout = options.timeout_s
+    if timeout is not None and (not math.isfinite(timeout) or not 0 < timeout <= TIMEOUT_MAX_S):
+        raise UserError(
+            f"--timeout-s must be a finite number of seconds above 0 and at most {TIMEOUT_MAX_S:g} "
+            f"(a week), got {timeout}."
+        )
+    repeats = options.repeats
+    if repeats is not None and (isinstance(repeats, bool) or not 1 <= repeats <= REPEATS_MAX):
+        raise UserError(
+            f"--repeats must be a whole number of runs from 1 to {REPEATS_MAX}, got {repeats}; each "
+            "repeat is a fresh process per cell (3 to 10 is typical for a gate)."
+        )
+    parse_fault_spec(os.environ.get(FAULT_ENV))  # a typo would fail every cell it names, one by one
+    check_fault_rank(os.environ.get(FAULT_RANK_ENV))
+
+
+def kept_entries() -> dict[str, bool]:
+    """What a run keeps in its --out: name -> is a folder (outpaths.check_kept checks them)."""
+    return {
+        RESULTS_FILE: False,
+        SUMMARY_FILE: False,
+        LOGS_DIR: True,
+        INFLIGHT_DIR: True,
+        JOBS_DIR: True,
+        LOCK_NAME: False,
+        HELD_NAME: False,
+    }
+
+
+def check_out_dir(out: Path, *, create: bool) -> None:
+    """Refuse an output folder the run could not finish in, before any cell starts (UserError).
+
+    create=False (a dry run) only checks what exists; create=True makes the folder and proves it
+    writable.
+    """
+    where = shorten(str(out))
+    if os.path.lexists(out) and not out.is_dir():
+        raise UserError(f"--out {where} is a file, not a folder; give a folder for the run's results.")
+    if create:
+        ensure_dir(out, "--out")
+    check_kept(out, kept_entries())  # lstat: a link, a FIFO or a folder where a run keeps a file is refused
+    if (out / LOGS_DIR).is_dir():  # a cell's log is truncated when the cell starts: a link, FIFO or hard link
+        check_kept(out / LOGS_DIR, {p.name: False for p in (out / LOGS_DIR).glob("*.log")})
+    results = out / RESULTS_FILE
+    if results.exists() and not os.access(results, os.R_OK | (os.W_OK if create else 0)):
+        raise UserError(f"{shorten(str(results))} is not readable and writable; a run appends to it.")
+
+
+def select_cells(suite: Suite, filters: list[str]) -> list[SuiteCell]:
+    if not filters:
+        return list(suite.cells)
+    return [c for c in suite.cells if any(f in c.cell_name or f == c.cell_id for f in filters)]
+
+
+def already_recorded(prev: dict | None, force: bool, verdict: Callable[[], tuple[str, str] | None]) -> bool:
+    """Whether a rerun leaves a cell as its latest record `prev` has it: ok, or unsupported here for the
+    same reason as last time (`verdict()`: a new line would say nothing new)."""
+    if force or prev is None or prev.get("status") not in ("ok", "unsupported"):
+        return False
+    return prev["status"] == "ok" or ((now := verdict()) is not None and prev.get("reason") == now[1])
+
+
+def run_order(cells: list[SuiteCell]) -> list[SuiteCell]:
+    """Suite order, except that within a series smaller batches go first (so an OOM can skip the rest)."""
+    first: dict[str, int] = {}
+    for i, cell in enumerate(cells):
+        first.setdefault(cell.series_key, i)
+    return sorted(cells, key=lambda c: (first[c.series_key], c.config["batch_size"]))
+
+
+def now_iso(unix: float | None = None) -> str:
+    """Now (or the time `unix`) as a record writes it: UTC to the second, e.g. 2026-01-31T12:00:00Z."""
+    when = dt.datetime.fromtimestamp(time.time() if unix is None else unix, dt.timezone.utc)
+    return when.isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def new_run_id() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
