@@ -31,14 +31,9 @@ class Option:
     config: dict[str, Any]  # the cell: model, precision, grad_ckpt, batch_size (per GPU), grad_accum
     images_per_s: float  # over all GPUs
     steps_per_s: float  # optimizer steps
-    split: dict[str, float]
     series: Any = None  # its trace (batch.SeriesTrace)
     pred: Prediction | None = None  # its memory, once replayed
     need_gib: float | None = None  # a lower bound, when it was dropped without a replay
-
-    def label(self) -> str:
-        c = self.config
-        return f"{c['precision']}, ckpt {c['grad_ckpt']}, {c['batch_size']} x {c['grad_accum']}"
 
 
 @dataclass
@@ -92,7 +87,7 @@ def search(
                                   "batch_size": batch, "grad_accum": accum})  # fmt: skip
                 series = series_trace(trace_knobs(cell, target), target, disk=disk)
                 t = step_time_of(series, cell, sheet, cal, speed.gpus)
-                options.append(Option(cell, t.steps_per_s * global_batch, t.steps_per_s, t.split, series))
+                options.append(Option(cell, t.steps_per_s * global_batch, t.steps_per_s, series))
     options.sort(key=lambda o: -o.images_per_s)
     dropped = None
     capacity = bud.capacity
