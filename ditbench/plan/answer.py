@@ -45,7 +45,14 @@ class Answer:
 
 
 def default_precisions(bud: Budget, sheet) -> tuple[str, ...]:
-    return ("bf16", "tf32") if bud.target.bf16 and (sheet is None or sheet.bf16) else ("fp16", "fp32")
+    """The card's fastest 16-bit precision and its fastest with float32 storage (precision.BY_SPEED):
+    bf16 and tf32 from sm80 on, else fp16 and fp32."""
+    from ditbench.precision import BY_SPEED, LOW_PRECISIONS
+
+    ampere = bud.target.bf16 and (sheet is None or sheet.bf16)
+    low = next(p for p in BY_SPEED if p in LOW_PRECISIONS and (ampere or p != "bf16"))
+    full = next(p for p in BY_SPEED if p not in LOW_PRECISIONS and (ampere or p != "tf32"))
+    return low, full
 
 
 def micro_batches(global_batch: int, gpus: int, allowed: list[int] | None) -> list[int]:
