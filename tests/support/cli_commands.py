@@ -18,6 +18,8 @@ def ditbench_commands(blocks: list[str]) -> list[list[str]]:
         for line in block.replace("\\\n", " ").splitlines():
             for part in re.split(r"&&|\|\||;|\|", line):
                 argv = shlex.split(part.strip(), comments=True)
+                redirect = [i for i, a in enumerate(argv) if re.match(r"\d?[<>]|&>", a)]
+                argv = argv[: redirect[0]] if redirect else argv
                 while argv and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=\S*", argv[0]):
                     argv = argv[1:]
                 if argv and PROGRAM.search(argv[0]):

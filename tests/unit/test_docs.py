@@ -137,12 +137,14 @@ def test_the_command_finder_reads_shell_lines():
         "envs/main/bin/ditbench ab ci_gate \\\n  --a envs/main && ditbench env --json\n"
         "torchrun --standalone --nproc-per-node 8 -m ditbench sample ckpt.pt --out s.npz\n"
         "pip install ditbench\n"
+        "ditbench suites --schema > suite.schema.json 2>&1\n"
     )
     assert ditbench_commands([block]) == [
         ["run", "cpu_smoke", "--out", "runs/x"],
         ["ab", "ci_gate", "--a", "envs/main"],
         ["env", "--json"],
         ["sample", "ckpt.pt", "--out", "s.npz"],
+        ["suites", "--schema"],
     ]
     assert parse_error(["run", "cpu_smoke", "--no-such-flag"]) is not None
     assert parse_error(["run", "cpu_smoke", "batch_size=8"]) is None
