@@ -140,9 +140,12 @@ def table(model: type, keys: list[str] | None = None) -> str:
     rows = ["| key | default | valid values | what it sets |", "|---|---|---|---|"]
     for key in keys or list(props):
         prop = props[key]
+        field = model.model_fields[key]
+        # a None default validated like a value is no default at all: the key must be given
+        required = field.default is None and field.validate_default
         cells = [
             f"`{key}`",
-            f"`{_default(prop.get('default'))}`",
+            "required" if required else f"`{_default(prop.get('default'))}`",
             _valid(prop) or "see the text",
             prop.get("description") or NOTES.get(f"{model.__name__}.{key}", ""),
         ]
