@@ -104,8 +104,8 @@ def measure(key: str, tmp: str) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     own = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stderr[-2000:]}")
+    if proc.returncode != 0:  # a failed run measures nothing; its output says why (pytest's on stdout)
+        sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
     # cpu_s: the CPU time of the command's own processes, which scales to a quiet machine when the
     # wall time was stretched by other load
     command = " ".join(cmd).replace(tmp, "OUT").replace(sys.executable, "python")
