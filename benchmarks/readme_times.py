@@ -59,7 +59,8 @@ SUITES = ("cpu_smoke", "cpu_quality", "cpu_multi", "dit_resource_guide_cpu")
 QUICK = ("train_sanity",)  # the default: what a change to the step can move, in about a minute
 DONE_LINE = re.compile(r"done: (?P<steps>\d+) steps in (?P<s>[0-9.]+) s")
 PYTEST_LINE = re.compile(
-    r"(?P<passed>[\d,]+) passed(?:, (?P<skipped>[\d,]+) skipped)?(?:, (?P<deselected>[\d,]+) deselected)?"
+    r"(?:(?P<failed>[\d,]+) failed, )?(?P<passed>[\d,]+) passed(?:, (?P<skipped>[\d,]+) skipped)?"
+    r"(?:, (?P<deselected>[\d,]+) deselected)?"
     r".*? in (?P<s>[0-9.]+)s",
     re.S,
 )
@@ -104,7 +105,10 @@ def measure(key: str, tmp: str) -> dict[str, Any]:
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     own = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    if proc.returncode != 0:  # a failed run measures nothing; its output says why (pytest's on stdout)
+    # a failed command measures nothing, but a test loop with failing tests still took its time: its
+    # failures are recorded and shown beside the figure
+    tests_failed = key == "pytest_quick" and proc.returncode == 1 and PYTEST_LINE.search(proc.stdout)
+    if proc.returncode != 0 and not tests_failed:
         sys.exit(f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
     # cpu_s: the CPU time of the command's own processes, which scales to a quiet machine when the
     # wall time was stretched by other load
@@ -144,12 +148,8 @@ def pytest_counts(text: str) -> dict[str, Any]:
     if not matches:
         raise SystemExit("no pytest summary line ('N passed ... in S s') in the log")
     m = matches[-1]
-    return {
-        "passed": int(m["passed"].replace(",", "")),
-        "skipped": int((m["skipped"] or "0").replace(",", "")),
-        "deselected": int((m["deselected"] or "0").replace(",", "")),
-        "pytest_s": round(float(m["s"])),
-    }
+    counts = {k: int((m[k] or "0").replace(",", "")) for k in ("failed", "passed", "skipped", "deselected")}
+    return {**counts, "pytest_s": round(float(m["s"]))}
 
 
 def from_pytest_log(text: str, commit: str | None = None, date: str | None = None) -> dict[str, Any]:
@@ -207,9 +207,10 @@ def render(key: str, entry: dict[str, Any], form: str | None = None) -> str:
     if key in SUITES:
         return f"{_duration(entry['wall_s'])} measured on {_load(entry)}"
     if key == "pytest_quick":
+        failed = f"{entry['failed']} FAILED, " if entry.get("failed") else ""
         return (
-            f"{entry['passed']:,} tests passed ({entry['skipped']} skipped, {entry['deselected']:,} slow "
-            f"ones deselected) in {_duration(entry['wall_s'])} on {_load(entry)}"
+            f"{entry['passed']:,} tests passed ({failed}{entry['skipped']} skipped, {entry['deselected']:,} "
+            f"slow ones deselected) in {_duration(entry['wall_s'])} on {_load(entry)}"
         )
     if key == "pytest":
         return (

@@ -52,7 +52,9 @@ def test_the_figures_are_read_from_what_the_commands_print():
     entry = rt.from_pytest_log("= 12 passed in 3.50s =")
     assert (entry["passed"], entry["skipped"], entry["wall_s"]) == (12, 0, 4)
     quick = rt.pytest_counts("2142 passed, 11 skipped, 250 deselected, 2 warnings in 170.31s (0:02:50)")
-    assert quick == {"passed": 2142, "skipped": 11, "deselected": 250, "pytest_s": 170}
+    assert quick == {"failed": 0, "passed": 2142, "skipped": 11, "deselected": 250, "pytest_s": 170}
+    failing = rt.pytest_counts("2 failed, 2381 passed, 16 skipped, 124 deselected, 39 warnings in 797.77s")
+    assert (failing["failed"], failing["passed"], failing["pytest_s"]) == (2, 2381, 798)
 
 
 def test_each_entry_renders_its_figure_and_a_short_form():
@@ -70,6 +72,9 @@ def test_each_entry_renders_its_figure_and_a_short_form():
         f"2,142 tests passed (11 skipped, 250 slow ones deselected) in 5.0 min on {conditions}"
     )
     assert rt.render("pytest_quick", quick, "short") == "2,142 tests in 5.0 min"
+    assert rt.render("pytest_quick", {**quick, "failed": 2}).startswith(
+        "2,142 tests passed (2 FAILED, 11 skipped, 250 slow ones deselected) in 5.0 min"
+    )
 
 
 def test_rewriting_replaces_only_the_marked_spans(tmp_path):
