@@ -143,8 +143,8 @@ def write_result_file(ticket: Ticket, result: dict[str, Any]) -> None:
 
 
 def make_record(context: dict[str, Any], result: dict[str, Any], duration_s: float) -> dict[str, Any]:
-    """The result record (records.model.Record, as JSON) of one cell's result and its ticket's context;
-    `append_record` validates it."""
+    """The result record (docs/measurement.md; records.model.Record as JSON) of one cell's result and its
+    ticket's context; `append_record` validates it."""
     record = {
         "schema": SCHEMA,
         "suite": context["suite"],
