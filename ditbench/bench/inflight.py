@@ -36,7 +36,7 @@ from typing import Any
 
 from ditbench.bench.repeats import repeat_of
 from ditbench.fileio import mkdir_real, read_regular, refuse_link, rmtree_real, write_json_atomic
-from ditbench.records.jsonl import append_record, decode_line, read_records, to_record
+from ditbench.records.jsonl import append_record, decode_line, lines, read_records, to_record
 from ditbench.records.model import SCHEMA, RecordError
 
 INFLIGHT_DIR = ".inflight"
@@ -227,18 +227,11 @@ def appended_keys(results_path: Path) -> set[tuple[str, str, int]]:
         data = read_regular(results_path)
     except FileNotFoundError:
         return set()
-    keys = set()
-    for line in data.split(b"\n"):
-        if not line.strip():
-            continue
-        value, _ = decode_line(line)
-        if (
-            isinstance(value, dict)
-            and isinstance(value.get("run_id"), str)
-            and isinstance(value.get("cell_id"), str)
-        ):
-            keys.add((value["run_id"], value["cell_id"], repeat_of(value)))
-    return keys
+    return {
+        (v["run_id"], v["cell_id"], repeat_of(v))
+        for _, v, _ in lines(data)
+        if isinstance(v, dict) and isinstance(v.get("run_id"), str) and isinstance(v.get("cell_id"), str)
+    }
 
 
 def adopt(

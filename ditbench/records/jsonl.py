@@ -15,7 +15,7 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ MAX_DEPTH = 32
 MAX_LISTED = 100  # paths named in `nonfinite` / `unserializable` (a NaN loss curve has thousands)
 WARN_LINES = 20  # line numbers one warning names
 MAX_INT = 10**300  # larger integers are written as null: no reader could use them as numbers
+TORN = "torn"  # a last line cut short by a kill
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -48,6 +49,16 @@ def decode_line(line: bytes | str) -> tuple[Any, str | None]:
     except ValueError as err:  # e.g. an integer of more than 4,300 digits
         return None, f"not readable JSON ({str(err)[:80]})"
     return value, None
+
+
+def lines(data: bytes | str) -> Iterator[tuple[int, Any, str | None]]:
+    """(line number, value, None) for each line that is not blank and decodes as JSON, else (number,
+    None, why); a last line that does not (no newline: a writer killed mid-line) says TORN."""
+    split = data.split(b"\n" if isinstance(data, bytes) else "\n")
+    for index, line in enumerate(split):
+        if line.strip():
+            value, problem = decode_line(line)
+            yield index + 1, value, (TORN if problem and index == len(split) - 1 else problem)
 
 
 def as_record(value: Any) -> tuple[Record | None, str | None]:
@@ -81,20 +92,16 @@ def read_records(path: str | Path) -> list[Record]:
         data = read_regular(path)  # a FIFO planted here is refused, never waited on
     except FileNotFoundError:
         return []
-    lines = data.split(b"\n")
     records, skipped = [], []
-    for index, line in enumerate(lines):
-        if not line.strip():
-            continue
-        value, problem = decode_line(line)
-        if problem is not None and index == len(lines) - 1:
-            continue  # a torn tail (a writer killed mid-line): expected, and cut on the next append
+    for number, value, problem in lines(data):
+        if problem == TORN:
+            continue  # expected after a kill, and cut on the next append
         record, problem = as_record(value) if problem is None else (None, problem)
         problem = problem or record.unfinished()
         if problem is not None:
-            skipped.append((index + 1, problem))
-            continue
-        records.append(record)
+            skipped.append((number, problem))
+        else:
+            records.append(record)
     if skipped:
         warnings.warn(_skipped_message(path, skipped), stacklevel=2)
     return records
@@ -107,7 +114,7 @@ def _skipped_message(path: Path, skipped: list[tuple[int, str]]) -> str:
     noun = "line" if len(skipped) == 1 else "lines"
     return (
         f"{path}: skipped {len(skipped)} {noun} that are not valid result records ({noun} {numbers}{more}; "
-        f"{reasons}). They stay in the file; their cells count as not yet run."
+        f"{reasons}). They stay in the file and are read as no record (a run runs their cells again)."
     )
 
 

@@ -1,4 +1,4 @@
-"""Every metric a record carries, declared once, and the record's typed `metrics` section.
+"""Every metric a record carries, declared once (records.model types the section that holds them).
 
 A `Metric` says where its figure lives in a record (`path`), its label, unit and display format,
 which way is better, the values a real one can take, how the ranks of a multi-process cell combine
@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Annotated, Any
-
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from typing import Any
 
 HIGHER, LOWER = "higher", "lower"
 TIMING, MEMORY, LOSS, QUALITY, ENERGY = "timing", "memory", "loss", "quality", "energy"
@@ -133,87 +131,3 @@ def finite(value: Any) -> float | None:
     except OverflowError:
         return None
     return value if math.isfinite(value) else None
-
-
-# ------------------------------------------------------------------------- the typed `metrics` section
-
-
-class Part(BaseModel):
-    """A section of a record: typed where a reader reads it, any other key kept as it was written.
-
-    Strict (a number is never text, a count never true/false). Readers use its attributes; `part[key]`
-    and `part.get(key)` give a key's value as JSON, for callers that hold records as JSON."""
-
-    model_config = ConfigDict(extra="allow", strict=True, protected_namespaces=(), populate_by_name=True)
-
-    def __getitem__(self, key: str) -> Any:
-        found = self._json(key)
-        if key not in found:
-            raise KeyError(key)
-        return found[key]
-
-    def get(self, key: str, default: Any = None) -> Any:
-        value = self._json(key).get(key)
-        return default if value is None else value
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._json(key)
-
-    def _json(self, key: str) -> dict[str, Any]:
-        name = next((n for n, f in type(self).model_fields.items() if f.alias == key), key)
-        return self.model_dump(mode="json", include={name}, by_alias=True, exclude_unset=True)
-
-    def dump(self) -> dict[str, Any]:
-        """The section as JSON holds it: the keys it was given, extras included."""
-        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
-
-
-Number = Annotated[float | None, Field(description="a number or null")]
-Count = Annotated[int | None, Field(description="an integer or null")]
-Text = Annotated[str | None, Field(description="a string or null")]
-Flag = Annotated[bool | None, Field(description="true, false or null")]
-Numbers = Annotated[list[Number] | None, Field(description="a list of numbers or null")]
-
-
-def section(name: str, texts: str = "", numbers: str = "", counts: str = "", flags: str = "", **more: Any):
-    """A record section's model: optional fields of each kind, named space-separated; `more`: other
-    fields as (type, default)."""
-    kinds = ((texts, Text), (numbers, Number), (counts, Count), (flags, Flag))
-    fields = {n: (kind, None) for names, kind in kinds for n in names.split()}
-    return create_model(name, __base__=Part, **fields, **more)
-
-
-StepMs = section("StepMs", numbers="median p10 p90", samples=(Numbers, None))  # samples: every step's ms
-Mfu = section("Mfu", numbers="value peak_tflops", texts="peak_basis")
-Emulation = section(
-    "Emulation", texts="card real_gpu", numbers="budget_gib context_gib allocator_cap_gib real_total_gib"
-)
-Noise = section(
-    "Noise",
-    numbers="step_spread throughput_gap spread_bound gap_bound other_cpu_share load_bound",
-    gpu_throttle=(list[str] | None, None),
-)
-# The per-repeat figures of images/s and the step time, under the metrics' own keys.
-Repeats = section(
-    "Repeats",
-    counts="count of",
-    failed=(dict[str, Text] | None, None),
-    run_ids=(list[Text] | None, None),
-    **{key: (Numbers, None) for m in (IMAGES_PER_S, STEP_MS) for key in (m.key, f"{m.key}_ci")},
-)
-# The section: a number for each metric of the table at metrics.<key>, the objects some hold, then
-# what a reader reads of the rest.
-Metrics = section(
-    "Metrics",
-    numbers=" ".join(m.key for m in RECORD_METRICS if m.path == f"metrics.{m.key}")
-    + " model_flops_per_image scaling_efficiency window_s loss_last",
-    counts="params measured_steps world_size",
-    texts="attention_kernel optimizer_kernel",
-    flags="noisy fits_budget",
-    step_ms=(StepMs | None, None),
-    mfu=(Mfu | None, None),
-    repeats=(Repeats | None, None),
-    emulation=(Emulation | None, None),
-    noise=(Noise | None, None),
-    per_rank=(list[dict[str, Any]] | None, None),
-)

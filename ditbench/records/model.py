@@ -1,19 +1,16 @@
-"""The result record as a model: one JSON object per cell per run, validated once where it is made or
-read back, then passed as it is to every reader.
-
-Typed where a reader reads it (the config is the cell's `CellSpec`; numbers are numbers, texts are
-texts, at any depth of metrics, smoke, env and quality); any other key is kept as it was written, so
-records of older versions load. `check` says why a value is not a record, naming the key path.
-"""
+"""The result record as a model, validated once where it is made or read back, then passed to every
+reader: typed where a reader reads it (the config is the cell's `CellSpec`; numbers, texts and objects
+at any depth of metrics, smoke, env and quality), any other key kept as written (older records load).
+`check` says why a value is not a record, naming the key path."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from ditbench.errors import UserError, shorten
-from ditbench.records.metrics import Count, Metrics, Number, Numbers, Part, Text, section
+from ditbench.records.metrics import IMAGES_PER_S, RECORD_METRICS, STEP_MS, finite
 from ditbench.spec.cell import CellSpec
 from ditbench.spec.suite import REPEATS_MAX
 from ditbench.validation import refuse, where
@@ -21,7 +18,85 @@ from ditbench.validation import refuse, where
 SCHEMA = "ditbench.result/1"
 SCHEMA_PREFIX = "ditbench.result/"
 STATUSES = ("ok", "oom", "timeout", "nan_loss", "error", "skipped", "unsupported")
-Finite = Annotated[float | None, Field(allow_inf_nan=False, description="a finite number or null")]
+Finite = Annotated[float | None, Field(allow_inf_nan=False)]
+
+
+class Part(BaseModel):
+    """A section of a record: typed where a reader reads it, any other key kept as it was written.
+
+    Strict (a number is never text, a count never true/false). Readers use its attributes; `part[key]`
+    and `part.get(key)` give a key's value as JSON, for callers that hold records as JSON."""
+
+    model_config = ConfigDict(extra="allow", strict=True, protected_namespaces=(), populate_by_name=True)
+
+    def __getitem__(self, key: str) -> Any:
+        found = self._json(key)
+        if key not in found:
+            raise KeyError(key)
+        return found[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        value = self._json(key).get(key)
+        return default if value is None else value
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._json(key)
+
+    def _json(self, key: str) -> dict[str, Any]:
+        name = next((n for n, f in type(self).model_fields.items() if f.alias == key), key)
+        return self.model_dump(mode="json", include={name}, by_alias=True, exclude_unset=True)
+
+    def dump(self) -> dict[str, Any]:
+        """The section as JSON holds it: the keys it was given, extras included."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+Number, Count, Text, Flag = float | None, int | None, str | None, bool | None
+Numbers = list[Number] | None
+
+
+def section(name: str, texts: str = "", numbers: str = "", counts: str = "", flags: str = "", **more: Any):
+    """A record section's model: optional fields of each kind, named space-separated; `more`: other
+    fields as (type, default)."""
+    kinds = ((texts, Text), (numbers, Number), (counts, Count), (flags, Flag))
+    fields = {n: (kind, None) for names, kind in kinds for n in names.split()}
+    return create_model(name, __base__=Part, **fields, **more)
+
+
+StepMs = section("StepMs", numbers="median p10 p90", samples=(Numbers, None))  # samples: every step's ms
+Mfu = section("Mfu", numbers="value peak_tflops", texts="peak_basis")
+Emulation = section(
+    "Emulation", texts="card real_gpu", numbers="budget_gib context_gib allocator_cap_gib real_total_gib"
+)
+Noise = section(
+    "Noise",
+    numbers="step_spread throughput_gap spread_bound gap_bound other_cpu_share load_bound",
+    gpu_throttle=(list[str] | None, None),
+)
+# The per-repeat figures of images/s and the step time, under the metrics' own keys.
+Repeats = section(
+    "Repeats",
+    counts="count of",
+    failed=(dict[str, Text] | None, None),
+    run_ids=(list[Text] | None, None),
+    **{key: (Numbers, None) for m in (IMAGES_PER_S, STEP_MS) for key in (m.key, f"{m.key}_ci")},
+)
+# The section: a number for each metric of the table at metrics.<key>, the objects some hold, then
+# what a reader reads of the rest.
+Metrics = section(
+    "Metrics",
+    numbers=" ".join(m.key for m in RECORD_METRICS if m.path == f"metrics.{m.key}")
+    + " model_flops_per_image scaling_efficiency window_s loss_last",
+    counts="params measured_steps world_size",
+    texts="attention_kernel optimizer_kernel",
+    flags="noisy fits_budget",
+    step_ms=(StepMs | None, None),
+    mfu=(Mfu | None, None),
+    repeats=(Repeats | None, None),
+    emulation=(Emulation | None, None),
+    noise=(Noise | None, None),
+    per_rank=(list[dict[str, Any]] | None, None),
+)
 
 
 class RecordError(UserError):
@@ -42,7 +117,7 @@ Env = section(
     counts="cpu_count torch_threads gpu_count",
     numbers="gpu_memory_gib",
 )
-Figures = Annotated[dict[str, Number] | None, Field(description="an object of numbers or null")]
+Figures = dict[str, Number] | None
 # One quality evaluation (ditbench.quality): the figures over seeds at a training step.
 Evaluation = section(
     "Evaluation",
@@ -96,33 +171,29 @@ class Record(Part):
     adopted_by: Text = None  # the run that appended it after the run that measured it was killed
     traceback: Text = None
 
-    @field_validator("schema_")
-    @classmethod
-    def _schema(cls, value: str) -> str:
-        if not value.startswith(SCHEMA_PREFIX):
-            raise refuse(f'is {shorten(value)}, not "{SCHEMA}"')
-        if value != SCHEMA:
-            raise refuse(
-                f"is {shorten(value)}, which this ditbench does not know (it reads {SCHEMA}); upgrade it"
-            )
-        return value
-
     @model_validator(mode="before")
     @classmethod
-    def _repeat(cls, raw: Any) -> Any:
-        if not isinstance(raw, dict) or ("repeat" not in raw and "repeats" not in raw):
+    def _schema_and_repeat(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
             return raw
-        # a cell's repeats combined (bench.repeats.combine) keep `repeats` alone
-        repeat, repeats = raw.get("repeat", 1), raw.get("repeats")
-        whole = all(
-            isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= REPEATS_MAX
-            for v in (repeat, repeats)
-        )
-        if not whole or repeat > repeats:
-            raise refuse(
-                f"repeat {shorten(repeat)} of repeats {shorten(repeats)} is not a repeat index from 1 to "
-                f"repeats (at most {REPEATS_MAX})"
+        schema = raw.get("schema")
+        if isinstance(schema, str) and schema != SCHEMA:
+            known = schema.startswith(SCHEMA_PREFIX)
+            why = f"which this ditbench does not know (it reads {SCHEMA}); upgrade it" if known else ""
+            raise refuse(f"schema is {shorten(schema)}, {why or f'not {SCHEMA!r}'}")
+        if (
+            "repeat" in raw or "repeats" in raw
+        ):  # combined repeats (bench.repeats.combine) keep `repeats` alone
+            repeat, repeats = raw.get("repeat", 1), raw.get("repeats")
+            whole = all(
+                isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= REPEATS_MAX
+                for v in (repeat, repeats)
             )
+            if not whole or repeat > repeats:
+                raise refuse(
+                    f"repeat {shorten(repeat)} of repeats {shorten(repeats)} is not a repeat index from 1 to "
+                    f"repeats (at most {REPEATS_MAX})"
+                )
         return raw
 
     @property
@@ -138,8 +209,6 @@ class Record(Part):
     def unfinished(self) -> str | None:
         """Why an ok record is not a finished measurement (a resumed run runs its cell again), or None:
         an ok record states its images/s and median step time as finite numbers."""
-        from ditbench.records.metrics import IMAGES_PER_S, STEP_MS, finite
-
         if self.status != "ok":
             return None
         if self.metrics is None:

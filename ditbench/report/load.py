@@ -15,7 +15,7 @@ import pandas as pd
 from ditbench.bench.repeats import combine
 from ditbench.errors import UserError, shorten
 from ditbench.outpaths import inside, not_a_file
-from ditbench.records.jsonl import as_record, decode_line
+from ditbench.records.jsonl import TORN, as_record, lines
 from ditbench.records.model import SCHEMA, SCHEMA_PREFIX, Record
 from ditbench.report.consistency import record_problem, value_problem
 
@@ -84,27 +84,22 @@ def read_records(
             f"{path} is not a text file ({err.reason} at byte {err.start}); give a results.jsonl "
             "written by `ditbench run`."
         ) from None
-    lines = text.split("\n")
-    # The last element is "" when the file ends in a newline; otherwise it is a line still being written.
     records = []
-    for index, line in enumerate(lines):
-        if not line.strip():
-            continue
-        where = f"{path} line {index + 1}"
-        value, problem = decode_line(line)  # never raises: deep nesting, huge numbers are problems
-        if problem is not None and index == len(lines) - 1:
+    for number, value, problem in lines(text):
+        where = f"{side} {path} line {number}".lstrip()
+        if problem == TORN:
             warnings.warn(
-                f"{path}: line {index + 1} is an incomplete record (the run was probably stopped "
-                "while writing it); skipped",
+                f"{path}: line {number} is an incomplete record (the run was probably stopped while "
+                "writing it); skipped",
                 stacklevel=2,
             )
-            continue
-        if problem is not None:
+        elif problem is not None:
             raise UserError(
                 f"{where} is {problem}; a results file has one JSON result record per line, as "
                 "`ditbench run` writes it."
             )
-        records.append((index + 1, _validate(value, f"{side} {where}".lstrip(), judge_metrics), value))
+        else:
+            records.append((number, _validate(value, where, judge_metrics), value))
     return records
 
 

@@ -27,10 +27,9 @@ from ditbench.records.metrics import (
     DEVICE_MEM,
     PEAK_ALLOCATED,
     PEAK_RESERVED,
-    Metrics,
     finite,
 )
-from ditbench.records.model import Record
+from ditbench.records.model import Metrics, Record
 from ditbench.report.load import column, value
 
 MEM_ALLOCATED, MEM_RESERVED, MEM_DEVICE, MEM_RSS = (

@@ -19,12 +19,11 @@ from ditbench.records.metrics import (
     RECORD_METRICS,
     SMOKE_LOSS,
     STEP_MS,
-    Metrics,
     default_thresholds,
     limits,
     table,
 )
-from ditbench.records.model import Record, check
+from ditbench.records.model import Metrics, Record, check
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMITTED = {

@@ -14,8 +14,8 @@ import pandas as pd
 from ditbench.bench.window import noise_advice
 from ditbench.errors import UserError, shorten
 from ditbench.escape import md_inline
-from ditbench.records.metrics import STEP_MS, Part
-from ditbench.records.model import Record
+from ditbench.records.metrics import STEP_MS
+from ditbench.records.model import Part, Record
 
 MAX_NAMED = 5  # problems a refusal names one by one; the rest are counted
 
