@@ -23,10 +23,10 @@ import torch
 from PIL import Image
 
 from ditbench.bench import inflight
-from ditbench.records.jsonl import read_records
-from ditbench.spec.suite import load_suite
 from ditbench.cli import main
 from ditbench.outlock import OutputLock
+from ditbench.records.jsonl import read_records
+from ditbench.spec.suite import load_suite
 
 SUITE = """
 name: hostile

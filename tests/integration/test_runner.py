@@ -6,10 +6,10 @@ import textwrap
 
 import pytest
 
-from ditbench.records.jsonl import read_records
 from ditbench.bench.runner import RunOptions, run_suite
-from ditbench.spec.suite import load_suite
 from ditbench.cli import main
+from ditbench.records.jsonl import read_records
+from ditbench.spec.suite import load_suite
 from ditbench.units import memory_text
 
 

@@ -44,6 +44,13 @@ def test_a_name_or_a_path(tmp_path, monkeypatch):
         resolve_suite(tmp_path / "sub" / "cpu_smoke.yaml")  # a path is never looked up by name
 
 
+def test_a_folder_named_like_a_shipped_suite_does_not_hide_it(tmp_path, monkeypatch):
+    (tmp_path / "cpu_smoke").mkdir()  # e.g. `ditbench run cpu_smoke --out cpu_smoke`, then the same again
+    monkeypatch.chdir(tmp_path)
+    assert resolve_suite("cpu_smoke") == SUITES_DIR / "cpu_smoke.yaml"
+    assert resolve_suite("./cpu_smoke") == Path("./cpu_smoke")  # a path stays the path it names
+
+
 def test_suites_command_lists_every_shipped_suite(capsys):
     assert main(["suites", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
