@@ -5,13 +5,14 @@ at any depth of metrics, smoke, env and quality), any other key kept as written 
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from ditbench.errors import UserError, shorten
-from ditbench.records.metrics import IMAGES_PER_S, RECORD_METRICS, STEP_MS, finite
-from ditbench.spec.cell import CellSpec
+from ditbench.records.metrics import IMAGES_PER_S, RECORD_METRICS, STEP_MS, STEPS_PER_S, finite
+from ditbench.spec.cell import CellSpec, cell_id
 from ditbench.spec.suite import REPEATS_MAX
 from ditbench.validation import refuse, where
 
@@ -19,6 +20,8 @@ SCHEMA = "ditbench.result/1"
 SCHEMA_PREFIX = "ditbench.result/"
 STATUSES = ("ok", "oom", "timeout", "nan_loss", "error", "skipped", "unsupported")
 Finite = Annotated[float | None, Field(allow_inf_nan=False)]
+RATE_TOLERANCE = 0.10  # relative; a halved rate with unchanged samples is 50% off
+FUTURE_SLACK = dt.timedelta(hours=1)
 
 
 class Part(BaseModel):
@@ -206,6 +209,51 @@ class Record(Part):
         """K of the run that wrote it; 1 without repeats."""
         return self.repeats or 1
 
+    def contradiction(self, now: dt.datetime | None = None) -> tuple[str, str] | None:
+        """(field, what is wrong) where the record contradicts itself, or None: its cell_id is its config's
+        (else it would be compared as another cell); images/s agrees with steps/s x the global batch and
+        with its per-step samples (within RATE_TOLERANCE; the runner's agree within 0.3%); it did not start
+        in the future (beyond FUTURE_SLACK: a record dated 2999 would shadow every real one)."""
+        if self.cell_id != (expected := cell_id(self.config)):
+            return "cell_id", (
+                f"is {shorten(self.cell_id)}, which is not the id of the record's config (that config's id "
+                f"is {expected}); a record with another cell's id would be compared as that cell"
+            )
+        if (rates := self._rates()) is not None:
+            return rates
+        try:
+            when = dt.datetime.fromisoformat((self.started_at or "").replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        now = now or dt.datetime.now(dt.timezone.utc)
+        if (when if when.tzinfo else when.replace(tzinfo=dt.timezone.utc)) > now + FUTURE_SLACK:
+            return "started_at", (
+                f"is {shorten(self.started_at)}, in the future (now is "
+                f"{now.isoformat(timespec='seconds').replace('+00:00', 'Z')}); a record states when it ran"
+            )
+        return None
+
+    def _rates(self) -> tuple[str, str] | None:
+        rate, per_step = _positive(IMAGES_PER_S.of(self)), float(self.config.global_batch)
+        if self.status != "ok" or rate is None:
+            return None
+        steps_per_s = _positive(STEPS_PER_S.of(self))
+        if steps_per_s is not None and abs(rate / (steps_per_s * per_step) - 1) > RATE_TOLERANCE:
+            return IMAGES_PER_S.path, (
+                f"is {rate:.4g}, but steps_per_s {steps_per_s:.4g} x {per_step:g} images a step is "
+                f"{steps_per_s * per_step:.4g}"
+            )
+        step = self.metrics.step_ms
+        values = [_positive(s) for s in (step.samples if step else None) or []]
+        if values and all(v is not None for v in values):
+            mean = sum(values) / len(values)  # type: ignore[arg-type]
+            if abs(rate / (per_step * 1000.0 / mean) - 1) > RATE_TOLERANCE:
+                return IMAGES_PER_S.path, (
+                    f"is {rate:.4g}, but its {len(values)} per-step samples (mean {mean:.4g} ms for "
+                    f"{per_step:g} images a step) give {per_step * 1000.0 / mean:.4g} images/s"
+                )
+        return None
+
     def unfinished(self) -> str | None:
         """Why an ok record is not a finished measurement (a resumed run runs its cell again), or None:
         an ok record states its images/s and median step time as finite numbers."""
@@ -233,6 +281,11 @@ _EXPECTED = {
     "greater_than_equal": "a number >= {ge}",
     "string_too_short": "a non-empty string",
 }
+
+
+def _positive(value: Any) -> float | None:
+    v = finite(value)
+    return v if v is not None and v > 0 else None
 
 
 def check(raw: Any) -> tuple[Record | None, str | None]:

@@ -5,6 +5,7 @@ with a warning; anything else that is not a record is a UserError naming the fil
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,7 +18,6 @@ from ditbench.errors import UserError, shorten
 from ditbench.outpaths import inside, not_a_file
 from ditbench.records.jsonl import TORN, as_record, lines
 from ditbench.records.model import SCHEMA, SCHEMA_PREFIX, Record
-from ditbench.report.consistency import record_problem, value_problem
 
 KEEP_CHOICES = ("latest", "all")
 SECTIONS = ("config", "metrics", "smoke", "env")  # flattened into columns
@@ -125,13 +125,34 @@ def _validate(value: Any, where: str, judge_metrics: bool) -> Record:
             f"{where} is not a valid result record: {problem}. Is this the results.jsonl of `ditbench run`, "
             "unedited?"
         )
-    contradiction = contradiction or record_problem(record)  # checked against itself: ids, rates, dates
+    contradiction = contradiction or record.contradiction()  # checked against itself: ids, rates, dates
     if contradiction is not None:
         field, why = contradiction
         raise UserError(
             f"{where}, field {field}: {why}. A record must agree with itself; was it edited by hand?"
         )
     return record
+
+
+def value_problem(raw: dict[str, Any], *, judge_metrics: bool = False) -> tuple[str, str] | None:
+    """(field, what is wrong) for the first value of a record as read that pandas cannot hold: an integer
+    beyond 64 bits, a float that is not finite (the writer stores NaN and inf as null: a JSON
+    `Infinity` was put there by hand). judge_metrics=True leaves `metrics` and `quality` to a caller that
+    names each value it cannot use by cell (the gate, whose policy may allow some)."""
+    skip = ("metrics", "quality") if judge_metrics else ()
+    stack: list[tuple[str, Any]] = [(k, v) for k, v in raw.items() if k not in skip]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+            digits = len(str(abs(value))) if value.bit_length() < 20_000 else "thousands of"
+            return path, f"is an integer of {digits} digits, beyond the 64-bit range a report can hold"
+        if isinstance(value, float) and not math.isfinite(value):
+            return path, f"is {value!r}; a record holds finite numbers (its writer stores NaN as null)"
+        if isinstance(value, dict):
+            stack.extend((f"{path}.{k}", v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
+    return None
 
 
 def record_row(record: Record, source: str = "", raw: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -159,7 +180,7 @@ def load_results(
     files the latest started_at, then the file given last); a cell's repeats combined into one row
     (bench.repeats.combine; `source` names every line). keep="all": every record.
     judge_metrics=True (the gate) leaves non-finite or huge metric values to the caller, which names
-    each one by cell; otherwise they are input errors, like every contradiction (report.consistency).
+    each one by cell; otherwise they are input errors, like every contradiction (Record.contradiction).
     """
     if keep not in KEEP_CHOICES:
         raise UserError(f"keep={keep!r} is not valid; use one of {', '.join(KEEP_CHOICES)}.")
