@@ -4,6 +4,7 @@ the largest rank's memory; and the scaling efficiency against the same cell at o
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from ditbench.bench.gpu_meter import throttling
 from ditbench.bench.window import noise, step_stats
@@ -18,7 +19,6 @@ from ditbench.records.metrics import (
     STEPS_PER_S,
     SUM,
 )
-from ditbench.records.model import Record
 
 # Config keys that differ between a cell and its one-GPU reference for scaling efficiency.
 SCALING_KEYS = ("gpus", "nodes", "global_batch", "strategy")
@@ -95,18 +95,18 @@ def scaling_efficiency(rate: float, gpus: int, rate_at_1: float | None) -> float
     return rate / (gpus * rate_at_1)
 
 
-def find_single_gpu_reference(config: dict, records: list[Record]) -> Record | None:
-    """The latest ok record of the same cell at gpus == 1, from records of the same run (or any)."""
+def find_single_gpu_reference(config: dict, records: list) -> Any:
+    """The latest ok record of the same cell at gpus == 1 (records, or their JSON), from `records`."""
     key = reference_key(config)
     best = None
     for rec in records:
-        cfg = rec.config.model_dump(mode="json")
-        if rec.status == "ok" and rec.config.knobs.gpus == 1 and reference_key(cfg) == key:
+        cfg = rec.get("config") or {}
+        if rec.get("status") == "ok" and int(cfg.get("gpus", 1)) == 1 and reference_key(cfg) == key:
             best = rec
     return best
 
 
-def add_scaling_efficiency(record: dict, records: list[Record]) -> None:
+def add_scaling_efficiency(record: dict, records: list) -> None:
     """Fill record.metrics.scaling_efficiency (a record as JSON, being written) from the same cell at
     1 GPU among `records`, if any."""
     metrics = record.get("metrics") or {}
@@ -120,4 +120,4 @@ def add_scaling_efficiency(record: dict, records: list[Record]) -> None:
         return
     ref_rate = IMAGES_PER_S.of(ref)
     metrics["scaling_efficiency"] = scaling_efficiency(metrics[IMG], gpus, ref_rate)
-    metrics["scaling_reference"] = {"cell_id": ref.cell_id, "run_id": ref.run_id, IMG: ref_rate}
+    metrics["scaling_reference"] = {"cell_id": ref.get("cell_id"), "run_id": ref.get("run_id"), IMG: ref_rate}
