@@ -65,8 +65,8 @@ class AdviceCheck:
     evidence: str
     rule: str
     numbers: list[dict[str, Any]] = field(default_factory=list)
-    key: str = ""  # the check's function name (advice_predict's key)
-    predicted: dict[str, Any] | None = None  # `report --predict`: the planner's verdict (advice_predict)
+    key: str = ""  # the check's function name (report.predict's key)
+    predicted: dict[str, Any] | None = None  # `report --predict`: the planner's verdict (report.predict)
 
     @property
     def shown_verdict(self) -> str:

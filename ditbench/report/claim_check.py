@@ -61,7 +61,7 @@ class ClaimResult:
     evidence: str
     cells: list[str] = field(default_factory=list)
     numbers: list[dict[str, Any]] = field(default_factory=list)
-    predicted: dict[str, Any] | None = None  # `report --predict`: the planner's verdict (claim_predict)
+    predicted: dict[str, Any] | None = None  # `report --predict`: the planner's verdict (report.predict)
     # The run's cells the claim is about, as (label, knobs), for `--predict`: a compare claim's
     # pairs (from, to), a fits claim's matching cells
     pairs: list[tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]]] = field(default_factory=list)

@@ -83,11 +83,11 @@ def run(args: argparse.Namespace) -> int:
         args.claims = resolve_claims(args.claims)
     if out is None and not args.json:
         raise UserError("give --out DIR for the report files, or --json to print the verdicts only.")
-    if out is not None and out.exists() and not out.is_dir():
-        raise UserError(
-            f"--out {out} is a file; give a directory for the report files (it is created if missing)."
-        )
-    if out is not None:  # before any work: a report file that is an input, a link or a FIFO
+    if out is not None:  # before any work: a file, a report file that is an input, a link or a FIFO
+        if out.exists() and not out.is_dir():
+            raise UserError(
+                f"--out {out} is a file; give a directory for the report files (it is created if missing)."
+            )
         for name in report_files():
             check_target(out / name, "--out")
         refuse_output_as_input(
@@ -100,37 +100,23 @@ def run(args: argparse.Namespace) -> int:
     results = check_claims(df, claims_file, steps) if claims_file else None
     checks = advice.advice_checks(df)
     if args.predict:
-        from ditbench.report.advice_predict import predict_advice
-        from ditbench.report.claim_predict import predict_claims
+        from ditbench.report.predict import predict_advice, predict_claims
 
         predict_advice(checks)
         if results:
             predict_claims(results, claims_file.card, steps)
     claims = (results, claims_file.path, claims_file.source, claims_file.card) if claims_file else None
     written: dict[str, Path] = {}
-    if out is not None:
-        written = write_report(
-            df,
-            out,
-            title=args.title,
-            sources=[str(p) for p in args.results],
-            claims=claims,
-            steps=args.target_steps,  # None: the report finds the records' own, or the default
-            advice_checks=checks,
-        )
+    if out is not None:  # steps=None: the report finds the records' own, or the default
+        sources = [str(p) for p in args.results]
+        written = write_report(df, out, args.title, sources, claims, args.target_steps, checks)
     if args.json:
         doc: dict[str, Any] = {
             "cells": len(df),
             "target_steps": {"steps": steps, "from": steps_source},
             "claims": None,
             "advice": [
-                {
-                    "claim": c.claim,
-                    "verdict": c.verdict,
-                    "evidence": c.evidence,
-                    "rule": c.rule,
-                    "predicted": c.predicted,
-                }
+                {key: getattr(c, key) for key in ("claim", "verdict", "evidence", "rule", "predicted")}
                 for c in checks
             ],
             "recommendations": [
@@ -165,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
         always = ("held", "not held", "not measured")
         counts = {v: sum(r.verdict == v for r in results) for v in (*always, "inconclusive", "not judged")}
         if args.predict:
-            from ditbench.report.claim_predict import counts as predicted_counts
+            from ditbench.report.predict import counts as predicted_counts
 
             counts.update(predicted_counts(results))
         print("claims: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n or v in always))

@@ -1,15 +1,12 @@
-"""Memory budgets and fit: which card a cell was meant for, which card really ran it, and whether it fits.
+"""Memory budgets and fit: which card a cell was meant for, which card really ran it, whether it fits.
 
-A suite caps a bigger GPU to emulate a smaller card (`card: "RTX 4090"` or `gpu_memory_gib`). The
-runner records
-`metrics.emulation` = {card, budget_gib, context_gib, allocator_cap_gib, real_gpu, real_total_gib,
-note}: the allocator is capped at the card's usable memory minus the CUDA context measured on the
-spot, so "completed under the cap" means "peak reserved + context <= the card's memory". That sum is
-the memory that decides fit here, in tables, plots and claims alike. Without a measured context the
-next best figure is NVML device memory (it includes the context), then reserved, then allocated.
-
-Memory fits on an emulated card; speed does not carry over: a capped H200 computes at an H200's
-speed. Everything that shows an emulated cell says which card really ran it.
+A suite caps a bigger GPU to emulate a smaller card (`card: "RTX 4090"` or `gpu_memory_gib`); the runner
+records `metrics.emulation` (budget_gib, context_gib, real_gpu, ...) with the allocator capped at the
+card's usable memory minus the CUDA context measured on the spot, so "completed under the cap" means
+"peak reserved + context <= the card's memory". That sum decides fit in tables, plots and claims alike;
+without a measured context, NVML device memory (it includes the context), then reserved, then allocated.
+Memory fits on an emulated card; speed does not carry over: everything that shows an emulated cell says
+which card really ran it.
 """
 
 from __future__ import annotations
@@ -21,21 +18,13 @@ import pandas as pd
 
 from ditbench.cards import find_card
 from ditbench.errors import UserError, shorten
-from ditbench.records.metrics import (
-    CPU_ALLOC,
-    CPU_RSS,
-    DEVICE_MEM,
-    PEAK_ALLOCATED,
-    PEAK_RESERVED,
-    finite,
-)
-from ditbench.records.model import Metrics, Record
+from ditbench.records.metrics import CPU_ALLOC, CPU_RSS, DEVICE_MEM, PEAK_ALLOCATED, PEAK_RESERVED, finite
+from ditbench.records.model import Metrics
 from ditbench.report.load import column, value
 
-MEM_ALLOCATED, MEM_RESERVED, MEM_DEVICE, MEM_RSS = (
-    m.path for m in (PEAK_ALLOCATED, PEAK_RESERVED, DEVICE_MEM, CPU_RSS)
+MEM_ALLOCATED, MEM_RESERVED, MEM_DEVICE, MEM_RSS, MEM_CPU_ALLOC = (
+    m.path for m in (PEAK_ALLOCATED, PEAK_RESERVED, DEVICE_MEM, CPU_RSS, CPU_ALLOC)
 )
-MEM_CPU_ALLOC = CPU_ALLOC.path  # the CPU allocator's peak (RSS stays flat on a CPU)
 MEM_PREDICTED = "metrics.predicted_peak_gib"  # the planner's peak allocated, with the suite's `plan` option
 SAME_GIB = 0.05  # budgets closer than this (51 MiB) are the same card: 23.99 GiB is "24 GiB"
 
@@ -67,22 +56,9 @@ class Budget:
         return f"{self.real_gpu}{total} capped to {self.gib:g} GiB"
 
 
-def _record(row: pd.Series | dict[str, Any]) -> Record | None:
-    record = row.get("record") if hasattr(row, "get") else None
-    return record if isinstance(record, Record) else None
-
-
-def metrics_of(row: pd.Series | dict[str, Any]) -> Metrics:
-    """The record's metrics (empty when null, or for a row without a record)."""
-    record = _record(row)
-    return (record.metrics if record is not None else None) or Metrics()
-
-
-def _card_gib(name: Any) -> float | None:
-    try:
-        return find_card(str(name)).usable_gib
-    except UserError:
-        return None
+def metrics_of(row: pd.Series) -> Metrics:
+    """The record's metrics (empty when null)."""
+    return row["record"].metrics or Metrics()
 
 
 def _number(v: Any) -> float | None:
@@ -91,12 +67,16 @@ def _number(v: Any) -> float | None:
     return v if v is not None and v >= 0 else None
 
 
-def cell_budget(row: pd.Series | dict[str, Any]) -> Budget | None:
+def _text(v: Any) -> str | None:
+    return shorten(v, 60, quote=False) if isinstance(v, str) and v.strip() else None
+
+
+def cell_budget(row: pd.Series) -> Budget | None:
     """The budget this cell ran under, or None (no cap, or a CPU cell)."""
-    record = _record(row)
-    if record is None or record.config.device == "cpu":
+    config = row["record"].config
+    if config.device == "cpu":
         return None
-    em, card = metrics_of(row).emulation, record.config.card
+    em, card = metrics_of(row).emulation, config.card
     if em is not None and _number(em.budget_gib):  # > 0
         return Budget(
             gib=em.budget_gib,
@@ -106,66 +86,53 @@ def cell_budget(row: pd.Series | dict[str, Any]) -> Budget | None:
             context_gib=_number(em.context_gib),
             allocator_cap_gib=_number(em.allocator_cap_gib),
         )
-    gib = record.config.gpu_memory_gib or (_card_gib(card) if card else None)
+    try:
+        gib = config.gpu_memory_gib or (find_card(str(card)).usable_gib if card else None)
+    except UserError:
+        return None
     if gib is None:
         return None
-    real_gpu, real_total = _real_card(row, gib)
-    return Budget(gib=gib, card=_text(card), real_gpu=real_gpu, real_total_gib=real_total)
+    # a capped bigger card that ran a cell without metrics (one the runner skipped, or that timed out)
+    gpu, total = _text(row.get("env.gpu_name")), value(row, "env.gpu_memory_gib")
+    bigger = gpu is not None and total is not None and total > gib + 0.05
+    return Budget(gib, _text(card), gpu if bigger else None, total if bigger else None)
 
 
-def _text(v: Any) -> str | None:
-    return shorten(v, 60, quote=False) if isinstance(v, str) and v.strip() else None
-
-
-def _real_card(row: pd.Series | dict[str, Any], gib: float) -> tuple:
-    """(real GPU, its GiB) when a capped bigger card ran a cell without metrics (one the runner
-    skipped, or that timed out); (None, None) when it was the card."""
-    gpu, total = row.get("env.gpu_name"), value(row, "env.gpu_memory_gib")
-    if _text(gpu) and total is not None and total > gib + 0.05:
-        return _text(gpu), total
-    return None, None
-
-
-def fit_memory(row: pd.Series | dict[str, Any]) -> tuple[float | None, str]:
+def fit_memory(row: pd.Series) -> tuple[float | None, str]:
     """The memory that decides whether a cell fits a card (GiB), and what it is."""
     reserved = value(row, MEM_RESERVED)
     em = metrics_of(row).emulation
     context = _number(em.context_gib) if em is not None else None
     if reserved is not None and context is not None:
         return reserved + context, "peak reserved + CUDA context"
-    for name, label in (
-        (MEM_DEVICE, "NVML device memory"),
-        (MEM_RESERVED, "peak reserved"),
-        (MEM_ALLOCATED, "peak allocated"),
-    ):
-        v = value(row, name)
-        if v is not None:
+    return _first(row, (MEM_DEVICE, "NVML device memory"), (MEM_RESERVED, "peak reserved"), _ALLOCATED)
+
+
+_ALLOCATED = (MEM_ALLOCATED, "peak allocated")
+_CPU = ((MEM_CPU_ALLOC, "CPU allocator peak"), (MEM_RSS, "CPU peak RSS"))
+
+
+def _first(row: pd.Series, *choices: tuple[str, str]) -> tuple[float | None, str]:
+    """(value, label) of the first of (column, label) the row has, else (None, '')."""
+    for name, label in choices:
+        if (v := value(row, name)) is not None:
             return v, label
     return None, ""
 
 
-def shown_memory(row: pd.Series | dict[str, Any]) -> tuple[float | None, str]:
+def shown_memory(row: pd.Series) -> tuple[float | None, str]:
     """fit_memory on a GPU; on a CPU the allocator's peak, else (a job of several processes, which
     does not measure it) the process's peak RSS."""
     mem, label = fit_memory(row)
-    if mem is None:
-        for name, text in ((MEM_CPU_ALLOC, "CPU allocator peak"), (MEM_RSS, "CPU peak RSS")):
-            if value(row, name) is not None:
-                return value(row, name), text
-    return mem, label
+    return (mem, label) if mem is not None else _first(row, *_CPU)
 
 
 def memory_metric(df: pd.DataFrame) -> tuple[str, str]:
     """(column, label) of the memory in the tables: peak allocated on a GPU, else the CPU allocator's
     peak, else (a CPU job of several processes, which does not measure it) the peak RSS."""
     ok = df[df["status"] == "ok"]
-    if column(ok, MEM_ALLOCATED).notna().any():
-        return MEM_ALLOCATED, "peak allocated (GiB)"
-    if column(ok, MEM_CPU_ALLOC).notna().any():
-        return MEM_CPU_ALLOC, "CPU allocator peak (GiB)"
-    if column(ok, MEM_RSS).notna().any():
-        return MEM_RSS, "CPU peak RSS (GiB)"
-    return MEM_ALLOCATED, "peak allocated (GiB)"
+    name, label = next(((n, t) for n, t in (_ALLOCATED, *_CPU) if column(ok, n).notna().any()), _ALLOCATED)
+    return name, f"{label} (GiB)"
 
 
 def card_lower_bounds(df: pd.DataFrame) -> dict[Any, float]:

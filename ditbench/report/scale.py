@@ -1,19 +1,10 @@
 """Whether a memory comparison can show at the scale a cell ran: activations' share of its peak.
 
-Checkpointing, 16-bit autocast, the attention kernel and the batch size change what a step keeps
-for backward (the activations); weights, gradients, Adam's two moments and the EMA stay fp32
-whatever they are set to. Where activations are a small share of the peak, the saving a technique
-makes at scale cannot show, and "0% saved" or "not held" would be about the model's size, not the
-technique. A cell's share, in this order:
-- the planner's components where the record has them (a suite's `plan` option writes
-  metrics.prediction): its activations over its peak allocated;
-- else the measured peak allocated (GPU, or the CPU allocator's) less the training state, 20 bytes
-  a parameter (fp32 weights 4, gradients 4, Adam 8, EMA 4; FSDP shards it over the ranks), over
-  that peak.
-Under NEGLIGIBLE_SHARE (a tenth) a memory comparison is not shown or judged: no activation-side
-setting can move the peak by more than that share. Above it the comparison stands, a small saving
-included: DiT-L/4 at batch 16 keeps about a fifth of its peak in activations on an H200, so
-checkpointing really saves little there.
+Checkpointing, 16-bit autocast, the attention kernel and the batch size change the activations kept
+for backward; weights, gradients, Adam's moments and the EMA stay fp32 whatever they are set to. Under
+NEGLIGIBLE_SHARE no such setting can move the peak by more than that share, so "0% saved" or "not held"
+would be about the model's size, not the technique: such a comparison is not shown or judged. Above it
+the comparison stands (DiT-L/4 at batch 16 keeps about a fifth of its peak in activations on an H200).
 """
 
 from __future__ import annotations
@@ -23,13 +14,14 @@ import pandas as pd
 from ditbench.report.load import value
 from ditbench.report.memory import MEM_ALLOCATED, MEM_CPU_ALLOC, metrics_of
 
-STATE_BYTES_PER_PARAM = 20
+STATE_BYTES_PER_PARAM = 20  # fp32 weights 4, gradients 4, Adam 8, EMA 4
 NEGLIGIBLE_SHARE = 0.10
-GiB = 2**30
 
 
 def activation_share(row: pd.Series) -> float | None:
-    """Activations' share of the cell's peak allocated (see the module), or None when unknown."""
+    """Activations' share of the cell's peak allocated, or None when unknown: the planner's components
+    where the record has them (a suite's `plan` option writes metrics.prediction), else the measured peak
+    (GPU, or the CPU allocator's) less the training state (FSDP shards it over the ranks)."""
     pred = metrics_of(row).get("prediction")
     parts = pred.get("components") if isinstance(pred, dict) else None
     if isinstance(parts, dict):
@@ -42,8 +34,7 @@ def activation_share(row: pd.Series) -> float | None:
         return None
     fsdp = row.get("config.strategy") == "fsdp"
     ranks = (value(row, "config.gpus") or 1) * (value(row, "config.nodes") or 1) if fsdp else 1
-    state = params * STATE_BYTES_PER_PARAM / ranks / GiB
-    return max(peak - state, 0.0) / peak
+    return max(peak - params * STATE_BYTES_PER_PARAM / ranks / 2**30, 0.0) / peak
 
 
 def not_meaningful(row: pd.Series) -> str | None:

@@ -28,7 +28,6 @@ from ditbench.report.blocks import (
 )
 from ditbench.report.cells import cell_label, knobs, value_order, varying_knobs
 from ditbench.report.claim_check import VERDICTS, ClaimResult
-from ditbench.report.claim_predict import counts as predicted_counts
 from ditbench.report.load import column, value
 from ditbench.report.memory import (
     MEM_PREDICTED,
@@ -38,6 +37,7 @@ from ditbench.report.memory import (
     memory_metric,
     metrics_of,
 )
+from ditbench.report.predict import counts as predicted_counts
 from ditbench.report.timing import gpu_hours_text, time_text
 from ditbench.units import memory_text
 

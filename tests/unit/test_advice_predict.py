@@ -13,15 +13,15 @@ from planner_stub import Planner
 from synthetic_records import make_record, write_jsonl
 
 from ditbench.report import advice
-from ditbench.report.advice_predict import (
+from ditbench.report.blocks import to_markdown
+from ditbench.report.load import load_results
+from ditbench.report.predict import (
     class_card,
     predict_advice,
     predict_ckpt_tradeoff,
     predict_fit,
     predict_fp16_halves,
 )
-from ditbench.report.blocks import to_markdown
-from ditbench.report.load import load_results
 from ditbench.report.sections import advice_section
 
 L4_24 = {"model": "DiT-L/4", "precision": "fp16", "grad_ckpt": "full", "batch_size": 32}

@@ -119,7 +119,11 @@ def test_the_threads_knob_sets_the_cells_torch_threads(monkeypatch):
     )
     torch.set_num_threads(1)
     out = cell_core.measure(spec, "DiT-T/8 threads=2", _cpu).result
-    assert out["status"] == "ok" and out["env"]["torch_threads"] == 2 and spec.model_dump(mode="json")["threads"] == 2
+    assert (
+        out["status"] == "ok"
+        and out["env"]["torch_threads"] == 2
+        and spec.model_dump(mode="json")["threads"] == 2
+    )
 
 
 def test_noise_bounds():

@@ -12,8 +12,14 @@ from ditbench.spec.knobs import KNOBS, TRAIN_KNOBS, Knobs
 def test_knobs_are_validated_however_they_are_built():
     knobs = Knobs(model="DiT-XL-2", grad_ckpt="on", batch_size=3, lr=2e-4, optimizer_impl="for-loop")
     assert (knobs.model, knobs.grad_ckpt, knobs.batch_size, knobs.lr) == ("DiT-XL/2", "full", 3, 2e-4)
-    assert knobs == Knobs(**
-        {"model": "DiT-XL/2", "grad_ckpt": "full", "batch_size": 3, "lr": 2e-4, "optimizer_impl": "for-loop"}
+    assert knobs == Knobs(
+        **{
+            "model": "DiT-XL/2",
+            "grad_ckpt": "full",
+            "batch_size": 3,
+            "lr": 2e-4,
+            "optimizer_impl": "for-loop",
+        }
     )
     assert set(KNOBS) - set(TRAIN_KNOBS) == {"gpus", "nodes", "strategy", "threads"}  # how processes start
     with pytest.raises(UserError, match="batch_size must be an integer from 1 to 1,048,576"):

@@ -61,8 +61,8 @@ def test_unknown_builtin_name_lists_the_valid_ones():
 
 
 def test_pixel_data_source_trains_on_the_blocks():
-    config = Knobs(**
-        {"model": "DiT-T/2", "image_size": 64, "num_classes": 2, "data": {"pixels": "builtin:mpl-gray16"}}
+    config = Knobs(
+        **{"model": "DiT-T/2", "image_size": 64, "num_classes": 2, "data": {"pixels": "builtin:mpl-gray16"}}
     )
     source = data_source_from_config(
         config.data, batch_size=8, image_size=64, num_classes=2, device="cpu", seed=0
@@ -119,13 +119,9 @@ def test_rgb_pixels_are_one_pixel_per_latent_cell_and_decode_exactly():
 
 def test_the_colour_key_is_checked_and_grey_keeps_the_id_it_always_had():
     grey = Knobs(**{"model": "DiT-T/2", "data": {"pixels": "builtin:mpl-gray16"}})
-    named = Knobs(**
-        {"model": "DiT-T/2", "data": {"pixels": "builtin:mpl-gray16", "colour": "grey"}}
-    )
+    named = Knobs(**{"model": "DiT-T/2", "data": {"pixels": "builtin:mpl-gray16", "colour": "grey"}})
     assert named.data == grey.data == {"pixels": "builtin:mpl-gray16"}
-    rgb = Knobs(**
-        {"model": "DiT-T/2", "data": {"pixels": "builtin:photos-rgb32", "colour": "rgb"}}
-    )
+    rgb = Knobs(**{"model": "DiT-T/2", "data": {"pixels": "builtin:photos-rgb32", "colour": "rgb"}})
     assert rgb.data == {"pixels": "builtin:photos-rgb32", "colour": "rgb"}
     with pytest.raises(UserError, match="data.colour must be grey or rgb, got 'cmyk'"):
         Knobs(**{"model": "DiT-T/2", "data": {"pixels": "x.npz", "colour": "cmyk"}})

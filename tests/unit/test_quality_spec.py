@@ -93,7 +93,10 @@ def test_steps_seeds_and_cells_in_their_long_forms():
             "at `quality.smaples`: unknown key `smaples`. Did you mean `samples`?",
         ),
         ({"reference": "r", "samples": 1}, "at `quality.samples`: samples must be an integer from 2"),
-        ({"reference": "r", "samples": True}, "samples must be an integer from 2 to 10,000,000, got a boolean True"),
+        (
+            {"reference": "r", "samples": True},
+            "samples must be an integer from 2 to 10,000,000, got a boolean True",
+        ),
         ({"reference": "r", "at": []}, "at must be [smoke_end] or a list of training steps"),
         ({"reference": "r", "at": [10, 10]}, "at lists a step twice"),
         ({"reference": "r", "at": [-1]}, "at `quality.at[0]`: at must be an integer from 0"),
@@ -102,8 +105,14 @@ def test_steps_seeds_and_cells_in_their_long_forms():
             {"reference": "r", "seeds": [1, 1]},
             "seeds must be a count from 1 to 64 or a list of distinct seeds",
         ),
-        ({"reference": "r", "sampler": {"name": "euler"}}, "at `quality.sampler.name`: unknown name 'euler'; valid: ddpm, ddim"),
-        ({"reference": "r", "sampler": {"steps": 2000}}, "at `quality.sampler.steps`: steps must be an integer from 1 to 1,000"),
+        (
+            {"reference": "r", "sampler": {"name": "euler"}},
+            "at `quality.sampler.name`: unknown name 'euler'; valid: ddpm, ddim",
+        ),
+        (
+            {"reference": "r", "sampler": {"steps": 2000}},
+            "at `quality.sampler.steps`: steps must be an integer from 1 to 1,000",
+        ),
         (
             {"reference": "r", "sampler": {"cfg_scale": 0.5}},
             "at `quality.sampler.cfg_scale`: cfg_scale must be a finite number in [1, 100]",

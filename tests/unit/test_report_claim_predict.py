@@ -9,9 +9,9 @@ from synthetic_records import write_jsonl
 
 from ditbench.plan import predict_cell
 from ditbench.report.claim_check import check_claims
-from ditbench.report.claim_predict import counts, predict_claims
 from ditbench.report.claims import parse_claims
 from ditbench.report.load import load_results
+from ditbench.report.predict import counts, predict_claims
 
 TINY = {"model": "DiT-T/2", "image_size": 64, "precision": "bf16", "grad_ckpt": "none", "batch_size": 8}
 
@@ -323,7 +323,7 @@ def test_the_report_and_plan_answer_the_same_question_alike(capsys, tmp_path, mo
     import json
 
     from ditbench.cli import main
-    from ditbench.report.claim_predict import fit_verdict, memory_band_pct, predict
+    from ditbench.report.predict import fit_verdict, memory_band_pct, predict
 
     monkeypatch.setenv("DITBENCH_CACHE", str(tmp_path))
     cell = {"model": "DiT-S/2", "precision": "bf16", "batch_size": 32}

@@ -92,7 +92,10 @@ BAD = [
     ("claims: [{says: x, metric: stepz_per_s, value: 1}]", "Did you mean `steps_per_s`?"),
     ("claims: [{says: x, cell: {model: DiT-L/5}, metric: steps_per_s, value: 1}]", "claims[0].cell.model"),
     ("claims: [{says: x, cell: {precision: fp8}, metric: steps_per_s, value: 1}]", "unknown precision"),
-    ("claims: [{says: x, cell: {batch_size: 1.5}, metric: steps_per_s, value: 1}]", "batch_size must be an integer from 1"),
+    (
+        "claims: [{says: x, cell: {batch_size: 1.5}, metric: steps_per_s, value: 1}]",
+        "batch_size must be an integer from 1",
+    ),
     ("claims: [{says: x, cell: {modle: DiT-L/4}, metric: steps_per_s, value: 1}]", "Did you mean `model`?"),
     (
         "claims: [{says: x, cell: {model: []}, metric: steps_per_s, value: 1}]",
