@@ -28,10 +28,10 @@ from ditbench.intervals import LEVEL, median_interval
 from ditbench.records.metrics import IMAGES_PER_S
 from ditbench.report.cells import cell_label, knob_key, knobs
 from ditbench.report.claim_values import (
-    GIB_TO_GB,
     basis,
     claimed_text,
     fmt,
+    gb_scale,
     latest_per_cell,
     matches,
     metric_value,
@@ -93,12 +93,6 @@ class ClaimResult:
         }
 
 
-# ------------------------------------------------------------------------------------------ values
-
-
-# ------------------------------------------------------------------------------------------ checks
-
-
 @dataclass
 class _Run:
     """The run as the checks read it: every row with its knobs, once (iterrows is slow)."""
@@ -120,25 +114,17 @@ def check_claims(df: pd.DataFrame, claims: ClaimsFile, target_steps: int) -> lis
     for row, k in rows:
         index.setdefault(knob_key(k), []).append(row.name)
     run = _Run(df, rows, index, card_lower_bounds(df), {row.name: row for row, _ in rows})
-    out = []
-    for claim in claims.claims:
-        if claim.kind == "compare":
-            out.append(_check_compare(run, claim, target_steps))
-        elif claim.kind == "fits":
-            out.append(_check_fits(run, claim))
-        else:
-            out.append(_check_cell(run, claim, target_steps))
-    return out
+    checks = {"compare": _check_compare, "fits": _check_fits, "cell": _check_cell}
+    return [checks[claim.kind](run, claim, target_steps) for claim in claims.claims]
 
 
 def _check_cell(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
-    df, bounds = run.df, run.bounds
     metric = claim.metric
     assert metric is not None
     claimed = claimed_text(claim)
     rows = run.matching(claim.cell)
     if not rows:
-        return ClaimResult(claim, NOT_MEASURED, claimed, "—", why_no_match(df, claim.cell))
+        return ClaimResult(claim, NOT_MEASURED, claimed, "—", why_no_match(run.df, claim.cell))
     judged: list[tuple[pd.Series, float, bool]] = []
     beyond: list[tuple[pd.Series, float]] = []  # out of memory above the claimed upper bound
     unjudged: list[tuple[pd.Series, str]] = []
@@ -154,25 +140,17 @@ def _check_cell(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
             else:
                 judged.append((row, v, claim.low <= v <= claim.high))
         elif row["status"] == "oom" and memory:
-            need = needs_more_than(row, bounds)
-            need_m = None if need is None else need * (GIB_TO_GB if metric == "peak_memory_gb" else 1)
-            if need_m is not None and need_m > claim.high:
-                beyond.append((row, need_m))
+            need = needs_more_than(row, run.bounds)
+            need = None if need is None else need * gb_scale(metric)
+            if need is not None and need > claim.high:
+                beyond.append((row, need))
             else:
-                text = (
-                    f"needs more than {fmt(need_m, metric)}"
-                    if need_m is not None
-                    else "on a card of unknown size"
-                )
+                text = "on a card of unknown size" if need is None else f"needs more than {fmt(need, metric)}"
                 unjudged.append((row, f"out of memory, {text}"))
         else:
             unjudged.append((row, status_text(row)))
-    numbers = [
-        {"cell": cell_label(r), "cell_id": r["cell_id"], "value": v, "within": ok} for r, v, ok in judged
-    ] + [
-        {"cell": cell_label(r), "cell_id": r["cell_id"], "needs_more_than": n, "within": False}
-        for r, n in beyond
-    ]
+    numbers = [{**_ids(r), "value": v, "within": ok} for r, v, ok in judged]
+    numbers += [{**_ids(r), "needs_more_than": n, "within": False} for r, n in beyond]
     parts = [
         f"{cell_label(r)}: {fmt(v, metric)}{basis(r, metric)} ({'inside' if ok else 'outside'} the claim)"
         for r, v, ok in judged[:SHOWN]
@@ -196,9 +174,12 @@ def _check_cell(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
     return ClaimResult(claim, verdict, claimed, measured, evidence, cells, numbers)
 
 
-def _check_fits(run: _Run, claim: Claim) -> ClaimResult:
-    df, bounds = run.df, run.bounds
-    gib = claim.fits_gib
+def _ids(row: pd.Series) -> dict[str, Any]:
+    return {"cell": cell_label(row), "cell_id": row["cell_id"]}
+
+
+def _check_fits(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
+    gib, bounds = claim.fits_gib, run.bounds
     assert gib is not None
     claimed = claimed_text(claim)
     rows = run.matching(claim.cell)
@@ -207,23 +188,15 @@ def _check_fits(run: _Run, claim: Claim) -> ClaimResult:
     rows = [r for r in rows if r["status"] != "skipped"]
     if not rows:
         why = (
-            why_no_match(df, claim.cell) if not skipped else f"all {len(skipped)} matching cells were skipped"
+            f"all {len(skipped)} matching cells were skipped" if skipped else why_no_match(run.df, claim.cell)
         )
         return ClaimResult(claim, NOT_MEASURED, claimed, "—", why, matched=matched)
-    yes, no, unknown = [], [], []
-    numbers = []
+    yes, no, unknown, numbers = [], [], [], []
     for row in rows:
         verdict = fits(row, gib, bounds)
-        mem, label = fit_memory(row)
+        mem, label = fit_memory(row) if row["status"] == "ok" else (None, None)
         numbers.append(
-            {
-                "cell": cell_label(row),
-                "cell_id": row["cell_id"],
-                "status": row["status"],
-                "fits": verdict,
-                "memory_gib": mem if row["status"] == "ok" else None,
-                "memory_basis": label if row["status"] == "ok" else None,
-            }
+            {**_ids(row), "status": row["status"], "fits": verdict, "memory_gib": mem, "memory_basis": label}
         )
         (yes if verdict else no if verdict is False else unknown).append(row)
 
@@ -239,77 +212,57 @@ def _check_fits(run: _Run, claim: Claim) -> ClaimResult:
         return status_text(row)
 
     tail = f"; {len(skipped)} skipped cell(s) not counted" if skipped else ""
+    listed = "; ".join(f"{cell_label(r)}: {why(r)}" for r in (no + unknown)[:SHOWN])
     if yes:
         best = max(yes, key=lambda r: (value(r, "config.batch_size") or 0, value(r, IMAGES_PER_S.path) or 0))
+        mem, _ = fit_memory(best)
+        verdict, cells = HELD, yes
+        measured = f"{mem:.2f} GiB" if mem is not None else "ran inside a smaller cap"
         evidence = f"{cell_label(best)} fits {gib:g} GiB with {why(best)}; "
         evidence += f"{len(yes)} of {len(rows)} matching cell(s) fit"
-        mem, _ = fit_memory(best)
-        measured = f"{mem:.2f} GiB" if mem is not None else "ran inside a smaller cap"
-        fit_cells = [cell_label(r) for r in yes]
-        return ClaimResult(
-            claim, HELD, claimed, measured, evidence + tail, fit_cells, numbers, matched=matched
-        )
-    listed = "; ".join(f"{cell_label(r)}: {why(r)}" for r in (no + unknown)[:SHOWN])
-    if no and not unknown:
-        return ClaimResult(
-            claim,
-            NOT_HELD,
-            claimed,
-            "does not fit",
-            f"none fits {gib:g} GiB: {listed}{tail}",
-            [cell_label(r) for r in no],
-            numbers,
-            matched=matched,
-        )
-    return ClaimResult(
-        claim,
-        NOT_MEASURED,
-        claimed,
-        "—",
-        (
+    elif no and not unknown:
+        verdict, cells, measured, evidence = NOT_HELD, no, "does not fit", f"none fits {gib:g} GiB: {listed}"
+    else:
+        verdict, cells, measured = NOT_MEASURED, [], "—"
+        some = (
             f"{len(no)} matching cell(s) do not fit and {len(unknown)}"
             if no
             else f"{len(unknown)} matching cell(s)"
         )
-        + f" cannot say: {listed}{tail}",
-        [],
-        numbers,
-        matched=matched,
-    )
+        evidence = f"{some} cannot say: {listed}"
+    labels = [cell_label(r) for r in cells]
+    return ClaimResult(claim, verdict, claimed, measured, evidence + tail, labels, numbers, matched=matched)
 
 
 def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
-    df, bounds = run.df, run.bounds
     metric = claim.metric
     assert metric is not None and claim.change_from is not None and claim.change_to is not None
     claimed = claimed_text(claim)
     memory, speed = (metric_kind(metric) == k for k in ("memory", "speed"))
-    index = run.index
     start = {**claim.cell, **claim.change_from}
     sources = run.matching(start)
     if not sources:
-        return ClaimResult(claim, NOT_MEASURED, claimed, "—", why_no_match(df, start))
+        return ClaimResult(claim, NOT_MEASURED, claimed, "—", why_no_match(run.df, start))
     ratios: list[tuple[pd.Series, pd.Series, float]] = []
     bounded: list[str] = []  # an out-of-memory side proves the ratio outside the claim
     unjudged: list[str] = []
-    twins = cannot_show = 0
+    cannot_show = 0
     pairs: list[tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]]] = []
     for row in sources:
-        labels = index.get(knob_key({**knobs(row["record"]), **claim.change_to}), [])
+        labels = run.index.get(knob_key({**knobs(row["record"]), **claim.change_to}), [])
         if not labels:
             continue
-        twins += 1
         twin = run.by_label[labels[-1]]
         pairs.append((_labelled(row), _labelled(twin)))
         pair = f"{cell_label(row)} → {cell_label(twin)}"
+        both_ok = row["status"] == twin["status"] == "ok"
         cpu = next(
             (speed_elsewhere(x, claim.card) for x in (row, twin) if x.get("config.device") == "cpu"), ""
         )
-        if speed and cpu and row["status"] == twin["status"] == "ok":
+        if speed and cpu and both_ok:
             unjudged.append(f"{pair}: {cpu}")
             cannot_show += 1
-            continue
-        if row["status"] == "ok" and twin["status"] == "ok":
+        elif both_ok:
             a, why_a = metric_value(row, metric, target_steps)
             b, why_b = metric_value(twin, metric, target_steps)
             small = memory and a and b is not None and not_meaningful(row)
@@ -320,9 +273,7 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
                 ratios.append((row, twin, b / a))
             else:
                 unjudged.append(f"{pair}: {why_a or why_b or 'zero on the from side'}")
-            continue
-        text = _oom_bound(row, twin, claim, metric, target_steps, bounds) if memory else ""
-        if text:
+        elif memory and (text := _oom_bound(row, twin, claim, metric, target_steps, run.bounds)):
             bounded.append(f"{pair}: {text}")
         else:
             bad = row if row["status"] != "ok" else twin
@@ -339,32 +290,29 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
     ]
     cells = list(dict.fromkeys(c for a, b, _ in ratios for c in (cell_label(a), cell_label(b))))
     if not ratios and not bounded:
-        if not twins:
+        if not pairs:
             change = ", ".join(f"{k}={v}" for k, v in claim.change_to.items())
             why = (
                 f"no cell matching {_sel(start)} has a twin with {change} (all other knobs equal) in this run"
             )
         else:
             why = "; ".join(unjudged[:SHOWN])
-        if cannot_show:  # every pair that ran, ran on a CPU or at a scale the claim cannot show: no verdict
-            return ClaimResult(
-                claim, NOT_JUDGED, claimed, "—", "not judged: " + why, cells, numbers, pairs=pairs
-            )
-        return ClaimResult(claim, NOT_MEASURED, claimed, "—", why, cells, numbers, pairs=pairs)
+        # every pair that ran, ran on a CPU or at a scale the claim cannot show: no verdict
+        verdict, why = (NOT_JUDGED, "not judged: " + why) if cannot_show else (NOT_MEASURED, why)
+        return ClaimResult(claim, verdict, claimed, "—", why, cells, numbers, pairs=pairs)
     parts = []
     if ratios:
         values = [r for _, _, r in ratios]
         med = statistics.median(values)
         verdict = HELD if claim.low <= med <= claim.high and not bounded else NOT_HELD
-        measured = f"×{med:.2f}" + (
-            f" (median of {len(values)}, ×{min(values):.2f}–×{max(values):.2f})" if len(values) > 1 else ""
-        )
+        measured = f"×{med:.2f}"
+        if len(values) > 1:
+            measured += f" (median of {len(values)}, ×{min(values):.2f}–×{max(values):.2f})"
         if len(values) > 1 and not bounded:
             low, high = median_interval(values)
-            inside = claim.low <= low and high <= claim.high
-            outside = high < claim.low or low > claim.high
             measured += f"; {LEVEL:.0%} CI of the median ×{low:.2f}–×{high:.2f}"
-            if not (inside or outside):
+            inside = claim.low <= low and high <= claim.high
+            if not inside and not (high < claim.low or low > claim.high):
                 verdict = INCONCLUSIVE  # the data fit a value inside the claim and one outside it
         parts.append("; ".join(f"{cell_label(a)} → {cell_label(b)}: ×{r:.2f}" for a, b, r in ratios[:SHOWN]))
         if speed:
@@ -389,7 +337,7 @@ def _oom_bound(
     row: pd.Series, twin: pd.Series, claim: Claim, metric: str, target_steps: int, bounds: dict
 ) -> str:
     """A memory ratio with one side out of memory is bounded; '' unless the bound falls outside the claim."""
-    scale = GIB_TO_GB if metric == "peak_memory_gb" else 1
+    scale = gb_scale(metric)
     if row["status"] == "oom" and twin["status"] == "ok":
         need, (b, _) = needs_more_than(row, bounds), metric_value(twin, metric, target_steps)
         if need and b is not None and b / (need * scale) < claim.low:

@@ -24,6 +24,11 @@ RECORD_PATHS = {m.name: m.path for m in RECORD_METRICS}
 _ABSENT = object()
 
 
+def gb_scale(metric: str | None) -> float:
+    """The factor from GiB to the metric's memory unit."""
+    return GIB_TO_GB if metric == "peak_memory_gb" else 1
+
+
 def _unit(metric: str) -> str:
     return METRICS[metric][1] if metric in METRICS else ""  # a quality figure has none
 
@@ -44,14 +49,15 @@ def metric_value(row: pd.Series, metric: str, target_steps: int) -> tuple[float 
     """(value, "") of an ok cell, or (None, why it has none)."""
     kind = metric_kind(metric)
     if kind == "quality":
-        v = _last_evaluation(row).get(metric)
+        q = row["record"].quality  # the last evaluation's figure
+        v = q.evaluations[-1].metrics.get(metric) if q is not None and q.evaluations else None
         v = v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
         return (v, "") if v is not None else (None, f"no quality evaluation of the record has {metric}")
     if kind == "memory" and row.get("config.device") == "cpu":
         return None, "a CPU cell has no GPU memory figure"
     if metric in ("peak_memory_gib", "peak_memory_gb"):
         mem, _ = fit_memory(row)
-        v = None if mem is None else mem * (GIB_TO_GB if metric == "peak_memory_gb" else 1)
+        v = None if mem is None else mem * gb_scale(metric)
     elif metric == "peak_allocated_gib":
         v = value(row, MEM_ALLOCATED)
     elif metric == "step_time":
@@ -67,19 +73,6 @@ def metric_value(row: pd.Series, metric: str, target_steps: int) -> tuple[float 
     return (v, "") if v is not None else (None, f"the record has no {metric}")
 
 
-def _last_evaluation(row: pd.Series) -> dict[str, Any]:
-    """The metrics of the record's last quality evaluation ({} without one)."""
-    q = row["record"].quality
-    return q.evaluations[-1].metrics if q is not None and q.evaluations else {}
-
-
-def _same_card(gpu_name: Any, card: str) -> bool:
-    try:
-        return bool(gpu_name) and find_card(str(gpu_name)).name == card
-    except UserError:
-        return False
-
-
 def speed_elsewhere(row: pd.Series, card: str | None) -> str:
     """Why this cell's absolute speed does not speak for `card` ('' when it does, or no card is named)."""
     if card is None:
@@ -90,11 +83,15 @@ def speed_elsewhere(row: pd.Series, card: str | None) -> str:
     if budget is not None and budget.emulated:
         return f"ran on {budget.ran_on()}: that is the {budget.real_gpu}'s speed, not an {card}'s"
     gpu = row.get("env.gpu_name")
-    return "" if _same_card(gpu, card) else f"ran on {gpu or 'an unknown GPU'}, not on an {card}"
+    try:
+        same = bool(gpu) and find_card(str(gpu)).name == card
+    except UserError:
+        same = False
+    return "" if same else f"ran on {gpu or 'an unknown GPU'}, not on an {card}"
 
 
 def where_measured(rows: list[pd.Series]) -> str:
-    """' (speeds of NVIDIA H200 capped to ...)' for speed evidence; '' on a plain GPU."""
+    """'; speeds measured on a CPU' (or on a capped bigger card) for speed evidence; '' on a plain GPU."""
     places = []
     for row in rows:
         budget = cell_budget(row)
@@ -106,15 +103,8 @@ def where_measured(rows: list[pd.Series]) -> str:
     return f"; speeds measured on {' and '.join(places)}" if places else ""
 
 
-def matches(k: dict[str, Any], selector: dict[str, Any]) -> bool:
-    for key, want in selector.items():
-        have = k.get(key, _ABSENT)
-        if isinstance(want, list):
-            if not any(_equal(have, w) for w in want):
-                return False
-        elif not _equal(have, want):
-            return False
-    return True
+def _listed(want: Any) -> list[Any]:
+    return want if isinstance(want, list) else [want]
 
 
 def _equal(have: Any, want: Any) -> bool:
@@ -123,12 +113,15 @@ def _equal(have: Any, want: Any) -> bool:
     return have == want
 
 
+def matches(k: dict[str, Any], selector: dict[str, Any]) -> bool:
+    return all(any(_equal(k.get(key, _ABSENT), w) for w in _listed(want)) for key, want in selector.items())
+
+
 def why_no_match(df: pd.DataFrame, selector: dict[str, Any]) -> str:
     all_knobs = [knobs(r) for r in df["record"]]
     for key, want in selector.items():
-        wanted = want if isinstance(want, list) else [want]
         present = list(dict.fromkeys(str(k.get(key, "(not set)")) for k in all_knobs))
-        if not any(_equal(k.get(key, _ABSENT), w) for k in all_knobs for w in wanted):
+        if not any(_equal(k.get(key, _ABSENT), w) for k in all_knobs for w in _listed(want)):
             listed = ", ".join(present[:8]) + (", ..." if len(present) > 8 else "")
             return f"no cell in this run has {key} = {want} (it has {listed})"
     text = ", ".join(f"{k}={v}" for k, v in selector.items())
@@ -144,29 +137,21 @@ def latest_per_cell(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def claimed_text(claim: Claim) -> str:
-    m, tol = claim.metric, claim.tolerance_pct
+    m, tol, low, high = claim.metric, claim.tolerance_pct, claim.low, claim.high
     if claim.expect == "fits":
         gib = claim.fits_gib
         return f"fits {claim.fits_card} ({gib:g} GiB)" if claim.fits_card else f"fits {gib:g} GiB"
-    if claim.expect in ("ratio", "ratio_range"):
-        interval = f"{claim.low:.3g}–{claim.high:.3g}"
-        if claim.expect == "ratio":
-            return f"{m} to/from ×{float(claim.stated):g} ± {tol:g}% ({interval})"
-        return f"{m} to/from ×{interval}"
-    interval = f"{_bare(claim.low, m)}–{fmt(claim.high, m)}"
-    if claim.expect == "value":
-        return f"{fmt(float(claim.stated), m)} ± {tol:g}% ({interval})"
-    if claim.expect == "range":
-        return interval
+    if claim.expect == "ratio":
+        return f"{m} to/from ×{float(claim.stated):g} ± {tol:g}% ({low:.3g}–{high:.3g})"
+    if claim.expect == "ratio_range":
+        return f"{m} to/from ×{low:.3g}–{high:.3g}"
     if claim.expect == "at_most":
-        return f"at most {fmt(claim.high, m)}"
-    return f"at least {fmt(claim.low, m)}"
-
-
-def _bare(v: float, metric: str | None) -> str:
-    """fmt without the unit."""
-    unit = _unit(metric) if metric and metric != MFU.name else ""
-    return fmt(v, metric).removesuffix(unit).strip() if unit else fmt(v, metric)
+        return f"at most {fmt(high, m)}"
+    if claim.expect == "at_least":
+        return f"at least {fmt(low, m)}"
+    unit = _unit(m) if m and m != MFU.name else ""  # said once, after the upper end
+    interval = f"{fmt(low, m).removesuffix(unit).strip() if unit else fmt(low, m)}–{fmt(high, m)}"
+    return interval if claim.expect == "range" else f"{fmt(float(claim.stated), m)} ± {tol:g}% ({interval})"
 
 
 def spread(values: list[float], metric: str | None) -> str:
