@@ -48,7 +48,7 @@ from ditbench.report.scale import not_meaningful
 
 HELD, NOT_HELD, NOT_MEASURED = "held", "not held", "not measured"
 INCONCLUSIVE, NOT_JUDGED = "inconclusive", "not judged"
-VERDICTS = (HELD, NOT_HELD, INCONCLUSIVE, NOT_JUDGED, NOT_MEASURED)
+VERDICTS = (HELD, NOT_HELD, NOT_MEASURED, INCONCLUSIVE, NOT_JUDGED)  # in the order a summary counts them
 SHOWN = 6  # cells named in one evidence text; the JSON lists them all
 
 

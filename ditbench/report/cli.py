@@ -73,7 +73,7 @@ def _steps(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from ditbench.report import advice, analysis
-    from ditbench.report.claim_check import check_claims
+    from ditbench.report.claim_check import VERDICTS, check_claims
     from ditbench.report.claims import load_claims, resolve_claims
     from ditbench.report.render import report_files, write_report
     from ditbench.report.timing import target_steps
@@ -148,8 +148,8 @@ def run(args: argparse.Namespace) -> int:
     for path in written.values():
         print(f"  {path}")
     if results:
-        always = ("held", "not held", "not measured")
-        counts = {v: sum(r.verdict == v for r in results) for v in (*always, "inconclusive", "not judged")}
+        always = VERDICTS[:3]  # held, not held, not measured: said even when none
+        counts = {v: sum(r.verdict == v for r in results) for v in VERDICTS}
         if args.predict:
             from ditbench.report.predict import counts as predicted_counts
 

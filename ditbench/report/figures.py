@@ -30,18 +30,6 @@ CKPT_MARKERS = {"none": "o", "full": "s"}  # every_K: "D"
 NOISY_RING = "#f0a000"
 DODGE_OCTAVES = 0.035  # sideways nudge between lines at one batch size, on the log2 batch axis
 DPI = 100
-PLOT_FILES = {
-    "speed_memory": "speed_memory.png",
-    "throughput": "throughput.png",
-    "memory": "memory.png",
-    "smoke_loss": "smoke_loss.png",
-}
-PLOT_TITLES = {
-    "speed_memory": "Images/s against peak memory, per model",
-    "throughput": "Throughput against batch size",
-    "memory": "Peak memory against batch size",
-    "smoke_loss": "Smoke-run loss curves",
-}
 MAX_LEGEND = 16  # beyond this a legend says little; the tables name every cell anyway
 
 

@@ -1,37 +1,33 @@
-"""Figures a reader would rather look at than read, as PNG bytes.
+"""The report's figures, as PNG bytes: speed against memory, throughput and memory against batch size,
+the smoke runs' loss.
 
-Matplotlib's object API with the Agg canvas (no pyplot, no global backend switch), so plotting
-works on headless CI machines and inside any host program. Every figure has one panel per model
-and one legend below the panels, where it cannot cover a point. Colour says the precision in every
-figure; in line figures the marker also says the precision and a dashed line says checkpointing,
-and the points of different lines at one batch size are nudged sideways so that equal values
-(bf16 and fp16 often are) stay visible; in the speed-against-memory figure the marker says
-checkpointing and each point is labelled with its batch size. Every speed point carries a bar from
-the images/s of its p90 step time to that of its p10 step time (figures.speed_spread), and a noisy
-cell is ringed. Memory reads in MiB on a panel where every value is below 1 GiB.
+One panel per model, one legend below the panels. Colour says the precision; in line figures the
+marker also says the precision and a dashed line checkpointing, and lines at one batch size are nudged
+sideways so equal values (bf16 and fp16 often are) stay visible; in the speed-against-memory figure the
+marker says checkpointing and each point is labelled with its batch size. A speed point carries a bar
+from the images/s of its p90 step time to that of its p10 (figures.speed_spread); a noisy cell is ringed.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
+import math
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 from matplotlib.ticker import NullLocator
 
-from ditbench.fileio import write_atomic
 from ditbench.report.cells import knobs, value_order, varying_knobs
 from ditbench.report.figures import (
     CELL_COLOURS,
+    CKPT_MARKERS,
     CKPT_STYLES,
     DODGE_OCTAVES,
     IMG_S,
     NOISY_RING,
     OTHER_COLOURS,
-    PLOT_FILES,
-    PLOT_TITLES,
     PRECISION_COLOURS,
     PRECISION_MARKERS,
     SPREAD_HANDLE,
@@ -43,14 +39,139 @@ from ditbench.report.figures import (
     memory_unit,
     panel_models,
     panels,
+    place_labels,
     speed_spread,
     spread_bars,
 )
-from ditbench.report.load import column
+from ditbench.report.load import column, value
 from ditbench.report.memory import cell_budget, metrics_of, needs_more_than
-from ditbench.report.speed_memory import speed_memory_figure
 
-__all__ = ["PLOT_FILES", "PLOT_TITLES", "render_plots", "save_plots", "speed_memory_figure"]
+PLOT_TITLES = {
+    "speed_memory": "Images/s against peak memory, per model",
+    "throughput": "Throughput against batch size",
+    "memory": "Peak memory against batch size",
+    "smoke_loss": "Smoke-run loss curves",
+}
+PLOT_FILES = {name: f"{name}.png" for name in PLOT_TITLES}
+
+
+def speed_memory_figure(df: pd.DataFrame) -> Figure | None:
+    """images/s against the memory that decides fit; every ok cell a point, the Pareto front, the budgets."""
+    ok = df[(df["status"] == "ok") & column(df, IMG_S).notna()]
+    ok = ok[memory(ok).notna()] if len(ok) else ok
+    if not len(ok):
+        return None
+    models = panel_models(ok)
+    fig, axes = panels(len(models), PLOT_TITLES["speed_memory"])
+    precisions, ckpts, any_noisy, any_oom = {}, {}, False, False
+    labels: dict = {}  # axes -> [(x, y, text)], placed once the figure is laid out
+    for ax, model in zip(axes, models, strict=True):
+        sub = df[df["config.model"].astype(str) == model]
+        pts = ok[ok["config.model"].astype(str) == model]
+        budgets = budget_lines(sub)
+        scale, unit = memory_unit(max([float(memory(pts).max()), *budgets]))
+        mem, img = memory(pts) * scale, column(pts, IMG_S)
+        labels[ax] = []
+        for label, row in pts.iterrows():
+            precision, ckpt = row.get("config.precision"), row.get("config.grad_ckpt")
+            colour = PRECISION_COLOURS.get(precision, OTHER_COLOURS[0])
+            precisions.setdefault(str(precision), colour)
+            ckpts.setdefault(str(ckpt), CKPT_MARKERS.get(ckpt, "D"))
+            if metrics_of(row).get("noisy") is True:
+                any_noisy = True
+                ax.scatter(
+                    mem[label], img[label], s=190, facecolors="none", edgecolors=NOISY_RING, linewidths=2
+                )
+            ax.scatter(
+                mem[label],
+                img[label],
+                s=46,
+                marker=CKPT_MARKERS.get(ckpt, "D"),
+                color=colour,
+                edgecolors="black",
+                linewidths=0.5,
+                zorder=3,
+            )
+            labels[ax].append((mem[label], img[label], f"{value(row, 'config.batch_size') or 0:g}"))
+            spread_bars(ax, [mem[label]], pts.loc[[label]], colour)
+        front = _pareto(mem, img)
+        ax.plot(  # rings as well as the line, so a front of one cell still shows
+            mem[front],
+            img[front],
+            drawstyle="steps-post",
+            color="#555555",
+            linewidth=1,
+            marker="o",
+            markersize=13,
+            markerfacecolor="none",
+            markeredgecolor="#777777",
+            zorder=2,
+            label="Pareto front",
+        )
+        top_x = float(mem.max())
+        for gib, text in budgets.items():
+            ax.axvline(gib * scale, color="black", linewidth=1.2, linestyle="-.", label=text, zorder=1)
+            top_x = max(top_x, gib * scale)
+        # Out of memory under a cap: at the cap, on the speed axis' zero. Without a cap the card's size
+        # would stretch the axis far past every point: such cells are named under the axis instead.
+        capped, beyond = [], []
+        for _, r in sub[sub["status"] == "oom"].iterrows():
+            need = needs_more_than(r)
+            (capped if cell_budget(r) is not None and need is not None else beyond).append((r, need))
+        if capped:
+            any_oom = True
+            xs = [n * scale for _, n in capped]
+            ax.plot(xs, np.zeros(len(xs)), "x", color="black", markersize=8, clip_on=False, zorder=3)
+            for r, n in capped:
+                labels[ax].append((n * scale, 0.0, f"{value(r, 'config.batch_size') or 0:g}"))
+        xlabel = memory_label(pts, unit)
+        if beyond:
+            names = ", ".join(_short_name(r) for r, _ in beyond[:4]) + (", ..." if len(beyond) > 4 else "")
+            xlabel += f"\nout of memory on the whole card: {names}"
+        ax.set_xlim(0, top_x * 1.12)
+        high = speed_spread(pts)[1].max(skipna=True)  # the spread's top stays on the axes
+        ax.set_ylim(0, max(float(img.max()), float(high) if high == high else 0.0) * 1.15)
+        ax.set_title(model)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("images/s")
+        ax.grid(True, alpha=0.3)
+    extra: list = [Patch(color=c, label=p) for p, c in precisions.items()]
+    extra += [
+        Line2D(
+            [], [], marker=m, linestyle="none", color="#bbbbbb", markeredgecolor="black", label=f"ckpt={c}"
+        )
+        for c, m in ckpts.items()
+    ]
+    if any_noisy:
+        ring = dict(markerfacecolor="none", markeredgecolor=NOISY_RING, markeredgewidth=2, markersize=12)
+        extra.append(
+            Line2D([], [], marker="o", linestyle="none", label="noisy (unsteady step times)", **ring)
+        )
+    if any_oom:
+        extra.append(
+            Line2D([], [], marker="x", linestyle="none", color="black", label="out of memory at its cap")
+        )
+    extra.append(SPREAD_HANDLE)
+    figure_legend(fig, axes, extra)
+    fig.draw_without_rendering()  # lay out first: labels are placed in pixels
+    for ax, points in labels.items():
+        place_labels(ax, points)
+    return fig
+
+
+def _short_name(row: pd.Series) -> str:
+    return str(row.get("cell_name") or row.get("cell_id")).removeprefix(f"{row.get('config.model')} ")
+
+
+def _pareto(mem: pd.Series, img: pd.Series) -> list:
+    """Labels of the points no other point beats on both memory (lower) and speed (higher), by memory."""
+    order = sorted(mem.index, key=lambda i: (mem[i], -img[i]))
+    front, best = [], -math.inf
+    for i in order:
+        if img[i] > best:
+            front.append(i)
+            best = img[i]
+    return front
 
 
 def _split(df: pd.DataFrame) -> list[str]:
@@ -277,19 +398,4 @@ FIGURES = {
 
 def render_plots(df: pd.DataFrame) -> dict[str, bytes]:
     """name -> PNG bytes for every figure the data supports (no ok cell, no figure)."""
-    out = {}
-    for name, make in FIGURES.items():
-        fig = make(df)
-        if fig is not None:
-            out[name] = figure_png(fig)
-    return out
-
-
-def save_plots(df: pd.DataFrame, out_dir: str | Path) -> dict[str, Path]:
-    """Write the PNG files into out_dir; name -> path."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    paths = {}
-    for name, png in render_plots(df).items():
-        paths[name] = write_atomic(out_dir / PLOT_FILES[name], png)
-    return paths
+    return {name: figure_png(fig) for name, make in FIGURES.items() if (fig := make(df)) is not None}

@@ -29,39 +29,19 @@ from ditbench.report.blocks import (
 from ditbench.report.cells import cell_label, knobs, value_order, varying_knobs
 from ditbench.report.claim_check import VERDICTS, ClaimResult
 from ditbench.report.load import column, value
-from ditbench.report.memory import (
-    MEM_PREDICTED,
-    MEM_RESERVED,
-    cell_budget,
-    fits,
-    memory_metric,
-    metrics_of,
-)
+from ditbench.report.memory import MEM_PREDICTED, MEM_RESERVED, cell_budget, fits, memory_metric, metrics_of
 from ditbench.report.predict import counts as predicted_counts
 from ditbench.report.timing import gpu_hours_text, time_text
 from ditbench.units import memory_text
 
-STATUS_TEXT = {
-    "ok": "ok",
-    "oom": "OOM",
-    "timeout": "timeout",
-    "nan_loss": "NaN loss",
-    "error": "error",
-    "skipped": "skipped",
-    "unsupported": "unsupported",
-}
+STATUS_TEXT = {"oom": "OOM", "nan_loss": "NaN loss"}  # the other statuses read as they are written
 # Statuses that measured nothing: in a table, such cells sharing a reason are one row that names them.
 NOT_MEASURED = ("unsupported", "skipped")
-VERDICT_CSS = {
-    "held": "held",
-    "not held": "not-held",
-    "not measured": "not-measured",
-    "inconclusive": "not-measured",
-    "not judged": "not-measured",
-    "predicted: held": "held",
-    "predicted: not held": "not-held",
-    "predicted: inconclusive": "not-measured",
-}
+
+
+def verdict_css(verdict: str) -> str:
+    """The HTML class of a verdict, measured or predicted."""
+    return {"held": "held", "not held": "not-held"}.get(verdict.removeprefix("predicted: "), "not-measured")
 
 
 def steps_text(n: int) -> str:
@@ -197,7 +177,7 @@ def advice_section(df: pd.DataFrame, checks: list[advice.AdviceCheck] | None = N
     table = Table(
         ["advice", "verdict", "evidence from this run"],
         [row for _, row, _ in rows],
-        [["", VERDICT_CSS[verdict], ""] for verdict, _, _ in rows],
+        [["", verdict_css(verdict), ""] for verdict, _, _ in rows],
     )
     return [
         Heading(2, "Common advice, checked"),
@@ -215,7 +195,7 @@ def _predicted_rule(check: advice.AdviceCheck) -> str:
 def claims_section(
     results: list[ClaimResult], path: str, source: str | None, card: str | None
 ) -> list[Block]:
-    counts = {v: sum(r.verdict == v for r in results) for v in VERDICT_CSS if v in VERDICTS}
+    counts = {v: sum(r.verdict == v for r in results) for v in VERDICTS}
     summary = ", ".join(f"{n} {v}" for v, n in counts.items())
     predicted = predicted_counts(results)
     if any(predicted.values()):  # `report --predict`
@@ -238,7 +218,7 @@ def claims_section(
         if count > 1:
             row[2] = "—"
         rows.append(row)
-        css.append(["", VERDICT_CSS[verdict], "", "", ""])
+        css.append(["", verdict_css(verdict), "", "", ""])
     return [
         Heading(2, "Claims checked against this run"),
         Para(intro),
@@ -274,32 +254,9 @@ def model_section(
         lines.setdefault(key, {})[value(row, "config.batch_size")] = row
     rows, css = [], []
     for key in sorted(lines, key=lambda key: tuple(value_order(v) for _, v in key)):
-        label = " ".join(knob_text(n, v) for n, v in key) or model
-        cells, classes = [label], [""]
-        for b in batches:
-            row = lines[key].get(b)
-            if row is None:
-                cells.append("")
-                classes.append("")
-                continue
-            status = row["status"]
-            if status == "ok":
-                text = f"{num(value(row, IMAGES_PER_S.path))} img/s"
-                mem, predicted = value(row, mem_col), value(row, MEM_PREDICTED)
-                if mem is not None:
-                    text += f" · {mem_text(mem)}"
-                if predicted is not None:
-                    text += f" (predicted {mem_text(predicted)})"
-                if comparison.at[row.name, "is_baseline"]:
-                    text += " (baseline)"
-                if noise_text(row):
-                    text += " (noisy)"
-            else:
-                text = STATUS_TEXT.get(status, str(status))
-            cells.append(text)
-            classes.append(f"status-{status}" + (" noisy" if noise_text(row) else ""))
-        rows.append(cells)
-        css.append(classes)
+        grid = [_grid_cell(lines[key].get(b), comparison, mem_col) for b in batches]
+        rows.append([" ".join(knob_text(n, v) for n, v in key) or model, *(text for text, _ in grid)])
+        css.append(["", *(cls for _, cls in grid)])
     out.append(
         Para(f"Images/s and {mem_label.replace(' (GiB)', '')} per cell; columns are the batch size per GPU.")
     )
@@ -316,23 +273,23 @@ def model_section(
     budgets = {cell_budget(sub.loc[i]) for i in order} - {None}
     fit_header = f"fits {next(iter(budgets)).name}" if len(budgets) == 1 else "fits its budget"
     emulated = any(b.emulated for b in budgets)
-    detail, detail_css = [], []
+    detail: list[tuple[str, list[str]]] = []  # (status, cells)
     unmeasured: dict[tuple, list] = {}  # (status, reason) -> cells: one row each, after the measured
     for label in order:
         row = sub.loc[label]
         if row["status"] in NOT_MEASURED:
             unmeasured.setdefault((row["status"], str(row.get("reason"))), []).append(label)
-            continue
-        detail.append(_detail_row(row, comparison.loc[label], mem_col, steps, multi_run, emulated))
-        detail_css.append(["", f"status-{row['status']}"] + [""] * (len(detail[-1]) - 2))
+        else:
+            cells = _detail_row(row, comparison.loc[label], mem_col, steps, multi_run, emulated)
+            detail.append((row["status"], cells))
     for (status, _), labels in unmeasured.items():
-        first = sub.loc[labels[0]]
-        cells = _detail_row(first, comparison.loc[labels[0]], mem_col, steps, multi_run, emulated)
+        cells = _detail_row(
+            sub.loc[labels[0]], comparison.loc[labels[0]], mem_col, steps, multi_run, emulated
+        )
         if len(labels) > 1:
             names = [cell_label(sub.loc[i]).removeprefix(f"{model} ") for i in labels]
             cells[0] = f"{len(labels)} cells: " + ", ".join(names)
-        detail.append(cells)
-        detail_css.append(["", f"status-{status}"] + [""] * (len(cells) - 2))
+        detail.append((status, cells))
     headers = [
         "cell",
         "status",
@@ -354,15 +311,30 @@ def model_section(
         "notes",
     ]
     # A column no cell of this model has (reserved memory and MFU on a CPU) only adds noise.
-    keep = [i for i, h in enumerate(headers) if i < 2 or any(r[i] not in ("—", "") for r in detail)]
-    out.append(
-        Table(
-            [headers[i] for i in keep],
-            [[r[i] for i in keep] for r in detail],
-            [[c[i] for i in keep] for c in detail_css],
-        )
-    )
-    return out
+    keep = [i for i in range(len(headers)) if i < 2 or any(r[i] not in ("—", "") for _, r in detail)]
+    rows = [[r[i] for i in keep] for _, r in detail]
+    css = [["", f"status-{status}"] + [""] * (len(keep) - 2) for status, _ in detail]
+    return [*out, Table([headers[i] for i in keep], rows, css)]
+
+
+def _grid_cell(row: pd.Series | None, comparison: pd.DataFrame, mem_col: str) -> tuple[str, str]:
+    """A cell of a model's grid (images/s and memory, or the status) and its HTML class."""
+    if row is None:
+        return "", ""
+    status, noisy = row["status"], bool(noise_text(row))
+    text = STATUS_TEXT.get(status, status)
+    if status == "ok":
+        text = f"{num(value(row, IMAGES_PER_S.path))} img/s"
+        mem, predicted = value(row, mem_col), value(row, MEM_PREDICTED)
+        if mem is not None:
+            text += f" · {mem_text(mem)}"
+        if predicted is not None:
+            text += f" (predicted {mem_text(predicted)})"
+        if comparison.at[row.name, "is_baseline"]:
+            text += " (baseline)"
+        if noisy:
+            text += " (noisy)"
+    return text, f"status-{status}" + (" noisy" if noisy else "")
 
 
 def _detail_row(
@@ -389,13 +361,10 @@ def _detail_row(
     else:
         vs = c["baseline_note"] if isinstance(c["baseline_note"], str) and ok else "—"
     budget = cell_budget(row)
-    fit = "—"
-    if budget is not None:
-        verdict = fits(row, budget.gib)
-        fit = {True: "yes", False: "no", None: "—"}[verdict]
-    reason = row.get("reason")
-    notes = "; ".join(x for x in (noise_text(row), str(reason) if isinstance(reason, str) else "") if x)
-    status = STATUS_TEXT.get(row["status"], row["status"]) + (" (noisy)" if noise_text(row) else "")
+    fit = {True: "yes", False: "no", None: "—"}[fits(row, budget.gib)] if budget is not None else "—"
+    noisy, reason = noise_text(row), row.get("reason")
+    notes = "; ".join(x for x in (noisy, reason if isinstance(reason, str) else "") if x)
+    status = STATUS_TEXT.get(row["status"], row["status"]) + (" (noisy)" if noisy else "")
     return [
         cell_label(row),
         status,
@@ -426,7 +395,7 @@ def rate_text(row: pd.Series) -> str:
     if not (isinstance(ci, list) and len(ci) == 2):
         return num(value(row, IMAGES_PER_S.path))
     # to the decimals the interval justifies (interval_text), at most num's one
-    ends = [x for x in ci if isinstance(x, (int, float)) and not isinstance(x, bool)]
+    ends = [x for x in ci if x is not None]
     digits = decimals((ends[1] - ends[0]) / 2, 1) if len(ends) == 2 else 1
     text = num(value(row, IMAGES_PER_S.path), digits)
     return text + f" (95% CI {num(ci[0], digits)}–{num(ci[1], digits)}, {rep.count} runs)"

@@ -15,8 +15,7 @@ from synthetic_records import CPU_ENV, make_matrix, make_record, write_jsonl
 
 from ditbench.report.figures import NOISY_RING, place_labels
 from ditbench.report.load import load_results
-from ditbench.report.plots import memory_figure, throughput_figure
-from ditbench.report.speed_memory import speed_memory_figure
+from ditbench.report.plots import memory_figure, speed_memory_figure, throughput_figure
 
 
 def frame(tmp_path, records):
