@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 from ditbench.bench.cluster import EXECUTORS
 
@@ -39,6 +42,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the suite's plan: the predicted peak) and exit",
     )
     parser.add_argument(
+        "--allow-unsupported",
+        action="store_true",
+        help="run even when no selected cell can run on this machine (a GPU suite on a CPU): each is "
+        "recorded `unsupported` with its reason, without running",
+    )
+    parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="a line as each cell starts, every note in full on its cell's line, and the table of "
+        "every cell at the end (default: a line per cell, each note once at the end)",
+    )
+    parser.add_argument(
         "--allow-empty",
         action="store_true",
         help=f"exit 0 when no cell was measured (all unsupported here or skipped); without it such a "
@@ -47,7 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     import textwrap
 
     parser.epilog = textwrap.fill(
-        f"exit status: 0 when at least one cell was measured (whatever its status), 2 for bad input, "
+        f"exit status: 0 when at least one cell was measured (whatever its status), 2 for bad input or "
+        f"when no selected cell can run on this machine (--allow-unsupported records them), "
         f"{EXIT_NOTHING_MEASURED} when no selected cell was measured (every one unsupported here or "
         "skipped; --allow-empty makes that 0), 130 when interrupted.",
         width=78,
@@ -89,10 +105,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ditbench.expansion import add_max_cells
 
     add_max_cells(parser, "a suite whose matrix (with its overrides) expands to")
-    from ditbench.cliopts import add_json, add_no_progress
+    from ditbench.cliopts import add_json, add_no_progress, add_yes
 
     add_json(parser, "the records of the selected cells (or, with --dry-run, the planned cells)")
     add_no_progress(parser)
+    add_yes(parser)
     from ditbench.bench.launch.rendezvous import add_rendezvous_arguments
 
     add_rendezvous_arguments(parser)
@@ -138,9 +155,10 @@ def run(args: argparse.Namespace) -> int:
         kept_entries,
         select_cells,
     )
-    from ditbench.bench.summary import summary_table
+    from ditbench.bench.summary import Notes, closing, summary_table
     from ditbench.errors import UserError
     from ditbench.outpaths import refuse_output_as_input
+    from ditbench.progress import duration
     from ditbench.spec.suite import load_suite
 
     if any(not f.strip() for f in args.cells):
@@ -174,19 +192,20 @@ def run(args: argparse.Namespace) -> int:
         rendezvous=rendezvous,
         label=args.label,
         repeats=args.repeats,
+        verbose=args.verbose,
     )
     check_options(options)
     if args.cluster and args.executor is None:
         raise UserError("--cluster sets where --executor slurm submits the cells; add --executor slurm.")
     # the --cluster keys are checked before a dry run too: it promises what the real run would do
     cluster = _cluster_options(suite, args) if args.executor is not None else None
+    executor, visible = _executor(args, cluster), Visible.detect()
+    verdicts = {c.cell_id: executor.verdict(c, visible, rendezvous) for c in cells}
     if args.dry_run:
         check_out_dir(Path(out), create=False)  # run_suite checks (and creates) it for a real run
         previous = latest_by_cell(read_records(Path(out) / RESULTS_FILE))
-        visible = Visible.detect()
         planner = _planner(suite)
-        executor = _executor(args, cluster)
-        plans = {c.cell_id: _plan(c, visible, rendezvous, previous, args, executor, planner) for c in cells}
+        plans = {c.cell_id: _plan(c, verdicts[c.cell_id], previous, args, planner) for c in cells}
         if args.json:
             rows = [
                 {"cell_id": c.cell_id, "cell_name": c.cell_name, **plans[c.cell_id], "config": c.config}
@@ -200,21 +219,106 @@ def run(args: argparse.Namespace) -> int:
             return 0
         _print_dry_run(suite, cells, plans, out, args)
         return 0
-    # with --json the per-cell lines go to stderr; stdout holds the records alone
-    echo = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else None
+    if not args.allow_unsupported:
+        _refuse_unrunnable(suite, cells, verdicts, visible, args)
+    runnable = [c for c in cells if verdicts[c.cell_id] is None]
+    estimate = None if args.executor == "slurm" else _announce(suite, runnable, options, args, visible)
+    # Ctrl-C: cli.main prints this and the command that resumes (without --force, which would rerun all)
+    args._resume, args._resume_drop = (
+        "the cells recorded so far are kept; this runs only the rest",
+        ("--force",),
+    )
+    notes, started = Notes(), time.monotonic()
     if args.executor is not None:
         from ditbench.bench.jobs import submit_suite
 
-        records = submit_suite(suite, options, args.executor, cluster, echo=echo)
+        records = submit_suite(suite, options, args.executor, cluster, notes=notes)
     else:
-        records = run_suite(suite, options, echo=echo)
+        records = run_suite(suite, options, notes=notes)
+    took = f"in {duration(time.monotonic() - started)}"
+    took += f" (estimated {duration(estimate)})" if estimate else ""
+    say = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the records alone
     if args.json:
         print(json.dumps(records, default=str))
-        return _exit_status(records, args)
-    print()
-    print(summary_table(records), end="")
-    print(f"\nresults: {Path(out) / RESULTS_FILE}   summary: {Path(out) / 'summary.md'}")
+    elif args.verbose:
+        print(summary_table(records, notes), end="")
+    for line in closing(records, notes, took):
+        print(line, file=say)
+    print(f"results: {Path(out) / RESULTS_FILE}   summary: {Path(out) / 'summary.md'}", file=say)
     return _exit_status(records, args)
+
+
+def _refuse_unrunnable(suite, cells, verdicts: dict, visible, args) -> None:
+    """Refuse (UserError) a run in which no selected cell can run on this machine, naming what would."""
+    from ditbench.bench.runner import precheck
+    from ditbench.errors import UserError
+
+    if any(verdicts[c.cell_id] is None or verdicts[c.cell_id][0] != "unsupported" for c in cells):
+        return
+    reasons: dict[str, int] = {}
+    for cell in cells:
+        reasons[verdicts[cell.cell_id][1]] = reasons.get(verdicts[cell.cell_id][1], 0) + 1
+    why = "; ".join(f"{n} cell{'s' * (n != 1)}: {reason}" for reason, n in reasons.items())
+    name = shlex.join([args.suite, *args.overrides])
+    text = (
+        f"none of the {len(cells)} selected cells of suite {suite.name} can run on this machine ({why}). "
+        f"`ditbench plan {name}` predicts their memory and speed on a card without running them"
+    )
+    if not visible.cuda and any(c.config["device"] == "cuda" for c in cells):
+        here = [
+            c
+            for c in cells
+            if precheck(SimpleNamespace(config={**c.config, "device": "cpu"}), visible) is None
+        ]
+        unset = " card=null" if suite.card else " gpu_memory_gib=null" if suite.gpu_memory_gib else ""
+        text += (
+            f"; `ditbench run {name} device=cpu{unset}` runs {len(here)} of them on this CPU (it says first "
+            "how long that takes)"
+        )
+    raise UserError(
+        text + ". --allow-unsupported records each as unsupported without running it; --dry-run lists "
+        "every cell with its reason."
+    )
+
+
+def _announce(suite, cells, options, args, visible) -> float | None:
+    """Print the estimate of the cells still to run here (walltime.announce), and return it."""
+    from ditbench.bench.records import read_records
+    from ditbench.bench.repeats import latest_by_repeat
+    from ditbench.bench.runopts import RESULTS_FILE
+    from ditbench.device import device_type
+    from ditbench.environment import collect_env
+    from ditbench.walltime import announce, suite_seconds
+
+    k = options.repeats or suite.repeats
+    previous = latest_by_repeat(read_records(options.out / RESULTS_FILE)) if not args.force else {}
+    todo = [
+        c
+        for r in range(1, k + 1)
+        for c in cells
+        if (previous.get((c.cell_id, r)) or {}).get("status") != "ok"
+    ]
+    if not todo:
+        return None
+    device = device_type(todo[0].config["device"], visible.cuda)
+    gpu = collect_env(probe_cuda=False)["gpu_name"] if device == "cuda" else None  # no CUDA context here
+    if device == "cpu":  # the CPU's rate at the cells' threads (this process computes nothing itself)
+        import torch
+
+        from ditbench.bench.threads import pinned
+
+        torch.set_num_threads(pinned(todo[0].config["threads"], device) or torch.get_num_threads())
+    seconds = suite_seconds(todo, device, gpu)
+    name = shlex.join([args.suite, *args.overrides])
+    cheaper = (
+        f"Run a part (--cells SUBSTR; --dry-run lists the cells), fewer steps (steps.min_seconds=0 "
+        f"smoke.steps=0), or predict it without running: `ditbench plan {name}`."
+    )
+    what = f"{len(todo)} cell{'s' * (len(todo) != 1)} of {suite.name}" + (
+        f" ({k} repeats each)" if k > 1 else ""
+    )
+    announce("run", seconds, what, device, args.yes, cheaper, gpu)
+    return seconds
 
 
 NOT_MEASURED = ("unsupported", "skipped")  # statuses of cells that never started
@@ -277,10 +381,9 @@ def _planner(suite):
     return SuitePlanner(suite, suite.plan, collect_env(probe_cuda=False))
 
 
-def _plan(cell, visible, rendezvous, previous: dict, args, executor, planner=None) -> dict:
+def _plan(cell, verdict, previous: dict, args, planner=None) -> dict:
     """What a real run would do with the cell: {plan: the executor's verdict, skipped, done or run;
     reason: why it will not run (None when it will); with the suite's `plan:`, predicted_peak_gib}."""
-    verdict = executor.verdict(cell, visible, rendezvous)
     out: dict = {"plan": "run", "reason": None}
     if planner is not None:
         prediction = planner.prediction(cell)

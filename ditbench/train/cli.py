@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_yes(parser)
 
 
-def train_step_s(config: dict, device: str) -> float | None:
+def train_step_s(config: dict, device: str, gpu: str | None = None) -> float | None:
     """Seconds of one steady training step of `config` (Knobs fields) on `device` (ditbench.walltime's
     rate, the planner's time model on the traced step), or None (no datasheet; image-folder data)."""
     from ditbench.plan import speed
@@ -54,7 +54,7 @@ def train_step_s(config: dict, device: str) -> float | None:
     from ditbench.plan.predict import normalize, series_trace, trace_knobs
     from ditbench.walltime import rate
 
-    found = rate(device)
+    found = rate(device, gpu)
     cell = normalize({**config, "device": "cpu" if device == "cpu" else "cuda"})
     if found is None or isinstance(cell["data"], dict) and "images" in cell["data"]:
         return None
