@@ -221,8 +221,11 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if not args.allow_unsupported:
         _refuse_unrunnable(suite, cells, verdicts, visible, args)
-    runnable = [c for c in cells if verdicts[c.cell_id] is None]
-    estimate = None if args.executor == "slurm" else _announce(suite, runnable, options, args, visible)
+    estimate: list[float | None] = [None]
+
+    def announce(todo: list) -> None:  # once the output folder is checked, before any cell starts
+        estimate[0] = _announce(suite, todo, args, visible)
+
     # Ctrl-C: cli.main prints this and the command that resumes (without --force, which would rerun all)
     args._resume, args._resume_drop = (
         "the cells recorded so far are kept; this runs only the rest",
@@ -234,9 +237,9 @@ def run(args: argparse.Namespace) -> int:
 
         records = submit_suite(suite, options, args.executor, cluster, notes=notes)
     else:
-        records = run_suite(suite, options, notes=notes)
+        records = run_suite(suite, options, notes=notes, before=announce)
     took = f"in {duration(time.monotonic() - started)}"
-    took += f" (estimated {duration(estimate)})" if estimate else ""
+    took += f" (estimated {duration(estimate[0])})" if estimate[0] else ""
     say = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the records alone
     if args.json:
         print(json.dumps(records, default=str))
@@ -281,23 +284,12 @@ def _refuse_unrunnable(suite, cells, verdicts: dict, visible, args) -> None:
     )
 
 
-def _announce(suite, cells, options, args, visible) -> float | None:
-    """Print the estimate of the cells still to run here (walltime.announce), and return it."""
-    from ditbench.bench.records import read_records
-    from ditbench.bench.repeats import latest_by_repeat
-    from ditbench.bench.runopts import RESULTS_FILE
+def _announce(suite, todo: list, args, visible) -> float | None:
+    """Print the estimate of the cells `todo` (walltime.announce: long CPU work needs --yes), return it."""
     from ditbench.device import device_type
     from ditbench.environment import collect_env
     from ditbench.walltime import announce, suite_seconds
 
-    k = options.repeats or suite.repeats
-    previous = latest_by_repeat(read_records(options.out / RESULTS_FILE)) if not args.force else {}
-    todo = [
-        c
-        for r in range(1, k + 1)
-        for c in cells
-        if (previous.get((c.cell_id, r)) or {}).get("status") != "ok"
-    ]
     if not todo:
         return None
     device = device_type(todo[0].config["device"], visible.cuda)
@@ -314,8 +306,9 @@ def _announce(suite, cells, options, args, visible) -> float | None:
         f"Run a part (--cells SUBSTR; --dry-run lists the cells), fewer steps (steps.min_seconds=0 "
         f"smoke.steps=0), or predict it without running: `ditbench plan {name}`."
     )
+    k = len(todo) / len({c.cell_id for c in todo})
     what = f"{len(todo)} cell{'s' * (len(todo) != 1)} of {suite.name}" + (
-        f" ({k} repeats each)" if k > 1 else ""
+        " (repeats included)" if k > 1 else ""
     )
     announce("run", seconds, what, device, args.yes, cheaper, gpu)
     return seconds

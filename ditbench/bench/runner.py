@@ -136,9 +136,11 @@ def run_suite(
     echo: Callable[[str], None] | None = None,
     executor: Executor | None = None,
     notes: Notes | None = None,
+    before: Callable[[list[SuiteCell]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or resume) the suite; return the latest record of every selected cell, in suite order.
-    `notes` gathers what the lines refer to by number (summary.Notes)."""
+    `notes` gathers what the lines refer to by number (summary.Notes); `before` is called with the
+    cells (repeats) still to run here, once the output folder is checked and before any starts."""
     check_options(options)
     executor = executor or Processes()
     out = Path(options.out)
@@ -146,10 +148,12 @@ def run_suite(
     hint = "In a multi-node run every node needs its own --out, e.g. runs/NAME_node$NODE_RANK "
     hint = hint + "(docs/distributed.md)." if (options.rendezvous or {}).get("nnodes", 1) > 1 else ""
     with OutputLock(out, hint=hint):  # one run per folder, or two runs would each run every cell
-        return _run_locked(suite, options, out, echo or print_line, executor, notes or Notes())
+        return _run_locked(suite, options, out, echo or print_line, executor, notes or Notes(), before)
 
 
-def _run_locked(suite, options: RunOptions, out: Path, say, executor: Executor, notes: Notes) -> list[dict]:
+def _run_locked(
+    suite, options: RunOptions, out: Path, say, executor: Executor, notes: Notes, before
+) -> list[dict]:
     from ditbench.environment import collect_env
 
     ensure_dir(out / LOGS_DIR, "--out's logs folder", probe=False)
@@ -166,6 +170,7 @@ def _run_locked(suite, options: RunOptions, out: Path, say, executor: Executor, 
         planner = plan_option.SuitePlanner(suite, suite.plan, env)
     k = options.repeats or suite.repeats
     run = SuiteRun(suite, options, run_id, env, Visible.detect(), out, {}, planner, k, executor, notes)
+    run.before = before
     try:
         with procs.sigterm_as_interrupt():
             run.run(select_cells(suite, options.cell_filters), say)
@@ -200,6 +205,7 @@ class SuiteRun:
         self.suite, self.options, self.run_id, self.env, self.visible = suite, options, run_id, env, visible
         self.out, self.latest, self.planner, self.repeats = out, latest, planner, repeats
         self.executor, self.notes = executor or Processes(), notes or Notes()
+        self.before: Callable[[list[SuiteCell]], None] | None = None  # run_suite's `before`
         self.failed_repeat: dict[str, dict[str, Any]] = {}  # cell_id -> its first failed repeat's record
         self.results_path = out / RESULTS_FILE
         self.folder = inflight.inflight_dir(out) if self.executor.waits else out / JOBS_DIR
@@ -232,6 +238,11 @@ class SuiteRun:
             order = plan_option.run_order(order, cells)
         # round-robin: every cell's repeat 1, then every cell's repeat 2, ...
         todo = [(c, r) for r in range(1, k + 1) for c in order if (c.cell_id, r) not in done | waiting]
+        unrunnable = [(c, r) for c, r in todo if self.verdict(c) is not None]  # recorded first, in one line
+        cannot = {(c.cell_id, r) for c, r in unrunnable}
+        todo = [(c, r) for c, r in todo if (c.cell_id, r) not in cannot]
+        if self.before is not None:
+            self.before([c for c, _ in todo])  # the estimate, said first (it may refuse)
         for cid, r in sorted(done, key=lambda key: key[1]):
             self.latest[cid] = previous[(cid, r)]
         if done or waiting:
@@ -243,10 +254,7 @@ class SuiteRun:
                 + (f", {len(waiting)} submitted earlier and waited for" if waiting else "")
                 + f", {len(todo)} to {'run' if self.executor.waits else 'submit'}"
             )
-        unrunnable = [(c, r) for c, r in todo if self.verdict(c) is not None]
-        if unrunnable:  # recorded first, said in one line
-            cannot = {(c.cell_id, r) for c, r in unrunnable}
-            todo = [(c, r) for c, r in todo if (c.cell_id, r) not in cannot]
+        if unrunnable:
             self._record_unrunnable(unrunnable, cells)
         self.total, self.done = len(todo) + len(self.pending), len(done)
         self.watch = self._watch([c for c, _ in todo])
