@@ -145,11 +145,12 @@ def _announce(args: argparse.Namespace, scorer, source) -> None:
     precomputed (a cache hit, found only once the reference is hashed, makes it shorter)."""
     from ditbench.walltime import INCEPTION_FLOPS, announce, flops_s
 
-    device = str(scorer.extractor.device)  # the network (and its weight file) is checked first
+    name = str(source.path) if source.path else "the samples"  # as score() names them
+    # what the counts cannot give is refused first, then the network (and its weight file) is checked
+    keys = {k for m in scorer.plan(source.count, name)[0] for k in m.reference_keys}
+    device = str(scorer.extractor.device)
     per_image = flops_s(INCEPTION_FLOPS, device, "tf32" if args.tf32 else "fp32")
     ref = scorer.reference
-    name = str(source.path) if source.path else "the samples"  # as score() names them
-    keys = {k for m in scorer.plan(source.count, name)[0] for k in m.reference_keys}
     refs = ref.count if ref.missing(keys) and ref.source.images is not None else 0
     what = f"Inception features of {source.count:,} images" + (
         f" and {refs:,} reference images" + ("" if args.no_cache else " (fewer if cached)") if refs else ""
