@@ -7,12 +7,27 @@ import json
 import shlex
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
 from ditbench.bench.cluster import EXECUTORS
 
 EXIT_NOTHING_MEASURED = 3  # a run in which no selected cell started (all unsupported or skipped)
+
+
+SWITCHES = {
+    "--force": "rerun cells that already have an ok record",
+    "--dry-run": "print the expanded matrix (what each cell would do, why a cell would not run, and with "
+    "the suite's plan: the predicted peak) and exit",
+    "--allow-unsupported": "run even when no selected cell can run on this machine (a GPU suite on a CPU): "
+    "each is recorded `unsupported` with its reason, without running",
+    "--verbose": "a line as each cell starts, every note in full on its cell's line, and the table of every "
+    "cell at the end (default: a line per cell, each note once at the end)",
+    "--allow-empty": "exit 0 when no cell was measured (all unsupported here or skipped); without it such a "
+    f"run exits {EXIT_NOTHING_MEASURED}",
+    "--no-oom-skip": "run larger batches even after a smaller batch of the same series ran out of memory",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,31 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="the run's folder: results.jsonl, summary.md, logs/ (default: runs/<suite name>)",
     )
-    parser.add_argument("--force", action="store_true", help="rerun cells that already have an ok record")
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the expanded matrix (what each cell would do, why a cell would not run, and with "
-        "the suite's plan: the predicted peak) and exit",
-    )
-    parser.add_argument(
-        "--allow-unsupported",
-        action="store_true",
-        help="run even when no selected cell can run on this machine (a GPU suite on a CPU): each is "
-        "recorded `unsupported` with its reason, without running",
-    )
-    parser.add_argument(
-        "--verbose",
-        action="store_true",
-        help="a line as each cell starts, every note in full on its cell's line, and the table of "
-        "every cell at the end (default: a line per cell, each note once at the end)",
-    )
-    parser.add_argument(
-        "--allow-empty",
-        action="store_true",
-        help=f"exit 0 when no cell was measured (all unsupported here or skipped); without it such a "
-        f"run exits {EXIT_NOTHING_MEASURED}",
-    )
+    for flag, text in SWITCHES.items():
+        parser.add_argument(flag, action="store_true", help=text)
     import textwrap
 
     parser.epilog = textwrap.fill(
@@ -96,11 +88,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="a short name for this run (e.g. before-fix), written as `label` in each record; reports "
         "group a cell's records by it (up to 64 characters, one line)",
-    )
-    parser.add_argument(
-        "--no-oom-skip",
-        action="store_true",
-        help="run larger batches even after a smaller batch of the same series ran out of memory",
     )
     from ditbench.expansion import add_max_cells
 
@@ -258,9 +245,7 @@ def _refuse_unrunnable(suite, cells, verdicts: dict, visible, args) -> None:
 
     if any(verdicts[c.cell_id] is None or verdicts[c.cell_id][0] != "unsupported" for c in cells):
         return
-    reasons: dict[str, int] = {}
-    for cell in cells:
-        reasons[verdicts[cell.cell_id][1]] = reasons.get(verdicts[cell.cell_id][1], 0) + 1
+    reasons = Counter(verdicts[c.cell_id][1] for c in cells)
     why = "; ".join(f"{n} cell{'s' * (n != 1)}: {reason}" for reason, n in reasons.items())
     name = shlex.join([args.suite, *args.overrides])
     text = (
@@ -393,6 +378,7 @@ def _plan(cell, verdict, previous: dict, args, planner=None) -> dict:
 
 def _print_dry_run(suite, cells, plans: dict, out, args) -> None:
     """The matrix, a row per cell; each reason a cell will not run once, numbered, under the table."""
+    from ditbench.bench.summary import Notes
     from ditbench.units import memory_text
 
     k = args.repeats or suite.repeats
@@ -400,8 +386,7 @@ def _print_dry_run(suite, cells, plans: dict, out, args) -> None:
     print(f"suite {suite.name} ({suite.path}): {len(cells)} cells{times} -> {out}")
     if args.overrides:
         print(f"overrides: {' '.join(args.overrides)}")
-    peak = suite.plan is not None
-    notes: dict[str, int] = {}
+    peak, notes = suite.plan is not None, Notes()
     print(
         f"{'cell_id':<13} {'smoke':>5}  {'plan':<16} "
         + (f"{'predicted peak':>14}  " if peak else "")
@@ -411,15 +396,11 @@ def _print_dry_run(suite, cells, plans: dict, out, args) -> None:
         row = plans[cell.cell_id]
         plan = row["plan"]
         if row["reason"]:
-            plan += f" [{notes.setdefault(row['reason'], len(notes) + 1)}]"
-        predicted = ""
-        if peak:
-            gib = row.get("predicted_peak_gib")
-            predicted = f"{memory_text(gib) if gib is not None else 'n/a':>14}  "
+            plan += " " + notes.ref(row["reason"], cell.cell_id, cell.cell_name, cell.config)
+        gib = row.get("predicted_peak_gib")
+        predicted = f"{memory_text(gib) if gib is not None else 'n/a':>14}  " if peak else ""
         print(f"{cell.cell_id:<13} {cell.config['smoke_steps']:>5}  {plan:<16} {predicted}{cell.cell_name}")
-    counts = {reason: sum(plans[c.cell_id]["reason"] == reason for c in cells) for reason in notes}
-    for reason, number in notes.items():
-        print(f"[{number}] {reason} ({counts[reason]} cell{'s' * (counts[reason] != 1)})")
-    runs = sum(plans[c.cell_id]["plan"] == "run" for c in cells)
-    if not runs:
+    for line in notes.lines([(c.cell_name, c.config) for c in cells]):
+        print(line)
+    if not any(plans[c.cell_id]["plan"] == "run" for c in cells):
         print(f"nothing would be measured: none of the {len(cells)} cells would run here (see above)")

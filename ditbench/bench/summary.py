@@ -102,16 +102,15 @@ class Notes:
         self.cells: dict[str, dict[str, tuple[str, dict]]] = {}  # note -> cell_id -> (name, config)
         self.said: set[str] = set()
 
+    def ref(self, text: str, cell_id: str, name: str, config: dict) -> str:
+        """'[n]': the number of note `text`, now noted for the cell."""
+        self.cells.setdefault(text, {})[cell_id] = (name, config)
+        return f"[{list(self.cells).index(text) + 1}]"
+
     def refs(self, record: dict[str, Any]) -> str:
-        """'[1] [3]': the record's notes, noted."""
-        numbers = []
-        for text in notes_of(record):
-            self.cells.setdefault(text, {})[record.get("cell_id")] = (
-                record["cell_name"],
-                record.get("config") or {},
-            )
-            numbers.append(list(self.cells).index(text) + 1)
-        return " ".join(f"[{n}]" for n in numbers)
+        """'[1] [3]': the record's notes (notes_of), noted."""
+        cell = (record.get("cell_id"), record["cell_name"], record.get("config") or {})
+        return " ".join(self.ref(text, *cell) for text in notes_of(record))
 
     def lines(self, every: list[tuple[str, dict]], texts=None) -> list[str]:
         """'[n] note (its cells)' of `texts` (default: every note not said yet), now said."""

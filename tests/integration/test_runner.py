@@ -161,8 +161,8 @@ def test_dry_run_lists_cells_and_writes_nothing(tmp_path, capsys):
     assert "  run  " in next(x for x in lines if x.endswith("DiT-T/8 fp32 ckpt=none bs=1"))
     # each reason once, under the table, with the cells it covers
     assert (
-        "[1] fp16 needs a CUDA device (CPU autocast has no loss-scaled fp16); use bf16 on CPU (2 cells)"
-        in text
+        "[1] fp16 needs a CUDA device (CPU autocast has no loss-scaled fp16); use bf16 on CPU (the 2 cells "
+        "with precision=fp16)" in text
     )
     assert "nothing would be measured" not in text
     assert main(["run", str(path), "--out", str(out), "--dry-run", "--json"]) == 0
