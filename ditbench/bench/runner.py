@@ -50,6 +50,7 @@ from ditbench.bench.runopts import (
     run_order,
     select_cells,
 )
+from ditbench.bench.suite_progress import stderr_line
 from ditbench.bench.summary import Notes, format_line, notes_of, write_summary
 from ditbench.device import cuda_visible, device_type
 from ditbench.fileio import mkdir_real
@@ -148,7 +149,7 @@ def run_suite(
     hint = "In a multi-node run every node needs its own --out, e.g. runs/NAME_node$NODE_RANK "
     hint = hint + "(docs/distributed.md)." if (options.rendezvous or {}).get("nnodes", 1) > 1 else ""
     with OutputLock(out, hint=hint):  # one run per folder, or two runs would each run every cell
-        return _run_locked(suite, options, out, echo or print_line, executor, notes or Notes(), before)
+        return _run_locked(suite, options, out, echo or stderr_line, executor, notes or Notes(), before)
 
 
 def _run_locked(
@@ -183,13 +184,6 @@ def _run_locked(
     records = [by_cell[c.cell_id] for c in select_cells(suite, options.cell_filters) if c.cell_id in by_cell]
     write_summary(out / SUMMARY_FILE, suite, records)
     return records
-
-
-def print_line(line: str) -> None:
-    from tqdm import tqdm
-
-    tqdm.write(line, file=sys.stderr)  # progress: above the bar; stdout keeps the result (--json)
-    sys.stderr.flush()
 
 
 NO_FAILURE = ("ok", "skipped", "unsupported")  # statuses that rule no other cell out

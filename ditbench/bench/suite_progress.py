@@ -32,7 +32,7 @@ class _Watch:
         if every_s is None:  # each cell has its result line: unless asked, a beat only in a long wait
             every_s = default_every() if starts or EVERY_ENV in os.environ else QUIET_EVERY_S
         self.every_s = every_s
-        self.write = write or _stderr_line
+        self.write = write or stderr_line
 
     def start(self, index: int, cell) -> None:
         """The loop takes cell `index` (1-based): it is decided, started or submitted."""
@@ -126,8 +126,10 @@ class JobWatch(_Watch):
             )
 
 
-def _stderr_line(text: str) -> None:
+def stderr_line(text: str) -> None:
+    """A line of progress (and each cell's result line): stderr, above a terminal's bar; stdout keeps
+    the command's result (--json)."""
     from tqdm import tqdm
 
-    tqdm.write(text, file=sys.stderr)  # above a terminal's bar, which lives on stderr too
+    tqdm.write(text, file=sys.stderr)
     sys.stderr.flush()

@@ -4,6 +4,7 @@ it applies to (`Notes`), the closing lines, and summary.md (the table of every c
 from __future__ import annotations
 
 import math
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -253,9 +254,6 @@ def _overrides_text(overrides: dict[str, Any] | None) -> str:
 
 def write_summary(path: Path, suite, records: list[dict[str, Any]]) -> None:
     """summary.md: what the run was, the table of every cell, and each note in full under it."""
-    counts: dict[str, int] = {}
-    for r in records:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
     env = next((r["env"] for r in records if isinstance(r.get("env"), dict) and r["env"]), {})
     device = env.get("gpu_name") or env.get("cpu") or "?"
     notes = Notes()
@@ -264,9 +262,8 @@ def write_summary(path: Path, suite, records: list[dict[str, Any]]) -> None:
     text = (
         f"# {md_text(suite.name)}\n\n{md_text(suite.description)}\n\n"
         + _overrides_text(getattr(suite, "overrides", None))
-        + f"{len(records)} cells: "
-        + ", ".join(f"{n} {md_text(s)}" for s, n in sorted(counts.items()))
-        + f". Device: {md_text(device)}; torch {md_text(env.get('torch'))}; "
+        + f"{len(records)} cells: {md_text(_statuses(records))}. Device: {md_text(device)}; "
+        f"torch {md_text(env.get('torch'))}; "
         f"ditbench {md_text(env.get('ditbench'))} ({md_text(env.get('git_sha'))}).\n\n"
         "Peak memory is the CUDA allocator's peak allocated on a GPU (`peak allocated`); on a CPU the "
         "CPU allocator's peak over a fresh trainer's second step (`CPU allocator peak`, "
@@ -281,15 +278,18 @@ def write_summary(path: Path, suite, records: list[dict[str, Any]]) -> None:
     write_atomic(path, text)
 
 
-def closing(records: list[dict[str, Any]], notes: Notes, took: str) -> list[str]:
-    """The run's last lines: the cells by status, and each note not yet said with its cells."""
-    counts: dict[str, int] = {}
-    for r in records:
-        counts[r["status"]] = counts.get(r["status"], 0) + 1
-        notes.refs(r)  # the notes of records earlier runs made, too
+def _statuses(records: list[dict[str, Any]]) -> str:
+    """'16 ok (14 noisy), 8 unsupported'."""
     noisy = sum(r["status"] == "ok" and _at(r, "metrics", "noisy") is True for r in records)
-    said = ", ".join(
+    counts = Counter(r["status"] for r in records)
+    return ", ".join(
         f"{n} {s}" + (f" ({noisy} noisy)" if s == "ok" and noisy else "") for s, n in counts.items()
     )
+
+
+def closing(records: list[dict[str, Any]], notes: Notes, took: str) -> list[str]:
+    """The run's last lines: the cells by status, and each note not yet said with its cells."""
+    for r in records:
+        notes.refs(r)  # the notes of records earlier runs made, too
     every = [(r["cell_name"], r.get("config") or {}) for r in records]
-    return [f"{len(records)} cells {took}: {said}", *notes.lines(every)]
+    return [f"{len(records)} cells {took}: {_statuses(records)}", *notes.lines(every)]
