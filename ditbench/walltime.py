@@ -3,11 +3,11 @@
 The rate is the planner's time model's (plan/speed.py): a CPU's matmul rate measured now (0.3 s, at
 this process's threads: a busy machine gets a longer estimate) with the efficiencies fitted on CPU
 cells (reports/plan_vs_cpu), or a GPU's datasheet with the shipped calibration. A training step is
-the traced step at that rate (train/cli.py; the warm-up is no estimate). Sampling and Inception
-features are their FLOPs at the calibrated matmul rate (kernel launches not counted: small models at
-small sizes take longer than said). A suite is its cells' steps at the traced step time plus each
-cell's process start. Over LONG_CPU_S on a CPU, a terminal without --yes is refused with the estimate
-and a cheaper way; CI and logs proceed, the estimate printed.
+the traced step at that rate (train/cli.py; the warm-up is no estimate), a suite its cells' steps and
+processes (bench/runopts.py). Sampling and Inception features are their FLOPs at the calibrated
+matmul rate (kernel launches not counted: small models at small sizes take longer than said). Over
+LONG_CPU_S on a CPU, a terminal without --yes is refused with the estimate and a cheaper way; CI and
+logs proceed, the estimate printed.
 """
 
 from __future__ import annotations
@@ -64,45 +64,6 @@ def flops_s(flops: float, device: str, precision: str = "fp32") -> float | None:
     peaks, params = found[0], found[1]
     peak = peaks["fp16"] if precision in LOW_PRECISIONS else peaks.get(precision, peaks["fp32"])
     return flops / (params["matmul_eff"] * peak * 1e12)
-
-
-# A cell's process besides its steps: the interpreter and torch (CELL_START_S), and each Trainer it
-# builds (BUILD_S_PER_MPARAM per million parameters; a CPU cell builds a second for the allocator peak,
-# whose two profiled steps take about twice as long, and a smoke or quality run one more). CPU: fitted
-# on cpu_smoke on 2 shared cores, scaled to the calibration's quiet CPU (reports/plan_vs_cpu); a CPU
-# measured slower now (busy, or slower) takes longer in proportion. CUDA: a guess, no GPU measured it
-# (ci_gate's "about 10 minutes" for 40 processes).
-CELL_START_S = {"cpu": 4.5, "cuda": 10.0}
-BUILD_S_PER_MPARAM = {"cpu": 0.04, "cuda": 0.0}
-
-
-def suite_seconds(cells, device: str, gpu: str | None = None) -> float | None:
-    """Seconds to run the suite cells `cells` here one after another (None: a cell has no estimate): its
-    process and builds, and its steps at the planner's step time: warm-up, the window (at least `measure`
-    steps and `min_seconds`), the smoke run, and a quality run's training (not its sampling and scoring)."""
-    from ditbench.models.configs import get_config
-    from ditbench.train.cli import train_step_s
-
-    if (found := rate(device, gpu)) is None:
-        return None
-    slower = 1.0
-    if device == "cpu":
-        slower = json.loads((CALIBRATIONS / "speed_calibration_cpu.json").read_text())["peak_tflops"]
-        slower /= found[0]["fp32"]
-    total = 0.0
-    for cell in cells:
-        config, cpu = cell.config, device == "cpu"
-        step = train_step_s(config, device, gpu)
-        if step is None:
-            return None
-        at = (config.get("quality") or {}).get("at")
-        steps = config["steps"]["warmup"] + config["smoke_steps"] + (max(at) if isinstance(at, list) else 0)
-        window = max(config["steps"]["measure"] * step, config["steps"]["min_seconds"])
-        model = get_config(config["model"])
-        builds = 1 + cpu + (config["smoke_steps"] > 0) + bool(at)
-        build_s = BUILD_S_PER_MPARAM[device] * 18 * model.depth * model.hidden_size**2 / 1e6  # ~ parameters
-        total += slower * (CELL_START_S[device] + builds * build_s) + window + (steps + 4 * cpu) * step
-    return total
 
 
 def announce(

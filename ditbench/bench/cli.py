@@ -271,9 +271,10 @@ def _refuse_unrunnable(suite, cells, verdicts: dict, visible, args) -> None:
 
 def _announce(suite, todo: list, args, visible) -> float | None:
     """Print the estimate of the cells `todo` (walltime.announce: long CPU work needs --yes), return it."""
+    from ditbench.bench.runopts import suite_seconds
     from ditbench.device import device_type
     from ditbench.environment import collect_env
-    from ditbench.walltime import announce, suite_seconds
+    from ditbench.walltime import announce
 
     if not todo:
         return None

@@ -382,3 +382,25 @@ def _fill_cuda(
     comp = _components(series, {a: result.block_sizes[a] for a in live_at(events, result.peak_event)})
     comp["context"] = bud.context_gib
     pred.components = comp
+
+
+def train_step_s(config: dict, device: str, gpu: str | None = None) -> float | None:
+    """Seconds of one steady training step of `config` (Knobs fields) on `device` (ditbench.walltime's
+    rate, the planner's time model on the traced step), or None (no datasheet; image-folder data)."""
+    from ditbench.plan import speed
+    from ditbench.walltime import rate
+
+    found = rate(device, gpu)
+    cell = normalize({**config, "device": "cpu" if device == "cpu" else "cuda"})
+    if found is None or isinstance(cell["data"], dict) and "images" in cell["data"]:
+        return None
+    peaks, params, _, card = found
+    sheet = speed.cpu_datasheet(peaks["fp32"] * 1000) if device == "cpu" else speed.datasheet(card)
+    target = CPU if device == "cpu" else cuda_target(card)
+    series = series_trace(trace_knobs(cell, target), target, disk=True)
+    depth, ckpt = speed.blocks(cell["model"], cell["grad_ckpt"])
+    t = speed.step_time(
+        series.trace.kernels, cell["batch_size"], sheet, cell["precision"], params,
+        compiled=bool(cell["compile"]), overlap=device != "cpu", blocks=depth, ckpt_blocks=ckpt,
+    )  # fmt: skip
+    return t.seconds * cell["grad_accum"]

@@ -166,23 +166,24 @@ def test_ctrl_c_prints_the_command_that_resumes(tmp_path, capsys, monkeypatch):
 
 def test_the_suite_estimate_is_each_cells_process_builds_and_steps(monkeypatch):
     from ditbench import walltime
-    from ditbench.train import cli as train_cli
+    from ditbench.bench.runopts import suite_seconds
+    from ditbench.plan import predict
 
     quiet = json.loads((walltime.CALIBRATIONS / "speed_calibration_cpu.json").read_text())["peak_tflops"]
     measured = [quiet]  # the CPU's rate now: the calibration's quiet CPU, then one twice as slow
     monkeypatch.setattr(walltime, "measure_matmul_tflops", lambda *a, **k: measured[0])
-    monkeypatch.setattr(train_cli, "train_step_s", lambda config, device, gpu=None: 0.5)
+    monkeypatch.setattr(predict, "train_step_s", lambda config, device, gpu=None: 0.5)
     walltime.rate.cache_clear()
     suite = load_suite("cpu_smoke", ["model=DiT-T/4", "precision=fp32", "grad_ckpt=none", "batch_size=[4,8]"])
     smoke, plain = suite.cells  # the first has the 500-step smoke run
     build = 0.04 * 18 * 4 * 64**2 / 1e6  # DiT-T: depth 4, width 64
     # warm-up 2, window max(5 x 0.5, 2 s), the allocator peak's 2 profiled steps (as 4)
-    assert walltime.suite_seconds([plain], "cpu") == pytest.approx(4.5 + 2 * build + 2.5 + (2 + 4) * 0.5)
-    assert walltime.suite_seconds([smoke], "cpu") == pytest.approx(4.5 + 3 * build + 2.5 + (502 + 4) * 0.5)
+    assert suite_seconds([plain], "cpu") == pytest.approx(4.5 + 2 * build + 2.5 + (2 + 4) * 0.5)
+    assert suite_seconds([smoke], "cpu") == pytest.approx(4.5 + 3 * build + 2.5 + (502 + 4) * 0.5)
     measured[0] = quiet / 2
     walltime.rate.cache_clear()  # a busy CPU: its processes start and build twice as slowly too
-    assert walltime.suite_seconds([plain], "cpu") == pytest.approx(2 * (4.5 + 2 * build) + 2.5 + 6 * 0.5)
-    assert walltime.suite_seconds([plain], "cuda", "NVIDIA H200") == pytest.approx(10.0 + 2.5 + 2 * 0.5)
-    monkeypatch.setattr(train_cli, "train_step_s", lambda config, device, gpu=None: None)
-    assert walltime.suite_seconds([plain], "cpu") is None  # no step estimate: no suite estimate
+    assert suite_seconds([plain], "cpu") == pytest.approx(2 * (4.5 + 2 * build) + 2.5 + 6 * 0.5)
+    assert suite_seconds([plain], "cuda", "NVIDIA H200") == pytest.approx(10.0 + 2.5 + 2 * 0.5)
+    monkeypatch.setattr(predict, "train_step_s", lambda config, device, gpu=None: None)
+    assert suite_seconds([plain], "cpu") is None  # no step estimate: no suite estimate
     walltime.rate.cache_clear()

@@ -10,7 +10,7 @@ import pytest
 
 from ditbench import progress, walltime
 from ditbench.errors import UserError
-from ditbench.train.cli import train_step_s
+from ditbench.plan.predict import train_step_s
 
 ROOT = Path(__file__).resolve().parents[2]
 
