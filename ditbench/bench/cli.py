@@ -292,10 +292,8 @@ def _announce(suite, todo: list, args, visible) -> float | None:
         f"Run a part (--cells SUBSTR; --dry-run lists the cells), fewer steps (steps.min_seconds=0 "
         f"smoke.steps=0), or predict it without running: `ditbench plan {name}`."
     )
-    k = len(todo) / len({c.cell_id for c in todo})
-    what = f"{len(todo)} cell{'s' * (len(todo) != 1)} of {suite.name}" + (
-        " (repeats included)" if k > 1 else ""
-    )
+    repeats = ", repeats included" if len(todo) > len({c.cell_id for c in todo}) else ""
+    what = f"suite {suite.name} ({len(todo)} cell{'s' * (len(todo) != 1)}{repeats})"
     announce("run", seconds, what, device, args.yes, cheaper, gpu)
     return seconds
 
@@ -312,7 +310,7 @@ def _exit_status(records: list[dict], args: argparse.Namespace) -> int:
     statuses = sorted({str(r.get("status")) for r in records})
     message = (
         f"nothing was measured: all {len(records)} selected cells are {' or '.join(statuses)} "
-        "(the reasons are in the table and in summary.md)."
+        "(the reasons are above and in summary.md)."
     )
     if args.allow_empty:
         print(f"ditbench: {message}", file=sys.stderr)

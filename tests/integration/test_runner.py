@@ -281,7 +281,7 @@ def test_a_run_shows_progress_on_a_log_and_each_cell_logs_its_own_output(tmp_pat
     assert main(["run", str(path), "--out", str(out), "--verbose"]) == 0
     captured = capfd.readouterr()
     err = captured.err.splitlines()
-    assert err[0].startswith("ditbench run: 2 cells of t: estimated ")  # the estimate first
+    assert err[0].startswith("ditbench run: suite t (2 cells): estimated ")  # the estimate first
     assert err[1].startswith("DiT-T/8 fp16 ckpt=none bs=1: UNSUPPORTED  fp16 needs")  # in full
     starts = [line for line in err if line.startswith("cell ") and "running for" not in line]
     assert starts[0] == "cell 1/2: DiT-T/8 fp32 ckpt=none bs=1; suite ETA after the first cell"
