@@ -124,13 +124,13 @@ def new_run_id() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
-# A cell's process besides its steps: the interpreter and torch (CELL_START_S), and each Trainer it
-# builds (BUILD_S_PER_MPARAM per million parameters; a CPU cell builds a second for the allocator peak,
-# whose two profiled steps take about twice as long, and a smoke or quality run one more). CPU: fitted
-# on cpu_smoke on 2 shared cores, scaled to the calibration's quiet CPU (reports/plan_vs_cpu); a CPU
-# measured slower now (busy, or slower) takes longer in proportion. CUDA: a guess, no GPU measured it
-# (ci_gate's "about 10 minutes" for 40 processes).
-CELL_START_S = {"cpu": 4.5, "cuda": 10.0}
+# A cell's process besides its steps: the interpreter and torch, the runner's gap between cells
+# (CELL_START_S), and each Trainer it builds (BUILD_S_PER_MPARAM per million parameters; a CPU cell
+# builds a second for the allocator peak, whose two profiled steps take about twice as long, and a
+# smoke or quality run one more). CPU: fitted on cpu_smoke and a CPU ci_gate on 2 shared cores, scaled
+# to the calibration's quiet CPU (reports/plan_vs_cpu); a CPU measured slower now (busy, or slower)
+# takes longer in proportion. CUDA: a guess, no GPU measured it (ci_gate's "about 10 minutes").
+CELL_START_S = {"cpu": 5.5, "cuda": 10.0}
 BUILD_S_PER_MPARAM = {"cpu": 0.04, "cuda": 0.0}
 
 

@@ -178,12 +178,29 @@ def test_the_suite_estimate_is_each_cells_process_builds_and_steps(monkeypatch):
     smoke, plain = suite.cells  # the first has the 500-step smoke run
     build = 0.04 * 18 * 4 * 64**2 / 1e6  # DiT-T: depth 4, width 64
     # warm-up 2, window max(5 x 0.5, 2 s), the allocator peak's 2 profiled steps (as 4)
-    assert suite_seconds([plain], "cpu") == pytest.approx(4.5 + 2 * build + 2.5 + (2 + 4) * 0.5)
-    assert suite_seconds([smoke], "cpu") == pytest.approx(4.5 + 3 * build + 2.5 + (502 + 4) * 0.5)
+    assert suite_seconds([plain], "cpu") == pytest.approx(5.5 + 2 * build + 2.5 + (2 + 4) * 0.5)
+    assert suite_seconds([smoke], "cpu") == pytest.approx(5.5 + 3 * build + 2.5 + (502 + 4) * 0.5)
     measured[0] = quiet / 2
     walltime.rate.cache_clear()  # a busy CPU: its processes start and build twice as slowly too
-    assert suite_seconds([plain], "cpu") == pytest.approx(2 * (4.5 + 2 * build) + 2.5 + 6 * 0.5)
+    assert suite_seconds([plain], "cpu") == pytest.approx(2 * (5.5 + 2 * build) + 2.5 + 6 * 0.5)
     assert suite_seconds([plain], "cuda", "NVIDIA H200") == pytest.approx(10.0 + 2.5 + 2 * 0.5)
     monkeypatch.setattr(predict, "train_step_s", lambda config, device, gpu=None: None)
     assert suite_seconds([plain], "cpu") is None  # no step estimate: no suite estimate
     walltime.rate.cache_clear()
+
+
+def test_a_run_estimated_over_30_minutes_on_a_cpu_needs_yes_in_a_terminal(tmp_path, capsys, monkeypatch):
+    from ditbench import walltime
+    from ditbench.bench import runopts
+
+    monkeypatch.setattr(walltime, "is_terminal", lambda stream=None: True)
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.setattr(runopts, "suite_seconds", lambda cells, device, gpu=None: 3 * 3600.0)
+    path = tmp_path / "t.yaml"
+    path.write_text("name: t\ndevice: cpu\ndefaults: {model: DiT-T/8}\nmatrix: {batch_size: [1]}\n")
+    assert main(["run", str(path), "--out", str(tmp_path / "o")]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert err.startswith("ditbench run: suite t (1 cell): estimated 3 h 00 min at this CPU's ")
+    assert "suite t (1 cell) is estimated at 3 h 00 min on this CPU" in err and "Add --yes" in err
+    assert f"`ditbench plan {path}`" in err and "--cells SUBSTR" in err
+    assert not (tmp_path / "o" / "results.jsonl").exists()  # refused before any cell
