@@ -4,8 +4,8 @@ The rate is the planner's time model's (plan/speed.py): a CPU's matmul rate meas
 this process's threads: a busy machine gets a longer estimate) with the efficiencies fitted on CPU
 cells (reports/plan_vs_cpu), or a GPU's datasheet with the shipped calibration. A training step is
 the traced step at that rate (train/cli.py; the warm-up is no estimate), a suite its cells' steps and
-processes (bench/runopts.py). Sampling and Inception features are their FLOPs at the calibrated
-matmul rate (kernel launches not counted: small models at small sizes take longer than said). Over
+processes (bench/cli.py). Sampling and Inception features are their FLOPs at the calibrated matmul
+rate (kernel launches not counted: small models at small sizes take longer than said). Over
 LONG_CPU_S on a CPU, a terminal without --yes is refused with the estimate and a cheaper way; CI and
 logs proceed, the estimate printed.
 """
@@ -30,11 +30,9 @@ CALIBRATIONS = Path(__file__).with_name("plan")  # speed_calibration.json (GPU),
 
 
 @functools.lru_cache(maxsize=4)
-def rate(
-    device: str, gpu: str | None = None
-) -> tuple[dict[str, float], dict[str, float], str, str | None] | None:
+def rate(device: str) -> tuple[dict[str, float], dict[str, float], str, str | None] | None:
     """({fp32, tf32, fp16} peak TFLOP/s, calibrated time-model params, what they are, the card) of
-    `device` (a GPU named `gpu`, else asked of CUDA); None for a GPU without a datasheet."""
+    `device`; None for a GPU without a datasheet."""
     if device == "cpu":
         peak = measure_matmul_tflops("cpu", "fp32", n=512, seconds=0.3)
         peaks, card = dict.fromkeys(PRECISIONS, peak), None
@@ -43,9 +41,12 @@ def rate(
         import torch
 
         from ditbench.cards import DATASHEETS, find_card
+        from ditbench.environment import nvml_gpu
 
         try:
-            card = find_card(gpu or torch.cuda.get_device_name(torch.device(device))).name
+            # "cuda" (`run`'s parent, which must not hold a CUDA context): the first visible GPU, by NVML
+            name = nvml_gpu()[0] if device == "cuda" else None
+            card = find_card(name or torch.cuda.get_device_name(torch.device(device))).name
         except UserError:
             return None
         if card not in DATASHEETS:
@@ -66,20 +67,12 @@ def flops_s(flops: float, device: str, precision: str = "fp32") -> float | None:
     return flops / (params["matmul_eff"] * peak * 1e12)
 
 
-def announce(
-    command: str,
-    seconds: float | None,
-    what: str,
-    device: str,
-    yes: bool,
-    cheaper: str,
-    gpu: str | None = None,
-) -> None:
+def announce(command: str, seconds: float | None, what: str, device: str, yes: bool, cheaper: str) -> None:
     """Print the estimate first (stderr); refuse long CPU work in a terminal without --yes."""
     if seconds is None:
         print(f"ditbench {command}: no time estimate for {what} on {device}", file=sys.stderr, flush=True)
         return
-    basis = rate(device, gpu)[2]
+    basis = rate(device)[2]
     print(
         f"ditbench {command}: {what}: estimated {duration(seconds)} at {basis}", file=sys.stderr, flush=True
     )

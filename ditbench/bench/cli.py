@@ -139,7 +139,10 @@ def run(args: argparse.Namespace) -> int:
         RunOptions,
         check_options,
         check_out_dir,
+        dry_run_plan,
+        dry_run_planner,
         kept_entries,
+        print_dry_run,
         select_cells,
     )
     from ditbench.bench.summary import Notes, closing, summary_table
@@ -191,8 +194,8 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         check_out_dir(Path(out), create=False)  # run_suite checks (and creates) it for a real run
         previous = latest_by_cell(read_records(Path(out) / RESULTS_FILE))
-        planner = _planner(suite)
-        plans = {c.cell_id: _plan(c, verdicts[c.cell_id], previous, args, planner) for c in cells}
+        planner = dry_run_planner(suite)
+        plans = {c.cell_id: dry_run_plan(c, verdicts[c.cell_id], previous, args, planner) for c in cells}
         if args.json:
             rows = [
                 {"cell_id": c.cell_id, "cell_name": c.cell_name, **plans[c.cell_id], "config": c.config}
@@ -204,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
             return 0
-        _print_dry_run(suite, cells, plans, out, args)
+        print_dry_run(suite, cells, plans, out, args)
         return 0
     if not args.allow_unsupported:
         _refuse_unrunnable(suite, cells, verdicts, visible, args)
@@ -271,22 +274,21 @@ def _refuse_unrunnable(suite, cells, verdicts: dict, visible, args) -> None:
 
 def _announce(suite, todo: list, args, visible) -> float | None:
     """Print the estimate of the cells `todo` (walltime.announce: long CPU work needs --yes), return it."""
-    from ditbench.bench.runopts import suite_seconds
     from ditbench.device import device_type
-    from ditbench.environment import collect_env
+    from ditbench.environment import nvml_gpu
     from ditbench.walltime import announce
 
     if not todo:
         return None
     device = device_type(todo[0].config["device"], visible.cuda)
-    gpu = collect_env(probe_cuda=False)["gpu_name"] if device == "cuda" else None  # no CUDA context here
     if device == "cpu":  # the CPU's rate at the cells' threads (this process computes nothing itself)
         import torch
 
         from ditbench.bench.threads import pinned
 
         torch.set_num_threads(pinned(todo[0].config["threads"], device) or torch.get_num_threads())
-    seconds = suite_seconds(todo, device, gpu)
+    # this process holds no CUDA context: without NVML (ditbench[gpu]) it cannot name the GPU
+    seconds = suite_seconds(todo, device) if device == "cpu" or nvml_gpu()[0] else None
     name = shlex.join([args.suite, *args.overrides])
     cheaper = (
         f"Run a part (--cells SUBSTR; --dry-run lists the cells), fewer steps (steps.min_seconds=0 "
@@ -294,7 +296,7 @@ def _announce(suite, todo: list, args, visible) -> float | None:
     )
     repeats = ", repeats included" if len(todo) > len({c.cell_id for c in todo}) else ""
     what = f"suite {suite.name} ({len(todo)} cell{'s' * (len(todo) != 1)}{repeats})"
-    announce("run", seconds, what, device, args.yes, cheaper, gpu)
+    announce("run", seconds, what, device, args.yes, cheaper)
     return seconds
 
 
@@ -348,58 +350,41 @@ def _executor(args, cluster):
     return Submitit(args.executor, cluster)
 
 
-def _planner(suite):
-    """The suite's `plan:` option's planner (predictions in this process, as the run makes them), or None."""
-    if suite.plan is None:
+# A cell's process besides its steps: the interpreter and torch, the runner's gap between cells
+# (CELL_START_S), and each Trainer it builds (BUILD_S_PER_MPARAM per million parameters; a CPU cell
+# builds a second for the allocator peak, whose two profiled steps take about twice as long, and a
+# smoke or quality run one more). CPU: fitted on cpu_smoke and a CPU ci_gate on 2 shared cores, scaled
+# to the calibration's quiet CPU (reports/plan_vs_cpu); a CPU measured slower now (busy, or slower)
+# takes longer in proportion. CUDA: a guess, no GPU measured it (ci_gate's "about 10 minutes").
+CELL_START_S = {"cpu": 5.5, "cuda": 10.0}
+BUILD_S_PER_MPARAM = {"cpu": 0.04, "cuda": 0.0}
+
+
+def suite_seconds(cells, device: str) -> float | None:
+    """Seconds to run the suite cells `cells` here one after another (None: a cell has no estimate): its
+    process and builds, and its steps at the planner's step time: warm-up, the window (at least `measure`
+    steps and `min_seconds`), the smoke run, and a quality run's training (not its sampling and scoring)."""
+    from ditbench.models.configs import get_config
+    from ditbench.train.cli import train_step_s
+    from ditbench.walltime import CALIBRATIONS, rate
+
+    if (found := rate(device)) is None:
         return None
-    from ditbench.bench.plan_option import SuitePlanner
-    from ditbench.environment import collect_env
-
-    return SuitePlanner(suite, suite.plan, collect_env(probe_cuda=False))
-
-
-def _plan(cell, verdict, previous: dict, args, planner=None) -> dict:
-    """What a real run would do with the cell: {plan: the executor's verdict, skipped, done or run;
-    reason: why it will not run (None when it will); with the suite's `plan:`, predicted_peak_gib}."""
-    out: dict = {"plan": "run", "reason": None}
-    if planner is not None:
-        prediction = planner.prediction(cell)
-        out["predicted_peak_gib"] = prediction.get("peak_allocated_gib")
-        out["prediction_status"] = prediction.get("status")
-    if verdict:
-        out.update(plan=verdict[0], reason=verdict[1])
-    elif not args.force and (previous.get(cell.cell_id) or {}).get("status") == "ok":
-        out["plan"] = "done (ok)"
-    elif planner is not None and (skip := planner.skip_reason(cell)):
-        out.update(plan="skipped", reason=skip)
-    return out
-
-
-def _print_dry_run(suite, cells, plans: dict, out, args) -> None:
-    """The matrix, a row per cell; each reason a cell will not run once, numbered, under the table."""
-    from ditbench.bench.summary import Notes
-    from ditbench.units import memory_text
-
-    k = args.repeats or suite.repeats
-    times = f", each {k} times in fresh processes, round-robin" if k > 1 else ""
-    print(f"suite {suite.name} ({suite.path}): {len(cells)} cells{times} -> {out}")
-    if args.overrides:
-        print(f"overrides: {' '.join(args.overrides)}")
-    peak, notes = suite.plan is not None, Notes()
-    print(
-        f"{'cell_id':<13} {'smoke':>5}  {'plan':<16} "
-        + (f"{'predicted peak':>14}  " if peak else "")
-        + "cell"
-    )
+    slower = 1.0
+    if device == "cpu":
+        slower = json.loads((CALIBRATIONS / "speed_calibration_cpu.json").read_text())["peak_tflops"]
+        slower /= found[0]["fp32"]
+    total = 0.0
     for cell in cells:
-        row = plans[cell.cell_id]
-        plan = row["plan"]
-        if row["reason"]:
-            plan += " " + notes.ref(row["reason"], cell.cell_id, cell.cell_name, cell.config)
-        gib = row.get("predicted_peak_gib")
-        predicted = f"{memory_text(gib) if gib is not None else 'n/a':>14}  " if peak else ""
-        print(f"{cell.cell_id:<13} {cell.config['smoke_steps']:>5}  {plan:<16} {predicted}{cell.cell_name}")
-    for line in notes.lines([(c.cell_name, c.config) for c in cells]):
-        print(line)
-    if not any(plans[c.cell_id]["plan"] == "run" for c in cells):
-        print(f"nothing would be measured: none of the {len(cells)} cells would run here (see above)")
+        config, cpu = cell.config, device == "cpu"
+        step = train_step_s(config, device)
+        if step is None:
+            return None
+        at = (config.get("quality") or {}).get("at")
+        steps = config["steps"]["warmup"] + config["smoke_steps"] + (max(at) if isinstance(at, list) else 0)
+        window = max(config["steps"]["measure"] * step, config["steps"]["min_seconds"])
+        model = get_config(config["model"])
+        builds = 1 + cpu + (config["smoke_steps"] > 0) + bool(at)
+        build_s = BUILD_S_PER_MPARAM[device] * 18 * model.depth * model.hidden_size**2 / 1e6  # ~ parameters
+        total += slower * (CELL_START_S[device] + builds * build_s) + window + (steps + 4 * cpu) * step
+    return total

@@ -5,7 +5,6 @@ What a run keeps in its --out is named here."""
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 import os
 import secrets
@@ -124,41 +123,58 @@ def new_run_id() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
-# A cell's process besides its steps: the interpreter and torch, the runner's gap between cells
-# (CELL_START_S), and each Trainer it builds (BUILD_S_PER_MPARAM per million parameters; a CPU cell
-# builds a second for the allocator peak, whose two profiled steps take about twice as long, and a
-# smoke or quality run one more). CPU: fitted on cpu_smoke and a CPU ci_gate on 2 shared cores, scaled
-# to the calibration's quiet CPU (reports/plan_vs_cpu); a CPU measured slower now (busy, or slower)
-# takes longer in proportion. CUDA: a guess, no GPU measured it (ci_gate's "about 10 minutes").
-CELL_START_S = {"cpu": 5.5, "cuda": 10.0}
-BUILD_S_PER_MPARAM = {"cpu": 0.04, "cuda": 0.0}
-
-
-def suite_seconds(cells, device: str, gpu: str | None = None) -> float | None:
-    """Seconds to run the suite cells `cells` here one after another (None: a cell has no estimate): its
-    process and builds, and its steps at the planner's step time: warm-up, the window (at least `measure`
-    steps and `min_seconds`), the smoke run, and a quality run's training (not its sampling and scoring)."""
-    from ditbench.models.configs import get_config
-    from ditbench.plan.predict import train_step_s
-    from ditbench.walltime import CALIBRATIONS, rate
-
-    if (found := rate(device, gpu)) is None:
+def dry_run_planner(suite):
+    """The suite's `plan:` option's planner (predictions in this process, as the run makes them), or None."""
+    if suite.plan is None:
         return None
-    slower = 1.0
-    if device == "cpu":
-        slower = json.loads((CALIBRATIONS / "speed_calibration_cpu.json").read_text())["peak_tflops"]
-        slower /= found[0]["fp32"]
-    total = 0.0
+    from ditbench.bench.plan_option import SuitePlanner
+    from ditbench.environment import collect_env
+
+    return SuitePlanner(suite, suite.plan, collect_env(probe_cuda=False))
+
+
+def dry_run_plan(cell, verdict, previous: dict, args, planner=None) -> dict:
+    """What a real run would do with the cell: {plan: the executor's verdict, skipped, done or run;
+    reason: why it will not run (None when it will); with the suite's `plan:`, predicted_peak_gib}."""
+    out: dict = {"plan": "run", "reason": None}
+    if planner is not None:
+        prediction = planner.prediction(cell)
+        out["predicted_peak_gib"] = prediction.get("peak_allocated_gib")
+        out["prediction_status"] = prediction.get("status")
+    if verdict:
+        out.update(plan=verdict[0], reason=verdict[1])
+    elif not args.force and (previous.get(cell.cell_id) or {}).get("status") == "ok":
+        out["plan"] = "done (ok)"
+    elif planner is not None and (skip := planner.skip_reason(cell)):
+        out.update(plan="skipped", reason=skip)
+    return out
+
+
+def print_dry_run(suite, cells, plans: dict, out, args) -> None:
+    """The matrix, a row per cell; each reason a cell will not run once, numbered, under the table."""
+    from ditbench.bench.summary import Notes
+    from ditbench.units import memory_text
+
+    k = args.repeats or suite.repeats
+    times = f", each {k} times in fresh processes, round-robin" if k > 1 else ""
+    print(f"suite {suite.name} ({suite.path}): {len(cells)} cells{times} -> {out}")
+    if args.overrides:
+        print(f"overrides: {' '.join(args.overrides)}")
+    peak, notes = suite.plan is not None, Notes()
+    print(
+        f"{'cell_id':<13} {'smoke':>5}  {'plan':<16} "
+        + (f"{'predicted peak':>14}  " if peak else "")
+        + "cell"
+    )
     for cell in cells:
-        config, cpu = cell.config, device == "cpu"
-        step = train_step_s(config, device, gpu)
-        if step is None:
-            return None
-        at = (config.get("quality") or {}).get("at")
-        steps = config["steps"]["warmup"] + config["smoke_steps"] + (max(at) if isinstance(at, list) else 0)
-        window = max(config["steps"]["measure"] * step, config["steps"]["min_seconds"])
-        model = get_config(config["model"])
-        builds = 1 + cpu + (config["smoke_steps"] > 0) + bool(at)
-        build_s = BUILD_S_PER_MPARAM[device] * 18 * model.depth * model.hidden_size**2 / 1e6  # ~ parameters
-        total += slower * (CELL_START_S[device] + builds * build_s) + window + (steps + 4 * cpu) * step
-    return total
+        row = plans[cell.cell_id]
+        plan = row["plan"]
+        if row["reason"]:
+            plan += " " + notes.ref(row["reason"], cell.cell_id, cell.cell_name, cell.config)
+        gib = row.get("predicted_peak_gib")
+        predicted = f"{memory_text(gib) if gib is not None else 'n/a':>14}  " if peak else ""
+        print(f"{cell.cell_id:<13} {cell.config['smoke_steps']:>5}  {plan:<16} {predicted}{cell.cell_name}")
+    for line in notes.lines([(c.cell_name, c.config) for c in cells]):
+        print(line)
+    if not any(plans[c.cell_id]["plan"] == "run" for c in cells):
+        print(f"nothing would be measured: none of the {len(cells)} cells would run here (see above)")

@@ -19,8 +19,8 @@ N = d = 2048: an n x n matrix a resample; from N = d up they rerun (an N x d^2 c
 d x d eigenvalue problem a resample). Precision/recall: every sample's nearest neighbours and the
 (reference, sample) pairs they could cover once (one computation of the metric), then O(N) a
 resample. KID: the samples' kernel once (N^2 float64, up to N of about 16,000; beyond, KID
-reruns), then one T x N by N x N product a resample. IS reruns (cheap). Measured costs are in the
-README (benchmarks/bootstrap_cost.py).
+reruns), then one T x N by N x N product a resample. IS reruns (cheap). benchmarks/bootstrap_cost.py
+measures the costs (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ OPTIONS = (
     Option(
         "bootstrap",
         RESAMPLES,
-        "resamples of the samples for the metrics' 95%% intervals (0: none); their cost is in the "
-        "README (%(default)s)",
+        "resamples of the samples for the metrics' 95%% intervals (0: none); their cost: docs/metrics.md "
+        "(%(default)s)",
         minimum=0,
     ),
     Option(

@@ -46,9 +46,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_yes(parser)
 
 
+def train_step_s(config: dict, device: str) -> float | None:
+    """Seconds of one steady training step of `config` (Knobs fields) on `device` (ditbench.walltime's
+    rate, the planner's time model on the traced step), or None (no datasheet; image-folder data)."""
+    from ditbench.plan import speed
+    from ditbench.plan.emulation import CPU, cuda_target
+    from ditbench.plan.predict import normalize, series_trace, trace_knobs, traced_accum
+    from ditbench.walltime import rate
+
+    found = rate(device)
+    cell = normalize({**config, "device": "cpu" if device == "cpu" else "cuda"})
+    if found is None or isinstance(cell["data"], dict) and "images" in cell["data"]:
+        return None
+    peaks, params, _, card = found
+    sheet = speed.cpu_datasheet(peaks["fp32"] * 1000) if device == "cpu" else speed.datasheet(card)
+    target = CPU if device == "cpu" else cuda_target(card)
+    series = series_trace(trace_knobs(cell, target), target, disk=True)
+    depth, ckpt = speed.blocks(cell["model"], cell["grad_ckpt"])
+    t = speed.step_time(
+        series.trace.kernels, cell["batch_size"], sheet, cell["precision"], params,
+        compiled=bool(cell["compile"]), overlap=device != "cpu", blocks=depth, ckpt_blocks=ckpt,
+        accum=cell["grad_accum"], traced_accum=traced_accum(cell),
+    )  # fmt: skip
+    return t.seconds
+
+
 def _announce(args: argparse.Namespace, cfg, device: str) -> None:
     """The estimate before the model is built (DiT-XL/2 takes a while to build on a CPU)."""
-    from ditbench.plan.predict import train_step_s
     from ditbench.walltime import LONG_CPU_S, announce
 
     step_s = train_step_s(cfg.model_dump(), device)

@@ -165,14 +165,14 @@ def test_ctrl_c_prints_the_command_that_resumes(tmp_path, capsys, monkeypatch):
 
 
 def test_the_suite_estimate_is_each_cells_process_builds_and_steps(monkeypatch):
-    from ditbench import walltime
-    from ditbench.bench.runopts import suite_seconds
-    from ditbench.plan import predict
+    from ditbench import environment, walltime
+    from ditbench.bench.cli import suite_seconds
+    from ditbench.train import cli as train_cli
 
     quiet = json.loads((walltime.CALIBRATIONS / "speed_calibration_cpu.json").read_text())["peak_tflops"]
     measured = [quiet]  # the CPU's rate now: the calibration's quiet CPU, then one twice as slow
     monkeypatch.setattr(walltime, "measure_matmul_tflops", lambda *a, **k: measured[0])
-    monkeypatch.setattr(predict, "train_step_s", lambda config, device, gpu=None: 0.5)
+    monkeypatch.setattr(train_cli, "train_step_s", lambda config, device: 0.5)
     walltime.rate.cache_clear()
     suite = load_suite("cpu_smoke", ["model=DiT-T/4", "precision=fp32", "grad_ckpt=none", "batch_size=[4,8]"])
     smoke, plain = suite.cells  # the first has the 500-step smoke run
@@ -183,19 +183,19 @@ def test_the_suite_estimate_is_each_cells_process_builds_and_steps(monkeypatch):
     measured[0] = quiet / 2
     walltime.rate.cache_clear()  # a busy CPU: its processes start and build twice as slowly too
     assert suite_seconds([plain], "cpu") == pytest.approx(2 * (5.5 + 2 * build) + 2.5 + 6 * 0.5)
-    assert suite_seconds([plain], "cuda", "NVIDIA H200") == pytest.approx(10.0 + 2.5 + 2 * 0.5)
-    monkeypatch.setattr(predict, "train_step_s", lambda config, device, gpu=None: None)
+    monkeypatch.setattr(environment, "nvml_gpu", lambda: ("NVIDIA H200", 139.8))  # asked of NVML, not CUDA
+    assert suite_seconds([plain], "cuda") == pytest.approx(10.0 + 2.5 + 2 * 0.5)
+    monkeypatch.setattr(train_cli, "train_step_s", lambda config, device: None)
     assert suite_seconds([plain], "cpu") is None  # no step estimate: no suite estimate
     walltime.rate.cache_clear()
 
 
 def test_a_run_estimated_over_30_minutes_on_a_cpu_needs_yes_in_a_terminal(tmp_path, capsys, monkeypatch):
     from ditbench import walltime
-    from ditbench.bench import runopts
 
     monkeypatch.setattr(walltime, "is_terminal", lambda stream=None: True)
     monkeypatch.delenv("CI", raising=False)
-    monkeypatch.setattr(runopts, "suite_seconds", lambda cells, device, gpu=None: 3 * 3600.0)
+    monkeypatch.setattr(run_cli, "suite_seconds", lambda cells, device: 3 * 3600.0)
     path = tmp_path / "t.yaml"
     path.write_text("name: t\ndevice: cpu\ndefaults: {model: DiT-T/8}\nmatrix: {batch_size: [1]}\n")
     assert main(["run", str(path), "--out", str(tmp_path / "o")]) == 2

@@ -10,7 +10,7 @@ import pytest
 
 from ditbench import progress, walltime
 from ditbench.errors import UserError
-from ditbench.plan.predict import train_step_s
+from ditbench.train.cli import train_step_s
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,7 +45,7 @@ def test_flops_at_the_calibrated_rate(quiet_cpu):
 
 def _announce(monkeypatch, seconds, *, terminal=True, yes=False, device="cpu", ci=None):
     monkeypatch.setattr(walltime, "is_terminal", lambda stream=None: terminal)
-    monkeypatch.setattr(walltime, "rate", lambda device, gpu=None: (None, None, "a test rate", None))
+    monkeypatch.setattr(walltime, "rate", lambda device: (None, None, "a test rate", None))
     if ci is None:
         monkeypatch.delenv("CI", raising=False)
     else:
