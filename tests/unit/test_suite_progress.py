@@ -1,4 +1,4 @@
-"""The runner's heartbeat, start lines (--verbose) and ETA (bench.suite_progress), without a cell or a clock."""
+"""The runner's heartbeat, start lines (--verbose) and ETA (bench.suite_progress), without a cell or clock."""
 
 from types import SimpleNamespace
 
