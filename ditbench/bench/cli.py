@@ -132,7 +132,6 @@ def label_arg(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ditbench.bench.records import latest_by_cell, read_records
     from ditbench.bench.runner import Visible, run_suite
     from ditbench.bench.runopts import (
         RESULTS_FILE,
@@ -149,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
     from ditbench.errors import UserError
     from ditbench.outpaths import refuse_output_as_input
     from ditbench.progress import duration
+    from ditbench.records.jsonl import latest_by_cell, read_records
     from ditbench.spec.suite import load_suite
 
     if any(not f.strip() for f in args.cells):
@@ -232,7 +232,7 @@ def run(args: argparse.Namespace) -> int:
     took += f" (estimated {duration(estimate[0])})" if estimate[0] else ""
     say = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the records alone
     if args.json:
-        print(json.dumps(records, default=str))
+        print(json.dumps([r.dump() for r in records]))
     elif args.verbose:
         print(summary_table(records, notes), end="")
     for line in closing(records, notes, took):

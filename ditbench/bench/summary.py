@@ -12,15 +12,17 @@ from ditbench.bench.window import noise_advice
 from ditbench.escape import md_code, md_text
 from ditbench.fileio import write_atomic
 from ditbench.interval_text import with_ends
+from ditbench.records.metrics import CPU_ALLOC, CPU_RSS, IMAGES_PER_S, PEAK_ALLOCATED
+from ditbench.records.model import Part
 from ditbench.units import memory_text
 
 
 # The records come from results.jsonl, which a user may have edited: a reader validates the fields
 # every tool relies on, the rest may be anything. Every optional figure goes through these two.
 def _at(value: Any, *keys: str) -> Any:
-    """value[k1][k2]..., or None where a level is missing or not a mapping."""
+    """value[k1][k2]..., or None where a level is missing or not a mapping (a dict, or a record's part)."""
     for key in keys:
-        value = value.get(key) if isinstance(value, dict) else None
+        value = value.get(key) if isinstance(value, (dict, Part)) else None
     return value
 
 
@@ -34,9 +36,9 @@ def _num(value: Any, spec: str, scale: float = 1.0) -> str | None:
 # The memory a line and the table show, first found wins, each named by what it is (the report's
 # and the record docs' names too).
 MEMORY_SHOWN = (
-    ("peak_mem_allocated_gib", "peak allocated"),  # the CUDA allocator's, since the window started
-    ("cpu_peak_alloc_gib", "CPU allocator peak"),  # on a CPU: a fresh trainer's second step
-    ("cpu_peak_rss_gib", "CPU peak RSS"),  # the process's resident memory (records from before the above)
+    (PEAK_ALLOCATED.key, "peak allocated"),  # the CUDA allocator's, since the window started
+    (CPU_ALLOC.key, "CPU allocator peak"),  # on a CPU: a fresh trainer's second step
+    (CPU_RSS.key, "CPU peak RSS"),  # the process's resident memory (records from before the above)
 )
 
 
@@ -56,7 +58,7 @@ def _noise(metrics: dict[str, Any], exact: bool = True) -> list[str]:
     """Why a window is noisy: with its figures (exact), else the same words on every cell it applies to."""
     if metrics.get("noisy") is not True:
         return []
-    n = metrics.get("noise") if isinstance(metrics.get("noise"), dict) else {}
+    n = metrics.get("noise") or {}
     said = [advice] if (advice := noise_advice(n, exact)) else []
     spread, gap = n.get("step_spread"), n.get("throughput_gap")
     if _num(spread, "g") and _num(bound := n.get("spread_bound"), "g") and spread > bound:
@@ -175,14 +177,14 @@ def _step_text(step: Any) -> str:
 def rate_text(metrics: dict[str, Any]) -> str:
     """images/s; for a cell with repeats, the median over the processes with its interval and count:
     '50.0 (95% CI 45.5-55.6, 3 runs)'."""
-    text = _num(metrics.get("images_per_s"), ".1f") or "-"
-    rep = metrics.get("repeats") if isinstance(metrics.get("repeats"), dict) else {}
-    ci = rep.get("images_per_s_ci")
+    text = _num(metrics.get(IMAGES_PER_S.key), ".1f") or "-"
+    rep = metrics.get("repeats") or {}
+    ci = rep.get(f"{IMAGES_PER_S.key}_ci")
     if isinstance(ci, list) and len(ci) == 2 and all(_num(x, "g") is not None for x in ci):
         failed = (
             f", {len(rep['failed'])} failed" if isinstance(rep.get("failed"), dict) and rep["failed"] else ""
         )
-        value = metrics["images_per_s"] if text != "-" else ci[0]
+        value = metrics[IMAGES_PER_S.key] if text != "-" else ci[0]
         shown, low, high = with_ends(value, ci[0], ci[1], "{:.1f}")  # to the interval's precision
         text = (shown if text != "-" else text) + f" (95% CI {low}-{high}, {rep.get('count')} runs{failed})"
     return text
@@ -199,7 +201,7 @@ def summary_table(records: list[dict[str, Any]], notes: Notes | None = None) -> 
     for r in records:
         m = r.get("metrics") or {}
         ok = r["status"] == "ok"
-        smoke = r.get("smoke") if isinstance(r.get("smoke"), dict) else None
+        smoke = r.get("smoke")
         first, last = _num(_at(smoke, "first_mean"), ".4f"), _num(_at(smoke, "last_mean"), ".4f")
         said = f"{first} -> {last}" if first is not None and last is not None else "-"
         if _at(smoke, "status") not in (None, "ok"):
@@ -219,7 +221,7 @@ def summary_table(records: list[dict[str, Any]], notes: Notes | None = None) -> 
 
 
 def _emulation_text(records: list[dict[str, Any]]) -> str:
-    emulated = next((e for r in records if isinstance(e := _at(r, "metrics", "emulation"), dict)), None)
+    emulated = next((e for r in records if (e := _at(r, "metrics", "emulation")) is not None), None)
     if not emulated:
         return ""
     budget = _num(emulated.get("budget_gib"), "g") or "?"
@@ -254,7 +256,7 @@ def _overrides_text(overrides: dict[str, Any] | None) -> str:
 
 def write_summary(path: Path, suite, records: list[dict[str, Any]]) -> None:
     """summary.md: what the run was, the table of every cell, and each note in full under it."""
-    env = next((r["env"] for r in records if isinstance(r.get("env"), dict) and r["env"]), {})
+    env = next((r["env"] for r in records if r.get("env")), {})
     device = env.get("gpu_name") or env.get("cpu") or "?"
     notes = Notes()
     table = summary_table(records, notes)
@@ -267,8 +269,8 @@ def write_summary(path: Path, suite, records: list[dict[str, Any]]) -> None:
         f"ditbench {md_text(env.get('ditbench'))} ({md_text(env.get('git_sha'))}).\n\n"
         "Peak memory is the CUDA allocator's peak allocated on a GPU (`peak allocated`); on a CPU the "
         "CPU allocator's peak over a fresh trainer's second step (`CPU allocator peak`, "
-        "metrics.cpu_peak_alloc_gib), or in older records the process's peak resident memory (`CPU peak "
-        "RSS`, metrics.cpu_peak_rss_gib), which stays flat across settings. Below 1 GiB it reads in MiB. "
+        f"{CPU_ALLOC.path}), or in older records the process's peak resident memory (`CPU peak "
+        f"RSS`, {CPU_RSS.path}), which stays flat across settings. Below 1 GiB it reads in MiB. "
         "MFU is given only where the device's peak is in the table (never on a CPU).\n\n"
         + _repeats_text(records)
         + _emulation_text(records)
