@@ -22,6 +22,7 @@ from ditbench.precision import LOW_PRECISIONS
 from ditbench.records.metrics import IMAGES_PER_S
 from ditbench.report.cells import cell_label as _cell
 from ditbench.report.cells import knobs, pairs
+from ditbench.report.claim_check import HELD, INCONCLUSIVE, NOT_HELD, NOT_JUDGED, NOT_MEASURED
 from ditbench.report.load import value
 from ditbench.report.memory import MEM_ALLOCATED, card_lower_bounds, fit_memory, fits
 from ditbench.report.scale import activation_share, not_meaningful
@@ -32,13 +33,7 @@ IMG_S = IMAGES_PER_S.path
 FP16_HALVES_MAX_RATIO = 0.60  # "halves": fp16 peak allocated <= 60% of fp32's
 CKPT_MIN_SAVING = 0.40  # "about 50% memory": saves at least 40% of peak allocated
 CKPT_MAX_EXTRA_TIME = 0.35  # "for 20-30% more time": costs at most 35% more time per step
-FLASH_SPEEDUP_RANGE = (
-    2.0,
-    4.0,
-)  # "2-4x faster": flash/math images/s (claims/dit_resource_guide.yaml's range)
-
-HELD, NOT_HELD, NOT_MEASURED, INCONCLUSIVE = "held", "not held", "not measured", "inconclusive"
-NOT_JUDGED = "not judged"  # measured, but at a scale where the effect cannot show (report.scale)
+FLASH_SPEEDUP_RANGE = (2.0, 4.0)  # "2-4x faster": flash/math images/s (claims/dit_resource_guide.yaml's)
 AT_SCALE = "; pairs whose {} cell's activations are under a tenth of its peak are not judged (report.scale)"
 
 
@@ -141,7 +136,6 @@ def check_ckpt_tradeoff(df: pd.DataFrame) -> AdviceCheck:
         f"costs at most {CKPT_MAX_EXTRA_TIME:.0%} more time per step (medians over cells that differ only "
         "in grad_ckpt)"
     ) + AT_SCALE.format("un-checkpointed")
-    numbers = []
     measured = [
         (full, none)
         for full, none in pairs(df, {"grad_ckpt": "full"}, {"grad_ckpt": "none"})
@@ -149,18 +143,16 @@ def check_ckpt_tradeoff(df: pd.DataFrame) -> AdviceCheck:
         and value(none, IMG_S) is not None
     ]  # fmt: skip
     found, small = _at_scale(measured)
-    for full, none in found:
-        mf, mn = value(full, MEM_ALLOCATED), value(none, MEM_ALLOCATED)
-        sf, sn = value(full, IMG_S), value(none, IMG_S)
-        numbers.append(
-            {
-                "cell": _cell(full),
-                "none_gib": mn,
-                "full_gib": mf,
-                "saving": 1 - mf / mn,
-                "extra_time": sn / sf - 1,
-            }
-        )
+    numbers = [
+        {
+            "cell": _cell(full),
+            "none_gib": value(none, MEM_ALLOCATED),
+            "full_gib": value(full, MEM_ALLOCATED),
+            "saving": 1 - value(full, MEM_ALLOCATED) / value(none, MEM_ALLOCATED),
+            "extra_time": value(none, IMG_S) / value(full, IMG_S) - 1,
+        }
+        for full, none in found
+    ]
     if not numbers:
         if small:
             return AdviceCheck(claim, NOT_JUDGED, small, rule)

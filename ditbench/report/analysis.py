@@ -14,21 +14,16 @@ import pandas as pd
 
 from ditbench.records.metrics import IMAGES_PER_S
 from ditbench.report.cells import (  # noqa: F401 - knobs is imported from here by the gate
-    cell_label,
     gpu_count,
     knob_index,
     knob_key,
     knobs,
     model_size_key,
     same_run_first,
-    varying_knobs,
 )
 from ditbench.report.load import flatten, value
 from ditbench.report.memory import cell_budget, fit_memory, fits, memory_metric
 from ditbench.report.scale import not_meaningful
-
-FAILED = ("oom", "timeout", "nan_loss", "error")
-
 
 # ------------------------------------------------------------------------------------------ baseline
 
