@@ -64,11 +64,7 @@ def num(x: Any, digits: int = 1, unit: str = "") -> str:
         return "—"
     if math.isnan(x):
         return "—"
-    if abs(x) >= 1000:
-        text = f"{x:,.0f}"
-    else:
-        text = f"{x:.{digits}f}"
-    return text + unit
+    return (f"{x:,.0f}" if abs(x) >= 1000 else f"{x:.{digits}f}") + unit
 
 
 def speedup_text(x: float | None) -> str:

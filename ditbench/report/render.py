@@ -8,7 +8,6 @@ memory, advice and claims checked, one section per model, plots, how to read it)
 from __future__ import annotations
 
 import json
-import math
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -148,14 +147,9 @@ def _speed_memory(df: pd.DataFrame, png: bytes) -> list[Block]:
 
 def _environment(df: pd.DataFrame) -> list[Block]:
     env_cols = [c for c in df.columns if c.startswith("env.")]
-    rows = []
-    mixed = []
+    rows, mixed = [], []
     for c in env_cols:
-        values = list(
-            dict.fromkeys(
-                str(v) for v in df[c] if v is not None and not (isinstance(v, float) and math.isnan(v))
-            )
-        )
+        values = list(dict.fromkeys(str(v) for v in df[c].dropna()))
         if len(values) > 1:
             mixed.append(c[4:])
         rows.append([c[4:], " | ".join(values) if values else "—"])
@@ -197,10 +191,9 @@ def _method(df: pd.DataFrame, steps: int, steps_source: str) -> list[Block]:
                 "in MiB = 2^20 bytes). On a CPU that is the CPU allocator peak over a fresh trainer's "
                 f"second step ({CPU_ALLOC.path}), or in older records the CPU peak RSS, the "
                 f"process's resident memory ({CPU_RSS.path}), which stays flat across settings. "
-                "Whether a "
-                "cell fits a card is decided on peak reserved + CUDA context where the context was measured "
-                "(a cell that completed under an emulated card's cap fits it), else on NVML device memory "
-                "(it includes the context), else on reserved.",
+                "Whether a cell fits a card is decided on peak reserved + CUDA context where the context "
+                "was measured (a cell that completed under an emulated card's cap fits it), else on NVML "
+                "device memory (it includes the context), else on reserved.",
                 "A budget is the card a suite emulated (`card` / `gpu_memory_gib`), else the card the "
                 "cells ran on (every ok cell fits it).",
                 f"Time to {steps_text(steps)} steps ({steps_source}) is that many steps at the measured "
@@ -256,9 +249,7 @@ def write_report(
     out_dir = Path(out_dir)
     blocks, plots = build_report(df, title, sources, claims, steps, advice_checks)
     heading = next(b.text for b in blocks if isinstance(b, Heading))
-    written = {}
-    for name, png in plots.items():
-        written[name] = write_atomic(out_dir / PLOT_FILES.get(name, name), png)
+    written = {name: write_atomic(out_dir / PLOT_FILES.get(name, name), png) for name, png in plots.items()}
     for name in (set(PLOT_FILES.values()) | set(QUALITY_FILES)) - {
         PLOT_FILES.get(n, n) for n in plots
     }:  # a stale plot from an earlier report would mislead
