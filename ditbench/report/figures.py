@@ -187,6 +187,3 @@ def _overlap(a: tuple, b: tuple) -> float:
     w = min(a[2], b[2]) - max(a[0], b[0])
     h = min(a[3], b[3]) - max(a[1], b[1])
     return w * h if w > 0 and h > 0 else 0.0
-
-
-# ------------------------------------------------------------------------------ speed against memory

@@ -25,6 +25,7 @@ from ditbench.imageload import GRID_PIXELS, load_rgb
 from ditbench.metrics import registry
 from ditbench.metrics.spec import Output
 from ditbench.precision import LOW_PRECISIONS
+from ditbench.records.metrics import finite
 from ditbench.records.model import Quality
 from ditbench.report.blocks import Block, Heading, Image, Para, Table, num
 from ditbench.report.cells import cell_label
@@ -72,7 +73,7 @@ def compare_fid(base: dict[str, Any], new: dict[str, Any], k: float = DEFAULT_QU
     step = common[-1]
     eb, en = qb.evaluations[step], qn.evaluations[step]
     b, n = (e["metrics"].get("fid") for e in (eb, en))
-    if not _finite(b) or not _finite(n):
+    if finite(b) is None or finite(n) is None:
         return Verdict("not comparable", f"no FID at step {step:,}", step)
     sb, sn = (evaluation_noise(e, "fid")[0] for e in (eb, en))
     noise = noise_rule(b, n, sb, sn, k)
@@ -177,13 +178,9 @@ def _verdict(df: pd.DataFrame, label, q: Quality, comparison: pd.DataFrame) -> V
 
 def _pm(mean: Any, spread: Any, output: Output) -> str:
     """mean ± spread to the decimals the spread justifies; the mean alone without a spread (one seed)."""
-    if not _finite(mean):
+    if finite(mean) is None:
         return "—"
-    return output.plus_minus(mean, spread if _finite(spread) else None)
-
-
-def _finite(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    return output.plus_minus(mean, spread if finite(spread) is not None else None)
 
 
 def _points(q: Quality) -> list[tuple[float, float, float | None, int]]:
@@ -191,7 +188,7 @@ def _points(q: Quality) -> list[tuple[float, float, float | None, int]]:
     out = []
     for e in q["evaluations"]:
         fid = (e.get("metrics") or {}).get("fid")
-        if _finite(fid) and _finite(e.get("train_gpu_s")):
+        if finite(fid) is not None and finite(e.get("train_gpu_s")) is not None:
             out.append((e["train_gpu_s"] / 3600, fid, evaluation_noise(e, "fid")[0], e.get("step", 0)))
     return out
 
@@ -259,7 +256,7 @@ def _gpu_hours_figure(df: pd.DataFrame, cells) -> bytes | None:
     for i, (label, p) in enumerate(lines):
         xs = [h for h, *_ in p]
         ys = [fid for _, fid, *_ in p]
-        errs = [spread if _finite(spread) else 0.0 for _, _, spread, _ in p]
+        errs = [spread if finite(spread) is not None else 0.0 for _, _, spread, _ in p]
         ax.errorbar(
             xs,
             ys,
