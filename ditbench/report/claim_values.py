@@ -4,7 +4,6 @@ and where a speed was measured (a speed speaks only for the card that computed i
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import pandas as pd
@@ -12,7 +11,7 @@ import pandas as pd
 from ditbench.cards import find_card
 from ditbench.errors import UserError
 from ditbench.metrics import registry
-from ditbench.records.metrics import MFU, RECORD_METRICS, STEP_MS
+from ditbench.records.metrics import MFU, RECORD_METRICS, STEP_MS, finite
 from ditbench.report.cells import knobs
 from ditbench.report.claims import METRICS, Claim, metric_kind
 from ditbench.report.load import value
@@ -51,7 +50,7 @@ def metric_value(row: pd.Series, metric: str, target_steps: int) -> tuple[float 
     if kind == "quality":
         q = row["record"].quality  # the last evaluation's figure
         v = q.evaluations[-1].metrics.get(metric) if q is not None and q.evaluations else None
-        v = v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+        v = finite(v)
         return (v, "") if v is not None else (None, f"no quality evaluation of the record has {metric}")
     if kind == "memory" and row.get("config.device") == "cpu":
         return None, "a CPU cell has no GPU memory figure"

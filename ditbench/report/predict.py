@@ -334,14 +334,8 @@ def predict_ckpt_tradeoff() -> dict[str, Any]:
     both = [judge(s_lo, s_hi, low=advice.CKPT_MIN_SAVING), judge(e_lo, e_hi, high=advice.CKPT_MAX_EXTRA_TIME)]
     # held when both parts are held, not held when one is not
     verdict = PREDICTED_NOT_HELD if PREDICTED_NOT_HELD in both else _all_or_inconclusive(both, PREDICTED_HELD)
-    values = {
-        "saving": saving,
-        "saving_interval": [s_lo, s_hi],
-        "extra_time": extra,
-        "extra_time_interval": [e_lo, e_hi],
-        "memory_band_pct": mem,
-        "speed_band_pct": speed,
-    }
+    values = {"saving": saving, "saving_interval": [s_lo, s_hi], "extra_time": extra}
+    values |= {"extra_time_interval": [e_lo, e_hi], "memory_band_pct": mem, "speed_band_pct": speed}
     return _said(
         verdict,
         values,
