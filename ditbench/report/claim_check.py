@@ -35,6 +35,7 @@ from ditbench.report.claim_values import (
     latest_per_cell,
     matches,
     metric_value,
+    selector_text,
     speed_elsewhere,
     spread,
     status_text,
@@ -291,9 +292,9 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
     cells = list(dict.fromkeys(c for a, b, _ in ratios for c in (cell_label(a), cell_label(b))))
     if not ratios and not bounded:
         if not pairs:
-            change = ", ".join(f"{k}={v}" for k, v in claim.change_to.items())
             why = (
-                f"no cell matching {_sel(start)} has a twin with {change} (all other knobs equal) in this run"
+                f"no cell matching {selector_text(start)} has a twin with {selector_text(claim.change_to)} "
+                "(all other knobs equal) in this run"
             )
         else:
             why = "; ".join(unjudged[:SHOWN])
@@ -327,10 +328,6 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
 
 def _labelled(row: pd.Series) -> tuple[str, dict[str, Any]]:
     return cell_label(row), knobs(row["record"])
-
-
-def _sel(selector: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in selector.items())
 
 
 def _oom_bound(

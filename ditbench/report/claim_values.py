@@ -123,8 +123,11 @@ def why_no_match(df: pd.DataFrame, selector: dict[str, Any]) -> str:
         if not any(_equal(k.get(key, _ABSENT), w) for k in all_knobs for w in _listed(want)):
             listed = ", ".join(present[:8]) + (", ..." if len(present) > 8 else "")
             return f"no cell in this run has {key} = {want} (it has {listed})"
-    text = ", ".join(f"{k}={v}" for k, v in selector.items())
-    return f"no cell in this run matches {text} as a whole"
+    return f"no cell in this run matches {selector_text(selector)} as a whole"
+
+
+def selector_text(selector: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in selector.items())
 
 
 def latest_per_cell(df: pd.DataFrame) -> pd.DataFrame:
