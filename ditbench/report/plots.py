@@ -221,8 +221,7 @@ def _batch_axis(ax, batches: list[float]) -> None:
     ax.set_xticks(ticks)
     ax.set_xticklabels([f"{b:g}" for b in ticks])
     ax.xaxis.set_minor_locator(NullLocator())
-    lo, hi = min(ticks), max(ticks)
-    ax.set_xlim(lo / 1.4, hi * 1.4)
+    ax.set_xlim(ticks[0] / 1.4, ticks[-1] * 1.4)
     ax.set_xlabel("batch size per GPU")
     ax.grid(True, alpha=0.3)
 

@@ -112,9 +112,7 @@ def recommendations(df: pd.DataFrame, steps: int) -> list[Block]:
     for budget, gpus in groups:
         gpu_text = f", {gpus} GPUs" if gpus > 1 else ""
         rows = []
-        for r in recs.per_model:
-            if (r.budget, r.gpus) != (budget, gpus):
-                continue
+        for r in [x for x in recs.per_model if (x.budget, x.gpus) == (budget, gpus)]:
             if r.cell_name is None:
                 rows.append([r.model, "nothing fits", "—", "—", "—", r.note])
                 continue
