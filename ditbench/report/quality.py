@@ -196,9 +196,8 @@ def _points(q: Quality) -> list[tuple[float, float, float | None, int]]:
 def _hours_table(df: pd.DataFrame, cells) -> list[Block]:
     """FID after X GPU-hours: each cell's FID at its last evaluation within X GPU-hours of training."""
     points = {label: _points(q) for label, q in cells}
-    hours = sorted(
-        {h for p in points.values() for h, *_ in p if h > 0}
-    )  # exact: a rounded X misses its own point
+    # exact: a rounded X misses its own point
+    hours = sorted({h for p in points.values() for h, *_ in p if h > 0})
     if not hours:
         return []
     if len(hours) > MAX_HOUR_COLUMNS:  # evenly spaced picks, the last one always shown
@@ -208,9 +207,12 @@ def _hours_table(df: pd.DataFrame, cells) -> list[Block]:
     for label, p in points.items():
         row = [cell_label(df.loc[label])]
         for x in hours:
-            within = [(h, fid, spread, step) for h, fid, spread, step in p if h <= x]
-            text = _pm(within[-1][1], within[-1][2], registry.OUTPUTS["fid"])
-            row.append(f"{text} (step {within[-1][3]:,})" if within else "—")
+            within = [point for point in p if point[0] <= x]  # none yet: a cell evaluated later
+            if within:
+                _, fid, spread, step = within[-1]
+                row.append(f"{_pm(fid, spread, registry.OUTPUTS['fid'])} (step {step:,})")
+            else:
+                row.append("—")
         rows.append(row)
     return [
         Para(

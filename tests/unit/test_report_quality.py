@@ -128,3 +128,16 @@ def test_advice_check_quality_unchanged(tmp_path):
     plain = [make_record("DiT-S/8", p, "none", 8, suite_baseline=BASELINE) for p in ("fp32", "bf16")]
     assert advice.check_quality_unchanged(frame(tmp_path, plain)).verdict == "not measured"
     assert quality_section(frame(tmp_path, plain)) == ([], {})
+
+
+def test_fid_after_x_gpu_hours_is_empty_for_a_cell_not_evaluated_yet(tmp_path):
+    # no step-0 evaluations: at the bf16 cell's 50 GPU-s, the fp32 cell has no FID yet
+    cells = [
+        record("fp32", "none", quality(evaluation(500, 100.0, 2.0, 60))),
+        record("bf16", "none", quality(evaluation(500, 101.0, 2.0, 50))),
+    ]
+    blocks, _ = quality_section(frame(tmp_path, cells))
+    hours = next(b for b in blocks if getattr(b, "headers", [""])[-1].startswith("after"))
+    assert hours.headers[1:] == ["after 50 GPU-s", "after 1 GPU-min"]
+    assert hours.rows[0][1:] == ["—", "100.0 ± 2.0 (step 500)"]
+    assert hours.rows[1][1:] == ["101.0 ± 2.0 (step 500)", "101.0 ± 2.0 (step 500)"]
