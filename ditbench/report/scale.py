@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ditbench.report.cells import gpu_count
 from ditbench.report.load import value
 from ditbench.report.memory import MEM_ALLOCATED, MEM_CPU_ALLOC, metrics_of
 
@@ -32,8 +33,7 @@ def activation_share(row: pd.Series) -> float | None:
     params = value(row, "metrics.params")
     if not peak or not params:
         return None
-    fsdp = row.get("config.strategy") == "fsdp"
-    ranks = (value(row, "config.gpus") or 1) * (value(row, "config.nodes") or 1) if fsdp else 1
+    ranks = gpu_count(row) if row.get("config.strategy") == "fsdp" else 1
     return max(peak - params * STATE_BYTES_PER_PARAM / ranks / 2**30, 0.0) / peak
 
 
