@@ -19,7 +19,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import NullLocator
 
-from ditbench.report.cells import knobs, value_order, varying_knobs
+from ditbench.report.cells import cell_label, knobs, value_order, varying_knobs
 from ditbench.report.figures import (
     CELL_COLOURS,
     CKPT_MARKERS,
@@ -160,7 +160,7 @@ def speed_memory_figure(df: pd.DataFrame) -> Figure | None:
 
 
 def _short_name(row: pd.Series) -> str:
-    return str(row.get("cell_name") or row.get("cell_id")).removeprefix(f"{row.get('config.model')} ")
+    return cell_label(row).removeprefix(f"{row.get('config.model')} ")
 
 
 def _pareto(mem: pd.Series, img: pd.Series) -> list:
@@ -371,13 +371,12 @@ def smoke_loss_figure(df: pd.DataFrame) -> Figure | None:
             steps = np.arange(1, len(loss) + 1)
             ax.plot(steps, loss, color=colour, alpha=0.25, linewidth=0.8)
             finite = np.where(np.isfinite(loss), loss, np.nanmean(loss) if np.isfinite(loss).any() else 0)
-            name = str(row.get("cell_name") or row.get("cell_id")).removeprefix(f"{model} ")
             ax.plot(
                 steps,
                 _smoothed(finite),
                 color=colour,
                 linestyle=CKPT_STYLES.get(row.get("config.grad_ckpt"), ":"),
-                label=name,
+                label=_short_name(row),
             )
         ax.set_title(model)
         ax.set_xlabel("step")
