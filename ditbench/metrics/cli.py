@@ -9,8 +9,9 @@ import warnings
 from pathlib import Path
 
 from ditbench.errors import UserError
+from ditbench.escape import plain
 from ditbench.metrics import registry
-from ditbench.metrics.defaults import DEFAULTS
+from ditbench.metrics.registry import DEFAULTS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -135,22 +136,17 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _printable(text: str) -> str:
-    """Text for a terminal: a path that is not valid UTF-8 shows as escapes instead of crashing print."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 def _announce(args: argparse.Namespace, scorer, source) -> None:
     """The Inception passes ahead: the samples', and the reference's when its features are not
     precomputed (a cache hit, found only once the reference is hashed, makes it shorter)."""
     from ditbench.walltime import INCEPTION_FLOPS, announce, flops_s
 
-    device = str(scorer.extractor.device)  # the network (and its weight file) is checked first
+    name = str(source.path) if source.path else "the samples"  # as score() names them
+    keys = {k for m in scorer.plan(source.count, name)[0] for k in m.reference_keys}  # counts first
+    device = str(scorer.extractor.device)  # then the network (and its weight file)
     per_image = flops_s(INCEPTION_FLOPS, device, "tf32" if args.tf32 else "fp32")
     ref = scorer.reference
-    name = str(source.path) if source.path else "the samples"  # as score() names them
-    keys = {k for m in scorer.plan(source.count, name)[0] for k in m.reference_keys}
-    refs = ref.count if ref.missing(keys) and ref.source.images is not None else 0
+    refs = ref.count if ref.missing(keys) and ref.images is not None else 0
     what = f"Inception features of {source.count:,} images" + (
         f" and {refs:,} reference images" + ("" if args.no_cache else " (fewer if cached)") if refs else ""
     )
@@ -201,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(text)
     else:
-        print(_printable(format_table(result)))
+        print(plain(format_table(result)))  # a path that is not UTF-8 shows as escapes, not a crash
         if out is not None:
-            print(_printable(f"result written to {out}"))
+            print(plain(f"result written to {out}"))
     return 0

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ditbench.errors import UnsupportedError
+from ditbench.faults import one_line
 from ditbench.models.configs import ATTENTION_BACKENDS
 
 FORCED = {
@@ -62,7 +63,7 @@ def refused(err: RuntimeError, backend: str, inputs: str) -> UnsupportedError | 
     """torch's refusal to run a forced kernel, as the UnsupportedError a cell is recorded with."""
     if backend in FORCED and any(text in str(err) for text in _NO_KERNEL):
         return UnsupportedError(
-            f"attention {backend}: torch has no {backend} kernel for {inputs}: {_one_line(str(err))}"
+            f"attention {backend}: torch has no {backend} kernel for {inputs}: {one_line(str(err))}"
         )
     return None
 
@@ -93,7 +94,7 @@ def resolve_kernel(
         except RuntimeError as err:
             if not any(text in str(err) for text in _NO_KERNEL):
                 raise
-            reasons = torch_reasons([str(w.message) for w in caught], backend) or [_one_line(str(err))]
+            reasons = torch_reasons([str(w.message) for w in caught], backend) or [one_line(str(err))]
             raise UnsupportedError(
                 f"attention {backend} cannot run on {device.type} with {str(dtype).replace('torch.', '')} "
                 f"inputs of head size {head_dim} ({heads} heads, {tokens} tokens); torch says: "
@@ -112,7 +113,7 @@ _HEADERS = {
 
 def torch_reasons(messages: list[str], backend: str) -> list[str]:
     """The lines of torch's warnings that say why `backend`'s kernel cannot run."""
-    lines = [_one_line(m) for m in messages if "runtime disabled" not in m]
+    lines = [one_line(m) for m in messages if "runtime disabled" not in m]
     mine, inside = [], False
     for line in lines:
         if line in _HEADERS.values():
@@ -126,7 +127,3 @@ def _dispatcher_choice(q: torch.Tensor) -> str:
     """The kernel plain F.scaled_dot_product_attention dispatches these inputs to (torch's own answer)."""
     choose = getattr(torch, "_fused_sdp_choice", None)  # private, present since torch 2.0
     return _CHOICE_NAMES.get(int(choose(q, q, q)), "unknown") if choose is not None else "unknown"
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())

@@ -4,19 +4,12 @@
     info = evaluator.prepare()               # reference features: from the cache, or once
     evaluation = evaluator.evaluate(model, step=1000, train_wall_s=412.0, grid=("runs/x", "abc123"))
 
-Per seed, the samples follow `ditbench sample`'s plan: shards of `batch_size` images with one
-seeded generator each (`sampling.shards`), labels spread evenly over the classes, so the images do
-not depend on how many processes made them. In a multi-process cell the ranks split the samples:
-rank r samples and featurises shards r, r + world, ..., rank 0 gathers the features (in shard
-order) and computes the metrics; the grid is rank 0's. The reference is prepared once per process
-(on rank 0, from the on-disk cache after the first cell) and never re-extracted per evaluation.
-
-Per evaluation: `metrics` is the mean over seeds of every quality output of the metric registry
-(FID, sFID, IS, precision, recall, KID), `spread` their sample standard deviation over seeds (null
-with one seed); with the scorer's bootstrap on (metrics.bootstrap), each seed carries its `interval`
-and `bootstrap_se` over its samples, and the evaluation `bootstrap_se` (one seed's standard error)
-and `interval` (of the mean over seeds). The gate's `noise_rule` takes the larger of a seed spread
-and a bootstrap SE as the noise a difference must exceed.
+Samples follow `ditbench sample`'s plan (seeded shards, labels spread evenly), so the images do not
+depend on how many processes made them: rank r samples and featurises shards r, r + world, ..., and
+rank 0 gathers the features in shard order and scores them; the reference is prepared once per process.
+`metrics` is the mean over seeds of every quality output of the registry, `spread` their SD over seeds
+(null with one seed); with the bootstrap on, each seed carries its `interval` and `bootstrap_se`, and
+the evaluation `bootstrap_se` (one seed's) and `interval` (of the mean over seeds).
 """
 
 from __future__ import annotations
@@ -93,7 +86,7 @@ class Evaluator:
                 return pixels.decode_rgb
             self.decoder_desc = "pixels (2x2 grey blocks, exact)"
             return pixels.decode
-        from ditbench.sampling.weights import build_vae
+        from ditbench.sampling.sampler import build_vae
         from ditbench.vae import decode_latents
 
         vae = build_vae(name, self.ctx.device)
@@ -115,9 +108,8 @@ class Evaluator:
         says about the reference and the network (rank 0; {} elsewhere)."""
         info: dict[str, Any] = {}
         if self.scorer is not None:
-            self.scorer.check(self.q.samples)  # before any training: 5,000 samples that cannot do it fail now
+            active, skipped = self.scorer.plan(self.q.samples)  # before any training: fail now if it must
             seconds = self.scorer.prepare()
-            active, skipped = self.scorer.plan(self.q.samples)
             weights = self.scorer.extractor.weights
             info = {
                 "reference": {
