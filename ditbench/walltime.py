@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from ditbench.errors import UserError
+from ditbench.precision import LOW_PRECISIONS, PRECISIONS
 from ditbench.progress import duration, is_terminal
 
 LONG_CPU_S = 30 * 60
@@ -33,7 +34,7 @@ def rate(device: str) -> tuple[dict[str, float], dict[str, float], str, str | No
     `device`; None for a GPU without a datasheet."""
     if device == "cpu":
         peak = measure_matmul_tflops("cpu", "fp32", n=512, seconds=0.3)
-        peaks, card = dict.fromkeys(("fp32", "tf32", "fp16"), peak), None
+        peaks, card = dict.fromkeys(PRECISIONS, peak), None
         basis = f"this CPU's {peak * 1000:.0f} GFLOP/s"
     else:
         import torch
@@ -58,7 +59,7 @@ def flops_s(flops: float, device: str, precision: str = "fp32") -> float | None:
     if found is None:
         return None
     peaks, params = found[0], found[1]
-    peak = peaks["fp16"] if precision in ("fp16", "bf16") else peaks.get(precision, peaks["fp32"])
+    peak = peaks["fp16"] if precision in LOW_PRECISIONS else peaks.get(precision, peaks["fp32"])
     return flops / (params["matmul_eff"] * peak * 1e12)
 
 

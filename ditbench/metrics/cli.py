@@ -142,8 +142,9 @@ def _announce(args: argparse.Namespace, scorer, source) -> None:
     from ditbench.walltime import INCEPTION_FLOPS, announce, flops_s
 
     name = str(source.path) if source.path else "the samples"  # as score() names them
-    keys = {k for m in scorer.plan(source.count, name)[0] for k in m.reference_keys}  # counts first
-    device = str(scorer.extractor.device)  # then the network (and its weight file)
+    # what the counts cannot give is refused first, then the network (and its weight file) is checked
+    keys = {k for m in scorer.plan(source.count, name)[0] for k in m.reference_keys}
+    device = str(scorer.extractor.device)
     per_image = flops_s(INCEPTION_FLOPS, device, "tf32" if args.tf32 else "fp32")
     ref = scorer.reference
     refs = ref.count if ref.missing(keys) and ref.images is not None else 0

@@ -74,7 +74,7 @@ def _announce(args: argparse.Namespace, cfg, device: str) -> None:
     """The estimate before the model is built (DiT-XL/2 takes a while to build on a CPU)."""
     from ditbench.walltime import LONG_CPU_S, announce
 
-    step_s = train_step_s(cfg.to_dict(), device)
+    step_s = train_step_s(cfg.model_dump(), device)
     cheaper = (
         f"Fewer steps (--steps {max(1, int(LONG_CPU_S / step_s)):,} takes about 30 min), a smaller model "
         "(--model DiT-S/8), or a GPU (`ditbench plan` predicts one)."

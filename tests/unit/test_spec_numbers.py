@@ -92,6 +92,7 @@ def test_plan_reads_an_override_as_run_does(capsys):
     from ditbench.cli import main
 
     assert main(["plan", "cpu_smoke", "lr=abc", "--no-tree"]) == 2
-    assert "lr must be a finite number in (0, 1], got a string 'abc'" in capsys.readouterr().err
+    err = " ".join(capsys.readouterr().err.split())  # the paragraph is wrapped where the path ends
+    assert "lr must be a finite number in (0, 1], got a string 'abc'" in err
     suite = load_suite("cpu_smoke", ["lr=2e-4"])  # what plan and run both call with SUITE KEY=VALUE
     assert {c.config["lr"] for c in suite.cells} == {2e-4}

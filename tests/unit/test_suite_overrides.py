@@ -24,7 +24,10 @@ def test_the_repository_suites_folder_is_the_package_folder():
     names = set(shipped_suites())
     assert {"cpu_smoke", "cpu_multi", "multi_node", "single_24gb", "ci_gate"} <= names
     pyproject = (ROOT / "pyproject.toml").read_text()  # tomllib is 3.11+; the package supports 3.10
-    shipped = 'ditbench = ["suites/*.yaml", "claims/*.yaml", "plan/speed_calibration.json"]'
+    shipped = (
+        'ditbench = ["suites/*.yaml", "claims/*.yaml", "plan/speed_calibration.json", '
+        '"plan/speed_calibration_cpu.json"]'
+    )
     assert "[tool.setuptools.package-data]\n" + shipped in pyproject
 
 
