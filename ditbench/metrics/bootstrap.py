@@ -1,13 +1,10 @@
-"""Bootstrap intervals of the quality metrics over the samples: how much a score would move with
-another draw of N samples from the same model.
+"""Bootstrap intervals of the quality metrics: how much a score would move with another draw of N samples.
 
-Each resample draws N sample indices with replacement (one seeded draw shared by every metric); the
-reference stays fixed. Each metric is recomputed from the drawn features (or by its spec's faster
-`resampler`), and the interval is the normal one: estimate +- z(level) x the SD of the B values (the
-bootstrap SE). Normal, not percentile ends, because a FID resample costs a 2048 x 2048 covariance and
-an eigendecomposition, so B is tens, where the SE is already stable; centred on the estimate because
-resampling repeats samples, which shifts FID up by about its small-N bias. Costs per metric are in
-the resamplers (fid, prdc, kid; IS reruns) and the README (benchmarks/bootstrap_cost.py).
+Each resample draws N sample indices with replacement (one seeded draw for every metric; the reference
+is fixed) and recomputes each metric (or its spec's faster `resampler`). The interval is normal:
+estimate +- z x the SD of the B values, since a FID resample costs an eigendecomposition (B is tens,
+where the SE is stable but percentile ends are not), centred on the estimate since repeated samples
+shift FID up by about its small-N bias. Costs: README (benchmarks/bootstrap_cost.py).
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """A calibrated random InceptionV3 and structured synthetic images, for tests and timing runs.
 
-A default-initialised Inception gives pool3 features of about 1e-8, nearly equal for every image, so
-every FID is ~0. Here each BatchNorm's running statistics come from a pass over varied synthetic images
-(32 to 256 px), so activations stay at unit scale and differ between images; then the BatchNorms that
-make pool3 and the sFID features are rescaled to a total variance of FEATURE_TRACE over those images
-(exact: ReLU is positively homogeneous; fc and Mixed_6e are compensated). FID between unlike image sets
-then reads in the tens to hundreds (reports/test_inception_scale/). Its numbers mean nothing about image
-quality; they exercise the code with realistic values at the real network's cost (recipe 2,
-weights.TEST_NETWORK_RECIPE).
+A default-initialised Inception gives every image pool3 features of ~1e-8, so every FID is ~0. Here
+the BatchNorms are calibrated on varied synthetic images (32 to 256 px) and the pool3 and sFID features
+rescaled to a total variance of FEATURE_TRACE (exact: ReLU is positively homogeneous), so FIDs between
+unlike sets read in the tens to hundreds (reports/test_inception_scale/). The numbers mean nothing about
+image quality; the compute is the real network's (recipe 2, weights.TEST_NETWORK_RECIPE).
 """
 
 from __future__ import annotations

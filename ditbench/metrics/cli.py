@@ -33,7 +33,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--metrics",
-        default=None,
         metavar="LIST",
         help=f"comma-separated subset of {','.join(registry.ALL_METRICS)} (default: all the inputs allow)",
     )
@@ -67,7 +66,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--out",
-        default=None,
         metavar="FILE.json",
         help="the JSON result file to write (default: next to the samples, SAMPLES.metrics.json)",
     )

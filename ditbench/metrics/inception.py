@@ -1,11 +1,10 @@
 """The InceptionV3 that FID is defined with (the TF graph `inception-2015-12-05`), in PyTorch.
 
-Layer names follow torch-fidelity's `FeatureExtractorInceptionV3`, so its converted weight file loads
-directly. It differs from torchvision's InceptionV3 where the numbers care: average pools that ignore
-padding, a max pool in the last block's pool branch, BatchNorm eps 1e-3, and TF1's bilinear resize (no
-half-pixel offset). Outputs per image: `pool3` (2048), `logits_unbiased` (pool3 @ fc.weight.T, no
-bias: the IS convention of ADM) and `spatial` (the first 7 channels of `Mixed_6d.branch1x1`, TF's
-`mixed_6/conv`, 17 x 17 flattened channels-last to 2023: ADM's sFID features).
+Layer names follow torch-fidelity's `FeatureExtractorInceptionV3`, so its weight file loads directly.
+Unlike torchvision's: average pools ignore padding, the last block's pool branch is a max pool, BatchNorm
+eps is 1e-3, and images are resized with TF1's bilinear rule. Per image: `pool3` (2048),
+`logits_unbiased` (pool3 @ fc.weight.T, ADM's IS) and `spatial` (TF's `mixed_6/conv`: Mixed_6d.branch1x1's
+first 7 channels, 17 x 17, flattened channels-last to 2023: ADM's sFID features).
 """
 
 from __future__ import annotations

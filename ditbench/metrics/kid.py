@@ -1,9 +1,7 @@
 """Kernel Inception Distance (Binkowski et al. 2018): unbiased MMD^2 with a cubic polynomial kernel.
 
-k(x, y) = (x.y / d + 1)^3, averaged over `subsets` random subsets of `subset_size` samples
-from each set (without replacement within a subset). The subsets are drawn as torch-fidelity
-draws them (numpy RandomState(seed), one choice for each set per subset), so at the same seed
-both tools score the same subsets. Kernels are computed in float64.
+k(x, y) = (x.y / d + 1)^3 in float64, averaged over `subsets` random subsets of `subset_size` from each
+set, drawn as torch-fidelity draws them (RandomState(seed)), so at one seed both score the same subsets.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Improved precision and recall (Kynkaanniemi et al. 2019), ADM convention.
 
-Each set's manifold is the union of balls around its points, each ball's radius the distance
-to the point's k-th nearest neighbour in the same set (k = 3, the point itself not counted).
-Precision: the share of samples inside the reference manifold. Recall: the share of reference
-points inside the sample manifold. Distances are computed block by block (a block of rows
-against a block of columns), so 50,000 samples against 10,000 references never hold more than
-one block of distances in memory.
+A set's manifold is the union of balls around its points, radius the distance to the point's k-th
+nearest other point (k = 3). Precision: the share of samples inside the reference manifold; recall:
+of reference points inside the sample manifold. Distances go block by block, so 50,000 x 10,000
+never holds more than one block in memory.
 """
 
 from __future__ import annotations

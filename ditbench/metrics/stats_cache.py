@@ -1,14 +1,10 @@
 """Reference statistics in an .npz, read checked and cached on disk by the content of the reference.
 
-Keys: `mu`/`sigma` (pool3, 2048-d), `mu_s`/`sigma_s` (spatial, 2023-d), `pool3` (N x 2048 features
-of the reference images) and, in ditbench's files, `meta` (JSON). Each member's .npy header is checked
-before its data is read (a 2 KB file cannot ask for 80 GB), object arrays are refused, values must be
-finite and covariances symmetric: a bad file is named with its key, never used.
-
-A reference's Inception pass runs once: entries (all five keys; one can itself be given as `--ref`)
-are keyed by a hash of the reference's content, the network's hash and the precision (TF32 changes
-the features), so an edit or other weights never hit a stale entry. File hashes are remembered per
-(path, size, mtime); every write is atomic.
+Keys: `mu`/`sigma` (pool3), `mu_s`/`sigma_s` (spatial), `pool3` (per-image features) and, in
+ditbench's files, `meta` (JSON). Headers are checked before data is read (a 2 KB file cannot ask for
+80 GB), object arrays refused, values finite, covariances symmetric. Cache entries hold all five keys
+(one can be given as `--ref`), keyed by the reference's content, the network's hash and the precision;
+file hashes are remembered per (path, size, mtime); writes are atomic.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Which Inception weights a score is made with, and loading them without running code from a file.
 
-Sources, first match wins: `--inception-weights PATH` (`inception=`), $DITBENCH_INCEPTION_WEIGHTS,
-torch-fidelity's file in the torch hub cache (downloaded once); `test` is the calibrated random network
-of `calibrated.py`. A file is read once, hashed (SHA-256) and loaded from those bytes with
-`torch.load(weights_only=True)`, so a crafted file never runs code and what was hashed is what runs.
-Only the file with the published digest is official; any other result says `official: false` and
-carries `NOT_OFFICIAL_BANNER`.
+Sources, first match wins: `--inception-weights PATH`, $DITBENCH_INCEPTION_WEIGHTS, torch-fidelity's file
+in the torch hub cache (downloaded once); `test` is calibrated.py's random network. A file is hashed and
+loaded from the same bytes with `torch.load(weights_only=True)`; only the published digest is official,
+any other result says `official: false` and carries `NOT_OFFICIAL_BANNER`.
 """
 
 from __future__ import annotations
@@ -67,37 +65,36 @@ class InceptionWeights:
         }
 
 
+def _where(path: Path) -> str:
+    return f"Inception weights file {shorten(str(path), 300, quote=False)}"
+
+
 def default_weights_path() -> Path:
     """Where torch-fidelity keeps the file: the torch hub checkpoint cache ($TORCH_HOME/hub/checkpoints)."""
     return Path(torch.hub.get_dir()) / "checkpoints" / WEIGHTS_FILE_NAME
 
 
-def resolve_weights(path: str | os.PathLike | None = None, download: bool = True) -> Path:
-    """The Inception weight file: `path`, else $DITBENCH_INCEPTION_WEIGHTS, else the hub cache.
-
-    Only the hub-cache location is downloaded into (once, from torch-fidelity's release).
-    """
+def resolve_weights(path: str | os.PathLike | None = None) -> Path:
+    """The Inception weight file: `path`, else $DITBENCH_INCEPTION_WEIGHTS, else the hub cache (the only
+    place downloaded into, once, from torch-fidelity's release)."""
     for given, origin in ((path, "--inception-weights"), (os.environ.get(WEIGHTS_ENV) or None, WEIGHTS_ENV)):
         if given is not None:
             p = Path(given).expanduser()
             if not p.exists():
                 raise UserError(
-                    f"Inception weights file {shorten(str(p), 300, quote=False)} (from {origin}) does not "
-                    f"exist. Give the path of {WEIGHTS_FILE_NAME}, which can be downloaded from "
-                    f"{WEIGHTS_URL}, or `{TEST_NETWORK}` for the calibrated random test network."
+                    f"{_where(p)} (from {origin}) does not exist. Give the path of {WEIGHTS_FILE_NAME}, "
+                    f"which can be downloaded from {WEIGHTS_URL}, or `{TEST_NETWORK}` for the calibrated "
+                    "random test network."
                 )
             return p
     p = default_weights_path()
     if p.exists():
         return p
-    if download:
-        try:
-            download_atomic(WEIGHTS_URL, p)
-            return p
-        except Exception as err:  # offline, proxy, disk full: all end in the same advice
-            reason = shorten(f"{type(err).__name__}: {err}", 300, quote=False)
-    else:
-        reason = "downloading is disabled"
+    try:
+        download_atomic(WEIGHTS_URL, p)
+        return p
+    except Exception as err:  # offline, proxy, disk full: all end in the same advice
+        reason = shorten(f"{type(err).__name__}: {err}", 300, quote=False)
     raise UserError(
         f"The Inception weights {WEIGHTS_FILE_NAME} are not in {p} and could not be downloaded "
         f"({reason}). Download {WEIGHTS_URL} on a machine with network access and put it at {p} "
@@ -105,10 +102,6 @@ def resolve_weights(path: str | os.PathLike | None = None, download: bool = True
         f"or set {WEIGHTS_ENV}=PATH. `--inception-weights {TEST_NETWORK}` runs without them on a "
         f"calibrated random network ({NOT_OFFICIAL_BANNER})."
     )
-
-
-def _where(path: Path) -> str:
-    return f"Inception weights file {shorten(str(path), 300, quote=False)}"
 
 
 def _read_weight_bytes(path: Path) -> bytes:
@@ -244,14 +237,12 @@ def _test_state() -> tuple[dict[str, torch.Tensor], str]:
     return state, digest
 
 
-def load_network(
-    weights: str | os.PathLike | None = None, download: bool = True
-) -> tuple[InceptionV3, InceptionWeights]:
+def load_network(weights: str | os.PathLike | None = None) -> tuple[InceptionV3, InceptionWeights]:
     """The Inception network on the CPU in eval mode, and what it is.
 
     `weights`: a state-dict file, `"test"` for the calibrated random network (it runs anywhere and
     means nothing about image quality), or None for $DITBENCH_INCEPTION_WEIGHTS (a path or `test`),
-    else the torch hub cache (downloaded once when `download`).
+    else the torch hub cache (downloaded once).
     """
     if weights is None:
         weights = os.environ.get(WEIGHTS_ENV) or None
@@ -261,4 +252,4 @@ def load_network(
         net.load_state_dict(state)
         info = InceptionWeights(TEST_NETWORK, digest, False, None, recipe=TEST_NETWORK_RECIPE)
         return net.eval().requires_grad_(False), info
-    return load_weight_file(resolve_weights(weights, download=download))
+    return load_weight_file(resolve_weights(weights))

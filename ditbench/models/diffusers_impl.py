@@ -1,10 +1,9 @@
 """`impl: diffusers`: diffusers' DiTTransformer2DModel behind ditbench's forward(x, t, y).
 
-Built with the ditbench DiT's configuration, so a suite compares the two on equal terms; it is NOT
-parameter-identical: every block has its own timestep MLP and label table (+74,991,744 parameters
-for XL/2), the position table is a buffer (-294,912), so DiT-XL/2 at 256 px has 749,826,464 (+11.1%);
-each block draws its own label-dropout mask; timestep frequencies divide by half - 1, not half.
-FLOPs per image are almost the same; weights, gradients and AdamW state grow by ~11%.
+Same configuration as the ditbench DiT, but NOT parameter-identical: each block has its own timestep
+MLP and label table and the position table is a buffer (DiT-XL/2: 749,826,464 parameters, +11.1%),
+each block draws its own label-dropout mask, and timestep frequencies divide by half - 1. FLOPs are
+almost the same; weights, gradients and AdamW state grow by ~11%.
 """
 
 from __future__ import annotations

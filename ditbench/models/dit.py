@@ -65,10 +65,7 @@ class TimestepEmbedder(nn.Module):
             -math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half
         )
         args = t.float().reshape(-1, 1) * freqs.reshape(1, -1)
-        emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-        if dim % 2:
-            emb = torch.cat([emb, torch.zeros_like(emb[:, :1])], dim=-1)
-        return emb
+        return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)  # dim is even (256)
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         freq = self.frequencies(t, self.frequency_size)

@@ -1,15 +1,10 @@
 """One cell's evaluations: sample with the EMA weights, decode, score against the reference, per seed.
 
-    evaluator = Evaluator(spec, ctx)         # the network and the reference, checked
-    info = evaluator.prepare()               # reference features: from the cache, or once
-    evaluation = evaluator.evaluate(model, step=1000, train_wall_s=412.0, grid=("runs/x", "abc123"))
-
 Samples follow `ditbench sample`'s plan (seeded shards, labels spread evenly), so the images do not
-depend on how many processes made them: rank r samples and featurises shards r, r + world, ..., and
-rank 0 gathers the features in shard order and scores them; the reference is prepared once per process.
-`metrics` is the mean over seeds of every quality output of the registry, `spread` their SD over seeds
-(null with one seed); with the bootstrap on, each seed carries its `interval` and `bootstrap_se`, and
-the evaluation `bootstrap_se` (one seed's) and `interval` (of the mean over seeds).
+depend on the process count: rank r samples and featurises shards r, r + world, ..., and rank 0 scores
+the gathered features in shard order. `metrics` is the mean over seeds of each quality output,
+`spread` their SD (null with one seed); with the bootstrap on, each seed carries its `interval` and
+`bootstrap_se`, the evaluation one seed's `bootstrap_se` and the `interval` of the mean over seeds.
 """
 
 from __future__ import annotations
@@ -118,12 +113,7 @@ class Evaluator:
                     "file": self.reference,
                     "count": self.scorer.reference.count,
                 },
-                "inception": {
-                    "name": weights.name,
-                    "sha256": weights.sha256,
-                    "official": weights.official,
-                    "recipe": weights.recipe,
-                },
+                "inception": {k: getattr(weights, k) for k in ("name", "sha256", "official", "recipe")},
                 "metrics": [m.name for m in active],
                 "skipped": skipped,
                 "reference_s": round(seconds, 3),

@@ -1,11 +1,8 @@
 """A cell's quality phase: evaluate at the end of the smoke run, or train a quality run to each listed step.
 
-`at: [smoke_end]` evaluates the smoke run's trainer at its last step. A list of steps trains a fresh
-Trainer (the smoke run's seed: the same run up to its length) to each step and evaluates there (step 0
-is the initialisation). Training time is the training steps' wall clock alone, summed up to the step;
-sampling and scoring are timed apart (`sample_s`, `score_s`); `train_gpu_s` is processes x wall. The
-record's `quality` field has `status` ok or how the phase failed; evaluations finished before a
-failure are kept.
+A list of steps trains a fresh Trainer (the smoke run's seed) to each step (0: the initialisation) and
+evaluates there. Training time is the training steps' wall clock alone (`sample_s` and `score_s` are
+apart); `train_gpu_s` is processes x wall. Evaluations finished before a failure are kept.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Sampling as a library: `sample(job)` runs (or resumes) a job on this process's share of the shards.
 
-`job` has the attributes of `ditbench sample`'s parsed arguments (an argparse Namespace will do).
-Defaults follow the DiT paper's FID protocol (sampling/cli.py). Shard k holds samples [k*B, (k+1)*B),
-draws its noise from a generator seeded from (seed, k) and is written atomically to
-`<out>.shards/shard_<k>.npz`: under torchrun rank r takes the shards k = r mod world, so the images do
-not depend on how many ranks made them; a rerun with the same options skips the shards on disk; the
-same seed gives the same npz. Rank 0 merges them into `--out` (ADM's `arr_0` uint8 N x H x W x 3 and
-`arr_1` labels), writes `<out stem>.json` (settings, images/s, environment) and removes the shards.
+`job` has the attributes of `ditbench sample`'s parsed arguments. Shard k holds samples [k*B, (k+1)*B),
+its noise from a generator seeded from (seed, k), written atomically to `<out>.shards/`: rank r takes
+shards k = r mod world (the images do not depend on the rank count), a rerun skips the shards on disk,
+and rank 0 merges them into `--out` (`arr_0` uint8 N x H x W x 3, `arr_1` labels) and `<out stem>.json`.
 """
 
 from __future__ import annotations
