@@ -21,16 +21,12 @@ from ditbench.vae import LATENT_CHANNELS
 class DiffusersDiT(nn.Module):
     """Wraps a DiTTransformer2DModel so that forward(x, t, y) returns the (N, 8, H, W) tensor."""
 
-    def __init__(self, transformer: nn.Module, num_classes: int, learn_sigma: bool, attention: str = "sdpa"):
+    def __init__(self, transformer: nn.Module, num_classes: int, attention: str = "sdpa"):
         super().__init__()
         self.transformer = transformer
         self.attention = attention  # a forced SDPA kernel (flash, efficient, cudnn) is entered in forward
         self.in_channels = LATENT_CHANNELS
-        self.out_channels = transformer.config.out_channels
-        self.learn_sigma = learn_sigma
         self.num_classes = num_classes
-        self.patch_size = transformer.config.patch_size
-        self.input_size = transformer.config.sample_size
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x (N, 4, H, W) latents, t (N,) timesteps, y (N,) labels -> (N, 8, H, W), as `DiT.forward`."""
@@ -116,4 +112,4 @@ def build_diffusers_dit(
         for module in transformer.modules():
             if isinstance(module, Attention):
                 module.set_processor(AttnProcessor())  # the written-out scores, softmax and bmm
-    return DiffusersDiT(transformer, num_classes=num_classes, learn_sigma=learn_sigma, attention=attention)
+    return DiffusersDiT(transformer, num_classes=num_classes, attention=attention)
