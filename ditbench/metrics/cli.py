@@ -15,7 +15,7 @@ from ditbench.metrics.registry import DEFAULTS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ditbench.cliopts import add_device, add_no_progress, add_yes
+    from ditbench.cliopts import add_device, add_json, add_no_progress, add_yes
 
     d = DEFAULTS
     p.add_argument(
@@ -61,9 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             metavar="N" if opt.kind is int else "X",
             help=opt.help,
         )
-    p.add_argument(
-        "--json", action="store_true", help="print the result as JSON on stdout instead of a table"
-    )
+    add_json(p)
     p.add_argument(
         "--out",
         metavar="FILE.json",

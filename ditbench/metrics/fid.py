@@ -75,17 +75,12 @@ def _eigh(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def trace_sqrt_product(sigma1, sigma2, device: str | torch.device = "cpu", factor1=None) -> float:
-    """tr sqrt(sigma1 @ sigma2) for symmetric PSD sigma1, sigma2, in float64.
-
-    sigma1 S2 is similar to a symmetric PSD matrix whose eigenvalues are computed without
-    eigenvectors (eigvalsh, the cheap part of a symmetric eigensolver):
-    - `factor1` (n x d with sigma1 = F^T F, i.e. centred features / sqrt(n - 1)) given: the
-      nonzero eigenvalues of sigma1 S2 are those of the n x n matrix F S2 F^T. Exact for a
-      rank-deficient sigma1 (fewer samples than dimensions), where the d x d forms add up the
-      square roots of ~d rounding-level eigenvalues.
-    - sigma1 positive definite: Cholesky sigma1 = L L^T, eigenvalues of L^T S2 L.
-    - otherwise: sqrt(sigma1) from eigh (negative rounding eigenvalues clipped), then the
-      eigenvalues of sqrt(sigma1) S2 sqrt(sigma1).
+    """tr sqrt(sigma1 @ sigma2) for symmetric PSD sigma1, sigma2, in float64, from the eigenvalues (no
+    eigenvectors) of a symmetric PSD matrix similar to sigma1 S2:
+    - `factor1` given (F, n x d, sigma1 = F^T F: centred features / sqrt(n - 1)): the n x n F S2 F^T,
+      exact when sigma1 is rank-deficient (the d x d forms would add up ~d rounding-level roots);
+    - sigma1 positive definite: L^T S2 L with the Cholesky factor L;
+    - otherwise sqrt(sigma1) S2 sqrt(sigma1), sqrt(sigma1) from eigh (negative rounding clipped).
     """
     import torch
 

@@ -238,12 +238,9 @@ def _test_state() -> tuple[dict[str, torch.Tensor], str]:
 
 
 def load_network(weights: str | os.PathLike | None = None) -> tuple[InceptionV3, InceptionWeights]:
-    """The Inception network on the CPU in eval mode, and what it is.
-
-    `weights`: a state-dict file, `"test"` for the calibrated random network (it runs anywhere and
-    means nothing about image quality), or None for $DITBENCH_INCEPTION_WEIGHTS (a path or `test`),
-    else the torch hub cache (downloaded once).
-    """
+    """The Inception network on the CPU in eval mode, and what it is, from a state-dict file, `"test"`
+    (the calibrated random network: runs anywhere, means nothing about image quality), or None:
+    $DITBENCH_INCEPTION_WEIGHTS (a path or `test`), else the torch hub cache (downloaded once)."""
     if weights is None:
         weights = os.environ.get(WEIGHTS_ENV) or None
     if isinstance(weights, str) and weights == TEST_NETWORK:  # a file called `test`: ./test

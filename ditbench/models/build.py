@@ -20,12 +20,9 @@ def build_model(
     learn_sigma: bool = True,
     attention: str = "sdpa",
 ) -> nn.Module:
-    """Build a named DiT ("DiT-XL/2") for `image_size` pixels (latent side image_size // 8).
-
-    impl="ditbench" is `models.dit.DiT` (official state-dict names); impl="diffusers" is
-    diffusers' DiTTransformer2DModel with the same configuration behind the same forward().
-    Build under `torch.device("meta")` to get shapes and counts without allocating memory.
-    """
+    """A named DiT ("DiT-XL/2") for `image_size` pixels: `models.dit.DiT` (official state-dict names) or
+    (impl="diffusers") diffusers' DiTTransformer2DModel behind the same forward(). Build under
+    `torch.device("meta")` for shapes and counts without memory."""
     cfg = get_config(name)
     size = latent_size(image_size, cfg.patch_size)
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:

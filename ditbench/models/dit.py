@@ -73,10 +73,8 @@ class TimestepEmbedder(nn.Module):
 
 
 class LabelEmbedder(nn.Module):
-    """Class labels -> vectors; a null class (row num_classes) for classifier-free guidance.
-
-    In training mode each label is replaced by the null class with probability dropout_prob.
-    """
+    """Class labels -> vectors; a null class (row num_classes) for classifier-free guidance, which each
+    label becomes with probability dropout_prob in training."""
 
     def __init__(self, num_classes: int, hidden_size: int, dropout_prob: float):
         super().__init__()
@@ -103,10 +101,8 @@ def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with a fused qkv projection (timm's names, as the official model).
-
-    `attention` names the kernel that computes softmax(QK^T / sqrt(d)) V (models/attention.py).
-    """
+    """Multi-head self-attention with a fused qkv projection (timm's names, as the official model);
+    `attention` names the kernel (models/attention.py)."""
 
     def __init__(self, dim: int, num_heads: int, attention: str = "sdpa"):
         super().__init__()

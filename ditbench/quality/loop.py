@@ -50,9 +50,7 @@ def run_quality(
     extractor=None,
 ) -> dict[str, Any]:
     """The record's `quality` field (complete on rank 0). `smoke`: (the smoke run's trainer, its training
-    seconds) when the section evaluates at the end of the smoke run. Raises nothing for the cell's own
-    failures (they are the field's status); a multi-process caller decides what a rank's failure means.
-    """
+    seconds) for `at: [smoke_end]`. The phase's failures are the field's status, never raised."""
     q = spec.quality
     field: dict[str, Any] = {
         "status": "error",

@@ -158,11 +158,8 @@ def make_shard(
     device,
     decode=None,
 ) -> np.ndarray:
-    """uint8 (n, H, W, 3) images for one shard's labels, all noise from one seeded generator.
-
-    `decode(latents) -> images in [-1, 1]` replaces the VAE where the latents are not a VAE's
-    (`ditbench.pixels.decode` for pixel data); `vae` is then unused.
-    """
+    """uint8 (n, H, W, 3) images for one shard's labels, all noise from one seeded generator; `decode`
+    (latents -> images in [-1, 1], e.g. `ditbench.pixels.decode`) replaces the VAE where given."""
     import torch
 
     from ditbench.diffusion import sample_latents
