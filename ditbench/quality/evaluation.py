@@ -208,18 +208,14 @@ class Evaluator:
             batch = ArrayImages(np.concatenate(images), f"samples of seed {seed}")
             extracted = self.extractor.extract(batch, want=self.want, desc="sample features")
             feats = {k: v.numpy() for k, v in extracted.items()}
-        sizes = [len(x) for x in images]
-        gathered = dist.all_gather_objects(self.ctx, (shards, sizes, feats))
+        rows = np.repeat(shards, [len(x) for x in images])  # the shard of each row, ascending
+        gathered = dist.all_gather_objects(self.ctx, (rows, feats))
         if self.scorer is None:
             return None
-        parts: dict[int, dict[str, np.ndarray]] = {}
-        for rank_shards, rank_sizes, rank_feats in gathered:
-            offsets = np.cumsum([0, *rank_sizes])
-            for i, k in enumerate(rank_shards):
-                parts[k] = {name: f[offsets[i] : offsets[i + 1]] for name, f in rank_feats.items()}
-        order = sorted(parts)
+        order = np.argsort(np.concatenate([r for r, _ in gathered]), kind="stable")  # shard order
         joined = {
-            name: torch.from_numpy(np.concatenate([parts[k][name] for k in order])) for name in self.want
+            name: torch.from_numpy(np.concatenate([f[name] for r, f in gathered if len(r)])[order])
+            for name in self.want
         }
         h, w = images[0].shape[1:3] if images else (None, None)
         return self.scorer.score_features(joined, h, w, f"the samples of seed {seed}")
