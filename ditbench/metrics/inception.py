@@ -137,9 +137,8 @@ class InceptionC(_Block):  # Mixed_6b..6e (17 x 17), factorised 7x7 convolutions
         self.branch_pool = BasicConv2d(cin, 192, 1)
 
     def branches(self, x):
-        d = x
-        for i in range(1, 6):
-            d = getattr(self, f"branch7x7dbl_{i}")(d)
+        d = self.branch7x7dbl_3(self.branch7x7dbl_2(self.branch7x7dbl_1(x)))
+        d = self.branch7x7dbl_5(self.branch7x7dbl_4(d))
         return [
             self.branch1x1(x),
             self.branch7x7_3(self.branch7x7_2(self.branch7x7_1(x))),
@@ -225,8 +224,9 @@ class InceptionV3(nn.Module):
         x = _max_pool_reduce(x)
         x = self.Conv2d_4a_3x3(self.Conv2d_3b_1x1(x))
         x = _max_pool_reduce(x)
-        for name in ("5b", "5c", "5d", "6a", "6b", "6c"):
-            x = getattr(self, "Mixed_" + name)(x)
+        blocks = (self.Mixed_5b, self.Mixed_5c, self.Mixed_5d, self.Mixed_6a, self.Mixed_6b, self.Mixed_6c)
+        for block in blocks:
+            x = block(x)
         parts = self.Mixed_6d.branches(x)
         # sFID: TF's mixed_6/conv is Mixed_6d.branch1x1; 7 channels, flattened as H, W, C.
         spatial = parts[0][:, :SPATIAL_CHANNELS].permute(0, 2, 3, 1).reshape(x.shape[0], SPATIAL_DIM)
