@@ -40,8 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from ditbench.spec.knobs import Knobs  # noqa: E402
 from ditbench.models.build import build_model  # noqa: E402
+from ditbench.spec.knobs import Knobs  # noqa: E402
 from ditbench.train import Trainer  # noqa: E402
 
 IMAGE_SIZE = 128

@@ -40,8 +40,8 @@ def preflight(args) -> dict[str, Any]:
     import torch
 
     import ditbench
-    from ditbench.spec import knobs
     from ditbench.models import configs
+    from ditbench.spec import knobs
 
     out: dict[str, Any] = {
         "python": platform.python_version(),

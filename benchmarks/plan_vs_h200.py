@@ -201,7 +201,22 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps({"anchors": rows, "zero_grad_savings": saved}, indent=1) + "\n"
         )
         (args.report / "README.md").write_text(report(rows, saved, summary))
+        write_memory_errors(rows)
     return 1 if misses else 0
+
+
+def write_memory_errors(rows: list[dict]) -> None:
+    """The eager anchors' reserved-memory errors (%), beside the speed calibration: the interval
+    `ditbench plan` gives a predicted memory (the compiled row errs high by design, compiled.py)."""
+    from ditbench.plan.speed import SHIPPED
+
+    errors = [
+        round(100 * (r["predicted_reserved_gib"] / r["measured_reserved_gib"] - 1), 2)
+        for r in rows
+        if not r["compile"] and r.get("predicted_reserved_gib") and r["measured_reserved_gib"]
+    ]
+    data = json.loads(SHIPPED.read_text())
+    SHIPPED.write_text(json.dumps({**data, "memory_errors_pct": errors}, indent=1) + "\n")
 
 
 def report(rows: list[dict], saved: list[dict], summary: str) -> str:

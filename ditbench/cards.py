@@ -79,6 +79,9 @@ class Datasheet:
     link_gbs: float
     link: str
     bf16: bool = True
+    # fp32, tf32, fp16, bf16 TFLOPS of large matmuls as measured on the card, where the project measured
+    # them: what a datasheet's boost-clock peak is not (an H200 sustains 76-82% of it).
+    sustained: tuple[float, float, float, float] | None = None
 
 
 # Vendor datasheets / architecture whitepapers (dense figures; "with sparsity" halved):
@@ -107,8 +110,18 @@ DATASHEETS: dict[str, Datasheet] = {
     "A100-80GB": Datasheet(19.5, 156.0, 312.0, 2039, 300, "NVLink 3"),
     "H100": Datasheet(67.0, 494.7, 989.4, 3350, 450, "NVLink 4"),
     "H100 NVL": Datasheet(60.0, 417.5, 835.5, 3900, 300, "NVLink bridge"),
-    "H200": Datasheet(67.0, 494.7, 989.4, 4800, 450, "NVLink 4"),
+    # sustained: the 8192^3 matmuls of benchmarks/h200_official_dit_anchor.jsonl
+    "H200": Datasheet(67.0, 494.7, 989.4, 4800, 450, "NVLink 4", sustained=(50.6, 405.5, 748.8, 780.5)),
 }
+
+
+def described(tflops: float, mem_bw: float) -> Datasheet:
+    """A card not in the table (`plan --tflops --mem-bw`): its dense bf16/fp16 tensor TFLOPS (tf32 and
+    fp32 half of it, as on Ampere and later) and its memory GB/s, over PCIe 4.0 between GPUs."""
+    for flag, value in (("--tflops", tflops), ("--mem-bw", mem_bw)):
+        if not math.isfinite(value) or not 0 < value <= 1e6:
+            raise UserError(f"{flag} must be a finite number above 0, got {value}")
+    return Datasheet(tflops / 2, tflops / 2, tflops, mem_bw, 32, "PCIe 4.0")
 
 
 def _key(text: str) -> str:
@@ -128,8 +141,8 @@ def find_card(name: str) -> Card:
     close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.5)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise UserError(
-        f"unknown card {shorten(name)}.{hint} Known cards: {', '.join(names)}; or give the memory "
-        "in GiB instead (gpu_memory_gib / --memory-gib)."
+        f"unknown card {shorten(name)}.{hint} Known cards: {', '.join(names)}; or describe it: its memory "
+        "in GiB (gpu_memory_gib; `ditbench plan --memory-gib GIB --tflops T --mem-bw GBS`)."
     )
 
 

@@ -27,7 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "sample": ("ditbench.sampling.cli", "sample images from a checkpoint into an ADM-format .npz"),
     "fid": ("ditbench.metrics.cli", "FID, sFID, Inception Score, precision/recall and KID of a sample batch"),
     "report": ("ditbench.report.cli", "turn results.jsonl files into markdown, HTML and CSV reports"),
-    "export": ("ditbench.export.cli", "write each cell as a TensorBoard or MLflow run"),
+    "export": ("ditbench.export.cli", "write each cell as a TensorBoard, MLflow or W&B run"),
     "compare": ("ditbench.report.gate.cli", "compare two runs and fail on a regression (exit 1)"),
     "ab": ("ditbench.ab.cli", "run a suite on two environments in paired rounds; fail on a regression"),
     "plan": ("ditbench.plan.cli", "predict training memory on any card without the card, and what fits"),

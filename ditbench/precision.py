@@ -188,8 +188,13 @@ def unsupported_reason(name: str, device_type: str) -> str | None:
     return None
 
 
-def get_precision_policy(name: str, device: str | torch.device = "cpu") -> PrecisionPolicy:
-    """The policy for `name` on `device`; UnsupportedError where the device cannot run it."""
+def get_precision_policy(
+    name: str, device: str | torch.device = "cpu", bf16_supported: bool | None = None
+) -> PrecisionPolicy:
+    """The policy for `name` on `device`; UnsupportedError where the device cannot run it.
+
+    `bf16_supported` answers for a CUDA device that is not this machine's (the planner's target); None
+    asks torch."""
     import torch
 
     key = check_precision(name)
@@ -199,7 +204,9 @@ def get_precision_policy(name: str, device: str | torch.device = "cpu") -> Preci
     reason = unsupported_reason(key, device_type)
     if reason:
         raise UnsupportedError(reason)
-    if key == "bf16" and device_type == "cuda" and not torch.cuda.is_bf16_supported():
+    if bf16_supported is None and device_type == "cuda":
+        bf16_supported = torch.cuda.is_bf16_supported()
+    if key == "bf16" and device_type == "cuda" and not bf16_supported:
         raise UnsupportedError(
             "bf16 needs a GPU with bfloat16 support (compute capability 8.0+); use fp16 or fp32"
         )

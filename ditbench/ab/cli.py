@@ -81,8 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _check(args: argparse.Namespace, alpha: float) -> None:
-    from ditbench.spec.suite import TIMEOUT_MAX_S
     from ditbench.errors import UserError
+    from ditbench.spec.suite import TIMEOUT_MAX_S
 
     fewest = math.ceil(math.log2(2 / alpha))  # 2 / 2^n: the exact interval's smallest level
     if not fewest <= args.max_rounds <= MAX_ROUNDS:
@@ -107,12 +107,12 @@ def _check(args: argparse.Namespace, alpha: float) -> None:
 def run(args: argparse.Namespace) -> int:
     from ditbench.ab.sides import Side, env_items, interpreter
     from ditbench.bench.runopts import new_run_id, select_cells
-    from ditbench.spec.suite import load_suite
     from ditbench.errors import UserError
     from ditbench.outlock import HELD_NAME, LOCK_NAME, OutputLock
     from ditbench.outpaths import check_kept, ensure_dir, refuse_output_as_input
     from ditbench.report.gate.cli import check_summary_target
     from ditbench.report.gate.policy import load_policy
+    from ditbench.spec.suite import load_suite
 
     policy = load_policy(args.policy)
     _check(args, policy.alpha)

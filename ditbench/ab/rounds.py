@@ -25,9 +25,9 @@ from ditbench.bench.launch.process import MODULE, TORCHRUN_MODULE, FreshProcess
 from ditbench.bench.records import append_record
 from ditbench.bench.runner import Visible, precheck
 from ditbench.bench.runopts import LOGS_DIR, RESULTS_FILE, now_iso
-from ditbench.spec.suite import Suite, SuiteCell
 from ditbench.errors import UserError
 from ditbench.fileio import mkdir_real
+from ditbench.spec.suite import Suite, SuiteCell
 
 WORK_DIR = ".ab"  # spec and result files between the ab process and a cell's process
 

@@ -19,7 +19,6 @@ from typing import Any
 import pandas as pd
 
 from ditbench.bench.repeats import combine
-from ditbench.spec.suite import SuiteCell
 from ditbench.errors import UserError
 from ditbench.report.gate.decide import compare_frames
 from ditbench.report.gate.inputs import number_at
@@ -27,6 +26,7 @@ from ditbench.report.gate.metrics import table
 from ditbench.report.gate.paired import judge_paired, look_alpha
 from ditbench.report.gate.policy import Policy
 from ditbench.report.gate.result import Comparison
+from ditbench.spec.suite import SuiteCell
 
 
 @dataclass

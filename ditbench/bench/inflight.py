@@ -142,7 +142,7 @@ def write_result_file(ticket: Ticket, result: dict[str, Any]) -> None:
 
 
 def make_record(context: dict[str, Any], result: dict[str, Any], duration_s: float) -> dict[str, Any]:
-    """The result record (README: "The result record") of one cell's result and its ticket's context."""
+    """The result record (docs/measurement.md) of one cell's result and its ticket's context."""
     record = {
         "schema": SCHEMA,
         "suite": context["suite"],

@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from unittest import mock
 from urllib.parse import urlparse
 
 from ditbench.errors import UserError, shorten
@@ -86,8 +85,16 @@ def export(
 ) -> dict:
     """Each run not yet in the experiment; {"written": [run names], "skipped": [...], "experiment": id}."""
     file_store = urlparse(uri).scheme in ("", "file")
-    with mock.patch.dict(os.environ, {"MLFLOW_ALLOW_FILE_STORE": "true"} if file_store else {}):
+    before = os.environ.get("MLFLOW_ALLOW_FILE_STORE")
+    if file_store:
+        os.environ["MLFLOW_ALLOW_FILE_STORE"] = "true"
+    try:
         return _export(runs, uri, experiment, report)
+    finally:  # the environment as it was (no unittest.mock in ditbench/)
+        if before is None:
+            os.environ.pop("MLFLOW_ALLOW_FILE_STORE", None)
+        else:
+            os.environ["MLFLOW_ALLOW_FILE_STORE"] = before
 
 
 def _export(runs: list[TrackerRun], uri: str, experiment: str, report: tuple[str, dict[str, Path]] | None):

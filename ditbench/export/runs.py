@@ -1,4 +1,4 @@
-"""One result record as an experiment tracker's run: the same content for TensorBoard and MLflow.
+"""One result record as an experiment tracker's run: the same content for TensorBoard, MLflow and W&B.
 
 A cell's knobs (its `config`, flattened with dots) are the run's parameters; its record's identity
 (suite, run id, label, status, reason) are tags; each finite number under `metrics` is a metric,

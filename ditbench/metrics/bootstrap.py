@@ -4,7 +4,7 @@ Each resample draws N sample indices with replacement (one seeded draw for every
 is fixed) and recomputes each metric (or its spec's faster `resampler`). The interval is normal:
 estimate +- z x the SD of the B values, since a FID resample costs an eigendecomposition (B is tens,
 where the SE is stable but percentile ends are not), centred on the estimate since repeated samples
-shift FID up by about its small-N bias. Costs: README (benchmarks/bootstrap_cost.py).
+shift FID up by about its small-N bias. benchmarks/bootstrap_cost.py measures the costs (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ OPTIONS = (
     Option(
         "bootstrap",
         RESAMPLES,
-        "resamples of the samples for the metrics' 95%% intervals (0: none); their cost is in the "
-        "README (%(default)s)",
+        "resamples of the samples for the metrics' 95%% intervals (0: none); their cost: docs/metrics.md "
+        "(%(default)s)",
         minimum=0,
     ),
     Option(

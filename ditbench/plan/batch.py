@@ -13,7 +13,7 @@ traces at other batch sizes, allocation by allocation.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ditbench.plan.trace import Trace, trace_training, workspace_bytes
 
@@ -43,6 +43,20 @@ class SeriesTrace:
     probe: int
     const: list[int]
     per_sample: list[int]
+    _live: tuple | None = field(default=None, repr=False, compare=False)
+
+    def live_peak(self, batch_size: int) -> int:
+        """The most bytes live at once at `batch_size` (no allocator rounding, no workspaces): a lower
+        bound on what the caching allocator holds."""
+        import numpy as np
+
+        if self._live is None:
+            events = np.array(self.trace.events[: self.trace.marks["end"]])
+            aid, sign = np.abs(events) - 1, np.sign(events)
+            const, per = np.array(self.const, dtype=np.int64), np.array(self.per_sample, dtype=np.int64)
+            self._live = (np.cumsum(sign * const[aid]), np.cumsum(sign * per[aid]))
+        const_live, per_live = self._live
+        return int((const_live + batch_size * per_live).max())
 
     def sizes(self, batch_size: int, target=None) -> list[int]:
         """Bytes of every allocation at `batch_size`; modeled ones (GPU workspaces) for `target`."""

@@ -1,12 +1,18 @@
-"""Traces kept on disk, so a second plan (another card, another grid) re-traces nothing.
+"""Traces kept on disk, so a second plan (another card, another grid) re-traces nothing, and traces
+shipped with the package, so the default answer (`ditbench plan --card X`) traces nothing at all.
 
 A series trace depends on the cell's memory-shaping knobs, the precision policy, the device kind,
-torch's version and ditbench's own code (the model, the step, the planner). The key hashes all of
-them, the code as the bytes of every ditbench source file, so an edited model or step is traced
+torch's version and ditbench's own code (the model, the step, the planner). The disk cache's key hashes
+all of them, the code as the bytes of every ditbench source file, so an edited model or step is traced
 afresh rather than answered from an old trace. A file that cannot be read back is ignored and
 replaced; a cache directory that cannot be written is not an error (the plan just traces).
 
-Location: $DITBENCH_CACHE/plan, else ~/.cache/ditbench/plan.
+The shipped traces (traces.json.xz, written by benchmarks/plan_traces.py) are keyed without the code:
+tests/unit/test_plan_shipped.py holds them equal to fresh traces, so a change to the step that changes
+what it allocates fails there until they are rewritten. They serve only the torch release (major.minor)
+they were made with.
+
+Location of the disk cache: $DITBENCH_CACHE/plan, else ~/.cache/ditbench/plan.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import lzma
 import os
 from pathlib import Path
 from typing import Any
@@ -23,7 +30,8 @@ from ditbench.plan.emulation import Target
 from ditbench.plan.trace import Trace
 
 CACHE_ENV = "DITBENCH_CACHE"
-VERSION = 2  # bump when what a trace records, or how, changes outside the source files
+VERSION = 3  # bump when what a trace records, or how, changes outside the source files
+SHIPPED = Path(__file__).with_name("traces.json.xz")
 
 
 def cache_dir() -> Path:
@@ -44,64 +52,112 @@ def code_fingerprint() -> str:
     return h.hexdigest()
 
 
-def key(parts: Any) -> str:
-    text = json.dumps([VERSION, code_fingerprint(), parts], sort_keys=True, default=str)
+def key(parts: Any, code: bool = True) -> str:
+    text = json.dumps([VERSION, code_fingerprint() if code else None, parts], sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def torch_release() -> str:
+    import torch
+
+    return ".".join(torch.__version__.split(".")[:2])
+
+
+def encode(series: SeriesTrace) -> dict[str, Any]:
+    """A trace as JSON: an allocation event as 0 (allocations come in order), a release as how many
+    allocations back it was made; sizes only (the batch split follows from the probe batch)."""
+    t = series.trace
+    events, made = [], 0
+    for e in t.events:
+        if e > 0:
+            made += 1
+        events.append(0 if e > 0 else made + e + 1)
+    labels: dict[str, list[int]] = {}
+    for aid, label in sorted(t.labels.items()):
+        labels.setdefault(label, []).append(aid)
+    return {
+        "target": [t.target.device, list(t.target.sm) if t.target.sm else None],
+        "probe": series.probe, "sizes": t.sizes, "events": events, "labels": labels, "marks": t.marks,
+        "modeled": t.modeled, "notes": t.notes, "ops": t.ops, "params": t.params,
+        "kernels": [[*row, count] for row, count in t.kernels.items()],
+    }  # fmt: skip
+
+
+def decode(d: dict[str, Any]) -> SeriesTrace | None:
+    try:
+        events, made = [], 0
+        for e in d["events"]:
+            if e == 0:
+                made += 1
+                events.append(made)
+            else:
+                events.append(-(made - int(e) + 1))
+        trace = Trace(
+            target=Target(d["target"][0], tuple(d["target"][1]) if d["target"][1] else None),
+            batch_size=int(d["probe"]),
+            sizes=[int(x) for x in d["sizes"]],
+            events=events,
+            labels={int(a): str(label) for label, aids in d["labels"].items() for a in aids},
+            marks={str(k): int(v) for k, v in d["marks"].items()},
+            modeled={int(k): tuple(v) for k, v in d["modeled"].items()},
+            notes=[str(n) for n in d["notes"]],
+            ops=int(d["ops"]),
+            params=int(d["params"]),
+            kernels={
+                (str(r[0]), str(r[1]), bool(r[2]), *(int(x) for x in r[3:7])): int(r[7]) for r in d["kernels"]
+            },
+        )
+        if made != len(trace.sizes):
+            return None
+        probe = trace.batch_size
+        per = [s // probe if s % probe == 0 else 0 for s in trace.sizes]
+        const = [0 if s % probe == 0 else s for s in trace.sizes]
+        return SeriesTrace(trace, probe, const, per)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None
 
 
 def load(name: str) -> SeriesTrace | None:
     from ditbench.fileio import read_regular  # a FIFO planted as the entry is refused, not waited on
 
     try:
-        data = json.loads(read_regular(cache_dir() / f"{name}.json", "the plan cache"))
-        t = data["trace"]
-        trace = Trace(
-            target=Target(t["target"][0], tuple(t["target"][1]) if t["target"][1] else None),
-            batch_size=int(t["batch_size"]),
-            sizes=[int(x) for x in t["sizes"]],
-            events=[int(x) for x in t["events"]],
-            labels={int(k): str(v) for k, v in t["labels"].items()},
-            marks={str(k): int(v) for k, v in t["marks"].items()},
-            modeled={int(k): tuple(v) for k, v in t["modeled"].items()},
-            notes=[str(n) for n in t["notes"]],
-            ops=int(t["ops"]),
-            params=int(t["params"]),
-            kernels={
-                (str(r[0]), str(r[1]), bool(r[2]), *(int(x) for x in r[3:7])): int(r[7]) for r in t["kernels"]
-            },
-        )
-        series = SeriesTrace(trace, int(data["probe"]), data["const"], data["per_sample"])
-        if len(series.const) != len(trace.sizes) or len(series.per_sample) != len(trace.sizes):
-            return None
-        return series
-    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return decode(json.loads(read_regular(cache_dir() / f"{name}.json", "the plan cache")))
+    except (OSError, ValueError):
         return None
 
 
 def save(name: str, series: SeriesTrace) -> None:
     from ditbench.fileio import write_atomic
 
-    t = series.trace
-    data = {
-        "trace": {
-            "target": [t.target.device, list(t.target.sm) if t.target.sm else None],
-            "batch_size": t.batch_size,
-            "sizes": t.sizes,
-            "events": t.events,
-            "labels": t.labels,
-            "marks": t.marks,
-            "modeled": t.modeled,
-            "notes": t.notes,
-            "ops": t.ops,
-            "params": t.params,
-            "kernels": [[*row, count] for row, count in t.kernels.items()],
-        },
-        "probe": series.probe,
-        "const": series.const,
-        "per_sample": series.per_sample,
-    }
     try:
         cache_dir().mkdir(parents=True, exist_ok=True)
-        write_atomic(cache_dir() / f"{name}.json", json.dumps(data, separators=(",", ":")))
+        write_atomic(cache_dir() / f"{name}.json", json.dumps(encode(series), separators=(",", ":")))
     except OSError:
         pass
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped() -> dict[str, Any]:
+    try:
+        return json.loads(lzma.decompress(SHIPPED.read_bytes()))
+    except (OSError, ValueError, lzma.LZMAError):
+        return {}
+
+
+def shipped_release() -> str | None:
+    """The torch release the shipped traces were made with."""
+    return _shipped().get("torch")
+
+
+def shipped(parts: Any) -> SeriesTrace | None:
+    """The shipped trace for a trace key (predict.trace_key), if one was shipped for this torch."""
+    if shipped_release() != torch_release():
+        return None
+    found = _shipped()["traces"].get(key(parts, code=False))
+    return None if found is None else decode(found)
+
+
+def write_shipped(traces: dict[str, SeriesTrace], path: Path = SHIPPED) -> None:
+    """Write the shipped traces: {key(parts, code=False): trace} for this torch release."""
+    data = {"torch": torch_release(), "traces": {k: encode(s) for k, s in sorted(traces.items())}}
+    path.write_bytes(lzma.compress(json.dumps(data, separators=(",", ":")).encode(), preset=9))

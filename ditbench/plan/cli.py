@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import time
 from pathlib import Path
 
 from ditbench.errors import UserError, shorten
+from ditbench.plan.speed import DEFAULT_GLOBAL_BATCH
 
 HELP = """\
-Predict each cell's peak training memory on a card without the card: the Trainer's real step is
-traced on fake tensors and replayed through the CUDA caching allocator. Without SUITE the grid is
-the 12 paper models x fp32/tf32/fp16/bf16 x checkpointing none/full/every_2 x batches 8..512.
-Table cells show the GiB the card must hold (allocator reserve + CUDA context); (x) does not fit,
-"tight" fits within the planner's error (6%) of the card's memory, * measured (from --results), n/a
-the setting cannot run there. With SUITE, KEY=VALUE overrides change its cells (optimizer_impl=foreach).
+The answer first: per model (the paper's four sizes at patch 2 unless --models), the fastest setting that
+fits the card (precision, checkpointing, per-GPU batch and the accumulation that reaches the global batch),
+its memory and speed with intervals, and days to the target, every row at one global batch. Memory: the
+Trainer's step traced on fake tensors and replayed through the CUDA caching allocator; speed: a time model
+of the step's kernels calibrated on measured GPUs. --full adds the grid (12 paper models x fp32/tf32/fp16/
+bf16 x checkpointing none/full/every_2 x batches 8..512: GiB the card must hold; (x) does not fit, "tight"
+within the planner's error of the card, * measured (--results), n/a cannot run there) and the decision
+tree. With SUITE, its cells are planned; KEY=VALUE overrides change them (optimizer_impl=foreach).
 """
 
 
@@ -36,15 +40,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--card", help='the card to plan for, e.g. "RTX 4090", A100-80GB, H200')
-    where.add_argument("--memory-gib", type=float, help="or the card's usable memory in GiB")
-    parser.add_argument("--models", action="append", help="grid models, comma-separated (default: the 12)")
+    where.add_argument("--memory-gib", type=float, help="or the usable GiB of a card not in the table")
     parser.add_argument(
-        "--precisions", action="append", help="grid precisions (default: fp32,tf32,fp16,bf16)"
+        "--tflops",
+        type=float,
+        help="with --memory-gib: its dense bf16/fp16 tensor TFLOPS (tf32 and fp32: half)",
+    )
+    parser.add_argument("--mem-bw", type=float, help="with --memory-gib: its memory bandwidth in GB/s")
+    parser.add_argument(
+        "--full", action="store_true", help="after the answer, the grid and the decision tree"
     )
     parser.add_argument(
-        "--grad-ckpt", action="append", help="grid checkpointing (default: none,full,every_2)"
+        "--images", action="store_true", help="train from images, the VAE encoding every step"
     )
-    parser.add_argument("--batches", action="append", help="grid batch sizes (default: 8,16,...,512)")
+    parser.add_argument(
+        "--global-batch", type=int, help=f"images per optimizer step, all GPUs ({DEFAULT_GLOBAL_BATCH})"
+    )
+    parser.add_argument(
+        "--models",
+        action="append",
+        help="models, comma-separated (default: S/2,B/2,L/2,XL/2; --full: 12)",
+    )
+    parser.add_argument(
+        "--precisions",
+        action="append",
+        help="precisions (default: the card's fastest; --full: fp32,tf32,fp16,bf16)",
+    )
+    parser.add_argument("--grad-ckpt", action="append", help="checkpointing (default: none,full,every_2)")
+    parser.add_argument(
+        "--batches",
+        action="append",
+        help="per-GPU batch sizes (default: those dividing the global batch; --full: 8,16,...,512)",
+    )
     parser.add_argument("--image-size", type=int, default=None, help="grid image size in pixels (256)")
     parser.add_argument(
         "--impl", default=None, choices=("ditbench", "diffusers"), help="grid DiT implementation (ditbench)"
@@ -70,8 +97,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--gpus",
         type=int,
         default=None,
-        help="data-parallel GPUs per cell for the speed prediction (default: 1): adds DDP's all-reduce over "
-        "the card's interconnect; memory stays the one-GPU trace",
+        help="data-parallel GPUs (default: 1): memory per rank, the collectives over the card's interconnect",
+    )
+    parser.add_argument(
+        "--shard", choices=("ddp", "fsdp"), help="with --gpus: DDP (a replica per GPU, default) or FSDP2"
     )
     goal = parser.add_mutually_exclusive_group()
     goal.add_argument(
@@ -122,6 +151,18 @@ def _ints(values: list[str] | None, default, what: str) -> list[int]:
     return sorted(set(out))
 
 
+def _is_suite(args: argparse.Namespace) -> bool:
+    if args.suite is not None and "=" in args.suite and not Path(args.suite).exists():
+        args.suite, args.overrides = None, [args.suite, *args.overrides]  # `plan key=value`: no suite
+    if args.suite is None and args.overrides:
+        raise UserError(
+            f"{shorten(args.overrides[0])}: KEY=VALUE overrides change a suite; without SUITE the "
+            "plan is the default grid, shaped by --models, --precisions, --grad-ckpt, --batches, "
+            "--image-size, --impl and --optimizer-impl"
+        )
+    return args.suite is not None
+
+
 def _request(args: argparse.Namespace):
     """The flags that take values, validated once; the grid's only without a suite (whose cells bring
     their own, and `_refuse_grid_flags` says so)."""
@@ -129,13 +170,9 @@ def _request(args: argparse.Namespace):
     from ditbench.spec.base import from_flags
     from ditbench.spec.plan import PlanRequest
 
-    if args.suite is not None and "=" in args.suite and not Path(args.suite).exists():
-        args.suite, args.overrides = None, [args.suite, *args.overrides]  # `plan key=value`: no suite
-    given = {
-        k: getattr(args, k)
-        for k in ("context_gib", "jobs", "target_batch", "gpus", "target_steps", "target_images")
-    }
-    if args.suite is None:
+    keys = ("context_gib", "jobs", "target_batch", "gpus", "target_steps", "target_images", "global_batch")
+    given = {k: getattr(args, k) for k in keys}
+    if not _is_suite(args):
         given.update(
             models=_list(args.models, paper_models(), "models"),
             precisions=_list(args.precisions, DEFAULT_PRECISIONS, "precisions"),
@@ -146,32 +183,29 @@ def _request(args: argparse.Namespace):
     return from_flags(PlanRequest, given)
 
 
+def _base(args: argparse.Namespace, request) -> dict:
+    size = request.image_size
+    if args.shard and not args.gpus:
+        raise UserError(f"--shard {args.shard} splits a model over GPUs: give --gpus N (2 or more)")
+    impl, optimizer, gpus = args.impl or "ditbench", args.optimizer_impl or "auto", request.gpus or 1
+    from ditbench.plan.predict import IMAGES
+
+    data = {"data": IMAGES} if args.images else {}
+    return {"image_size": size, "impl": impl, "optimizer_impl": optimizer, "gpus": gpus,
+            "strategy": args.shard or "ddp", **data}  # fmt: skip
+
+
 def _series(args: argparse.Namespace, request):
     from ditbench.plan.grid import grid
 
     if args.suite is None:
-        if args.overrides:
-            raise UserError(
-                f"{shorten(args.overrides[0])}: KEY=VALUE overrides change a suite; without SUITE the "
-                "plan is the default grid, shaped by --models, --precisions, --grad-ckpt, --batches, "
-                "--image-size, --impl and --optimizer-impl"
-            )
-        base = {
-            "image_size": request.image_size,
-            "impl": args.impl or "ditbench",
-            "optimizer_impl": args.optimizer_impl or "auto",
-        }
         from ditbench.expansion import check_count, factors, matrix_count
 
         r = request
-        axes = {
-            "models": r.models,
-            "precisions": r.precisions,
-            "grad-ckpt": r.grad_ckpt,
-            "batches": r.batches,
-        }
+        axes = {"models": r.models, "precisions": r.precisions, "grad-ckpt": r.grad_ckpt}
+        axes["batches"] = r.batches
         check_count(matrix_count(axes), args.max_cells, "the plan grid", factors(axes))
-        return grid(r.models, r.precisions, r.grad_ckpt, r.batches, base), None
+        return grid(r.models, r.precisions, r.grad_ckpt, r.batches, _base(args, request)), None
     _refuse_grid_flags(args)
     from ditbench.plan.grid import suite_grid
     from ditbench.spec.suite import load_suite
@@ -190,11 +224,14 @@ _GRID_FLAGS = {
     "image_size": "image_size",
     "impl": "impl",
     "optimizer_impl": "optimizer_impl",
+    "shard": "strategy",
 }
 
 
 def _refuse_grid_flags(args: argparse.Namespace) -> None:
     """A suite brings its own cells, so a grid flag would be ignored: an error saying where to set it."""
+    if args.images:
+        raise UserError("--images shapes the default grid; a suite's cells bring their own `data:`")
     for flag, knob in _GRID_FLAGS.items():
         value = getattr(args, flag)
         if value is None or value == []:
@@ -244,20 +281,40 @@ def _progress(total: int, no_cache: bool):
     from ditbench.progress import progress
 
     reuse = "" if no_cache else " (traces on disk are reused)"
-    print(
-        f"ditbench plan: tracing {total} series{reuse}",
-        file=sys.stderr,
-        flush=True,
-    )
+    print(f"ditbench plan: tracing {total} series{reuse}", file=sys.stderr, flush=True)
     return progress(total=total, unit="series", desc="traced")
+
+
+def _answer(args: argparse.Namespace, request, context: float, speed):
+    """(JSON rows, text) of the answer on the card asked, or None when no card with a speed is given.
+    The grid's lists (request) are the answer's where the flag was given; its own defaults otherwise."""
+    from ditbench.plan import answer
+    from ditbench.plan.predict import budget, normalize
+    from ditbench.plan.speed import datasheet
+
+    models = request.models if args.models else list(answer.ANSWER_MODELS)
+    ckpts = tuple(request.grad_ckpt if args.grad_ckpt else answer.CKPTS)
+    base = _base(args, request)
+    for m, c in itertools.product(models, ckpts):  # a model and setting that cannot run: before any trace
+        normalize({**base, "model": m, "grad_ckpt": c})
+    bud = budget(args.card if args.card is not None else args.memory_gib, context)
+    sheet = speed.sheet or datasheet(bud.card)
+    if bud.memory_gib is None or sheet is None:
+        return None
+    precisions = tuple(request.precisions if args.precisions else answer.default_precisions(bud, sheet))
+    global_batch = request.global_batch or DEFAULT_GLOBAL_BATCH
+    batches = answer.micro_batches(global_batch, speed.gpus, request.batches if args.batches else None)
+    return answer.plan(bud, speed, models, precisions, ckpts, batches, global_batch, base, not args.no_cache)
 
 
 def run(args: argparse.Namespace) -> int:
     import warnings
 
+    from ditbench.cards import ambiguity, find_card
     from ditbench.plan.grid import default_jobs, evaluate
     from ditbench.plan.predict import DEFAULT_CONTEXT_GIB, budget
-    from ditbench.plan.render import advice_details, cells_table, reasons, speed_table, to_json, tree_table
+    from ditbench.plan.render import full_text, to_json
+    from ditbench.plan.speed import shipped
     from ditbench.plan.tree import DEFAULT_TARGET_BATCH, class_cards, decision_tree
 
     warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
@@ -266,18 +323,26 @@ def run(args: argparse.Namespace) -> int:
     target_batch = DEFAULT_TARGET_BATCH if request.target_batch is None else request.target_batch
     records = _read_results(args.results) if args.results else []
     speed = _speed_options(args, request)
+    answered = None if args.suite is not None else _answer(args, request, context, speed)
+    if not args.full and args.suite is None:
+        if answered is None:
+            raise UserError(
+                'plan for which card? Give --card NAME (`ditbench plan --card "RTX 4090"`), or --memory-gib, '
+                "--tflops and --mem-bw for a card not in the table; --full plans the grid without a card"
+            )
+        print(json.dumps(answered[0], indent=1, allow_nan=False) if args.json else answered[1])
+        return 0
     series, suite = _series(args, request)
     main = _budgets(args, suite, series, context)
     cuda = any(s.config["device"] == "cuda" for s in series)
     _refuse_unused(args, cuda)
     card_name = args.card if args.card is not None else getattr(suite, "card", None)
     if card_name is not None:
-        from ditbench.cards import ambiguity
-
         note = ambiguity(card_name)
         if note:
             print(f"ditbench plan: {note}", file=sys.stderr)
-    tree_cards = class_cards() if cuda and not args.no_tree else []
+    asked = find_card(main.card) if main.card else main.memory_gib
+    tree_cards = class_cards(asked) if cuda and not args.no_tree else []
     budgets = [main] + [budget(card, context) for _, card in tree_cards]
 
     start = time.perf_counter()
@@ -306,63 +371,30 @@ def run(args: argparse.Namespace) -> int:
         "target_steps": None if speed.target_images else speed.target_steps,
         "target_images": speed.target_images,
         "speed_calibration": {
-            k: v for k, v in (speed.calibration or _shipped()).to_dict().items() if k != "loo"
+            k: v for k, v in (speed.calibration or shipped()).to_dict().items() if k != "loo"
         },
     }
     if args.json:
-        print(json.dumps(to_json(cells, advice, meta, target_batch), indent=1, allow_nan=False))
+        doc = {**to_json(cells, advice, meta, target_batch), **(answered[0] if answered else {})}
+        print(json.dumps(doc, indent=1, allow_nan=False))
         return 0
-    where = (
-        f"{main.card} ({main.memory_gib:.2f} GiB usable)"
-        if main.card
-        else (f"a {main.memory_gib:g} GiB card" if main.memory_gib is not None else "no card (no fit check)")
-    )
+    if answered:
+        print(answered[1] + "\n")
     print(
-        f"ditbench plan: {len(cells)} cells in {len(series)} series for {where}; CUDA context "
-        f"{main.context_gib:g} GiB assumed; traced in {seconds:.0f} s"
-        + (f"; {measured} cells measured (--results)" if records else "")
+        full_text(
+            cells, main, len(series), seconds, measured if records else None, speed, advice, target_batch
+        )
     )
-    print()
-    print(cells_table(cells))
-    speeds = speed_table(cells)
-    if speeds:
-        cal = speed.calibration or _shipped()
-        goal = f"{speed.target_images:,} images" if speed.target_images else f"{speed.target_steps:,} steps"
-        per = f" per GPU x {speed.gpus} GPUs (DDP)" if speed.gpus > 1 else ""
-        band = (
-            f"+-{cal.band_pct:g}%, the calibration's worst leave-one-out error"
-            if cal.band_pct is not None
-            else "no error band: fewer than 3 calibration cells"
-        )
-        print(f"\nPredicted speed{per} ({band}; calibrated on {cal.source}); days and GPU-hours to {goal}:\n")
-        print(speeds)
-    for line in reasons(cells):
-        print(f"\n{line}")
-    notes = sorted({n for p in cells for n in p.notes})
-    for note in notes:
-        print(f"\nnote: {note}")
-    if advice:
-        print(
-            "\nDecision tree (each class's smallest card; the fastest setting, by predicted images/s, "
-            f"that reaches batch {target_batch}; days to the target at its batch):\n"
-        )
-        print(tree_table(advice, target_batch))
-        details = advice_details(advice)
-        if details:
-            print("\nWhat the recommended cells hold at their peak:\n" + details)
     return 0
-
-
-def _shipped():
-    from ditbench.plan.speed import shipped
-
-    return shipped()
 
 
 def _speed_options(args: argparse.Namespace, request):
     from ditbench.plan.predict import SpeedOptions
     from ditbench.plan.speed import DEFAULT_TARGET_STEPS
 
+    sheet = None
+    if args.tflops is not None or args.mem_bw is not None:
+        sheet = _sheet(args)
     calibration = None
     if args.calibrate is not None:
         from ditbench.plan.calibration import from_records
@@ -373,7 +405,19 @@ def _speed_options(args: argparse.Namespace, request):
         gpus=request.gpus or 1,
         target_steps=request.target_steps or DEFAULT_TARGET_STEPS,
         target_images=request.target_images,
+        sheet=sheet,
     )
+
+
+def _sheet(args: argparse.Namespace):
+    from ditbench.cards import described
+
+    if args.memory_gib is None or args.tflops is None or args.mem_bw is None:
+        raise UserError(
+            "--tflops and --mem-bw describe a card not in the table, with --memory-gib: give all three "
+            "(e.g. --memory-gib 24 --tflops 165 --mem-bw 1008); a card of the table (--card) has its own"
+        )
+    return described(args.tflops, args.mem_bw)
 
 
 def _read_results(path: Path, flag: str = "--results") -> list[dict]:

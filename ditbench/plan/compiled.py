@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
-from unittest import mock
 
 import torch
 from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
@@ -59,15 +58,13 @@ def _backend():
 
 
 @contextlib.contextmanager
-def traced_compile():
-    """`torch.compile(model)` compiles to graphs the trace can run (inductor's options do not apply)."""
-    original = torch.compile
+def traced_compiler():
+    """A function in torch.compile's place (the Trainer's `compiler`) whose compiled models run as graphs
+    the trace can follow (inductor's options do not apply); dynamo's caches are reset around it."""
     backend = _backend()
 
-    def compile_(model=None, **kwargs):
-        if model is None:  # used as a decorator factory
-            return functools.partial(compile_, **kwargs)
-        compiled = original(model, backend=backend, dynamic=False)
+    def compile_(model, **_options):
+        compiled = torch.compile(model, backend=backend, dynamic=False)
         inner = compiled.forward
 
         def forward(*args, **kw):
@@ -85,7 +82,6 @@ def traced_compile():
 
     torch._dynamo.reset()
     try:
-        with mock.patch.object(torch, "compile", compile_):
-            yield
+        yield compile_
     finally:
         torch._dynamo.reset()

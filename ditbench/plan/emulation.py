@@ -15,20 +15,18 @@ from a CPU step, this module supplies the CUDA behaviour, each piece stated:
 * autocast: CPU autocast casts matmuls, convolutions and attention to low precision as CUDA
   autocast does, but leaves ops CUDA runs in float32 (layer/group norm, exp, log, pow, softmax,
   sums, ...) in the input's precision; for the trace those ops get CUDA's rule (`cuda_autocast`).
-* `Module.to(device)` on a module already on that device is a no-op (FakeTensorMode cannot swap
-  parameters, and a real `.to()` to the same device copies nothing), and `copy.deepcopy` of a fake
-  tensor clones it in the trace's fake mode (torch's own deepcopy of a fake tensor makes it in a
-  new fake mode, whose tensors the trace could not follow), as a real deepcopy clones the storage.
+* the Trainer's seams: it takes the policy (`policy_for`) and a compiler (compiled.py) from the trace,
+  and moves a model built on its device nowhere (FakeTensorMode cannot swap parameters). `copy.deepcopy`
+  of a fake tensor clones it in the trace's fake mode (torch's own deepcopy of a fake tensor makes it in
+  a new fake mode, whose tensors the trace could not follow), as a real deepcopy clones the storage.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import threading
 import warnings
 from dataclasses import dataclass
-from unittest import mock
 
 import torch
 from torch import nn
@@ -109,12 +107,11 @@ def policy_for(precision: str, target: Target):
     The policy comes from ditbench.precision itself (asked for "cuda", with bf16 support as
     the target has it), so a change there changes the trace; only its device type is the fake one.
     """
-    from ditbench import precision as precision_module
+    from ditbench.precision import get_precision_policy
 
     if target.device == "cpu":
-        return precision_module.get_precision_policy(precision, "cpu")
-    with mock.patch.object(torch.cuda, "is_bf16_supported", lambda *a, **k: target.bf16):
-        policy = precision_module.get_precision_policy(precision, "cuda")
+        return get_precision_policy(precision, "cpu")
+    policy = get_precision_policy(precision, "cuda", bf16_supported=target.bf16)
     return dataclasses.replace(policy, device_type="cpu")
 
 
@@ -176,63 +173,6 @@ def cuda_autocast():
         yield
     finally:
         lib._destroy()
-
-
-_autocast = threading.local()  # a stack: is the innermost autocast region a low-precision one?
-
-
-def in_low_precision_autocast() -> bool:
-    """Whether the op being dispatched runs under fp16/bf16 autocast (the dispatch level cannot ask)."""
-    stack = getattr(_autocast, "stack", None)
-    return bool(stack) and stack[-1]
-
-
-@contextlib.contextmanager
-def emulate(target: Target):
-    """Patch, for the duration of a trace, what the fake CPU step must do as the target would."""
-    original_to = nn.Module.to
-    autocast_cls = torch.amp.autocast_mode.autocast
-    original_enter, original_exit = autocast_cls.__enter__, autocast_cls.__exit__
-
-    def enter(self):
-        result = original_enter(self)
-        low = self._enabled and self.device == "cpu" and self.fast_dtype in (torch.float16, torch.bfloat16)
-        _autocast.__dict__.setdefault("stack", []).append(bool(low))
-        return result
-
-    def exit_(self, *exc):
-        stack = getattr(_autocast, "stack", None)
-        if stack:
-            stack.pop()
-        return original_exit(self, *exc)
-
-    def to(self, *args, **kwargs):
-        dev = args[0] if args else kwargs.get("device")
-        if (
-            len(args) + len(kwargs) == 1
-            and isinstance(dev, (str, torch.device))
-            and all(t.device == torch.device(dev) for t in (*self.parameters(), *self.buffers()))
-        ):
-            return self
-        return original_to(self, *args, **kwargs)
-
-    from ditbench.plan.compiled import traced_compile
-
-    with contextlib.ExitStack() as stack:
-        stack.enter_context(traced_compile())
-        stack.enter_context(mock.patch.object(nn.Module, "to", to))
-        stack.enter_context(mock.patch.object(autocast_cls, "__enter__", enter))
-        stack.enter_context(mock.patch.object(autocast_cls, "__exit__", exit_))
-        if target.device == "cuda":
-            import ditbench.train.step as step_module
-
-            stack.enter_context(cuda_autocast())
-            stack.enter_context(
-                mock.patch.object(
-                    step_module, "get_precision_policy", lambda name, device=None: policy_for(name, target)
-                )
-            )
-        yield
 
 
 class FakeDeepcopy(TorchFunctionMode):

@@ -75,7 +75,8 @@ def _cost(group: list[Series]) -> int:
 
 
 def _groups(series: list[Series], budgets: list[Budget]) -> list[list[int]]:
-    """Indices of series that share one trace (fp32 and tf32 of a cell on a GPU), costliest first."""
+    """Indices of series that differ only in a precision that shares their trace (fp32 and tf32 on a
+    GPU), costliest first."""
     from ditbench.errors import UnsupportedError
     from ditbench.plan.emulation import CPU, cuda_target
     from ditbench.plan.predict import trace_key, trace_knobs
@@ -84,7 +85,8 @@ def _groups(series: list[Series], budgets: list[Budget]) -> list[list[int]]:
     groups: dict[object, list[int]] = {}
     for i, s in enumerate(series):
         try:
-            key = trace_key(trace_knobs(s.config, target), target) + (tuple(s.batch_sizes),)
+            rest = repr(sorted((k, repr(v)) for k, v in s.config.items() if k != "precision"))
+            key = trace_key(trace_knobs(s.config, target), target) + (tuple(s.batch_sizes), rest)
         except UnsupportedError:
             key = ("unsupported", i)
         groups.setdefault(key, []).append(i)

@@ -26,6 +26,7 @@ from ditbench.errors import UnsupportedError, UserError, shorten
 from ditbench.plan.allocator import Replay, live_at, raw_peak, replay
 from ditbench.plan.batch import SeriesTrace, trace_series
 from ditbench.plan.emulation import CPU, Target, cuda_target, optimizer_impl, policy_for
+from ditbench.plan.parallel import per_rank, world
 from ditbench.plan.trace import STATE_LABELS
 from ditbench.spec.knobs import KNOBS, Knobs, PartialKnobs
 
@@ -33,14 +34,16 @@ GiB = 1 << 30
 # The CUDA context and what the driver and libraries hold outside PyTorch's allocator (module images,
 # cuBLAS/cuDNN handles): 0.3-0.6 GiB with CUDA 12's lazy module loading, driver dependent.
 DEFAULT_CONTEXT_GIB = 0.5
-COMPONENTS = (*STATE_LABELS, "activations", "workspace")
+COMPONENTS = (*STATE_LABELS, "vae", "activations", "workspace", "buffers")  # buffers: DDP's or FSDP's
 
 # Knobs the trace leaves at their defaults: they do not change what a one-GPU step allocates (seed,
-# learning rates, the decay), or the planner does not model them (multi-GPU cells are refused, the
-# attention backend, grad_accum and compile_mode are traced at their defaults); the batch size is
-# the series' axis. Every other knob, a new one included, shapes the traced step.
+# learning rates, the decay; data parallelism is applied to the one-GPU trace, parallel.py), or the
+# planner does not model them (compile_mode is traced at its default);
+# the batch size is the series' axis. Accumulation is traced at 1 or 2 micro-batches: from the second
+# on, each holds the gradients through its forward, so 2 is every K >= 2's steady state. Every other
+# knob shapes the traced step.
 _UNTRACED = (
-    "batch_size", "gpus", "nodes", "strategy", "compile_mode", "grad_accum", "attention", "optimizer",
+    "batch_size", "gpus", "nodes", "strategy", "compile_mode", "optimizer",
     "seed", "lr", "weight_decay", "ema_decay",
 )  # fmt: skip
 DEVICES = ("cuda", "cpu")
@@ -94,20 +97,10 @@ def normalize(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _unsupported_reason(cell: dict[str, Any]) -> str | None:
-    """Knobs that shape memory in a way the planner does not trace: say so rather than guess.
-
-    Multi-GPU cells: DDP's C++ reducer reads the storage of the tensors it buckets and FSDP2's
-    sharding runs value-dependent ops, neither of which a fake tensor has; a formula in their place
-    would be a guess, so such a cell is `unsupported`.
-    """
-    if cell["gpus"] * cell["nodes"] > 1:
-        return (
-            "multi-GPU cells (DDP/FSDP) are not traced by the planner (DDP's reducer and FSDP2's "
-            "sharding need real tensors); plan the one-GPU cell instead"
-        )
-    data = cell["data"]
-    if isinstance(data, dict) and "images" in data:
-        return "image-folder cells encode through the VAE on the device; the planner traces latent data only"
+    """Knobs that shape memory in a way the planner does not trace: say so rather than guess (an
+    image-folder cell without diffusers is refused by its trace: the VAE needs it)."""
+    if world(cell) > 1 and cell["strategy"] == "fsdp" and cell["impl"] != "ditbench":
+        return "strategy fsdp shards ditbench's DiT block by block; the diffusers DiT has no such blocks"
     return None
 
 
@@ -115,9 +108,17 @@ def trace_knobs(cell: Mapping[str, Any], target: Target) -> Knobs:
     """The knobs the planner traces for `cell` on `target`: the untraced ones at their defaults, the
     `auto` AdamW kernel resolved, synthetic data (a latent file's batch reaches the device as one)."""
     knobs = {k: v for k, v in cell.items() if k in KNOBS and k not in _UNTRACED}
-    return Knobs(
-        **{**knobs, "optimizer_impl": optimizer_impl(cell["optimizer_impl"], target), "data": "synthetic"}
-    )
+    impl = optimizer_impl(cell["optimizer_impl"], target)
+    images = isinstance(cell["data"], dict) and "images" in cell["data"]
+    data = IMAGES if images else "synthetic"  # a latent file's batch reaches the device as synthetic data
+    return Knobs(**{**knobs, "optimizer_impl": impl, "data": data, "grad_accum": traced_accum(cell)})
+
+
+IMAGES = {"images": "(traced)", "vae": "random"}  # any folder, any weights: the VAE in the loop
+
+
+def traced_accum(cell: Mapping[str, Any]) -> int:
+    return min(cell.get("grad_accum", 1), 2)
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class SpeedOptions:
     gpus: int = 1
     target_steps: int = 400_000
     target_images: int | None = None
+    sheet: Any = None  # a card outside the table (--tflops, --mem-bw); None: the card's datasheet
 
 
 @dataclass(frozen=True)
@@ -176,7 +178,7 @@ def budget(
 
 
 _CACHE: OrderedDict[tuple, SeriesTrace] = OrderedDict()
-_CACHE_SIZE = 32
+_CACHE_SIZE = 64  # the default answer searches 48 series
 
 
 def trace_key(knobs: Knobs, target: Target) -> tuple:
@@ -184,12 +186,15 @@ def trace_key(knobs: Knobs, target: Target) -> tuple:
     a GPU: tf32 changes only the matmul math mode) share a key. UnsupportedError when the target cannot
     run the policy (bf16 before sm80, fp16 on a CPU)."""
     policy = policy_for(knobs.precision, target)
-    shape = {k: v for k, v in knobs.non_defaults().items() if k != "precision"}
+    shape = {
+        k: repr(v) if isinstance(v, dict) else v for k, v in knobs.non_defaults().items() if k != "precision"
+    }
     return (tuple(sorted(shape.items())), str(policy.autocast_dtype), policy.use_scaler, target.device)
 
 
 def series_trace(knobs: Knobs, target: Target, disk: bool = False) -> SeriesTrace:
-    """The traced series: from this process's memory, else (disk=True) the on-disk cache, else traced.
+    """The traced series: from this process's memory, else (disk=True) the shipped traces or the on-disk
+    cache, else traced.
 
     One trace serves every GPU (workspaces are sized at replay).
     """
@@ -202,7 +207,7 @@ def series_trace(knobs: Knobs, target: Target, disk: bool = False) -> SeriesTrac
         from ditbench.plan import cache
 
         name = cache.key(key)
-        series = cache.load(name)
+        series = cache.shipped(key) or cache.load(name)
     if series is None:
         series = trace_series(knobs, target)
         if disk:
@@ -218,9 +223,13 @@ def predict_cell(
     card_or_gib: str | Card | float | int | None = None,
     *,
     context_gib: float = DEFAULT_CONTEXT_GIB,
+    disk: bool = False,
 ) -> Prediction:
-    """Predict one cell. `card_or_gib`: a card name ("RTX 4090"), a Card, usable GiB, or None."""
-    return predict_series(config, [normalize(config)["batch_size"]], card_or_gib, context_gib=context_gib)[0]
+    """Predict one cell. `card_or_gib`: a card name ("RTX 4090"), a Card, usable GiB, or None; disk:
+    the shipped traces and the trace cache serve it (as `ditbench plan`)."""
+    cell = normalize(config)
+    bud = budget(card_or_gib, context_gib, cell["device"])
+    return predict_budgets(cell, [cell["batch_size"]], [bud], disk_cache=disk)[0][0]
 
 
 def predict_series(
@@ -299,24 +308,36 @@ def fill_speed(pred: Prediction, series: SeriesTrace, options: SpeedOptions) -> 
     """The time model's figures for a predicted cell on a card with a datasheet (else left None)."""
     from ditbench.plan import speed
 
-    sheet = speed.datasheet(pred.card)
+    sheet = options.sheet or speed.datasheet(pred.card)
     if sheet is None or pred.device != "cuda":
         return
     cal = options.calibration or speed.shipped()
-    depth, ckpt_blocks = speed.blocks(pred.model, pred.grad_ckpt)
-    t = speed.step_time(
-        series.trace.kernels, pred.batch_size, sheet, pred.precision, cal.params,
-        compiled=bool(pred.config.get("compile")), gpus=options.gpus, grad_bytes=4 * series.trace.params,
-        blocks=depth, ckpt_blocks=ckpt_blocks,
-    )  # fmt: skip
-    pred.gpus = options.gpus
+    cell = {**pred.config, "model": pred.model, "precision": pred.precision, "grad_ckpt": pred.grad_ckpt,
+            "batch_size": pred.batch_size}  # fmt: skip
+    gpus = world(cell) if world(cell) > 1 else options.gpus
+    t = step_time_of(series, cell, sheet, cal, gpus)
+    accum = cell.get("grad_accum", 1)
+    pred.gpus = gpus
     pred.predicted_steps_per_s = t.steps_per_s
-    pred.predicted_images_per_s = t.steps_per_s * pred.batch_size * options.gpus
+    pred.predicted_images_per_s = t.steps_per_s * pred.batch_size * accum * gpus
     pred.predicted_speed_band_pct = cal.band_pct
     pred.step_split_pct = speed.split_shares(t.split)
     pred.time_to_target = speed.time_to_target(
-        t.steps_per_s, pred.batch_size, options.gpus, options.target_steps, options.target_images
+        t.steps_per_s, pred.batch_size * accum, gpus, options.target_steps, options.target_images
     )
+
+
+def step_time_of(series: SeriesTrace, cell: Mapping[str, Any], sheet, cal, gpus: int = 1):
+    """The time model's optimizer step of `cell` (its batch size, accumulation and knobs) from its trace."""
+    from ditbench.plan import speed
+
+    depth, ckpt_blocks = speed.blocks(cell["model"], cell["grad_ckpt"])
+    return speed.step_time(
+        series.trace.kernels, cell["batch_size"], sheet, cell["precision"], cal.params,
+        compiled=bool(cell.get("compile")), gpus=gpus, grad_bytes=4 * series.trace.params,
+        blocks=depth, ckpt_blocks=ckpt_blocks, accum=cell.get("grad_accum", 1),
+        traced_accum=traced_accum(cell), fsdp=cell.get("strategy") == "fsdp",
+    )  # fmt: skip
 
 
 def _target_reason(cell: dict[str, Any], target: Target) -> str | None:
@@ -328,34 +349,28 @@ def _target_reason(cell: dict[str, Any], target: Target) -> str | None:
     return None
 
 
-def _window(series: SeriesTrace) -> tuple[int, int]:
-    return series.trace.marks["step2"], series.trace.marks["end"]
-
-
-def _components(series: SeriesTrace, live_sizes: dict[int, int]) -> dict[str, float]:
+def _components(rank, live_sizes: dict[int, int]) -> dict[str, float]:
     comp = dict.fromkeys(COMPONENTS, 0.0)
-    labels = series.trace.labels
     for aid, size in live_sizes.items():
-        comp[labels.get(aid, "activations")] += size / GiB
+        comp[rank.labels.get(aid, "activations")] += size / GiB
     return comp
 
 
 def _fill_cpu(pred: Prediction, series: SeriesTrace, batch: int) -> None:
-    sizes = series.sizes(batch)
-    events = series.trace.events
-    peak, at = raw_peak(events, sizes, _window(series))
+    rank = per_rank(series.trace, series.sizes(batch), pred.config)
+    peak, at = raw_peak(rank.events, rank.sizes, rank.window)
     pred.peak_allocated_gib = peak / GiB
-    pred.components = _components(series, {a: sizes[a] for a in live_at(events, at)})
+    pred.components = _components(rank, {a: rank.sizes[a] for a in live_at(rank.events, at)})
 
 
 def _fill_cuda(
     pred: Prediction, series: SeriesTrace, batch: int, bud: Budget, unlimited: dict[tuple, Replay]
 ) -> None:
-    events = series.trace.events
+    rank = per_rank(series.trace, series.sizes(batch, bud.target), pred.config)
+    events, sizes = rank.events, rank.sizes
     key = (batch, bud.target.family)
-    sizes = series.sizes(batch, bud.target)
     if key not in unlimited:
-        unlimited[key] = replay(events, sizes, _window(series), None)
+        unlimited[key] = replay(events, sizes, rank.window, None)
     result = unlimited[key]
     capacity = bud.capacity
     if capacity is not None:
@@ -367,7 +382,7 @@ def _fill_cuda(
         elif result.max_allocated > capacity:
             pred.status = "oom"
         else:
-            limited = replay(events, sizes, _window(series), capacity)
+            limited = replay(events, sizes, rank.window, capacity)
             pred.status = "oom" if limited.oom else "fits"
             if not limited.oom:
                 result = limited
@@ -379,6 +394,6 @@ def _fill_cuda(
     pred.peak_allocated_gib = result.peak_allocated / GiB
     pred.peak_reserved_gib = result.peak_reserved / GiB
     pred.device_gib = pred.peak_reserved_gib + bud.context_gib
-    comp = _components(series, {a: result.block_sizes[a] for a in live_at(events, result.peak_event)})
+    comp = _components(rank, {a: result.block_sizes[a] for a in live_at(events, result.peak_event)})
     comp["context"] = bud.context_gib
     pred.components = comp

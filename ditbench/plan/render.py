@@ -6,6 +6,7 @@ from typing import Any
 
 from ditbench.plan.grid import largest_batches
 from ditbench.plan.predict import Prediction
+from ditbench.plan.speed import memory_band_pct
 from ditbench.plan.tree import Advice
 
 _COMPONENT_NAMES = {
@@ -20,9 +21,9 @@ _COMPONENT_NAMES = {
 
 
 # A fit is "tight" when the card holds less than this fraction more than the prediction: the planner's
-# largest error on the H200 anchors' peaks (reports/plan_vs_h200: reserved memory, which decides a fit,
-# up to 5.8% low, DiT-S/2 bf16 b64; allocated within 0.3%), rounded up. The CUDA context is assumed.
-TIGHT_MARGIN = 0.06
+# memory band (speed.memory_band_pct: its largest error on the H200 anchors' reserved memory, which
+# decides a fit, rounded up to a whole percent), as the report judges a fit. The CUDA context is assumed.
+TIGHT_MARGIN = memory_band_pct() / 100
 
 
 def is_tight(p: Prediction) -> bool:
@@ -187,6 +188,57 @@ def advice_details(advice: list[Advice]) -> str:
         if a.setting is not None and a.setting.components:
             out.append(f"- {a.class_gb} GB, {a.model}: {components_text(a.setting)}")
     return "\n".join(out)
+
+
+def full_text(
+    cells, main, series: int, seconds: float, measured: int | None, speed, advice, target_batch
+) -> str:
+    """The grid's table, its speeds, reasons and notes, and the decision tree (`plan --full`, a suite)."""
+    from ditbench.plan.speed import shipped
+
+    where = (
+        f"{main.card} ({main.memory_gib:.2f} GiB usable)"
+        if main.card
+        else (f"a {main.memory_gib:g} GiB card" if main.memory_gib is not None else "no card (no fit check)")
+    )
+    out = [
+        f"ditbench plan: {len(cells)} cells in {series} series for {where}; CUDA context "
+        f"{main.context_gib:g} GiB assumed; traced in {seconds:.0f} s"
+        + (f"; {measured} cells measured (--results)" if measured is not None else ""),
+        "",
+        cells_table(cells),
+    ]
+    speeds = speed_table(cells)
+    if speeds:
+        cal = speed.calibration or shipped()
+        goal = f"{speed.target_images:,} images" if speed.target_images else f"{speed.target_steps:,} steps"
+        per = f" per GPU x {speed.gpus} GPUs (DDP)" if speed.gpus > 1 else ""
+        band = (
+            f"+-{cal.band_pct:g}%, the calibration's worst leave-one-out error"
+            if cal.band_pct is not None
+            else "no error band: fewer than 3 calibration cells"
+        )
+        head = f"Predicted speed{per} ({band}; calibrated on {cal.source}); days and GPU-hours to {goal}:"
+        out += [f"\n{head}\n", speeds]
+    out += [f"\n{line}" for line in reasons(cells)]
+    out += [f"\nnote: {note}" for note in sorted({n for p in cells for n in p.notes})]
+    if advice:
+        out += [
+            f"\nDecision tree ({_tree_cards(main)}; the fastest setting, by predicted images/s, "
+            f"that reaches batch {target_batch}; days to the target at its batch):\n",
+            tree_table(advice, target_batch),
+        ]
+        details = advice_details(advice)
+        if details:
+            out.append("\nWhat the recommended cells hold at their peak:\n" + details)
+    return "\n".join(out)
+
+
+def _tree_cards(main) -> str:
+    if main.card is None and main.memory_gib is None:
+        return "each class's smallest card"
+    asked = main.card or f"a {main.memory_gib:g} GiB card"
+    return f"its own class on the {asked} asked for, each other class on its smallest card"
 
 
 def to_json(

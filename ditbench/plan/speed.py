@@ -11,10 +11,13 @@ are launch bound); on a CPU the two add. Recomputation under checkpointing is in
 backward runs the forward's kernels again). `compile` fuses elementwise kernels: a calibrated share
 of their launches and round trips to memory remains. Data-parallel cells add a ring all-reduce of
 the fp32 gradients over the card's interconnect, overlapped with the backward as DDP's buckets allow
-(the last bucket is exposed).
+(the last bucket is exposed); FSDP cells gather the weights in every forward and backward and
+reduce-scatter the gradients, behind the compute but for the first block's gather.
 
-The few efficiencies are calibrated on measured cells (`calibrate`): the shipped calibration is fitted
-on the H200 anchors by benchmarks/plan_vs_h200.py, and its band is the largest leave-one-out error.
+The few efficiencies are calibrated on measured cells (`calibrate`), relative to a card's sustained
+matmul rates where measured (the H200's), else its datasheet's: the shipped calibration is fitted on
+the H200 anchors and published A100 figures by benchmarks/speed_vs_published.py, and its band is the
+largest error of a calibration cell predicted by a fit without it (a published one: without its card).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ PARAMS = {
 SPLIT = ("matmul", "attention", "elementwise", "optimizer", "launch_overhead", "communication")
 DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's default bucket_cap_mb
 DEFAULT_TARGET_STEPS = 400_000  # the paper's DiT-XL/2 run
+DEFAULT_GLOBAL_BATCH = 256  # and its images per step
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,22 @@ def shipped() -> Calibration:
     return Calibration(data["params"], data["band_pct"], data["source"], data["cells"], data.get("loo", []))
 
 
+def memory_errors_pct() -> list[float]:
+    """The memory planner's errors on the H200 anchors (predicted / measured reserved - 1, %), which
+    benchmarks/plan_vs_h200.py writes beside the calibration."""
+    return json.loads(SHIPPED.read_text()).get("memory_errors_pct", [])
+
+
+def memory_band_pct() -> float:
+    """A predicted memory's band: its largest error on the anchors, rounded up to a whole percent."""
+    return float(math.ceil(max(abs(e) for e in memory_errors_pct())))
+
+
+def band(value: float, pct: float | None) -> tuple[float, float] | None:
+    """A predicted figure's interval, value -+ pct% (None without a band): the plan's, the report's."""
+    return None if pct is None else (value * (1 - pct / 100), value * (1 + pct / 100))
+
+
 def cpu_datasheet(peak_gflops: float, memory_gbs: float = 20.0) -> Datasheet:
     """A CPU as a 'card': its measured matmul peak (`ditbench env --measure-peak`) at every dtype."""
     t = peak_gflops / 1000
@@ -76,11 +96,14 @@ def datasheet(card: str | None) -> Datasheet | None:
 
 
 def _peak(sheet: Datasheet, cat: str, dtype: str, precision: str) -> float:
-    if dtype in LOW_PRECISIONS:
-        return sheet.fp16
-    if cat == "matmul" and precision == "tf32":
-        return sheet.tf32
-    return sheet.fp32
+    """The card's matmul rate for a kernel: measured where the card's sustained rates are known."""
+    if dtype in LOW_PRECISIONS:  # fp16, bf16: the sustained rates' third and fourth
+        i, peak = 2 + LOW_PRECISIONS.index(dtype), sheet.fp16
+    elif cat == "matmul" and precision != "fp32":  # TF32 is on but under fp32 (precision.py): VAE convs
+        i, peak = 1, sheet.tf32
+    else:
+        i, peak = 0, sheet.fp32
+    return sheet.sustained[i] if sheet.sustained else peak
 
 
 @dataclass
@@ -107,13 +130,19 @@ def step_time(
     overlap: bool = True,
     blocks: int = 0,
     ckpt_blocks: int = 0,
+    accum: int = 1,
+    traced_accum: int = 1,
+    fsdp: bool = False,
 ) -> StepTime:
-    """One step's predicted time from a trace's kernel rows (kernels.op_row) at `batch` per GPU."""
+    """One optimizer step's predicted time from a trace's kernel rows (kernels.op_row) at `batch` per GPU
+    and micro-batch: `accum` micro-batches, where the trace ran `traced_accum` (the optimizer's kernels
+    run once a step, the rest once per micro-batch)."""
     work = dict.fromkeys(SPLIT, 0.0)
     launches = 0.0
     backward = 0.0
     for (cat, dtype, in_backward, f0, f1, b0, b1), count in kernels.items():
-        flops, nbytes, n = f0 + f1 * batch, b0 + b1 * batch, float(count)
+        scale = 1.0 if cat == "optimizer" else accum / traced_accum
+        flops, nbytes, n = f0 + f1 * batch, b0 + b1 * batch, count * scale
         if compiled and cat == "elementwise":  # fused: fewer kernels, each one round trip to memory
             n *= params["fused_share"]
         eff = params["attention_eff"] if cat == "attention" else params["matmul_eff"]
@@ -128,15 +157,20 @@ def step_time(
         if in_backward:
             backward += n * busy + latency
     device = sum(work.values())
-    host_us = (
-        launches * params["host_us"] + blocks * params["block_us"] + ckpt_blocks * params["checkpoint_us"]
+    host_us = launches * params["host_us"] + accum * (
+        blocks * params["block_us"] + ckpt_blocks * params["checkpoint_us"]
     )
     host = host_us * 1e-6
     work["launch_overhead"] += max(0.0, host - device) if overlap else host
     if gpus > 1 and sheet.link_gbs > 0:
-        ring = 2 * (gpus - 1) / gpus * grad_bytes / (sheet.link_gbs * 1e9)
-        last = ring * min(1.0, DDP_BUCKET_BYTES / max(grad_bytes, 1))
-        work["communication"] = max(ring - backward, last)
+        share = (gpus - 1) / gpus * grad_bytes / (sheet.link_gbs * 1e9)  # one ring pass over the weights
+        if fsdp:  # all-gathers in each micro-batch's forward and backward, one reduce-scatter a step,
+            ring = (2 * accum + 1) * share  # behind the compute (prefetched) but for the first block's
+            work["communication"] = max(ring - device, ring / max(blocks, 1) / (2 * accum + 1))
+        else:  # DDP: one all-reduce a step, behind the last micro-batch's backward but for its last bucket
+            ring = 2 * share
+            last = ring * min(1.0, DDP_BUCKET_BYTES / max(grad_bytes, 1))
+            work["communication"] = max(ring - backward / accum, last)
     return StepTime(sum(work.values()), work, round(launches))
 
 

@@ -21,6 +21,7 @@ trace records a note instead of silently predicting the CPU behaviour.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ditbench.plan.emulation import FakeDeepcopy, Target, emulate, in_low_precision_autocast
+from ditbench.plan.emulation import FakeDeepcopy, Target, cuda_autocast, policy_for
 from ditbench.plan.kernels import op_row
 from ditbench.plan.memo import MISS, DispatchMemo
 
@@ -73,7 +74,7 @@ _CUDA_FP32_ONLY = frozenset(
 )
 _LOW = (torch.float16, torch.bfloat16)
 
-STATE_LABELS = ("weights", "gradients", "optimizer", "ema")
+STATE_LABELS = ("weights", "gradients", "optimizer", "ema")  # the model's (the VAE's weights: "vae")
 
 
 @dataclass
@@ -227,7 +228,10 @@ class _Recorder(TorchDispatchMode):
             if in_backward not in self.workspace_threads:
                 self.workspace_threads.add(in_backward)
                 self.trace.modeled[self.allocate(0, "workspace")] = ("cublas",)
-        elif name in _CUDA_FP32_ONLY and in_low_precision_autocast():
+        elif (
+            name in _CUDA_FP32_ONLY and "step1" in self.trace.marks and not torch._C._current_autograd_node()
+        ):
+            # In a step's forward every fp16/bf16 tensor comes from autocast (the weights are fp32).
             low = next((a for a in args if isinstance(a, torch.Tensor) and a.dtype in _LOW), None)
             if low is not None:
                 note = (
@@ -285,15 +289,40 @@ def trace_training(knobs, target: Target, batch_size: int, *, memo: bool = True)
     gc_was_enabled = gc.isenabled()
     gc.disable()  # released at the marks, deterministically
     try:
-        with emulate(target), FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
+        with contextlib.ExitStack() as stack:
+            compiler = None
+            if knobs.compile:  # dynamo's import takes seconds: only for the cells that compile
+                from ditbench.plan.compiled import traced_compiler
+
+                compiler = stack.enter_context(traced_compiler())
+            if target.device == "cuda":
+                stack.enter_context(cuda_autocast())
+            fake_mode = stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
             kind = _CompileRecorder if knobs.compile else _Recorder
-            recorder = kind(trace, fake_mode, DispatchMemo(fake_mode) if memo else None)
-            with recorder:
-                _run(recorder, trace, lambda: Trainer(knobs, device="cpu"))
+            recorder = stack.enter_context(kind(trace, fake_mode, DispatchMemo(fake_mode) if memo else None))
+            policy = policy_for(knobs.precision, target)
+            data = VaeImages(knobs) if isinstance(knobs.data, dict) and "images" in knobs.data else None
+            build = lambda: Trainer(knobs, device="cpu", policy=policy, compiler=compiler, data=data)  # noqa: E731
+            _run(recorder, trace, build)
     finally:
         if gc_was_enabled:
             gc.enable()
+    trace.events = _in_order(trace.events, set(trace.marks.values()))
     return trace
+
+
+def _in_order(events: list[int], marks: set[int]) -> list[int]:
+    """Releases that follow one another within a phase in id order: some come from hash maps
+    (autocast's cache of weight copies), whose order varies from run to run; the allocator ends in the
+    same state either way."""
+    out: list[int] = []
+    for e in events:
+        j = len(out)
+        out.append(e)
+        while e < 0 and j > 0 and j not in marks and out[j - 1] < 0 and out[j - 1] < out[j]:
+            out[j - 1], out[j] = out[j], out[j - 1]  # insertion sort within the run
+            j -= 1
+    return out
 
 
 def _run(recorder: _Recorder, trace: Trace, build) -> None:
@@ -321,3 +350,27 @@ def _label_state(recorder: _Recorder, trainer) -> None:
     state = [v for s in trainer.optimizer.state.values() for v in s.values()]
     recorder.label(state, "optimizer")
     recorder.label(list(trainer.ema.state_dict().values()), "ema")
+    if isinstance(trainer.data, VaeImages):
+        recorder.label(list(trainer.data.vae.parameters()), "vae")
+
+
+class VaeImages:
+    """Image-folder data as a traced step sees it: every batch of images is encoded by the VAE (the
+    sd-vae-ft-ema AutoencoderKL, built on the device as a run builds it: encoder and decoder), in
+    float32 and without gradients, outside the step's autocast; its random weights allocate and cost
+    what trained ones do. The images come from the host, as a run's data loader's do."""
+
+    def __init__(self, knobs):
+        from ditbench import vae
+        from ditbench.extras import require_diffusers
+
+        self.knobs = knobs
+        autoencoder = require_diffusers("the VAE of an image-folder cell").AutoencoderKL
+        self.vae = autoencoder(**vae.SD_VAE_CONFIG).eval().requires_grad_(False)  # vae.build_vae but .to()
+
+    def next_batch(self):
+        from ditbench import vae
+
+        k = self.knobs
+        images = torch.randn(k.batch_size, 3, k.image_size, k.image_size)
+        return vae.encode_images(self.vae, images), torch.randint(0, k.num_classes, (k.batch_size,))

@@ -1,5 +1,6 @@
 """The decision tree: for each card class, the largest model that trains, how, and the next step up.
 
+The class of the card asked for is judged on that card itself, never on another card of its class.
 "Largest" is the paper's measure, forward Gflops per image (DiT-XL/2 first, DiT-S/8 last). A model
 trains on a class when some precision and checkpointing setting fits at least the grid's smallest
 batch on the class's smallest card (so the answer holds for every card of the class). Of the
@@ -15,10 +16,11 @@ when the largest model already trains, what the next class up adds.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from ditbench.cards import MEMORY_CLASSES_GB, cards_in_class
+from ditbench.cards import MEMORY_CLASSES_GB, Card, cards_in_class
 from ditbench.plan.predict import Prediction
 from ditbench.precision import BF16_CAPABILITY, BY_SPEED, LOW_PRECISIONS
 
@@ -41,14 +43,20 @@ def _speed_key(p: Prediction) -> tuple:
     return (1, *speed_rank(p.precision, p.grad_ckpt))
 
 
-def class_cards() -> list[tuple[int, Any]]:
-    """(class GB, the class's smallest card) for every class that has a card."""
-    out = []
-    for gb in MEMORY_CLASSES_GB:
-        cards = cards_in_class(gb)
-        if cards:
-            out.append((gb, min(cards, key=lambda c: c.usable_gib)))
-    return out
+def class_cards(asked: Card | float | None = None) -> list[tuple[int, Card]]:
+    """(class GB, card) for every class that has a card: the asked card (or a card of the asked GiB) for
+    its own class, the smallest card of each other class (so its answer holds for every card of it)."""
+    out = {
+        gb: min(cards, key=lambda c: c.usable_gib)
+        for gb in MEMORY_CLASSES_GB
+        if (cards := cards_in_class(gb))
+    }
+    if isinstance(asked, (int, float)):
+        gb = next((gb for gb in MEMORY_CLASSES_GB if gb >= asked), math.ceil(asked))
+        asked = Card(f"a {asked:g} GiB card", asked, gb)
+    if asked is not None:
+        out[asked.memory_class_gb] = asked
+    return sorted(out.items())
 
 
 @dataclass

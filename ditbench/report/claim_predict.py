@@ -28,6 +28,7 @@ import math
 import statistics
 from typing import Any
 
+from ditbench.plan.speed import band, memory_band_pct
 from ditbench.report.cells import knob_key
 from ditbench.report.claim_check import NOT_MEASURED, SHOWN, ClaimResult
 from ditbench.report.claim_values import GIB_TO_GB, fmt
@@ -51,24 +52,12 @@ def predict(config: dict[str, Any], card: str) -> tuple[Any, str | None]:
     from ditbench.plan import predict_cell
 
     try:
-        pred = predict_cell({"grad_ckpt": "none", **config}, card)
+        pred = predict_cell({"grad_ckpt": "none", **config}, card, disk=True)  # as `ditbench plan` does
     except Exception as err:
         return None, f"not predicted: {err}"
     if pred.status not in ("fits", "oom"):
         return None, f"not predicted: {pred.reason or pred.status}"
     return pred, None
-
-
-def memory_band_pct() -> float:
-    """The memory planner's band: its largest error on the H200 anchors, as `plan` calls a fit tight."""
-    from ditbench.plan.render import TIGHT_MARGIN
-
-    return 100 * TIGHT_MARGIN
-
-
-def band(v: float, pct: float) -> tuple[float, float]:
-    """A predicted figure's interval: v -+ pct%."""
-    return v * (1 - pct / 100), v * (1 + pct / 100)
 
 
 def ratio_band(top: tuple[float, float], bottom: tuple[float, float]) -> tuple[float, float]:

@@ -28,13 +28,13 @@ def resolve_suite(arg: str | Path) -> Path:
 def resolve_shipped(arg: str | Path, folder: Path, kind: str, listed: str = "") -> Path:
     """An existing path as given, else the YAML of that name (with or without .yaml) in `folder`,
     one of the package's own (suites, claims); UserError naming the shipped ones otherwise."""
-    path = Path(arg)
-    if path.exists():
-        return path
-    text = str(arg)
+    path, text = Path(arg), str(arg)
     name = text[: -len(".yaml")] if text.endswith(".yaml") else text
     shipped = {p.stem: p for p in sorted(folder.glob("*.yaml"))}
-    if name in shipped and "/" not in text and "\\" not in text:
+    bare = name in shipped and "/" not in text and "\\" not in text
+    if path.exists() and not (bare and path.is_dir()):  # a run's --out named like the suite is no suite
+        return path
+    if bare:
         return shipped[name]
     raise UserError(
         f"{kind} {shorten(text)} does not exist: there is no such file and no shipped {kind} of that "

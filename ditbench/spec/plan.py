@@ -58,3 +58,6 @@ class PlanRequest(SpecModel):
     target_images: _count(
         "--target-images must be an integer from 1 to 10^12, got {value}", 1, MAX_TARGET
     ) = None
+    global_batch: _count("--global-batch must be an integer from 1 to 1048576, got {value}", 1, 1 << 20) = (
+        None
+    )

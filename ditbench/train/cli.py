@@ -51,7 +51,7 @@ def train_step_s(config: dict, device: str) -> float | None:
     rate, the planner's time model on the traced step), or None (no datasheet; image-folder data)."""
     from ditbench.plan import speed
     from ditbench.plan.emulation import CPU, cuda_target
-    from ditbench.plan.predict import normalize, series_trace, trace_knobs
+    from ditbench.plan.predict import normalize, series_trace, trace_knobs, traced_accum
     from ditbench.walltime import rate
 
     found = rate(device)
@@ -66,8 +66,9 @@ def train_step_s(config: dict, device: str) -> float | None:
     t = speed.step_time(
         series.trace.kernels, cell["batch_size"], sheet, cell["precision"], params,
         compiled=bool(cell["compile"]), overlap=device != "cpu", blocks=depth, ckpt_blocks=ckpt,
+        accum=cell["grad_accum"], traced_accum=traced_accum(cell),
     )  # fmt: skip
-    return t.seconds * cell["grad_accum"]
+    return t.seconds
 
 
 def _announce(args: argparse.Namespace, cfg, device: str) -> None:

@@ -43,7 +43,8 @@ class Trainer:
     `data_seed` seeds the data source (None: the knobs' seed; ranks of a job each get their own),
     `data_workers` loads an image folder in that many processes. wrap_model(module) -> module, if
     given, is applied after the model moves to the device and before torch.compile (e.g.
-    DistributedDataParallel). `base_model` is always the bare DiT.
+    DistributedDataParallel). `base_model` is always the bare DiT. `policy` (a PrecisionPolicy) and
+    `compiler` (in torch.compile's place) are the planner's seam: it traces a CUDA step on fake CPU tensors.
     """
 
     def __init__(
@@ -56,6 +57,8 @@ class Trainer:
         class_dropout_prob: float = 0.1,
         wrap_model: Callable[[nn.Module], nn.Module] | None = None,
         data: DataSource | None = None,
+        policy=None,
+        compiler: Callable[..., nn.Module] | None = None,
     ):
         self.knobs = knobs
         self._run = {
@@ -67,7 +70,7 @@ class Trainer:
         self.device = resolve_device(device)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        self.policy = get_precision_policy(knobs.precision, self.device)
+        self.policy = policy or get_precision_policy(knobs.precision, self.device)
         self.policy.apply_backend_flags()
         # Before the model is built (an attention kernel that cannot run here fails fast) and before the
         # seed (the probe draws random inputs).
@@ -86,7 +89,11 @@ class Trainer:
                 attention=knobs.attention,
             )
         self.num_params = count_params(self.base_model)
-        self.base_model.to(self.device).train()
+        # Built on the device already but for tensors made outside torch's factories (numpy): moved only
+        # then, so a fake-tensor trace (the planner), whose parameters cannot be swapped, needs no .to().
+        if any(t.device != self.device for t in (*self.base_model.parameters(), *self.base_model.buffers())):
+            self.base_model.to(self.device)
+        self.base_model.train()
         model: nn.Module = self.base_model
         self._wrapped: nn.Module | None = None  # the data-parallel wrapper, if any (gradient sync)
         if wrap_model is not None:
@@ -105,7 +112,8 @@ class Trainer:
         self.diffusion = create_diffusion()
 
         if knobs.compile:
-            model = torch.compile(model, mode=None if knobs.compile_mode == "default" else knobs.compile_mode)
+            compile_ = compiler or torch.compile
+            model = compile_(model, mode=None if knobs.compile_mode == "default" else knobs.compile_mode)
         self.model = model
 
         self.data = (

@@ -18,14 +18,14 @@ pytest.importorskip("submitit")
 
 from ditbench.bench import inflight  # noqa: E402
 from ditbench.bench.cluster import job_parameters, job_timeout_min  # noqa: E402
-from ditbench.spec.cluster import ClusterOptions, parse_cluster_flags  # noqa: E402
 from ditbench.bench.jobs import JOBS_DIR, job_path, submit_suite  # noqa: E402
 from ditbench.bench.launch.executors import JobRef  # noqa: E402
 from ditbench.bench.records import read_records  # noqa: E402
 from ditbench.bench.runner import RunOptions  # noqa: E402
-from ditbench.spec.suite import load_suite, parse_suite  # noqa: E402
 from ditbench.cli import main  # noqa: E402
 from ditbench.errors import UserError  # noqa: E402
+from ditbench.spec.cluster import ClusterOptions, parse_cluster_flags  # noqa: E402
+from ditbench.spec.suite import load_suite, parse_suite  # noqa: E402
 
 SUITE = """
 name: c

@@ -119,13 +119,13 @@ def test_the_quality_loop_scores_a_learned_model_lower_beyond_noise(tmp_path, mo
     (2): test_sampler_closed_form.py pins each step for that."""
     from metrics_support import FakeExtractor
 
-    from ditbench.spec.cell import CellSpec, Steps
     from ditbench.dist import DistContext
-    from ditbench.spec.knobs import Knobs
     from ditbench.metrics import registry
     from ditbench.metrics.evaluate import Scorer
     from ditbench.metrics.stats_cache import CACHE_ENV
     from ditbench.quality.loop import run_quality
+    from ditbench.spec.cell import CellSpec, Steps
+    from ditbench.spec.knobs import Knobs
     from ditbench.spec.quality import QualitySpec, Sampler
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))

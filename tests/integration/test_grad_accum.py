@@ -10,9 +10,9 @@ import torch
 from fixed_rows import Rows
 
 from ditbench.bench.cell_core import window_metrics
-from ditbench.spec.cell import CellSpec
 from ditbench.dist import DistContext
 from ditbench.errors import UserError
+from ditbench.spec.cell import CellSpec
 from ditbench.spec.knobs import Knobs
 from ditbench.train import Trainer
 

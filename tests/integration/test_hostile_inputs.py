@@ -24,9 +24,9 @@ from PIL import Image
 
 from ditbench.bench import inflight
 from ditbench.bench.records import read_records
-from ditbench.spec.suite import load_suite
 from ditbench.cli import main
 from ditbench.outlock import OutputLock
+from ditbench.spec.suite import load_suite
 
 SUITE = """
 name: hostile

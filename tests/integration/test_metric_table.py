@@ -18,20 +18,20 @@ from metrics_support import FakeExtractor
 from synthetic_records import make_record, write_jsonl
 
 from ditbench import builtin_data
-from ditbench.spec.cell import CellSpec, Steps
 from ditbench.cli import main
 from ditbench.dist import DistContext
-from ditbench.spec.knobs import Knobs
 from ditbench.metrics import registry
 from ditbench.metrics.spec import Metric, Need, Output
 from ditbench.metrics.stats_cache import CACHE_ENV
 from ditbench.quality.loop import run_quality
-from ditbench.spec.quality import QualitySpec, Sampler
 from ditbench.report.claim_check import check_claims
 from ditbench.report.claims import parse_claims
 from ditbench.report.gate import compare_files, load_policy, table
 from ditbench.report.load import load_results
 from ditbench.report.quality import quality_section
+from ditbench.spec.cell import CellSpec, Steps
+from ditbench.spec.knobs import Knobs
+from ditbench.spec.quality import QualitySpec, Sampler
 
 MEAN_POOL3 = Metric(
     name="meanpool",

@@ -14,13 +14,13 @@ from PIL import Image
 
 from ditbench import builtin_data
 from ditbench.bench import cell_core
-from ditbench.spec.cell import CellSpec, Steps
 from ditbench.dist import DistContext
-from ditbench.spec.knobs import Knobs
 from ditbench.metrics import registry
 from ditbench.metrics.stats_cache import CACHE_ENV
 from ditbench.quality import grid
 from ditbench.quality.loop import run_quality
+from ditbench.spec.cell import CellSpec, Steps
+from ditbench.spec.knobs import Knobs
 from ditbench.spec.quality import QualitySpec, Sampler
 
 

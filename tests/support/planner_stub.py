@@ -15,7 +15,7 @@ class Planner:
         self.table, self.calls = table, []
         monkeypatch.setattr("ditbench.plan.predict.predict_cell", self)
 
-    def __call__(self, config, card):
+    def __call__(self, config, card, **_options):
         key = (config["model"], config["precision"], config["grad_ckpt"])
         self.calls.append((key, card, config["batch_size"]))
         if key not in self.table:

@@ -6,9 +6,9 @@ import torch
 from ditbench.bench import cell_core, memory
 from ditbench.bench.summary import format_line, summary_table
 from ditbench.bench.window import GAP_BOUND, SPREAD_BOUND, noise
-from ditbench.spec.cell import CellSpec, Steps
 from ditbench.dist import DistContext
 from ditbench.errors import UnsupportedError
+from ditbench.spec.cell import CellSpec, Steps
 from ditbench.spec.knobs import Knobs
 
 GIB = 2**30

@@ -1,7 +1,6 @@
 """Cell ids: what they hash, and that they stay the same from one version to the next."""
 
-from ditbench.spec.cell import cell_id
-from ditbench.spec.cell import CellSpec, Steps
+from ditbench.spec.cell import CellSpec, Steps, cell_id
 from ditbench.spec.knobs import Knobs
 
 

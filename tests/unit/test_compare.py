@@ -553,8 +553,8 @@ def test_large_matrix_gate_counts(tmp_path):
 
 
 def test_shipped_ci_policy_and_workflow_agree():
-    from ditbench.spec.suite import load_suite
     from ditbench.report.load import flatten
+    from ditbench.spec.suite import load_suite
 
     policy = load_policy(ROOT / "baselines" / "ci_gate" / "policy.yaml")
     assert policy.fail_on_missing and policy.rules["images_per_s"].threshold_pct == 5

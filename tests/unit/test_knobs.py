@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from ditbench.spec.cell import CellSpec, Steps
 from ditbench.errors import UserError
+from ditbench.spec.cell import CellSpec, Steps
 from ditbench.spec.knobs import KNOBS, TRAIN_KNOBS, Knobs
 
 

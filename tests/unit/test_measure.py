@@ -15,8 +15,8 @@ from ditbench.bench.mfu import (
 from ditbench.bench.window import measure_window, smoke_run, step_stats
 from ditbench.errors import UserError
 from ditbench.faults import Fault, FaultyStep, NonFiniteLoss, fault_for
-from ditbench.spec.knobs import Knobs
 from ditbench.models import build_model, get_config
+from ditbench.spec.knobs import Knobs
 from ditbench.train import Trainer
 
 

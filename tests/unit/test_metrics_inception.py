@@ -1,6 +1,6 @@
 """Our InceptionV3 against torch-fidelity's FeatureExtractorInceptionV3 on the same weights and images.
 
-These are the evidence for keeping the port (README, "Why ditbench keeps its own Inception"): the
+These are the evidence for keeping the port (docs/metrics.md, "Why ditbench keeps its own InceptionV3"): the
 features agree bit for bit, so exactness is not the reason; torch-fidelity's loader is
 (test_metrics_weights.py::test_torch_fidelity_runs_code_from_a_weight_file).
 """

@@ -98,8 +98,8 @@ def test_no_route_unpickles_a_weight_file(route, attack, tmp_path, monkeypatch, 
 
 
 def test_torch_fidelity_runs_code_from_a_weight_file(tmp_path):
-    """Why ditbench keeps its own Inception (README): torch-fidelity 0.4.0's FeatureExtractorInceptionV3
-    takes weights only as a path it unpickles with weights_only=False
+    """Why ditbench keeps its own Inception (docs/metrics.md): torch-fidelity 0.4.0's
+    FeatureExtractorInceptionV3 takes weights only as a path it unpickles with weights_only=False
     (feature_extractor_inceptionv3.py line 95) or by downloading them (line 93), so the file's code
     runs. When this test fails, torch-fidelity loads safely and the switch is worth revisiting."""
     from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3

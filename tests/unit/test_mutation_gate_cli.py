@@ -12,7 +12,7 @@ import pytest
 from synthetic_records import make_record, write_jsonl
 
 from ditbench.errors import UserError
-from ditbench.report.gate.cli import POLICY_BESIDE, _policy_path, publish, add_arguments, run
+from ditbench.report.gate.cli import POLICY_BESIDE, _policy_path, add_arguments, publish, run
 from ditbench.report.gate.env import EnvMismatchError
 
 # ------------------------------------------------------------------------------------------ flags

@@ -157,8 +157,9 @@ def test_at_most_four_values_are_listed_and_the_rest_counted():
 
 REFUSAL = (
     "Speed and memory from different stacks are not comparable, so the gate refuses. Re-measure the baseline "
-    "on this machine (see the README on refreshing the baseline), or pass --allow-env-mismatch to compare "
-    "anyway (or, in a policy that gates only what does not depend on the machine, `environment: may_differ`)."
+    "on this machine (docs/gate-in-ci.md says how to refresh a baseline), or pass --allow-env-mismatch to "
+    "compare anyway (or, in a policy that gates only what does not depend on the machine, "
+    "`environment: may_differ`)."
 )
 
 

@@ -12,6 +12,7 @@ import json
 
 import pytest
 
+from ditbench.cards import find_card
 from ditbench.cli import main
 from ditbench.errors import UserError
 from ditbench.plan import cli, grid, predict, speed
@@ -53,7 +54,8 @@ def stand_in(monkeypatch):
 
 
 def plan(capsys, *argv):
-    code = main(["plan", *argv])
+    """The grid and tree (`--full`), after the answer where a card is given."""
+    code = main(["plan", *argv, "--full"])
     out, err = capsys.readouterr()
     return code, out, " ".join(err.split())
 
@@ -127,14 +129,21 @@ def test_the_tree_plans_every_class_with_the_same_context(capsys, evaluated):
     code, out, _ = plan(capsys, *GRID, "--card", "H200", "--context-gib", "0.75")
     assert code == 0
     budgets = evaluated[0]["budgets"]
-    assert [b.card for b in budgets] == ["H200"] + [card.name for _, card in class_cards()]
+    assert [b.card for b in budgets] == ["H200"] + [card.name for _, card in class_cards(find_card("H200"))]
     assert {b.context_gib for b in budgets} == {0.75}
-    assert out.splitlines()[0].startswith("ditbench plan: 2 cells in 1 series for H200 (")
-    assert "; CUDA context 0.75 GiB assumed;" in out.splitlines()[0]
-    assert "\nDecision tree (each class's smallest card; the fastest setting, by predicted images/s, that " \
-        "reaches batch 32; days to the target at its batch):\n" in out  # fmt: skip
+    head = next(line for line in out.splitlines() if line.startswith("ditbench plan: "))
+    assert head.startswith("ditbench plan: 2 cells in 1 series for H200 (")
+    assert "; CUDA context 0.75 GiB assumed;" in head
+    assert "\nDecision tree (its own class on the H200 asked for, each other class on its smallest card; " \
+        "the fastest setting, by predicted images/s, that reaches batch 32; days to the target at its " \
+        "batch):\n" in out  # fmt: skip
     code, out, _ = plan(capsys, *GRID, "--card", "H200", "--target-batch", "16")
     assert "that reaches batch 16;" in out
+    code, out, _ = plan(capsys, *GRID, "--card", "RTX 4090")  # its class is judged on it, not on an L4
+    cards = [c.name for _, c in class_cards(find_card("RTX 4090"))]
+    assert [b.card for b in evaluated[-1]["budgets"]][1:] == cards and "L4" not in cards
+    assert "| 24 GB | RTX 4090 (23.99 GiB) |" in out and "| L4 " not in out
+    assert "Decision tree (its own class on the RTX 4090 asked for, each other class on its smallest" in out
 
 
 def test_the_json_plan_states_its_card_its_goal_and_its_calibration(capsys, evaluated):
@@ -391,18 +400,18 @@ def test_speed_options_from_the_smallest_flags_and_a_calibration_file(tmp_path, 
     from ditbench.plan import calibration, measured_records
     from ditbench.spec.plan import PlanRequest
 
-    args = argparse.Namespace(calibrate=None)
-    assert cli._speed_options(args, PlanRequest(gpus=1, target_steps=1, target_images=1)) == predict.SpeedOptions(
-        None, 1, 1, 1
-    )
+    none = {"tflops": None, "mem_bw": None, "memory_gib": None}
+    args = argparse.Namespace(calibrate=None, **none)
+    request = PlanRequest(gpus=1, target_steps=1, target_images=1)
+    assert cli._speed_options(args, request) == predict.SpeedOptions(None, 1, 1, 1)
     records = tmp_path / "cal.jsonl"
     records.write_text("")
     monkeypatch.setattr(measured_records, "read_results", lambda path: [{"path": str(path)}])
     monkeypatch.setattr(calibration, "from_records", lambda path, recs: ("fitted", path, recs))
-    args = argparse.Namespace(calibrate=records)
+    args = argparse.Namespace(calibrate=records, **none)
     options = cli._speed_options(args, PlanRequest())
     assert options.calibration == ("fitted", records, [{"path": str(records)}])
     assert (options.gpus, options.target_steps, options.target_images) == (1, 400_000, None)
-    missing = argparse.Namespace(calibrate=tmp_path / "no")
+    missing = argparse.Namespace(calibrate=tmp_path / "no", **none)
     with pytest.raises(UserError, match=r"^--calibrate .*no: no such file"):
         cli._speed_options(missing, PlanRequest())

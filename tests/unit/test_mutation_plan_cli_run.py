@@ -27,7 +27,7 @@ def evaluated(monkeypatch):
 def test_the_help_states_the_defaults_the_command_uses(capsys, monkeypatch):
     from ditbench.plan.grid import DEFAULT_BATCHES, DEFAULT_GRAD_CKPT, DEFAULT_PRECISIONS, paper_models
     from ditbench.plan.predict import DEFAULT_CONTEXT_GIB
-    from ditbench.plan.speed import DEFAULT_TARGET_STEPS
+    from ditbench.plan.speed import DEFAULT_GLOBAL_BATCH, DEFAULT_TARGET_STEPS
     from ditbench.plan.tree import DEFAULT_TARGET_BATCH
 
     with pytest.raises(SystemExit) as exc:
@@ -36,17 +36,19 @@ def test_the_help_states_the_defaults_the_command_uses(capsys, monkeypatch):
     text = " ".join(capsys.readouterr().out.split())
     batches = f"{DEFAULT_BATCHES[0]},{DEFAULT_BATCHES[1]},...,{DEFAULT_BATCHES[-1]}"
     stated = {
-        "--models": f"grid models, comma-separated (default: the {len(paper_models())})",
-        "--precisions": f"grid precisions (default: {','.join(DEFAULT_PRECISIONS)})",
-        "--grad-ckpt": f"grid checkpointing (default: {','.join(DEFAULT_GRAD_CKPT)})",
-        "--batches": f"grid batch sizes (default: {batches})",
+        "--models": f"models, comma-separated (default: S/2,B/2,L/2,XL/2; --full: {len(paper_models())})",
+        "--precisions": f"precisions (default: the card's fastest; --full: {','.join(DEFAULT_PRECISIONS)})",
+        "--grad-ckpt": f"checkpointing (default: {','.join(DEFAULT_GRAD_CKPT)})",
+        "--batches": f"per-GPU batch sizes (default: those dividing the global batch; --full: {batches})",
+        "--global-batch": f"images per optimizer step, all GPUs ({DEFAULT_GLOBAL_BATCH})",
         "--image-size": "grid image size in pixels (256)",
         "--impl": "grid DiT implementation (ditbench)",
         "--optimizer-impl": "grid AdamW kernel (auto)",
         "--context-gib": f"CUDA context outside the allocator (default: {DEFAULT_CONTEXT_GIB:g}, or measured",
         "--target-batch": f"batch the decision tree aims for ({DEFAULT_TARGET_BATCH})",
         "--target-steps": f"steps to train, for days and GPU-hours ({DEFAULT_TARGET_STEPS})",
-        "--gpus": "data-parallel GPUs per cell for the speed prediction (default: 1):",
+        "--gpus": "data-parallel GPUs (default: 1): memory per rank, the collectives over the card's",
+        "--shard": "with --gpus: DDP (a replica per GPU, default) or FSDP2",
     }
     for flag, words in stated.items():
         assert f"{flag} " in text and words in text, flag
@@ -60,11 +62,11 @@ def test_every_argument_is_documented():
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
     assert parser.description == cli.HELP
-    # suite, overrides, card, memory_gib, models, precisions, grad_ckpt, batches, image_size, impl,
-    # optimizer_impl, results, context_gib, target_batch, no_tree, gpus, target_steps, target_images,
-    # calibrate, jobs, json, max_cells, no_cache
+    # suite, overrides, card, memory_gib, tflops, mem_bw, full, images, global_batch, models, precisions,
+    # grad_ckpt, batches, image_size, impl, optimizer_impl, results, context_gib, target_batch, no_tree,
+    # gpus, shard, target_steps, target_images, calibrate, jobs, json, max_cells, no_cache
     helps = {a.dest: a.help for a in parser._actions if a.dest != "help"}
-    assert len(helps) == 23 and all(isinstance(h, str) and len(h) > 10 for h in helps.values()), helps
+    assert len(helps) == 29 and all(isinstance(h, str) and len(h) > 10 for h in helps.values()), helps
 
 
 @pytest.mark.parametrize("flag, value", [("--impl", "ditbench"), ("--impl", "diffusers"),
@@ -103,7 +105,8 @@ def test_a_run_with_records_counts_the_measured_cells_in_the_plan_and_the_tree(c
     assert all(t["setting"]["batch_size"] == 16 for t in doc["tree"])
     assert out.startswith('{\n "card": "H200",\n')  # indented by 1
     code, out, _ = plan(capsys, *GRID, "--card", "H200", "--results", str(results), "--no-tree")
-    assert "; 1 cells measured (--results)" in out.splitlines()[0]
+    assert "cells in 1 series for H200 (139.80 GiB usable); CUDA context 0.5 GiB assumed; traced in 0 s; " \
+        "1 cells measured (--results)" in out  # fmt: skip
 
 
 def evaluated_config():

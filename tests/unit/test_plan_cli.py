@@ -10,7 +10,7 @@ import pytest
 from ditbench.cli import main
 
 GRID = ["--models", "DiT-T/4,DiT-T/2", "--image-size", "64", "--precisions", "bf16,fp16"]
-GRID += ["--grad-ckpt", "none,full", "--batches", "8,64", "--jobs", "1"]
+GRID += ["--grad-ckpt", "none,full", "--batches", "8,64", "--jobs", "1", "--full"]
 
 
 @pytest.fixture(autouse=True)
@@ -33,6 +33,7 @@ def test_grid_table_and_tree_for_a_card(capsys):
     assert "largest batch that fits" in out
     assert "| 12 GB | RTX 3060 12GB (11.76 GiB) | DiT-T/2 |" in out  # more Gflops than T/4
     assert "| 16 GB | T4 (14.75 GiB) | DiT-T/2 | fp16" in out  # no bf16 before sm80
+    assert "| 24 GB | RTX 4090 (23.99 GiB) | DiT-T/2 |" in out and "| L4 " not in out  # the card asked
     assert "weights 1.5 MiB" in out and "context 0.50 GiB" in out
 
 
@@ -213,7 +214,19 @@ def test_traces_are_reused_from_disk_and_a_bad_file_is_retraced(capsys, monkeypa
 
     monkeypatch.setenv("DITBENCH_CACHE", str(tmp_path))
     argv = ["--models", "DiT-T/4", "--image-size", "64", "--precisions", "fp32,tf32", "--grad-ckpt", "none"]
-    argv += ["--batches", "8", "--jobs", "1", "--no-tree", "--card", "L4", "--json"]
+    argv += [
+        "--batches",
+        "8",
+        "--jobs",
+        "1",
+        "--no-tree",
+        "--card",
+        "L4",
+        "--json",
+        "--full",
+        "--global-batch",
+        "8",
+    ]
     monkeypatch.setattr(predict, "_CACHE", type(predict._CACHE)())
     first = json.loads(run(capsys, *argv)[1])
     files = list(cache.cache_dir().glob("*.json"))
@@ -233,7 +246,7 @@ def test_traces_are_reused_from_disk_and_a_bad_file_is_retraced(capsys, monkeypa
 
 def test_a_card_without_bf16_does_not_hide_bf16_from_the_other_classes(capsys):
     argv = ["--models", "DiT-T/2", "--image-size", "64", "--precisions", "bf16,fp16", "--grad-ckpt", "none"]
-    code, out, _ = run(capsys, *argv, "--batches", "8", "--jobs", "1", "--card", "T4")
+    code, out, _ = run(capsys, *argv, "--batches", "8", "--jobs", "1", "--card", "T4", "--full")
     assert code == 0
     assert "| DiT-T/2 | bf16 | none | n/a |" in out  # on the T4 itself
     assert "| 12 GB | RTX 3060 12GB (11.76 GiB) | DiT-T/2 | bf16, ckpt none |" in out
@@ -242,10 +255,12 @@ def test_a_card_without_bf16_does_not_hide_bf16_from_the_other_classes(capsys):
 
 def test_an_ambiguous_card_says_what_it_chose_and_tracing_shows_progress(capsys):
     argv = ["--models", "DiT-T/4", "--image-size", "64", "--precisions", "fp32", "--grad-ckpt", "none"]
-    code, out, err = run(capsys, *argv, "--batches", "8", "--card", "A100", "--no-tree", "--json")
+    code, out, err = run(capsys, *argv, "--batches", "8", "--card", "A100", "--no-tree", "--json", "--full")
     text = " ".join(err.split())
     assert code == 0 and json.loads(out)["card"] == "A100-80GB"
     assert "chose A100-80GB (79.35 GiB usable)" in text and "A100-40GB (39.39 GiB)" in text
     assert "tracing 1 series" in text and "traced: 1/1 series" in text
-    code, _, err = run(capsys, *argv, "--batches", "8", "--card", "A100-40GB", "--no-tree", "--json")
+    code, _, err = run(
+        capsys, *argv, "--batches", "8", "--card", "A100-40GB", "--no-tree", "--json", "--full"
+    )
     assert code == 0 and "chose" not in err

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ditbench.spec.knobs import Knobs
 from ditbench.plan.batch import probe_batch, trace_series
 from ditbench.plan.emulation import CPU, cuda_target
 from ditbench.plan.trace import trace_training
+from ditbench.spec.knobs import Knobs
 
 GPU = cuda_target("H200")
 TINY = {"model": "DiT-T/2", "image_size": 64, "optimizer_impl": "fused"}
@@ -140,11 +140,9 @@ def test_diffusers_step_needs_the_cuda_rules_and_gets_them(monkeypatch):
     """diffusers' DiT normalises bf16 activations: without CUDA's rule the trace says so."""
     import contextlib
 
-    from ditbench.plan import emulation
-
     kwargs = {**TINY, "precision": "bf16", "impl": "diffusers"}
     assert trace_training(Knobs(**kwargs), GPU, 2).notes == []
-    monkeypatch.setattr(emulation, "cuda_autocast", contextlib.nullcontext)
+    monkeypatch.setattr("ditbench.plan.trace.cuda_autocast", contextlib.nullcontext)
     notes = trace_training(Knobs(**kwargs), GPU, 2).notes
     assert any("native_layer_norm" in n and "float32" in n for n in notes)
 

@@ -5,11 +5,10 @@ import copy
 
 import pytest
 
-from ditbench.spec.cell import cell_id
-from ditbench.spec.suite import parse_suite
-from ditbench.spec.cell import CellSpec
 from ditbench.errors import UserError
+from ditbench.spec.cell import CellSpec, cell_id
 from ditbench.spec.quality import QualitySpec, Sampler
+from ditbench.spec.suite import parse_suite
 
 PIXELS = {"pixels": "builtin:mpl-gray16"}
 

@@ -16,13 +16,12 @@ from ditbench.bench.launch.files import write_result
 from ditbench.bench.records import read_records, record_problem
 from ditbench.bench.repeats import cell_groups, combine
 from ditbench.bench.runner import RunOptions, run_suite
-from ditbench.spec.suite import load_suite
-from ditbench.spec.suite import suite_schema
 from ditbench.errors import UserError
 from ditbench.faults import Fault, FaultyStep, parse_fault_spec
 from ditbench.intervals import median_interval
 from ditbench.report.gate import compare_files
 from ditbench.report.load import load_results
+from ditbench.spec.suite import load_suite, suite_schema
 
 
 def suite_file(tmp_path, extra: str = "", batches=(1, 2)):

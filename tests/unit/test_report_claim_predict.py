@@ -315,3 +315,25 @@ def test_a_speed_compare_without_a_calibrated_band_judges_the_ratio_itself(tmp_p
     )
     assert p["verdict"] == "predicted: held" and p["band_pct"] is None
     assert p["value"] == "×1.29, median of 2 pairs"
+
+
+def test_the_report_and_plan_answer_the_same_question_alike(capsys, tmp_path, monkeypatch):
+    """`report --predict` asks the planner for the claim's own cell and card: the figures and bands
+    `ditbench plan` gives for that cell."""
+    import json
+
+    from ditbench.cli import main
+    from ditbench.report.claim_predict import fit_verdict, memory_band_pct, predict
+
+    monkeypatch.setenv("DITBENCH_CACHE", str(tmp_path))
+    cell = {"model": "DiT-S/2", "precision": "bf16", "batch_size": 32}
+    pred, why = predict(cell, "RTX 4090")
+    argv = ["--card", "RTX 4090", "--models", "DiT-S/2", "--precisions", "bf16", "--grad-ckpt", "none"]
+    assert why is None and main(["plan", *argv, "--batches", "32", "--full", "--json", "--no-tree"]) == 0
+    (planned,) = json.loads(capsys.readouterr().out)["cells"]
+    assert planned["device_gib"] == pred.device_gib and planned["fits"] == pred.fits
+    assert planned["predicted_images_per_s"] == pred.predicted_images_per_s
+    assert planned["predicted_speed_band_pct"] == pred.predicted_speed_band_pct
+    assert planned["tight"] == (fit_verdict(pred) == "predicted: inconclusive")
+    main(["plan", *argv, "--batches", "32", "--full", "--json", "--no-tree"])
+    assert json.loads(capsys.readouterr().out)["tight_margin"] * 100 == memory_band_pct()

@@ -13,11 +13,11 @@ import pytest
 from report_support import A6000_ENV, RTX4090_ENV, cell, emulated, on_card
 from synthetic_records import CPU_ENV, make_record, write_jsonl
 
-from ditbench.spec.suite import load_suite
 from ditbench.errors import UserError
 from ditbench.report.claim_check import check_claims
 from ditbench.report.claims import CLAIMS_DIR, load_claims, parse_claims, resolve_claims
 from ditbench.report.load import load_results
+from ditbench.spec.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ROOT / "claims" / "dit_resource_guide.yaml"

@@ -171,6 +171,18 @@ def test_no_module_imports_another_modules_private_names():
     assert private == [], private
 
 
+def test_no_module_patches_with_unittest_mock():
+    """Seams, not patches: production code never monkeypatches (the planner uses the Trainer's seams)."""
+    patching = sorted(
+        str(path.relative_to(ROOT))
+        for path in PACKAGE.rglob("*.py")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("unittest"))
+        or (isinstance(node, ast.Import) and any(a.name.startswith("unittest") for a in node.names))
+    )
+    assert patching == [], patching
+
+
 def test_sampling_never_imports_training():
     graph = import_graph()
     seen, todo = set(), [m for m in graph if m.startswith("ditbench.sampling")]

@@ -4,9 +4,9 @@ import textwrap
 
 import pytest
 
-from ditbench.spec.suite import cell_id, load_suite, parse_suite
 from ditbench.cli import main
 from ditbench.errors import UserError
+from ditbench.spec.suite import cell_id, load_suite, parse_suite
 
 BASE = """
 name: demo

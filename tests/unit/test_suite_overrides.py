@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from ditbench.spec.catalog import SUITES_DIR, resolve_suite, shipped_suites
-from ditbench.spec.suite import load_suite
 from ditbench.cli import main
 from ditbench.errors import UserError
+from ditbench.spec.catalog import SUITES_DIR, resolve_suite, shipped_suites
+from ditbench.spec.suite import load_suite
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ def test_the_repository_suites_folder_is_the_package_folder():
     pyproject = (ROOT / "pyproject.toml").read_text()  # tomllib is 3.11+; the package supports 3.10
     shipped = (
         'ditbench = ["suites/*.yaml", "claims/*.yaml", "plan/speed_calibration.json", '
-        '"plan/speed_calibration_cpu.json"]'
+        '"plan/speed_calibration_cpu.json", "plan/traces.json.xz"]'
     )
     assert "[tool.setuptools.package-data]\n" + shipped in pyproject
 
@@ -42,6 +42,13 @@ def test_a_name_or_a_path(tmp_path, monkeypatch):
         resolve_suite("no_such_suite")
     with pytest.raises(UserError, match="does not exist"):
         resolve_suite(tmp_path / "sub" / "cpu_smoke.yaml")  # a path is never looked up by name
+
+
+def test_a_folder_named_like_a_shipped_suite_does_not_hide_it(tmp_path, monkeypatch):
+    (tmp_path / "cpu_smoke").mkdir()  # e.g. `ditbench run cpu_smoke --out cpu_smoke`, then the same again
+    monkeypatch.chdir(tmp_path)
+    assert resolve_suite("cpu_smoke") == SUITES_DIR / "cpu_smoke.yaml"
+    assert resolve_suite("./cpu_smoke") == Path("./cpu_smoke")  # a path stays the path it names
 
 
 def test_suites_command_lists_every_shipped_suite(capsys):
@@ -193,6 +200,7 @@ def test_includes_count_towards_the_cap_and_the_cap_is_raisable(tmp_path):
 
 def test_a_plan_grid_is_counted_before_it_is_traced(tmp_path, capsys):
     batches = ",".join(str(i) for i in range(1, 3001))
-    code = main(["plan", "--card", "RTX 4090", "--batches", batches, "--no-cache", "--max-cells", "5000"])
+    argv = ["--card", "RTX 4090", "--batches", batches, "--no-cache", "--max-cells", "5000", "--full"]
+    code = main(["plan", *argv])
     text = err_text(capsys)
     assert code == 2 and "the plan grid expands to" in text and "batches 3,000" in text, text

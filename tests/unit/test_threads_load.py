@@ -12,10 +12,10 @@ from ditbench.bench import load, threads
 from ditbench.bench.launch import base
 from ditbench.bench.summary import noise_note
 from ditbench.bench.window import noise
-from ditbench.spec.cell import CellSpec
-from ditbench.spec.knobs import Knobs
 from ditbench.report.gate import EnvMismatchError, compare_files, summary_markdown
 from ditbench.report.gate.inputs import noisy
+from ditbench.spec.cell import CellSpec
+from ditbench.spec.knobs import Knobs
 
 
 @pytest.mark.parametrize(

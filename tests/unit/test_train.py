@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from ditbench.errors import UnsupportedError, UserError
-from ditbench.spec.knobs import Knobs
 from ditbench.precision import get_precision_policy
+from ditbench.spec.knobs import Knobs
 from ditbench.train import Trainer
 from ditbench.train.data import DataSource
 from ditbench.train.optim import EMA, make_optimizer

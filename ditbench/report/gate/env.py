@@ -87,7 +87,7 @@ class EnvMismatchError(GateRefusal):
         super().__init__(
             f"{base_path} and {new_path} were measured on different hardware or software ({text}). "
             "Speed and memory from different stacks are not comparable, so the gate refuses. Re-measure "
-            "the baseline on this machine (see the README on refreshing the baseline), or pass "
+            "the baseline on this machine (docs/gate-in-ci.md says how to refresh a baseline), or pass "
             "--allow-env-mismatch to compare anyway (or, in a policy that gates only what does not depend "
             "on the machine, `environment: may_differ`)." + (THREADS_HINT if "torch_threads" in diffs else "")
         )
