@@ -158,6 +158,19 @@ class NonFiniteLoss(Exception):
         self.curve = curve or []  # a smoke run's losses up to the failure
 
 
+def check_finite(losses: list, first_step: int, phase: str) -> None:
+    """NonFiniteLoss at the first of `losses` (0-d tensors, the first at `first_step`) that is not finite."""
+    import torch
+
+    if not losses:
+        return
+    values = torch.stack([x.detach().float().reshape(()) for x in losses]).cpu()
+    bad = (~torch.isfinite(values)).nonzero()
+    if len(bad):
+        i = int(bad[0])
+        raise NonFiniteLoss(first_step + i, phase, float(values[i]))
+
+
 _CPU_OOM = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
 
 
