@@ -12,14 +12,13 @@ refused. `rule(template)` gives a type its own sentence, whatever check of the t
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError, WrapValidator
 from pydantic_core import PydanticCustomError
 
-from ditbench.errors import UserError, shorten, type_name
+from ditbench.errors import UserError, did_you_mean, shorten, type_name
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -49,12 +48,6 @@ def rule(template: str) -> WrapValidator:
             raise refuse(text) from None
 
     return WrapValidator(check)
-
-
-def did_you_mean(key: Any, valid: Iterable[str], cutoff: float = 0.5) -> str:
-    """ " Did you mean `x`?" for the closest of `valid`, or "" when none is close."""
-    close = difflib.get_close_matches(str(key), list(valid), n=1, cutoff=cutoff)
-    return f" Did you mean `{close[0]}`?" if close else ""
 
 
 def unknown_key(key: Any, valid: Iterable[str]) -> str:

@@ -6,12 +6,11 @@ reader and the model builder all read the same table.
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 
 from ditbench import vae
-from ditbench.errors import UserError, shorten
+from ditbench.errors import UserError, did_you_mean, shorten
 
 
 @dataclass(frozen=True)
@@ -49,8 +48,7 @@ def canonical_name(name: str) -> str:
     """'DiT-XL/2' for 'DiT-XL/2' or the official file spelling 'DiT-XL-2'; UserError for others."""
     m = _NAME.fullmatch(str(name).strip())
     if m is None:
-        close = difflib.get_close_matches(str(name), MODEL_NAMES, n=1, cutoff=0.6)
-        hint = f" Did you mean `{close[0]}`?" if close else ""
+        hint = did_you_mean(name, MODEL_NAMES, cutoff=0.6)
         valid = ", ".join(MODEL_NAMES)
         raise UserError(f"unknown model {shorten(name)}.{hint} The valid models are {valid}.")
     return f"DiT-{m.group(1)}/{m.group(2)}"

@@ -40,8 +40,8 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from ditbench.cards import find_card
-from ditbench.errors import UserError, shorten
-from ditbench.validation import check, did_you_mean, refuse, unknown_key
+from ditbench.errors import UserError, did_you_mean, shorten
+from ditbench.validation import check, refuse, unknown_key
 from ditbench.yamlio import load_yaml_file
 
 # metric -> (kind, unit, what it is). Memory is the figure that decides fit (ditbench.report.memory).
