@@ -223,16 +223,17 @@ def write_json_atomic(path: str | Path, obj: Any, **dumps_kwargs: Any) -> Path:
 
 
 def download_atomic(url: str, dest: Path) -> None:
-    """Download url to dest through a temporary file beside it: a cut download leaves no partial file."""
-    import torch  # only when a download happens
+    """Download `url` to `dest` through atomic_write: a cut download leaves no partial file."""
+    import urllib.request
 
-    check_target(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
-    os.close(fd)
-    try:
-        torch.hub.download_url_to_file(url, tmp, progress=True)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    from ditbench.progress import progress
+
+    def fetch(f: IO[bytes]) -> None:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "ditbench"})) as got:
+            size = int(got.headers.get("Content-Length") or 0) or None
+            with progress(total=size, unit="B", desc=f"downloading {dest.name}") as bar:
+                while chunk := got.read(1 << 20):
+                    f.write(chunk)
+                    bar.update(len(chunk))
+
+    atomic_write(dest, fetch)
