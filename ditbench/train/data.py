@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from ditbench import vae as vae_lib
-from ditbench.errors import UserError
+from ditbench.errors import UserError, shorten
 from ditbench.outpaths import not_a_file
+from ditbench.spec.knobs import DATA_HELP
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".JPEG")
 
@@ -321,7 +322,6 @@ class ImageFolderVAE(DataSource):
             persistent_workers=num_workers > 0,
         )
         self._it = None
-        self._torch_seed = seed
 
     def _next_images(self):
         while True:
@@ -343,16 +343,10 @@ class ImageFolderVAE(DataSource):
         return {"kind": "images", "path": self.root, "count": len(self.dataset), "vae": self.vae_desc}
 
 
-DATA_HELP = (
-    "synthetic, {latents: PATH.npz|.pt}, {images: DIR, vae: PATH|ema|mse|random} "
-    "or {pixels: NPZ|builtin:NAME}"
-)
-
-
 def data_spec(spec, vae: str | None = None):
-    """The suite form of a data source given as a bare path (the command line's --data): a directory
-    is an image folder encoded through `vae`, a .npz/.pt file a latent file; anything else unchanged."""
-    if spec == "synthetic" or not isinstance(spec, (str, os.PathLike)):
+    """The suite form of `ditbench train --data`: `synthetic`, an image folder (encoded through `vae`)
+    or a .npz/.pt latent file."""
+    if spec == "synthetic":
         return spec
     p = Path(spec)
     if p.is_dir():
@@ -371,38 +365,24 @@ def data_source_from_config(
     num_classes: int = 1000,
     device="cpu",
     seed: int = 0,
-    vae: str | None = None,
     num_workers: int = 0,
 ) -> DataSource:
-    """Build a data source from a suite/CLI spec.
-
-    spec: "synthetic"; {"latents": path}; {"images": dir, "vae": path|"random"}; or a bare path
-    string (a directory means images, with `vae` from the argument; a file means latents).
-    """
+    """The data source of a `data` knob as spec.knobs validates it: "synthetic", {"latents": path},
+    {"pixels": npz, "colour": ...} or {"images": dir, "vae": spec}."""
     from ditbench.models.configs import latent_size as _latent_size
 
     size = _latent_size(image_size)
-    if spec is None or spec == "synthetic" or spec == {"synthetic": None} or spec == {"kind": "synthetic"}:
+    if spec == "synthetic":
         return SyntheticLatents(batch_size, size, num_classes, device, seed)
-    spec = data_spec(spec, vae)
-    if not isinstance(spec, dict):
-        raise UserError(f"data {spec!r} is not valid; use {DATA_HELP}")
-    keys = set(spec) - {"kind", "num_workers"}
-    if "latents" in spec and keys <= {"latents"}:
+    keys = set(spec) if isinstance(spec, dict) else set()
+    if keys == {"latents"}:
         return LatentFile(spec["latents"], batch_size, size, num_classes, device, seed)
-    if "pixels" in spec and keys <= {"pixels", "colour"}:
+    if "pixels" in keys and keys <= {"pixels", "colour"}:
         from ditbench.pixels import colour_of
 
         return PixelImages(spec["pixels"], batch_size, image_size, num_classes, device, seed, colour_of(spec))
-    if "images" in spec and keys <= {"images", "vae"}:
+    if "images" in keys and keys <= {"images", "vae"}:
         return ImageFolderVAE(
-            spec["images"],
-            spec.get("vae", vae),
-            batch_size,
-            image_size,
-            num_classes,
-            device,
-            seed,
-            num_workers=int(spec.get("num_workers", num_workers)),
+            spec["images"], spec.get("vae"), batch_size, image_size, num_classes, device, seed, num_workers
         )
-    raise UserError(f"data {spec!r} is not valid; use {DATA_HELP}")
+    raise UserError(f"data {shorten(spec)} is not valid; use {DATA_HELP}")

@@ -9,6 +9,7 @@ from ditbench.train.data import (
     SyntheticLatents,
     center_crop_arr,
     data_source_from_config,
+    data_spec,
 )
 from ditbench.train.extract import extract_latents
 from ditbench.vae import build_vae
@@ -82,7 +83,7 @@ def test_latent_file_batches_cover_an_epoch(tmp_path):
 def test_latent_file_pt_and_bare_path(tmp_path):
     path = tmp_path / "lat.pt"
     torch.save({"latents": torch.randn(6, 4, 4, 4), "labels": torch.arange(6) % 2}, path)
-    src = data_source_from_config(str(path), batch_size=4, image_size=32, num_classes=2)
+    src = data_source_from_config(data_spec(str(path)), batch_size=4, image_size=32, num_classes=2)
     x, y = src.next_batch()
     assert x.shape == (4, 4, 4, 4) and y.shape == (4,)
 
