@@ -30,8 +30,6 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if text.endswith(" (%(default)s)"):  # the metric options' older form, said the one way
-            text = text[: -len(" (%(default)s)")] + " (default: %(default)s)"
         shown = "(default" in text or "%(default)" in text
         hidden = action.default is None or action.default is False or action.default == argparse.SUPPRESS
         if shown or hidden or not action.option_strings:
