@@ -1,13 +1,9 @@
 """Every file ditbench writes, or reads back as its own, goes through here.
 
-`atomic_write` writes a temporary file beside the target, fsyncs it and renames it into place (a crash
-leaves the old file or the new one), with the permissions an ordinary write would give it. Only a
-regular file is ever replaced, appended to, repaired or read back as state (`refusal`, UserError exit
-2 naming the file): a link is never followed or renamed over (planted in an output folder, it would
-make a run write or empty a file elsewhere), a FIFO, socket, device or folder is never opened, and a
-file changed in place (results.jsonl, the lock, a cell log, $GITHUB_STEP_SUMMARY) must have no second
-hard link, which would carry the change outside. Text is written as UTF-8 with a lone surrogate (JSON's
-"\\ud800" in a record) escaped. `rmtree_real` deletes only a real folder, never what a link names.
+`atomic_write`: a temporary file beside the target, fsynced and renamed into place, with the mode an
+ordinary write gives. Only a regular file is replaced, appended to or read back (`refusal`): never
+through a link, never a FIFO, device or folder, and a file changed in place (results.jsonl, the lock, a
+log) has no second hard link. Text is UTF-8 with a lone surrogate escaped.
 """
 
 from __future__ import annotations
@@ -145,10 +141,8 @@ def append_text(path: str | Path, text: str, what: str = "") -> None:
 
 
 def rmtree_real(path: str | Path) -> None:
-    """Delete a folder and what it holds, never following a link: a link at `path` is only unlinked.
-
-    shutil.rmtree does not follow links inside the tree (fd-based on Linux); this also covers the top.
-    """
+    """Delete a folder and what it holds, never following a link (a link at `path` is only unlinked;
+    shutil.rmtree follows none inside)."""
     path = Path(path)
     if path.is_symlink():
         path.unlink(missing_ok=True)

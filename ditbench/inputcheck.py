@@ -1,9 +1,5 @@
-"""Input arrays checked before any work uses them: a value that would fail a run later fails it now.
-
-A latent file holding NaN or inf trains for a step and then fails on a non-finite loss (exit 1,
-after the model was built and the data loaded); a float label such as 2.7 or a negative one is
-silently truncated or indexes out of range. Each is refused when the file is read, naming it, how
-many values are bad and where the first one is.
+"""Input arrays checked when they are read: NaN latents would fail a run at its first steps, a label
+of 2.7 or -1 would be truncated or index out of range. The refusal names the file and the first bad value.
 """
 
 from __future__ import annotations

@@ -1,13 +1,10 @@
 """A pydantic model's verdict on a user's input, as ditbench's one-paragraph error.
 
-The models (suite files, cells, the gate's policy, claims files) declare types, bounds and
-required keys; each field's `description` says what a valid value is, a model's `title` what it is
-("a claim"). `problem` turns the first error into (key path, what is wrong and what is valid),
-never pydantic's own wording ("Input should be a valid number"), which names neither. Two house
-styles: "<label>: `<key>` must be <valid>, got <value>." (policy files) and "<label> at `<key>`:
-expected <valid>, got <value>." (suites, claims). A validator that knows better says it with
-`refuse(text)`; `{where}` in the text stands for the key path, and `at` names a key below the one
-refused. `rule(template)` gives a type its own sentence, whatever check of the type failed.
+`problem` turns the first error into (key path, what is wrong and what is valid: a field's
+`description`, a model's `title`), never pydantic's own wording. Styles: "<label>: `<key>` must be
+<valid>, got <value>." (policies) and "<label> at `<key>`: expected <valid>, got <value>." (suites,
+claims). A validator says better with `refuse(text)` (`{where}`: the key path; `at`: a key below);
+`rule(template)` gives a type its own sentence.
 """
 
 from __future__ import annotations
