@@ -9,8 +9,8 @@
       sbatch: {cpus-per-task: 16, mem: 0}   # any other sbatch option, without the leading --
       setup: ["module load cuda/12.4", "source ~/venvs/dit/bin/activate"]   # lines before srun
 
-These options say where a cell runs, not what it measures: they never enter a cell's id or its
-record. The GPUs, nodes and tasks of each job come from the cell itself (`bench.cluster`).
+They say where a cell runs, not what it measures: never in a cell's id or record (GPUs, nodes and tasks
+come from the cell, `bench.cluster`).
 """
 
 from __future__ import annotations
