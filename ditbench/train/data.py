@@ -1,18 +1,9 @@
 """Where training batches come from: (latents (N, 4, s, s) on the device, labels (N,) int64).
 
-synthetic                       random latents and labels generated on the device, seeded
-                                (the default for speed measurement: no input pipeline cost)
-{latents: PATH}                 pre-extracted latents + labels from an .npz or .pt file
-                                (`ditbench extract-latents` writes one)
-{images: DIR, vae: PATH|ema|mse|random}
-                                an ImageFolder-style tree (one subfolder per class), ADM centre
-                                crop + random horizontal flip, encoded through the VAE every step
-{pixels: NPZ|builtin:NAME}      grey images whose 2x2 pixel blocks are the latent (`ditbench.pixels`):
-                                no VAE; `builtin:mpl-gray16` ships with matplotlib
-
-The VAE (`ditbench.vae`) is diffusers' AutoencoderKL with the sd-vae-ft-ema configuration; its
-weights come from a local path, random weights only when the user writes `vae: random`, and
-`describe()` says which was used.
+`synthetic`: seeded random latents drawn on the device (no input pipeline cost); {latents: PATH}: an
+.npz/.pt of pre-extracted latents (`ditbench extract-latents`); {images: DIR, vae: ...}: an ImageFolder
+tree, ADM centre crop + flip, encoded through the VAE every step; {pixels: ...}: images as latents
+(`ditbench.pixels`). `describe()` says which, for the record.
 """
 
 from __future__ import annotations
@@ -118,13 +109,9 @@ def load_latent_file(path: str | os.PathLike) -> tuple[torch.Tensor, torch.Tenso
 
 
 class StagingBuffers:
-    """A ring of (latents, labels) host buffers that batches are gathered into before going to the GPU.
-
-    Indexing a tensor with a list of rows makes a new, pageable tensor, and a `non_blocking` copy
-    from pageable memory is synchronous. Gathering into a pinned buffer keeps the copy asynchronous;
-    a buffer is reused only after the copy that last read it has finished (an event per slot), and
-    with two slots the host gathers batch k+1 while batch k is still on its way.
-    """
+    """A ring of pinned (latents, labels) host buffers batches are gathered into: a copy from pageable
+    memory (what indexing makes) is synchronous. A slot is reused once the copy that read it is done (an
+    event per slot); with two, the host gathers batch k+1 while batch k is on its way."""
 
     SLOTS = 2
 
@@ -231,11 +218,6 @@ class PixelImages(LatentFile):
 
     def describe(self) -> dict:
         return {"kind": "pixels", "path": self.path, "colour": self.colour, "count": int(len(self.labels))}
-
-
-# --------------------------------------------------------------------------------------------
-# Images through the VAE
-# --------------------------------------------------------------------------------------------
 
 
 def center_crop_arr(pil_image, image_size: int):
