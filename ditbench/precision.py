@@ -82,21 +82,6 @@ def set_tf32(enabled: bool) -> None:
             target.fp32_precision = mode
 
 
-def tf32_state() -> dict[str, Any]:
-    """Every getter, legacy and new: reading them is what fails when the two APIs disagree."""
-    import torch
-
-    state: dict[str, Any] = {
-        "matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-    }
-    if _has_new_api():
-        for name, target in _new_api_targets().items():
-            state[f"{name}.fp32_precision"] = target.fp32_precision
-    return state
-
-
 def _snapshot() -> tuple:
     """The settings to restore, read through the new API where it exists (it never refuses a read)."""
     import torch

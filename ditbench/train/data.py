@@ -19,8 +19,6 @@ from ditbench.errors import UserError, shorten
 from ditbench.outpaths import not_a_file
 from ditbench.spec.knobs import DATA_HELP
 
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".JPEG")
-
 
 class DataSource:
     """Base: next_batch() -> (x, y) on the device; describe() -> a JSON-able dict for records."""
@@ -37,17 +35,9 @@ class DataSource:
 class SyntheticLatents(DataSource):
     """N(0, 1) latents and uniform labels drawn on the device from a seeded generator."""
 
-    def __init__(
-        self,
-        batch_size: int,
-        latent_size: int,
-        num_classes: int,
-        device,
-        seed: int = 0,
-        channels: int = vae_lib.LATENT_CHANNELS,
-    ):
+    def __init__(self, batch_size: int, latent_size: int, num_classes: int, device, seed: int = 0):
         self.batch_size = batch_size
-        self.shape = (batch_size, channels, latent_size, latent_size)
+        self.shape = (batch_size, vae_lib.LATENT_CHANNELS, latent_size, latent_size)
         self.num_classes = num_classes
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device)
