@@ -92,10 +92,35 @@ def load_latent_file(path: str | os.PathLike) -> tuple[torch.Tensor, torch.Tenso
         )
     if latents.shape[0] == 0:
         raise UserError(f"latent file {str(p)!r} holds no latents")
-    from ditbench.inputcheck import check_latents
-
     check_latents(latents, labels, str(p))  # before training: a NaN would fail it at step 2
     return latents.float(), labels.long()
+
+
+_INTS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def check_latents(latents: torch.Tensor, labels: torch.Tensor, where: str) -> None:
+    """UserError naming `where` for non-finite latents or labels that are not non-negative integers."""
+    if latents.is_complex() or not (latents.is_floating_point() or latents.dtype in _INTS):
+        raise UserError(f"latent file {where!r}: latents are {latents.dtype}, expected float32 numbers")
+    if latents.is_floating_point():
+        finite = torch.isfinite(latents)
+        if not bool(finite.all()):
+            bad = int((~finite).sum())
+            first = int((~finite).flatten(1).any(1).nonzero()[0])
+            raise UserError(
+                f"latent file {where!r} holds {bad:,} NaN or infinite values (the first in latent {first}); "
+                "training on it would fail at its first steps. Re-encode the images with "
+                "`ditbench extract-latents`, or drop those latents."
+            )
+    if labels.is_floating_point():
+        if not bool(torch.isfinite(labels).all()) or not bool((labels == labels.round()).all()):
+            raise UserError(f"latent file {where!r}: labels must be whole class numbers, not fractions, NaN")
+    elif labels.is_complex() or labels.dtype not in _INTS:
+        raise UserError(f"latent file {where!r}: labels are {labels.dtype}, expected integer class numbers")
+    if labels.numel() and int(labels.min()) < 0:
+        low = int(labels.min())
+        raise UserError(f"latent file {where!r}: labels must be class numbers from 0, got {low}")
 
 
 class StagingBuffers:
