@@ -158,25 +158,20 @@ class GaussianDiffusion:
                 last = ac
         return GaussianDiffusion(np.array(new_betas), timestep_map=new_map)
 
+    def _table(self, name: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The schedule `name` as a `dtype` tensor on t's device, made once per device."""
+        key = (name, t.device)
+        if key not in self._device_cache:
+            self._device_cache[key] = torch.as_tensor(getattr(self, name), dtype=dtype, device=t.device)
+        return self._device_cache[key]
+
     def _take(self, name: str, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """arr[t] as float32 on like's device, shaped to broadcast against like."""
-        key = (name, t.device)
-        table = self._device_cache.get(key)
-        if table is None:
-            table = torch.from_numpy(getattr(self, name)).to(device=t.device, dtype=torch.float32)
-            self._device_cache[key] = table
-        out = table[t]
+        out = self._table(name, t, torch.float32)[t]
         return out.reshape(out.shape + (1,) * (like.ndim - 1))
 
     def _model_t(self, t: torch.Tensor) -> torch.Tensor:
-        if self._identity_map:
-            return t
-        key = ("timestep_map", t.device)
-        table = self._device_cache.get(key)
-        if table is None:
-            table = torch.tensor(self.timestep_map, device=t.device, dtype=t.dtype)
-            self._device_cache[key] = table
-        return table[t]
+        return t if self._identity_map else self._table("timestep_map", t, t.dtype)[t]
 
     def q_sample(self, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         return (

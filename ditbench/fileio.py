@@ -25,20 +25,13 @@ _UMASK_LOCK = threading.Lock()
 _CHANGES = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC
 
 
+_KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO (a named pipe)"}
+_KINDS.update({stat.S_IFCHR: "a device", stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"})
+
+
 def file_kind(mode: int) -> str | None:
-    """What a path that is not a regular file is, in words ("a folder", "a FIFO (a named pipe)"), or
-    None for a regular file or a kind without a name here."""
-    for test, kind in (
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISFIFO, "a FIFO (a named pipe)"),
-        (stat.S_ISCHR, "a device"),
-        (stat.S_ISBLK, "a device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return kind
-    return None
+    """What a path that is not a regular file is, in words ("a folder"), or None for a regular file."""
+    return _KINDS.get(stat.S_IFMT(mode))
 
 
 def link_refusal(path: str | Path, what: str = "") -> str:

@@ -130,21 +130,21 @@ class StagingBuffers:
 
     SLOTS = 2
 
-    def __init__(self, x_shape, y_shape, *, pin: bool, cuda_events: bool):
+    def __init__(self, x_shape, y_shape, *, pin: bool):
         def buffer(shape, dtype):
             return torch.empty(shape, dtype=dtype, pin_memory=pin)
 
         self.slots = [
             (buffer(x_shape, torch.float32), buffer(y_shape, torch.long)) for _ in range(self.SLOTS)
         ]
-        self.events = [torch.cuda.Event() if cuda_events else None for _ in range(self.SLOTS)]
+        self.events = [torch.cuda.Event() for _ in range(self.SLOTS)]
         self.issued = [False] * self.SLOTS
         self.current = -1
 
     def gather(self, latents: torch.Tensor, labels: torch.Tensor, idx: torch.Tensor):
         """The rows `idx` of latents and labels, written into the next slot's buffers."""
         self.current = (self.current + 1) % self.SLOTS
-        if self.issued[self.current] and self.events[self.current] is not None:
+        if self.issued[self.current]:
             self.events[self.current].synchronize()  # the copy that last read this slot is done
         x, y = self.slots[self.current]
         torch.index_select(latents, 0, idx, out=x)
@@ -153,8 +153,7 @@ class StagingBuffers:
 
     def copies_issued(self) -> None:
         """Mark, on the current stream, the point after the copies out of the current slot."""
-        if self.events[self.current] is not None:
-            self.events[self.current].record()
+        self.events[self.current].record()
         self.issued[self.current] = True
 
 
@@ -173,8 +172,7 @@ class LatentFile(DataSource):
         if int(labels.min()) < 0 or int(labels.max()) >= num_classes:
             raise UserError(
                 f"latent file {str(path)!r} has labels in [{int(labels.min())}, {int(labels.max())}], "
-                "outside "
-                f"[0, {num_classes - 1}] for num_classes {num_classes}"
+                f"outside [0, {num_classes - 1}] for num_classes {num_classes}"
             )
         self.path = str(path)
         self._batches(latents, labels, batch_size, device, seed)
@@ -186,7 +184,7 @@ class LatentFile(DataSource):
         self.latents, self.labels = latents, labels
         self.staging = None
         if self.device.type == "cuda":  # gather into pinned memory, so the copy to the GPU is asynchronous
-            self.staging = StagingBuffers((batch_size, *want), (batch_size,), pin=True, cuda_events=True)
+            self.staging = StagingBuffers((batch_size, *want), (batch_size,), pin=True)
         self.generator = torch.Generator().manual_seed(seed)
         self._order = torch.empty(0, dtype=torch.long)
         self._pos = 0

@@ -71,16 +71,9 @@ class Trainer:
 
         torch.manual_seed(knobs.seed)  # model init, timesteps, noise and label dropout follow this seed
         # Built directly on the device: initialising a 675M-parameter model on the CPU takes seconds.
+        arch = knobs.model_dump(include={"image_size", "num_classes", "grad_ckpt", "impl", "attention"})
         with torch.device(self.device):
-            self.base_model = build_model(
-                knobs.model,
-                image_size=knobs.image_size,
-                num_classes=knobs.num_classes,
-                grad_ckpt=knobs.grad_ckpt,
-                impl=knobs.impl,
-                class_dropout_prob=class_dropout_prob,
-                attention=knobs.attention,
-            )
+            self.base_model = build_model(knobs.model, class_dropout_prob=class_dropout_prob, **arch)
         self.num_params = count_params(self.base_model)
         # Built on the device already but for tensors made outside torch's factories (numpy): moved only
         # then, so a fake-tensor trace (the planner), whose parameters cannot be swapped, needs no .to().

@@ -230,7 +230,7 @@ def test_staging_buffers_gather_into_a_ring_and_wait_for_the_copy_before_reuse(m
 
     monkeypatch.setattr(torch.cuda, "Event", Event)
     latents, labels = torch.randn(10, 4, 2, 2), torch.arange(10)
-    ring = StagingBuffers((3, 4, 2, 2), (3,), pin=False, cuda_events=True)
+    ring = StagingBuffers((3, 4, 2, 2), (3,), pin=False)
     seen = []
     for idx in ([0, 1, 2], [7, 8, 9], [4, 5, 6]):
         x, y = ring.gather(latents, labels, torch.tensor(idx))
