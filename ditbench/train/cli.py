@@ -12,6 +12,8 @@ import argparse
 import math
 import time
 
+from ditbench.records.metrics import IMAGES_PER_S
+
 DEFAULT_MODEL = "DiT-S/8"  # a suite must name its model; a quick command-line check gets a small one
 MAX_STEPS = 10**9  # beyond it a step count is a typo, and the run would never end
 
@@ -162,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
         "steps": args.steps,
         "elapsed_s": round(elapsed, 3),
         "steps_per_s": args.steps / elapsed,
-        "images_per_s": args.steps * cfg.rank_batch / elapsed,
+        IMAGES_PER_S.key: args.steps * cfg.rank_batch / elapsed,
         "loss_first": first_loss,
         "loss_last": last_loss,
         "scaler_skips": trainer.scaler_skips if uses_scaler(cfg.precision) else None,
@@ -172,7 +174,7 @@ def run(args: argparse.Namespace) -> int:
     skips = result["scaler_skips"]
     print(
         f"done: {args.steps} steps in {elapsed:.1f} s, {result['steps_per_s']:.2f} steps/s, "
-        f"{result['images_per_s']:.1f} img/s (includes the first steps' warm-up); "
+        f"{result[IMAGES_PER_S.key]:.1f} img/s (includes the first steps' warm-up); "
         f"loss {first_loss:.4f} -> {last_loss:.4f}"
         + ("" if skips is None else f", {skips} {cfg.precision} steps skipped by the GradScaler"),
         file=out,
