@@ -30,23 +30,18 @@ class _BoundedLoader(yaml.SafeLoader):
                     continue
                 key = self.construct_object(key_node, deep=True)
                 try:
-                    hash(key)
+                    first = seen.get(key)  # TypeError: a list or mapping as a key
                 except TypeError:
-                    raise yaml.constructor.ConstructorError(
-                        None,
-                        None,
-                        "a mapping key must be a plain value, not a list or mapping",
-                        key_node.start_mark,
-                    ) from None
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None,
-                        None,
-                        f"duplicate key {shorten(key)} (first at line {seen[key].line + 1}); "
-                        "each key may appear once in a mapping",
-                        key_node.start_mark,
+                    problem = "a mapping key must be a plain value, not a list or mapping"
+                else:
+                    if first is None:
+                        seen[key] = key_node.start_mark
+                        continue
+                    problem = (
+                        f"duplicate key {shorten(key)} (first at line {first.line + 1}); "
+                        "each key may appear once in a mapping"
                     )
-                seen[key] = key_node.start_mark
+                raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
 
 

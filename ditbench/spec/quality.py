@@ -1,16 +1,5 @@
-"""The suite's `quality:` section: what to score, how to sample, when, with which seeds, for which cells.
-
-    quality:
-      reference: refs/VIRTUAL_imagenet256_labeled.npz  # ADM npz, image folder, statistics, builtin:NAME
-      samples: 5000            # per evaluation and seed
-      sampler: {name: ddpm, steps: 250, cfg_scale: 1.5, precision: fp32}
-      at: [smoke_end]          # or training steps of a quality run, e.g. [0, 1000, 4000]
-      seeds: 2                 # sample seeds per evaluation (or a list), for the noise estimate
-      cells: smoke             # smoke (default: the smoke cells), all, baseline, or partial cells
-      inception: test          # optional: the test network, or a weight file (default: the official)
-      vae: ema                 # the VAE that decodes latent-file data (ema, mse or a path)
-      batch_size: 32           # images per sampling forward pass
-      grid: 16                 # images in each evaluation's sample grid (0: none)
+"""The suite's `quality:` section (docs/suites-and-knobs.md): what to score, how to sample, when, with
+which seeds, for which cells.
 
 `QualitySpec` travels in the cell's spec (`config.quality`, part of its id: a changed section reruns
 its cells); `conflict` says before anything runs why a cell cannot be evaluated. `Sampler` is also
