@@ -1,9 +1,5 @@
-"""Progress bars for a terminal, plain lines for a log.
-
-tqdm redraws its bar with `\\r`, which a file or a CI log keeps as one ever-growing line. Where
-stderr is not a terminal, `progress()` prints a plain line now and then instead (every
-`DITBENCH_PROGRESS_EVERY_S` seconds, 30 by default, and at the end), or nothing for callers
-that already print a line per item (the runner).
+"""Progress bars for a terminal; where stderr is not one (a file, a CI log, which would keep tqdm's `\\r`
+redraws as one growing line), a plain line every `DITBENCH_PROGRESS_EVERY_S` seconds (30) and at the end.
 """
 
 from __future__ import annotations

@@ -30,13 +30,10 @@ OPTIONS = (
     Option(
         "bootstrap",
         RESAMPLES,
-        "resamples of the samples for the metrics' 95%% intervals (0: none); their cost: docs/metrics.md "
-        "(%(default)s)",
+        "resamples of the samples for the metrics' 95%% intervals (0: none); their cost: docs/metrics.md",
         minimum=0,
     ),
-    Option(
-        "bootstrap_seed", SEED, "seed of the bootstrap's draws (%(default)s)", minimum=0, maximum=2**32 - 1
-    ),
+    Option("bootstrap_seed", SEED, "seed of the bootstrap's draws", minimum=0, maximum=2**32 - 1),
 )
 
 

@@ -76,8 +76,7 @@ IS = Metric(
         Option(
             "is_splits",
             SPLITS,
-            "Inception Score splits of consecutive samples; 0: ADM's chunks of 5000, the last shorter "
-            "(%(default)s)",
+            "Inception Score splits of consecutive samples; 0: ADM's chunks of 5000, the last shorter",
             minimum=0,
         ),
     ),

@@ -177,8 +177,8 @@ PR = Metric(
         Output("recall", "Recall", "{:.4f}", "higher"),
     ),
     options=(
-        Option("pr_k", K, "precision/recall: the k of the k-th nearest neighbour radius (%(default)s)"),
-        Option("pr_block_size", BLOCK, "precision/recall: rows and columns per distance block (%(default)s)"),
+        Option("pr_k", K, "precision/recall: the k of the k-th nearest neighbour radius"),
+        Option("pr_block_size", BLOCK, "precision/recall: rows and columns per distance block"),
     ),
     needs=lambda o: Need(
         o["pr_k"] + 1, o["pr_k"] + 1, f"k={o['pr_k']} needs k + 1 points per set", "lower --pr-k"

@@ -8,8 +8,7 @@ import re
 from dataclasses import dataclass
 
 from ditbench import vae
-from ditbench.errors import UserError, shorten
-from ditbench.validation import did_you_mean
+from ditbench.errors import UserError, did_you_mean, shorten
 
 
 @dataclass(frozen=True)
@@ -48,9 +47,8 @@ def canonical_name(name: str) -> str:
     m = _NAME.fullmatch(str(name).strip())
     if m is None:
         hint = did_you_mean(name, MODEL_NAMES, cutoff=0.6)
-        raise UserError(
-            f"unknown model {shorten(name)}.{hint} The valid models are {', '.join(MODEL_NAMES)}."
-        )
+        valid = ", ".join(MODEL_NAMES)
+        raise UserError(f"unknown model {shorten(name)}.{hint} The valid models are {valid}.")
     return f"DiT-{m.group(1)}/{m.group(2)}"
 
 

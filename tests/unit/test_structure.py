@@ -109,7 +109,7 @@ LAYERS: list[tuple[str, ...]] = [
         "ditbench.progress", "ditbench.device", "ditbench.precision", "ditbench.cards", "ditbench.pretrained",
         "ditbench.builtin_data", "ditbench.environment", "ditbench.vae", "ditbench.pixels",
         "ditbench.cliopts", "ditbench.faults", "ditbench.validation", "ditbench.units",
-        "ditbench.escape", "ditbench.expansion", "ditbench.imageload", "ditbench.inputcheck",
+        "ditbench.escape", "ditbench.expansion", "ditbench.imageload",
         "ditbench.extras", "ditbench.intervals", "ditbench.interval_text", "ditbench.walltime",
     ),
     # the network, the diffusion, process groups, the typed spec (knobs, cells, suites)
