@@ -29,32 +29,37 @@ class Card:
     name: str
     usable_gib: float  # total memory the driver exposes
     memory_class_gb: int  # the size it is sold as: 12, 16, 24, 32, 40, 48, 80, 94, 141
+    arch: tuple[int, int]  # compute capability: decides bf16, flash attention, the cuBLAS workspace
     aliases: tuple[str, ...] = ()
 
 
 CARDS: tuple[Card, ...] = (
-    Card("RTX 3060 12GB", 11.76, 12, ("3060",)),
-    Card("RTX 4070 12GB", 11.99, 12, ("4070",)),
-    Card("T4", 14.75, 16, ("Tesla T4",)),
-    Card("RTX 4080 16GB", 15.99, 16, ("4080",)),
-    Card("V100 16GB", 15.77, 16, ("V100-16GB", "Tesla V100 16GB")),
-    Card("RTX 3090", 23.69, 24, ("3090",)),
-    Card("RTX 4090", 23.99, 24, ("4090",)),
-    Card("L4", 22.49, 24, ("NVIDIA L4",)),
-    Card("A10", 22.49, 24, ("A10G", "NVIDIA A10")),
+    Card("RTX 3060 12GB", 11.76, 12, (8, 6), ("3060",)),
+    Card("RTX 4070 12GB", 11.99, 12, (8, 9), ("4070",)),
+    Card("T4", 14.75, 16, (7, 5), ("Tesla T4",)),
+    Card("RTX 4080 16GB", 15.99, 16, (8, 9), ("4080",)),
+    Card("V100 16GB", 15.77, 16, (7, 0), ("V100-16GB", "Tesla V100 16GB")),
+    Card("RTX 3090", 23.69, 24, (8, 6), ("3090",)),
+    Card("RTX 4090", 23.99, 24, (8, 9), ("4090",)),
+    Card("L4", 22.49, 24, (8, 9), ("NVIDIA L4",)),
+    Card("A10", 22.49, 24, (8, 6), ("A10G", "NVIDIA A10")),
     # 32 GB GDDR7 (NVIDIA GeForce RTX 5090 product page); nvidia-smi shows 32607 MiB.
-    Card("RTX 5090", 31.84, 32, ("5090",)),
+    Card("RTX 5090", 31.84, 32, (12, 0), ("5090",)),
     # 32 GB HBM2 (NVIDIA Tesla V100 datasheet, SXM2 and PCIe 32GB); nvidia-smi shows 32510 MiB.
     Card(
-        "V100-32GB", 31.75, 32, ("V100 32GB", "Tesla V100 32GB", "V100-SXM2-32GB", "V100-PCIE-32GB", "V100")
+        "V100-32GB",
+        31.75,
+        32,
+        (7, 0),
+        ("V100 32GB", "Tesla V100 32GB", "V100-SXM2-32GB", "V100-PCIE-32GB", "V100"),
     ),
-    Card("A100-40GB", 39.39, 40, ("A100 40GB", "A100-SXM4-40GB", "A100-PCIE-40GB")),
-    Card("RTX A6000", 47.99, 48, ("A6000",)),
-    Card("L40S", 44.99, 48, ("L40", "L40S 48GB")),
-    Card("A100-80GB", 79.35, 80, ("A100 80GB", "A100-SXM4-80GB", "A100")),
-    Card("H100", 79.65, 80, ("H100 SXM", "H100 80GB", "H100-SXM5-80GB")),
-    Card("H100 NVL", 93.58, 94, ("H100 94GB",)),
-    Card("H200", 139.8, 141, ("H200 141GB", "NVIDIA H200")),
+    Card("A100-40GB", 39.39, 40, (8, 0), ("A100 40GB", "A100-SXM4-40GB", "A100-PCIE-40GB")),
+    Card("RTX A6000", 47.99, 48, (8, 6), ("A6000",)),
+    Card("L40S", 44.99, 48, (8, 9), ("L40", "L40S 48GB")),
+    Card("A100-80GB", 79.35, 80, (8, 0), ("A100 80GB", "A100-SXM4-80GB", "A100")),
+    Card("H100", 79.65, 80, (9, 0), ("H100 SXM", "H100 80GB", "H100-SXM5-80GB")),
+    Card("H100 NVL", 93.58, 94, (9, 0), ("H100 94GB",)),
+    Card("H200", 139.8, 141, (9, 0), ("H200 141GB", "NVIDIA H200")),
 )
 
 MEMORY_CLASSES_GB = (12, 16, 24, 32, 40, 48, 80, 94, 141)

@@ -25,13 +25,16 @@ tree. With SUITE, its cells are planned; KEY=VALUE overrides change them (optimi
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ditbench.expansion import add_max_cells
+
     parser.description = HELP
-    parser.add_argument(
+    add = parser.add_argument
+    add(
         "suite",
         nargs="?",
         help="plan this suite's cells (a shipped name or a YAML path) instead of the default grid",
     )
-    parser.add_argument(
+    add(
         "overrides",
         nargs="*",
         metavar="KEY=VALUE",
@@ -41,94 +44,58 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--card", help='the card to plan for, e.g. "RTX 4090", A100-80GB, H200')
     where.add_argument("--memory-gib", type=float, help="or the usable GiB of a card not in the table")
-    parser.add_argument(
+    add(
         "--tflops",
         type=float,
         help="with --memory-gib: its dense bf16/fp16 tensor TFLOPS (tf32 and fp32: half)",
     )
-    parser.add_argument("--mem-bw", type=float, help="with --memory-gib: its memory bandwidth in GB/s")
-    parser.add_argument(
-        "--full", action="store_true", help="after the answer, the grid and the decision tree"
-    )
-    parser.add_argument(
-        "--images", action="store_true", help="train from images, the VAE encoding every step"
-    )
-    parser.add_argument(
-        "--global-batch", type=int, help=f"images per optimizer step, all GPUs ({DEFAULT_GLOBAL_BATCH})"
-    )
-    parser.add_argument(
-        "--models",
-        action="append",
-        help="models, comma-separated (default: S/2,B/2,L/2,XL/2; --full: 12)",
-    )
-    parser.add_argument(
+    add("--mem-bw", type=float, help="with --memory-gib: its memory bandwidth in GB/s")
+    add("--full", action="store_true", help="after the answer, the grid and the decision tree")
+    add("--images", action="store_true", help="train from images, the VAE encoding every step")
+    add("--global-batch", type=int, help=f"images per optimizer step, all GPUs ({DEFAULT_GLOBAL_BATCH})")
+    add("--models", action="append", help="models, comma-separated (default: S/2,B/2,L/2,XL/2; --full: 12)")
+    add(
         "--precisions",
         action="append",
         help="precisions (default: the card's fastest; --full: fp32,tf32,fp16,bf16)",
     )
-    parser.add_argument("--grad-ckpt", action="append", help="checkpointing (default: none,full,every_2)")
-    parser.add_argument(
+    add("--grad-ckpt", action="append", help="checkpointing (default: none,full,every_2)")
+    add(
         "--batches",
         action="append",
         help="per-GPU batch sizes (default: those dividing the global batch; --full: 8,16,...,512)",
     )
-    parser.add_argument("--image-size", type=int, default=None, help="grid image size in pixels (256)")
-    parser.add_argument(
-        "--impl", default=None, choices=("ditbench", "diffusers"), help="grid DiT implementation (ditbench)"
-    )
-    parser.add_argument(
-        "--optimizer-impl",
-        default=None,
-        choices=("auto", "fused", "foreach", "for-loop"),
-        help="grid AdamW kernel (auto)",
-    )
-    parser.add_argument("--results", type=Path, help="results.jsonl whose measured cells replace predictions")
-    parser.add_argument(
+    add("--image-size", type=int, help="grid image size in pixels (256)")
+    add("--impl", choices=("ditbench", "diffusers"), help="grid DiT implementation (ditbench)")
+    add("--optimizer-impl", choices=("auto", "fused", "foreach", "for-loop"), help="grid AdamW kernel (auto)")
+    add("--results", type=Path, help="results.jsonl whose measured cells replace predictions")
+    add(
         "--context-gib",
         type=float,
-        default=None,
         help="CUDA context outside the allocator (default: 0.5, or measured with --results)",
     )
-    parser.add_argument(
-        "--target-batch", type=int, default=None, help="batch the decision tree aims for (32)"
-    )
-    parser.add_argument("--no-tree", action="store_true", help="skip the decision tree over card classes")
-    parser.add_argument(
+    add("--target-batch", type=int, help="batch the decision tree aims for (32)")
+    add("--no-tree", action="store_true", help="skip the decision tree over card classes")
+    add(
         "--gpus",
         type=int,
-        default=None,
         help="data-parallel GPUs (default: 1): memory per rank, the collectives over the card's interconnect",
     )
-    parser.add_argument(
-        "--shard", choices=("ddp", "fsdp"), help="with --gpus: DDP (a replica per GPU, default) or FSDP2"
-    )
+    add("--shard", choices=("ddp", "fsdp"), help="with --gpus: DDP (a replica per GPU, default) or FSDP2")
     goal = parser.add_mutually_exclusive_group()
-    goal.add_argument(
-        "--target-steps", type=int, default=None, help="steps to train, for days and GPU-hours (400000)"
-    )
-    goal.add_argument("--target-images", type=int, default=None, help="or images to train on")
-    parser.add_argument(
+    goal.add_argument("--target-steps", type=int, help="steps to train, for days and GPU-hours (400000)")
+    goal.add_argument("--target-images", type=int, help="or images to train on")
+    add(
         "--calibrate",
         type=Path,
         metavar="RESULTS.jsonl",
         help="fit the speed model on these measured cells (ditbench records of GPUs in the card table) "
         "instead of the shipped H200 calibration",
     )
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=None,
-        help="processes tracing series in parallel (default: from the CPU count)",
-    )
-    parser.add_argument(
-        "--json", action="store_true", help="print the plan as JSON on stdout instead of tables"
-    )
-    from ditbench.expansion import add_max_cells
-
+    add("--jobs", type=int, help="processes tracing series in parallel (default: from the CPU count)")
+    add("--json", action="store_true", help="print the plan as JSON on stdout instead of tables")
     add_max_cells(parser, "a grid (or --suite matrix) of")
-    parser.add_argument(
-        "--no-cache", action="store_true", help="trace every series afresh (default: reuse traces on disk)"
-    )
+    add("--no-cache", action="store_true", help="trace every series afresh (default: reuse traces on disk)")
 
 
 def _list(values: list[str] | None, default, what: str) -> list[str]:

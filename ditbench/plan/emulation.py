@@ -33,31 +33,12 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 
+from ditbench.cards import CARDS
 from ditbench.precision import BF16_CAPABILITY
 
 MiB = 1 << 20
 
-# Compute capability per card of ditbench.cards (decides bf16, flash attention, cuBLAS workspace).
-CARD_ARCH: dict[str, tuple[int, int]] = {
-    "RTX 3060 12GB": (8, 6),
-    "RTX 4070 12GB": (8, 9),
-    "T4": (7, 5),
-    "RTX 4080 16GB": (8, 9),
-    "V100 16GB": (7, 0),
-    "RTX 3090": (8, 6),
-    "RTX 4090": (8, 9),
-    "L4": (8, 9),
-    "A10": (8, 6),
-    "RTX 5090": (12, 0),
-    "V100-32GB": (7, 0),
-    "A100-40GB": (8, 0),
-    "RTX A6000": (8, 6),
-    "L40S": (8, 9),
-    "A100-80GB": (8, 0),
-    "H100": (9, 0),
-    "H100 NVL": (9, 0),
-    "H200": (9, 0),
-}
+CARD_ARCH = {c.name: c.arch for c in CARDS}  # decides bf16, flash attention, the cuBLAS workspace
 # A bare memory size (--memory-gib) plans for an Ampere-class GPU: bf16 and flash attention work.
 GENERIC_ARCH = (8, 0)
 

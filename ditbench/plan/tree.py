@@ -53,7 +53,9 @@ def class_cards(asked: Card | float | None = None) -> list[tuple[int, Card]]:
     }
     if isinstance(asked, (int, float)):
         gb = next((gb for gb in MEMORY_CLASSES_GB if gb >= asked), math.ceil(asked))
-        asked = Card(f"a {asked:g} GiB card", asked, gb)
+        from ditbench.plan.emulation import GENERIC_ARCH
+
+        asked = Card(f"a {asked:g} GiB card", asked, gb, GENERIC_ARCH)
     if asked is not None:
         out[asked.memory_class_gb] = asked
     return sorted(out.items())
@@ -73,10 +75,7 @@ class Advice:
 
 
 def _pre_ampere(card) -> bool:
-    from ditbench.plan.emulation import CARD_ARCH
-
-    arch = CARD_ARCH.get(card.name)
-    return arch is not None and arch < BF16_CAPABILITY
+    return card.arch < BF16_CAPABILITY
 
 
 def _gflops(model: str, image_size: int) -> float:
