@@ -107,12 +107,7 @@ def decode(d: dict[str, Any]) -> SeriesTrace | None:
                 (str(r[0]), str(r[1]), bool(r[2]), *(int(x) for x in r[3:7])): int(r[7]) for r in d["kernels"]
             },
         )
-        if made != len(trace.sizes):
-            return None
-        probe = trace.batch_size
-        per = [s // probe if s % probe == 0 else 0 for s in trace.sizes]
-        const = [0 if s % probe == 0 else s for s in trace.sizes]
-        return SeriesTrace(trace, probe, const, per)
+        return SeriesTrace.of(trace) if made == len(trace.sizes) else None
     except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         return None
 

@@ -73,6 +73,12 @@ def cuda_target(card_name: str | None) -> Target:
     return Target("cuda", CARD_ARCH.get(card_name, GENERIC_ARCH) if card_name else GENERIC_ARCH)
 
 
+def traced_on(target: Target) -> Target:
+    """What a series for `target` is traced on: the CPU, or a GPU that runs every policy (bf16 too), so
+    one trace serves every GPU."""
+    return CPU if target.device == "cpu" else cuda_target(None)
+
+
 def optimizer_impl(requested: str, target: Target) -> str:
     """The AdamW implementation the Trainer runs on the target for the requested `optimizer_impl`."""
     if requested == "auto":

@@ -78,10 +78,10 @@ def _groups(series: list[Series], budgets: list[Budget]) -> list[list[int]]:
     """Indices of series that differ only in a precision that shares their trace (fp32 and tf32 on a
     GPU), costliest first."""
     from ditbench.errors import UnsupportedError
-    from ditbench.plan.emulation import CPU, cuda_target
+    from ditbench.plan.emulation import traced_on
     from ditbench.plan.predict import trace_key, trace_knobs
 
-    target = CPU if budgets[0].target.device == "cpu" else cuda_target(None)
+    target = traced_on(budgets[0].target)
     groups: dict[object, list[int]] = {}
     for i, s in enumerate(series):
         try:
@@ -117,10 +117,10 @@ def _work(
 
 
 def _respeed(p: Prediction, target, disk_cache: bool, speed: SpeedOptions) -> None:
-    from ditbench.plan.emulation import CPU, cuda_target
+    from ditbench.plan.emulation import traced_on
     from ditbench.plan.predict import fill_speed, series_trace, trace_knobs
 
-    first = CPU if target.device == "cpu" else cuda_target(None)
+    first = traced_on(target)
     fill_speed(p, series_trace(trace_knobs(p.config, first), first, disk=disk_cache), speed)
 
 

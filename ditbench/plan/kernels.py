@@ -23,7 +23,6 @@ from __future__ import annotations
 import torch
 from torch.utils import flop_counter
 
-CATEGORIES = ("matmul", "attention", "elementwise", "optimizer")
 _MATMUL = frozenset(
     "mm addmm bmm baddbmm addbmm mv addmv dot _addmm_activation convolution _convolution "
     "convolution_backward".split()

@@ -16,19 +16,9 @@ from typing import Any
 
 from ditbench.plan.predict import Prediction, normalize
 
-_KEYS = (
-    "model",
-    "impl",
-    "image_size",
-    "precision",
-    "grad_ckpt",
-    "batch_size",
-    "compile",
-    "optimizer_impl",
-    "num_classes",
-    "device",
-    "gpus",
-    "nodes",
+_KEYS = tuple(
+    "model impl image_size precision grad_ckpt batch_size compile optimizer_impl num_classes device gpus "
+    "nodes".split()
 )
 
 

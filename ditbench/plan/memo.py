@@ -17,7 +17,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 _SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.memory_format, torch.layout)
-_MISS = object()
+MISS = object()
 _UNMEMOIZABLE = object()
 
 
@@ -63,9 +63,9 @@ class DispatchMemo:
             return None
 
     def lookup(self, key, args):
-        entry = self.entries.get(key, _MISS)
-        if entry is _MISS or entry is _UNMEMOIZABLE:
-            return _MISS
+        entry = self.entries.get(key, MISS)
+        if entry is MISS or entry is _UNMEMOIZABLE:
+            return MISS
         self.hits += 1
         if entry is None:
             return None
@@ -156,6 +156,3 @@ class DispatchMemo:
             torch._C._set_throw_on_mutable_data_ptr(t)
         t.__dict__.update(template)
         return t
-
-
-MISS = _MISS

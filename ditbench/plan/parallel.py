@@ -47,10 +47,7 @@ def _shapes(model: str, image_size: int, num_classes: int) -> tuple[list, list]:
 def _numel(shape: tuple, n: int = 1) -> int:
     """Elements of a parameter's shard on one of n ranks (the first dimension split, padded)."""
     rows = shape[0] if shape else 1
-    rest = 1
-    for d in shape[1:]:
-        rest *= d
-    return -(-rows // n) * rest
+    return -(-rows // n) * math.prod(shape[1:])
 
 
 def sizes(cell: dict[str, Any]) -> tuple[float, int, int]:

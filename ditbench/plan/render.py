@@ -9,15 +9,7 @@ from ditbench.plan.predict import Prediction
 from ditbench.plan.speed import memory_band_pct
 from ditbench.plan.tree import Advice
 
-_COMPONENT_NAMES = {
-    "weights": "weights",
-    "gradients": "grads",
-    "optimizer": "Adam",
-    "ema": "EMA",
-    "activations": "activations",
-    "workspace": "workspace",
-    "context": "context",
-}
+_COMPONENT_NAMES = {"gradients": "grads", "optimizer": "Adam", "ema": "EMA"}  # the others by their name
 
 
 # A fit is "tight" when the card holds less than this fraction more than the prediction: the planner's
