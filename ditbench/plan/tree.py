@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ditbench.cards import MEMORY_CLASSES_GB, Card, cards_in_class
+from ditbench.plan.emulation import GENERIC_ARCH
 from ditbench.plan.grid import largest_batches
 from ditbench.plan.predict import Prediction
 from ditbench.precision import BF16_CAPABILITY, BY_SPEED, LOW_PRECISIONS
@@ -49,8 +50,6 @@ def class_cards(asked: Card | float | None = None) -> list[tuple[int, Card]]:
     }
     if isinstance(asked, (int, float)):
         gb = next((gb for gb in MEMORY_CLASSES_GB if gb >= asked), math.ceil(asked))
-        from ditbench.plan.emulation import GENERIC_ARCH
-
         asked = Card(f"a {asked:g} GiB card", asked, gb, GENERIC_ARCH)
     if asked is not None:
         out[asked.memory_class_gb] = asked
