@@ -1,15 +1,10 @@
 """The answer first (`ditbench plan --card CARD`): per model, the fastest setting that fits the card.
 
-A setting is a precision, a checkpointing and a per-GPU micro-batch; the gradient accumulation that
-reaches the global batch follows (global = micro-batch x accumulation x GPUs), so every row trains the
-same recipe and its days compare. The search ranks every setting by predicted images/s (the time
-model, speed.py) and walks down the ranking until one fits: that one is the answer, the one before it
-the next faster setting, dropped for its memory. A setting whose live tensors alone exceed the card is
-dropped without a replay (the allocator holds at least what is live); the others are replayed through
-the caching allocator as every plan is. Accumulation is traced as such (from the second micro-batch on
-the gradients live through the forward). Precisions searched: bf16 and tf32 where the card has them
-(fp16 holds bf16's memory plus the GradScaler's at the same tensor-core rate; fp32 holds tf32's memory
-and is slower), else fp16 and fp32; `--precisions` searches others.
+A setting is a precision, a checkpointing and a per-GPU micro-batch; the accumulation that reaches the
+global batch follows, so every row trains the same recipe and its days compare. The settings are
+ranked by predicted images/s and walked down until one fits (the one before it: the next faster,
+dropped); one whose live tensors alone exceed the card is dropped without a replay. Precisions: bf16
+and tf32 where the card has them (fp16 and fp32 hold as much and are not faster), else fp16 and fp32.
 """
 
 from __future__ import annotations
@@ -20,6 +15,7 @@ from typing import Any
 
 from ditbench.errors import UserError
 from ditbench.plan.predict import Budget, Prediction, SpeedOptions, normalize, predict_budgets
+from ditbench.plan.render import is_tight
 from ditbench.plan.speed import band
 
 ANSWER_MODELS = ("DiT-S/2", "DiT-B/2", "DiT-L/2", "DiT-XL/2")  # the paper's four sizes at its patch
@@ -99,14 +95,14 @@ def search(
     dropped = None
     capacity = bud.capacity
     for option in options:
-        live = option.series.live_peak(option.config["batch_size"])
-        if capacity is not None and live > capacity:
+        batch = option.config["batch_size"]
+        live = option.series.live_peak(batch)
+        if capacity is not None and live > capacity:  # the allocator holds at least what is live
             option.need_gib = live / 2**30 + bud.context_gib
-            dropped = option
-            continue
-        option.pred = predict_budgets(option.config, [option.config["batch_size"]], [bud], disk, speed)[0][0]
-        if option.pred.status in ("fits", "predicted"):
-            return Answer(model, option, dropped, len(options))
+        else:
+            option.pred = predict_budgets(option.config, [batch], [bud], disk, speed)[0][0]
+            if option.pred.status in ("fits", "predicted"):
+                return Answer(model, option, dropped, len(options))
         dropped = option
     return Answer(model, None, dropped, len(options))
 
@@ -136,7 +132,7 @@ def row(answer: Answer, goal: Goal, speed_band: float | None, memory_band: float
         _setting(b),
         memory_gib=memory,
         memory_interval=band(memory, memory_band),
-        tight=p.memory_gib is not None and memory * (1 + memory_band / 100) > p.memory_gib,
+        tight=is_tight(p),
         images_per_s=b.images_per_s,
         images_per_s_interval=band(b.images_per_s, speed_band),
         days=days,
