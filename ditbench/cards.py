@@ -1,17 +1,10 @@
-"""GPU cards by name: the memory a training process can use on each, shared by the card emulation
-(`gpu_memory_gib` / `card` in a suite) and the memory planner.
+"""GPU cards by name: the memory a process can use, the compute capability and the datasheet of each,
+for the card emulation (`card` in a suite), the planner and its time model.
 
-`usable_gib` is the card's total memory as the driver reports it
-(`torch.cuda.get_device_properties(i).total_memory`, the figure `nvidia-smi` shows as "Total"),
-which is less than the marketing size: an "RTX 4090 24 GB" exposes 23.99 GiB and an "A100 40GB"
-39.4 GiB. The CUDA context (about 0.3-0.6 GiB, driver dependent) comes out of that too; the
-emulation measures it on the spot rather than assuming a figure.
-
-Values are from public `nvidia-smi` readings of each card (MiB / 1024), rounded to 0.01 GiB; a
-driver or ECC setting can move them by a few tens of MiB.
-
-A generic name that several cards answer to (`A100`, `V100`) picks the largest; `ambiguity(name)`
-says which it chose and what else it could have meant, for the commands to show.
+`usable_gib` is the total memory the driver reports (`total_memory`, nvidia-smi's "Total"; public
+readings, MiB / 1024, to 0.01 GiB), less than the marketing size: an "RTX 4090 24 GB" exposes
+23.99 GiB; the CUDA context comes out of it. A generic name several cards answer to (`A100`, `V100`)
+picks the largest; `ambiguity(name)` says so.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
-"""Traces kept on disk, so a second plan (another card, another grid) re-traces nothing, and traces
-shipped with the package, so the default answer (`ditbench plan --card X`) traces nothing at all.
+"""Traces kept on disk ($DITBENCH_CACHE/plan, else ~/.cache/ditbench/plan), so a second plan re-traces
+nothing, and traces shipped with the package, so the default answer traces nothing at all.
 
-A series trace depends on the cell's memory-shaping knobs, the precision policy, the device kind,
-torch's version and ditbench's own code (the model, the step, the planner). The disk cache's key hashes
-all of them, the code as the bytes of every ditbench source file, so an edited model or step is traced
-afresh rather than answered from an old trace. A file that cannot be read back is ignored and
-replaced; a cache directory that cannot be written is not an error (the plan just traces).
-
-The shipped traces (traces.json.xz, written by benchmarks/plan_traces.py) are keyed without the code:
-tests/unit/test_plan_shipped.py holds them equal to fresh traces, so a change to the step that changes
-what it allocates fails there until they are rewritten. They serve only the torch release (major.minor)
-they were made with.
-
-Location of the disk cache: $DITBENCH_CACHE/plan, else ~/.cache/ditbench/plan.
+The disk cache's key hashes the trace key, torch's version and every ditbench source file, so edited
+code is traced afresh; an unreadable entry is replaced, an unwritable directory only means tracing.
+The shipped traces (traces.json.xz, benchmarks/plan_traces.py) are keyed without the code and serve
+their torch release only; tests/unit/test_plan_shipped.py holds them equal to fresh traces.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """torch.compile in a trace: inductor's partition of forward and backward, run op by op.
 
-Inductor, torch.compile's default backend, lowers each compiled region with inductor's
-decompositions, splits the joint forward+backward graph with the min-cut rematerialization
-partitioner (which decides what the forward saves for the backward and what the backward
-recomputes), and then fuses the pointwise ops of each graph into kernels. A trace keeps the first
-two and not the third: it compiles through AOTAutograd with inductor's decompositions and
-partitioner, and runs the partitioned graphs as they are, each op allocating its output (FX frees
-every value after its last use). The saved activations, most of a training step's memory, are the
-ones inductor saves; the intermediates inside a fused kernel are not (inductor never materialises
-them), so a compiled cell's prediction errs high by what one fused group holds at the peak.
-
-Dynamo does not compile while a TorchDispatchMode is active, so a call to the compiled model steps
-the trace's recorder off the mode stack, and the compiled graphs put it back while they run: the
-recorder sees the graphs' operations and nothing of dynamo's own tracing.
+The trace compiles through AOTAutograd with inductor's decompositions and min-cut partitioner (which
+decide what the forward saves and the backward recomputes) but runs the graphs unfused, each op
+allocating its output: a compiled cell errs high by what one fused group holds at the peak. Dynamo
+does not compile under a TorchDispatchMode, so a call to the compiled model steps the recorder off
+the mode stack and the compiled graphs put it back while they run.
 """
 
 from __future__ import annotations

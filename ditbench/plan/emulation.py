@@ -1,24 +1,13 @@
-"""What a traced step borrows from the target device: CUDA behaviour on the fake CPU device.
+"""What a traced step borrows from the target device: CUDA behaviour on the fake CPU device (trace.py).
 
-The trace runs the real Trainer on fake CPU tensors (trace.py says why). Where a CUDA step differs
-from a CPU step, this module supplies the CUDA behaviour, each piece stated:
-
-* precision: the CUDA policy (autocast to fp16/bf16, a GradScaler for fp16; tf32 allocates exactly
-  like fp32, it only changes the matmul math mode), applied to the fake device. bf16 needs sm80+.
-* optimizer: `optimizer_impl: auto` is the kernel the Trainer picks for the device
-  (`train.optim.AUTO_IMPL`: fused AdamW, no temporaries, on CUDA and on a CPU).
-* cuBLAS: each thread that runs a matmul gets a handle with its own workspace from the caching
-  allocator: 32 MiB on sm90/sm100/sm120, 8 MiB + 128 KiB elsewhere (PyTorch's defaults), one for
-  the caller's thread and one for autograd's device thread.
-* attention: the backward kernels' float32 scratch (trace.py); forward outputs and saved tensors
-  are the same for CPU and CUDA kernels.
-* autocast: CPU autocast casts matmuls, convolutions and attention to low precision as CUDA
-  autocast does, but leaves ops CUDA runs in float32 (layer/group norm, exp, log, pow, softmax,
-  sums, ...) in the input's precision; for the trace those ops get CUDA's rule (`cuda_autocast`).
-* the Trainer's seams: it takes the policy (`policy_for`) and a compiler (compiled.py) from the trace,
-  and moves a model built on its device nowhere (FakeTensorMode cannot swap parameters). `copy.deepcopy`
-  of a fake tensor clones it in the trace's fake mode (torch's own deepcopy of a fake tensor makes it in
-  a new fake mode, whose tensors the trace could not follow), as a real deepcopy clones the storage.
+* precision: the CUDA policy (autocast, a GradScaler for fp16; tf32 allocates like fp32), bf16 sm80+;
+* optimizer: `optimizer_impl: auto` as the Trainer resolves it (train.optim.AUTO_IMPL);
+* cuBLAS: a workspace per calling thread (the caller's and autograd's), 32 MiB on sm90/100/120, else
+  8 MiB + 128 KiB (PyTorch's defaults); attention: the backward's float32 scratch (trace.py);
+* autocast: ops CUDA autocast runs in float32 (norms, exp, log, softmax, sums, ...) but CPU autocast
+  leaves in low precision get CUDA's rule (`cuda_autocast`);
+* `copy.deepcopy` of a fake tensor clones it in the trace's fake mode (torch's makes a new fake mode,
+  whose tensors the trace could not follow). The Trainer takes the policy and a compiler as seams.
 """
 
 from __future__ import annotations
@@ -89,11 +78,8 @@ def optimizer_impl(requested: str, target: Target) -> str:
 
 
 def policy_for(precision: str, target: Target):
-    """The Trainer's precision policy on the target, made to run on the fake CPU device.
-
-    The policy comes from ditbench.precision itself (asked for "cuda", with bf16 support as
-    the target has it), so a change there changes the trace; only its device type is the fake one.
-    """
+    """The Trainer's precision policy on the target (ditbench.precision's own, asked for "cuda" with the
+    target's bf16 support), its device type made the fake CPU device."""
     from ditbench.precision import get_precision_policy
 
     if target.device == "cpu":

@@ -1,8 +1,6 @@
-"""A grid of cells, predicted: the default paper grid or a suite's cells, one trace per series.
-
-Series (cells that differ only in batch size) are traced once each, largest models first, in up to
-`jobs` processes; every batch size and every budget (card) is a replay of that trace.
-"""
+"""A grid of cells, predicted: the default paper grid or a suite's cells. Each series (cells that differ
+only in batch size) is traced once, largest models first, in up to `jobs` processes; every batch size
+and every card is a replay of that trace."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """Measured cells override predicted ones: a results.jsonl record of the same cell replaces the prediction.
 
-A record matches a prediction when every knob that shapes device memory is equal (model, impl,
-image size, precision, checkpointing, batch, compile, optimizer implementation, classes, device,
-one GPU). The measured peaks replace the predicted ones; whether the cell fits the planned card
-follows from the measurement: a run that finished fits when what the card's memory held (NVML's
-device memory, else reserved + the context) is within the card; a run that ran out of memory does
-not fit a card no larger than the memory it had. Anything else keeps the prediction.
+A record matches when every knob that shapes device memory (_KEYS) is equal. A finished run fits when
+what the card held (NVML's device memory, else reserved + the context) is within the card; a run out
+of memory does not fit a card no larger than what it had. Anything else keeps the prediction.
 """
 
 from __future__ import annotations
@@ -23,11 +20,8 @@ _KEYS = tuple(
 
 
 def read_results(path: str | Path) -> list[dict[str, Any]]:
-    """The result records of a results.jsonl; lines that are not UTF-8 JSON objects with a config are skipped.
-
-    (Reading leniently on purpose: a torn last line, a foreign line or a binary file must not stop a
-    plan; a file with no records at all is the caller's error to report.)
-    """
+    """The result records of a results.jsonl; lines that are not UTF-8 JSON objects with a config are
+    skipped (a torn line must not stop a plan; a file without records is the caller's error)."""
     records = []
     with open(path, "rb") as f:
         for line in f:
