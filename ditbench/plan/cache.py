@@ -70,7 +70,7 @@ def encode(series: SeriesTrace) -> dict[str, Any]:
     return {
         "target": [t.target.device, list(t.target.sm) if t.target.sm else None],
         "probe": series.probe, "sizes": t.sizes, "events": events, "labels": labels, "marks": t.marks,
-        "modeled": t.modeled, "notes": t.notes, "ops": t.ops, "params": t.params,
+        "modeled": t.modeled, "notes": t.notes, "params": t.params,
         "kernels": [[*row, count] for row, count in t.kernels.items()],
     }  # fmt: skip
 
@@ -93,7 +93,6 @@ def decode(d: dict[str, Any]) -> SeriesTrace | None:
             marks={str(k): int(v) for k, v in d["marks"].items()},
             modeled={int(k): tuple(v) for k, v in d["modeled"].items()},
             notes=[str(n) for n in d["notes"]],
-            ops=int(d["ops"]),
             params=int(d["params"]),
             kernels={
                 (str(r[0]), str(r[1]), bool(r[2]), *(int(x) for x in r[3:7])): int(r[7]) for r in d["kernels"]

@@ -218,16 +218,12 @@ def _refuse_grid_flags(args: argparse.Namespace) -> None:
 def _budgets(args: argparse.Namespace, suite, series, context: float):
     from ditbench.plan.predict import budget
 
-    if all(s.config["device"] == "cpu" for s in series) and args.card is None and args.memory_gib is None:
+    asked = args.card if args.card is not None else args.memory_gib
+    if asked is None and all(s.config["device"] == "cpu" for s in series):
         return budget(None, context, device="cpu")  # a CPU suite: the CPU allocator, no card
-    if args.card is not None:
-        return budget(args.card, context)
-    if args.memory_gib is not None:
-        return budget(args.memory_gib, context)
-    if suite is not None and (suite.card or suite.gpu_memory_gib) is not None:
-        # The suite emulates a card: its allocator is capped at the card less the CUDA context.
-        return budget(suite.card or suite.gpu_memory_gib, context)
-    return budget(None, context)
+    if asked is None and suite is not None:  # a suite that emulates a card plans for it
+        asked = suite.card or suite.gpu_memory_gib
+    return budget(asked, context)
 
 
 def _refuse_unused(args: argparse.Namespace, cuda: bool) -> None:
@@ -264,7 +260,7 @@ def _answer(args: argparse.Namespace, request, context: float, speed):
     base = _base(args, request)
     for m, c in itertools.product(models, ckpts):  # a model and setting that cannot run: before any trace
         normalize({**base, "model": m, "grad_ckpt": c})
-    bud = budget(args.card if args.card is not None else args.memory_gib, context)
+    bud = budget(args.card if args.card is not None else args.memory_gib, context)  # one of them or None
     sheet = speed.sheet or datasheet(bud.card)
     if bud.memory_gib is None or sheet is None:
         return None
@@ -347,11 +343,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if answered:
         print(answered[1] + "\n")
-    print(
-        full_text(
-            cells, main, len(series), seconds, measured if records else None, speed, advice, target_batch
-        )
-    )
+    shown = measured if records else None
+    print(full_text(cells, main, len(series), seconds, shown, speed, advice, target_batch))
     return 0
 
 
@@ -359,21 +352,14 @@ def _speed_options(args: argparse.Namespace, request):
     from ditbench.plan.predict import SpeedOptions
     from ditbench.plan.speed import DEFAULT_TARGET_STEPS
 
-    sheet = None
-    if args.tflops is not None or args.mem_bw is not None:
-        sheet = _sheet(args)
+    sheet = _sheet(args) if args.tflops is not None or args.mem_bw is not None else None
     calibration = None
     if args.calibrate is not None:
         from ditbench.plan.calibration import from_records
 
         calibration = from_records(args.calibrate, _read_results(args.calibrate, "--calibrate"))
-    return SpeedOptions(
-        calibration=calibration,
-        gpus=request.gpus or 1,
-        target_steps=request.target_steps or DEFAULT_TARGET_STEPS,
-        target_images=request.target_images,
-        sheet=sheet,
-    )
+    steps = request.target_steps or DEFAULT_TARGET_STEPS
+    return SpeedOptions(calibration, request.gpus or 1, steps, request.target_images, sheet)
 
 
 def _sheet(args: argparse.Namespace):

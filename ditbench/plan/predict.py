@@ -20,6 +20,7 @@ from ditbench.plan.allocator import Replay, live_at, raw_peak, replay
 from ditbench.plan.batch import SeriesTrace, trace_series
 from ditbench.plan.emulation import CPU, Target, cuda_target, optimizer_impl, policy_for, traced_on
 from ditbench.plan.parallel import per_rank, world
+from ditbench.plan.speed import DEFAULT_TARGET_STEPS
 from ditbench.plan.trace import STATE_LABELS
 from ditbench.spec.knobs import KNOBS, Knobs, PartialKnobs
 
@@ -119,7 +120,7 @@ class SpeedOptions:
 
     calibration: Any = None
     gpus: int = 1
-    target_steps: int = 400_000
+    target_steps: int = DEFAULT_TARGET_STEPS
     target_images: int | None = None
     sheet: Any = None  # a card outside the table (--tflops, --mem-bw); None: the card's datasheet
 

@@ -116,12 +116,8 @@ def _size(gib: float) -> str:
 
 
 def components_text(p: Prediction) -> str:
-    parts = [
-        f"{_COMPONENT_NAMES.get(name, name)} {_size(value)}"
-        for name, value in p.components.items()
-        if value > 0 or name == "context"
-    ]
-    return " + ".join(parts)
+    shown = {k: v for k, v in p.components.items() if v > 0 or k == "context"}
+    return " + ".join(f"{_COMPONENT_NAMES.get(k, k)} {_size(v)}" for k, v in shown.items())
 
 
 def tree_table(advice: list[Advice], target_batch: int) -> str:
@@ -174,11 +170,8 @@ def _next_class(a: Advice, above: list[Advice], target_batch: int) -> str:
 
 
 def advice_details(advice: list[Advice]) -> str:
-    out = []
-    for a in advice:
-        if a.setting is not None and a.setting.components:
-            out.append(f"- {a.class_gb} GB, {a.model}: {components_text(a.setting)}")
-    return "\n".join(out)
+    shown = [a for a in advice if a.setting is not None and a.setting.components]
+    return "\n".join(f"- {a.class_gb} GB, {a.model}: {components_text(a.setting)}" for a in shown)
 
 
 def full_text(

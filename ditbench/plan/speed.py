@@ -178,9 +178,6 @@ def time_to_target(steps_per_s: float, batch: int, gpus: int, target_steps: int 
     return {"steps": steps, "days": seconds / 86400, "gpu_hours": seconds * gpus / 3600}
 
 
-# ---- calibration ----------------------------------------------------------------------------
-
-
 @dataclass
 class Cell:
     """A measured cell for calibration: its kernel rows and what it ran at."""

@@ -73,7 +73,6 @@ class Trace:
     modeled: dict[int, tuple] = field(default_factory=dict)
     marks: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    ops: int = 0
     params: int = 0
     kernels: dict[tuple, int] = field(default_factory=dict)
 
@@ -158,7 +157,6 @@ class _Recorder(TorchDispatchMode):
                 # GradScaler's found-inf check (foreach/for-loop AdamW): a planned step has finite
                 # gradients, so the optimizer steps, as it does in steady state.
                 return 0
-        self.trace.ops += 1
         kwargs = kwargs or {}
         key = None if self.memo is None else self.memo.key(func, args, kwargs)
         if key is None:
