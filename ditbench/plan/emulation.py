@@ -7,13 +7,20 @@
 * autocast: ops CUDA autocast runs in float32 (norms, exp, log, softmax, sums, ...) but CPU autocast
   leaves in low precision get CUDA's rule (`cuda_autocast`);
 * `copy.deepcopy` of a fake tensor clones it in the trace's fake mode (torch's makes a new fake mode,
-  whose tensors the trace could not follow). The Trainer takes the policy and a compiler as seams.
+  whose tensors the trace could not follow);
+* torch.compile (`traced_compiler`, the Trainer's compiler seam): AOTAutograd with inductor's
+  decompositions and min-cut partitioner (what the forward saves, what the backward recomputes), the
+  graphs run unfused: a compiled cell errs high by what one fused group holds at the peak. Dynamo does
+  not compile under a dispatch mode: the compiled model's call steps the recorder off the mode stack
+  and its graphs put it back while they run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -21,6 +28,7 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
 
 from ditbench.cards import CARDS
 from ditbench.precision import BF16_CAPABILITY
@@ -95,14 +103,14 @@ _FP32_OPS = (
     "pow.Tensor_Scalar pow.Tensor_Tensor rsqrt reciprocal acos asin cosh sinh tan erfinv softplus"
 ).split()
 _FP32_DTYPE_OPS = "softmax.int log_softmax.int sum sum.dim_IntList cumsum cumprod prod prod.dim_int".split()
-_LOW = (torch.float16, torch.bfloat16)
+LOW_DTYPES = (torch.float16, torch.bfloat16)
 _AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 
 
 def _fp32_kernel(op):
     def kernel(*args, **kwargs):
         with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
-            args = [a.float() if isinstance(a, torch.Tensor) and a.dtype in _LOW else a for a in args]
+            args = [a.float() if isinstance(a, torch.Tensor) and a.dtype in LOW_DTYPES else a for a in args]
             return op(*args, **kwargs)
 
     return kernel
@@ -115,7 +123,7 @@ def _fp32_dtype_kernel(op):
     def kernel(*args, **kwargs):
         with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
             given = args[at] if len(args) > at else kwargs.get("dtype")
-            if given is None and args[0].dtype in _LOW:
+            if given is None and args[0].dtype in LOW_DTYPES:
                 if len(args) > at:
                     args = (*args[:at], torch.float32, *args[at + 1 :])
                 else:
@@ -162,3 +170,66 @@ class FakeDeepcopy(TorchFunctionMode):
                 memo[id(tensor)] = new
             return memo[id(tensor)]
         return func(*args, **(kwargs or {}))
+
+
+_state = threading.local()
+
+
+def _recorded(fn):
+    """A compiled graph that runs under the recorder the compiled model's call stepped off the stack."""
+
+    def run(args):
+        recorder = getattr(_state, "recorder", None)
+        if recorder is None or _get_current_dispatch_mode() is recorder:
+            return fn(args)
+        with recorder:
+            return fn(args)
+
+    run._boxed_call = True
+    return run
+
+
+def _backend():
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.decomposition import select_decomp_table
+
+    def run_as_is(gm, _example_inputs):
+        return _recorded(make_boxed_func(gm.forward))
+
+    return aot_autograd(
+        fw_compiler=run_as_is,
+        bw_compiler=run_as_is,
+        partition_fn=functools.partial(min_cut_rematerialization_partition, compiler="inductor"),
+        decompositions=select_decomp_table(),
+    )
+
+
+@contextlib.contextmanager
+def traced_compiler():
+    """A function in torch.compile's place (the Trainer's `compiler`) whose compiled models run as graphs
+    the trace can follow (inductor's options do not apply); dynamo's caches are reset around it."""
+    backend = _backend()
+
+    def compile_(model, **_options):
+        compiled = torch.compile(model, backend=backend, dynamic=False)
+        inner = compiled.forward
+
+        def forward(*args, **kw):
+            if _get_current_dispatch_mode() is None:
+                return inner(*args, **kw)
+            with _pop_mode_temporarily() as recorder:
+                _state.recorder = recorder
+                try:
+                    return inner(*args, **kw)
+                finally:
+                    _state.recorder = None
+
+        compiled.forward = forward
+        return compiled
+
+    torch._dynamo.reset()
+    try:
+        yield compile_
+    finally:
+        torch._dynamo.reset()

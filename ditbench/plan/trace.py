@@ -23,7 +23,14 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ditbench.plan.emulation import FakeDeepcopy, Target, cuda_autocast, policy_for
+from ditbench.plan.emulation import (
+    LOW_DTYPES,
+    FakeDeepcopy,
+    Target,
+    cuda_autocast,
+    policy_for,
+    traced_compiler,
+)
 from ditbench.plan.kernels import op_row
 from ditbench.plan.memo import MISS, DispatchMemo
 
@@ -49,7 +56,6 @@ _CUDA_FP32_ONLY = frozenset(
         "erfinv softplus"
     ).split()
 )
-_LOW = (torch.float16, torch.bfloat16)
 
 STATE_LABELS = ("weights", "gradients", "optimizer", "ema")  # the model's (the VAE's weights: "vae")
 
@@ -182,7 +188,7 @@ class _Recorder(TorchDispatchMode):
             q = args[1]
             if q.dim() == 4:  # (B, H, T, D); the kernel's scratch, freed when it returns
                 aid = self.allocate(0, "workspace")
-                self.trace.modeled[aid] = ("attention_backward", *q.shape, q.dtype in _LOW)
+                self.trace.modeled[aid] = ("attention_backward", *q.shape, q.dtype in LOW_DTYPES)
                 self.release(aid)
         elif str(func) in _CUBLAS_OPS:
             # One handle (and workspace) per calling thread: the caller's, and autograd's device
@@ -195,7 +201,7 @@ class _Recorder(TorchDispatchMode):
             name in _CUDA_FP32_ONLY and "step1" in self.trace.marks and not torch._C._current_autograd_node()
         ):
             # In a step's forward every fp16/bf16 tensor comes from autocast (the weights are fp32).
-            low = next((a for a in args if isinstance(a, torch.Tensor) and a.dtype in _LOW), None)
+            low = next((a for a in args if isinstance(a, torch.Tensor) and a.dtype in LOW_DTYPES), None)
             if low is not None:
                 note = (
                     f"{name} ran on {low.dtype} inputs under autocast; CUDA autocast computes it in "
@@ -247,8 +253,6 @@ def trace_training(knobs, target: Target, batch_size: int, *, memo: bool = True)
         with contextlib.ExitStack() as stack:
             compiler = None
             if knobs.compile:  # dynamo's import takes seconds: only for the cells that compile
-                from ditbench.plan.compiled import traced_compiler
-
                 compiler = stack.enter_context(traced_compiler())
             if target.device == "cuda":
                 stack.enter_context(cuda_autocast())
