@@ -17,11 +17,9 @@ def _card(record: dict[str, Any]) -> str | None:
     from ditbench.cards import DATASHEETS, find_card
 
     env = record.get("env") if isinstance(record.get("env"), dict) else {}
-    emulation = (
-        (record.get("metrics") or {}).get("emulation") if isinstance(record.get("metrics"), dict) else None
-    )
-    name = (emulation or {}).get("real_gpu") if isinstance(emulation, dict) else None
-    name = name or env.get("gpu_name")
+    metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
+    emulation = metrics.get("emulation") if isinstance(metrics.get("emulation"), dict) else {}
+    name = emulation.get("real_gpu") or env.get("gpu_name")
     if not isinstance(name, str):
         return None
     try:

@@ -8,11 +8,10 @@
   leaves in low precision get CUDA's rule (`cuda_autocast`);
 * `copy.deepcopy` of a fake tensor clones it in the trace's fake mode (torch's makes a new fake mode,
   whose tensors the trace could not follow);
-* torch.compile (`traced_compiler`, the Trainer's compiler seam): AOTAutograd with inductor's
-  decompositions and min-cut partitioner (what the forward saves, what the backward recomputes), the
-  graphs run unfused: a compiled cell errs high by what one fused group holds at the peak. Dynamo does
-  not compile under a dispatch mode: the compiled model's call steps the recorder off the mode stack
-  and its graphs put it back while they run.
+* torch.compile (`traced_compiler`): AOTAutograd with inductor's decompositions and min-cut
+  partitioner, the graphs run unfused (a compiled cell errs high by what one fused group holds). Dynamo
+  does not compile under a dispatch mode: a call steps the recorder off the mode stack, the graphs put
+  it back.
 """
 
 from __future__ import annotations
@@ -133,19 +132,15 @@ def _fp32_dtype_kernel(op):
     return kernel
 
 
-# torch's warning (from C++, once per process) when a kernel replaces one registered for the same key.
-OVERRIDE_WARNING = r"(?s).*Overriding a previously registered kernel"
-
-
 @contextlib.contextmanager
 def cuda_autocast():
     """CPU autocast with CUDA's rule for the ops CUDA autocast runs in float32 (see the module doc)."""
     lib = torch.library.Library("aten", "IMPL")
     try:
         with warnings.catch_warnings():
-            # Replacing CPU autocast's own kernel for an op is the point; torch warns about it, and the
-            # warning says nothing a plan's user can act on.
-            warnings.filterwarnings("ignore", message=OVERRIDE_WARNING)
+            # Replacing CPU autocast's own kernel for an op is the point; torch's warning about it (from
+            # C++, once per process) says nothing a plan's user can act on.
+            warnings.filterwarnings("ignore", message=r"(?s).*Overriding a previously registered kernel")
             for name in _FP32_OPS + _FP32_DTYPE_OPS:
                 packet, _, overload = name.partition(".")
                 op = getattr(getattr(torch.ops.aten, packet), overload or "default")

@@ -4,6 +4,7 @@ and every card is a replay of that trace."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -38,15 +39,10 @@ def grid(
 ) -> list[Series]:
     """model x precision x checkpointing, each a series over the batch sizes."""
     batches = sorted(set(batch_sizes))
-    out = []
-    for model in models:
-        for precision in precisions:
-            for ckpt in grad_ckpts:
-                config = normalize(
-                    {**(base or {}), "model": model, "precision": precision, "grad_ckpt": ckpt}
-                )
-                out.append(Series(config, batches))
-    return out
+    return [
+        Series(normalize({**(base or {}), "model": m, "precision": p, "grad_ckpt": c}), batches)
+        for m, p, c in itertools.product(models, precisions, grad_ckpts)
+    ]
 
 
 def suite_grid(cells: Iterable[Any], device: str | None = None) -> list[Series]:
@@ -56,12 +52,11 @@ def suite_grid(cells: Iterable[Any], device: str | None = None) -> list[Series]:
         config = dict(cell.config)
         if device is not None:
             config["device"] = device
-        batch = config["batch_size"]
-        key = repr(sorted((k, repr(v)) for k, v in normalize(config).items() if k != "batch_size"))
-        if key not in groups:
-            groups[key] = Series(normalize({**config}), [])
-        if batch not in groups[key].batch_sizes:
-            groups[key].batch_sizes.append(batch)
+        cell_config = normalize(config)
+        key = repr(sorted((k, repr(v)) for k, v in cell_config.items() if k != "batch_size"))
+        series = groups.setdefault(key, Series(cell_config, []))
+        if config["batch_size"] not in series.batch_sizes:
+            series.batch_sizes.append(config["batch_size"])
     return list(groups.values())
 
 

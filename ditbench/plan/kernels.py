@@ -38,12 +38,13 @@ def category(name: str) -> str:
     return "elementwise"
 
 
-def _tensors(x):
+def tensors(x):
+    """The tensors of an argument or an output, nested tuples and lists flattened, in order."""
     if isinstance(x, torch.Tensor):
         yield x
     elif isinstance(x, (tuple, list)):
         for item in x:
-            yield from _tensors(item)
+            yield from tensors(item)
 
 
 def _flops(name: str, func, args, kwargs, out) -> int:
@@ -73,14 +74,14 @@ def op_row(func, args, kwargs, out, batch: int, backward: bool) -> tuple | None:
     name = _name(func)
     if func.is_view or name in _NO_KERNEL:
         return None
-    inputs = list(_tensors(list(args) + list(kwargs.values())))
-    outputs = list(_tensors(out))
+    inputs = list(tensors(list(args) + list(kwargs.values())))
+    outputs = list(tensors(out))
     if not outputs and func._schema.is_mutable:  # in-place foreach ops return nothing: they write back
         outputs = [
             t
             for arg, value in zip(func._schema.arguments, args, strict=False)
             if arg.alias_info is not None and arg.alias_info.is_write
-            for t in _tensors(value)
+            for t in tensors(value)
         ]
     if not inputs and not outputs:
         return None

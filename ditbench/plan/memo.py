@@ -48,12 +48,8 @@ class DispatchMemo:
     def key(self, func, args, kwargs):
         """The memo key of a call, or None when the call must go to the fake mode."""
         try:
-            mode = self.mode
-            return (
-                func,
-                _arg_key(args, mode),
-                _arg_key(tuple(sorted(kwargs.items())), mode) if kwargs else (),
-            )
+            kw = _arg_key(tuple(sorted(kwargs.items())), self.mode) if kwargs else ()
+            return (func, _arg_key(args, self.mode), kw)
         except _Bypass:
             return None
 
@@ -62,9 +58,7 @@ class DispatchMemo:
         if entry is MISS or entry is _UNMEMOIZABLE:
             return MISS
         self.hits += 1
-        if entry is None:
-            return None
-        if entry[0] == "seq":
+        if entry is not None and entry[0] == "seq":
             built = [self._build(e, args) for e in entry[2]]
             return built if entry[1] is list else tuple(built)
         return self._build(entry, args)
@@ -72,8 +66,6 @@ class DispatchMemo:
     def learn(self, key, func, args, out) -> None:
         self.misses += 1
         self.entries[key] = self._entry(func, args, out)
-
-    # ---- entries ---------------------------------------------------------------------------
 
     def _entry(self, func, args, out):
         tags = func.tags

@@ -1,14 +1,10 @@
 """Trace a cell's real training step on fake tensors: every device allocation and release, in order.
 
-The Trainer is built and stepped as `ditbench run` does, under FakeTensorMode (real shapes, dtypes
-and aliasing, no memory). A TorchDispatchMode above the fake mode sees every aten operation below
-autograd, autocast and checkpointing, so saved activations, autocast's weight copies, recomputation,
-optimizer state and the EMA appear as they are: a new storage is an allocation, and a weak reference
-reports its release when the last tensor using it dies. Nothing here is a formula of the model.
-
-The step runs on the fake *CPU* device even for a CUDA target (autograd asks the CUDA driver for a
-context before the backward), with the CUDA behaviour substituted where the two differ
-(emulation.py); where CPU autocast would not cast like CUDA's, the trace records a note.
+The Trainer is built and stepped as `ditbench run` does, under FakeTensorMode. A TorchDispatchMode
+below autograd, autocast and checkpointing sees every aten op: a new storage is an allocation, and a
+weak reference reports its release when the last tensor using it dies. Nothing here is a formula of
+the model. The step runs on the fake *CPU* device (autograd asks the CUDA driver for a context before
+the backward), CUDA's behaviour substituted where the two differ (emulation.py; notes where not).
 """
 
 from __future__ import annotations
@@ -31,7 +27,7 @@ from ditbench.plan.emulation import (
     policy_for,
     traced_compiler,
 )
-from ditbench.plan.kernels import op_row
+from ditbench.plan.kernels import op_row, tensors
 from ditbench.plan.memo import MISS, DispatchMemo
 
 aten = torch.ops.aten
@@ -134,13 +130,6 @@ class _Recorder(TorchDispatchMode):
         self.live[key] = aid
         self.refs[aid] = weakref.ref(st, partial(self._on_free, key, aid))
 
-    def _track_outputs(self, out) -> None:
-        if isinstance(out, torch.Tensor):
-            self._track(out)
-        elif isinstance(out, (tuple, list)):
-            for item in out:
-                self._track_outputs(item)
-
     def mark(self, name: str) -> None:
         gc.collect(0)  # cyclic garbage of the phase is released here, not at an arbitrary later op
         self.trace.marks[name] = len(self.trace.events)
@@ -172,7 +161,8 @@ class _Recorder(TorchDispatchMode):
             if out is MISS:
                 out = func(*args, **kwargs)
                 self.memo.learn(key, func, args, out)
-        self._track_outputs(out)
+        for t in tensors(out):
+            self._track(t)
         if self.counting:
             backward = torch._C._current_autograd_node() is not None
             row = op_row(func, args, kwargs, out, self.trace.batch_size, backward)
@@ -314,10 +304,8 @@ def _label_state(recorder: _Recorder, trainer) -> None:
 
 
 class VaeImages:
-    """Image-folder data as a traced step sees it: every batch of images is encoded by the VAE (the
-    sd-vae-ft-ema AutoencoderKL, built on the device as a run builds it: encoder and decoder), in
-    float32 and without gradients, outside the step's autocast; its random weights allocate and cost
-    what trained ones do. The images come from the host, as a run's data loader's do."""
+    """Image-folder data as a traced step sees it: each batch of host images encoded by the VAE (built
+    on the device as a run builds it), in float32, without gradients, outside the step's autocast."""
 
     def __init__(self, knobs):
         from ditbench import vae

@@ -1,12 +1,10 @@
 """The decision tree: for each card class, the largest model that trains, how, and the next step up.
 
-A class is judged on its smallest card (the asked card for its own class), so the answer holds for
-every card of it. "Largest" is forward Gflops per image. Of the settings that fit, the advice takes
-the fastest that reaches the target batch (32 per GPU: DiT's 256 on 8 GPUs), else the one that fits
-the largest batch. Fastest: the time model's images/s, else the H200 anchors' order (DiT-XL/2, batch
-32: bf16 277 ~ fp16 270 img/s, bf16 full checkpointing 194, tf32 163, fp32 54). tf32 is not offered
-before Ampere. "Next step up": the next larger model and the first class it trains on, or what the
-next class up adds.
+A class is judged on its smallest card (the asked card for its own class). "Largest": forward Gflops
+per image. The advice takes the fastest setting that reaches the target batch (32 per GPU: DiT's 256
+on 8 GPUs), else the one that fits the largest batch; fastest by the time model, else by the H200
+anchors' order (bf16 ~ fp16 > bf16 with checkpointing > tf32 > fp32). "Next step up": the next larger
+model and the first class it trains on, or what the next class up adds.
 """
 
 from __future__ import annotations
