@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
     import torch
 
-    from ditbench.plan.measured_records import read_results
     from ditbench.plan.speed import calibrate
+    from ditbench.records.jsonl import read_records
 
     torch.set_num_threads(1)
     peak = args.peak_tflops
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         from ditbench.walltime import measure_matmul_tflops
 
         peak = measure_matmul_tflops("cpu", "fp32", n=512, seconds=2.0)
-    records = read_results(args.results)
+    records = read_records(args.results)
     found = cells(records, peak)
     cal = calibrate(found, f"{args.results} on this CPU")
     table = ["| cell | measured steps/s | leave-one-out | error | noisy |", "|---|---:|---:|---:|---|"]

@@ -22,11 +22,12 @@ from typing import Any
 from ditbench.ab.sides import Side
 from ditbench.bench.inflight import Ticket, make_record, read_result, record_context
 from ditbench.bench.launch.process import MODULE, TORCHRUN_MODULE, FreshProcess
-from ditbench.bench.records import append_record
 from ditbench.bench.runner import Visible, precheck
 from ditbench.bench.runopts import LOGS_DIR, RESULTS_FILE, now_iso
 from ditbench.errors import UserError
 from ditbench.fileio import mkdir_real
+from ditbench.records.jsonl import append_record
+from ditbench.records.model import Record, RecordError
 from ditbench.spec.suite import Suite, SuiteCell
 
 WORK_DIR = ".ab"  # spec and result files between the ab process and a cell's process
@@ -64,7 +65,7 @@ class Rounds:
         if self.duet and len(self.cpus[0]) < 1:
             raise UserError("--duet needs at least 2 CPUs to give each side its own; this process may use 1.")
 
-    def one(self, cell: SuiteCell, side: Side, round_no: int, share: int | None = None) -> dict[str, Any]:
+    def one(self, cell: SuiteCell, side: Side, round_no: int, share: int | None = None) -> Record:
         """Run (or, where it cannot run here, decide) one cell for one side; append and return its record.
         `share`: duet's half (0 or 1) of the CPUs and GPUs."""
         ticket = Ticket(self.work, f"{side.name}.{cell.cell_id}.r{round_no}")
@@ -97,14 +98,21 @@ class Rounds:
             self.suite, self.run_id, cell, started, label=f"ab side {side.name}", repeat=round_no,
             repeats=self.rounds,
         )  # fmt: skip
-        record = append_record(self.paths[side.name], make_record(context, result, time.monotonic() - t0))
+        try:
+            record = append_record(self.paths[side.name], make_record(context, result, time.monotonic() - t0))
+        except RecordError as err:
+            raise UserError(
+                f"side {side.name}'s result for cell {cell.cell_name} (round {round_no}) is {err}: that "
+                "side's ditbench does not write what this one reads. Both sides must be ditbench versions "
+                "that write the same record."
+            ) from None
         self.lines[side.name] += 1
         self.where[(side.name, cell.cell_id, round_no)] = f"{self.paths[side.name]}:{self.lines[side.name]}"
         return record
 
-    def round(self, cells: list[SuiteCell], round_no: int) -> dict[tuple[str, str], dict[str, Any]]:
+    def round(self, cells: list[SuiteCell], round_no: int) -> dict[tuple[str, str], Record]:
         """(cell_id, side) -> record for every cell, in this round's random order."""
-        out: dict[tuple[str, str], dict[str, Any]] = {}
+        out: dict[tuple[str, str], Record] = {}
         for cell in self.rng.sample(cells, len(cells)):
             sides = list(self.sides)
             if self.rng.random() < 0.5:
@@ -137,10 +145,10 @@ class Rounds:
         for side in sides:
             self._said(out[(cell.cell_id, side.name)], side, round_no)
 
-    def _said(self, record: dict[str, Any], side: Side, round_no: int) -> dict[str, Any]:
+    def _said(self, record: Record, side: Side, round_no: int) -> Record:
         step = ((record.get("metrics") or {}).get("step_ms") or {}).get("median")
         how = f"{step:.2f} ms a step" if isinstance(step, (int, float)) else record.get("reason") or ""
-        self.say(f"round {round_no} {side.name} {record['cell_name']}: {record['status']} {how}".rstrip())
+        self.say(f"round {round_no} {side.name} {record.cell_name}: {record.status} {how}".rstrip())
         return record
 
 

@@ -20,9 +20,10 @@ import pandas as pd
 
 from ditbench.bench.repeats import combine
 from ditbench.errors import UserError
+from ditbench.records.metrics import IMAGES_PER_S, STEP_MS, table
+from ditbench.records.model import Record
 from ditbench.report.gate.decide import compare_frames
-from ditbench.report.gate.inputs import number_at
-from ditbench.report.gate.metrics import table
+from ditbench.report.gate.inputs import number
 from ditbench.report.gate.paired import judge_paired, look_alpha
 from ditbench.report.gate.policy import Policy
 from ditbench.report.gate.result import Comparison
@@ -32,7 +33,7 @@ from ditbench.spec.suite import SuiteCell
 @dataclass
 class CellState:
     cell: SuiteCell
-    records: dict[str, list[dict[str, Any]]] = field(default_factory=lambda: {"A": [], "B": []})
+    records: dict[str, list[Record]] = field(default_factory=lambda: {"A": [], "B": []})
     rounds: list[int] = field(default_factory=list)
     ratios: list[float] = field(default_factory=list)  # log(step B / step A), rounds both ran ok
     level: float = 0.0  # the level of its latest look
@@ -50,7 +51,7 @@ class Gate:
     def open(self) -> list[SuiteCell]:
         return [s.cell for s in self.states.values() if s.open]
 
-    def add(self, round_no: int, records: dict[tuple[str, str], dict[str, Any]]) -> None:
+    def add(self, round_no: int, records: dict[tuple[str, str], Record]) -> None:
         """A round's records ((cell_id, side) -> record) for the cells that ran in it."""
         for cid, st in self.states.items():
             if (cid, "A") not in records:
@@ -59,26 +60,24 @@ class Gate:
             for side, record in zip(("A", "B"), pair, strict=True):
                 st.records[side].append(record)
             st.rounds.append(round_no)
-            if all(r["status"] == "ok" for r in pair):
+            if all(r.status == "ok" for r in pair):
                 a, b = (self._step_ms(r, side, round_no) for r, side in zip(pair, ("A", "B"), strict=True))
                 st.ratios.append(math.log(b / a))
             else:
                 st.open = False  # a side that did not end ok: the status decides
 
-    def _step_ms(self, record: dict[str, Any], side: str, round_no: int) -> float:
-        for path in ("metrics.step_ms.median", "metrics.images_per_s"):
-            value, why = number_at(record, path)
+    def _step_ms(self, record: Record, side: str, round_no: int) -> float:
+        for metric in (STEP_MS, IMAGES_PER_S):
+            value, why = number(metric.of(record))
             if why is not None or value is None or value <= 0:
-                where = self.where.get((side, record["cell_id"], round_no), side)
+                where = self.where.get((side, record.cell_id, round_no), side)
                 raise UserError(
-                    f"side {side}'s record {where} (cell {record['cell_name']}, round {round_no}) has "
-                    f"{path} {why or ('missing' if value is None else f'{value:g}')}, not a positive "
+                    f"side {side}'s record {where} (cell {record.cell_name}, round {round_no}) has "
+                    f"{metric.path} {why or ('missing' if value is None else f'{value:g}')}, not a positive "
                     "number: that side's ditbench does not write what this one's gate reads. Both sides "
                     "must be ditbench versions that write the same record."
                 )
-            if path.endswith("median"):
-                step = value
-        return step
+        return STEP_MS.of(record)
 
     def judge(self, last: bool) -> Comparison:
         """The comparison after this round; closes the cells it decided. `last`: no round follows, so

@@ -23,6 +23,7 @@ from ditbench.bench.gpu_meter import GpuMeter, nvml_handle
 from ditbench.bench.load import LoadMeter
 from ditbench.bench.window import failed_smoke, measure_window, noise, smoke_run, step_stats
 from ditbench.faults import FAULT_ENV, FAULT_RANK_ENV, Fault, FaultyStep, failure, fault_for
+from ditbench.records.metrics import IMAGES_PER_S, MFU, PER_GPU, STEP_MS, STEPS_PER_S, TFLOPS
 from ditbench.spec.cell import CellSpec
 
 RANK_SEED_STRIDE = 1000  # rank r's data seed is seed + 1000 r: its own batches, the same model init
@@ -104,28 +105,28 @@ def window_metrics(
     knobs = spec.knobs
     steps_per_s = window["steps"] / window["wall_s"]
     # This process's images, every micro-batch's (batch_size x grad_accum a step); a job's parent sums ranks.
-    images_per_s = steps_per_s * spec.rank_batch
+    rate = steps_per_s * spec.rank_batch
     flops = model_flops_per_image(knobs.model, knobs.image_size, knobs.impl, knobs.num_classes)
-    tflops = flops * images_per_s / 1e12 if flops else None
+    tflops = flops * rate / 1e12 if flops else None
     out = {
-        "steps_per_s": steps_per_s,
-        "images_per_s": images_per_s,
-        "images_per_s_per_gpu": images_per_s,
-        "step_ms": step_stats(window["step_ms"]),
+        STEPS_PER_S.key: steps_per_s,
+        IMAGES_PER_S.key: rate,
+        PER_GPU.key: rate,
+        STEP_MS.key: step_stats(window["step_ms"]),
         "measured_steps": window["steps"],
         "window_s": window["wall_s"],
         "timing": "cuda_events" if ctx.device.type == "cuda" else "perf_counter",
         "device": ctx.device.type,
         "model_flops_per_image": flops,
-        "tflops_per_s": tflops,
-        "mfu": mfu(tflops, gpu_name, knobs.precision),
+        TFLOPS.key: tflops,
+        MFU.key: mfu(tflops, gpu_name, knobs.precision),
         "scaling_efficiency": None,
         "loss_last": window["last_loss"],
         "load": load,
         **(gpu or {}),
         **noise(
             window["step_ms"],
-            images_per_s,
+            rate,
             spec.rank_batch,
             (load or {}).get("other_cpu_share"),
             throttling((gpu or {}).get("gpu_window")),
@@ -206,7 +207,7 @@ def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured
             log("allocator peak: a fresh trainer's second step under the profiler", ctx)
             metrics.update(memory.cpu_allocator_peak(lambda: build_trainer(spec, ctx)))
         out.result["status"] = "ok"
-        log(f"measured: {metrics['images_per_s']:.3g} img/s", ctx)
+        log(f"measured: {metrics[IMAGES_PER_S.key]:.3g} img/s", ctx)
     except Exception as err:  # noqa: BLE001 - any failure is this cell's status, not the suite's
         out.result.update(failure(err))
         log_failure("the measurement", out.result, err, ctx)

@@ -128,7 +128,6 @@ def label_arg(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ditbench.bench.records import latest_by_cell, read_records
     from ditbench.bench.runner import Visible, run_suite
     from ditbench.bench.runopts import (
         RESULTS_FILE,
@@ -141,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
     from ditbench.bench.summary import summary_table
     from ditbench.errors import UserError
     from ditbench.outpaths import refuse_output_as_input
+    from ditbench.records.jsonl import latest_by_cell, read_records
     from ditbench.spec.suite import load_suite
 
     if any(not f.strip() for f in args.cells):
@@ -209,7 +209,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         records = run_suite(suite, options, echo=echo)
     if args.json:
-        print(json.dumps(records, default=str))
+        print(json.dumps([r.dump() for r in records]))
         return _exit_status(records, args)
     print()
     print(summary_table(records), end="")

@@ -16,6 +16,8 @@ import statistics
 import threading
 from typing import Any
 
+from ditbench.records.metrics import ENERGY_PER_IMAGE, ENERGY_PER_STEP
+
 SAMPLE_INTERVAL_S = 0.1
 # NVML's clock-event reason bits (nvml.h, nvmlClocksEventReason*; "throttle reasons" before 12.535).
 REASONS = {
@@ -117,7 +119,7 @@ class GpuMeter:
         self._thread.start()
 
     def stop(self, steps: int, images: int) -> dict[str, Any]:
-        """{gpu_window: {...}, energy_j, energy_j_per_step, energy_j_per_image}, each only if measured.
+        """{gpu_window: {...}, energy_j, and the energy per step and per image}, each only if measured.
 
         `images`: the images this process's window trained on (its steps x its batch).
         """
@@ -155,9 +157,9 @@ class GpuMeter:
             joules = (end - self.energy_mj) / 1e3
             out["energy_j"] = round(joules, 3)
             if steps > 0:
-                out["energy_j_per_step"] = joules / steps
+                out[ENERGY_PER_STEP.key] = joules / steps
             if images > 0:
-                out["energy_j_per_image"] = joules / images
+                out[ENERGY_PER_IMAGE.key] = joules / images
         return out
 
 

@@ -34,9 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ditbench.bench.records import SCHEMA, append_record, decode_line, read_records, record_problem
 from ditbench.bench.repeats import repeat_of
 from ditbench.fileio import mkdir_real, read_regular, refuse_link, rmtree_real, write_json_atomic
+from ditbench.records.jsonl import append_record, decode_line, lines, read_records, to_record
+from ditbench.records.model import SCHEMA, RecordError
 
 INFLIGHT_DIR = ".inflight"
 BROKEN_DIR = "broken"  # beside it: tickets that could not be read or made into a record
@@ -142,7 +143,8 @@ def write_result_file(ticket: Ticket, result: dict[str, Any]) -> None:
 
 
 def make_record(context: dict[str, Any], result: dict[str, Any], duration_s: float) -> dict[str, Any]:
-    """The result record (docs/measurement.md) of one cell's result and its ticket's context."""
+    """The result record (docs/measurement.md; records.model.Record as JSON) of one cell's result and its
+    ticket's context; `append_record` validates it."""
     record = {
         "schema": SCHEMA,
         "suite": context["suite"],
@@ -173,6 +175,19 @@ def make_record(context: dict[str, Any], result: dict[str, Any], duration_s: flo
     return record
 
 
+def valid_record(context: dict[str, Any], result: dict[str, Any], duration_s: float) -> dict[str, Any]:
+    """make_record, or where the result makes no record (another ditbench's process, a broken file),
+    an error record naming the key at fault."""
+    record = make_record(context, result, duration_s)
+    try:
+        to_record(record)
+    except RecordError as err:
+        record = make_record(
+            context, {"status": "error", "reason": f"the cell's result is {err}"}, duration_s
+        )
+    return record
+
+
 def read_result(path: Path) -> tuple[dict[str, Any] | None, str | None]:
     """(result, None), or (None, why it cannot be used). Never raises."""
     try:
@@ -198,7 +213,7 @@ def commit(
     result, problem = read_result(ticket.result_path)
     if result is None:
         result = {"status": "error", "reason": f"the cell finished but {problem}"}
-    record = make_record(context, result, duration_s)
+    record = valid_record(context, result, duration_s)
     if finish is not None:
         finish(record)
     written = append_record(results_path, record)
@@ -212,18 +227,11 @@ def appended_keys(results_path: Path) -> set[tuple[str, str, int]]:
         data = read_regular(results_path)
     except FileNotFoundError:
         return set()
-    keys = set()
-    for line in data.split(b"\n"):
-        if not line.strip():
-            continue
-        value, _ = decode_line(line)
-        if (
-            isinstance(value, dict)
-            and isinstance(value.get("run_id"), str)
-            and isinstance(value.get("cell_id"), str)
-        ):
-            keys.add((value["run_id"], value["cell_id"], repeat_of(value)))
-    return keys
+    return {
+        (v["run_id"], v["cell_id"], repeat_of(v))
+        for _, v, _ in lines(data)
+        if isinstance(v, dict) and isinstance(v.get("run_id"), str) and isinstance(v.get("cell_id"), str)
+    }
 
 
 def adopt(
@@ -260,7 +268,11 @@ def adopt(
                 ended = time.time()
             record = make_record(context, result, max(0.0, ended - started) if started else 0.0)
             record["adopted_by"] = run_id  # appended by this run after the run that measured it was killed
-            if (why := record_problem(record)) is not None:
+            try:
+                why = to_record(record).unfinished()
+            except RecordError as err:
+                why = str(err)
+            if why is not None:
                 ticket.set_aside(run_id, f"its record would be invalid: {why}")
                 continue
             if finish is not None:
@@ -288,9 +300,7 @@ def scaling_finish(results_path: Path) -> Finish:
     """Fills a multi-process record's scaling efficiency from the one-GPU records in results.jsonl."""
 
     def finish(record: dict[str, Any]) -> None:
-        config = record.get("config") if isinstance(record.get("config"), dict) else {}
-        gpus, nodes = config.get("gpus", 1), config.get("nodes", 1)
-        if isinstance(gpus, int) and isinstance(nodes, int) and gpus * nodes > 1:
+        if record["config"].get("gpus", 1) * record["config"].get("nodes", 1) > 1:
             from ditbench.bench.launch.aggregate import add_scaling_efficiency
 
             add_scaling_efficiency(record, read_records(results_path))

@@ -17,12 +17,13 @@ import sys
 from typing import Any
 
 from ditbench.errors import UnsupportedError
+from ditbench.records.metrics import CPU_ALLOC, CPU_RSS, DEVICE_MEM, PEAK_ALLOCATED, PEAK_RESERVED
 
 GIB = 2**30
 NOTE = "speeds are the real GPU's, not the emulated card's"
 
 
-def cpu_peak_rss_gib() -> float:
+def peak_rss_gib() -> float:
     # ru_maxrss is KiB on Linux (bytes on macOS); the process is fresh, so this is the cell's own peak
     scale = 1 if sys.platform == "darwin" else 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / GIB
@@ -46,7 +47,7 @@ def nvml_process_mem_gib() -> float | None:
 
 
 def cpu_allocator_peak(make_trainer) -> dict[str, Any]:
-    """{cpu_peak_alloc_gib, cpu_peak_alloc_basis}: what `max_memory_allocated` would be on a CPU.
+    """{CPU allocator peak (GiB), its basis}: what `max_memory_allocated` would be on a CPU.
 
     A fresh trainer from `make_trainer()` runs one warm-up and one measured step under the allocation
     meter (`ditbench.bench.alloc_meter`): the peak of the live bytes it allocated (weights, gradients,
@@ -62,9 +63,9 @@ def cpu_allocator_peak(make_trainer) -> dict[str, Any]:
         peak = measure_training_peak(make_trainer, warmup_steps=1, steps=1)
     except Exception as err:  # noqa: BLE001 - a missing figure, not a failed cell
         why = f"not measured: {type(err).__name__}: {err}"[:300]
-        return {"cpu_peak_alloc_gib": None, "cpu_peak_alloc_basis": why}
+        return {CPU_ALLOC.key: None, "cpu_peak_alloc_basis": why}
     return {
-        "cpu_peak_alloc_gib": round(peak.peak_gib, 6),
+        CPU_ALLOC.key: round(peak.peak_gib, 6),
         "cpu_peak_alloc_basis": "CPU allocator peak of a fresh trainer's second step (profiler events), "
         "measured after the timed window",
     }
@@ -79,20 +80,16 @@ def reset_peaks(device_type: str) -> None:
 
 def peak_metrics(device_type: str) -> dict[str, Any]:
     """Peak allocated / reserved (allocator, since the last reset), NVML's view, the CPU's RSS."""
-    out: dict[str, Any] = {
-        "peak_mem_allocated_gib": None,
-        "peak_mem_reserved_gib": None,
-        "device_mem_gib": None,
-        "cpu_peak_rss_gib": round(cpu_peak_rss_gib(), 4),
-    }
+    out: dict[str, Any] = {m.key: None for m in (PEAK_ALLOCATED, PEAK_RESERVED, DEVICE_MEM)}
+    out[CPU_RSS.key] = round(peak_rss_gib(), 4)
     if device_type == "cuda":
         import torch
 
-        out["peak_mem_allocated_gib"] = round(torch.cuda.max_memory_allocated() / GIB, 4)
-        out["peak_mem_reserved_gib"] = round(torch.cuda.max_memory_reserved() / GIB, 4)
+        out[PEAK_ALLOCATED.key] = round(torch.cuda.max_memory_allocated() / GIB, 4)
+        out[PEAK_RESERVED.key] = round(torch.cuda.max_memory_reserved() / GIB, 4)
         out["alloc_retries"] = torch.cuda.memory_stats().get("num_alloc_retries", 0)
         nvml = nvml_process_mem_gib()
-        out["device_mem_gib"] = round(nvml, 4) if nvml is not None else None
+        out[DEVICE_MEM.key] = round(nvml, 4) if nvml is not None else None
     return out
 
 

@@ -12,89 +12,73 @@ sample, and consecutive steps of one process do not.
 
 from __future__ import annotations
 
-import copy
 import statistics
 from typing import Any
 
-REPEATS_MAX = 100  # a cell measured more often than this is a soak test, not a benchmark
+from ditbench.records.metrics import IMAGES_PER_S, PER_GPU, STEP_MS, STEPS_PER_S, finite
+from ditbench.records.model import Record
 
 
-def repeat_of(record: dict[str, Any]) -> int:
-    """The record's repeat index (1-based); 1 for a record of a run without repeats."""
+def repeat_of(record: Any) -> int:
+    """The repeat index (1-based) of a record or a ticket's context; 1 for a run without repeats."""
     value = record.get("repeat")
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
 
 
-def repeats_of(record: dict[str, Any]) -> int:
-    """K of the run that wrote the record; 1 without repeats."""
-    value = record.get("repeats")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 1 else 1
-
-
-def latest_by_repeat(records: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]:
+def latest_by_repeat(records: list[Record]) -> dict[tuple[str, int], Record]:
     """(cell_id, repeat) -> the last record of that repeat (later lines supersede earlier ones)."""
-    out: dict[tuple[str, int], dict[str, Any]] = {}
-    for record in records:
-        if isinstance(record, dict) and isinstance(record.get("cell_id"), str):
-            out[(record["cell_id"], repeat_of(record))] = record
-    return out
+    return {(record.cell_id, record.repeat_index): record for record in records}
 
 
-def cell_groups(records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def cell_groups(records: list[Record]) -> dict[str, list[Record]]:
     """cell_id -> its repeats in repeat order: the latest record of each index up to the K of the
     cell's latest record. `records` in the order they were written (the latest last)."""
-    last: dict[str, dict[str, Any]] = {}
-    for record in records:
-        last[record["cell_id"]] = record
-    groups: dict[str, list[dict[str, Any]]] = {cid: [] for cid in last}
+    last = {record.cell_id: record for record in records}
+    groups: dict[str, list[Record]] = {cid: [] for cid in last}
     for (cid, index), record in sorted(latest_by_repeat(records).items(), key=lambda kv: kv[0][1]):
-        if index <= repeats_of(last[cid]):
+        if index <= last[cid].repeat_count:
             groups[cid].append(record)
     return groups
 
 
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def combine(group: list[dict[str, Any]]) -> dict[str, Any]:
+def combine(group: list[Record]) -> Record:
     """One record for a cell from its repeats (cell_groups' list). A single record without repeats is
     returned as it is. With repeats: the record of the repeat whose images/s is the median (lower
     median for an even count), with images/s, steps/s and the median step time replaced by the
-    median over the ok repeats, and `metrics.repeats` holding the per-repeat figures and their
-    bootstrap intervals. No ok repeat: the first failure (the skipped repeats after it say less)."""
+    median over the ok repeats that finished, and `metrics.repeats` holding the per-repeat figures
+    and their bootstrap intervals. No such repeat: the first failure (the skipped repeats after it
+    say less)."""
     from ditbench.intervals import median_interval  # numpy: only where repeats are combined
 
-    if len(group) == 1 and repeats_of(group[0]) == 1:
+    if len(group) == 1 and group[0].repeat_count == 1:
         return group[0]
-    ok = [r for r in group if r.get("status") == "ok"]
+    ok = [r for r in group if r.status == "ok" and r.unfinished() is None]
     if not ok:
-        return next((r for r in group if r.get("status") not in ("skipped", "unsupported")), group[-1])
-    rates = [float(r["metrics"]["images_per_s"]) for r in ok]
-    steps = [float(r["metrics"]["step_ms"]["median"]) for r in ok]
-    pick = ok[sorted(range(len(ok)), key=lambda i: rates[i])[(len(ok) - 1) // 2]]
-    out = copy.deepcopy(pick)
+        return next((r for r in group if r.status not in ("ok", "skipped", "unsupported")), group[-1])
+    rates = [float(IMAGES_PER_S.of(r)) for r in ok]
+    steps = [float(STEP_MS.of(r)) for r in ok]
+    out = ok[sorted(range(len(ok)), key=lambda i: rates[i])[(len(ok) - 1) // 2]].dump()
     out.pop("repeat", None)
     metrics = out["metrics"]
-    metrics["images_per_s"] = statistics.median(rates)
-    metrics["step_ms"]["median"] = statistics.median(steps)
-    for key in ("steps_per_s", "images_per_s_per_gpu"):
-        values = [_number(r["metrics"].get(key)) for r in ok]
+    metrics[IMAGES_PER_S.key] = statistics.median(rates)
+    metrics[STEP_MS.key]["median"] = statistics.median(steps)
+    for metric in (STEPS_PER_S, PER_GPU):
+        values = [finite(metric.of(r)) for r in ok]
         if all(v is not None for v in values):
-            metrics[key] = statistics.median(values)
+            metrics[metric.key] = statistics.median(values)
     metrics["repeats"] = {
         "count": len(ok),  # ok repeats: the figures are theirs
-        "of": repeats_of(group[-1]),
-        "failed": {str(repeat_of(r)): r.get("status") for r in group if r.get("status") != "ok"},
-        "images_per_s": rates,
-        "step_ms": steps,  # each process's median step time: the gate's run-level samples
-        "images_per_s_ci": list(median_interval(rates)),
-        "step_ms_ci": list(median_interval(steps)),
-        "run_ids": [r.get("run_id") for r in ok],
+        "of": group[-1].repeat_count,
+        "failed": {str(r.repeat_index): r.status for r in group if r.status != "ok"},
+        IMAGES_PER_S.key: rates,
+        STEP_MS.key: steps,  # each process's median step time: the gate's run-level samples
+        f"{IMAGES_PER_S.key}_ci": list(median_interval(rates)),
+        f"{STEP_MS.key}_ci": list(median_interval(steps)),
+        "run_ids": [r.run_id for r in ok],
     }
-    return out
+    return Record.model_validate(out)
 
 
-def combined(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def combined(records: list[Record]) -> dict[str, Record]:
     """cell_id -> one record (combine) for every cell in `records`, in the order they were written."""
     return {cid: combine(group) for cid, group in cell_groups(records).items() if group}

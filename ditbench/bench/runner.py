@@ -34,7 +34,6 @@ from ditbench.bench.launch import procs
 from ditbench.bench.launch.base import Executor, Pending
 from ditbench.bench.launch.base import for_cell as launcher_for
 from ditbench.bench.launch.srun import read_started
-from ditbench.bench.records import read_records
 from ditbench.bench.repeats import combined, latest_by_repeat, repeat_of
 from ditbench.bench.runopts import (
     JOBS_DIR,
@@ -56,6 +55,7 @@ from ditbench.fileio import mkdir_real
 from ditbench.outlock import OutputLock
 from ditbench.outpaths import ensure_dir
 from ditbench.precision import unsupported_reason
+from ditbench.records.jsonl import read_records
 from ditbench.spec.suite import Suite, SuiteCell
 
 

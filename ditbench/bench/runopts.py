@@ -14,12 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ditbench.bench.inflight import INFLIGHT_DIR
-from ditbench.bench.repeats import REPEATS_MAX
 from ditbench.errors import UserError, shorten
 from ditbench.faults import FAULT_ENV, FAULT_RANK_ENV, check_fault_rank, parse_fault_spec
 from ditbench.outlock import HELD_NAME, LOCK_NAME
 from ditbench.outpaths import check_kept, ensure_dir
-from ditbench.spec.suite import TIMEOUT_MAX_S, Suite, SuiteCell
+from ditbench.spec.suite import REPEATS_MAX, TIMEOUT_MAX_S, Suite, SuiteCell
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.md"

@@ -11,6 +11,7 @@ from ditbench.bench.window import GAP_BOUND, SPREAD_BOUND, noise_advice
 from ditbench.escape import md_code, md_text
 from ditbench.fileio import write_atomic
 from ditbench.interval_text import with_ends
+from ditbench.records.metrics import CPU_ALLOC, CPU_RSS, IMAGES_PER_S, PEAK_ALLOCATED
 from ditbench.units import memory_text
 
 REASON_CHARS = 160  # of a reason in the summary table's note column
@@ -35,9 +36,9 @@ def _num(value: Any, spec: str, scale: float = 1.0) -> str | None:
 # The memory a line and the table show, first found wins, each named by what it is (the report's
 # and the record docs' names too).
 MEMORY_SHOWN = (
-    ("peak_mem_allocated_gib", "peak allocated"),  # the CUDA allocator's, since the window started
-    ("cpu_peak_alloc_gib", "CPU allocator peak"),  # on a CPU: a fresh trainer's second step
-    ("cpu_peak_rss_gib", "CPU peak RSS"),  # the process's resident memory (records from before the above)
+    (PEAK_ALLOCATED.key, "peak allocated"),  # the CUDA allocator's, since the window started
+    (CPU_ALLOC.key, "CPU allocator peak"),  # on a CPU: a fresh trainer's second step
+    (CPU_RSS.key, "CPU peak RSS"),  # the process's resident memory (records from before the above)
 )
 
 
@@ -57,7 +58,7 @@ def noise_note(metrics: dict[str, Any]) -> str | None:
     """'noisy (p90/p10 3.10 > 1.5)' for a cell whose step times or throughput disagree, else None."""
     if metrics.get("noisy") is not True:
         return None
-    n = metrics.get("noise") if isinstance(metrics.get("noise"), dict) else {}
+    n = metrics.get("noise") or {}
     advice = noise_advice(n)
     said = [advice] if advice is not None else []  # first: the table's note column is cut short
     spread, bound = _num(n.get("step_spread"), ".2f"), _num(n.get("spread_bound"), "g")
@@ -115,14 +116,14 @@ def _step_text(step: Any) -> str:
 def rate_text(metrics: dict[str, Any]) -> str:
     """images/s; for a cell with repeats, the median over the processes with its interval and count:
     '50.0 (95% CI 45.5-55.6, 3 runs)'."""
-    text = _num(metrics.get("images_per_s"), ".1f") or "-"
-    rep = metrics.get("repeats") if isinstance(metrics.get("repeats"), dict) else {}
-    ci = rep.get("images_per_s_ci")
+    text = _num(metrics.get(IMAGES_PER_S.key), ".1f") or "-"
+    rep = metrics.get("repeats") or {}
+    ci = rep.get(f"{IMAGES_PER_S.key}_ci")
     if isinstance(ci, list) and len(ci) == 2 and all(_num(x, "g") is not None for x in ci):
         failed = (
             f", {len(rep['failed'])} failed" if isinstance(rep.get("failed"), dict) and rep["failed"] else ""
         )
-        value = metrics["images_per_s"] if text != "-" else ci[0]
+        value = metrics[IMAGES_PER_S.key] if text != "-" else ci[0]
         shown, low, high = with_ends(value, ci[0], ci[1], "{:.1f}")  # to the interval's precision
         text = (shown if text != "-" else text) + f" (95% CI {low}-{high}, {rep.get('count')} runs{failed})"
     return text
@@ -137,7 +138,7 @@ def summary_table(records: list[dict[str, Any]]) -> str:
     for r in records:
         m = r.get("metrics") or {}
         ok = r["status"] == "ok"
-        smoke = r.get("smoke") if isinstance(r.get("smoke"), dict) else None
+        smoke = r.get("smoke")
         note = "; ".join(x for x in (noise_note(m) if ok else None, r.get("reason")) if x)
         if smoke and smoke.get("status") not in (None, "ok"):
             note = "; ".join(x for x in (note, _smoke_text(smoke)) if x)
@@ -157,7 +158,7 @@ def summary_table(records: list[dict[str, Any]]) -> str:
 
 
 def _emulation_text(records: list[dict[str, Any]]) -> str:
-    emulated = next((e for r in records if isinstance(e := _at(r, "metrics", "emulation"), dict)), None)
+    emulated = next((e for r in records if (e := _at(r, "metrics", "emulation")) is not None), None)
     if not emulated:
         return ""
     budget = _num(emulated.get("budget_gib"), "g") or "?"
@@ -194,7 +195,7 @@ def write_summary(path: Path, suite, records: list[dict[str, Any]]) -> None:
     counts: dict[str, int] = {}
     for r in records:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
-    env = next((r["env"] for r in records if isinstance(r.get("env"), dict) and r["env"]), {})
+    env = next((r["env"] for r in records if r.get("env")), {})
     device = env.get("gpu_name") or env.get("cpu") or "?"
     noisy = sum(1 for r in records if r["status"] == "ok" and _at(r, "metrics", "noisy") is True)
     text = (
@@ -206,8 +207,8 @@ def write_summary(path: Path, suite, records: list[dict[str, Any]]) -> None:
         f"ditbench {md_text(env.get('ditbench'))} ({md_text(env.get('git_sha'))}).\n\n"
         "Peak memory is the CUDA allocator's peak allocated on a GPU (`peak allocated`); on a CPU the "
         "CPU allocator's peak over a fresh trainer's second step (`CPU allocator peak`, "
-        "metrics.cpu_peak_alloc_gib), or in older records the process's peak resident memory (`CPU peak "
-        "RSS`, metrics.cpu_peak_rss_gib), which stays flat across settings. Below 1 GiB it reads in MiB. "
+        f"{CPU_ALLOC.path}), or in older records the process's peak resident memory (`CPU peak "
+        f"RSS`, {CPU_RSS.path}), which stays flat across settings. Below 1 GiB it reads in MiB. "
         "MFU is given only where the device's peak is in the table (never on a CPU).\n\n"
         + _repeats_text(records)
         + _emulation_text(records)

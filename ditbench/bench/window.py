@@ -40,13 +40,13 @@ def step_stats(step_ms: list[float]) -> dict[str, Any]:
 
 def noise(
     step_ms: list[float],
-    images_per_s: float,
+    rate: float,
     batch: int,
     other_cpu_share: float | None = None,
     gpu_throttle: list[str] | None = None,
 ) -> dict[str, Any]:
     """{noisy, noise: {step_spread, throughput_gap, spread_bound, gap_bound[, other_cpu_share,
-    load_bound][, gpu_throttle]}} of a measured window.
+    load_bound][, gpu_throttle]}} of a measured window at `rate` images/s.
 
     `batch` is the images of one (synchronised) step: the global batch of a multi-process cell.
     `other_cpu_share` (bench.load): the cores' share other processes took during the window.
@@ -59,7 +59,7 @@ def noise(
     median = statistics.median(step_ms)
     spread = p90 / p10 if p10 > 0 else math.inf
     from_median = batch / (median / 1e3) if median > 0 else math.inf
-    gap = abs(images_per_s - from_median) / from_median if math.isfinite(from_median) else math.inf
+    gap = abs(rate - from_median) / from_median if math.isfinite(from_median) else math.inf
     figures = {
         "step_spread": spread,
         "throughput_gap": gap,

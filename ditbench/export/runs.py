@@ -10,7 +10,6 @@ tracker: the writers (tensorboard_writer, mlflow_writer) turn a TrackerRun into 
 from __future__ import annotations
 
 import json
-import math
 import posixpath
 import re
 from dataclasses import dataclass, field
@@ -23,17 +22,16 @@ from ditbench.errors import UserError
 from ditbench.escape import plain
 from ditbench.imageload import GRID_PIXELS, open_image
 from ditbench.outpaths import safe_component
+from ditbench.records.metrics import MEMORY, RECORD_METRICS, TIMING, finite
+from ditbench.records.model import Quality, Record
 from ditbench.report.load import flatten, grid_file
 
-# metrics.<key> -> the group a tracker shows it under; keys not listed go under "metrics/".
-SPEED_KEYS = (
-    "steps_per_s", "images_per_s", "images_per_s_per_gpu", "step_ms", "tflops_per_s", "mfu",
-    "scaling_efficiency", "measured_steps", "window_s",
-)  # fmt: skip
-MEMORY_KEYS = (
-    "peak_mem_allocated_gib", "peak_mem_reserved_gib", "device_mem_gib", "cpu_peak_rss_gib",
-    "cpu_peak_alloc_gib", "predicted_peak_gib",
-)  # fmt: skip
+# metrics.<key> -> the group a tracker shows it under (the metric table's kind); others go under "metrics/".
+GROUPS = {
+    m.key: {TIMING: "speed", MEMORY: "memory"}[m.kind] for m in RECORD_METRICS if m.kind in (TIMING, MEMORY)
+}
+GROUPS |= {"scaling_efficiency": "speed", "measured_steps": "speed", "window_s": "speed"}
+GROUPS |= {"predicted_peak_gib": "memory"}
 Param = str | int | float | bool
 
 
@@ -49,15 +47,8 @@ class TrackerRun:
     metrics: dict[str, float] = field(default_factory=dict)
     series: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     images: list[tuple[str, int, Path]] = field(default_factory=list)  # (tag, step, PNG path)
-    record: dict[str, Any] = field(default_factory=dict)  # the record itself, for trackers that keep files
+    record: dict[str, Any] = field(default_factory=dict)  # the record as JSON, for trackers that keep files
     notes: list[str] = field(default_factory=list)  # what was left out, and why (said on stderr)
-
-
-def _finite(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    value = float(value)
-    return value if math.isfinite(value) else None
 
 
 def _param(value: Any) -> Param:
@@ -70,41 +61,32 @@ def _param(value: Any) -> Param:
     return json.dumps(value, sort_keys=True)  # a list of steps or seeds: one readable value
 
 
-def _group(key: str) -> str:
-    top = key.split(".", 1)[0]
-    if top in SPEED_KEYS:
-        return "speed"
-    if top in MEMORY_KEYS:
-        return "memory"
-    return "metrics"
-
-
 def _metrics(metrics: dict[str, Any] | None) -> dict[str, float]:
     out = {}
     for key, value in flatten(metrics or {}).items():
-        number = _finite(value)
+        number = finite(value)
         if number is not None:  # per-step samples (a list), kernel names and flags are not metrics
-            out[f"{_group(key)}/{key}"] = number
+            out[f"{GROUPS.get(key.split('.', 1)[0], 'metrics')}/{key}"] = number
     return out
 
 
-def _quality(quality: dict[str, Any] | None, source: str, notes: list[str]) -> tuple[dict, list]:
+def _quality(quality: Quality | None, source: str, notes: list[str]) -> tuple[dict, list]:
     series: dict[str, list[tuple[int, float]]] = {}
     images: list[tuple[str, int, Path]] = []
-    if not quality:
+    if quality is None:
         return series, images
-    for point in quality.get("train_loss") or []:
-        if isinstance(point, list) and len(point) == 2 and (v := _finite(point[1])) is not None:
+    for point in quality.train_loss or []:
+        if len(point) == 2 and finite(point[0]) is not None and (v := finite(point[1])) is not None:
             series.setdefault("quality/train_loss", []).append((int(point[0]), v))
-    for evaluation in quality.get("evaluations") or []:
-        step = int(evaluation.get("step", 0))
-        for name, value in (evaluation.get("metrics") or {}).items():
-            if (v := _finite(value)) is not None:
+    for evaluation in quality.evaluations or []:
+        step = evaluation.step
+        for name, value in evaluation.metrics.items():
+            if (v := finite(value)) is not None:
                 series.setdefault(f"quality/{name}", []).append((step, v))
-        for name, value in (evaluation.get("spread") or {}).items():
-            if (v := _finite(value)) is not None:
+        for name, value in (evaluation.spread or {}).items():
+            if (v := finite(value)) is not None:
                 series.setdefault(f"quality/{name}_spread", []).append((step, v))
-        grid = evaluation.get("grid")
+        grid = evaluation.grid
         path = grid_file(source, grid)  # relative to the results file, and inside its folder
         if path is None:
             if grid is not None:
@@ -139,34 +121,37 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._=-]+", "_", text).strip("_")[:80] or "cell"
 
 
-def tracker_run(record: dict[str, Any], source: str) -> TrackerRun:
+def tracker_run(record: Record, source: str) -> TrackerRun:
     """The run for one record; `source` is its row's (`path:line`: grids are relative to that folder)."""
-    label = record.get("label")
-    name = plain(str(record.get("cell_name") or record["cell_id"]) + (f" [{label}]" if label else ""))
-    params = {k: _param(v) for k, v in flatten(record.get("config") or {}).items()}
+    raw = record.dump()
+    label = record.label
+    name = plain(str(record.cell_name or record.cell_id) + (f" [{label}]" if label else ""))
+    params = {k: _param(v) for k, v in flatten(raw["config"]).items()}
     tags = {
-        key: plain(record[key])
+        key: plain(raw[key])
         for key in ("suite", "run_id", "cell_id", "label", "status", "reason", "started_at")
-        if record.get(key) is not None
+        if raw.get(key) is not None
     }
     for key in ("gpu_name", "gpu_count", "cpu", "torch", "cuda", "ditbench", "git_sha", "host"):
-        if (record.get("env") or {}).get(key) is not None:
-            tags[f"env.{key}"] = plain(record["env"][key])
-    metrics = record.get("metrics") or {}
+        if (raw.get("env") or {}).get(key) is not None:
+            tags[f"env.{key}"] = plain(raw["env"][key])
+    metrics = raw.get("metrics") or {}
     for key in ("noisy", "fits_budget", "attention_kernel", "optimizer_kernel"):
         if metrics.get(key) is not None:
             tags[f"metrics.{key}"] = plain(metrics[key])
     # one folder name, whatever the record's ids hold; a rerun of the cell (another run id) is a new run
-    key = f"{_slug(name)}-{safe_component(record['cell_id'])}-{safe_component(record.get('run_id'))}"
-    run = TrackerRun(key=key, name=name, params=params, tags=tags, metrics=_metrics(metrics), record=record)
-    smoke = record.get("smoke") or {}
-    losses = [(i + 1, v) for i, x in enumerate(smoke.get("loss") or []) if (v := _finite(x)) is not None]
+    key = f"{_slug(name)}-{safe_component(record.cell_id)}-{safe_component(record.run_id)}"
+    run = TrackerRun(key=key, name=name, params=params, tags=tags, metrics=_metrics(metrics), record=raw)
+    smoke = record.smoke
+    losses = (
+        [(i + 1, v) for i, x in enumerate(smoke.loss or []) if (v := finite(x)) is not None] if smoke else []
+    )
     if losses:
         run.series["smoke/loss"] = losses
     for key in ("first_mean", "last_mean", "nonfinite_steps", "scaler_skips"):
-        if (v := _finite(smoke.get(key))) is not None:
+        if smoke is not None and (v := finite(getattr(smoke, key))) is not None:
             run.metrics[f"smoke/{key}"] = v
-    run.series.update((q := _quality(record.get("quality"), source, run.notes))[0])
+    run.series.update((q := _quality(record.quality, source, run.notes))[0])
     run.images = q[1]
     run.params = _tracker_names(run.params, "parameters", source, run.notes)
     run.metrics = _tracker_names(run.metrics, "metrics", source, run.notes)

@@ -17,15 +17,17 @@ from ditbench.errors import UserError
 from ditbench.plan.predict import Budget, Prediction, SpeedOptions, normalize, predict_budgets
 from ditbench.plan.render import is_tight
 from ditbench.plan.speed import band
+from ditbench.records.metrics import IMAGES_PER_S
 
 ANSWER_MODELS = ("DiT-S/2", "DiT-B/2", "DiT-L/2", "DiT-XL/2")  # the paper's four sizes at its patch
 CKPTS = ("none", "every_2", "full")
+IMG = IMAGES_PER_S.key  # the answer's images/s, named as the record's
 
 
 @dataclass
 class Option:
     config: dict[str, Any]  # the cell: model, precision, grad_ckpt, batch_size (per GPU), grad_accum
-    images_per_s: float  # over all GPUs
+    rate: float  # images/s over all GPUs
     steps_per_s: float  # optimizer steps
     series: Any = None  # its trace (batch.SeriesTrace)
     pred: Prediction | None = None  # its memory, once replayed
@@ -91,7 +93,7 @@ def search(
                 series = series_trace(trace_knobs(cell, target), target, disk=disk)
                 t = step_time_of(series, cell, sheet, cal, speed.gpus)
                 options.append(Option(cell, t.steps_per_s * global_batch, t.steps_per_s, series))
-    options.sort(key=lambda o: -o.images_per_s)
+    options.sort(key=lambda o: -o.rate)
     dropped = None
     capacity = bud.capacity
     for option in options:
@@ -120,7 +122,7 @@ def row(answer: Answer, goal: Goal, speed_band: float | None, memory_band: float
     b, d = answer.best, answer.dropped
     if d is not None:
         need = d.need_gib if d.pred is None else d.pred.device_gib
-        out["next_faster"] = {**_setting(d), "images_per_s": d.images_per_s, "needs_gib": need,
+        out["next_faster"] = {**_setting(d), IMG: d.rate, "needs_gib": need,
                               "reason": None if d.pred is None else d.pred.reason}  # fmt: skip
     if b is None:
         return out
@@ -133,8 +135,9 @@ def row(answer: Answer, goal: Goal, speed_band: float | None, memory_band: float
         memory_gib=memory,
         memory_interval=band(memory, memory_band),
         tight=is_tight(p),
-        images_per_s=b.images_per_s,
-        images_per_s_interval=band(b.images_per_s, speed_band),
+    )
+    out.update({IMG: b.rate, f"{IMG}_interval": band(b.rate, speed_band)})
+    out.update(
         days=days,
         days_interval=None
         if speed_band is None
@@ -173,7 +176,7 @@ def text(rows: list[dict[str, Any]], where: str, goal: Goal, context_gib: float,
             lines.append(
                 f"| {r['model']} | {setting} "
                 f"| {_range(r['memory_gib'], r['memory_interval'], '.1f')}{' tight' if r['tight'] else ''} "
-                f"| {_range(r['images_per_s'], r['images_per_s_interval'], ',.0f')} "
+                f"| {_range(r[IMG], r[f'{IMG}_interval'], ',.0f')} "
                 f"| {_range(r['days'], r['days_interval'], '.1f')} | {r['gpu_hours']:,.0f} |"
             )
         else:
@@ -184,10 +187,10 @@ def text(rows: list[dict[str, Any]], where: str, goal: Goal, context_gib: float,
         else:
             setting = f"{d['precision']}, ckpt {d['grad_ckpt']}, {d['batch_size']} x {d['grad_accum']}"
             need = "" if d["needs_gib"] is None else f" needs {d['needs_gib']:.1f} GiB"
-            why.append(f"{r['model']}: {setting} ({d['images_per_s']:,.0f} img/s){need}")
+            why.append(f"{r['model']}: {setting} ({d[IMG]:,.0f} img/s){need}")
     lines += ["", "Next faster setting, dropped (it does not fit):", *[f"  {w}" for w in why], ""]
     saves = [
-        f"{r['model']} {r['latents']['images_per_s'] / r['images_per_s'] - 1:+.0%} img/s, "
+        f"{r['model']} {r['latents'][IMG] / r[IMG] - 1:+.0%} img/s, "
         f"{r['latents']['memory_gib'] - r['memory_gib']:+.2f} GiB"
         for r in rows
         if "latents" in r
@@ -230,7 +233,7 @@ def plan(bud: Budget, speed: SpeedOptions, models, precisions, ckpts, batches, g
             if a.best is not None:
                 lat = {**a.best.config, "data": "synthetic"}
                 p = predict_budgets(lat, [lat["batch_size"]], [bud], disk, speed)[0][0]
-                r["latents"] = {"images_per_s": p.predicted_images_per_s, "memory_gib": p.device_gib}
+                r["latents"] = {IMG: p.predicted_images_per_s, "memory_gib": p.device_gib}
     speed_text = (
         f"+-{cal.band_pct:g}% (the largest error of {cal.cells} cells each predicted by a fit without it; "
         f"{cal.source})."

@@ -8,19 +8,18 @@ cannot inform keep the shipped calibration's values, which also start the fit.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from ditbench.errors import UserError
+from ditbench.records.metrics import STEPS_PER_S, finite
+from ditbench.records.model import Record
 
 
-def _card(record: dict[str, Any]) -> str | None:
+def _card(record: Record) -> str | None:
     from ditbench.cards import DATASHEETS, find_card
 
-    env = record.get("env") if isinstance(record.get("env"), dict) else {}
-    metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
-    emulation = metrics.get("emulation") if isinstance(metrics.get("emulation"), dict) else {}
-    name = emulation.get("real_gpu") or env.get("gpu_name")
-    if not isinstance(name, str):
+    emulation = record.metrics.emulation if record.metrics else None
+    name = (emulation.real_gpu if emulation else None) or (record.env.gpu_name if record.env else None)
+    if name is None:
         return None
     try:
         card = find_card(name)
@@ -29,29 +28,29 @@ def _card(record: dict[str, Any]) -> str | None:
     return card.name if card.name in DATASHEETS else None
 
 
-def cells_from_records(records: list[dict[str, Any]]):
+def cells_from_records(records: list[Record]):
     """(speed.Cell list, why each skipped record was skipped)."""
     from ditbench.cards import DATASHEETS
     from ditbench.plan.emulation import cuda_target
-    from ditbench.plan.predict import normalize, series_trace, trace_knobs
+    from ditbench.plan.measured_records import cell_of
+    from ditbench.plan.predict import series_trace, trace_knobs
     from ditbench.plan.speed import Cell, blocks
 
     cells, skipped = [], []
     target = cuda_target(None)
     for i, record in enumerate(records, 1):
-        metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
-        steps = metrics.get("steps_per_s")
+        steps = finite(STEPS_PER_S.of(record))
         card = _card(record)
         why = None
-        if record.get("status") != "ok":
-            why = f"status {record.get('status')!r}"
-        elif not isinstance(steps, (int, float)) or isinstance(steps, bool) or not steps > 0:
-            why = "no measured steps_per_s"
+        if record.status != "ok":
+            why = f"status {record.status!r}"
+        elif steps is None or not steps > 0:
+            why = f"no measured {STEPS_PER_S.name}"
         elif card is None:
             why = "not run on a GPU of the card table"
         if why is None:
             try:
-                cell = normalize(record["config"])
+                cell = cell_of(record)
                 gpus = cell["gpus"] * cell["nodes"]
                 one = {**cell, "gpus": 1, "nodes": 1}
                 series = series_trace(trace_knobs(one, target), target, disk=True)
@@ -70,7 +69,7 @@ def cells_from_records(records: list[dict[str, Any]]):
     return cells, skipped
 
 
-def from_records(path: Path, records: list[dict[str, Any]]):
+def from_records(path: Path, records: list[Record]):
     """The calibration fitted on a results file's measured GPU cells, or a one-paragraph error."""
     from ditbench.plan.speed import calibrate, shipped
 

@@ -373,8 +373,8 @@ def _sheet(args: argparse.Namespace):
     return described(args.tflops, args.mem_bw)
 
 
-def _read_results(path: Path, flag: str = "--results") -> list[dict]:
-    from ditbench.plan.measured_records import read_results
+def _read_results(path: Path, flag: str = "--results") -> list:
+    from ditbench.records.jsonl import read_records
 
     hint = "give a results.jsonl written by `ditbench run`"
     if not path.exists():
@@ -382,7 +382,7 @@ def _read_results(path: Path, flag: str = "--results") -> list[dict]:
     if not path.is_file():
         raise UserError(f"{flag} {path}: not a regular file ({hint})")
     try:
-        records = read_results(path)
+        records = read_records(path)  # lines that are not records are skipped, with a warning
     except OSError as err:
         raise UserError(f"{flag} {path}: cannot read it ({err.strerror or err})") from err
     if not records:

@@ -7,11 +7,11 @@ of memory does not fit a card no larger than what it had. Anything else keeps th
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from ditbench.plan.predict import Prediction, normalize
+from ditbench.records.metrics import DEVICE_MEM, PEAK_ALLOCATED, PEAK_RESERVED
+from ditbench.records.model import Record
 
 _KEYS = tuple(
     "model impl image_size precision grad_ckpt batch_size compile optimizer_impl num_classes device gpus "
@@ -19,25 +19,15 @@ _KEYS = tuple(
 )
 
 
-def read_results(path: str | Path) -> list[dict[str, Any]]:
-    """The result records of a results.jsonl; lines that are not UTF-8 JSON objects with a config are
-    skipped (a torn line must not stop a plan; a file without records is the caller's error)."""
-    records = []
-    with open(path, "rb") as f:
-        for line in f:
-            try:
-                record = json.loads(line.decode("utf-8"))
-            except (UnicodeDecodeError, ValueError):
-                continue
-            if isinstance(record, dict) and isinstance(record.get("config"), dict):
-                records.append(record)
-    return records
+def cell_of(record: Record) -> dict[str, Any]:
+    """The record's cell as `predict.normalize` gives a config's: its knobs and its device."""
+    return {**dict(record.config.knobs), "device": record.config.device}
 
 
 def _key(config: dict[str, Any]) -> tuple | None:
     try:
         cell = normalize(config)
-    except Exception:  # a record from another version or a foreign file: it simply does not match
+    except Exception:  # a config the planner does not know: it simply does not match
         return None
     return tuple(repr(cell.get(k)) for k in _KEYS)
 
@@ -48,15 +38,15 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
-def apply_measured(predictions: list[Prediction], records: list[dict[str, Any]]) -> int:
+def apply_measured(predictions: list[Prediction], records: list[Record]) -> int:
     """Replace predictions that have a measured record (the latest wins); returns how many."""
-    by_key: dict[tuple, dict[str, Any]] = {}
+    by_key: dict[tuple, Record] = {}
     for record in records:
-        config = record.get("config")
-        if isinstance(config, dict) and record.get("status") in ("ok", "oom"):
-            key = _key(config)
-            if key is not None:
-                by_key[key] = record
+        if (
+            record.status in ("ok", "oom")
+            and (key := _key(record.config.model_dump(mode="json"))) is not None
+        ):
+            by_key[key] = record
     replaced = 0
     for pred in predictions:
         record = by_key.get(_key(pred.config))
@@ -65,23 +55,21 @@ def apply_measured(predictions: list[Prediction], records: list[dict[str, Any]])
     return replaced
 
 
-def _override(pred: Prediction, record: dict[str, Any]) -> bool:
-    metrics = record.get("metrics") or {}
-    env = record.get("env") or {}
-    gpu = env.get("gpu_name") or "the measuring machine"
-    if record["status"] == "oom":
-        config = record.get("config") or {}
-        had = _number(config.get("gpu_memory_gib")) or _number(env.get("gpu_memory_gib"))
+def _override(pred: Prediction, record: Record) -> bool:
+    env = record.env
+    gpu = (env.gpu_name if env else None) or "the measuring machine"
+    if record.status == "oom":
+        had = _number(record.config.gpu_memory_gib) or _number(env.gpu_memory_gib if env else None)
         if had is None or pred.memory_gib is None or pred.memory_gib > had:
             return False
         pred.status, pred.measured = "oom", True
         pred.reason = f"measured: ran out of memory on {gpu} with {had:g} GiB"
         return True
-    alloc = _number(metrics.get("peak_mem_allocated_gib"))
+    alloc = _number(PEAK_ALLOCATED.of(record))
     if alloc is None:
         return False
-    reserved = _number(metrics.get("peak_mem_reserved_gib"))
-    device = _number(metrics.get("device_mem_gib"))
+    reserved = _number(PEAK_RESERVED.of(record))
+    device = _number(DEVICE_MEM.of(record))
     pred.peak_allocated_gib = alloc
     pred.peak_reserved_gib = reserved
     context = pred.components.get("context", 0.0)

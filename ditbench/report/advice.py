@@ -19,13 +19,14 @@ from ditbench.errors import UserError
 from ditbench.intervals import median_interval
 from ditbench.models.configs import get_config
 from ditbench.precision import LOW_PRECISIONS
+from ditbench.records.metrics import IMAGES_PER_S
 from ditbench.report.cells import cell_label as _cell
 from ditbench.report.cells import knobs, pairs
 from ditbench.report.load import value
 from ditbench.report.memory import MEM_ALLOCATED, card_lower_bounds, fit_memory, fits
 from ditbench.report.scale import activation_share, not_meaningful
 
-IMG_S = "metrics.images_per_s"
+IMG_S = IMAGES_PER_S.path
 
 # Thresholds of the advice checks (stated in every report next to the verdicts).
 FP16_HALVES_MAX_RATIO = 0.60  # "halves": fp16 peak allocated <= 60% of fp32's
@@ -223,7 +224,7 @@ def _fit_check(df: pd.DataFrame, claim: str, budget: float, select: dict[str, An
                 "fits": ok,
                 "memory_gib": mem,
                 "memory_label": label,
-                "images_per_s": value(r, IMG_S),
+                IMAGES_PER_S.key: value(r, IMG_S),
             }
         )
     fitting = [r for ok, r in verdicts if ok]

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ditbench.cards import cards_in_class
+from ditbench.records.metrics import IMAGES_PER_S
 from ditbench.report import advice
 from ditbench.report.advice import AdviceCheck
 from ditbench.report.claim_predict import (
@@ -147,7 +148,7 @@ def predict_fit(config: dict[str, Any], gb: int) -> dict[str, Any]:
             "device_gib": pred.device_gib,
             "card_gib": pred.memory_gib,
             "memory_band_pct": mem,
-            "images_per_s": pred.predicted_images_per_s,
+            IMAGES_PER_S.key: pred.predicted_images_per_s,
             "speed_band_pct": pred.predicted_speed_band_pct,
         },
         "text": f"{verdict} ({_label(config)} needs {pred.device_gib:.2f} GiB +-{mem:g}% of the {card}'s "

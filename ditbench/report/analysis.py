@@ -12,6 +12,7 @@ from typing import Any
 
 import pandas as pd
 
+from ditbench.records.metrics import IMAGES_PER_S
 from ditbench.report.cells import (  # noqa: F401 - knobs is imported from here by the gate
     cell_label,
     gpu_count,
@@ -27,7 +28,6 @@ from ditbench.report.memory import cell_budget, fit_memory, fits, memory_metric
 from ditbench.report.scale import not_meaningful
 
 FAILED = ("oom", "timeout", "nan_loss", "error")
-IMG_S = "metrics.images_per_s"
 
 
 # ------------------------------------------------------------------------------------------ baseline
@@ -82,7 +82,7 @@ def baseline_comparison(df: pd.DataFrame) -> pd.DataFrame:
         out.at[label, "is_baseline"] = target == k
         if row["status"] != "ok":
             continue
-        speed, base_speed = value(row, IMG_S), value(brow, IMG_S)
+        speed, base_speed = value(row, IMAGES_PER_S.path), value(brow, IMAGES_PER_S.path)
         if speed is not None and base_speed:
             out.at[label, "speedup"] = speed / base_speed
         mem, base_mem = value(row, mem_col), value(brow, mem_col)
@@ -105,7 +105,7 @@ class Recommendation:
     gpus: int
     model: str
     cell_name: str | None  # None: nothing fits
-    images_per_s: float | None = None
+    rate: float | None = None  # images/s
     memory_gib: float | None = None
     memory_label: str = ""
     config: dict[str, Any] = field(default_factory=dict)
@@ -161,14 +161,14 @@ def recommend(df: pd.DataFrame) -> Recommendations:
                 statuses = ", ".join(f"{n} {s}" for s, n in rows["status"].value_counts().items())
                 per_model.append(Recommendation(budget, gpus, model, None, note=f"nothing fits ({statuses})"))
                 continue
-            best = max(fitting, key=lambda r: value(r, IMG_S) or 0.0)
+            best = max(fitting, key=lambda r: value(r, IMAGES_PER_S.path) or 0.0)
             mem, mem_label = fit_memory(best)
             rec = Recommendation(
                 budget,
                 gpus,
                 model,
                 best.get("cell_name"),
-                value(best, IMG_S),
+                value(best, IMAGES_PER_S.path),
                 mem,
                 mem_label,
                 knobs(best["record"]),

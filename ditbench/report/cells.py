@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from ditbench.records.model import Record
 from ditbench.report.load import flatten, value
 
 MATCH_EXCLUDED = frozenset({"global_batch", "smoke_steps"})
@@ -23,26 +24,27 @@ _SIZE_ORDER = {"S": 0, "B": 1, "L": 2, "XL": 3}
 # Display order of knob values: full precision first, then 16-bit; no checkpointing first.
 _VALUE_ORDER = {"fp32": 0, "tf32": 1, "bf16": 2, "fp16": 3, "none": 0, "full": 1}
 
-_KNOBS_CACHE: dict[int, tuple[dict[str, Any], Any, dict[str, Any]]] = {}
+_KNOBS_CACHE: dict[int, tuple[Record, dict[str, Any]]] = {}
 
 
-def knobs(record: dict[str, Any]) -> dict[str, Any]:
+def knobs(record: Record) -> dict[str, Any]:
     """The flattened config of a record, without the bookkeeping keys (a fresh dict; safe to change)."""
     # Reports ask for the same record's knobs many times; flattening dominated big reports. The
     # entry keeps the record alive, so its id cannot be reused while cached.
-    config = record.get("config")
     hit = _KNOBS_CACHE.get(id(record))
-    if hit is None or hit[0] is not record or hit[1] is not config:
+    if hit is None or hit[0] is not record:
         if len(_KNOBS_CACHE) > 200_000:
             _KNOBS_CACHE.clear()
-        flat = {
-            k: v
-            for k, v in flatten(config or {}).items()
-            if k not in MATCH_EXCLUDED and not k.startswith(MATCH_EXCLUDED_SECTIONS)
-        }
-        hit = (record, config, flat)
-        _KNOBS_CACHE[id(record)] = hit
-    return dict(hit[2])
+        flat = flatten(record.config.model_dump(mode="json", exclude_unset=True))
+        hit = _KNOBS_CACHE[id(record)] = (
+            record,
+            {
+                k: v
+                for k, v in flat.items()
+                if k not in MATCH_EXCLUDED and not k.startswith(MATCH_EXCLUDED_SECTIONS)
+            },
+        )
+    return dict(hit[1])
 
 
 def knob_key(k: dict[str, Any]) -> str:

@@ -25,6 +25,7 @@ from typing import Any
 import pandas as pd
 
 from ditbench.intervals import LEVEL, median_interval
+from ditbench.records.metrics import IMAGES_PER_S
 from ditbench.report.cells import cell_label, knob_key, knobs
 from ditbench.report.claim_values import (
     GIB_TO_GB,
@@ -239,9 +240,7 @@ def _check_fits(run: _Run, claim: Claim) -> ClaimResult:
 
     tail = f"; {len(skipped)} skipped cell(s) not counted" if skipped else ""
     if yes:
-        best = max(
-            yes, key=lambda r: (value(r, "config.batch_size") or 0, value(r, "metrics.images_per_s") or 0)
-        )
+        best = max(yes, key=lambda r: (value(r, "config.batch_size") or 0, value(r, IMAGES_PER_S.path) or 0))
         evidence = f"{cell_label(best)} fits {gib:g} GiB with {why(best)}; "
         evidence += f"{len(yes)} of {len(rows)} matching cell(s) fit"
         mem, _ = fit_memory(best)

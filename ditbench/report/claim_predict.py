@@ -29,6 +29,7 @@ import statistics
 from typing import Any
 
 from ditbench.plan.speed import band, memory_band_pct
+from ditbench.records.metrics import IMAGES_PER_S, STEPS_PER_S
 from ditbench.report.cells import knob_key
 from ditbench.report.claim_check import NOT_MEASURED, SHOWN, ClaimResult
 from ditbench.report.claim_values import GIB_TO_GB, fmt
@@ -95,8 +96,8 @@ def _value(pred, metric: str, target_steps: int, scale: float = 1.0) -> float | 
         "peak_memory_gib": device,
         "peak_memory_gb": None if device is None else device * GIB_TO_GB,
         "peak_allocated_gib": None if pred.peak_allocated_gib is None else pred.peak_allocated_gib * scale,
-        "steps_per_s": steps,
-        "images_per_s": per_gpu_images,
+        STEPS_PER_S.name: steps,
+        IMAGES_PER_S.name: per_gpu_images,
         "step_time": None if not steps else 1 / steps,
         "days_to_target": None if not steps else target_steps / steps / 86400,
         "gpu_hours_per_million_images": None if not per_gpu_images else 1e6 / per_gpu_images / 3600,

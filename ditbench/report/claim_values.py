@@ -12,9 +12,9 @@ import pandas as pd
 from ditbench.cards import find_card
 from ditbench.errors import UserError
 from ditbench.metrics import registry
+from ditbench.records.metrics import MFU, RECORD_METRICS, STEP_MS
 from ditbench.report.cells import knobs
 from ditbench.report.claims import METRICS, Claim, metric_kind
-from ditbench.report.gate.metrics import RECORD_METRICS
 from ditbench.report.load import value
 from ditbench.report.memory import MEM_ALLOCATED, cell_budget, fit_memory
 from ditbench.report.timing import gpu_hours_per_million_images, time_to_steps_s
@@ -29,8 +29,8 @@ def _unit(metric: str) -> str:
 
 
 def fmt(v: float, metric: str | None) -> str:
-    if metric == "mfu":
-        return f"{v:.1%}"
+    if metric == MFU.name:
+        return MFU.show(v)
     if metric is not None and metric_kind(metric) == "quality":
         return registry.OUTPUTS[metric].fmt.format(v)
     unit = _unit(metric) if metric else "GiB"
@@ -55,26 +55,22 @@ def metric_value(row: pd.Series, metric: str, target_steps: int) -> tuple[float 
     elif metric == "peak_allocated_gib":
         v = value(row, MEM_ALLOCATED)
     elif metric == "step_time":
-        ms = value(row, "metrics.step_ms.median")
+        ms = value(row, STEP_MS.path)
         v = None if ms is None else ms / 1000
     elif metric == "days_to_target":
         s = time_to_steps_s(row, target_steps)
         v = None if s is None else s / 86400
     elif metric == "gpu_hours_per_million_images":
         v = gpu_hours_per_million_images(row)
-    else:  # images_per_s, steps_per_s, mfu: read where the gate reads them
+    else:  # the record's own (images/s, steps/s, MFU): read where the gate reads them
         v = value(row, RECORD_PATHS[metric])
     return (v, "") if v is not None else (None, f"the record has no {metric}")
 
 
 def _last_evaluation(row: pd.Series) -> dict[str, Any]:
     """The metrics of the record's last quality evaluation ({} without one)."""
-    record = row.get("record")
-    q = record.get("quality") if isinstance(record, dict) else None
-    evaluations = q.get("evaluations") if isinstance(q, dict) else None
-    last = evaluations[-1] if isinstance(evaluations, list) and evaluations else None
-    metrics = last.get("metrics") if isinstance(last, dict) else None
-    return metrics if isinstance(metrics, dict) else {}
+    q = row["record"].quality
+    return q.evaluations[-1].metrics if q is not None and q.evaluations else {}
 
 
 def _same_card(gpu_name: Any, card: str) -> bool:
@@ -169,7 +165,7 @@ def claimed_text(claim: Claim) -> str:
 
 def _bare(v: float, metric: str | None) -> str:
     """fmt without the unit."""
-    unit = _unit(metric) if metric and metric != "mfu" else ""
+    unit = _unit(metric) if metric and metric != MFU.name else ""
     return fmt(v, metric).removesuffix(unit).strip() if unit else fmt(v, metric)
 
 

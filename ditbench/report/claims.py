@@ -41,20 +41,22 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from ditbench.cards import find_card
 from ditbench.errors import UserError, shorten
+from ditbench.records.metrics import IMAGES_PER_S, MFU, STEPS_PER_S
 from ditbench.validation import check, did_you_mean, refuse, unknown_key
 from ditbench.yamlio import load_yaml_file
 
-# metric -> (kind, unit, what it is). Memory is the figure that decides fit (ditbench.report.memory).
+# metric -> (kind, unit, what it is): the record's own (records.metrics) and figures derived from a
+# record. Memory is the figure that decides fit (ditbench.report.memory).
 METRICS: dict[str, tuple[str, str, str]] = {
     "peak_memory_gib": ("memory", "GiB", "peak memory that decides fit (reserved + CUDA context)"),
     "peak_memory_gb": ("memory", "GB", "the same in GB of 10^9 bytes"),
     "peak_allocated_gib": ("memory", "GiB", "the allocator's peak allocated memory"),
-    "steps_per_s": ("speed", "steps/s", "training steps per second at the cell's global batch"),
-    "images_per_s": ("speed", "images/s", "training images per second (all GPUs)"),
+    STEPS_PER_S.name: ("speed", STEPS_PER_S.unit, "training steps per second at the cell's global batch"),
+    IMAGES_PER_S.name: ("speed", IMAGES_PER_S.unit, "training images per second (all GPUs)"),
     "step_time": ("speed", "s", "median time of one training step, in seconds"),
     "days_to_target": ("speed", "days", "days to the report's target number of steps"),
     "gpu_hours_per_million_images": ("speed", "GPU-hours", "GPU-hours per million training images"),
-    "mfu": ("speed", "", "model FLOPs utilisation, 0 to 1"),
+    MFU.name: ("speed", MFU.unit, "model FLOPs utilisation, 0 to 1"),
 }
 
 

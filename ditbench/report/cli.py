@@ -11,6 +11,7 @@ from typing import Any
 from ditbench.errors import UserError
 from ditbench.fileio import check_target
 from ditbench.outpaths import refuse_output_as_input
+from ditbench.records.metrics import IMAGES_PER_S
 from ditbench.report.load import KEEP_CHOICES, add_results, load_results
 from ditbench.report.timing import DEFAULT_TARGET_STEPS
 
@@ -138,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
                     "gpus": r.gpus,
                     "model": r.model,
                     "cell": r.cell_name,
-                    "images_per_s": r.images_per_s,
+                    IMAGES_PER_S.key: r.rate,
                     "memory_gib": r.memory_gib,
                     "memory_basis": r.memory_label or None,
                     "note": r.note or None,

@@ -15,11 +15,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from ditbench.records.metrics import IMAGES_PER_S
 from ditbench.report.load import column
 from ditbench.report.memory import cell_budget, shown_memory
 from ditbench.units import MIB_PER_GIB
 
-IMG_S = "metrics.images_per_s"
+IMG_S = IMAGES_PER_S.path
 PRECISION_COLOURS = {"fp32": "#1f77b4", "tf32": "#ff7f0e", "bf16": "#2ca02c", "fp16": "#d62728"}
 PRECISION_MARKERS = {"fp32": "o", "tf32": "D", "bf16": "s", "fp16": "^"}
 OTHER_COLOURS = ["#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]

@@ -1,20 +1,11 @@
-"""Read results.jsonl files into a pandas DataFrame, one row per result record.
-
-Nested objects are flattened with dots (`config.precision`, `metrics.step_ms.median`,
-`metrics.mfu.value`, `smoke.loss`, `env.gpu_name`); lists stay lists. The untouched record is
-kept in the `record` column, and `source` says which file and line it came from. A column whose
-values are all integers (or missing) is pandas' nullable `Int64`, so `metrics.params` and
-`config.batch_size` stay integers where a failed cell leaves a hole; a placeholder column for an
-object that is null in some records (`smoke`, `metrics.mfu`) is dropped when other records fill
-its fields (`smoke.loss`, `metrics.mfu.value`).
-
-A run that was killed while writing leaves at most a torn last line (no newline, not JSON); it is
-skipped with a warning. Anything else that is not a result record is the user's mistake and
-raises UserError naming the file and line.
-"""
+"""results.jsonl files as a pandas DataFrame, one row per record: each line validated once into a
+`records.model.Record` (the `record` column), its sections flattened with dots (`metrics.step_ms.median`),
+integer columns as nullable Int64, `source` = file:line. A torn last line (a killed writer) is skipped
+with a warning; anything else that is not a record is a UserError naming the file, line and key."""
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
@@ -22,17 +13,14 @@ from typing import Any
 
 import pandas as pd
 
-from ditbench.bench.records import decode_line, shape_problem
-from ditbench.bench.repeats import combine, repeat_of, repeats_of
-from ditbench.errors import UserError
+from ditbench.bench.repeats import combine
+from ditbench.errors import UserError, shorten
 from ditbench.outpaths import inside, not_a_file
-from ditbench.report.consistency import record_problem
+from ditbench.records.jsonl import TORN, as_record, lines
+from ditbench.records.model import SCHEMA, SCHEMA_PREFIX, Record
 
-SCHEMA_PREFIX = "ditbench.result/"
-KNOWN_SCHEMAS = ("ditbench.result/1",)
-# Keys without which a line cannot be placed in a report or a comparison.
-REQUIRED_KEYS = ("cell_id", "config", "status")
 KEEP_CHOICES = ("latest", "all")
+SECTIONS = ("config", "metrics", "smoke", "env")  # flattened into columns
 
 
 def add_results(parser) -> None:
@@ -69,8 +57,11 @@ def grid_file(source: Any, grid: Any) -> Path | None:
     return found if found is not None and found.is_file() else None
 
 
-def read_records(path: str | Path, judge_metrics: bool = False) -> list[tuple[int, dict[str, Any]]]:
-    """(line number, record) for every record of one results file, validated."""
+def read_records(
+    path: str | Path, judge_metrics: bool = False, side: str = ""
+) -> list[tuple[int, Record, dict]]:
+    """(line number, record, its JSON) for every record of one results file, validated; `side` heads a
+    message."""
     path = Path(path)
     if path.is_dir():
         candidate = path / "results.jsonl"
@@ -93,104 +84,103 @@ def read_records(path: str | Path, judge_metrics: bool = False) -> list[tuple[in
             f"{path} is not a text file ({err.reason} at byte {err.start}); give a results.jsonl "
             "written by `ditbench run`."
         ) from None
-    lines = text.split("\n")
-    # The last element is "" when the file ends in a newline; otherwise it is a line still being written.
-    last_index = len(lines) - 1
     records = []
-    for index, line in enumerate(lines):
-        if not line.strip():
-            continue
-        lineno = index + 1
-        record, problem = decode_line(line)  # never raises: deep nesting, huge numbers are problems
-        if problem is not None:
-            if index == last_index:
-                warnings.warn(
-                    f"{path}: line {lineno} is an incomplete record (the run was probably stopped "
-                    "while writing it); skipped",
-                    stacklevel=2,
-                )
-                continue
-            raise UserError(
-                f"{path} line {lineno} is {problem}; a results "
-                "file has one JSON result record per line, as `ditbench run` writes it."
+    for number, value, problem in lines(text):
+        where = f"{side} {path} line {number}".lstrip()
+        if problem == TORN:
+            warnings.warn(
+                f"{path}: line {number} is an incomplete record (the run was probably stopped while "
+                "writing it); skipped",
+                stacklevel=2,
             )
-        _validate(record, path, lineno, judge_metrics)
-        records.append((lineno, record))
+        elif problem is not None:
+            raise UserError(
+                f"{where} is {problem}; a results file has one JSON result record per line, as "
+                "`ditbench run` writes it."
+            )
+        else:
+            records.append((number, _validate(value, where, judge_metrics), value))
     return records
 
 
-def _validate(record: Any, path: Path, lineno: int, judge_metrics: bool = False) -> None:
-    where = f"{path} line {lineno}"
-    if not isinstance(record, dict):
+def _validate(value: Any, where: str, judge_metrics: bool) -> Record:
+    if not isinstance(value, dict):
         raise UserError(
-            f"{where} is a JSON {type(record).__name__}, not a result record (a JSON object with "
-            f'"schema": "{KNOWN_SCHEMAS[-1]}"); is this the results.jsonl of `ditbench run`?'
+            f"{where} is a JSON {type(value).__name__}, not a result record (a JSON object with "
+            f'"schema": "{SCHEMA}"); is this the results.jsonl of `ditbench run`?'
         )
-    schema = record.get("schema")
-    if not isinstance(schema, str) or not schema.startswith(SCHEMA_PREFIX):
+    schema = value.get("schema")
+    if not (isinstance(schema, str) and schema.startswith(SCHEMA_PREFIX)):
         raise UserError(
-            f'{where} is not a ditbench result record: its "schema" is {schema!r}, expected '
-            f"{KNOWN_SCHEMAS[-1]!r}; is this the results.jsonl of `ditbench run`?"
+            f'{where} is not a ditbench result record: its "schema" is {shorten(schema)}, expected '
+            f"{SCHEMA!r}; is this the results.jsonl of `ditbench run`?"
         )
-    if schema not in KNOWN_SCHEMAS:
-        raise UserError(
-            f"{where} has schema {schema!r}, which this ditbench does not know (it reads "
-            f"{', '.join(KNOWN_SCHEMAS)}); upgrade ditbench to read it."
-        )
-    missing = [k for k in REQUIRED_KEYS if k not in record]
-    if missing:
-        raise UserError(
-            f"{where} is a result record without {', '.join(missing)}; every record needs "
-            f"{', '.join(REQUIRED_KEYS)}. Was the file edited by hand?"
-        )
-    if not isinstance(record["config"], dict):
-        raise UserError(
-            f'{where}: "config" must be an object of knobs, got {type(record["config"]).__name__}.'
-        )
-    problem = shape_problem(record)
+    contradiction = value_problem(value, judge_metrics=judge_metrics)  # values pandas can hold
+    record, problem = as_record(value) if contradiction is None else (None, None)
     if problem is not None:
-        raise UserError(f"{where} is not a valid result record: {problem}. Was the file edited by hand?")
-    # checked against itself: ids, rates, dates, values pandas can hold
-    contradiction = record_problem(record, judge_metrics=judge_metrics)
+        name, cid = value.get("cell_name"), value.get("cell_id")
+        if isinstance(name, str) and isinstance(cid, str):
+            where += f" (cell `{shorten(name, 100, quote=False)}`, {shorten(cid, 40, quote=False)})"
+        raise UserError(
+            f"{where} is not a valid result record: {problem}. Is this the results.jsonl of `ditbench run`, "
+            "unedited?"
+        )
+    contradiction = contradiction or record.contradiction()  # checked against itself: ids, rates, dates
     if contradiction is not None:
         field, why = contradiction
         raise UserError(
             f"{where}, field {field}: {why}. A record must agree with itself; was it edited by hand?"
         )
+    return record
 
 
-def record_row(record: dict[str, Any], source: str = "") -> dict[str, Any]:
-    """One DataFrame row: top-level scalars, then flattened config/metrics/smoke/env, then the raw record."""
-    row: dict[str, Any] = {}
-    for key, value in record.items():
-        if key in ("config", "metrics", "smoke", "env"):
-            continue
-        row[key] = value
-    for section in ("config", "metrics", "smoke", "env"):
-        value = record.get(section)
+def value_problem(raw: dict[str, Any], *, judge_metrics: bool = False) -> tuple[str, str] | None:
+    """(field, what is wrong) for the first value of a record as read that pandas cannot hold: an integer
+    beyond 64 bits, a float that is not finite (the writer stores NaN and inf as null: a JSON
+    `Infinity` was put there by hand). judge_metrics=True leaves `metrics` and `quality` to a caller that
+    names each value it cannot use by cell (the gate, whose policy may allow some)."""
+    skip = ("metrics", "quality") if judge_metrics else ()
+    stack: list[tuple[str, Any]] = [(k, v) for k, v in raw.items() if k not in skip]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+            digits = len(str(abs(value))) if value.bit_length() < 20_000 else "thousands of"
+            return path, f"is an integer of {digits} digits, beyond the 64-bit range a report can hold"
+        if isinstance(value, float) and not math.isfinite(value):
+            return path, f"is {value!r}; a record holds finite numbers (its writer stores NaN as null)"
         if isinstance(value, dict):
-            row.update(flatten(value, section))
-        else:
-            row[section] = value  # null (no metrics for a failed cell, no smoke run)
+            stack.extend((f"{path}.{k}", v) for k, v in value.items())
+        elif isinstance(value, list):
+            stack.extend((f"{path}[{i}]", v) for i, v in enumerate(value))
+    return None
+
+
+def record_row(record: Record, source: str = "", raw: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One DataFrame row: top-level values, then the flattened sections (of the JSON read, `raw`, in its
+    order and numbers), then the record itself."""
+    raw = record.dump() if raw is None else raw
+    row = {key: value for key, value in raw.items() if key not in SECTIONS}
+    for section in SECTIONS:
+        value = raw.get(section)
+        row.update(flatten(value, section) if isinstance(value, dict) else {section: value})
     row["source"] = source
     row["record"] = record
     return row
 
 
 def load_results(
-    paths: str | Path | Iterable[str | Path], keep: str = "latest", judge_metrics: bool = False
+    paths: str | Path | Iterable[str | Path],
+    keep: str = "latest",
+    judge_metrics: bool = False,
+    side: str = "",
 ) -> pd.DataFrame:
-    """Every record of the given results files as a DataFrame, one row per record.
+    """Every record of the given results files, one row per record.
 
-    keep="latest" keeps, for each cell_id, the record the runner would take as its latest: within a
-    file the last line (the runner appends, so later lines supersede earlier ones, whatever their
-    dates say); across files the one with the latest started_at (ties and missing times: the file
-    given last). A cell measured with repeats (`run --repeats K`) keeps the latest record of each
-    repeat, combined into one row (bench.repeats.combine: the median of the per-process figures,
-    `metrics.repeats` with each repeat's and the bootstrap intervals; `source` names every line).
-    keep="all" keeps every record, e.g. to study run-to-run noise.
+    keep="latest": per cell_id, the record the runner would take (within a file the last line, across
+    files the latest started_at, then the file given last); a cell's repeats combined into one row
+    (bench.repeats.combine; `source` names every line). keep="all": every record.
     judge_metrics=True (the gate) leaves non-finite or huge metric values to the caller, which names
-    each one by cell; otherwise they are input errors, like every contradiction (report.consistency).
+    each one by cell; otherwise they are input errors, like every contradiction (Record.contradiction).
     """
     if keep not in KEEP_CHOICES:
         raise UserError(f"keep={keep!r} is not valid; use one of {', '.join(KEEP_CHOICES)}.")
@@ -199,8 +189,8 @@ def load_results(
     rows = []
     file_index: list[int] = []
     for index, path in enumerate(paths):
-        for lineno, record in read_records(path, judge_metrics):
-            rows.append(record_row(record, f"{path}:{lineno}"))
+        for lineno, record, raw in read_records(path, judge_metrics, side):
+            rows.append(record_row(record, f"{path}:{lineno}", raw))
             file_index.append(index)
     if not rows:
         names = ", ".join(str(p) for p in paths) or "(none)"
@@ -212,11 +202,11 @@ def load_results(
     if keep == "latest":
         # within a file the last line wins (as bench.repeats.latest_by_repeat); then, across files, the
         # later started_at (NaT sorts first, so a dated record beats an undated one), then file order
-        df["_repeat"] = [repeat_of(r) for r in df["record"]]
+        df["_repeat"] = [r.repeat_index for r in df["record"]]
         df = df.drop_duplicates(["_file", "cell_id", "_repeat"], keep="last")
         df = df.sort_values(["started_at", "_file"], na_position="first", kind="stable")
         df = df.drop_duplicates(["cell_id", "_repeat"], keep="last").sort_values("_order", kind="stable")
-        if (df["_repeat"] > 1).any() or any(repeats_of(r) > 1 for r in df["record"]):
+        if (df["_repeat"] > 1).any() or any(r.repeat_count > 1 for r in df["record"]):
             rows = _combine_repeats(df)
             df = _frame(rows, [0] * len(rows))
     df = df.drop(columns=[c for c in ("_order", "_file", "_repeat") if c in df]).reset_index(drop=True)
@@ -238,7 +228,7 @@ def _combine_repeats(df: pd.DataFrame) -> list[dict[str, Any]]:
     """One row per cell from the latest record of each of its repeats (up to the K of the cell's
     latest record), in the order of each cell's first kept line."""
     latest = df.sort_values(["started_at", "_file", "_order"], na_position="first", kind="stable")
-    k = {cid: repeats_of(r) for cid, r in zip(latest["cell_id"], latest["record"], strict=True)}
+    k = {cid: r.repeat_count for cid, r in zip(latest["cell_id"], latest["record"], strict=True)}
     rows = []
     for cid, group in df.groupby("cell_id", sort=False):
         group = group[group["_repeat"] <= k[cid]].sort_values("_repeat", kind="stable")

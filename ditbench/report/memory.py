@@ -14,7 +14,6 @@ speed. Everything that shows an emulated cell says which card really ran it.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,13 +21,21 @@ import pandas as pd
 
 from ditbench.cards import find_card
 from ditbench.errors import UserError, shorten
+from ditbench.records.metrics import (
+    CPU_ALLOC,
+    CPU_RSS,
+    DEVICE_MEM,
+    PEAK_ALLOCATED,
+    PEAK_RESERVED,
+    finite,
+)
+from ditbench.records.model import Metrics, Record
 from ditbench.report.load import column, value
 
-MEM_ALLOCATED = "metrics.peak_mem_allocated_gib"
-MEM_RESERVED = "metrics.peak_mem_reserved_gib"
-MEM_DEVICE = "metrics.device_mem_gib"
-MEM_RSS = "metrics.cpu_peak_rss_gib"
-MEM_CPU_ALLOC = "metrics.cpu_peak_alloc_gib"  # the CPU allocator's peak (RSS stays flat on a CPU)
+MEM_ALLOCATED, MEM_RESERVED, MEM_DEVICE, MEM_RSS = (
+    m.path for m in (PEAK_ALLOCATED, PEAK_RESERVED, DEVICE_MEM, CPU_RSS)
+)
+MEM_CPU_ALLOC = CPU_ALLOC.path  # the CPU allocator's peak (RSS stays flat on a CPU)
 MEM_PREDICTED = "metrics.predicted_peak_gib"  # the planner's peak allocated, with the suite's `plan` option
 SAME_GIB = 0.05  # budgets closer than this (51 MiB) are the same card: 23.99 GiB is "24 GiB"
 
@@ -60,17 +67,15 @@ class Budget:
         return f"{self.real_gpu}{total} capped to {self.gib:g} GiB"
 
 
-def metrics_of(row: pd.Series | dict[str, Any]) -> dict[str, Any]:
-    """The record's metrics object ({} when null, or not an object in a hand-edited file)."""
+def _record(row: pd.Series | dict[str, Any]) -> Record | None:
     record = row.get("record") if hasattr(row, "get") else None
-    metrics = (record or {}).get("metrics") if isinstance(record, dict) else None
-    return metrics if isinstance(metrics, dict) else {}
+    return record if isinstance(record, Record) else None
 
 
-def _config(row: pd.Series | dict[str, Any]) -> dict[str, Any]:
-    record = row.get("record") if hasattr(row, "get") else None
-    config = (record or {}).get("config") if isinstance(record, dict) else None
-    return config if isinstance(config, dict) else {}
+def metrics_of(row: pd.Series | dict[str, Any]) -> Metrics:
+    """The record's metrics (empty when null, or for a row without a record)."""
+    record = _record(row)
+    return (record.metrics if record is not None else None) or Metrics()
 
 
 def _card_gib(name: Any) -> float | None:
@@ -81,29 +86,27 @@ def _card_gib(name: Any) -> float | None:
 
 
 def _number(v: Any) -> float | None:
-    """A finite number >= 0 from a record, else None (a hand-edited record may hold anything)."""
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        return None
-    return float(v)
+    """A finite number >= 0, else None."""
+    v = finite(v)
+    return v if v is not None and v >= 0 else None
 
 
 def cell_budget(row: pd.Series | dict[str, Any]) -> Budget | None:
     """The budget this cell ran under, or None (no cap, or a CPU cell)."""
-    config, metrics = _config(row), metrics_of(row)
-    if config.get("device") == "cpu":
+    record = _record(row)
+    if record is None or record.config.device == "cpu":
         return None
-    em = metrics.get("emulation")
-    card = config.get("card")
-    if isinstance(em, dict) and _number(em.get("budget_gib")):  # > 0
+    em, card = metrics_of(row).emulation, record.config.card
+    if em is not None and _number(em.budget_gib):  # > 0
         return Budget(
-            gib=float(em["budget_gib"]),
-            card=_text(em.get("card")) or _text(card),
-            real_gpu=_text(em.get("real_gpu")) or _text(row.get("env.gpu_name")) or "a bigger GPU",
-            real_total_gib=_number(em.get("real_total_gib")),
-            context_gib=_number(em.get("context_gib")),
-            allocator_cap_gib=_number(em.get("allocator_cap_gib")),
+            gib=em.budget_gib,
+            card=_text(em.card) or _text(card),
+            real_gpu=_text(em.real_gpu) or _text(row.get("env.gpu_name")) or "a bigger GPU",
+            real_total_gib=_number(em.real_total_gib),
+            context_gib=_number(em.context_gib),
+            allocator_cap_gib=_number(em.allocator_cap_gib),
         )
-    gib = _number(config.get("gpu_memory_gib")) or (_card_gib(card) if card else None)
+    gib = record.config.gpu_memory_gib or (_card_gib(card) if card else None)
     if gib is None:
         return None
     real_gpu, real_total = _real_card(row, gib)
@@ -126,8 +129,8 @@ def _real_card(row: pd.Series | dict[str, Any], gib: float) -> tuple:
 def fit_memory(row: pd.Series | dict[str, Any]) -> tuple[float | None, str]:
     """The memory that decides whether a cell fits a card (GiB), and what it is."""
     reserved = value(row, MEM_RESERVED)
-    em = metrics_of(row).get("emulation")
-    context = _number(em.get("context_gib")) if isinstance(em, dict) else None
+    em = metrics_of(row).emulation
+    context = _number(em.context_gib) if em is not None else None
     if reserved is not None and context is not None:
         return reserved + context, "peak reserved + CUDA context"
     for name, label in (
@@ -190,8 +193,8 @@ def fits(row: pd.Series, budget_gib: float, bounds: dict[Any, float] | None = No
     """Does this cell fit a card of budget_gib? None when the record cannot tell."""
     own = cell_budget(row)
     if row["status"] == "ok":
-        flag = metrics_of(row).get("fits_budget")
-        if isinstance(flag, bool) and own is not None and abs(own.gib - budget_gib) < SAME_GIB:
+        flag = metrics_of(row).fits_budget
+        if flag is not None and own is not None and abs(own.gib - budget_gib) < SAME_GIB:
             return flag  # the runner's verdict for the budget it ran under
         mem, _ = fit_memory(row)
         if mem is not None:

@@ -234,9 +234,8 @@ def smoke_loss_figure(df: pd.DataFrame) -> Figure | None:
     """Training loss of the smoke runs: raw per step (faint) and a moving average."""
     curves = []
     for _, row in df.iterrows():
-        smoke = row["record"].get("smoke")
-        loss = smoke.get("loss") if isinstance(smoke, dict) else None
-        if isinstance(loss, list) and len(loss) > 1:
+        loss = row["record"].smoke.loss if row["record"].smoke is not None else None
+        if loss is not None and len(loss) > 1:
             curves.append((row, np.array([np.nan if v is None else v for v in loss], dtype=float)))
     if not curves:
         return None

@@ -25,6 +25,7 @@ from ditbench.imageload import GRID_PIXELS, load_rgb
 from ditbench.metrics import registry
 from ditbench.metrics.spec import Output
 from ditbench.precision import LOW_PRECISIONS
+from ditbench.records.model import Quality
 from ditbench.report.blocks import Block, Heading, Image, Para, Table, num
 from ditbench.report.cells import cell_label
 from ditbench.report.gate.policy import DEFAULT_QUALITY_NOISE_K
@@ -46,14 +47,10 @@ class Verdict:
     step: int | None = None
 
 
-def evaluated(df: pd.DataFrame) -> list[tuple[Any, dict[str, Any]]]:
+def evaluated(df: pd.DataFrame) -> list[tuple[Any, Quality]]:
     """(row label, quality field) of every record with at least one evaluation."""
-    out = []
-    for label, row in df.iterrows():
-        q = row["record"].get("quality") if isinstance(row.get("record"), dict) else None
-        if isinstance(q, dict) and isinstance(q.get("evaluations"), list) and q["evaluations"]:
-            out.append((label, q))
-    return out
+    pairs = zip(df.index, (r.quality for r in df["record"]), strict=True)
+    return [(label, q) for label, q in pairs if q is not None and q.evaluations]
 
 
 def not_official(df: pd.DataFrame) -> bool:
@@ -166,16 +163,16 @@ def _summary_table(df: pd.DataFrame, cells, comparison: pd.DataFrame) -> Table:
 _CSS = {"better": "held", "within noise": "held", "worse": "not-held"}
 
 
-def _verdict(df: pd.DataFrame, label, q: dict, comparison: pd.DataFrame) -> Verdict:
+def _verdict(df: pd.DataFrame, label, q: Quality, comparison: pd.DataFrame) -> Verdict:
     if bool(comparison.at[label, "is_baseline"]):
         return Verdict("baseline", "")
     base_label = comparison.at[label, "baseline_label"]
     if base_label is None or (isinstance(base_label, float) and math.isnan(base_label)):
         return Verdict("no baseline", str(comparison.at[label, "baseline_note"] or ""))
-    base_q = df.loc[base_label]["record"].get("quality")
-    if not isinstance(base_q, dict):
+    base_q = df.loc[base_label]["record"].quality
+    if base_q is None:
         return Verdict("no baseline", "its baseline cell was not evaluated")
-    return compare_fid(base_q, q)
+    return compare_fid(base_q.dump(), q.dump())
 
 
 def _pm(mean: Any, spread: Any, output: Output) -> str:
@@ -189,7 +186,7 @@ def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _points(q: dict) -> list[tuple[float, float, float | None, int]]:
+def _points(q: Quality) -> list[tuple[float, float, float | None, int]]:
     """(GPU-hours of training, FID, FID spread, step) per evaluation with an FID."""
     out = []
     for e in q["evaluations"]:
@@ -330,9 +327,9 @@ def quality_unchanged(df: pd.DataFrame) -> tuple[str, str, int | None]:
     judged: list[tuple[str, Verdict]] = []
     for name, change, twin in QUALITY_CHANGES:
         for row, other in pairs(df, change, twin):
-            q, base = row["record"].get("quality"), other["record"].get("quality")
-            if isinstance(q, dict) and isinstance(base, dict):
-                verdict = compare_fid(base, q)
+            q, base = row["record"].quality, other["record"].quality
+            if q is not None and base is not None:
+                verdict = compare_fid(base.dump(), q.dump())
                 if verdict.step is not None and verdict.text != "not comparable":
                     judged.append((f"{name} ({cell_label(row)})", verdict))
     if not judged:

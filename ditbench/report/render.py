@@ -17,6 +17,7 @@ import pandas as pd
 from ditbench import __version__
 from ditbench.escape import csv_safe
 from ditbench.fileio import write_atomic
+from ditbench.records.metrics import CPU_ALLOC, CPU_RSS, DEVICE_MEM
 from ditbench.report import analysis
 from ditbench.report.advice import AdviceCheck
 from ditbench.report.blocks import Block, Bullets, Heading, Image, Para, Table, to_html, to_markdown
@@ -172,7 +173,7 @@ def _environment(df: pd.DataFrame) -> list[Block]:
     if any(v.startswith("missing") for v in nvml):
         out.append(
             Para(
-                "The driver and the device memory NVML reports (metrics.device_mem_gib, CUDA context "
+                f"The driver and the device memory NVML reports ({DEVICE_MEM.path}, CUDA context "
                 "included) are empty: nvidia-ml-py was not installed where these records were made "
                 "(`pip install 'ditbench[gpu]'`). The allocator's peaks do not need it."
             )
@@ -194,8 +195,8 @@ def _method(df: pd.DataFrame, steps: int, steps_source: str) -> list[Block]:
                 "saving can show (the planner's components where the record has them).",
                 f"Memory in the tables is {mem_label.replace(' (GiB)', '')} (GiB = 2^30 bytes; below 1 GiB "
                 "in MiB = 2^20 bytes). On a CPU that is the CPU allocator peak over a fresh trainer's "
-                "second step (metrics.cpu_peak_alloc_gib), or in older records the CPU peak RSS, the "
-                "process's resident memory (metrics.cpu_peak_rss_gib), which stays flat across settings. "
+                f"second step ({CPU_ALLOC.path}), or in older records the CPU peak RSS, the "
+                f"process's resident memory ({CPU_RSS.path}), which stays flat across settings. "
                 "Whether a "
                 "cell fits a card is decided on peak reserved + CUDA context where the context was measured "
                 "(a cell that completed under an emulated card's cap fits it), else on NVML device memory "

@@ -13,6 +13,7 @@ import pandas as pd
 
 from ditbench.bench.window import noise_advice
 from ditbench.interval_text import decimals
+from ditbench.records.metrics import ENERGY_PER_IMAGE, IMAGES_PER_S, MFU, STEP_MS
 from ditbench.report import advice, analysis
 from ditbench.report.blocks import (
     Block,
@@ -40,7 +41,6 @@ from ditbench.report.memory import (
 from ditbench.report.timing import gpu_hours_text, time_text
 from ditbench.units import memory_text
 
-IMG_S = "metrics.images_per_s"
 STATUS_TEXT = {
     "ok": "ok",
     "oom": "OOM",
@@ -75,9 +75,9 @@ def steps_text(n: int) -> str:
 def noise_text(row: pd.Series) -> str:
     """'noisy: step-time spread 0.12 (bound 0.05)' for a cell the runner marked noisy, else ''."""
     metrics = metrics_of(row)
-    if metrics.get("noisy") is not True:
+    if metrics.noisy is not True:
         return ""
-    noise = metrics.get("noise") if isinstance(metrics.get("noise"), dict) else {}
+    noise = metrics.get("noise") or {}
     parts = []
     for name, bound, label in (
         ("step_spread", "spread_bound", "step-time spread"),
@@ -145,7 +145,7 @@ def recommendations(df: pd.DataFrame, steps: int) -> list[Block]:
             noisy = noise_text(row) if row is not None else ""
             note = "; ".join(x for x in (r.note, noisy) if x)
             when = time_text(row, steps) if row is not None else "—"
-            rows.append([r.model, r.cell_name, num(r.images_per_s), when, mem, note])
+            rows.append([r.model, r.cell_name, num(r.rate), when, mem, note])
         out.append(Para(f"Fastest configuration that fits, per model, on {budget}{gpu_text}:"))
         headers = ["model", "fastest cell that fits", "images/s", f"time to {steps_text(steps)} steps"]
         headers += ["memory", "note"]
@@ -156,7 +156,7 @@ def recommendations(df: pd.DataFrame, steps: int) -> list[Block]:
             out.append(
                 Para(
                     f"Largest model that fits on {budget}{gpu_text}: **{largest.model}** "
-                    f"({largest.cell_name}, {num(largest.images_per_s)} images/s)."
+                    f"({largest.cell_name}, {num(largest.rate)} images/s)."
                 )
             )
         else:
@@ -284,7 +284,7 @@ def model_section(
                 continue
             status = row["status"]
             if status == "ok":
-                text = f"{num(value(row, IMG_S))} img/s"
+                text = f"{num(value(row, IMAGES_PER_S.path))} img/s"
                 mem, predicted = value(row, mem_col), value(row, MEM_PREDICTED)
                 if mem is not None:
                     text += f" · {mem_text(mem)}"
@@ -368,17 +368,17 @@ def model_section(
 def _detail_row(
     row: pd.Series, c: pd.Series, mem_col: str, steps: int, multi_run: bool, emulated: bool
 ) -> list[str]:
-    smoke = row["record"].get("smoke")
+    smoke = row["record"].smoke
     smoke_text = "—"
-    if isinstance(smoke, dict) and smoke.get("first_mean") is not None:
-        smoke_text = f"{num(smoke.get('first_mean'), 3)} → {num(smoke.get('last_mean'), 3)}"
-        if smoke.get("nonfinite_steps"):
-            smoke_text += f" ({smoke['nonfinite_steps']} non-finite)"
+    if smoke is not None and smoke.first_mean is not None:
+        smoke_text = f"{num(smoke.first_mean, 3)} → {num(smoke.last_mean, 3)}"
+        if smoke.nonfinite_steps:
+            smoke_text += f" ({smoke.nonfinite_steps} non-finite)"
     p10, p90 = value(row, "metrics.step_ms.p10"), value(row, "metrics.step_ms.p90")
-    step = num(value(row, "metrics.step_ms.median"))
+    step = num(value(row, STEP_MS.path))
     if p10 is not None and p90 is not None:
         step += f" ({num(p10)}–{num(p90)})"
-    mfu = value(row, "metrics.mfu.value")
+    mfu = value(row, MFU.path)
     scaling = value(row, "metrics.scaling_efficiency")
     ok = row["status"] == "ok"
     if c["is_baseline"]:
@@ -408,7 +408,7 @@ def _detail_row(
         mem_text(value(row, MEM_RESERVED)),
         fit,
         num(mfu * 100, 1, "%") if mfu is not None else "—",
-        num(value(row, "metrics.energy_j_per_image"), 3),
+        num(value(row, ENERGY_PER_IMAGE.path), 3),
         num(scaling * 100, 1, "%") if scaling is not None else "—",
         vs,
         smoke_text,
@@ -421,15 +421,15 @@ def _detail_row(
 def rate_text(row: pd.Series) -> str:
     """images/s; a cell with repeats: the median of the per-process medians, its 95% interval and
     the number of processes (bench.repeats)."""
-    rep = (row["record"].get("metrics") or {}).get("repeats")
-    ci = rep.get("images_per_s_ci") if isinstance(rep, dict) else None
+    rep = metrics_of(row).repeats
+    ci = rep.get(f"{IMAGES_PER_S.key}_ci") if rep is not None else None
     if not (isinstance(ci, list) and len(ci) == 2):
-        return num(value(row, IMG_S))
+        return num(value(row, IMAGES_PER_S.path))
     # to the decimals the interval justifies (interval_text), at most num's one
     ends = [x for x in ci if isinstance(x, (int, float)) and not isinstance(x, bool)]
     digits = decimals((ends[1] - ends[0]) / 2, 1) if len(ends) == 2 else 1
-    text = num(value(row, IMG_S), digits)
-    return text + f" (95% CI {num(ci[0], digits)}–{num(ci[1], digits)}, {rep.get('count')} runs)"
+    text = num(value(row, IMAGES_PER_S.path), digits)
+    return text + f" (95% CI {num(ci[0], digits)}–{num(ci[1], digits)}, {rep.count} runs)"
 
 
 def mem_text(gib: Any) -> str:

@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 
 from ditbench.errors import UserError
+from ditbench.records.metrics import IMAGES_PER_S, STEPS_PER_S
 from ditbench.report.cells import gpu_count
 from ditbench.report.load import value
 
@@ -30,9 +31,9 @@ def target_steps(df: pd.DataFrame, override: int | None = None) -> tuple[int, st
         return int(override), "given with --target-steps"
     found = set()
     for record in df["record"]:
-        for v in (record.get("target_steps"), (record.get("config") or {}).get("target_steps")):
-            if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_TARGET_STEPS:
-                found.add(v)
+        v = record.get("target_steps")
+        if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_TARGET_STEPS:
+            found.add(v)
     if len(found) == 1:
         return found.pop(), "the suite's target_steps"
     if len(found) > 1:
@@ -50,12 +51,12 @@ def check_target_steps(n: Any, where: str) -> int:
 
 
 def time_to_steps_s(row: pd.Series | dict[str, Any], steps: int) -> float | None:
-    sps = value(row, "metrics.steps_per_s")
+    sps = value(row, STEPS_PER_S.path)
     return steps / sps if sps else None
 
 
 def gpu_hours_per_million_images(row: pd.Series | dict[str, Any]) -> float | None:
-    img_s = value(row, "metrics.images_per_s")
+    img_s = value(row, IMAGES_PER_S.path)
     return gpu_count(row) * 1e6 / img_s / 3600 if img_s else None
 
 

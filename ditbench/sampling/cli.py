@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ditbench.records.metrics import IMAGES_PER_S
 from ditbench.sampling.shards import default_paths
 
 
@@ -100,7 +101,7 @@ def run(args) -> int:
 
         print(json.dumps(record, indent=2, default=str))
     elif record:
-        ips = record.get("images_per_s")
+        ips = record.get(IMAGES_PER_S.key)
         speed = f"{ips:.3f} images/s" if ips else "all shards were already on disk"
         print(
             f"wrote {record['npz']}: {record['shape'][0]} images {tuple(record['shape'][1:])}, "

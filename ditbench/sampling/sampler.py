@@ -17,6 +17,7 @@ import numpy as np
 from ditbench.errors import UserError
 from ditbench.fileio import atomic_write, read_regular, write_json_atomic
 from ditbench.pretrained import DIT_CHECKPOINTS, is_vae_name, resolve_checkpoint
+from ditbench.records.metrics import IMAGES_PER_S
 from ditbench.sampling.shards import (
     default_paths,
     discard_if_empty,
@@ -270,7 +271,7 @@ def _record(args, ctx, out: Path, settings: dict, shape, per_rank: list[dict]) -
         "images_resumed": args.num_samples - total_made,
         "sampling_seconds": wall,
         # Sampling only (model and VAE loading excluded), over the ranks working in parallel.
-        "images_per_s": (total_made / wall) if total_made and wall > 0 else None,
+        IMAGES_PER_S.key: (total_made / wall) if total_made and wall > 0 else None,
         "per_rank": per_rank,
         "for_speed_only": bool(random_parts),
         "env": {**collect_env(), "device": str(ctx.device)},

@@ -12,6 +12,8 @@ import argparse
 import math
 import time
 
+from ditbench.records.metrics import IMAGES_PER_S
+
 DEFAULT_MODEL = "DiT-S/8"  # a suite must name its model; a quick command-line check gets a small one
 MAX_STEPS = 10**9  # beyond it a step count is a typo, and the run would never end
 
@@ -177,7 +179,7 @@ def run(args: argparse.Namespace) -> int:
             "steps": args.steps,
             "elapsed_s": round(elapsed, 3),
             "steps_per_s": args.steps / elapsed,
-            "images_per_s": args.steps * cfg.rank_batch / elapsed,
+            IMAGES_PER_S.key: args.steps * cfg.rank_batch / elapsed,
             "loss_first": first_loss,
             "loss_last": last_loss,
             "scaler_skips": trainer.scaler_skips if uses_scaler(cfg.precision) else None,

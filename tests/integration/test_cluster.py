@@ -20,10 +20,10 @@ from ditbench.bench import inflight  # noqa: E402
 from ditbench.bench.cluster import job_parameters, job_timeout_min  # noqa: E402
 from ditbench.bench.jobs import JOBS_DIR, job_path, submit_suite  # noqa: E402
 from ditbench.bench.launch.executors import JobRef  # noqa: E402
-from ditbench.bench.records import read_records  # noqa: E402
 from ditbench.bench.runner import RunOptions  # noqa: E402
 from ditbench.cli import main  # noqa: E402
 from ditbench.errors import UserError  # noqa: E402
+from ditbench.records.jsonl import read_records  # noqa: E402
 from ditbench.spec.cluster import ClusterOptions, parse_cluster_flags  # noqa: E402
 from ditbench.spec.suite import load_suite, parse_suite  # noqa: E402
 
@@ -331,7 +331,7 @@ def test_a_job_that_ended_without_a_result_is_recorded_as_an_error(tmp_path, mon
     (record,) = read_records(out / "results.jsonl")
     assert record["status"] == "error" and "local job 999999999 ended" in record["reason"]
     assert "without writing a result" in record["reason"]
-    assert json.dumps(record)  # a plain JSON record
+    assert json.dumps(record.dump())  # a plain JSON record
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ pytest.importorskip("submitit")
 
 from ditbench.bench.jobs import JOBS_DIR  # noqa: E402
 from ditbench.bench.launch import executors  # noqa: E402
-from ditbench.bench.records import read_records  # noqa: E402
+from ditbench.records.jsonl import read_records  # noqa: E402
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 

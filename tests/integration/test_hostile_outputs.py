@@ -200,9 +200,9 @@ def test_a_replaced_output_may_have_a_hard_link_whose_file_keeps_its_bytes(tmp_p
 
 
 def test_a_planted_hard_link_between_the_check_and_the_open_is_refused_on_the_descriptor(tmp_path):
-    from ditbench.bench.records import append_record
     from ditbench.errors import UserError
     from ditbench.fileio import open_log
+    from ditbench.records.jsonl import append_record
 
     outside, data = linked(tmp_path, "results.jsonl")
     with pytest.raises(UserError, match="2 hard links"):

@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("submitit")
 
 from ditbench.bench.jobs import JOBS_DIR  # noqa: E402
-from ditbench.bench.records import read_records  # noqa: E402
+from ditbench.records.jsonl import read_records  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 

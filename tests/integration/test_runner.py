@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 
-from ditbench.bench.records import read_records
 from ditbench.bench.runner import RunOptions, run_suite
 from ditbench.cli import main
+from ditbench.records.jsonl import read_records
 from ditbench.spec.suite import load_suite
 from ditbench.units import memory_text
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ditbench.bench.records import read_records
 from ditbench.cli import main
 from ditbench.outlock import LOCK_NAME
+from ditbench.records.jsonl import read_records
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -160,6 +160,25 @@ def test_a_side_writing_records_this_gate_cannot_read_is_refused_by_name(ab):
 
 
 @pytest.mark.parametrize(
+    ("broken", "key"),
+    [
+        ({"images_per_s": "800", "step_ms": {"median": 10.0}}, "metrics.images_per_s is '800', not a number"),
+        (
+            {"images_per_s": 800.0, "step_ms": {"median": 10.0, "samples": "x"}},
+            "metrics.step_ms.samples is 'x'",
+        ),
+        ({"images_per_s": 800.0, "step_ms": 10.0}, "metrics.step_ms is 10.0, not an object"),
+    ],
+)
+def test_a_side_whose_result_holds_a_wrong_type_is_refused_by_name(ab, broken, key):
+    """Issue 34, class 6: the record a side's result makes is validated where it is made."""
+    Fake.broken[("DiT=slow:0.01", 2)] = {"status": "ok", "metrics": broken, "env": ENV}
+    code, out, err = ab(slow(0.01))
+    text = " ".join(err.split())
+    assert code == 2 and "Traceback" not in err and "side B's result for cell DiT-T/4" in text and key in text
+
+
+@pytest.mark.parametrize(
     ("args", "message"),
     [
         (["--max-rounds", "4"], "--max-rounds 4: give 6 to 1000"),

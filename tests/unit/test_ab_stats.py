@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm, wilcoxon
 
-from ditbench.report.gate.metrics import table
+from ditbench.records.metrics import table
 from ditbench.report.gate.paired import (
     excluded,
     hl_interval,

@@ -123,13 +123,13 @@ def test_the_threads_knob_sets_the_cells_torch_threads(monkeypatch):
 
 
 def test_noise_bounds():
-    steady = noise([100.0, 101.0, 99.0, 100.0], images_per_s=10 * 1000 / 100, batch=10)
+    steady = noise([100.0, 101.0, 99.0, 100.0], rate=10 * 1000 / 100, batch=10)
     assert steady["noisy"] is False and steady["noise"]["step_spread"] < 1.05
     assert steady["noise"]["throughput_gap"] == pytest.approx(0.0, abs=1e-9)
     assert (steady["noise"]["spread_bound"], steady["noise"]["gap_bound"]) == (SPREAD_BOUND, GAP_BOUND)
-    spread = noise([100.0, 100.0, 2846.0, 100.0, 2846.0], images_per_s=4 / 0.374, batch=4)
+    spread = noise([100.0, 100.0, 2846.0, 100.0, 2846.0], rate=4 / 0.374, batch=4)
     assert spread["noisy"] is True and spread["noise"]["step_spread"] > SPREAD_BOUND
-    gap = noise([100.0] * 5, images_per_s=0.5 * 10 * 1000 / 100, batch=10)  # half the steps' rate
+    gap = noise([100.0] * 5, rate=0.5 * 10 * 1000 / 100, batch=10)  # half the steps' rate
     assert gap["noisy"] is True and gap["noise"]["throughput_gap"] == pytest.approx(0.5)
 
 

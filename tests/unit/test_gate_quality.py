@@ -295,13 +295,16 @@ def _broken(change):
     "q, needle",
     [
         (_broken(lambda q: q.update(evaluations=[])), "quality.evaluations is [], not a non-empty list"),
-        (_broken(lambda q: q.update(evaluations={"step": 1})), "not a non-empty list"),
+        (
+            _broken(lambda q: q.update(evaluations={"step": 1})),
+            "quality.evaluations is {'step': 1}, not a list",
+        ),
         (_broken(lambda q: q["evaluations"][1].update(step=True)), "evaluations[1].step is True"),
         (_broken(lambda q: q["evaluations"][1].update(step=0)), "step 0 appears twice"),
         (_broken(lambda q: q["evaluations"][1].update(metrics=None)), "evaluations[1].metrics is None"),
         (_broken(lambda q: q["evaluations"][1].update(spread=[0.1])), "spread is [0.1]"),
         (_broken(lambda q: q["inception"].pop("sha256")), "quality.inception.sha256 is None"),
-        (_broken(lambda q: q.update(reference="ref.npz")), "quality.reference.digest is None"),
+        (_broken(lambda q: q.update(reference="ref.npz")), "quality.reference is 'ref.npz', not an object"),
         (_broken(lambda q: q.update(samples=0)), "quality.samples is 0"),
         (_broken(lambda q: q.update(sampler="ddpm")), "quality.sampler is 'ddpm'"),
         (_broken(lambda q: q["evaluations"][1]["metrics"].update(fid=float("nan"))), "metrics.fid is nan"),

@@ -12,8 +12,8 @@ from test_compare import cli
 
 from ditbench.errors import UserError
 from ditbench.intervals import median_interval, median_ratio_interval
+from ditbench.records.metrics import table
 from ditbench.report.gate import compare_files, load_policy, summary_markdown
-from ditbench.report.gate.metrics import table
 from ditbench.report.gate.timing import change_interval
 
 BASE_MS = 20.0  # DiT-S/8 at batch 8: 400 images/s

@@ -18,8 +18,10 @@ import pytest
 from synthetic_records import make_record, write_jsonl
 
 from ditbench.cli import main
+from ditbench.errors import UserError
 from ditbench.export.runs import tracker_runs
 from ditbench.outpaths import inside, safe_component
+from ditbench.records.model import Record
 from ditbench.report.load import load_results
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +60,7 @@ def test_run_folders_from_hostile_run_ids_stay_single_distinct_names():
     records = [make_record(run_id=run_id) for run_id in HOSTILE_IDS]
     from ditbench.export.runs import tracker_run
 
-    keys = [tracker_run(r, "/x/results.jsonl:1").key for r in records]
+    keys = [tracker_run(Record.model_validate(r), "/x/results.jsonl:1").key for r in records]
     assert len(set(keys)) == len(keys)
     for key in keys:
         assert "/" not in key and "\0" not in key and key not in (".", "..")
@@ -117,11 +119,14 @@ def test_export_of_the_run_folder_keeps_its_grids(quality_run):
 
 def test_names_a_tracker_refuses_are_left_out_with_a_note():
     record = make_record()
-    record["metrics"]["we\ud800ird key!"] = 1.0
+    record["metrics"]["we ird key!"] = 1.0
     record["metrics"]["../up"] = 2.0
     (run,) = tracker_runs(_frame([record]))
-    assert not any("weird" in k or "up" in k.split("/") for k in run.metrics)
+    assert not any("ird" in k or "up" in k.split("/") for k in run.metrics)
     assert any("2 metrics left out" in n for n in run.notes)
+    record["metrics"]["we\ud800ird key!"] = 1.0  # a key that is not text: the record is refused, named
+    with pytest.raises(UserError, match=r"line 1 \(cell .* is not a valid result record: metrics has a key"):
+        _frame([record])
 
 
 def _frame(records):

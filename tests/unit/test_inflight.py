@@ -5,10 +5,11 @@ import os
 import warnings
 
 import pytest
+from synthetic_records import cell_config
 
 from ditbench.bench import inflight
 from ditbench.bench.launch.files import write_result
-from ditbench.bench.records import read_records
+from ditbench.records.jsonl import read_records
 
 OK = {
     "status": "ok",
@@ -28,7 +29,7 @@ def context(cell_id="c0ffee000001", run_id="20260101T000000Z-aaaaaa", **kw):
         "cell_name": f"cell {cell_id}",
         "suite_baseline": {},
         "suite_overrides": {},
-        "config": {"batch_size": 1, "gpus": 1, "nodes": 1},
+        "config": cell_config(device="cpu"),
         "env": {"host": "runner-host"},
         "started_at": "2026-01-01T00:00:00Z",
         **kw,

@@ -14,8 +14,8 @@ from test_gate_quality import evaluation, quality
 from test_gate_quality import run as _gate  # records and a policy text to a Comparison
 
 from ditbench.errors import UserError
+from ditbench.records.metrics import HIGHER, LOWER, QUALITY, Metric, table
 from ditbench.report.gate import NothingComparedError
-from ditbench.report.gate.metrics import HIGHER, LOWER, QUALITY, Metric, table
 from ditbench.report.gate.policy import Policy, Rule
 from ditbench.report.gate.timing import StepTest, _interval_text, judge
 

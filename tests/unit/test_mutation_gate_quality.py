@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from ditbench.records.metrics import table
 from ditbench.report.gate.inputs import Row
-from ditbench.report.gate.metrics import table
 from ditbench.report.gate.policy import Rule
 from ditbench.report.gate.quality import (
     IDENTITY,

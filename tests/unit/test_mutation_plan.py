@@ -687,21 +687,29 @@ def test_rounding_and_segments_at_their_edges():
 # ---- calibration.py: calibration cells from the user's records ----------------------------------
 
 
-def _record(status="ok", steps=2.5, gpu="NVIDIA H200", **config):
-    config = {"model": "DiT-XL/2", "precision": "bf16", "batch_size": 4, **config}
-    return {"status": status, "config": config, "metrics": {"steps_per_s": steps}, "env": {"gpu_name": gpu}}
+FAILED = ("oom", "timeout", "nan_loss", "error", "skipped", "unsupported")
+
+
+def _record(status="ok", steps=2.5, gpu="NVIDIA H200", metrics=None, **config):
+    """A record (records.model.Record) of a cell run on `gpu` at `steps` steps/s."""
+    from synthetic_records import make_record
+
+    from ditbench.records.model import Record
+
+    raw = make_record(status=status, **{"model": "DiT-XL/2", "precision": "bf16", "batch_size": 4, **config})
+    raw.update(metrics={"steps_per_s": steps} if metrics is None else metrics, env={"gpu_name": gpu})
+    return Record.model_validate(raw)
 
 
 def test_the_card_of_a_record_is_the_emulated_runs_real_gpu_else_the_envs():
     assert calibration._card(_record()) == "H200"
     assert calibration._card(_record(gpu="A100-SXM4-80GB")) == "A100-80GB"
-    emulated = {**_record(), "metrics": {"emulation": {"real_gpu": "H200"}}, "env": {"gpu_name": "RTX 4090"}}
+    emulated = _record(gpu="RTX 4090", metrics={"emulation": {"real_gpu": "H200"}})
     assert calibration._card(emulated) == "H200"
-    no_real = {**_record(gpu="RTX 4090"), "metrics": {"emulation": {"real_gpu": None}}}
+    no_real = _record(gpu="RTX 4090", metrics={"emulation": {"real_gpu": None}})
     assert calibration._card(no_real) == "RTX 4090"
-    assert calibration._card({**_record(gpu="RTX 4090"), "metrics": {"emulation": "H200"}}) == "RTX 4090"
-    assert calibration._card({**_record(gpu="RTX 4090"), "metrics": ["H200"]}) == "RTX 4090"
-    for record in (_record(gpu="a CPU"), _record(gpu=None), {"env": "H200"}, {}):
+    assert calibration._card(_record(gpu="RTX 4090", metrics={"emulation": None})) == "RTX 4090"
+    for record in (_record(gpu="a CPU"), _record(gpu=None), _record(gpu=None, metrics={})):
         assert calibration._card(record) is None
 
 
@@ -718,12 +726,12 @@ def test_calibration_cells_are_the_measured_gpu_records(monkeypatch):
     records = [
         _record(grad_ckpt="every_2", gpus=2, compile=True),
         _record(status="oom"),
-        _record(steps=True),
+        _record(steps=None),
         _record(steps=0),
-        _record(steps="3"),
+        _record(steps=-1.0),
         _record(gpu="a CPU"),
         _record(model="DiT-S/2"),
-        {**_record(), "metrics": "fast"},
+        _record(metrics={}),
     ]
     cells, skipped = calibration.cells_from_records(records)
     assert skipped == [
@@ -760,20 +768,21 @@ def test_a_calibration_from_records_or_why_none_can_calibrate(monkeypatch, tmp_p
     )
     path = tmp_path / "results.jsonl"
     with pytest.raises(UserError) as err:
-        calibration.from_records(path, [_record(status=f"s{i}") for i in range(7)])
+        calibration.from_records(path, [_record(status=FAILED[i % 6]) for i in range(7)])
     assert str(err.value) == (
-        f"--calibrate {path}: no record can calibrate the speed model (record 1: status 's0'; record 2: "
-        "status 's1'; record 3: status 's2'; record 4: status 's3'; record 5: status 's4'; and 2 more). A "
+        f"--calibrate {path}: no record can calibrate the speed model (record 1: status 'oom'; record 2: "
+        "status 'timeout'; record 3: status 'nan_loss'; record 4: status 'error'; record 5: status "
+        "'skipped'; and 2 more). A "
         "calibration cell is a record with status ok, a measured steps_per_s, run on a GPU of the card "
         "table (`ditbench plan --help` lists where the cards are)."
     )
-    with pytest.raises(UserError, match=r"\(record 1: status 'x'\)\. A calibration"):
-        calibration.from_records(path, [_record(status="x")])
+    with pytest.raises(UserError, match=r"\(record 1: status 'oom'\)\. A calibration"):
+        calibration.from_records(path, [_record(status="oom")])
     # Five reasons are listed whole; a sixth is counted.
-    with pytest.raises(UserError, match=r"record 5: status 's4'\)\. A calibration"):
-        calibration.from_records(path, [_record(status=f"s{i}") for i in range(5)])
-    with pytest.raises(UserError, match=r"record 5: status 's4'; and 1 more\)\. A calibration"):
-        calibration.from_records(path, [_record(status=f"s{i}") for i in range(6)])
+    with pytest.raises(UserError, match=r"record 5: status 'skipped'\)\. A calibration"):
+        calibration.from_records(path, [_record(status=FAILED[i]) for i in range(5)])
+    with pytest.raises(UserError, match=r"record 5: status 'skipped'; and 1 more\)\. A calibration"):
+        calibration.from_records(path, [_record(status=FAILED[i]) for i in range(6)])
     # One cell: the shipped parameters scaled by one common factor to its measured speed.
     cal = calibration.from_records(path, [_record(steps=2.5)])
     shipped = speed.shipped().params

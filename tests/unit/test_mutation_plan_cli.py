@@ -275,16 +275,16 @@ def test_results_files_that_cannot_be_read(tmp_path, monkeypatch):
     with pytest.raises(UserError) as err:
         cli._read_results(empty)
     assert str(err.value) == f"--results {empty}: no result records in it ({hint})"
-    from ditbench.plan import measured_records
+    from ditbench.records import jsonl
 
     def refuse(path):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(measured_records, "read_results", refuse)
+    monkeypatch.setattr(jsonl, "read_records", refuse)
     with pytest.raises(UserError) as err:
         cli._read_results(empty)
     assert str(err.value) == f"--results {empty}: cannot read it (Permission denied)"
-    monkeypatch.setattr(measured_records, "read_results", lambda path: [{"a": 1}])
+    monkeypatch.setattr(jsonl, "read_records", lambda path: [{"a": 1}])
     assert cli._read_results(empty) == [{"a": 1}]
 
 
@@ -397,7 +397,8 @@ def test_the_progress_line_says_how_many_series_and_whether_traces_are_reused(ca
 
 
 def test_speed_options_from_the_smallest_flags_and_a_calibration_file(tmp_path, monkeypatch):
-    from ditbench.plan import calibration, measured_records
+    from ditbench.plan import calibration
+    from ditbench.records import jsonl
     from ditbench.spec.plan import PlanRequest
 
     none = {"tflops": None, "mem_bw": None, "memory_gib": None}
@@ -406,7 +407,7 @@ def test_speed_options_from_the_smallest_flags_and_a_calibration_file(tmp_path, 
     assert cli._speed_options(args, request) == predict.SpeedOptions(None, 1, 1, 1)
     records = tmp_path / "cal.jsonl"
     records.write_text("")
-    monkeypatch.setattr(measured_records, "read_results", lambda path: [{"path": str(path)}])
+    monkeypatch.setattr(jsonl, "read_records", lambda path: [{"path": str(path)}])
     monkeypatch.setattr(calibration, "from_records", lambda path, recs: ("fitted", path, recs))
     args = argparse.Namespace(calibrate=records, **none)
     options = cli._speed_options(args, PlanRequest())

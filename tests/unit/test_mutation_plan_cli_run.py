@@ -10,6 +10,7 @@ import argparse
 import json
 
 import pytest
+from synthetic_records import make_record
 from test_mutation_plan_cli import GRID, _cell, _suite, plan, stand_in
 
 from ditbench.cli import main
@@ -91,8 +92,7 @@ def test_a_value_outside_the_choices_is_refused_by_the_parser(capsys, evaluated)
 
 
 def test_a_run_with_records_counts_the_measured_cells_in_the_plan_and_the_tree(capsys, evaluated, tmp_path):
-    record = {"config": {**evaluated_config(), "batch_size": 8}, "status": "ok",
-              "metrics": {"peak_mem_allocated_gib": 0.25}}  # fmt: skip
+    record = make_record("DiT-S/2", "bf16", "none", 8, peak_alloc=0.25)  # a record of the first cell
     results = tmp_path / "results.jsonl"
     results.write_text(json.dumps(record) + "\n")
     code, out, _ = plan(capsys, *GRID, "--card", "H200", "--results", str(results), "--json", "--jobs", "1",
@@ -158,10 +158,11 @@ def test_a_run_hides_only_torchs_data_pointer_warning(capsys, evaluated):
 def test_a_calibration_without_a_band_says_so(capsys, monkeypatch, tmp_path):
     import dataclasses
 
-    from ditbench.plan import calibration, measured_records
+    from ditbench.plan import calibration
+    from ditbench.records import jsonl
 
     mine = dataclasses.replace(speed.shipped(), band_pct=None, source="my.jsonl")
-    monkeypatch.setattr(measured_records, "read_results", lambda path: [{}])
+    monkeypatch.setattr(jsonl, "read_records", lambda path: [{}])
     monkeypatch.setattr(calibration, "from_records", lambda path, recs: mine)
     cal = tmp_path / "cal.jsonl"
     cal.write_text("")

@@ -8,9 +8,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from synthetic_records import make_record
 
 from ditbench.plan import measured_records as mr
+from ditbench.plan.cli import _read_results
 from ditbench.plan.predict import Prediction, normalize
+from ditbench.records.model import Record
 
 CELL = {"model": "DiT-S/2", "precision": "bf16", "batch_size": 32}
 
@@ -23,17 +26,20 @@ def _pred(memory=24.0, context=0.5, **config):
 
 
 def _record(status="ok", metrics=None, env=None, **config):
-    return {"config": {**CELL, **config}, "status": status, "metrics": metrics or {}, "env": env or {}}
+    raw = make_record(status=status, **{**CELL, **config})
+    raw.update(metrics=metrics or {}, env=env or {})
+    return Record.model_validate(raw)
 
 
-def test_only_utf8_json_objects_with_a_config_are_records(tmp_path):
-    good = {"config": {"model": "DiT-S/2"}, "status": "ok"}
+def test_the_plan_reads_records_through_the_one_reader_and_skips_what_is_not_one(tmp_path):
+    good, oom = make_record(**CELL), make_record(status="oom", **CELL)
     lines = [json.dumps(good).encode(), b"\xff\xfe", b"not json", b"[1, 2]",
-             json.dumps({"status": "ok"}).encode(), json.dumps({"config": "DiT-S/2"}).encode(),
-             json.dumps({**good, "status": "oom"}).encode()]  # fmt: skip
+             json.dumps({"status": "ok"}).encode(), json.dumps({**good, "config": "DiT-S/2"}).encode(),
+             json.dumps(oom).encode()]  # fmt: skip
     path = tmp_path / "results.jsonl"
     path.write_bytes(b"\n".join(lines))
-    assert mr.read_results(path) == [good, {**good, "status": "oom"}]
+    with pytest.warns(UserWarning, match="skipped 5 lines"):
+        assert _read_results(path) == [Record.model_validate(r) for r in (good, oom)]
 
 
 def test_numbers_are_finite_non_negative_and_not_booleans():
@@ -119,8 +125,7 @@ def test_the_latest_finished_or_oom_record_of_a_cell_wins():
         _record(metrics={"peak_mem_allocated_gib": 1.0}),
         _record(metrics=metrics),
         _record("error", metrics={"peak_mem_allocated_gib": 9.0}),
-        {"config": "DiT-S/2", "status": "ok"},
-        _record(model="nope", metrics={"peak_mem_allocated_gib": 9.0}),
+        _record(model="DiT-B/8", metrics={"peak_mem_allocated_gib": 9.0}),
         _record(batch_size=64, metrics={"peak_mem_allocated_gib": 7.0}),
     ]
     preds = [_pred(), _pred(batch_size=16), _pred(batch_size=64)]

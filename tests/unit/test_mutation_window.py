@@ -201,7 +201,7 @@ def test_step_stats_values():
 
 
 def test_noise_figures_and_degenerate_windows():
-    out = noise([10.0] * 4, images_per_s=100.0, batch=1)  # 1 image / 10 ms = 100 img/s
+    out = noise([10.0] * 4, rate=100.0, batch=1)  # 1 image / 10 ms = 100 img/s
     assert out == {
         "noisy": False,
         "noise": {
@@ -212,10 +212,10 @@ def test_noise_figures_and_degenerate_windows():
         },
     }
     # a zero p10 (a step below the timer's resolution): the spread cannot be bounded
-    zero = noise([0.0, 0.0, 10.0, 10.0, 10.0], images_per_s=100.0, batch=1)
+    zero = noise([0.0, 0.0, 10.0, 10.0, 10.0], rate=100.0, batch=1)
     assert zero["noise"]["step_spread"] == math.inf and zero["noisy"] is True
     # a zero median: no rate to compare with
-    flat = noise([0.0] * 5, images_per_s=100.0, batch=1)
+    flat = noise([0.0] * 5, rate=100.0, batch=1)
     assert flat["noise"]["throughput_gap"] == math.inf and flat["noisy"] is True
     # the gap is relative to the rate from the median, on either side
     assert noise([10.0] * 3, 90.0, 1)["noise"]["throughput_gap"] == pytest.approx(0.1)

@@ -37,11 +37,11 @@ def test_the_answer_is_the_fastest_setting_that_fits_and_the_next_faster_does_no
     assert found.searched == 2 * 3 * 9 and batches == [1, 2, 4, 8, 16, 32, 64, 128, 256]
     assert best.pred.fits and best.pred.device_gib <= 6.0
     assert best.config["batch_size"] * best.config["grad_accum"] == 256
-    assert dropped.images_per_s > best.images_per_s
+    assert dropped.rate > best.rate
     need = dropped.need_gib if dropped.pred is None else dropped.pred.device_gib
     assert need > 6.0
     # Every faster setting was tried and does not fit: the answer is the fastest that fits.
-    faster = [o for o in _all_options(found, opts, batches) if o[1] > best.images_per_s]
+    faster = [o for o in _all_options(found, opts, batches) if o[1] > best.rate]
     assert faster and all(predict_budgets(c, [c["batch_size"]], [bud])[0][0].fits is False for c, _ in faster)
 
 

@@ -6,6 +6,7 @@ import json
 import math
 
 import pytest
+from synthetic_records import cell_config
 
 from ditbench.cli import main
 
@@ -88,12 +89,14 @@ def test_a_card_plans_a_cpu_suite_as_gpu_cells(capsys, tmp_path):
 
 
 def _record(config: dict, status: str = "ok", alloc: float = 7.25, reserved: float = 7.5, **extra) -> dict:
+    measured = {"images_per_s": 10.0, "step_ms": {"median": 100.0}}  # what an ok record states
     return {
         "schema": "ditbench.result/1",
         "cell_id": "x",
-        "config": {"image_size": 64, "device": "cuda", "gpus": 1, **config},
+        "cell_name": "x",
+        "config": cell_config(**{"image_size": 64, **config}),
         "status": status,
-        "metrics": {"peak_mem_allocated_gib": alloc, "peak_mem_reserved_gib": reserved, **extra},
+        "metrics": {**measured, "peak_mem_allocated_gib": alloc, "peak_mem_reserved_gib": reserved, **extra},
         "env": {"gpu_name": "NVIDIA H200", "gpu_memory_gib": 139.8},
     }
 

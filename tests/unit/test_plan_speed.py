@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from benchmark_scripts import load_benchmark
+from synthetic_records import cell_config
 
 from ditbench.cards import DATASHEETS, Datasheet
 from ditbench.plan import speed
@@ -208,9 +209,14 @@ def _record(config: dict, steps_per_s: float, gpu: str = "NVIDIA H200", status: 
     return {
         "schema": "ditbench.result/1",
         "cell_id": "x",
-        "config": {"image_size": 64, "device": "cuda", "gpus": 1, **config},
+        "cell_name": "x",
+        "config": cell_config(**{"image_size": 64, **config}),
         "status": status,
-        "metrics": {"steps_per_s": steps_per_s},
+        "metrics": {
+            "steps_per_s": steps_per_s,
+            "images_per_s": 8 * steps_per_s,
+            "step_ms": {"median": 1e3 / steps_per_s},
+        },
         "env": {"gpu_name": gpu},
     }
 

@@ -14,11 +14,11 @@ REPORT = Path(__file__).resolve().parents[2] / "reports" / "plan_vs_cpu"
 @pytest.mark.slow
 def test_the_committed_cpu_table_is_a_fresh_leave_one_out_fit_within_the_target():
     speed_cpu = load_benchmark("speed_cpu")
-    from ditbench.plan.measured_records import read_results
     from ditbench.plan.speed import calibrate
+    from ditbench.records.jsonl import read_records
 
     committed = json.loads((REPORT / "loo.json").read_text())
-    cal = calibrate(speed_cpu.cells(read_results(REPORT / "results.jsonl"), committed["peak_tflops"]), "test")
+    cal = calibrate(speed_cpu.cells(read_records(REPORT / "results.jsonl"), committed["peak_tflops"]), "test")
     fresh = {r["cell"]: r for r in cal.loo}
     assert sorted(fresh) == sorted(r["cell"] for r in committed["loo"])
     for row in committed["loo"]:

@@ -12,15 +12,15 @@ import pytest
 import torch
 from synthetic_records import make_record
 
-from ditbench.bench.records import (
+from ditbench.records.jsonl import (
     MAX_DEPTH,
     MAX_LISTED,
     append_record,
     json_safe,
     latest_by_cell,
     read_records,
-    record_problem,
 )
+from ditbench.records.model import Record, check
 
 
 def line(record) -> bytes:
@@ -117,15 +117,15 @@ def test_every_garbage_line_is_named_in_one_warning(tmp_path):
     n = len(GARBAGE)
     message = str(caught[0].message)
     assert f"skipped {n} lines" in message and "lines 2, 3, 4" in message and "more" in message
-    assert latest_by_cell(records) == {good["cell_id"]: good}
+    assert latest_by_cell(records) == {good["cell_id"]: Record.model_validate(good)}
     append_record(path, ok(2))  # garbage stays; the file still takes appends
     with pytest.warns(UserWarning):
         assert len(read_records(path)) == 2
 
 
-def test_latest_by_cell_ignores_what_is_not_a_record():
-    a = ok(1)
-    assert latest_by_cell([a, {"cell_id": [1, 2]}, {"status": "ok"}, "x"]) == {a["cell_id"]: a}
+def test_latest_by_cell_keeps_the_last_record_of_each_cell():
+    a, b, again = (Record.model_validate(r) for r in (ok(1), ok(2), ok(1, run_id="again")))
+    assert latest_by_cell([a, b, again]) == {a.cell_id: again, b.cell_id: b}
 
 
 @pytest.mark.parametrize(
@@ -139,14 +139,19 @@ def test_latest_by_cell_ignores_what_is_not_a_record():
     ],
 )
 def test_record_problem_names_the_field(change, needle):
-    assert record_problem(ok()) is None
-    problem = record_problem(dict(ok(), **change))
-    assert problem is not None and needle in problem
+    assert problem(ok()) is None
+    assert problem(dict(ok(), **change)) is not None and needle in problem(dict(ok(), **change))
+
+
+def problem(raw):
+    """Why `raw` is not a finished record (the model's check, then the measurement's), or None."""
+    record, why = check(raw)
+    return why or record.unfinished()
 
 
 def test_failed_records_need_no_metrics():
     failed = make_record("DiT-S/8", status="error")
-    assert failed["metrics"] is None and record_problem(failed) is None
+    assert failed["metrics"] is None and problem(failed) is None
 
 
 # ------------------------------------------------------------------------------------------ writer
@@ -167,13 +172,13 @@ def test_the_writer_turns_values_json_cannot_hold_into_null_and_says_why(tmp_pat
     record["metrics"]["loss_last"] = torch.tensor(0.25)
     record["metrics"]["handle"] = Opaque()
     record["metrics"]["array"] = np.zeros(3)
-    record["config"][7] = "int key"
-    record["config"]["seed"] = 10**5000  # json.dumps alone would raise on it
+    record["metrics"]["by_rank"] = {7: "int key"}
+    record["metrics"]["energy_j"] = 10**5000  # json.dumps alone would raise on it
     written = append_record(path, record)
     (text,) = path.read_text().splitlines()
     back = json.loads(text)  # plain JSON: no NaN, no Infinity
     assert "NaN" not in text and "Infinity" not in text
-    assert back == written
+    assert back == written.dump()
     assert back["metrics"]["images_per_s"] is None and back["metrics"]["peak_mem_allocated_gib"] is None
     assert back["metrics"]["step_ms"]["samples"][1] is None
     assert back["nonfinite"] == [
@@ -182,13 +187,13 @@ def test_the_writer_turns_values_json_cannot_hold_into_null_and_says_why(tmp_pat
         "metrics.peak_mem_allocated_gib",
     ]
     assert back["unserializable"] == {
-        "config.seed": "integer too large",
         "metrics.handle": "Opaque",
         "metrics.array": "ndarray",
+        "metrics.energy_j": "integer too large",
     }
-    assert back["config"]["seed"] is None
+    assert back["metrics"]["energy_j"] is None
     assert back["metrics"]["params"] == 33_150_000 and back["metrics"]["tflops_per_s"] == 1.5
-    assert back["metrics"]["loss_last"] == 0.25 and back["config"]["7"] == "int key"
+    assert back["metrics"]["loss_last"] == 0.25 and back["metrics"]["by_rank"] == {"7": "int key"}
     assert record["metrics"]["handle"] is not None  # the caller's record is not changed
     with pytest.warns(UserWarning, match="images_per_s"):  # an ok record without its measurement
         assert read_records(path) == []

@@ -16,6 +16,7 @@ from PIL import Image
 from synthetic_records import CPU_ENV, make_matrix, make_record, write_jsonl
 
 from ditbench.errors import UserError
+from ditbench.records.model import Record
 from ditbench.report import advice, analysis
 from ditbench.report.load import load_results
 from ditbench.report.plots import render_plots
@@ -92,7 +93,7 @@ def test_load_flattens_and_keeps_the_record(tmp_path):
     )
     assert row["metrics.mfu.peak_basis"] == "datasheet" and row["config.steps.warmup"] == 5
     assert row["env.gpu_name"] == "NVIDIA H200"
-    assert row["record"] == records[1]
+    assert isinstance(row["record"], Record) and row["record"].dump() == records[1]
     assert row["source"].endswith("results.jsonl:2")
     assert df.iloc[0]["smoke.steps"] == 40 and len(df.iloc[0]["smoke.loss"]) == 40
 
@@ -119,7 +120,7 @@ def test_corrupt_middle_line_names_file_and_line(tmp_path):
         ('{"model": "DiT-S/8"}', "line 1 is not a ditbench result record"),
         ("[1, 2, 3]", "line 1 is a JSON list, not a result record"),
         ('{"schema": "ditbench.result/9", "cell_id": "x", "config": {}, "status": "ok"}', "does not know"),
-        ('{"schema": "ditbench.result/1", "config": {}, "status": "ok"}', "without cell_id"),
+        ('{"schema": "ditbench.result/1", "config": {}, "status": "ok"}', "cell_id is missing"),
     ],
 )
 def test_not_a_result_file(tmp_path, line, needle):
@@ -181,9 +182,7 @@ def test_recommendation_is_the_fastest_cell_that_fits(tmp_path):
     df = frame(tmp_path, good_advice_records())
     recs = analysis.recommend(df)
     best = {r.model: r for r in recs.per_model}
-    assert (
-        best["DiT-L/4"].cell_name == "DiT-L/4 fp16 ckpt=none bs=32" and best["DiT-L/4"].images_per_s == 500.0
-    )
+    assert best["DiT-L/4"].cell_name == "DiT-L/4 fp16 ckpt=none bs=32" and best["DiT-L/4"].rate == 500.0
     assert best["DiT-B/8"].cell_name == "DiT-B/8 fp16 ckpt=none bs=128"  # no cap: the card held it
     (largest,) = recs.largest.values()
     assert largest.model == "DiT-XL/2" and largest.budget == "the NVIDIA H200 (139.8 GiB) it ran on"
@@ -533,7 +532,7 @@ def test_a_list_where_a_knobs_text_belongs_is_an_input_error(tmp_path, capsys):
     record = make_record("DiT-S/8")
     record["config"]["precision"] = ["fp32", "bf16"]
     code, err = _report_exit(tmp_path, capsys, json.dumps(record) + "\n")
-    assert code == 2 and "field config.precision" in err and "one value" in err
+    assert code == 2 and "field config.precision: unknown precision" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("value", ["9" * 400, "-" + "9" * 30])

@@ -92,7 +92,12 @@ def test_time_to_target_and_gpu_hours():
     assert duration_text(30 * 60) == "30 min" and duration_text(47 * 3600) == "47.0 h"
     assert duration_text(3 * 86400) == "3.0 days"
     # 0.5 steps/s at batch 16 on one GPU: 400,000 steps = 800,000 s = 9.3 days; 8 images/s
-    row = {"metrics.steps_per_s": 0.5, "metrics.images_per_s": 8.0, "config.global_batch": 16, "config.gpus": 1}
+    row = {
+        "metrics.steps_per_s": 0.5,
+        "metrics.images_per_s": 8.0,
+        "config.global_batch": 16,
+        "config.gpus": 1,
+    }
     assert time_text(row, 400_000) == "9.3 days on 1 GPU (global batch 16, not the paper's 256)"
     assert gpu_hours_per_million_images(row) == pytest.approx(1e6 / 8 / 3600)  # 34.7
     # the paper's own batch on 8 GPUs: nothing to warn about
@@ -256,11 +261,11 @@ def test_a_report_of_the_capped_run_is_written(tmp_path):
 
 def test_hand_edited_emulation_fields_do_not_break_a_report(tmp_path):
     bad = [emulated(cell("DiT-L/4", "fp16", "none", 16, reserved=10.0, steps_per_s=1.0)) for _ in range(5)]
-    bad[0]["metrics"]["emulation"] = "capped"  # not an object
+    bad[0]["metrics"]["emulation"] = None  # no object
     bad[1]["metrics"]["emulation"]["budget_gib"] = -3
-    bad[2]["metrics"]["emulation"]["context_gib"] = "half a GiB"
-    bad[3]["metrics"]["emulation"]["real_gpu"] = {"name": "H200"}
-    bad[4]["metrics"]["noise"] = {"step_spread": "wide"}
+    bad[2]["metrics"]["emulation"]["context_gib"] = None
+    bad[3]["metrics"]["emulation"]["real_gpu"] = None
+    bad[4]["metrics"]["noise"] = {"step_spread": None}
     bad[4]["metrics"]["noisy"] = True
     for i, r in enumerate(bad):
         r["config"]["seed"] = i  # distinct cells, each with its config's id (else the loader refuses it)
@@ -271,7 +276,12 @@ def test_hand_edited_emulation_fields_do_not_break_a_report(tmp_path):
     md = to_markdown(build_report(df)[0])
     assert "noisy" in md and "Infinity" not in md
     budgets = [cell_budget(row) for _, row in df.iterrows()]
-    assert budgets[3].real_gpu == "NVIDIA H200"  # from env, not the dict
+    assert budgets[3].real_gpu == "NVIDIA H200"  # from env
     assert fit_memory(df.iloc[2])[1] == "peak reserved"  # no usable context, no NVML figure
-    assert cell_budget(df.iloc[0]).gib == 23.99  # from config.gpu_memory_gib when emulation is no object
+    assert cell_budget(df.iloc[0]).gib == 23.99  # from config.gpu_memory_gib when emulation is null
     assert cell_budget(df.iloc[1]).gib == 23.99  # a negative budget is ignored
+    # A value of the wrong type is no record: the loader names it (issue 34, class 6)
+    for key, value in (("emulation", "capped"), ("noise", {"step_spread": "wide"})):
+        path.write_text(json.dumps({**bad[0], "metrics": {**bad[0]["metrics"], key: value}}) + "\n")
+        with pytest.raises(UserError, match=f"line 1 .*is not a valid result record: metrics.{key}"):
+            load_results(path)

@@ -12,8 +12,8 @@ import pytest
 
 from ditbench.bench import inflight, runner
 from ditbench.bench.launch.files import write_result
-from ditbench.bench.records import read_records
 from ditbench.bench.runner import RunOptions, run_suite
+from ditbench.records.jsonl import read_records
 from ditbench.spec.suite import load_suite
 
 OK = {

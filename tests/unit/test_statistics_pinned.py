@@ -94,7 +94,7 @@ def test_step_percentiles_equal_numpy(samples):
 def test_noise_spread_is_p90_over_p10(samples):
     batch = 8
     from_median = batch / (np.median(samples) / 1e3)
-    out = noise(samples, images_per_s=from_median * 1.05, batch=batch)
+    out = noise(samples, rate=from_median * 1.05, batch=batch)
     spread = np.percentile(samples, 90) / np.percentile(samples, 10)
     assert out["noise"]["step_spread"] == pytest.approx(spread, rel=1e-12)
     assert out["noise"]["throughput_gap"] == pytest.approx(0.05, rel=1e-9)
@@ -239,7 +239,7 @@ def test_step_test_ratio_and_run_values():
 
 
 def test_change_interval_scales_the_recorded_change_by_the_ratio_interval():
-    from ditbench.report.gate.metrics import HIGHER, LOWER, TIMING, Metric
+    from ditbench.records.metrics import HIGHER, LOWER, TIMING, Metric
     from ditbench.report.gate.timing import _worse, change_interval
 
     rate = Metric("r", "r", HIGHER, "r", TIMING)
@@ -270,7 +270,8 @@ def test_change_interval_scales_the_recorded_change_by_the_ratio_interval():
     ],
 )
 def test_crossing_values(direction, base, new, pct, min_abs, expected):
-    from ditbench.report.gate.metrics import TIMING, Metric, crossing
+    from ditbench.records.metrics import TIMING, Metric
+    from ditbench.report.gate.metrics import crossing
 
     c = crossing(Metric("m", "m", direction, "m", TIMING), base, new, pct, min_abs)
     change, where, crossed = expected
@@ -279,16 +280,8 @@ def test_crossing_values(direction, base, new, pct, min_abs, expected):
 
 
 def test_crossing_verdicts_and_value_ranges():
-    from ditbench.report.gate.metrics import (
-        ANY,
-        NONNEGATIVE,
-        POSITIVE,
-        TIMING,
-        Crossing,
-        Metric,
-        limit,
-        limits,
-    )
+    from ditbench.records.metrics import ANY, NONNEGATIVE, POSITIVE, TIMING, Metric, limit, limits
+    from ditbench.report.gate.metrics import Crossing
 
     assert Crossing(1.0, "worse", False).verdict(True) == "unchanged"
     assert Crossing(9.0, "worse", True).verdict(False) == "noise"

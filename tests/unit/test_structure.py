@@ -114,11 +114,11 @@ LAYERS: list[tuple[str, ...]] = [
     ),
     # the network, the diffusion, process groups, the typed spec (knobs, cells, suites)
     ("ditbench.models", "ditbench.diffusion", "ditbench.dist", "ditbench.spec"),
-    # what one process does: train, sample, score
-    ("ditbench.train", "ditbench.sampling", "ditbench.metrics"),
+    # what one process does: train, sample, score; the result record and its metric table
+    ("ditbench.train", "ditbench.sampling", "ditbench.metrics", "ditbench.records"),
     # sample quality during training, the memory planner
     ("ditbench.quality", "ditbench.plan"),
-    # suites, runners, launchers, records
+    # suites, runners, launchers
     ("ditbench.bench",),
     # reading records back: reports, claims, the gate
     ("ditbench.report",),

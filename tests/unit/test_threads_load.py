@@ -84,18 +84,16 @@ def test_the_other_processes_share_from_stubbed_psutil_numbers(monkeypatch):
 
 def test_a_window_under_load_is_noisy_with_the_reason_and_what_to_change():
     steady = [100.0, 101.0, 99.0, 100.0]
-    quiet = noise(steady, images_per_s=100.0, batch=10, other_cpu_share=0.25)
+    quiet = noise(steady, rate=100.0, batch=10, other_cpu_share=0.25)
     assert quiet["noisy"] is False and quiet["noise"]["load_bound"] == load.LOAD_BOUND == 0.25
-    loaded = noise(steady, images_per_s=100.0, batch=10, other_cpu_share=0.46)
+    loaded = noise(steady, rate=100.0, batch=10, other_cpu_share=0.46)
     assert loaded["noisy"] is True and loaded["noise"]["other_cpu_share"] == 0.46
     advice = (
         "other processes used 46% of the CPUs during the window: rerun on a quiet machine (a cell with "
         "more than one thread also gains from threads=1)"
     )
     assert noise_note(loaded) == f"noisy ({advice})"
-    spread = noise(
-        [100.0, 100.0, 2846.0, 100.0, 2846.0], images_per_s=4 / 0.374, batch=4, other_cpu_share=0.46
-    )
+    spread = noise([100.0, 100.0, 2846.0, 100.0, 2846.0], rate=4 / 0.374, batch=4, other_cpu_share=0.46)
     assert noise_note(spread).startswith(f"noisy ({advice}, p90/p10")  # first: a table cell is cut short
     record = {"metrics": loaded}
     assert noisy(record) == (

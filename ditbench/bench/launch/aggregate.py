@@ -4,15 +4,25 @@ the largest rank's memory; and the scaling efficiency against the same cell at o
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from ditbench.bench.gpu_meter import throttling
 from ditbench.bench.window import noise, step_stats
+from ditbench.records.metrics import (
+    IMAGES_PER_S,
+    MAX,
+    MEAN,
+    MIN,
+    PEAK_ALLOCATED,
+    PER_GPU,
+    RECORD_METRICS,
+    STEPS_PER_S,
+    SUM,
+)
 
 # Config keys that differ between a cell and its one-GPU reference for scaling efficiency.
 SCALING_KEYS = ("gpus", "nodes", "global_batch", "strategy")
-_SUM_KEYS = ("images_per_s", "tflops_per_s", "energy_j", "energy_j_per_step")  # energy: every GPU's
-_MIN_KEYS = ("steps_per_s",)
-_MEM_KEYS = ("peak_mem_allocated_gib", "peak_mem_reserved_gib", "device_mem_gib", "cpu_peak_rss_gib")
+IMG = IMAGES_PER_S.key
 
 
 def _numbers(per_rank: list[dict], key: str) -> list[float] | None:
@@ -36,20 +46,18 @@ def aggregate(per_rank: list[dict], *, global_batch: int) -> dict:
         raise ValueError("no rank metrics to aggregate")
     world = len(per_rank)
     out = dict(per_rank[0])  # per-model constants (params, model_flops_per_image) from rank 0
-    for keys, combine in ((_SUM_KEYS, sum), (_MIN_KEYS, min)):
-        for key in keys:
-            if (vals := _numbers(per_rank, key)) is not None:
-                out[key] = float(combine(vals))
-    for key in _MEM_KEYS:
+    # energy: every GPU's joules (over all images for the per-image figure); memory: the largest rank's
+    ranks = {m.key: m.ranks for m in RECORD_METRICS if m.ranks is not None} | {"energy_j": SUM}
+    for key, how in ranks.items():
         if (vals := _numbers(per_rank, key)) is not None:
-            out[key], out[key + "_sum"] = float(max(vals)), float(sum(vals))
+            out[key] = float({SUM: sum, MIN: min, MAX: max, MEAN: lambda v: sum(v) / world}[how](vals))
+            if how == MAX:
+                out[key + "_sum"] = float(sum(vals))
     fits = [m.get("fits_budget") for m in per_rank]
     if "fits_budget" in out:  # the job fits only if every rank fits
         out["fits_budget"] = False if False in fits else (None if None in fits else True)
-    if isinstance(out.get("images_per_s"), float):
-        out["images_per_s_per_gpu"] = out["images_per_s"] / world
-    if (vals := _numbers(per_rank, "energy_j_per_image")) is not None:
-        out["energy_j_per_image"] = float(sum(vals) / world)  # all GPUs' joules over all images
+    if isinstance(out.get(IMG), float):
+        out[PER_GPU.key] = out[IMG] / world
     if (steps := _slowest_steps(per_rank)) is not None:
         out["step_ms"] = steps
     # MFU of the job = summed FLOP/s over summed peak = mean of the ranks' MFU.
@@ -58,16 +66,16 @@ def aggregate(per_rank: list[dict], *, global_batch: int) -> dict:
         out["mfu"] = dict(mfus[0], value=sum(x["value"] for x in mfus) / world)
     out["world_size"] = world
     out["global_batch"] = global_batch
-    if isinstance(out.get("images_per_s"), float) and (out.get("step_ms") or {}).get("samples"):
+    if isinstance(out.get(IMG), float) and (out.get("step_ms") or {}).get("samples"):
         load = out.get("load") if isinstance(out.get("load"), dict) else {}  # rank 0's machine
         share = load.get("other_cpu_share")
         throttle = [throttling(m.get("gpu_window")) for m in per_rank]  # any rank's GPU slows the step
         seen = None if all(t is None for t in throttle) else sorted({r for t in throttle for r in t or ()})
-        out.update(noise(out["step_ms"]["samples"], out["images_per_s"], out["global_batch"], share, seen))
+        out.update(noise(out["step_ms"]["samples"], out[IMG], out["global_batch"], share, seen))
     out["per_rank"] = [
         {
             "rank": i,
-            **{k: m.get(k) for k in ("images_per_s", "steps_per_s", "peak_mem_allocated_gib")},
+            **{k: m.get(k) for k in (IMG, STEPS_PER_S.key, PEAK_ALLOCATED.key)},
             "step_ms_median": (m.get("step_ms") or {}).get("median"),
         }
         for i, m in enumerate(per_rank)
@@ -80,15 +88,15 @@ def reference_key(config: dict) -> str:
     return json.dumps({k: v for k, v in config.items() if k not in SCALING_KEYS}, sort_keys=True, default=str)
 
 
-def scaling_efficiency(images_per_s: float, gpus: int, images_per_s_at_1: float | None) -> float | None:
+def scaling_efficiency(rate: float, gpus: int, rate_at_1: float | None) -> float | None:
     """images/s at N / (N x images/s of the same cell at 1 GPU); None without a usable reference."""
-    if not images_per_s_at_1 or images_per_s_at_1 <= 0 or gpus < 1:
+    if not rate_at_1 or rate_at_1 <= 0 or gpus < 1:
         return None
-    return images_per_s / (gpus * images_per_s_at_1)
+    return rate / (gpus * rate_at_1)
 
 
-def find_single_gpu_reference(config: dict, records: list[dict]) -> dict | None:
-    """The latest ok record of the same cell at gpus == 1, from records of the same run (or any)."""
+def find_single_gpu_reference(config: dict, records: list) -> Any:
+    """The latest ok record of the same cell at gpus == 1 (records, or their JSON), from `records`."""
     key = reference_key(config)
     best = None
     for rec in records:
@@ -98,21 +106,18 @@ def find_single_gpu_reference(config: dict, records: list[dict]) -> dict | None:
     return best
 
 
-def add_scaling_efficiency(record: dict, records: list[dict]) -> None:
-    """Fill record.metrics.scaling_efficiency from the same cell at 1 GPU among `records`, if any."""
+def add_scaling_efficiency(record: dict, records: list) -> None:
+    """Fill record.metrics.scaling_efficiency (a record as JSON, being written) from the same cell at
+    1 GPU among `records`, if any."""
     metrics = record.get("metrics") or {}
-    config = record.get("config") or {}
-    gpus = int(config.get("gpus", 1)) * int(config.get("nodes", 1))
-    if record.get("status") != "ok" or gpus <= 1 or not metrics.get("images_per_s"):
+    config = record["config"]
+    gpus = config.get("gpus", 1) * config.get("nodes", 1)
+    if record.get("status") != "ok" or gpus <= 1 or not metrics.get(IMG):
         return
     ref = find_single_gpu_reference(config, records)
     if ref is None:
         metrics.setdefault("scaling_efficiency", None)
         return
-    ref_ips = (ref.get("metrics") or {}).get("images_per_s")
-    metrics["scaling_efficiency"] = scaling_efficiency(metrics["images_per_s"], gpus, ref_ips)
-    metrics["scaling_reference"] = {
-        "cell_id": ref.get("cell_id"),
-        "run_id": ref.get("run_id"),
-        "images_per_s": ref_ips,
-    }
+    ref_rate = IMAGES_PER_S.of(ref)
+    metrics["scaling_efficiency"] = scaling_efficiency(metrics[IMG], gpus, ref_rate)
+    metrics["scaling_reference"] = {"cell_id": ref.get("cell_id"), "run_id": ref.get("run_id"), IMG: ref_rate}

@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import ConfigDict
 
-from ditbench.bench.records import jsonable
 from ditbench.fileio import read_regular, write_atomic, write_json_atomic
+from ditbench.records.jsonl import jsonable
 from ditbench.spec.base import SpecModel
 from ditbench.spec.cell import CellSpec
 

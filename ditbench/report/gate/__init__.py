@@ -8,10 +8,10 @@ detectable effect), quality.py (FID and the other sample metrics, with their noi
 decisions, in order), result.py (what was found, JSON), summary.py (markdown), cli.py (the command).
 """
 
+from ditbench.records.metrics import default_thresholds, table
 from ditbench.report.gate.decide import NothingComparedError, compare_files, compare_frames
 from ditbench.report.gate.env import EnvMismatchError
 from ditbench.report.gate.inputs import GateRefusal, IncomparableError
-from ditbench.report.gate.metrics import default_thresholds, table
 from ditbench.report.gate.policy import Policy, Rule, load_policy
 from ditbench.report.gate.quality import QualityMismatchError
 from ditbench.report.gate.result import CellResult, Comparison, MetricDelta, to_json_text

@@ -20,9 +20,9 @@ from pathlib import Path
 from ditbench import outpaths
 from ditbench.errors import UserError, shorten
 from ditbench.fileio import append_text, write_atomic
+from ditbench.records.metrics import IMAGES_PER_S, PEAK_ALLOCATED, default_thresholds, limits, table
 from ditbench.report.gate.decide import compare_files
 from ditbench.report.gate.inputs import GateRefusal
-from ditbench.report.gate.metrics import default_thresholds, limits, table
 from ditbench.report.gate.policy import DEFAULT_ALPHA, load_policy
 from ditbench.report.gate.result import to_json_text
 from ditbench.report.gate.summary import summary_markdown
@@ -68,14 +68,14 @@ policy file (YAML; every key optional, metrics merge over the defaults):
   allow_sample_count_mismatch: false  # true: compare quality at different N (weak: FID bias depends on N)
   environment: must_match       # or may_differ: compare runs from other machines, naming the differences
   metrics:                      # percent the metric may move the wrong way; false turns it off
-    images_per_s: 5
-    peak_mem_allocated_gib: {{threshold_pct: 2, min_abs: 0.05}}
+    {IMAGES_PER_S.name}: 5
+    {PEAK_ALLOCATED.name}: {{threshold_pct: 2, min_abs: 0.05}}
     step_ms: 10
     fid: 2
     inception_score: 2
   overrides:                    # per-cell thresholds, matched on config knobs
     - match: {{model: DiT-S/8}}
-      metrics: {{images_per_s: 10}}
+      metrics: {{{IMAGES_PER_S.name}: 10}}
 {_METRIC_NAMES}
 allow_incomparable also takes step_samples (bad per-step samples: the test is skipped, the threshold
 decides).

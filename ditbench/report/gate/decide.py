@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ditbench.records.metrics import CORE, QUALITY, Metric, table
 from ditbench.report.gate import env as envs
 from ditbench.report.gate.inputs import (
     GateRefusal,
@@ -42,7 +43,6 @@ from ditbench.report.gate.inputs import (
     run_samples,
     step_samples,
 )
-from ditbench.report.gate.metrics import CORE, QUALITY, Metric, table
 from ditbench.report.gate.policy import STEP_SAMPLES, Policy, Rule
 from ditbench.report.gate.quality import check_identity, compare_quality, read_quality
 from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
@@ -338,6 +338,6 @@ def compare_files(
     policy: Policy | None = None,
     allow_env_mismatch: bool = False,
 ) -> Comparison:
-    base = load_run(base_path)
-    new = load_run(new_path)
+    base = load_run(base_path, "BASE")
+    new = load_run(new_path, "NEW")
     return compare_frames(base, new, policy, allow_env_mismatch, str(base_path), str(new_path))

@@ -14,6 +14,8 @@ import pandas as pd
 from ditbench.bench.window import noise_advice
 from ditbench.errors import UserError, shorten
 from ditbench.escape import md_inline
+from ditbench.records.metrics import STEP_MS
+from ditbench.records.model import Part, Record
 
 MAX_NAMED = 5  # problems a refusal names one by one; the rest are counted
 
@@ -24,7 +26,7 @@ class Row:
 
     side: str  # "BASE" or "NEW"
     source: str  # "path line N"
-    record: dict[str, Any]
+    record: Record  # (a mapping in the gate's own tests)
 
     @property
     def cell(self) -> str:
@@ -45,7 +47,7 @@ def rows(df: pd.DataFrame, side: str) -> dict[str, Row]:
     return out
 
 
-def load_run(path: str | Path) -> pd.DataFrame:
+def load_run(path: str | Path, side: str = "") -> pd.DataFrame:
     """One run's latest record per cell; a run directory is read through its results.jsonl, so that
     messages name the file itself."""
     from ditbench.report.load import load_results
@@ -53,7 +55,7 @@ def load_run(path: str | Path) -> pd.DataFrame:
     p = Path(path)
     if p.is_dir() and (p / "results.jsonl").is_file():
         p = p / "results.jsonl"
-    return load_results(p, judge_metrics=True)  # the gate names each unusable metric by cell
+    return load_results(p, judge_metrics=True, side=side)  # the gate names each unusable metric by cell
 
 
 # ------------------------------------------------------------------------------------------ values
@@ -74,16 +76,16 @@ def number(value: Any) -> tuple[float | None, str | None]:
     return v, None
 
 
-def number_at(record: dict[str, Any], dotted: str) -> tuple[float | None, str | None]:
+def number_at(record: Record, dotted: str) -> tuple[float | None, str | None]:
     """The number at a dotted path of a record: (value, None), (None, None) if absent, or a problem."""
     node: Any = record
     parts = dotted.split(".")
     for i, part in enumerate(parts):
         if node is None:
             return None, None
-        if not isinstance(node, dict):
+        if not isinstance(node, (dict, Part)):
             return None, f"cannot be read: `{'.'.join(parts[:i])}` is {shorten(node)}, not an object"
-        node = node.get(part)
+        node = getattr(node, part, None) if isinstance(node, Part) else node.get(part)  # a record's: typed
     return number(node)
 
 
@@ -101,9 +103,9 @@ def _positive_times(values: Any, where: str, what: str, rule: str) -> tuple[list
     return out, None
 
 
-def step_samples(record: dict[str, Any]) -> tuple[list[float], str | None]:
+def step_samples(record: Record) -> tuple[list[float], str | None]:
     """metrics.step_ms.samples as floats ([] when absent), or a problem naming the first bad sample."""
-    step = (record.get("metrics") or {}).get("step_ms")
+    step = (record.get("metrics") or {}).get(STEP_MS.key)
     samples = step.get("samples") if isinstance(step, dict) else None
     if samples is None:
         return [], None
@@ -112,13 +114,13 @@ def step_samples(record: dict[str, Any]) -> tuple[list[float], str | None]:
     )
 
 
-def run_samples(record: dict[str, Any]) -> tuple[list[float], str | None]:
+def run_samples(record: Record) -> tuple[list[float], str | None]:
     """The per-process median step times of a cell's repeats (metrics.repeats.step_ms, written by
     bench.repeats.combine): [] for a cell measured once, or a problem naming the first bad value."""
     repeats = (record.get("metrics") or {}).get("repeats")
     if repeats is None:
         return [], None
-    values = repeats.get("step_ms") if isinstance(repeats, dict) else None
+    values = repeats.get(STEP_MS.key) if isinstance(repeats, dict) else None
     return _positive_times(
         values,
         "metrics.repeats.step_ms",
@@ -127,7 +129,7 @@ def run_samples(record: dict[str, Any]) -> tuple[list[float], str | None]:
     )
 
 
-def noisy(record: dict[str, Any]) -> tuple[str | None, str | None]:
+def noisy(record: Record) -> tuple[str | None, str | None]:
     """(why the cell's timing is weak, or None; a problem with metrics.noisy / metrics.noise)."""
     metrics = record.get("metrics") or {}
     flag = metrics.get("noisy")

@@ -28,7 +28,8 @@ from functools import lru_cache
 import numpy as np
 from scipy.stats import norm
 
-from ditbench.report.gate.metrics import HIGHER, Metric, crossing
+from ditbench.records.metrics import HIGHER, Metric
+from ditbench.report.gate.metrics import crossing
 from ditbench.report.gate.policy import Rule
 from ditbench.report.gate.result import MetricDelta
 

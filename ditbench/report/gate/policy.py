@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 from ditbench.errors import UserError, shorten
-from ditbench.report.gate.metrics import default_thresholds, table
+from ditbench.records.metrics import IMAGES_PER_S, PEAK_ALLOCATED, default_thresholds, table
 from ditbench.report.load import flatten
 from ditbench.validation import check, refuse
 from ditbench.yamlio import load_yaml_file
@@ -54,8 +54,8 @@ def _threshold(name: str, value: Any) -> Any:
 
 Rules = dict[str, Annotated[Rule | None, Field(description="a threshold")]]
 RULES = (
-    "a mapping of metric name to threshold, e.g. `images_per_s: 5` or "
-    "`peak_mem_allocated_gib: {threshold_pct: 2, min_abs: 0.05}`"
+    f"a mapping of metric name to threshold, e.g. `{IMAGES_PER_S.name}: 5` or "
+    f"`{PEAK_ALLOCATED.name}: {{threshold_pct: 2, min_abs: 0.05}}`"
 )
 
 

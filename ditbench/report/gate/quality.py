@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ditbench.errors import shorten
+from ditbench.records.metrics import HIGHER, Metric
 from ditbench.report.gate.inputs import GateRefusal, Row, number
-from ditbench.report.gate.metrics import HIGHER, Metric, crossing
+from ditbench.report.gate.metrics import crossing
 from ditbench.report.gate.policy import Rule
 from ditbench.report.gate.result import MetricDelta
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from ditbench.escape import md_code, md_text
 from ditbench.intervals import BOOTSTRAP_B, LEVEL
-from ditbench.report.gate.metrics import MEMORY, limit, limits, table
+from ditbench.records.metrics import MEMORY, limit, limits, table
 from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
 from ditbench.units import memory_text
 

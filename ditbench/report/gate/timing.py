@@ -29,7 +29,8 @@ import numpy as np
 from scipy.stats import mannwhitneyu
 
 from ditbench.intervals import LEVEL, median_ratio_interval
-from ditbench.report.gate.metrics import HIGHER, Metric, crossing
+from ditbench.records.metrics import HIGHER, Metric
+from ditbench.report.gate.metrics import crossing
 from ditbench.report.gate.paired import check_mde
 from ditbench.report.gate.policy import Policy, Rule
 from ditbench.report.gate.result import MetricDelta
