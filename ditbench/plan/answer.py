@@ -116,7 +116,7 @@ class Goal:
     gpus: int
 
 
-def row(answer: Answer, goal: Goal, speed_band: float | None, memory_band: float) -> dict[str, Any]:
+def row(answer: Answer, speed_band: float | None, memory_band: float) -> dict[str, Any]:
     """An answer as the JSON row and the figures the text shows; intervals: speed.band."""
     out: dict[str, Any] = {"model": answer.model, "fits": bool(answer.best), "searched": answer.searched}
     b, d = answer.best, answer.dropped
@@ -127,9 +127,8 @@ def row(answer: Answer, goal: Goal, speed_band: float | None, memory_band: float
     if b is None:
         return out
     p = b.pred
-    seconds = goal.steps / b.steps_per_s
     memory = p.device_gib if p.device_gib is not None else p.peak_allocated_gib
-    days = seconds / 86400
+    days = p.time_to_target["days"]  # to the goal's steps, at the setting's steps/s
     out.update(
         _setting(b),
         memory_gib=memory,
@@ -142,7 +141,7 @@ def row(answer: Answer, goal: Goal, speed_band: float | None, memory_band: float
         days_interval=None
         if speed_band is None
         else [days / (1 + speed_band / 100), days / (1 - speed_band / 100)],
-        gpu_hours=seconds * goal.gpus / 3600,
+        gpu_hours=p.time_to_target["gpu_hours"],
         step_split_pct=p.step_split_pct,
         components=p.components,
         notes=p.notes,
@@ -227,7 +226,7 @@ def plan(bud: Budget, speed: SpeedOptions, models, precisions, ckpts, batches, g
     goal = Goal(global_batch, steps, speed.gpus)
     cal = speed.calibration or shipped()
     memory_band = memory_band_pct()
-    rows = [row(a, goal, cal.band_pct, memory_band) for a in found]
+    rows = [row(a, cal.band_pct, memory_band) for a in found]
     if images:  # the same settings on pre-extracted latents: what extracting them saves
         for r, a in zip(rows, found, strict=True):
             if a.best is not None:

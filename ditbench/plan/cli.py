@@ -300,10 +300,8 @@ def run(args: argparse.Namespace) -> int:
     cuda = any(s.config["device"] == "cuda" for s in series)
     _refuse_unused(args, cuda)
     card_name = args.card if args.card is not None else getattr(suite, "card", None)
-    if card_name is not None:
-        note = ambiguity(card_name)
-        if note:
-            print(f"ditbench plan: {note}", file=sys.stderr)
+    if card_name is not None and (note := ambiguity(card_name)):
+        print(f"ditbench plan: {note}", file=sys.stderr)
     asked = find_card(main.card) if main.card else main.memory_gib
     tree_cards = class_cards(asked) if cuda and not args.no_tree else []
     budgets = [main] + [budget(card, context) for _, card in tree_cards]
