@@ -75,7 +75,7 @@ class PlainProgress:
             self.total = len(iterable)
         self.quiet, self.postfix, self.closed = quiet, "", False
         self.start_n, self.start = initial, time.monotonic()
-        self.every, self.last = every_s(), self.start
+        self.every, self.last, self.shown = every_s(), self.start, initial
 
     def __iter__(self):
         for item in self.iterable:
@@ -112,10 +112,11 @@ class PlainProgress:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            if self.n > self.start_n:
+            if self.n != self.shown:  # the last periodic line may already say where it ended
                 self._line()
 
     def _line(self) -> None:
+        self.shown = self.n
         if self.quiet:
             return
         elapsed = max(time.monotonic() - self.start, 1e-9)
