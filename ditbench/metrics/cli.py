@@ -74,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--cache-dir",
         default=d["cache_dir"],
         metavar="DIR",
-        help="reference cache (default: $DITBENCH_CACHE, else ~/.cache/ditbench/fid)",
+        help="reference cache (default: $DITBENCH_CACHE/fid, else ~/.cache/ditbench/fid)",
     )
     add_no_progress(p)
     add_yes(p)

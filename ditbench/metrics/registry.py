@@ -22,7 +22,7 @@ DEFAULTS: dict[str, object] = {
     "inception_weights": None,  # path or "test"; else $DITBENCH_INCEPTION_WEIGHTS; else the torch hub cache
     "num_workers": 4,  # threads decoding image files / reading the npz ahead of the network
     "cache": True,
-    "cache_dir": None,  # $DITBENCH_CACHE, else ~/.cache/ditbench/fid
+    "cache_dir": None,  # $DITBENCH_CACHE/fid, else ~/.cache/ditbench/fid
 }
 METRICS: tuple[Metric, ...] = (fid.FID, fid.SFID, inception_score.IS, prdc.PR, kid.KID)
 

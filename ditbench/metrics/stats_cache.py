@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import zipfile
 from pathlib import Path
 
@@ -40,7 +39,6 @@ SHAPES = {  # None: any number of rows
 }
 META_KEY = "meta"
 MAX_META_CHARS = 1 << 16
-CACHE_ENV = "DITBENCH_CACHE"
 CACHE_VERSION = 1  # bump when the cached content or its meaning changes
 
 
@@ -126,8 +124,9 @@ def image_size_from_meta(meta: dict) -> tuple[int, int] | None:
 
 
 def default_cache_dir() -> Path:
-    env = os.environ.get(CACHE_ENV)
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "ditbench" / "fid"
+    from ditbench.pretrained import cache_root
+
+    return cache_root() / "fid"  # beside checkpoints/, plan/ and datasets/ in the one ditbench cache
 
 
 def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:

@@ -13,7 +13,6 @@ import functools
 import hashlib
 import json
 import lzma
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,14 +20,14 @@ from ditbench.plan.batch import SeriesTrace
 from ditbench.plan.emulation import Target
 from ditbench.plan.trace import Trace
 
-CACHE_ENV = "DITBENCH_CACHE"
 VERSION = 3  # bump when what a trace records, or how, changes outside the source files
 SHIPPED = Path(__file__).with_name("traces.json.xz")
 
 
 def cache_dir() -> Path:
-    env = os.environ.get(CACHE_ENV)
-    return (Path(env).expanduser() if env else Path.home() / ".cache" / "ditbench") / "plan"
+    from ditbench.pretrained import cache_root
+
+    return cache_root() / "plan"
 
 
 @functools.lru_cache(maxsize=1)
