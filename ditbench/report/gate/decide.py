@@ -38,7 +38,7 @@ from ditbench.report.gate.inputs import (
     Row,
     load_run,
     noisy,
-    number_at,
+    number,
     rows,
     run_samples,
     step_samples,
@@ -104,14 +104,8 @@ class _Cell:
                     self.problem(row, name, f"{metric.path} is missing (a status ok record needs it)")
 
     def _weak_reason(self) -> str | None:
-        reasons = []
-        for row in (self.b, self.n):
-            why, problem = noisy(row.record)
-            if problem:
-                self.problems.add(row, problem)
-            elif why:
-                reasons.append(f"{row.side.lower()}: {why}")
-        return "; ".join(reasons) or None
+        reasons = [(row.side.lower(), noisy(row.record)) for row in (self.b, self.n)]
+        return "; ".join(f"{side}: {why}" for side, why in reasons if why) or None
 
     def _step_test(self) -> StepTest:
         """Run-level samples (each repeat's median step time) when both runs have repeats: they sample
@@ -134,7 +128,7 @@ class _Cell:
 
     def _value(self, row: Row, metric: Metric) -> tuple[float | None, bool]:
         """(value, usable); a problem is recorded when not usable."""
-        v, why = number_at(row.record, metric.path)
+        v, why = number(metric.of(row.record))
         if why is None and v is not None and metric.out_of_range(v):
             why = f"is {v:g}, not a {metric.valid} value"
         if why:
@@ -161,7 +155,7 @@ class _Cell:
                     )
             return
         if self.timed is not None and metric.timed:
-            self.deltas.append(self.timed(self.n.record["cell_id"], metric, rule, b, n))
+            self.deltas.append(self.timed(self.n.record.cell_id, metric, rule, b, n))
             return
         delta, untested = judge(metric, rule, b, n, test, weak)
         self.untested |= untested
@@ -170,7 +164,7 @@ class _Cell:
     def _quality(self, gated: list[tuple[Metric, Rule]]) -> None:
         qs = []
         for row in (self.b, self.n):
-            q, problem = read_quality(row.record)
+            q, problem = read_quality(row.record.quality)
             if problem:
                 self.problems.add(row, problem)
                 return
@@ -200,10 +194,9 @@ class _Cell:
         verdicts = {d.verdict for d in self.deltas}
         order = (("regression", "regression"), ("inconclusive", "inconclusive"), ("improvement", "improved"))
         verdict = next((cell for metric, cell in order if metric in verdicts), "pass")
-        rec = self.n.record
         return CellResult(
-            rec["cell_id"],
-            rec["cell_name"],
+            self.n.record.cell_id,
+            self.n.record.cell_name,
             verdict,
             "ok",
             "ok",
@@ -219,23 +212,21 @@ class _Cell:
 
 def _failed_repeats(row: Row) -> dict:
     """{repeat: status} of the cell's repeats that did not end ok (bench.repeats.combine)."""
-    repeats = (row.record.get("metrics") or {}).get("repeats")
-    failed = repeats.get("failed") if isinstance(repeats, dict) else None
-    return failed if isinstance(failed, dict) else {}
+    return getattr(getattr(row.record.metrics, "repeats", None), "failed", None) or {}
 
 
 def _status_result(b: Row | None, n: Row | None, policy: Policy) -> CellResult:
     """The verdict of a cell that is not ok on both sides (or on one side only), or whose new repeats
     failed where the base's did not."""
     rec = (n or b).record
-    cid, name = rec["cell_id"], rec["cell_name"]
-    bs = b.record["status"] if b else None
-    ns = n.record["status"] if n else None
+    cid, name = rec.cell_id, rec.cell_name
+    bs = b.record.status if b else None
+    ns = n.record.status if n else None
     if n is None:
         return CellResult(cid, name, "only in base", bs, None)
     if b is None:
         return CellResult(cid, name, "only in new", None, ns)
-    reason = n.record.get("reason")
+    reason = n.record.reason
     if bs == ns == "ok":
         reason = "repeats not ok in the new run: " + ", ".join(
             f"#{k} {v}" for k, v in _failed_repeats(n).items()
@@ -285,9 +276,9 @@ def compare_frames(
     used_overrides: set[int] = set()
     for cid in list(base_rows) + [c for c in new_rows if c not in base_rows]:
         b, n = base_rows.get(cid), new_rows.get(cid)
-        both_ok = b and n and b.record["status"] == n.record["status"] == "ok"
+        both_ok = b and n and b.record.status == n.record.status == "ok"
         lost = both_ok and _failed_repeats(n) and not _failed_repeats(b)
-        if not both_ok or (lost and not policy.may_stop(cid, n.record["cell_name"])):
+        if not both_ok or (lost and not policy.may_stop(cid, n.record.cell_name)):
             cells.append(_status_result(b, n, policy))
             continue
         cell_knobs = knobs(n.record)

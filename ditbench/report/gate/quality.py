@@ -24,6 +24,8 @@ from typing import Any
 
 from ditbench.errors import shorten
 from ditbench.records.metrics import HIGHER, Metric
+from ditbench.records.model import Evaluation
+from ditbench.records.model import Quality as QualitySection
 from ditbench.report.gate.inputs import GateRefusal, Row, number
 from ditbench.report.gate.metrics import crossing
 from ditbench.report.gate.policy import Rule
@@ -43,51 +45,40 @@ SAMPLE_COUNT = "samples per evaluation"
 class Quality:
     identity: dict[str, Any]  # IDENTITY label -> value
     official: bool | None  # whether the Inception weights are the official ones
-    evaluations: dict[int, dict[str, Any]]  # training step -> evaluation
+    evaluations: dict[int, Evaluation]  # training step -> evaluation
 
 
-def read_quality(record: dict[str, Any]) -> tuple[Quality | None, str | None]:
-    """The record's quality field checked for what the gate reads; (None, None) when it has none."""
-    q = record.get("quality")
+def read_quality(q: QualitySection | dict[str, Any] | None) -> tuple[Quality | None, str | None]:
+    """A record's quality section (typed by the record's model; its JSON is typed here) checked for what
+    the gate needs beyond its types; (None, None) when there is none."""
     if q is None:
         return None, None
+    if isinstance(q, dict):
+        q = QualitySection.model_validate(q)
     identity = {}
     for label, path in IDENTITY:
         node: Any = q
         for part in path:
-            node = node.get(part) if isinstance(node, dict) else None
+            node = getattr(node, part, None)
         name = "quality." + ".".join(path)
         if path == ("sampler",):
-            if not isinstance(node, dict) or not node:
+            if not node:
                 return None, f"{name} is {shorten(node)}, not an object such as {{name, steps, cfg_scale}}"
             node = json.dumps(node, sort_keys=True, default=str)  # compared as a whole, canonically
         elif path == ("samples",):
-            if isinstance(node, bool) or not isinstance(node, int) or node <= 0:
+            if node is None or node <= 0:
                 return None, f"{name} is {shorten(node)}, not a positive number of samples"
-        elif not isinstance(node, str) or not node:
+        elif not node:
             return None, f"{name} is {shorten(node)}, not a non-empty string"
         identity[label] = node
-    official = (q.get("inception") or {}).get("official")
-    evaluations = q.get("evaluations")
-    if not isinstance(evaluations, list) or not evaluations:
-        return None, f"quality.evaluations is {shorten(evaluations)}, not a non-empty list"
-    by_step: dict[int, dict[str, Any]] = {}
-    for i, e in enumerate(evaluations):
-        where = f"quality.evaluations[{i}]"
-        if not isinstance(e, dict):
-            return None, f"{where} is {shorten(e)}, not an object"
-        step = e.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            return None, f"{where}.step is {shorten(step)}, not a training step (an integer >= 0)"
-        if step in by_step:
-            return None, f"{where}.step {step} appears twice"
-        if not isinstance(e.get("metrics"), dict):
-            return None, f"{where}.metrics is {shorten(e.get('metrics'))}, not an object"
-        for field in ("spread", "bootstrap_se"):
-            if not isinstance(e.get(field), (dict, type(None))):
-                return None, f"{where}.{field} is {shorten(e.get(field))}, not an object or null"
-        by_step[step] = e
-    return Quality(identity, official if isinstance(official, bool) else None, by_step), None
+    if not q.evaluations:
+        return None, f"quality.evaluations is {shorten(q.evaluations)}, not a non-empty list"
+    by_step: dict[int, Evaluation] = {}
+    for i, e in enumerate(q.evaluations):
+        if e.step in by_step:
+            return None, f"quality.evaluations[{i}].step {e.step} appears twice"
+        by_step[e.step] = e
+    return Quality(identity, getattr(q.inception, "official", None), by_step), None
 
 
 class QualityMismatchError(GateRefusal):
@@ -146,7 +137,7 @@ def compare_quality(
         values, spreads, bad = [], [], None
         for side, e in (("BASE", eb), ("NEW", en)):
             where = f"quality.evaluations[step {step}]"
-            v, why = number(e["metrics"].get(metric.path))
+            v, why = number(e.metrics.get(metric.path))
             if why is None and v is not None and metric.out_of_range(v):
                 why = f"is {v:g}, not a {metric.valid} value"
             noise, nwhy = evaluation_noise(e, metric.path)
@@ -173,7 +164,7 @@ def compare_quality(
     return deltas, not_measured, problems
 
 
-def evaluation_noise(evaluation: dict[str, Any], key: str) -> tuple[float | None, str | None]:
+def evaluation_noise(evaluation: Evaluation | dict[str, Any], key: str) -> tuple[float | None, str | None]:
     """(one evaluation's noise in `key`, None) or (None, what is wrong): the larger of the seeds'
     spread and the bootstrap's standard error over samples (either may be absent)."""
     found = []
