@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         # a command whose work survives an interruption says what is kept (args._resume)
-        kept = getattr(args, "_resume", None)
-        again = f"; {kept}: ditbench {shlex.join(argv)}" if kept else ""
+        kept, drop = getattr(args, "_resume", None), getattr(args, "_resume_drop", ())
+        again = f"; {kept}: ditbench {shlex.join(a for a in argv if a not in drop)}" if kept else ""
         print(f"ditbench: interrupted{again}", file=sys.stderr)
         return 130
 

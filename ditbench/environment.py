@@ -79,7 +79,7 @@ def nvml_status(cuda: bool) -> str:
     return "ok"
 
 
-def _nvml_gpu() -> tuple[str | None, float | None]:
+def nvml_gpu() -> tuple[str | None, float | None]:
     """Name and memory of the first visible GPU through NVML, without touching CUDA."""
     try:
         import pynvml
@@ -108,7 +108,7 @@ def collect_env(probe_cuda: bool = True) -> dict[str, Any]:
         props = torch.cuda.get_device_properties(0)
         gpu_name, gpu_mem = props.name, round(props.total_memory / 2**30, 2)
     elif cuda:
-        gpu_name, gpu_mem = _nvml_gpu()
+        gpu_name, gpu_mem = nvml_gpu()
     else:
         gpu_name, gpu_mem = None, None
     env: dict[str, Any] = {

@@ -1,12 +1,13 @@
-"""How long `train`, `sample` and `fid` will take, said first; long CPU work needs --yes in a terminal.
+"""How long `train`, `sample`, `fid` and `run` will take, said first; long CPU work needs --yes in a terminal.
 
 The rate is the planner's time model's (plan/speed.py): a CPU's matmul rate measured now (0.3 s, at
 this process's threads: a busy machine gets a longer estimate) with the efficiencies fitted on CPU
 cells (reports/plan_vs_cpu), or a GPU's datasheet with the shipped calibration. A training step is
-the traced step at that rate (train/cli.py; the warm-up is no estimate). Sampling and Inception
-features are their FLOPs at the calibrated matmul rate (kernel launches not counted: small models at
-small sizes take longer than said). Over LONG_CPU_S on a CPU, a terminal without --yes is refused
-with the estimate and a cheaper way; CI and logs proceed, the estimate printed.
+the traced step at that rate (train/cli.py; the warm-up is no estimate), a suite its cells' steps and
+processes (bench/cli.py). Sampling and Inception features are their FLOPs at the calibrated matmul
+rate (kernel launches not counted: small models at small sizes take longer than said). Over
+LONG_CPU_S on a CPU, a terminal without --yes is refused with the estimate and a cheaper way; CI and
+logs proceed, the estimate printed.
 """
 
 from __future__ import annotations
@@ -40,9 +41,12 @@ def rate(device: str) -> tuple[dict[str, float], dict[str, float], str, str | No
         import torch
 
         from ditbench.cards import DATASHEETS, find_card
+        from ditbench.environment import nvml_gpu
 
         try:
-            card = find_card(torch.cuda.get_device_name(torch.device(device))).name
+            # "cuda" (`run`'s parent, which must not hold a CUDA context): the first visible GPU, by NVML
+            name = nvml_gpu()[0] if device == "cuda" else None
+            card = find_card(name or torch.cuda.get_device_name(torch.device(device))).name
         except UserError:
             return None
         if card not in DATASHEETS:

@@ -4,12 +4,30 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
+import time
+from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 from ditbench.bench.cluster import EXECUTORS
 
 EXIT_NOTHING_MEASURED = 3  # a run in which no selected cell started (all unsupported or skipped)
+
+
+SWITCHES = {
+    "--force": "rerun cells that already have an ok record",
+    "--dry-run": "print the expanded matrix (what each cell would do, why a cell would not run, and with "
+    "the suite's plan: the predicted peak) and exit",
+    "--allow-unsupported": "run even when no selected cell can run on this machine (a GPU suite on a CPU): "
+    "each is recorded `unsupported` with its reason, without running",
+    "--verbose": "a line as each cell starts, every note in full on its cell's line, and the table of every "
+    "cell at the end (default: a line per cell, each note once at the end)",
+    "--allow-empty": "exit 0 when no cell was measured (all unsupported here or skipped); without it such a "
+    f"run exits {EXIT_NOTHING_MEASURED}",
+    "--no-oom-skip": "run larger batches even after a smaller batch of the same series ran out of memory",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,23 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="the run's folder: results.jsonl, summary.md, logs/ (default: runs/<suite name>)",
     )
-    parser.add_argument("--force", action="store_true", help="rerun cells that already have an ok record")
-    parser.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the expanded matrix (what each cell would do, why a cell would not run, and with "
-        "the suite's plan: the predicted peak) and exit",
-    )
-    parser.add_argument(
-        "--allow-empty",
-        action="store_true",
-        help=f"exit 0 when no cell was measured (all unsupported here or skipped); without it such a "
-        f"run exits {EXIT_NOTHING_MEASURED}",
-    )
+    for flag, text in SWITCHES.items():
+        parser.add_argument(flag, action="store_true", help=text)
     import textwrap
 
     parser.epilog = textwrap.fill(
-        f"exit status: 0 when at least one cell was measured (whatever its status), 2 for bad input, "
+        f"exit status: 0 when at least one cell was measured (whatever its status), 2 for bad input or "
+        f"when no selected cell can run on this machine (--allow-unsupported records them), "
         f"{EXIT_NOTHING_MEASURED} when no selected cell was measured (every one unsupported here or "
         "skipped; --allow-empty makes that 0), 130 when interrupted.",
         width=78,
@@ -81,18 +89,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a short name for this run (e.g. before-fix), written as `label` in each record; reports "
         "group a cell's records by it (up to 64 characters, one line)",
     )
-    parser.add_argument(
-        "--no-oom-skip",
-        action="store_true",
-        help="run larger batches even after a smaller batch of the same series ran out of memory",
-    )
     from ditbench.expansion import add_max_cells
 
     add_max_cells(parser, "a suite whose matrix (with its overrides) expands to")
-    from ditbench.cliopts import add_json, add_no_progress
+    from ditbench.cliopts import add_json, add_no_progress, add_yes
 
     add_json(parser, "the records of the selected cells (or, with --dry-run, the planned cells)")
     add_no_progress(parser)
+    add_yes(parser)
     from ditbench.bench.launch.rendezvous import add_rendezvous_arguments
 
     add_rendezvous_arguments(parser)
@@ -134,12 +138,16 @@ def run(args: argparse.Namespace) -> int:
         RunOptions,
         check_options,
         check_out_dir,
+        dry_run_plan,
+        dry_run_planner,
         kept_entries,
+        print_dry_run,
         select_cells,
     )
-    from ditbench.bench.summary import summary_table
+    from ditbench.bench.summary import Notes, closing, summary_table
     from ditbench.errors import UserError
     from ditbench.outpaths import refuse_output_as_input
+    from ditbench.progress import duration
     from ditbench.records.jsonl import latest_by_cell, read_records
     from ditbench.spec.suite import load_suite
 
@@ -174,19 +182,20 @@ def run(args: argparse.Namespace) -> int:
         rendezvous=rendezvous,
         label=args.label,
         repeats=args.repeats,
+        verbose=args.verbose,
     )
     check_options(options)
     if args.cluster and args.executor is None:
         raise UserError("--cluster sets where --executor slurm submits the cells; add --executor slurm.")
     # the --cluster keys are checked before a dry run too: it promises what the real run would do
     cluster = _cluster_options(suite, args) if args.executor is not None else None
+    executor, visible = _executor(args, cluster), Visible.detect()
+    verdicts = {c.cell_id: executor.verdict(c, visible, rendezvous) for c in cells}
     if args.dry_run:
         check_out_dir(Path(out), create=False)  # run_suite checks (and creates) it for a real run
         previous = latest_by_cell(read_records(Path(out) / RESULTS_FILE))
-        visible = Visible.detect()
-        planner = _planner(suite)
-        executor = _executor(args, cluster)
-        plans = {c.cell_id: _plan(c, visible, rendezvous, previous, args, executor, planner) for c in cells}
+        planner = dry_run_planner(suite)
+        plans = {c.cell_id: dry_run_plan(c, verdicts[c.cell_id], previous, args, planner) for c in cells}
         if args.json:
             rows = [
                 {"cell_id": c.cell_id, "cell_name": c.cell_name, **plans[c.cell_id], "config": c.config}
@@ -198,23 +207,97 @@ def run(args: argparse.Namespace) -> int:
                 )
             )
             return 0
-        _print_dry_run(suite, cells, plans, out, args)
+        print_dry_run(suite, cells, plans, out, args)
         return 0
-    # with --json the per-cell lines go to stderr; stdout holds the records alone
-    echo = (lambda line: print(line, file=sys.stderr, flush=True)) if args.json else None
+    if not args.allow_unsupported:
+        _refuse_unrunnable(suite, cells, verdicts, visible, args)
+    estimate: list[float | None] = [None]
+
+    def announce(todo: list) -> None:  # once the output folder is checked, before any cell starts
+        estimate[0] = _announce(suite, todo, args, visible)
+
+    # Ctrl-C: cli.main prints this and the command that resumes (without --force, which would rerun all)
+    args._resume, args._resume_drop = (
+        "the cells recorded so far are kept; this runs only the rest",
+        ("--force",),
+    )
+    notes, started = Notes(), time.monotonic()
     if args.executor is not None:
         from ditbench.bench.jobs import submit_suite
 
-        records = submit_suite(suite, options, args.executor, cluster, echo=echo)
+        records = submit_suite(suite, options, args.executor, cluster, notes=notes)
     else:
-        records = run_suite(suite, options, echo=echo)
+        records = run_suite(suite, options, notes=notes, before=announce)
+    took = f"in {duration(time.monotonic() - started)}"
+    took += f" (estimated {duration(estimate[0])})" if estimate[0] else ""
+    say = sys.stderr if args.json else sys.stdout  # with --json, stdout holds the records alone
     if args.json:
         print(json.dumps([r.dump() for r in records]))
-        return _exit_status(records, args)
-    print()
-    print(summary_table(records), end="")
-    print(f"\nresults: {Path(out) / RESULTS_FILE}   summary: {Path(out) / 'summary.md'}")
+    elif args.verbose:
+        print(summary_table(records, notes), end="")
+    for line in closing(records, notes, took):
+        print(line, file=say)
+    print(f"results: {Path(out) / RESULTS_FILE}   summary: {Path(out) / 'summary.md'}", file=say)
     return _exit_status(records, args)
+
+
+def _refuse_unrunnable(suite, cells, verdicts: dict, visible, args) -> None:
+    """Refuse (UserError) a run in which no selected cell can run on this machine, naming what would."""
+    from ditbench.bench.runner import precheck
+    from ditbench.errors import UserError
+
+    if any(verdicts[c.cell_id] is None or verdicts[c.cell_id][0] != "unsupported" for c in cells):
+        return
+    reasons = Counter(verdicts[c.cell_id][1] for c in cells)
+    why = "; ".join(f"{n} cell{'s' * (n != 1)}: {reason}" for reason, n in reasons.items())
+    name = shlex.join([args.suite, *args.overrides])
+    text = (
+        f"none of the {len(cells)} selected cells of suite {suite.name} can run on this machine ({why}). "
+        f"`ditbench plan {name}` predicts their memory and speed on a card without running them"
+    )
+    if not visible.cuda and any(c.config["device"] == "cuda" for c in cells):
+        here = [
+            c
+            for c in cells
+            if precheck(SimpleNamespace(config={**c.config, "device": "cpu"}), visible) is None
+        ]
+        unset = " card=null" if suite.card else " gpu_memory_gib=null" if suite.gpu_memory_gib else ""
+        text += (
+            f"; `ditbench run {name} device=cpu{unset}` runs {len(here)} of them on this CPU (it says first "
+            "how long that takes)"
+        )
+    raise UserError(
+        text + ". --allow-unsupported records each as unsupported without running it; --dry-run lists "
+        "every cell with its reason."
+    )
+
+
+def _announce(suite, todo: list, args, visible) -> float | None:
+    """Print the estimate of the cells `todo` (walltime.announce: long CPU work needs --yes), return it."""
+    from ditbench.device import device_type
+    from ditbench.environment import nvml_gpu
+    from ditbench.walltime import announce
+
+    if not todo:
+        return None
+    device = device_type(todo[0].config["device"], visible.cuda)
+    if device == "cpu":  # the CPU's rate at the cells' threads (this process computes nothing itself)
+        import torch
+
+        from ditbench.bench.threads import pinned
+
+        torch.set_num_threads(pinned(todo[0].config["threads"], device) or torch.get_num_threads())
+    # this process holds no CUDA context: without NVML (ditbench[gpu]) it cannot name the GPU
+    seconds = suite_seconds(todo, device) if device == "cpu" or nvml_gpu()[0] else None
+    name = shlex.join([args.suite, *args.overrides])
+    cheaper = (
+        f"Run a part (--cells SUBSTR; --dry-run lists the cells), fewer steps (steps.min_seconds=0 "
+        f"smoke.steps=0), or predict it without running: `ditbench plan {name}`."
+    )
+    repeats = ", repeats included" if len(todo) > len({c.cell_id for c in todo}) else ""
+    what = f"suite {suite.name} ({len(todo)} cell{'s' * (len(todo) != 1)}{repeats})"
+    announce("run", seconds, what, device, args.yes, cheaper)
+    return seconds
 
 
 NOT_MEASURED = ("unsupported", "skipped")  # statuses of cells that never started
@@ -229,7 +312,7 @@ def _exit_status(records: list[dict], args: argparse.Namespace) -> int:
     statuses = sorted({str(r.get("status")) for r in records})
     message = (
         f"nothing was measured: all {len(records)} selected cells are {' or '.join(statuses)} "
-        "(the reasons are in the table and in summary.md)."
+        "(the reasons are above and in summary.md)."
     )
     if args.allow_empty:
         print(f"ditbench: {message}", file=sys.stderr)
@@ -267,63 +350,41 @@ def _executor(args, cluster):
     return Submitit(args.executor, cluster)
 
 
-def _planner(suite):
-    """The suite's `plan:` option's planner (predictions in this process, as the run makes them), or None."""
-    if suite.plan is None:
+# A cell's process besides its steps: the interpreter and torch, the runner's gap between cells
+# (CELL_START_S), and each Trainer it builds (BUILD_S_PER_MPARAM per million parameters; a CPU cell
+# builds a second for the allocator peak, whose two profiled steps take about twice as long, and a
+# smoke or quality run one more). CPU: fitted on cpu_smoke and a CPU ci_gate on 2 shared cores, scaled
+# to the calibration's quiet CPU (reports/plan_vs_cpu); a CPU measured slower now (busy, or slower)
+# takes longer in proportion. CUDA: a guess, no GPU measured it (ci_gate's "about 10 minutes").
+CELL_START_S = {"cpu": 5.5, "cuda": 10.0}
+BUILD_S_PER_MPARAM = {"cpu": 0.04, "cuda": 0.0}
+
+
+def suite_seconds(cells, device: str) -> float | None:
+    """Seconds to run the suite cells `cells` here one after another (None: a cell has no estimate): its
+    process and builds, and its steps at the planner's step time: warm-up, the window (at least `measure`
+    steps and `min_seconds`), the smoke run, and a quality run's training (not its sampling and scoring)."""
+    from ditbench.models.configs import get_config
+    from ditbench.train.cli import train_step_s
+    from ditbench.walltime import CALIBRATIONS, rate
+
+    if (found := rate(device)) is None:
         return None
-    from ditbench.bench.plan_option import SuitePlanner
-    from ditbench.environment import collect_env
-
-    return SuitePlanner(suite, suite.plan, collect_env(probe_cuda=False))
-
-
-def _plan(cell, visible, rendezvous, previous: dict, args, executor, planner=None) -> dict:
-    """What a real run would do with the cell: {plan: the executor's verdict, skipped, done or run;
-    reason: why it will not run (None when it will); with the suite's `plan:`, predicted_peak_gib}."""
-    verdict = executor.verdict(cell, visible, rendezvous)
-    out: dict = {"plan": "run", "reason": None}
-    if planner is not None:
-        prediction = planner.prediction(cell)
-        out["predicted_peak_gib"] = prediction.get("peak_allocated_gib")
-        out["prediction_status"] = prediction.get("status")
-    if verdict:
-        out.update(plan=verdict[0], reason=verdict[1])
-    elif not args.force and (previous.get(cell.cell_id) or {}).get("status") == "ok":
-        out["plan"] = "done (ok)"
-    elif planner is not None and (skip := planner.skip_reason(cell)):
-        out.update(plan="skipped", reason=skip)
-    return out
-
-
-def _print_dry_run(suite, cells, plans: dict, out, args) -> None:
-    """The matrix, a row per cell; each reason a cell will not run once, numbered, under the table."""
-    from ditbench.units import memory_text
-
-    k = args.repeats or suite.repeats
-    times = f", each {k} times in fresh processes, round-robin" if k > 1 else ""
-    print(f"suite {suite.name} ({suite.path}): {len(cells)} cells{times} -> {out}")
-    if args.overrides:
-        print(f"overrides: {' '.join(args.overrides)}")
-    peak = suite.plan is not None
-    notes: dict[str, int] = {}
-    print(
-        f"{'cell_id':<13} {'smoke':>5}  {'plan':<16} "
-        + (f"{'predicted peak':>14}  " if peak else "")
-        + "cell"
-    )
+    slower = 1.0
+    if device == "cpu":
+        slower = json.loads((CALIBRATIONS / "speed_calibration_cpu.json").read_text())["peak_tflops"]
+        slower /= found[0]["fp32"]
+    total = 0.0
     for cell in cells:
-        row = plans[cell.cell_id]
-        plan = row["plan"]
-        if row["reason"]:
-            plan += f" [{notes.setdefault(row['reason'], len(notes) + 1)}]"
-        predicted = ""
-        if peak:
-            gib = row.get("predicted_peak_gib")
-            predicted = f"{memory_text(gib) if gib is not None else 'n/a':>14}  "
-        print(f"{cell.cell_id:<13} {cell.config['smoke_steps']:>5}  {plan:<16} {predicted}{cell.cell_name}")
-    counts = {reason: sum(plans[c.cell_id]["reason"] == reason for c in cells) for reason in notes}
-    for reason, number in notes.items():
-        print(f"[{number}] {reason} ({counts[reason]} cell{'s' * (counts[reason] != 1)})")
-    runs = sum(plans[c.cell_id]["plan"] == "run" for c in cells)
-    if not runs:
-        print(f"nothing would be measured: none of the {len(cells)} cells would run here (see above)")
+        config, cpu = cell.config, device == "cpu"
+        step = train_step_s(config, device)
+        if step is None:
+            return None
+        at = (config.get("quality") or {}).get("at")
+        steps = config["steps"]["warmup"] + config["smoke_steps"] + (max(at) if isinstance(at, list) else 0)
+        window = max(config["steps"]["measure"] * step, config["steps"]["min_seconds"])
+        model = get_config(config["model"])
+        builds = 1 + cpu + (config["smoke_steps"] > 0) + bool(at)
+        build_s = BUILD_S_PER_MPARAM[device] * 18 * model.depth * model.hidden_size**2 / 1e6  # ~ parameters
+        total += slower * (CELL_START_S[device] + builds * build_s) + window + (steps + 4 * cpu) * step
+    return total

@@ -52,6 +52,7 @@ def submit_suite(
     cluster: ClusterOptions | None = None,
     echo: Callable[[str], None] | None = None,
     poll_s: float = POLL_S,
+    notes=None,
 ) -> list[dict[str, Any]]:
     """Run (or resume) the suite through submitit; the latest record of each selected cell, in suite order."""
     if kind not in EXECUTORS:
@@ -62,7 +63,7 @@ def submit_suite(
             "job's nodes come from SLURM (a cell's `nodes` knob). Drop those flags."
         )
     executors.require_submitit()
-    return run_suite(suite, options, echo, Submitit(kind, cluster or ClusterOptions(), poll_s))
+    return run_suite(suite, options, echo, Submitit(kind, cluster or ClusterOptions(), poll_s), notes)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ditbench.bench import inflight
+from ditbench.bench import inflight, threads
 from ditbench.bench.launch import procs
 from ditbench.bench.launch.base import Executor, Pending
 from ditbench.bench.launch.base import for_cell as launcher_for
@@ -49,7 +49,8 @@ from ditbench.bench.runopts import (
     run_order,
     select_cells,
 )
-from ditbench.bench.summary import format_line, write_summary
+from ditbench.bench.suite_progress import stderr_line
+from ditbench.bench.summary import Notes, format_line, notes_of, write_summary
 from ditbench.device import cuda_visible, device_type
 from ditbench.fileio import mkdir_real
 from ditbench.outlock import OutputLock
@@ -135,8 +136,12 @@ def run_suite(
     options: RunOptions,
     echo: Callable[[str], None] | None = None,
     executor: Executor | None = None,
+    notes: Notes | None = None,
+    before: Callable[[list[SuiteCell]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run (or resume) the suite; return the latest record of every selected cell, in suite order."""
+    """Run (or resume) the suite; return the latest record of every selected cell, in suite order.
+    `notes` gathers what the lines refer to by number (summary.Notes); `before` is called with the
+    cells (repeats) still to run here, once the output folder is checked and before any starts."""
     check_options(options)
     executor = executor or Processes()
     out = Path(options.out)
@@ -144,10 +149,12 @@ def run_suite(
     hint = "In a multi-node run every node needs its own --out, e.g. runs/NAME_node$NODE_RANK "
     hint = hint + "(docs/distributed.md)." if (options.rendezvous or {}).get("nnodes", 1) > 1 else ""
     with OutputLock(out, hint=hint):  # one run per folder, or two runs would each run every cell
-        return _run_locked(suite, options, out, echo or print_line, executor)
+        return _run_locked(suite, options, out, echo or stderr_line, executor, notes or Notes(), before)
 
 
-def _run_locked(suite, options: RunOptions, out: Path, say, executor: Executor) -> list[dict]:
+def _run_locked(
+    suite, options: RunOptions, out: Path, say, executor: Executor, notes: Notes, before
+) -> list[dict]:
     from ditbench.environment import collect_env
 
     ensure_dir(out / LOGS_DIR, "--out's logs folder", probe=False)
@@ -155,7 +162,7 @@ def _run_locked(suite, options: RunOptions, out: Path, say, executor: Executor) 
     results_path = out / RESULTS_FILE
     finish = inflight.scaling_finish(results_path)
     for record in inflight.adopt(results_path, inflight.inflight_dir(out), run_id, finish=finish):
-        say(f"adopted the finished result of a killed run: {format_line(record)}")
+        say(f"adopted the finished result of a killed run: {format_line(record, notes)}")
     env = collect_env(probe_cuda=False)  # no CUDA context in the parent: it would hold device memory
     planner = None
     if suite.plan is not None:  # imported only then: a suite without it never loads the planner
@@ -163,7 +170,8 @@ def _run_locked(suite, options: RunOptions, out: Path, say, executor: Executor) 
 
         planner = plan_option.SuitePlanner(suite, suite.plan, env)
     k = options.repeats or suite.repeats
-    run = SuiteRun(suite, options, run_id, env, Visible.detect(), out, {}, planner, k, executor)
+    run = SuiteRun(suite, options, run_id, env, Visible.detect(), out, {}, planner, k, executor, notes)
+    run.before = before
     try:
         with procs.sigterm_as_interrupt():
             run.run(select_cells(suite, options.cell_filters), say)
@@ -178,13 +186,6 @@ def _run_locked(suite, options: RunOptions, out: Path, say, executor: Executor) 
     return records
 
 
-def print_line(line: str) -> None:
-    from tqdm import tqdm
-
-    tqdm.write(line, file=sys.stdout)  # above the bar, which lives on stderr
-    sys.stdout.flush()  # a line per cell shows at once in a piped log, not at exit
-
-
 NO_FAILURE = ("ok", "skipped", "unsupported")  # statuses that rule no other cell out
 
 
@@ -194,10 +195,11 @@ class SuiteRun:
     its prediction in each record, a failed repeat stopping the cell's later repeats."""
 
     def __init__(self, suite, options, run_id, env, visible, out: Path, latest: dict[str, dict],
-                 planner=None, repeats: int = 1, executor: Executor | None = None):  # fmt: skip
+                 planner=None, repeats: int = 1, executor: Executor | None = None, notes=None):  # fmt: skip
         self.suite, self.options, self.run_id, self.env, self.visible = suite, options, run_id, env, visible
         self.out, self.latest, self.planner, self.repeats = out, latest, planner, repeats
-        self.executor = executor or Processes()
+        self.executor, self.notes = executor or Processes(), notes or Notes()
+        self.before: Callable[[list[SuiteCell]], None] | None = None  # run_suite's `before`
         self.failed_repeat: dict[str, dict[str, Any]] = {}  # cell_id -> its first failed repeat's record
         self.results_path = out / RESULTS_FILE
         self.folder = inflight.inflight_dir(out) if self.executor.waits else out / JOBS_DIR
@@ -230,6 +232,11 @@ class SuiteRun:
             order = plan_option.run_order(order, cells)
         # round-robin: every cell's repeat 1, then every cell's repeat 2, ...
         todo = [(c, r) for r in range(1, k + 1) for c in order if (c.cell_id, r) not in done | waiting]
+        unrunnable = [(c, r) for c, r in todo if self.verdict(c) is not None]  # recorded first, in one line
+        cannot = {(c.cell_id, r) for c, r in unrunnable}
+        todo = [(c, r) for c, r in todo if (c.cell_id, r) not in cannot]
+        if self.before is not None:
+            self.before([c for c, _ in todo])  # the estimate, said first (it may refuse)
         for cid, r in sorted(done, key=lambda key: key[1]):
             self.latest[cid] = previous[(cid, r)]
         if done or waiting:
@@ -241,6 +248,8 @@ class SuiteRun:
                 + (f", {len(waiting)} submitted earlier and waited for" if waiting else "")
                 + f", {len(todo)} to {'run' if self.executor.waits else 'submit'}"
             )
+        if unrunnable:
+            self._record_unrunnable(unrunnable, cells)
         self.total, self.done = len(todo) + len(self.pending), len(done)
         self.watch = self._watch([c for c, _ in todo])
         # a line per cell prints anyway: a log that is not a terminal gets no bar lines on top
@@ -253,6 +262,25 @@ class SuiteRun:
         finally:
             self.bar.close()
 
+    def _record_unrunnable(self, unrunnable: list[tuple[SuiteCell, int]], cells: list[SuiteCell]) -> None:
+        """Record the cells this machine cannot run (unsupported here, another node's): a line each with
+        --verbose, else one line with each reason once and the cells it applies to."""
+        records = []
+        for cell, repeat in unrunnable:
+            job = self.open(cell, repeat, ran=False)
+            inflight.write_result_file(job.ticket, self.decide(cell, self.verdict(cell)))
+            records.append(self.finish(job, submitted=False))
+        if self.options.verbose:
+            for record in records:
+                self.say(format_line(record))
+            return
+        texts = list(dict.fromkeys(text for r in records for text in notes_of(r)))
+        for record in records:
+            self.notes.refs(record)
+        said = "; ".join(self.notes.lines([(c.cell_name, c.config) for c in cells], texts))
+        n = len({c.cell_id for c, _ in unrunnable})
+        self.say(f"{n} of {len(cells)} cells cannot run here and are recorded without running: {said}")
+
     def _pick_up(self) -> None:
         """The jobs earlier (killed) runs submitted: each appended if it ended, else waited for."""
         mkdir_real(self.folder, "--out")
@@ -261,7 +289,7 @@ class SuiteRun:
             context = job.ticket.read_context()
             job.cell = by_id.get(context["cell_id"])
             if job.ticket.result_path.exists() or job in self.executor.poll([job]):
-                self.say(format_line(self.finish(job)))
+                self.say(format_line(self.finish(job), self.notes))
             else:
                 name = context.get("cell_name")
                 self.say(f"waiting for job {job.ref.job_id} ({name}), submitted by an earlier run")
@@ -273,8 +301,8 @@ class SuiteRun:
 
         heartbeat = self.options.progress and not is_terminal()  # a terminal has the bar
         if self.executor.waits:
-            return SuiteProgress(cells, lambda c: self.verdict(c) is None, heartbeat)
-        return JobWatch(self.done + self.total, heartbeat)
+            return SuiteProgress(cells, heartbeat, starts=self.options.verbose)
+        return JobWatch(self.done + self.total, heartbeat, starts=self.options.verbose)
 
     def _loop(self, todo: list[tuple[SuiteCell, int]]) -> None:
         """Hand the executor the cells (all at once to a remote one, else one at a time), record each
@@ -289,7 +317,7 @@ class SuiteRun:
                 self.watch.start(taken, cell)
                 # before the clock starts: the first cell of a series waits for its series' trace
                 decided = self.decide(cell, self.verdict(cell))
-                job = self.open(cell, repeat)
+                job = self.open(cell, repeat, ran=decided is None)
                 if decided is None:
                     batch.append(job)
                 else:
@@ -309,13 +337,20 @@ class SuiteRun:
         self.recorded += 1
         self.watch.end(record["status"])
         which = f" repeat {record['repeat']}/{self.repeats}" if self.repeats > 1 else ""
-        self.say(f"[{self.recorded}/{self.total}]{which} {format_line(record)}")
+        line = format_line(record, None if self.options.verbose else self.notes)
+        self.say(f"[{self.recorded}/{self.total}]{which} {line}")
         self.bar.update(1)
 
-    def open(self, cell: SuiteCell, repeat: int) -> Pending:
-        """The cell's ticket (what its record says besides the result), as a job for the executor."""
-        # a remote cell reports its node's environment: its record must not claim this machine's
-        env = None if self.executor.remote else self.env
+    def open(self, cell: SuiteCell, repeat: int, ran: bool = True) -> Pending:
+        """The cell's ticket (what its record says besides the result), as a job for the executor.
+        Its env is this machine's, with the threads the cell's process runs with; none for a cell that
+        does not run, or runs on a remote node (which reports its own)."""
+        env = None
+        if ran and not self.executor.remote:
+            pinned = threads.pinned(
+                cell.config["threads"], device_type(cell.config["device"], self.visible.cuda)
+            )
+            env = {**self.env, "torch_threads": pinned or self.env.get("torch_threads")}
         context = inflight.record_context(
             self.suite, self.run_id, cell, now_iso(), env=env, label=self.options.label, repeat=repeat,
             repeats=self.repeats,

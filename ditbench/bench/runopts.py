@@ -37,6 +37,7 @@ class RunOptions:
     rendezvous: dict | None = None  # torchrun's multi-node options (launch.rendezvous.Rendezvous)
     label: str | None = None  # `run --label`: written into each record; reports group by it
     repeats: int | None = None  # `run --repeats K`: over the suite's `repeats`
+    verbose: bool = False  # `run --verbose`: every cell's start and its notes in full on its line
 
 
 def check_options(options: RunOptions) -> None:
@@ -119,3 +120,60 @@ def now_iso(unix: float | None = None) -> str:
 
 def new_run_id() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
+
+
+def dry_run_planner(suite):
+    """The suite's `plan:` option's planner (predictions in this process, as the run makes them), or None."""
+    if suite.plan is None:
+        return None
+    from ditbench.bench.plan_option import SuitePlanner
+    from ditbench.environment import collect_env
+
+    return SuitePlanner(suite, suite.plan, collect_env(probe_cuda=False))
+
+
+def dry_run_plan(cell, verdict, previous: dict, args, planner=None) -> dict:
+    """What a real run would do with the cell: {plan: the executor's verdict, skipped, done or run;
+    reason: why it will not run (None when it will); with the suite's `plan:`, predicted_peak_gib}."""
+    out: dict = {"plan": "run", "reason": None}
+    if planner is not None:
+        prediction = planner.prediction(cell)
+        out["predicted_peak_gib"] = prediction.get("peak_allocated_gib")
+        out["prediction_status"] = prediction.get("status")
+    if verdict:
+        out.update(plan=verdict[0], reason=verdict[1])
+    elif not args.force and (previous.get(cell.cell_id) or {}).get("status") == "ok":
+        out["plan"] = "done (ok)"
+    elif planner is not None and (skip := planner.skip_reason(cell)):
+        out.update(plan="skipped", reason=skip)
+    return out
+
+
+def print_dry_run(suite, cells, plans: dict, out, args) -> None:
+    """The matrix, a row per cell; each reason a cell will not run once, numbered, under the table."""
+    from ditbench.bench.summary import Notes
+    from ditbench.units import memory_text
+
+    k = args.repeats or suite.repeats
+    times = f", each {k} times in fresh processes, round-robin" if k > 1 else ""
+    print(f"suite {suite.name} ({suite.path}): {len(cells)} cells{times} -> {out}")
+    if args.overrides:
+        print(f"overrides: {' '.join(args.overrides)}")
+    peak, notes = suite.plan is not None, Notes()
+    print(
+        f"{'cell_id':<13} {'smoke':>5}  {'plan':<16} "
+        + (f"{'predicted peak':>14}  " if peak else "")
+        + "cell"
+    )
+    for cell in cells:
+        row = plans[cell.cell_id]
+        plan = row["plan"]
+        if row["reason"]:
+            plan += " " + notes.ref(row["reason"], cell.cell_id, cell.cell_name, cell.config)
+        gib = row.get("predicted_peak_gib")
+        predicted = f"{memory_text(gib) if gib is not None else 'n/a':>14}  " if peak else ""
+        print(f"{cell.cell_id:<13} {cell.config['smoke_steps']:>5}  {plan:<16} {predicted}{cell.cell_name}")
+    for line in notes.lines([(c.cell_name, c.config) for c in cells]):
+        print(line)
+    if not any(plans[c.cell_id]["plan"] == "run" for c in cells):
+        print(f"nothing would be measured: none of the {len(cells)} cells would run here (see above)")

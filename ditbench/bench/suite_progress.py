@@ -1,16 +1,16 @@
-"""What a running suite tells the person watching it, on stderr.
+"""What a running suite tells the person watching it, on stderr, besides each cell's result line.
 
-A line when each cell starts, and, where stderr is not a terminal (a CI log, `2> file`), a plain
-line every `DITBENCH_PROGRESS_EVERY_S` seconds while cells run: a cell can take minutes, and a log
-that says nothing for that long looks hung. Cells run here one by one (`SuiteProgress`: the cell's
-index and the suite's ETA from the cells run so far), or as jobs (`JobWatch`: a job's start as the
-loop's poll sees it). The loop calls both alike: `start`/`end` around each cell it takes, `poll`
-while jobs are pending. The per-cell result lines stay on the loop's own channel (stdout, or
-stderr with --json).
+Where stderr is not a terminal (a CI log, `2> file`), a plain line every QUIET_EVERY_S seconds (with
+--verbose or `DITBENCH_PROGRESS_EVERY_S` set, every that many) while cells run: a cell can take
+minutes, and a log that says nothing for that long looks hung. With --verbose, also a line as each
+cell starts. Cells run here one by one (`SuiteProgress`: the cell's index and the suite's ETA from
+the cells run so far), or as jobs (`JobWatch`: a job's start as the loop's poll sees it). The loop
+calls both alike: `start`/`end` around each cell it takes, `poll` while jobs are pending.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -18,14 +18,21 @@ from collections.abc import Callable
 
 from ditbench.progress import duration
 
+QUIET_EVERY_S = 120.0  # between plain lines without --verbose or DITBENCH_PROGRESS_EVERY_S
+
 
 class _Watch:
-    def __init__(self, heartbeat: bool, every_s: float | None, write: Callable[[str], None] | None):
+    def __init__(
+        self, heartbeat: bool, every_s: float | None, write: Callable[[str], None] | None, starts=False
+    ):
+        from ditbench.progress import EVERY_ENV
         from ditbench.progress import every_s as default_every
 
-        self.heartbeat = heartbeat
-        self.every_s = default_every() if every_s is None else every_s
-        self.write = write or _stderr_line
+        self.heartbeat, self.starts = heartbeat, starts  # starts: a line as each cell starts (--verbose)
+        if every_s is None:  # each cell has its result line: unless asked, a beat only in a long wait
+            every_s = default_every() if starts or EVERY_ENV in os.environ else QUIET_EVERY_S
+        self.every_s = every_s
+        self.write = write or stderr_line
 
     def start(self, index: int, cell) -> None:
         """The loop takes cell `index` (1-based): it is decided, started or submitted."""
@@ -38,47 +45,31 @@ class _Watch:
 
 
 class SuiteProgress(_Watch):
-    """Start lines and the heartbeat of a run whose cells run here, one at a time.
+    """The heartbeat (and start lines) of a run whose cells run here, one at a time."""
 
-    `runs(cell)` says whether a cell will start a process (a cell decided unrun, such as one
-    unsupported here, takes no time and does not count towards the ETA).
-    """
-
-    def __init__(
-        self,
-        cells: list,
-        runs: Callable[[object], bool],
-        heartbeat: bool,
-        every_s: float | None = None,
-        write: Callable[[str], None] | None = None,
-    ):
-        super().__init__(heartbeat, every_s, write)
-        self.cells, self.runs = cells, runs
+    def __init__(self, cells: list, heartbeat: bool, every_s: float | None = None, write=None, starts=False):
+        super().__init__(heartbeat, every_s, write, starts)
+        self.cells = cells
         self.ran_s: list[float] = []  # how long each cell that ran took
-        self._to_run = [runs(c) for c in cells]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._index, self._started = 0, 0.0
 
     def eta(self, index: int, elapsed_in_cell: float = 0.0) -> str:
         """The suite's time left when cell `index` (1-based) is `elapsed_in_cell` seconds in."""
-        left = sum(self._to_run[index - 1 :])
-        if left == 0:
-            return "ETA: nothing left to run"
         if not self.ran_s:
             return "ETA after the first cell"
         mean = sum(self.ran_s) / len(self.ran_s)
-        remaining = max(left * mean - elapsed_in_cell, 0.0)
+        remaining = max((len(self.cells) - index + 1) * mean - elapsed_in_cell, 0.0)
         n = len(self.ran_s)
         return f"ETA {duration(remaining)} (mean {duration(mean)} over {n} cell{'s' * (n != 1)} run)"
 
     def start(self, index: int, cell) -> None:
-        """Cell `index` (1-based) starts: its line, and the heartbeat while it runs."""
+        """Cell `index` (1-based) starts: its line (--verbose), and the heartbeat while it runs."""
         self._index, self._started = index, time.monotonic()
-        total = len(self.cells)
-        what = "starting" if self._to_run[index - 1] else "deciding (will not start)"
-        self.write(f"cell {index}/{total} {what}: {cell.cell_name}; suite {self.eta(index)}")
-        if self.heartbeat and self._to_run[index - 1] and self.every_s > 0:
+        if self.starts:
+            self.write(f"cell {index}/{len(self.cells)}: {cell.cell_name}; suite {self.eta(index)}")
+        if self.heartbeat and self.every_s > 0:
             self._stop.clear()
             self._thread = threading.Thread(target=self._beat, args=(cell.cell_name,), daemon=True)
             self._thread.start()
@@ -109,8 +100,8 @@ class JobWatch(_Watch):
     line every `every_s` seconds says how many jobs run, queue and are recorded.
     """
 
-    def __init__(self, total: int, heartbeat: bool, every_s: float | None = None, write=None):
-        super().__init__(heartbeat, every_s, write)
+    def __init__(self, total: int, heartbeat: bool, every_s: float | None = None, write=None, starts=False):
+        super().__init__(heartbeat, every_s, write, starts)
         self.total = total
         self.seen: set[str] = set()
         self._began = self._last = time.monotonic()
@@ -119,6 +110,8 @@ class JobWatch(_Watch):
         for key, name, job_id, started in waiting:
             if started is not None and key not in self.seen:
                 self.seen.add(key)
+                if not self.starts:
+                    continue
                 hosts = ", ".join(started.get("hostnames") or []) or "its node"
                 self.write(
                     f"cell started ({len(self.seen)} of {self.total}): {name}, job {job_id} on {hosts}"
@@ -133,8 +126,10 @@ class JobWatch(_Watch):
             )
 
 
-def _stderr_line(text: str) -> None:
+def stderr_line(text: str) -> None:
+    """A line of progress (and each cell's result line): stderr, above a terminal's bar; stdout keeps
+    the command's result (--json)."""
     from tqdm import tqdm
 
-    tqdm.write(text, file=sys.stderr)  # above a terminal's bar, which lives on stderr too
+    tqdm.write(text, file=sys.stderr)
     sys.stderr.flush()

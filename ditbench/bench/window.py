@@ -76,17 +76,19 @@ def noise(
     return {"noisy": not steady, "noise": figures}
 
 
-def noise_advice(noise: Any) -> str | None:
+def noise_advice(noise: Any, exact: bool = True) -> str | None:
     """What to change when the machine disturbed the window (other processes' load beyond the bound,
-    a GPU that throttled for heat or power), else None."""
+    a GPU that throttled for heat or power), else None. exact=False names the bound, not the share:
+    the same text for every cell it applies to."""
     if not isinstance(noise, dict):
         return None
     said = []
     share, bound = noise.get("other_cpu_share"), noise.get("load_bound")
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (share, bound))
     if numbers and share > bound:
+        used = f"{100 * share:.0f}%" if exact else f"more than {100 * bound:.0f}%"
         said.append(
-            f"other processes used {100 * share:.0f}% of the CPUs during the window: rerun on a quiet "
+            f"other processes used {used} of the CPUs during the window: rerun on a quiet "
             "machine (a cell with more than one thread also gains from threads=1)"
         )
     throttle = noise.get("gpu_throttle")

@@ -422,7 +422,7 @@ def test_garbage_in_every_file_a_run_keeps_does_not_stop_a_resume(tmp_path, caps
         assert main(["run", str(path), "--out", str(out), "--no-progress"]) == 0
     said = " ".join(str(w.message) for w in caught)
     assert "lines 1, 2, 3, 4" in said and "unreadable ticket" in said
-    assert "[1/1] DiT-T/8 fp32 ckpt=none bs=32: ok" in capsys.readouterr().out  # measured again
+    assert "[1/1] DiT-T/8 fp32 ckpt=none bs=32: ok" in capsys.readouterr().err  # measured again (stderr)
     with pytest.warns(UserWarning, match="skipped 4 lines"):
         assert len(read_records(out / "results.jsonl")) == 1  # the new record; nothing lost
     assert (out / "results.jsonl").read_bytes().startswith(b"\n".join(lines))
@@ -436,7 +436,8 @@ def test_a_cell_that_cannot_run_here_is_recorded_unsupported_without_starting(tm
     out.mkdir()
     (out / "results.jsonl").write_bytes(b'{"schema": "ditbench.result/1", "status": "ok"}')  # no newline
     with pytest.warns(UserWarning):
-        assert main(["run", str(path), "--out", str(out), "--no-progress"]) == 3  # nothing measured
+        argv = ["run", str(path), "--out", str(out), "--no-progress", "--allow-unsupported"]
+        assert main(argv) == 3  # nothing measured
     data = (out / "results.jsonl").read_bytes().split(b"\n")
     assert data[0] == b'{"schema": "ditbench.result/1", "status": "ok"}'  # terminated, not cut
     with pytest.warns(UserWarning, match="skipped 1 line"):

@@ -123,7 +123,7 @@ def test_one_seed_has_no_spread(reference, tmp_path):
 
 @pytest.mark.slow
 def test_smoke_end_evaluates_the_smoke_runs_trainer(reference, tmp_path):
-    spec = _spec(reference, smoke_steps=3, at=None)
+    spec = _spec(reference, smoke_steps=3, at="smoke_end")
     measured = cell_core.measure(spec, "c1", lambda: DistContext(device=torch.device("cpu")))
     smoke = cell_core.smoke(spec, measured)
     assert smoke["status"] == "ok" and measured.smoke_trainer is not None
@@ -143,7 +143,7 @@ def test_a_failure_is_the_fields_status_and_the_cell_stands(tmp_path):
     field = cell_core.quality(spec, measured, {"out_dir": str(tmp_path), "cell_id": "c1"})
     assert measured.result["status"] == "ok"
     assert field["status"] == "error" and "missing.npz" in field["reason"] and field["evaluations"] == []
-    smoke_end = _run(_spec(tmp_path / "missing.npz", smoke_steps=2, at=None), tmp_path)
+    smoke_end = _run(_spec(tmp_path / "missing.npz", smoke_steps=2, at="smoke_end"), tmp_path)
     assert smoke_end["status"] == "error"
 
 

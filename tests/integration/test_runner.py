@@ -79,7 +79,9 @@ def test_faults_get_their_status_and_the_other_cells_finish(tmp_path, monkeypatc
     assert m["cpu_peak_rss_gib"] > 0.05 and m["peak_mem_allocated_gib"] is None
     assert len(m["step_ms"]["samples"]) == m["measured_steps"] >= 2
     assert ok["env"]["torch"] and ok["schema"] == "ditbench.result/1" and ok["duration_s"] > 0
-    assert len(lines) == 8 and all(line.startswith("[") for line in lines)
+    # the cell that cannot run here is said first, in one line; every other cell has its own line
+    assert lines[0].startswith("1 of 8 cells cannot run here and are recorded without running: [1] fp16 ")
+    assert len(lines) == 8 and [line.split(" ")[0] for line in lines[1:]] == [f"[{i}/7]" for i in range(1, 8)]
     summary = (out / "summary.md").read_text()
     assert "| DiT-T/8 fp32 ckpt=full bs=2 | error |" in summary
     assert (out / "logs").is_dir()
@@ -159,8 +161,8 @@ def test_dry_run_lists_cells_and_writes_nothing(tmp_path, capsys):
     assert "  run  " in next(x for x in lines if x.endswith("DiT-T/8 fp32 ckpt=none bs=1"))
     # each reason once, under the table, with the cells it covers
     assert (
-        "[1] fp16 needs a CUDA device (CPU autocast has no loss-scaled fp16); use bf16 on CPU (2 cells)"
-        in text
+        "[1] fp16 needs a CUDA device (CPU autocast has no loss-scaled fp16); use bf16 on CPU (the 2 cells "
+        "with precision=fp16)" in text
     )
     assert "nothing would be measured" not in text
     assert main(["run", str(path), "--out", str(out), "--dry-run", "--json"]) == 0
@@ -276,18 +278,20 @@ def test_a_run_shows_progress_on_a_log_and_each_cell_logs_its_own_output(tmp_pat
     monkeypatch.setenv("DITBENCH_PROGRESS_EVERY_S", "0.2")
     monkeypatch.setenv("DITBENCH_INJECT_FAULT", "bs=2=raise@2")
     out = tmp_path / "out"
-    assert main(["run", str(path), "--out", str(out)]) == 0
-    err = capfd.readouterr().err.splitlines()
-    starts = [line for line in err if " starting: " in line or "will not start" in line]
-    assert starts[0] == "cell 1/3 starting: DiT-T/8 fp32 ckpt=none bs=1; suite ETA after the first cell"
+    assert main(["run", str(path), "--out", str(out), "--verbose"]) == 0
+    captured = capfd.readouterr()
+    err = captured.err.splitlines()
+    assert err[0].startswith("ditbench run: suite t (2 cells): estimated ")  # the estimate first
+    assert err[1].startswith("DiT-T/8 fp16 ckpt=none bs=1: UNSUPPORTED  fp16 needs")  # in full
+    starts = [line for line in err if line.startswith("cell ") and "running for" not in line]
+    assert starts[0] == "cell 1/2: DiT-T/8 fp32 ckpt=none bs=1; suite ETA after the first cell"
     assert re.fullmatch(
-        r"cell 2/3 starting: DiT-T/8 fp32 ckpt=none bs=2; suite ETA \d+ s \(mean \d+ s over 1 cell run\)",
-        starts[1],
+        r"cell 2/2: DiT-T/8 fp32 ckpt=none bs=2; suite ETA \d+ s \(mean \d+ s over 1 cell run\)", starts[1]
     )
-    assert starts[2].startswith("cell 3/3 deciding (will not start): DiT-T/8 fp16 ckpt=none bs=1")
     assert any(
-        re.match(r"cell 1/3 running for \d+ s: DiT-T/8 fp32 ckpt=none bs=1; 0 of 3 done", ln) for ln in err
+        re.match(r"cell 1/2 running for \d+ s: DiT-T/8 fp32 ckpt=none bs=1; 0 of 2 done", ln) for ln in err
     )
+    assert "| DiT-T/8 fp32 ckpt=none bs=2 | error |" in captured.out  # --verbose: the table too
     records = {r["cell_name"]: r for r in read_records(out / "results.jsonl")}
     ok = (out / "logs" / f"{records['DiT-T/8 fp32 ckpt=none bs=1']['cell_id']}.log").read_text()
     for text in ("building the trainer on cpu", "warm-up: 1 steps", "window: at least 2 steps",
@@ -299,18 +303,27 @@ def test_a_run_shows_progress_on_a_log_and_each_cell_logs_its_own_output(tmp_pat
     assert "Traceback (most recent call last)" in failed and failed.count("Traceback") == 1
 
 
-def test_a_run_that_measured_nothing_says_so_and_exits_3_unless_allowed(tmp_path, capsys):
+def test_a_run_in_which_no_cell_can_run_is_refused_unless_allowed_then_exits_3(tmp_path, capsys):
     _, path = make_suite(tmp_path, "{precision: [fp16], batch_size: [1, 2]}")
     assert main(["run", str(path), "--out", str(tmp_path / "o"), "--dry-run"]) == 0
     assert "nothing would be measured: none of the 2 cells would run here" in capsys.readouterr().out
-    assert main(["run", str(path), "--out", str(tmp_path / "o")]) == 3
+    assert main(["run", str(path), "--out", str(tmp_path / "o")]) == 2  # refused before any cell
+    err = " ".join(capsys.readouterr().err.split())
+    assert "none of the 2 selected cells of suite t can run on this machine (2 cells: fp16 needs" in err
+    assert "--allow-unsupported" in err and not (tmp_path / "o").exists()
+    assert main(["run", str(path), "--out", str(tmp_path / "o"), "--allow-unsupported"]) == 3
     captured = capsys.readouterr()
-    assert "| DiT-T/8 fp16 ckpt=none bs=1 | unsupported |" in captured.out
+    assert "2 of 2 cells cannot run here and are recorded without running: [1] fp16 needs" in captured.err
+    assert "2 cells in " in captured.out and ": 2 unsupported" in captured.out
     assert "nothing was measured: all 2 selected cells are unsupported" in captured.err
     assert "--allow-empty" in captured.err
-    assert main(["run", str(path), "--out", str(tmp_path / "o"), "--allow-empty", "--json"]) == 0
+    args = ["--allow-unsupported", "--allow-empty", "--json"]
+    assert main(["run", str(path), "--out", str(tmp_path / "o"), *args]) == 0
     captured = capsys.readouterr()
-    assert [r["status"] for r in json.loads(captured.out)] == ["unsupported", "unsupported"]
+    assert [r["status"] for r in json.loads(captured.out)] == [
+        "unsupported",
+        "unsupported",
+    ]  # stdout: JSON only
     assert "nothing was measured" in captured.err
 
 

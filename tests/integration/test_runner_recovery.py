@@ -128,8 +128,8 @@ def test_a_kill_next_to_the_append_loses_and_duplicates_nothing(tmp_path, moment
     (record,) = read_records(results)  # one record: the measurement, never rerun, never appended twice
     assert record["metrics"]["step_ms"] == measured["metrics"]["step_ms"]
     assert ("adopted_by" in record) == (moment == "before")
-    assert ("adopted the finished result" in rerun.stdout) == (moment == "before")
-    assert "1 of 1 cells already ok" in rerun.stdout
+    assert ("adopted the finished result" in rerun.stderr) == (moment == "before")  # progress: stderr
+    assert "1 of 1 cells already ok" in rerun.stderr
     assert list((out / ".inflight").iterdir()) == []
 
 

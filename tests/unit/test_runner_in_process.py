@@ -79,6 +79,21 @@ def test_an_oom_skips_the_larger_batches_of_its_series(tmp_path, cells):
     assert len(read_records(tmp_path / "out" / "results.jsonl")) == 4
 
 
+def test_a_mixed_suite_runs_what_runs_here_and_says_the_rest_in_one_line(tmp_path, cells):
+    s = suite(tmp_path, (1, 2))
+    s = load_suite(s.path, ["precision=[fp32, fp16]"])
+    records = run_suite(s, RunOptions(out=tmp_path / "out", progress=False), echo=(lines := []).append)
+    status = {r["cell_name"]: r["status"] for r in records}
+    assert cells.ran == [1, 2] and sorted(status.values()) == ["ok", "ok", "unsupported", "unsupported"]
+    assert lines[0] == (
+        "2 of 4 cells cannot run here and are recorded without running: [1] fp16 needs a CUDA device (CPU "
+        "autocast has no loss-scaled fp16); use bf16 on CPU (the 2 cells with precision=fp16)"
+    )
+    assert [line.split(" ")[0] for line in lines[1:]] == ["[1/2]", "[2/2]"]  # one line per cell run
+    for r in records:  # a cell that never ran states no environment; one that ran, the threads it ran with
+        assert r["env"] is None if r["status"] == "unsupported" else r["env"]["torch_threads"] == 1
+
+
 def test_without_the_oom_skip_every_batch_runs(tmp_path, cells):
     cells.outcome = {2: "oom"}
     by_batch, _ = run(suite(tmp_path), tmp_path / "out", oom_skip=False)

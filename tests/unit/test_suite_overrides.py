@@ -136,7 +136,8 @@ def test_overrides_are_recorded_in_each_record_and_the_summary(capsys, tmp_path,
     # fp16 on a CPU is decided `unsupported` before any process starts: the record path, cheaply
     out = tmp_path / "run"
     argv = ["run", "cpu_smoke", "model=DiT-T/4", "precision=fp16", "grad_ckpt=none", "batch_size=4"]
-    assert main([*argv, *executor, "--out", str(out), "--no-progress"]) == 3  # nothing measured
+    allow = ["--allow-unsupported"]  # else refused before any cell: none can run here
+    assert main([*argv, *executor, *allow, "--out", str(out), "--no-progress"]) == 3  # nothing measured
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert len(records) == 1 and records[0]["status"] == "unsupported"
     assert records[0]["suite_overrides"] == {

@@ -293,7 +293,7 @@ def compare_frames(
         cells.append(cell.result())
     problems.raise_any()
     _check_explicit(policy, compared, unmeasured)
-    first_new = next(iter(new_rows.values()))
+    first_new = next((r for r in new_rows.values() if envs.ran(r.record)), next(iter(new_rows.values())))
     env = {k: v for k, v in envs.fingerprint(first_new.record).items() if v != "None"}
     inception = None if not official else all(o is True for o in official)
     unused = [i for i in range(len(policy.overrides)) if i not in used_overrides]

@@ -1,10 +1,10 @@
 """Whether two runs come from the same machine and stack.
 
 The keys in ENV_KEYS (GPU model and count, driver, CUDA, torch, torch's thread count; the CPU model
-for CPU-only runs) must agree for every matched cell. Host name, Python patch level, kernel, ditbench
-version and git sha are left out on purpose: runners in a pool differ in host name, and the code is
-what a gate is meant to test. A mismatch refuses the comparison (exit 2) unless allowed, and then
-heads the summary.
+for CPU-only runs) must agree for every matched cell that ran in both runs. Host name, Python patch
+level, kernel, ditbench version and git sha are left out on purpose: runners in a pool differ in host
+name, and the code is what a gate is meant to test. A mismatch refuses the comparison (exit 2) unless
+allowed, and then heads the summary.
 """
 
 from __future__ import annotations
@@ -49,10 +49,18 @@ def _build(record: dict[str, Any]) -> dict[str, str]:
     }
 
 
+def ran(record: dict[str, Any]) -> bool:
+    """Whether the cell ran: an unsupported or skipped one never started, so its env (null now, the
+    parent's in older records) says nothing of where a measurement was made."""
+    return record.get("status") not in ("unsupported", "skipped")
+
+
 def differences(pairs: list[tuple[Row, Row]], of=fingerprint) -> Differences:
-    """key -> (base values, new values) for fingerprint keys that differ between matched cells."""
+    """key -> (base values, new values) for fingerprint keys that differ between matched cells that ran."""
     diffs: Differences = {}
     for b, n in pairs:
+        if not (ran(b.record) and ran(n.record)):
+            continue
         fb, fn = of(b.record), of(n.record)
         for key in sorted(set(fb) | set(fn)):
             vb, vn = fb.get(key, "None"), fn.get(key, "None")
