@@ -22,7 +22,6 @@ from typing import Any
 from ditbench.bench.launch.process import MODULE, child_env
 from ditbench.errors import UserError, shorten
 
-SIDES = ("A", "B")
 PROBE_TIMEOUT_S = 300.0  # importing torch on a cold disk
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Run by the side's interpreter: its ditbench must have the cell module and read every spec file.

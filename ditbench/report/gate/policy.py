@@ -161,6 +161,10 @@ class PolicyFile(_Strict):
         return [] if raw is None else raw
 
 
+# The file's keys that are one setting each (the rest: metrics, overrides), in the JSON's order.
+SETTINGS = tuple(name for name in PolicyFile.model_fields if name not in ("metrics", "overrides"))
+
+
 @dataclass
 class Override:
     match: dict[str, Any]
@@ -205,6 +209,14 @@ class Policy:
                     rules[name] = rule
         return rules
 
+    def settings(self) -> dict[str, Any]:
+        """The SETTINGS as the JSON shows them (sets sorted)."""
+        out = {}
+        for name in SETTINGS:
+            value = getattr(self, name)
+            out[name] = sorted(value) if isinstance(value, frozenset) else value
+        return out
+
     def allows(self, name: str) -> bool:
         return "*" in self.allow_incomparable or name in self.allow_incomparable
 
@@ -226,17 +238,7 @@ def load_policy(path: str | Path | None) -> Policy:
         raise UserError(f"{label} must be a YAML mapping with keys {keys}; got a {type(raw).__name__}.")
     given = check(PolicyFile, raw, label)
     policy.source = str(path)
-    for name in (
-        "alpha",
-        "min_samples",
-        "fail_on_missing",
-        "allow_incomparable",
-        "allow_stopped",
-        "quality_noise_k",
-        "inconclusive",
-        "allow_sample_count_mismatch",
-        "environment",
-    ):
+    for name in SETTINGS:
         setattr(policy, name, getattr(given, name))
     for name, rule in given.metrics.items():
         if rule is None:
