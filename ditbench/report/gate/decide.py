@@ -1,25 +1,14 @@
 """The gate's decisions, cell by cell, in the order they are taken:
 
 1. Environment (env.py): different hardware or software refuses, unless allowed.
-2. Cells match by cell_id. Cells on one side only are listed; they fail the gate only with
-   `fail_on_missing: true`. No matching cell at all refuses.
-3. Status. ok -> oom / timeout / nan_loss / error is a "new failure"; ok -> skipped / unsupported
-   is "no longer measured" (a new OOM skip is exactly what a gate is for); both fail the gate
-   unless the policy's allow_stopped names the cell ("stopped (allowed)"). A cell whose new
-   repeats failed where the base's did not is a new failure too. not ok -> ok is "fixed"; a
-   failure that changes kind is "still failing". A status outside the known set refuses.
-4. Values, for cells ok on both sides. Every gated metric must be comparable: a finite number in
-   its valid range on both sides (metrics images/s and step time always, since an ok record claims
-   them). Missing on one side, NaN, inf, a string, bad per-step samples or a malformed noisy flag
-   refuse the gate (exit 2) naming the file, line and cell, unless the policy's
-   allow_incomparable names the metric; then the cell lists it as not compared. A metric measured
-   by neither run is "not measured" there; a metric the policy file names that no cell measured
-   refuses.
-5. Metrics: timing.py (thresholds and the per-step significance test; `ditbench ab` passes its
-   paired judgement instead) and quality.py (FID and the other sample metrics, with their noise).
-   Quality made with different Inception weights, reference, sampler or sample count refuses (a
-   different count only unless the policy allows it). Quality steps the base evaluated and the new
-   run lacks are named, and fail the gate with `fail_on_missing: true`.
+2. Cells match by cell_id; cells on one side only are listed (failing with fail_on_missing); no
+   match at all refuses.
+3. Status: ok -> failed, skipped or unsupported fails unless allow_stopped names the cell (so do new
+   repeats that failed); not ok -> ok is "fixed". An unknown status refuses.
+4. Values of cells ok on both sides: a gated value that cannot be compared (missing on one side,
+   NaN, inf, out of range, bad samples) refuses naming file, line and cell, unless allow_incomparable
+   names the metric. A metric the policy names that no cell measured refuses.
+5. Metrics: timing.py (or `ditbench ab`'s paired judge) and quality.py.
 6. A gate that compared no value at all refuses: it never passes by default.
 """
 

@@ -1,23 +1,11 @@
 """Paired timing statistics (`ditbench ab`): B/A ratios per round, their interval, the sequential rule.
 
-Each round runs a cell once per side: x = log(median step B / median step A) of its two processes;
-the noise both share (machine load, clocks) cancels in x. Interval: the Hodges-Lehmann estimate with
-the exact Wilcoxon signed-rank interval, not a bootstrap: when both sides' processes have the same
-noise, B/A and A/B are equally likely, so x is symmetric about the true log ratio, which is all that
-interval needs, at any number of rounds; a bootstrap at the 6-20 rounds a gate affords covers less
-than it claims, and a t interval trusts normal tails that a load spike breaks.
-
-Sequential rule: a look after every round, at a level from an O'Brien-Fleming-type spending
-function (Lan-DeMets: alpha(t) = 2 - 2 Phi(z_{1-alpha/2} / sqrt(t)), t = rounds / max rounds). The
-looks' levels add up to alpha (Bonferroni over the looks: valid whatever their correlation,
-conservative); a look whose exact interval cannot reach its level (n rounds reach 2 / 2^n at best)
-spends nothing and passes it on; the last look (the last round, or the last the clock allows)
-spends what is left. So the chance that any look's interval misses the true ratio, and with it that
-of a false regression, is at most alpha (tests/unit/test_ab_stats.py simulates it).
-
-Minimum detectable effect: (h / z)(z + z_0.80), h the interval's half-width, z its normal quantile:
-the change this interval would tell from none 4 times in 5. A pass whose MDE exceeds the threshold
-is inconclusive: the run could not have seen a change of the threshold's size.
+x = log(median step B / median step A) per round (shared noise cancels). The interval is the
+Hodges-Lehmann estimate with the exact Wilcoxon signed-rank interval (x is symmetric about the true
+log ratio, at any number of rounds; a bootstrap at 6-20 rounds covers less than it claims). A look
+after every round at an O'Brien-Fleming-type spending level; the looks add up to alpha. The minimum
+detectable effect is (h / z)(z + z_0.80). docs/gate-in-ci.md ("Statistics") says why and
+tests/unit/test_ab_stats.py simulates the false-alarm rate.
 """
 
 from __future__ import annotations

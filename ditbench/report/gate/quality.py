@@ -1,18 +1,10 @@
 """The quality gate: FID, IS and the other sample metrics of the record's `quality` field.
 
-Two runs' quality numbers are comparable only when made the same way: the same Inception weights
-(sha256), reference batch (digest), sampler and number of samples per evaluation; anything else
-refuses the gate (exit 2). The gate compares the last evaluation both runs have at the same
-training step. A change counts when it crosses the metric's threshold in the bad (or good)
-direction AND exceeds the noise: |new - base| > k * sqrt(spread_base^2 + spread_new^2), k =
-quality_noise_k (default 2), each spread being the larger of the run's sample standard deviation
-over seeds (`spread`) and the bootstrap standard error over its samples (`bootstrap_se`,
-metrics.bootstrap), as recorded. The change's interval is (new - base) +- that bound: a regression or
-improvement needs it wholly beyond the threshold; one that straddles the threshold is inconclusive
-(exit 3, as for timing). With a spread on one side only, that side's spread stands for both; with
-none, the noise is unknown and the threshold alone decides; both verdicts are marked weak.
-Different sample counts refuse unless the policy says allow_sample_count_mismatch: FID's upward bias
-depends on N, so FIDs at different N differ without any change in the model.
+Comparable only when made with the same Inception weights, reference batch, sampler and sample count
+(FID's bias depends on N); else the gate refuses (exit 2). The last evaluation both runs have at one
+step is compared: a change must cross its threshold and exceed k * sqrt(spread_b^2 + spread_n^2), a
+side's spread being the larger of its seeds' spread and its bootstrap SE; (new - base) +- that bound
+straddling the threshold is inconclusive. No spread recorded: the threshold decides (weak).
 """
 
 from __future__ import annotations
