@@ -28,12 +28,17 @@ def crossing(metric: Metric, base: float, new: float, threshold_pct: float, min_
     """How far new moved from base, and whether that crosses the rule. Values must be finite."""
     delta = new - base
     worse = -delta if metric.direction == HIGHER else delta  # > 0: moved the wrong way
-    direction = "worse" if worse > 0 else "better" if worse < 0 else "same"
+    moved = direction(worse)
     change = delta / abs(base) * 100 if base != 0 else None
     if change is not None and not math.isfinite(change):
         change = None  # a base near the smallest float: the percentage overflows
-    if direction == "same":
-        return Crossing(0.0 if change is None else change, direction, False)
+    if moved == "same":
+        return Crossing(0.0 if change is None else change, moved, False)
     # From a base of 0 any move is infinitely many percent: only min_abs can hold it back.
     pct = abs(change) if change is not None else math.inf
-    return Crossing(change, direction, pct > threshold_pct and abs(delta) >= min_abs)
+    return Crossing(change, moved, pct > threshold_pct and abs(delta) >= min_abs)
+
+
+def direction(worse: float) -> str:
+    """How a metric moved, from how far it moved the wrong way (> 0: worse)."""
+    return "worse" if worse > 0 else "better" if worse < 0 else "same"

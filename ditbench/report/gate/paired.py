@@ -17,7 +17,7 @@ import numpy as np
 from scipy.stats import norm
 
 from ditbench.records.metrics import HIGHER, Metric
-from ditbench.report.gate.metrics import crossing
+from ditbench.report.gate.metrics import direction
 from ditbench.report.gate.policy import Rule
 from ditbench.report.gate.result import MetricDelta
 
@@ -111,7 +111,7 @@ def judge_paired(metric: Metric, rule: Rule, b: float, n: float, log_ratios: lis
     """The verdict on a timed metric from the rounds' log step-time ratios at one look of level alpha."""
     if not log_ratios:  # a side never ran ok alongside the other: nothing paired
         log_ratios, alpha = [0.0], 0.0
-    est, low, high, attained = _interval(log_ratios, alpha)
+    est, low, high, attained = (float(v) for v in hl_interval(np.asarray(log_ratios, dtype=float), alpha))
     worse = sorted(_worse_pct(metric, x) for x in (low, high))
     change = _worse_pct(metric, est)
     sign = -1 if metric.direction == HIGHER else 1  # change_pct is signed the metric's own way
@@ -133,28 +133,10 @@ def judge_paired(metric: Metric, rule: Rule, b: float, n: float, log_ratios: lis
     level = (
         f"{1 - attained:.1%} CI {interval[0]:+.1f}% to {interval[1]:+.1f}%" if attained else "no interval yet"
     )
-    c = crossing(metric, b, n, t, rule.min_abs)
-    delta = MetricDelta.judged(
-        metric,
-        rule,
-        b,
-        n,
-        c,
-        True,
-        f"paired, {len(log_ratios)} rounds: {level}",
-        direction=_direction(change),
+    found = f"paired, {len(log_ratios)} rounds: {level}"
+    delta = MetricDelta(
+        metric.name, metric.label, b, n, sign * change, t, verdict, found, direction=direction(change)
     )
-    delta.change_pct, delta.verdict = sign * change, verdict
     if attained:
-        delta.interval_pct, delta.interval_level = interval, 1 - attained
-        delta.mde_pct = detectable
+        delta.interval_pct, delta.interval_level, delta.mde_pct = interval, 1 - attained, detectable
     return delta
-
-
-def _interval(log_ratios: list[float], alpha: float) -> tuple[float, float, float, float]:
-    est, low, high, attained = hl_interval(np.asarray(log_ratios, dtype=float), alpha)
-    return float(est), float(low), float(high), attained
-
-
-def _direction(worse_pct: float) -> str:
-    return "worse" if worse_pct > 0 else "better" if worse_pct < 0 else "same"
