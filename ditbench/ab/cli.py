@@ -218,9 +218,3 @@ def _gate(args, suite, cells, sides, policy, out: Path, seed: int, run_id: str) 
     publish(text, args.summary)
     sys.stdout.write(to_json_text(result) + "\n" if args.json else text)
     return result.exit_code
-
-
-if __name__ == "__main__":
-    from ditbench.cli import main
-
-    sys.exit(main(["ab", *sys.argv[1:]]))

@@ -11,28 +11,19 @@ decisions, in order), result.py (what was found, JSON), summary.py (markdown), c
 from ditbench.records.metrics import default_thresholds, table
 from ditbench.report.gate.decide import NothingComparedError, compare_files, compare_frames
 from ditbench.report.gate.env import EnvMismatchError
-from ditbench.report.gate.inputs import GateRefusal, IncomparableError
-from ditbench.report.gate.policy import Policy, Rule, load_policy
+from ditbench.report.gate.policy import Policy, load_policy
 from ditbench.report.gate.quality import QualityMismatchError
-from ditbench.report.gate.result import CellResult, Comparison, MetricDelta, to_json_text
 from ditbench.report.gate.summary import summary_markdown
 
 __all__ = [
-    "CellResult",
-    "Comparison",
     "EnvMismatchError",
-    "GateRefusal",
-    "IncomparableError",
-    "MetricDelta",
     "NothingComparedError",
     "Policy",
     "QualityMismatchError",
-    "Rule",
     "compare_files",
     "compare_frames",
     "default_thresholds",
     "load_policy",
     "summary_markdown",
     "table",
-    "to_json_text",
 ]
