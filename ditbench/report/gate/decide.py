@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -259,8 +260,8 @@ def compare_frames(
         raise envs.EnvMismatchError(base_path, new_path, diffs)
     problems = Problems()
     cells: list[CellResult] = []
-    compared: dict[str, int] = {}  # metric -> cells that compared it
-    unmeasured: dict[str, int] = {}  # metric -> cells where neither run measured it
+    compared: Counter[str] = Counter()  # metric -> cells that compared it
+    unmeasured: Counter[str] = Counter()  # metric -> cells where neither run measured it
     official: list[bool | None] = []
     used_overrides: set[int] = set()
     for cid in list(base_rows) + [c for c in new_rows if c not in base_rows]:
@@ -274,10 +275,8 @@ def compare_frames(
         used_overrides.update(policy.matching(cell_knobs))
         cell = _Cell(b, n, policy.rules_for(cell_knobs), policy, problems, timed)
         cell.run()
-        for d in cell.deltas:
-            compared[d.metric] = compared.get(d.metric, 0) + 1
-        for name in cell.not_measured:
-            unmeasured[name] = unmeasured.get(name, 0) + 1
+        compared.update(d.metric for d in cell.deltas)
+        unmeasured.update(cell.not_measured)
         official += cell.official
         cells.append(cell.result())
     problems.raise_any()
@@ -299,7 +298,7 @@ def compare_frames(
     return result
 
 
-def _check_explicit(policy: Policy, compared: dict[str, int], unmeasured: dict[str, int]) -> None:
+def _check_explicit(policy: Policy, compared: Counter[str], unmeasured: Counter[str]) -> None:
     """A metric the policy file names must have been compared somewhere it was measurable."""
     missing = [m for m in sorted(policy.explicit) if unmeasured.get(m) and not compared.get(m)]
     missing = [m for m in missing if not policy.allows(m)]

@@ -200,13 +200,9 @@ class Policy:
         return [i for i, o in enumerate(self.overrides) if all(knobs.get(k) == v for k, v in o.match.items())]
 
     def rules_for(self, knobs: dict[str, Any]) -> dict[str, Rule]:
-        rules = dict(self.rules)
+        rules = self.rules
         for i in self.matching(knobs):
-            for name, rule in self.overrides[i].rules.items():
-                if rule is None:
-                    rules.pop(name, None)
-                else:
-                    rules[name] = rule
+            rules = _merged(rules, self.overrides[i].rules)
         return rules
 
     def settings(self) -> dict[str, Any]:
@@ -222,6 +218,12 @@ class Policy:
 
     def may_stop(self, cell_id: str, cell_name: str) -> bool:
         return any(p == "*" or p == cell_id or p in cell_name for p in self.allow_stopped)
+
+
+def _merged(rules: dict[str, Rule], over: dict[str, Rule | None]) -> dict[str, Rule]:
+    """rules with `over` merged in; a None in `over` turns its metric off."""
+    merged = {**rules, **over}  # a metric keeps its place; a new one comes last
+    return {name: rule for name, rule in merged.items() if rule is not None}
 
 
 def load_policy(path: str | Path | None) -> Policy:
@@ -240,11 +242,7 @@ def load_policy(path: str | Path | None) -> Policy:
     policy.source = str(path)
     for name in SETTINGS:
         setattr(policy, name, getattr(given, name))
-    for name, rule in given.metrics.items():
-        if rule is None:
-            policy.rules.pop(name, None)
-        else:
-            policy.rules[name] = rule
+    policy.rules = _merged(policy.rules, given.metrics)
     policy.overrides = [Override(flatten(o.match), o.metrics) for o in given.overrides]
     explicit = {
         name
