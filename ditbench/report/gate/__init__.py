@@ -1,11 +1,10 @@
 """The regression gate: compare a new run with a baseline run, cell by cell (`ditbench compare`).
 
-policy.py (thresholds, what may go uncompared), metrics.py (what can be compared, which way is
-better), inputs.py (reading the runs; every unusable value is a problem naming file, line and
-cell), env.py (same machine and stack), timing.py (speed/memory/loss, the per-step significance
-test), paired.py (`ditbench ab`'s paired rounds: signed-rank interval, alpha spending, the minimum
-detectable effect), quality.py (FID and the other sample metrics, with their noise), decide.py (the
-decisions, in order), result.py (what was found, JSON), summary.py (markdown), cli.py (the command).
+policy.py (thresholds, what may go uncompared), inputs.py (reading the runs; every unusable value
+is a problem naming file, line and cell), env.py (same machine and stack), timing.py
+(speed/memory/loss, the per-step significance test), paired.py (`ditbench ab`'s paired rounds),
+quality.py (FID and the other sample metrics, with their noise), decide.py (the decisions, in
+order), result.py (how far each metric moved, what was found, JSON), summary.py (markdown), cli.py.
 """
 
 from ditbench.records.metrics import default_thresholds, table

@@ -17,9 +17,8 @@ import numpy as np
 from scipy.stats import norm
 
 from ditbench.records.metrics import HIGHER, Metric
-from ditbench.report.gate.metrics import direction
 from ditbench.report.gate.policy import Rule
-from ditbench.report.gate.result import MetricDelta
+from ditbench.report.gate.result import MetricDelta, direction
 
 POWER = 0.80
 

@@ -19,9 +19,8 @@ from ditbench.records.metrics import HIGHER, Metric
 from ditbench.records.model import Evaluation
 from ditbench.records.model import Quality as QualitySection
 from ditbench.report.gate.inputs import GateRefusal, Row, number
-from ditbench.report.gate.metrics import crossing
 from ditbench.report.gate.policy import Rule
-from ditbench.report.gate.result import MetricDelta
+from ditbench.report.gate.result import MetricDelta, crossing
 
 # (what a reader calls it, where it lives in `quality`)
 IDENTITY = (

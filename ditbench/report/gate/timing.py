@@ -18,10 +18,9 @@ from scipy.stats import mannwhitneyu
 
 from ditbench.intervals import LEVEL, median_ratio_interval
 from ditbench.records.metrics import HIGHER, Metric
-from ditbench.report.gate.metrics import crossing
 from ditbench.report.gate.paired import check_mde
 from ditbench.report.gate.policy import Policy, Rule
-from ditbench.report.gate.result import MetricDelta
+from ditbench.report.gate.result import MetricDelta, crossing
 
 # per side and cell; more are thinned evenly (200,000 steps cost the bootstrap 3 GB and 50 s)
 MAX_SAMPLES = 5_000
