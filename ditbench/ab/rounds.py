@@ -1,12 +1,9 @@
-"""The rounds of `ditbench ab`: every open cell once per side, each time a fresh process of the side's
+"""The rounds of `ditbench ab`: every open cell once per side, each a fresh process of the side's
 interpreter, its record appended to OUT/a/results.jsonl or OUT/b/results.jsonl at once.
 
-Interleaved (default): the round's cells in a random order, and each cell's two processes back to
-back in a random order (A then B, or B then A, by coin flip): a pair runs seconds apart, so the
-machine's drift hits both, and neither side is always first. Duet (--duet): a cell's two processes
-at the same time, each pinned to its half of this process's CPUs (and, with two GPUs or more, its
-half of the GPUs); which side gets which half is drawn again for every pair, so an outside process
-that keeps one half busy slows each side equally often.
+Interleaved: the cells in a random order, each cell's two processes back to back in a random order,
+so drift hits both and neither side is always first. Duet: both at once, each pinned to its half of
+the CPUs (and GPUs), the halves drawn again per pair. docs/gate-in-ci.md says why.
 """
 
 from __future__ import annotations

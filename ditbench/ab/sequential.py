@@ -1,13 +1,9 @@
 """The sequential gate of `ditbench ab`: after every round, the whole comparison again.
 
-Each cell keeps its records per side and the log ratio log(step B / step A) of every round in which
-both sides ran ok. After a round, `judge` runs the regression gate itself (report.gate.decide:
-statuses, memory, loss, quality, thresholds, overrides, the policy) on each side's rounds combined
-(bench.repeats.combine: the median of the per-process figures), with the timed metrics judged from
-the paired ratios (report.gate.paired) at the level of the cell's look. A cell closes when its
-timed verdicts are no longer inconclusive, or when a side's process did not end ok (its verdict is
-then the status change: a new failure, a cell no longer measured, ...); a closed cell runs no more
-rounds and keeps the level of the look that closed it.
+A cell keeps its records per side and log(step B / step A) of every round both sides ran ok. `judge`
+runs report.gate.decide on each side's rounds combined (bench.repeats.combine), the timed metrics
+judged from the paired ratios at the level of the cell's look. A cell closes when its timed verdicts
+are no longer inconclusive or a side did not end ok, and keeps the level of the look that closed it.
 """
 
 from __future__ import annotations
