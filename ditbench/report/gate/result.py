@@ -24,6 +24,7 @@ VERDICTS = (
     "only in new",
 )
 FAILING_VERDICTS = ("regression", "new failure", "no longer measured")  # a cell that stops running fails
+INCONCLUSIVE_EXIT = {"inconclusive": 3, "pass": 0, "fail": 1}  # by the policy's `inconclusive`
 
 
 # How far a metric moved, and whether that crosses its rule (the metrics: ditbench.records.metrics).
@@ -163,7 +164,7 @@ class Comparison:
         if self.failed:
             return 1
         if self.inconclusive:
-            return {"pass": 0, "fail": 1}.get(self.policy.inconclusive, 3)
+            return INCONCLUSIVE_EXIT.get(self.policy.inconclusive, 3)
         return 0
 
     @property

@@ -8,12 +8,11 @@ from ditbench.escape import md_code
 from ditbench.escape import md_text as _md  # no HTML, no link, no new row or block
 from ditbench.intervals import BOOTSTRAP_B, LEVEL
 from ditbench.records.metrics import MEMORY, limit, limits, table
-from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
+from ditbench.report.gate.result import INCONCLUSIVE_EXIT, VERDICTS, CellResult, Comparison, MetricDelta
 from ditbench.units import memory_text
 
 MAX_SUMMARY_ROWS = 150  # rows of the "All cells" table: a PR comment holds 65,536 characters
 MAX_LISTED_CELLS = 10
-_INCONCLUSIVE_EXIT = {"inconclusive": 3, "pass": 0, "fail": 1}
 HEADER = [
     "| cell | metric | base | new | change | threshold | significance |",
     "|---|---|---|---|---|---|---|",
@@ -275,7 +274,7 @@ def _policy_line(c: Comparison) -> list[str]:
             "the threshold; a pass needs it within the threshold and a minimum detectable effect (80% "
             "power) within the threshold too; otherwise the cell runs another round, and is inconclusive "
             f"when the rounds or the time run out (policy `inconclusive: {p.inconclusive}`: exits "
-            f"{_INCONCLUSIVE_EXIT[p.inconclusive]}). "
+            f"{INCONCLUSIVE_EXIT[p.inconclusive]}). "
         )
     else:
         timing = (
@@ -283,7 +282,7 @@ def _policy_line(c: Comparison) -> list[str]:
             f"median step times, {BOOTSTRAP_B} resamples) lies wholly beyond the threshold and the samples "
             f"differ by a Mann-Whitney U test at p<{p.alpha:g} (with ≥{p.min_samples} samples a side); an "
             "interval that straddles the threshold is inconclusive (policy "
-            f"`inconclusive: {p.inconclusive}`: exits {_INCONCLUSIVE_EXIT[p.inconclusive]}), and so is a "
+            f"`inconclusive: {p.inconclusive}`: exits {INCONCLUSIVE_EXIT[p.inconclusive]}), and so is a "
             "pass whose minimum detectable effect (80% power) exceeds the threshold. Where both runs have "
             "repeats (`run --repeats K`) the samples are the repeats' per-process median step times, which "
             "sample process-level noise (start-up, clocks, machine load); else they are one run's per-step "
