@@ -11,7 +11,6 @@ from typing import Any
 
 import device_cells as dc
 import device_predictions as dp
-import device_steps as ds
 
 SCHEMA = "ditbench.device_check/1"
 DRY_BANNER = (
@@ -239,7 +238,7 @@ def markdown(summary: dict) -> str:
         f"- {part['name']}: {line}"
         for part in summary["parts"]
         for cell in (part.get("figures") or {}).get("cells", [])
-        if (line := ds.gpu_line(cell))
+        if (line := gpu_line(cell))
     ]
     if gpu:
         out += ["## The GPU during each cell's window (NVML)", ""] + gpu + [""]
@@ -247,3 +246,29 @@ def markdown(summary: dict) -> str:
     if figures:
         out += ["## Other figures", ""] + figures + [""]
     return "\n".join(out)
+
+
+def gpu_line(cell: dict) -> str | None:
+    """'DiT-XL/2 ...: SM 1980 MHz, memory 3201 MHz, power 640 W (medians), 71 C max, 2.1 J/image,
+    reasons sw_power_cap 40%' for a cell with GPU figures, else None."""
+    g = cell.get("gpu")
+    if not g:
+        return None
+    said = [
+        f"{label} {g[key]:g} {unit}"
+        for key, label, unit in (
+            ("sm_clock_mhz_median", "SM", "MHz"),
+            ("mem_clock_mhz_median", "memory", "MHz"),
+            ("power_w_median", "power", "W"),
+            ("temperature_c_max", "max", "C"),
+            ("energy_j_per_image", "energy", "J/image"),
+        )
+        if isinstance(g.get(key), (int, float))
+    ]
+    reasons = g.get("clock_event_reasons") or {}
+    said.append(
+        "clock-event reasons " + (", ".join(f"{r} {100 * v:.0f}%" for r, v in reasons.items()) or "none")
+    )
+    if g.get("throttled"):
+        said.append("NOISY: throttled (" + ", ".join(g["throttled"]) + ")")
+    return f"{cell.get('cell_name')}: " + ", ".join(said)

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import device_cells as dc
+import device_predictions as dp
+import device_report as report
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE_MODULES = {"diffusers": "diffusers", "torch-fidelity": "torch_fidelity", "nvidia-ml-py": "pynvml"}
@@ -263,32 +265,6 @@ def gpu_figures(m: dict) -> dict[str, Any]:
     return out
 
 
-def gpu_line(cell: dict) -> str | None:
-    """'DiT-XL/2 ...: SM 1980 MHz, memory 3201 MHz, power 640 W (medians), 71 C max, 2.1 J/image,
-    reasons sw_power_cap 40%' for a cell with GPU figures, else None."""
-    g = cell.get("gpu")
-    if not g:
-        return None
-    said = [
-        f"{label} {g[key]:g} {unit}"
-        for key, label, unit in (
-            ("sm_clock_mhz_median", "SM", "MHz"),
-            ("mem_clock_mhz_median", "memory", "MHz"),
-            ("power_w_median", "power", "W"),
-            ("temperature_c_max", "max", "C"),
-            ("energy_j_per_image", "energy", "J/image"),
-        )
-        if isinstance(g.get(key), (int, float))
-    ]
-    reasons = g.get("clock_event_reasons") or {}
-    said.append(
-        "clock-event reasons " + (", ".join(f"{r} {100 * v:.0f}%" for r, v in reasons.items()) or "none")
-    )
-    if g.get("throttled"):
-        said.append("NOISY: throttled (" + ", ".join(g["throttled"]) + ")")
-    return f"{cell.get('cell_name')}: " + ", ".join(said)
-
-
 def run_suite(check, part: str, suite: dict, cap: float, env: dict | None = None) -> dict[str, Any]:
     """`ditbench run` of a suite written for this part (JSON is YAML); its records become the part's."""
     path = check.work / f"{suite['name']}.yaml"
@@ -300,7 +276,7 @@ def run_suite(check, part: str, suite: dict, cap: float, env: dict | None = None
     records = read_jsonl(out / "results.jsonl")
     check.records[part] = records
     figures = {"cells": [cell_figures(r) for r in records], "expected_cells": 1 + len(suite["include"])}
-    for line in filter(None, map(gpu_line, figures["cells"])):
+    for line in filter(None, map(report.gpu_line, figures["cells"])):
         print(f"  GPU {line}", flush=True)  # clocks, throttling and energy: read at once from the log
     failed = [f"{r.get('cell_name')}: {r.get('status')}" for r in records if r.get("status") in FAILED_CELL]
     if rc is None:
@@ -354,9 +330,6 @@ def step_python(name: str):
 
 
 def step_planner(check, cap: float) -> dict[str, Any]:
-    import device_predictions as dp
-    import device_report as report
-
     table = check.table()
     rows = report.targets(check.records, table, check.dry)["planner"]
     compared = [r for r in rows if r["verdict"] != dc.NOT_MEASURED]

@@ -12,7 +12,7 @@ gradients after the forward, so the last step's gradients live through it). A se
 one cell per model in both orders: what ditbench's default `before_forward` saves. The official EMA
 update (a loop of in-place mul_/add_) and ditbench's (one in-place _foreach_lerp_) allocate nothing,
 so the two steps allocate alike. The compiled cell is traced through inductor's decompositions and
-partitioner with the graphs run op by op (ditbench/plan/compiled.py), so it errs high by what
+partitioner with the graphs run op by op (ditbench/plan/emulation.py), so it errs high by what
 inductor's fused kernels never materialise.
 
 Target: every predicted peak allocated within +-10% or +-0.5 GiB of the measurement, whichever is
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def write_memory_errors(rows: list[dict]) -> None:
     """The eager anchors' reserved-memory errors (%), beside the speed calibration: the interval
-    `ditbench plan` gives a predicted memory (the compiled row errs high by design, compiled.py)."""
+    `ditbench plan` gives a predicted memory (the compiled row errs high by design, emulation.py)."""
     from ditbench.plan.speed import SHIPPED
 
     errors = [

@@ -1,9 +1,7 @@
 """ditbench: benchmark and evaluate Diffusion Transformer (DiT) training.
 
-`ditbench.load_results(path)` reads results.jsonl files into a pandas DataFrame (one row per
-result record; see `ditbench.report.load`). It is imported on first use, so `import ditbench`
-stays light: it pulls in neither pandas nor torch.
-"""
+`ditbench.load_results(path)`: results.jsonl files as a DataFrame, imported on first use (no pandas or
+torch on `import ditbench`)."""
 
 from __future__ import annotations
 

@@ -1,25 +1,16 @@
-"""Small real-image datasets made from pictures that ship with an installed package: no download.
+"""Small real-image datasets cut from pictures an installed package ships: no download.
 
-`builtin:mpl-gray16` (training) and `builtin:mpl-gray16-ref` (an FID reference) are grey 16 x 16
-crops of two photographs in matplotlib's sample data, one class each: class 0 from the portrait
-of Grace Hopper (`grace_hopper.jpg`, 512 x 600), class 1 from an MRI slice of a head
-(`s1045.ima.gz`, 256 x 256, 16-bit). `builtin:photos-rgb32` and `builtin:photos-rgb32-ref` are
-RGB 32 x 32 crops of two colour photographs in scikit-image's sample data (the `photos` extra):
-class 0 from the cat (`chelsea.png`, 451 x 300), class 1 from the cup of coffee (`coffee.png`,
-600 x 400). Each crop is a random square of the photograph (its side drawn from a range, so
-scales vary), box-filtered down and flipped left-right half of the time. The two splits of a kind
-are drawn with different seeds from the same distribution; they can overlap in pixels, as any two
-samples of one photograph do.
-
-A dataset is built once (seconds) into the cache (`$DITBENCH_CACHE/datasets`, else
-~/.cache/ditbench/datasets) as an ADM-style npz and read from there afterwards; the file name
-carries the recipe's version, the count and the seed, so a changed recipe never serves a stale file.
+`builtin:mpl-gray16` (training) and `-ref` (an FID reference): grey 16 x 16 crops of matplotlib's sample
+photographs, class 0 Grace Hopper's portrait, class 1 an MRI slice. `builtin:photos-rgb32` and `-ref`:
+RGB 32 x 32 crops of scikit-image's cat (class 0) and coffee cup (class 1). A crop is a random square
+(its side drawn from a range), box-filtered down, flipped half of the time; a kind's two splits differ
+in seed only. Built once into `$DITBENCH_CACHE/datasets` (else ~/.cache/ditbench/datasets) as an ADM
+npz named by recipe version, count and seed, so a changed recipe never serves a stale file.
 """
 
 from __future__ import annotations
 
 import gzip
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,9 +18,9 @@ import numpy as np
 
 from ditbench.errors import UserError, shorten
 from ditbench.fileio import atomic_write
+from ditbench.pretrained import cache_root
 
 PREFIX = "builtin:"
-CACHE_ENV = "DITBENCH_CACHE"
 RECIPE_VERSION = 1  # bump when the crops change: the cached files are named by it
 
 
@@ -64,7 +55,6 @@ PHOTOS = {
     "mpl": (("grace_hopper.jpg", 48, 160), ("s1045.ima.gz", 32, 96)),
     "skimage": (("chelsea.png", 64, 224), ("coffee.png", 96, 320)),
 }
-SOURCES = PHOTOS["mpl"]
 
 
 def is_builtin(spec) -> bool:
@@ -73,11 +63,6 @@ def is_builtin(spec) -> bool:
 
 def names() -> list[str]:
     return [PREFIX + name for name in DATASETS]
-
-
-def cache_root() -> Path:
-    env = os.environ.get(CACHE_ENV)
-    return (Path(env).expanduser() if env else Path.home() / ".cache" / "ditbench") / "datasets"
 
 
 def check_name(spec: str) -> str:
@@ -93,7 +78,7 @@ def resolve(spec: str) -> Path:
     """The npz of a built-in dataset, built into the cache on first use."""
     name = check_name(spec)
     d = DATASETS[name]
-    path = cache_root() / f"{name}-v{RECIPE_VERSION}-n{d.count}-s{d.seed}.npz"
+    path = cache_root() / "datasets" / f"{name}-v{RECIPE_VERSION}-n{d.count}-s{d.seed}.npz"
     if not path.is_file():
         images, labels = crops(d)
         atomic_write(path, lambda f: np.savez(f, arr_0=images, arr_1=labels))
@@ -108,8 +93,9 @@ def _photographs(photos: str = "mpl") -> list[np.ndarray]:
     from PIL import Image
 
     try:
-        hopper = np.asarray(Image.open(cbook.get_sample_data(SOURCES[0][0])).convert("L"))
-        with cbook.get_sample_data(SOURCES[1][0]) as f:
+        (hopper_file, _, _), (mri_file, _, _) = PHOTOS["mpl"]
+        hopper = np.asarray(Image.open(cbook.get_sample_data(hopper_file)).convert("L"))
+        with cbook.get_sample_data(mri_file) as f:
             raw = f.read()
     except (OSError, ValueError) as err:
         raise UserError(

@@ -1,17 +1,10 @@
-"""GPU cards by name: the memory a training process can use on each, shared by the card emulation
-(`gpu_memory_gib` / `card` in a suite) and the memory planner.
+"""GPU cards by name: the memory a process can use, the compute capability and the datasheet of each,
+for the card emulation (`card` in a suite), the planner and its time model.
 
-`usable_gib` is the card's total memory as the driver reports it
-(`torch.cuda.get_device_properties(i).total_memory`, the figure `nvidia-smi` shows as "Total"),
-which is less than the marketing size: an "RTX 4090 24 GB" exposes 23.99 GiB and an "A100 40GB"
-39.4 GiB. The CUDA context (about 0.3-0.6 GiB, driver dependent) comes out of that too; the
-emulation measures it on the spot rather than assuming a figure.
-
-Values are from public `nvidia-smi` readings of each card (MiB / 1024), rounded to 0.01 GiB; a
-driver or ECC setting can move them by a few tens of MiB.
-
-A generic name that several cards answer to (`A100`, `V100`) picks the largest; `ambiguity(name)`
-says which it chose and what else it could have meant, for the commands to show.
+`usable_gib` is the total memory the driver reports (`total_memory`, nvidia-smi's "Total"; public
+readings, MiB / 1024, to 0.01 GiB), less than the marketing size: an "RTX 4090 24 GB" exposes
+23.99 GiB; the CUDA context comes out of it. A generic name several cards answer to (`A100`, `V100`)
+picks the largest; `ambiguity(name)` says so.
 """
 
 from __future__ import annotations
@@ -29,32 +22,37 @@ class Card:
     name: str
     usable_gib: float  # total memory the driver exposes
     memory_class_gb: int  # the size it is sold as: 12, 16, 24, 32, 40, 48, 80, 94, 141
+    arch: tuple[int, int]  # compute capability: decides bf16, flash attention, the cuBLAS workspace
     aliases: tuple[str, ...] = ()
 
 
 CARDS: tuple[Card, ...] = (
-    Card("RTX 3060 12GB", 11.76, 12, ("3060",)),
-    Card("RTX 4070 12GB", 11.99, 12, ("4070",)),
-    Card("T4", 14.75, 16, ("Tesla T4",)),
-    Card("RTX 4080 16GB", 15.99, 16, ("4080",)),
-    Card("V100 16GB", 15.77, 16, ("V100-16GB", "Tesla V100 16GB")),
-    Card("RTX 3090", 23.69, 24, ("3090",)),
-    Card("RTX 4090", 23.99, 24, ("4090",)),
-    Card("L4", 22.49, 24, ("NVIDIA L4",)),
-    Card("A10", 22.49, 24, ("A10G", "NVIDIA A10")),
+    Card("RTX 3060 12GB", 11.76, 12, (8, 6), ("3060",)),
+    Card("RTX 4070 12GB", 11.99, 12, (8, 9), ("4070",)),
+    Card("T4", 14.75, 16, (7, 5), ("Tesla T4",)),
+    Card("RTX 4080 16GB", 15.99, 16, (8, 9), ("4080",)),
+    Card("V100 16GB", 15.77, 16, (7, 0), ("V100-16GB", "Tesla V100 16GB")),
+    Card("RTX 3090", 23.69, 24, (8, 6), ("3090",)),
+    Card("RTX 4090", 23.99, 24, (8, 9), ("4090",)),
+    Card("L4", 22.49, 24, (8, 9), ("NVIDIA L4",)),
+    Card("A10", 22.49, 24, (8, 6), ("A10G", "NVIDIA A10")),
     # 32 GB GDDR7 (NVIDIA GeForce RTX 5090 product page); nvidia-smi shows 32607 MiB.
-    Card("RTX 5090", 31.84, 32, ("5090",)),
+    Card("RTX 5090", 31.84, 32, (12, 0), ("5090",)),
     # 32 GB HBM2 (NVIDIA Tesla V100 datasheet, SXM2 and PCIe 32GB); nvidia-smi shows 32510 MiB.
     Card(
-        "V100-32GB", 31.75, 32, ("V100 32GB", "Tesla V100 32GB", "V100-SXM2-32GB", "V100-PCIE-32GB", "V100")
+        "V100-32GB",
+        31.75,
+        32,
+        (7, 0),
+        ("V100 32GB", "Tesla V100 32GB", "V100-SXM2-32GB", "V100-PCIE-32GB", "V100"),
     ),
-    Card("A100-40GB", 39.39, 40, ("A100 40GB", "A100-SXM4-40GB", "A100-PCIE-40GB")),
-    Card("RTX A6000", 47.99, 48, ("A6000",)),
-    Card("L40S", 44.99, 48, ("L40", "L40S 48GB")),
-    Card("A100-80GB", 79.35, 80, ("A100 80GB", "A100-SXM4-80GB", "A100")),
-    Card("H100", 79.65, 80, ("H100 SXM", "H100 80GB", "H100-SXM5-80GB")),
-    Card("H100 NVL", 93.58, 94, ("H100 94GB",)),
-    Card("H200", 139.8, 141, ("H200 141GB", "NVIDIA H200")),
+    Card("A100-40GB", 39.39, 40, (8, 0), ("A100 40GB", "A100-SXM4-40GB", "A100-PCIE-40GB")),
+    Card("RTX A6000", 47.99, 48, (8, 6), ("A6000",)),
+    Card("L40S", 44.99, 48, (8, 9), ("L40", "L40S 48GB")),
+    Card("A100-80GB", 79.35, 80, (8, 0), ("A100 80GB", "A100-SXM4-80GB", "A100")),
+    Card("H100", 79.65, 80, (9, 0), ("H100 SXM", "H100 80GB", "H100-SXM5-80GB")),
+    Card("H100 NVL", 93.58, 94, (9, 0), ("H100 94GB",)),
+    Card("H200", 139.8, 141, (9, 0), ("H200 141GB", "NVIDIA H200")),
 )
 
 MEMORY_CLASSES_GB = (12, 16, 24, 32, 40, 48, 80, 94, 141)

@@ -1,9 +1,5 @@
-"""The `ditbench` command: one entry point, one module per sub-command.
-
-Each sub-command lives in the module that owns its concept and exposes two functions:
-`add_arguments(parser)` and `run(args) -> int`. Modules are imported only when their
-command runs, so `ditbench --help` and a typo answer at once, without importing torch.
-"""
+"""The `ditbench` command: each sub-command's module (`add_arguments(parser)`, `run(args) -> int`) is
+imported only when it runs, so `ditbench --help` and a typo answer at once, without torch."""
 
 from __future__ import annotations
 
@@ -16,7 +12,7 @@ import textwrap
 
 from ditbench import __version__
 from ditbench.cliopts import HelpFormatter, check_arguments, check_text_arguments
-from ditbench.errors import UserError
+from ditbench.errors import UserError, shorten
 
 # name -> (module, one-line help). Order is the order `ditbench --help` lists them in.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -58,8 +54,6 @@ TRACEBACK_ENV = "DITBENCH_TRACEBACK"  # set: an unforeseen OSError shows its tra
 
 
 def os_error_message(err: OSError) -> str:
-    from ditbench.errors import shorten
-
     files = [shorten(str(f)) for f in (err.filename, err.filename2) if f is not None]
     where = f" ({' -> '.join(files)})" if files else ""
     what = err.strerror or shorten(str(err), 300, quote=False)
@@ -70,14 +64,14 @@ def os_error_message(err: OSError) -> str:
 
 
 def _print_error(message: str) -> None:
-    paragraph = " ".join(message.split())
-    print(
-        "ditbench: error: "
-        + textwrap.fill(
-            paragraph, width=100, subsequent_indent="  ", break_on_hyphens=False, break_long_words=False
-        ),
-        file=sys.stderr,
+    paragraph = textwrap.fill(
+        " ".join(message.split()),
+        width=100,
+        subsequent_indent="  ",
+        break_on_hyphens=False,
+        break_long_words=False,
     )
+    print(f"ditbench: error: {paragraph}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,15 +1,9 @@
 """The one flag convention every `ditbench` command follows (tests/test_cli_convention.py walks them).
 
-- A default is shown one way, `(default: X)`, appended by `HelpFormatter` (an explicit
-  `(default: ...)` in a help text, for a default that is a rule rather than a value, is kept).
-- `--device {auto,cpu,cuda}` (cuda:N too), default auto: a GPU where one is visible, else the CPU;
-  cuda without a GPU is a one-paragraph error (`device.resolve_device`).
-- `--precision {fp32,tf32,fp16,bf16}`, checked before the command runs.
-- `--json`: print the command's result as JSON on stdout instead of text.
-- `--out` names one kind of thing per command, said in its help and metavar: DIR for a folder
-  (run, report), FILE.npz for an array file (sample, extract-latents), FILE.json for a result (fid).
-- `--no-progress`: no progress bar (logs that are not a terminal get plain lines anyway).
-- `--yes`: start CPU work estimated over 30 minutes from a terminal (ditbench.walltime).
+A default is shown one way, `(default: X)` (HelpFormatter; a help text's own `(default: ...)`, for a
+rule, is kept). `--device {auto,cpu,cuda}` (cuda:N too), `--precision`, `--json` (the result as JSON on
+stdout), `--out` naming one kind of thing in its metavar (DIR, FILE.npz, FILE.json), `--no-progress`,
+`--yes` (CPU work estimated over 30 minutes, ditbench.walltime).
 """
 
 from __future__ import annotations
@@ -30,8 +24,6 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if text.endswith(" (%(default)s)"):  # the metric options' older form, said the one way
-            text = text[: -len(" (%(default)s)")] + " (default: %(default)s)"
         shown = "(default" in text or "%(default)" in text
         hidden = action.default is None or action.default is False or action.default == argparse.SUPPRESS
         if shown or hidden or not action.option_strings:
@@ -42,8 +34,7 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 
 def add_device(parser: argparse.ArgumentParser, help: str = DEVICE_HELP) -> None:
-    # checked by device.resolve_device when the command starts: a bad value is the usual one-paragraph
-    # error (exit 2) like every other bad input, not argparse's usage dump
+    # checked by device.resolve_device: the one-paragraph error (exit 2), not argparse's usage dump
     parser.add_argument("--device", default="auto", metavar=DEVICE_METAVAR, help=help)
 
 
@@ -64,9 +55,8 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def check_text_arguments(argv: list[str]) -> None:
-    """Every argument must be UTF-8 text: ditbench writes its arguments (overrides, paths, titles) into
-    records, reports and YAML, which are UTF-8. A byte that is not (Python keeps it as a lone surrogate)
-    would otherwise fail deep inside a parser or a write, with a traceback."""
+    """Every argument must be UTF-8 text (ditbench writes them into records and reports): a byte that is
+    not (a lone surrogate to Python) would fail deep inside a parser or a write, with a traceback."""
     for position, arg in enumerate(argv, 1):
         try:
             arg.encode("utf-8")

@@ -1,7 +1,5 @@
-"""Which device a process computes on: the one place that turns `auto`, `cuda`, `cuda:N`, `cpu` into one.
-
-`device_type` decides without creating a CUDA context (the runner's parent process and suite
-expansion must not hold device memory); `resolve_device` gives the torch.device a process uses.
+"""The one place that turns `auto`, `cuda`, `cuda:N`, `cpu` into a device: `device_type` without creating
+a CUDA context (the runner's parent holds no device memory), `resolve_device` the torch.device to use.
 """
 
 from __future__ import annotations
@@ -32,11 +30,8 @@ def device_type(requested: str, cuda: bool | None = None) -> str:
 
 
 def resolve_device(requested: str = "auto", local_rank: int = 0):
-    """The torch.device to use: `cuda` is this process's GPU (its LOCAL_RANK's under torchrun).
-
-    UnsupportedError when CUDA is asked for and none (or not that index) is visible, so a cell
-    that asks for a GPU on a CPU machine is `unsupported`, not an error.
-    """
+    """The torch.device to use (`cuda`: its LOCAL_RANK's GPU under torchrun); UnsupportedError where that
+    GPU is not visible, so the cell is `unsupported`, not an error."""
     import torch
 
     kind = device_type(requested)

@@ -1,16 +1,10 @@
 """Gaussian diffusion as DiT trains and samples it (the openai guided-diffusion formulation).
 
-* 1000 steps, linear betas 1e-4 .. 0.02, the model predicts the noise (epsilon);
-* learned-range variance: the model's second half of channels v in [-1, 1] interpolates the log
-  variance between log(beta_t) and the clipped log posterior variance;
-* hybrid loss = MSE(eps) + L_vb, where L_vb (KL to the true posterior for t > 0, discretised
-  Gaussian decoder NLL at t = 0, in bits) sees the predicted mean detached, so it trains only
-  the variance;
-* samplers: ancestral DDPM and DDIM over a respaced subset of timesteps ("250" is the paper's FID
-  protocol); classifier-free guidance through the model's forward_with_cfg.
-
-Schedule arrays are float64 numpy; values are gathered per timestep and cast to float32 like the
-reference, so losses and samples agree with it to float32 rounding.
+1000 steps, linear betas 1e-4 .. 0.02, epsilon prediction; learned-range variance (the second half of
+the channels interpolates the log variance between log(beta_t) and the clipped posterior's); hybrid loss
+MSE(eps) + L_vb, L_vb (KL for t > 0, discretised decoder NLL at t = 0, in bits) seeing the mean
+detached; DDPM and DDIM over respaced timesteps, classifier-free guidance via forward_with_cfg.
+Schedules are float64 numpy gathered per timestep as float32, like the reference.
 """
 
 from __future__ import annotations
@@ -146,8 +140,6 @@ class GaussianDiffusion:
         self._identity_map = self.timestep_map == list(range(self.num_timesteps))
         self._device_cache: dict[tuple[str, torch.device], torch.Tensor] = {}
 
-    # ---- construction -------------------------------------------------------------------
-
     @classmethod
     def default(cls, num_timesteps: int = NUM_TIMESTEPS) -> GaussianDiffusion:
         return cls(linear_betas(num_timesteps))
@@ -166,29 +158,20 @@ class GaussianDiffusion:
                 last = ac
         return GaussianDiffusion(np.array(new_betas), timestep_map=new_map)
 
-    # ---- helpers ------------------------------------------------------------------------
+    def _table(self, name: str, t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The schedule `name` as a `dtype` tensor on t's device, made once per device."""
+        key = (name, t.device)
+        if key not in self._device_cache:
+            self._device_cache[key] = torch.as_tensor(getattr(self, name), dtype=dtype, device=t.device)
+        return self._device_cache[key]
 
     def _take(self, name: str, t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         """arr[t] as float32 on like's device, shaped to broadcast against like."""
-        key = (name, t.device)
-        table = self._device_cache.get(key)
-        if table is None:
-            table = torch.from_numpy(getattr(self, name)).to(device=t.device, dtype=torch.float32)
-            self._device_cache[key] = table
-        out = table[t]
+        out = self._table(name, t, torch.float32)[t]
         return out.reshape(out.shape + (1,) * (like.ndim - 1))
 
     def _model_t(self, t: torch.Tensor) -> torch.Tensor:
-        if self._identity_map:
-            return t
-        key = ("timestep_map", t.device)
-        table = self._device_cache.get(key)
-        if table is None:
-            table = torch.tensor(self.timestep_map, device=t.device, dtype=t.dtype)
-            self._device_cache[key] = table
-        return table[t]
-
-    # ---- forward process ----------------------------------------------------------------
+        return t if self._identity_map else self._table("timestep_map", t, t.dtype)[t]
 
     def q_sample(self, x0: torch.Tensor, t: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
         return (
@@ -205,8 +188,6 @@ class GaussianDiffusion:
             self._take("posterior_variance", t, x_t),
             self._take("posterior_log_variance_clipped", t, x_t),
         )
-
-    # ---- reverse process ----------------------------------------------------------------
 
     def p_mean_variance_from_output(
         self, model_output: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor, clip_denoised: bool = False
@@ -234,8 +215,6 @@ class GaussianDiffusion:
     def p_mean_variance(self, model: ModelFn, x_t, t, model_kwargs=None, clip_denoised=False):
         out = model(x_t, self._model_t(t), **(model_kwargs or {}))
         return self.p_mean_variance_from_output(out.float(), x_t, t, clip_denoised)
-
-    # ---- training -----------------------------------------------------------------------
 
     def vb_terms_bpd(self, model_output: torch.Tensor, x0, x_t, t) -> torch.Tensor:
         """Per-sample variational bound term in bits: KL(q || p) for t > 0, decoder NLL at t = 0."""
@@ -268,8 +247,6 @@ class GaussianDiffusion:
         vb = self.vb_terms_bpd(torch.cat([eps.detach(), v], dim=1), x0, x_t, t)
         mse = mean_flat((noise.float() - eps) ** 2)
         return {"loss": mse + vb, "mse": mse, "vb": vb}
-
-    # ---- sampling -----------------------------------------------------------------------
 
     def _timesteps(self, progress: bool):
         indices = list(range(self.num_timesteps))[::-1]

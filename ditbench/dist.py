@@ -1,14 +1,8 @@
-"""In-process side of distributed runs: the process group, the model wrapper, rank helpers.
+"""In-process side of distributed runs (the parent side is bench.launch.torchrun): the process group,
+the model wrapper, rank helpers.
 
-ditbench runs on PyTorch's own distributed engine. torchrun starts one process per GPU and
-sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT;
-`init()` reads them and joins the process group: NCCL on CUDA, gloo on CPU (so a 2-process
-run works on a laptop). Started without torchrun, `init()` returns a one-process context and
-every helper here degrades to a no-op, so the same code serves 1 and N processes.
-
-The parent side (building the torchrun command, running it, reading per-rank reports and
-aggregating them) lives in `ditbench.bench.launch.torchrun`.
-"""
+`init()` joins the torchrun job its environment names (NCCL on CUDA, gloo on CPU); without torchrun it
+returns a one-process context and every helper here is a no-op, so one code path serves 1 and N."""
 
 from __future__ import annotations
 
@@ -22,8 +16,7 @@ from torch import nn
 
 from ditbench.device import resolve_device
 from ditbench.errors import UserError
-
-STRATEGIES = ("ddp", "fsdp")
+from ditbench.spec.knobs import STRATEGIES
 
 
 @dataclass(frozen=True)
@@ -98,10 +91,7 @@ def shutdown() -> None:
 
 def barrier(ctx: DistContext) -> None:
     if ctx.distributed:
-        if ctx.backend == "nccl":
-            tdist.barrier(device_ids=[ctx.device.index])
-        else:
-            tdist.barrier()
+        tdist.barrier(device_ids=[ctx.device.index] if ctx.backend == "nccl" else None)
 
 
 def all_gather_objects(ctx: DistContext, obj):
@@ -114,13 +104,10 @@ def all_gather_objects(ctx: DistContext, obj):
 
 
 def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
-    """Wrap `model` (already on ctx.device) for data-parallel training.
+    """`model` (on ctx.device) wrapped for data-parallel training; unchanged in one plain process.
 
-    ddp: DistributedDataParallel; gradients are all-reduced (averaged) in buckets during backward.
-    fsdp: FSDP2 `fully_shard` on every transformer block and then the root, so parameters,
-      gradients and optimizer state are sharded across ranks and each block's weights are
-      gathered just in time. The optimizer must be built after wrapping (it sees DTensors).
-    A model that is not distributed (one plain process) is returned unchanged.
+    ddp: DistributedDataParallel. fsdp: FSDP2 `fully_shard` on every block, then the root (parameters,
+    gradients and optimizer state sharded; build the optimizer after wrapping: it sees DTensors).
     """
     if strategy not in STRATEGIES:
         raise UserError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}.")

@@ -10,6 +10,7 @@ import os
 import platform
 import socket
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,20 +20,16 @@ from ditbench import __version__
 def git_sha() -> str | None:
     """The commit of the ditbench checkout, '+dirty' when it has local changes; None outside git."""
     root = Path(__file__).resolve().parents[1]
+
+    def git(*args: str, check: bool = False) -> str:
+        done = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=5, check=check
+        )
+        return done.stdout.strip()
+
     try:
-        sha = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout.strip()
+        sha = git("rev-parse", "HEAD", check=True)
+        dirty = git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.SubprocessError):
         return None
     return sha + ("+dirty" if dirty else "") if sha else None
@@ -48,17 +45,19 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def nvidia_driver() -> str | None:
+def _nvml(query: Callable[[Any], Any]) -> Any:
+    """query(pynvml) once NVML is up, or None (pynvml, the nvidia-ml-py package, is optional)."""
     try:
-        import pynvml  # optional: the nvidia-ml-py package
-    except ImportError:
-        return None
-    try:
+        import pynvml
+
         pynvml.nvmlInit()
-        version = pynvml.nvmlSystemGetDriverVersion()
-        return version.decode() if isinstance(version, bytes) else version
+        return query(pynvml)
     except Exception:  # noqa: BLE001 - NVML absent or not permitted
         return None
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 NVML_MISSING = "missing nvidia-ml-py"
@@ -80,22 +79,18 @@ def nvml_status(cuda: bool) -> str:
 
 
 def nvml_gpu() -> tuple[str | None, float | None]:
-    """Name and memory of the first visible GPU through NVML, without touching CUDA."""
-    try:
-        import pynvml
+    """Name and memory of the first visible GPU through NVML (None, None without NVML or a GPU)."""
+    return _nvml(_nvml_gpu) or (None, None)
 
-        pynvml.nvmlInit()
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
-        handle = (
-            pynvml.nvmlDeviceGetHandleByIndex(int(visible))
-            if visible.isdigit()
-            else pynvml.nvmlDeviceGetHandleByUUID(visible)
-        )
-        name = pynvml.nvmlDeviceGetName(handle)
-        memory = pynvml.nvmlDeviceGetMemoryInfo(handle).total / 2**30
-        return (name.decode() if isinstance(name, bytes) else name), round(memory, 2)
-    except Exception:  # noqa: BLE001 - NVML is optional
-        return None, None
+
+def _nvml_gpu(nv: Any) -> tuple[str, float]:
+    """Name and memory of the first visible GPU through NVML, without touching CUDA."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+    by_index = visible.isdigit()
+    handle = (
+        nv.nvmlDeviceGetHandleByIndex(int(visible)) if by_index else nv.nvmlDeviceGetHandleByUUID(visible)
+    )
+    return _text(nv.nvmlDeviceGetName(handle)), round(nv.nvmlDeviceGetMemoryInfo(handle).total / 2**30, 2)
 
 
 def collect_env(probe_cuda: bool = True) -> dict[str, Any]:
@@ -120,7 +115,7 @@ def collect_env(probe_cuda: bool = True) -> dict[str, Any]:
         "gpu_name": gpu_name,
         "gpu_count": torch.cuda.device_count() if cuda else 0,
         "gpu_memory_gib": gpu_mem,
-        "driver": nvidia_driver() if cuda else None,
+        "driver": _nvml(lambda nv: _text(nv.nvmlSystemGetDriverVersion())) if cuda else None,
         "nvml": nvml_status(cuda),
         "cuda": torch.version.cuda,
         "torch": torch.__version__,

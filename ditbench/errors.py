@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import reprlib
+from collections.abc import Iterable
 from typing import Any
 
 SHORT_LIMIT = 80  # characters of a user's value that a message quotes
@@ -50,3 +52,9 @@ def type_name(value: Any) -> str:
     """What a user gave, in words, for a message: "a mapping", "a list", "a string", "nothing"."""
     names = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "nothing"}
     return names.get(type(value), f"a {type(value).__name__}")
+
+
+def did_you_mean(word: Any, choices: Iterable[str], cutoff: float = 0.5) -> str:
+    """ " Did you mean `x`?" for the closest of `choices` to `word`, or "" when none is close."""
+    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=cutoff)
+    return f" Did you mean `{close[0]}`?" if close else ""

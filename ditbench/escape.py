@@ -1,11 +1,9 @@
-"""Text from records and suites made inert for what it goes into: markdown, HTML, CSV, any encoder.
+"""Text from records and suites made inert for what it goes into: markdown, CSV, any encoder.
 
-Cell names, labels, reasons, env fields and paths reach pull-request comments, report.md and
-summary.md. In markdown `<` starts HTML, `[` a link or image, a backtick code, `*`/`_`/`~` emphasis, `|`
-a table cell and a newline a block: `md_text` escapes them, `md_code` makes a code span the text
-cannot leave, `md_inline` keeps ditbench's own `code` and **bold** in a line holding user values.
-HTML uses `html.escape` (report.blocks). `plain` escapes what fails a UTF-8 encoder (a lone surrogate,
-JSON's "\\ud800"; a NUL). A CSV cell a spreadsheet would run as a formula gets a leading `'`.
+`md_text` escapes what markdown reads as HTML, a link, code, emphasis, a table cell or a block;
+`md_code` makes a code span the text cannot leave; `md_inline` keeps ditbench's own `code` and **bold**
+in a line holding user values. `plain` escapes what fails a UTF-8 encoder; a CSV cell a spreadsheet would
+run as a formula gets a leading `'`. (HTML: `html.escape`, report.blocks.)
 """
 
 from __future__ import annotations

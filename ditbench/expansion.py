@@ -1,10 +1,5 @@
-"""Every expansion counted before it is made: a suite's matrix, a plan grid, a quality schedule.
-
-A 700-byte suite can name a matrix of 4x10^9 cells; expanding it first and counting after would
-take the machine's memory and print nothing. Each expansion is counted from its factors (a product
-of list lengths, no list built) and refused above a cap, with the count and its factors in the
-message. The cap is a documented default, raised with a flag (`ditbench run --max-cells N`,
-`ditbench plan --max-cells N`) by someone who means it.
+"""Every expansion counted from its factors before it is made (a 700-byte suite can name 4x10^9 cells),
+and refused above a cap that `--max-cells N` (run, plan) raises.
 """
 
 from __future__ import annotations
@@ -39,17 +34,11 @@ def factors(axes: Mapping[str, Sequence], n_include: int = 0) -> str:
     return text + (f" + {n_include:,} include" if n_include else "")
 
 
-def resolve_cap(cap: int | None) -> int:
-    if cap is None:
-        return DEFAULT_MAX_CELLS
-    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-        raise UserError(f"--max-cells must be a positive integer, got {cap!r}.")
-    return cap
-
-
 def over_cap(count: int, cap: int | None, what: str, detail: str, flag: str = "--max-cells") -> str | None:
     """The refusal when `count` exceeds the cap, else None (the caller raises it naming its file)."""
-    limit = resolve_cap(cap)
+    limit = DEFAULT_MAX_CELLS if cap is None else cap
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise UserError(f"--max-cells must be a positive integer, got {cap!r}.")
     if count <= limit:
         return None
     return (

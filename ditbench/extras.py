@@ -1,8 +1,5 @@
-"""Optional packages behind pip extras: one import point that names the extra when one is missing.
-
-diffusers is needed only by the VAE (pretrained or random latents, `sample`, `extract-latents`)
-and by `impl: diffusers`; the default commands (`run cpu_smoke`, `fid`, `report`, `compare`)
-never import it, so it is the `vae` extra rather than a dependency.
+"""Optional packages behind pip extras: one import point that names the extra when one is missing
+(diffusers, the `vae` extra: the VAE and `impl: diffusers`; the trackers: `export`).
 """
 
 from __future__ import annotations
@@ -13,11 +10,8 @@ from ditbench.errors import UnsupportedError, UserError
 
 
 def require_diffusers(purpose: str):
-    """The diffusers module, or an UnsupportedError naming `purpose` and the extra that installs it.
-
-    UnsupportedError, so a suite cell that needs it is recorded `unsupported` with the reason,
-    and a command prints it as one paragraph and exits 2.
-    """
+    """The diffusers module, or an UnsupportedError (a cell that needs it is `unsupported`) naming
+    `purpose` and the extra that installs it."""
     try:
         return importlib.import_module("diffusers")
     except ImportError as err:
@@ -30,10 +24,7 @@ def require_diffusers(purpose: str):
 
 
 def require_extra(module: str, extra: str, purpose: str):
-    """`module` imported, or a UserError naming `purpose` and `pip install "ditbench[extra]"`.
-
-    The trackers (tensorboard, mlflow) are imported only by `ditbench export`, never by a default path.
-    """
+    """`module` imported, or a UserError naming `purpose` and `pip install "ditbench[extra]"`."""
     try:
         return importlib.import_module(module)
     except ImportError as err:

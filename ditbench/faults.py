@@ -1,20 +1,11 @@
-"""How a cell fails: injected faults (for tests and for trying a suite's failure handling) and the
-one mapping from what a cell raised to the record's status.
+"""How a cell fails: injected faults (tests, trying a suite's failure handling) and the one mapping from
+what a cell raised to the record's status.
 
-`DITBENCH_INJECT_FAULT="<cell-name substring>=<kind>[@step][,...]"` with kind one of
-  raise  the step raises RuntimeError            -> status error
-  hang   the step sleeps forever                  -> status timeout (the runner kills it)
-  oom    the step raises torch.OutOfMemoryError   -> status oom
-  nan    the model's weights are set to NaN, so the real forward pass gives a non-finite loss
-                                                  -> status nan_loss
-  slow:F every step from then on is followed by F times its own time of busy work on the same core
-         (F in (0, 10]): a slowdown of 1 + F for a gate to find (benchmarks/ab_power.py). Busy, not
-         asleep: on a loaded machine waking from a sleep costs more than F -> status ok, slower
-`@step` is the 1-based training step (warm-up and measured steps counted together) at which the
-fault fires (slow: from which it lasts); default 1. Example:
-DITBENCH_INJECT_FAULT="bs=16=oom,ckpt=full=nan@3,bs=8=slow:0.10". In a
-multi-process cell, DITBENCH_INJECT_FAULT_RANK=R gives the fault to rank R only. The runner
-checks the variable's syntax before any cell starts.
+`DITBENCH_INJECT_FAULT="<cell-name substring>=<kind>[@step][,...]"`, kind: raise (-> error), hang (->
+timeout), oom (-> oom), nan (NaN weights: the real forward's loss -> nan_loss), slow:F (each step then
+followed by F times its own time of busy work, F in (0, 10]: a slowdown for a gate to find). `@step`:
+the 1-based step (warm-up included) it fires at, default 1. E.g. "bs=16=oom,ckpt=full=nan@3,bs=8=slow:0.1".
+DITBENCH_INJECT_FAULT_RANK=R gives it to rank R only. The runner checks the syntax before any cell.
 """
 
 from __future__ import annotations
@@ -130,9 +121,8 @@ class FaultyStep:
         return self.trainer.step(batch)
 
     def _slowed(self, batch):
-        """The step, then `fraction` times the step's own time spinning on this core (synchronised on
-        CUDA, where the call returns before the kernels end). A spin keeps the core, so the step takes
-        1 + fraction times as long; a sleep would add the wake-up's wait for a core as well."""
+        """The step (synchronised on CUDA), then `fraction` times its time spinning on this core: a sleep
+        would add the wake-up's wait for a core too."""
         import torch
 
         start = time.perf_counter()
@@ -146,16 +136,24 @@ class FaultyStep:
         return loss
 
 
-# ---------------------------------------------------------------------------------------------
-# What a failure means for the record
-# ---------------------------------------------------------------------------------------------
-
-
 class NonFiniteLoss(Exception):
     def __init__(self, step: int, phase: str, value: float, curve: list[float] | None = None):
         super().__init__(f"loss became non-finite ({value}) at {phase} step {step}")
         self.step, self.phase, self.value = step, phase, value
         self.curve = curve or []  # a smoke run's losses up to the failure
+
+
+def check_finite(losses: list, first_step: int, phase: str) -> None:
+    """NonFiniteLoss at the first of `losses` (0-d tensors, the first at `first_step`) that is not finite."""
+    import torch
+
+    if not losses:
+        return
+    values = torch.stack([x.detach().float().reshape(()) for x in losses]).cpu()
+    bad = (~torch.isfinite(values)).nonzero()
+    if len(bad):
+        i = int(bad[0])
+        raise NonFiniteLoss(first_step + i, phase, float(values[i]))
 
 
 _CPU_OOM = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")

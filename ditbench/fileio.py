@@ -1,13 +1,9 @@
 """Every file ditbench writes, or reads back as its own, goes through here.
 
-`atomic_write` writes a temporary file beside the target, fsyncs it and renames it into place (a crash
-leaves the old file or the new one), with the permissions an ordinary write would give it. Only a
-regular file is ever replaced, appended to, repaired or read back as state (`refusal`, UserError exit
-2 naming the file): a link is never followed or renamed over (planted in an output folder, it would
-make a run write or empty a file elsewhere), a FIFO, socket, device or folder is never opened, and a
-file changed in place (results.jsonl, the lock, a cell log, $GITHUB_STEP_SUMMARY) must have no second
-hard link, which would carry the change outside. Text is written as UTF-8 with a lone surrogate (JSON's
-"\\ud800" in a record) escaped. `rmtree_real` deletes only a real folder, never what a link names.
+`atomic_write`: a temporary file beside the target, fsynced and renamed into place, with the mode an
+ordinary write gives. Only a regular file is replaced, appended to or read back (`refusal`): never
+through a link, never a FIFO, device or folder, and a file changed in place (results.jsonl, the lock, a
+log) has no second hard link. Text is UTF-8 with a lone surrogate escaped.
 """
 
 from __future__ import annotations
@@ -29,20 +25,13 @@ _UMASK_LOCK = threading.Lock()
 _CHANGES = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC
 
 
+_KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO (a named pipe)"}
+_KINDS.update({stat.S_IFCHR: "a device", stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"})
+
+
 def file_kind(mode: int) -> str | None:
-    """What a path that is not a regular file is, in words ("a folder", "a FIFO (a named pipe)"), or
-    None for a regular file or a kind without a name here."""
-    for test, kind in (
-        (stat.S_ISLNK, "a symbolic link"),
-        (stat.S_ISDIR, "a folder"),
-        (stat.S_ISFIFO, "a FIFO (a named pipe)"),
-        (stat.S_ISCHR, "a device"),
-        (stat.S_ISBLK, "a device"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return kind
-    return None
+    """What a path that is not a regular file is, in words ("a folder"), or None for a regular file."""
+    return _KINDS.get(stat.S_IFMT(mode))
 
 
 def link_refusal(path: str | Path, what: str = "") -> str:
@@ -145,10 +134,8 @@ def append_text(path: str | Path, text: str, what: str = "") -> None:
 
 
 def rmtree_real(path: str | Path) -> None:
-    """Delete a folder and what it holds, never following a link: a link at `path` is only unlinked.
-
-    shutil.rmtree does not follow links inside the tree (fd-based on Linux); this also covers the top.
-    """
+    """Delete a folder and what it holds, never following a link (a link at `path` is only unlinked;
+    shutil.rmtree follows none inside)."""
     path = Path(path)
     if path.is_symlink():
         path.unlink(missing_ok=True)
@@ -223,16 +210,17 @@ def write_json_atomic(path: str | Path, obj: Any, **dumps_kwargs: Any) -> Path:
 
 
 def download_atomic(url: str, dest: Path) -> None:
-    """Download url to dest through a temporary file beside it: a cut download leaves no partial file."""
-    import torch  # only when a download happens
+    """Download `url` to `dest` through atomic_write: a cut download leaves no partial file."""
+    import urllib.request
 
-    check_target(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=dest.name + ".", suffix=".part")
-    os.close(fd)
-    try:
-        torch.hub.download_url_to_file(url, tmp, progress=True)
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    from ditbench.progress import progress
+
+    def fetch(f: IO[bytes]) -> None:
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"User-Agent": "ditbench"})) as got:
+            size = int(got.headers.get("Content-Length") or 0) or None
+            with progress(total=size, unit="B", desc=f"downloading {dest.name}") as bar:
+                while chunk := got.read(1 << 20):
+                    f.write(chunk)
+                    bar.update(len(chunk))
+
+    atomic_write(dest, fetch)

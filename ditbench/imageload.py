@@ -1,9 +1,7 @@
-"""Every image ditbench decodes (training and FID images, sample grids in report and export): its size
-read from the header and refused beyond a cap sized to its use before any pixel is decoded (a PNG of
-a few hundred bytes can declare 100,000 x 100,000 pixels, 30 GB), PIL's DecompressionBombError and
-warning and a damaged file one paragraph naming it. Caps: PHOTO_PIXELS (PIL's bound, ~9,459 x 9,459)
-for images a user trains on or scores, GRID_PIXELS (4,096 x 4,096) for sample grids;
-$DITBENCH_MAX_IMAGE_PIXELS replaces both, to read larger images on purpose.
+"""Every image ditbench decodes: its size read from the header and refused beyond a cap before any pixel
+is decoded (a PNG of a few hundred bytes can declare 30 GB), a damaged file one paragraph naming it.
+Caps: PHOTO_PIXELS (PIL's) for training and FID images, GRID_PIXELS for sample grids;
+$DITBENCH_MAX_IMAGE_PIXELS replaces both.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""How a figure reads beside its interval: to the decimals the interval justifies.
-
-A FID of `72.9574 ± 35.2100` states four decimals that a spread of tens turns to noise. A value and
-its interval (± a spread, or the ends of a 95% interval) are written together, with two significant
-digits of the interval's half-width: `73 ± 35`, `1.79 ± 0.11`. Never more decimals than the figure's
-own format (a metric spec's `fmt`, the summary's `{:.1f}`), which owns its unit and look, and never
-fewer than none: the integer part is not rounded away (`1339 ± 320`, not `1300 ± 320`). Without a
-usable interval (none, not finite, zero) the figure reads in its own format.
+"""How a figure reads beside its interval: to the decimals that two significant digits of the interval's
+half-width justify (`73 ± 35`, not `72.9574 ± 35.2100`), never more than the figure's own format gives,
+and no rounding of the integer part (`1339 ± 320`). Without a usable interval: the figure's own format.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """One writer per output folder: an exclusive lock, so two runs never both write the same results.
 
-`OutputLock(folder, command)` takes `<folder>/.ditbench.lock` with the filelock library (an
-`fcntl.flock` underneath): the kernel releases it when its holder dies, however it dies (SIGKILL
-included), so a lock never outlives a killed run. filelock opens the file with O_NOFOLLOW, so a link
-planted there is refused, never followed (a lstat check says so first). The file also holds its
-holder's record (PID, host, process start time, command, start time), written through the
-descriptor filelock hands over once it holds the lock, so a second process is told who holds the
-folder; the record is cleared on release.
-
-Some file systems refuse flock (Lustre mounted without `flock`, some NFS setups). filelock's own
-fallback there (a marker with PID and host) is off once a record is written through its descriptor,
-and it covers ENOSYS only; ditbench keeps its own for ENOLCK, EOPNOTSUPP, ENOSYS and EINVAL, whose
-record names the command too. There the lock is
-the record itself, created atomically (`os.link`) as `<folder>/.ditbench.lock.held`, and removed on
-release; a record left by a killed holder is stale when it names this host and its process is gone
-(the PID no longer runs, or runs with another start time), and is then taken over. A record from
-another host cannot be checked from here: the message says so and how to clear it.
+`OutputLock(folder, command)` flocks `<folder>/.ditbench.lock` through filelock (released by the kernel
+however its holder dies; O_NOFOLLOW: a planted link is refused) and writes its holder's record (PID,
+host, process start, command, since) into it, so a second process is told who holds the folder.
+Where flock is refused (ENOLCK, EOPNOTSUPP, ENOSYS, EINVAL: Lustre without `flock`, some NFS) the lock
+is the record itself, created atomically (`os.link`) as `.ditbench.lock.held`; a record whose process
+on this host is gone is taken over, one from another host cannot be checked (the message says so).
 """
 
 from __future__ import annotations
@@ -105,7 +95,6 @@ class OutputLock:
         self._held_file: Path | None = None
         self.stale: dict[str, Any] | None = None  # the record of a killed holder this lock replaced
 
-    # -- flock, through the filelock library ----------------------------------------------------------
     def acquire(self) -> OutputLock:
         from filelock import FileLock, Timeout
 
@@ -129,7 +118,7 @@ class OutputLock:
         try:
             lock.acquire()
         except Timeout:
-            raise self._hinted(self._busy(_parse(_read_path(path)))) from None
+            raise self._busy(_parse(_read_path(path))) from None
         except OSError as err:
             if err.errno == errno.ELOOP:
                 raise UserError(link_refusal(path, self.what)) from None
@@ -159,24 +148,27 @@ class OutputLock:
             )
         check_target(path, self.what, in_place=True)
 
-    def _busy(self, holder: dict[str, Any] | None) -> UserError:
+    def _busy(self, holder: dict[str, Any] | None, held: Path | None = None) -> UserError:
+        """Who holds the folder; `held`: the record file that is the lock where flock is refused."""
         folder = shorten(str(self.folder))
         alive = holder_alive(holder) if holder else True
         if alive is False:  # the lock is held, but not by the process its record names
-            note = (
-                f"the lock file names {describe(holder)}, which no longer runs: a process it started, "
-                f"or one that is taking the lock right now, holds it (`fuser {folder}/{LOCK_NAME}` shows it)"
+            text = (
+                f"{self.what} {folder} is in use: the lock file names {describe(holder)}, which no longer "
+                "runs: a process it started, or one that is taking the lock right now, holds it "
+                f"(`fuser {folder}/{LOCK_NAME}` shows it). Wait for it, or give another {self.what}."
             )
-            return UserError(
-                f"{self.what} {folder} is in use: {note}. Wait for it, or give another {self.what}."
+        else:
+            text = (
+                f"{self.what} {folder} is in use by another ditbench process, {describe(holder)}. Two runs "
+                "writing one folder would each run every cell; wait for it to finish, or give another "
+                f"{self.what}."
             )
-        return UserError(
-            f"{self.what} {folder} is in use by another ditbench process, {describe(holder)}. Two runs "
-            "writing one folder would each run every cell; wait for it to finish, or give another "
-            f"{self.what}."
-        )
+            if held is not None and alive is None:
+                gone = "If that run is gone (its host cannot be checked from here), delete"
+                text += f" {gone} {shorten(str(held))}."
+        return UserError(f"{text} {self.hint}" if self.hint else text)
 
-    # -- no flock: the record file is the lock ----------------------------------------------------------
     def _acquire_held_file(self) -> OutputLock:
         held = self.folder / HELD_NAME
         check_target(held, self.what)  # read and deleted below: never through a link, never a FIFO
@@ -201,12 +193,9 @@ class OutputLock:
                 continue  # released meanwhile
             alive = holder_alive(holder) if holder else None
             if alive is not False:
-                raise self._hinted(self._busy_held(holder, held))
+                raise self._busy(holder, held)
             self._take_over(held, holder)
-        raise self._hinted(self._busy_held(None, held))
-
-    def _hinted(self, err: UserError) -> UserError:
-        return UserError(f"{err} {self.hint}") if self.hint else err
+        raise self._busy(None, held)
 
     def _take_over(self, held: Path, holder: dict[str, Any] | None) -> None:
         """Move a dead holder's record aside; if a live contender's record was moved instead, put it back."""
@@ -225,19 +214,6 @@ class OutputLock:
             pass
         aside.unlink(missing_ok=True)
 
-    def _busy_held(self, holder: dict[str, Any] | None, held: Path) -> UserError:
-        other_host = holder is not None and holder_alive(holder) is None
-        clear = (
-            f" If that run is gone (its host cannot be checked from here), delete {shorten(str(held))}."
-            if other_host
-            else ""
-        )
-        return UserError(
-            f"{self.what} {shorten(str(self.folder))} is in use by another ditbench process, "
-            f"{describe(holder)}; wait for it to finish, or give another {self.what}.{clear}"
-        )
-
-    # -------------------------------------------------------------------------------------------------
     def release(self) -> None:
         if self._lock is not None:
             try:  # still holding it: clear our record (no record: nobody holds it)

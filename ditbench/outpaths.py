@@ -1,10 +1,5 @@
-"""Output paths checked before any work starts: a folder we can write in, a file path that is not a folder.
-
-A command that trains for an hour and then finds its `--save` path is a directory, or its `--out`
-goes through a file, has wasted the hour and ends in a traceback. Each command checks the paths it
-will write with these two functions first; each raises UserError naming the option, the path and
-what is wrong with it.
-"""
+"""Output paths checked before any work starts (an hour of training must not end in a traceback because
+`--save` is a folder): UserError naming the option, the path and what is wrong with it."""
 
 from __future__ import annotations
 
@@ -35,11 +30,8 @@ def _blocking_ancestor(path: Path) -> Path | None:
 
 
 def ensure_dir(path: str | Path, what: str, *, probe: bool = True) -> Path:
-    """Create the folder `path` if missing and check that files can be written in it.
-
-    `what` names it in messages (e.g. "--out"). probe=False skips the write test (when the caller's
-    next step writes there anyway and reports its own failure).
-    """
+    """Create the folder `path` (`what` in messages: "--out") if missing and check that files can be
+    written in it; probe=False skips the write test (the caller's next write reports its own failure)."""
     path = Path(path)
     if os.path.lexists(path) and not path.is_dir():
         kind = "a file" if path.is_file() else "not a folder"
@@ -74,12 +66,8 @@ def check_file_target(
     writes: tuple[str, tuple[str, ...]] | None = None,
 ) -> Path:
     """A path a command will write one file to: nothing there yet, or a regular file it may replace
-    (not a folder, link, FIFO or device: fileio.check_target), in a folder that can be written in.
-
-    create_parent=False leaves a missing folder to the caller and only checks that it can be created.
-    writes=(format, suffixes): the name must end in one of the suffixes, so that `fid --out x.npz`
-    does not put JSON in a file that says npz.
-    """
+    (fileio.check_target), in a folder that can be written in (create_parent=False: one that can be
+    created). writes=(format, suffixes): the name must say the format (`fid --out x.npz` is refused)."""
     path = Path(path)
     if path.is_dir() and not path.is_symlink():
         raise UserError(f"{what} {_quote(path)} is a folder; give the path of a file to write.")
@@ -102,14 +90,9 @@ def check_file_target(
 
 
 def check_kept(folder: str | Path, entries: dict[str, bool], what: str = "--out") -> None:
-    """Refuse an output folder whose own entries are not what a command keeps there (UserError).
-
-    `entries` maps each name the command creates, appends to, locks or empties inside `folder` to
-    True (a folder) or False (a regular file it may change in place). Each one that exists must be
-    exactly that, checked with lstat: a symbolic link is refused, since following it would write,
-    truncate or delete outside the folder; a FIFO would block the command forever, a folder would fail
-    it mid-run, a second hard link would carry an append or a repair to a file outside.
-    """
+    """UserError unless each of `entries` (a name the command keeps in `folder` -> True for a folder,
+    False for a regular file changed in place) that exists is exactly that, by lstat: no link, FIFO,
+    folder in a file's place or second hard link (fileio.refusal)."""
     folder = Path(folder)
     for name, want_dir in entries.items():
         path = folder / name
@@ -158,33 +141,19 @@ def inside(root: str | Path, relative: Any) -> Path | None:
     return path if path.is_relative_to(base) else None
 
 
-def _identity(path: str | Path) -> tuple[int, int] | None:
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):
-        return None
-    return st.st_dev, st.st_ino
-
-
 def same_file(a: str | Path, b: str | Path) -> bool:
     """Whether two paths name one file: the same resolved path, or (hard links) the same inode."""
     try:
-        if os.path.realpath(a) == os.path.realpath(b):
-            return True
+        return os.path.realpath(a) == os.path.realpath(b) or os.path.samefile(a, b)
     except (OSError, ValueError):
         return False
-    ida = _identity(a)
-    return ida is not None and ida == _identity(b)
 
 
 def refuse_output_as_input(
     outputs: list[tuple[str, str | Path | None]], inputs: list[tuple[str, str | Path | None]]
 ) -> None:
-    """UserError when a path a command writes resolves to a file it reads (checked before any work).
-
-    Each entry is (what the message calls it, path); None entries are skipped. An input folder also
-    stands for the results.jsonl in it (how run folders are given to report and compare).
-    """
+    """UserError when a path a command writes (what the message calls it, path or None) is a file it
+    reads; an input folder also stands for its results.jsonl (run folders given to report, compare)."""
     expanded = []
     for label, path in inputs:
         if path is None:
@@ -204,9 +173,8 @@ def refuse_output_as_input(
 
 
 def step_summary() -> str | None:
-    """$GITHUB_STEP_SUMMARY, checked before any work: the regular file GitHub Actions creates for a step,
-    appended to (so with one hard link only); None when unset, or /dev/null (no summary, on purpose).
-    A FIFO, a device, a link or a folder there is refused."""
+    """$GITHUB_STEP_SUMMARY checked before any work: a regular file with one hard link (it is appended
+    to); None when unset or /dev/null."""
     path = os.environ.get("GITHUB_STEP_SUMMARY") or None
     if path is None or path == os.devnull:
         return None
@@ -221,11 +189,8 @@ def step_summary() -> str | None:
 
 
 def not_a_file(path: str | Path) -> str | None:
-    """Why `path` is not a regular file a command can read (without opening it), or None when it is.
-
-    "does not exist" only when nothing is there: a FIFO (which would block a read forever), a device
-    such as /dev/null, a socket, a folder or a broken link is named for what it is.
-    """
+    """Why `path` is not a regular file a command can read (not opened), or None: "does not exist" only
+    when nothing is there; a FIFO, device, socket, folder or broken link is named for what it is."""
     try:
         st = os.stat(path)
     except FileNotFoundError:

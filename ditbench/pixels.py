@@ -1,15 +1,9 @@
-"""Pixel data without a VAE: the image itself is the DiT's 4 x s x s latent.
+"""Pixel data without a VAE: the image itself, scaled to [-1, 1], is the DiT's 4 x s x s latent.
 
-A DiT works on a grid of 4-channel latent cells (s = image_size / 8 per side). With
-`data: {pixels: ...}` that grid holds the pixels themselves, scaled from [0, 255] to [-1, 1]:
-- grey (the default): each cell is a 2x2 block of a grayscale image of side 2s (= image_size / 4),
-  one pixel per channel (pixel_unshuffle); decoding repeats the grey into RGB for Inception;
-- `colour: rgb`: each cell is one RGB pixel of an image of side s (= image_size / 8) in channels
-  0-2 and its luma in channel 3 (the latent has four channels, a pixel three).
-Decoding is the exact inverse, so samples need no VAE and no download, and a CPU can train and
-score a real image model in minutes (`suites/cpu_quality.yaml`).
-
-Sampling imports this module (to decode), so it never imports training.
+grey (default): each latent cell is a 2x2 block of a grey image of side 2s (pixel_unshuffle); `colour:
+rgb`: each cell is one RGB pixel (side s) and its luma. Decoding is the exact inverse, so a CPU trains
+and scores a real image model in minutes with no VAE or download (`suites/cpu_quality.yaml`). Sampling
+imports this module to decode, so it never imports training.
 """
 
 from __future__ import annotations
@@ -23,9 +17,6 @@ from ditbench.errors import UserError, shorten
 
 BLOCK = 2  # pixels per latent cell along each side: BLOCK**2 == vae.LATENT_CHANNELS grey pixels
 assert BLOCK * BLOCK == vae.LATENT_CHANNELS
-
-
-COLOURS = ("grey", "rgb")
 
 
 def colour_of(data) -> str:
@@ -59,10 +50,8 @@ LUMA = (0.299, 0.587, 0.114)  # ITU-R 601, as to_grey
 
 
 def encode_rgb(rgb):
-    """uint8 RGB images (N, H, W, 3) -> latents (N, 4, H, W) float32 in [-1, 1]: R, G, B and the luma.
-
-    The fourth channel repeats what the other three hold (the luma) rather than a constant, whose
-    noise prediction at small noise levels would need an unbounded gain."""
+    """uint8 RGB images (N, H, W, 3) -> latents (N, 4, H, W) float32 in [-1, 1]: R, G, B and the luma
+    (not a constant, whose noise prediction at small noise levels would need an unbounded gain)."""
     import torch
 
     x = torch.as_tensor(rgb).float().div(127.5).sub(1.0).permute(0, 3, 1, 2)
@@ -84,13 +73,8 @@ def decode(latents):
 
 
 def load_pixels(spec: str, image_size: int, num_classes: int, colour: str = "grey"):
-    """(uint8 N x H x W grey or N x H x W x 3 RGB, labels int64 N) from an ADM-style npz or a
-    `builtin:` dataset name.
-
-    The npz holds `arr_0` (uint8 N x H x W or N x H x W x 3) and optionally `arr_1` (labels; all 0
-    without it); RGB becomes grey for `colour: grey`, grey is repeated into RGB for `colour: rgb`.
-    Images must be pixel_side(image_size, colour) square.
-    """
+    """(uint8 N x H x W grey or N x H x W x 3 RGB, labels int64 N) from an ADM npz (`arr_0` images of
+    pixel_side(image_size, colour), optional `arr_1` labels) or a `builtin:` name, in `colour`."""
     from ditbench import builtin_data
 
     path = builtin_data.resolve(spec) if builtin_data.is_builtin(spec) else Path(spec)

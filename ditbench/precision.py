@@ -1,19 +1,13 @@
 """Precision: the four names a knob takes, what each does to a step, and the one switch for TF32.
 
-fp32  true fp32: TF32 off for matmul and cuDNN (what "fp32" means in the anchors table)
-tf32  fp32 storage, TF32 tensor-core matmuls and convolutions (the official train.py default)
-fp16  autocast to float16 + a GradScaler; steps the scaler skips are counted
-bf16  autocast to bfloat16, no scaler (same exponent range as fp32)
+fp32  TF32 off for matmul and cuDNN; tf32  fp32 storage, TF32 tensor-core math (official train.py's)
+fp16  autocast to float16 + a GradScaler; bf16  autocast to bfloat16, no scaler
+Weights, gradients, optimizer state and EMA stay fp32 in every policy; under fp16/bf16 the fp32 matmuls
+left outside autocast use TF32 on CUDA, as the official scripts do.
 
-Under fp16/bf16 the few fp32 matmuls left outside autocast use TF32 on CUDA, as the official
-scripts do. The weights, gradients, optimizer state and EMA stay fp32 in every policy.
-
-TF32 is switched only by `set_tf32` / `tf32_mode` (training, sampling, FID features, the matmul
-peak). PyTorch >= 2.9 has two APIs for it: the per-op `fp32_precision` and the legacy flags
-(`allow_tf32`, `get_float32_matmul_precision`). Setting only one leaves them disagreeing, and
-then every legacy getter raises ("mix of the legacy and new APIs") -- in our code, in torch's own
-autotuning, in any library that reads them. `set_tf32` writes the legacy flags first (which
-moves the new API along) and then the new API, so both agree and every getter works.
+TF32 is switched only by `set_tf32` / `tf32_mode`. torch >= 2.9 has two APIs (per-op `fp32_precision`,
+the legacy `allow_tf32` flags); set one alone and every legacy getter raises ("mix of the legacy and new
+APIs"), so `set_tf32` writes the legacy flags first and then the new API.
 """
 
 from __future__ import annotations
@@ -28,9 +22,8 @@ from ditbench.errors import UnsupportedError, UserError, shorten
 if TYPE_CHECKING:
     import torch
 
-# torch is imported where it is used: the command line's --precision reads these names, and
-# `ditbench --help` must not pay for torch.
-# The one place these names are written as a list (tests/unit/test_structure.py checks it).
+# torch is imported where it is used (`ditbench --help` reads these names). The one place these names
+# are written as a list (tests/unit/test_structure.py checks it).
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 _LOW = {"fp16": "float16", "bf16": "bfloat16"}  # the autocast dtypes; fp32 and tf32 compute in float32
 LOW_PRECISIONS = tuple(_LOW)  # 16-bit autocast: fp16 (loss-scaled), bf16
@@ -62,11 +55,6 @@ def compute_dtype(name: str) -> torch.dtype:
     return getattr(torch, _LOW.get(check_precision(name), "float32"))
 
 
-# --------------------------------------------------------------------------------------------
-# TF32: the one place that touches these flags
-# --------------------------------------------------------------------------------------------
-
-
 def _new_api_targets() -> dict[str, Any]:
     """The CUDA ops whose per-op fp32_precision we set."""
     import torch
@@ -92,21 +80,6 @@ def set_tf32(enabled: bool) -> None:
         mode = "tf32" if enabled else "ieee"
         for target in _new_api_targets().values():
             target.fp32_precision = mode
-
-
-def tf32_state() -> dict[str, Any]:
-    """Every getter, legacy and new: reading them is what fails when the two APIs disagree."""
-    import torch
-
-    state: dict[str, Any] = {
-        "matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "float32_matmul_precision": torch.get_float32_matmul_precision(),
-        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
-    }
-    if _has_new_api():
-        for name, target in _new_api_targets().items():
-            state[f"{name}.fp32_precision"] = target.fp32_precision
-    return state
 
 
 def _snapshot() -> tuple:
@@ -145,11 +118,6 @@ def tf32_mode(enabled: bool, cudnn_benchmark: bool | None = None) -> Iterator[No
     finally:
         _restore(saved)
         torch.backends.cudnn.benchmark = benchmark
-
-
-# --------------------------------------------------------------------------------------------
-# Policies
-# --------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,9 @@
-"""Weights by name, as the official DiT sampler finds them: the VAE and the released DiT checkpoints.
+"""Weights by name, as the official DiT sampler finds them.
 
-- `ema` / `mse` name stabilityai's sd-vae-ft-ema / sd-vae-ft-mse AutoencoderKL, loaded through
-  diffusers' `from_pretrained` from the Hugging Face cache (downloaded into it once).
-- `DiT-XL-2-256x256.pt` and `DiT-XL-2-512x512.pt` name the released DiT checkpoints: a file of
-  that name in the working directory or `pretrained_models/` (where the official code keeps
-  them), else the ditbench cache (`$DITBENCH_CACHE/checkpoints`, else ~/.cache/ditbench/
-  checkpoints), downloaded there once from their published location.
-
-Offline ($DITBENCH_OFFLINE=1 or $HF_HUB_OFFLINE=1, or no network), nothing is downloaded and a
-missing file is one paragraph saying which file to put where.
+`ema` / `mse`: stabilityai's sd-vae-ft-ema / -mse through the Hugging Face cache. `DiT-XL-2-256x256.pt`
+and `-512x512.pt`: the released checkpoints, from the working directory, `pretrained_models/` or the
+ditbench cache ($DITBENCH_CACHE, else ~/.cache/ditbench), downloaded there once. Offline
+($DITBENCH_OFFLINE / $HF_HUB_OFFLINE) nothing is downloaded; a missing file is one paragraph.
 """
 
 from __future__ import annotations
@@ -37,9 +32,6 @@ def offline() -> bool:
 def cache_root() -> Path:
     env = os.environ.get(CACHE_ENV)
     return Path(env).expanduser() if env else Path.home() / ".cache" / "ditbench"
-
-
-# ------------------------------------------------------------------------------------------ VAE
 
 
 def is_vae_name(spec) -> bool:
@@ -82,9 +74,6 @@ def load_vae(name: str):
         f"Hugging Face cache, $HF_HUB_CACHE: {cache}), or download those two files from "
         f"https://huggingface.co/{repo} into a folder and give that folder instead of `{name}`."
     )
-
-
-# ------------------------------------------------------------------------------------- checkpoints
 
 
 def checkpoint_cache(name: str) -> Path:

@@ -1,9 +1,5 @@
-"""Progress bars for a terminal, plain lines for a log.
-
-tqdm redraws its bar with `\\r`, which a file or a CI log keeps as one ever-growing line. Where
-stderr is not a terminal, `progress()` prints a plain line now and then instead (every
-`DITBENCH_PROGRESS_EVERY_S` seconds, 30 by default, and at the end), or nothing for callers
-that already print a line per item (the runner).
+"""Progress bars for a terminal; where stderr is not one (a file, a CI log, which would keep tqdm's `\\r`
+redraws as one growing line), a plain line every `DITBENCH_PROGRESS_EVERY_S` seconds (30) and at the end.
 """
 
 from __future__ import annotations
@@ -79,7 +75,7 @@ class PlainProgress:
             self.total = len(iterable)
         self.quiet, self.postfix, self.closed = quiet, "", False
         self.start_n, self.start = initial, time.monotonic()
-        self.every, self.last = every_s(), self.start
+        self.every, self.last, self.shown = every_s(), self.start, initial
 
     def __iter__(self):
         for item in self.iterable:
@@ -116,10 +112,11 @@ class PlainProgress:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            if self.n > self.start_n:
+            if self.n != self.shown:  # the last periodic line may already say where it ended
                 self._line()
 
     def _line(self) -> None:
+        self.shown = self.n
         if self.quiet:
             return
         elapsed = max(time.monotonic() - self.start, 1e-9)

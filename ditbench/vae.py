@@ -1,13 +1,9 @@
-"""The image autoencoder DiT trains in the latent space of: sd-vae-ft-ema (diffusers' AutoencoderKL).
+"""The autoencoder DiT trains in the latent space of: sd-vae-ft-ema (diffusers' AutoencoderKL).
 
-Every fact about it lives here: it downsamples by 8, gives 4 latent channels, and latents are
-`latent_dist.sample() * 0.18215` (and divided by it before decoding). Its weights come from a
-local path, or by name (`ema`, `mse`: stabilityai's sd-vae-ft-ema/-mse through the Hugging Face
-cache, see `pretrained`); random weights only when the user writes `random` (speed does not
-depend on the weights, sample quality does, and the description returned says which was used).
-
-Training (image-folder data, latent extraction) and sampling both use this module, so sampling
-never imports training.
+Every fact about it lives here (downsampling 8, 4 latent channels, latents scaled by 0.18215). Weights
+from a local path or by name (`ema`, `mse`: `pretrained`); random only when the user writes `random`,
+and the description returned says which. Training and sampling both use it, so sampling never imports
+training.
 """
 
 from __future__ import annotations
@@ -47,21 +43,15 @@ def require_vae_spec(spec) -> None:
 
 
 def build_vae(spec: str | os.PathLike, device="cpu"):
-    """AutoencoderKL (sd-vae-ft-ema config) by name, from a local path, or random weights for "random".
-
-    `ema` / `mse` are stabilityai's sd-vae-ft-ema / -mse (`pretrained.load_vae`); PATH may be a
-    diffusers folder (config.json + weights) or a state-dict file (.safetensors, .bin, .pt, .ckpt).
-    Returns (vae in eval mode on device, description string).
-    """
+    """(AutoencoderKL in eval mode on `device`, its description): `ema`/`mse` (`pretrained.load_vae`), a
+    diffusers folder or state-dict file (.safetensors, .bin, .pt, .ckpt), or untrained for `random`."""
     import torch
 
     from ditbench import pretrained
-    from ditbench.extras import require_diffusers
-
-    AutoencoderKL = require_diffusers(f"the VAE ({shorten(str(spec), 80)})").AutoencoderKL
 
     require_vae_spec(spec)
     text = str(spec)
+    AutoencoderKL = _autoencoder(text)
     if pretrained.is_vae_name(text):
         vae = pretrained.load_vae(text)
         desc = f"pretrained {pretrained.VAE_REPOS[text]} (by name `{text}`)"
@@ -71,17 +61,19 @@ def build_vae(spec: str | os.PathLike, device="cpu"):
             vae = AutoencoderKL(**SD_VAE_CONFIG)
         desc = "random (sd-vae-ft-ema architecture, untrained weights: latents carry no image content)"
     else:
-        vae = _load_pretrained(Path(text), text)
+        vae = _load_pretrained(Path(text), text, AutoencoderKL)
         desc = f"pretrained from {text}"
     vae = vae.to(device).eval().requires_grad_(False)
     return vae, desc
 
 
-def _load_pretrained(p: Path, text: str):
+def _autoencoder(text: str):
     from ditbench.extras import require_diffusers
 
-    AutoencoderKL = require_diffusers(f"the VAE ({shorten(text, 80)})").AutoencoderKL
+    return require_diffusers(f"the VAE ({shorten(text, 80)})").AutoencoderKL
 
+
+def _load_pretrained(p: Path, text: str, AutoencoderKL):  # noqa: N803 - diffusers' class
     shown = shorten(text, 200)
     if p.is_dir():
         if not (p / "config.json").is_file():

@@ -1,25 +1,21 @@
 """A pydantic model's verdict on a user's input, as ditbench's one-paragraph error.
 
-The models (suite files, cells, the gate's policy, claims files) declare types, bounds and
-required keys; each field's `description` says what a valid value is, a model's `title` what it is
-("a claim"). `problem` turns the first error into (key path, what is wrong and what is valid),
-never pydantic's own wording ("Input should be a valid number"), which names neither. Two house
-styles: "<label>: `<key>` must be <valid>, got <value>." (policy files) and "<label> at `<key>`:
-expected <valid>, got <value>." (suites, claims). A validator that knows better says it with
-`refuse(text)`; `{where}` in the text stands for the key path, and `at` names a key below the one
-refused. `rule(template)` gives a type its own sentence, whatever check of the type failed.
+`problem` turns the first error into (key path, what is wrong and what is valid: a field's
+`description`, a model's `title`), never pydantic's own wording. Styles: "<label>: `<key>` must be
+<valid>, got <value>." (policies) and "<label> at `<key>`: expected <valid>, got <value>." (suites,
+claims). A validator says better with `refuse(text)` (`{where}`: the key path; `at`: a key below);
+`rule(template)` gives a type its own sentence.
 """
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError, WrapValidator
 from pydantic_core import PydanticCustomError
 
-from ditbench.errors import UserError, shorten, type_name
+from ditbench.errors import UserError, did_you_mean, shorten, type_name
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -49,12 +45,6 @@ def rule(template: str) -> WrapValidator:
             raise refuse(text) from None
 
     return WrapValidator(check)
-
-
-def did_you_mean(key: Any, valid: Iterable[str], cutoff: float = 0.5) -> str:
-    """ " Did you mean `x`?" for the closest of `valid`, or "" when none is close."""
-    close = difflib.get_close_matches(str(key), list(valid), n=1, cutoff=cutoff)
-    return f" Did you mean `{close[0]}`?" if close else ""
 
 
 def unknown_key(key: Any, valid: Iterable[str]) -> str:

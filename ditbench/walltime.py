@@ -2,12 +2,10 @@
 
 The rate is the planner's time model's (plan/speed.py): a CPU's matmul rate measured now (0.3 s, at
 this process's threads: a busy machine gets a longer estimate) with the efficiencies fitted on CPU
-cells (reports/plan_vs_cpu), or a GPU's datasheet with the shipped calibration. A training step is
-the traced step at that rate (train/cli.py; the warm-up is no estimate), a suite its cells' steps and
-processes (bench/cli.py). Sampling and Inception features are their FLOPs at the calibrated matmul
-rate (kernel launches not counted: small models at small sizes take longer than said). Over
-LONG_CPU_S on a CPU, a terminal without --yes is refused with the estimate and a cheaper way; CI and
-logs proceed, the estimate printed.
+cells, or a GPU's datasheet with the shipped calibration. A training step is the traced step at that
+rate (train/cli.py), a suite its cells' steps and processes (bench/cli.py); sampling and Inception
+features their FLOPs (launches not counted). Over LONG_CPU_S on a CPU a terminal without --yes is
+refused; CI and logs proceed.
 """
 
 from __future__ import annotations
@@ -84,7 +82,7 @@ def announce(command: str, seconds: float | None, what: str, device: str, yes: b
         )
 
 
-# ---- the measured matmul rate (also `ditbench env --measure-peak`, and MFU's measured basis) -------------
+# The measured matmul rate (also `ditbench env --measure-peak`, and MFU's measured basis)
 
 MATMUL_SIDE_CUDA = 8192  # large enough to saturate an H100/H200's tensor cores
 MATMUL_SIDE_CPU = 1024

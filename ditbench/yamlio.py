@@ -1,14 +1,8 @@
-"""Reading the YAML files users hand us (suites, gate policies, claims): safe and bounded.
+"""The one reader of the YAML users hand us (suites, gate policies, claims): safe and bounded.
 
-`load_yaml_file(path, what)` is the only way ditbench reads YAML. It guarantees:
-
-* the path is an existing regular file (a directory or a missing file is said plainly) of at
-  most MAX_BYTES;
-* the text is UTF-8 (UTF-16, binary and other encodings get a message saying so);
-* parsing uses yaml's safe loader (no Python objects) extended to refuse duplicate mapping keys,
-  nesting deeper than MAX_DEPTH, recursive aliases, and alias expansion beyond MAX_NODES nodes
-  (a "billion laughs" file of 300 bytes would otherwise expand to millions of values);
-* every failure is a UserError naming the file and line, with user values shortened.
+A regular UTF-8 file of at most MAX_BYTES; yaml's safe loader refusing duplicate keys, nesting deeper
+than MAX_DEPTH, recursive aliases and alias expansion beyond MAX_NODES (a 300-byte "billion laughs");
+every failure a UserError naming the file and line.
 """
 
 from __future__ import annotations
@@ -36,23 +30,18 @@ class _BoundedLoader(yaml.SafeLoader):
                     continue
                 key = self.construct_object(key_node, deep=True)
                 try:
-                    hash(key)
+                    first = seen.get(key)  # TypeError: a list or mapping as a key
                 except TypeError:
-                    raise yaml.constructor.ConstructorError(
-                        None,
-                        None,
-                        "a mapping key must be a plain value, not a list or mapping",
-                        key_node.start_mark,
-                    ) from None
-                if key in seen:
-                    raise yaml.constructor.ConstructorError(
-                        None,
-                        None,
-                        f"duplicate key {shorten(key)} (first at line {seen[key].line + 1}); "
-                        "each key may appear once in a mapping",
-                        key_node.start_mark,
+                    problem = "a mapping key must be a plain value, not a list or mapping"
+                else:
+                    if first is None:
+                        seen[key] = key_node.start_mark
+                        continue
+                    problem = (
+                        f"duplicate key {shorten(key)} (first at line {first.line + 1}); "
+                        "each key may appear once in a mapping"
                     )
-                seen[key] = key_node.start_mark
+                raise yaml.constructor.ConstructorError(None, None, problem, key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
 
 

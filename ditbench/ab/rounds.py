@@ -1,9 +1,9 @@
 """The rounds of `ditbench ab`: every open cell once per side, each a fresh process of the side's
-interpreter, its record appended to OUT/a/results.jsonl or OUT/b/results.jsonl at once.
+interpreter, its record appended to OUT/a or OUT/b/results.jsonl at once.
 
-Interleaved: the cells in a random order, each cell's two processes back to back in a random order,
-so drift hits both and neither side is always first. Duet: both at once, each pinned to its half of
-the CPUs (and GPUs), the halves drawn again per pair. docs/gate-in-ci.md says why.
+Interleaved: cells in a random order, each cell's two processes back to back in a random order (drift
+hits both, neither is always first). Duet: both at once, each pinned to a half of the CPUs (and GPUs),
+the halves drawn again for every pair.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The sequential gate of `ditbench ab`: after every round, the whole comparison again.
 
-A cell keeps its records per side and log(step B / step A) of every round both sides ran ok. `judge`
-runs report.gate.decide on each side's rounds combined (bench.repeats.combine), the timed metrics
-judged from the paired ratios at the level of the cell's look. A cell closes when its timed verdicts
-are no longer inconclusive or a side did not end ok, and keeps the level of the look that closed it.
+`judge` runs the regression gate (report.gate.decide) on each side's rounds combined, the timed metrics
+judged from the rounds' paired log(step B / step A) ratios (report.gate.paired) at the level of the
+cell's look. A cell closes when its timed verdicts are decided or a side's process did not end ok (the
+status change decides); a closed cell runs no more rounds.
 """
 
 from __future__ import annotations

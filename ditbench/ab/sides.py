@@ -1,11 +1,8 @@
 """The two sides of `ditbench ab`: an interpreter (or a virtual environment) and its own environment
 variables, checked before any cell runs.
 
-Version skew: the `ab` process reads the suite with its own ditbench and writes each cell's spec
-file (launch.files.write_spec); each side's ditbench reads it (launch.files.read_spec) and runs it
-as `python -m ditbench.bench.launch.process SPEC RESULT`. So both sides must be ditbench versions
-that read the same cell spec and have that module; the probe asks each side to read every spec
-first, and a side that cannot is refused by name (exit 2) before anything is measured.
+Each side's ditbench reads the cell specs this one writes and runs them (bench.launch.process); the
+probe asks each side to read every spec first, and one that cannot is refused by name (exit 2).
 """
 
 from __future__ import annotations

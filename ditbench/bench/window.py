@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ditbench.faults import NonFiniteLoss
+from ditbench.faults import NonFiniteLoss, check_finite
 
 # A steady training loop repeats its step to within a few percent. Beyond these bounds something
 # outside the step (another process, clock throttling, a GC pause, a compile) shaped the figures,
@@ -101,18 +101,6 @@ def noise_advice(noise: Any, exact: bool = True) -> str | None:
     return "; ".join(said) or None
 
 
-def _check_finite(losses: list, first_step: int, phase: str) -> None:
-    import torch
-
-    if not losses:
-        return
-    values = torch.stack([x.detach().float().reshape(()) for x in losses]).cpu()
-    bad = (~torch.isfinite(values)).nonzero()
-    if len(bad):
-        i = int(bad[0])
-        raise NonFiniteLoss(first_step + i, phase, float(values[i]))
-
-
 def _sync(device: str) -> None:
     if device == "cuda":
         import torch
@@ -140,7 +128,7 @@ def measure_window(
     """
     losses = [step(trainer.next_batch()) for _ in range(warmup)]
     _sync(device)
-    _check_finite(losses, 1, "warm-up")
+    check_finite(losses, 1, "warm-up")
     if after_warmup is not None:
         after_warmup()
     timer = _StepTimer(device)
@@ -161,7 +149,7 @@ def measure_window(
         wall = time.perf_counter() - start
     finally:
         gc.enable()
-    _check_finite(timer.losses, warmup + 1, "measured")
+    check_finite(timer.losses, warmup + 1, "measured")
     return {
         "steps": timer.count,
         "wall_s": wall,

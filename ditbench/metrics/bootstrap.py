@@ -1,26 +1,10 @@
-"""Bootstrap intervals of the quality metrics over the samples: how much a score would move with
-another draw of N samples from the same model.
+"""Bootstrap intervals of the quality metrics: how much a score would move with another draw of N samples.
 
-Each resample draws N sample indices with replacement (one draw shared by every metric, seeded, so
-the JSON is the same on every run); the reference stays fixed. Every metric is recomputed from the
-resampled features with its own function (or its spec's `resampler`, the same figure computed
-faster), and the interval is the normal bootstrap interval:
-
-    estimate +- z(level) x the standard deviation of the B recomputed values (the bootstrap SE)
-
-Normal rather than percentile ends because each resample of FID costs a 2048 x 2048 covariance and
-an eigendecomposition, so B is tens, not the ~1,000 percentile ends need; the standard error is
-stable at tens. Centred on the estimate because resampling with replacement repeats samples, which
-shifts FID up by about its own small-N bias: the replicates' spread is what the bootstrap measures
-well, their location is not.
-
-Cost: a metric's resampler prepares once what does not change between resamples. FID/sFID below
-N = d = 2048: an n x n matrix a resample; from N = d up they rerun (an N x d^2 covariance and a
-d x d eigenvalue problem a resample). Precision/recall: every sample's nearest neighbours and the
-(reference, sample) pairs they could cover once (one computation of the metric), then O(N) a
-resample. KID: the samples' kernel once (N^2 float64, up to N of about 16,000; beyond, KID
-reruns), then one T x N by N x N product a resample. IS reruns (cheap). benchmarks/bootstrap_cost.py
-measures the costs (docs/metrics.md).
+Each resample draws N sample indices with replacement (one seeded draw for every metric; the reference
+is fixed) and recomputes each metric (or its spec's faster `resampler`). The interval is normal:
+estimate +- z x the SD of the B values, since a FID resample costs an eigendecomposition (B is tens,
+where the SE is stable but percentile ends are not), centred on the estimate since repeated samples
+shift FID up by about its small-N bias. benchmarks/bootstrap_cost.py measures the costs (docs/metrics.md).
 """
 
 from __future__ import annotations
@@ -46,13 +30,10 @@ OPTIONS = (
     Option(
         "bootstrap",
         RESAMPLES,
-        "resamples of the samples for the metrics' 95%% intervals (0: none); their cost: docs/metrics.md "
-        "(%(default)s)",
+        "resamples of the samples for the metrics' 95%% intervals (0: none); their cost: docs/metrics.md",
         minimum=0,
     ),
-    Option(
-        "bootstrap_seed", SEED, "seed of the bootstrap's draws (%(default)s)", minimum=0, maximum=2**32 - 1
-    ),
+    Option("bootstrap_seed", SEED, "seed of the bootstrap's draws", minimum=0, maximum=2**32 - 1),
 )
 
 

@@ -1,22 +1,10 @@
 """A calibrated random InceptionV3 and structured synthetic images, for tests and timing runs.
 
-A randomly initialised Inception is useless as it comes: with PyTorch's default initialisation
-its pool3 features are about 1e-8 and nearly the same for every image, so every FID is about 0
-and any implementation seems to agree with any other. Here each BatchNorm's running statistics
-are set from a pass over varied synthetic images, so activations stay at unit scale through the
-network and differ between images. Metric values from such a network mean nothing about image
-quality; they exercise the code paths with realistic numbers (tests) and cost the same compute
-as the real network (GPU timing runs on machines without the real weights).
-
-Its scale (recipe 2, weights.TEST_NETWORK_RECIPE): the calibration images span 32 to 256 px
-(calibration_images), and after the calibration pass the BatchNorms whose ReLU outputs are the
-features (the six output branches of Mixed_7c for pool3, Mixed_6d.branch1x1 for the sFID spatial
-features) are rescaled so that over the calibration images the features' total variance (the trace
-of their covariance, which FID's trace terms add up) is FEATURE_TRACE. ReLU is positively
-homogeneous, so the features scale exactly; what reads them is compensated (fc's weight for the
-logits, Mixed_6e's first convolutions), so the logits and all other activations are as before.
-FID and sFID between unlike image sets then read in the tens to hundreds
-(reports/test_inception_scale/ has the measured table).
+A default-initialised Inception gives every image pool3 features of ~1e-8, so every FID is ~0. Here
+the BatchNorms are calibrated on varied synthetic images (32 to 256 px) and the pool3 and sFID features
+rescaled to a total variance of FEATURE_TRACE (exact: ReLU is positively homogeneous), so FIDs between
+unlike sets read in the tens to hundreds (reports/test_inception_scale/). The numbers mean nothing about
+image quality; the compute is the real network's (recipe 2, weights.TEST_NETWORK_RECIPE).
 """
 
 from __future__ import annotations
@@ -30,11 +18,8 @@ FEATURE_TRACE = 100.0  # total variance of pool3 and of the spatial features ove
 
 
 def synthetic_images(n: int, size: int = 32, seed: int = 0, style: str = "mixed") -> np.ndarray:
-    """n uint8 N x size x size x 3 images with structure: gradients, blobs, stripes, noise.
-
-    `style` shifts the mix ("smooth" favours gradients and blobs, "noisy" high-frequency noise)
-    so that two sets differ in distribution, as generated and real images do.
-    """
+    """n uint8 N x size x size x 3 images with structure: gradients, blobs, stripes, noise. `style` shifts
+    the mix ("smooth": gradients and blobs, "noisy": noise) so two sets differ as generated and real do."""
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:size, 0:size].astype(np.float64) / size
     out = np.empty((n, size, size, 3), dtype=np.uint8)
@@ -72,13 +57,9 @@ CALIBRATION_SIZES = (32, 64, 128, 256)
 
 
 def calibration_images(n: int = 16, seed: int = 1000) -> torch.Tensor:
-    """The calibration batch: synthetic images at 32, 64, 128 and 256 px in turn, resized to 299 px.
-
-    One batch at the network's input size, so every BatchNorm's statistics cover all sizes at once:
-    a larger image carries more high-frequency energy after the resize (as a photograph does than a
-    32 px crop), and a network calibrated on 32 px images alone gave ~5x larger features (FID ~200x)
-    on 128 px ones (recipe 1; reports/test_inception_scale/).
-    """
+    """The calibration batch: synthetic images at 32, 64, 128 and 256 px in turn, resized to 299 px, so
+    the statistics cover every size (calibrated on 32 px alone, recipe 1 gave ~5x larger features on
+    128 px images, which carry more high-frequency energy after the resize)."""
     parts = []
     for k, size in enumerate(CALIBRATION_SIZES):
         count = n // len(CALIBRATION_SIZES) + (k < n % len(CALIBRATION_SIZES))
@@ -89,12 +70,8 @@ def calibration_images(n: int = 16, seed: int = 1000) -> torch.Tensor:
 
 def build_calibrated_inception(seed: int = 0, n_calibration: int = 16) -> InceptionV3:
     """A random InceptionV3 whose BatchNorms are calibrated on synthetic images (float32, CPU, eval mode).
-
-    Reproducible: the random draws come from a seeded generator (the caller's global RNG state is
-    left as it was), and the calibration pass runs in float64, so rounding differences between
-    machines stay far below the float32 the statistics are stored in and the weights (and their
-    hash) come out the same.
-    """
+    Reproducible: seeded draws (the global RNG state is kept), and a float64 calibration pass, so the
+    machine's rounding stays far below float32 and the weights (and their hash) come out the same."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         net = InceptionV3()
@@ -116,7 +93,10 @@ def build_calibrated_inception(seed: int = 0, n_calibration: int = 16) -> Incept
         net.eval()
         for bn in bns:
             bn.momentum = 0.1
-        _set_feature_scale(net, feats)
+        # The features' scale from the calibration pass (batch statistics, which the running ones now
+        # equal up to n / (n - 1), n = images x positions >= 1,000).
+        pool3, spatial = ((FEATURE_TRACE / _total_variance(feats[k])) ** 0.5 for k in ("pool3", "spatial"))
+        rescale_features(net, pool3, spatial)
         net.float()
     return net
 
@@ -131,36 +111,15 @@ def _scale_bn(bn: torch.nn.BatchNorm2d, s: float) -> None:
     bn.bias.mul_(s)
 
 
-def _set_feature_scale(net: InceptionV3, feats: dict[str, torch.Tensor]) -> None:
-    """Scale pool3 and the spatial features to a total variance of FEATURE_TRACE.
-
-    `feats`: the features of the calibration pass (train mode: batch statistics, which the running
-    statistics now equal up to the n/(n-1) of the unbiased variance, n = images x positions >= 1,000).
-    """
-    rescale_features(
-        net,
-        pool3=(FEATURE_TRACE / _total_variance(feats["pool3"])) ** 0.5,
-        spatial=(FEATURE_TRACE / _total_variance(feats["spatial"])) ** 0.5,
-    )
-
-
 @torch.no_grad()
 def rescale_features(net: InceptionV3, pool3: float, spatial: float) -> None:
-    """Multiply the pool3 features by `pool3` and the spatial ones by `spatial` (both > 0), in place.
-
-    Exact because ReLU(s y) = s ReLU(y) for s > 0; what reads the features (fc, Mixed_6e's first
-    convolutions) is divided by the same factor, so the logits and all other activations are unchanged.
-    """
+    """Multiply the pool3 features by `pool3` and the spatial ones by `spatial` (both > 0), in place:
+    exact since ReLU(s y) = s ReLU(y), and what reads them (fc, Mixed_6e's first convolutions) is divided
+    by the same factor, so the logits and all other activations are unchanged."""
     last = net.Mixed_7c  # the six branches concatenated into pool3 (their ReLU outputs)
-    for conv in (
-        last.branch1x1,
-        last.branch3x3_2a,
-        last.branch3x3_2b,
-        last.branch3x3dbl_3a,
-        last.branch3x3dbl_3b,
-        last.branch_pool,
-    ):
-        _scale_bn(conv.bn, pool3)
+    for branch in ("branch1x1", "branch3x3_2a", "branch3x3_2b", "branch3x3dbl_3a", "branch3x3dbl_3b"):
+        _scale_bn(getattr(last, branch).bn, pool3)
+    _scale_bn(last.branch_pool.bn, pool3)
     net.fc.weight.div_(pool3)
     # The spatial features are Mixed_6d.branch1x1's first 7 channels; all its 192 channels feed
     # Mixed_6e (input channels 0..191 of its four first convolutions, one behind a linear average pool).

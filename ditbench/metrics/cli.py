@@ -9,12 +9,13 @@ import warnings
 from pathlib import Path
 
 from ditbench.errors import UserError
+from ditbench.escape import plain
 from ditbench.metrics import registry
-from ditbench.metrics.defaults import DEFAULTS
+from ditbench.metrics.registry import DEFAULTS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from ditbench.cliopts import add_device, add_no_progress, add_yes
+    from ditbench.cliopts import add_device, add_json, add_no_progress, add_yes
 
     d = DEFAULTS
     p.add_argument(
@@ -32,7 +33,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--metrics",
-        default=None,
         metavar="LIST",
         help=f"comma-separated subset of {','.join(registry.ALL_METRICS)} (default: all the inputs allow)",
     )
@@ -61,12 +61,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             metavar="N" if opt.kind is int else "X",
             help=opt.help,
         )
-    p.add_argument(
-        "--json", action="store_true", help="print the result as JSON on stdout instead of a table"
-    )
+    add_json(p)
     p.add_argument(
         "--out",
-        default=None,
         metavar="FILE.json",
         help="the JSON result file to write (default: next to the samples, SAMPLES.metrics.json)",
     )
@@ -77,7 +74,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--cache-dir",
         default=d["cache_dir"],
         metavar="DIR",
-        help="reference cache (default: $DITBENCH_CACHE, else ~/.cache/ditbench/fid)",
+        help="reference cache (default: $DITBENCH_CACHE/fid, else ~/.cache/ditbench/fid)",
     )
     add_no_progress(p)
     add_yes(p)
@@ -135,11 +132,6 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _printable(text: str) -> str:
-    """Text for a terminal: a path that is not valid UTF-8 shows as escapes instead of crashing print."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 def _announce(args: argparse.Namespace, scorer, source) -> None:
     """The Inception passes ahead: the samples', and the reference's when its features are not
     precomputed (a cache hit, found only once the reference is hashed, makes it shorter)."""
@@ -151,7 +143,7 @@ def _announce(args: argparse.Namespace, scorer, source) -> None:
     device = str(scorer.extractor.device)
     per_image = flops_s(INCEPTION_FLOPS, device, "tf32" if args.tf32 else "fp32")
     ref = scorer.reference
-    refs = ref.count if ref.missing(keys) and ref.source.images is not None else 0
+    refs = ref.count if ref.missing(keys) and ref.images is not None else 0
     what = f"Inception features of {source.count:,} images" + (
         f" and {refs:,} reference images" + ("" if args.no_cache else " (fewer if cached)") if refs else ""
     )
@@ -202,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(text)
     else:
-        print(_printable(format_table(result)))
+        print(plain(format_table(result)))  # a path that is not UTF-8 shows as escapes, not a crash
         if out is not None:
-            print(_printable(f"result written to {out}"))
+            print(plain(f"result written to {out}"))
     return 0

@@ -1,27 +1,16 @@
 """Scoring sample batches against a reference: the library behind `ditbench fid` and the quality loop.
 
-    samples ──features──> pool3, logits, spatial ──┐
-    reference ──(precomputed | cache | features, once)──> mu/sigma, mu_s/sigma_s, pool3 ──> metrics
+`Scorer` holds one reference and one Inception network; the reference is read, hashed and featurised
+(or served from the cache) at most once, however many batches are scored:
 
-`Scorer` holds one reference and one Inception network; the reference is read, hashed and
-featurised (or served from the cache) at most once, however many batches are scored, so a
-training run scores its samples in-process at each evaluation point:
-
-    from ditbench.metrics.evaluate import Scorer
-
-    scorer = Scorer("refs/VIRTUAL_imagenet256_labeled.npz", metrics="fid,is,pr",
-                    inception="test", device="cuda")      # "test": no download, not comparable
+    scorer = Scorer("refs/VIRTUAL_imagenet256_labeled.npz", metrics="fid,is,pr", inception="test")
     scorer.check(5000)                    # fail now, not after training, if 5,000 cannot do it
-    for step in (0, 1000, 2000):
-        images = sample(model, 5000)      # uint8 N x H x W x 3 (numpy), or an ImageSource
-        result = scorer.score(images)     # dict in the `ditbench fid` JSON schema
-        print(step, result["metrics"]["fid"], result["inception"]["official"])
+    result = scorer.score(images)         # uint8 N x H x W x 3, an ImageSource, an npz or a folder
+    print(result["metrics"]["fid"], result["inception"]["official"])
 
-`evaluate(samples, ref, ...)` is the one-shot form that `ditbench fid` uses. Metrics come from
-the registry (registry.py). Metrics not asked for explicitly are skipped, with the reason in
-the result, when the inputs cannot support them (KID with fewer than 1,000 samples); asked-for
-metrics that cannot be computed, or inputs that allow no metric at all, are an error, raised
-before any image goes through the network.
+`evaluate(samples, ref, ...)` is the one-shot form `ditbench fid` uses. Metrics not asked for by name
+are skipped, with the reason in the result, when the inputs cannot support them; asked-for metrics
+that cannot be computed, or inputs that allow none, are an error before any image is featurised.
 """
 
 from __future__ import annotations
@@ -38,11 +27,11 @@ import torch
 import ditbench
 from ditbench.errors import UserError
 from ditbench.metrics import bootstrap, registry
-from ditbench.metrics.defaults import DEFAULTS
 from ditbench.metrics.features import FeatureExtractor
 from ditbench.metrics.inception_score import split_rule
 from ditbench.metrics.npz_io import ArrayImages, ImageSource, open_images
 from ditbench.metrics.reference import PreparedReference
+from ditbench.metrics.registry import DEFAULTS
 from ditbench.metrics.spec import FEATURE_DIMS, Metric, MetricInputs
 from ditbench.precision import tf32_mode
 
@@ -61,15 +50,12 @@ def as_source(x, name: str = "samples array") -> ImageSource:
 
 
 class Scorer:
-    """Scores uint8 image batches against one reference with one Inception network.
+    """Scores uint8 image batches against one reference (an ADM reference npz, a folder of images, a
+    statistics file, an ImageSource or a uint8 array) with one Inception network.
 
-    `reference`: an ADM reference npz (images and/or mu, sigma, mu_s, sigma_s), a folder of
-    images, a ditbench statistics file (a cache entry), an ImageSource or a uint8 array.
-    `metrics`: names or a comma-separated string (None: all the inputs allow). `inception`: a
-    weight file, "test" or None (see weights.py), or pass a ready `extractor`. Metric options
-    (`is_splits`, `kid_subset_size`, ...) are keywords; see registry.OPTIONS.
-    Construction checks the reference's files and the options; nothing is computed until the
-    first `score` (or `prepare`).
+    `metrics`: names or a comma-separated string (None: all the inputs allow). `inception`: a weight
+    file, "test" or None (weights.py), or a ready `extractor`. Metric options (registry.OPTIONS) are
+    keywords. Construction checks files and options; nothing is computed before `score` or `prepare`.
     """
 
     def __init__(
@@ -111,7 +97,6 @@ class Scorer:
             self._extractor = FeatureExtractor(**self._extractor_args)
         return self._extractor
 
-    # ---- which metrics the inputs allow: decided from counts alone ----------------------------
     def _reference_problems(self) -> dict[str, str]:
         need = {m.name: m.needs(self.options) for m in self.wanted}
         return {m.name: p for m in self.wanted if (p := self.reference.problem(m, need[m.name]))}
@@ -142,28 +127,26 @@ class Scorer:
         self.plan(n)
 
     def prepare(self) -> float:
-        """Load the network and gather the reference's statistics (cache or features) now.
-
-        Optional: the first `score` does it otherwise. Returns the seconds the reference took.
-        """
+        """Load the network and gather the reference's statistics now (else the first `score` does);
+        the seconds the reference took."""
         problems = self._reference_problems()
         if self.explicit and problems:
             raise UserError(" ".join(f"Cannot compute {m}: {p}" for m, p in problems.items()))
         keys = {k for m in self.wanted if m.name not in problems for k in m.reference_keys}
         return self.reference.ensure(keys, self.extractor, self._pending_warnings.append)
 
-    # ---- scoring ----------------------------------------------------------------------------
     def score(self, samples, name: str | None = None) -> dict:
         """Score a batch (uint8 N x H x W x 3 array, ImageSource, npz path or folder); see `SCHEMA`."""
-        t_start = time.perf_counter()
         source = as_source(samples, name or "samples array")
-        sample_name = name or (str(source.path) if source.path else "the samples")
-        active, skipped = self.plan(source.count, sample_name)
-        warns, timings = self._begin(source.height, source.width, active)
-        t = time.perf_counter()
-        feats = self.extractor.extract(source, want=_features(active), desc="sample features")
-        timings["sample_features"] = time.perf_counter() - t
-        return self._finish(source.describe(), feats, active, skipped, warns, timings, t_start)
+        name = name or (str(source.path) if source.path else "the samples")
+
+        def extract(want, timings):
+            t = time.perf_counter()
+            feats = self.extractor.extract(source, want=want, desc="sample features")
+            timings["sample_features"] = time.perf_counter() - t
+            return feats
+
+        return self._score(source.describe(), name, extract)
 
     def features_for(self, n: int) -> tuple[str, ...]:
         """The sample features (inception.FEATURE_DIMS names) that scoring `n` samples reads."""
@@ -172,23 +155,23 @@ class Scorer:
     def score_features(self, feats: dict[str, torch.Tensor], height: int, width: int, name: str) -> dict:
         """Score samples whose features were extracted elsewhere (e.g. by several ranks, each its share)
         with this scorer's network: `feats` holds `features_for(n)`, N x d float32 each."""
-        t_start = time.perf_counter()
         n = len(next(iter(feats.values())))
-        active, skipped = self.plan(n, name)
-        missing = set(_features(active)) - set(feats)
+        missing = set(_features(self.plan(n, name)[0])) - set(feats)
         if missing:
             raise ValueError(f"score_features needs the features {sorted(missing)}")
-        warns, timings = self._begin(height, width, active)
         about = {"path": None, "name": name, "count": n, "height": height, "width": width}
-        return self._finish(about, feats, active, skipped, warns, timings, t_start)
+        return self._score(about, name, lambda want, timings: feats)
 
-    def _begin(self, height: int, width: int, active) -> tuple[list[str], dict[str, float]]:
-        """(warnings, timings) before the samples' features: the network and the reference, ready."""
+    def _score(self, about: dict, name: str, features) -> dict:
+        """Plan, make the network and the reference ready, take the samples' features
+        (`features(want, timings)`) and compute the metrics and their intervals."""
+        t_start = time.perf_counter()
+        active, skipped = self.plan(about["count"], name)
         warns, self._pending_warnings = self._pending_warnings, []
         ref_size = self.reference.image_size
-        if ref_size is not None and ref_size != (height, width):
+        if ref_size is not None and ref_size != (about["height"], about["width"]):
             warns.append(
-                f"the samples are {height}x{width} (height x width) but the reference "
+                f"the samples are {about['height']}x{about['width']} (height x width) but the reference "
                 f"{self.reference.name} is {ref_size[0]}x{ref_size[1]}: both are resized to 299x299 for "
                 "the network, so the metrics also measure the resolution gap. Papers compare at one size."
             )
@@ -198,15 +181,12 @@ class Scorer:
         timings["load_network"] = time.perf_counter() - t
         keys = {k for m in active for k in m.reference_keys}
         timings["reference_features"] = self.reference.ensure(keys, extractor, warns.append)
-        return warns, timings
-
-    def _finish(self, about: dict, feats, active, skipped, warns, timings, t_start: float) -> dict:
         inputs = MetricInputs(
-            samples=feats,
+            samples=features(_features(active), timings),
             reference=self.reference.stats,
             reference_from_images=frozenset(self.reference.from_images),
             reference_count=self.reference.count,
-            device=self.extractor.device,
+            device=extractor.device,
             warn=warns.append,
         )
         values: dict[str, float] = {}
@@ -226,7 +206,7 @@ class Scorer:
         dev = ex.device
         result = {
             "schema": SCHEMA,
-            "inception": ex.weights_info(),
+            "inception": ex.weights.describe(),
             "metrics": values,
             "skipped": skipped,
             "warnings": warns,
@@ -238,7 +218,7 @@ class Scorer:
                 "device": str(dev),
                 "precision": ex.precision,
                 "tf32": ex.tf32,
-                "inception_weights": ex.weights_info(),
+                "inception_weights": ex.weights.describe(),
                 **self.options,
                 **_is_rule(self.wanted, self.options, samples.get("count")),
             },
@@ -292,12 +272,8 @@ def _checked(metric: Metric, values: dict[str, float]) -> dict[str, float]:
 
 
 def evaluate(samples, ref, *, inception_weights=DEFAULTS["inception_weights"], **scorer_args) -> dict:
-    """Score `samples` (npz path, folder, uint8 NHWC array or ImageSource) against `ref`, once.
-
-    The samples are opened (and checked) before the reference. The keywords are `Scorer`'s
-    (`metrics`, `device`, `batch_size`, `tf32`, `num_workers`, `cache`, `cache_dir`, `progress`,
-    `extractor` and the metric options), `inception_weights` being its `inception`.
-    """
+    """Score `samples` (npz path, folder, uint8 NHWC array or ImageSource) against `ref`, once; the
+    samples are checked before the reference. Keywords are `Scorer`'s, `inception_weights` its `inception`."""
     source = as_source(samples)
     return Scorer(ref, inception=inception_weights, **scorer_args).score(source)
 

@@ -1,15 +1,13 @@
 """Batched Inception feature extraction: images from any source -> pool3, logits, spatial.
 
-Reading (npz rows, PNG decoding) runs in background threads while the network works on the
-previous batch, so a GPU is not left waiting on the disk. Convolutions and matmuls run in true
-fp32 unless TF32 is asked for: TF32 changes the features (and so the metrics), and on Ampere
-and newer GPUs PyTorch lets cuDNN use TF32 by default.
+Reading (npz rows, PNG decoding) runs in background threads while the network works, so a GPU does
+not wait on the disk. The network runs in true fp32 unless TF32 is asked for: TF32 changes the
+features, and on Ampere and newer PyTorch lets cuDNN use it by default.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -18,62 +16,33 @@ import torch
 
 from ditbench.device import resolve_device
 from ditbench.errors import UserError
-from ditbench.metrics.defaults import DEFAULTS
 from ditbench.metrics.npz_io import FolderImages, ImageSource
+from ditbench.metrics.registry import DEFAULTS
 from ditbench.metrics.spec import FEATURE_DIMS
 from ditbench.metrics.weights import InceptionWeights, load_network
 from ditbench.precision import tf32_mode
 
 
 def _prefetch(source: ImageSource, batch_size: int, num_workers: int, depth: int = 3):
-    """Yield the source's batches, read ahead in a background thread (errors re-raised here)."""
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-    done = object()
-
-    def produce():
-        pool = (
-            ThreadPoolExecutor(num_workers) if isinstance(source, FolderImages) and num_workers > 1 else None
-        )
-        try:
-            it = source.batches(batch_size, pool=pool) if pool else source.batches(batch_size)
-            for batch in it:
-                while not stop.is_set():
-                    try:
-                        q.put(batch, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put(done)
-        except BaseException as err:  # handed to the consumer, which raises it
-            q.put(err)
-        finally:
-            if pool:
-                pool.shutdown(wait=False, cancel_futures=True)
-
-    thread = threading.Thread(target=produce, name="ditbench-image-reader", daemon=True)
-    thread.start()
+    """Yield the source's batches, read `depth` ahead in a background thread (errors re-raised here)."""
+    pool = ThreadPoolExecutor(num_workers) if isinstance(source, FolderImages) and num_workers > 1 else None
+    batches = source.batches(batch_size, pool=pool) if pool else source.batches(batch_size)
+    end = object()
+    reader = ThreadPoolExecutor(1, thread_name_prefix="ditbench-image-reader")  # one at a time, in order
+    ahead = deque(reader.submit(next, batches, end) for _ in range(depth))
     try:
-        while True:
-            item = q.get()
-            if item is done:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        while (batch := ahead.popleft().result()) is not end:
+            ahead.append(reader.submit(next, batches, end))
+            yield batch
     finally:
-        stop.set()
-        thread.join(timeout=5)
+        reader.shutdown(wait=True, cancel_futures=True)  # the batch being read, then nothing more
+        if pool:
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 class FeatureExtractor:
-    """The FID Inception on a device, turning image sources into feature tensors (float32, CPU).
-
-    `weights`: a state-dict file, `"test"` (the calibrated random network) or None (the
-    environment variable, else torch-fidelity's file in the torch hub cache); see weights.py.
-    """
+    """The FID Inception on a device, turning image sources into feature tensors (float32, CPU);
+    `weights` as weights.load_network takes them."""
 
     weights: InceptionWeights
 
@@ -89,12 +58,8 @@ class FeatureExtractor:
         if batch_size < 1:
             raise UserError(f"--batch-size {batch_size} must be at least 1.")
         self.device = resolve_device(str(device) if device is not None else DEFAULTS["device"])
-        self.tf32, self.batch_size, self.num_workers, self.progress = (
-            bool(tf32),
-            batch_size,
-            num_workers,
-            progress,
-        )
+        self.tf32, self.batch_size = bool(tf32), batch_size
+        self.num_workers, self.progress = num_workers, progress
         self.net, self.weights = load_network(weights)
         self.net = self.net.to(self.device)
         if self.device.type == "cuda":
@@ -104,10 +69,6 @@ class FeatureExtractor:
     @property
     def precision(self) -> str:
         return "tf32" if self.tf32 else "fp32"
-
-    def weights_info(self) -> dict:
-        """name, official, sha256, file, path: what results and cache entries record."""
-        return self.weights.describe()
 
     @torch.no_grad()
     def extract(

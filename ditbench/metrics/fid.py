@@ -2,11 +2,9 @@
 
     d^2 = |mu1 - mu2|^2 + tr(S1) + tr(S2) - 2 tr sqrt(S1 S2)
 
-Only the trace of the square root is needed, and S1 S2 is similar to the symmetric PSD matrix
-sqrt(S1) S2 sqrt(S1), so tr sqrt(S1 S2) is the sum of the square roots of that matrix's
-eigenvalues. Two symmetric eigendecompositions (eigh) in float64 replace scipy's `sqrtm`:
-several times faster, no complex intermediate results, no eps retry, and no dependence on
-scipy's `sqrtm` API (its `disp` argument is gone in scipy 1.18).
+S1 S2 is similar to the symmetric PSD sqrt(S1) S2 sqrt(S1), so tr sqrt(S1 S2) is the sum of the
+square roots of its eigenvalues: symmetric eigensolvers in float64 instead of scipy's `sqrtm`
+(several times faster, no complex intermediates, no eps retry, no `disp` argument gone in scipy 1.18).
 """
 
 from __future__ import annotations
@@ -30,11 +28,8 @@ class FewSamplesWarning(UserWarning):
 def feature_statistics(
     features: torch.Tensor | np.ndarray, block: int = 8192
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Mean and unbiased covariance (ddof 1, like np.cov) of N x d features, in float64.
-
-    Two passes over row blocks on the features' own device: the mean, then centred outer
-    products, which avoids the cancellation of the one-pass sum(x x^T) - n mu mu^T form.
-    """
+    """Mean and unbiased covariance (ddof 1, like np.cov) of N x d features, in float64: two passes over
+    row blocks on their device (centred products avoid the cancellation of sum(x x^T) - n mu mu^T)."""
     import torch
 
     x = torch.as_tensor(features)
@@ -80,17 +75,12 @@ def _eigh(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def trace_sqrt_product(sigma1, sigma2, device: str | torch.device = "cpu", factor1=None) -> float:
-    """tr sqrt(sigma1 @ sigma2) for symmetric PSD sigma1, sigma2, in float64.
-
-    sigma1 S2 is similar to a symmetric PSD matrix whose eigenvalues are computed without
-    eigenvectors (eigvalsh, the cheap part of a symmetric eigensolver):
-    - `factor1` (n x d with sigma1 = F^T F, i.e. centred features / sqrt(n - 1)) given: the
-      nonzero eigenvalues of sigma1 S2 are those of the n x n matrix F S2 F^T. Exact for a
-      rank-deficient sigma1 (fewer samples than dimensions), where the d x d forms add up the
-      square roots of ~d rounding-level eigenvalues.
-    - sigma1 positive definite: Cholesky sigma1 = L L^T, eigenvalues of L^T S2 L.
-    - otherwise: sqrt(sigma1) from eigh (negative rounding eigenvalues clipped), then the
-      eigenvalues of sqrt(sigma1) S2 sqrt(sigma1).
+    """tr sqrt(sigma1 @ sigma2) for symmetric PSD sigma1, sigma2, in float64, from the eigenvalues (no
+    eigenvectors) of a symmetric PSD matrix similar to sigma1 S2:
+    - `factor1` given (F, n x d, sigma1 = F^T F: centred features / sqrt(n - 1)): the n x n F S2 F^T,
+      exact when sigma1 is rank-deficient (the d x d forms would add up ~d rounding-level roots);
+    - sigma1 positive definite: L^T S2 L with the Cholesky factor L;
+    - otherwise sqrt(sigma1) S2 sqrt(sigma1), sqrt(sigma1) from eigh (negative rounding clipped).
     """
     import torch
 
@@ -136,11 +126,8 @@ def _sum_sqrt_eigenvalues(m: torch.Tensor) -> float:
 
 
 def frechet_distance(mu1, sigma1, mu2, sigma2, device: str | torch.device = "cpu", factor1=None) -> float:
-    """The Frechet distance between Gaussians N(mu1, sigma1) and N(mu2, sigma2), in float64.
-
-    `factor1`: optionally the centred features of set 1 divided by sqrt(n - 1) (see
-    `trace_sqrt_product`), which makes the result exact when set 1 has fewer samples than dims.
-    """
+    """The Frechet distance between N(mu1, sigma1) and N(mu2, sigma2) in float64; `factor1` (see
+    `trace_sqrt_product`) makes it exact when set 1 has fewer samples than dimensions."""
     mu1, mu2 = np.asarray(mu1, dtype=np.float64), np.asarray(mu2, dtype=np.float64)
     sigma1, sigma2 = np.asarray(sigma1, dtype=np.float64), np.asarray(sigma2, dtype=np.float64)
     if mu1.ndim != 1 or mu1.shape != mu2.shape:
@@ -183,12 +170,10 @@ def _frechet_metric(name: str, mu_key: str, sigma_key: str, feature: str, dim: i
 
 
 def _frechet_resampler(name: str, mu_key: str, sigma_key: str, feature: str):
-    """The Frechet distance of resampled samples against the fixed reference (metrics.bootstrap),
-    for fewer samples than dimensions: the metric's own low-rank route (an n x n matrix) on each
-    resample without building the d x d covariance and its checks. None from N = d up: there the
-    N x d^2 covariance dominates (a route through sqrt(sigma_ref) prepared once measured 27.9 vs
-    28.4, 20.4 vs 34.1 and 10.8 vs 17.3 s a resample in three pairs at N = 5,000 on a loaded CPU,
-    after 42 s of preparation: about a fifth saved at B = 20, not worth a second route).
+    """The Frechet distance of resampled samples against the fixed reference (metrics.bootstrap) below
+    N = d: the metric's low-rank route (an n x n matrix) without the d x d covariance. None from N = d
+    up, where the N x d^2 covariance dominates (a route through sqrt(sigma_ref) prepared once saved
+    about a fifth at B = 20 at N = 5,000, after 42 s of preparation: not worth a second route).
     """
 
     def prepare(inputs: MetricInputs, options):
@@ -220,24 +205,18 @@ def _covariance_need(options) -> Need:
     return Need(2, 2, "a covariance needs at least 2 images per set")
 
 
-FID = Metric(
-    name="fid",
-    title="FID",
-    sample_features=("pool3",),
-    reference_keys=("mu", "sigma"),
-    outputs=(Output("fid", "FID", "{:.4f}", "lower", threshold_pct=2.0),),
-    needs=_covariance_need,
-    compute=_frechet_metric("fid", "mu", "sigma", "pool3", POOL3_DIM),
-    resampler=_frechet_resampler("fid", "mu", "sigma", "pool3"),
-)
+def _frechet(name: str, title: str, mu_key: str, sigma_key: str, feature: str, dim: int, **out) -> Metric:
+    return Metric(
+        name=name,
+        title=title,
+        sample_features=(feature,),
+        reference_keys=(mu_key, sigma_key),
+        outputs=(Output(name, title, "{:.4f}", "lower", **out),),
+        needs=_covariance_need,
+        compute=_frechet_metric(name, mu_key, sigma_key, feature, dim),
+        resampler=_frechet_resampler(name, mu_key, sigma_key, feature),
+    )
 
-SFID = Metric(
-    name="sfid",
-    title="sFID",
-    sample_features=("spatial",),
-    reference_keys=("mu_s", "sigma_s"),
-    outputs=(Output("sfid", "sFID", "{:.4f}", "lower"),),
-    needs=_covariance_need,
-    compute=_frechet_metric("sfid", "mu_s", "sigma_s", "spatial", SPATIAL_DIM),
-    resampler=_frechet_resampler("sfid", "mu_s", "sigma_s", "spatial"),
-)
+
+FID = _frechet("fid", "FID", "mu", "sigma", "pool3", POOL3_DIM, threshold_pct=2.0)
+SFID = _frechet("sfid", "sFID", "mu_s", "sigma_s", "spatial", SPATIAL_DIM)

@@ -1,16 +1,10 @@
 """The InceptionV3 that FID is defined with (the TF graph `inception-2015-12-05`), in PyTorch.
 
-The layer names and shapes follow torch-fidelity's `FeatureExtractorInceptionV3`, so its
-converted weight file `weights-inception-2015-12-05-6726825d.pth` loads directly (weights.py finds
-and loads it). The TF graph
-differs from torchvision's InceptionV3 in three places that matter for the numbers:
-average pools that ignore padding, a max pool in the last block's pool branch, BatchNorm
-eps 1e-3; and it resizes with TF1's bilinear rule (no half-pixel offset), reproduced here.
-
-Outputs per image: `pool3` (2048), `logits_unbiased` (pool3 @ fc.weight.T, no bias: the
-Inception Score convention of the original IS code and the ADM evaluator) and `spatial`
-(first 7 channels of `Mixed_6d.branch1x1`, i.e. TF's `mixed_6/conv`, 17 x 17, flattened
-channels-last to 2023 values: the sFID features of the ADM evaluator).
+Layer names follow torch-fidelity's `FeatureExtractorInceptionV3`, so its weight file loads directly.
+Unlike torchvision's: average pools ignore padding, the last block's pool branch is a max pool, BatchNorm
+eps is 1e-3, and images are resized with TF1's bilinear rule. Per image: `pool3` (2048),
+`logits_unbiased` (pool3 @ fc.weight.T, ADM's IS) and `spatial` (TF's `mixed_6/conv`: Mixed_6d.branch1x1's
+first 7 channels, 17 x 17, flattened channels-last to 2023: ADM's sFID features).
 """
 
 from __future__ import annotations
@@ -24,17 +18,9 @@ from ditbench.metrics.spec import LOGITS_DIM, POOL3_DIM, SPATIAL_CHANNELS, SPATI
 INPUT_SIZE = 299
 
 
-# --------------------------------------------------------------------------------------------
-# TF1 bilinear resize
-# --------------------------------------------------------------------------------------------
-
-
 def _tf1_source_grid(in_size: int, out_size: int, device: torch.device):
-    """Source coordinates of TF1 ResizeBilinear (align_corners=False): src = dst * in / out.
-
-    The coordinate is formed in float32 exactly as torch-fidelity does (float32 index times a
-    float32 scale), so the integer/fraction split - and hence every output value - agrees.
-    """
+    """Source coordinates of TF1 ResizeBilinear (align_corners=False): src = dst * in / out, formed in
+    float32 as torch-fidelity does, so the integer/fraction split (and every output value) agrees."""
     scale = torch.tensor(in_size / out_size, dtype=torch.float32)
     src = torch.arange(out_size, dtype=torch.float32) * scale
     lo = src.long()
@@ -44,11 +30,8 @@ def _tf1_source_grid(in_size: int, out_size: int, device: torch.device):
 
 
 def resize_tf1_bilinear(x: torch.Tensor, size: int = INPUT_SIZE) -> torch.Tensor:
-    """Resize float NCHW images to size x size like TensorFlow 1.x `ResizeBilinear`.
-
-    Interpolates along x on the two source rows, then along y, in the same arithmetic order
-    as torch-fidelity's 'slow' mode (bit-exact on CPU for float32 input).
-    """
+    """Resize float NCHW images to size x size like TensorFlow 1.x `ResizeBilinear`: along x on the two
+    source rows, then along y, in torch-fidelity's 'slow' order (bit-exact on CPU for float32)."""
     if not x.is_floating_point() or x.dim() != 4:
         raise ValueError("resize_tf1_bilinear expects a float N x C x H x W tensor")
     _, _, h, w = x.shape
@@ -65,11 +48,6 @@ def resize_tf1_bilinear(x: torch.Tensor, size: int = INPUT_SIZE) -> torch.Tensor
     b = row_hi.index_select(3, x_lo)
     bottom = b + (row_hi.index_select(3, x_hi) - b) * fx
     return top + (bottom - top) * fy
-
-
-# --------------------------------------------------------------------------------------------
-# The network. Attribute names are the state-dict keys of the converted weight file.
-# --------------------------------------------------------------------------------------------
 
 
 class BasicConv2d(nn.Module):
@@ -159,15 +137,8 @@ class InceptionC(_Block):  # Mixed_6b..6e (17 x 17), factorised 7x7 convolutions
         self.branch_pool = BasicConv2d(cin, 192, 1)
 
     def branches(self, x):
-        d = x
-        for layer in (
-            self.branch7x7dbl_1,
-            self.branch7x7dbl_2,
-            self.branch7x7dbl_3,
-            self.branch7x7dbl_4,
-            self.branch7x7dbl_5,
-        ):
-            d = layer(d)
+        d = self.branch7x7dbl_3(self.branch7x7dbl_2(self.branch7x7dbl_1(x)))
+        d = self.branch7x7dbl_5(self.branch7x7dbl_4(d))
         return [
             self.branch1x1(x),
             self.branch7x7_3(self.branch7x7_2(self.branch7x7_1(x))),
@@ -253,14 +224,8 @@ class InceptionV3(nn.Module):
         x = _max_pool_reduce(x)
         x = self.Conv2d_4a_3x3(self.Conv2d_3b_1x1(x))
         x = _max_pool_reduce(x)
-        for block in (
-            self.Mixed_5b,
-            self.Mixed_5c,
-            self.Mixed_5d,
-            self.Mixed_6a,
-            self.Mixed_6b,
-            self.Mixed_6c,
-        ):
+        blocks = (self.Mixed_5b, self.Mixed_5c, self.Mixed_5d, self.Mixed_6a, self.Mixed_6b, self.Mixed_6c)
+        for block in blocks:
             x = block(x)
         parts = self.Mixed_6d.branches(x)
         # sFID: TF's mixed_6/conv is Mixed_6d.branch1x1; 7 channels, flattened as H, W, C.

@@ -1,11 +1,8 @@
 """Inception Score, ADM convention: splits of consecutive samples (no shuffling), logits without bias.
 
-IS = exp(E_x KL(p(y|x) || p(y))) per split, p(y) the split's mean prediction; reported as the
-mean and the standard deviation (ddof 0) over splits. By default the splits are ADM's
-(guided-diffusion evaluations/evaluator.py): consecutive chunks of 5,000 samples, the last one
-shorter when N is not a multiple (one split when N <= 5,000; 7,500 samples give 5,000 + 2,500), so
-the score is ADM's at every N. `splits=K` (--is-splits K) makes K near-equal consecutive splits
-instead, torch-fidelity's convention without shuffling.
+IS = exp(E_x KL(p(y|x) || p(y))) per split; the mean and SD (ddof 0) over splits. By default ADM's
+splits: consecutive chunks of 5,000, the last one shorter (7,500 samples: 5,000 + 2,500), so the
+score is ADM's at every N; `--is-splits K`: K near-equal consecutive splits (torch-fidelity's, unshuffled).
 """
 
 from __future__ import annotations
@@ -79,8 +76,7 @@ IS = Metric(
         Option(
             "is_splits",
             SPLITS,
-            "Inception Score splits of consecutive samples; 0: ADM's chunks of 5000, the last shorter "
-            "(%(default)s)",
+            "Inception Score splits of consecutive samples; 0: ADM's chunks of 5000, the last shorter",
             minimum=0,
         ),
     ),

@@ -1,9 +1,7 @@
 """Kernel Inception Distance (Binkowski et al. 2018): unbiased MMD^2 with a cubic polynomial kernel.
 
-k(x, y) = (x.y / d + 1)^3, averaged over `subsets` random subsets of `subset_size` samples
-from each set (without replacement within a subset). The subsets are drawn as torch-fidelity
-draws them (numpy RandomState(seed), one choice for each set per subset), so at the same seed
-both tools score the same subsets. Kernels are computed in float64.
+k(x, y) = (x.y / d + 1)^3 in float64, averaged over `subsets` random subsets of `subset_size` from each
+set, drawn as torch-fidelity draws them (RandomState(seed)), so at one seed both score the same subsets.
 """
 
 from __future__ import annotations
@@ -79,13 +77,10 @@ KERNEL_CACHE_BYTES = 2 * 2**30  # the resampler's sample kernel; beyond this the
 def _resampler(inputs: MetricInputs, options):
     """KID of resampled samples against the fixed reference (metrics.bootstrap), from kernels kept once.
 
-    A resample draws its subsets exactly as `kernel_inception_distance` would from the drawn samples
-    (the same RandomState sequence: positions depend only on N), so reference subset t is the same in
-    every resample and its kernel sum is computed once. With c_t the count of each sample in subset
-    t (a drawn sample may appear more than once), the sample terms are sums over the kernel K of the
-    samples, kept once (N^2 float64): sum over pairs = c_t K c_t - c_t . diag K, and the cross term
-    c_t . (K_sr e_t) with K_sr e_t (each sample's kernel summed over reference subset t) kept once.
-    A resample is then one T x N by N x N product. None (KID reruns per resample) when K exceeds
+    A resample draws its subsets as `kernel_inception_distance` would (positions depend only on N), so
+    each reference subset's kernel sum is computed once. With c_t each sample's count in subset t, the
+    sample terms come from the samples' kernel K, kept once: c_t K c_t - c_t . diag K, and the cross
+    term c_t . (K_sr e_t). A resample is one T x N by N x N product; None when K exceeds
     KERNEL_CACHE_BYTES (N above about 16,000).
     """
     import torch
@@ -93,8 +88,7 @@ def _resampler(inputs: MetricInputs, options):
     subsets, m, seed = options["kid_subsets"], options["kid_subset_size"], options["kid_seed"]
     kernel = {"degree": options["kid_degree"], "coef0": options["kid_coef0"]}
     dev = inputs.device
-    s = torch.as_tensor(inputs.samples["pool3"]).to(dev, torch.float64)
-    r = torch.from_numpy(np.asarray(inputs.reference["pool3"], dtype=np.float64)).to(dev)
+    s, r = inputs.pool3(torch.float64)
     n = len(s)
     if 8 * n * n > KERNEL_CACHE_BYTES:
         return None
@@ -139,14 +133,11 @@ def _resampler(inputs: MetricInputs, options):
 def _compute(inputs: MetricInputs, options) -> dict[str, float]:
     import torch
 
-    ref = torch.from_numpy(np.asarray(inputs.reference["pool3"], dtype=np.float32))
     mean, std = kernel_inception_distance(
-        inputs.samples["pool3"],
-        ref,
+        *inputs.pool3(torch.float64),
         options["kid_subsets"],
         options["kid_subset_size"],
         options["kid_seed"],
-        device=inputs.device,
         degree=options["kid_degree"],
         coef0=options["kid_coef0"],
     )
@@ -163,14 +154,14 @@ KID = Metric(
         Output("kid_std", "  (std over subsets)", "{:.6f}"),
     ),
     options=(
-        Option("kid_subsets", SUBSETS, "KID: random subsets averaged over (%(default)s)"),
-        Option("kid_subset_size", SUBSET_SIZE, "KID: samples per subset (%(default)s)", minimum=2),
-        Option("kid_seed", SEED, "KID: seed of the subset draws (%(default)s)", minimum=0, maximum=2**32 - 1),
-        Option("kid_degree", DEGREE, "KID: degree of the polynomial kernel (%(default)s)"),
+        Option("kid_subsets", SUBSETS, "KID: random subsets averaged over"),
+        Option("kid_subset_size", SUBSET_SIZE, "KID: samples per subset", minimum=2),
+        Option("kid_seed", SEED, "KID: seed of the subset draws", minimum=0, maximum=2**32 - 1),
+        Option("kid_degree", DEGREE, "KID: degree of the polynomial kernel"),
         Option(
             "kid_coef0",
             COEF0,
-            "KID: constant of the polynomial kernel (%(default)s)",
+            "KID: constant of the polynomial kernel",
             minimum=None,
             kind=float,
         ),

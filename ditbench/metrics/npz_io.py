@@ -1,10 +1,8 @@
 """Image batches in the ADM format (`.npz` with uint8 N x H x W x 3 `arr_0`) and image folders.
 
-A sample batch of 50,000 images at 256 px is 9.8 GB, so nothing here loads a batch whole:
-`arr_0` is streamed out of the zip member (an `.npz` is a zip of `.npy` files; the `.npy`
-header gives shape and dtype, the rows follow), and folders are decoded a batch at a time.
-Every source is validated when it is opened, so bad input fails before any compute, with a
-message that names the file and says what would be valid.
+50,000 images at 256 px are 9.8 GB, so `arr_0` is streamed out of its zip member (the `.npy` header
+gives shape and dtype, the rows follow) and folders are decoded a batch at a time. Every source is
+validated when opened: bad input fails before any compute, naming the file and what would be valid.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ import numpy as np
 from PIL import Image
 
 from ditbench.errors import UserError, shorten
+from ditbench.fileio import atomic_write
 from ditbench.imageload import PHOTO_PIXELS, PIXELS_ENV, load_rgb, max_pixels, open_image
 from ditbench.outpaths import not_a_file
 
@@ -36,6 +35,11 @@ ZIP_ERRORS = (
 )
 
 _ADM_FORMAT = "an ADM batch: `arr_0` of uint8 images N x H x W x 3 in [0, 255]"
+_NOT_RGB = {  # channels (None: N x H x W) -> what the images are, and how to make them RGB
+    None: ("grey images N x H x W", "repeat the channel with `np.repeat(x[..., None], 3, axis=-1)`"),
+    1: ("grey images with one channel", "repeat the channel with `np.repeat(x, 3, axis=-1)`"),
+    4: ("RGBA images", "drop the alpha channel with `x[..., :3]`"),
+}
 
 
 def _float_hint(sample: np.ndarray) -> str:
@@ -72,28 +76,17 @@ def validate_image_array_layout(shape: tuple, dtype: np.dtype, where: str, peek=
         raise UserError(
             f"{where} declares shape {shorten(shape)}, with a negative size; the file is corrupt."
         )
-    if len(shape) == 3:
-        raise UserError(
-            f"{where} has shape {shape}: grey images N x H x W. ditbench fid needs RGB, "
-            f"{_ADM_FORMAT}; repeat the channel with `np.repeat(x[..., None], 3, axis=-1)`."
-        )
+    channels = shape[-1] if len(shape) == 4 else None
+    if len(shape) == 3 or channels in (1, 4):
+        what, fix = _NOT_RGB[channels]
+        raise UserError(f"{where} has shape {shape}: {what}. ditbench fid needs RGB, {_ADM_FORMAT}; {fix}.")
     if len(shape) != 4:
         raise UserError(f"{where} has shape {shorten(shape)}; ditbench fid reads {_ADM_FORMAT}.")
     n, h, w, c = shape
-    if c != 3 and shape[1] in (1, 3, 4) and c not in (1, 4):
+    if c != 3 and shape[1] in (1, 3, 4):
         raise UserError(
             f"{where} has shape {shape}, which is channels-first (N x C x H x W); ditbench fid reads "
             f"{_ADM_FORMAT}. Transpose with `x.transpose(0, 2, 3, 1)`."
-        )
-    if c == 1:
-        raise UserError(
-            f"{where} has shape {shape}: grey images with one channel. ditbench fid needs RGB, "
-            f"{_ADM_FORMAT}; repeat the channel with `np.repeat(x, 3, axis=-1)`."
-        )
-    if c == 4:
-        raise UserError(
-            f"{where} has shape {shape}: RGBA images. ditbench fid needs RGB, {_ADM_FORMAT}; "
-            "drop the alpha channel with `x[..., :3]`."
         )
     if c != 3:
         raise UserError(f"{where} has shape {shape}; ditbench fid reads {_ADM_FORMAT}.")
@@ -324,13 +317,8 @@ def open_images(path: str | Path) -> ImageSource:
 
 
 def write_npz_images(path: str | Path, batches, count: int, height: int, width: int) -> Path:
-    """Stream uint8 N x H x W x 3 batches into an ADM `.npz` (`arr_0`, stored uncompressed).
-
-    The array never has to exist in memory whole; the file is written atomically (fileio), so a crash
-    leaves no half-written batch behind.
-    """
-    from ditbench.fileio import atomic_write
-
+    """Stream uint8 N x H x W x 3 batches into an ADM `.npz` (`arr_0`, stored uncompressed), atomically:
+    the array never exists in memory whole, and a crash leaves no half-written file."""
     header = {
         "descr": np.lib.format.dtype_to_descr(np.dtype(np.uint8)),
         "fortran_order": False,

@@ -1,11 +1,9 @@
 """Improved precision and recall (Kynkaanniemi et al. 2019), ADM convention.
 
-Each set's manifold is the union of balls around its points, each ball's radius the distance
-to the point's k-th nearest neighbour in the same set (k = 3, the point itself not counted).
-Precision: the share of samples inside the reference manifold. Recall: the share of reference
-points inside the sample manifold. Distances are computed block by block (a block of rows
-against a block of columns), so 50,000 samples against 10,000 references never hold more than
-one block of distances in memory.
+A set's manifold is the union of balls around its points, radius the distance to the point's k-th
+nearest other point (k = 3). Precision: the share of samples inside the reference manifold; recall:
+of reference points inside the sample manifold. Distances go block by block, so 50,000 x 10,000
+never holds more than one block in memory.
 """
 
 from __future__ import annotations
@@ -95,19 +93,15 @@ def _resampler(inputs: MetricInputs, options):
     """Precision and recall of resampled samples against the fixed reference (metrics.bootstrap),
     without the N^2 distances of each resample.
 
-    Precision is the mean over samples of "inside the reference manifold", a per-sample fact: the
-    mean over the drawn indices. Recall needs each drawn sample's k-th nearest other drawn point
-    (copies count: a sample drawn c times has c - 1 others at distance 0): found from its
-    NEIGHBOURS nearest samples, kept once, or computed against the drawn set when fewer than k of
-    them were drawn. A reference point is covered when a drawn sample's ball holds it; the pairs
-    (reference, sample) that any radius up to the kept neighbours' reach could cover are kept once.
-    Returns None (the bootstrap reruns the metric) when those pairs would not fit in memory.
+    Precision is a per-sample fact: its mean over the drawn indices. Recall needs each drawn sample's
+    k-th nearest other drawn point (a sample drawn c times has c - 1 others at 0): from its NEIGHBOURS
+    nearest samples, kept once, else against the drawn set. The (reference, sample) pairs any radius up
+    to the kept neighbours' reach could cover are kept once; None when they would not fit in memory.
     """
     import torch
 
     k, block, dev = options["pr_k"], options["pr_block_size"], inputs.device
-    s = torch.as_tensor(inputs.samples["pool3"]).to(dev, torch.float32)
-    r = torch.from_numpy(np.asarray(inputs.reference["pool3"], dtype=np.float32)).to(dev)
+    s, r = inputs.pool3(torch.float32)
     n, keep = s.shape[0], min(NEIGHBOURS, s.shape[0] - 1)
     inside = manifold_coverage(s, r, knn_radii(r, k, block), block).cpu().numpy()
     near_d = torch.empty(n, keep, dtype=torch.float32, device=dev)
@@ -167,10 +161,9 @@ def _resampler(inputs: MetricInputs, options):
 def _compute(inputs: MetricInputs, options) -> dict[str, float]:
     import torch
 
-    ref = torch.from_numpy(np.asarray(inputs.reference["pool3"], dtype=np.float32))
-    precision, recall = precision_recall(
-        inputs.samples["pool3"], ref, k=options["pr_k"], block=options["pr_block_size"], device=inputs.device
-    )
+    s, r = inputs.pool3(torch.float32)
+    k, block = options["pr_k"], options["pr_block_size"]
+    precision, recall = precision_recall(s, r, k=k, block=block, device=inputs.device)
     return {"precision": precision, "recall": recall}
 
 
@@ -184,8 +177,8 @@ PR = Metric(
         Output("recall", "Recall", "{:.4f}", "higher"),
     ),
     options=(
-        Option("pr_k", K, "precision/recall: the k of the k-th nearest neighbour radius (%(default)s)"),
-        Option("pr_block_size", BLOCK, "precision/recall: rows and columns per distance block (%(default)s)"),
+        Option("pr_k", K, "precision/recall: the k of the k-th nearest neighbour radius"),
+        Option("pr_block_size", BLOCK, "precision/recall: rows and columns per distance block"),
     ),
     needs=lambda o: Need(
         o["pr_k"] + 1, o["pr_k"] + 1, f"k={o['pr_k']} needs k + 1 points per set", "lower --pr-k"

@@ -1,12 +1,9 @@
 """Every metric `ditbench fid` computes, by name, in reporting order: the one table of metrics.
 
-To add a metric: write `metrics/<name>.py` with its function and a `Metric` spec (spec.py: the
-features it reads, its options and defaults, the images it needs, its outputs with their label,
-format, direction and default gate threshold), then add the spec to `METRICS` below (or call
-`register`). Evaluation, the `--metrics` list, the option flags, the table and the JSON, the
-quality loop's evaluations, the gate's quality metrics and the report's quality columns all follow
-from the spec; an unknown name is an error, never another metric. Readers look the table up when
-they run (`registry.OUTPUTS`, not a copy taken at import), so a registered metric reaches them all.
+A metric is its own module with a `Metric` spec (spec.py) plus one entry in `METRICS` (or `register`);
+evaluation, `--metrics`, the option flags, the table, the JSON, the quality loop, the gate and the
+report all follow from the spec. Readers look the table up when they run (`registry.OUTPUTS`), so a
+registered metric reaches them all. `DEFAULTS`: the extraction, device and cache options.
 """
 
 from __future__ import annotations
@@ -18,6 +15,15 @@ from ditbench.errors import UserError, shorten
 from ditbench.metrics import bootstrap, fid, inception_score, kid, prdc
 from ditbench.metrics.spec import Metric, Output
 
+DEFAULTS: dict[str, object] = {
+    "batch_size": 100,  # images per Inception forward pass
+    "device": "auto",  # cuda when visible, else cpu
+    "tf32": False,  # TF32 changes features; metrics run in true fp32 unless asked
+    "inception_weights": None,  # path or "test"; else $DITBENCH_INCEPTION_WEIGHTS; else the torch hub cache
+    "num_workers": 4,  # threads decoding image files / reading the npz ahead of the network
+    "cache": True,
+    "cache_dir": None,  # $DITBENCH_CACHE/fid, else ~/.cache/ditbench/fid
+}
 METRICS: tuple[Metric, ...] = (fid.FID, fid.SFID, inception_score.IS, prdc.PR, kid.KID)
 
 

@@ -1,12 +1,6 @@
-"""What a metric declares about itself, so that evaluation, the CLI and reports need no per-metric code.
-
-Each metric module defines one `Metric` (fid.py defines two) and registry.py lists them. A spec
-names the features it reads from the samples and the reference, its options with their defaults,
-how many images it needs, its outputs and the function that computes them from `MetricInputs`.
-An output's spec is all that the quality loop, the gate, the report and the JSON know of it: its
-key, label, format, direction (lower or higher is better), the values a real one can take and the
-gate's default threshold. This module and the metric modules import torch only when they compute,
-so `ditbench compare` and the report read the specs without it.
+"""What a metric declares about itself, so that evaluation, the CLI and reports need no per-metric code:
+the features it reads, its options and defaults, the images it needs, its outputs (key, label, format,
+direction, valid values, the gate's default threshold) and its function. Imports torch only to compute.
 """
 
 from __future__ import annotations
@@ -24,8 +18,7 @@ from ditbench.errors import UserError, shorten
 if TYPE_CHECKING:
     import torch
 
-# What a reference can hold: FID and sFID statistics (precomputed or from its images) and the
-# reference images' pool3 features (for the metrics that compare image by image).
+# What a reference can hold: FID and sFID statistics and its images' pool3 features.
 REFERENCE_KEYS = ("mu", "sigma", "mu_s", "sigma_s", "pool3")
 # The features the Inception network gives per image (its forward()'s keys) and their sizes.
 POOL3_DIM = 2048
@@ -71,8 +64,8 @@ class Option:
 
 @dataclass(frozen=True)
 class Output:
-    """One number a metric reports: its key in `metrics` (and in a quality evaluation, the gate's
-    policy and the report), its label and format, and how a change in it is judged."""
+    """One number a metric reports: its key (in `metrics`, a quality evaluation, the gate, the report),
+    its label and format, and how a change in it is judged."""
 
     key: str
     label: str
@@ -116,6 +109,13 @@ class MetricInputs:
     device: torch.device
     warn: Callable[[str], None]  # a warning that belongs in the result (and the warnings module)
 
+    def pool3(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The samples' and the reference's pool3 features, as `dtype` on the device."""
+        import torch
+
+        ref = torch.from_numpy(np.asarray(self.reference["pool3"]))
+        return self.samples["pool3"].to(self.device, dtype), ref.to(self.device, dtype)
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -127,9 +127,8 @@ class Metric:
     needs: Callable[[Mapping[str, Any]], Need]  # at the resolved options
     compute: Callable[[MetricInputs, Mapping[str, Any]], dict[str, float]]
     options: tuple[Option, ...] = ()
-    # Optional, for the bootstrap (metrics.bootstrap): prepare(inputs, options) once, then
-    # f(sample indices) -> the outputs of the drawn samples; without it (or when prepare returns
-    # None) `compute` reruns on each resample.
+    # For the bootstrap: prepare(inputs, options) once, then f(sample indices) -> the drawn samples'
+    # outputs; without it (or when prepare returns None) `compute` reruns on each resample.
     resampler: (
         Callable[[MetricInputs, Mapping[str, Any]], Callable[[np.ndarray], dict[str, float]]] | None
     ) = None

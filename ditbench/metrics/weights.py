@@ -1,14 +1,9 @@
 """Which Inception weights a score is made with, and loading them without running code from a file.
 
-Sources, first match wins: `--inception-weights PATH` (`inception=` in the API), then
-$DITBENCH_INCEPTION_WEIGHTS, then torch-fidelity's file in the torch hub cache (downloaded once).
-The name `test` stands for the calibrated random network of `calibrated.py` instead of a file.
-
-A weight file is read once into memory, hashed (SHA-256) and unpickled from those same bytes
-with `torch.load(weights_only=True)`: tensors and plain containers only, so a crafted file can
-never run code, and what was hashed is what runs. The official network is the file whose
-digest is the published one; any other file (or the test network) still loads, and every
-result made with it says `official: false` and carries `NOT_OFFICIAL_BANNER`.
+Sources, first match wins: `--inception-weights PATH`, $DITBENCH_INCEPTION_WEIGHTS, torch-fidelity's file
+in the torch hub cache (downloaded once); `test` is calibrated.py's random network. A file is hashed and
+loaded from the same bytes with `torch.load(weights_only=True)`; only the published digest is official,
+any other result says `official: false` and carries `NOT_OFFICIAL_BANNER`.
 """
 
 from __future__ import annotations
@@ -16,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import io
+import json
 import os
 import pickle
 import re
@@ -26,7 +22,7 @@ from pathlib import Path
 import torch
 
 from ditbench.errors import UserError, shorten
-from ditbench.fileio import download_atomic
+from ditbench.fileio import atomic_write, download_atomic, read_regular, write_json_atomic
 from ditbench.metrics.calibrated import build_calibrated_inception
 from ditbench.metrics.inception import InceptionV3
 from ditbench.outpaths import not_a_file
@@ -69,37 +65,36 @@ class InceptionWeights:
         }
 
 
+def _where(path: Path) -> str:
+    return f"Inception weights file {shorten(str(path), 300, quote=False)}"
+
+
 def default_weights_path() -> Path:
     """Where torch-fidelity keeps the file: the torch hub checkpoint cache ($TORCH_HOME/hub/checkpoints)."""
     return Path(torch.hub.get_dir()) / "checkpoints" / WEIGHTS_FILE_NAME
 
 
-def resolve_weights(path: str | os.PathLike | None = None, download: bool = True) -> Path:
-    """The Inception weight file: `path`, else $DITBENCH_INCEPTION_WEIGHTS, else the hub cache.
-
-    Only the hub-cache location is downloaded into (once, from torch-fidelity's release).
-    """
+def resolve_weights(path: str | os.PathLike | None = None) -> Path:
+    """The Inception weight file: `path`, else $DITBENCH_INCEPTION_WEIGHTS, else the hub cache (the only
+    place downloaded into, once, from torch-fidelity's release)."""
     for given, origin in ((path, "--inception-weights"), (os.environ.get(WEIGHTS_ENV) or None, WEIGHTS_ENV)):
         if given is not None:
             p = Path(given).expanduser()
             if not p.exists():
                 raise UserError(
-                    f"Inception weights file {shorten(str(p), 300, quote=False)} (from {origin}) does not "
-                    f"exist. Give the path of {WEIGHTS_FILE_NAME}, which can be downloaded from "
-                    f"{WEIGHTS_URL}, or `{TEST_NETWORK}` for the calibrated random test network."
+                    f"{_where(p)} (from {origin}) does not exist. Give the path of {WEIGHTS_FILE_NAME}, "
+                    f"which can be downloaded from {WEIGHTS_URL}, or `{TEST_NETWORK}` for the calibrated "
+                    "random test network."
                 )
             return p
     p = default_weights_path()
     if p.exists():
         return p
-    if download:
-        try:
-            download_atomic(WEIGHTS_URL, p)
-            return p
-        except Exception as err:  # offline, proxy, disk full: all end in the same advice
-            reason = shorten(f"{type(err).__name__}: {err}", 300, quote=False)
-    else:
-        reason = "downloading is disabled"
+    try:
+        download_atomic(WEIGHTS_URL, p)
+        return p
+    except Exception as err:  # offline, proxy, disk full: all end in the same advice
+        reason = shorten(f"{type(err).__name__}: {err}", 300, quote=False)
     raise UserError(
         f"The Inception weights {WEIGHTS_FILE_NAME} are not in {p} and could not be downloaded "
         f"({reason}). Download {WEIGHTS_URL} on a machine with network access and put it at {p} "
@@ -110,21 +105,19 @@ def resolve_weights(path: str | os.PathLike | None = None, download: bool = True
 
 
 def _read_weight_bytes(path: Path) -> bytes:
-    where = f"Inception weights file {shorten(str(path), 300, quote=False)}"
     if (why := not_a_file(path)) is not None:  # a folder, a FIFO or a device, named as such
-        raise UserError(f"{where} {why}; give the path of {WEIGHTS_FILE_NAME} itself.")
+        raise UserError(f"{_where(path)} {why}; give the path of {WEIGHTS_FILE_NAME} itself.")
     st = path.stat()
     if st.st_size > MAX_WEIGHTS_BYTES:
         raise UserError(
-            f"{where} holds {st.st_size / 2**30:.1f} GiB; the FID InceptionV3 is "
+            f"{_where(path)} holds {st.st_size / 2**30:.1f} GiB; the FID InceptionV3 is "
             f"{OFFICIAL_SIZE / 1e6:.0f} MB, so this is not its weight file. Use {WEIGHTS_FILE_NAME} from "
             f"{WEIGHTS_URL}."
         )
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return path.read_bytes()
     except OSError as err:
-        raise UserError(f"{where} cannot be read ({err.strerror}).") from None
+        raise UserError(f"{_where(path)} cannot be read ({err.strerror}).") from None
 
 
 def _refusal_reason(err: Exception) -> str:
@@ -136,7 +129,7 @@ def _refusal_reason(err: Exception) -> str:
 
 
 def _safe_load(data: bytes, path: Path) -> dict[str, torch.Tensor]:
-    where = f"Inception weights file {shorten(str(path), 300, quote=False)}"
+    where = _where(path)
     try:
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
@@ -165,7 +158,7 @@ def _safe_load(data: bytes, path: Path) -> dict[str, torch.Tensor]:
 
 
 def _build(state: dict[str, torch.Tensor], path: Path) -> InceptionV3:
-    where = f"Inception weights file {shorten(str(path), 300, quote=False)}"
+    where = _where(path)
     net = InceptionV3()
     try:
         missing, unexpected = net.load_state_dict(state, strict=False)
@@ -211,22 +204,9 @@ def state_dict_sha256(state: dict[str, torch.Tensor]) -> str:
 TEST_NETWORK_RECIPE = 2
 
 
-def test_network_cache_path() -> Path:
-    """Where the built test network is kept: building it takes 10-30 s on 2 CPU cores, and every
-    process that scores (each cell of a suite) would pay that again."""
-    from ditbench.metrics.stats_cache import default_cache_dir
-
-    name = f"calibrated-r{TEST_NETWORK_RECIPE}-torch{torch.__version__.split('+')[0]}.pt"
-    return default_cache_dir() / "inception-test" / name
-
-
 def _cached_test_state(path: Path) -> tuple[dict[str, torch.Tensor], str] | None:
     """The cached network if it is whole: tensors only, and the content hash it was saved with."""
-    import json
-
-    try:
-        from ditbench.fileio import read_regular  # a FIFO planted in the cache is refused, not waited on
-
+    try:  # read_regular: a FIFO planted in the cache is refused, not waited on
         digest = json.loads(read_regular(path.with_suffix(".json")))["sha256"]
         state = torch.load(io.BytesIO(read_regular(path)), map_location="cpu", weights_only=True)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError, EOFError, pickle.UnpicklingError):
@@ -238,10 +218,12 @@ def _cached_test_state(path: Path) -> tuple[dict[str, torch.Tensor], str] | None
 
 @functools.cache
 def _test_state() -> tuple[dict[str, torch.Tensor], str]:
-    """The test network's tensors and hash: from the on-disk cache, else built (once) and cached."""
-    from ditbench.fileio import atomic_write, write_json_atomic
+    """The test network's tensors and hash: from the on-disk cache (building it takes 10-30 s on 2 CPU
+    cores, in every process that scores), else built once and cached."""
+    from ditbench.metrics.stats_cache import default_cache_dir
 
-    path = test_network_cache_path()
+    name = f"calibrated-r{TEST_NETWORK_RECIPE}-torch{torch.__version__.split('+')[0]}.pt"
+    path = default_cache_dir() / "inception-test" / name
     cached = _cached_test_state(path)
     if cached is not None:
         return cached
@@ -255,26 +237,16 @@ def _test_state() -> tuple[dict[str, torch.Tensor], str]:
     return state, digest
 
 
-def load_test_network() -> tuple[InceptionV3, InceptionWeights]:
-    """The calibrated random network (calibrated.py): runs anywhere, means nothing about image quality."""
-    state, digest = _test_state()
-    net = InceptionV3()
-    net.load_state_dict(state)
-    info = InceptionWeights(TEST_NETWORK, digest, False, None, recipe=TEST_NETWORK_RECIPE)
-    return net.eval().requires_grad_(False), info
-
-
-def load_network(
-    weights: str | os.PathLike | None = None, download: bool = True
-) -> tuple[InceptionV3, InceptionWeights]:
-    """The Inception network on the CPU in eval mode, and what it is.
-
-    `weights`: a state-dict file, `"test"` for the calibrated random network, or None for
-    $DITBENCH_INCEPTION_WEIGHTS (a path or `test`), else the torch hub cache (downloaded once
-    when `download`).
-    """
+def load_network(weights: str | os.PathLike | None = None) -> tuple[InceptionV3, InceptionWeights]:
+    """The Inception network on the CPU in eval mode, and what it is, from a state-dict file, `"test"`
+    (the calibrated random network: runs anywhere, means nothing about image quality), or None:
+    $DITBENCH_INCEPTION_WEIGHTS (a path or `test`), else the torch hub cache (downloaded once)."""
     if weights is None:
         weights = os.environ.get(WEIGHTS_ENV) or None
     if isinstance(weights, str) and weights == TEST_NETWORK:  # a file called `test`: ./test
-        return load_test_network()
-    return load_weight_file(resolve_weights(weights, download=download))
+        state, digest = _test_state()
+        net = InceptionV3()
+        net.load_state_dict(state)
+        info = InceptionWeights(TEST_NETWORK, digest, False, None, recipe=TEST_NETWORK_RECIPE)
+        return net.eval().requires_grad_(False), info
+    return load_weight_file(resolve_weights(weights))

@@ -1,15 +1,9 @@
 """The kernel behind the `attention` knob: softmax(Q K^T / sqrt(d)) V over (N, heads, T, d) tensors.
 
-    math        written out: the (T x T) scores, their softmax, the weighted sum of V. The paper's
-                formula in three ops, and the baseline a fused kernel is measured against
-    sdpa        F.scaled_dot_product_attention: torch picks flash, memory-efficient, cuDNN or its own math
-    flash       that one kernel, forced through torch.nn.attention.sdpa_kernel
-    efficient   (memory-efficient, xFormers-style)
-    cudnn
-
-`resolve_kernel` decides before training whether a backend can run on this device, dtype and head size,
-and names the kernel that will (the record's `metrics.attention_kernel`); one that cannot is an
-UnsupportedError carrying torch's reason, and the cell is recorded `unsupported`, not `error`.
+`math` writes the formula out (the baseline); `sdpa` lets F.scaled_dot_product_attention pick;
+`flash`, `efficient` and `cudnn` force that kernel. `resolve_kernel` decides before training whether
+a backend runs on this device, dtype and head size and names the kernel that will (the record's
+`metrics.attention_kernel`); one that cannot is an UnsupportedError with torch's reason.
 """
 
 from __future__ import annotations
@@ -22,6 +16,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ditbench.errors import UnsupportedError
+from ditbench.faults import one_line
 from ditbench.models.configs import ATTENTION_BACKENDS
 
 FORCED = {
@@ -31,13 +26,11 @@ FORCED = {
 }
 CUDA_ONLY = ("efficient", "cudnn")  # torch has a CPU flash kernel, and none of these two
 _NAMES = {"efficient": "memory-efficient", "cudnn": "cuDNN"}
-# What torch's dispatcher (`torch._fused_sdp_choice`) answers, by SDPBackend value. Its own math
-# fallback is `sdpa_math`, so that `math` always means the written-out ops above.
+# torch._fused_sdp_choice's answer by SDPBackend value; its math fallback is `sdpa_math` (ours is `math`).
 _CHOICE_NAMES = {0: "sdpa_math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
 _NO_KERNEL = ("No available kernel", "No viable backend")  # what torch raises when no kernel can run
-# The probe's longest sequence: every DiT of the paper (1024 tokens for XL/2 at 512 px) is probed at its
-# own length; a longer one at this length, so that a probe stays milliseconds (`attend` still turns a
-# refusal at the real length into UnsupportedError).
+# The probe's longest sequence (XL/2 at 512 px): a probe stays milliseconds, and `attend` still turns a
+# refusal at a longer real length into UnsupportedError.
 PROBE_MAX_TOKENS = 1024
 
 
@@ -70,7 +63,7 @@ def refused(err: RuntimeError, backend: str, inputs: str) -> UnsupportedError | 
     """torch's refusal to run a forced kernel, as the UnsupportedError a cell is recorded with."""
     if backend in FORCED and any(text in str(err) for text in _NO_KERNEL):
         return UnsupportedError(
-            f"attention {backend}: torch has no {backend} kernel for {inputs}: {_one_line(str(err))}"
+            f"attention {backend}: torch has no {backend} kernel for {inputs}: {one_line(str(err))}"
         )
     return None
 
@@ -78,11 +71,8 @@ def refused(err: RuntimeError, backend: str, inputs: str) -> UnsupportedError | 
 def resolve_kernel(
     backend: str, device: torch.device | str, dtype: torch.dtype, heads: int, head_dim: int, tokens: int
 ) -> str:
-    """The kernel `backend` runs for (N, heads, tokens, head_dim) inputs of `dtype` on `device`.
-
-    Runs one small forward and backward the way the model will (dtype = the autocast dtype, or the
-    parameters' when there is none); UnsupportedError with torch's reasons when the backend cannot.
-    """
+    """The kernel `backend` runs for (N, heads, tokens, head_dim) inputs of `dtype` (the autocast's, else
+    the parameters') on `device`, from one small forward and backward; UnsupportedError if none can."""
     if backend not in ATTENTION_BACKENDS:
         raise UnsupportedError(f"attention {backend!r} is not known; valid: {', '.join(ATTENTION_BACKENDS)}")
     if backend == "math":
@@ -104,7 +94,7 @@ def resolve_kernel(
         except RuntimeError as err:
             if not any(text in str(err) for text in _NO_KERNEL):
                 raise
-            reasons = torch_reasons([str(w.message) for w in caught], backend) or [_one_line(str(err))]
+            reasons = torch_reasons([str(w.message) for w in caught], backend) or [one_line(str(err))]
             raise UnsupportedError(
                 f"attention {backend} cannot run on {device.type} with {str(dtype).replace('torch.', '')} "
                 f"inputs of head size {head_dim} ({heads} heads, {tokens} tokens); torch says: "
@@ -113,8 +103,7 @@ def resolve_kernel(
     return backend if backend in FORCED else choice
 
 
-# When no kernel can run, torch re-runs every kernel's checks and warns, per kernel, a header and then
-# one line per failed check (a kernel switched off by sdpa_kernel says it was "runtime disabled").
+# When no kernel can run, torch warns per kernel a header, then a line per failed check.
 _HEADERS = {
     "efficient": "Memory efficient kernel not used because:",
     "flash": "Flash attention kernel not used because:",
@@ -124,7 +113,7 @@ _HEADERS = {
 
 def torch_reasons(messages: list[str], backend: str) -> list[str]:
     """The lines of torch's warnings that say why `backend`'s kernel cannot run."""
-    lines = [_one_line(m) for m in messages if "runtime disabled" not in m]
+    lines = [one_line(m) for m in messages if "runtime disabled" not in m]
     mine, inside = [], False
     for line in lines:
         if line in _HEADERS.values():
@@ -138,7 +127,3 @@ def _dispatcher_choice(q: torch.Tensor) -> str:
     """The kernel plain F.scaled_dot_product_attention dispatches these inputs to (torch's own answer)."""
     choose = getattr(torch, "_fused_sdp_choice", None)  # private, present since torch 2.0
     return _CHOICE_NAMES.get(int(choose(q, q, q)), "unknown") if choose is not None else "unknown"
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from torch import nn
 
 from ditbench.errors import UserError, shorten
@@ -18,45 +20,30 @@ def build_model(
     learn_sigma: bool = True,
     attention: str = "sdpa",
 ) -> nn.Module:
-    """Build a named DiT ("DiT-XL/2") for `image_size` pixels (latent side image_size // 8).
-
-    impl="ditbench" is `models.dit.DiT` (official state-dict names); impl="diffusers" is
-    diffusers' DiTTransformer2DModel with the same configuration behind the same forward().
-    Build under `torch.device("meta")` to get shapes and counts without allocating memory.
-    """
+    """A named DiT ("DiT-XL/2") for `image_size` pixels: `models.dit.DiT` (official state-dict names) or
+    (impl="diffusers") diffusers' DiTTransformer2DModel behind the same forward(). Build under
+    `torch.device("meta")` for shapes and counts without memory."""
     cfg = get_config(name)
     size = latent_size(image_size, cfg.patch_size)
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
         raise UserError(f"num_classes must be a positive integer, got {shorten(num_classes)}")
     if not 0.0 <= float(class_dropout_prob) < 1.0:
         raise UserError(f"class_dropout_prob must be in [0, 1), got {shorten(class_dropout_prob)}")
+    common = dict(
+        num_classes=num_classes,
+        grad_ckpt=grad_ckpt,
+        class_dropout_prob=class_dropout_prob,
+        learn_sigma=learn_sigma,
+        attention=attention,
+    )
     if impl == "ditbench":
         from ditbench.models.dit import DiT
 
-        return DiT(
-            input_size=size,
-            patch_size=cfg.patch_size,
-            hidden_size=cfg.hidden_size,
-            depth=cfg.depth,
-            num_heads=cfg.num_heads,
-            class_dropout_prob=class_dropout_prob,
-            num_classes=num_classes,
-            learn_sigma=learn_sigma,
-            grad_ckpt=grad_ckpt,
-            attention=attention,
-        )
+        return DiT(input_size=size, **dataclasses.asdict(cfg), **common)  # depth, hidden_size, heads, patch
     if impl == "diffusers":
         from ditbench.models.diffusers_impl import build_diffusers_dit
 
-        return build_diffusers_dit(
-            cfg,
-            latent_size=size,
-            num_classes=num_classes,
-            grad_ckpt=grad_ckpt,
-            class_dropout_prob=class_dropout_prob,
-            learn_sigma=learn_sigma,
-            attention=attention,
-        )
+        return build_diffusers_dit(cfg, latent_size=size, **common)
     raise UserError(f"impl {shorten(impl)} is not known; valid implementations are {', '.join(IMPLS)}")
 
 

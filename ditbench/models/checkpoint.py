@@ -1,10 +1,8 @@
 """DiT checkpoints: ditbench's own format and the official released files, loaded safely.
 
-ditbench writes {"format": "ditbench.checkpoint/1", "model", "ema", "opt", "step", "config"}
-atomically (temp file + os.replace). It reads that format or a bare state dict (the released
-`DiT-XL-2-256x256.pt` and friends), always with `torch.load(weights_only=True)`: a file that
-would need arbitrary unpickling (custom classes, code) is refused with an explanation and never
-executed. The configuration a file holds is inferred from tensor shapes, so a mismatch names it.
+ditbench writes {"format", "model", "ema", "opt", "step", "config"} atomically; it reads that or a bare
+state dict (the released `DiT-XL-2-256x256.pt`) with `torch.load(weights_only=True)` only, and infers
+the configuration from tensor shapes, so a mismatch is named.
 """
 
 from __future__ import annotations
@@ -53,11 +51,10 @@ def read_checkpoint(path) -> dict:
         obj = torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
         raise UserError(
-            f"checkpoint {str(p)!r} was refused: loading it needs arbitrary unpickling (it references "
-            "code or classes beyond tensors and plain containers), which could run code from the file. "
-            "ditbench loads "
-            "checkpoints with torch.load(weights_only=True) only. If you trust the file, re-save just its "
-            f"state dict (torch.save(model.state_dict(), ...)). Detail: {str(err).splitlines()[0]}"
+            f"checkpoint {str(p)!r} was refused: loading it needs arbitrary unpickling (it references code "
+            "or classes beyond tensors and plain containers), which could run code from the file. ditbench "
+            "loads checkpoints with torch.load(weights_only=True) only. If you trust the file, re-save just "
+            f"its state dict (torch.save(model.state_dict(), ...)). Detail: {str(err).splitlines()[0]}"
         ) from None
     except Exception as err:
         raise UserError(
@@ -68,21 +65,11 @@ def read_checkpoint(path) -> dict:
     return obj
 
 
-_PREFIXES = ("module.", "_orig_mod.")
+_PREFIXES = re.compile(r"^(?:module\.|_orig_mod\.)+")  # DDP's and torch.compile's wrappers
 
 
 def _strip_prefixes(state: dict) -> dict:
-    """Remove DDP ('module.') and torch.compile ('_orig_mod.') prefixes."""
-    out = {}
-    for k, v in state.items():
-        changed = True
-        while changed:
-            changed = False
-            for pre in _PREFIXES:
-                if k.startswith(pre):
-                    k, changed = k[len(pre) :], True
-        out[k] = v
-    return out
+    return {_PREFIXES.sub("", k): v for k, v in state.items()}
 
 
 @dataclass
@@ -125,11 +112,8 @@ def infer_config(state: dict) -> dict:
     depth = len({m.group(1) for k in state if (m := re.match(r"blocks\.(\d+)\.", k))})
     grid = int(round(tokens**0.5))
     out_ch = out_features // (patch * patch)
-    name = None
-    for n, c in CONFIGS.items():
-        if (c.depth, c.hidden_size, c.patch_size) == (depth, width, patch):
-            name = n
-            break
+    shape = (depth, width, patch)
+    name = next((n for n, c in CONFIGS.items() if (c.depth, c.hidden_size, c.patch_size) == shape), None)
     return {
         "name": name,
         "depth": depth,
@@ -160,15 +144,9 @@ def load_model_weights(
     prefer_ema: bool = True,
     image_size: int | None = None,
     num_classes: int | None = None,
-    impl: str = "ditbench",
 ) -> tuple[nn.Module, LoadedWeights]:
-    """Build the DiT a checkpoint holds (or `model_name`, which must match) and load its weights.
-
-    Returns (model in eval mode on CPU, LoadedWeights). With prefer_ema the EMA weights of a
-    ditbench checkpoint are used (the released official files hold EMA weights already).
-    """
-    if impl != "ditbench":
-        raise UserError("checkpoints hold official DiT names; load them with impl ditbench")
+    """(the DiT a checkpoint holds, or `model_name`, which must match, in eval mode on CPU; its weights):
+    with prefer_ema a ditbench checkpoint's EMA weights (the released files hold EMA weights already)."""
     path = resolve_checkpoint(path)  # a released checkpoint by name (DiT-XL-2-256x256.pt): cache, download
     loaded = extract_state_dict(read_checkpoint(path), prefer_ema, str(path))
     info = infer_config(loaded.state_dict)

@@ -1,17 +1,14 @@
 """What a DiT configuration is, by name: sizes, the latent geometry it needs, and the checkpointing knob.
-
-Pure data and small checks (no torch): the suite validator, the FLOP formula, the checkpoint
-reader and the model builder all read the same table.
+Pure data and small checks (no torch), read by the suite validator, FLOPs, checkpoints and the builder.
 """
 
 from __future__ import annotations
 
-import difflib
 import re
 from dataclasses import dataclass
 
 from ditbench import vae
-from ditbench.errors import UserError, shorten
+from ditbench.errors import UserError, did_you_mean, shorten
 
 
 @dataclass(frozen=True)
@@ -49,8 +46,7 @@ def canonical_name(name: str) -> str:
     """'DiT-XL/2' for 'DiT-XL/2' or the official file spelling 'DiT-XL-2'; UserError for others."""
     m = _NAME.fullmatch(str(name).strip())
     if m is None:
-        close = difflib.get_close_matches(str(name), MODEL_NAMES, n=1, cutoff=0.6)
-        hint = f" Did you mean `{close[0]}`?" if close else ""
+        hint = did_you_mean(name, MODEL_NAMES, cutoff=0.6)
         valid = ", ".join(MODEL_NAMES)
         raise UserError(f"unknown model {shorten(name)}.{hint} The valid models are {valid}.")
     return f"DiT-{m.group(1)}/{m.group(2)}"
@@ -75,10 +71,7 @@ def latent_size(image_size: int, patch_size: int = 1) -> int:
     return image_size // vae.DOWNSAMPLE
 
 
-# --------------------------------------------------------------------------------------------
-# Gradient checkpointing: one grammar for suites, `ditbench train` and the model
-# --------------------------------------------------------------------------------------------
-
+# Gradient checkpointing: one grammar for suites, `ditbench train` and the model.
 GRAD_CKPT_HELP = "none, full (every block), or every_K (every K-th block, e.g. every_2)"
 # YAML 1.1 reads on/off/yes/no/true/false as booleans, so a suite and the command line must both
 # take them: as booleans and as the same words typed on a command line.

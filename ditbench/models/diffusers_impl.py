@@ -1,22 +1,9 @@
 """`impl: diffusers`: diffusers' DiTTransformer2DModel behind ditbench's forward(x, t, y).
 
-It is built with the same configuration as the ditbench DiT (layers, heads, head size, patch,
-latent size, 4 input / 8 output channels, 1000 classes, adaLN-Zero), so a suite can compare the
-two implementations' speed and memory on equal terms. It is NOT parameter-identical:
-
-* diffusers gives every transformer block its own `CombinedTimestepLabelEmbeddings` (a timestep
-  MLP 256->D->D and a (classes+1) x D label table) where the official DiT has one shared
-  embedder. Each copy holds 256*D + D + D*D + D + (classes+1)*D parameters (2,777,472 for XL/2,
-  D=1152), so depth-1 extra copies add 27 * 2,777,472 = 74,991,744 parameters to DiT-XL/2.
-* its position table is a non-persistent buffer, not a parameter, so it is not counted
-  (-T*D: -294,912 for XL/2).
-  Net for DiT-XL/2 at 256 px: 675,129,632 - 294,912 + 74,991,744 = 749,826,464 parameters (+11.1%).
-* each block's label embedder draws its own label-dropout mask in training (plus one more for the
-  output layer), so the conditioning dropout is not one decision per sample as in the paper.
-* its timestep frequencies use exp(-ln(1e4) * i / (half - 1)) instead of / half.
-
-The extra parameters are embedding tables and small MLPs evaluated once per sample, so the
-FLOPs per image are almost the same; memory for weights, gradients and AdamW state grows by ~11%.
+Same configuration as the ditbench DiT, but NOT parameter-identical: each block has its own timestep
+MLP and label table and the position table is a buffer (DiT-XL/2: 749,826,464 parameters, +11.1%),
+each block draws its own label-dropout mask, and timestep frequencies divide by half - 1. FLOPs are
+almost the same; weights, gradients and AdamW state grow by ~11%.
 """
 
 from __future__ import annotations
@@ -34,16 +21,12 @@ from ditbench.vae import LATENT_CHANNELS
 class DiffusersDiT(nn.Module):
     """Wraps a DiTTransformer2DModel so that forward(x, t, y) returns the (N, 8, H, W) tensor."""
 
-    def __init__(self, transformer: nn.Module, num_classes: int, learn_sigma: bool, attention: str = "sdpa"):
+    def __init__(self, transformer: nn.Module, num_classes: int, attention: str = "sdpa"):
         super().__init__()
         self.transformer = transformer
         self.attention = attention  # a forced SDPA kernel (flash, efficient, cudnn) is entered in forward
         self.in_channels = LATENT_CHANNELS
-        self.out_channels = transformer.config.out_channels
-        self.learn_sigma = learn_sigma
         self.num_classes = num_classes
-        self.patch_size = transformer.config.patch_size
-        self.input_size = transformer.config.sample_size
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """x (N, 4, H, W) latents, t (N,) timesteps, y (N,) labels -> (N, 8, H, W), as `DiT.forward`."""
@@ -62,14 +45,8 @@ class DiffusersDiT(nn.Module):
 
 @torch.no_grad()
 def apply_dit_init(transformer: nn.Module) -> None:
-    """DiT's adaLN-Zero initialisation on diffusers' module names, so both implementations start
-    from an identity network with zero output (diffusers itself leaves PyTorch's default init).
-
-    Linear layers xavier-uniform with zero bias (q, k and v separately, where DiT initialises the
-    fused qkv matrix: a slightly different bound), the patch convolution like a linear layer,
-    label tables and timestep MLPs normal(0, 0.02), every block's modulation and the output
-    layers zero.
-    """
+    """DiT's adaLN-Zero initialisation on diffusers' names (which keep PyTorch's default), so both start
+    as an identity network with zero output; q, k and v get xavier bounds of their own, not fused qkv's."""
     for module in transformer.modules():
         if isinstance(module, nn.Linear):
             nn.init.xavier_uniform_(module.weight)
@@ -135,4 +112,4 @@ def build_diffusers_dit(
         for module in transformer.modules():
             if isinstance(module, Attention):
                 module.set_processor(AttnProcessor())  # the written-out scores, softmax and bmm
-    return DiffusersDiT(transformer, num_classes=num_classes, learn_sigma=learn_sigma, attention=attention)
+    return DiffusersDiT(transformer, num_classes=num_classes, attention=attention)

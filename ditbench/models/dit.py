@@ -1,17 +1,9 @@
 """DiT (Peebles & Xie, "Scalable Diffusion Models with Transformers"), written for ditbench.
 
-The architecture, the initialisation and every state-dict name follow the official
-facebookresearch/DiT `models.py`, so the released checkpoints (`DiT-XL-2-256x256.pt` ...) load
-without conversion and the parameter counts equal the official ones exactly. Differences are
-in how the code is organised, not in what it computes:
-
-* attention is a knob (models/attention.py): by default `F.scaled_dot_product_attention` (what
-  timm's Attention does on PyTorch >= 2 anyway), or the written-out math, or one forced kernel;
-* gradient checkpointing is a knob with a selective mode (`every_K`);
-* classifier-free guidance is applied to all noise channels (see `DiT.forward_with_cfg`).
-
-This file holds the network only: configuration names and geometry are in `models/configs.py`,
-building a named model (either implementation) in `models/build.py`.
+Architecture, initialisation and state-dict names follow the official facebookresearch/DiT
+`models.py`: the released checkpoints load without conversion and parameter counts are equal.
+Attention (models/attention.py) and gradient checkpointing (`every_K`) are knobs; guidance covers
+all noise channels unless asked otherwise (`DiT.forward_with_cfg`).
 """
 
 from __future__ import annotations
@@ -27,18 +19,10 @@ from ditbench.errors import UserError
 from ditbench.models.attention import attend
 from ditbench.models.configs import ATTENTION_BACKENDS, parse_grad_ckpt
 
-# --------------------------------------------------------------------------------------------
-# Embeddings
-# --------------------------------------------------------------------------------------------
-
 
 def sincos_pos_embed_2d(embed_dim: int, grid_size: int) -> torch.Tensor:
-    """The fixed 2-D sine-cosine table of MAE/DiT, (grid_size**2, embed_dim), float64.
-
-    Tokens are row-major; the first half of the channels encodes the column index and the second
-    half the row index (MAE's meshgrid(w, h) ordering), each as [sin(pos*w_k), cos(pos*w_k)] with
-    w_k = 10000 ** (-k / (D/4)).
-    """
+    """The fixed 2-D sine-cosine table of MAE/DiT, (grid_size**2, embed_dim), float64: row-major tokens,
+    the first half of the channels the column index (MAE's meshgrid(w, h) order), the second the row."""
     if embed_dim % 4:
         raise UserError(f"hidden size {embed_dim} must be a multiple of 4 for the 2-D position table")
     quarter = embed_dim // 4
@@ -81,10 +65,7 @@ class TimestepEmbedder(nn.Module):
             -math.log(max_period) * torch.arange(half, dtype=torch.float32, device=t.device) / half
         )
         args = t.float().reshape(-1, 1) * freqs.reshape(1, -1)
-        emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-        if dim % 2:
-            emb = torch.cat([emb, torch.zeros_like(emb[:, :1])], dim=-1)
-        return emb
+        return torch.cat([torch.cos(args), torch.sin(args)], dim=-1)  # dim is even (256)
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         freq = self.frequencies(t, self.frequency_size)
@@ -92,10 +73,8 @@ class TimestepEmbedder(nn.Module):
 
 
 class LabelEmbedder(nn.Module):
-    """Class labels -> vectors; a null class (row num_classes) for classifier-free guidance.
-
-    In training mode each label is replaced by the null class with probability dropout_prob.
-    """
+    """Class labels -> vectors; a null class (row num_classes) for classifier-free guidance, which each
+    label becomes with probability dropout_prob in training."""
 
     def __init__(self, num_classes: int, hidden_size: int, dropout_prob: float):
         super().__init__()
@@ -117,20 +96,13 @@ class LabelEmbedder(nn.Module):
         return self.embedding_table(labels)
 
 
-# --------------------------------------------------------------------------------------------
-# Transformer
-# --------------------------------------------------------------------------------------------
-
-
 def modulate(x: torch.Tensor, shift: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return x * (1 + scale.unsqueeze(1)) + shift.unsqueeze(1)
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with a fused qkv projection (timm's names, as the official model).
-
-    `attention` names the kernel that computes softmax(QK^T / sqrt(d)) V (models/attention.py).
-    """
+    """Multi-head self-attention with a fused qkv projection (timm's names, as the official model);
+    `attention` names the kernel (models/attention.py)."""
 
     def __init__(self, dim: int, num_heads: int, attention: str = "sdpa"):
         super().__init__()
@@ -274,14 +246,8 @@ class DiT(nn.Module):
         return x.reshape(x.shape[0], c, h * p, w * p)
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Predict noise (and the variance interpolation) for noisy latents.
-
-        x: (N, C, H, W) latents, C = in_channels (4), H = W = input_size
-        t: (N,) diffusion timesteps (integers in [0, 1000), any dtype)
-        y: (N,) int64 class labels in [0, num_classes); num_classes is the null (unconditional) label
-        returns (N, out_channels, H, W): eps in the first C channels, then (learn_sigma) the C
-        channels of the learned-range variance
-        """
+        """(N, C, H, W) latents, (N,) timesteps in [0, 1000), (N,) labels (num_classes: the null label)
+        -> (N, out_channels, H, W): eps in the first C channels, then (learn_sigma) the variance's."""
         x = self.x_embedder(x) + self.pos_embed  # (N, T, D), T = (H / patch) * (W / patch)
         c = self.t_embedder(t) + self.y_embedder(y, self.training)  # (N, D) conditioning
         k = self.grad_ckpt_every
@@ -301,13 +267,10 @@ class DiT(nn.Module):
         cfg_scale: float,
         guidance_channels: int | None = None,
     ) -> torch.Tensor:
-        """Classifier-free guidance: the batch is [cond half; uncond half] of the same latents.
+        """Classifier-free guidance over a [cond half; uncond half] batch, on all noise channels by default.
 
-        eps = eps_uncond + cfg_scale * (eps_cond - eps_uncond) is applied to all `in_channels`
-        noise channels by default. The official code guides only the first 3 of the 4 channels,
-        a leftover from GLIDE's RGB models that the authors confirmed and kept for reproducibility
-        (DiT issue #41 / PR #12; cfg 1.5 on 3 channels gives FID 2.27, about what cfg 1.375 on all 4
-        gives). Pass guidance_channels=3 to reproduce the official numbers exactly.
+        The official code guides only the first 3 of 4 channels, a GLIDE leftover kept for
+        reproducibility (DiT issue #41; cfg 1.5 on 3 channels ~ cfg 1.375 on all 4): guidance_channels=3.
         """
         return cfg_forward(self.forward, self.in_channels, x, t, y, cfg_scale, guidance_channels)
 

@@ -1,10 +1,8 @@
 """Analytic model FLOPs of a DiT, the way the paper counts them.
 
-The paper's "Gflops" are multiply-accumulates of one forward pass (DiT-XL/2 at 256 px: 118.6
-GMACs). A training step costs forward + backward = 3 forward passes, and one MAC is 2 FLOPs, so
-model FLOPs per training image = 6 x forward MACs (about 712 GFLOP for DiT-XL/2). Recomputation
-from gradient checkpointing is deliberately not included: it is work the hardware does, not
-work the model needs, so checkpointing rightly lowers MFU.
+The paper's "Gflops" are multiply-accumulates of one forward pass (DiT-XL/2 at 256 px: 118.6 GMACs); a
+training image costs 3 passes of 2 FLOPs per MAC: 6 x forward MACs. Gradient checkpointing's
+recomputation is work the hardware does, not the model needs, so it is not counted (it lowers MFU).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Predicted training memory for any card, without the card (`ditbench plan`).
-
-`predict_cell(config, card_or_gib) -> Prediction` is the entry point; see predict.py. The names are
-imported on first use, so importing a submodule does not pull in the tracer.
-"""
+"""Predicted training memory and speed for any card, without the card (`ditbench plan`): predict.py's
+names, imported on first use (importing a submodule does not pull in the tracer)."""
 
 from __future__ import annotations
 

@@ -1,20 +1,11 @@
 """The CUDA caching allocator, replayed: what `max_memory_allocated` and `max_memory_reserved` report.
 
-A traced step gives the bytes each tensor requests; the card sees the caching allocator's view of
-them. PyTorch's allocator (c10/cuda/CUDACachingAllocator.cpp, default configuration: no
-expandable segments, no max_split_size, one stream) works like this, and so does this replay:
-
-* every request is rounded up to a multiple of 512 bytes (512 at least);
-* requests up to 1 MiB come from the small pool, whose segments are 2 MiB; larger ones from the
-  large pool, whose segments are 20 MiB for requests under 10 MiB and the request rounded up to
-  2 MiB otherwise;
-* a request takes the smallest cached free block that fits (best fit, lowest address on ties) and
-  splits it when the rest is worth keeping: at least 512 bytes in the small pool, more than 1 MiB in
-  the large pool; an unsplit block is counted whole in "allocated";
-* a freed block merges with free neighbours of its segment; segments are never returned, except
-  when a new segment does not fit on the card: then every entirely free segment is released and the
-  request retried once (an "allocation retry"); if it still does not fit, that is the OOM.
-
+As PyTorch's allocator (c10/cuda/CUDACachingAllocator.cpp; no expandable segments, one stream) does:
+a request is rounded up to 512 bytes; up to 1 MiB it comes from the small pool (2 MiB segments),
+else the large pool (20 MiB segments under 10 MiB, else the request rounded to 2 MiB). It takes the
+smallest free block that fits (lowest address on ties), split when the rest is worth keeping (>= 512
+bytes small, > 1 MiB large). A freed block merges with free neighbours; segments are kept until a new
+one does not fit: then every free segment is released and the request retried once, else OOM.
 "Allocated" is the sum of blocks in use, "reserved" the sum of segments.
 """
 

@@ -1,15 +1,10 @@
 """The answer first (`ditbench plan --card CARD`): per model, the fastest setting that fits the card.
 
-A setting is a precision, a checkpointing and a per-GPU micro-batch; the gradient accumulation that
-reaches the global batch follows (global = micro-batch x accumulation x GPUs), so every row trains the
-same recipe and its days compare. The search ranks every setting by predicted images/s (the time
-model, speed.py) and walks down the ranking until one fits: that one is the answer, the one before it
-the next faster setting, dropped for its memory. A setting whose live tensors alone exceed the card is
-dropped without a replay (the allocator holds at least what is live); the others are replayed through
-the caching allocator as every plan is. Accumulation is traced as such (from the second micro-batch on
-the gradients live through the forward). Precisions searched: bf16 and tf32 where the card has them
-(fp16 holds bf16's memory plus the GradScaler's at the same tensor-core rate; fp32 holds tf32's memory
-and is slower), else fp16 and fp32; `--precisions` searches others.
+A setting is a precision, a checkpointing and a per-GPU micro-batch; the accumulation that reaches the
+global batch follows, so every row trains the same recipe and its days compare. The settings are
+ranked by predicted images/s and walked down until one fits (the one before it: the next faster,
+dropped); one whose live tensors alone exceed the card is dropped without a replay. Precisions: bf16
+and tf32 where the card has them (fp16 and fp32 hold as much and are not faster), else fp16 and fp32.
 """
 
 from __future__ import annotations
@@ -20,6 +15,7 @@ from typing import Any
 
 from ditbench.errors import UserError
 from ditbench.plan.predict import Budget, Prediction, SpeedOptions, normalize, predict_budgets
+from ditbench.plan.render import is_tight
 from ditbench.plan.speed import band
 from ditbench.records.metrics import IMAGES_PER_S
 
@@ -101,14 +97,14 @@ def search(
     dropped = None
     capacity = bud.capacity
     for option in options:
-        live = option.series.live_peak(option.config["batch_size"])
-        if capacity is not None and live > capacity:
+        batch = option.config["batch_size"]
+        live = option.series.live_peak(batch)
+        if capacity is not None and live > capacity:  # the allocator holds at least what is live
             option.need_gib = live / 2**30 + bud.context_gib
-            dropped = option
-            continue
-        option.pred = predict_budgets(option.config, [option.config["batch_size"]], [bud], disk, speed)[0][0]
-        if option.pred.status in ("fits", "predicted"):
-            return Answer(model, option, dropped, len(options))
+        else:
+            option.pred = predict_budgets(option.config, [batch], [bud], disk, speed)[0][0]
+            if option.pred.status in ("fits", "predicted"):
+                return Answer(model, option, dropped, len(options))
         dropped = option
     return Answer(model, None, dropped, len(options))
 
@@ -120,7 +116,7 @@ class Goal:
     gpus: int
 
 
-def row(answer: Answer, goal: Goal, speed_band: float | None, memory_band: float) -> dict[str, Any]:
+def row(answer: Answer, speed_band: float | None, memory_band: float) -> dict[str, Any]:
     """An answer as the JSON row and the figures the text shows; intervals: speed.band."""
     out: dict[str, Any] = {"model": answer.model, "fits": bool(answer.best), "searched": answer.searched}
     b, d = answer.best, answer.dropped
@@ -131,14 +127,13 @@ def row(answer: Answer, goal: Goal, speed_band: float | None, memory_band: float
     if b is None:
         return out
     p = b.pred
-    seconds = goal.steps / b.steps_per_s
     memory = p.device_gib if p.device_gib is not None else p.peak_allocated_gib
-    days = seconds / 86400
+    days = p.time_to_target["days"]  # to the goal's steps, at the setting's steps/s
     out.update(
         _setting(b),
         memory_gib=memory,
         memory_interval=band(memory, memory_band),
-        tight=p.memory_gib is not None and memory * (1 + memory_band / 100) > p.memory_gib,
+        tight=is_tight(p),
     )
     out.update({IMG: b.rate, f"{IMG}_interval": band(b.rate, speed_band)})
     out.update(
@@ -146,7 +141,7 @@ def row(answer: Answer, goal: Goal, speed_band: float | None, memory_band: float
         days_interval=None
         if speed_band is None
         else [days / (1 + speed_band / 100), days / (1 - speed_band / 100)],
-        gpu_hours=seconds * goal.gpus / 3600,
+        gpu_hours=p.time_to_target["gpu_hours"],
         step_split_pct=p.step_split_pct,
         components=p.components,
         notes=p.notes,
@@ -231,7 +226,7 @@ def plan(bud: Budget, speed: SpeedOptions, models, precisions, ckpts, batches, g
     goal = Goal(global_batch, steps, speed.gpus)
     cal = speed.calibration or shipped()
     memory_band = memory_band_pct()
-    rows = [row(a, goal, cal.band_pct, memory_band) for a in found]
+    rows = [row(a, cal.band_pct, memory_band) for a in found]
     if images:  # the same settings on pre-extracted latents: what extracting them saves
         for r, a in zip(rows, found, strict=True):
             if a.best is not None:

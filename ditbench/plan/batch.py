@@ -1,13 +1,10 @@
 """One trace per series: every allocation's size as an exact function of the batch size.
 
-Cells of a series differ only in batch size, and a training step's allocations are the same
-sequence at every batch size; each one's size is either independent of the batch (weights, their
-gradients, optimizer state, the EMA, workspaces) or proportional to it (everything that carries the
-batch dimension, alone or flattened with other dimensions). So the step is traced once at a batch
-size P that is a prime larger than every batch-independent dimension (class count, timesteps,
-image side, widths): a size in elements is then divisible by P exactly when it carries the batch
-dimension, and size(B) = size(P) / P * B. The tests check the sequence this gives against direct
-traces at other batch sizes, allocation by allocation.
+A step's allocations are the same sequence at every batch size, each either independent of the batch
+(weights, gradients, optimizer state, EMA, workspaces) or proportional to it. So the step is traced
+once at a prime batch P above every batch-independent dimension (classes, image side, widths): a size
+is divisible by P exactly when it carries the batch dimension, and size(B) = size(P) / P * B (the
+tests check this against direct traces, allocation by allocation).
 """
 
 from __future__ import annotations
@@ -45,6 +42,13 @@ class SeriesTrace:
     per_sample: list[int]
     _live: tuple | None = field(default=None, repr=False, compare=False)
 
+    @classmethod
+    def of(cls, trace: Trace) -> SeriesTrace:
+        """A trace made at a probe batch: each size split into a constant or a per-sample part."""
+        p = trace.batch_size
+        const = [0 if s % p == 0 else s for s in trace.sizes]
+        return cls(trace, p, const, [s // p if s % p == 0 else 0 for s in trace.sizes])
+
     def live_peak(self, batch_size: int) -> int:
         """The most bytes live at once at `batch_size` (no allocator rounding, no workspaces): a lower
         bound on what the caching allocator holds."""
@@ -68,14 +72,4 @@ class SeriesTrace:
 
 def trace_series(knobs, target) -> SeriesTrace:
     """The series of `knobs` (ditbench.spec.knobs.Knobs, any batch size) traced at its probe batch."""
-    probe = probe_batch(knobs)
-    trace = trace_training(knobs, target, probe)
-    const, per_sample = [], []
-    for size in trace.sizes:
-        if size % probe == 0:
-            const.append(0)
-            per_sample.append(size // probe)
-        else:
-            const.append(size)
-            per_sample.append(0)
-    return SeriesTrace(trace=trace, probe=probe, const=const, per_sample=per_sample)
+    return SeriesTrace.of(trace_training(knobs, target, probe_batch(knobs)))

@@ -1,18 +1,10 @@
-"""Traces kept on disk, so a second plan (another card, another grid) re-traces nothing, and traces
-shipped with the package, so the default answer (`ditbench plan --card X`) traces nothing at all.
+"""Traces kept on disk ($DITBENCH_CACHE/plan, else ~/.cache/ditbench/plan), so a second plan re-traces
+nothing, and traces shipped with the package, so the default answer traces nothing at all.
 
-A series trace depends on the cell's memory-shaping knobs, the precision policy, the device kind,
-torch's version and ditbench's own code (the model, the step, the planner). The disk cache's key hashes
-all of them, the code as the bytes of every ditbench source file, so an edited model or step is traced
-afresh rather than answered from an old trace. A file that cannot be read back is ignored and
-replaced; a cache directory that cannot be written is not an error (the plan just traces).
-
-The shipped traces (traces.json.xz, written by benchmarks/plan_traces.py) are keyed without the code:
-tests/unit/test_plan_shipped.py holds them equal to fresh traces, so a change to the step that changes
-what it allocates fails there until they are rewritten. They serve only the torch release (major.minor)
-they were made with.
-
-Location of the disk cache: $DITBENCH_CACHE/plan, else ~/.cache/ditbench/plan.
+The disk cache's key hashes the trace key, torch's version and every ditbench source file, so edited
+code is traced afresh; an unreadable entry is replaced, an unwritable directory only means tracing.
+The shipped traces (traces.json.xz, benchmarks/plan_traces.py) are keyed without the code and serve
+their torch release only; tests/unit/test_plan_shipped.py holds them equal to fresh traces.
 """
 
 from __future__ import annotations
@@ -21,7 +13,6 @@ import functools
 import hashlib
 import json
 import lzma
-import os
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +20,14 @@ from ditbench.plan.batch import SeriesTrace
 from ditbench.plan.emulation import Target
 from ditbench.plan.trace import Trace
 
-CACHE_ENV = "DITBENCH_CACHE"
 VERSION = 3  # bump when what a trace records, or how, changes outside the source files
 SHIPPED = Path(__file__).with_name("traces.json.xz")
 
 
 def cache_dir() -> Path:
-    env = os.environ.get(CACHE_ENV)
-    return (Path(env).expanduser() if env else Path.home() / ".cache" / "ditbench") / "plan"
+    from ditbench.pretrained import cache_root
+
+    return cache_root() / "plan"
 
 
 @functools.lru_cache(maxsize=1)
@@ -78,7 +69,7 @@ def encode(series: SeriesTrace) -> dict[str, Any]:
     return {
         "target": [t.target.device, list(t.target.sm) if t.target.sm else None],
         "probe": series.probe, "sizes": t.sizes, "events": events, "labels": labels, "marks": t.marks,
-        "modeled": t.modeled, "notes": t.notes, "ops": t.ops, "params": t.params,
+        "modeled": t.modeled, "notes": t.notes, "params": t.params,
         "kernels": [[*row, count] for row, count in t.kernels.items()],
     }  # fmt: skip
 
@@ -101,18 +92,12 @@ def decode(d: dict[str, Any]) -> SeriesTrace | None:
             marks={str(k): int(v) for k, v in d["marks"].items()},
             modeled={int(k): tuple(v) for k, v in d["modeled"].items()},
             notes=[str(n) for n in d["notes"]],
-            ops=int(d["ops"]),
             params=int(d["params"]),
             kernels={
                 (str(r[0]), str(r[1]), bool(r[2]), *(int(x) for x in r[3:7])): int(r[7]) for r in d["kernels"]
             },
         )
-        if made != len(trace.sizes):
-            return None
-        probe = trace.batch_size
-        per = [s // probe if s % probe == 0 else 0 for s in trace.sizes]
-        const = [0 if s % probe == 0 else s for s in trace.sizes]
-        return SeriesTrace(trace, probe, const, per)
+        return SeriesTrace.of(trace) if made == len(trace.sizes) else None
     except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         return None
 

@@ -1,11 +1,8 @@
 """A speed calibration from the user's own measured cells (`ditbench plan --calibrate RESULTS.jsonl`).
 
-Each record that finished (`status: ok`) on a GPU of the card table with a measured `steps_per_s`
-becomes a calibration cell: its config is traced as the planner traces any cell (the trace cache
-serves a second plan) and the speed model's efficiencies are fitted to the measured speeds
-(speed.calibrate). Parameters the records cannot inform (the compile fusion share without a
-compiled cell) keep the shipped calibration's values, which also start the fit. Records are read
-with the one results reader (records.jsonl: plain JSON validated into records, nothing unpickled).
+Each record that finished on a GPU of the card table with a measured `steps_per_s` is traced as any
+cell and the time model is fitted to the measured speeds (speed.calibrate); parameters the records
+cannot inform keep the shipped calibration's values, which also start the fit.
 """
 
 from __future__ import annotations

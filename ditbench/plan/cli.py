@@ -25,13 +25,16 @@ tree. With SUITE, its cells are planned; KEY=VALUE overrides change them (optimi
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ditbench.expansion import add_max_cells
+
     parser.description = HELP
-    parser.add_argument(
+    add = parser.add_argument
+    add(
         "suite",
         nargs="?",
         help="plan this suite's cells (a shipped name or a YAML path) instead of the default grid",
     )
-    parser.add_argument(
+    add(
         "overrides",
         nargs="*",
         metavar="KEY=VALUE",
@@ -41,94 +44,58 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--card", help='the card to plan for, e.g. "RTX 4090", A100-80GB, H200')
     where.add_argument("--memory-gib", type=float, help="or the usable GiB of a card not in the table")
-    parser.add_argument(
+    add(
         "--tflops",
         type=float,
         help="with --memory-gib: its dense bf16/fp16 tensor TFLOPS (tf32 and fp32: half)",
     )
-    parser.add_argument("--mem-bw", type=float, help="with --memory-gib: its memory bandwidth in GB/s")
-    parser.add_argument(
-        "--full", action="store_true", help="after the answer, the grid and the decision tree"
-    )
-    parser.add_argument(
-        "--images", action="store_true", help="train from images, the VAE encoding every step"
-    )
-    parser.add_argument(
-        "--global-batch", type=int, help=f"images per optimizer step, all GPUs ({DEFAULT_GLOBAL_BATCH})"
-    )
-    parser.add_argument(
-        "--models",
-        action="append",
-        help="models, comma-separated (default: S/2,B/2,L/2,XL/2; --full: 12)",
-    )
-    parser.add_argument(
+    add("--mem-bw", type=float, help="with --memory-gib: its memory bandwidth in GB/s")
+    add("--full", action="store_true", help="after the answer, the grid and the decision tree")
+    add("--images", action="store_true", help="train from images, the VAE encoding every step")
+    add("--global-batch", type=int, help=f"images per optimizer step, all GPUs ({DEFAULT_GLOBAL_BATCH})")
+    add("--models", action="append", help="models, comma-separated (default: S/2,B/2,L/2,XL/2; --full: 12)")
+    add(
         "--precisions",
         action="append",
         help="precisions (default: the card's fastest; --full: fp32,tf32,fp16,bf16)",
     )
-    parser.add_argument("--grad-ckpt", action="append", help="checkpointing (default: none,full,every_2)")
-    parser.add_argument(
+    add("--grad-ckpt", action="append", help="checkpointing (default: none,full,every_2)")
+    add(
         "--batches",
         action="append",
         help="per-GPU batch sizes (default: those dividing the global batch; --full: 8,16,...,512)",
     )
-    parser.add_argument("--image-size", type=int, default=None, help="grid image size in pixels (256)")
-    parser.add_argument(
-        "--impl", default=None, choices=("ditbench", "diffusers"), help="grid DiT implementation (ditbench)"
-    )
-    parser.add_argument(
-        "--optimizer-impl",
-        default=None,
-        choices=("auto", "fused", "foreach", "for-loop"),
-        help="grid AdamW kernel (auto)",
-    )
-    parser.add_argument("--results", type=Path, help="results.jsonl whose measured cells replace predictions")
-    parser.add_argument(
+    add("--image-size", type=int, help="grid image size in pixels (256)")
+    add("--impl", choices=("ditbench", "diffusers"), help="grid DiT implementation (ditbench)")
+    add("--optimizer-impl", choices=("auto", "fused", "foreach", "for-loop"), help="grid AdamW kernel (auto)")
+    add("--results", type=Path, help="results.jsonl whose measured cells replace predictions")
+    add(
         "--context-gib",
         type=float,
-        default=None,
         help="CUDA context outside the allocator (default: 0.5, or measured with --results)",
     )
-    parser.add_argument(
-        "--target-batch", type=int, default=None, help="batch the decision tree aims for (32)"
-    )
-    parser.add_argument("--no-tree", action="store_true", help="skip the decision tree over card classes")
-    parser.add_argument(
+    add("--target-batch", type=int, help="batch the decision tree aims for (32)")
+    add("--no-tree", action="store_true", help="skip the decision tree over card classes")
+    add(
         "--gpus",
         type=int,
-        default=None,
         help="data-parallel GPUs (default: 1): memory per rank, the collectives over the card's interconnect",
     )
-    parser.add_argument(
-        "--shard", choices=("ddp", "fsdp"), help="with --gpus: DDP (a replica per GPU, default) or FSDP2"
-    )
+    add("--shard", choices=("ddp", "fsdp"), help="with --gpus: DDP (a replica per GPU, default) or FSDP2")
     goal = parser.add_mutually_exclusive_group()
-    goal.add_argument(
-        "--target-steps", type=int, default=None, help="steps to train, for days and GPU-hours (400000)"
-    )
-    goal.add_argument("--target-images", type=int, default=None, help="or images to train on")
-    parser.add_argument(
+    goal.add_argument("--target-steps", type=int, help="steps to train, for days and GPU-hours (400000)")
+    goal.add_argument("--target-images", type=int, help="or images to train on")
+    add(
         "--calibrate",
         type=Path,
         metavar="RESULTS.jsonl",
         help="fit the speed model on these measured cells (ditbench records of GPUs in the card table) "
         "instead of the shipped H200 calibration",
     )
-    parser.add_argument(
-        "--jobs",
-        type=int,
-        default=None,
-        help="processes tracing series in parallel (default: from the CPU count)",
-    )
-    parser.add_argument(
-        "--json", action="store_true", help="print the plan as JSON on stdout instead of tables"
-    )
-    from ditbench.expansion import add_max_cells
-
+    add("--jobs", type=int, help="processes tracing series in parallel (default: from the CPU count)")
+    add("--json", action="store_true", help="print the plan as JSON on stdout instead of tables")
     add_max_cells(parser, "a grid (or --suite matrix) of")
-    parser.add_argument(
-        "--no-cache", action="store_true", help="trace every series afresh (default: reuse traces on disk)"
-    )
+    add("--no-cache", action="store_true", help="trace every series afresh (default: reuse traces on disk)")
 
 
 def _list(values: list[str] | None, default, what: str) -> list[str]:
@@ -251,16 +218,12 @@ def _refuse_grid_flags(args: argparse.Namespace) -> None:
 def _budgets(args: argparse.Namespace, suite, series, context: float):
     from ditbench.plan.predict import budget
 
-    if all(s.config["device"] == "cpu" for s in series) and args.card is None and args.memory_gib is None:
+    asked = args.card if args.card is not None else args.memory_gib
+    if asked is None and all(s.config["device"] == "cpu" for s in series):
         return budget(None, context, device="cpu")  # a CPU suite: the CPU allocator, no card
-    if args.card is not None:
-        return budget(args.card, context)
-    if args.memory_gib is not None:
-        return budget(args.memory_gib, context)
-    if suite is not None and (suite.card or suite.gpu_memory_gib) is not None:
-        # The suite emulates a card: its allocator is capped at the card less the CUDA context.
-        return budget(suite.card or suite.gpu_memory_gib, context)
-    return budget(None, context)
+    if asked is None and suite is not None:  # a suite that emulates a card plans for it
+        asked = suite.card or suite.gpu_memory_gib
+    return budget(asked, context)
 
 
 def _refuse_unused(args: argparse.Namespace, cuda: bool) -> None:
@@ -297,7 +260,7 @@ def _answer(args: argparse.Namespace, request, context: float, speed):
     base = _base(args, request)
     for m, c in itertools.product(models, ckpts):  # a model and setting that cannot run: before any trace
         normalize({**base, "model": m, "grad_ckpt": c})
-    bud = budget(args.card if args.card is not None else args.memory_gib, context)
+    bud = budget(args.card if args.card is not None else args.memory_gib, context)  # one of them or None
     sheet = speed.sheet or datasheet(bud.card)
     if bud.memory_gib is None or sheet is None:
         return None
@@ -337,10 +300,8 @@ def run(args: argparse.Namespace) -> int:
     cuda = any(s.config["device"] == "cuda" for s in series)
     _refuse_unused(args, cuda)
     card_name = args.card if args.card is not None else getattr(suite, "card", None)
-    if card_name is not None:
-        note = ambiguity(card_name)
-        if note:
-            print(f"ditbench plan: {note}", file=sys.stderr)
+    if card_name is not None and (note := ambiguity(card_name)):
+        print(f"ditbench plan: {note}", file=sys.stderr)
     asked = find_card(main.card) if main.card else main.memory_gib
     tree_cards = class_cards(asked) if cuda and not args.no_tree else []
     budgets = [main] + [budget(card, context) for _, card in tree_cards]
@@ -380,11 +341,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if answered:
         print(answered[1] + "\n")
-    print(
-        full_text(
-            cells, main, len(series), seconds, measured if records else None, speed, advice, target_batch
-        )
-    )
+    shown = measured if records else None
+    print(full_text(cells, main, len(series), seconds, shown, speed, advice, target_batch))
     return 0
 
 
@@ -392,21 +350,14 @@ def _speed_options(args: argparse.Namespace, request):
     from ditbench.plan.predict import SpeedOptions
     from ditbench.plan.speed import DEFAULT_TARGET_STEPS
 
-    sheet = None
-    if args.tflops is not None or args.mem_bw is not None:
-        sheet = _sheet(args)
+    sheet = _sheet(args) if args.tflops is not None or args.mem_bw is not None else None
     calibration = None
     if args.calibrate is not None:
         from ditbench.plan.calibration import from_records
 
         calibration = from_records(args.calibrate, _read_results(args.calibrate, "--calibrate"))
-    return SpeedOptions(
-        calibration=calibration,
-        gpus=request.gpus or 1,
-        target_steps=request.target_steps or DEFAULT_TARGET_STEPS,
-        target_images=request.target_images,
-        sheet=sheet,
-    )
+    steps = request.target_steps or DEFAULT_TARGET_STEPS
+    return SpeedOptions(calibration, request.gpus or 1, steps, request.target_images, sheet)
 
 
 def _sheet(args: argparse.Namespace):

@@ -1,30 +1,25 @@
-"""What a traced step borrows from the target device: CUDA behaviour on the fake CPU device.
+"""What a traced step borrows from the target device: CUDA behaviour on the fake CPU device (trace.py).
 
-The trace runs the real Trainer on fake CPU tensors (trace.py says why). Where a CUDA step differs
-from a CPU step, this module supplies the CUDA behaviour, each piece stated:
-
-* precision: the CUDA policy (autocast to fp16/bf16, a GradScaler for fp16; tf32 allocates exactly
-  like fp32, it only changes the matmul math mode), applied to the fake device. bf16 needs sm80+.
-* optimizer: `optimizer_impl: auto` is the kernel the Trainer picks for the device
-  (`train.optim.AUTO_IMPL`: fused AdamW, no temporaries, on CUDA and on a CPU).
-* cuBLAS: each thread that runs a matmul gets a handle with its own workspace from the caching
-  allocator: 32 MiB on sm90/sm100/sm120, 8 MiB + 128 KiB elsewhere (PyTorch's defaults), one for
-  the caller's thread and one for autograd's device thread.
-* attention: the backward kernels' float32 scratch (trace.py); forward outputs and saved tensors
-  are the same for CPU and CUDA kernels.
-* autocast: CPU autocast casts matmuls, convolutions and attention to low precision as CUDA
-  autocast does, but leaves ops CUDA runs in float32 (layer/group norm, exp, log, pow, softmax,
-  sums, ...) in the input's precision; for the trace those ops get CUDA's rule (`cuda_autocast`).
-* the Trainer's seams: it takes the policy (`policy_for`) and a compiler (compiled.py) from the trace,
-  and moves a model built on its device nowhere (FakeTensorMode cannot swap parameters). `copy.deepcopy`
-  of a fake tensor clones it in the trace's fake mode (torch's own deepcopy of a fake tensor makes it in
-  a new fake mode, whose tensors the trace could not follow), as a real deepcopy clones the storage.
+* precision: the CUDA policy (autocast, a GradScaler for fp16; tf32 allocates like fp32), bf16 sm80+;
+* optimizer: `optimizer_impl: auto` as the Trainer resolves it (train.optim.AUTO_IMPL);
+* cuBLAS: a workspace per calling thread (the caller's and autograd's), 32 MiB on sm90/100/120, else
+  8 MiB + 128 KiB (PyTorch's defaults); attention: the backward's float32 scratch (trace.py);
+* autocast: ops CUDA autocast runs in float32 (norms, exp, log, softmax, sums, ...) but CPU autocast
+  leaves in low precision get CUDA's rule (`cuda_autocast`);
+* `copy.deepcopy` of a fake tensor clones it in the trace's fake mode (torch's makes a new fake mode,
+  whose tensors the trace could not follow);
+* torch.compile (`traced_compiler`): AOTAutograd with inductor's decompositions and min-cut
+  partitioner, the graphs run unfused (a compiled cell errs high by what one fused group holds). Dynamo
+  does not compile under a dispatch mode: a call steps the recorder off the mode stack, the graphs put
+  it back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import threading
 import warnings
 from dataclasses import dataclass
 
@@ -32,32 +27,14 @@ import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
 
+from ditbench.cards import CARDS
 from ditbench.precision import BF16_CAPABILITY
 
 MiB = 1 << 20
 
-# Compute capability per card of ditbench.cards (decides bf16, flash attention, cuBLAS workspace).
-CARD_ARCH: dict[str, tuple[int, int]] = {
-    "RTX 3060 12GB": (8, 6),
-    "RTX 4070 12GB": (8, 9),
-    "T4": (7, 5),
-    "RTX 4080 16GB": (8, 9),
-    "V100 16GB": (7, 0),
-    "RTX 3090": (8, 6),
-    "RTX 4090": (8, 9),
-    "L4": (8, 9),
-    "A10": (8, 6),
-    "RTX 5090": (12, 0),
-    "V100-32GB": (7, 0),
-    "A100-40GB": (8, 0),
-    "RTX A6000": (8, 6),
-    "L40S": (8, 9),
-    "A100-80GB": (8, 0),
-    "H100": (9, 0),
-    "H100 NVL": (9, 0),
-    "H200": (9, 0),
-}
+CARD_ARCH = {c.name: c.arch for c in CARDS}  # decides bf16, flash attention, the cuBLAS workspace
 # A bare memory size (--memory-gib) plans for an Ampere-class GPU: bf16 and flash attention work.
 GENERIC_ARCH = (8, 0)
 
@@ -92,6 +69,12 @@ def cuda_target(card_name: str | None) -> Target:
     return Target("cuda", CARD_ARCH.get(card_name, GENERIC_ARCH) if card_name else GENERIC_ARCH)
 
 
+def traced_on(target: Target) -> Target:
+    """What a series for `target` is traced on: the CPU, or a GPU that runs every policy (bf16 too), so
+    one trace serves every GPU."""
+    return CPU if target.device == "cpu" else cuda_target(None)
+
+
 def optimizer_impl(requested: str, target: Target) -> str:
     """The AdamW implementation the Trainer runs on the target for the requested `optimizer_impl`."""
     if requested == "auto":
@@ -102,11 +85,8 @@ def optimizer_impl(requested: str, target: Target) -> str:
 
 
 def policy_for(precision: str, target: Target):
-    """The Trainer's precision policy on the target, made to run on the fake CPU device.
-
-    The policy comes from ditbench.precision itself (asked for "cuda", with bf16 support as
-    the target has it), so a change there changes the trace; only its device type is the fake one.
-    """
+    """The Trainer's precision policy on the target (ditbench.precision's own, asked for "cuda" with the
+    target's bf16 support), its device type made the fake CPU device."""
     from ditbench.precision import get_precision_policy
 
     if target.device == "cpu":
@@ -122,14 +102,14 @@ _FP32_OPS = (
     "pow.Tensor_Scalar pow.Tensor_Tensor rsqrt reciprocal acos asin cosh sinh tan erfinv softplus"
 ).split()
 _FP32_DTYPE_OPS = "softmax.int log_softmax.int sum sum.dim_IntList cumsum cumprod prod prod.dim_int".split()
-_LOW = (torch.float16, torch.bfloat16)
+LOW_DTYPES = (torch.float16, torch.bfloat16)
 _AUTOCAST_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastCPU)
 
 
 def _fp32_kernel(op):
     def kernel(*args, **kwargs):
         with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
-            args = [a.float() if isinstance(a, torch.Tensor) and a.dtype in _LOW else a for a in args]
+            args = [a.float() if isinstance(a, torch.Tensor) and a.dtype in LOW_DTYPES else a for a in args]
             return op(*args, **kwargs)
 
     return kernel
@@ -142,7 +122,7 @@ def _fp32_dtype_kernel(op):
     def kernel(*args, **kwargs):
         with torch._C._ExcludeDispatchKeyGuard(_AUTOCAST_CPU):
             given = args[at] if len(args) > at else kwargs.get("dtype")
-            if given is None and args[0].dtype in _LOW:
+            if given is None and args[0].dtype in LOW_DTYPES:
                 if len(args) > at:
                     args = (*args[:at], torch.float32, *args[at + 1 :])
                 else:
@@ -152,19 +132,15 @@ def _fp32_dtype_kernel(op):
     return kernel
 
 
-# torch's warning (from C++, once per process) when a kernel replaces one registered for the same key.
-OVERRIDE_WARNING = r"(?s).*Overriding a previously registered kernel"
-
-
 @contextlib.contextmanager
 def cuda_autocast():
     """CPU autocast with CUDA's rule for the ops CUDA autocast runs in float32 (see the module doc)."""
     lib = torch.library.Library("aten", "IMPL")
     try:
         with warnings.catch_warnings():
-            # Replacing CPU autocast's own kernel for an op is the point; torch warns about it, and the
-            # warning says nothing a plan's user can act on.
-            warnings.filterwarnings("ignore", message=OVERRIDE_WARNING)
+            # Replacing CPU autocast's own kernel for an op is the point; torch's warning about it (from
+            # C++, once per process) says nothing a plan's user can act on.
+            warnings.filterwarnings("ignore", message=r"(?s).*Overriding a previously registered kernel")
             for name in _FP32_OPS + _FP32_DTYPE_OPS:
                 packet, _, overload = name.partition(".")
                 op = getattr(getattr(torch.ops.aten, packet), overload or "default")
@@ -189,3 +165,66 @@ class FakeDeepcopy(TorchFunctionMode):
                 memo[id(tensor)] = new
             return memo[id(tensor)]
         return func(*args, **(kwargs or {}))
+
+
+_state = threading.local()
+
+
+def _recorded(fn):
+    """A compiled graph that runs under the recorder the compiled model's call stepped off the stack."""
+
+    def run(args):
+        recorder = getattr(_state, "recorder", None)
+        if recorder is None or _get_current_dispatch_mode() is recorder:
+            return fn(args)
+        with recorder:
+            return fn(args)
+
+    run._boxed_call = True
+    return run
+
+
+def _backend():
+    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.decomposition import select_decomp_table
+
+    def run_as_is(gm, _example_inputs):
+        return _recorded(make_boxed_func(gm.forward))
+
+    return aot_autograd(
+        fw_compiler=run_as_is,
+        bw_compiler=run_as_is,
+        partition_fn=functools.partial(min_cut_rematerialization_partition, compiler="inductor"),
+        decompositions=select_decomp_table(),
+    )
+
+
+@contextlib.contextmanager
+def traced_compiler():
+    """A function in torch.compile's place (the Trainer's `compiler`) whose compiled models run as graphs
+    the trace can follow (inductor's options do not apply); dynamo's caches are reset around it."""
+    backend = _backend()
+
+    def compile_(model, **_options):
+        compiled = torch.compile(model, backend=backend, dynamic=False)
+        inner = compiled.forward
+
+        def forward(*args, **kw):
+            if _get_current_dispatch_mode() is None:
+                return inner(*args, **kw)
+            with _pop_mode_temporarily() as recorder:
+                _state.recorder = recorder
+                try:
+                    return inner(*args, **kw)
+                finally:
+                    _state.recorder = None
+
+        compiled.forward = forward
+        return compiled
+
+    torch._dynamo.reset()
+    try:
+        yield compile_
+    finally:
+        torch._dynamo.reset()

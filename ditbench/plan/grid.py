@@ -1,11 +1,10 @@
-"""A grid of cells, predicted: the default paper grid or a suite's cells, one trace per series.
-
-Series (cells that differ only in batch size) are traced once each, largest models first, in up to
-`jobs` processes; every batch size and every budget (card) is a replay of that trace.
-"""
+"""A grid of cells, predicted: the default paper grid or a suite's cells. Each series (cells that differ
+only in batch size) is traced once, largest models first, in up to `jobs` processes; every batch size
+and every card is a replay of that trace."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -40,15 +39,10 @@ def grid(
 ) -> list[Series]:
     """model x precision x checkpointing, each a series over the batch sizes."""
     batches = sorted(set(batch_sizes))
-    out = []
-    for model in models:
-        for precision in precisions:
-            for ckpt in grad_ckpts:
-                config = normalize(
-                    {**(base or {}), "model": model, "precision": precision, "grad_ckpt": ckpt}
-                )
-                out.append(Series(config, batches))
-    return out
+    return [
+        Series(normalize({**(base or {}), "model": m, "precision": p, "grad_ckpt": c}), batches)
+        for m, p, c in itertools.product(models, precisions, grad_ckpts)
+    ]
 
 
 def suite_grid(cells: Iterable[Any], device: str | None = None) -> list[Series]:
@@ -58,12 +52,11 @@ def suite_grid(cells: Iterable[Any], device: str | None = None) -> list[Series]:
         config = dict(cell.config)
         if device is not None:
             config["device"] = device
-        batch = config["batch_size"]
-        key = repr(sorted((k, repr(v)) for k, v in normalize(config).items() if k != "batch_size"))
-        if key not in groups:
-            groups[key] = Series(normalize({**config}), [])
-        if batch not in groups[key].batch_sizes:
-            groups[key].batch_sizes.append(batch)
+        cell_config = normalize(config)
+        key = repr(sorted((k, repr(v)) for k, v in cell_config.items() if k != "batch_size"))
+        series = groups.setdefault(key, Series(cell_config, []))
+        if config["batch_size"] not in series.batch_sizes:
+            series.batch_sizes.append(config["batch_size"])
     return list(groups.values())
 
 
@@ -78,10 +71,10 @@ def _groups(series: list[Series], budgets: list[Budget]) -> list[list[int]]:
     """Indices of series that differ only in a precision that shares their trace (fp32 and tf32 on a
     GPU), costliest first."""
     from ditbench.errors import UnsupportedError
-    from ditbench.plan.emulation import CPU, cuda_target
+    from ditbench.plan.emulation import traced_on
     from ditbench.plan.predict import trace_key, trace_knobs
 
-    target = CPU if budgets[0].target.device == "cpu" else cuda_target(None)
+    target = traced_on(budgets[0].target)
     groups: dict[object, list[int]] = {}
     for i, s in enumerate(series):
         try:
@@ -117,10 +110,10 @@ def _work(
 
 
 def _respeed(p: Prediction, target, disk_cache: bool, speed: SpeedOptions) -> None:
-    from ditbench.plan.emulation import CPU, cuda_target
+    from ditbench.plan.emulation import traced_on
     from ditbench.plan.predict import fill_speed, series_trace, trace_knobs
 
-    first = CPU if target.device == "cpu" else cuda_target(None)
+    first = traced_on(target)
     fill_speed(p, series_trace(trace_knobs(p.config, first), first, disk=disk_cache), speed)
 
 

@@ -1,21 +1,10 @@
-"""What each traced operation costs: its category, its math dtype, its FLOPs and the bytes it moves.
+"""What each traced operation costs, for the time model (speed.py): one row per kernel launched.
 
-The trace (trace.py) sees every aten operation of the training step with its real shapes and dtypes.
-For the time model (speed.py) each operation that launches a kernel is reduced to one row:
-
-* category: `matmul` (mm, addmm, bmm, convolutions), `attention` (the fused scaled-dot-product
-  kernels, forward and backward), `optimizer` (the foreach/fused AdamW kernels, the GradScaler's
-  checks and the EMA's foreach update) or `elementwise` (everything else: norms, activations, casts,
-  copies, reductions);
-* the dtype its math runs in (the first floating-point input's);
-* FLOPs, from torch's own FLOP formulas (`torch.utils.flop_counter`), for matmuls and attention
-  (elementwise work is memory bound, so only its bytes count);
-* bytes: every tensor read plus every tensor written (a mutated argument is written back);
-* whether it runs in the backward pass (autograd's engine is calling it), for DDP's overlap.
-
-FLOPs and bytes are split into a batch-independent part and a per-sample part the way batch.py
-splits allocations: traced at a prime batch P, a quantity carrying the batch dimension is divisible
-by P. Views, empty allocations and host scalars launch nothing and are not counted.
+A row: the category (matmul, attention, optimizer: AdamW, GradScaler and EMA updates, or elementwise),
+the dtype its math runs in (the first floating-point input's), its FLOPs (torch.utils.flop_counter;
+matmuls and attention only: elementwise work is memory bound), the bytes every tensor read and written
+moves, and whether it runs in the backward. FLOPs and bytes are split into a batch-independent and a
+per-sample part as batch.py splits allocations. Views and empty allocations launch nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +12,6 @@ from __future__ import annotations
 import torch
 from torch.utils import flop_counter
 
-CATEGORIES = ("matmul", "attention", "elementwise", "optimizer")
 _MATMUL = frozenset(
     "mm addmm bmm baddbmm addbmm mv addmv dot _addmm_activation convolution _convolution "
     "convolution_backward".split()
@@ -50,12 +38,13 @@ def category(name: str) -> str:
     return "elementwise"
 
 
-def _tensors(x):
+def tensors(x):
+    """The tensors of an argument or an output, nested tuples and lists flattened, in order."""
     if isinstance(x, torch.Tensor):
         yield x
     elif isinstance(x, (tuple, list)):
         for item in x:
-            yield from _tensors(item)
+            yield from tensors(item)
 
 
 def _flops(name: str, func, args, kwargs, out) -> int:
@@ -85,14 +74,14 @@ def op_row(func, args, kwargs, out, batch: int, backward: bool) -> tuple | None:
     name = _name(func)
     if func.is_view or name in _NO_KERNEL:
         return None
-    inputs = list(_tensors(list(args) + list(kwargs.values())))
-    outputs = list(_tensors(out))
+    inputs = list(tensors(list(args) + list(kwargs.values())))
+    outputs = list(tensors(out))
     if not outputs and func._schema.is_mutable:  # in-place foreach ops return nothing: they write back
         outputs = [
             t
             for arg, value in zip(func._schema.arguments, args, strict=False)
             if arg.alias_info is not None and arg.alias_info.is_write
-            for t in _tensors(value)
+            for t in tensors(value)
         ]
     if not inputs and not outputs:
         return None

@@ -1,11 +1,8 @@
 """Measured cells override predicted ones: a results.jsonl record of the same cell replaces the prediction.
 
-A record matches a prediction when every knob that shapes device memory is equal (model, impl,
-image size, precision, checkpointing, batch, compile, optimizer implementation, classes, device,
-one GPU). The measured peaks replace the predicted ones; whether the cell fits the planned card
-follows from the measurement: a run that finished fits when what the card's memory held (NVML's
-device memory, else reserved + the context) is within the card; a run that ran out of memory does
-not fit a card no larger than the memory it had. Anything else keeps the prediction.
+A record matches when every knob that shapes device memory (_KEYS) is equal. A finished run fits when
+what the card held (NVML's device memory, else reserved + the context) is within the card; a run out
+of memory does not fit a card no larger than what it had. Anything else keeps the prediction.
 """
 
 from __future__ import annotations
@@ -16,19 +13,9 @@ from ditbench.plan.predict import Prediction, normalize
 from ditbench.records.metrics import DEVICE_MEM, PEAK_ALLOCATED, PEAK_RESERVED
 from ditbench.records.model import Record
 
-_KEYS = (
-    "model",
-    "impl",
-    "image_size",
-    "precision",
-    "grad_ckpt",
-    "batch_size",
-    "compile",
-    "optimizer_impl",
-    "num_classes",
-    "device",
-    "gpus",
-    "nodes",
+_KEYS = tuple(
+    "model impl image_size precision grad_ckpt batch_size compile optimizer_impl num_classes device gpus "
+    "nodes".split()
 )
 
 

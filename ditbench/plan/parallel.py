@@ -1,17 +1,12 @@
 """Data-parallel cells per rank: what one rank of N holds, from the one-GPU trace of the cell.
 
-DDP (`strategy: ddp`, dist.wrap_model): every rank holds the whole model, its gradients, AdamW state
-and EMA, as one GPU does, plus the reducer's gradient buckets: a second, flat copy of the gradients
-(gradient_as_bucket_view is off) in buckets of 25 MiB after a first of 1 MiB, made when the model is
-wrapped. FSDP2 (`strategy: fsdp`: fully_shard on every block, then the root): each parameter's first
-dimension is split over the ranks (padded to a multiple of N), so a rank holds its 1/N of the weights,
-and so of the gradients, the AdamW state and the EMA (built on the shards); while a step runs it also
-holds the gathered weights of the root (kept from its forward to its backward) and, at the start of
-the backward where the activations peak, five blocks' worth: the block being computed and the one
-prefetched (each a flat all-gather output, kept until the next block's wait, and the weights copied
-out of it), its unsharded gradients and their reduce-scatter input; all float32 (no mixed-precision
-policy). On gloo (a CPU) the collectives copy more: reports/plan_vs_cpu/fsdp.md. Activations are a
-one-GPU cell's at the per-rank batch. The rest of the trace is the one-GPU trace.
+DDP: every rank holds what one GPU does plus the reducer's buckets, a flat copy of the gradients in
+buckets of 25 MiB after a first of 1 MiB, made when the model is wrapped. FSDP2 (fully_shard on every
+block, then the root): each parameter's first dimension split over the ranks (padded), so a rank holds
+1/N of the weights, gradients, AdamW state and EMA; while a step runs also the root's gathered weights
+and, where the backward starts, five float32 blocks' worth (the computed and the prefetched block's
+all-gather output and weights, its gradients and their reduce-scatter input). Activations are a
+one-GPU cell's at the per-rank batch (on gloo the collectives copy more: reports/plan_vs_cpu/fsdp.md).
 """
 
 from __future__ import annotations
@@ -47,10 +42,7 @@ def _shapes(model: str, image_size: int, num_classes: int) -> tuple[list, list]:
 def _numel(shape: tuple, n: int = 1) -> int:
     """Elements of a parameter's shard on one of n ranks (the first dimension split, padded)."""
     rows = shape[0] if shape else 1
-    rest = 1
-    for d in shape[1:]:
-        rest *= d
-    return -(-rows // n) * rest
+    return -(-rows // n) * math.prod(shape[1:])
 
 
 def sizes(cell: dict[str, Any]) -> tuple[float, int, int]:

@@ -1,16 +1,9 @@
 """Predicted training memory of a cell on a card: `predict_cell(config, card_or_gib) -> Prediction`.
 
-The cell's step is traced on fake tensors (trace.py, once per series: batch.py), replayed through the
-CUDA caching allocator (allocator.py) with the card's memory as the limit, and the CUDA context
-added: the prediction says what `max_memory_allocated` and `max_memory_reserved` will report in a
-measured window, what the card's memory holds at the allocated peak (weights, gradients, optimizer
-state, EMA, activations, workspaces, context) and whether the cell fits.
-
-    from ditbench.plan import predict_cell
-    p = predict_cell({"model": "DiT-XL/2", "precision": "bf16", "batch_size": 32}, "RTX 4090")
-    p.status, p.peak_allocated_gib, p.components
-
-A CPU cell (`device: cpu`) is predicted for the CPU allocator: no rounding, no card.
+The step is traced on fake tensors (trace.py, once per series: batch.py), replayed through the CUDA
+caching allocator (allocator.py) with the card's memory as the limit, plus the CUDA context: what
+`max_memory_allocated`/`max_memory_reserved` will report, what the card holds at the peak, by
+component, and whether the cell fits. A CPU cell is predicted for the CPU allocator (no rounding).
 """
 
 from __future__ import annotations
@@ -25,8 +18,9 @@ from ditbench.cards import Card, check_gib, find_card
 from ditbench.errors import UnsupportedError, UserError, shorten
 from ditbench.plan.allocator import Replay, live_at, raw_peak, replay
 from ditbench.plan.batch import SeriesTrace, trace_series
-from ditbench.plan.emulation import CPU, Target, cuda_target, optimizer_impl, policy_for
+from ditbench.plan.emulation import CPU, Target, cuda_target, optimizer_impl, policy_for, traced_on
 from ditbench.plan.parallel import per_rank, world
+from ditbench.plan.speed import DEFAULT_TARGET_STEPS
 from ditbench.plan.trace import STATE_LABELS
 from ditbench.spec.knobs import KNOBS, Knobs, PartialKnobs
 
@@ -36,12 +30,10 @@ GiB = 1 << 30
 DEFAULT_CONTEXT_GIB = 0.5
 COMPONENTS = (*STATE_LABELS, "vae", "activations", "workspace", "buffers")  # buffers: DDP's or FSDP's
 
-# Knobs the trace leaves at their defaults: they do not change what a one-GPU step allocates (seed,
-# learning rates, the decay; data parallelism is applied to the one-GPU trace, parallel.py), or the
-# planner does not model them (compile_mode is traced at its default);
-# the batch size is the series' axis. Accumulation is traced at 1 or 2 micro-batches: from the second
-# on, each holds the gradients through its forward, so 2 is every K >= 2's steady state. Every other
-# knob shapes the traced step.
+# Knobs the trace leaves at their defaults: they do not change what a one-GPU step allocates (data
+# parallelism is applied to the trace: parallel.py), or are not modeled (compile_mode); the batch size
+# is the series' axis. Accumulation is traced at 1 or 2 micro-batches: from the second on, each holds
+# the gradients through its forward, so 2 is every K >= 2's steady state.
 _UNTRACED = (
     "batch_size", "gpus", "nodes", "strategy", "compile_mode", "optimizer",
     "seed", "lr", "weight_decay", "ema_decay",
@@ -128,7 +120,7 @@ class SpeedOptions:
 
     calibration: Any = None
     gpus: int = 1
-    target_steps: int = 400_000
+    target_steps: int = DEFAULT_TARGET_STEPS
     target_images: int | None = None
     sheet: Any = None  # a card outside the table (--tflops, --mem-bw); None: the card's datasheet
 
@@ -165,13 +157,12 @@ def budget(
         raise UserError(f"the CUDA context must be a finite number of GiB >= 0, got {shorten(context_gib)}")
     if device == "cpu":
         return Budget(None, None, 0.0, CPU)
+    if isinstance(card_or_gib, str):
+        card_or_gib = find_card(card_or_gib)
     if card_or_gib is None:
         card, gib = None, None
     elif isinstance(card_or_gib, Card):
         card, gib = card_or_gib.name, card_or_gib.usable_gib
-    elif isinstance(card_or_gib, str):
-        found = find_card(card_or_gib)
-        card, gib = found.name, found.usable_gib
     else:
         card, gib = None, check_gib(card_or_gib, "the card memory")
     return Budget(card, gib, float(context_gib), cuda_target(card))
@@ -194,10 +185,7 @@ def trace_key(knobs: Knobs, target: Target) -> tuple:
 
 def series_trace(knobs: Knobs, target: Target, disk: bool = False) -> SeriesTrace:
     """The traced series: from this process's memory, else (disk=True) the shipped traces or the on-disk
-    cache, else traced.
-
-    One trace serves every GPU (workspaces are sized at replay).
-    """
+    cache, else traced. One trace serves every GPU (workspaces are sized at replay)."""
     key = trace_key(knobs, target)
     if key in _CACHE:
         _CACHE.move_to_end(key)
@@ -228,8 +216,7 @@ def predict_cell(
     """Predict one cell. `card_or_gib`: a card name ("RTX 4090"), a Card, usable GiB, or None; disk:
     the shipped traces and the trace cache serve it (as `ditbench plan`)."""
     cell = normalize(config)
-    bud = budget(card_or_gib, context_gib, cell["device"])
-    return predict_budgets(cell, [cell["batch_size"]], [bud], disk_cache=disk)[0][0]
+    return predict_series(cell, [cell["batch_size"]], card_or_gib, context_gib=context_gib, disk=disk)[0]
 
 
 def predict_series(
@@ -238,10 +225,11 @@ def predict_series(
     card_or_gib: str | Card | float | int | None = None,
     *,
     context_gib: float = DEFAULT_CONTEXT_GIB,
+    disk: bool = False,
 ) -> list[Prediction]:
     """Predict the cells that differ from `config` only in batch size: one trace for all of them."""
     cell = normalize(config)
-    return predict_budgets(cell, batch_sizes, [budget(card_or_gib, context_gib, cell["device"])])[0]
+    return predict_budgets(cell, batch_sizes, [budget(card_or_gib, context_gib, cell["device"])], disk)[0]
 
 
 def predict_budgets(
@@ -259,9 +247,8 @@ def predict_budgets(
     status = "unsupported"
     series = None
     if reason is None:
-        # One trace serves every GPU: trace with one that runs every policy (bf16 included); a card that
-        # cannot run the cell's policy is told so per budget below.
-        first = CPU if budgets[0].target.device == "cpu" else cuda_target(None)
+        # One trace serves every GPU; a card that cannot run the cell's policy is told so per budget below.
+        first = traced_on(budgets[0].target)
         try:
             series = series_trace(trace_knobs(cell, first), first, disk=disk_cache)
         except UnsupportedError as err:
@@ -288,10 +275,8 @@ def predict_budgets(
             )
             why = reason or _target_reason(cell, bud.target)
             if why is not None:
-                pred.status, pred.reason = (
-                    (status if reason else "unsupported"),
-                    shorten(why, 400, quote=False),
-                )
+                pred.status = status if reason else "unsupported"
+                pred.reason = shorten(why, 400, quote=False)
             elif bud.target.device == "cpu":
                 _fill_cpu(pred, series, batch)
             else:

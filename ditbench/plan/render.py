@@ -9,20 +9,11 @@ from ditbench.plan.predict import Prediction
 from ditbench.plan.speed import memory_band_pct
 from ditbench.plan.tree import Advice
 
-_COMPONENT_NAMES = {
-    "weights": "weights",
-    "gradients": "grads",
-    "optimizer": "Adam",
-    "ema": "EMA",
-    "activations": "activations",
-    "workspace": "workspace",
-    "context": "context",
-}
+_COMPONENT_NAMES = {"gradients": "grads", "optimizer": "Adam", "ema": "EMA"}  # the others by their name
 
 
 # A fit is "tight" when the card holds less than this fraction more than the prediction: the planner's
-# memory band (speed.memory_band_pct: its largest error on the H200 anchors' reserved memory, which
-# decides a fit, rounded up to a whole percent), as the report judges a fit. The CUDA context is assumed.
+# memory band (speed.memory_band_pct), as the report judges a fit.
 TIGHT_MARGIN = memory_band_pct() / 100
 
 
@@ -125,12 +116,8 @@ def _size(gib: float) -> str:
 
 
 def components_text(p: Prediction) -> str:
-    parts = [
-        f"{_COMPONENT_NAMES.get(name, name)} {_size(value)}"
-        for name, value in p.components.items()
-        if value > 0 or name == "context"
-    ]
-    return " + ".join(parts)
+    shown = {k: v for k, v in p.components.items() if v > 0 or k == "context"}
+    return " + ".join(f"{_COMPONENT_NAMES.get(k, k)} {_size(v)}" for k, v in shown.items())
 
 
 def tree_table(advice: list[Advice], target_batch: int) -> str:
@@ -183,11 +170,8 @@ def _next_class(a: Advice, above: list[Advice], target_batch: int) -> str:
 
 
 def advice_details(advice: list[Advice]) -> str:
-    out = []
-    for a in advice:
-        if a.setting is not None and a.setting.components:
-            out.append(f"- {a.class_gb} GB, {a.model}: {components_text(a.setting)}")
-    return "\n".join(out)
+    shown = [a for a in advice if a.setting is not None and a.setting.components]
+    return "\n".join(f"- {a.class_gb} GB, {a.model}: {components_text(a.setting)}" for a in shown)
 
 
 def full_text(
@@ -253,20 +237,14 @@ def to_json(
             {"model": k[0], "precision": k[1], "grad_ckpt": k[2], "batch_size": v.batch_size if v else None}
             for k, v in largest.items()
         ],
-        "tree": None
-        if advice is None
-        else [
-            {
-                "class_gb": a.class_gb,
-                "card": a.card,
-                "memory_gib": a.memory_gib,
-                "model": a.model,
-                "setting": a.setting.to_dict() if a.setting else None,
-                "next_model": a.next_model,
-                "next_needs": a.next_needs.to_dict() if a.next_needs else None,
-                "next_class_gb": a.next_class_gb,
-            }
-            for a in advice
-        ],
+        "tree": None if advice is None else [_advice_json(a) for a in advice],
         "target_batch": target_batch,
     }
+
+
+def _advice_json(a: Advice) -> dict[str, Any]:
+    """An advice row (its cells as their JSON), less the count of alternatives."""
+    out = {k: v for k, v in vars(a).items() if k != "alternatives"}
+    for k in ("setting", "next_needs"):
+        out[k] = out[k].to_dict() if out[k] else None
+    return out

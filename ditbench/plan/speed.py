@@ -1,23 +1,16 @@
 """Predicted training speed of a traced cell: steps/s, images/s and where a step's time goes.
 
-The trace counts every kernel of the steady-state step with its FLOPs, bytes, dtype and category
-(kernels.py). Each kernel takes the longest of: its FLOPs at a share of the card's dense peak for
-its dtype (tensor cores for fp16/bf16, and for fp32 matmuls under tf32), its bytes at a share of the
-card's memory bandwidth, and a minimum per kernel. The host issues kernels at a fixed cost per
-kernel plus a cost per transformer block (the Python of the modules) and per checkpointed block
-(checkpoint's re-entry and RNG state); on a GPU the host runs ahead of the device, so a step takes
-the longer of the device's work and the host's (the difference is "launch overhead": small models
-are launch bound); on a CPU the two add. Recomputation under checkpointing is in the trace (the
-backward runs the forward's kernels again). `compile` fuses elementwise kernels: a calibrated share
-of their launches and round trips to memory remains. Data-parallel cells add a ring all-reduce of
-the fp32 gradients over the card's interconnect, overlapped with the backward as DDP's buckets allow
-(the last bucket is exposed); FSDP cells gather the weights in every forward and backward and
-reduce-scatter the gradients, behind the compute but for the first block's gather.
+Each kernel of the steady-state step (kernels.py) takes the longest of its FLOPs at a share of the
+card's peak for its dtype, its bytes at a share of the memory bandwidth, and a minimum per kernel.
+The host issues kernels at a cost per kernel, per block and per checkpointed block; on a GPU it runs
+ahead, so a step takes the longer of device and host ("launch overhead"); on a CPU the two add.
+`compile` keeps a calibrated share of the elementwise launches. Data-parallel cells add a ring
+all-reduce of the fp32 gradients over the interconnect, hidden behind the backward but for the last
+DDP bucket (FSDP: gathers and a reduce-scatter, hidden but for the first block's gather).
 
-The few efficiencies are calibrated on measured cells (`calibrate`), relative to a card's sustained
-matmul rates where measured (the H200's), else its datasheet's: the shipped calibration is fitted on
-the H200 anchors and published A100 figures by benchmarks/speed_vs_published.py, and its band is the
-largest error of a calibration cell predicted by a fit without it (a published one: without its card).
+The efficiencies are fitted on measured cells (`calibrate`): the shipped calibration on the H200
+anchors and published A100 figures (benchmarks/speed_vs_published.py); its band is the largest error
+of a cell predicted by a fit without it.
 """
 
 from __future__ import annotations
@@ -25,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +53,7 @@ class Calibration:
     loo: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"params": self.params, "band_pct": self.band_pct, "source": self.source, "cells": self.cells,
-                "loo": self.loo}  # fmt: skip
+        return asdict(self)
 
 
 def shipped() -> Calibration:
@@ -135,8 +127,7 @@ def step_time(
     fsdp: bool = False,
 ) -> StepTime:
     """One optimizer step's predicted time from a trace's kernel rows (kernels.op_row) at `batch` per GPU
-    and micro-batch: `accum` micro-batches, where the trace ran `traced_accum` (the optimizer's kernels
-    run once a step, the rest once per micro-batch)."""
+    and micro-batch: `accum` micro-batches where the trace ran `traced_accum` (the optimizer runs once)."""
     work = dict.fromkeys(SPLIT, 0.0)
     launches = 0.0
     backward = 0.0
@@ -185,9 +176,6 @@ def time_to_target(steps_per_s: float, batch: int, gpus: int, target_steps: int 
     steps = target_steps if target_images is None else math.ceil(target_images / (batch * gpus))
     seconds = steps / steps_per_s
     return {"steps": steps, "days": seconds / 86400, "gpu_hours": seconds * gpus / 3600}
-
-
-# ---- calibration ----------------------------------------------------------------------------
 
 
 @dataclass

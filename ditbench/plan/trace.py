@@ -1,22 +1,10 @@
 """Trace a cell's real training step on fake tensors: every device allocation and release, in order.
 
-The Trainer is built and stepped the way `ditbench run` builds and steps it, under torch's
-FakeTensorMode: every tensor has its real shape, dtype, strides and aliasing but owns no memory,
-so "training" DiT-XL/2 allocates nothing of its 675 M parameters. A TorchDispatchMode above the
-fake mode sees every aten operation *below* autograd, autocast and checkpointing, so saved
-activations, autocast's cache of low-precision weight copies, recomputation, the optimizer's state
-and temporaries and the EMA all appear as what they are: a new storage is an allocation, and a weak
-reference on the storage reports its release at the moment the last tensor using it dies (CPython
-frees at the last reference, as the real step does). Nothing here is a formula of the model.
-
-Why fake *CPU* tensors even for a CUDA target: fake CUDA tensors get through the forward here, but
-the autograd engine asks the CUDA driver for each device's primary context before the backward, and
-there is no driver on a machine without a GPU. So the step runs on the fake CPU device and the CUDA
-behaviour is substituted where the two differ (see `emulation.py`): the CUDA precision policy,
-fused AdamW for `optimizer_impl: auto`, the attention kernels' backward scratch, the cuBLAS
-workspaces; the caching allocator and the context are added afterwards (`allocator.py`,
-`predict.py`). Where CPU autocast would not cast like CUDA autocast for an op this step runs, the
-trace records a note instead of silently predicting the CPU behaviour.
+The Trainer is built and stepped as `ditbench run` does, under FakeTensorMode. A TorchDispatchMode
+below autograd, autocast and checkpointing sees every aten op: a new storage is an allocation, and a
+weak reference reports its release when the last tensor using it dies. Nothing here is a formula of
+the model. The step runs on the fake *CPU* device (autograd asks the CUDA driver for a context before
+the backward), CUDA's behaviour substituted where the two differ (emulation.py; notes where not).
 """
 
 from __future__ import annotations
@@ -31,8 +19,15 @@ import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ditbench.plan.emulation import FakeDeepcopy, Target, cuda_autocast, policy_for
-from ditbench.plan.kernels import op_row
+from ditbench.plan.emulation import (
+    LOW_DTYPES,
+    FakeDeepcopy,
+    Target,
+    cuda_autocast,
+    policy_for,
+    traced_compiler,
+)
+from ditbench.plan.kernels import op_row, tensors
 from ditbench.plan.memo import MISS, DispatchMemo
 
 aten = torch.ops.aten
@@ -41,27 +36,12 @@ _ITEM = aten._local_scalar_dense.default
 
 # Ops that run on cuBLAS on a GPU: each thread that calls one gets its own handle and workspace.
 _CUBLAS_OPS = frozenset(
-    str(op)
-    for op in (
-        aten.mm.default,
-        aten.addmm.default,
-        aten.bmm.default,
-        aten.baddbmm.default,
-        aten.addbmm.default,
-        aten.mv.default,
-        aten.addmv.default,
-        aten.dot.default,
-        aten._addmm_activation.default,
-    )
+    f"aten.{n}.default" for n in "mm addmm bmm baddbmm addbmm mv addmv dot _addmm_activation".split()
 )
 # Attention backward kernels whose CUDA versions need scratch the meta kernels do not allocate.
 _SDPA_BACKWARD = frozenset(
-    (
-        "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-        "aten::_scaled_dot_product_flash_attention_backward",
-        "aten::_scaled_dot_product_efficient_attention_backward",
-        "aten::_scaled_dot_product_cudnn_attention_backward",
-    )
+    f"aten::_scaled_dot_product_{kind}_backward"
+    for kind in ("flash_attention_for_cpu", "flash_attention", "efficient_attention", "cudnn_attention")
 )
 # Ops CUDA autocast runs in fp32 (casting low-precision inputs up) where CPU autocast does not.
 _CUDA_FP32_ONLY = frozenset(
@@ -72,7 +52,6 @@ _CUDA_FP32_ONLY = frozenset(
         "erfinv softplus"
     ).split()
 )
-_LOW = (torch.float16, torch.bfloat16)
 
 STATE_LABELS = ("weights", "gradients", "optimizer", "ema")  # the model's (the VAE's weights: "vae")
 
@@ -81,19 +60,11 @@ STATE_LABELS = ("weights", "gradients", "optimizer", "ema")  # the model's (the 
 class Trace:
     """The allocation history of building a trainer and running two training steps.
 
-    `events` holds `k + 1` for "allocation k is made" and `-(k + 1)` for "allocation k is released";
-    `sizes[k]` is the bytes allocation k requested and `labels[k]` what it held (weights, gradients,
-    optimizer, ema, workspace; anything else is an activation or temporary). `marks` gives the event
-    index where each phase starts: build, step1, step2, end. Step 2 is the steady state a measured
-    window sees: the previous step's gradients live through its forward pass.
-
-    A CUDA trace serves every GPU: the allocations whose size depends on the GPU (cuBLAS workspaces,
-    attention backward scratch) have size 0 here and a `modeled` entry that `workspace_bytes` turns
-    into bytes for a given compute capability and batch size.
-
-    `kernels` counts the kernels of step 2 (the steady-state step) by their cost row
-    (kernels.op_row: category, dtype, backward, FLOPs and bytes split into batch-independent and
-    per-sample parts), for the time model.
+    `events`: `k + 1` when allocation k is made, `-(k + 1)` when it is released; `sizes[k]` its bytes,
+    `labels[k]` what it held (STATE_LABELS, workspace; else an activation). `marks`: the event index
+    where build, step1, step2 and end start (step 2 is the steady state a measured window sees). The
+    GPU-dependent allocations (cuBLAS workspaces, attention scratch) have size 0 and a `modeled` entry
+    (workspace_bytes). `kernels` counts step 2's kernels by their cost row (kernels.op_row).
     """
 
     target: Target
@@ -104,7 +75,6 @@ class Trace:
     modeled: dict[int, tuple] = field(default_factory=dict)
     marks: dict[str, int] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    ops: int = 0
     params: int = 0
     kernels: dict[tuple, int] = field(default_factory=dict)
 
@@ -127,8 +97,6 @@ class _Recorder(TorchDispatchMode):
         self.workspace_threads: set[bool] = set()
         self.open = True
         self.counting = False  # inside step 2: count its kernels
-
-    # ---- bookkeeping -----------------------------------------------------------------------
 
     def allocate(self, nbytes: int, label: str | None = None) -> int:
         aid = len(self.trace.sizes)
@@ -162,13 +130,6 @@ class _Recorder(TorchDispatchMode):
         self.live[key] = aid
         self.refs[aid] = weakref.ref(st, partial(self._on_free, key, aid))
 
-    def _track_outputs(self, out) -> None:
-        if isinstance(out, torch.Tensor):
-            self._track(out)
-        elif isinstance(out, (tuple, list)):
-            for item in out:
-                self._track_outputs(item)
-
     def mark(self, name: str) -> None:
         gc.collect(0)  # cyclic garbage of the phase is released here, not at an arbitrary later op
         self.trace.marks[name] = len(self.trace.events)
@@ -181,8 +142,6 @@ class _Recorder(TorchDispatchMode):
                 if aid is not None:
                     self.trace.labels[aid] = label
 
-    # ---- the dispatch hook -----------------------------------------------------------------
-
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is _DEVICE:  # asked thousands of times per step; answer without the fake mode
             return args[0].fake_device
@@ -193,7 +152,6 @@ class _Recorder(TorchDispatchMode):
                 # GradScaler's found-inf check (foreach/for-loop AdamW): a planned step has finite
                 # gradients, so the optimizer steps, as it does in steady state.
                 return 0
-        self.trace.ops += 1
         kwargs = kwargs or {}
         key = None if self.memo is None else self.memo.key(func, args, kwargs)
         if key is None:
@@ -203,7 +161,8 @@ class _Recorder(TorchDispatchMode):
             if out is MISS:
                 out = func(*args, **kwargs)
                 self.memo.learn(key, func, args, out)
-        self._track_outputs(out)
+        for t in tensors(out):
+            self._track(t)
         if self.counting:
             backward = torch._C._current_autograd_node() is not None
             row = op_row(func, args, kwargs, out, self.trace.batch_size, backward)
@@ -219,7 +178,7 @@ class _Recorder(TorchDispatchMode):
             q = args[1]
             if q.dim() == 4:  # (B, H, T, D); the kernel's scratch, freed when it returns
                 aid = self.allocate(0, "workspace")
-                self.trace.modeled[aid] = ("attention_backward", *q.shape, q.dtype in _LOW)
+                self.trace.modeled[aid] = ("attention_backward", *q.shape, q.dtype in LOW_DTYPES)
                 self.release(aid)
         elif str(func) in _CUBLAS_OPS:
             # One handle (and workspace) per calling thread: the caller's, and autograd's device
@@ -232,7 +191,7 @@ class _Recorder(TorchDispatchMode):
             name in _CUDA_FP32_ONLY and "step1" in self.trace.marks and not torch._C._current_autograd_node()
         ):
             # In a step's forward every fp16/bf16 tensor comes from autocast (the weights are fp32).
-            low = next((a for a in args if isinstance(a, torch.Tensor) and a.dtype in _LOW), None)
+            low = next((a for a in args if isinstance(a, torch.Tensor) and a.dtype in LOW_DTYPES), None)
             if low is not None:
                 note = (
                     f"{name} ran on {low.dtype} inputs under autocast; CUDA autocast computes it in "
@@ -254,13 +213,10 @@ class _CompileRecorder(_Recorder):
 
 
 def workspace_bytes(model: tuple, batch_size: int, target: Target) -> int:
-    """Bytes of a modeled allocation (see Trace.modeled) on `target` at `batch_size`.
-
-    cuBLAS: the handle's workspace (Target.cublas_workspace_bytes). Attention backward, for q of
-    (B, H, T, D): flash attention (fp16/bf16 on sm80+) allocates a float32 dQ accumulator
-    (B, T_128, H, D_32) and the softmax row sums (B, H, T_128), T rounded up to 128 and D to 32 (64
-    above 128); memory-efficient attention (fp32, or older GPUs) the float32 row sums (B, H, T).
-    """
+    """Bytes of a modeled allocation (see Trace.modeled) on `target` at `batch_size`: cuBLAS, the
+    handle's workspace; attention backward for q of (B, H, T, D), flash (fp16/bf16, sm80+) a float32 dQ
+    accumulator (B, T_128, H, D_32 (_64 above 128)) and row sums (B, H, T_128), memory-efficient
+    attention the float32 row sums (B, H, T)."""
     if model[0] == "cublas":
         return target.cublas_workspace_bytes
     _, _, h, t, d, low = model
@@ -275,13 +231,8 @@ def workspace_bytes(model: tuple, batch_size: int, target: Target) -> int:
 
 
 def trace_training(knobs, target: Target, batch_size: int, *, memo: bool = True) -> Trace:
-    """Build a Trainer from `knobs` (ditbench.spec.knobs.Knobs) and trace two steps at `batch_size`.
-
-    `target` says which device's behaviour to emulate (its compute capability matters only to the
-    precision policy: bf16 needs sm80+).
-
-    memo=False sends every operation through FakeTensorMode (the tests compare the two).
-    """
+    """Build a Trainer from `knobs` (spec.knobs.Knobs) and trace two steps at `batch_size`, emulating
+    `target` (its compute capability decides the precision policy). memo=False: no DispatchMemo."""
     from ditbench.train import Trainer
 
     trace = Trace(target=target, batch_size=batch_size)
@@ -292,8 +243,6 @@ def trace_training(knobs, target: Target, batch_size: int, *, memo: bool = True)
         with contextlib.ExitStack() as stack:
             compiler = None
             if knobs.compile:  # dynamo's import takes seconds: only for the cells that compile
-                from ditbench.plan.compiled import traced_compiler
-
                 compiler = stack.enter_context(traced_compiler())
             if target.device == "cuda":
                 stack.enter_context(cuda_autocast())
@@ -355,10 +304,8 @@ def _label_state(recorder: _Recorder, trainer) -> None:
 
 
 class VaeImages:
-    """Image-folder data as a traced step sees it: every batch of images is encoded by the VAE (the
-    sd-vae-ft-ema AutoencoderKL, built on the device as a run builds it: encoder and decoder), in
-    float32 and without gradients, outside the step's autocast; its random weights allocate and cost
-    what trained ones do. The images come from the host, as a run's data loader's do."""
+    """Image-folder data as a traced step sees it: each batch of host images encoded by the VAE (built
+    on the device as a run builds it), in float32, without gradients, outside the step's autocast."""
 
     def __init__(self, knobs):
         from ditbench import vae

@@ -1,17 +1,10 @@
 """The decision tree: for each card class, the largest model that trains, how, and the next step up.
 
-The class of the card asked for is judged on that card itself, never on another card of its class.
-"Largest" is the paper's measure, forward Gflops per image (DiT-XL/2 first, DiT-S/8 last). A model
-trains on a class when some precision and checkpointing setting fits at least the grid's smallest
-batch on the class's smallest card (so the answer holds for every card of the class). Of the
-settings that fit, the advice takes the fastest that reaches the target batch (32 per GPU: DiT's
-global batch of 256 on 8 GPUs), else the one that fits the largest batch. Fastest is the time
-model's predicted images/s at the setting's largest fitting batch (speed.py); without a prediction,
-the speed order from the H200 anchors (DiT-XL/2, batch 32): bf16 277 ~ fp16 270 img/s without
-checkpointing, bf16 with full checkpointing 194, tf32 163, fp32 54; every_2 sits between none and
-full. Before Ampere (sm80) TF32 does not exist and tf32 runs as fp32, so it is not offered there.
-"Next step up" is the next larger model (the least it needs and the first class it trains on), or,
-when the largest model already trains, what the next class up adds.
+A class is judged on its smallest card (the asked card for its own class). "Largest": forward Gflops
+per image. The advice takes the fastest setting that reaches the target batch (32 per GPU: DiT's 256
+on 8 GPUs), else the one that fits the largest batch; fastest by the time model, else by the H200
+anchors' order (bf16 ~ fp16 > bf16 with checkpointing > tf32 > fp32). "Next step up": the next larger
+model and the first class it trains on, or what the next class up adds.
 """
 
 from __future__ import annotations
@@ -21,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ditbench.cards import MEMORY_CLASSES_GB, Card, cards_in_class
+from ditbench.plan.emulation import GENERIC_ARCH
+from ditbench.plan.grid import largest_batches
 from ditbench.plan.predict import Prediction
 from ditbench.precision import BF16_CAPABILITY, BY_SPEED, LOW_PRECISIONS
 
@@ -53,7 +48,7 @@ def class_cards(asked: Card | float | None = None) -> list[tuple[int, Card]]:
     }
     if isinstance(asked, (int, float)):
         gb = next((gb for gb in MEMORY_CLASSES_GB if gb >= asked), math.ceil(asked))
-        asked = Card(f"a {asked:g} GiB card", asked, gb)
+        asked = Card(f"a {asked:g} GiB card", asked, gb, GENERIC_ARCH)
     if asked is not None:
         out[asked.memory_class_gb] = asked
     return sorted(out.items())
@@ -73,10 +68,7 @@ class Advice:
 
 
 def _pre_ampere(card) -> bool:
-    from ditbench.plan.emulation import CARD_ARCH
-
-    arch = CARD_ARCH.get(card.name)
-    return arch is not None and arch < BF16_CAPABILITY
+    return card.arch < BF16_CAPABILITY
 
 
 def _gflops(model: str, image_size: int) -> float:
@@ -109,12 +101,7 @@ def decision_tree(
         chosen_model = next((m for m in models if any(p.fits for p in preds if p.model == m)), None)
         setting, alternatives = None, 0
         if chosen_model is not None:
-            best: dict[tuple[str, str], Prediction] = {}
-            for p in preds:
-                if p.model == chosen_model and p.fits:
-                    key = (p.precision, p.grad_ckpt)
-                    if key not in best or p.batch_size > best[key].batch_size:
-                        best[key] = p
+            best = largest_batches(p for p in preds if p.model == chosen_model and p.fits)
             ranked = sorted(best.values(), key=_speed_key)
             reach = [p for p in ranked if p.batch_size >= target_batch]
             setting = reach[0] if reach else max(ranked, key=lambda p: (p.batch_size, -ranked.index(p)))

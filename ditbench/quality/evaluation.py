@@ -1,22 +1,10 @@
 """One cell's evaluations: sample with the EMA weights, decode, score against the reference, per seed.
 
-    evaluator = Evaluator(spec, ctx)         # the network and the reference, checked
-    info = evaluator.prepare()               # reference features: from the cache, or once
-    evaluation = evaluator.evaluate(model, step=1000, train_wall_s=412.0, grid=("runs/x", "abc123"))
-
-Per seed, the samples follow `ditbench sample`'s plan: shards of `batch_size` images with one
-seeded generator each (`sampling.shards`), labels spread evenly over the classes, so the images do
-not depend on how many processes made them. In a multi-process cell the ranks split the samples:
-rank r samples and featurises shards r, r + world, ..., rank 0 gathers the features (in shard
-order) and computes the metrics; the grid is rank 0's. The reference is prepared once per process
-(on rank 0, from the on-disk cache after the first cell) and never re-extracted per evaluation.
-
-Per evaluation: `metrics` is the mean over seeds of every quality output of the metric registry
-(FID, sFID, IS, precision, recall, KID), `spread` their sample standard deviation over seeds (null
-with one seed); with the scorer's bootstrap on (metrics.bootstrap), each seed carries its `interval`
-and `bootstrap_se` over its samples, and the evaluation `bootstrap_se` (one seed's standard error)
-and `interval` (of the mean over seeds). The gate's `noise_rule` takes the larger of a seed spread
-and a bootstrap SE as the noise a difference must exceed.
+Samples follow `ditbench sample`'s plan (seeded shards, labels spread evenly), so the images do not
+depend on the process count: rank r samples and featurises shards r, r + world, ..., and rank 0 scores
+the gathered features in shard order. `metrics` is the mean over seeds of each quality output,
+`spread` their SD (null with one seed); with the bootstrap on, each seed carries its `interval` and
+`bootstrap_se`, the evaluation one seed's `bootstrap_se` and the `interval` of the mean over seeds.
 """
 
 from __future__ import annotations
@@ -93,7 +81,7 @@ class Evaluator:
                 return pixels.decode_rgb
             self.decoder_desc = "pixels (2x2 grey blocks, exact)"
             return pixels.decode
-        from ditbench.sampling.weights import build_vae
+        from ditbench.sampling.sampler import build_vae
         from ditbench.vae import decode_latents
 
         vae = build_vae(name, self.ctx.device)
@@ -115,9 +103,8 @@ class Evaluator:
         says about the reference and the network (rank 0; {} elsewhere)."""
         info: dict[str, Any] = {}
         if self.scorer is not None:
-            self.scorer.check(self.q.samples)  # before any training: 5,000 samples that cannot do it fail now
+            active, skipped = self.scorer.plan(self.q.samples)  # before any training: fail now if it must
             seconds = self.scorer.prepare()
-            active, skipped = self.scorer.plan(self.q.samples)
             weights = self.scorer.extractor.weights
             info = {
                 "reference": {
@@ -126,12 +113,7 @@ class Evaluator:
                     "file": self.reference,
                     "count": self.scorer.reference.count,
                 },
-                "inception": {
-                    "name": weights.name,
-                    "sha256": weights.sha256,
-                    "official": weights.official,
-                    "recipe": weights.recipe,
-                },
+                "inception": {k: getattr(weights, k) for k in ("name", "sha256", "official", "recipe")},
                 "metrics": [m.name for m in active],
                 "skipped": skipped,
                 "reference_s": round(seconds, 3),
@@ -226,18 +208,14 @@ class Evaluator:
             batch = ArrayImages(np.concatenate(images), f"samples of seed {seed}")
             extracted = self.extractor.extract(batch, want=self.want, desc="sample features")
             feats = {k: v.numpy() for k, v in extracted.items()}
-        sizes = [len(x) for x in images]
-        gathered = dist.all_gather_objects(self.ctx, (shards, sizes, feats))
+        rows = np.repeat(shards, [len(x) for x in images])  # the shard of each row, ascending
+        gathered = dist.all_gather_objects(self.ctx, (rows, feats))
         if self.scorer is None:
             return None
-        parts: dict[int, dict[str, np.ndarray]] = {}
-        for rank_shards, rank_sizes, rank_feats in gathered:
-            offsets = np.cumsum([0, *rank_sizes])
-            for i, k in enumerate(rank_shards):
-                parts[k] = {name: f[offsets[i] : offsets[i + 1]] for name, f in rank_feats.items()}
-        order = sorted(parts)
+        order = np.argsort(np.concatenate([r for r, _ in gathered]), kind="stable")  # shard order
         joined = {
-            name: torch.from_numpy(np.concatenate([parts[k][name] for k in order])) for name in self.want
+            name: torch.from_numpy(np.concatenate([f[name] for r, f in gathered if len(r)])[order])
+            for name in self.want
         }
         h, w = images[0].shape[1:3] if images else (None, None)
         return self.scorer.score_features(joined, h, w, f"the samples of seed {seed}")

@@ -1,9 +1,8 @@
 """The sample grid: the same noise and class labels in every cell, so settings compare image by image.
 
-Every evaluation of every cell samples its grid from one fixed seed (`GRID_SEED`, its own stream,
-apart from the scoring seeds) with fixed labels: for a 1,000-class model the classes the DiT
-paper's sampling script shows, else 0, 1, 2, ... modulo the classes. Cells of one model shape
-thus start from identical noise, and a difference between two grids is the training setting's.
+Every grid is sampled from one fixed seed (`GRID_SEED`, apart from the scoring seeds) with fixed
+labels (for 1,000 classes those the DiT paper's sampling script shows, else 0, 1, 2, ...), so a
+difference between two grids of one model shape is the training setting's.
 """
 
 from __future__ import annotations

@@ -1,14 +1,8 @@
 """A cell's quality phase: evaluate at the end of the smoke run, or train a quality run to each listed step.
 
-With `at: [smoke_end]` the smoke run's trainer is evaluated once, at its last step. With a list of
-steps a fresh Trainer (the same seed as the smoke run, so the two runs are the same run up to the
-smoke run's length) trains to each step in turn and is evaluated there; step 0 is the
-initialisation. Training time is the wall clock of the training steps alone (synchronised at each
-evaluation), summed up to the step: sampling and scoring are timed apart (`sample_s`, `score_s`)
-and never counted as training. `train_gpu_s` is that time the cell's processes (GPUs) x wall.
-
-The returned field (the record's `quality`) has `status` ok or how the phase failed; the cell's
-measurement stands either way, and evaluations finished before a failure are kept.
+A list of steps trains a fresh Trainer (the smoke run's seed) to each step (0: the initialisation) and
+evaluates there. Training time is the training steps' wall clock alone (`sample_s` and `score_s` are
+apart); `train_gpu_s` is processes x wall. Evaluations finished before a failure are kept.
 """
 
 from __future__ import annotations
@@ -17,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ditbench.faults import NonFiniteLoss, failure
+from ditbench.faults import check_finite, failure
 from ditbench.quality.evaluation import SPLIT, Evaluator
 from ditbench.spec.cell import CellSpec
 
@@ -25,11 +19,8 @@ CHECK_EVERY = 100  # training steps between reads of the loss (a host synchronis
 
 
 def ema_model(trainer, spec: CellSpec, ctx):
-    """The EMA weights as a bare model in eval mode, on every rank.
-
-    A plain or DDP model's EMA is a full copy already; under FSDP2 the EMA is sharded like the
-    parameters, and every rank gathers the full tensors (a collective) into a model of its own.
-    """
+    """The EMA weights as a bare model in eval mode, on every rank: a plain or DDP model's EMA is a full
+    copy; under FSDP2 every rank gathers the sharded EMA's full tensors (a collective) into its own."""
     if trainer.ema.model is not None:
         return trainer.ema.model
     import torch
@@ -59,9 +50,7 @@ def run_quality(
     extractor=None,
 ) -> dict[str, Any]:
     """The record's `quality` field (complete on rank 0). `smoke`: (the smoke run's trainer, its training
-    seconds) when the section evaluates at the end of the smoke run. Raises nothing for the cell's own
-    failures (they are the field's status); a multi-process caller decides what a rank's failure means.
-    """
+    seconds) for `at: [smoke_end]`. The phase's failures are the field's status, never raised."""
     q = spec.quality
     field: dict[str, Any] = {
         "status": "error",
@@ -123,22 +112,12 @@ def _quality_run(spec, ctx, build_trainer, evaluator: Evaluator, field: dict, gr
             losses.append(trainer.step(trainer.next_batch()))
             done += 1
             if len(losses) >= CHECK_EVERY or done == step:
-                _check_finite(losses, done - len(losses) + 1)
+                check_finite(losses, done - len(losses) + 1, "quality run")
                 field.setdefault("train_loss", []).append([done, float(torch.stack(losses).float().mean())])
                 losses = []
         wall += evaluator._now() - start
         field["evaluations"].append(evaluator.evaluate(ema_model(trainer, spec, ctx), step, wall, grid))
     field["train_steps"] = done
-
-
-def _check_finite(losses: list, first_step: int) -> None:
-    import torch
-
-    values = torch.stack([x.detach().float().reshape(()) for x in losses]).cpu()
-    bad = (~torch.isfinite(values)).nonzero()
-    if len(bad):
-        i = int(bad[0])
-        raise NonFiniteLoss(first_step + i, "quality run", float(values[i]))
 
 
 def quality_failed(field: dict | None) -> bool:

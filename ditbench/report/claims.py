@@ -40,9 +40,9 @@ from typing import Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from ditbench.cards import find_card
-from ditbench.errors import UserError, shorten
+from ditbench.errors import UserError, did_you_mean, shorten
 from ditbench.records.metrics import IMAGES_PER_S, MFU, STEPS_PER_S
-from ditbench.validation import check, did_you_mean, refuse, unknown_key
+from ditbench.validation import check, refuse, unknown_key
 from ditbench.yamlio import load_yaml_file
 
 # metric -> (kind, unit, what it is): the record's own (records.metrics) and figures derived from a

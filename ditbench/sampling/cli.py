@@ -19,32 +19,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "checkpoint",
-        help="a ditbench checkpoint, an official DiT checkpoint "
-        "(e.g. DiT-XL-2-256x256.pt; EMA weights are used when present), or 'random' for "
-        "random initial weights (speed measurement only)",
+        help="a ditbench checkpoint, an official DiT checkpoint (e.g. DiT-XL-2-256x256.pt; EMA weights are "
+        "used when present), or 'random' for random initial weights (speed measurement only)",
     )
     parser.add_argument("--out", default="samples.npz", metavar="FILE.npz", help="the sample file to write")
     parser.add_argument(
         "--vae",
         required=True,
-        help="local folder (or file) of the sd-vae-ft-ema/mse "
-        "AutoencoderKL weights, or 'random' for random weights (speed measurement only)",
+        help="local folder (or file) of the sd-vae-ft-ema/mse AutoencoderKL weights, or 'random' for random "
+        "weights (speed measurement only)",
     )
     parser.add_argument(
         "--model",
-        default=None,
-        help="DiT configuration, e.g. DiT-XL/2 (default: from the "
-        "checkpoint when it records it, else DiT-XL/2)",
+        help="DiT configuration, e.g. DiT-XL/2 (default: from the checkpoint when it records it, else "
+        "DiT-XL/2)",
     )
     parser.add_argument(
         "--image-size",
         type=int,
-        default=None,
         help="image side in pixels (default: from the checkpoint when it records it, else 256)",
     )
-    parser.add_argument(
-        "--num-classes", type=int, default=None, help="(default: from the checkpoint, else 1000)"
-    )
+    parser.add_argument("--num-classes", type=int, help="(default: from the checkpoint, else 1000)")
     parser.add_argument(
         "--num-samples", type=int, default=50_000, help="(default: %(default)s, the FID protocol)"
     )
@@ -67,9 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--guidance-channels",
         type=int,
-        default=None,
-        help="guide only the first K latent "
-        "channels; 3 reproduces the official DiT sampler exactly (default: all)",
+        help="guide only the first K latent channels; 3 reproduces the official DiT sampler exactly "
+        "(default: all)",
     )
     parser.add_argument(
         "--batch-size",

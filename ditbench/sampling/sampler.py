@@ -1,10 +1,14 @@
 """Sampling as a library: `sample(job)` runs (or resumes) a job on this process's share of the shards.
 
-`job` has the attributes of `ditbench sample`'s parsed arguments (an argparse Namespace will do).
+`job` has the attributes of `ditbench sample`'s parsed arguments. Shard k holds samples [k*B, (k+1)*B),
+its noise from a generator seeded from (seed, k), written atomically to `<out>.shards/`: rank r takes
+shards k = r mod world (the images do not depend on the rank count), a rerun skips the shards on disk,
+and rank 0 merges them into `--out` (`arr_0` uint8 N x H x W x 3, `arr_1` labels) and `<out stem>.json`.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -29,11 +33,60 @@ from ditbench.sampling.shards import (
     shard_path,
     shard_seed,
 )
-from ditbench.sampling.weights import build_vae, load_model_cached
 
 SCHEMA = "ditbench.samples/1"
 # For tests of resumption: raise after this many shards were written in this run.
 FAIL_AFTER_ENV = "DITBENCH_SAMPLE_FAIL_AFTER_SHARDS"
+
+
+def load_model_cached(
+    checkpoint: str, model_name: str | None, image_size: int | None, num_classes: int | None
+):
+    """load_model, kept for the life of the process (one at a time, per file content): building
+    DiT-XL/2 costs seconds, and sampling never changes the weights."""
+    fingerprint = json.dumps(file_fingerprint(checkpoint), sort_keys=True)
+    return _load_model(fingerprint, checkpoint, model_name, image_size, num_classes)
+
+
+@functools.lru_cache(maxsize=1)
+def _load_model(fingerprint: str, checkpoint: str, model_name, image_size, num_classes):
+    """(model in eval mode on CPU, its name, image size, which weights) from a checkpoint or 'random':
+    a ditbench checkpoint's EMA weights when it has them (a released file holds EMA weights already);
+    the configuration from the tensor shapes."""
+    import torch
+
+    from ditbench.models.build import build_model
+    from ditbench.models.checkpoint import infer_config, load_model_weights
+    from ditbench.models.configs import canonical_name
+
+    if checkpoint == "random":
+        name = canonical_name(model_name or "DiT-XL/2")
+        size = image_size or 256
+        torch.manual_seed(0)  # the same random model on every rank and every run
+        model = build_model(name, image_size=size, num_classes=num_classes or 1000)
+        return model.eval(), name, size, "random"
+    model, loaded = load_model_weights(
+        checkpoint, model_name, prefer_ema=True, image_size=image_size, num_classes=num_classes
+    )
+    info = infer_config(loaded.state_dict)
+    name = canonical_name(model_name) if model_name else info["name"]
+    weights = {"ema": "ema", "model": "model (no EMA in the file)", "bare": "state dict"}[loaded.source]
+    return model, name, image_size or info["image_size"], weights
+
+
+_VAE: dict[tuple[str, str], object] = {}
+
+
+def build_vae(vae: str, device):
+    """diffusers' AutoencoderKL (sd-vae-ft-ema architecture) from local weights, or random ones (seeded:
+    the same on every rank), kept per (weights, device) for the life of the process, one at a time."""
+    from ditbench.vae import build_vae as build
+
+    key = (str(Path(vae).resolve()) if vae != "random" else vae, str(device))
+    if key not in _VAE:
+        _VAE.clear()
+        _VAE[key] = build(vae, device)[0]
+    return _VAE[key]
 
 
 def check_args(args) -> None:
@@ -106,11 +159,8 @@ def make_shard(
     device,
     decode=None,
 ) -> np.ndarray:
-    """uint8 (n, H, W, 3) images for one shard's labels, all noise from one seeded generator.
-
-    `decode(latents) -> images in [-1, 1]` replaces the VAE where the latents are not a VAE's
-    (`ditbench.pixels.decode` for pixel data); `vae` is then unused.
-    """
+    """uint8 (n, H, W, 3) images for one shard's labels, all noise from one seeded generator; `decode`
+    (latents -> images in [-1, 1], e.g. `ditbench.pixels.decode`) replaces the VAE where given."""
     import torch
 
     from ditbench.diffusion import sample_latents
@@ -137,6 +187,7 @@ def make_shard(
 
 def _settings(args, model_name: str, image_size: int, num_classes: int, weights: str) -> dict:
     """Everything that shapes the images: a resumed run must match it exactly."""
+    named = ("num_samples", "batch_size", "steps", "sampler", "cfg_scale", "guidance_channels", "seed")
     return {
         "checkpoint": file_fingerprint(args.checkpoint),
         "weights": weights,
@@ -144,14 +195,7 @@ def _settings(args, model_name: str, image_size: int, num_classes: int, weights:
         "model": model_name,
         "image_size": image_size,
         "num_classes": num_classes,
-        "num_samples": args.num_samples,
-        "batch_size": args.batch_size,
-        "steps": args.steps,
-        "sampler": args.sampler,
-        "cfg_scale": args.cfg_scale,
-        "guidance_channels": args.guidance_channels,
-        "seed": args.seed,
-        "precision": args.precision,
+        **{name: getattr(args, name) for name in (*named, "precision")},
     }
 
 
@@ -198,28 +242,23 @@ def _announce(args, ctx, settings: dict, images: int) -> None:
     announce("sample", per_image and per_image * images / ctx.world_size, what, device, yes, cheaper)
 
 
-def _progress(args, labels, missing: list[int]):
-    from ditbench.progress import progress
-
-    done = args.num_samples - sum(
-        len(labels[k * args.batch_size : (k + 1) * args.batch_size]) for k in missing
-    )
-    return progress(total=args.num_samples, initial=done, unit="img", desc="sampling")
-
-
 def _make_shards(args, ctx, model, vae, settings: dict, shard_dir: Path, missing: list[int]) -> dict:
     """This rank's share of the missing shards, each written atomically; {rank, images, seconds}."""
     import torch
 
     from ditbench.diffusion import create_diffusion
     from ditbench.models.configs import latent_size
+    from ditbench.progress import progress
 
     device = ctx.device
     diffusion = create_diffusion(str(args.steps))
     latent = latent_size(settings["image_size"])
     labels = labels_for(args.num_samples, settings["num_classes"])
     fail_after = int(os.environ.get(FAIL_AFTER_ENV, "0") or 0)
-    bar = _progress(args, labels, missing) if ctx.is_main and not args.no_progress else None
+    n, b = args.num_samples, args.batch_size
+    done = n - sum(min(b, n - k * b) for k in missing)
+    quiet = args.no_progress or not ctx.is_main
+    bar = progress(total=n, initial=done, unit="img", desc="sampling", disable=quiet)
     made = 0
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -243,12 +282,10 @@ def _make_shards(args, ctx, model, vae, settings: dict, shard_dir: Path, missing
         )
         atomic_write(shard_path(shard_dir, k), lambda f, x=images, y=lab: np.savez(f, images=x, labels=y))
         made += len(lab)
-        if bar is not None:
-            bar.update(min(len(lab) * ctx.world_size, bar.total - bar.n))
+        bar.update(min(len(lab) * ctx.world_size, bar.total - bar.n))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    if bar is not None:
-        bar.close()
+    bar.close()
     return {"rank": ctx.rank, "images": made, "seconds": time.perf_counter() - t0}
 
 

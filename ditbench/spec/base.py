@@ -1,15 +1,9 @@
 """The spec's building blocks: the model base class and the field types every spec model is made of.
 
-Each type is pydantic's own check (strict types, bounds, Literal) plus the one sentence a user
-reads when it fails ("batch_size must be an integer from 1 to 1,048,576, got 0"), so a value is
-refused with the same words wherever it enters: a suite file, a `key=value` override, a flag of
-`ditbench train`, a record read back, a spec file handed to a child process.
-
-The numeric-string rule: a float field takes a number, or text that is a number in exponent form
-(`2e-4`, `1E+5`): YAML 1.1 (PyYAML) reads a float without a dot in its mantissa as text, and that is
-how people write a learning rate in a file and on a command line alike. Any other text is refused
-(`lr: '0.1'` is text someone quoted on purpose); integer fields stay strict (`2.0`, `'16'` and
-`true` are not integers). NaN and infinity are never valid.
+Each type is pydantic's check plus the one sentence a user reads when it fails ("batch_size must be an
+integer from 1 to 1,048,576, got 0"), the same wherever the value enters. The numeric-string rule: a
+float field also takes text in exponent form (`2e-4`: YAML 1.1 reads it as text), no other text;
+integers stay strict (`2.0`, `'16'`, `true` are not); NaN and infinity are never valid.
 """
 
 from __future__ import annotations
@@ -28,8 +22,8 @@ MAX_PATH_CHARS = 4096  # PATH_MAX on Linux
 
 
 class SpecModel(BaseModel):
-    """Frozen, no unknown keys; built from code like the dataclasses it replaced (fields in order, or by
-    name), a bad value raising UserError with the field's own sentence."""
+    """Frozen, no unknown keys; built from code by position or name, a bad value raising UserError with
+    the field's own sentence."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

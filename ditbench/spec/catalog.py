@@ -1,9 +1,7 @@
-"""The suites shipped in the package (ditbench/suites/*.yaml); `ditbench suites` (bench.suites_cli) lists
-them. `resolve_shipped` finds any of the package's YAML by name (claims files too: report.claims).
+"""The suites shipped in the package (ditbench/suites/*.yaml, linked as the repository's suites/).
 
-`ditbench run cpu_smoke` and `ditbench run path/to/my.yaml` both work: an argument that names an
-existing file is that file; otherwise a name (with or without `.yaml`) is looked up among the
-shipped suites. The repository's `suites/` is a link to the package folder, so there is one copy.
+An argument that names an existing file is that file, else a shipped suite's name (with or without
+`.yaml`); `resolve_shipped` does the same for the package's claims files (report.claims).
 """
 
 from __future__ import annotations
@@ -15,9 +13,9 @@ from ditbench.errors import UserError, shorten
 SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
 
 
-def shipped_suites() -> dict[str, Path]:
-    """Name -> file of every suite shipped in the package, sorted by name."""
-    return {p.stem: p for p in sorted(SUITES_DIR.glob("*.yaml"))}
+def shipped_suites(folder: Path = SUITES_DIR) -> dict[str, Path]:
+    """Name -> file of every YAML in `folder` (the shipped suites), sorted by name."""
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
 
 
 def resolve_suite(arg: str | Path) -> Path:
@@ -30,7 +28,7 @@ def resolve_shipped(arg: str | Path, folder: Path, kind: str, listed: str = "") 
     one of the package's own (suites, claims); UserError naming the shipped ones otherwise."""
     path, text = Path(arg), str(arg)
     name = text[: -len(".yaml")] if text.endswith(".yaml") else text
-    shipped = {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+    shipped = shipped_suites(folder)
     bare = name in shipped and "/" not in text and "\\" not in text
     if path.exists() and not (bare and path.is_dir()):  # a run's --out named like the suite is no suite
         return path

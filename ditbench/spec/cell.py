@@ -1,14 +1,9 @@
 """The typed cell spec: a cell's contract between the suite, the runner and the process that measures it.
 
-`CellSpec` = the knobs (`Knobs`) + how the cell is measured (warm-up and window, smoke run)
-+ where (the resolved device and an emulated card's memory budget). Its JSON is flat: every knob,
-then `global_batch`, `steps`, `smoke_steps`, `device`, `gpu_memory_gib`, `card` (and `quality`
-where a quality section applies): that is the record's `config`, the spec file a cell's process
-reads, and what a record read back is validated against, refusing any key it does not know, so
-nothing is silently dropped between the suite and the training step.
-
-A cell id is a short stable hash a rerun uses to recognise finished cells. It hashes only what
-differs from the defaults (`identity`), so adding a knob with a default leaves every id as it was.
+`CellSpec` = the knobs + how the cell is measured + where (the resolved device, an emulated card). Its
+flat JSON (every knob, `global_batch`, `steps`, `smoke_steps`, `device`, `gpu_memory_gib`, `card`,
+`quality`) is the record's `config` and a cell process's spec file; an unknown key is refused. A cell id
+hashes only what differs from the defaults, so a new knob with a default leaves every id as it was.
 """
 
 from __future__ import annotations
@@ -93,10 +88,7 @@ class CellSpec(SpecModel):
         return flat
 
     def identity(self) -> dict[str, Any]:
-        """What a cell id hashes: the knobs and settings that differ from their defaults, and the device.
-
-        A new knob (or setting) at its default leaves every existing id unchanged.
-        """
+        """What a cell id hashes: the knobs and settings that differ from their defaults, and the device."""
         config = self.model_dump(mode="json")
         out: dict[str, Any] = self.knobs.non_defaults()
         for key in ("steps", "smoke_steps", "gpu_memory_gib", "card", "quality"):

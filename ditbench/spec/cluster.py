@@ -1,16 +1,7 @@
-"""Where a suite's cells run when they go to a cluster: the suite's `cluster:` section, `--cluster KEY=VALUE`.
-
-    cluster:
-      partition: gpu          # sbatch --partition
-      account: my_project     # sbatch --account
-      qos: normal             # sbatch --qos
-      constraint: h100        # sbatch --constraint
-      time_limit_min: 120     # the job's time limit; default: the cell's timeout plus a margin
-      sbatch: {cpus-per-task: 16, mem: 0}   # any other sbatch option, without the leading --
-      setup: ["module load cuda/12.4", "source ~/venvs/dit/bin/activate"]   # lines before srun
-
-These options say where a cell runs, not what it measures: they never enter a cell's id or its
-record. The GPUs, nodes and tasks of each job come from the cell itself (`bench.cluster`).
+"""Where a suite's cells run on a cluster: the suite's `cluster:` section and `--cluster KEY=VALUE`
+(partition, account, qos, constraint, time_limit_min, other sbatch options, setup lines; docs/distributed.md).
+They say where a cell runs, not what it measures: never in a cell's id or record (GPUs, nodes and tasks
+come from the cell, `bench.cluster`).
 """
 
 from __future__ import annotations

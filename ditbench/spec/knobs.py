@@ -1,16 +1,10 @@
 """Every knob of a training cell in one model: name, type, default, bounds, help, and the combinations
 that cannot run.
 
-A knob is a setting that shapes a training run and may be a suite's matrix axis. `Knobs` holds one
-value of each, validated and normalised when it is built (so `grad_ckpt: on` and `full` are one
-cell): a suite, an override, `ditbench train`'s flags and a record read back all build one, and
-every layer (the Trainer, the planner, the runners, the quality loop) takes it as it is.
-`PartialKnobs` is some of them (a partial cell: `include`, `exclude`, `baseline`, a claim's
-selector), each checked alone. The knobs in PROCESS_KNOBS shape how the cell's processes start; the
-others are `ditbench train` flags.
-
-Adding a knob: a field here (type, default, help) and the code that uses it (for a training knob,
-the line of the Trainer that applies it; the planner traces the Trainer, so it follows).
+`Knobs` holds one normalised value of each (`grad_ckpt: on` and `full` are one cell), built once from a
+suite, an override, `ditbench train`'s flags or a record; `PartialKnobs` some of them (`include`,
+`exclude`, `baseline`, a claim's selector). PROCESS_KNOBS shape how the processes start, the others are
+`ditbench train` flags. Adding a knob: a field here and the Trainer line that applies it.
 """
 
 from __future__ import annotations
@@ -59,6 +53,7 @@ THREADS_HELP = (
     "all cores for one process and the per-rank share of the cores for torchrun/srun ranks); unset: 1 on "
     "a CPU cell (steady and comparable on a shared machine), torch's default on a CUDA cell"
 )
+COLOURS = ("grey", "rgb")  # how pixel data fills the latent (ditbench.pixels)
 DATA_HELP = (
     "`synthetic`, {latents: PATH}, {images: PATH, vae: PATH|ema|mse|random} or "
     "{pixels: NPZ|builtin:NAME, colour: grey|rgb}"
@@ -80,7 +75,7 @@ def _data(value: Any) -> Any:
             return {"latents": _path(value["latents"], "latents")}
         if "pixels" in keys and keys <= {"pixels", "colour"}:
             colour = value.get("colour", "grey")
-            if colour not in ("grey", "rgb"):
+            if colour not in COLOURS:
                 raise refuse(f"data.colour must be grey or rgb, got {shorten(colour)}")
             out = {"pixels": _path(value["pixels"], "pixels")}
             return out if colour == "grey" else {**out, "colour": colour}  # grey: the id it always had
@@ -128,7 +123,7 @@ Data = Annotated[
             "anyOf": [
                 {"const": "synthetic"},
                 _paths("latents"),
-                _paths("pixels", extra={"colour": {"enum": ["grey", "rgb"]}}),
+                _paths("pixels", extra={"colour": {"enum": list(COLOURS)}}),
                 _paths("images", "vae"),
             ]
         }
@@ -243,3 +238,15 @@ def Cells(*names: str) -> Any:  # noqa: N802 - a type
         Annotated[Literal[names], rule(valid), Tag("")] | Annotated[list[PartialKnobs], Tag(" ")],
         Discriminator(lambda v: " " if isinstance(v, list) else ""),  # blank tags: no key in a message
     ]
+
+
+def matches(knobs: dict[str, Any], partial: dict[str, Any]) -> bool:
+    return all(knobs.get(k) == v for k, v in partial.items())
+
+
+def selects(cells: Any, knobs: dict[str, Any], baseline: dict | None) -> bool:
+    """Whether a Cells value (`all`, `none`, `baseline` or partial cells) names this cell (its knobs)."""
+    if cells in ("all", "none"):
+        return cells == "all"
+    partials = [baseline or {}] if cells == "baseline" else [p.given() for p in cells]
+    return any(matches(knobs, p) for p in partials)

@@ -1,19 +1,10 @@
 """`key=value` overrides after the suite: `ditbench run single_24gb model=DiT-L/4 batch_size=[16,32]`.
 
-A value is read as a YAML flow value (`16`, `[16, 32]`, `{warmup: 2}`, `bf16`, `true`, `null`,
-`2e-4`), through the same bounded reader as suite files, and set in the suite's mapping before the
-suite is validated as a whole by its model: a value is accepted or refused the same way in the file
-and on the command line, and an error about a value an override set names the override. Where an
-override lands in the suite:
-
-- a knob (`model`, `batch_size`, ...): a list becomes that knob's matrix axis; a single value
-  replaces the axis with that one value, or sets the default when the knob is not in the matrix.
-  Cells of `include` keep the values they name (they are explicit extra cells);
-- `steps`, `smoke`, `timeout_s`: the suite's `defaults.<key>`;
-- a top-level key (`device`, `card`, `gpu_memory_gib`, `baseline`, `plan`, `name`, `description`);
-  `card` and `gpu_memory_gib` replace each other (a card has a fixed memory);
-- a dotted key sets a nested value: `steps.measure=10`, `defaults.image_size=64`,
-  `plan.skip_predicted_oom=true`.
+A value is a YAML flow value read as suite files are, set in the suite's mapping before the suite's
+model validates it (the same verdict as in the file; an error names the override). A knob: a list is
+its matrix axis, one value replaces the axis or sets the default (includes keep theirs); `steps`,
+`smoke`, `timeout_s`: `defaults.<key>`; a top-level key (`card` and `gpu_memory_gib` replace each
+other); a dotted key a nested value (`steps.measure=10`, `plan.skip_predicted_oom=true`).
 """
 
 from __future__ import annotations

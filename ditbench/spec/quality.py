@@ -1,22 +1,9 @@
-"""The suite's `quality:` section: what to score, how to sample, when, with which seeds, for which cells.
+"""The suite's `quality:` section (docs/suites-and-knobs.md): what to score, how to sample, when, with
+which seeds, for which cells.
 
-    quality:
-      reference: refs/VIRTUAL_imagenet256_labeled.npz  # ADM npz, image folder, statistics, builtin:NAME
-      samples: 5000            # per evaluation and seed
-      sampler: {name: ddpm, steps: 250, cfg_scale: 1.5, precision: fp32}
-      at: [smoke_end]          # or training steps of a quality run, e.g. [0, 1000, 4000]
-      seeds: 2                 # sample seeds per evaluation (or a list), for the noise estimate
-      cells: smoke             # smoke (default: the smoke cells), all, baseline, or partial cells
-      inception: test          # optional: the test network, or a weight file (default: the official)
-      vae: ema                 # the VAE that decodes latent-file data (ema, mse or a path)
-      batch_size: 32           # images per sampling forward pass
-      grid: 16                 # images in each evaluation's sample grid (0: none)
-
-`QualitySpec` holds one validated section; it travels in the cell's spec (the record's
-`config.quality`) to the process that trains the cell, and a cell's id includes it, so adding or
-changing a quality section reruns the cells it applies to. `conflict` says why a cell cannot be
-evaluated (no smoke run to evaluate, synthetic data, a random VAE) before anything runs.
-`Sampler` is also `ditbench sample`'s settings: one set of bounds for both.
+`QualitySpec` travels in the cell's spec (`config.quality`, part of its id: a changed section reruns
+its cells); `conflict` says before anything runs why a cell cannot be evaluated. `Sampler` is also
+`ditbench sample`'s settings: one set of bounds for both.
 """
 
 from __future__ import annotations
@@ -28,7 +15,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, field_serializer, m
 from ditbench.errors import shorten
 from ditbench.precision import PRECISIONS
 from ditbench.spec.base import Choice, Int, Real, SpecModel, Text, required
-from ditbench.spec.knobs import SEED_MAX, Cells, Knobs
+from ditbench.spec.knobs import SEED_MAX, Cells, Knobs, selects
 from ditbench.validation import refuse
 
 SMOKE_END = "smoke_end"
@@ -189,9 +176,4 @@ class QualitySection(QualitySpec):
 
     def applies(self, knobs: dict[str, Any], smoke_steps: int, baseline: dict | None) -> bool:
         """Whether a cell (its knobs) is among the section's `cells`."""
-        if self.cells == "all":
-            return True
-        if self.cells == "smoke":
-            return smoke_steps > 0
-        partials = [baseline or {}] if self.cells == "baseline" else [p.given() for p in self.cells]
-        return any(all(knobs.get(k) == v for k, v in p.items()) for p in partials)
+        return smoke_steps > 0 if self.cells == "smoke" else selects(self.cells, knobs, baseline)

@@ -1,13 +1,9 @@
-"""Suite files: one model of the file (`SuiteFile`), validated whole before anything runs, expanded
-into cells.
+"""Suite files: one model of the file (`SuiteFile`), validated whole (after the `key=value` overrides)
+before anything runs, and expanded into cells.
 
-A suite is `defaults` (one value per knob) x `matrix` (a list of values per knob), minus the
-`exclude` partial cells, plus the `include` partial cells (completed from the defaults). The knobs
-are `spec.knobs`; every cell carries the full set of knobs, so a record says everything that shaped
-it, and a stable cell id lets a rerun recognise finished cells. `key=value` overrides
-(`spec.overrides`) change the file's mapping before it is validated, so a value is accepted or
-refused the same way in the file and on the command line. `suite_schema()` is the JSON Schema an
-editor checks a suite with (`ditbench suites --schema`): the model's own.
+A suite is `defaults` x `matrix`, minus the `exclude` partial cells, plus the `include` ones (completed
+from the defaults); every cell carries every knob and a stable id. `suite_schema()`: the model's own
+JSON Schema (`ditbench suites --schema`).
 """
 
 from __future__ import annotations
@@ -38,7 +34,7 @@ from ditbench.spec.base import EXPONENT, Choice, Flag, Int, Real, SpecModel, che
 from ditbench.spec.catalog import resolve_suite
 from ditbench.spec.cell import MAX_SECONDS, MAX_STEPS, CellSpec, Steps, cell_id
 from ditbench.spec.cluster import ClusterOptions
-from ditbench.spec.knobs import Cells, Knobs, PartialKnobs
+from ditbench.spec.knobs import Cells, Knobs, PartialKnobs, matches, selects
 from ditbench.spec.overrides import apply_overrides, as_record, parse_overrides
 from ditbench.spec.quality import QualitySection
 from ditbench.validation import refuse, rule, validate, where
@@ -242,10 +238,6 @@ def _refuse_non_finite(errors: _Errors, raw: Any) -> None:
             stack.extend((f"{keypath}[{i}]", x) for i, x in enumerate(value))
 
 
-def matches(config: dict[str, Any], partial: dict[str, Any]) -> bool:
-    return all(config.get(k) == v for k, v in partial.items())
-
-
 def load_suite(
     path: str | Path, overrides: list[str] | tuple[str, ...] = (), max_cells: int | None = None
 ) -> Suite:
@@ -309,7 +301,7 @@ def parse_suite(
     seen: set[str] = set()
     for knobs in full:
         values = dict(knobs)
-        steps = smoke.steps if _smoked(smoke.cells, values, baseline) else 0
+        steps = smoke.steps if selects(smoke.cells, values, baseline) else 0
         evaluated = quality is not None and quality.applies(values, steps, baseline)
         spec = CellSpec(
             knobs, resolved, defaults.steps, steps, budget, file.card, quality.spec() if evaluated else None
@@ -333,13 +325,6 @@ def parse_suite(
         file.name, file.description or "", path, file.device, cells, baseline, budget, file.card, file.plan,
         file.cluster or ClusterOptions(), quality, as_record(given), file.repeats,
     )  # fmt: skip
-
-
-def _smoked(cells: Any, knobs: dict[str, Any], baseline: dict | None) -> bool:
-    if cells in ("all", "none"):
-        return cells == "all"
-    partials = [baseline or {}] if cells == "baseline" else [p.given() for p in cells]
-    return any(matches(knobs, p) for p in partials)
 
 
 def cell_name(config: dict[str, Any], varying: list[str] | tuple[str, ...] = ()) -> str:

@@ -1,7 +1,4 @@
-"""Training: precision policies, AdamW + EMA, data sources, and the Trainer (one step).
-
-`Trainer` is imported on first use, so `ditbench train --help` does not import torch.
-"""
+"""Training: AdamW + EMA, data sources and the Trainer (imported on first use: `--help` needs no torch)."""
 
 from __future__ import annotations
 

@@ -111,9 +111,7 @@ def run(args: argparse.Namespace) -> int:
         from ditbench.outpaths import check_file_target, refuse_output_as_input
 
         refuse_output_as_input([("--save", args.save)], [("--data", args.data), ("--vae", args.vae)])
-        check_file_target(
-            args.save, "--save", writes=("a torch checkpoint", (".pt", ".pth"))
-        )  # before training
+        check_file_target(args.save, "--save", writes=("a torch checkpoint", (".pt", ".pth")))
     device = str(resolve_device(args.device))
     knobs = {name: getattr(args, name) for name in TRAIN_KNOBS}
     cfg = from_flags(Knobs, {**knobs, "data": data_spec(args.data, args.vae)})
@@ -159,32 +157,28 @@ def run(args: argparse.Namespace) -> int:
     if args.save:
         trainer.save(args.save)
         print(f"checkpoint written to {args.save}", file=out)
-    skips = (
-        f", {trainer.scaler_skips} {cfg.precision} steps skipped by the GradScaler"
-        if uses_scaler(cfg.precision)
-        else ""
-    )
+    result = {
+        "status": "ok",
+        "config": {**cfg.train_knobs(), "device": str(trainer.device)},
+        "params": trainer.num_params,
+        "steps": args.steps,
+        "elapsed_s": round(elapsed, 3),
+        "steps_per_s": args.steps / elapsed,
+        IMAGES_PER_S.key: args.steps * cfg.rank_batch / elapsed,
+        "loss_first": first_loss,
+        "loss_last": last_loss,
+        "scaler_skips": trainer.scaler_skips if uses_scaler(cfg.precision) else None,
+        "checkpoint": args.save,
+        "note": "speeds include the first steps' warm-up",
+    }
+    skips = result["scaler_skips"]
     print(
-        f"done: {args.steps} steps in {elapsed:.1f} s, {args.steps / elapsed:.2f} steps/s, "
-        f"{args.steps * cfg.rank_batch / elapsed:.1f} img/s "
-        "(includes the first steps' warm-up); "
-        f"loss {first_loss:.4f} -> {last_loss:.4f}{skips}",
+        f"done: {args.steps} steps in {elapsed:.1f} s, {result['steps_per_s']:.2f} steps/s, "
+        f"{result[IMAGES_PER_S.key]:.1f} img/s (includes the first steps' warm-up); "
+        f"loss {first_loss:.4f} -> {last_loss:.4f}"
+        + ("" if skips is None else f", {skips} {cfg.precision} steps skipped by the GradScaler"),
         file=out,
     )
     if args.json:
-        result = {
-            "status": "ok",
-            "config": {**cfg.train_knobs(), "device": str(trainer.device)},
-            "params": trainer.num_params,
-            "steps": args.steps,
-            "elapsed_s": round(elapsed, 3),
-            "steps_per_s": args.steps / elapsed,
-            IMAGES_PER_S.key: args.steps * cfg.rank_batch / elapsed,
-            "loss_first": first_loss,
-            "loss_last": last_loss,
-            "scaler_skips": trainer.scaler_skips if uses_scaler(cfg.precision) else None,
-            "checkpoint": args.save,
-            "note": "speeds include the first steps' warm-up",
-        }
         print(json.dumps(result, indent=2, default=str))
     return 0

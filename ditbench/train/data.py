@@ -1,18 +1,9 @@
 """Where training batches come from: (latents (N, 4, s, s) on the device, labels (N,) int64).
 
-synthetic                       random latents and labels generated on the device, seeded
-                                (the default for speed measurement: no input pipeline cost)
-{latents: PATH}                 pre-extracted latents + labels from an .npz or .pt file
-                                (`ditbench extract-latents` writes one)
-{images: DIR, vae: PATH|ema|mse|random}
-                                an ImageFolder-style tree (one subfolder per class), ADM centre
-                                crop + random horizontal flip, encoded through the VAE every step
-{pixels: NPZ|builtin:NAME}      grey images whose 2x2 pixel blocks are the latent (`ditbench.pixels`):
-                                no VAE; `builtin:mpl-gray16` ships with matplotlib
-
-The VAE (`ditbench.vae`) is diffusers' AutoencoderKL with the sd-vae-ft-ema configuration; its
-weights come from a local path, random weights only when the user writes `vae: random`, and
-`describe()` says which was used.
+`synthetic`: seeded random latents drawn on the device (no input pipeline cost); {latents: PATH}: an
+.npz/.pt of pre-extracted latents (`ditbench extract-latents`); {images: DIR, vae: ...}: an ImageFolder
+tree, ADM centre crop + flip, encoded through the VAE every step; {pixels: ...}: images as latents
+(`ditbench.pixels`). `describe()` says which, for the record.
 """
 
 from __future__ import annotations
@@ -24,10 +15,9 @@ import numpy as np
 import torch
 
 from ditbench import vae as vae_lib
-from ditbench.errors import UserError
+from ditbench.errors import UserError, shorten
 from ditbench.outpaths import not_a_file
-
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp", ".JPEG")
+from ditbench.spec.knobs import DATA_HELP
 
 
 class DataSource:
@@ -45,17 +35,9 @@ class DataSource:
 class SyntheticLatents(DataSource):
     """N(0, 1) latents and uniform labels drawn on the device from a seeded generator."""
 
-    def __init__(
-        self,
-        batch_size: int,
-        latent_size: int,
-        num_classes: int,
-        device,
-        seed: int = 0,
-        channels: int = vae_lib.LATENT_CHANNELS,
-    ):
+    def __init__(self, batch_size: int, latent_size: int, num_classes: int, device, seed: int = 0):
         self.batch_size = batch_size
-        self.shape = (batch_size, channels, latent_size, latent_size)
+        self.shape = (batch_size, vae_lib.LATENT_CHANNELS, latent_size, latent_size)
         self.num_classes = num_classes
         self.device = torch.device(device)
         self.generator = torch.Generator(device=self.device)
@@ -110,38 +92,59 @@ def load_latent_file(path: str | os.PathLike) -> tuple[torch.Tensor, torch.Tenso
         )
     if latents.shape[0] == 0:
         raise UserError(f"latent file {str(p)!r} holds no latents")
-    from ditbench.inputcheck import check_latents
-
     check_latents(latents, labels, str(p))  # before training: a NaN would fail it at step 2
     return latents.float(), labels.long()
 
 
-class StagingBuffers:
-    """A ring of (latents, labels) host buffers that batches are gathered into before going to the GPU.
+_INTS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
-    Indexing a tensor with a list of rows makes a new, pageable tensor, and a `non_blocking` copy
-    from pageable memory is synchronous. Gathering into a pinned buffer keeps the copy asynchronous;
-    a buffer is reused only after the copy that last read it has finished (an event per slot), and
-    with two slots the host gathers batch k+1 while batch k is still on its way.
-    """
+
+def check_latents(latents: torch.Tensor, labels: torch.Tensor, where: str) -> None:
+    """UserError naming `where` for non-finite latents or labels that are not non-negative integers."""
+    if latents.is_complex() or not (latents.is_floating_point() or latents.dtype in _INTS):
+        raise UserError(f"latent file {where!r}: latents are {latents.dtype}, expected float32 numbers")
+    if latents.is_floating_point():
+        finite = torch.isfinite(latents)
+        if not bool(finite.all()):
+            bad = int((~finite).sum())
+            first = int((~finite).flatten(1).any(1).nonzero()[0])
+            raise UserError(
+                f"latent file {where!r} holds {bad:,} NaN or infinite values (the first in latent {first}); "
+                "training on it would fail at its first steps. Re-encode the images with "
+                "`ditbench extract-latents`, or drop those latents."
+            )
+    if labels.is_floating_point():
+        if not bool(torch.isfinite(labels).all()) or not bool((labels == labels.round()).all()):
+            raise UserError(f"latent file {where!r}: labels must be whole class numbers, not fractions, NaN")
+    elif labels.is_complex() or labels.dtype not in _INTS:
+        raise UserError(f"latent file {where!r}: labels are {labels.dtype}, expected integer class numbers")
+    if labels.numel() and int(labels.min()) < 0:
+        low = int(labels.min())
+        raise UserError(f"latent file {where!r}: labels must be class numbers from 0, got {low}")
+
+
+class StagingBuffers:
+    """A ring of pinned (latents, labels) host buffers batches are gathered into: a copy from pageable
+    memory (what indexing makes) is synchronous. A slot is reused once the copy that read it is done (an
+    event per slot); with two, the host gathers batch k+1 while batch k is on its way."""
 
     SLOTS = 2
 
-    def __init__(self, x_shape, y_shape, *, pin: bool, cuda_events: bool):
+    def __init__(self, x_shape, y_shape, *, pin: bool):
         def buffer(shape, dtype):
             return torch.empty(shape, dtype=dtype, pin_memory=pin)
 
         self.slots = [
             (buffer(x_shape, torch.float32), buffer(y_shape, torch.long)) for _ in range(self.SLOTS)
         ]
-        self.events = [torch.cuda.Event() if cuda_events else None for _ in range(self.SLOTS)]
+        self.events = [torch.cuda.Event() for _ in range(self.SLOTS)]
         self.issued = [False] * self.SLOTS
         self.current = -1
 
     def gather(self, latents: torch.Tensor, labels: torch.Tensor, idx: torch.Tensor):
         """The rows `idx` of latents and labels, written into the next slot's buffers."""
         self.current = (self.current + 1) % self.SLOTS
-        if self.issued[self.current] and self.events[self.current] is not None:
+        if self.issued[self.current]:
             self.events[self.current].synchronize()  # the copy that last read this slot is done
         x, y = self.slots[self.current]
         torch.index_select(latents, 0, idx, out=x)
@@ -150,8 +153,7 @@ class StagingBuffers:
 
     def copies_issued(self) -> None:
         """Mark, on the current stream, the point after the copies out of the current slot."""
-        if self.events[self.current] is not None:
-            self.events[self.current].record()
+        self.events[self.current].record()
         self.issued[self.current] = True
 
 
@@ -170,8 +172,7 @@ class LatentFile(DataSource):
         if int(labels.min()) < 0 or int(labels.max()) >= num_classes:
             raise UserError(
                 f"latent file {str(path)!r} has labels in [{int(labels.min())}, {int(labels.max())}], "
-                "outside "
-                f"[0, {num_classes - 1}] for num_classes {num_classes}"
+                f"outside [0, {num_classes - 1}] for num_classes {num_classes}"
             )
         self.path = str(path)
         self._batches(latents, labels, batch_size, device, seed)
@@ -183,7 +184,7 @@ class LatentFile(DataSource):
         self.latents, self.labels = latents, labels
         self.staging = None
         if self.device.type == "cuda":  # gather into pinned memory, so the copy to the GPU is asynchronous
-            self.staging = StagingBuffers((batch_size, *want), (batch_size,), pin=True, cuda_events=True)
+            self.staging = StagingBuffers((batch_size, *want), (batch_size,), pin=True)
         self.generator = torch.Generator().manual_seed(seed)
         self._order = torch.empty(0, dtype=torch.long)
         self._pos = 0
@@ -230,11 +231,6 @@ class PixelImages(LatentFile):
 
     def describe(self) -> dict:
         return {"kind": "pixels", "path": self.path, "colour": self.colour, "count": int(len(self.labels))}
-
-
-# --------------------------------------------------------------------------------------------
-# Images through the VAE
-# --------------------------------------------------------------------------------------------
 
 
 def center_crop_arr(pil_image, image_size: int):
@@ -321,7 +317,6 @@ class ImageFolderVAE(DataSource):
             persistent_workers=num_workers > 0,
         )
         self._it = None
-        self._torch_seed = seed
 
     def _next_images(self):
         while True:
@@ -343,16 +338,10 @@ class ImageFolderVAE(DataSource):
         return {"kind": "images", "path": self.root, "count": len(self.dataset), "vae": self.vae_desc}
 
 
-DATA_HELP = (
-    "synthetic, {latents: PATH.npz|.pt}, {images: DIR, vae: PATH|ema|mse|random} "
-    "or {pixels: NPZ|builtin:NAME}"
-)
-
-
 def data_spec(spec, vae: str | None = None):
-    """The suite form of a data source given as a bare path (the command line's --data): a directory
-    is an image folder encoded through `vae`, a .npz/.pt file a latent file; anything else unchanged."""
-    if spec == "synthetic" or not isinstance(spec, (str, os.PathLike)):
+    """The suite form of `ditbench train --data`: `synthetic`, an image folder (encoded through `vae`)
+    or a .npz/.pt latent file."""
+    if spec == "synthetic":
         return spec
     p = Path(spec)
     if p.is_dir():
@@ -371,38 +360,24 @@ def data_source_from_config(
     num_classes: int = 1000,
     device="cpu",
     seed: int = 0,
-    vae: str | None = None,
     num_workers: int = 0,
 ) -> DataSource:
-    """Build a data source from a suite/CLI spec.
-
-    spec: "synthetic"; {"latents": path}; {"images": dir, "vae": path|"random"}; or a bare path
-    string (a directory means images, with `vae` from the argument; a file means latents).
-    """
+    """The data source of a `data` knob as spec.knobs validates it: "synthetic", {"latents": path},
+    {"pixels": npz, "colour": ...} or {"images": dir, "vae": spec}."""
     from ditbench.models.configs import latent_size as _latent_size
 
     size = _latent_size(image_size)
-    if spec is None or spec == "synthetic" or spec == {"synthetic": None} or spec == {"kind": "synthetic"}:
+    if spec == "synthetic":
         return SyntheticLatents(batch_size, size, num_classes, device, seed)
-    spec = data_spec(spec, vae)
-    if not isinstance(spec, dict):
-        raise UserError(f"data {spec!r} is not valid; use {DATA_HELP}")
-    keys = set(spec) - {"kind", "num_workers"}
-    if "latents" in spec and keys <= {"latents"}:
+    keys = set(spec) if isinstance(spec, dict) else set()
+    if keys == {"latents"}:
         return LatentFile(spec["latents"], batch_size, size, num_classes, device, seed)
-    if "pixels" in spec and keys <= {"pixels", "colour"}:
+    if "pixels" in keys and keys <= {"pixels", "colour"}:
         from ditbench.pixels import colour_of
 
         return PixelImages(spec["pixels"], batch_size, image_size, num_classes, device, seed, colour_of(spec))
-    if "images" in spec and keys <= {"images", "vae"}:
+    if "images" in keys and keys <= {"images", "vae"}:
         return ImageFolderVAE(
-            spec["images"],
-            spec.get("vae", vae),
-            batch_size,
-            image_size,
-            num_classes,
-            device,
-            seed,
-            num_workers=int(spec.get("num_workers", num_workers)),
+            spec["images"], spec.get("vae"), batch_size, image_size, num_classes, device, seed, num_workers
         )
-    raise UserError(f"data {spec!r} is not valid; use {DATA_HELP}")
+    raise UserError(f"data {shorten(spec)} is not valid; use {DATA_HELP}")

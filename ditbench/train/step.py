@@ -1,17 +1,12 @@
 """One DiT training step, the way the paper trains, under a chosen precision policy.
 
     trainer = Trainer(Knobs(model="DiT-S/8", precision="bf16", batch_size=8), device="cpu")
-    for _ in range(steps):
-        loss = trainer.step(trainer.next_batch())   # detached 0-d tensor; no host sync
+    loss = trainer.step(trainer.next_batch())   # detached 0-d tensor; no host sync
 
-A step: the previous gradients freed (before the forward; with `zero_grad: after_forward` after
-the first forward, the official train.py's order, which holds them through it), uniform random
-timesteps, label dropout 0.1 (inside the model in train mode), hybrid loss
-(MSE + variational bound) averaged over the batch, backward (through the GradScaler for fp16),
-AdamW step, EMA update. With `grad_accum: K` a step is K micro-batches of `batch_size`, each
-forward and backward on its own (gradients accumulate; a data-parallel model synchronises them
-on the last one only), then one AdamW step and one EMA update. Everything the step allocates
-stays on the device; the caller decides when to synchronise (e.g. `loss.item()` every N steps).
+A step: gradients freed (before the forward, or after it with `zero_grad: after_forward` as the
+official train.py), uniform timesteps, label dropout 0.1 (in the model), hybrid loss averaged over the
+batch, backward (GradScaler for fp16), AdamW, EMA. With `grad_accum: K`, K micro-batches forward and
+backward (a data-parallel model syncs on the last), then one AdamW step and one EMA update.
 """
 
 from __future__ import annotations
@@ -39,12 +34,10 @@ Batch = tuple[torch.Tensor, torch.Tensor] | list[tuple[torch.Tensor, torch.Tenso
 class Trainer:
     """Builds model, diffusion, precision policy, optimizer, EMA and data from a cell's Knobs.
 
-    The other arguments say how this process runs them; none changes what a step computes:
-    `data_seed` seeds the data source (None: the knobs' seed; ranks of a job each get their own),
-    `data_workers` loads an image folder in that many processes. wrap_model(module) -> module, if
-    given, is applied after the model moves to the device and before torch.compile (e.g.
-    DistributedDataParallel). `base_model` is always the bare DiT. `policy` (a PrecisionPolicy) and
-    `compiler` (in torch.compile's place) are the planner's seam: it traces a CUDA step on fake CPU tensors.
+    The other arguments say how this process runs them, never what a step computes: `data_seed` (None:
+    the knobs' seed; each rank its own), `data_workers` (image-folder loader processes), `wrap_model`
+    (e.g. DDP, after the move to the device, before torch.compile; `base_model` stays the bare DiT).
+    `policy` and `compiler` are the planner's seam: it traces a CUDA step on fake CPU tensors.
     """
 
     def __init__(
@@ -78,16 +71,9 @@ class Trainer:
 
         torch.manual_seed(knobs.seed)  # model init, timesteps, noise and label dropout follow this seed
         # Built directly on the device: initialising a 675M-parameter model on the CPU takes seconds.
+        arch = knobs.model_dump(include={"image_size", "num_classes", "grad_ckpt", "impl", "attention"})
         with torch.device(self.device):
-            self.base_model = build_model(
-                knobs.model,
-                image_size=knobs.image_size,
-                num_classes=knobs.num_classes,
-                grad_ckpt=knobs.grad_ckpt,
-                impl=knobs.impl,
-                class_dropout_prob=class_dropout_prob,
-                attention=knobs.attention,
-            )
+            self.base_model = build_model(knobs.model, class_dropout_prob=class_dropout_prob, **arch)
         self.num_params = count_params(self.base_model)
         # Built on the device already but for tensors made outside torch's factories (numpy): moved only
         # then, so a fake-tensor trace (the planner), whose parameters cannot be swapped, needs no .to().
@@ -116,10 +102,8 @@ class Trainer:
             model = compile_(model, mode=None if knobs.compile_mode == "default" else knobs.compile_mode)
         self.model = model
 
-        self.data = (
-            data
-            if data is not None
-            else data_source_from_config(
+        if data is None:
+            data = data_source_from_config(
                 knobs.data,
                 batch_size=knobs.batch_size,
                 image_size=knobs.image_size,
@@ -128,15 +112,13 @@ class Trainer:
                 seed=knobs.seed if data_seed is None else data_seed,
                 num_workers=data_workers,
             )
-        )
+        self.data = data
         self.step_count = 0
         self._skips = torch.zeros((), dtype=torch.long, device=self.device) if self.scaler else None
 
     @property
     def optimizer_kernel(self) -> str:
         return self.optimizer.ditbench_impl
-
-    # ---- the step ------------------------------------------------------------------------
 
     def next_batch(self) -> Batch:
         """One optimizer step's data: (x, y), or with grad_accum K > 1 a list of K (x, y) micro-batches."""
@@ -204,8 +186,6 @@ class Trainer:
     @property
     def scaler_skips(self) -> int:
         return 0 if self._skips is None else int(self._skips.item())
-
-    # ---- state ---------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
         return {

@@ -122,7 +122,7 @@ def test_the_quality_loop_scores_a_learned_model_lower_beyond_noise(tmp_path, mo
     from ditbench.dist import DistContext
     from ditbench.metrics import registry
     from ditbench.metrics.evaluate import Scorer
-    from ditbench.metrics.stats_cache import CACHE_ENV
+    from ditbench.pretrained import CACHE_ENV
     from ditbench.quality.loop import run_quality
     from ditbench.spec.cell import CellSpec, Steps
     from ditbench.spec.knobs import Knobs

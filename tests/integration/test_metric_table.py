@@ -22,7 +22,7 @@ from ditbench.cli import main
 from ditbench.dist import DistContext
 from ditbench.metrics import registry
 from ditbench.metrics.spec import Metric, Need, Output
-from ditbench.metrics.stats_cache import CACHE_ENV
+from ditbench.pretrained import CACHE_ENV
 from ditbench.quality.loop import run_quality
 from ditbench.report.claim_check import check_claims
 from ditbench.report.claims import parse_claims

@@ -16,7 +16,7 @@ from ditbench import builtin_data
 from ditbench.bench import cell_core
 from ditbench.dist import DistContext
 from ditbench.metrics import registry
-from ditbench.metrics.stats_cache import CACHE_ENV
+from ditbench.pretrained import CACHE_ENV
 from ditbench.quality import grid
 from ditbench.quality.loop import run_quality
 from ditbench.spec.cell import CellSpec, Steps

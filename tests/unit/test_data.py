@@ -9,6 +9,7 @@ from ditbench.train.data import (
     SyntheticLatents,
     center_crop_arr,
     data_source_from_config,
+    data_spec,
 )
 from ditbench.train.extract import extract_latents
 from ditbench.vae import build_vae
@@ -82,7 +83,7 @@ def test_latent_file_batches_cover_an_epoch(tmp_path):
 def test_latent_file_pt_and_bare_path(tmp_path):
     path = tmp_path / "lat.pt"
     torch.save({"latents": torch.randn(6, 4, 4, 4), "labels": torch.arange(6) % 2}, path)
-    src = data_source_from_config(str(path), batch_size=4, image_size=32, num_classes=2)
+    src = data_source_from_config(data_spec(str(path)), batch_size=4, image_size=32, num_classes=2)
     x, y = src.next_batch()
     assert x.shape == (4, 4, 4, 4) and y.shape == (4,)
 
@@ -229,7 +230,7 @@ def test_staging_buffers_gather_into_a_ring_and_wait_for_the_copy_before_reuse(m
 
     monkeypatch.setattr(torch.cuda, "Event", Event)
     latents, labels = torch.randn(10, 4, 2, 2), torch.arange(10)
-    ring = StagingBuffers((3, 4, 2, 2), (3,), pin=False, cuda_events=True)
+    ring = StagingBuffers((3, 4, 2, 2), (3,), pin=False)
     seen = []
     for idx in ([0, 1, 2], [7, 8, 9], [4, 5, 6]):
         x, y = ring.gather(latents, labels, torch.tensor(idx))

@@ -395,9 +395,9 @@ def test_a_cells_gpu_window_is_printed_and_in_the_summary():
         "energy_j_per_image": 2.5,
         "throttled": ["sw_power_cap"],
     }
-    assert device_steps.gpu_line(cell) == (
+    assert device_report.gpu_line(cell) == (
         "DiT-XL/2 bf16 bs256: SM 1980 MHz, power 650.5 W, max 71 C, energy 2.5 J/image, "
         "clock-event reasons sw_power_cap 40%, NOISY: throttled (sw_power_cap)"
     )
     cpu = device_steps.cell_figures({"cell_name": "cpu", "metrics": {"noisy": False}})
-    assert "gpu" not in cpu and device_steps.gpu_line(cpu) is None  # nothing measured, nothing said
+    assert "gpu" not in cpu and device_report.gpu_line(cpu) is None  # nothing measured, nothing said

@@ -73,3 +73,28 @@ def test_an_atomic_write_refuses_a_link_and_neither_replaces_nor_follows_it(tmp_
         write_atomic(tmp_path / "report.md", "new")
     assert target.read_text() == "keep me" and (tmp_path / "report.md").is_symlink()
     assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_download_atomic_writes_through_atomic_write_and_a_cut_download_leaves_nothing(tmp_path, monkeypatch):
+    import io
+    import urllib.request
+
+    from ditbench.fileio import download_atomic
+
+    source = tmp_path / "src.bin"
+    source.write_bytes(b"weights" * 1000)
+    dest = tmp_path / "cache" / "w.pt"
+    download_atomic(source.as_uri(), dest)
+    assert dest.read_bytes() == source.read_bytes()
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["w.pt"]
+
+    class Cut(io.BytesIO):
+        headers = {"Content-Length": "100"}
+
+        def read(self, n=-1):
+            raise ConnectionResetError("cut")
+
+    monkeypatch.setattr(urllib.request, "urlopen", lambda request: Cut())
+    with pytest.raises(ConnectionResetError):
+        download_atomic("https://example.invalid/x.pt", tmp_path / "cache" / "x.pt")
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["w.pt"]  # no partial file, no temp file

@@ -27,7 +27,7 @@ def assert_clean(code: int, err: str, *needles: str) -> None:
 def test_a_fifo_as_the_plan_cache_entry_is_refused_not_waited_on(tmp_path, monkeypatch):
     from ditbench.plan import cache
 
-    monkeypatch.setenv(cache.CACHE_ENV, str(tmp_path))
+    monkeypatch.setenv("DITBENCH_CACHE", str(tmp_path))
     cache.cache_dir().mkdir(parents=True)
     os.mkfifo(cache.cache_dir() / "abc.json")
     with pytest.raises(UserError, match="the plan cache .*abc.json.* FIFO"):

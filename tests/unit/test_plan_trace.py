@@ -150,7 +150,7 @@ def test_diffusers_step_needs_the_cuda_rules_and_gets_them(monkeypatch):
 @pytest.mark.slow  # dynamo compiles the model: ~12 s of CPU
 def test_a_compiled_step_is_traced_through_its_graphs():
     """torch.compile: dynamo compiles (no dispatch mode in its way) and the graphs' ops are recorded."""
-    from ditbench.plan import compiled
+    from ditbench.plan import emulation as compiled
 
     calls = []
     original = compiled._recorded

@@ -10,7 +10,6 @@ from ditbench.precision import (
     get_precision_policy,
     set_tf32,
     tf32_mode,
-    tf32_state,
 )
 
 
@@ -22,7 +21,18 @@ def _restore_flags():
 
 def _every_getter() -> dict:
     """Read each legacy getter and the new per-op API; a mix of the two makes the legacy ones raise."""
-    state = tf32_state()
+    state = {
+        "matmul.allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "cudnn.allow_tf32": torch.backends.cudnn.allow_tf32,
+    }
+    if hasattr(torch.backends.cuda.matmul, "fp32_precision"):  # the new per-op API (torch >= 2.9)
+        ops = {
+            "matmul": torch.backends.cuda.matmul,
+            "conv": torch.backends.cudnn.conv,
+            "rnn": torch.backends.cudnn.rnn,
+        }
+        state.update((f"{name}.fp32_precision", op.fp32_precision) for name, op in ops.items())
     assert set(state) >= {"matmul.allow_tf32", "float32_matmul_precision", "cudnn.allow_tf32"}
     return state
 

@@ -84,6 +84,21 @@ def test_durations_and_the_eta_of_a_plain_progress_line(monkeypatch, capsys):
     assert capsys.readouterr().err == "sample features: 20/100 img (20%), 2 img/s, 10 s, ETA 40 s\n"
 
 
+def test_a_plain_bar_says_where_it_ended_once(monkeypatch, capsys):
+    """Off a terminal the closing line is printed only if the last periodic one did not already say it."""
+    monkeypatch.setenv(progress.EVERY_ENV, "0")
+    list(progress.PlainProgress(range(3), None, 0, "img", "fid features"))
+    assert [line.split(",")[0] for line in capsys.readouterr().err.splitlines()] == [
+        "fid features: 1/3 img (33%)", "fid features: 2/3 img (67%)", "fid features: 3/3 img (100%)",
+    ]  # fmt: skip
+    monkeypatch.setenv(progress.EVERY_ENV, "3600")
+    bar = progress.PlainProgress(None, 10, 0, "img", "fid features")
+    bar.update(4)
+    bar.close()
+    bar.close()
+    assert capsys.readouterr().err.startswith("fid features: 4/10 img (40%)") and bar.shown == 4
+
+
 @pytest.mark.slow
 def test_the_flop_constants_are_what_torch_counts():
     """INCEPTION_FLOPS and VAE_DECODE_FLOPS_PER_PIXEL, counted on meta tensors."""
