@@ -124,34 +124,31 @@ def compare_quality(
     step = common[-1]
     eb, en = qb.evaluations[step], qn.evaluations[step]
     deltas, not_measured, problems = [], [], []
+    where = f"quality.evaluations[step {step}]"
     for metric, rule in gated:
-        values, spreads, bad = [], [], None
+        values, spreads = [], []
         for side, e in (("BASE", eb), ("NEW", en)):
-            where = f"quality.evaluations[step {step}]"
             v, why = number(e.metrics.get(metric.path))
             if why is None and v is not None and metric.out_of_range(v):
                 why = f"is {v:g}, not a {metric.valid} value"
             noise, nwhy = evaluation_noise(e, metric.path)
             if why or nwhy:
                 text = f"{where}.metrics.{metric.path} {why}" if why else f"{where}.{nwhy}"
-                bad = (side, metric.name, text)
+                problems.append((side, metric.name, text))
                 break
             values.append(v)
             spreads.append(noise)
-        if bad:
-            problems.append(bad)
-            continue
-        (b, n) = values
+        if len(values) < 2:
+            continue  # a side's value or noise is a problem
+        b, n = values
         if b is None and n is None:
             not_measured.append(metric.name)
-            continue
-        if b is None or n is None:
-            side = "BASE" if b is None else "NEW"
+        elif b is None or n is None:
             problems.append(
-                (side, metric.name, f"quality.evaluations[step {step}].metrics.{metric.path} is missing")
+                ("BASE" if b is None else "NEW", metric.name, f"{where}.metrics.{metric.path} is missing")
             )
-            continue
-        deltas.append(_judge(metric, rule, b, n, spreads[0], spreads[1], k, step))
+        else:
+            deltas.append(_judge(metric, rule, b, n, spreads[0], spreads[1], k, step))
     return deltas, not_measured, problems
 
 
