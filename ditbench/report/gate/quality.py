@@ -223,7 +223,6 @@ def _judge(
         c,
         noise.beyond is not False,
         significance,
-        direction=c.direction,
         weak=noise.weak_reason is not None and c.crossed,
         weak_reason=noise.weak_reason if c.crossed else None,
         step=step,

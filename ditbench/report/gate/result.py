@@ -91,6 +91,7 @@ class MetricDelta:
     ):
         """The delta of `metric` from base b to new n: its crossing `c` of `rule`, significant or not."""
         verdict = c.verdict(significant)
+        more["direction"] = c.direction
         return cls(
             metric.name, metric.label, b, n, c.change_pct, rule.threshold_pct, verdict, significance, **more
         )

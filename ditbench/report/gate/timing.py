@@ -162,7 +162,6 @@ def judge(
         significant,
         significance,
         p_value=p_value,
-        direction=c.direction,
         weak=weak,
         weak_reason=weak_reason if weak else None,
         interval_pct=list(interval) if interval is not None else None,
