@@ -1,8 +1,7 @@
 """`ditbench ab SUITE --a PYTHON --b PYTHON`: a regression gate that runs both sides itself.
 
-Rounds (ab.rounds) until every cell is decided (ab.sequential, report.gate.paired) or --max-rounds
-or --budget-min is spent; then the gate's summary (report.gate.summary) and exit status, as
-`compare`: 0 pass or improvement, 1 regression, 2 input error, 3 inconclusive.
+Rounds (ab.rounds) until every cell is decided (ab.sequential) or the rounds or the budget run out;
+then the gate's summary and exit status, as `compare` (EPILOG says what users see).
 """
 
 from __future__ import annotations
@@ -218,9 +217,3 @@ def _gate(args, suite, cells, sides, policy, out: Path, seed: int, run_id: str) 
     publish(text, args.summary)
     sys.stdout.write(to_json_text(result) + "\n" if args.json else text)
     return result.exit_code
-
-
-if __name__ == "__main__":
-    from ditbench.cli import main
-
-    sys.exit(main(["ab", *sys.argv[1:]]))

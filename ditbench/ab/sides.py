@@ -47,14 +47,6 @@ class Side:
     env: tuple[tuple[str, str], ...] = ()
     info: dict[str, Any] = field(default_factory=dict, compare=False)  # what the probe found
 
-    @property
-    def option(self) -> str:
-        return f"--{self.name.lower()}"
-
-    def process_env(self) -> dict[str, str]:
-        """The environment the side's processes start with (FreshProcess's, for the probe)."""
-        return child_env(self.python, dict(self.env))
-
     def about(self) -> dict[str, Any]:
         return {"python": self.python, "env": dict(self.env), **self.info}
 
@@ -98,12 +90,12 @@ def env_items(option: str, items: list[str]) -> tuple[tuple[str, str], ...]:
 def probe(side: Side, specs: list[Path]) -> Side:
     """The side, with what its interpreter reports; UserError naming the side if it cannot run the cells."""
     argv = [side.python, "-c", PROBE, MODULE, *map(str, specs)]
+    env = child_env(side.python, dict(side.env))  # as FreshProcess starts the side's cells
+    who = f"side {side.name} (--{side.name.lower()} {side.python})"
     try:
-        done = subprocess.run(
-            argv, env=side.process_env(), capture_output=True, text=True, timeout=PROBE_TIMEOUT_S
-        )
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as err:
-        raise UserError(f"side {side.name} ({side.option} {side.python}) did not start: {err}.") from None
+        raise UserError(f"{who} did not start: {err}.") from None
     lines = done.stdout.strip().splitlines()
     try:
         found = json.loads(lines[-1]) if lines else None
@@ -116,7 +108,7 @@ def probe(side: Side, specs: list[Path]) -> Side:
             else (done.stderr.strip()[-600:] or f"exit {done.returncode}")
         )
         raise UserError(
-            f"side {side.name} ({side.option} {side.python}) cannot run this suite's cells: {why}. Both "
+            f"{who} cannot run this suite's cells: {why}. Both "
             "sides must be ditbench versions that read the cell spec this ditbench writes "
             f"(ditbench.bench.launch.files.read_spec) and have {MODULE}: install ditbench into that "
             "environment, or one whose cell spec matches this one's."

@@ -60,8 +60,8 @@ def not_official(df: pd.DataFrame) -> bool:
 
 def compare_fid(base: dict[str, Any], new: dict[str, Any], k: float = DEFAULT_QUALITY_NOISE_K) -> Verdict:
     """new's FID against base's at the last step both evaluated, by the gate's noise rule."""
-    qb, why_b = read_quality({"quality": base})
-    qn, why_n = read_quality({"quality": new})
+    qb, why_b = read_quality(base)
+    qn, why_n = read_quality(new)
     if qb is None or qn is None:
         return Verdict("not comparable", why_b or why_n or "no quality field")
     differs = [label for label in qb.identity if qb.identity[label] != qn.identity[label]]

@@ -13,6 +13,8 @@ import pandas as pd
 import pytest
 
 from ditbench.errors import UserError
+from ditbench.records.metrics import MFU
+from ditbench.records.model import Record, check
 from ditbench.report.gate.inputs import (
     MAX_NAMED,
     GateRefusal,
@@ -23,7 +25,6 @@ from ditbench.report.gate.inputs import (
     load_run,
     noisy,
     number,
-    number_at,
     rows,
     run_samples,
     step_samples,
@@ -32,27 +33,48 @@ from ditbench.report.gate.inputs import (
 # ------------------------------------------------------------------------------------------ rows
 
 
+def raw(**top):
+    """A result record's JSON with these top-level values."""
+    from synthetic_records import make_record
+
+    return {**make_record("DiT-S/8", "fp32", "none", 8, images_per_s=400.0), **top}
+
+
+def record(**top) -> Record:
+    """A result record (the model the gate reads) with these top-level values."""
+    return Record.model_validate(raw(**top))
+
+
+def refused(**top) -> str | None:
+    """What the record model says of a record with these top-level values (the gate never sees it)."""
+    got, why = check(raw(**top))
+    assert got is None
+    return why
+
+
 def test_a_row_names_its_side_source_and_cell():
-    r = Row("BASE", "runs/a.jsonl line 3", {"cell_id": "ab12", "cell_name": "DiT-S/8 fp32"})
+    r = Row("BASE", "runs/a.jsonl line 3", record(cell_id="ab12", cell_name="DiT-S/8 fp32"))
     assert r.cell == "cell `DiT-S/8 fp32` (ab12)"
     assert r.where == "BASE runs/a.jsonl line 3, cell `DiT-S/8 fp32` (ab12)"
 
 
-def test_a_row_without_a_name_or_id_says_so():
-    assert Row("NEW", "x line 1", {}).cell == "cell `` (None)"
-    assert Row("NEW", "x line 1", {"cell_name": None, "cell_id": 7}).cell == "cell `` (7)"
+def test_a_row_without_a_name_says_so_and_a_record_without_a_name_or_id_is_refused_before():
+    assert Row("NEW", "x line 1", record(cell_id="ab12", cell_name="")).cell == "cell `` (ab12)"
+    assert refused(cell_name=None) == "cell_name is None, not a string"
+    assert refused(cell_id=7) == "cell_id is 7, not a string"
+    assert refused(cell_id="") == "cell_id is '', not a non-empty string"
 
 
 def test_a_long_cell_name_is_cut_at_100_and_a_long_id_at_40():
     name, cid = "n" * 150, "i" * 50
-    r = Row("NEW", "x line 1", {"cell_id": cid, "cell_name": name})
+    r = Row("NEW", "x line 1", record(cell_id=cid, cell_name=name))
     assert r.cell == f"cell `{'n' * 99}… (150 characters)` ({'i' * 39}… (50 characters))"
-    r = Row("NEW", "x line 1", {"cell_id": "i" * 40, "cell_name": "n" * 100})
+    r = Row("NEW", "x line 1", record(cell_id="i" * 40, cell_name="n" * 100))
     assert r.cell == f"cell `{'n' * 100}` ({'i' * 40})"
 
 
 def test_rows_are_keyed_by_cell_id_with_path_and_line():
-    r1, r2, r3 = {"cell_id": "a"}, {"cell_id": "b"}, {"cell_id": "c"}
+    r1, r2, r3 = record(cell_id="a"), record(cell_id="b"), record(cell_id="c")
     df = pd.DataFrame({"record": [r1, r2, r3], "source": ["runs/a.jsonl:3", "noline", "C:/x/b.jsonl:12"]})
     assert rows(df, "NEW") == {
         "a": Row("NEW", "runs/a.jsonl line 3", r1),
@@ -70,7 +92,7 @@ def test_a_run_directory_is_read_through_its_results_file(tmp_path):
     for given in (tmp_path, str(tmp_path / "results.jsonl")):
         df = load_run(given)
         assert list(df["source"]) == [f"{tmp_path / 'results.jsonl'}:1"]
-        assert df["record"].iloc[0]["metrics"]["tflops_per_s"] == math.inf
+        assert df["record"].iloc[0].metrics.tflops_per_s == math.inf
 
 
 def test_a_directory_without_a_results_file_is_named_itself(tmp_path):
@@ -91,11 +113,6 @@ def test_a_directory_without_a_results_file_is_named_itself(tmp_path):
         (3, (3.0, None)),
         (-2.5, (-2.5, None)),
         (0, (0.0, None)),
-        (True, (None, "is True, not a number")),
-        (False, (None, "is False, not a number")),
-        ("3", (None, "is '3', not a number")),
-        ([1], (None, "is [1], not a number")),
-        (10**400, (None, "is a number too large to compare")),
         (math.nan, (None, "is nan, not a finite number")),
         (-math.inf, (None, "is -inf, not a finite number")),
     ],
@@ -108,21 +125,43 @@ def test_a_number_is_a_finite_int_or_float(value, expected):
 
 
 @pytest.mark.parametrize(
-    ("record", "dotted", "expected"),
+    ("value", "why"),
     [
-        ({"a": {"b": 3}}, "a.b", (3.0, None)),
-        ({"a": {"b": 3}}, "a.c", (None, None)),
-        ({"a": None}, "a.b", (None, None)),
-        ({}, "a.b.c", (None, None)),
-        ({"a": 5}, "a.b", (None, "cannot be read: `a` is 5, not an object")),
-        ({"a": {"b": [1]}}, "a.b.c", (None, "cannot be read: `a.b` is [1], not an object")),
-        ([1], "a", (None, "cannot be read: `` is [1], not an object")),
-        ({"a": {"b": "x"}}, "a.b", (None, "is 'x', not a number")),
-        ({"x": 2}, "x", (2.0, None)),
+        (True, "is True, not a number"),
+        (False, "is False, not a number"),
+        ("3", "is '3', not a number"),
+        ([1], "is [1], not a number"),
+        (10**400, "is an integer too large for a number"),
     ],
 )
-def test_a_number_is_read_at_a_dotted_path(record, dotted, expected):
-    assert number_at(record, dotted) == expected
+def test_a_value_that_is_no_number_never_reaches_the_gate(value, why):
+    assert refused(metrics={"images_per_s": value}) == f"metrics.images_per_s {why}"
+
+
+@pytest.mark.parametrize(
+    ("metrics", "expected"),
+    [
+        ({"mfu": {"value": 3}}, (3.0, None)),
+        ({"mfu": {"peak_tflops": 3}}, (None, None)),
+        ({"mfu": None}, (None, None)),
+        (None, (None, None)),
+        ({"mfu": {"value": math.inf}}, (None, "is inf, not a finite number")),
+    ],
+)
+def test_a_number_is_read_at_its_metrics_path(metrics, expected):
+    assert number(MFU.of(record(metrics=metrics))) == expected
+
+
+@pytest.mark.parametrize(
+    ("metrics", "why"),
+    [
+        ({"mfu": 5}, "metrics.mfu is 5, not an object"),
+        ({"mfu": {"value": "x"}}, "metrics.mfu.value is 'x', not a number"),
+        ([1], "metrics is [1], not an object"),
+    ],
+)
+def test_a_path_through_something_that_is_no_object_never_reaches_the_gate(metrics, why):
+    assert refused(metrics=metrics) == why
 
 
 STEP_RULE = "(per-step times must be finite numbers of ms)"
@@ -130,73 +169,74 @@ REPEAT_RULE = "(per-repeat step times must be positive ms)"
 
 
 @pytest.mark.parametrize(
-    ("record", "expected"),
+    ("metrics", "expected"),
     [
+        (None, ([], None)),
         ({}, ([], None)),
-        ({"metrics": None}, ([], None)),
-        ({"metrics": {"step_ms": 5}}, ([], None)),
-        ({"metrics": {"step_ms": {"median": 5}}}, ([], None)),
-        ({"metrics": {"step_ms": {"samples": [1, 2.5, 0.5]}}}, ([1.0, 2.5, 0.5], None)),
-        ({"metrics": {"step_ms": {"samples": []}}}, ([], None)),
+        ({"step_ms": {"median": 5}}, ([], None)),
+        ({"step_ms": {"samples": [1, 2.5, 0.5]}}, ([1.0, 2.5, 0.5], None)),
+        ({"step_ms": {"samples": []}}, ([], None)),
         (
-            {"metrics": {"step_ms": {"samples": "x"}}},
-            ([], "metrics.step_ms.samples is 'x', not a list of per-step times"),
-        ),
-        (
-            {"metrics": {"step_ms": {"samples": [1, 0]}}},
+            {"step_ms": {"samples": [1, 0]}},
             ([], f"metrics.step_ms.samples[1] is not a positive time {STEP_RULE}"),
         ),
         (
-            {"metrics": {"step_ms": {"samples": [-1, 2]}}},
+            {"step_ms": {"samples": [-1, 2]}},
             ([], f"metrics.step_ms.samples[0] is not a positive time {STEP_RULE}"),
         ),
         (
-            {"metrics": {"step_ms": {"samples": [1, None]}}},
+            {"step_ms": {"samples": [1, None]}},
             ([], f"metrics.step_ms.samples[1] is null {STEP_RULE}"),
         ),
         (
-            {"metrics": {"step_ms": {"samples": [2, True]}}},
-            ([], f"metrics.step_ms.samples[1] is True, not a number {STEP_RULE}"),
-        ),
-        (
-            {"metrics": {"step_ms": {"samples": [math.nan, -1]}}},
+            {"step_ms": {"samples": [math.nan, -1]}},
             ([], f"metrics.step_ms.samples[0] is nan, not a finite number {STEP_RULE}"),
         ),
     ],
 )
-def test_step_samples_are_positive_finite_times(record, expected):
-    got = step_samples(record)
+def test_step_samples_are_positive_finite_times(metrics, expected):
+    got = step_samples(record(metrics=metrics))
     assert got == expected
     assert all(type(v) is float for v in got[0])
 
 
 @pytest.mark.parametrize(
-    ("record", "expected"),
+    ("metrics", "why"),
     [
-        ({}, ([], None)),
-        ({"metrics": None}, ([], None)),
-        ({"metrics": {"repeats": None}}, ([], None)),
-        ({"metrics": {"repeats": {"step_ms": [10, 12.5]}}}, ([10.0, 12.5], None)),
+        ({"step_ms": 5}, "metrics.step_ms is 5, not an object"),
+        ({"step_ms": {"samples": "x"}}, "metrics.step_ms.samples is 'x', not a list"),
+        ({"step_ms": {"samples": [2, True]}}, "metrics.step_ms.samples[1] is True, not a number"),
+        ({"repeats": "x"}, "metrics.repeats is 'x', not an object"),
+        ({"repeats": {"step_ms": 10}}, "metrics.repeats.step_ms is 10, not a list"),
+        ({"repeats": {"step_ms": ["a"]}}, "metrics.repeats.step_ms[0] is 'a', not a number"),
+    ],
+)
+def test_samples_that_are_no_list_of_numbers_never_reach_the_gate(metrics, why):
+    assert refused(metrics=metrics) == why
+
+
+@pytest.mark.parametrize(
+    ("metrics", "expected"),
+    [
+        (None, ([], None)),
+        ({"repeats": None}, ([], None)),
+        ({"repeats": {"step_ms": [10, 12.5]}}, ([10.0, 12.5], None)),
         (
-            {"metrics": {"repeats": "x"}},
+            {"repeats": {"images_per_s": [10]}},
             ([], "metrics.repeats.step_ms is None, not a list of per-repeat step times"),
         ),
         (
-            {"metrics": {"repeats": {"step_ms": 10}}},
-            ([], "metrics.repeats.step_ms is 10, not a list of per-repeat step times"),
-        ),
-        (
-            {"metrics": {"repeats": {"step_ms": [10, -1]}}},
+            {"repeats": {"step_ms": [10, -1]}},
             ([], f"metrics.repeats.step_ms[1] is not a positive time {REPEAT_RULE}"),
         ),
         (
-            {"metrics": {"repeats": {"step_ms": ["a"]}}},
-            ([], f"metrics.repeats.step_ms[0] is 'a', not a number {REPEAT_RULE}"),
+            {"repeats": {"step_ms": [math.inf]}},
+            ([], f"metrics.repeats.step_ms[0] is inf, not a finite number {REPEAT_RULE}"),
         ),
     ],
 )
-def test_run_samples_are_the_repeats_positive_times(record, expected):
-    assert run_samples(record) == expected
+def test_run_samples_are_the_repeats_positive_times(metrics, expected):
+    assert run_samples(record(metrics=metrics)) == expected
 
 
 NOISY = "noisy measurement window"
@@ -209,17 +249,13 @@ LOAD_ADVICE = (
 @pytest.mark.parametrize(
     ("metrics", "expected"),
     [
-        (None, (None, None)),
-        ({}, (None, None)),
-        ({"noisy": False, "noise": "x"}, (None, None)),
-        ({"noisy": None}, (None, None)),
-        ({"noisy": "yes"}, (None, "metrics.noisy is 'yes', not true or false")),
-        ({"noisy": 1}, (None, "metrics.noisy is 1, not true or false")),
-        ({"noisy": True}, (NOISY, None)),
-        ({"noisy": True, "noise": None}, (NOISY, None)),
-        ({"noisy": True, "noise": "x"}, (None, "metrics.noise is 'x', not an object")),
-        ({"noisy": True, "noise": [1]}, (None, "metrics.noise is [1], not an object")),
-        ({"noisy": True, "noise": {}}, (NOISY, None)),
+        (None, None),
+        ({}, None),
+        ({"noisy": False, "noise": {"step_spread": 9.0, "spread_bound": 1.0}}, None),
+        ({"noisy": None}, None),
+        ({"noisy": True}, NOISY),
+        ({"noisy": True, "noise": None}, NOISY),
+        ({"noisy": True, "noise": {}}, NOISY),
         (
             {
                 "noisy": True,
@@ -230,42 +266,58 @@ LOAD_ADVICE = (
                     "gap_bound": 0.03,
                 },
             },
-            (f"{NOISY}: step spread p90/p10 1.23 (bound 1.15), throughput gap 0.05 (bound 0.03)", None),
+            f"{NOISY}: step spread p90/p10 1.23 (bound 1.15), throughput gap 0.05 (bound 0.03)",
         ),
         (
-            {"noisy": True, "noise": {"step_spread": 2, "spread_bound": "x", "throughput_gap": True}},
-            (f"{NOISY}: step spread p90/p10 2", None),
+            {"noisy": True, "noise": {"step_spread": 2, "spread_bound": None, "throughput_gap": None}},
+            f"{NOISY}: step spread p90/p10 2",
         ),
         (
             {
                 "noisy": True,
                 "noise": {"step_spread": math.nan, "throughput_gap": 0.125, "gap_bound": math.inf},
             },
-            (f"{NOISY}: throughput gap 0.125", None),
+            f"{NOISY}: throughput gap 0.125",
         ),
         (
-            {"noisy": True, "noise": {"throughput_gap": "0.2", "other_cpu_share": 0.8, "load_bound": 0.25}},
-            (f"{NOISY}: {LOAD_ADVICE}", None),
+            {
+                "noisy": True,
+                "noise": {"throughput_gap": math.nan, "other_cpu_share": 0.8, "load_bound": 0.25},
+            },
+            f"{NOISY}: {LOAD_ADVICE}",
         ),
         (
             {
                 "noisy": True,
                 "noise": {"step_spread": 1.5, "spread_bound": 1, "other_cpu_share": 0.8, "load_bound": 0.25},
             },
-            (f"{NOISY}: step spread p90/p10 1.5 (bound 1), {LOAD_ADVICE}", None),
+            f"{NOISY}: step spread p90/p10 1.5 (bound 1), {LOAD_ADVICE}",
         ),
     ],
 )
 def test_a_noisy_window_says_why(metrics, expected):
-    record = {} if metrics is None else {"metrics": metrics}
-    assert noisy(record) == expected
+    assert noisy(record(metrics=metrics)) == expected
+
+
+@pytest.mark.parametrize(
+    ("metrics", "why"),
+    [
+        ({"noisy": "yes"}, "metrics.noisy is 'yes', not true or false"),
+        ({"noisy": 1}, "metrics.noisy is 1, not true or false"),
+        ({"noisy": True, "noise": "x"}, "metrics.noise is 'x', not an object"),
+        ({"noisy": True, "noise": [1]}, "metrics.noise is [1], not an object"),
+        ({"noisy": True, "noise": {"spread_bound": "x"}}, "metrics.noise.spread_bound is 'x', not a number"),
+    ],
+)
+def test_a_malformed_noisy_flag_or_noise_never_reaches_the_gate(metrics, why):
+    assert refused(metrics=metrics) == why
 
 
 # ------------------------------------------------------------------------------------------ problems
 
 
 def row(side, source, cell_id="c1"):
-    return Row(side, source, {"cell_id": cell_id, "cell_name": "DiT-S/8 fp32"})
+    return Row(side, source, record(cell_id=cell_id, cell_name="DiT-S/8 fp32"))
 
 
 HEAD = "A gate cannot pass what it cannot compare, so it refuses (exit 2)."

@@ -13,8 +13,10 @@ import math
 from pathlib import Path
 
 import pytest
+from synthetic_records import make_record
 
 from ditbench.records.metrics import table
+from ditbench.records.model import Evaluation, Record, check
 from ditbench.report.gate.inputs import Row
 from ditbench.report.gate.policy import Rule
 from ditbench.report.gate.quality import (
@@ -45,6 +47,7 @@ ONE_SIDE = "only one run recorded a spread; it stands for both"
 
 
 def q(evs=None, **change):
+    """A record's quality section (its JSON: read_quality types it by the record's model)."""
     out = {
         "inception": {"sha256": SHA, "official": True},
         "reference": {"digest": "sha256:ref"},
@@ -53,7 +56,14 @@ def q(evs=None, **change):
         "evaluations": [{"step": 10, "metrics": {"fid": 20.0}}] if evs is None else evs,
     }
     out.update(change)
-    return {"quality": out}
+    return out
+
+
+def refused(quality: dict) -> str | None:
+    """What the record model says of a record with this quality section (the gate never sees it)."""
+    got, why = check({**make_record(), "quality": quality})
+    assert got is None
+    return why
 
 
 def rule(t=2.0, min_abs=0.0):
@@ -64,8 +74,8 @@ def rule(t=2.0, min_abs=0.0):
 
 
 def test_a_record_without_quality_has_none_and_no_problem():
-    assert read_quality({}) == (None, None)
-    assert read_quality({"quality": None}) == (None, None)
+    assert read_quality(None) == (None, None)
+    assert read_quality(Record.model_validate(make_record()).quality) == (None, None)
 
 
 def test_a_quality_field_is_read_into_its_identity_and_evaluations():
@@ -81,7 +91,7 @@ def test_a_quality_field_is_read_into_its_identity_and_evaluations():
             "samples per evaluation": 5000,
         },
         True,
-        {7: e1, 0: e0},
+        {7: Evaluation.model_validate(e1), 0: Evaluation.model_validate(e0)},
     )
     assert list(got.identity) == [label for label, _ in IDENTITY]
 
@@ -92,12 +102,13 @@ def test_the_sampler_is_compared_canonically_whatever_its_values():
     assert got.identity["sampler"] == '{"name": "ddim", "path": "a/b"}'
 
 
-@pytest.mark.parametrize(
-    ("official", "expected"), [(True, True), (False, False), ("yes", None), (None, None)]
-)
+@pytest.mark.parametrize(("official", "expected"), [(True, True), (False, False), (None, None)])
 def test_the_official_flag_is_kept_only_as_a_boolean(official, expected):
     got, _ = read_quality(q(inception={"sha256": SHA, "official": official}))
     assert got.official is expected
+    assert refused(q(inception={"sha256": SHA, "official": "yes"})) == (
+        "quality.inception.official is 'yes', not true or false"
+    )
 
 
 def test_one_sample_is_a_positive_sample_count():
@@ -108,24 +119,36 @@ def test_one_sample_is_a_positive_sample_count():
 @pytest.mark.parametrize(
     ("change", "why"),
     [
-        ({"sampler": "ddpm"}, "quality.sampler is 'ddpm', not an object such as {name, steps, cfg_scale}"),
+        ({"sampler": None}, "quality.sampler is None, not an object such as {name, steps, cfg_scale}"),
         ({"sampler": {}}, "quality.sampler is {}, not an object such as {name, steps, cfg_scale}"),
         ({"samples": 0}, "quality.samples is 0, not a positive number of samples"),
         ({"samples": -3}, "quality.samples is -3, not a positive number of samples"),
-        ({"samples": True}, "quality.samples is True, not a positive number of samples"),
-        ({"samples": 5000.0}, "quality.samples is 5000.0, not a positive number of samples"),
+        ({"samples": None}, "quality.samples is None, not a positive number of samples"),
         ({"inception": {"sha256": ""}}, "quality.inception.sha256 is '', not a non-empty string"),
-        ({"inception": {"sha256": 5}}, "quality.inception.sha256 is 5, not a non-empty string"),
-        ({"inception": [SHA]}, "quality.inception.sha256 is None, not a non-empty string"),
+        ({"inception": {"name": "x"}}, "quality.inception.sha256 is None, not a non-empty string"),
         ({"inception": None}, "quality.inception.sha256 is None, not a non-empty string"),
         ({"reference": {"digest": None}}, "quality.reference.digest is None, not a non-empty string"),
         ({"evaluations": None}, "quality.evaluations is None, not a non-empty list"),
         ({"evaluations": []}, "quality.evaluations is [], not a non-empty list"),
-        ({"evaluations": {"step": 1}}, "quality.evaluations is {'step': 1}, not a non-empty list"),
     ],
 )
 def test_a_broken_identity_or_evaluation_list_is_named_in_full(change, why):
     assert read_quality(q(**change)) == (None, why)
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"sampler": "ddpm"}, "quality.sampler is 'ddpm', not an object"),
+        ({"samples": True}, "quality.samples is True, not an integer"),
+        ({"samples": 5000.0}, "quality.samples is 5000.0, not an integer"),
+        ({"inception": {"sha256": 5}}, "quality.inception.sha256 is 5, not a string"),
+        ({"inception": [SHA]}, f"quality.inception is ['{SHA}'], not an object"),
+        ({"evaluations": {"step": 1}}, "quality.evaluations is {'step': 1}, not a list"),
+    ],
+)
+def test_an_identity_or_evaluation_list_of_the_wrong_type_never_reaches_the_gate(change, why):
+    assert refused(q(**change)) == why
 
 
 GOOD = {"step": 1, "metrics": {}}
@@ -134,54 +157,56 @@ GOOD = {"step": 1, "metrics": {}}
 @pytest.mark.parametrize(
     ("evaluations", "why"),
     [
-        ([GOOD, 3], "quality.evaluations[1] is 3, not an object"),
-        (
-            [{"step": True, "metrics": {}}],
-            "quality.evaluations[0].step is True, not a training step (an integer >= 0)",
-        ),
-        (
-            [{"step": -1, "metrics": {}}],
-            "quality.evaluations[0].step is -1, not a training step (an integer >= 0)",
-        ),
-        (
-            [{"step": 2.0, "metrics": {}}],
-            "quality.evaluations[0].step is 2.0, not a training step (an integer >= 0)",
-        ),
-        ([{"metrics": {}}], "quality.evaluations[0].step is None, not a training step (an integer >= 0)"),
         ([GOOD, {"step": 2, "metrics": {}}, GOOD], "quality.evaluations[2].step 1 appears twice"),
-        ([GOOD, {"step": 2}], "quality.evaluations[1].metrics is None, not an object"),
-        ([{"step": 1, "metrics": [1]}], "quality.evaluations[0].metrics is [1], not an object"),
         (
-            [{"step": 1, "metrics": {}, "spread": [1]}],
-            "quality.evaluations[0].spread is [1], not an object or null",
-        ),
-        (
-            [{"step": 1, "metrics": {}, "bootstrap_se": 0.5}],
-            "quality.evaluations[0].bootstrap_se is 0.5, not an object or null",
-        ),
-        # the first problem in the list is the one named
-        ([{"step": -1}, 3], "quality.evaluations[0].step is -1, not a training step (an integer >= 0)"),
-        (
-            [{"step": 1, "metrics": {}, "spread": 1, "bootstrap_se": 2}],
-            "quality.evaluations[0].spread is 1, not an object or null",
+            [{"step": 3, "metrics": {}}, {"step": 3, "metrics": {}}],
+            "quality.evaluations[1].step 3 appears twice",
         ),
     ],
 )
-def test_a_broken_evaluation_is_named_by_index_and_field(evaluations, why):
+def test_a_step_evaluated_twice_is_named_by_index(evaluations, why):
     assert read_quality(q(evaluations)) == (None, why)
+
+
+@pytest.mark.parametrize(
+    ("evaluations", "why"),
+    [
+        ([GOOD, 3], "quality.evaluations[1] is 3, not an object"),
+        ([{"step": True, "metrics": {}}], "quality.evaluations[0].step is True, not an integer"),
+        ([{"step": -1, "metrics": {}}], "quality.evaluations[0].step is -1, not a number >= 0"),
+        ([{"step": 2.0, "metrics": {}}], "quality.evaluations[0].step is 2.0, not an integer"),
+        ([{"metrics": {}}], "quality.evaluations[0].step is missing"),
+        ([GOOD, {"step": 2}], "quality.evaluations[1].metrics is missing"),
+        ([{"step": 1, "metrics": [1]}], "quality.evaluations[0].metrics is [1], not an object"),
+        ([{"step": 1, "metrics": {}, "spread": [1]}], "quality.evaluations[0].spread is [1], not an object"),
+        (
+            [{"step": 1, "metrics": {}, "bootstrap_se": 0.5}],
+            "quality.evaluations[0].bootstrap_se is 0.5, not an object",
+        ),
+        # the first problem in the list is the one named
+        ([{"step": -1}, 3], "quality.evaluations[0].step is -1, not a number >= 0"),
+        (
+            [{"step": 1, "metrics": {}, "spread": 1, "bootstrap_se": 2}],
+            "quality.evaluations[0].spread is 1, not an object",
+        ),
+    ],
+)
+def test_a_broken_evaluation_never_reaches_the_gate_and_is_named_by_index_and_field(evaluations, why):
+    assert refused(q(evaluations)) == why
 
 
 def test_step_zero_and_absent_spreads_are_valid():
     e = {"step": 0, "metrics": {"fid": 1.0}}
     got, why = read_quality(q([e]))
-    assert why is None and got.evaluations == {0: e}
+    assert why is None and got.evaluations == {0: Evaluation.model_validate(e)}
 
 
 # ------------------------------------------------------------------------------------------ identity
 
 
 def row(side, line, cell_id="c1", name="DiT-S/8 fp32"):
-    return Row(side, f"{side.lower()}.jsonl line {line}", {"cell_id": cell_id, "cell_name": name})
+    record = Record.model_validate({**make_record(), "cell_id": cell_id, "cell_name": name})
+    return Row(side, f"{side.lower()}.jsonl line {line}", record)
 
 
 def ident(sha=SHA, digest="sha256:ref", sampler=SAMPLER_TEXT, n=5000):
@@ -271,7 +296,6 @@ def test_every_difference_is_listed_in_the_identity_order_and_long_values_are_cu
         ({"spread": {"fid": 0}, "bootstrap_se": None}, (0.0, None)),
         ({"spread": {"fid": -0.5}}, (None, "spread.fid is -0.5, not a spread (>= 0)")),
         ({"bootstrap_se": {"fid": -2}}, (None, "bootstrap_se.fid is -2, not a spread (>= 0)")),
-        ({"bootstrap_se": {"fid": "a"}}, (None, "bootstrap_se.fid is 'a', not a number")),
         ({"spread": {"fid": math.inf}}, (None, "spread.fid is inf, not a finite number")),
         (
             {"spread": {"fid": -1}, "bootstrap_se": {"fid": "a"}},
@@ -284,6 +308,11 @@ def test_an_evaluations_noise_is_the_larger_recorded_spread(evaluation, expected
     assert got == expected
     if got[0] is not None:
         assert type(got[0]) is float
+
+
+def test_a_spread_that_is_no_number_never_reaches_the_gate():
+    evaluation = {"step": 0, "metrics": {}, "bootstrap_se": {"fid": "a"}}
+    assert refused(q([evaluation])) == "quality.evaluations[0].bootstrap_se.fid is 'a', not a number"
 
 
 def test_with_no_spread_the_noise_is_unknown():
@@ -422,12 +451,13 @@ def test_the_difference_is_printed_to_three_significant_figures():
 # ------------------------------------------------------------------------------------------ compare_quality
 
 
-def quality(evaluations: dict[int, dict]) -> Quality:
+def quality(evaluations: dict[int, Evaluation]) -> Quality:
     return Quality({}, True, evaluations)
 
 
-def ev(metrics, spread=None, bootstrap_se=None):
-    return {"metrics": metrics, "spread": spread, "bootstrap_se": bootstrap_se}
+def ev(metrics, spread=None, bootstrap_se=None) -> Evaluation:
+    raw = {"step": 0, "metrics": metrics, "spread": spread, "bootstrap_se": bootstrap_se}
+    return Evaluation.model_validate(raw)
 
 
 GATED = [(FID, rule()), (IS, rule())]
@@ -500,13 +530,13 @@ def test_a_metric_neither_run_measured_does_not_stop_the_next_one():
         ),
         (
             ev({"fid": 1.0}),
-            ev({"fid": "x"}),
-            ("NEW", "fid", "quality.evaluations[step 6].metrics.fid is 'x', not a number"),
+            ev({"fid": math.nan}),
+            ("NEW", "fid", "quality.evaluations[step 6].metrics.fid is nan, not a finite number"),
         ),
         # both sides bad: the base's problem is the one named
         (
             ev({"fid": -1.0}),
-            ev({"fid": "x"}),
+            ev({"fid": math.nan}),
             ("BASE", "fid", "quality.evaluations[step 6].metrics.fid is -1, not a non-negative value"),
         ),
         (
@@ -516,8 +546,8 @@ def test_a_metric_neither_run_measured_does_not_stop_the_next_one():
         ),
         (
             ev({"fid": 1.0}),
-            ev({"fid": 1.0}, None, {"fid": True}),
-            ("NEW", "fid", "quality.evaluations[step 6].bootstrap_se.fid is True, not a number"),
+            ev({"fid": 1.0}, None, {"fid": -math.inf}),
+            ("NEW", "fid", "quality.evaluations[step 6].bootstrap_se.fid is -inf, not a finite number"),
         ),
         # a bad value and a bad spread: the value is named
         (

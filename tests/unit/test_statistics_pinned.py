@@ -271,7 +271,7 @@ def test_change_interval_scales_the_recorded_change_by_the_ratio_interval():
 )
 def test_crossing_values(direction, base, new, pct, min_abs, expected):
     from ditbench.records.metrics import TIMING, Metric
-    from ditbench.report.gate.metrics import crossing
+    from ditbench.report.gate.result import crossing
 
     c = crossing(Metric("m", "m", direction, "m", TIMING), base, new, pct, min_abs)
     change, where, crossed = expected
@@ -281,7 +281,7 @@ def test_crossing_values(direction, base, new, pct, min_abs, expected):
 
 def test_crossing_verdicts_and_value_ranges():
     from ditbench.records.metrics import ANY, NONNEGATIVE, POSITIVE, TIMING, Metric, limit, limits
-    from ditbench.report.gate.metrics import Crossing
+    from ditbench.report.gate.result import Crossing
 
     assert Crossing(1.0, "worse", False).verdict(True) == "unchanged"
     assert Crossing(9.0, "worse", True).verdict(False) == "noise"

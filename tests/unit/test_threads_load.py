@@ -12,6 +12,7 @@ from ditbench.bench import load, threads
 from ditbench.bench.launch import base
 from ditbench.bench.summary import noise_note
 from ditbench.bench.window import noise
+from ditbench.records.model import Record
 from ditbench.report.gate import EnvMismatchError, compare_files, summary_markdown
 from ditbench.report.gate.inputs import noisy
 from ditbench.spec.cell import CellSpec
@@ -95,11 +96,10 @@ def test_a_window_under_load_is_noisy_with_the_reason_and_what_to_change():
     assert noise_note(loaded) == f"noisy ({advice})"
     spread = noise([100.0, 100.0, 2846.0, 100.0, 2846.0], rate=4 / 0.374, batch=4, other_cpu_share=0.46)
     assert noise_note(spread).startswith(f"noisy ({advice}, p90/p10")  # first: a table cell is cut short
-    record = {"metrics": loaded}
+    record = Record.model_validate({**make_record(), "metrics": loaded})
     assert noisy(record) == (
         "noisy measurement window: step spread p90/p10 1.01 (bound 1.5), throughput gap 0 (bound 0.1), "
-        + advice,
-        None,
+        + advice
     )
 
 

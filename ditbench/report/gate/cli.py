@@ -1,11 +1,7 @@
-"""`ditbench compare BASE NEW`: the regression gate. Exit 0 pass or improvement, 1 regression, 2 usage
-or input error, 3 inconclusive (a change whose interval straddles its threshold; the policy's
-`inconclusive` key may map it to pass or fail).
+"""`ditbench compare BASE NEW`: the regression gate (exit codes and policy format: POLICY_EXAMPLE).
 
-The markdown summary goes to stdout (or JSON with --json), to --summary FILE (replaced), and is
-appended to $GITHUB_STEP_SUMMARY when GitHub Actions sets it, so a workflow step needs no glue. A
-refusal (exit 2: environments differ, values that cannot be compared, nothing comparable) writes
-its reason there too, and with --json prints {"result": "refused", ...}.
+The summary goes to stdout, --summary FILE and $GITHUB_STEP_SUMMARY, so a workflow step needs no
+glue; a refusal (exit 2) writes its reason there too.
 """
 
 from __future__ import annotations

@@ -1,30 +1,20 @@
 """The gate's decisions, cell by cell, in the order they are taken:
 
 1. Environment (env.py): different hardware or software refuses, unless allowed.
-2. Cells match by cell_id. Cells on one side only are listed; they fail the gate only with
-   `fail_on_missing: true`. No matching cell at all refuses.
-3. Status. ok -> oom / timeout / nan_loss / error is a "new failure"; ok -> skipped / unsupported
-   is "no longer measured" (a new OOM skip is exactly what a gate is for); both fail the gate
-   unless the policy's allow_stopped names the cell ("stopped (allowed)"). A cell whose new
-   repeats failed where the base's did not is a new failure too. not ok -> ok is "fixed"; a
-   failure that changes kind is "still failing". A status outside the known set refuses.
-4. Values, for cells ok on both sides. Every gated metric must be comparable: a finite number in
-   its valid range on both sides (metrics images/s and step time always, since an ok record claims
-   them). Missing on one side, NaN, inf, a string, bad per-step samples or a malformed noisy flag
-   refuse the gate (exit 2) naming the file, line and cell, unless the policy's
-   allow_incomparable names the metric; then the cell lists it as not compared. A metric measured
-   by neither run is "not measured" there; a metric the policy file names that no cell measured
-   refuses.
-5. Metrics: timing.py (thresholds and the per-step significance test; `ditbench ab` passes its
-   paired judgement instead) and quality.py (FID and the other sample metrics, with their noise).
-   Quality made with different Inception weights, reference, sampler or sample count refuses (a
-   different count only unless the policy allows it). Quality steps the base evaluated and the new
-   run lacks are named, and fail the gate with `fail_on_missing: true`.
+2. Cells match by cell_id; cells on one side only are listed (failing with fail_on_missing); no
+   match at all refuses.
+3. Status: ok -> failed, skipped or unsupported fails unless allow_stopped names the cell (so do new
+   repeats that failed); not ok -> ok is "fixed". An unknown status refuses.
+4. Values of cells ok on both sides: a gated value that cannot be compared (missing on one side,
+   NaN, inf, out of range, bad samples) refuses naming file, line and cell, unless allow_incomparable
+   names the metric. A metric the policy names that no cell measured refuses.
+5. Metrics: timing.py (or `ditbench ab`'s paired judge) and quality.py.
 6. A gate that compared no value at all refuses: it never passes by default.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,7 +28,7 @@ from ditbench.report.gate.inputs import (
     Row,
     load_run,
     noisy,
-    number_at,
+    number,
     rows,
     run_samples,
     step_samples,
@@ -104,14 +94,8 @@ class _Cell:
                     self.problem(row, name, f"{metric.path} is missing (a status ok record needs it)")
 
     def _weak_reason(self) -> str | None:
-        reasons = []
-        for row in (self.b, self.n):
-            why, problem = noisy(row.record)
-            if problem:
-                self.problems.add(row, problem)
-            elif why:
-                reasons.append(f"{row.side.lower()}: {why}")
-        return "; ".join(reasons) or None
+        reasons = [(row.side.lower(), noisy(row.record)) for row in (self.b, self.n)]
+        return "; ".join(f"{side}: {why}" for side, why in reasons if why) or None
 
     def _step_test(self) -> StepTest:
         """Run-level samples (each repeat's median step time) when both runs have repeats: they sample
@@ -134,7 +118,7 @@ class _Cell:
 
     def _value(self, row: Row, metric: Metric) -> tuple[float | None, bool]:
         """(value, usable); a problem is recorded when not usable."""
-        v, why = number_at(row.record, metric.path)
+        v, why = number(metric.of(row.record))
         if why is None and v is not None and metric.out_of_range(v):
             why = f"is {v:g}, not a {metric.valid} value"
         if why:
@@ -161,7 +145,7 @@ class _Cell:
                     )
             return
         if self.timed is not None and metric.timed:
-            self.deltas.append(self.timed(self.n.record["cell_id"], metric, rule, b, n))
+            self.deltas.append(self.timed(self.n.record.cell_id, metric, rule, b, n))
             return
         delta, untested = judge(metric, rule, b, n, test, weak)
         self.untested |= untested
@@ -170,7 +154,7 @@ class _Cell:
     def _quality(self, gated: list[tuple[Metric, Rule]]) -> None:
         qs = []
         for row in (self.b, self.n):
-            q, problem = read_quality(row.record)
+            q, problem = read_quality(row.record.quality)
             if problem:
                 self.problems.add(row, problem)
                 return
@@ -200,10 +184,9 @@ class _Cell:
         verdicts = {d.verdict for d in self.deltas}
         order = (("regression", "regression"), ("inconclusive", "inconclusive"), ("improvement", "improved"))
         verdict = next((cell for metric, cell in order if metric in verdicts), "pass")
-        rec = self.n.record
         return CellResult(
-            rec["cell_id"],
-            rec["cell_name"],
+            self.n.record.cell_id,
+            self.n.record.cell_name,
             verdict,
             "ok",
             "ok",
@@ -219,23 +202,21 @@ class _Cell:
 
 def _failed_repeats(row: Row) -> dict:
     """{repeat: status} of the cell's repeats that did not end ok (bench.repeats.combine)."""
-    repeats = (row.record.get("metrics") or {}).get("repeats")
-    failed = repeats.get("failed") if isinstance(repeats, dict) else None
-    return failed if isinstance(failed, dict) else {}
+    return getattr(getattr(row.record.metrics, "repeats", None), "failed", None) or {}
 
 
 def _status_result(b: Row | None, n: Row | None, policy: Policy) -> CellResult:
     """The verdict of a cell that is not ok on both sides (or on one side only), or whose new repeats
     failed where the base's did not."""
     rec = (n or b).record
-    cid, name = rec["cell_id"], rec["cell_name"]
-    bs = b.record["status"] if b else None
-    ns = n.record["status"] if n else None
+    cid, name = rec.cell_id, rec.cell_name
+    bs = b.record.status if b else None
+    ns = n.record.status if n else None
     if n is None:
         return CellResult(cid, name, "only in base", bs, None)
     if b is None:
         return CellResult(cid, name, "only in new", None, ns)
-    reason = n.record.get("reason")
+    reason = n.record.reason
     if bs == ns == "ok":
         reason = "repeats not ok in the new run: " + ", ".join(
             f"#{k} {v}" for k, v in _failed_repeats(n).items()
@@ -279,25 +260,23 @@ def compare_frames(
         raise envs.EnvMismatchError(base_path, new_path, diffs)
     problems = Problems()
     cells: list[CellResult] = []
-    compared: dict[str, int] = {}  # metric -> cells that compared it
-    unmeasured: dict[str, int] = {}  # metric -> cells where neither run measured it
+    compared: Counter[str] = Counter()  # metric -> cells that compared it
+    unmeasured: Counter[str] = Counter()  # metric -> cells where neither run measured it
     official: list[bool | None] = []
     used_overrides: set[int] = set()
     for cid in list(base_rows) + [c for c in new_rows if c not in base_rows]:
         b, n = base_rows.get(cid), new_rows.get(cid)
-        both_ok = b and n and b.record["status"] == n.record["status"] == "ok"
+        both_ok = b and n and b.record.status == n.record.status == "ok"
         lost = both_ok and _failed_repeats(n) and not _failed_repeats(b)
-        if not both_ok or (lost and not policy.may_stop(cid, n.record["cell_name"])):
+        if not both_ok or (lost and not policy.may_stop(cid, n.record.cell_name)):
             cells.append(_status_result(b, n, policy))
             continue
         cell_knobs = knobs(n.record)
         used_overrides.update(policy.matching(cell_knobs))
         cell = _Cell(b, n, policy.rules_for(cell_knobs), policy, problems, timed)
         cell.run()
-        for d in cell.deltas:
-            compared[d.metric] = compared.get(d.metric, 0) + 1
-        for name in cell.not_measured:
-            unmeasured[name] = unmeasured.get(name, 0) + 1
+        compared.update(d.metric for d in cell.deltas)
+        unmeasured.update(cell.not_measured)
         official += cell.official
         cells.append(cell.result())
     problems.raise_any()
@@ -319,7 +298,7 @@ def compare_frames(
     return result
 
 
-def _check_explicit(policy: Policy, compared: dict[str, int], unmeasured: dict[str, int]) -> None:
+def _check_explicit(policy: Policy, compared: Counter[str], unmeasured: Counter[str]) -> None:
     """A metric the policy file names must have been compared somewhere it was measurable."""
     missing = [m for m in sorted(policy.explicit) if unmeasured.get(m) and not compared.get(m)]
     missing = [m for m in missing if not policy.allows(m)]

@@ -7,15 +7,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from ditbench.bench.window import noise_advice
 from ditbench.errors import UserError, shorten
 from ditbench.escape import md_inline
-from ditbench.records.metrics import STEP_MS
-from ditbench.records.model import Part, Record
+from ditbench.records.metrics import STEP_MS, finite
+from ditbench.records.model import Record
 
 MAX_NAMED = 5  # problems a refusal names one by one; the rest are counted
 
@@ -26,12 +25,12 @@ class Row:
 
     side: str  # "BASE" or "NEW"
     source: str  # "path line N"
-    record: Record  # (a mapping in the gate's own tests)
+    record: Record
 
     @property
     def cell(self) -> str:
-        name = shorten(self.record.get("cell_name") or "", 100, quote=False)
-        return f"cell `{name}` ({shorten(self.record.get('cell_id'), 40, quote=False)})"
+        name = shorten(self.record.cell_name, 100, quote=False)
+        return f"cell `{name}` ({shorten(self.record.cell_id, 40, quote=False)})"
 
     @property
     def where(self) -> str:
@@ -43,7 +42,7 @@ def rows(df: pd.DataFrame, side: str) -> dict[str, Row]:
     out = {}
     for record, source in zip(df["record"], df["source"], strict=True):
         path, _, line = str(source).rpartition(":")
-        out[record["cell_id"]] = Row(side, f"{path} line {line}" if path else str(source), record)
+        out[record.cell_id] = Row(side, f"{path} line {line}" if path else str(source), record)
     return out
 
 
@@ -59,101 +58,66 @@ def load_run(path: str | Path, side: str = "") -> pd.DataFrame:
 
 
 # ------------------------------------------------------------------------------------------ values
+# A record's numbers are typed by its model (records.model): null, or a float that may be NaN or inf,
+# which the loader leaves to the gate (judge_metrics) to name by cell.
 
 
-def number(value: Any) -> tuple[float | None, str | None]:
+def number(value: float | None) -> tuple[float | None, str | None]:
     """(float, None) for a finite number, (None, None) for null, else (None, why it is not usable)."""
     if value is None:
         return None, None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None, f"is {shorten(value)}, not a number"
-    try:
-        v = float(value)
-    except OverflowError:  # an integer beyond the float range
-        return None, "is a number too large to compare"
-    if not math.isfinite(v):
+    if not math.isfinite(value):
         return None, f"is {value!r}, not a finite number"
-    return v, None
+    return float(value), None
 
 
-def number_at(record: Record, dotted: str) -> tuple[float | None, str | None]:
-    """The number at a dotted path of a record: (value, None), (None, None) if absent, or a problem."""
-    node: Any = record
-    parts = dotted.split(".")
-    for i, part in enumerate(parts):
-        if node is None:
-            return None, None
-        if not isinstance(node, (dict, Part)):
-            return None, f"cannot be read: `{'.'.join(parts[:i])}` is {shorten(node)}, not an object"
-        node = getattr(node, part, None) if isinstance(node, Part) else node.get(part)  # a record's: typed
-    return number(node)
-
-
-def _positive_times(values: Any, where: str, what: str, rule: str) -> tuple[list[float], str | None]:
-    """`values` as floats, or a problem naming the first that is not a positive finite number."""
-    if not isinstance(values, list):
-        return [], f"{where} is {shorten(values)}, not a list of {what}"
-    out = []
-    for i, s in enumerate(values):
+def _times(values: list[float | None] | None, where: str, rule: str) -> tuple[list[float], str | None]:
+    """`values` ([] when absent), or a problem naming the first that is not a positive finite time."""
+    for i, s in enumerate(values or []):
         v, problem = number(s)
         if v is None or v <= 0:
             why = problem or ("is null" if s is None else "is not a positive time")
             return [], f"{where}[{i}] {why} ({rule})"
-        out.append(v)
-    return out, None
+    return list(values or []), None
 
 
 def step_samples(record: Record) -> tuple[list[float], str | None]:
-    """metrics.step_ms.samples as floats ([] when absent), or a problem naming the first bad sample."""
-    step = (record.get("metrics") or {}).get(STEP_MS.key)
-    samples = step.get("samples") if isinstance(step, dict) else None
-    if samples is None:
-        return [], None
-    return _positive_times(
-        samples, "metrics.step_ms.samples", "per-step times", "per-step times must be finite numbers of ms"
-    )
+    """metrics.step_ms.samples ([] when absent), or a problem naming the first bad sample."""
+    step = getattr(record.metrics, STEP_MS.key, None)
+    rule = "per-step times must be finite numbers of ms"
+    return _times(getattr(step, "samples", None), "metrics.step_ms.samples", rule)
 
 
 def run_samples(record: Record) -> tuple[list[float], str | None]:
     """The per-process median step times of a cell's repeats (metrics.repeats.step_ms, written by
     bench.repeats.combine): [] for a cell measured once, or a problem naming the first bad value."""
-    repeats = (record.get("metrics") or {}).get("repeats")
+    repeats = getattr(record.metrics, "repeats", None)
     if repeats is None:
         return [], None
-    values = repeats.get(STEP_MS.key) if isinstance(repeats, dict) else None
-    return _positive_times(
-        values,
-        "metrics.repeats.step_ms",
-        "per-repeat step times",
-        "per-repeat step times must be positive ms",
-    )
+    values = getattr(repeats, STEP_MS.key)
+    if values is None:
+        return [], "metrics.repeats.step_ms is None, not a list of per-repeat step times"
+    return _times(values, "metrics.repeats.step_ms", "per-repeat step times must be positive ms")
 
 
-def noisy(record: Record) -> tuple[str | None, str | None]:
-    """(why the cell's timing is weak, or None; a problem with metrics.noisy / metrics.noise)."""
-    metrics = record.get("metrics") or {}
-    flag = metrics.get("noisy")
-    if flag is None or flag is False:
-        return None, None
-    if flag is not True:
-        return None, f"metrics.noisy is {shorten(flag)}, not true or false"
-    noise = metrics.get("noise")
+def noisy(record: Record) -> str | None:
+    """Why the cell's timing is weak (metrics.noisy, with metrics.noise's figures), or None."""
+    if not getattr(record.metrics, "noisy", None):
+        return None
+    noise = record.metrics.noise
     if noise is None:
-        return "noisy measurement window", None
-    if not isinstance(noise, dict):
-        return None, f"metrics.noise is {shorten(noise)}, not an object"
+        return "noisy measurement window"
     parts = []
     for value, bound, label in (
         ("step_spread", "spread_bound", "step spread p90/p10"),
         ("throughput_gap", "gap_bound", "throughput gap"),
     ):
-        v, b = noise.get(value), noise.get(bound)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            limit = f" (bound {b:.3g})" if isinstance(b, (int, float)) and math.isfinite(b) else ""
-            parts.append(f"{label} {v:.3g}{limit}")
-    if (advice := noise_advice(noise)) is not None:
+        v, b = finite(getattr(noise, value)), finite(getattr(noise, bound))
+        if v is not None:
+            parts.append(f"{label} {v:.3g}" + (f" (bound {b:.3g})" if b is not None else ""))
+    if (advice := noise_advice(noise.dump())) is not None:
         parts.append(advice)
-    return "noisy measurement window" + (f": {', '.join(parts)}" if parts else ""), None
+    return "noisy measurement window" + (f": {', '.join(parts)}" if parts else "")
 
 
 # ------------------------------------------------------------------------------------------ problems

@@ -1,23 +1,11 @@
 """Paired timing statistics (`ditbench ab`): B/A ratios per round, their interval, the sequential rule.
 
-Each round runs a cell once per side: x = log(median step B / median step A) of its two processes;
-the noise both share (machine load, clocks) cancels in x. Interval: the Hodges-Lehmann estimate with
-the exact Wilcoxon signed-rank interval, not a bootstrap: when both sides' processes have the same
-noise, B/A and A/B are equally likely, so x is symmetric about the true log ratio, which is all that
-interval needs, at any number of rounds; a bootstrap at the 6-20 rounds a gate affords covers less
-than it claims, and a t interval trusts normal tails that a load spike breaks.
-
-Sequential rule: a look after every round, at a level from an O'Brien-Fleming-type spending
-function (Lan-DeMets: alpha(t) = 2 - 2 Phi(z_{1-alpha/2} / sqrt(t)), t = rounds / max rounds). The
-looks' levels add up to alpha (Bonferroni over the looks: valid whatever their correlation,
-conservative); a look whose exact interval cannot reach its level (n rounds reach 2 / 2^n at best)
-spends nothing and passes it on; the last look (the last round, or the last the clock allows)
-spends what is left. So the chance that any look's interval misses the true ratio, and with it that
-of a false regression, is at most alpha (tests/unit/test_ab_stats.py simulates it).
-
-Minimum detectable effect: (h / z)(z + z_0.80), h the interval's half-width, z its normal quantile:
-the change this interval would tell from none 4 times in 5. A pass whose MDE exceeds the threshold
-is inconclusive: the run could not have seen a change of the threshold's size.
+x = log(median step B / median step A) per round (shared noise cancels). The interval is the
+Hodges-Lehmann estimate with the exact Wilcoxon signed-rank interval (x is symmetric about the true
+log ratio, at any number of rounds; a bootstrap at 6-20 rounds covers less than it claims). A look
+after every round at an O'Brien-Fleming-type spending level; the looks add up to alpha. The minimum
+detectable effect is (h / z)(z + z_0.80). docs/gate-in-ci.md ("Statistics") says why and
+tests/unit/test_ab_stats.py simulates the false-alarm rate.
 """
 
 from __future__ import annotations
@@ -29,9 +17,8 @@ import numpy as np
 from scipy.stats import norm
 
 from ditbench.records.metrics import HIGHER, Metric
-from ditbench.report.gate.metrics import crossing
 from ditbench.report.gate.policy import Rule
-from ditbench.report.gate.result import MetricDelta
+from ditbench.report.gate.result import MetricDelta, direction
 
 POWER = 0.80
 
@@ -123,7 +110,7 @@ def judge_paired(metric: Metric, rule: Rule, b: float, n: float, log_ratios: lis
     """The verdict on a timed metric from the rounds' log step-time ratios at one look of level alpha."""
     if not log_ratios:  # a side never ran ok alongside the other: nothing paired
         log_ratios, alpha = [0.0], 0.0
-    est, low, high, attained = _interval(log_ratios, alpha)
+    est, low, high, attained = (float(v) for v in hl_interval(np.asarray(log_ratios, dtype=float), alpha))
     worse = sorted(_worse_pct(metric, x) for x in (low, high))
     change = _worse_pct(metric, est)
     sign = -1 if metric.direction == HIGHER else 1  # change_pct is signed the metric's own way
@@ -145,28 +132,10 @@ def judge_paired(metric: Metric, rule: Rule, b: float, n: float, log_ratios: lis
     level = (
         f"{1 - attained:.1%} CI {interval[0]:+.1f}% to {interval[1]:+.1f}%" if attained else "no interval yet"
     )
-    c = crossing(metric, b, n, t, rule.min_abs)
-    delta = MetricDelta.judged(
-        metric,
-        rule,
-        b,
-        n,
-        c,
-        True,
-        f"paired, {len(log_ratios)} rounds: {level}",
-        direction=_direction(change),
+    found = f"paired, {len(log_ratios)} rounds: {level}"
+    delta = MetricDelta(
+        metric.name, metric.label, b, n, sign * change, t, verdict, found, direction=direction(change)
     )
-    delta.change_pct, delta.verdict = sign * change, verdict
     if attained:
-        delta.interval_pct, delta.interval_level = interval, 1 - attained
-        delta.mde_pct = detectable
+        delta.interval_pct, delta.interval_level, delta.mde_pct = interval, 1 - attained, detectable
     return delta
-
-
-def _interval(log_ratios: list[float], alpha: float) -> tuple[float, float, float, float]:
-    est, low, high, attained = hl_interval(np.asarray(log_ratios, dtype=float), alpha)
-    return float(est), float(low), float(high), attained
-
-
-def _direction(worse_pct: float) -> str:
-    return "worse" if worse_pct > 0 else "better" if worse_pct < 0 else "same"

@@ -161,6 +161,10 @@ class PolicyFile(_Strict):
         return [] if raw is None else raw
 
 
+# The file's keys that are one setting each (the rest: metrics, overrides), in the JSON's order.
+SETTINGS = tuple(name for name in PolicyFile.model_fields if name not in ("metrics", "overrides"))
+
+
 @dataclass
 class Override:
     match: dict[str, Any]
@@ -196,20 +200,30 @@ class Policy:
         return [i for i, o in enumerate(self.overrides) if all(knobs.get(k) == v for k, v in o.match.items())]
 
     def rules_for(self, knobs: dict[str, Any]) -> dict[str, Rule]:
-        rules = dict(self.rules)
+        rules = self.rules
         for i in self.matching(knobs):
-            for name, rule in self.overrides[i].rules.items():
-                if rule is None:
-                    rules.pop(name, None)
-                else:
-                    rules[name] = rule
+            rules = _merged(rules, self.overrides[i].rules)
         return rules
+
+    def settings(self) -> dict[str, Any]:
+        """The SETTINGS as the JSON shows them (sets sorted)."""
+        out = {}
+        for name in SETTINGS:
+            value = getattr(self, name)
+            out[name] = sorted(value) if isinstance(value, frozenset) else value
+        return out
 
     def allows(self, name: str) -> bool:
         return "*" in self.allow_incomparable or name in self.allow_incomparable
 
     def may_stop(self, cell_id: str, cell_name: str) -> bool:
         return any(p == "*" or p == cell_id or p in cell_name for p in self.allow_stopped)
+
+
+def _merged(rules: dict[str, Rule], over: dict[str, Rule | None]) -> dict[str, Rule]:
+    """rules with `over` merged in; a None in `over` turns its metric off."""
+    merged = {**rules, **over}  # a metric keeps its place; a new one comes last
+    return {name: rule for name, rule in merged.items() if rule is not None}
 
 
 def load_policy(path: str | Path | None) -> Policy:
@@ -226,23 +240,9 @@ def load_policy(path: str | Path | None) -> Policy:
         raise UserError(f"{label} must be a YAML mapping with keys {keys}; got a {type(raw).__name__}.")
     given = check(PolicyFile, raw, label)
     policy.source = str(path)
-    for name in (
-        "alpha",
-        "min_samples",
-        "fail_on_missing",
-        "allow_incomparable",
-        "allow_stopped",
-        "quality_noise_k",
-        "inconclusive",
-        "allow_sample_count_mismatch",
-        "environment",
-    ):
+    for name in SETTINGS:
         setattr(policy, name, getattr(given, name))
-    for name, rule in given.metrics.items():
-        if rule is None:
-            policy.rules.pop(name, None)
-        else:
-            policy.rules[name] = rule
+    policy.rules = _merged(policy.rules, given.metrics)
     policy.overrides = [Override(flatten(o.match), o.metrics) for o in given.overrides]
     explicit = {
         name

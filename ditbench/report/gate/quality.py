@@ -1,18 +1,10 @@
 """The quality gate: FID, IS and the other sample metrics of the record's `quality` field.
 
-Two runs' quality numbers are comparable only when made the same way: the same Inception weights
-(sha256), reference batch (digest), sampler and number of samples per evaluation; anything else
-refuses the gate (exit 2). The gate compares the last evaluation both runs have at the same
-training step. A change counts when it crosses the metric's threshold in the bad (or good)
-direction AND exceeds the noise: |new - base| > k * sqrt(spread_base^2 + spread_new^2), k =
-quality_noise_k (default 2), each spread being the larger of the run's sample standard deviation
-over seeds (`spread`) and the bootstrap standard error over its samples (`bootstrap_se`,
-metrics.bootstrap), as recorded. The change's interval is (new - base) +- that bound: a regression or
-improvement needs it wholly beyond the threshold; one that straddles the threshold is inconclusive
-(exit 3, as for timing). With a spread on one side only, that side's spread stands for both; with
-none, the noise is unknown and the threshold alone decides; both verdicts are marked weak.
-Different sample counts refuse unless the policy says allow_sample_count_mismatch: FID's upward bias
-depends on N, so FIDs at different N differ without any change in the model.
+Comparable only when made with the same Inception weights, reference batch, sampler and sample count
+(FID's bias depends on N); else the gate refuses (exit 2). The last evaluation both runs have at one
+step is compared: a change must cross its threshold and exceed k * sqrt(spread_b^2 + spread_n^2), a
+side's spread being the larger of its seeds' spread and its bootstrap SE; (new - base) +- that bound
+straddling the threshold is inconclusive. No spread recorded: the threshold decides (weak).
 """
 
 from __future__ import annotations
@@ -24,10 +16,11 @@ from typing import Any
 
 from ditbench.errors import shorten
 from ditbench.records.metrics import HIGHER, Metric
+from ditbench.records.model import Evaluation
+from ditbench.records.model import Quality as QualitySection
 from ditbench.report.gate.inputs import GateRefusal, Row, number
-from ditbench.report.gate.metrics import crossing
 from ditbench.report.gate.policy import Rule
-from ditbench.report.gate.result import MetricDelta
+from ditbench.report.gate.result import MetricDelta, crossing
 
 # (what a reader calls it, where it lives in `quality`)
 IDENTITY = (
@@ -43,51 +36,40 @@ SAMPLE_COUNT = "samples per evaluation"
 class Quality:
     identity: dict[str, Any]  # IDENTITY label -> value
     official: bool | None  # whether the Inception weights are the official ones
-    evaluations: dict[int, dict[str, Any]]  # training step -> evaluation
+    evaluations: dict[int, Evaluation]  # training step -> evaluation
 
 
-def read_quality(record: dict[str, Any]) -> tuple[Quality | None, str | None]:
-    """The record's quality field checked for what the gate reads; (None, None) when it has none."""
-    q = record.get("quality")
+def read_quality(q: QualitySection | dict[str, Any] | None) -> tuple[Quality | None, str | None]:
+    """A record's quality section (typed by the record's model; its JSON is typed here) checked for what
+    the gate needs beyond its types; (None, None) when there is none."""
     if q is None:
         return None, None
+    if isinstance(q, dict):
+        q = QualitySection.model_validate(q)
     identity = {}
     for label, path in IDENTITY:
         node: Any = q
         for part in path:
-            node = node.get(part) if isinstance(node, dict) else None
+            node = getattr(node, part, None)
         name = "quality." + ".".join(path)
         if path == ("sampler",):
-            if not isinstance(node, dict) or not node:
+            if not node:
                 return None, f"{name} is {shorten(node)}, not an object such as {{name, steps, cfg_scale}}"
             node = json.dumps(node, sort_keys=True, default=str)  # compared as a whole, canonically
         elif path == ("samples",):
-            if isinstance(node, bool) or not isinstance(node, int) or node <= 0:
+            if node is None or node <= 0:
                 return None, f"{name} is {shorten(node)}, not a positive number of samples"
-        elif not isinstance(node, str) or not node:
+        elif not node:
             return None, f"{name} is {shorten(node)}, not a non-empty string"
         identity[label] = node
-    official = (q.get("inception") or {}).get("official")
-    evaluations = q.get("evaluations")
-    if not isinstance(evaluations, list) or not evaluations:
-        return None, f"quality.evaluations is {shorten(evaluations)}, not a non-empty list"
-    by_step: dict[int, dict[str, Any]] = {}
-    for i, e in enumerate(evaluations):
-        where = f"quality.evaluations[{i}]"
-        if not isinstance(e, dict):
-            return None, f"{where} is {shorten(e)}, not an object"
-        step = e.get("step")
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            return None, f"{where}.step is {shorten(step)}, not a training step (an integer >= 0)"
-        if step in by_step:
-            return None, f"{where}.step {step} appears twice"
-        if not isinstance(e.get("metrics"), dict):
-            return None, f"{where}.metrics is {shorten(e.get('metrics'))}, not an object"
-        for field in ("spread", "bootstrap_se"):
-            if not isinstance(e.get(field), (dict, type(None))):
-                return None, f"{where}.{field} is {shorten(e.get(field))}, not an object or null"
-        by_step[step] = e
-    return Quality(identity, official if isinstance(official, bool) else None, by_step), None
+    if not q.evaluations:
+        return None, f"quality.evaluations is {shorten(q.evaluations)}, not a non-empty list"
+    by_step: dict[int, Evaluation] = {}
+    for i, e in enumerate(q.evaluations):
+        if e.step in by_step:
+            return None, f"quality.evaluations[{i}].step {e.step} appears twice"
+        by_step[e.step] = e
+    return Quality(identity, getattr(q.inception, "official", None), by_step), None
 
 
 class QualityMismatchError(GateRefusal):
@@ -142,38 +124,35 @@ def compare_quality(
     step = common[-1]
     eb, en = qb.evaluations[step], qn.evaluations[step]
     deltas, not_measured, problems = [], [], []
+    where = f"quality.evaluations[step {step}]"
     for metric, rule in gated:
-        values, spreads, bad = [], [], None
+        values, spreads = [], []
         for side, e in (("BASE", eb), ("NEW", en)):
-            where = f"quality.evaluations[step {step}]"
-            v, why = number(e["metrics"].get(metric.path))
+            v, why = number(e.metrics.get(metric.path))
             if why is None and v is not None and metric.out_of_range(v):
                 why = f"is {v:g}, not a {metric.valid} value"
             noise, nwhy = evaluation_noise(e, metric.path)
             if why or nwhy:
                 text = f"{where}.metrics.{metric.path} {why}" if why else f"{where}.{nwhy}"
-                bad = (side, metric.name, text)
+                problems.append((side, metric.name, text))
                 break
             values.append(v)
             spreads.append(noise)
-        if bad:
-            problems.append(bad)
-            continue
-        (b, n) = values
+        if len(values) < 2:
+            continue  # a side's value or noise is a problem
+        b, n = values
         if b is None and n is None:
             not_measured.append(metric.name)
-            continue
-        if b is None or n is None:
-            side = "BASE" if b is None else "NEW"
+        elif b is None or n is None:
             problems.append(
-                (side, metric.name, f"quality.evaluations[step {step}].metrics.{metric.path} is missing")
+                ("BASE" if b is None else "NEW", metric.name, f"{where}.metrics.{metric.path} is missing")
             )
-            continue
-        deltas.append(_judge(metric, rule, b, n, spreads[0], spreads[1], k, step))
+        else:
+            deltas.append(_judge(metric, rule, b, n, spreads[0], spreads[1], k, step))
     return deltas, not_measured, problems
 
 
-def evaluation_noise(evaluation: dict[str, Any], key: str) -> tuple[float | None, str | None]:
+def evaluation_noise(evaluation: Evaluation | dict[str, Any], key: str) -> tuple[float | None, str | None]:
     """(one evaluation's noise in `key`, None) or (None, what is wrong): the larger of the seeds'
     spread and the bootstrap's standard error over samples (either may be absent)."""
     found = []
@@ -244,7 +223,6 @@ def _judge(
         c,
         noise.beyond is not False,
         significance,
-        direction=c.direction,
         weak=noise.weak_reason is not None and c.crossed,
         weak_reason=noise.weak_reason if c.crossed else None,
         step=step,

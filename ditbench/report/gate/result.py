@@ -1,11 +1,13 @@
-"""What a comparison found: per metric, per cell, and for the whole gate (with its JSON form)."""
+"""What a comparison found: how far each metric moved, per cell, and for the whole gate (with its JSON)."""
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ditbench.records.metrics import HIGHER, Metric
 from ditbench.report.gate.policy import Policy
 
 VERDICTS = (
@@ -22,6 +24,43 @@ VERDICTS = (
     "only in new",
 )
 FAILING_VERDICTS = ("regression", "new failure", "no longer measured")  # a cell that stops running fails
+INCONCLUSIVE_EXIT = {"inconclusive": 3, "pass": 0, "fail": 1}  # by the policy's `inconclusive`
+
+
+# How far a metric moved, and whether that crosses its rule (the metrics: ditbench.records.metrics).
+@dataclass(frozen=True)
+class Crossing:
+    change_pct: float | None  # signed (new - base) / |base|; None when base is 0 (no finite percentage)
+    direction: str  # "worse", "better" or "same"
+    crossed: bool  # moved beyond the threshold (percent and min_abs) in that direction
+
+    def verdict(self, significant: bool) -> str:
+        """regression / improvement for a significant crossing, noise for another, else unchanged."""
+        if not self.crossed:
+            return "unchanged"
+        if not significant:
+            return "noise"
+        return "regression" if self.direction == "worse" else "improvement"
+
+
+def crossing(metric: Metric, base: float, new: float, threshold_pct: float, min_abs: float) -> Crossing:
+    """How far new moved from base, and whether that crosses the rule. Values must be finite."""
+    delta = new - base
+    worse = -delta if metric.direction == HIGHER else delta  # > 0: moved the wrong way
+    moved = direction(worse)
+    change = delta / abs(base) * 100 if base != 0 else None
+    if change is not None and not math.isfinite(change):
+        change = None  # a base near the smallest float: the percentage overflows
+    if moved == "same":
+        return Crossing(0.0 if change is None else change, moved, False)
+    # From a base of 0 any move is infinitely many percent: only min_abs can hold it back.
+    pct = abs(change) if change is not None else math.inf
+    return Crossing(change, moved, pct > threshold_pct and abs(delta) >= min_abs)
+
+
+def direction(worse: float) -> str:
+    """How a metric moved, from how far it moved the wrong way (> 0: worse)."""
+    return "worse" if worse > 0 else "better" if worse < 0 else "same"
 
 
 @dataclass
@@ -47,9 +86,12 @@ class MetricDelta:
     mde_pct: float | None = None  # minimum detectable effect at that interval (report.gate.paired.mde)
 
     @classmethod
-    def judged(cls, metric, rule, b: float, n: float, c, significant: bool, significance: str, **more):
+    def judged(
+        cls, metric, rule, b: float, n: float, c: Crossing, significant: bool, significance: str, **more
+    ):
         """The delta of `metric` from base b to new n: its crossing `c` of `rule`, significant or not."""
         verdict = c.verdict(significant)
+        more["direction"] = c.direction
         return cls(
             metric.name, metric.label, b, n, c.change_pct, rule.threshold_pct, verdict, significance, **more
         )
@@ -123,7 +165,7 @@ class Comparison:
         if self.failed:
             return 1
         if self.inconclusive:
-            return {"pass": 0, "fail": 1}.get(self.policy.inconclusive, 3)
+            return INCONCLUSIVE_EXIT.get(self.policy.inconclusive, 3)
         return 0
 
     @property
@@ -150,15 +192,7 @@ class Comparison:
             "env_notes": {k: {"base": b, "new": n} for k, (b, n) in self.env_notes.items()},
             "policy": {
                 "source": p.source,
-                "alpha": p.alpha,
-                "min_samples": p.min_samples,
-                "fail_on_missing": p.fail_on_missing,
-                "allow_incomparable": sorted(p.allow_incomparable),
-                "allow_stopped": sorted(p.allow_stopped),
-                "quality_noise_k": p.quality_noise_k,
-                "inconclusive": p.inconclusive,
-                "allow_sample_count_mismatch": p.allow_sample_count_mismatch,
-                "environment": p.environment,
+                **p.settings(),
                 "thresholds_pct": {k: r.threshold_pct for k, r in p.rules.items()},
                 "unused_overrides": self.unused_overrides,
             },

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
-from ditbench.escape import md_code, md_text
+from ditbench.escape import md_code
+from ditbench.escape import md_text as _md  # no HTML, no link, no new row or block
 from ditbench.intervals import BOOTSTRAP_B, LEVEL
 from ditbench.records.metrics import MEMORY, limit, limits, table
-from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
+from ditbench.report.gate.result import INCONCLUSIVE_EXIT, VERDICTS, CellResult, Comparison, MetricDelta
 from ditbench.units import memory_text
 
 MAX_SUMMARY_ROWS = 150  # rows of the "All cells" table: a PR comment holds 65,536 characters
 MAX_LISTED_CELLS = 10
-_INCONCLUSIVE_EXIT = {"inconclusive": 3, "pass": 0, "fail": 1}
 HEADER = [
     "| cell | metric | base | new | change | threshold | significance |",
     "|---|---|---|---|---|---|---|",
@@ -23,6 +23,13 @@ STATUS_SECTIONS = (
     ("no longer measured", "No longer measured (ok before, not run now)"),
     ("stopped (allowed)", "Stopped, allowed by the policy (allow_stopped)"),
     ("still failing", "Still failing"),
+)
+# (title, verdict, direction: None for either) of the metric tables after the status ones
+METRIC_SECTIONS = (
+    ("Inconclusive (the interval of the change straddles the threshold)", "inconclusive", None),
+    ("Worse beyond the threshold, but not significant (not counted)", "noise", "worse"),
+    ("Improvements", "improvement", None),
+    ("Better beyond the threshold, but not significant", "noise", "better"),
 )
 
 
@@ -48,10 +55,6 @@ def _change(d: MetricDelta) -> str:
     return f"{d.change_pct:+.1f}%" if d.change_pct is not None else "from 0"
 
 
-def _md(text: Any) -> str:
-    return md_text(text)  # no HTML, no link, no new row or block
-
-
 def _label(d: MetricDelta) -> str:
     return d.label if d.step is None else f"{d.label} @ step {d.step}"
 
@@ -61,11 +64,11 @@ def _names(cells: list[CellResult]) -> str:
     return shown + ("…" if len(cells) > MAX_LISTED_CELLS else "")
 
 
-def _metric_rows(c: Comparison, keep) -> list[str]:
+def _metric_rows(c: Comparison, verdict: str, direction: str | None = None) -> list[str]:
     rows = []
     for cell in c.cells:
         for d in cell.metrics:
-            if keep(d):
+            if d.verdict == verdict and direction in (None, d.direction):
                 weak = " · ⚠️ weak" if d.weak else ""
                 weak += f" · MDE {d.mde_pct:.1f}%" if d.mde_pct is not None else ""
                 base, new = _value(d.metric, d.base), _value(d.metric, d.new)
@@ -156,54 +159,30 @@ def _pairs(diffs: dict[str, tuple[list[str], list[str]]]) -> str:
     )
 
 
+def _table(title: str, rows: list[str], header: list[str] = HEADER, notes: Sequence[str] = ()) -> list[str]:
+    """A titled table with its notes below, or nothing when it has no row."""
+    return ["", f"### {title}", ""] + header + rows + list(notes) if rows else []
+
+
 def _sections(c: Comparison) -> list[str]:
-    lines: list[str] = []
-    reg = _metric_rows(c, lambda d: d.verdict == "regression")
-    if reg:
-        lines += ["", "### Regressions", ""] + HEADER + reg
+    lines = _table("Regressions", _metric_rows(c, "regression"))
     for verdict, title in STATUS_SECTIONS:
         cells = [x for x in c.cells if x.verdict == verdict]
         refs, notes = _reasons_once([x.reason or "" for x in cells])
         rows = [
             f"| {_md(x.cell_name)} | {_status_text(x)} | {ref} |" for x, ref in zip(cells, refs, strict=True)
         ]
-        if rows:
-            lines += ["", f"### {title}", "", "| cell | status | reason |", "|---|---|---|"] + rows + notes
-    inc = _metric_rows(c, lambda d: d.verdict == "inconclusive")
-    if inc:
-        lines += (
-            ["", "### Inconclusive (the interval of the change straddles the threshold)", ""] + HEADER + inc
-        )
-    worse = _metric_rows(c, lambda d: d.verdict == "noise" and d.direction == "worse")
-    if worse:
-        lines += (
-            ["", "### Worse beyond the threshold, but not significant (not counted)", ""] + HEADER + worse
-        )
-    imp = _metric_rows(c, lambda d: d.verdict == "improvement")
-    if imp:
-        lines += ["", "### Improvements", ""] + HEADER + imp
-    better = _metric_rows(c, lambda d: d.verdict == "noise" and d.direction == "better")
-    if better:
-        lines += ["", "### Better beyond the threshold, but not significant", ""] + HEADER + better
+        lines += _table(title, rows, ["| cell | status | reason |", "|---|---|---|"], notes)
+    for title, verdict, direction in METRIC_SECTIONS:
+        lines += _table(title, _metric_rows(c, verdict, direction))
     pairs = [(x, m) for x in c.cells for m in x.not_compared][:MAX_SUMMARY_ROWS]
     refs, notes = _reasons_once([str(m["reason"]) for _, m in pairs])
     skipped = [
         f"| {_md(x.cell_name)} | {_md(m['metric'])} | {ref} |"
         for (x, m), ref in zip(pairs, refs, strict=True)
     ]
-    if skipped:
-        lines += (
-            [
-                "",
-                "### Not compared (allowed by the policy's allow_incomparable)",
-                "",
-                "| cell | metric | why |",
-                "|---|---|---|",
-            ]
-            + skipped
-            + notes
-        )
-    return lines
+    title = "Not compared (allowed by the policy's allow_incomparable)"
+    return lines + _table(title, skipped, ["| cell | metric | why |", "|---|---|---|"], notes)
 
 
 def _notes(c: Comparison) -> list[str]:
@@ -227,12 +206,14 @@ def _notes(c: Comparison) -> list[str]:
             + _md("; ".join(reasons[:5]))
             + ".",
         ]
-    missing = [x for x in c.cells if x.missing_steps]
-    if missing:
-        fail = " (fails the gate: fail_on_missing)" if c.policy.fail_on_missing else ""
-        lines += ["", f"### Quality steps the base evaluated and the new run lacks{fail}", ""]
-        lines += ["| cell | steps |", "|---|---|"]
-        lines += [f"| {_md(x.cell_name)} | {', '.join(map(str, x.missing_steps[:20]))} |" for x in missing]
+    fail = " (fails the gate: fail_on_missing)" if c.policy.fail_on_missing else ""
+    rows = [
+        f"| {_md(x.cell_name)} | {', '.join(map(str, x.missing_steps[:20]))} |"
+        for x in c.cells
+        if x.missing_steps
+    ]
+    title = f"Quality steps the base evaluated and the new run lacks{fail}"
+    lines += _table(title, rows, ["| cell | steps |", "|---|---|"])
     for verdict, title in (
         ("only in base", "Missing from the new run"),
         ("only in new", "New cells (no baseline)"),
@@ -242,13 +223,8 @@ def _notes(c: Comparison) -> list[str]:
             for x in c.cells
             if x.verdict == verdict
         ]
-        if rows:
-            fail = (
-                " (fails the gate: fail_on_missing)"
-                if verdict == "only in base" and c.policy.fail_on_missing
-                else ""
-            )
-            lines += ["", f"### {title}{fail}", "", "| cell | cell_id | status |", "|---|---|---|"] + rows
+        title += fail if verdict == "only in base" else ""
+        lines += _table(title, rows, ["| cell | cell_id | status |", "|---|---|---|"])
     return lines
 
 
@@ -298,7 +274,7 @@ def _policy_line(c: Comparison) -> list[str]:
             "the threshold; a pass needs it within the threshold and a minimum detectable effect (80% "
             "power) within the threshold too; otherwise the cell runs another round, and is inconclusive "
             f"when the rounds or the time run out (policy `inconclusive: {p.inconclusive}`: exits "
-            f"{_INCONCLUSIVE_EXIT[p.inconclusive]}). "
+            f"{INCONCLUSIVE_EXIT[p.inconclusive]}). "
         )
     else:
         timing = (
@@ -306,7 +282,7 @@ def _policy_line(c: Comparison) -> list[str]:
             f"median step times, {BOOTSTRAP_B} resamples) lies wholly beyond the threshold and the samples "
             f"differ by a Mann-Whitney U test at p<{p.alpha:g} (with ≥{p.min_samples} samples a side); an "
             "interval that straddles the threshold is inconclusive (policy "
-            f"`inconclusive: {p.inconclusive}`: exits {_INCONCLUSIVE_EXIT[p.inconclusive]}), and so is a "
+            f"`inconclusive: {p.inconclusive}`: exits {INCONCLUSIVE_EXIT[p.inconclusive]}), and so is a "
             "pass whose minimum detectable effect (80% power) exceeds the threshold. Where both runs have "
             "repeats (`run --repeats K`) the samples are the repeats' per-process median step times, which "
             "sample process-level noise (start-up, clocks, machine load); else they are one run's per-step "

@@ -1,23 +1,11 @@
 """Speed, memory and loss metrics of one cell, and the interval and significance test of the timed ones.
 
-A metric timed per step gets a confidence interval of its change: a seeded percentile bootstrap of
-the ratio of the median step times (metrics.step_ms.samples, new / base), centred on the recorded
-change (the samples give its width). Its verdict, with threshold T in the bad direction:
-- the whole interval is worse than T and the samples differ by a two-sided Mann-Whitney U
-  test (p < alpha, shifted the same way): regression (not significant: noise);
-- the interval straddles T (the data cannot tell a change beyond T from one within it): inconclusive;
-- the whole interval is better than -T and significant: improvement (else noise or unchanged);
-- a pass whose minimum detectable effect (paired.check_mde: from the interval's width, 80% power)
-  exceeds T: inconclusive (the data could not have seen a change of T).
-When both runs have repeats (`run --repeats K`), the samples are the repeats' per-process median
-step times (run-level: they sample process-level noise: start-up, clocks, allocator, machine load).
-Otherwise they are the per-step times of one run per side, which sample only step-to-step noise, and
-consecutive steps are autocorrelated, so that interval is narrow.
-With fewer than min_samples samples on either side, or too few for the test to ever reach p < alpha,
-the threshold alone decides and the cell says so. More than MAX_SAMPLES a side are thinned to that
-many, evenly spaced and said beside the p-value (200,000 steps cost the bootstrap 3 GB and 50 s).
-Memory and loss have no per-step samples and are near-deterministic: threshold alone. A cell measured
-in a noisy window (metrics.noisy) keeps its timing verdicts, marked weak.
+A timed metric's change gets a seeded bootstrap interval of the ratio of the median step times
+(per-step samples, autocorrelated, so their interval is narrow; or, when both runs have repeats, the
+repeats' per-process medians, which sample process-level noise). With threshold T: interval wholly
+worse than T and a significant Mann-Whitney U test: regression; straddling T: inconclusive; a pass
+whose minimum detectable effect exceeds T: inconclusive. Fewer than min_samples a side: the
+threshold decides. Memory and loss: threshold alone. docs/gate-in-ci.md states the rules for users.
 """
 
 from __future__ import annotations
@@ -30,12 +18,12 @@ from scipy.stats import mannwhitneyu
 
 from ditbench.intervals import LEVEL, median_ratio_interval
 from ditbench.records.metrics import HIGHER, Metric
-from ditbench.report.gate.metrics import crossing
 from ditbench.report.gate.paired import check_mde
 from ditbench.report.gate.policy import Policy, Rule
-from ditbench.report.gate.result import MetricDelta
+from ditbench.report.gate.result import MetricDelta, crossing
 
-MAX_SAMPLES = 5_000  # per side and cell
+# per side and cell; more are thinned evenly (200,000 steps cost the bootstrap 3 GB and 50 s)
+MAX_SAMPLES = 5_000
 
 
 def p_min(n: int, m: int) -> float:
@@ -174,7 +162,6 @@ def judge(
         significant,
         significance,
         p_value=p_value,
-        direction=c.direction,
         weak=weak,
         weak_reason=weak_reason if weak else None,
         interval_pct=list(interval) if interval is not None else None,
