@@ -42,14 +42,16 @@ def env(**extra) -> dict[str, str]:
 
 
 def run(suite: str, out: Path, *extra: str, timeout: float = 300, **env_extra) -> subprocess.CompletedProcess:
+    """`ditbench run`; its stdout holds what a user sees, the progress lines (stderr) among it."""
     done = subprocess.run(
         [sys.executable, "-m", "ditbench", "run", suite, "--out", str(out), "--no-progress", *extra],
         env=env(**env_extra),
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
         timeout=timeout,
     )
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.returncode == 0, done.stdout
     return done
 
 
