@@ -286,8 +286,10 @@ def run(args: argparse.Namespace) -> int:
     target_batch = DEFAULT_TARGET_BATCH if request.target_batch is None else request.target_batch
     records = _read_results(args.results) if args.results else []
     speed = _speed_options(args, request)
+    full = args.full or args.suite is not None
+    series, suite = _series(args, request) if full else (None, None)  # counted before anything is traced
     answered = None if args.suite is not None else _answer(args, request, context, speed)
-    if not args.full and args.suite is None:
+    if not full:
         if answered is None:
             raise UserError(
                 'plan for which card? Give --card NAME (`ditbench plan --card "RTX 4090"`), or --memory-gib, '
@@ -295,7 +297,6 @@ def run(args: argparse.Namespace) -> int:
             )
         print(json.dumps(answered[0], indent=1, allow_nan=False) if args.json else answered[1])
         return 0
-    series, suite = _series(args, request)
     main = _budgets(args, suite, series, context)
     cuda = any(s.config["device"] == "cuda" for s in series)
     _refuse_unused(args, cuda)
