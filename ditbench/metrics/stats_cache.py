@@ -29,6 +29,7 @@ from ditbench.metrics.npz_io import (
     reason,
 )
 from ditbench.metrics.spec import POOL3_DIM, REFERENCE_KEYS, SPATIAL_DIM
+from ditbench.pretrained import cache_root
 
 SHAPES = {  # None: any number of rows
     "mu": (POOL3_DIM,),
@@ -124,8 +125,6 @@ def image_size_from_meta(meta: dict) -> tuple[int, int] | None:
 
 
 def default_cache_dir() -> Path:
-    from ditbench.pretrained import cache_root
-
     return cache_root() / "fid"  # beside checkpoints/, plan/ and datasets/ in the one ditbench cache
 
 

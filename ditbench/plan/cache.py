@@ -19,14 +19,13 @@ from typing import Any
 from ditbench.plan.batch import SeriesTrace
 from ditbench.plan.emulation import Target
 from ditbench.plan.trace import Trace
+from ditbench.pretrained import cache_root
 
 VERSION = 3  # bump when what a trace records, or how, changes outside the source files
 SHIPPED = Path(__file__).with_name("traces.json.xz")
 
 
 def cache_dir() -> Path:
-    from ditbench.pretrained import cache_root
-
     return cache_root() / "plan"
 
 
