@@ -217,7 +217,7 @@ class InceptionV3(nn.Module):
         if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[1] != 3:
             raise ValueError(f"expected uint8 images N x 3 x H x W, got {images.dtype} {tuple(images.shape)}")
         # The network computes in its parameters' dtype: float32, or float64 while calibrating the
-        # test network (calibrated.py), whose statistics must not depend on the machine's rounding.
+        # test network (weights.py), whose statistics must not depend on the machine's rounding.
         x = resize_tf1_bilinear(images.to(self.fc.weight.dtype))
         x = (x - 128) / 128  # the graph's normalisation to [-1, 1)
         x = self.Conv2d_2b_3x3(self.Conv2d_2a_3x3(self.Conv2d_1a_3x3(x)))

@@ -13,7 +13,7 @@ from torch import nn
 
 from ditbench.errors import UnsupportedError
 from ditbench.models.attention import kernel_context, refused
-from ditbench.models.configs import DiTConfig, parse_grad_ckpt
+from ditbench.models.configs import DiTConfig, impl_problem, parse_grad_ckpt
 from ditbench.models.dit import cfg_forward
 from ditbench.vae import LATENT_CHANNELS
 
@@ -79,12 +79,8 @@ def build_diffusers_dit(
     from ditbench.extras import require_diffusers
 
     DiTTransformer2DModel = require_diffusers("impl: diffusers").DiTTransformer2DModel
-    every = parse_grad_ckpt(grad_ckpt)
-    if every > 1:
-        raise UnsupportedError(
-            f"grad_ckpt every_{every} is not available with impl: diffusers, which checkpoints either every "
-            "block or none; use grad_ckpt full or none, or impl: ditbench"
-        )
+    if problem := impl_problem("diffusers", grad_ckpt):
+        raise UnsupportedError(problem)
     if class_dropout_prob != 0.1:
         raise UnsupportedError(
             "impl: diffusers fixes label dropout at 0.1 (CombinedTimestepLabelEmbeddings' default); "
@@ -104,7 +100,7 @@ def build_diffusers_dit(
         norm_elementwise_affine=False,
     )
     apply_dit_init(transformer)
-    if every == 1:
+    if parse_grad_ckpt(grad_ckpt) == 1:
         transformer.enable_gradient_checkpointing()
     if attention == "math":  # diffusers' default processor, AttnProcessor2_0, calls SDPA
         from diffusers.models.attention_processor import Attention, AttnProcessor

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ditbench.metrics.calibrated import synthetic_images, to_nchw
-from ditbench.metrics.weights import load_network
+from ditbench.metrics.weights import load_network, synthetic_images, to_nchw
 
 __all__ = ["SMALL", "calibrated_weights_file", "npz_digest", "synthetic_images", "to_nchw"]
 

@@ -196,7 +196,7 @@ def test_second_evaluation_hits_the_reference_cache(data, tmp_path):
     third = evaluate(root / "samples.npz", entry, metrics="fid,pr", extractor=ex, cache=False)
     assert third["metrics"] == pytest.approx(first["metrics"], rel=1e-12)
     # other reference content -> another key (hashing needs no network)
-    from ditbench.metrics.stats_cache import ReferenceCache
+    from ditbench.metrics.reference import ReferenceCache
 
     np.savez(tmp_path / "ref2.npz", arr_0=np.load(root / "ref.npz")["arr_0"][::-1])
     store = ReferenceCache(tmp_path)

@@ -119,7 +119,7 @@ def test_random_weights_give_identical_features_in_both(tmp_path):
 def test_rescaling_scales_the_features_exactly_and_leaves_the_logits():
     import copy
 
-    from ditbench.metrics.calibrated import rescale_features
+    from ditbench.metrics.weights import rescale_features
 
     net = load_inception(calibrated_weights_file())
     scaled = copy.deepcopy(net)
@@ -136,7 +136,7 @@ def test_rescaling_scales_the_features_exactly_and_leaves_the_logits():
 def test_the_test_network_has_its_stated_scale():
     """Over its calibration images (the recipe's 16, seed 1000) the features' total variance is
     FEATURE_TRACE: the sum of the per-dimension sample variances (ddof 1), computed here in numpy."""
-    from ditbench.metrics.calibrated import FEATURE_TRACE, calibration_images
+    from ditbench.metrics.weights import FEATURE_TRACE, calibration_images
 
     net = load_inception(calibrated_weights_file())
     with torch.no_grad():
