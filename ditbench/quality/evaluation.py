@@ -57,20 +57,6 @@ def tile(images: np.ndarray, columns: int = COLUMNS) -> np.ndarray:
     return out
 
 
-def grid_path(cell_id: str, step: int) -> str:
-    """Where an evaluation's grid goes, relative to the run's output directory (the record says it)."""
-    return f"grids/{cell_id}/step{step:07d}.png"
-
-
-def write_grid(out_dir: str | Path, relative: str, images: np.ndarray) -> Path:
-    from PIL import Image
-
-    def save(f):
-        Image.fromarray(tile(images)).save(f, format="PNG")
-
-    return atomic_write(Path(out_dir) / relative, save)
-
-
 SPLIT = "ranks split the samples (shard k on rank k mod world); rank 0 gathers the features and scores"
 
 
@@ -273,10 +259,12 @@ class Evaluator:
         """Rank 0 samples the grid (fixed noise and labels) and writes it; its path relative to the run."""
         if self.ctx.rank != 0:
             return None
+        from PIL import Image
+
         out_dir, cell_id = grid
-        images = self._images(model, grid_labels(self.q.grid, self.knobs.num_classes), GRID_SEED)
-        relative = grid_path(cell_id, step)
-        write_grid(out_dir, relative, images)
+        picture = tile(self._images(model, grid_labels(self.q.grid, self.knobs.num_classes), GRID_SEED))
+        relative = f"grids/{cell_id}/step{step:07d}.png"  # relative to the run's folder, as the record says
+        atomic_write(Path(out_dir) / relative, lambda f: Image.fromarray(picture).save(f, format="PNG"))
         return relative
 
 

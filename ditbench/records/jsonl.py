@@ -138,9 +138,14 @@ class _Sanitizer:
         self.unserializable: dict[str, str] = {}
         self.noted = 0
 
-    def _room(self) -> bool:
+    def _null(self, path: str, why: str | None = None) -> None:
+        """Note that the value at `path` became null: non-finite (`why` None) or why it is not JSON."""
         self.noted += 1
-        return self.noted <= MAX_LISTED
+        if self.noted <= MAX_LISTED:
+            if why is None:
+                self.nonfinite.append(path)
+            else:
+                self.unserializable[path] = why
 
     def copy(self, value: Any, path: str = "(record)", depth: int = 0) -> Any:
         if value is None or isinstance(value, (str, bool)):
@@ -148,18 +153,15 @@ class _Sanitizer:
         if isinstance(value, int):
             if abs(value) < MAX_INT:
                 return value
-            if self._room():  # json.dumps itself refuses more than 4,300 digits; readers choke sooner
-                self.unserializable[path] = "integer too large"
+            self._null(path, "integer too large")  # json.dumps refuses 4,300 digits; readers choke sooner
             return None
         if isinstance(value, float):
             if math.isfinite(value):
                 return value
-            if self._room():
-                self.nonfinite.append(path)
+            self._null(path)
             return None
         if depth >= MAX_DEPTH:
-            if self._room():
-                self.unserializable[path] = "nested too deep"
+            self._null(path, "nested too deep")
             return None
         if isinstance(value, dict):
             out = {}
@@ -174,8 +176,7 @@ class _Sanitizer:
             return self.copy(scalar, path, depth + 1)
         if self.unknown is not None:
             return self.unknown(value)
-        if self._room():
-            self.unserializable[path] = type(value).__name__
+        self._null(path, type(value).__name__)
         return None
 
 
