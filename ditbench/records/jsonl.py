@@ -138,14 +138,9 @@ class _Sanitizer:
         self.unserializable: dict[str, str] = {}
         self.noted = 0
 
-    def _null(self, path: str, why: str | None = None) -> None:
-        """Note that the value at `path` became null: non-finite (`why` None) or why it is not JSON."""
+    def _room(self) -> bool:
         self.noted += 1
-        if self.noted <= MAX_LISTED:
-            if why is None:
-                self.nonfinite.append(path)
-            else:
-                self.unserializable[path] = why
+        return self.noted <= MAX_LISTED
 
     def copy(self, value: Any, path: str = "(record)", depth: int = 0) -> Any:
         if value is None or isinstance(value, (str, bool)):
@@ -153,15 +148,18 @@ class _Sanitizer:
         if isinstance(value, int):
             if abs(value) < MAX_INT:
                 return value
-            self._null(path, "integer too large")  # json.dumps refuses 4,300 digits; readers choke sooner
+            if self._room():  # json.dumps itself refuses more than 4,300 digits; readers choke sooner
+                self.unserializable[path] = "integer too large"
             return None
         if isinstance(value, float):
             if math.isfinite(value):
                 return value
-            self._null(path)
+            if self._room():
+                self.nonfinite.append(path)
             return None
         if depth >= MAX_DEPTH:
-            self._null(path, "nested too deep")
+            if self._room():
+                self.unserializable[path] = "nested too deep"
             return None
         if isinstance(value, dict):
             out = {}
@@ -176,7 +174,8 @@ class _Sanitizer:
             return self.copy(scalar, path, depth + 1)
         if self.unknown is not None:
             return self.unknown(value)
-        self._null(path, type(value).__name__)
+        if self._room():
+            self.unserializable[path] = type(value).__name__
         return None
 
 
