@@ -5,10 +5,8 @@ depend on the process count: rank r samples and featurises shards r, r + world, 
 the gathered features in shard order. `metrics` is the mean over seeds of each quality output,
 `spread` their SD (null with one seed); with the bootstrap on, each seed carries its `interval` and
 `bootstrap_se`, the evaluation one seed's `bootstrap_se` and the `interval` of the mean over seeds.
-
-The sample grid uses the same noise (`GRID_SEED`, apart from the scoring seeds) and class labels (for
-1,000 classes those the DiT paper's sampling script shows, else 0, 1, 2, ...) in every cell, so a
-difference between two grids of one model shape is the training setting's.
+Every cell's grid has the same noise (GRID_SEED) and labels, so two grids of one model shape differ by
+the training setting alone.
 """
 
 from __future__ import annotations
@@ -34,6 +32,7 @@ DIT_PAPER_CLASSES = (207, 360, 387, 974, 88, 979, 417, 279)  # DiT's sample.py: 
 
 
 def grid_labels(n: int, num_classes: int) -> np.ndarray:
+    """The grid's labels: for 1,000 classes those DiT's sampling script shows, else 0, 1, 2, ..."""
     if num_classes == 1000:
         return np.resize(np.array(DIT_PAPER_CLASSES, dtype=np.int64), n)
     return np.arange(n, dtype=np.int64) % num_classes
