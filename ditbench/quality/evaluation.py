@@ -50,9 +50,8 @@ def tile(images: np.ndarray, columns: int = COLUMNS) -> np.ndarray:
     out = np.full((rows * (h + PAD) + PAD, columns * (w + PAD) + PAD, 3), 255, dtype=np.uint8)
     for i, image in enumerate(images):
         r, c = divmod(i, columns)
-        out[PAD + r * (h + PAD) : PAD + r * (h + PAD) + h, PAD + c * (w + PAD) : PAD + c * (w + PAD) + w] = (
-            image
-        )
+        top, left = PAD + r * (h + PAD), PAD + c * (w + PAD)
+        out[top : top + h, left : left + w] = image
     return out
 
 
