@@ -17,14 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import (
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    WithJsonSchema,
-    create_model,
-    model_validator,
-)
+from pydantic import BeforeValidator, ConfigDict, Field, WithJsonSchema, create_model, model_validator
 from pydantic.json_schema import GenerateJsonSchema
 
 from ditbench.cards import CARDS, check_gib, find_card
