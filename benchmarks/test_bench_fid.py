@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from ditbench.metrics.fid import feature_statistics, frechet_distance
-from ditbench.metrics.weights import build_calibrated_inception, synthetic_images, to_nchw
+from ditbench.metrics.inception import build_calibrated_inception, synthetic_images, to_nchw
 
 D = 2048
 

@@ -23,7 +23,6 @@ import numpy as np
 import ditbench
 from ditbench.errors import UserError, shorten
 from ditbench.fileio import atomic_write, read_regular, write_json_atomic
-from ditbench.metrics.features import FeatureExtractor
 from ditbench.metrics.fid import feature_statistics
 from ditbench.metrics.npz_io import (
     IMAGE_KEY,
@@ -40,6 +39,7 @@ from ditbench.metrics.npz_io import (
 )
 from ditbench.metrics.registry import default_cache_dir
 from ditbench.metrics.spec import POOL3_DIM, REFERENCE_KEYS, SPATIAL_DIM, Metric, Need
+from ditbench.metrics.weights import FeatureExtractor
 
 SHAPES = {  # None: any number of rows
     "mu": (POOL3_DIM,),

@@ -126,7 +126,7 @@ class Evaluator:
         if self.scorer is not None:
             return self.scorer.extractor
         if self._extractor is None:
-            from ditbench.metrics.features import FeatureExtractor
+            from ditbench.metrics.weights import FeatureExtractor
 
             self._extractor = FeatureExtractor(self.q.inception, device=self.ctx.device, progress=False)
         return self._extractor

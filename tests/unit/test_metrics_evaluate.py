@@ -14,8 +14,8 @@ from PIL import Image
 
 from ditbench.cli import main
 from ditbench.metrics.evaluate import evaluate
-from ditbench.metrics.features import FeatureExtractor
 from ditbench.metrics.fid import FewSamplesWarning
+from ditbench.metrics.weights import FeatureExtractor
 
 pytestmark = pytest.mark.slow  # each test runs the 299 x 299 network on a few dozen images on CPU
 
