@@ -24,8 +24,14 @@ from ditbench.report.cells import cell_label as _cell
 from ditbench.report.cells import knobs, pairs
 from ditbench.report.claim_check import HELD, INCONCLUSIVE, NOT_HELD, NOT_JUDGED, NOT_MEASURED
 from ditbench.report.load import value
-from ditbench.report.memory import MEM_ALLOCATED, card_lower_bounds, fit_memory, fits
-from ditbench.report.scale import activation_share, not_meaningful
+from ditbench.report.memory import (
+    MEM_ALLOCATED,
+    activation_share,
+    card_lower_bounds,
+    fit_memory,
+    fits,
+    not_meaningful,
+)
 
 IMG_S = IMAGES_PER_S.path
 
@@ -34,11 +40,11 @@ FP16_HALVES_MAX_RATIO = 0.60  # "halves": fp16 peak allocated <= 60% of fp32's
 CKPT_MIN_SAVING = 0.40  # "about 50% memory": saves at least 40% of peak allocated
 CKPT_MAX_EXTRA_TIME = 0.35  # "for 20-30% more time": costs at most 35% more time per step
 FLASH_SPEEDUP_RANGE = (2.0, 4.0)  # "2-4x faster": flash/math images/s (claims/dit_resource_guide.yaml's)
-AT_SCALE = "; pairs whose {} cell's activations are under a tenth of its peak are not judged (report.scale)"
+AT_SCALE = "; pairs whose {} cell's activations are under a tenth of its peak are not judged (report.memory)"
 
 
 def _at_scale(found: list[tuple]) -> tuple[list[tuple], str]:
-    """The pairs whose second (the larger) cell's activations could show a saving (report.scale), and
+    """The pairs whose second (the larger) cell's activations could show a saving (report.memory), and
     why the others cannot ('' when none is set aside)."""
     keep = [(x, y) for x, y in found if not not_meaningful(y)]
     small = [y for x, y in found if not_meaningful(y)]

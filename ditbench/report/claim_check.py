@@ -7,7 +7,7 @@ claim, or a speed measured on another card than the one the claim is about), `in
 compare claim whose pairs' median has a 95% bootstrap interval that spans an end of the claim's
 range: the data fit both "held" and "not held"), `not judged` (a speed claim about a card whose
 pairs all ran on a CPU: CPU speeds say nothing about that card; a memory claim whose pairs all keep
-under a tenth of their peak in activations, report.scale). With several records of one cell
+under a tenth of their peak in activations, report.memory). With several records of one cell
 (`--keep all`), the latest is used.
 
 Absolute speeds belong to the card that computed them: when a claim names its `card`, a speed
@@ -44,8 +44,7 @@ from ditbench.report.claim_values import (
 )
 from ditbench.report.claims import Claim, ClaimsFile, metric_kind
 from ditbench.report.load import value
-from ditbench.report.memory import card_lower_bounds, fit_memory, fits, needs_more_than
-from ditbench.report.scale import not_meaningful
+from ditbench.report.memory import card_lower_bounds, fit_memory, fits, needs_more_than, not_meaningful
 
 HELD, NOT_HELD, NOT_MEASURED = "held", "not held", "not measured"
 INCONCLUSIVE, NOT_JUDGED = "inconclusive", "not judged"

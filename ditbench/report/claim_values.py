@@ -12,11 +12,11 @@ from ditbench.cards import find_card
 from ditbench.errors import UserError
 from ditbench.metrics import registry
 from ditbench.records.metrics import MFU, RECORD_METRICS, STEP_MS, finite
+from ditbench.report.analysis import gpu_hours_per_million_images, time_to_steps_s
 from ditbench.report.cells import knobs
 from ditbench.report.claims import METRICS, Claim, metric_kind
 from ditbench.report.load import value
 from ditbench.report.memory import MEM_ALLOCATED, cell_budget, fit_memory
-from ditbench.report.timing import gpu_hours_per_million_images, time_to_steps_s
 
 GIB_TO_GB = 2**30 / 1e9
 RECORD_PATHS = {m.name: m.path for m in RECORD_METRICS}

@@ -269,6 +269,15 @@ def column(df: pd.DataFrame, name: str) -> pd.Series:
     return pd.to_numeric(df[name], errors="coerce").astype(float)
 
 
+def number(value: float | None) -> tuple[float | None, str | None]:
+    """(float, None) for a finite number, (None, None) for null, else (None, why it is not usable)."""
+    if value is None:
+        return None, None
+    if not math.isfinite(value):
+        return None, f"is {value!r}, not a finite number"
+    return float(value), None
+
+
 def value(row: pd.Series | dict[str, Any], name: str) -> float | None:
     """A numeric field of one row, or None when absent, null or NaN."""
     v = row.get(name) if hasattr(row, "get") else None

@@ -19,6 +19,7 @@ from ditbench.fileio import write_atomic
 from ditbench.records.metrics import CPU_ALLOC, CPU_RSS, DEVICE_MEM
 from ditbench.report import analysis
 from ditbench.report.advice import AdviceCheck
+from ditbench.report.analysis import PAPER_GLOBAL_BATCH, target_steps
 from ditbench.report.blocks import Block, Bullets, Heading, Image, Para, Table, to_html, to_markdown
 from ditbench.report.claim_check import ClaimResult
 from ditbench.report.memory import emulated_cells, memory_metric
@@ -33,7 +34,6 @@ from ditbench.report.sections import (
     recommendations,
     steps_text,
 )
-from ditbench.report.timing import PAPER_GLOBAL_BATCH, target_steps
 
 
 def build_report(

@@ -15,6 +15,7 @@ from ditbench.bench.window import noise_advice
 from ditbench.interval_text import decimals
 from ditbench.records.metrics import ENERGY_PER_IMAGE, IMAGES_PER_S, MFU, STEP_MS
 from ditbench.report import advice, analysis
+from ditbench.report.analysis import gpu_hours_text, time_text
 from ditbench.report.blocks import (
     Block,
     Bullets,
@@ -31,7 +32,6 @@ from ditbench.report.claim_check import VERDICTS, ClaimResult
 from ditbench.report.load import column, value
 from ditbench.report.memory import MEM_PREDICTED, MEM_RESERVED, cell_budget, fits, memory_metric, metrics_of
 from ditbench.report.predict import counts as predicted_counts
-from ditbench.report.timing import gpu_hours_text, time_text
 from ditbench.units import memory_text
 
 STATUS_TEXT = {"oom": "OOM", "nan_loss": "NaN loss"}  # the other statuses read as they are written

@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from ditbench.records.metrics import CORE, QUALITY, Metric, table
+from ditbench.report.cells import knobs
 from ditbench.report.gate import env as envs
 from ditbench.report.gate.inputs import (
     GateRefusal,
@@ -34,9 +35,10 @@ from ditbench.report.gate.inputs import (
     step_samples,
 )
 from ditbench.report.gate.policy import STEP_SAMPLES, Policy, Rule
-from ditbench.report.gate.quality import check_identity, compare_quality, read_quality
+from ditbench.report.gate.quality import check_identity, compare_quality
 from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
 from ditbench.report.gate.timing import StepTest, judge
+from ditbench.report.quality import read_quality
 
 FAILED = ("oom", "timeout", "nan_loss", "error")
 # (cell_id, metric, rule, base value, new value) -> the delta of a timed metric (`ditbench ab`)
@@ -243,8 +245,6 @@ def compare_frames(
 ) -> Comparison:
     """Compare two loaded runs (report.load: one row per cell_id each); raises GateRefusal (exit 2).
     `timed` judges the timed metrics instead of timing.judge (`ditbench ab`'s paired rounds)."""
-    from ditbench.report.analysis import knobs  # analysis pulls in more than the gate needs at import
-
     policy = policy or Policy()
     base_rows, new_rows = rows(base, "BASE"), rows(new, "NEW")
     common = [c for c in base_rows if c in new_rows]

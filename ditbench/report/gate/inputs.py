@@ -4,7 +4,6 @@ cannot be used, so a value that cannot be compared is reported by file, line and
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from ditbench.errors import UserError, shorten
 from ditbench.escape import md_inline
 from ditbench.records.metrics import STEP_MS, finite
 from ditbench.records.model import Record
+from ditbench.report.load import load_results, number
 
 MAX_NAMED = 5  # problems a refusal names one by one; the rest are counted
 
@@ -49,8 +49,6 @@ def rows(df: pd.DataFrame, side: str) -> dict[str, Row]:
 def load_run(path: str | Path, side: str = "") -> pd.DataFrame:
     """One run's latest record per cell; a run directory is read through its results.jsonl, so that
     messages name the file itself."""
-    from ditbench.report.load import load_results
-
     p = Path(path)
     if p.is_dir() and (p / "results.jsonl").is_file():
         p = p / "results.jsonl"
@@ -60,15 +58,6 @@ def load_run(path: str | Path, side: str = "") -> pd.DataFrame:
 # ------------------------------------------------------------------------------------------ values
 # A record's numbers are typed by its model (records.model): null, or a float that may be NaN or inf,
 # which the loader leaves to the gate (judge_metrics) to name by cell.
-
-
-def number(value: float | None) -> tuple[float | None, str | None]:
-    """(float, None) for a finite number, (None, None) for null, else (None, why it is not usable)."""
-    if value is None:
-        return None, None
-    if not math.isfinite(value):
-        return None, f"is {value!r}, not a finite number"
-    return float(value), None
 
 
 def _times(values: list[float | None] | None, where: str, rule: str) -> tuple[list[float], str | None]:
