@@ -31,8 +31,7 @@ from ditbench.report import advice
 from ditbench.report.advice import AdviceCheck
 from ditbench.report.cells import knob_key
 from ditbench.report.claim_check import NOT_MEASURED, SHOWN, ClaimResult
-from ditbench.report.claim_values import GIB_TO_GB, fmt
-from ditbench.report.claims import metric_kind
+from ditbench.report.claims import GIB_TO_GB, fmt, metric_kind
 
 PREDICTED_HELD, PREDICTED_NOT_HELD = "predicted: held", "predicted: not held"
 PREDICTED_INCONCLUSIVE = "predicted: inconclusive"
