@@ -1,10 +1,6 @@
-"""Seven sayings about DiT training, checked against every run (no claims file needed).
-
-fp16 halves memory; checkpointing saves about half the memory for 20-30% more time; DiT-L/4 with
-fp16 and checkpointing trains at batch 32 on a 24 GB card; DiT-B/8 with fp16 on 12 GB; DiT-XL/2 on
-48 GB; flash attention makes training 2-4x faster; fp16 / bf16 / checkpointing do not change sample
-quality (FID within the seeds' noise, `report.quality`). Each check states the rule its verdict
-follows; a user's own claims go through `claims`.
+"""Seven sayings about DiT training, checked against every run (no claims file needed): fp16 halves
+memory; checkpointing saves about half for 20-30% more time; the 24 / 12 / 48 GB card cases; flash
+attention is 2-4x faster; fp16 / bf16 / checkpointing keep sample quality. Each check states its rule.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""What every ditbench figure shares: colours and markers, panels, one legend below the panels, and
-the memory each cell is drawn at (the memory that decides fit, or the process's RSS on a CPU).
-
-Matplotlib's object API with the Agg canvas (no pyplot, no global backend switch), so plotting
-works on headless CI machines and inside any host program.
+"""What every ditbench figure shares: colours and markers, panels, one legend below them, the memory a
+cell is drawn at. Matplotlib's object API on the Agg canvas (no pyplot): works headless and in any host.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """Memory budgets and fit: which card a cell was meant for, which card really ran it, whether it fits.
 
-A suite caps a bigger GPU to emulate a smaller card (`card: "RTX 4090"` or `gpu_memory_gib`); the runner
-records `metrics.emulation` (budget_gib, context_gib, real_gpu, ...) with the allocator capped at the
-card's usable memory minus the CUDA context measured on the spot, so "completed under the cap" means
-"peak reserved + context <= the card's memory". That sum decides fit in tables, plots and claims alike;
-without a measured context, NVML device memory (it includes the context), then reserved, then allocated.
-Memory fits on an emulated card; speed does not carry over: everything that shows an emulated cell says
-which card really ran it.
+An emulated card is a bigger GPU whose allocator is capped at the card's usable memory minus the CUDA
+context measured on the spot (`metrics.emulation`), so peak reserved + context decides fit in tables,
+plots and claims alike (without a measured context: NVML device memory, then reserved, then
+allocated). Memory carries over to the emulated card; speed does not, and is said to be the real card's.
 
-Whether a memory comparison can show at a cell's scale: checkpointing, 16-bit autocast, the attention
-kernel and the batch size change only the activations kept for backward; weights, gradients, Adam's
-moments and the EMA stay fp32. Where activations are under NEGLIGIBLE_SHARE of the peak, no setting can
-move it by more, so such a comparison is not shown or judged (DiT-L/4 at batch 16 keeps about a fifth
-of its peak in activations on an H200).
+Where activations are under NEGLIGIBLE_SHARE of a cell's peak, no setting (checkpointing, 16-bit
+autocast, the attention kernel, the batch) can move the peak by more: weights, gradients, Adam and the
+EMA stay fp32. Such a memory comparison is not shown or judged (`not_meaningful`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""report.md, a self-contained report.html and results.csv from a results DataFrame.
-
-`build_report` puts the sections in reading order (what ran and where, what to run, speed against
-memory, advice and claims checked, one section per model, plots, how to read it) as blocks that
-`blocks` renders to markdown and HTML alike.
+"""report.md, a self-contained report.html and results.csv from a results DataFrame: `build_report`
+puts the sections in reading order as blocks that `blocks` renders to markdown and HTML alike.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""The gate's decisions, cell by cell, in the order they are taken:
-
-1. Environment (env.py): different hardware or software refuses, unless allowed.
-2. Cells match by cell_id; cells on one side only are listed (failing with fail_on_missing); no
-   match at all refuses.
-3. Status: ok -> failed, skipped or unsupported fails unless allow_stopped names the cell (so do new
-   repeats that failed); not ok -> ok is "fixed". An unknown status refuses.
-4. Values of cells ok on both sides: a gated value that cannot be compared (missing on one side,
-   NaN, inf, out of range, bad samples) refuses naming file, line and cell, unless allow_incomparable
-   names the metric. A metric the policy names that no cell measured refuses.
-5. Metrics: timing.py (or `ditbench ab`'s paired judge) and quality.py.
-6. A gate that compared no value at all refuses: it never passes by default.
+"""The gate's decisions, cell by cell, in order (docs/gate-in-ci.md): the environments must match
+(env.py); cells match by cell_id (one side only: listed; no match at all: refused); status (ok ->
+not ok fails unless allow_stopped names the cell; not ok -> ok is fixed); values of cells ok on both
+sides (a gated value that cannot be compared refuses by file, line and cell unless allow_incomparable
+names it); metrics (timing.py or `ditbench ab`'s paired judge, quality.py). A gate that compared no
+value at all refuses: it never passes by default.
 """
 
 from __future__ import annotations

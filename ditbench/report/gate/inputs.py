@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from ditbench.bench.window import noise_advice
 from ditbench.errors import UserError, shorten
 from ditbench.escape import md_inline
-from ditbench.records.metrics import STEP_MS, finite
+from ditbench.records.metrics import STEP_MS
 from ditbench.records.model import Record
-from ditbench.report.load import load_results, number
+from ditbench.report.load import load_results, noise_parts, number
 
 MAX_NAMED = 5  # problems a refusal names one by one; the rest are counted
 
@@ -96,16 +95,7 @@ def noisy(record: Record) -> str | None:
     noise = record.metrics.noise
     if noise is None:
         return "noisy measurement window"
-    parts = []
-    for value, bound, label in (
-        ("step_spread", "spread_bound", "step spread p90/p10"),
-        ("throughput_gap", "gap_bound", "throughput gap"),
-    ):
-        v, b = finite(getattr(noise, value)), finite(getattr(noise, bound))
-        if v is not None:
-            parts.append(f"{label} {v:.3g}" + (f" (bound {b:.3g})" if b is not None else ""))
-    if (advice := noise_advice(noise.dump())) is not None:
-        parts.append(advice)
+    parts = noise_parts(noise.dump(), "step spread p90/p10")
     return "noisy measurement window" + (f": {', '.join(parts)}" if parts else "")
 
 

@@ -1,11 +1,7 @@
-"""Paired timing statistics (`ditbench ab`): B/A ratios per round, their interval, the sequential rule.
-
-x = log(median step B / median step A) per round (shared noise cancels). The interval is the
-Hodges-Lehmann estimate with the exact Wilcoxon signed-rank interval (x is symmetric about the true
-log ratio, at any number of rounds; a bootstrap at 6-20 rounds covers less than it claims). A look
-after every round at an O'Brien-Fleming-type spending level; the looks add up to alpha. The minimum
-detectable effect is (h / z)(z + z_0.80). docs/gate-in-ci.md ("Statistics") says why and
-tests/unit/test_ab_stats.py simulates the false-alarm rate.
+"""Paired timing statistics (`ditbench ab`): per round x = log(median step B / median step A), shared
+noise cancelling; the Hodges-Lehmann estimate with the exact Wilcoxon signed-rank interval (a bootstrap
+at 6-20 rounds covers less than it claims); a look after every round at an O'Brien-Fleming-type level,
+the looks adding up to alpha; MDE = (h / z)(z + z_0.80). docs/gate-in-ci.md ("Statistics") says why.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The quality gate: FID, IS and the other sample metrics of the record's `quality` field.
-
-Comparable only when made with the same Inception weights, reference batch, sampler and sample count
-(FID's bias depends on N); else the gate refuses (exit 2). The last evaluation both runs have at one
-step is compared: a change must cross its threshold and exceed k * sqrt(spread_b^2 + spread_n^2), a
-side's spread being the larger of its seeds' spread and its bootstrap SE; (new - base) +- that bound
-straddling the threshold is inconclusive. No spread recorded: the threshold decides (weak).
+"""The quality gate: FID, IS and the other sample metrics, compared at the last step both runs
+evaluated by the noise rule of `report.quality`; made differently (weights, reference, sampler, N)
+refuses (exit 2); (new - base) +- the noise bound straddling the threshold is inconclusive.
 """
 
 from __future__ import annotations

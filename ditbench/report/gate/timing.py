@@ -1,11 +1,7 @@
-"""Speed, memory and loss metrics of one cell, and the interval and significance test of the timed ones.
-
-A timed metric's change gets a seeded bootstrap interval of the ratio of the median step times
-(per-step samples, autocorrelated, so their interval is narrow; or, when both runs have repeats, the
-repeats' per-process medians, which sample process-level noise). With threshold T: interval wholly
-worse than T and a significant Mann-Whitney U test: regression; straddling T: inconclusive; a pass
-whose minimum detectable effect exceeds T: inconclusive. Fewer than min_samples a side: the
-threshold decides. Memory and loss: threshold alone. docs/gate-in-ci.md states the rules for users.
+"""Speed, memory and loss metrics of one cell; for timed ones a seeded bootstrap interval of the ratio
+of median step times (per-step samples, or with repeats on both sides the repeats' per-process
+medians) and a Mann-Whitney U test. Interval wholly beyond threshold T and significant: regression;
+straddling T, or a pass whose MDE exceeds T: inconclusive; too few samples: T alone decides.
 """
 
 from __future__ import annotations
