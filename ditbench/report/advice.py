@@ -28,6 +28,7 @@ from ditbench.report.memory import (
     fits,
     not_meaningful,
 )
+from ditbench.report.quality import quality_unchanged
 
 IMG_S = IMAGES_PER_S.path
 
@@ -371,8 +372,6 @@ def check_flash_speedup(df: pd.DataFrame) -> AdviceCheck:
 
 
 def check_quality_unchanged(df: pd.DataFrame) -> AdviceCheck:
-    from ditbench.report.quality import quality_unchanged
-
     verdict, evidence, step = quality_unchanged(df)
     steps = f"{step:,}" if step is not None else "N"
     return AdviceCheck(

@@ -25,14 +25,9 @@ from ditbench.report.memory import cell_budget, fit_memory, fits, memory_metric,
 
 
 def baseline_comparison(df: pd.DataFrame) -> pd.DataFrame:
-    """Per row: its baseline cell and the speed-up / memory saved against it.
-
-    A cell's baseline is the ok cell equal to it except on the keys of the suite's `baseline`
-    (record field suite_baseline), which take the baseline's values. Speed-up is images/s over the
-    baseline's; memory saved is 1 - memory / baseline memory, in percent (negative: uses more), left
-    out with a `mem_note` where the baseline's activations are too small a share of its peak for a
-    saving to show (memory.not_meaningful).
-    """
+    """Per row: its baseline cell (the record's suite_baseline keys set), the speed-up (images/s over the
+    baseline's) and memory saved (1 - memory / the baseline's, in percent; a `mem_note` instead where
+    the baseline's activations are too small a share of its peak for a saving to show)."""
     mem_col, _ = memory_metric(df)
     index = knob_index(df)
     out = pd.DataFrame(

@@ -102,11 +102,8 @@ def memory_unit(largest_gib: float) -> tuple[float, str]:
 
 
 def speed_spread(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
-    """images/s at the window's p90 and p10 step times: its rate scaled by median/p90 and median/p10.
-
-    The per-step times' p10-p90 spread drawn on the speed axis (slow steps give the low end); NaN
-    where a record has no per-step times.
-    """
+    """images/s at the window's p90 and p10 step times (its rate scaled by median/p90 and median/p10):
+    the step times' spread on the speed axis; NaN where a record has no per-step times."""
     img, median = column(rows, IMG_S), column(rows, "metrics.step_ms.median")
     p10, p90 = column(rows, "metrics.step_ms.p10"), column(rows, "metrics.step_ms.p90")
     return img * median / p90, img * median / p10

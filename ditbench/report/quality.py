@@ -25,8 +25,9 @@ from ditbench.precision import LOW_PRECISIONS
 from ditbench.records.metrics import finite
 from ditbench.records.model import Evaluation
 from ditbench.records.model import Quality as QualitySection
+from ditbench.report.analysis import baseline_comparison
 from ditbench.report.blocks import Block, Heading, Image, Para, Table, num
-from ditbench.report.cells import cell_label
+from ditbench.report.cells import cell_label, pairs
 from ditbench.report.load import grid_file, number
 
 DEFAULT_QUALITY_NOISE_K = 2.0  # a quality difference counts beyond k combined spreads (the gate's default)
@@ -152,7 +153,9 @@ def not_official(df: pd.DataFrame) -> bool:
     return any((q.get("inception") or {}).get("official") is not True for _, q in evaluated(df))
 
 
-def compare_fid(base: dict[str, Any], new: dict[str, Any], k: float = DEFAULT_QUALITY_NOISE_K) -> Verdict:
+def compare_fid(
+    base: QualitySection | dict, new: QualitySection | dict, k: float = DEFAULT_QUALITY_NOISE_K
+) -> Verdict:
     """new's FID against base's at the last step both evaluated, by the gate's noise rule."""
     qb, why_b = read_quality(base)
     qn, why_n = read_quality(new)
@@ -196,8 +199,6 @@ def quality_section(df: pd.DataFrame) -> tuple[list[Block], dict[str, bytes]]:
     cells = evaluated(df)
     if not cells:
         return [], {}
-    from ditbench.report.analysis import baseline_comparison
-
     comparison = baseline_comparison(df)
     blocks: list[Block] = [Heading(2, "Sample quality")]
     first = cells[0][1]
@@ -267,7 +268,7 @@ def _verdict(df: pd.DataFrame, label, q: QualitySection, comparison: pd.DataFram
     base_q = df.loc[base_label]["record"].quality
     if base_q is None:
         return Verdict("no baseline", "its baseline cell was not evaluated")
-    return compare_fid(base_q.dump(), q.dump())
+    return compare_fid(base_q, q)
 
 
 def _pm(mean: Any, spread: Any, output: Output) -> str:
@@ -415,14 +416,12 @@ QUALITY_CHANGES = (
 def quality_unchanged(df: pd.DataFrame) -> tuple[str, str, int | None]:
     """(verdict, evidence, step) for "fp16 / bf16 / checkpointing do not change quality after N steps":
     held when every evaluated pair (the setting and its twin without it) is within noise."""
-    from ditbench.report.cells import pairs
-
     judged: list[tuple[str, Verdict]] = []
     for name, change, twin in QUALITY_CHANGES:
         for row, other in pairs(df, change, twin):
             q, base = row["record"].quality, other["record"].quality
             if q is not None and base is not None:
-                verdict = compare_fid(base.dump(), q.dump())
+                verdict = compare_fid(base, q)
                 if verdict.step is not None and verdict.text != "not comparable":
                     judged.append((f"{name} ({cell_label(row)})", verdict))
     if not judged:

@@ -41,12 +41,9 @@ def build_report(
     steps: int | None = None,
     advice_checks: list[AdviceCheck] | None = None,
 ) -> tuple[list[Block], dict[str, bytes]]:
-    """The report as blocks, and the PNG plots it refers to (name -> bytes).
-
-    claims: (results, claims file path, source, card) from `claim_check.check_claims`; steps: the
-    target number of steps for "time to N steps" (default: the records' or 400,000); advice_checks:
-    the advice checks with their predictions (`report --predict`; None: checked without).
-    """
+    """The report as blocks, and the PNG plots it refers to (name -> bytes). claims: (results, path,
+    source, card); steps: N of "time to N steps" (None: the records' or 400,000); advice_checks: with
+    `report --predict`'s predictions (None: checked here)."""
     suites = (
         ", ".join(dict.fromkeys(str(s) for s in df.get("suite", pd.Series(dtype=str)).dropna())) or "results"
     )
