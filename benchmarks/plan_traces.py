@@ -32,7 +32,7 @@ def shipped_cells() -> list[dict]:
 
 def main() -> int:
     from ditbench.plan import cache
-    from ditbench.plan.batch import trace_series
+    from ditbench.plan.trace import trace_series
     from ditbench.plan.emulation import cuda_target
     from ditbench.plan.predict import normalize, trace_key, trace_knobs
 

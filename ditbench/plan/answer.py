@@ -29,7 +29,7 @@ class Option:
     config: dict[str, Any]  # the cell: model, precision, grad_ckpt, batch_size (per GPU), grad_accum
     rate: float  # images/s over all GPUs
     steps_per_s: float  # optimizer steps
-    series: Any = None  # its trace (batch.SeriesTrace)
+    series: Any = None  # its trace (trace.SeriesTrace)
     pred: Prediction | None = None  # its memory, once replayed
     need_gib: float | None = None  # a lower bound, when it was dropped without a replay
 

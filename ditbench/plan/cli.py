@@ -316,7 +316,7 @@ def run(args: argparse.Namespace) -> int:
     by_class = {gb: [p for res in results for p in res[i + 1]] for i, (gb, _) in enumerate(tree_cards)}
     measured = 0
     if records:
-        from ditbench.plan.measured_records import apply_measured
+        from ditbench.plan.measured import apply_measured
 
         measured = apply_measured(cells, records)
         for preds in by_class.values():
@@ -354,7 +354,7 @@ def _speed_options(args: argparse.Namespace, request):
     sheet = _sheet(args) if args.tflops is not None or args.mem_bw is not None else None
     calibration = None
     if args.calibrate is not None:
-        from ditbench.plan.calibration import from_records
+        from ditbench.plan.measured import from_records
 
         calibration = from_records(args.calibrate, _read_results(args.calibrate, "--calibrate"))
     steps = request.target_steps or DEFAULT_TARGET_STEPS

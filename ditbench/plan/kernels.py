@@ -4,7 +4,7 @@ A row: the category (matmul, attention, optimizer: AdamW, GradScaler and EMA upd
 the dtype its math runs in (the first floating-point input's), its FLOPs (torch.utils.flop_counter;
 matmuls and attention only: elementwise work is memory bound), the bytes every tensor read and written
 moves, and whether it runs in the backward. FLOPs and bytes are split into a batch-independent and a
-per-sample part as batch.py splits allocations. Views and empty allocations launch nothing.
+per-sample part as trace.SeriesTrace splits allocations. Views and empty allocations launch nothing.
 """
 
 from __future__ import annotations

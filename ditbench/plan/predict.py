@@ -1,6 +1,6 @@
 """Predicted training memory of a cell on a card: `predict_cell(config, card_or_gib) -> Prediction`.
 
-The step is traced on fake tensors (trace.py, once per series: batch.py), replayed through the CUDA
+The step is traced on fake tensors (trace.py, once per series), replayed through the CUDA
 caching allocator (allocator.py) with the card's memory as the limit, plus the CUDA context: what
 `max_memory_allocated`/`max_memory_reserved` will report, what the card holds at the peak, by
 component, and whether the cell fits. A CPU cell is predicted for the CPU allocator (no rounding).
@@ -17,11 +17,10 @@ from typing import Any
 from ditbench.cards import Card, check_gib, find_card
 from ditbench.errors import UnsupportedError, UserError, shorten
 from ditbench.plan.allocator import Replay, live_at, raw_peak, replay
-from ditbench.plan.batch import SeriesTrace, trace_series
 from ditbench.plan.emulation import CPU, Target, cuda_target, optimizer_impl, policy_for, traced_on
 from ditbench.plan.parallel import per_rank, world
 from ditbench.plan.speed import DEFAULT_TARGET_STEPS
-from ditbench.plan.trace import STATE_LABELS
+from ditbench.plan.trace import STATE_LABELS, SeriesTrace, trace_series
 from ditbench.spec.knobs import KNOBS, Knobs, PartialKnobs
 
 GiB = 1 << 30

@@ -158,12 +158,12 @@ def test_a_run_hides_only_torchs_data_pointer_warning(capsys, evaluated):
 def test_a_calibration_without_a_band_says_so(capsys, monkeypatch, tmp_path):
     import dataclasses
 
-    from ditbench.plan import calibration
+    from ditbench.plan import measured
     from ditbench.records import jsonl
 
     mine = dataclasses.replace(speed.shipped(), band_pct=None, source="my.jsonl")
     monkeypatch.setattr(jsonl, "read_records", lambda path: [{}])
-    monkeypatch.setattr(calibration, "from_records", lambda path, recs: mine)
+    monkeypatch.setattr(measured, "from_records", lambda path, recs: mine)
     cal = tmp_path / "cal.jsonl"
     cal.write_text("")
 

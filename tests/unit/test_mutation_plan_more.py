@@ -15,12 +15,12 @@ import torch._dynamo  # noqa: F401  (FakeTensorMode imports it on first use: sec
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from ditbench.cards import find_card
-from ditbench.plan import batch, grid, kernels, memo, predict, tree
+from ditbench.plan import grid, kernels, memo, predict, trace, tree
 
 aten = torch.ops.aten
 
 
-# ---- batch.py: the probe batch's prime search -----------------------------------------------------
+# ---- trace.py: the probe batch's prime search -----------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -29,17 +29,17 @@ aten = torch.ops.aten
      (97, True), (4099, True), (4101, False)],
 )  # fmt: skip
 def test_is_prime_by_trial_division(n, prime):
-    assert batch._is_prime(n) is prime
+    assert trace._is_prime(n) is prime
 
 
 def test_the_probe_search_stops_at_twice_its_start_with_a_clear_error(monkeypatch):
     """Bertrand's postulate puts a prime below 2n: a search that finds none fails instead of hanging."""
     tried = []
-    monkeypatch.setattr(batch, "_is_prime", lambda n: tried.append(n) and False)
+    monkeypatch.setattr(trace, "_is_prime", lambda n: tried.append(n) and False)
     with pytest.raises(
-        RuntimeError, match=r"^no prime found in \[5000, 10000\): ditbench\.plan\.batch\._is_prime is wrong$"
+        RuntimeError, match=r"^no prime found in \[5000, 10000\): ditbench\.plan\.trace\._is_prime is wrong$"
     ):
-        batch.probe_batch(SimpleNamespace(num_classes=4998, image_size=256))
+        trace.probe_batch(SimpleNamespace(num_classes=4998, image_size=256))
     assert tried == list(range(5000, 10000))
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ditbench.plan import cache
-from ditbench.plan.batch import trace_series
+from ditbench.plan.trace import trace_series
 from ditbench.plan.emulation import cuda_target
 from ditbench.plan.predict import normalize, trace_key, trace_knobs
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ditbench.plan.batch import probe_batch, trace_series
+from ditbench.plan.trace import probe_batch, trace_series
 from ditbench.plan.emulation import CPU, cuda_target
 from ditbench.plan.trace import trace_training
 from ditbench.spec.knobs import Knobs
