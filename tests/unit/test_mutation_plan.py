@@ -17,7 +17,7 @@ import torch
 
 from ditbench.cards import DATASHEETS, Datasheet, find_card
 from ditbench.errors import UnsupportedError, UserError
-from ditbench.plan import allocator, grid, kernels, measured, predict, speed, tree
+from ditbench.plan import allocator, grid, kernels, measured, predict, speed
 from ditbench.plan.emulation import CPU, cuda_target
 from ditbench.plan.trace import SeriesTrace, Trace, _is_prime, probe_batch, trace_series
 from ditbench.spec.knobs import Knobs
@@ -1034,36 +1034,36 @@ def test_a_split_keeps_512_bytes_in_the_small_pool_and_more_than_1_mib_in_the_la
     assert (e.size, large.reserved) == (2 * MiB, 40 * MiB)
 
 
-# ---- tree.py: the advice per card class -----------------------------------------------------------
+# ---- grid.py: the advice per card class -----------------------------------------------------------
 
 
 def test_speed_rank_puts_low_precision_without_checkpointing_first():
-    assert tree.speed_rank("bf16", "none") == (0, 0, 0)
-    assert tree.speed_rank("fp16", "full") == (0, 2, 1)
-    assert tree.speed_rank("bf16", "every_4") == (0, 1, 0)  # every_K sits between none and full
-    assert tree.speed_rank("tf32", "none") == (1, 2, 0)
-    assert tree.speed_rank("fp32", "every_2") == (1, 3, 1)
-    assert tree.speed_rank("fp8", "full") == (1, 4, 2)  # an unknown precision after fp32
+    assert grid.speed_rank("bf16", "none") == (0, 0, 0)
+    assert grid.speed_rank("fp16", "full") == (0, 2, 1)
+    assert grid.speed_rank("bf16", "every_4") == (0, 1, 0)  # every_K sits between none and full
+    assert grid.speed_rank("tf32", "none") == (1, 2, 0)
+    assert grid.speed_rank("fp32", "every_2") == (1, 3, 1)
+    assert grid.speed_rank("fp8", "full") == (1, 4, 2)  # an unknown precision after fp32
     order = sorted([("fp32", "none"), ("bf16", "full"), ("tf32", "none"), ("fp16", "none"), ("bf16", "none")],
-                   key=lambda s: tree.speed_rank(*s))  # fmt: skip
+                   key=lambda s: grid.speed_rank(*s))  # fmt: skip
     assert order == [("bf16", "none"), ("fp16", "none"), ("bf16", "full"), ("tf32", "none"), ("fp32", "none")]
 
 
 def test_each_class_is_judged_on_its_smallest_card_and_the_asked_class_on_the_asked_card():
-    got = [(gb, card.name) for gb, card in tree.class_cards()]
+    got = [(gb, card.name) for gb, card in grid.class_cards()]
     assert got == [(12, "RTX 3060 12GB"), (16, "T4"), (24, "L4"), (32, "V100-32GB"), (40, "A100-40GB"),
                    (48, "L40S"), (80, "A100-80GB"), (94, "H100 NVL"), (141, "H200")]  # fmt: skip
-    asked = [(gb, card.name) for gb, card in tree.class_cards(find_card("RTX 4090"))]
+    asked = [(gb, card.name) for gb, card in grid.class_cards(find_card("RTX 4090"))]
     assert asked == [*got[:2], (24, "RTX 4090"), *got[3:]]
-    by_gib = {gb: (card.name, card.usable_gib) for gb, card in tree.class_cards(20.5)}
+    by_gib = {gb: (card.name, card.usable_gib) for gb, card in grid.class_cards(20.5)}
     assert by_gib[24] == ("a 20.5 GiB card", 20.5) and by_gib[12] == ("RTX 3060 12GB", 11.76)
-    assert tree.class_cards(24)[2][1].name == "a 24 GiB card"  # a class holds up to its size
-    big = tree.class_cards(200)
+    assert grid.class_cards(24)[2][1].name == "a 24 GiB card"  # a class holds up to its size
+    big = grid.class_cards(200)
     assert [gb for gb, _ in big][-2:] == [141, 200] and big[-1][1].name == "a 200 GiB card"
-    assert tree._pre_ampere(find_card("T4")) and not tree._pre_ampere(find_card("RTX 3060 12GB"))
-    assert not tree._pre_ampere(find_card("H200"))
-    assert tree._gflops("DiT-XL/2", 256) == pytest.approx(118.6, abs=0.05)  # the paper's Table 4
-    assert tree._gflops("DiT-XL/2", 512) == pytest.approx(524.5, abs=0.05)
+    assert grid._pre_ampere(find_card("T4")) and not grid._pre_ampere(find_card("RTX 3060 12GB"))
+    assert not grid._pre_ampere(find_card("H200"))
+    assert grid._gflops("DiT-XL/2", 256) == pytest.approx(118.6, abs=0.05)  # the paper's Table 4
+    assert grid._gflops("DiT-XL/2", 512) == pytest.approx(524.5, abs=0.05)
 
 
 def _p(model, precision, ckpt, batch, status, peak=None, device=None, ips=None):
@@ -1111,7 +1111,7 @@ def test_the_decision_tree_takes_the_largest_model_that_fits_and_its_fastest_set
     ]
     cards = [(12, find_card("RTX 3060 12GB")), (16, find_card("T4")), (80, find_card("A100-80GB"))]
     by_class = {12: rtx, 16: t4, 80: a100}
-    no_fit, small, large = tree.decision_tree(by_class, cards)
+    no_fit, small, large = grid.decision_tree(by_class, cards)
     # 12 GB: nothing fits; the next step is the smallest model's least demanding cell (then the smaller
     # batch), which first trains on 16 GB.
     assert (no_fit.class_gb, no_fit.card, no_fit.memory_gib) == (12, "RTX 3060 12GB", 11.76)
@@ -1125,10 +1125,10 @@ def test_the_decision_tree_takes_the_largest_model_that_fits_and_its_fastest_set
     # 80 GB: DiT-XL/2; bf16 is predicted fastest but reaches only batch 16: tf32 at 64 reaches 32.
     assert (large.model, large.setting, large.alternatives, large.next_model) == (xl, a100[2], 3, None)
     assert (large.next_needs, large.next_class_gb) == (None, None)
-    assert tree.decision_tree(by_class, cards, target_batch=16)[2].setting == a100[0]
+    assert grid.decision_tree(by_class, cards, target_batch=16)[2].setting == a100[0]
     # No setting reaches 256: the largest batch, and of equal ones the faster setting (bf16 every_2).
-    assert tree.decision_tree(by_class, cards, target_batch=256)[2].setting == a100[3]
-    assert tree.decision_tree({}, cards) == []
+    assert grid.decision_tree(by_class, cards, target_batch=256)[2].setting == a100[3]
+    assert grid.decision_tree({}, cards) == []
 
 
 def test_the_raw_peak_restarts_at_the_window_and_keeps_the_first_of_equal_peaks():

@@ -124,7 +124,7 @@ def test_the_default_grid_is_traced_in_jobs_with_the_disk_cache_and_the_shipped_
 
 
 def test_the_tree_plans_every_class_with_the_same_context(capsys, evaluated):
-    from ditbench.plan.tree import class_cards
+    from ditbench.plan.grid import class_cards
 
     code, out, _ = plan(capsys, *GRID, "--card", "H200", "--context-gib", "0.75")
     assert code == 0

@@ -26,10 +26,15 @@ def evaluated(monkeypatch):
 
 
 def test_the_help_states_the_defaults_the_command_uses(capsys, monkeypatch):
-    from ditbench.plan.grid import DEFAULT_BATCHES, DEFAULT_GRAD_CKPT, DEFAULT_PRECISIONS, paper_models
+    from ditbench.plan.grid import (
+        DEFAULT_BATCHES,
+        DEFAULT_GRAD_CKPT,
+        DEFAULT_PRECISIONS,
+        DEFAULT_TARGET_BATCH,
+        paper_models,
+    )
     from ditbench.plan.predict import DEFAULT_CONTEXT_GIB
     from ditbench.plan.speed import DEFAULT_GLOBAL_BATCH, DEFAULT_TARGET_STEPS
-    from ditbench.plan.tree import DEFAULT_TARGET_BATCH
 
     with pytest.raises(SystemExit) as exc:
         main(["plan", "--help"])
