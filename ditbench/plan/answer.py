@@ -9,6 +9,7 @@ and tf32 where the card has them (fp16 and fp32 hold as much and are not faster)
 
 from __future__ import annotations
 
+import itertools
 import math
 import textwrap
 from dataclasses import dataclass
@@ -84,15 +85,13 @@ def search(
     sheet = speed.sheet or datasheet(bud.card)
     cal = speed.calibration or shipped()
     options = []
-    for precision in precisions:
-        for ckpt in ckpts:
-            for batch in batches:
-                accum = global_batch // (speed.gpus * batch)
-                cell = normalize({**base, "model": model, "precision": precision, "grad_ckpt": ckpt,
-                                  "batch_size": batch, "grad_accum": accum})  # fmt: skip
-                series = series_trace(trace_knobs(cell, target), target, disk=disk)
-                t = step_time_of(series, cell, sheet, cal, speed.gpus)
-                options.append(Option(cell, t.steps_per_s * global_batch, t.steps_per_s, series))
+    for precision, ckpt, batch in itertools.product(precisions, ckpts, batches):
+        accum = global_batch // (speed.gpus * batch)
+        cell = normalize({**base, "model": model, "precision": precision, "grad_ckpt": ckpt,
+                          "batch_size": batch, "grad_accum": accum})  # fmt: skip
+        series = series_trace(trace_knobs(cell, target), target, disk=disk)
+        t = step_time_of(series, cell, sheet, cal, speed.gpus)
+        options.append(Option(cell, t.steps_per_s * global_batch, t.steps_per_s, series))
     options.sort(key=lambda o: -o.rate)
     dropped = None
     capacity = bud.capacity

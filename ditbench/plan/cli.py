@@ -343,28 +343,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _speed_options(args: argparse.Namespace, request):
+    from ditbench.cards import described
     from ditbench.plan.predict import SpeedOptions
     from ditbench.plan.speed import DEFAULT_TARGET_STEPS
 
-    sheet = _sheet(args) if args.tflops is not None or args.mem_bw is not None else None
-    calibration = None
+    sheet = calibration = None
+    if args.tflops is not None or args.mem_bw is not None:
+        if args.memory_gib is None or args.tflops is None or args.mem_bw is None:
+            raise UserError(
+                "--tflops and --mem-bw describe a card not in the table, with --memory-gib: give all three "
+                "(e.g. --memory-gib 24 --tflops 165 --mem-bw 1008); a card of the table (--card) has its own"
+            )
+        sheet = described(args.tflops, args.mem_bw)
     if args.calibrate is not None:
         from ditbench.plan.measured import from_records
 
         calibration = from_records(args.calibrate, _read_results(args.calibrate, "--calibrate"))
     steps = request.target_steps or DEFAULT_TARGET_STEPS
     return SpeedOptions(calibration, request.gpus or 1, steps, request.target_images, sheet)
-
-
-def _sheet(args: argparse.Namespace):
-    from ditbench.cards import described
-
-    if args.memory_gib is None or args.tflops is None or args.mem_bw is None:
-        raise UserError(
-            "--tflops and --mem-bw describe a card not in the table, with --memory-gib: give all three "
-            "(e.g. --memory-gib 24 --tflops 165 --mem-bw 1008); a card of the table (--card) has its own"
-        )
-    return described(args.tflops, args.mem_bw)
 
 
 def _read_results(path: Path, flag: str = "--results") -> list:

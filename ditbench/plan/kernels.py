@@ -12,10 +12,8 @@ from __future__ import annotations
 import torch
 from torch.utils import flop_counter
 
-_MATMUL = frozenset(
-    "mm addmm bmm baddbmm addbmm mv addmv dot _addmm_activation convolution _convolution "
-    "convolution_backward".split()
-)
+CUBLAS = "mm addmm bmm baddbmm addbmm mv addmv dot _addmm_activation".split()  # the matmuls cuBLAS runs
+_MATMUL = frozenset(CUBLAS + ["convolution", "_convolution", "convolution_backward"])
 # Ops that only describe memory (no kernel), in addition to every view op.
 _NO_KERNEL = frozenset(
     "empty empty_strided empty_like new_empty new_empty_strided _local_scalar_dense detach lift_fresh "

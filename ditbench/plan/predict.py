@@ -243,21 +243,13 @@ def predict_budgets(
         except Exception as err:  # a step the fake tensors cannot follow: say so for this cell
             status, reason = "error", f"the planner could not trace this cell: {type(err).__name__}: {err}"
     unlimited: dict[tuple, Replay] = {}
+    named = (cell["model"], cell["precision"], cell["grad_ckpt"])
     out = []
     for bud in budgets:
         row = []
         for batch in batch_sizes:
-            pred = Prediction(
-                model=cell["model"],
-                precision=cell["precision"],
-                grad_ckpt=cell["grad_ckpt"],
-                batch_size=batch,
-                device=bud.target.device,
-                card=bud.card,
-                memory_gib=bud.memory_gib,
-                status="predicted",
-                config={**cell, "batch_size": batch},
-            )
+            pred = Prediction(*named, batch, bud.target.device, bud.card, bud.memory_gib, "predicted")
+            pred.config = {**cell, "batch_size": batch}
             why = reason or _policy_refused(cell["precision"], bud.target)
             if why is not None:
                 pred.status = status if reason else "unsupported"

@@ -34,7 +34,7 @@ from ditbench.plan.emulation import (
     policy_for,
     traced_compiler,
 )
-from ditbench.plan.kernels import op_row, tensors
+from ditbench.plan.kernels import CUBLAS, op_row, tensors
 from ditbench.plan.memo import MISS, DispatchMemo
 
 aten = torch.ops.aten
@@ -42,9 +42,7 @@ _DEVICE = torch.ops.prim.device.default
 _ITEM = aten._local_scalar_dense.default
 
 # Ops that run on cuBLAS on a GPU: each thread that calls one gets its own handle and workspace.
-_CUBLAS_OPS = frozenset(
-    f"aten.{n}.default" for n in "mm addmm bmm baddbmm addbmm mv addmv dot _addmm_activation".split()
-)
+_CUBLAS_OPS = frozenset(f"aten.{n}.default" for n in CUBLAS)
 # Attention backward kernels whose CUDA versions need scratch the meta kernels do not allocate.
 _SDPA_BACKWARD = frozenset(
     f"aten::_scaled_dot_product_{kind}_backward"
