@@ -284,7 +284,7 @@ def _announce(suite, todo: list, args, visible) -> float | None:
     if device == "cpu":  # the CPU's rate at the cells' threads (this process computes nothing itself)
         import torch
 
-        from ditbench.bench.threads import pinned
+        from ditbench.bench.cell.threads import pinned
 
         torch.set_num_threads(pinned(todo[0].config["threads"], device) or torch.get_num_threads())
     # this process holds no CUDA context: without NVML (ditbench[gpu]) it cannot name the GPU

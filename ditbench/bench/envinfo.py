@@ -31,7 +31,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ditbench.bench.mfu import PEAK_TFLOPS, gpu_table_key, peak_entry
+    from ditbench.bench.cell.mfu import PEAK_TFLOPS, gpu_table_key, peak_entry
     from ditbench.device import resolve_device
 
     device = resolve_device(args.device)  # cuda without a GPU: a clean error before anything runs

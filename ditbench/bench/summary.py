@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ditbench.bench.window import noise_advice
+from ditbench.bench.cell.window import noise_advice
 from ditbench.escape import md_code, md_text
 from ditbench.fileio import write_atomic
 from ditbench.interval_text import with_ends

@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from ditbench.bench.window import noise_advice
+from ditbench.bench.cell.window import noise_advice
 from ditbench.interval_text import decimals
 from ditbench.records.metrics import ENERGY_PER_IMAGE, IMAGES_PER_S, MFU, STEP_MS
 from ditbench.report import advice, analysis

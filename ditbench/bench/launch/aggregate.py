@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ditbench.bench.gpu_meter import throttling
-from ditbench.bench.window import noise, step_stats
+from ditbench.bench.cell.gpu_meter import throttling
+from ditbench.bench.cell.window import noise, step_stats
 from ditbench.records.metrics import (
     IMAGES_PER_S,
     MAX,

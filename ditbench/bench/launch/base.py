@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from ditbench.bench import threads
+from ditbench.bench.cell import threads
 from ditbench.spec.cell import CellSpec
 
 # What a multi-process cell's ranks run, whoever starts them (torchrun, or a submitit job's tasks)

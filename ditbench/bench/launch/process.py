@@ -7,7 +7,7 @@ how the process died. MODULE is this one for a one-process cell (`ONE_PROCESS`) 
 `launch.torchrun` (which starts the ranks) for a multi-process one (`TORCHRUN`).
 
 Child side, `main`: `python -m ditbench.bench.launch.process SPEC.json RESULT.json` measures
-the cell (`bench.cell_core`), smoke-trains it and evaluates its sample quality if asked, and writes the
+the cell (`bench.cell.core`), smoke-trains it and evaluates its sample quality if asked, and writes the
 result (status, reason, metrics, smoke, env, quality) atomically; anything it cannot report
 itself (a hang, a segfault, the kernel's OOM killer) the parent records from the outside.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import ditbench
-from ditbench.bench import cell_core
+from ditbench.bench.cell import core as cell_core
 from ditbench.bench.launch import procs
 from ditbench.bench.launch.files import read_spec, write_result, write_spec
 from ditbench.errors import UserError

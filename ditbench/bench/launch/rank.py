@@ -3,7 +3,7 @@
     python -m torch.distributed.run ... -m ditbench.bench.launch.rank SPEC.json REPORT_DIR
 
 Every rank joins the process group (NCCL on GPUs, gloo on CPU) and runs the cell core
-(`bench.cell_core`) with a per-rank batch of `batch_size` (global batch: `CellSpec.global_batch`),
+(`bench.cell.core`) with a per-rank batch of `batch_size` (global batch: `CellSpec.global_batch`),
 its model wrapped for data parallelism (`strategy`: ddp or fsdp).
 
 Reports, in REPORT_DIR: `rank<R>.json` from each rank (its metrics, or its error with the time it
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ditbench.bench import cell_core
+from ditbench.bench.cell import core as cell_core
 from ditbench.bench.launch.files import read_spec, write_result
 from ditbench.bench.launch.procs import watch_parent
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ditbench.bench.window import noise_advice
+from ditbench.bench.cell.window import noise_advice
 from ditbench.errors import UserError, shorten
 from ditbench.escape import md_inline
 from ditbench.records.metrics import STEP_MS, finite

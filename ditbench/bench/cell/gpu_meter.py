@@ -5,7 +5,7 @@ A thread samples the card every SAMPLE_INTERVAL_S while the window runs (NVML ca
 the training loop does not wait on it); the total-energy counter (millijoules since the driver
 loaded) is read at the window's start and end. A window whose clocks were lowered for heat or power
 measured a slower card than the one named in the record: it is `noisy` with that reason
-(bench.window.noise). NVML is optional (nvidia-ml-py, imported as `pynvml`): without it, or for a
+(bench.cell.window.noise). NVML is optional (nvidia-ml-py, imported as `pynvml`): without it, or for a
 reading the card does not support, the record holds no such field; a record states only what was
 measured.
 """

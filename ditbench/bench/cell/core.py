@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ditbench.bench import memory, threads
-from ditbench.bench.gpu_meter import GpuMeter, nvml_handle
-from ditbench.bench.load import LoadMeter
-from ditbench.bench.window import failed_smoke, measure_window, noise, smoke_run, step_stats
+from ditbench.bench.cell import memory, threads
+from ditbench.bench.cell.gpu_meter import GpuMeter, nvml_handle
+from ditbench.bench.cell.load import LoadMeter
+from ditbench.bench.cell.window import failed_smoke, measure_window, noise, smoke_run, step_stats
 from ditbench.faults import FAULT_ENV, FAULT_RANK_ENV, Fault, FaultyStep, failure, fault_for
 from ditbench.records.metrics import IMAGES_PER_S, MFU, PER_GPU, STEP_MS, STEPS_PER_S, TFLOPS
 from ditbench.spec.cell import CellSpec
@@ -98,9 +98,9 @@ def window_metrics(
     gpu: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Throughput, step times, FLOPs and MFU of this process's window (a rank's share in a job), the
-    machine's `load` during it (bench.load) and what NVML saw of the GPU (`gpu`: bench.gpu_meter)."""
-    from ditbench.bench.gpu_meter import throttling
-    from ditbench.bench.mfu import mfu, model_flops_per_image
+    machine's `load` during it (cell.load) and what NVML saw of the GPU (`gpu`: cell.gpu_meter)."""
+    from ditbench.bench.cell.gpu_meter import throttling
+    from ditbench.bench.cell.mfu import mfu, model_flops_per_image
 
     knobs = spec.knobs
     steps_per_s = window["steps"] / window["wall_s"]

@@ -3,7 +3,7 @@
 A window measured while other processes take the cores says more about them than about the cell.
 The share is the system-wide busy CPU time minus this cell's process tree's, over the window's wall
 time and the machine's cores (psutil): 0 on a quiet machine, 0.5 when another job keeps half the
-cores busy. Above LOAD_BOUND the window is noisy (bench.window.noise).
+cores busy. Above LOAD_BOUND the window is noisy (bench.cell.window.noise).
 """
 
 from __future__ import annotations

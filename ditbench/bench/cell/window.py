@@ -49,11 +49,11 @@ def noise(
     load_bound][, gpu_throttle]}} of a measured window at `rate` images/s.
 
     `batch` is the images of one (synchronised) step: the global batch of a multi-process cell.
-    `other_cpu_share` (bench.load): the cores' share other processes took during the window.
-    `gpu_throttle` (bench.gpu_meter.throttling): the heat or power reasons the GPU lowered its clocks
+    `other_cpu_share` (bench.cell.load): the cores' share other processes took during the window.
+    `gpu_throttle` (bench.cell.gpu_meter.throttling): the heat or power reasons the GPU lowered its clocks
     for during the window; any makes the window noisy. None: not measured (no NVML), not recorded.
     """
-    from ditbench.bench.load import LOAD_BOUND
+    from ditbench.bench.cell.load import LOAD_BOUND
 
     p10, p90 = (float(p) for p in np.percentile(step_ms, (10, 90)))
     median = statistics.median(step_ms)

@@ -50,13 +50,13 @@ def cpu_allocator_peak(make_trainer) -> dict[str, Any]:
     """{CPU allocator peak (GiB), its basis}: what `max_memory_allocated` would be on a CPU.
 
     A fresh trainer from `make_trainer()` runs one warm-up and one measured step under the allocation
-    meter (`ditbench.bench.alloc_meter`): the peak of the live bytes it allocated (weights, gradients,
+    meter (`ditbench.bench.cell.alloc_meter`): the peak of the live bytes it allocated (weights, gradients,
     optimizer state, EMA, activations), which RSS cannot show (the allocator keeps freed pages).
     A failure here never fails the cell: the value is null and the basis says why.
     """
     import gc
 
-    from ditbench.bench.alloc_meter import measure_training_peak
+    from ditbench.bench.cell.alloc_meter import measure_training_peak
 
     gc.collect()
     try:
