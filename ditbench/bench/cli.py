@@ -11,8 +11,6 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
-from ditbench.bench.cluster import EXECUTORS
-
 EXIT_NOTHING_MEASURED = 3  # a run in which no selected cell started (all unsupported or skipped)
 
 
@@ -97,9 +95,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_json(parser, "the records of the selected cells (or, with --dry-run, the planned cells)")
     add_no_progress(parser)
     add_yes(parser)
-    from ditbench.bench.launch.rendezvous import add_rendezvous_arguments
+    from ditbench.bench.launch.torchrun import add_rendezvous_arguments
 
     add_rendezvous_arguments(parser)
+    from ditbench.bench.jobs import EXECUTORS
+
     g = parser.add_argument_group("cluster (through submitit: pip install 'ditbench[slurm]')")
     g.add_argument(
         "--executor",
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         )
     import dataclasses
 
-    from ditbench.bench.launch.rendezvous import rendezvous_from_args
+    from ditbench.bench.launch.torchrun import rendezvous_from_args
 
     rdzv = rendezvous_from_args(args)  # --nnodes 0 or a --node-rank beyond --nnodes is refused, not ignored
     rendezvous = dataclasses.asdict(rdzv) if rdzv.nnodes > 1 or rdzv.endpoint else None

@@ -1,23 +1,12 @@
-"""The suite loop: every cell of a suite through one executor (`launch.base.Executor`), one record per
-cell appended to results.jsonl. By default each cell is a fresh process here (`launch.process`), with
-`--executor local|slurm` a submitit job (`bench.jobs`); everything below holds for every executor.
+"""The suite loop: every cell of a suite through one executor (`launch.base.Executor`: a fresh process
+per cell here, or a submitit job with `--executor local|slurm`, `bench.jobs`), one record per cell
+repeat appended to results.jsonl through its ticket (`bench.inflight`), the folder's lock held throughout.
 
-Resume: a rerun into the same folder skips cells whose latest record is `ok` (same cell_id; `force`
-reruns them), appends what a killed run finished, and waits for the jobs it submitted, never
-submitting them again. Ctrl-C (or SIGTERM) cancels every cell still running or queued.
-
-Repeats (`repeats: K`, `run --repeats K`): every cell K times, each in a fresh process, round-robin
-(cell 1 repeat 1, cell 2 repeat 1, ..., cell 1 repeat 2, ...) so that a load spike hits every cell
-alike; each repeat is a record of its own (`repeat`, `repeats`). A repeat that fails (oom, error,
-...) stops the cell's later repeats (`skipped`, naming it). `bench.repeats` makes one figure of them.
-
-Out of memory: after an out-of-memory at batch B, the larger batches of the same series (the same
-cell except the batch size) are recorded `skipped` without being started (queued jobs cancelled).
-With the suite's `plan` option (`bench.plan_option`) every record holds the planner's prediction,
-cells predicted not to fit are `skipped` unrun, and each series runs largest batch first.
-
-One writer, nothing lost: a run holds the output folder's lock (`ditbench.outlock`) from start to
-end. Each cell's result goes through its ticket (`bench.inflight`): written, appended once, removed.
+Resume: a rerun skips cell repeats recorded `ok` (unless `force`), appends what a killed run finished
+and waits for the jobs it submitted. Ctrl-C (or SIGTERM) cancels every cell running or queued. Repeats
+run round-robin (every cell's repeat 1, then repeat 2 ...); a failed repeat skips the cell's later ones.
+After an out-of-memory at batch B the larger batches of its series are `skipped` unrun; with the suite's
+`plan:` (`bench.plan_option`) cells predicted not to fit are too, and a series runs largest batch first.
 """
 
 from __future__ import annotations
@@ -29,7 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ditbench.bench import inflight, threads
+from ditbench.bench import inflight
+from ditbench.bench.cell import threads
 from ditbench.bench.launch import procs
 from ditbench.bench.launch.base import Executor, Pending
 from ditbench.bench.launch.base import for_cell as launcher_for
@@ -88,7 +78,7 @@ def precheck(cell: SuiteCell, visible: Visible, rendezvous: dict | None = None) 
     if device == "cuda" and config["gpus"] > visible.gpu_count:
         return "unsupported", f"gpus={config['gpus']} but {visible.gpu_count} CUDA device(s) are visible"
     if rendezvous or config["nodes"] > 1:
-        from ditbench.bench.launch.rendezvous import Rendezvous, node_verdict
+        from ditbench.bench.launch.torchrun import Rendezvous, node_verdict
 
         return node_verdict(config, Rendezvous(**(rendezvous or {})))
     return None
@@ -224,7 +214,7 @@ class SuiteRun:
             for r in range(1, k + 1)
             if already_recorded(previous.get((c.cell_id, r)), self.options.force, lambda c=c: self.verdict(c))
         }
-        waiting = {(job.ticket.read_context()["cell_id"], _repeat(job)) for job in self.pending}
+        waiting = {(c["cell_id"], repeat_of(c)) for c in (job.ticket.read_context() for job in self.pending)}
         order = run_order(cells)
         if self.planner is not None:
             from ditbench.bench import plan_option
@@ -363,11 +353,10 @@ class SuiteRun:
         }
         name = f"{cell.cell_id}.r{repeat}" if self.repeats > 1 else cell.cell_id
         log = self.out / LOGS_DIR / f"{name}.log"
-        ticket, timeout_s = (
-            inflight.open_ticket(self.folder, context),
-            self.options.timeout_s or cell.timeout_s,
+        timeout_s = self.options.timeout_s or cell.timeout_s
+        return Pending(
+            inflight.open_ticket(self.folder, context), None, cell, about=about, timeout_s=timeout_s, log=log
         )
-        return Pending(ticket, None, cell, about=about, timeout_s=timeout_s, log=log)
 
     def finish(self, job: Pending, submitted: bool = True) -> dict[str, Any]:
         """Append the job's record (from its result file, or from how its job ended), then clean up."""
@@ -429,10 +418,6 @@ class SuiteRun:
             reason = f"{oom[1]} ran out of memory at batch {oom[0]}; this larger batch of the same series "
             reason += "would too"
         return None if reason is None else {"status": "skipped", "reason": reason}
-
-
-def _repeat(job: Pending) -> int:
-    return repeat_of(job.ticket.read_context())
 
 
 def _watched(job: Pending) -> tuple[str, str, str | None, dict | None]:

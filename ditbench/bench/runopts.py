@@ -34,7 +34,7 @@ class RunOptions:
     timeout_s: float | None = None  # overrides the suite's per-cell timeout
     oom_skip: bool = True
     progress: bool = True
-    rendezvous: dict | None = None  # torchrun's multi-node options (launch.rendezvous.Rendezvous)
+    rendezvous: dict | None = None  # torchrun's multi-node options (launch.torchrun.Rendezvous)
     label: str | None = None  # `run --label`: written into each record; reports group by it
     repeats: int | None = None  # `run --repeats K`: over the suite's `repeats`
     verbose: bool = False  # `run --verbose`: every cell's start and its notes in full on its line

@@ -1,11 +1,8 @@
-"""What a running suite tells the person watching it, on stderr, besides each cell's result line.
+"""What a running suite tells the person watching, on stderr, besides each cell's result line.
 
-Where stderr is not a terminal (a CI log, `2> file`), a plain line every QUIET_EVERY_S seconds (with
---verbose or `DITBENCH_PROGRESS_EVERY_S` set, every that many) while cells run: a cell can take
-minutes, and a log that says nothing for that long looks hung. With --verbose, also a line as each
-cell starts. Cells run here one by one (`SuiteProgress`: the cell's index and the suite's ETA from
-the cells run so far), or as jobs (`JobWatch`: a job's start as the loop's poll sees it). The loop
-calls both alike: `start`/`end` around each cell it takes, `poll` while jobs are pending.
+Where stderr is not a terminal, a plain line every QUIET_EVERY_S seconds (with --verbose or
+DITBENCH_PROGRESS_EVERY_S, every that many) while cells run, so a log never looks hung; with --verbose
+a line as each cell starts. `SuiteProgress`: cells run here one by one, with an ETA; `JobWatch`: jobs.
 """
 
 from __future__ import annotations

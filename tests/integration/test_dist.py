@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ditbench.bench.launch import aggregate as agg
-from ditbench.bench.launch import rendezvous as rz
+from ditbench.bench.launch import torchrun as rz
 from ditbench.bench.launch import torchrun as tr
 from ditbench.errors import UserError
 

@@ -1,10 +1,8 @@
-"""One cell, in whichever process measures it: the core both launchers run.
+"""One cell, in whichever process measures it: the core every launcher runs.
 
-`measure` builds the Trainer, warms up, times the window and reads the memory, and turns any
-failure into a status; `smoke` trains a fresh Trainer for the smoke curve; `quality` evaluates
-sample quality (`ditbench.quality.loop`: at the end of the smoke run, or in a quality run of its
-own). The one-process launcher (`launch.process`) and each torchrun rank (`launch.rank`) call
-these with their own `DistContext`; they differ only in how the processes start and report.
+`measure` builds the Trainer, warms up, times the window, reads the memory and turns any failure into a
+status; `smoke` trains a fresh Trainer for the smoke curve; `quality` evaluates sample quality. The
+one-process cell (`launch.process`) and each rank (`launch.rank`) call them with their own DistContext.
 """
 
 from __future__ import annotations
@@ -73,7 +71,7 @@ def build_trainer(spec: CellSpec, ctx):
     )
 
 
-def _agree_max(ctx) -> Callable[[int], int] | None:
+def agree_max(ctx) -> Callable[[int], int] | None:
     """The largest of every rank's value (each rank must run the same number of steps)."""
     if not ctx.distributed:
         return None
@@ -183,7 +181,7 @@ def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured
             s.warmup,
             s.measure,
             s.min_seconds,
-            agree=_agree_max(ctx),
+            agree=agree_max(ctx),
             after_warmup=after_warmup,
         )
         window_load = load.stop()

@@ -1,13 +1,9 @@
 """The GPU during a measured window, from NVML: clocks, clock-event (throttle) reasons, temperature,
 power, and the energy the window used.
 
-A thread samples the card every SAMPLE_INTERVAL_S while the window runs (NVML calls leave the GIL, so
-the training loop does not wait on it); the total-energy counter (millijoules since the driver
-loaded) is read at the window's start and end. A window whose clocks were lowered for heat or power
-measured a slower card than the one named in the record: it is `noisy` with that reason
-(bench.cell.window.noise). NVML is optional (nvidia-ml-py, imported as `pynvml`): without it, or for a
-reading the card does not support, the record holds no such field; a record states only what was
-measured.
+A thread samples the card every SAMPLE_INTERVAL_S (NVML calls leave the GIL); the energy counter is read
+at the window's ends. Clocks lowered for heat or power make the window `noisy` (cell.window.noise).
+Without NVML (nvidia-ml-py), or for a reading the card does not support, the record holds no field.
 """
 
 from __future__ import annotations

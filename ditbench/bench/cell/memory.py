@@ -1,12 +1,9 @@
 """A cell's memory: the peaks it reached, and the smaller card it emulates on a bigger one.
 
-Emulation: a suite's `gpu_memory_gib` (or `card`, whose usable memory `ditbench.cards` knows) is
-the emulated card's total memory. On a real card of that size the CUDA context takes its share
-before PyTorch allocates anything, so the caching allocator is capped at the budget less this
-process's context, measured right after CUDA starts: NVML's count of this process's device memory,
-else (no NVML, or a container that hides the pid) `torch.cuda.mem_get_info`'s used memory, which
-also counts every other process on the GPU. Whether the cell fits is whether it completed under
-that cap; speeds are still the real, bigger GPU's.
+Emulation caps the caching allocator at the emulated card's memory (`gpu_memory_gib`, or a `card`'s)
+less this process's CUDA context, measured right after CUDA starts (NVML's count for this process, else
+`torch.cuda.mem_get_info`'s used memory). The cell fits if it completed under that cap; its speeds
+are still the real, bigger GPU's.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The measured window and the smoke run: which steps are timed, how, and what their times say.
 
-A window is `warmup` steps, then at least `measure` steps and at least `min_seconds`. On CUDA each
-step is bracketed by two events and the host synchronises once, at the end (plus a wall clock
-around the whole window); on a CPU each step is timed with perf_counter. In a multi-process cell
-every rank must run the same number of steps or a collective would wait forever, so the ranks
-agree (`agree`, an all-reduce MAX) on how many steps reach `min_seconds`.
+A window is `warmup` steps, then at least `measure` steps and `min_seconds`. On CUDA each step is
+bracketed by two events with one synchronisation at the end; on a CPU each step is timed with
+perf_counter. The ranks of a multi-process cell agree (`agree`: all-reduce MAX) on the step count.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """submitit for the submitter: make the executor, submit a cell's task, ask whether a job still runs, cancel.
 
-submitit is an optional dependency (`pip install "ditbench[slurm]"`); only `--executor` imports
-it. A job is remembered by a `JobRef` (kept in `<key>.job.json` next to the cell's ticket), so a
-rerun after the submitter was killed finds the same job: SLURM by its job id (sacct/squeue
-through submitit), the local executor by its controller's pid and start time.
-
-The submitter never reads submitit's result pickles: a job's result is the cell's JSON result file.
+submitit is optional (`pip install "ditbench[slurm]"`), imported only by `--executor`. A `JobRef` (in
+`<key>.job.json` beside the ticket) lets a rerun find a killed submitter's job: SLURM's by its id,
+a local one by its controller's pid and start time. submitit's result pickles are never read.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
-"""One rank of a multi-process cell, started by torchrun:
+"""One rank of a multi-process cell: `torchrun ... -m ditbench.bench.launch.rank SPEC.json REPORT_DIR`.
 
-    python -m torch.distributed.run ... -m ditbench.bench.launch.rank SPEC.json REPORT_DIR
-
-Every rank joins the process group (NCCL on GPUs, gloo on CPU) and runs the cell core
-(`bench.cell.core`) with a per-rank batch of `batch_size` (global batch: `CellSpec.global_batch`),
-its model wrapped for data parallelism (`strategy`: ddp or fsdp).
-
-Reports, in REPORT_DIR: `rank<R>.json` from each rank (its metrics, or its error with the time it
-failed); `ranks.json` from each node's local rank 0 (every rank's metrics, gathered); then, for a
-smoke run, `smoke.json` from rank 0 (the curve, or the loss that stopped every rank), or
-`smoke_rank<R>.json` from a rank whose smoke run raised; likewise `quality.json` (rank 0's quality
-field) or `quality_rank<R>.json` for a quality evaluation. The parent (`launch.torchrun`) turns
-these into the cell's record.
+Every rank joins the process group and runs the cell core (`cell.core`) on its share of the batch. It
+reports in REPORT_DIR: `rank<R>.json` (its metrics, or its error and when it failed); `ranks.json` from
+each node's local rank 0 (every rank's metrics, gathered); `smoke.json` / `quality.json` from rank 0,
+or `smoke_rank<R>.json` / `quality_rank<R>.json` from a rank that failed there. The parent
+(`launch.torchrun`) makes them the cell's record.
 """
 
 from __future__ import annotations
@@ -24,20 +17,6 @@ from typing import Any
 from ditbench.bench.cell import core as cell_core
 from ditbench.bench.launch.files import read_spec, write_result
 from ditbench.bench.launch.procs import watch_parent
-
-
-def _agree_any(ctx):
-    """True on every rank when any rank's value is True: every rank stops its smoke run together."""
-
-    def agree(bad: bool) -> bool:
-        import torch
-        import torch.distributed as tdist
-
-        t = torch.tensor([int(bad)], dtype=torch.long, device=ctx.device)
-        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
-        return bool(t.item())
-
-    return agree
 
 
 def _fail(report_dir: Path, report: dict[str, Any]) -> None:
@@ -78,7 +57,8 @@ def run_rank(spec_path: str, report_dir: Path) -> int:
         write_result(report_dir / "ranks.json", summary)
     dist.barrier(ctx)
     if spec.smoke_steps:
-        smoke = cell_core.smoke(spec, measured, _agree_any(ctx))
+        agree = cell_core.agree_max(ctx)  # any rank's bad loss stops every rank's smoke run together
+        smoke = cell_core.smoke(spec, measured, lambda bad: bool(agree(int(bad))))
         if smoke["status"] not in ("ok", "nan_loss"):  # raised here alone: the peers cannot go on
             failed = {"rank": ctx.rank, "failed_at": time.time(), **smoke}  # the first to fail is the cause
             write_result(report_dir / f"smoke_rank{ctx.rank}.json", failed)
