@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
+import textwrap
 import time
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
+
+from ditbench.errors import UserError
 
 EXIT_NOTHING_MEASURED = 3  # a run in which no selected cell started (all unsupported or skipped)
 
@@ -49,8 +53,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     for flag, text in SWITCHES.items():
         parser.add_argument(flag, action="store_true", help=text)
-    import textwrap
-
     parser.epilog = textwrap.fill(
         f"exit status: 0 when at least one cell was measured (whatever its status), 2 for bad input or "
         f"when no selected cell can run on this machine (--allow-unsupported records them), "
@@ -145,7 +147,6 @@ def run(args: argparse.Namespace) -> int:
         select_cells,
     )
     from ditbench.bench.summary import Notes, closing, summary_table
-    from ditbench.errors import UserError
     from ditbench.outpaths import refuse_output_as_input
     from ditbench.progress import duration
     from ditbench.records.jsonl import latest_by_cell, read_records
@@ -166,8 +167,6 @@ def run(args: argparse.Namespace) -> int:
             f"--cells {' '.join(args.cells)} matches none of the {len(suite.cells)} cells of suite "
             f"{suite.path}; run with --dry-run to list their names"
         )
-    import dataclasses
-
     from ditbench.bench.launch.torchrun import rendezvous_from_args
 
     rdzv = rendezvous_from_args(args)  # --nnodes 0 or a --node-rank beyond --nnodes is refused, not ignored
@@ -244,7 +243,6 @@ def run(args: argparse.Namespace) -> int:
 def _refuse_unrunnable(suite, cells, verdicts: dict, visible, args) -> None:
     """Refuse (UserError) a run in which no selected cell can run on this machine, naming what would."""
     from ditbench.bench.runner import precheck
-    from ditbench.errors import UserError
 
     if any(verdicts[c.cell_id] is None or verdicts[c.cell_id][0] != "unsupported" for c in cells):
         return
@@ -327,7 +325,6 @@ def _exit_status(records: list[dict], args: argparse.Namespace) -> int:
 
 def _cluster_options(suite, args):
     """The suite's `cluster:` with the --cluster KEY=VALUE flags over it, validated (UserError)."""
-    from ditbench.errors import UserError
     from ditbench.spec.cluster import parse_cluster_flags
 
     flags = parse_cluster_flags(args.cluster)

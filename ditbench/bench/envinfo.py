@@ -4,6 +4,8 @@ peak FLOP/s behind MFU (from the table, or measured on the spot with --measure-p
 from __future__ import annotations
 
 import json
+import sys
+import time
 from typing import Any
 
 from ditbench.environment import collect_env
@@ -133,8 +135,6 @@ def torchvision_check() -> dict[str, Any]:
 
 def _report_torchvision(vision: dict[str, Any]) -> int:
     """Exit 0 when torchvision loads with torch; else one paragraph on stderr and exit 2."""
-    import sys
-
     if vision["ok"]:
         return 0
     shown = vision["torchvision"] or "(not importable)"
@@ -153,8 +153,6 @@ CPU_MATMUL_S = 0.05  # the side is chosen so one matmul takes about this long (s
 
 def _cpu_side(precision: str) -> int:
     """A square side whose matmul takes about CPU_MATMUL_S here, from one timed 256 x 256 matmul."""
-    import time
-
     import torch
 
     dtype = compute_dtype(precision)
@@ -169,8 +167,6 @@ def _cpu_side(precision: str) -> int:
 
 def measure_peaks(device: str) -> dict[str, Any]:
     """Achieved matmul TFLOP/s per precision on `device` and how they were measured (bounded on a CPU)."""
-    import time
-
     from ditbench.walltime import measure_matmul_tflops
 
     start = time.perf_counter()

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ditbench.bench.launch.aggregate import add_scaling_efficiency
+from ditbench.bench.launch.files import write_result
 from ditbench.bench.repeats import repeat_of
 from ditbench.fileio import mkdir_real, read_regular, refuse_link, rmtree_real, write_json_atomic
 from ditbench.records.jsonl import append_record, decode_line, lines, read_records, to_record
@@ -132,8 +134,6 @@ def open_ticket(folder: Path, context: dict[str, Any]) -> Ticket:
 
 def write_result_file(ticket: Ticket, result: dict[str, Any]) -> None:
     """A result the runner decided itself (the cell's process writes its own)."""
-    from ditbench.bench.launch.files import write_result
-
     write_result(ticket.result_path, result)
 
 
@@ -200,10 +200,8 @@ def read_result(path: Path) -> tuple[dict[str, Any] | None, str | None]:
 def commit(
     results_path: Path, ticket: Ticket, duration_s: float, finish: Finish | None = None
 ) -> dict[str, Any]:
-    """Append the record of the ticket's result (which must be there), then remove the ticket's files.
-
-    Returns the record as written. An unreadable result file is recorded as an error, never raised.
-    """
+    """Append the record of the ticket's result (which must be there), then remove the ticket's files;
+    return the record as written. An unreadable result file is recorded as an error, never raised."""
     context = ticket.read_context()
     result, problem = read_result(ticket.result_path)
     if result is None:
@@ -232,10 +230,8 @@ def appended_keys(results_path: Path) -> set[tuple[str, str, int]]:
 def adopt(
     results_path: Path, folder: Path, run_id: str, finish: Finish | None = None
 ) -> list[dict[str, Any]]:
-    """Append the finished results a killed run left in `folder` (once), then empty `folder`.
-
-    Call it holding the output folder's lock. Returns the records appended, in start order.
-    """
+    """Append the finished results a killed run left in `folder` (once), then empty `folder`; call it
+    holding the output folder's lock. Returns the records appended, in start order."""
     refuse_link(folder, "--out")  # emptied below: through a link it would empty a folder elsewhere
     if not folder.is_dir():
         return []
@@ -291,8 +287,6 @@ def scaling_finish(results_path: Path) -> Finish:
 
     def finish(record: dict[str, Any]) -> None:
         if record["config"].get("gpus", 1) * record["config"].get("nodes", 1) > 1:
-            from ditbench.bench.launch.aggregate import add_scaling_efficiency
-
             add_scaling_efficiency(record, read_records(results_path))
 
     return finish

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.bench import inflight
-from ditbench.bench.launch import executors
+from ditbench.bench.launch import executors, procs
 from ditbench.bench.launch.base import Pending
 from ditbench.bench.launch.executors import JobRef
 from ditbench.bench.launch.files import write_spec
@@ -269,8 +269,6 @@ def cell_verdict(cell: SuiteCell, kind: str, visible: Visible) -> tuple[str, str
 def ended_result(pending: Pending) -> dict[str, Any]:
     """The result of a cell whose job ended without writing one: from SLURM's state, or `skipped` when
     this run cancelled it before it started (`stop_queued`)."""
-    from ditbench.bench.launch import procs
-
     ref = pending.ref
     # task 0 writes its started file first thing: a cancelled job without one never ran the cell
     if pending.stopped and not started_path(pending.ticket.result_path).exists():

@@ -24,6 +24,7 @@ from ditbench.bench.launch import procs
 from ditbench.bench.launch.base import Executor, Pending
 from ditbench.bench.launch.base import for_cell as launcher_for
 from ditbench.bench.launch.srun import read_started
+from ditbench.bench.launch.torchrun import Rendezvous, node_verdict
 from ditbench.bench.repeats import combined, latest_by_repeat, repeat_of
 from ditbench.bench.runopts import (
     JOBS_DIR,
@@ -39,13 +40,15 @@ from ditbench.bench.runopts import (
     run_order,
     select_cells,
 )
-from ditbench.bench.suite_progress import stderr_line
+from ditbench.bench.suite_progress import JobWatch, SuiteProgress, stderr_line
 from ditbench.bench.summary import Notes, format_line, notes_of, write_summary
 from ditbench.device import cuda_visible, device_type
+from ditbench.environment import collect_env
 from ditbench.fileio import mkdir_real
 from ditbench.outlock import OutputLock
 from ditbench.outpaths import ensure_dir
 from ditbench.precision import unsupported_reason
+from ditbench.progress import is_terminal, progress
 from ditbench.records.jsonl import read_records
 from ditbench.spec.suite import Suite, SuiteCell
 
@@ -78,8 +81,6 @@ def precheck(cell: SuiteCell, visible: Visible, rendezvous: dict | None = None) 
     if device == "cuda" and config["gpus"] > visible.gpu_count:
         return "unsupported", f"gpus={config['gpus']} but {visible.gpu_count} CUDA device(s) are visible"
     if rendezvous or config["nodes"] > 1:
-        from ditbench.bench.launch.torchrun import Rendezvous, node_verdict
-
         return node_verdict(config, Rendezvous(**(rendezvous or {})))
     return None
 
@@ -145,8 +146,6 @@ def run_suite(
 def _run_locked(
     suite, options: RunOptions, out: Path, say, executor: Executor, notes: Notes, before
 ) -> list[dict]:
-    from ditbench.environment import collect_env
-
     ensure_dir(out / LOGS_DIR, "--out's logs folder", probe=False)
     run_id = new_run_id()
     results_path = out / RESULTS_FILE
@@ -203,8 +202,6 @@ class SuiteRun:
 
     def run(self, cells: list[SuiteCell], say: Callable[[str], None]) -> None:
         """Pick up what earlier runs left, then run every cell repeat not yet recorded ok."""
-        from ditbench.progress import progress
-
         self.say, k = say, self.repeats
         self._pick_up()
         previous = latest_by_repeat(read_records(self.results_path))
@@ -286,9 +283,6 @@ class SuiteRun:
                 self.pending.append(job)
 
     def _watch(self, cells: list[SuiteCell]):
-        from ditbench.bench.suite_progress import JobWatch, SuiteProgress
-        from ditbench.progress import is_terminal
-
         heartbeat = self.options.progress and not is_terminal()  # a terminal has the bar
         if self.executor.waits:
             return SuiteProgress(cells, heartbeat, starts=self.options.verbose)

@@ -14,11 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ditbench.bench.inflight import INFLIGHT_DIR
+from ditbench.bench.summary import Notes
+from ditbench.environment import collect_env
 from ditbench.errors import UserError, shorten
 from ditbench.faults import FAULT_ENV, FAULT_RANK_ENV, check_fault_rank, parse_fault_spec
 from ditbench.outlock import HELD_NAME, LOCK_NAME
 from ditbench.outpaths import check_kept, ensure_dir
 from ditbench.spec.suite import REPEATS_MAX, TIMEOUT_MAX_S, Suite, SuiteCell
+from ditbench.units import memory_text
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.md"
@@ -72,11 +75,8 @@ def kept_entries() -> dict[str, bool]:
 
 
 def check_out_dir(out: Path, *, create: bool) -> None:
-    """Refuse an output folder the run could not finish in, before any cell starts (UserError).
-
-    create=False (a dry run) only checks what exists; create=True makes the folder and proves it
-    writable.
-    """
+    """Refuse an output folder the run could not finish in, before any cell starts (UserError);
+    create=True also makes it and proves it writable (a dry run only checks what exists)."""
     where = shorten(str(out))
     if os.path.lexists(out) and not out.is_dir():
         raise UserError(f"--out {where} is a file, not a folder; give a folder for the run's results.")
@@ -127,7 +127,6 @@ def dry_run_planner(suite):
     if suite.plan is None:
         return None
     from ditbench.bench.plan_option import SuitePlanner
-    from ditbench.environment import collect_env
 
     return SuitePlanner(suite, suite.plan, collect_env(probe_cuda=False))
 
@@ -151,9 +150,6 @@ def dry_run_plan(cell, verdict, previous: dict, args, planner=None) -> dict:
 
 def print_dry_run(suite, cells, plans: dict, out, args) -> None:
     """The matrix, a row per cell; each reason a cell will not run once, numbered, under the table."""
-    from ditbench.bench.summary import Notes
-    from ditbench.units import memory_text
-
     k = args.repeats or suite.repeats
     times = f", each {k} times in fresh processes, round-robin" if k > 1 else ""
     print(f"suite {suite.name} ({suite.path}): {len(cells)} cells{times} -> {out}")

@@ -13,7 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from ditbench.progress import duration
+from ditbench.progress import EVERY_ENV, duration
+from ditbench.progress import every_s as default_every
 
 QUIET_EVERY_S = 120.0  # between plain lines without --verbose or DITBENCH_PROGRESS_EVERY_S
 
@@ -22,9 +23,6 @@ class _Watch:
     def __init__(
         self, heartbeat: bool, every_s: float | None, write: Callable[[str], None] | None, starts=False
     ):
-        from ditbench.progress import EVERY_ENV
-        from ditbench.progress import every_s as default_every
-
         self.heartbeat, self.starts = heartbeat, starts  # starts: a line as each cell starts (--verbose)
         if every_s is None:  # each cell has its result line: unless asked, a beat only in a long wait
             every_s = default_every() if starts or EVERY_ENV in os.environ else QUIET_EVERY_S
@@ -91,11 +89,8 @@ class SuiteProgress(_Watch):
 
 
 class JobWatch(_Watch):
-    """Start lines and the heartbeat of a run whose cells are jobs (`--executor`, bench/jobs.py).
-
-    A job's first poll with started info prints its start line; where stderr is not a terminal, a
-    line every `every_s` seconds says how many jobs run, queue and are recorded.
-    """
+    """Start lines and the heartbeat of a run whose cells are jobs (`--executor`): a job's start line at
+    its first poll with started info, and every `every_s` the jobs running, queued and recorded."""
 
     def __init__(self, total: int, heartbeat: bool, every_s: float | None = None, write=None, starts=False):
         super().__init__(heartbeat, every_s, write, starts)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from pathlib import Path
 
 from ditbench.spec.catalog import SUITES_DIR, shipped_suites
@@ -33,8 +34,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import textwrap
-
     if args.schema:
         from ditbench.spec.suite import suite_schema
 

@@ -95,11 +95,8 @@ class AllocationMeter:
 def measure_training_peak(
     make_trainer: Callable[[], object], warmup_steps: int = 1, steps: int = 1
 ) -> CpuPeak:
-    """Build a trainer with `make_trainer()`, run warm-up steps, and measure the next `steps` steps.
-
-    The default (one warm-up, one measured step) gives the steady-state step: the optimizer state
-    exists and the previous step's gradients are live during the forward pass.
-    """
+    """Build a trainer, run `warmup_steps`, measure the next `steps`; the default (1, 1) is the steady
+    state: optimizer state exists and the previous step's gradients are live during the forward pass."""
     if warmup_steps < 0 or steps < 1:
         raise ValueError("warmup_steps must be >= 0 and steps >= 1")
     meter = AllocationMeter()

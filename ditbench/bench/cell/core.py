@@ -12,15 +12,19 @@ import gc
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ditbench.bench.cell import memory, threads
-from ditbench.bench.cell.gpu_meter import GpuMeter, nvml_handle
+from ditbench.bench.cell.gpu_meter import GpuMeter, nvml_handle, throttling
 from ditbench.bench.cell.load import LoadMeter
+from ditbench.bench.cell.mfu import mfu, model_flops_per_image
 from ditbench.bench.cell.window import failed_smoke, measure_window, noise, smoke_run, step_stats
+from ditbench.environment import collect_env
 from ditbench.faults import FAULT_ENV, FAULT_RANK_ENV, Fault, FaultyStep, failure, fault_for
+from ditbench.progress import progress
 from ditbench.records.metrics import IMAGES_PER_S, MFU, PER_GPU, STEP_MS, STEPS_PER_S, TFLOPS
 from ditbench.spec.cell import CellSpec
 
@@ -35,8 +39,6 @@ def log(text: str, ctx=None) -> None:
 
 def log_failure(what: str, outcome: dict[str, Any], err: BaseException, ctx=None) -> None:
     """The failure's status and reason, then its traceback (the record keeps the reason only for most)."""
-    import traceback
-
     log(f"{what} failed: {outcome['status']}: {outcome['reason']}", ctx)
     traceback.print_exception(err, file=sys.stdout)
     sys.stdout.flush()
@@ -97,9 +99,6 @@ def window_metrics(
 ) -> dict[str, Any]:
     """Throughput, step times, FLOPs and MFU of this process's window (a rank's share in a job), the
     machine's `load` during it (cell.load) and what NVML saw of the GPU (`gpu`: cell.gpu_meter)."""
-    from ditbench.bench.cell.gpu_meter import throttling
-    from ditbench.bench.cell.mfu import mfu, model_flops_per_image
-
     knobs = spec.knobs
     steps_per_s = window["steps"] / window["wall_s"]
     # This process's images, every micro-batch's (batch_size x grad_accum a step); a job's parent sums ranks.
@@ -140,8 +139,6 @@ def window_metrics(
 
 def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured:
     """Join (pick the device / the process group), build, warm up, measure. Never raises."""
-    from ditbench.environment import collect_env
-
     out = Measured({"status": "error", "reason": None, "metrics": None, "smoke": None, "env": None})
     metrics: dict[str, Any] = {}
     emulation = None
@@ -221,11 +218,8 @@ def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured
 
 
 def smoke(spec: CellSpec, measured: Measured, agree_stop: Callable[[bool], bool] | None = None) -> dict:
-    """A fresh Trainer (the curve starts at step 1) trained `smoke_steps` steps, loss every step.
-
-    Its failure (an out-of-memory included) is the smoke field's status: the measured window stands,
-    the cell stays ok and its series is not skipped.
-    """
+    """A fresh Trainer trained `smoke_steps` steps, loss every step. Its failure (an out-of-memory
+    included) is the smoke field's status: the measurement stands, the cell stays ok, its series runs on."""
     import torch
 
     ctx, steps = measured.ctx, spec.smoke_steps
@@ -241,8 +235,6 @@ def smoke(spec: CellSpec, measured: Measured, agree_stop: Callable[[bool], bool]
             fault = dataclasses.replace(fault, step=max(1, left))
         else:
             fault = dataclasses.replace(fault, step=left) if left >= 1 else None
-    from ditbench.progress import progress
-
     log(f"smoke run: {steps} steps", ctx)
     # the log is not a terminal: a plain line every DITBENCH_PROGRESS_EVERY_S seconds and at the end
     desc = f"rank {ctx.rank}: smoke" if ctx.distributed else "smoke"

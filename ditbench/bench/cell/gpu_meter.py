@@ -75,11 +75,8 @@ def nvml_handle(device_index: int | None = None):
 
 
 class GpuMeter:
-    """start() at the window's start, stop(steps, images) at its end -> fields of the record's metrics.
-
-    `nvml`, `handle`: the NVML module and the device (nvml_handle()); a meter without them measures
-    nothing and stop() returns {}.
-    """
+    """start() at the window's start, stop(steps, images) at its end -> fields of the record's metrics;
+    without `nvml` and `handle` (nvml_handle()) it measures nothing and stop() returns {}."""
 
     def __init__(self, nvml=None, handle=None, interval_s: float = SAMPLE_INTERVAL_S):
         self.nvml, self.handle, self.interval_s = nvml, handle, interval_s
@@ -115,10 +112,8 @@ class GpuMeter:
         self._thread.start()
 
     def stop(self, steps: int, images: int) -> dict[str, Any]:
-        """{gpu_window: {...}, energy_j, and the energy per step and per image}, each only if measured.
-
-        `images`: the images this process's window trained on (its steps x its batch).
-        """
+        """{gpu_window, energy_j, energy per step and per image}, each only if measured; `images`: this
+        process's steps x its batch."""
         if self.nvml is None:
             return {}
         self._stop.set()

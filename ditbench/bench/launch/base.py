@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
 from ditbench.bench.cell import threads
+from ditbench.bench.launch.process import ONE_PROCESS, TORCHRUN
 from ditbench.spec.cell import CellSpec
 
 # What a multi-process cell's ranks run, whoever starts them (torchrun, or a submitit job's tasks)
@@ -70,16 +71,12 @@ class Launcher(Protocol):
         log_path: Path,
     ) -> None:
         """Run the cell; afterwards `result_path` holds its result (the caller appends, then removes it).
-
-        `about` goes into the spec file beside the cell: cell_id, cell_name, rendezvous, out_dir.
-        """
+        `about` goes into the spec file beside the cell: cell_id, cell_name, rendezvous, out_dir."""
 
 
 def for_cell(spec: CellSpec, ranks: Launcher | None = None) -> Launcher:
     """The launcher of a cell: one process, else `ranks`, which starts a multi-process cell's ranks where
     the cell runs: torchrun's on this machine by default, the job's own tasks in a submitit job."""
-    from ditbench.bench.launch.process import ONE_PROCESS, TORCHRUN
-
     return ONE_PROCESS if spec.world_size == 1 else ranks or TORCHRUN
 
 

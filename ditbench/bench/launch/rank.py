@@ -9,6 +9,7 @@ or `smoke_rank<R>.json` / `quality_rank<R>.json` from a rank that failed there. 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -21,8 +22,6 @@ from ditbench.bench.launch.procs import watch_parent
 
 def _fail(report_dir: Path, report: dict[str, Any]) -> None:
     """Write this rank's failure and leave at once: peers stuck in a collective are stopped by torchrun."""
-    import os
-
     report["failed_at"] = time.time()  # the first rank to fail is the cause; its peers fail after it
     write_result(report_dir / f"rank{report['rank']}.json", report)
     print(  # its traceback is in the log already (cell_core.log_failure)
@@ -32,8 +31,6 @@ def _fail(report_dir: Path, report: dict[str, Any]) -> None:
 
 
 def run_rank(spec_path: str, report_dir: Path) -> int:
-    import os
-
     from ditbench import dist
 
     spec, doc = read_spec(spec_path)

@@ -18,8 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ditbench.bench.launch import base, procs
+from ditbench.bench.launch import base, procs, torchrun
 from ditbench.bench.launch.files import read_report, read_spec, write_result
+from ditbench.bench.launch.process import child_env
 from ditbench.fileio import open_log, write_atomic, write_json_atomic
 from ditbench.spec.cell import CellSpec
 
@@ -34,15 +35,12 @@ class StoppedBySlurm(BaseException):
 
 
 def _leave_the_end_to_slurm() -> None:
-    """On SLURM a job that SLURM stops is recorded from SLURM's state, not from what its task saw.
+    """A job SLURM stops is recorded from SLURM's state, not from what its task saw.
 
-    submitit's handler turns SLURM's time-limit warning (SIGUSR2, `signal_delay_s` ahead) into an
-    exception, so a job past its limit ended FAILED and was recorded `error` (seen on a live
-    cluster). The task and its ranks (which inherit SIG_IGN) ignore the warning instead. SIGTERM
-    (SLURM ending the job: its limit, scancel, a requeue) stops the task without a result, whatever
-    its ranks report as they are killed: the submitter then reads the job's state (TIMEOUT is
-    `timeout`, CANCELLED is named in the reason, a requeued job is waited for and runs again).
-    """
+    submitit turns SLURM's time-limit warning (SIGUSR2) into an exception, so a job past its limit ended
+    FAILED and was recorded `error` (seen on a live cluster): the task and its ranks ignore it instead.
+    SIGTERM (the limit, scancel, a requeue) stops the task without a result; the submitter then reads
+    the job's state (TIMEOUT is `timeout`, CANCELLED named, a requeued job waited for)."""
 
     def stop(signum, frame):
         raise StoppedBySlurm(f"{signal.Signals(signum).name} from SLURM: no result; the job's state says why")
@@ -85,8 +83,6 @@ def run_task(spec_path: str, result_path: str, log_path: str, timeout_s: float) 
 
 def _rank_env(spec, job) -> dict[str, str]:
     from submitit.helpers import TorchDistributedEnvironment
-
-    from ditbench.bench.launch.process import child_env
 
     dist = TorchDistributedEnvironment()
     env = child_env()
@@ -172,8 +168,6 @@ JOB_RANKS = JobRanks()
 
 def _write_cell_result(spec, result, log_path, report_dir, timeout_s, start, deadline, job) -> None:
     """Task 0: every task's exit, then the cell's result as the torchrun launcher would judge it."""
-    from ditbench.bench.launch import torchrun
-
     world = spec.world_size
     exits: dict[int, dict] = {}
     while True:

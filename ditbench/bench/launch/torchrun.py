@@ -55,11 +55,8 @@ class Rendezvous:
 
 
 def node_verdict(config: dict, rdzv: Rendezvous) -> tuple[str, str] | None:
-    """(status, reason) for a cell this node must not start in a multi-node run, else None.
-
-    Every node runs the same suite in the same order. A cell spanning all nodes runs on each of
-    them (torchrun joins them); a one-node cell runs on node 0 only, so it is measured once.
-    """
+    """(status, reason) for a cell this node must not start in a multi-node run, else None. Every node
+    runs the suite in the same order: a cell spanning all nodes runs on each, a one-node cell on node 0."""
     nodes = int(config.get("nodes", 1))
     if nodes == rdzv.nnodes:
         return None
@@ -108,11 +105,8 @@ def torchrun_command(
     join_timeout_s: float | None = None,
     log_dir: str | Path | None = None,
 ) -> list[str]:
-    """The torchrun command line that runs `python -m module *entry_args` on nproc_per_node ranks.
-
-    log_dir: where torchrun keeps its per-attempt folders (without it, a `torchelastic_*` folder in
-    the system temp folder per launch, never removed).
-    """
+    """The torchrun command line running `python -m module *entry_args` on nproc_per_node ranks;
+    `log_dir` keeps torchrun's per-attempt folders (else a `torchelastic_*` in the temp folder for good)."""
     rdzv.validate()
     if nproc_per_node < 1:
         raise UserError(f"nproc_per_node {nproc_per_node} must be at least 1.")
@@ -348,10 +342,8 @@ def run_cell(
 
 
 def result_of_launch(launched: LaunchResult, spec, timeout_s: float, rdzv: Rendezvous = ONE_NODE) -> dict:
-    """The cell's result from its ranks' reports, in the one-process launcher's format.
-
-    Shared by every launcher of a multi-process cell (torchrun here, srun in `launch.srun`).
-    """
+    """The cell's result from its ranks' reports, in the one-process launcher's format (torchrun's
+    and srun's)."""
     status, reason = judge(launched, spec.world_size, timeout_s, rdzv.node_rank)
     result = no_result(reason, status)
     if status == "ok" and rdzv.node_rank == 0:
