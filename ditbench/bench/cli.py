@@ -136,13 +136,13 @@ def label_arg(text: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from ditbench.bench.runner import Visible, run_suite
     from ditbench.bench.runopts import (
+        KEPT,
         RESULTS_FILE,
         RunOptions,
         check_options,
         check_out_dir,
         dry_run_plan,
         dry_run_planner,
-        kept_entries,
         print_dry_run,
         select_cells,
     )
@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite, args.overrides, max_cells=args.max_cells)
     out = args.out or Path("runs") / suite.name
     refuse_output_as_input(  # a suite file kept as the run's summary.md would be replaced by it
-        [(f"--out's {name}", Path(out) / name) for name in kept_entries()], [("SUITE", suite.path)]
+        [(f"--out's {name}", Path(out) / name) for name in KEPT], [("SUITE", suite.path)]
     )
     cells = select_cells(suite, args.cells)
     if not cells:
@@ -337,7 +337,6 @@ def _cluster_options(suite, args):
 
 
 def _executor(args, cluster):
-    """What runs the cells: submitit's executor with --executor, else a fresh process per cell here."""
     if args.executor is None:
         from ditbench.bench.runner import Processes
 

@@ -270,7 +270,6 @@ def adopt(
 
 
 def context_problem(context: Any) -> str | None:
-    """Why a ticket's content cannot make a record, or None."""
     if not isinstance(context, dict) or not all(k in context for k in _CONTEXT_KEYS):
         return f"not a JSON object with {', '.join(_CONTEXT_KEYS)}"
     return None if all(isinstance(context[k], str) for k in ("run_id", "cell_id")) else "ids not text"

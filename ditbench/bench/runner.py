@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ditbench.bench import inflight
+from ditbench.bench import inflight, plan_option
 from ditbench.bench.cell import threads
 from ditbench.bench.launch import procs
 from ditbench.bench.launch.base import Executor, Pending
@@ -153,11 +153,7 @@ def _run_locked(
     for record in inflight.adopt(results_path, inflight.inflight_dir(out), run_id, finish=finish):
         say(f"adopted the finished result of a killed run: {format_line(record, notes)}")
     env = collect_env(probe_cuda=False)  # no CUDA context in the parent: it would hold device memory
-    planner = None
-    if suite.plan is not None:  # imported only then: a suite without it never loads the planner
-        from ditbench.bench import plan_option
-
-        planner = plan_option.SuitePlanner(suite, suite.plan, env)
+    planner = plan_option.SuitePlanner(suite, suite.plan, env) if suite.plan is not None else None
     k = options.repeats or suite.repeats
     run = SuiteRun(suite, options, run_id, env, Visible.detect(), out, {}, planner, k, executor, notes)
     run.before = before
@@ -214,8 +210,6 @@ class SuiteRun:
         waiting = {(c["cell_id"], repeat_of(c)) for c in (job.ticket.read_context() for job in self.pending)}
         order = run_order(cells)
         if self.planner is not None:
-            from ditbench.bench import plan_option
-
             order = plan_option.run_order(order, cells)
         # round-robin: every cell's repeat 1, then every cell's repeat 2, ...
         todo = [(c, r) for r in range(1, k + 1) for c in order if (c.cell_id, r) not in done | waiting]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ditbench.bench.inflight import INFLIGHT_DIR
+from ditbench.bench.plan_option import SuitePlanner
 from ditbench.bench.summary import Notes
 from ditbench.environment import collect_env
 from ditbench.errors import UserError, shorten
@@ -27,6 +28,9 @@ RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.md"
 LOGS_DIR = "logs"
 JOBS_DIR = ".jobs"  # the tickets of the cells of an executor that does not wait (submitit's jobs)
+# What a run keeps in its --out: name -> is a folder (outpaths.check_kept checks them)
+KEPT = {RESULTS_FILE: False, SUMMARY_FILE: False, LOGS_DIR: True, INFLIGHT_DIR: True, JOBS_DIR: True}
+KEPT.update({LOCK_NAME: False, HELD_NAME: False})  # and the lock's files (ditbench.outlock)
 
 
 @dataclass
@@ -61,19 +65,6 @@ def check_options(options: RunOptions) -> None:
     check_fault_rank(os.environ.get(FAULT_RANK_ENV))
 
 
-def kept_entries() -> dict[str, bool]:
-    """What a run keeps in its --out: name -> is a folder (outpaths.check_kept checks them)."""
-    return {
-        RESULTS_FILE: False,
-        SUMMARY_FILE: False,
-        LOGS_DIR: True,
-        INFLIGHT_DIR: True,
-        JOBS_DIR: True,
-        LOCK_NAME: False,
-        HELD_NAME: False,
-    }
-
-
 def check_out_dir(out: Path, *, create: bool) -> None:
     """Refuse an output folder the run could not finish in, before any cell starts (UserError);
     create=True also makes it and proves it writable (a dry run only checks what exists)."""
@@ -82,7 +73,7 @@ def check_out_dir(out: Path, *, create: bool) -> None:
         raise UserError(f"--out {where} is a file, not a folder; give a folder for the run's results.")
     if create:
         ensure_dir(out, "--out")
-    check_kept(out, kept_entries())  # lstat: a link, a FIFO or a folder where a run keeps a file is refused
+    check_kept(out, KEPT)  # lstat: a link, a FIFO or a folder where a run keeps a file is refused
     if (out / LOGS_DIR).is_dir():  # a cell's log is truncated when the cell starts: a link, FIFO or hard link
         check_kept(out / LOGS_DIR, {p.name: False for p in (out / LOGS_DIR).glob("*.log")})
     results = out / RESULTS_FILE
@@ -122,13 +113,9 @@ def new_run_id() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
-def dry_run_planner(suite):
+def dry_run_planner(suite) -> SuitePlanner | None:
     """The suite's `plan:` option's planner (predictions in this process, as the run makes them), or None."""
-    if suite.plan is None:
-        return None
-    from ditbench.bench.plan_option import SuitePlanner
-
-    return SuitePlanner(suite, suite.plan, collect_env(probe_cuda=False))
+    return None if suite.plan is None else SuitePlanner(suite, suite.plan, collect_env(probe_cuda=False))
 
 
 def dry_run_plan(cell, verdict, previous: dict, args, planner=None) -> dict:

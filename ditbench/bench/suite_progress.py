@@ -70,7 +70,6 @@ class SuiteProgress(_Watch):
             self._thread.start()
 
     def end(self, status: str) -> None:
-        """The cell of the last `start` ended with `status`."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

@@ -83,9 +83,7 @@ def peak_metrics(device_type: str) -> dict[str, Any]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Card emulation
-# ---------------------------------------------------------------------------------------------
+# -- Card emulation --
 
 
 def allocator_cap_gib(budget_gib: float, context_gib: float, total_gib: float) -> float:

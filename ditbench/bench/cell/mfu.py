@@ -64,9 +64,7 @@ def mfu(tflops_per_s_per_gpu: float | None, gpu_name: str | None, precision: str
     return {"value": tflops_per_s_per_gpu / entry["peak_tflops"], **entry}
 
 
-# ---------------------------------------------------------------------------------------------
-# FLOPs
-# ---------------------------------------------------------------------------------------------
+# -- FLOPs --
 
 
 @functools.lru_cache(maxsize=64)
