@@ -140,16 +140,12 @@ def run(args: argparse.Namespace) -> int:
         RESULTS_FILE,
         RunOptions,
         check_options,
-        check_out_dir,
-        dry_run_plan,
-        dry_run_planner,
-        print_dry_run,
+        dry_run,
         select_cells,
     )
     from ditbench.bench.summary import Notes, closing, summary_table
     from ditbench.outpaths import refuse_output_as_input
     from ditbench.progress import duration
-    from ditbench.records.jsonl import latest_by_cell, read_records
     from ditbench.spec.suite import load_suite
 
     if any(not f.strip() for f in args.cells):
@@ -191,22 +187,7 @@ def run(args: argparse.Namespace) -> int:
     executor, visible = _executor(args, cluster), Visible.detect()
     verdicts = {c.cell_id: executor.verdict(c, visible, rendezvous) for c in cells}
     if args.dry_run:
-        check_out_dir(Path(out), create=False)  # run_suite checks (and creates) it for a real run
-        previous = latest_by_cell(read_records(Path(out) / RESULTS_FILE))
-        planner = dry_run_planner(suite)
-        plans = {c.cell_id: dry_run_plan(c, verdicts[c.cell_id], previous, args, planner) for c in cells}
-        if args.json:
-            rows = [
-                {"cell_id": c.cell_id, "cell_name": c.cell_name, **plans[c.cell_id], "config": c.config}
-                for c in cells
-            ]
-            print(
-                json.dumps(
-                    {"suite": suite.name, "overrides": suite.overrides, "out": str(out), "cells": rows}
-                )
-            )
-            return 0
-        print_dry_run(suite, cells, plans, out, args)
+        dry_run(suite, cells, verdicts, out, args)
         return 0
     if not args.allow_unsupported:
         _refuse_unrunnable(suite, cells, verdicts, visible, args)

@@ -87,9 +87,7 @@ def _matching_torchvision(torch_version: str) -> str:
     if len(parts) >= 3 and parts[0] == "2" and parts[1].isdigit():
         return f"0.{int(parts[1]) + 15}.{parts[2]}" + (f"+{local}" if local else "")
     return (
-        "the release that lists torch "
-        + torch_version
-        + " (https://pytorch.org/get-started/previous-versions/)"
+        f"the release that lists torch {torch_version} (https://pytorch.org/get-started/previous-versions/)"
     )
 
 

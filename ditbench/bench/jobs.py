@@ -238,11 +238,8 @@ class Submitit:
         info = read_started(ticket.result_path)
         extra: dict[str, Any] = {"duration_s": 0.0}  # a job that never started took no time
         begin = info.get("started_unix")
-        if isinstance(begin, (int, float)) and not isinstance(begin, bool):
-            ended = ticket.result_path.stat().st_mtime
-            extra.update(
-                started_at=now_iso(begin), duration_s=ended - begin
-            )  # the job's start, not its queueing
+        if isinstance(begin, (int, float)) and not isinstance(begin, bool):  # the job's start, not its queue
+            extra.update(started_at=now_iso(begin), duration_s=ticket.result_path.stat().st_mtime - begin)
         nodes = info.get("hostnames")  # as the job's task 0 saw them
         nodes = nodes if isinstance(nodes, list) and all(isinstance(n, str) for n in nodes) else None
         if ref.executor == "slurm" and ref.job_id:

@@ -5,6 +5,7 @@ What a run keeps in its --out is named here."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import os
 import secrets
@@ -21,6 +22,7 @@ from ditbench.errors import UserError, shorten
 from ditbench.faults import FAULT_ENV, FAULT_RANK_ENV, check_fault_rank, parse_fault_spec
 from ditbench.outlock import HELD_NAME, LOCK_NAME
 from ditbench.outpaths import check_kept, ensure_dir
+from ditbench.records.jsonl import latest_by_cell, read_records
 from ditbench.spec.suite import REPEATS_MAX, TIMEOUT_MAX_S, Suite, SuiteCell
 from ditbench.units import memory_text
 
@@ -113,9 +115,22 @@ def new_run_id() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
-def dry_run_planner(suite) -> SuitePlanner | None:
-    """The suite's `plan:` option's planner (predictions in this process, as the run makes them), or None."""
-    return None if suite.plan is None else SuitePlanner(suite, suite.plan, collect_env(probe_cuda=False))
+def dry_run(suite, cells: list[SuiteCell], verdicts: dict, out: Path, args) -> None:
+    """`run --dry-run`: what a real run would do with each cell (--json: one object), running none."""
+    check_out_dir(out, create=False)  # run_suite checks (and creates) it for a real run
+    previous = latest_by_cell(read_records(out / RESULTS_FILE))
+    planner = (
+        SuitePlanner(suite, suite.plan, collect_env(probe_cuda=False)) if suite.plan is not None else None
+    )
+    plans = {c.cell_id: dry_run_plan(c, verdicts[c.cell_id], previous, args, planner) for c in cells}
+    if not args.json:
+        print_dry_run(suite, cells, plans, out, args)
+        return
+    rows = [
+        {"cell_id": c.cell_id, "cell_name": c.cell_name, **plans[c.cell_id], "config": c.config}
+        for c in cells
+    ]
+    print(json.dumps({"suite": suite.name, "overrides": suite.overrides, "out": str(out), "cells": rows}))
 
 
 def dry_run_plan(cell, verdict, previous: dict, args, planner=None) -> dict:

@@ -52,9 +52,7 @@ class Measured:
     ctx: Any = None  # the DistContext, once joined
     steps_run: int = 0  # warm-up + measured steps, so an injected fault's step counts on into the smoke run
     fault: Fault | None = None
-    smoke_trainer: tuple[Any, float] | None = (
-        None  # (trainer, training seconds), kept for a quality evaluation
-    )
+    smoke_trainer: tuple[Any, float] | None = None  # (trainer, training seconds) for a quality evaluation
 
 
 def build_trainer(spec: CellSpec, ctx):

@@ -54,11 +54,8 @@ class JobRef:
         except (OSError, ValueError, TypeError):
             return None
         pattern = JOB_ID.get(ref.executor)  # the id goes to scancel or names a process to signal
-        return (
-            ref
-            if pattern is not None and isinstance(ref.job_id, str) and pattern.fullmatch(ref.job_id)
-            else None
-        )
+        ok = pattern is not None and isinstance(ref.job_id, str) and pattern.fullmatch(ref.job_id)
+        return ref if ok else None
 
 
 def require_submitit():
