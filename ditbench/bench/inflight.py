@@ -34,16 +34,9 @@ BROKEN_DIR = "broken"  # beside it: tickets that could not be read or made into 
 TRACEBACK_LINES = 15
 # Result keys the record places itself; any other key a cell reports (e.g. quality) is carried over.
 _PLACED = ("status", "reason", "metrics", "smoke", "env", "traceback")
-_CONTEXT_KEYS = (
-    "suite",
-    "run_id",
-    "cell_id",
-    "cell_name",
-    "suite_baseline",
-    "suite_overrides",
-    "config",
-    "started_at",
-)
+# A ticket's context (besides env, label and repeats): its run's and cell's keys lead the record.
+_RUN_KEYS = ("suite", "run_id", "cell_id", "cell_name", "suite_baseline", "suite_overrides", "config")
+_CONTEXT_KEYS = (*_RUN_KEYS, "started_at")
 
 Finish = Callable[[dict[str, Any]], None]  # completes a record before it is appended (scaling efficiency)
 
@@ -142,13 +135,7 @@ def make_record(context: dict[str, Any], result: dict[str, Any], duration_s: flo
     ticket's context; `append_record` validates it."""
     record = {
         "schema": SCHEMA,
-        "suite": context["suite"],
-        "run_id": context["run_id"],
-        "cell_id": context["cell_id"],
-        "cell_name": context["cell_name"],
-        "suite_baseline": context["suite_baseline"],
-        "suite_overrides": context["suite_overrides"],  # the run's command-line `key=value`s ({} when none)
-        "config": context["config"],
+        **{key: context[key] for key in _RUN_KEYS},  # suite_overrides: the run's `key=value`s ({} when none)
         "status": result.get("status", "error"),
         "reason": result.get("reason"),
         "metrics": result.get("metrics"),

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ditbench import dist
 from ditbench.bench.cell import core as cell_core
 from ditbench.bench.launch.files import read_spec, write_result
 from ditbench.bench.launch.procs import watch_parent
@@ -31,8 +32,6 @@ def _fail(report_dir: Path, report: dict[str, Any]) -> None:
 
 
 def run_rank(spec_path: str, report_dir: Path) -> int:
-    from ditbench import dist
-
     spec, doc = read_spec(spec_path)
     rank = int(os.environ.get("RANK", "0"))
     measured = cell_core.measure(spec, doc["cell_name"], lambda: dist.init(spec.device))
@@ -56,28 +55,28 @@ def run_rank(spec_path: str, report_dir: Path) -> int:
     if spec.smoke_steps:
         agree = cell_core.agree_max(ctx)  # any rank's bad loss stops every rank's smoke run together
         smoke = cell_core.smoke(spec, measured, lambda bad: bool(agree(int(bad))))
-        if smoke["status"] not in ("ok", "nan_loss"):  # raised here alone: the peers cannot go on
-            failed = {"rank": ctx.rank, "failed_at": time.time(), **smoke}  # the first to fail is the cause
-            write_result(report_dir / f"smoke_rank{ctx.rank}.json", failed)
-            os._exit(1)
-        if ctx.rank == 0:  # ok, or a non-finite loss every rank agreed to stop at
-            write_result(report_dir / "smoke.json", smoke)
-        dist.barrier(ctx)
+        # ok, or a non-finite loss every rank agreed to stop at; anything else was raised on this rank alone
+        _report_phase(report_dir, ctx, "smoke", smoke, smoke["status"] not in ("ok", "nan_loss"))
     if spec.quality is not None:  # the ranks split the samples; rank 0 scores and writes the field
         from ditbench.quality.loop import quality_failed
 
         field = cell_core.quality(spec, measured, doc)
-        if quality_failed(field):  # raised here: the peers cannot go on
-            write_result(
-                report_dir / f"quality_rank{ctx.rank}.json",
-                {"rank": ctx.rank, "failed_at": time.time(), **field},
-            )
-            os._exit(1)
-        if ctx.rank == 0:
-            write_result(report_dir / "quality.json", field)
-        dist.barrier(ctx)
+        _report_phase(report_dir, ctx, "quality", field, quality_failed(field))
     dist.shutdown()
     return 0
+
+
+def _report_phase(report_dir: Path, ctx, phase: str, field: dict, failed: bool) -> None:
+    """Rank 0 writes the phase's field (`<phase>.json`); a rank whose phase raised writes its own with the
+    time it failed (the first to fail is the cause) and leaves: its peers cannot go on."""
+    if failed:
+        write_result(
+            report_dir / f"{phase}_rank{ctx.rank}.json", {"rank": ctx.rank, "failed_at": time.time(), **field}
+        )
+        os._exit(1)
+    if ctx.rank == 0:
+        write_result(report_dir / f"{phase}.json", field)
+    dist.barrier(ctx)
 
 
 def main(argv: list[str] | None = None) -> int:
