@@ -146,7 +146,7 @@ class PartialKnobs(SpecModel):
     gpus: Int(1, MAX_PROCESSES) = Field(1, description="processes per node")
     nodes: Int(1, MAX_PROCESSES) = Field(1, description="machines")
     strategy: Choice(*STRATEGIES) = Field("ddp", description="data parallelism")
-    # set in the cell's process before the trainer is built (ditbench.bench.cell.threads)
+    # set in the cell's process before the trainer is built (ditbench.bench.threads)
     threads: Threads = Field(None, description=THREADS_HELP)
     compile: Flag = Field(False, description="torch.compile the model")
     compile_mode: Choice(*COMPILE_MODES) = Field(
