@@ -185,13 +185,13 @@ def write_report(out: Path, meta: dict, rows: list[dict]) -> None:
 def simulate(sigma: float, rounds: int, alpha: float, sims: int = 4000, seed: int = 0) -> dict[str, dict]:
     """What the targets need: per condition, the share of invocations (2 cells, independent) that pass,
     regress or stay inconclusive when each round's log B/A ratio is the condition's slowdown plus
-    normal noise of sd `sigma`, under ab's own rule (report.gate.paired: looks, levels, MDE)."""
+    normal noise of sd `sigma`, under ab's own rule (report.gate.timing: looks, levels, MDE)."""
     import math
 
     import numpy as np
     from scipy.stats import norm
 
-    from ditbench.report.gate.paired import POWER, hl_interval, look_alpha
+    from ditbench.report.gate.timing import POWER, hl_interval, look_alpha
 
     out = {}
     for name in ("aa", "slow10", "slow05"):

@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 from synthetic_records import MODELS, make_matrix, make_record, write_jsonl  # noqa: E402
 
-from ditbench.report.gate import compare_frames  # noqa: E402
+from ditbench.report.gate.decide import compare_frames  # noqa: E402
 from ditbench.report.load import load_results  # noqa: E402
 from ditbench.report.render import build_report  # noqa: E402
 

@@ -1,7 +1,7 @@
 """The sequential gate of `ditbench ab`: after every round, the whole comparison again.
 
 `judge` runs the regression gate (report.gate.decide) on each side's rounds combined, the timed metrics
-judged from the rounds' paired log(step B / step A) ratios (report.gate.paired) at the level of the
+judged from the rounds' paired log(step B / step A) ratios (report.gate.timing) at the level of the
 cell's look. A cell closes when its timed verdicts are decided or a side's process did not end ok (the
 status change decides); a closed cell runs no more rounds.
 """
@@ -20,9 +20,9 @@ from ditbench.records.metrics import IMAGES_PER_S, STEP_MS, table
 from ditbench.records.model import Record
 from ditbench.report.gate.decide import compare_frames
 from ditbench.report.gate.inputs import number
-from ditbench.report.gate.paired import judge_paired, look_alpha
 from ditbench.report.gate.policy import Policy
 from ditbench.report.gate.result import Comparison
+from ditbench.report.gate.timing import judge_paired, look_alpha
 from ditbench.spec.suite import SuiteCell
 
 

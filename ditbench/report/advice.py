@@ -1,10 +1,6 @@
-"""Seven sayings about DiT training, checked against every run (no claims file needed).
-
-fp16 halves memory; checkpointing saves about half the memory for 20-30% more time; DiT-L/4 with
-fp16 and checkpointing trains at batch 32 on a 24 GB card; DiT-B/8 with fp16 on 12 GB; DiT-XL/2 on
-48 GB; flash attention makes training 2-4x faster; fp16 / bf16 / checkpointing do not change sample
-quality (FID within the seeds' noise, `report.quality`). Each check states the rule its verdict
-follows; a user's own claims go through `claims`.
+"""Seven sayings about DiT training, checked against every run (no claims file needed): fp16 halves
+memory; checkpointing saves about half for 20-30% more time; the 24 / 12 / 48 GB card cases; flash
+attention is 2-4x faster; fp16 / bf16 / checkpointing keep sample quality. Each check states its rule.
 """
 
 from __future__ import annotations
@@ -24,8 +20,15 @@ from ditbench.report.cells import cell_label as _cell
 from ditbench.report.cells import knobs, pairs
 from ditbench.report.claim_check import HELD, INCONCLUSIVE, NOT_HELD, NOT_JUDGED, NOT_MEASURED
 from ditbench.report.load import value
-from ditbench.report.memory import MEM_ALLOCATED, card_lower_bounds, fit_memory, fits
-from ditbench.report.scale import activation_share, not_meaningful
+from ditbench.report.memory import (
+    MEM_ALLOCATED,
+    activation_share,
+    card_lower_bounds,
+    fit_memory,
+    fits,
+    not_meaningful,
+)
+from ditbench.report.quality import quality_unchanged
 
 IMG_S = IMAGES_PER_S.path
 
@@ -34,11 +37,11 @@ FP16_HALVES_MAX_RATIO = 0.60  # "halves": fp16 peak allocated <= 60% of fp32's
 CKPT_MIN_SAVING = 0.40  # "about 50% memory": saves at least 40% of peak allocated
 CKPT_MAX_EXTRA_TIME = 0.35  # "for 20-30% more time": costs at most 35% more time per step
 FLASH_SPEEDUP_RANGE = (2.0, 4.0)  # "2-4x faster": flash/math images/s (claims/dit_resource_guide.yaml's)
-AT_SCALE = "; pairs whose {} cell's activations are under a tenth of its peak are not judged (report.scale)"
+AT_SCALE = "; pairs whose {} cell's activations are under a tenth of its peak are not judged (report.memory)"
 
 
 def _at_scale(found: list[tuple]) -> tuple[list[tuple], str]:
-    """The pairs whose second (the larger) cell's activations could show a saving (report.scale), and
+    """The pairs whose second (the larger) cell's activations could show a saving (report.memory), and
     why the others cannot ('' when none is set aside)."""
     keep = [(x, y) for x, y in found if not not_meaningful(y)]
     small = [y for x, y in found if not_meaningful(y)]
@@ -369,8 +372,6 @@ def check_flash_speedup(df: pd.DataFrame) -> AdviceCheck:
 
 
 def check_quality_unchanged(df: pd.DataFrame) -> AdviceCheck:
-    from ditbench.report.quality import quality_unchanged
-
     verdict, evidence, step = quality_unchanged(df)
     steps = f"{step:,}" if step is not None else "N"
     return AdviceCheck(

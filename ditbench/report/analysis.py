@@ -1,8 +1,11 @@
-"""What the measurements say: speed-up over the suite's baseline, and the fastest cell that fits.
+"""What the measurements say: speed-up over the suite's baseline, the fastest cell that fits, and the
+training time a reader can plan with.
 
-A cell's baseline is the ok cell equal to it except on the keys of the suite's `baseline`. A
-budget is the card a suite emulated (or the card the cells ran on); "fits" is decided as in
-`ditbench.report.memory`. The checks of common advice are in `advice`, user claims in `claims`.
+A cell's baseline is the ok cell equal to it except on the keys of the suite's `baseline`; "fits" is
+decided as in `memory`. Time to N steps is N / the measured steps/s on the GPUs the cell used (gpus x
+nodes); N defaults to the DiT paper's 400,000 steps at global batch 256 (a suite's `target_steps` or
+`report --target-steps` overrides it), and a cell at another global batch says so. GPU-hours per million
+images = GPUs x 10^6 / images/s / 3600, which does not depend on the batch.
 """
 
 from __future__ import annotations
@@ -12,31 +15,19 @@ from typing import Any
 
 import pandas as pd
 
-from ditbench.records.metrics import IMAGES_PER_S
-from ditbench.report.cells import (  # noqa: F401 - knobs is imported from here by the gate
-    gpu_count,
-    knob_index,
-    knob_key,
-    knobs,
-    model_size_key,
-    same_run_first,
-)
+from ditbench.errors import UserError
+from ditbench.records.metrics import IMAGES_PER_S, STEPS_PER_S
+from ditbench.report.cells import gpu_count, knob_index, knob_key, knobs, model_size_key, same_run_first
 from ditbench.report.load import flatten, value
-from ditbench.report.memory import cell_budget, fit_memory, fits, memory_metric
-from ditbench.report.scale import not_meaningful
+from ditbench.report.memory import cell_budget, fit_memory, fits, memory_metric, not_meaningful
 
 # ------------------------------------------------------------------------------------------ baseline
 
 
 def baseline_comparison(df: pd.DataFrame) -> pd.DataFrame:
-    """Per row: its baseline cell and the speed-up / memory saved against it.
-
-    A cell's baseline is the ok cell equal to it except on the keys of the suite's `baseline`
-    (record field suite_baseline), which take the baseline's values. Speed-up is images/s over the
-    baseline's; memory saved is 1 - memory / baseline memory, in percent (negative: uses more), left
-    out with a `mem_note` where the baseline's activations are too small a share of its peak for a
-    saving to show (report.scale).
-    """
+    """Per row: its baseline cell (the record's suite_baseline keys set), the speed-up (images/s over the
+    baseline's) and memory saved (1 - memory / the baseline's, in percent; a `mem_note` instead where
+    the baseline's activations are too small a share of its peak for a saving to show)."""
     mem_col, _ = memory_metric(df)
     index = knob_index(df)
     out = pd.DataFrame(
@@ -185,3 +176,91 @@ def _ordered_models(df: pd.DataFrame) -> list[str]:
         p = value(row, "metrics.params")
         models[m] = max(models.get(m, p) or 0, p or 0) or None
     return sorted(models, key=lambda m: model_size_key(m, models[m]))
+
+
+# ------------------------------------------------------------------------------------------ time
+
+DEFAULT_TARGET_STEPS = 400_000
+PAPER_GLOBAL_BATCH = 256
+MAX_TARGET_STEPS = 10**12
+
+
+def target_steps(df: pd.DataFrame, override: int | None = None) -> tuple[int, str]:
+    """(N, where it came from): the report option, else the suite's target_steps, else 400,000."""
+    if override is not None:
+        check_target_steps(override, "--target-steps")
+        return int(override), "given with --target-steps"
+    found = set()
+    for record in df["record"]:
+        v = record.get("target_steps")
+        if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= MAX_TARGET_STEPS:
+            found.add(v)
+    if len(found) == 1:
+        return found.pop(), "the suite's target_steps"
+    if len(found) > 1:
+        raise UserError(
+            f"the records name different target_steps ({', '.join(f'{n:,}' for n in sorted(found))}); "
+            "give one with --target-steps N."
+        )
+    return DEFAULT_TARGET_STEPS, "default: the DiT paper's checkpoint for its model table"
+
+
+def check_target_steps(n: Any, where: str) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= MAX_TARGET_STEPS:
+        raise UserError(f"{where} must be a whole number of steps from 1 to {MAX_TARGET_STEPS:,}, got {n!r}.")
+    return n
+
+
+def time_to_steps_s(row: pd.Series | dict[str, Any], steps: int) -> float | None:
+    sps = value(row, STEPS_PER_S.path)
+    return steps / sps if sps else None
+
+
+def gpu_hours_per_million_images(row: pd.Series | dict[str, Any]) -> float | None:
+    img_s = value(row, IMAGES_PER_S.path)
+    return gpu_count(row) * 1e6 / img_s / 3600 if img_s else None
+
+
+def duration_text(seconds: float | None) -> str:
+    """Hours below two days, days above; minutes below an hour."""
+    if seconds is None or seconds != seconds:
+        return "—"
+    hours = seconds / 3600
+    if hours < 1:
+        return f"{seconds / 60:.0f} min"
+    if hours < 48:
+        return f"{hours:.1f} h"
+    days = hours / 24
+    return f"{days:.1f} days" if days < 1000 else f"{days:,.0f} days"
+
+
+def global_batch(row: pd.Series | dict[str, Any]) -> int | None:
+    """The record's global batch (`spec.knobs.Knobs.global_batch`, which every record's config states)."""
+    gb = value(row, "config.global_batch")
+    return int(gb) if gb is not None else None
+
+
+def time_text(row: pd.Series | dict[str, Any], steps: int) -> str:
+    """'12.4 days on 1 GPU (global batch 32, not the paper's 256)'."""
+    seconds = time_to_steps_s(row, steps)
+    if seconds is None:
+        return "—"
+    n = gpu_count(row)
+    where = "the CPU" if on_cpu(row) else f"{n} GPU{'s' if n > 1 else ''}"
+    text = f"{duration_text(seconds)} on {where}"
+    gb = global_batch(row)
+    if gb is not None and gb != PAPER_GLOBAL_BATCH:
+        text += f" (global batch {gb}, not the paper's {PAPER_GLOBAL_BATCH})"
+    return text
+
+
+def gpu_hours_text(row: pd.Series | dict[str, Any]) -> str:
+    h = gpu_hours_per_million_images(row)
+    if h is None:
+        return "—"
+    text = f"{h:,.0f}" if h >= 100 else f"{h:.1f}" if h >= 1 else f"{h:.2f}"
+    return f"{text} (CPU-hours)" if on_cpu(row) else text
+
+
+def on_cpu(row: pd.Series | dict[str, Any]) -> bool:
+    return row.get("config.device") == "cpu"

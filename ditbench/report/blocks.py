@@ -1,8 +1,5 @@
-"""A report as a list of blocks (headings, paragraphs, tables, images), rendered to markdown and HTML.
-
-The report is built once and rendered twice, so report.md and report.html always say the same
-thing. The markdown links the plots as PNG files next to it; the HTML embeds them as base64 and
-loads nothing from outside.
+"""A report as a list of blocks (headings, paragraphs, tables, images), rendered to markdown and HTML:
+built once, so report.md and report.html say the same; the HTML embeds its plots and loads nothing.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Cells as sets of knobs: which records describe the same configuration, and which differ in one knob.
-
-Cells are compared by their knobs: the flattened `config` minus the keys that differ between
-otherwise equal cells for bookkeeping reasons (`global_batch` follows batch size and GPU count;
-`smoke_steps` and `quality` are set only on the cells that get a smoke run or a quality evaluation).
-Two cells "differ only in X" when their knobs are equal once X is set to the same value.
+Knobs are the flattened `config` minus bookkeeping keys (`global_batch` follows batch size and GPUs;
+`smoke_steps` and `quality` are set only on some cells); two cells "differ only in X" when their knobs
+are equal once X is set alike.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
-"""Claims checked against a run: for each claim, the measured value and a verdict naming the cells used.
+"""Claims checked against a run: what a claim reads from each cell, and a verdict naming the cells used.
 
-Verdicts: `held` (every matching cell, or the median over matching pairs, is inside the claim's
-interval), `not held` (measured outside it, or an out-of-memory cell proves the memory is beyond
-it), `not measured` (no matching cell, or none that could say: failed, a CPU cell for a GPU-memory
-claim, or a speed measured on another card than the one the claim is about), `inconclusive` (a
-compare claim whose pairs' median has a 95% bootstrap interval that spans an end of the claim's
-range: the data fit both "held" and "not held"), `not judged` (a speed claim about a card whose
-pairs all ran on a CPU: CPU speeds say nothing about that card; a memory claim whose pairs all keep
-under a tenth of their peak in activations, report.scale). With several records of one cell
-(`--keep all`), the latest is used.
-
-Absolute speeds belong to the card that computed them: when a claim names its `card`, a speed
-measured elsewhere, including on a bigger card capped to emulate it, is shown but not judged.
-Ratios of speeds (compare claims) are judged on any GPU, and say where that was.
+held: every matching cell (or the median over matching pairs) inside the claim's interval; not held:
+outside it, or an out-of-memory cell proves the memory beyond it; not measured: no cell could say;
+inconclusive: a compare claim whose median's 95% bootstrap interval spans an end of the claim; not
+judged: a card's speed measured only on a CPU, or a memory claim where activations are under a tenth of
+the peak (memory.not_meaningful). An absolute speed speaks only for the card that computed it: when a
+claim names its `card`, one measured elsewhere (a capped bigger card included) is shown, not judged.
+With several records of one cell (`--keep all`), the latest is used.
 """
 
 from __future__ import annotations
@@ -24,33 +18,41 @@ from typing import Any
 
 import pandas as pd
 
+from ditbench.cards import find_card
+from ditbench.errors import UserError
 from ditbench.intervals import LEVEL, median_interval
-from ditbench.records.metrics import IMAGES_PER_S
+from ditbench.records.metrics import IMAGES_PER_S, RECORD_METRICS, STEP_MS, finite
+from ditbench.report.analysis import gpu_hours_per_million_images, time_to_steps_s
 from ditbench.report.cells import cell_label, knob_key, knobs
-from ditbench.report.claim_values import (
-    basis,
+from ditbench.report.claims import (
+    Claim,
+    ClaimsFile,
     claimed_text,
     fmt,
     gb_scale,
-    latest_per_cell,
     matches,
-    metric_value,
+    metric_kind,
     selector_text,
-    speed_elsewhere,
     spread,
-    status_text,
-    where_measured,
     why_no_match,
 )
-from ditbench.report.claims import Claim, ClaimsFile, metric_kind
 from ditbench.report.load import value
-from ditbench.report.memory import card_lower_bounds, fit_memory, fits, needs_more_than
-from ditbench.report.scale import not_meaningful
+from ditbench.report.memory import (
+    MEM_ALLOCATED,
+    card_lower_bounds,
+    cell_budget,
+    fit_memory,
+    fits,
+    needs_more_than,
+    not_meaningful,
+)
 
 HELD, NOT_HELD, NOT_MEASURED = "held", "not held", "not measured"
 INCONCLUSIVE, NOT_JUDGED = "inconclusive", "not judged"
 VERDICTS = (HELD, NOT_HELD, NOT_MEASURED, INCONCLUSIVE, NOT_JUDGED)  # in the order a summary counts them
 SHOWN = 6  # cells named in one evidence text; the JSON lists them all
+
+RECORD_PATHS = {m.name: m.path for m in RECORD_METRICS}
 
 
 @dataclass
@@ -344,3 +346,85 @@ def _oom_bound(
         if need and a and need * scale / a > claim.high:
             return f"ratio above ×{need * scale / a:.2f} (the to cell ran out of memory), over the claim"
     return ""
+
+
+# ------------------------------------------------------------------------------ what a run says
+
+
+def metric_value(row: pd.Series, metric: str, target_steps: int) -> tuple[float | None, str]:
+    """(value, "") of an ok cell, or (None, why it has none)."""
+    kind = metric_kind(metric)
+    if kind == "quality":
+        q = row["record"].quality  # the last evaluation's figure
+        v = q.evaluations[-1].metrics.get(metric) if q is not None and q.evaluations else None
+        v = finite(v)
+        return (v, "") if v is not None else (None, f"no quality evaluation of the record has {metric}")
+    if kind == "memory" and row.get("config.device") == "cpu":
+        return None, "a CPU cell has no GPU memory figure"
+    if metric in ("peak_memory_gib", "peak_memory_gb"):
+        mem, _ = fit_memory(row)
+        v = None if mem is None else mem * gb_scale(metric)
+    elif metric == "peak_allocated_gib":
+        v = value(row, MEM_ALLOCATED)
+    elif metric == "step_time":
+        ms = value(row, STEP_MS.path)
+        v = None if ms is None else ms / 1000
+    elif metric == "days_to_target":
+        s = time_to_steps_s(row, target_steps)
+        v = None if s is None else s / 86400
+    elif metric == "gpu_hours_per_million_images":
+        v = gpu_hours_per_million_images(row)
+    else:  # the record's own (images/s, steps/s, MFU): read where the gate reads them
+        v = value(row, RECORD_PATHS[metric])
+    return (v, "") if v is not None else (None, f"the record has no {metric}")
+
+
+def speed_elsewhere(row: pd.Series, card: str | None) -> str:
+    """Why this cell's absolute speed does not speak for `card` ('' when it does, or no card is named)."""
+    if card is None:
+        return ""
+    if row.get("config.device") == "cpu":
+        return f"ran on a CPU, not on an {card}"
+    budget = cell_budget(row)
+    if budget is not None and budget.emulated:
+        return f"ran on {budget.ran_on()}: that is the {budget.real_gpu}'s speed, not an {card}'s"
+    gpu = row.get("env.gpu_name")
+    try:
+        same = bool(gpu) and find_card(str(gpu)).name == card
+    except UserError:
+        same = False
+    return "" if same else f"ran on {gpu or 'an unknown GPU'}, not on an {card}"
+
+
+def where_measured(rows: list[pd.Series]) -> str:
+    """'; speeds measured on a CPU' (or on a capped bigger card) for speed evidence; '' on a plain GPU."""
+    places = []
+    for row in rows:
+        budget = cell_budget(row)
+        if row.get("config.device") == "cpu":
+            places.append("a CPU")
+        elif budget is not None and budget.emulated:
+            places.append(budget.ran_on())
+    places = list(dict.fromkeys(places))
+    return f"; speeds measured on {' and '.join(places)}" if places else ""
+
+
+def latest_per_cell(df: pd.DataFrame) -> pd.DataFrame:
+    if not df["cell_id"].duplicated().any():
+        return df
+    order = df.assign(_order=range(len(df)))
+    order = order.sort_values(["started_at", "_order"], na_position="first", kind="stable")
+    return order.drop_duplicates("cell_id", keep="last").sort_values("_order").drop(columns="_order")
+
+
+def basis(row: pd.Series, metric: str) -> str:
+    if metric in ("peak_memory_gib", "peak_memory_gb"):
+        _, label = fit_memory(row)
+        return f" {label}" if label else ""
+    return ""
+
+
+def status_text(row: pd.Series) -> str:
+    reason = row.get("reason")
+    reason = f" ({str(reason)[:120]})" if isinstance(reason, str) and reason else ""
+    return f"status {row['status']}{reason}"

@@ -1,33 +1,13 @@
-"""Claims files: statements about DiT training resources, written so a run can check them.
-
-```yaml
-source: "a blog post on DiT training, 2025"   # optional: where the claims come from
-card: "RTX 4090"        # optional: the card the claims' speeds are about (a name from ditbench.cards)
-claims:
-  - says: "DiT-L/4 in fp32 at batch 16 uses 22 GB"
-    cell: {model: DiT-L/4, precision: fp32, grad_ckpt: none, batch_size: 16}
-    metric: peak_memory_gib
-    value: 22
-    tolerance_pct: 15
-  - says: "fp16 halves memory"
-    compare: {from: {precision: fp32}, to: {precision: fp16}}
-    metric: peak_memory_gib
-    ratio: 0.5
-    tolerance_pct: 15
-  - says: "12 GB: DiT-B/8 with fp16"
-    cell: {model: DiT-B/8, precision: fp16}
-    fits: "RTX 3060 12GB"    # or a number of GiB
-```
+"""Claims files: statements about DiT training resources, written so a run can check them
+(docs/reports.md; claims/dit_resource_guide.yaml is one).
 
 A claim selects cells with `cell` (knobs of the suite, a value or a list of allowed values) and
 states what it expects: of one metric, `value` (+- `tolerance_pct`, default 10), `range: [lo, hi]`,
 `at_most` or `at_least`; between cells that differ as `compare.from` -> `compare.to` (the pair
 filtered by `cell`), `ratio` (to / from, +- `tolerance_pct`) or `ratio_range`; or `fits` a card.
-A claim's metric may also be a quality output of the metric registry (`fid`,
-`inception_score`, ...: the cell's last evaluation, mean over seeds). `card` and `note` may also
-be set per claim. The file is read through `ditbench.yamlio` and
-validated entirely (the pydantic models below, through `ditbench.validation`) before anything is
-checked: every mistake names the file and key path.
+A metric may also be a quality output of the metric registry (`fid`, ...: the cell's last
+evaluation). `card` and `note` may be set per claim or for the file. The whole file is validated
+(the pydantic models below) before anything is checked: every mistake names the file and key path.
 """
 
 from __future__ import annotations
@@ -37,11 +17,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
+import pandas as pd
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from ditbench.cards import find_card
 from ditbench.errors import UserError, did_you_mean, shorten
+from ditbench.metrics import registry
 from ditbench.records.metrics import IMAGES_PER_S, MFU, STEPS_PER_S
+from ditbench.report.cells import knobs
 from ditbench.validation import check, refuse, unknown_key
 from ditbench.yamlio import load_yaml_file
 
@@ -62,8 +45,6 @@ METRICS: dict[str, tuple[str, str, str]] = {
 
 def claimable() -> list[str]:
     """The metrics a claim may name: the table above, then the metric registry's quality outputs."""
-    from ditbench.metrics import registry
-
     return [*METRICS, *(o.key for o in registry.quality_outputs())]
 
 
@@ -72,6 +53,8 @@ def metric_kind(metric: str) -> str:
     return METRICS[metric][0] if metric in METRICS else "quality"
 
 
+GIB_TO_GB = 2**30 / 1e9
+_ABSENT = object()
 CELL_EXPECTS = ("value", "range", "at_most", "at_least", "fits")
 COMPARE_EXPECTS = ("ratio", "ratio_range")
 DEFAULT_TOLERANCE_PCT = 10.0
@@ -353,3 +336,82 @@ def resolve_claims(arg: str | Path) -> Path:
 def load_claims(path: str | Path) -> ClaimsFile:
     """Read and validate a claims file (bounded, UTF-8, no duplicate keys: see ditbench.yamlio)."""
     return parse_claims(load_yaml_file(path, "claims"), str(path))
+
+
+# ------------------------------------------------------------------------------ as a report says it
+
+
+def gb_scale(metric: str | None) -> float:
+    """The factor from GiB to the metric's memory unit."""
+    return GIB_TO_GB if metric == "peak_memory_gb" else 1
+
+
+def _unit(metric: str) -> str:
+    return METRICS[metric][1] if metric in METRICS else ""  # a quality figure has none
+
+
+def fmt(v: float, metric: str | None) -> str:
+    if metric == MFU.name:
+        return MFU.show(v)
+    if metric is not None and metric_kind(metric) == "quality":
+        return registry.OUTPUTS[metric].fmt.format(v)
+    unit = _unit(metric) if metric else "GiB"
+    if unit in ("GiB", "GB"):
+        return f"{v:.2f} {unit}"  # as every memory figure in the report
+    text = f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}"
+    return f"{text} {unit}".rstrip()
+
+
+def claimed_text(claim: Claim) -> str:
+    m, tol, low, high = claim.metric, claim.tolerance_pct, claim.low, claim.high
+    if claim.expect == "fits":
+        gib = claim.fits_gib
+        return f"fits {claim.fits_card} ({gib:g} GiB)" if claim.fits_card else f"fits {gib:g} GiB"
+    if claim.expect == "ratio":
+        return f"{m} to/from ×{float(claim.stated):g} ± {tol:g}% ({low:.3g}–{high:.3g})"
+    if claim.expect == "ratio_range":
+        return f"{m} to/from ×{low:.3g}–{high:.3g}"
+    if claim.expect == "at_most":
+        return f"at most {fmt(high, m)}"
+    if claim.expect == "at_least":
+        return f"at least {fmt(low, m)}"
+    unit = _unit(m) if m and m != MFU.name else ""  # said once, after the upper end
+    interval = f"{fmt(low, m).removesuffix(unit).strip() if unit else fmt(low, m)}–{fmt(high, m)}"
+    return interval if claim.expect == "range" else f"{fmt(float(claim.stated), m)} ± {tol:g}% ({interval})"
+
+
+def spread(values: list[float], metric: str | None) -> str:
+    if len(values) == 1:
+        return fmt(values[0], metric)
+    return f"{fmt(min(values), metric)} to {fmt(max(values), metric)} over {len(values)} cells"
+
+
+# ------------------------------------------------------------------------------ which cells it means
+
+
+def _listed(want: Any) -> list[Any]:
+    return want if isinstance(want, list) else [want]
+
+
+def _equal(have: Any, want: Any) -> bool:
+    if isinstance(have, bool) or isinstance(want, bool):
+        return have is want
+    return have == want
+
+
+def matches(k: dict[str, Any], selector: dict[str, Any]) -> bool:
+    return all(any(_equal(k.get(key, _ABSENT), w) for w in _listed(want)) for key, want in selector.items())
+
+
+def why_no_match(df: pd.DataFrame, selector: dict[str, Any]) -> str:
+    all_knobs = [knobs(r) for r in df["record"]]
+    for key, want in selector.items():
+        present = list(dict.fromkeys(str(k.get(key, "(not set)")) for k in all_knobs))
+        if not any(_equal(k.get(key, _ABSENT), w) for k in all_knobs for w in _listed(want)):
+            listed = ", ".join(present[:8]) + (", ..." if len(present) > 8 else "")
+            return f"no cell in this run has {key} = {want} (it has {listed})"
+    return f"no cell in this run matches {selector_text(selector)} as a whole"
+
+
+def selector_text(selector: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in selector.items())

@@ -12,8 +12,8 @@ from ditbench.errors import UserError
 from ditbench.fileio import check_target
 from ditbench.outpaths import refuse_output_as_input
 from ditbench.records.metrics import IMAGES_PER_S
+from ditbench.report.analysis import DEFAULT_TARGET_STEPS
 from ditbench.report.load import KEEP_CHOICES, add_results, load_results
-from ditbench.report.timing import DEFAULT_TARGET_STEPS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -73,10 +73,10 @@ def _steps(text: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     from ditbench.report import advice, analysis
+    from ditbench.report.analysis import target_steps
     from ditbench.report.claim_check import VERDICTS, check_claims
     from ditbench.report.claims import load_claims, resolve_claims
     from ditbench.report.render import report_files, write_report
-    from ditbench.report.timing import target_steps
 
     out = Path(args.out) if args.out else None
     if args.claims:  # a path, or a shipped claims file's name (as a suite's)

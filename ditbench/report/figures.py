@@ -1,8 +1,5 @@
-"""What every ditbench figure shares: colours and markers, panels, one legend below the panels, and
-the memory each cell is drawn at (the memory that decides fit, or the process's RSS on a CPU).
-
-Matplotlib's object API with the Agg canvas (no pyplot, no global backend switch), so plotting
-works on headless CI machines and inside any host program.
+"""What every ditbench figure shares: colours and markers, panels, one legend below them, the memory a
+cell is drawn at. Matplotlib's object API on the Agg canvas (no pyplot): works headless and in any host.
 """
 
 from __future__ import annotations
@@ -105,11 +102,8 @@ def memory_unit(largest_gib: float) -> tuple[float, str]:
 
 
 def speed_spread(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
-    """images/s at the window's p90 and p10 step times: its rate scaled by median/p90 and median/p10.
-
-    The per-step times' p10-p90 spread drawn on the speed axis (slow steps give the low end); NaN
-    where a record has no per-step times.
-    """
+    """images/s at the window's p90 and p10 step times (its rate scaled by median/p90 and median/p10):
+    the step times' spread on the speed axis; NaN where a record has no per-step times."""
     img, median = column(rows, IMG_S), column(rows, "metrics.step_ms.median")
     p10, p90 = column(rows, "metrics.step_ms.p10"), column(rows, "metrics.step_ms.p90")
     return img * median / p90, img * median / p10

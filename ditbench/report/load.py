@@ -14,9 +14,11 @@ from typing import Any
 import pandas as pd
 
 from ditbench.bench.repeats import combine
+from ditbench.bench.cell.window import noise_advice
 from ditbench.errors import UserError, shorten
 from ditbench.outpaths import inside, not_a_file
 from ditbench.records.jsonl import TORN, as_record, lines
+from ditbench.records.metrics import finite
 from ditbench.records.model import SCHEMA, SCHEMA_PREFIX, Record
 
 KEEP_CHOICES = ("latest", "all")
@@ -267,6 +269,31 @@ def column(df: pd.DataFrame, name: str) -> pd.Series:
     if name not in df:
         return pd.Series(float("nan"), index=df.index, dtype=float)
     return pd.to_numeric(df[name], errors="coerce").astype(float)
+
+
+def number(value: float | None) -> tuple[float | None, str | None]:
+    """(float, None) for a finite number, (None, None) for null, else (None, why it is not usable)."""
+    if value is None:
+        return None, None
+    if not math.isfinite(value):
+        return None, f"is {value!r}, not a finite number"
+    return float(value), None
+
+
+def noise_parts(noise: dict[str, Any], spread: str) -> list[str]:
+    """A noisy window's figures against their bounds (the step-time spread, named `spread`, and the
+    throughput gap), then what to change (bench.window.noise_advice)."""
+    parts = []
+    for name, bound, label in (
+        ("step_spread", "spread_bound", spread),
+        ("throughput_gap", "gap_bound", "throughput gap"),
+    ):
+        v, b = finite(noise.get(name)), finite(noise.get(bound))
+        if v is not None:
+            parts.append(f"{label} {v:.3g}" + (f" (bound {b:.3g})" if b is not None else ""))
+    if (advice := noise_advice(noise)) is not None:
+        parts.append(advice)
+    return parts
 
 
 def value(row: pd.Series | dict[str, Any], name: str) -> float | None:

@@ -1,12 +1,13 @@
 """Memory budgets and fit: which card a cell was meant for, which card really ran it, whether it fits.
 
-A suite caps a bigger GPU to emulate a smaller card (`card: "RTX 4090"` or `gpu_memory_gib`); the runner
-records `metrics.emulation` (budget_gib, context_gib, real_gpu, ...) with the allocator capped at the
-card's usable memory minus the CUDA context measured on the spot, so "completed under the cap" means
-"peak reserved + context <= the card's memory". That sum decides fit in tables, plots and claims alike;
-without a measured context, NVML device memory (it includes the context), then reserved, then allocated.
-Memory fits on an emulated card; speed does not carry over: everything that shows an emulated cell says
-which card really ran it.
+An emulated card is a bigger GPU whose allocator is capped at the card's usable memory minus the CUDA
+context measured on the spot (`metrics.emulation`), so peak reserved + context decides fit in tables,
+plots and claims alike (without a measured context: NVML device memory, then reserved, then
+allocated). Memory carries over to the emulated card; speed does not, and is said to be the real card's.
+
+Where activations are under NEGLIGIBLE_SHARE of a cell's peak, no setting (checkpointing, 16-bit
+autocast, the attention kernel, the batch) can move the peak by more: weights, gradients, Adam and the
+EMA stay fp32. Such a memory comparison is not shown or judged (`not_meaningful`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ditbench.cards import find_card
 from ditbench.errors import UserError, shorten
 from ditbench.records.metrics import CPU_ALLOC, CPU_RSS, DEVICE_MEM, PEAK_ALLOCATED, PEAK_RESERVED, finite
 from ditbench.records.model import Metrics
+from ditbench.report.cells import gpu_count
 from ditbench.report.load import column, value
 
 MEM_ALLOCATED, MEM_RESERVED, MEM_DEVICE, MEM_RSS, MEM_CPU_ALLOC = (
@@ -179,3 +181,34 @@ def emulated_cells(df: pd.DataFrame) -> dict[Budget, list[int]]:
         if budget is not None and budget.emulated:
             out.setdefault(budget, []).append(label)
     return out
+
+
+STATE_BYTES_PER_PARAM = 20  # fp32 weights 4, gradients 4, Adam 8, EMA 4
+NEGLIGIBLE_SHARE = 0.10
+
+
+def activation_share(row: pd.Series) -> float | None:
+    """Activations' share of the cell's peak allocated, or None when unknown: the planner's components
+    where the record has them (a suite's `plan` option writes metrics.prediction), else the measured peak
+    (GPU, or the CPU allocator's) less the training state (FSDP shards it over the ranks)."""
+    pred = metrics_of(row).get("prediction")
+    parts = pred.get("components") if isinstance(pred, dict) else None
+    if isinstance(parts, dict):
+        act, peak = value(parts, "activations"), value(pred, "peak_allocated_gib")
+        if act is not None and peak:
+            return min(max(act / peak, 0.0), 1.0)
+    peak = value(row, MEM_ALLOCATED) or value(row, MEM_CPU_ALLOC)
+    params = value(row, "metrics.params")
+    if not peak or not params:
+        return None
+    ranks = gpu_count(row) if row.get("config.strategy") == "fsdp" else 1
+    return max(peak - params * STATE_BYTES_PER_PARAM / ranks / 2**30, 0.0) / peak
+
+
+def not_meaningful(row: pd.Series) -> str | None:
+    """'not meaningful at this scale: activations are 3.0% of the peak' when the cell's share is under
+    NEGLIGIBLE_SHARE; None when it is not, or is unknown."""
+    share = activation_share(row)
+    if share is None or share >= NEGLIGIBLE_SHARE:
+        return None
+    return f"not meaningful at this scale: activations are {share:.{1 if share < 0.1 else 0}%} of the peak"

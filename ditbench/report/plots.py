@@ -1,11 +1,7 @@
 """The report's figures, as PNG bytes: speed against memory, throughput and memory against batch size,
-the smoke runs' loss.
-
-One panel per model, one legend below the panels. Colour says the precision; in line figures the
-marker also says the precision and a dashed line checkpointing, and lines at one batch size are nudged
-sideways so equal values (bf16 and fp16 often are) stay visible; in the speed-against-memory figure the
-marker says checkpointing and each point is labelled with its batch size. A speed point carries a bar
-from the images/s of its p90 step time to that of its p10 (figures.speed_spread); a noisy cell is ringed.
+the smoke runs' loss. One panel per model; colour says the precision; lines at one batch size are nudged
+sideways so equal values (bf16 and fp16 often are) stay visible; a speed point carries a bar from the
+images/s of its p90 step time to that of its p10; a noisy cell is ringed.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
-"""`report --predict`: the claims and advice checks the run did not measure, judged from `ditbench plan`.
+"""`report --predict`: the claims and advice checks the run did not measure, judged from `ditbench plan`
+(docs/reports.md, "Predicted verdicts").
 
-A prediction is the planner's (memory: the peak the card must hold, reserved + the CUDA context; speed:
-the time model) on the card a claim or check is about, with its band (memory: the planner's 6%; speed:
-the calibration's worst leave-one-out error). Issue 22's rule holds as for measured verdicts: held only
-when the band lies wholly inside what is accepted, not held only wholly outside, else inconclusive. A
-measured verdict wins; the prediction is shown beside it.
-
-Claims: a cell or fits claim whose cell is complete (model, precision, batch size; checkpointing
-defaults to none) is predicted on the claims' card. The run's cells decide the rest: a compare claim
-predicts both cells of each pair the checker found and judges the median of the pairs' ratios with its
-worst-case interval (each ratio with one cell at the top of its band, the other at the bottom); a fits
-claim with open knobs predicts the run's matching cells. No batch size is invented.
-
-Advice: the 12 / 24 / 48 GB checks on the card of that memory class with the most usable memory; the
-ratio checks on DiT's own setting (DiT-XL/2, batch 32 per GPU) on the H200, where the speed calibration
-and the memory anchors come from. Attention kernels and sample quality are not predicted, and say why.
+A prediction carries its band (memory: the planner's 6%; speed: the calibration's worst leave-one-out
+error); as for measured verdicts, held only when the band lies wholly inside what is accepted, not held
+only wholly outside, else inconclusive. A measured verdict wins; the prediction is shown beside it. A
+claim's cell is predicted when complete (model, precision, batch size), else the run's matching cells
+or pairs are; no batch size is invented. Advice: the 12 / 24 / 48 GB checks on the card of that class
+with the most memory, the ratio checks on DiT-XL/2 at batch 32 on the H200 (the calibration's card).
 """
 
 from __future__ import annotations
@@ -31,8 +23,7 @@ from ditbench.report import advice
 from ditbench.report.advice import AdviceCheck
 from ditbench.report.cells import knob_key
 from ditbench.report.claim_check import NOT_MEASURED, SHOWN, ClaimResult
-from ditbench.report.claim_values import GIB_TO_GB, fmt
-from ditbench.report.claims import metric_kind
+from ditbench.report.claims import GIB_TO_GB, fmt, metric_kind
 
 PREDICTED_HELD, PREDICTED_NOT_HELD = "predicted: held", "predicted: not held"
 PREDICTED_INCONCLUSIVE = "predicted: inconclusive"

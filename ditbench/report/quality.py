@@ -1,18 +1,15 @@
-"""The report's quality section: sample quality per evaluated cell, judged against the suite's baseline.
+"""Sample quality: the noise rule the report and the gate share, and the report's quality section.
 
-Reads each record's `quality` field (`ditbench.quality`). Per evaluated cell: every quality output
-of the metric registry (FID, sFID, IS, precision, recall, KID: mean over seeds ± the seeds' spread
-or the bootstrap SE, the larger, in the metric's own format) at its last evaluation, and the verdict
-against its baseline cell at the last training step both evaluated: "better"/"worse" only when the
-FID difference exceeds the noise (`gate.quality.noise_rule`, the gate's own rule and its default k),
-"within noise" otherwise. Then every cell's sample grids, one per row at full width (the same noise
-and labels in every cell), FID against GPU-hours of training (one line per setting) and the table "FID after X
-GPU-hours". A cell's numbers are compared only with numbers made the same way (Inception weights,
-reference, sampler, sample count: the gate's identity).
+Numbers are compared only when made the same way (IDENTITY: Inception weights, reference, sampler,
+sample count), at the last training step both evaluated; a difference counts only beyond k times the
+combined spread (each side's seeds' spread or bootstrap SE, the larger): `noise_rule`. The section
+shows, per evaluated cell, every quality output of the metric registry and the verdict against its
+baseline cell; then the sample grids, FID against GPU-hours of training and "FID after X GPU-hours".
 """
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from dataclasses import dataclass
@@ -20,18 +17,116 @@ from typing import Any
 
 import pandas as pd
 
-from ditbench.errors import UserError
+from ditbench.errors import UserError, shorten
 from ditbench.imageload import GRID_PIXELS, load_rgb
 from ditbench.metrics import registry
 from ditbench.metrics.spec import Output
 from ditbench.precision import LOW_PRECISIONS
 from ditbench.records.metrics import finite
-from ditbench.records.model import Quality
+from ditbench.records.model import Evaluation
+from ditbench.records.model import Quality as QualitySection
+from ditbench.report.analysis import baseline_comparison
 from ditbench.report.blocks import Block, Heading, Image, Para, Table, num
-from ditbench.report.cells import cell_label
-from ditbench.report.gate.policy import DEFAULT_QUALITY_NOISE_K
-from ditbench.report.gate.quality import evaluation_noise, noise_rule, read_quality
-from ditbench.report.load import grid_file
+from ditbench.report.cells import cell_label, pairs
+from ditbench.report.load import grid_file, number
+
+DEFAULT_QUALITY_NOISE_K = 2.0  # a quality difference counts beyond k combined spreads (the gate's default)
+# (what a reader calls it, where it lives in `quality`)
+IDENTITY = (
+    ("Inception weights (sha256)", ("inception", "sha256")),
+    ("reference batch (digest)", ("reference", "digest")),
+    ("sampler", ("sampler",)),
+    ("samples per evaluation", ("samples",)),
+)
+SAMPLE_COUNT = "samples per evaluation"
+
+
+@dataclass
+class Quality:
+    identity: dict[str, Any]  # IDENTITY label -> value
+    official: bool | None  # whether the Inception weights are the official ones
+    evaluations: dict[int, Evaluation]  # training step -> evaluation
+
+
+def read_quality(q: QualitySection | dict[str, Any] | None) -> tuple[Quality | None, str | None]:
+    """A record's quality section (typed by the record's model; its JSON is typed here) checked for what
+    the gate needs beyond its types; (None, None) when there is none."""
+    if q is None:
+        return None, None
+    if isinstance(q, dict):
+        q = QualitySection.model_validate(q)
+    identity = {}
+    for label, path in IDENTITY:
+        node: Any = q
+        for part in path:
+            node = getattr(node, part, None)
+        name = "quality." + ".".join(path)
+        if path == ("sampler",):
+            if not node:
+                return None, f"{name} is {shorten(node)}, not an object such as {{name, steps, cfg_scale}}"
+            node = json.dumps(node, sort_keys=True, default=str)  # compared as a whole, canonically
+        elif path == ("samples",):
+            if node is None or node <= 0:
+                return None, f"{name} is {shorten(node)}, not a positive number of samples"
+        elif not node:
+            return None, f"{name} is {shorten(node)}, not a non-empty string"
+        identity[label] = node
+    if not q.evaluations:
+        return None, f"quality.evaluations is {shorten(q.evaluations)}, not a non-empty list"
+    by_step: dict[int, Evaluation] = {}
+    for i, e in enumerate(q.evaluations):
+        if e.step in by_step:
+            return None, f"quality.evaluations[{i}].step {e.step} appears twice"
+        by_step[e.step] = e
+    return Quality(identity, getattr(q.inception, "official", None), by_step), None
+
+
+def evaluation_noise(evaluation: Evaluation | dict[str, Any], key: str) -> tuple[float | None, str | None]:
+    """(one evaluation's noise in `key`, None) or (None, what is wrong): the larger of the seeds'
+    spread and the bootstrap's standard error over samples (either may be absent)."""
+    found = []
+    for field in ("spread", "bootstrap_se"):
+        v, why = number((evaluation.get(field) or {}).get(key))
+        if why is None and v is not None and v < 0:
+            why = f"is {v:g}, not a spread (>= 0)"
+        if why:
+            return None, f"{field}.{key} {why}"
+        if v is not None:
+            found.append(v)
+    return (max(found) if found else None), None
+
+
+@dataclass(frozen=True)
+class Noise:
+    """The noise rule's verdict on one difference: the bound it must exceed, and how sure that bound is."""
+
+    bound: float | None  # k * sqrt(spread_base^2 + spread_new^2); None when neither side has a spread
+    beyond: bool | None  # |new - base| > bound; None when the noise is unknown
+    weak_reason: str | None  # why the bound rests on less than both runs' spreads
+
+
+def noise_rule(b: float, n: float, sb: float | None, sn: float | None, k: float) -> Noise:
+    """Whether new differs from base beyond the seeds' noise: |n - b| > k * sqrt(sb^2 + sn^2).
+
+    The one rule for quality differences: the gate judges with it and the reports' "within noise"
+    verdicts come from it. A spread on one side only stands for both; with none the noise is unknown.
+    """
+    if sb is None and sn is None:
+        return Noise(
+            None,
+            None,
+            "noise unknown: neither run recorded a spread or a bootstrap SE (one seed, --bootstrap 0?), so "
+            "the threshold alone decided",
+        )
+    weak_reason = None
+    if sb is None or sn is None:
+        sb = sn = sn if sb is None else sb
+        weak_reason = "only one run recorded a spread; it stands for both"
+    bound = k * math.hypot(sb, sn)
+    if not math.isfinite(bound):
+        bound = math.inf
+    return Noise(bound, abs(n - b) > bound, weak_reason)
+
 
 BANNER = "not the official Inception: numbers are not comparable with papers"
 GRIDS_FILE = "quality_grids.png"
@@ -48,7 +143,7 @@ class Verdict:
     step: int | None = None
 
 
-def evaluated(df: pd.DataFrame) -> list[tuple[Any, Quality]]:
+def evaluated(df: pd.DataFrame) -> list[tuple[Any, QualitySection]]:
     """(row label, quality field) of every record with at least one evaluation."""
     pairs = zip(df.index, (r.quality for r in df["record"]), strict=True)
     return [(label, q) for label, q in pairs if q is not None and q.evaluations]
@@ -58,7 +153,9 @@ def not_official(df: pd.DataFrame) -> bool:
     return any((q.get("inception") or {}).get("official") is not True for _, q in evaluated(df))
 
 
-def compare_fid(base: dict[str, Any], new: dict[str, Any], k: float = DEFAULT_QUALITY_NOISE_K) -> Verdict:
+def compare_fid(
+    base: QualitySection | dict, new: QualitySection | dict, k: float = DEFAULT_QUALITY_NOISE_K
+) -> Verdict:
     """new's FID against base's at the last step both evaluated, by the gate's noise rule."""
     qb, why_b = read_quality(base)
     qn, why_n = read_quality(new)
@@ -102,8 +199,6 @@ def quality_section(df: pd.DataFrame) -> tuple[list[Block], dict[str, bytes]]:
     cells = evaluated(df)
     if not cells:
         return [], {}
-    from ditbench.report.analysis import baseline_comparison
-
     comparison = baseline_comparison(df)
     blocks: list[Block] = [Heading(2, "Sample quality")]
     first = cells[0][1]
@@ -164,7 +259,7 @@ def _summary_table(df: pd.DataFrame, cells, comparison: pd.DataFrame) -> Table:
 _CSS = {"better": "held", "within noise": "held", "worse": "not-held"}
 
 
-def _verdict(df: pd.DataFrame, label, q: Quality, comparison: pd.DataFrame) -> Verdict:
+def _verdict(df: pd.DataFrame, label, q: QualitySection, comparison: pd.DataFrame) -> Verdict:
     if bool(comparison.at[label, "is_baseline"]):
         return Verdict("baseline", "")
     base_label = comparison.at[label, "baseline_label"]
@@ -173,7 +268,7 @@ def _verdict(df: pd.DataFrame, label, q: Quality, comparison: pd.DataFrame) -> V
     base_q = df.loc[base_label]["record"].quality
     if base_q is None:
         return Verdict("no baseline", "its baseline cell was not evaluated")
-    return compare_fid(base_q.dump(), q.dump())
+    return compare_fid(base_q, q)
 
 
 def _pm(mean: Any, spread: Any, output: Output) -> str:
@@ -183,7 +278,7 @@ def _pm(mean: Any, spread: Any, output: Output) -> str:
     return output.plus_minus(mean, spread if finite(spread) is not None else None)
 
 
-def _points(q: Quality) -> list[tuple[float, float, float | None, int]]:
+def _points(q: QualitySection) -> list[tuple[float, float, float | None, int]]:
     """(GPU-hours of training, FID, FID spread, step) per evaluation with an FID."""
     out = []
     for e in q["evaluations"]:
@@ -321,14 +416,12 @@ QUALITY_CHANGES = (
 def quality_unchanged(df: pd.DataFrame) -> tuple[str, str, int | None]:
     """(verdict, evidence, step) for "fp16 / bf16 / checkpointing do not change quality after N steps":
     held when every evaluated pair (the setting and its twin without it) is within noise."""
-    from ditbench.report.cells import pairs
-
     judged: list[tuple[str, Verdict]] = []
     for name, change, twin in QUALITY_CHANGES:
         for row, other in pairs(df, change, twin):
             q, base = row["record"].quality, other["record"].quality
             if q is not None and base is not None:
-                verdict = compare_fid(base.dump(), q.dump())
+                verdict = compare_fid(base, q)
                 if verdict.step is not None and verdict.text != "not comparable":
                     judged.append((f"{name} ({cell_label(row)})", verdict))
     if not judged:

@@ -1,8 +1,5 @@
-"""report.md, a self-contained report.html and results.csv from a results DataFrame.
-
-`build_report` puts the sections in reading order (what ran and where, what to run, speed against
-memory, advice and claims checked, one section per model, plots, how to read it) as blocks that
-`blocks` renders to markdown and HTML alike.
+"""report.md, a self-contained report.html and results.csv from a results DataFrame: `build_report`
+puts the sections in reading order as blocks that `blocks` renders to markdown and HTML alike.
 """
 
 from __future__ import annotations
@@ -19,6 +16,7 @@ from ditbench.fileio import write_atomic
 from ditbench.records.metrics import CPU_ALLOC, CPU_RSS, DEVICE_MEM
 from ditbench.report import analysis
 from ditbench.report.advice import AdviceCheck
+from ditbench.report.analysis import PAPER_GLOBAL_BATCH, target_steps
 from ditbench.report.blocks import Block, Bullets, Heading, Image, Para, Table, to_html, to_markdown
 from ditbench.report.claim_check import ClaimResult
 from ditbench.report.memory import emulated_cells, memory_metric
@@ -33,7 +31,6 @@ from ditbench.report.sections import (
     recommendations,
     steps_text,
 )
-from ditbench.report.timing import PAPER_GLOBAL_BATCH, target_steps
 
 
 def build_report(
@@ -44,12 +41,9 @@ def build_report(
     steps: int | None = None,
     advice_checks: list[AdviceCheck] | None = None,
 ) -> tuple[list[Block], dict[str, bytes]]:
-    """The report as blocks, and the PNG plots it refers to (name -> bytes).
-
-    claims: (results, claims file path, source, card) from `claim_check.check_claims`; steps: the
-    target number of steps for "time to N steps" (default: the records' or 400,000); advice_checks:
-    the advice checks with their predictions (`report --predict`; None: checked without).
-    """
+    """The report as blocks, and the PNG plots it refers to (name -> bytes). claims: (results, path,
+    source, card); steps: N of "time to N steps" (None: the records' or 400,000); advice_checks: with
+    `report --predict`'s predictions (None: checked here)."""
     suites = (
         ", ".join(dict.fromkeys(str(s) for s in df.get("suite", pd.Series(dtype=str)).dropna())) or "results"
     )

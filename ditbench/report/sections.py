@@ -1,8 +1,5 @@
-"""The report's sections that read cells: recommendations, verdicts, and one section per model.
-
-Every table here shows the same facts the same way: images/s, the time to the target number of
-steps, memory, whether a cell was noisy, and, for a cell that ran on a capped bigger card, which
-card really ran it.
+"""The report's sections that read cells: recommendations, verdicts, and one section per model, each
+table showing images/s, time to the target steps, memory, noise and the card that really ran a cell.
 """
 
 from __future__ import annotations
@@ -11,10 +8,10 @@ from typing import Any
 
 import pandas as pd
 
-from ditbench.bench.cell.window import noise_advice
 from ditbench.interval_text import decimals
 from ditbench.records.metrics import ENERGY_PER_IMAGE, IMAGES_PER_S, MFU, STEP_MS
 from ditbench.report import advice, analysis
+from ditbench.report.analysis import gpu_hours_text, time_text
 from ditbench.report.blocks import (
     Block,
     Bullets,
@@ -28,10 +25,9 @@ from ditbench.report.blocks import (
 )
 from ditbench.report.cells import cell_label, knobs, value_order, varying_knobs
 from ditbench.report.claim_check import VERDICTS, ClaimResult
-from ditbench.report.load import column, value
+from ditbench.report.load import column, noise_parts, value
 from ditbench.report.memory import MEM_PREDICTED, MEM_RESERVED, cell_budget, fits, memory_metric, metrics_of
 from ditbench.report.predict import counts as predicted_counts
-from ditbench.report.timing import gpu_hours_text, time_text
 from ditbench.units import memory_text
 
 STATUS_TEXT = {"oom": "OOM", "nan_loss": "NaN loss"}  # the other statuses read as they are written
@@ -57,17 +53,7 @@ def noise_text(row: pd.Series) -> str:
     metrics = metrics_of(row)
     if metrics.noisy is not True:
         return ""
-    noise = metrics.get("noise") or {}
-    parts = []
-    for name, bound, label in (
-        ("step_spread", "spread_bound", "step-time spread"),
-        ("throughput_gap", "gap_bound", "throughput gap"),
-    ):
-        v, b = value(noise, name), value(noise, bound)
-        if v is not None:
-            parts.append(f"{label} {v:.3g}" + (f" (bound {b:.3g})" if b is not None else ""))
-    if (advice := noise_advice(noise)) is not None:
-        parts.append(advice)
+    parts = noise_parts(metrics.get("noise") or {}, "step-time spread")
     return "noisy: " + ", ".join(parts) if parts else "noisy"
 
 

@@ -24,9 +24,11 @@ from ditbench.metrics import registry
 from ditbench.metrics.spec import Metric, Need, Output
 from ditbench.pretrained import CACHE_ENV
 from ditbench.quality.loop import run_quality
+from ditbench.records.metrics import table
 from ditbench.report.claim_check import check_claims
 from ditbench.report.claims import parse_claims
-from ditbench.report.gate import compare_files, load_policy, table
+from ditbench.report.gate.decide import compare_files
+from ditbench.report.gate.policy import load_policy
 from ditbench.report.load import load_results
 from ditbench.report.quality import quality_section
 from ditbench.spec.cell import CellSpec, Steps

@@ -1,4 +1,4 @@
-"""`ditbench ab`'s paired statistics (report.gate.paired): the exact signed-rank interval, the
+"""`ditbench ab`'s paired statistics (report.gate.timing): the exact signed-rank interval, the
 alpha-spending schedule, the minimum detectable effect, the verdicts, and the false-alarm rate of
 the sequential rule by seeded simulation (exact counts)."""
 
@@ -11,7 +11,8 @@ import pytest
 from scipy.stats import norm, wilcoxon
 
 from ditbench.records.metrics import table
-from ditbench.report.gate.paired import (
+from ditbench.report.gate.policy import Rule
+from ditbench.report.gate.timing import (
     excluded,
     hl_interval,
     judge_paired,
@@ -20,7 +21,6 @@ from ditbench.report.gate.paired import (
     obrien_fleming,
     signed_rank_cdf,
 )
-from ditbench.report.gate.policy import Rule
 
 RATE, STEP = table()["images_per_s"], table()["step_ms"]
 

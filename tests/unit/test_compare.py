@@ -14,15 +14,11 @@ from scipy.stats import mannwhitneyu
 from synthetic_records import CPU_ENV, H200_ENV, make_matrix, make_record, step_samples, write_jsonl
 
 from ditbench.errors import UserError
-from ditbench.report.gate import (
-    EnvMismatchError,
-    NothingComparedError,
-    Policy,
-    compare_files,
-    default_thresholds,
-    load_policy,
-    summary_markdown,
-)
+from ditbench.records.metrics import default_thresholds
+from ditbench.report.gate.decide import NothingComparedError, compare_files
+from ditbench.report.gate.env import EnvMismatchError
+from ditbench.report.gate.policy import Policy, load_policy
+from ditbench.report.gate.summary import summary_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE_IMG_S = 400.0  # DiT-S/8 bs 8 -> 20 ms a step
@@ -597,7 +593,7 @@ def test_long_measurement_windows_are_tested(tmp_path):
 
 
 def test_help_lists_every_metric_a_policy_may_name():
-    from ditbench.report.gate import table
+    from ditbench.records.metrics import table
     from ditbench.report.gate.cli import POLICY_EXAMPLE
 
     for name in table():

@@ -11,7 +11,10 @@ from synthetic_records import make_record, write_jsonl
 
 from ditbench.cli import main
 from ditbench.errors import UserError
-from ditbench.report.gate import QualityMismatchError, compare_files, load_policy, summary_markdown
+from ditbench.report.gate.decide import compare_files
+from ditbench.report.gate.policy import load_policy
+from ditbench.report.gate.quality import QualityMismatchError
+from ditbench.report.gate.summary import summary_markdown
 
 OFFICIAL_SHA = "f58cb9b6ec323ed63459aa4fb441fe750cfe39fafad6da5cb504a16f19e958f4"
 METRIC_KEYS = ("fid", "sfid", "inception_score", "precision", "recall", "kid")

@@ -13,7 +13,9 @@ from test_compare import cli
 from ditbench.errors import UserError
 from ditbench.intervals import median_interval, median_ratio_interval
 from ditbench.records.metrics import table
-from ditbench.report.gate import compare_files, load_policy, summary_markdown
+from ditbench.report.gate.decide import compare_files
+from ditbench.report.gate.policy import load_policy
+from ditbench.report.gate.summary import summary_markdown
 from ditbench.report.gate.timing import change_interval
 
 BASE_MS = 20.0  # DiT-S/8 at batch 8: 400 images/s

@@ -14,7 +14,8 @@ from synthetic_records import make_record
 from ditbench.bench.cell import gpu_meter
 from ditbench.bench.cell.gpu_meter import GpuMeter, nvml_handle, reason_names, throttling
 from ditbench.bench.cell.window import noise, noise_advice
-from ditbench.report.gate import compare_files, load_policy
+from ditbench.report.gate.decide import compare_files
+from ditbench.report.gate.policy import load_policy
 
 
 class NotSupported(Exception):

@@ -15,7 +15,7 @@ from test_gate_quality import run as _gate  # records and a policy text to a Com
 
 from ditbench.errors import UserError
 from ditbench.records.metrics import HIGHER, LOWER, QUALITY, Metric, table
-from ditbench.report.gate import NothingComparedError
+from ditbench.report.gate.decide import NothingComparedError
 from ditbench.report.gate.policy import Policy, Rule
 from ditbench.report.gate.timing import StepTest, _interval_text, judge
 
@@ -479,8 +479,8 @@ def test_noisy_windows_on_both_sides_give_both_reasons(tmp_path):
 
 
 def test_compare_frames_by_default_names_the_sides_and_refuses_other_environments(tmp_path):
-    from ditbench.report.gate import EnvMismatchError
     from ditbench.report.gate.decide import compare_frames
+    from ditbench.report.gate.env import EnvMismatchError
     from ditbench.report.gate.inputs import load_run
 
     b, n = tmp_path / "base.jsonl", tmp_path / "new.jsonl"

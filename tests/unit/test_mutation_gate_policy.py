@@ -18,7 +18,7 @@ from test_gate_quality import run as _gate  # records and a policy text to a Com
 
 from ditbench.errors import UserError
 from ditbench.records.metrics import table
-from ditbench.report.gate import NothingComparedError
+from ditbench.report.gate.decide import NothingComparedError
 from ditbench.report.gate.env import EnvMismatchError
 from ditbench.report.gate.policy import Override, Policy, Rule, load_policy
 from ditbench.report.gate.result import CellResult, Comparison, MetricDelta, to_json_text

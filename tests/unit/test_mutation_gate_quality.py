@@ -19,15 +19,12 @@ from ditbench.records.metrics import table
 from ditbench.records.model import Evaluation, Record, check
 from ditbench.report.gate.inputs import Row
 from ditbench.report.gate.policy import Rule
-from ditbench.report.gate.quality import (
+from ditbench.report.gate.quality import QualityMismatchError, _judge, check_identity, compare_quality
+from ditbench.report.quality import (
     IDENTITY,
     SAMPLE_COUNT,
     Noise,
     Quality,
-    QualityMismatchError,
-    _judge,
-    check_identity,
-    compare_quality,
     evaluation_noise,
     noise_rule,
     read_quality,

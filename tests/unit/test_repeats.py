@@ -20,7 +20,7 @@ from ditbench.faults import Fault, FaultyStep, parse_fault_spec
 from ditbench.intervals import median_interval
 from ditbench.records.jsonl import read_records
 from ditbench.records.model import Record, check
-from ditbench.report.gate import compare_files
+from ditbench.report.gate.decide import compare_files
 from ditbench.report.load import load_results
 from ditbench.spec.suite import load_suite, suite_schema
 
@@ -306,7 +306,7 @@ def test_a_slowdown_beyond_the_threshold_by_its_interval_but_not_significant_is_
 
 
 def load_policy_text(tmp_path, text):
-    from ditbench.report.gate import load_policy
+    from ditbench.report.gate.policy import load_policy
 
     path = tmp_path / "policy.yaml"
     path.write_text(text + "\n")

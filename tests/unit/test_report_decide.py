@@ -19,11 +19,11 @@ from synthetic_records import make_matrix, make_record, write_jsonl
 
 from ditbench.errors import UserError
 from ditbench.report import analysis
+from ditbench.report.analysis import duration_text, gpu_hours_per_million_images, target_steps, time_text
 from ditbench.report.load import load_results
 from ditbench.report.memory import cell_budget, fit_memory, fits
 from ditbench.report.plots import _pareto, memory_figure, speed_memory_figure, throughput_figure
 from ditbench.report.render import build_report, results_table, to_markdown, write_report
-from ditbench.report.timing import duration_text, gpu_hours_per_million_images, target_steps, time_text
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
 """Honest at toy scale (issue 38): a memory comparison whose activations are a sliver of the peak says
-"not meaningful at this scale" instead of a saving or a verdict (ditbench.report.scale)."""
+"not meaningful at this scale" instead of a saving or a verdict (ditbench.report.memory)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from ditbench.report.analysis import baseline_comparison
 from ditbench.report.claim_check import check_claims
 from ditbench.report.claims import parse_claims
 from ditbench.report.load import load_results
+from ditbench.report.memory import activation_share, not_meaningful
 from ditbench.report.render import write_report
-from ditbench.report.scale import activation_share, not_meaningful
 
 ROOT = Path(__file__).resolve().parents[2]
 S8_STATE = 33_150_000 * 20 / 2**30  # DiT-S/8's training state in the synthetic records: 0.6175 GiB

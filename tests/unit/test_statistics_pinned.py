@@ -12,7 +12,8 @@ from synthetic_records import make_record, write_jsonl
 
 from ditbench.bench.cell.window import noise, step_stats
 from ditbench.metrics.evaluate import as_source, evaluate
-from ditbench.report.gate import compare_files, load_policy
+from ditbench.report.gate.decide import compare_files
+from ditbench.report.gate.policy import load_policy
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -13,8 +13,10 @@ from ditbench.bench.cell.window import noise
 from ditbench.bench.launch import base
 from ditbench.bench.summary import noise_note
 from ditbench.records.model import Record
-from ditbench.report.gate import EnvMismatchError, compare_files, summary_markdown
+from ditbench.report.gate.decide import compare_files
+from ditbench.report.gate.env import EnvMismatchError
 from ditbench.report.gate.inputs import noisy
+from ditbench.report.gate.summary import summary_markdown
 from ditbench.spec.cell import CellSpec
 from ditbench.spec.knobs import Knobs
 

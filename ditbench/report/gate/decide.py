@@ -1,15 +1,9 @@
-"""The gate's decisions, cell by cell, in the order they are taken:
-
-1. Environment (env.py): different hardware or software refuses, unless allowed.
-2. Cells match by cell_id; cells on one side only are listed (failing with fail_on_missing); no
-   match at all refuses.
-3. Status: ok -> failed, skipped or unsupported fails unless allow_stopped names the cell (so do new
-   repeats that failed); not ok -> ok is "fixed". An unknown status refuses.
-4. Values of cells ok on both sides: a gated value that cannot be compared (missing on one side,
-   NaN, inf, out of range, bad samples) refuses naming file, line and cell, unless allow_incomparable
-   names the metric. A metric the policy names that no cell measured refuses.
-5. Metrics: timing.py (or `ditbench ab`'s paired judge) and quality.py.
-6. A gate that compared no value at all refuses: it never passes by default.
+"""The gate's decisions, cell by cell, in order (docs/gate-in-ci.md): the environments must match
+(env.py); cells match by cell_id (one side only: listed; no match at all: refused); status (ok ->
+not ok fails unless allow_stopped names the cell; not ok -> ok is fixed); values of cells ok on both
+sides (a gated value that cannot be compared refuses by file, line and cell unless allow_incomparable
+names it); metrics (timing.py or `ditbench ab`'s paired judge, quality.py). A gate that compared no
+value at all refuses: it never passes by default.
 """
 
 from __future__ import annotations
@@ -21,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from ditbench.records.metrics import CORE, QUALITY, Metric, table
+from ditbench.report.cells import knobs
 from ditbench.report.gate import env as envs
 from ditbench.report.gate.inputs import (
     GateRefusal,
@@ -34,9 +29,10 @@ from ditbench.report.gate.inputs import (
     step_samples,
 )
 from ditbench.report.gate.policy import STEP_SAMPLES, Policy, Rule
-from ditbench.report.gate.quality import check_identity, compare_quality, read_quality
+from ditbench.report.gate.quality import check_identity, compare_quality
 from ditbench.report.gate.result import VERDICTS, CellResult, Comparison, MetricDelta
 from ditbench.report.gate.timing import StepTest, judge
+from ditbench.report.quality import read_quality
 
 FAILED = ("oom", "timeout", "nan_loss", "error")
 # (cell_id, metric, rule, base value, new value) -> the delta of a timed metric (`ditbench ab`)
@@ -243,8 +239,6 @@ def compare_frames(
 ) -> Comparison:
     """Compare two loaded runs (report.load: one row per cell_id each); raises GateRefusal (exit 2).
     `timed` judges the timed metrics instead of timing.judge (`ditbench ab`'s paired rounds)."""
-    from ditbench.report.analysis import knobs  # analysis pulls in more than the gate needs at import
-
     policy = policy or Policy()
     base_rows, new_rows = rows(base, "BASE"), rows(new, "NEW")
     common = [c for c in base_rows if c in new_rows]

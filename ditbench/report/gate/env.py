@@ -1,10 +1,7 @@
-"""Whether two runs come from the same machine and stack.
-
-The keys in ENV_KEYS (GPU model and count, driver, CUDA, torch, torch's thread count; the CPU model
-for CPU-only runs) must agree for every matched cell that ran in both runs. Host name, Python patch
-level, kernel, ditbench version and git sha are left out on purpose: runners in a pool differ in host
-name, and the code is what a gate is meant to test. A mismatch refuses the comparison (exit 2) unless
-allowed, and then heads the summary.
+"""Whether two runs come from the same machine and stack: ENV_KEYS (GPU model and count, driver, CUDA,
+torch, its thread count; the CPU model for CPU-only runs) must agree for every matched cell that ran.
+Host name, Python patch level, kernel, ditbench version and git sha are left out on purpose: runners in
+a pool differ in host name, and the code is what a gate tests.
 """
 
 from __future__ import annotations

@@ -4,17 +4,16 @@ cannot be used, so a value that cannot be compared is reported by file, line and
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from ditbench.bench.cell.window import noise_advice
 from ditbench.errors import UserError, shorten
 from ditbench.escape import md_inline
-from ditbench.records.metrics import STEP_MS, finite
+from ditbench.records.metrics import STEP_MS
 from ditbench.records.model import Record
+from ditbench.report.load import load_results, noise_parts, number
 
 MAX_NAMED = 5  # problems a refusal names one by one; the rest are counted
 
@@ -49,8 +48,6 @@ def rows(df: pd.DataFrame, side: str) -> dict[str, Row]:
 def load_run(path: str | Path, side: str = "") -> pd.DataFrame:
     """One run's latest record per cell; a run directory is read through its results.jsonl, so that
     messages name the file itself."""
-    from ditbench.report.load import load_results
-
     p = Path(path)
     if p.is_dir() and (p / "results.jsonl").is_file():
         p = p / "results.jsonl"
@@ -60,15 +57,6 @@ def load_run(path: str | Path, side: str = "") -> pd.DataFrame:
 # ------------------------------------------------------------------------------------------ values
 # A record's numbers are typed by its model (records.model): null, or a float that may be NaN or inf,
 # which the loader leaves to the gate (judge_metrics) to name by cell.
-
-
-def number(value: float | None) -> tuple[float | None, str | None]:
-    """(float, None) for a finite number, (None, None) for null, else (None, why it is not usable)."""
-    if value is None:
-        return None, None
-    if not math.isfinite(value):
-        return None, f"is {value!r}, not a finite number"
-    return float(value), None
 
 
 def _times(values: list[float | None] | None, where: str, rule: str) -> tuple[list[float], str | None]:
@@ -107,16 +95,7 @@ def noisy(record: Record) -> str | None:
     noise = record.metrics.noise
     if noise is None:
         return "noisy measurement window"
-    parts = []
-    for value, bound, label in (
-        ("step_spread", "spread_bound", "step spread p90/p10"),
-        ("throughput_gap", "gap_bound", "throughput gap"),
-    ):
-        v, b = finite(getattr(noise, value)), finite(getattr(noise, bound))
-        if v is not None:
-            parts.append(f"{label} {v:.3g}" + (f" (bound {b:.3g})" if b is not None else ""))
-    if (advice := noise_advice(noise.dump())) is not None:
-        parts.append(advice)
+    parts = noise_parts(noise.dump(), "step spread p90/p10")
     return "noisy measurement window" + (f": {', '.join(parts)}" if parts else "")
 
 

@@ -13,12 +13,12 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, 
 from ditbench.errors import UserError, shorten
 from ditbench.records.metrics import IMAGES_PER_S, PEAK_ALLOCATED, default_thresholds, table
 from ditbench.report.load import flatten
+from ditbench.report.quality import DEFAULT_QUALITY_NOISE_K
 from ditbench.validation import check, refuse
 from ditbench.yamlio import load_yaml_file
 
 DEFAULT_ALPHA = 0.01
 DEFAULT_MIN_SAMPLES = 5
-DEFAULT_QUALITY_NOISE_K = 2.0
 STEP_SAMPLES = "step_samples"  # allow_incomparable may name it: bad per-step samples skip the test
 FINITE = "a finite number >= 0"
 Amount = Annotated[float, Field(ge=0, allow_inf_nan=False, strict=True, description=FINITE)]

@@ -1,75 +1,20 @@
-"""The quality gate: FID, IS and the other sample metrics of the record's `quality` field.
-
-Comparable only when made with the same Inception weights, reference batch, sampler and sample count
-(FID's bias depends on N); else the gate refuses (exit 2). The last evaluation both runs have at one
-step is compared: a change must cross its threshold and exceed k * sqrt(spread_b^2 + spread_n^2), a
-side's spread being the larger of its seeds' spread and its bootstrap SE; (new - base) +- that bound
-straddling the threshold is inconclusive. No spread recorded: the threshold decides (weak).
+"""The quality gate: FID, IS and the other sample metrics, compared at the last step both runs
+evaluated by the noise rule of `report.quality`; made differently (weights, reference, sampler, N)
+refuses (exit 2); (new - base) +- the noise bound straddling the threshold is inconclusive.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from ditbench.errors import shorten
 from ditbench.records.metrics import HIGHER, Metric
-from ditbench.records.model import Evaluation
-from ditbench.records.model import Quality as QualitySection
-from ditbench.report.gate.inputs import GateRefusal, Row, number
+from ditbench.report.gate.inputs import GateRefusal, Row
 from ditbench.report.gate.policy import Rule
 from ditbench.report.gate.result import MetricDelta, crossing
-
-# (what a reader calls it, where it lives in `quality`)
-IDENTITY = (
-    ("Inception weights (sha256)", ("inception", "sha256")),
-    ("reference batch (digest)", ("reference", "digest")),
-    ("sampler", ("sampler",)),
-    ("samples per evaluation", ("samples",)),
-)
-SAMPLE_COUNT = "samples per evaluation"
-
-
-@dataclass
-class Quality:
-    identity: dict[str, Any]  # IDENTITY label -> value
-    official: bool | None  # whether the Inception weights are the official ones
-    evaluations: dict[int, Evaluation]  # training step -> evaluation
-
-
-def read_quality(q: QualitySection | dict[str, Any] | None) -> tuple[Quality | None, str | None]:
-    """A record's quality section (typed by the record's model; its JSON is typed here) checked for what
-    the gate needs beyond its types; (None, None) when there is none."""
-    if q is None:
-        return None, None
-    if isinstance(q, dict):
-        q = QualitySection.model_validate(q)
-    identity = {}
-    for label, path in IDENTITY:
-        node: Any = q
-        for part in path:
-            node = getattr(node, part, None)
-        name = "quality." + ".".join(path)
-        if path == ("sampler",):
-            if not node:
-                return None, f"{name} is {shorten(node)}, not an object such as {{name, steps, cfg_scale}}"
-            node = json.dumps(node, sort_keys=True, default=str)  # compared as a whole, canonically
-        elif path == ("samples",):
-            if node is None or node <= 0:
-                return None, f"{name} is {shorten(node)}, not a positive number of samples"
-        elif not node:
-            return None, f"{name} is {shorten(node)}, not a non-empty string"
-        identity[label] = node
-    if not q.evaluations:
-        return None, f"quality.evaluations is {shorten(q.evaluations)}, not a non-empty list"
-    by_step: dict[int, Evaluation] = {}
-    for i, e in enumerate(q.evaluations):
-        if e.step in by_step:
-            return None, f"quality.evaluations[{i}].step {e.step} appears twice"
-        by_step[e.step] = e
-    return Quality(identity, getattr(q.inception, "official", None), by_step), None
+from ditbench.report.load import number
+from ditbench.report.quality import IDENTITY, SAMPLE_COUNT, Quality, evaluation_noise, noise_rule
 
 
 class QualityMismatchError(GateRefusal):
@@ -150,53 +95,6 @@ def compare_quality(
         else:
             deltas.append(_judge(metric, rule, b, n, spreads[0], spreads[1], k, step))
     return deltas, not_measured, problems
-
-
-def evaluation_noise(evaluation: Evaluation | dict[str, Any], key: str) -> tuple[float | None, str | None]:
-    """(one evaluation's noise in `key`, None) or (None, what is wrong): the larger of the seeds'
-    spread and the bootstrap's standard error over samples (either may be absent)."""
-    found = []
-    for field in ("spread", "bootstrap_se"):
-        v, why = number((evaluation.get(field) or {}).get(key))
-        if why is None and v is not None and v < 0:
-            why = f"is {v:g}, not a spread (>= 0)"
-        if why:
-            return None, f"{field}.{key} {why}"
-        if v is not None:
-            found.append(v)
-    return (max(found) if found else None), None
-
-
-@dataclass(frozen=True)
-class Noise:
-    """The noise rule's verdict on one difference: the bound it must exceed, and how sure that bound is."""
-
-    bound: float | None  # k * sqrt(spread_base^2 + spread_new^2); None when neither side has a spread
-    beyond: bool | None  # |new - base| > bound; None when the noise is unknown
-    weak_reason: str | None  # why the bound rests on less than both runs' spreads
-
-
-def noise_rule(b: float, n: float, sb: float | None, sn: float | None, k: float) -> Noise:
-    """Whether new differs from base beyond the seeds' noise: |n - b| > k * sqrt(sb^2 + sn^2).
-
-    The one rule for quality differences: the gate judges with it and the reports' "within noise"
-    verdicts come from it. A spread on one side only stands for both; with none the noise is unknown.
-    """
-    if sb is None and sn is None:
-        return Noise(
-            None,
-            None,
-            "noise unknown: neither run recorded a spread or a bootstrap SE (one seed, --bootstrap 0?), so "
-            "the threshold alone decided",
-        )
-    weak_reason = None
-    if sb is None or sn is None:
-        sb = sn = sn if sb is None else sb
-        weak_reason = "only one run recorded a spread; it stands for both"
-    bound = k * math.hypot(sb, sn)
-    if not math.isfinite(bound):
-        bound = math.inf
-    return Noise(bound, abs(n - b) > bound, weak_reason)
 
 
 def _judge(

@@ -83,7 +83,7 @@ class MetricDelta:
     noise: float | None = None  # quality metrics: the difference that counts as beyond noise
     interval_pct: list[float] | None = None  # confidence interval of change_pct (low, high)
     interval_level: float | None = None  # its confidence level, e.g. 0.95
-    mde_pct: float | None = None  # minimum detectable effect at that interval (report.gate.paired.mde)
+    mde_pct: float | None = None  # minimum detectable effect at that interval (report.gate.timing.mde)
 
     @classmethod
     def judged(
