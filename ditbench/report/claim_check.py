@@ -1,12 +1,7 @@
-"""Claims checked against a run: what a claim reads from each cell, and a verdict naming the cells used.
-
-held: every matching cell (or the median over matching pairs) inside the claim's interval; not held:
-outside it, or an out-of-memory cell proves the memory beyond it; not measured: no cell could say;
-inconclusive: a compare claim whose median's 95% bootstrap interval spans an end of the claim; not
-judged: a card's speed measured only on a CPU, or a memory claim where activations are under a tenth of
-the peak (memory.not_meaningful). An absolute speed speaks only for the card that computed it: when a
-claim names its `card`, one measured elsewhere (a capped bigger card included) is shown, not judged.
-With several records of one cell (`--keep all`), the latest is used.
+"""Claims checked against a run: what a claim reads from each cell, and a verdict naming the cells used
+(held, not held, not measured, inconclusive, not judged: docs/reports.md says when). An absolute speed
+speaks only for the card that computed it: when a claim names its `card`, one measured elsewhere is
+shown, not judged. With several records of one cell (`--keep all`), the latest is used.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
-"""Claims files: statements about DiT training resources, written so a run can check them
-(docs/reports.md; claims/dit_resource_guide.yaml is one).
-
-A claim selects cells with `cell` (knobs of the suite, a value or a list of allowed values) and
-states what it expects: of one metric, `value` (+- `tolerance_pct`, default 10), `range: [lo, hi]`,
-`at_most` or `at_least`; between cells that differ as `compare.from` -> `compare.to` (the pair
-filtered by `cell`), `ratio` (to / from, +- `tolerance_pct`) or `ratio_range`; or `fits` a card.
-A metric may also be a quality output of the metric registry (`fid`, ...: the cell's last
-evaluation). `card` and `note` may be set per claim or for the file. The whole file is validated
-(the pydantic models below) before anything is checked: every mistake names the file and key path.
+"""Claims files: statements about DiT training resources that a run can check (docs/reports.md;
+claims/dit_resource_guide.yaml is one). A claim selects cells with `cell` and expects of one metric a
+`value`, `range`, `at_most` or `at_least`, a `ratio` or `ratio_range` between cells that differ as
+`compare`, or that they `fits` a card. The whole file is validated (the pydantic models below) before
+anything is checked: every mistake names the file and key path.
 """
 
 from __future__ import annotations
