@@ -1,11 +1,8 @@
-"""What the measurements say: speed-up over the suite's baseline, the fastest cell that fits, and the
-training time a reader can plan with.
-
-A cell's baseline is the ok cell equal to it except on the keys of the suite's `baseline`; "fits" is
-decided as in `memory`. Time to N steps is N / the measured steps/s on the GPUs the cell used (gpus x
-nodes); N defaults to the DiT paper's 400,000 steps at global batch 256 (a suite's `target_steps` or
-`report --target-steps` overrides it), and a cell at another global batch says so. GPU-hours per million
-images = GPUs x 10^6 / images/s / 3600, which does not depend on the batch.
+"""What the measurements say: speed-up over the suite's baseline (the ok cell equal to a cell except on
+the suite's `baseline` keys), the fastest cell that fits (`memory`), and the training time a reader can
+plan with: N / the measured steps/s on the cell's GPUs, N the DiT paper's 400,000 steps unless the
+suite or `report --target-steps` says otherwise; GPU-hours per million images = GPUs x 10^6 / images/s
+/ 3600, which does not depend on the batch.
 """
 
 from __future__ import annotations
