@@ -15,7 +15,7 @@ import pandas as pd
 from ditbench.errors import UserError
 from ditbench.records.metrics import IMAGES_PER_S, STEPS_PER_S
 from ditbench.report.cells import gpu_count, knob_index, knob_key, knobs, model_size_key, same_run_first
-from ditbench.report.load import flatten, value
+from ditbench.report.load import column, flatten, value
 from ditbench.report.memory import cell_budget, fit_memory, fits, memory_metric, not_meaningful
 
 # ------------------------------------------------------------------------------------------ baseline
@@ -167,12 +167,9 @@ def recommend(df: pd.DataFrame) -> Recommendations:
 
 
 def _ordered_models(df: pd.DataFrame) -> list[str]:
-    models = {}
-    for _, row in df.iterrows():
-        m = row.get("config.model")
-        p = value(row, "metrics.params")
-        models[m] = max(models.get(m, p) or 0, p or 0) or None
-    return sorted(models, key=lambda m: model_size_key(m, models[m]))
+    """Smallest first: by the largest parameter count a model's records give, else by its name."""
+    params = column(df, "metrics.params").groupby(df["config.model"], sort=False).max().fillna(0)
+    return sorted(params.index, key=lambda m: model_size_key(m, params[m] or None))
 
 
 # ------------------------------------------------------------------------------------------ time
