@@ -97,9 +97,8 @@ class _Run:
 
     df: pd.DataFrame
     rows: list[tuple[pd.Series, dict[str, Any]]]
-    index: dict[str, list[int]]  # knob key -> row labels, any status
+    index: dict[str, list[pd.Series]]  # knob key -> its rows, any status
     bounds: dict[Any, float]
-    by_label: dict[Any, pd.Series]
 
     def matching(self, selector: dict[str, Any]) -> list[pd.Series]:
         return [row for row, k in self.rows if matches(k, selector)]
@@ -108,10 +107,10 @@ class _Run:
 def check_claims(df: pd.DataFrame, claims: ClaimsFile, target_steps: int) -> list[ClaimResult]:
     df = latest_per_cell(df)
     rows = [(row, knobs(row["record"])) for _, row in df.iterrows()]
-    index: dict[str, list[int]] = {}
+    index: dict[str, list[pd.Series]] = {}
     for row, k in rows:
-        index.setdefault(knob_key(k), []).append(row.name)
-    run = _Run(df, rows, index, card_lower_bounds(df), {row.name: row for row, _ in rows})
+        index.setdefault(knob_key(k), []).append(row)
+    run = _Run(df, rows, index, card_lower_bounds(df))
     checks = {"compare": _check_compare, "fits": _check_fits, "cell": _check_cell}
     return [checks[claim.kind](run, claim, target_steps) for claim in claims.claims]
 
@@ -247,10 +246,10 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
     cannot_show = 0
     pairs: list[tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]]] = []
     for row in sources:
-        labels = run.index.get(knob_key({**knobs(row["record"]), **claim.change_to}), [])
-        if not labels:
+        twins = run.index.get(knob_key({**knobs(row["record"]), **claim.change_to}), [])
+        if not twins:
             continue
-        twin = run.by_label[labels[-1]]
+        twin = twins[-1]
         pairs.append((_labelled(row), _labelled(twin)))
         pair = f"{cell_label(row)} → {cell_label(twin)}"
         both_ok = row["status"] == twin["status"] == "ok"
