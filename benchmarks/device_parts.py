@@ -114,8 +114,7 @@ def fid(args) -> dict[str, Any]:
     import torch
 
     from ditbench.metrics.evaluate import Scorer
-    from ditbench.metrics.features import FeatureExtractor
-    from ditbench.metrics.weights import TEST_NETWORK
+    from ditbench.metrics.weights import TEST_NETWORK, FeatureExtractor
 
     s = FID_DRY if args.dry_run else FID_REAL
     device = "cpu" if args.dry_run else "cuda"

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ditbench.spec.catalog import SUITES_DIR, shipped_suites
+from ditbench.spec.suite import SUITES_DIR, shipped_suites
 
 
 def describe(path: Path) -> dict[str, object]:

@@ -1,10 +1,7 @@
-"""Every metric a record carries, declared once (records.model types the section that holds them).
-
-A `Metric` says where its figure lives in a record (`path`), its label, unit and display format,
-which way is better, the values a real one can take, how the ranks of a multi-process cell combine
-it, and the gate's default threshold. Writers, the loader, `compare`, the report, `export`, claims,
-the planner and `ab` name a metric through this table, never by a literal of their own. Quality
-figures (FID, IS, ...) are the metric registry's outputs; `table()` joins them to the record's.
+"""Every metric a record carries, declared once (records.model types the section that holds them): where
+it lives, how it reads, which way is better, how ranks combine it, the gate's default threshold.
+Writers, the loader, `compare`, the report, `export`, claims, the planner and `ab` name a metric through
+this table, never by a literal of their own; `table()` joins the metric registry's quality outputs.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from ditbench.bench import cell_core
 from ditbench.dist import DistContext
 from ditbench.metrics import registry
 from ditbench.pretrained import CACHE_ENV
-from ditbench.quality import grid
+from ditbench.quality import evaluation as grid
 from ditbench.quality.loop import run_quality
 from ditbench.spec.cell import CellSpec, Steps
 from ditbench.spec.knobs import Knobs
