@@ -165,19 +165,17 @@ def check_ckpt_tradeoff(df: pd.DataFrame) -> AdviceCheck:
             "no checkpointed cell with an un-checkpointed twin and GPU memory figures in this run",
             rule,
         )
-    saving = statistics.median(n["saving"] for n in numbers)
-    extra = statistics.median(n["extra_time"] for n in numbers)
+    savings, extras = ([n[key] for n in numbers] for key in ("saving", "extra_time"))
+    saving, extra = statistics.median(savings), statistics.median(extras)
     held = saving >= CKPT_MIN_SAVING and extra <= CKPT_MAX_EXTRA_TIME
     # The median's interval must agree: one that spans a bound fits a verdict either way.
-    s_lo, s_hi = _interval([n["saving"] for n in numbers])
-    e_lo, e_hi = _interval([n["extra_time"] for n in numbers])
+    (s_lo, s_hi), (e_lo, e_hi) = _interval(savings), _interval(extras)
     sure_held = s_lo >= CKPT_MIN_SAVING and e_hi <= CKPT_MAX_EXTRA_TIME
     sure_not = s_hi < CKPT_MIN_SAVING or e_lo > CKPT_MAX_EXTRA_TIME
     best = max(numbers, key=lambda n: n["saving"])
     evidence = (
-        f"median memory saved {saving:.0%} (range {min(n['saving'] for n in numbers):.0%}-"
-        f"{max(n['saving'] for n in numbers):.0%}), median extra time {extra:.0%} (range "
-        f"{min(n['extra_time'] for n in numbers):.0%}-{max(n['extra_time'] for n in numbers):.0%}) "
+        f"median memory saved {saving:.0%} (range {min(savings):.0%}-{max(savings):.0%}), median extra "
+        f"time {extra:.0%} (range {min(extras):.0%}-{max(extras):.0%}) "
         f"over {len(numbers)} pair(s); largest saving at {best['cell']} ({best['none_gib']:.2f} -> "
         f"{best['full_gib']:.2f} GiB)"
     ) + (f"; {small}" if small else "")
