@@ -1,10 +1,9 @@
 """Every knob of a training cell in one model: name, type, default, bounds, help, and the combinations
 that cannot run.
 
-`Knobs` holds one normalised value of each (`grad_ckpt: on` and `full` are one cell), built once from a
-suite, an override, `ditbench train`'s flags or a record; `PartialKnobs` some of them (`include`,
-`exclude`, `baseline`, a claim's selector). PROCESS_KNOBS shape how the processes start, the others are
-`ditbench train` flags. Adding a knob: a field here and the Trainer line that applies it.
+`Knobs` holds one normalised value of each (`grad_ckpt: on` and `full` are one cell); `PartialKnobs`
+some of them (`include`, `exclude`, `baseline`, a claim's selector). Adding a knob: a field here and the
+Trainer line that applies it.
 """
 
 from __future__ import annotations
@@ -175,8 +174,7 @@ class PartialKnobs(SpecModel):
 
 
 class Knobs(PartialKnobs):
-    """One value of every knob, validated and normalised as it is built (UserError otherwise):
-    `Knobs(model="DiT-S/8", batch_size=8)`."""
+    """One value of every knob, validated and normalised as it is built (UserError otherwise)."""
 
     @model_validator(mode="after")
     def _runnable(self) -> Knobs:

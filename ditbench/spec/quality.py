@@ -1,9 +1,6 @@
 """The suite's `quality:` section (docs/suites-and-knobs.md): what to score, how to sample, when, with
-which seeds, for which cells.
-
-`QualitySpec` travels in the cell's spec (`config.quality`, part of its id: a changed section reruns
-its cells); `conflict` says before anything runs why a cell cannot be evaluated. `Sampler` is also
-`ditbench sample`'s settings: one set of bounds for both.
+which seeds, for which cells. It is part of a cell's id (a changed section reruns its cells); `Sampler`
+is also `ditbench sample`'s settings: one set of bounds for both.
 """
 
 from __future__ import annotations
