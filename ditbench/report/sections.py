@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from ditbench.interval_text import decimals
+from ditbench.intervals import decimals
 from ditbench.records.metrics import ENERGY_PER_IMAGE, IMAGES_PER_S, MFU, STEP_MS
 from ditbench.report import advice, analysis
 from ditbench.report.analysis import gpu_hours_text, time_text
@@ -378,7 +378,7 @@ def rate_text(row: pd.Series) -> str:
     ci = rep.get(f"{IMAGES_PER_S.key}_ci") if rep is not None else None
     if not (isinstance(ci, list) and len(ci) == 2):
         return num(value(row, IMAGES_PER_S.path))
-    # to the decimals the interval justifies (interval_text), at most num's one
+    # to the decimals the interval justifies (intervals), at most num's one
     ends = [x for x in ci if x is not None]
     digits = decimals((ends[1] - ends[0]) / 2, 1) if len(ends) == 2 else 1
     text = num(value(row, IMAGES_PER_S.path), digits)
