@@ -79,18 +79,16 @@ def nvml_status(cuda: bool) -> str:
 
 
 def nvml_gpu() -> tuple[str | None, float | None]:
-    """Name and memory of the first visible GPU through NVML (None, None without NVML or a GPU)."""
-    return _nvml(_nvml_gpu) or (None, None)
+    """Name and memory of the first visible GPU through NVML, without touching CUDA (None, None without
+    NVML or a GPU)."""
 
+    def query(nv: Any) -> tuple[str, float]:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+        get = nv.nvmlDeviceGetHandleByIndex if visible.isdigit() else nv.nvmlDeviceGetHandleByUUID
+        handle = get(int(visible) if visible.isdigit() else visible)
+        return _text(nv.nvmlDeviceGetName(handle)), round(nv.nvmlDeviceGetMemoryInfo(handle).total / 2**30, 2)
 
-def _nvml_gpu(nv: Any) -> tuple[str, float]:
-    """Name and memory of the first visible GPU through NVML, without touching CUDA."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
-    by_index = visible.isdigit()
-    handle = (
-        nv.nvmlDeviceGetHandleByIndex(int(visible)) if by_index else nv.nvmlDeviceGetHandleByUUID(visible)
-    )
-    return _text(nv.nvmlDeviceGetName(handle)), round(nv.nvmlDeviceGetMemoryInfo(handle).total / 2**30, 2)
+    return _nvml(query) or (None, None)
 
 
 def collect_env(probe_cuda: bool = True) -> dict[str, Any]:
@@ -106,7 +104,7 @@ def collect_env(probe_cuda: bool = True) -> dict[str, Any]:
         gpu_name, gpu_mem = nvml_gpu()
     else:
         gpu_name, gpu_mem = None, None
-    env: dict[str, Any] = {
+    return {
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cpu": cpu_name(),
@@ -123,4 +121,3 @@ def collect_env(probe_cuda: bool = True) -> dict[str, Any]:
         "ditbench": __version__,
         "git_sha": git_sha(),
     }
-    return env

@@ -1,9 +1,6 @@
-"""Every file ditbench writes, or reads back as its own, goes through here.
-
-`atomic_write`: a temporary file beside the target, fsynced and renamed into place, with the mode an
-ordinary write gives. Only a regular file is replaced, appended to or read back (`refusal`): never
-through a link, never a FIFO, device or folder, and a file changed in place (results.jsonl, the lock, a
-log) has no second hard link. Text is UTF-8 with a lone surrogate escaped.
+"""Every file ditbench writes, or reads back as its own, goes through here: atomically (`atomic_write`),
+and only a regular file (`refusal`: never through a link, never a FIFO, device or folder; a file changed
+in place has no second hard link). Text is UTF-8 with a lone surrogate escaped.
 """
 
 from __future__ import annotations
@@ -23,8 +20,6 @@ from ditbench.errors import UserError, shorten
 
 _UMASK_LOCK = threading.Lock()
 _CHANGES = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC
-
-
 _KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO (a named pipe)"}
 _KINDS.update({stat.S_IFCHR: "a device", stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"})
 
@@ -137,10 +132,7 @@ def rmtree_real(path: str | Path) -> None:
     """Delete a folder and what it holds, never following a link (a link at `path` is only unlinked;
     shutil.rmtree follows none inside)."""
     path = Path(path)
-    if path.is_symlink():
-        path.unlink(missing_ok=True)
-        return
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
