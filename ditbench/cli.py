@@ -53,16 +53,6 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
 TRACEBACK_ENV = "DITBENCH_TRACEBACK"  # set: an unforeseen OSError shows its traceback
 
 
-def os_error_message(err: OSError) -> str:
-    files = [shorten(str(f)) for f in (err.filename, err.filename2) if f is not None]
-    where = f" ({' -> '.join(files)})" if files else ""
-    what = err.strerror or shorten(str(err), 300, quote=False)
-    return (
-        f"{what}{where}: the file system refused an operation. Check the paths you gave and the free "
-        f"space; {TRACEBACK_ENV}=1 shows where it happened."
-    )
-
-
 def _print_error(message: str) -> None:
     paragraph = textwrap.fill(
         " ".join(message.split()),
@@ -118,7 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:  # a file system refusal no check foresaw: which file and why, not a traceback
         if os.environ.get(TRACEBACK_ENV):
             raise
-        _print_error(os_error_message(err))
+        files = [shorten(str(f)) for f in (err.filename, err.filename2) if f is not None]
+        where = f" ({' -> '.join(files)})" if files else ""
+        what = err.strerror or shorten(str(err), 300, quote=False)
+        _print_error(
+            f"{what}{where}: the file system refused an operation. Check the paths you gave and the free "
+            f"space; {TRACEBACK_ENV}=1 shows where it happened."
+        )
         return 2
     except KeyboardInterrupt:
         # a command whose work survives an interruption says what is kept (args._resume)

@@ -1,11 +1,8 @@
-"""One writer per output folder: an exclusive lock, so two runs never both write the same results.
-
-`OutputLock(folder, command)` flocks `<folder>/.ditbench.lock` through filelock (released by the kernel
-however its holder dies; O_NOFOLLOW: a planted link is refused) and writes its holder's record (PID,
-host, process start, command, since) into it, so a second process is told who holds the folder.
-Where flock is refused (ENOLCK, EOPNOTSUPP, ENOSYS, EINVAL: Lustre without `flock`, some NFS) the lock
-is the record itself, created atomically (`os.link`) as `.ditbench.lock.held`; a record whose process
-on this host is gone is taken over, one from another host cannot be checked (the message says so).
+"""One writer per output folder: `OutputLock(folder, command)` flocks `<folder>/.ditbench.lock` through
+filelock (released by the kernel however its holder dies) and writes its holder's PID, host, process
+start and command into it, so a second process is told who holds the folder. Where flock is refused
+(Lustre without `flock`, some NFS) the lock is that record itself, created atomically (`os.link`) as
+`.ditbench.lock.held`; a dead holder's on this host is taken over.
 """
 
 from __future__ import annotations
@@ -99,7 +96,12 @@ class OutputLock:
         from filelock import FileLock, Timeout
 
         path = self.folder / LOCK_NAME
-        self._check_lock_path(path)
+        if not self.folder.is_dir():  # filelock would create the folders; the caller makes (and checks) them
+            raise UserError(
+                f"{self.what} {shorten(str(self.folder))}: cannot create its lock file {LOCK_NAME} (no such "
+                "folder); give a folder you can write in."
+            )
+        check_target(path, self.what, in_place=True)  # a link, FIFO, device or second hard link planted
         previous: list[dict[str, Any] | None] = []
         record = json.dumps(holder_record(self.command)).encode()
 
@@ -137,16 +139,6 @@ class OutputLock:
             self.stale = held  # a holder that died without clearing its record (SIGKILL)
         self._lock = lock
         return self
-
-    def _check_lock_path(self, path: Path) -> None:
-        """lstat: a link is refused (never followed), and so is a FIFO, a device or a second hard link
-        planted as the lock (its record is written into it)."""
-        if not self.folder.is_dir():  # filelock would create the folders; the caller makes (and checks) them
-            raise UserError(
-                f"{self.what} {shorten(str(self.folder))}: cannot create its lock file {LOCK_NAME} (no such "
-                "folder); give a folder you can write in."
-            )
-        check_target(path, self.what, in_place=True)
 
     def _busy(self, holder: dict[str, Any] | None, held: Path | None = None) -> UserError:
         """Who holds the folder; `held`: the record file that is the lock where flock is refused."""
@@ -238,7 +230,6 @@ class OutputLock:
 
 
 def _read_path(path: Path) -> bytes:
-    """The holder record in the lock file, read without following a link or blocking on a FIFO."""
     try:
         return read_regular(path)
     except (OSError, UserError):
