@@ -1,10 +1,8 @@
-"""GPU cards by name: the memory a process can use, the compute capability and the datasheet of each,
-for the card emulation (`card` in a suite), the planner and its time model.
+"""GPU cards by name: the memory a process can use, the compute capability and the datasheet of each.
 
-`usable_gib` is the total memory the driver reports (`total_memory`, nvidia-smi's "Total"; public
-readings, MiB / 1024, to 0.01 GiB), less than the marketing size: an "RTX 4090 24 GB" exposes
-23.99 GiB; the CUDA context comes out of it. A generic name several cards answer to (`A100`, `V100`)
-picks the largest; `ambiguity(name)` says so.
+`usable_gib` is the total memory the driver reports (nvidia-smi's "Total", MiB / 1024), less than the
+marketing size (an "RTX 4090 24 GB" exposes 23.99 GiB). A generic name several cards answer to (`A100`,
+`V100`) picks the largest; `ambiguity(name)` says so.
 """
 
 from __future__ import annotations
@@ -168,11 +166,6 @@ def cards_in_class(memory_class_gb: int) -> list[Card]:
 
 def check_gib(value: object, where: str) -> float:
     """A memory size in GiB: a finite number > 0 (NaN and inf are refused, not silently passed)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:  # NaN too
         raise UserError(f"{where} must be a finite number of GiB greater than 0, got {shorten(value)}.")
     return float(value)

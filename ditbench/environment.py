@@ -1,7 +1,5 @@
-"""The environment a record captures: host, CPU, GPU, driver, CUDA, torch, ditbench and its commit.
-
-`collect_env()` is called in the process that measured (a cell's, a sampling job's), so the record
-describes the device the numbers came from. Nothing here initialises CUDA unless a GPU is visible.
+"""The environment a record captures (host, CPU, GPU, driver, CUDA, torch, ditbench and its commit), in
+the process that measured. Nothing here initialises CUDA unless a GPU is visible.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Pixel data without a VAE: the image itself, scaled to [-1, 1], is the DiT's 4 x s x s latent.
-
-grey (default): each latent cell is a 2x2 block of a grey image of side 2s (pixel_unshuffle); `colour:
-rgb`: each cell is one RGB pixel (side s) and its luma. Decoding is the exact inverse, so a CPU trains
-and scores a real image model in minutes with no VAE or download (`suites/cpu_quality.yaml`). Sampling
-imports this module to decode, so it never imports training.
+"""Pixel data without a VAE: the image itself, scaled to [-1, 1], is the DiT's 4 x s x s latent (grey:
+each cell a 2x2 block of a grey image of side 2s; `colour: rgb`: one RGB pixel and its luma). Decoding
+is the exact inverse, so a CPU trains and scores a real image model in minutes (`suites/cpu_quality.yaml`).
 """
 
 from __future__ import annotations

@@ -82,26 +82,24 @@ def set_tf32(enabled: bool) -> None:
             target.fp32_precision = mode
 
 
-def _snapshot() -> tuple:
-    """The settings to restore, read through the new API where it exists (it never refuses a read)."""
+def _snapshot() -> dict[str, Any]:
+    """The settings to restore: read through the new API where it exists (it never refuses a read),
+    else the legacy flags (True: TF32)."""
     import torch
 
     if _has_new_api():
-        return ("new", {n: t.fp32_precision for n, t in _new_api_targets().items()})
-    return ("legacy", (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+        return {n: t.fp32_precision for n, t in _new_api_targets().items()}
+    return {"matmul": torch.backends.cuda.matmul.allow_tf32, "conv": torch.backends.cudnn.allow_tf32}
 
 
-def _restore(saved: tuple) -> None:
+def _restore(saved: dict[str, Any]) -> None:
     import torch
 
-    kind, values = saved
-    if kind == "legacy":
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = values
-        return
-    torch.backends.cuda.matmul.allow_tf32 = values["matmul"] == "tf32"
-    torch.backends.cudnn.allow_tf32 = values["conv"] == "tf32"
-    for name, target in _new_api_targets().items():
-        target.fp32_precision = values[name]
+    torch.backends.cuda.matmul.allow_tf32 = saved["matmul"] in (True, "tf32")  # legacy flags first
+    torch.backends.cudnn.allow_tf32 = saved["conv"] in (True, "tf32")
+    if _has_new_api():
+        for name, target in _new_api_targets().items():
+            target.fp32_precision = saved[name]
 
 
 @contextlib.contextmanager
@@ -160,9 +158,7 @@ def get_precision_policy(
     name: str, device: str | torch.device = "cpu", bf16_supported: bool | None = None
 ) -> PrecisionPolicy:
     """The policy for `name` on `device`; UnsupportedError where the device cannot run it.
-
-    `bf16_supported` answers for a CUDA device that is not this machine's (the planner's target); None
-    asks torch."""
+    `bf16_supported`: the answer for a CUDA device that is not this machine's (the planner's target)."""
     import torch
 
     key = check_precision(name)

@@ -1,9 +1,6 @@
-"""Weights by name, as the official DiT sampler finds them.
-
-`ema` / `mse`: stabilityai's sd-vae-ft-ema / -mse through the Hugging Face cache. `DiT-XL-2-256x256.pt`
-and `-512x512.pt`: the released checkpoints, from the working directory, `pretrained_models/` or the
-ditbench cache ($DITBENCH_CACHE, else ~/.cache/ditbench), downloaded there once. Offline
-($DITBENCH_OFFLINE / $HF_HUB_OFFLINE) nothing is downloaded; a missing file is one paragraph.
+"""Weights by name, as the official DiT sampler finds them: `ema` / `mse` (stabilityai's sd-vae-ft-ema /
+-mse, the Hugging Face cache) and the released DiT checkpoints (`pretrained_models/` or the ditbench
+cache, downloaded there once). Offline ($DITBENCH_OFFLINE / $HF_HUB_OFFLINE) nothing is downloaded.
 """
 
 from __future__ import annotations

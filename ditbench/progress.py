@@ -1,6 +1,5 @@
-"""Progress bars for a terminal; where stderr is not one (a file, a CI log, which would keep tqdm's `\\r`
-redraws as one growing line), a plain line every `DITBENCH_PROGRESS_EVERY_S` seconds (30) and at the end.
-"""
+"""Progress bars for a terminal; where stderr is not one (a CI log would keep tqdm's redraws as one
+growing line), a plain line every `DITBENCH_PROGRESS_EVERY_S` seconds (30) and at the end."""
 
 from __future__ import annotations
 

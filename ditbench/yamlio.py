@@ -1,8 +1,6 @@
-"""The one reader of the YAML users hand us (suites, gate policies, claims): safe and bounded.
-
-A regular UTF-8 file of at most MAX_BYTES; yaml's safe loader refusing duplicate keys, nesting deeper
-than MAX_DEPTH, recursive aliases and alias expansion beyond MAX_NODES (a 300-byte "billion laughs");
-every failure a UserError naming the file and line.
+"""The one reader of the YAML users hand us (suites, gate policies, claims): a regular UTF-8 file of at
+most MAX_BYTES, no duplicate keys, recursive aliases, nesting beyond MAX_DEPTH or alias expansion beyond
+MAX_NODES (a 300-byte "billion laughs"); every failure a UserError naming the file and line.
 """
 
 from __future__ import annotations
