@@ -7,12 +7,11 @@ marketing size (an "RTX 4090 24 GB" exposes 23.99 GiB). A generic name several c
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from dataclasses import dataclass
 
-from ditbench.errors import UserError, shorten
+from ditbench.errors import UserError, did_you_mean, shorten
 
 
 @dataclass(frozen=True)
@@ -134,8 +133,7 @@ def find_card(name: str) -> Card:
     if card is not None:
         return card
     names = [c.name for c in CARDS]
-    close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.5)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    hint = did_you_mean(name, names, show="{!r}")
     raise UserError(
         f"unknown card {shorten(name)}.{hint} Known cards: {', '.join(names)}; or describe it: its memory "
         "in GiB (gpu_memory_gib; `ditbench plan --memory-gib GIB --tflops T --mem-bw GBS`)."

@@ -45,7 +45,7 @@ def type_name(value: Any) -> str:
     return names.get(type(value), f"a {type(value).__name__}")
 
 
-def did_you_mean(word: Any, choices: Iterable[str], cutoff: float = 0.5) -> str:
-    """ " Did you mean `x`?" for the closest of `choices` to `word`, or "" when none is close."""
+def did_you_mean(word: Any, choices: Iterable[str], cutoff: float = 0.5, show: str = "`{}`") -> str:
+    """ " Did you mean `x`?" for the closest of `choices` to `word` (`show`: how it is quoted), or ""."""
     close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=cutoff)
-    return f" Did you mean `{close[0]}`?" if close else ""
+    return f" Did you mean {show.format(close[0])}?" if close else ""
