@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.errors import UserError, shorten
-from ditbench.fileio import check_target, link_refusal, open_regular, read_regular, refusal
+from ditbench.fileio import check_target, link_refusal, open_regular, read_regular
 
 LOCK_NAME = ".ditbench.lock"
 HELD_NAME = ".ditbench.lock.held"  # the lock itself where flock is not supported
@@ -106,9 +106,8 @@ class OutputLock:
         record = json.dumps(holder_record(self.command)).encode()
 
         def write_holder(fd: int) -> None:  # filelock hands the locked descriptor over: our record in it
-            why = refusal(path, os.fstat(fd), self.what, in_place=True)  # a hard link planted meanwhile
-            if why is not None:
-                raise UserError(why)  # filelock releases the lock and raises it
+            # a hard link planted meanwhile: UserError, which filelock raises after releasing the lock
+            check_target(path, self.what, in_place=True, st=os.fstat(fd))
             previous.append(_parse(_read_all(fd)))
             os.ftruncate(fd, 0)
             os.pwrite(fd, record, 0)
@@ -209,11 +208,7 @@ class OutputLock:
     def release(self) -> None:
         if self._lock is not None:
             try:  # still holding it: clear our record (no record: nobody holds it)
-                fd = open_regular(self.folder / LOCK_NAME, os.O_WRONLY)
-                try:
-                    os.ftruncate(fd, 0)
-                finally:
-                    os.close(fd)
+                os.close(open_regular(self.folder / LOCK_NAME, os.O_WRONLY | os.O_TRUNC))
             except (OSError, UserError):
                 pass
             self._lock.release()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.errors import UserError, shorten
-from ditbench.fileio import check_target, file_kind, refusal
+from ditbench.fileio import check_target, file_kind
 
 NPZ = ("an ADM .npz batch", (".npz",))  # check_file_target's `writes` for the array files
 
@@ -88,7 +88,7 @@ def check_file_target(
 def check_kept(folder: str | Path, entries: dict[str, bool], what: str = "--out") -> None:
     """UserError unless each of `entries` (a name the command keeps in `folder` -> True for a folder,
     False for a regular file changed in place) that exists is exactly that, by lstat: no link, FIFO,
-    folder in a file's place or second hard link (fileio.refusal)."""
+    folder in a file's place or second hard link (fileio.check_target)."""
     folder = Path(folder)
     for name, want_dir in entries.items():
         path = folder / name
@@ -104,9 +104,7 @@ def check_kept(folder: str | Path, entries: dict[str, bool], what: str = "--out"
                 f"{what} {shorten(str(folder))} holds {name}, which is {kind}; ditbench keeps {name} there "
                 f"as a folder. Move it away, or give another {what}."
             )
-        why = refusal(path, st, what, in_place=True)
-        if why is not None:
-            raise UserError(why)
+        check_target(path, what, in_place=True, st=st)
 
 
 _SAFE = "A-Za-z0-9._=-"
