@@ -61,18 +61,12 @@ def names() -> list[str]:
     return [PREFIX + name for name in DATASETS]
 
 
-def check_name(spec: str) -> str:
-    """The dataset's name without the prefix; UserError naming the valid ones."""
+def resolve(spec: str) -> Path:
+    """The npz of a built-in dataset, built into the cache on first use; UserError naming the valid ones."""
     name = spec[len(PREFIX) :]
     if name not in DATASETS:
         listing = "; ".join(f"{PREFIX}{n} ({d.about})" for n, d in DATASETS.items())
         raise UserError(f"unknown built-in dataset {shorten(spec)}; valid: {listing}.")
-    return name
-
-
-def resolve(spec: str) -> Path:
-    """The npz of a built-in dataset, built into the cache on first use."""
-    name = check_name(spec)
     d = DATASETS[name]
     path = cache_root() / "datasets" / f"{name}-v{RECIPE_VERSION}-n{d.count}-s{d.seed}.npz"
     if not path.is_file():

@@ -14,7 +14,6 @@ from torch import nn
 
 from ditbench.device import resolve_device
 from ditbench.errors import UserError
-from ditbench.spec.knobs import STRATEGIES
 
 
 @dataclass(frozen=True)
@@ -96,13 +95,9 @@ def all_gather_objects(ctx: DistContext, obj):
 
 
 def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
-    """`model` (on ctx.device) wrapped for data-parallel training; unchanged in one plain process.
-
-    ddp: DistributedDataParallel. fsdp: FSDP2 `fully_shard` on every block, then the root (parameters,
-    gradients and optimizer state sharded; build the optimizer after wrapping: it sees DTensors).
-    """
-    if strategy not in STRATEGIES:
-        raise UserError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}.")
+    """`model` (on ctx.device) wrapped for data-parallel training by the knobs' `strategy`, unchanged in
+    one plain process. ddp: DistributedDataParallel. fsdp: FSDP2 `fully_shard` on every block, then the
+    root (build the optimizer after wrapping: it sees DTensors)."""
     if not ctx.distributed:
         return model
     if strategy == "ddp":

@@ -108,7 +108,10 @@ class OutputLock:
         def write_holder(fd: int) -> None:  # filelock hands the locked descriptor over: our record in it
             # a hard link planted meanwhile: UserError, which filelock raises after releasing the lock
             check_target(path, self.what, in_place=True, st=os.fstat(fd))
-            previous.append(_parse(_read_all(fd)))
+            try:
+                previous.append(_parse(os.pread(fd, 64_000, 0)))
+            except OSError:
+                previous.append(None)
             os.ftruncate(fd, 0)
             os.pwrite(fd, record, 0)
 
@@ -119,7 +122,11 @@ class OutputLock:
         try:
             lock.acquire()
         except Timeout:
-            raise self._busy(_parse(_read_path(path))) from None
+            try:  # who holds it, read without following a link or blocking on a FIFO
+                holder = _parse(read_regular(path))
+            except (OSError, UserError):
+                holder = None
+            raise self._busy(holder) from None
         except OSError as err:
             if err.errno == errno.ELOOP:
                 raise UserError(link_refusal(path, self.what)) from None
@@ -222,17 +229,3 @@ class OutputLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def _read_path(path: Path) -> bytes:
-    try:
-        return read_regular(path)
-    except (OSError, UserError):
-        return b""
-
-
-def _read_all(fd: int, limit: int = 64_000) -> bytes:
-    try:
-        return os.pread(fd, limit, 0)
-    except OSError:
-        return b""
