@@ -14,6 +14,8 @@ from ditbench import __version__
 from ditbench.cliopts import HelpFormatter, check_arguments, check_text_arguments
 from ditbench.errors import UserError, shorten
 
+TRACEBACK_ENV = "DITBENCH_TRACEBACK"  # set: an unforeseen OSError shows its traceback
+
 # name -> (module, one-line help). Order is the order `ditbench --help` lists them in.
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("ditbench.bench.cli", "run a benchmark suite (a matrix of training cells)"),
@@ -48,9 +50,6 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
             module.add_arguments(p)
             p.set_defaults(_run=module.run)
     return parser
-
-
-TRACEBACK_ENV = "DITBENCH_TRACEBACK"  # set: an unforeseen OSError shows its traceback
 
 
 def _print_error(message: str) -> None:

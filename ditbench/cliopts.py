@@ -11,6 +11,7 @@ from ditbench.errors import UserError, shorten
 from ditbench.precision import PRECISIONS, check_precision
 
 DEVICE_METAVAR = "{auto,cpu,cuda}"
+PRECISION_METAVAR = "{" + ",".join(PRECISIONS) + "}"
 DEVICE_HELP = (
     "where to compute: auto (a GPU where one is visible, else the CPU), cpu, or cuda (cuda:N for one GPU)"
 )
@@ -33,9 +34,6 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 def add_device(parser: argparse.ArgumentParser, help: str = DEVICE_HELP) -> None:
     # checked by device.resolve_device: the one-paragraph error (exit 2), not argparse's usage dump
     parser.add_argument("--device", default="auto", metavar=DEVICE_METAVAR, help=help)
-
-
-PRECISION_METAVAR = "{" + ",".join(PRECISIONS) + "}"
 
 
 def add_precision(parser: argparse.ArgumentParser, default: str, help: str) -> None:

@@ -15,6 +15,8 @@ from torch import nn
 from ditbench.device import resolve_device
 from ditbench.errors import UserError
 
+DEFAULT_TIMEOUT_S = 600.0  # a collective waits this long for a peer before it fails (torch's default)
+
 
 @dataclass(frozen=True)
 class DistContext:
@@ -44,9 +46,6 @@ class DistContext:
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     return default if value in (None, "") else int(value)
-
-
-DEFAULT_TIMEOUT_S = 600.0  # a collective waits this long for a peer before it fails (torch's default)
 
 
 def init(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> DistContext:

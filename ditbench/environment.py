@@ -14,6 +14,8 @@ from typing import Any
 
 from ditbench import __version__
 
+NVML_MISSING = "missing nvidia-ml-py"
+
 
 def git_sha() -> str | None:
     """The commit of the ditbench checkout, '+dirty' when it has local changes; None outside git."""
@@ -56,9 +58,6 @@ def _nvml(query: Callable[[Any], Any]) -> Any:
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
-
-
-NVML_MISSING = "missing nvidia-ml-py"
 
 
 def nvml_status(cuda: bool) -> str:

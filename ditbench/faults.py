@@ -23,6 +23,7 @@ FAULT_KINDS = ("raise", "hang", "oom", "nan", "slow")
 SLOW_MAX = 10.0  # a step slowed more than 11-fold is a hang by another name
 TRACEBACK_CHARS = 4000  # the end of a traceback kept in a result; the record keeps its last lines
 REASON_CHARS = 300  # an out-of-memory message's first characters (the allocator's summary)
+_CPU_OOM = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
 _ITEM = re.compile(
     r"(?P<substring>.+)=(?P<kind>[a-z]+)(?::(?P<fraction>[0-9.eE+-]{1,20}))?(?:@(?P<step>[1-9]\d{0,8}))?"
 )
@@ -148,9 +149,6 @@ def check_finite(losses: list, first_step: int, phase: str) -> None:
     if len(bad):
         i = int(bad[0])
         raise NonFiniteLoss(first_step + i, phase, float(values[i]))
-
-
-_CPU_OOM = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
 
 
 def is_out_of_memory(err: BaseException) -> bool:

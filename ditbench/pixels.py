@@ -13,6 +13,7 @@ from ditbench import vae
 from ditbench.errors import UserError, shorten
 
 BLOCK = 2  # pixels per latent cell along each side: BLOCK**2 == vae.LATENT_CHANNELS grey pixels
+LUMA = (0.299, 0.587, 0.114)  # ITU-R 601, as to_grey
 assert BLOCK * BLOCK == vae.LATENT_CHANNELS
 
 
@@ -41,9 +42,6 @@ def encode(grey):
 
     x = torch.as_tensor(grey)
     return F.pixel_unshuffle(x.float().div(127.5).sub(1.0).unsqueeze(1), BLOCK)
-
-
-LUMA = (0.299, 0.587, 0.114)  # ITU-R 601, as to_grey
 
 
 def encode_rgb(rgb):
