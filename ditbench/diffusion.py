@@ -1,9 +1,6 @@
-"""Gaussian diffusion as DiT trains and samples it (the openai guided-diffusion formulation).
-
-1000 steps, linear betas 1e-4 .. 0.02, epsilon prediction; learned-range variance (the second half of
-the channels interpolates the log variance between log(beta_t) and the clipped posterior's); hybrid loss
-MSE(eps) + L_vb, L_vb (KL for t > 0, discretised decoder NLL at t = 0, in bits) seeing the mean
-detached; DDPM and DDIM over respaced timesteps, classifier-free guidance via forward_with_cfg.
+"""Gaussian diffusion as DiT trains and samples it (the openai guided-diffusion formulation): 1000 steps,
+linear betas 1e-4 .. 0.02, epsilon prediction, learned-range variance; hybrid loss MSE(eps) + L_vb (in
+bits, seeing the mean detached); DDPM and DDIM over respaced timesteps, classifier-free guidance.
 Schedules are float64 numpy gathered per timestep as float32, like the reference.
 """
 

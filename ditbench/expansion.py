@@ -16,7 +16,6 @@ def add_max_cells(parser, refuse: str) -> None:
     parser.add_argument(
         "--max-cells",
         type=int,
-        default=None,
         metavar="N",
         help=f"refuse {refuse} more than N cells, counted before expanding (default: {DEFAULT_MAX_CELLS})",
     )

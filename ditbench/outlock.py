@@ -70,13 +70,11 @@ def _parse(data: bytes) -> dict[str, Any] | None:
 def describe(holder: dict[str, Any] | None) -> str:
     if not holder:
         return "another process (it has not written its PID yet)"
-    pid, host = holder.get("pid"), holder.get("host")
-    command = holder.get("command")
-    text = f"PID {shorten(pid, quote=False)} on host {shorten(host, quote=False)}"
+    text = f"PID {shorten(holder.get('pid'), quote=False)} on host {shorten(holder.get('host'), quote=False)}"
     if holder.get("since"):
         text += f", since {shorten(holder['since'], quote=False)}"
-    if command:
-        text += f" (`{shorten(command, 120, quote=False)}`)"
+    if holder.get("command"):
+        text += f" (`{shorten(holder['command'], 120, quote=False)}`)"
     return text
 
 

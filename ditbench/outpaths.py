@@ -32,8 +32,7 @@ def ensure_dir(path: str | Path, what: str, *, probe: bool = True) -> Path:
     if os.path.lexists(path) and not path.is_dir():
         kind = "a file" if path.is_file() else "not a folder"
         raise UserError(f"{what} {shorten(str(path))} is {kind}; give a folder (it is created if missing).")
-    blocker = _blocking_ancestor(path.parent)
-    if blocker is not None:
+    if (blocker := _blocking_ancestor(path.parent)) is not None:
         raise UserError(
             f"{what} {shorten(str(path))} cannot be created: {shorten(str(blocker))} is a file, not a folder."
         )

@@ -1,9 +1,8 @@
 """Precision: the four names a knob takes, what each does to a step, and the one switch for TF32.
 
-fp32  TF32 off for matmul and cuDNN; tf32  fp32 storage, TF32 tensor-core math (official train.py's)
-fp16  autocast to float16 + a GradScaler; bf16  autocast to bfloat16, no scaler
-Weights, gradients, optimizer state and EMA stay fp32 in every policy; under fp16/bf16 the fp32 matmuls
-left outside autocast use TF32 on CUDA, as the official scripts do.
+fp32: TF32 off; tf32: TF32 tensor-core math (official train.py's); fp16: autocast + a GradScaler; bf16:
+autocast, no scaler. Weights, gradients, optimizer state and EMA stay fp32 in every policy; under
+fp16/bf16 the matmuls left outside autocast use TF32 on CUDA, as the official scripts do.
 
 TF32 is switched only by `set_tf32` / `tf32_mode`. torch >= 2.9 has two APIs (per-op `fp32_precision`,
 the legacy `allow_tf32` flags); set one alone and every legacy getter raises ("mix of the legacy and new
