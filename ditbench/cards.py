@@ -146,12 +146,11 @@ def ambiguity(name: str) -> str | None:
     if generic is None:
         return None
     chosen = find_card(generic)
-    others = [
-        c
+    alternatives = ", ".join(
+        f"{c.name} ({c.usable_gib:.2f} GiB)"
         for c in CARDS
         if c is not chosen and any(_key(a).startswith(_key(generic)) for a in (c.name, *c.aliases))
-    ]
-    alternatives = ", ".join(f"{c.name} ({c.usable_gib:.2f} GiB)" for c in others)
+    )
     return (
         f"card {shorten(name)} names several cards: chose {chosen.name} ({chosen.usable_gib:.2f} GiB "
         f"usable), the largest; the other {generic}: {alternatives}. Name the card exactly for another."

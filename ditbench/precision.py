@@ -164,8 +164,7 @@ def get_precision_policy(
     device_type = torch.device(device).type
     if device_type not in ("cpu", "cuda"):
         raise UnsupportedError(f"device type {device_type!r} is not supported; use cpu or cuda")
-    reason = unsupported_reason(key, device_type)
-    if reason:
+    if reason := unsupported_reason(key, device_type):
         raise UnsupportedError(reason)
     if bf16_supported is None and device_type == "cuda":
         bf16_supported = torch.cuda.is_bf16_supported()
