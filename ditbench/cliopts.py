@@ -10,8 +10,6 @@ import argparse
 from ditbench.errors import UserError, shorten
 from ditbench.precision import PRECISIONS, check_precision
 
-DEVICE_METAVAR = "{auto,cpu,cuda}"
-PRECISION_METAVAR = "{" + ",".join(PRECISIONS) + "}"
 DEVICE_HELP = (
     "where to compute: auto (a GPU where one is visible, else the CPU), cpu, or cuda (cuda:N for one GPU)"
 )
@@ -33,12 +31,12 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 def add_device(parser: argparse.ArgumentParser, help: str = DEVICE_HELP) -> None:
     # checked by device.resolve_device: the one-paragraph error (exit 2), not argparse's usage dump
-    parser.add_argument("--device", default="auto", metavar=DEVICE_METAVAR, help=help)
+    parser.add_argument("--device", default="auto", metavar="{auto,cpu,cuda}", help=help)
 
 
 def add_precision(parser: argparse.ArgumentParser, default: str, help: str) -> None:
     # the choices are shown, and checked by `check_arguments` (the one-paragraph error, exit 2)
-    parser.add_argument("--precision", default=default, metavar=PRECISION_METAVAR, help=help)
+    parser.add_argument("--precision", default=default, metavar="{" + ",".join(PRECISIONS) + "}", help=help)
 
 
 def check_arguments(args: argparse.Namespace) -> None:
