@@ -21,6 +21,8 @@ import pytest
 
 pytest.importorskip("submitit")
 
+from written_records import shape, written  # noqa: E402
+
 from ditbench.bench.jobs import JOBS_DIR  # noqa: E402
 from ditbench.bench.launch import executors  # noqa: E402
 from ditbench.records.jsonl import read_records  # noqa: E402
@@ -91,16 +93,6 @@ def by_name(out: Path) -> dict[str, dict]:
     return {r["cell_name"]: r for r in records(out)}
 
 
-def written(out: Path) -> list[dict]:
-    """The records as their JSON lines hold them (the keys a writer wrote, not the model's fields)."""
-    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
-
-
-def shape(record: dict) -> tuple:
-    keys = sorted(k for k in record if k not in ("adopted_by", "slurm_job"))
-    return record["cell_id"], record["status"], tuple(keys), tuple(sorted(record.get("metrics") or {}))
-
-
 def jobs_dir(out: Path) -> Path:
     return out / JOBS_DIR
 
@@ -161,7 +153,8 @@ def test_cpu_multi_runs_as_one_array_per_job_shape_and_matches_a_local_run(tmp_p
         assert len(nodes) == 1 and nodes[0] in ("node1", "node2"), record["slurm_job"]
         if record["config"]["gpus"] == 2:
             assert record["metrics"]["launcher"] == "srun" and len(record["metrics"]["per_rank"]) == 2
-    assert sorted(map(shape, written(out))) == sorted(map(shape, written(local)))
+    ignore = ("adopted_by", "slurm_job")
+    assert sorted(shape(r, ignore) for r in written(out)) == sorted(shape(r, ignore) for r in written(local))
     ended_completed([r["slurm_job"]["id"] for r in got])
 
 

@@ -18,6 +18,8 @@ import pytest
 
 pytest.importorskip("submitit")
 
+from written_records import shape, written  # noqa: E402
+
 from ditbench.bench.jobs import JOBS_DIR  # noqa: E402
 from ditbench.records.jsonl import read_records  # noqa: E402
 
@@ -86,17 +88,6 @@ def alive(pid: int, out: Path) -> str:
         except psutil.Error:
             pass
     return "; ".join(found) or "no process left"
-
-
-def written(out: Path) -> list[dict]:
-    """The records as their JSON lines hold them (the keys a writer wrote, not the model's fields)."""
-    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
-
-
-def shape(record: dict) -> tuple:
-    keys = sorted(k for k in record if k != "adopted_by")
-    metrics = sorted(record.get("metrics") or {})
-    return record["cell_id"], record["status"], tuple(keys), tuple(metrics)
 
 
 @pytest.mark.slow
