@@ -114,8 +114,7 @@ def fid(args) -> dict[str, Any]:
     import torch
 
     from ditbench.metrics.evaluate import Scorer
-    from ditbench.metrics.features import FeatureExtractor
-    from ditbench.metrics.weights import TEST_NETWORK
+    from ditbench.metrics.weights import TEST_NETWORK, FeatureExtractor
 
     s = FID_DRY if args.dry_run else FID_REAL
     device = "cpu" if args.dry_run else "cuda"
@@ -206,7 +205,7 @@ def ddp(args) -> dict[str, Any]:
     import torch
 
     from ditbench import dist
-    from ditbench.bench.window import measure_window
+    from ditbench.bench.cell.window import measure_window
     from ditbench.spec.knobs import Knobs
     from ditbench.train import Trainer
 

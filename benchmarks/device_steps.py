@@ -251,7 +251,7 @@ def cell_figures(record: dict) -> dict[str, Any]:
 
 
 def gpu_figures(m: dict) -> dict[str, Any]:
-    """What NVML saw of the GPU during the cell's window (bench.gpu_meter): only what was recorded."""
+    """What NVML saw of the GPU during the cell's window (bench.cell.gpu_meter): only what was recorded."""
     w = m.get("gpu_window") if isinstance(m.get("gpu_window"), dict) else {}
     out = {f"{k}_median": w[k].get("median") for k in ("sm_clock_mhz", "mem_clock_mhz", "power_w") if k in w}
     if "temperature_c" in w:

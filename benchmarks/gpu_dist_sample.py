@@ -115,7 +115,7 @@ def ddp_overhead(
     import torch
 
     from ditbench import dist
-    from ditbench.bench.window import measure_window
+    from ditbench.bench.cell.window import measure_window
     from ditbench.spec.knobs import Knobs
     from ditbench.train import Trainer
 

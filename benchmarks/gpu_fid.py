@@ -37,9 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from ditbench.errors import UserError  # noqa: E402
 from ditbench.fileio import write_atomic  # noqa: E402
 from ditbench.metrics.evaluate import evaluate  # noqa: E402
-from ditbench.metrics.features import FeatureExtractor  # noqa: E402
 from ditbench.metrics.npz_io import write_npz_images  # noqa: E402
-from ditbench.metrics.weights import TEST_NETWORK, WEIGHTS_ENV, default_weights_path  # noqa: E402
+from ditbench.metrics.weights import TEST_NETWORK, WEIGHTS_ENV, FeatureExtractor, default_weights_path  # noqa: E402
 
 TARGET_S = 30.0
 

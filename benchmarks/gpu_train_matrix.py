@@ -97,9 +97,9 @@ def run_cell(c: dict, device: str, warmup: int, measure: int, min_seconds: float
     import torch
 
     sys.path.insert(0, str(REPO))
-    from ditbench.bench import memory
-    from ditbench.bench.mfu import model_flops_per_image
-    from ditbench.bench.window import measure_window, step_stats
+    from ditbench.bench.cell import memory
+    from ditbench.bench.cell.mfu import model_flops_per_image
+    from ditbench.bench.cell.window import measure_window, step_stats
     from ditbench.errors import UserError
     from ditbench.spec.knobs import Knobs
     from ditbench.train import Trainer

@@ -2,13 +2,13 @@
 
     OMP_NUM_THREADS=1 python benchmarks/inception_scale.py [--n 64] [--out reports/test_inception_scale]
 
-The test network (metrics/calibrated.py) is a random InceptionV3 whose features are scaled to a
+The test network (metrics/inception.py) is a random InceptionV3 whose features are scaled to a
 stated total variance over its calibration images. Its numbers mean nothing about image quality;
 this table says what range they read in: the same synthetic distribution at two seeds (the noise
-floor at this N), the 'smooth', 'mixed' and 'noisy' styles of calibrated.synthetic_images against
+floor at this N), the 'smooth', 'mixed' and 'noisy' styles of inception.synthetic_images against
 each other, and the same style at 32 px and 128 px (larger inputs carry more high-frequency energy,
 the way photographs do). It also measures the features' total variance over the calibration images,
-which the recipe sets to calibrated.FEATURE_TRACE.
+which the recipe sets to inception.FEATURE_TRACE.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
-from ditbench.metrics import calibrated  # noqa: E402
+from ditbench.metrics import inception as calibrated  # noqa: E402
 from ditbench.metrics.fid import feature_statistics, frechet_distance  # noqa: E402
 from ditbench.metrics.kid import kernel_inception_distance  # noqa: E402
 from ditbench.metrics.weights import TEST_NETWORK_RECIPE, load_network  # noqa: E402

@@ -32,9 +32,9 @@ def shipped_cells() -> list[dict]:
 
 def main() -> int:
     from ditbench.plan import cache
-    from ditbench.plan.batch import trace_series
     from ditbench.plan.emulation import cuda_target
     from ditbench.plan.predict import normalize, trace_key, trace_knobs
+    from ditbench.plan.trace import trace_series
 
     warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
     target = cuda_target(None)

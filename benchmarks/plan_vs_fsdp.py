@@ -5,7 +5,7 @@
 Measured: `torchrun --nproc-per-node 2` runs ditbench's Trainer as a cell does (dist.wrap_model: DDP, or
 FSDP2 fully_shard on every block and the root) on gloo, and each rank reports the bytes its parameters,
 gradients, AdamW state and EMA hold (the storages of its local tensors, padding included) after two
-steps, and the CPU allocator's peak over its second step (profiler events, bench/alloc_meter.py).
+steps, and the CPU allocator's peak over its second step (profiler events, bench/cell/alloc_meter.py).
 Predicted: `ditbench plan` for the same cell on the CPU with gpus 2 and that strategy (plan/parallel.py).
 Target: every size within 2% of rank 0's, DDP's peak within 10% (FSDP's peak is reported: the
 planner counts NCCL's buffers, and gloo's collectives copy more).
@@ -29,7 +29,7 @@ import json, sys, warnings
 warnings.filterwarnings("ignore")
 import torch
 from ditbench import dist
-from ditbench.bench.alloc_meter import AllocationMeter
+from ditbench.bench.cell.alloc_meter import AllocationMeter
 from ditbench.spec.knobs import Knobs
 from ditbench.train import Trainer
 

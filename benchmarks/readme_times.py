@@ -95,7 +95,7 @@ def measure(key: str, tmp: str) -> dict[str, Any]:
     """Run one entry's command, timing it and its conditions; the parsed figures it prints."""
     import resource
 
-    from ditbench.bench.load import busy_seconds
+    from ditbench.bench.cell.load import busy_seconds
 
     cmd = [a.format(tmp=tmp) for a in ENTRIES[key]]
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the README's commands say

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from ditbench.metrics.calibrated import build_calibrated_inception, synthetic_images, to_nchw
 from ditbench.metrics.fid import feature_statistics, frechet_distance
+from ditbench.metrics.inception import build_calibrated_inception, synthetic_images, to_nchw
 
 D = 2048
 

@@ -24,6 +24,7 @@ from ditbench.bench.runopts import LOGS_DIR, RESULTS_FILE, now_iso
 from ditbench.errors import UserError
 from ditbench.fileio import mkdir_real
 from ditbench.records.jsonl import append_record
+from ditbench.records.metrics import STEP_MS
 from ditbench.records.model import Record, RecordError
 from ditbench.spec.suite import Suite, SuiteCell
 
@@ -53,11 +54,8 @@ class Rounds:
         self.where: dict[tuple[str, str, int], str] = {}  # (side, cell_id, round) -> "path:line"
         self.cpus = halves(sorted(_affinity())) if self.duet else None
         shown = os.environ.get("CUDA_VISIBLE_DEVICES")  # the GPUs this process sees, as the parent names them
-        gpus = (
-            shown.split(",")[: self.visible.gpu_count]
-            if shown
-            else [str(i) for i in range(self.visible.gpu_count)]
-        )
+        gpus = shown.split(",") if shown else [str(i) for i in range(self.visible.gpu_count)]
+        gpus = gpus[: self.visible.gpu_count]
         self.gpus = halves(gpus) if self.duet and len(gpus) >= 2 else None
         if self.duet and len(self.cpus[0]) < 1:
             raise UserError("--duet needs at least 2 CPUs to give each side its own; this process may use 1.")
@@ -143,7 +141,7 @@ class Rounds:
             self._said(out[(cell.cell_id, side.name)], side, round_no)
 
     def _said(self, record: Record, side: Side, round_no: int) -> Record:
-        step = ((record.get("metrics") or {}).get("step_ms") or {}).get("median")
+        step = STEP_MS.of(record)
         how = f"{step:.2f} ms a step" if isinstance(step, (int, float)) else record.get("reason") or ""
         self.say(f"round {round_no} {side.name} {record.cell_name}: {record.status} {how}".rstrip())
         return record

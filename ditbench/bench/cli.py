@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import shlex
 import sys
+import textwrap
 import time
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
-from ditbench.bench.cluster import EXECUTORS
+from ditbench.errors import UserError
 
 EXIT_NOTHING_MEASURED = 3  # a run in which no selected cell started (all unsupported or skipped)
 
@@ -51,8 +53,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     for flag, text in SWITCHES.items():
         parser.add_argument(flag, action="store_true", help=text)
-    import textwrap
-
     parser.epilog = textwrap.fill(
         f"exit status: 0 when at least one cell was measured (whatever its status), 2 for bad input or "
         f"when no selected cell can run on this machine (--allow-unsupported records them), "
@@ -97,9 +97,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_json(parser, "the records of the selected cells (or, with --dry-run, the planned cells)")
     add_no_progress(parser)
     add_yes(parser)
-    from ditbench.bench.launch.rendezvous import add_rendezvous_arguments
+    from ditbench.bench.launch.torchrun import add_rendezvous_arguments
 
     add_rendezvous_arguments(parser)
+    from ditbench.bench.jobs import EXECUTORS
+
     g = parser.add_argument_group("cluster (through submitit: pip install 'ditbench[slurm]')")
     g.add_argument(
         "--executor",
@@ -134,21 +136,16 @@ def label_arg(text: str) -> str:
 def run(args: argparse.Namespace) -> int:
     from ditbench.bench.runner import Visible, run_suite
     from ditbench.bench.runopts import (
+        KEPT,
         RESULTS_FILE,
         RunOptions,
         check_options,
-        check_out_dir,
-        dry_run_plan,
-        dry_run_planner,
-        kept_entries,
-        print_dry_run,
+        dry_run,
         select_cells,
     )
     from ditbench.bench.summary import Notes, closing, summary_table
-    from ditbench.errors import UserError
     from ditbench.outpaths import refuse_output_as_input
     from ditbench.progress import duration
-    from ditbench.records.jsonl import latest_by_cell, read_records
     from ditbench.spec.suite import load_suite
 
     if any(not f.strip() for f in args.cells):
@@ -158,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite, args.overrides, max_cells=args.max_cells)
     out = args.out or Path("runs") / suite.name
     refuse_output_as_input(  # a suite file kept as the run's summary.md would be replaced by it
-        [(f"--out's {name}", Path(out) / name) for name in kept_entries()], [("SUITE", suite.path)]
+        [(f"--out's {name}", Path(out) / name) for name in KEPT], [("SUITE", suite.path)]
     )
     cells = select_cells(suite, args.cells)
     if not cells:
@@ -166,9 +163,7 @@ def run(args: argparse.Namespace) -> int:
             f"--cells {' '.join(args.cells)} matches none of the {len(suite.cells)} cells of suite "
             f"{suite.path}; run with --dry-run to list their names"
         )
-    import dataclasses
-
-    from ditbench.bench.launch.rendezvous import rendezvous_from_args
+    from ditbench.bench.launch.torchrun import rendezvous_from_args
 
     rdzv = rendezvous_from_args(args)  # --nnodes 0 or a --node-rank beyond --nnodes is refused, not ignored
     rendezvous = dataclasses.asdict(rdzv) if rdzv.nnodes > 1 or rdzv.endpoint else None
@@ -192,22 +187,7 @@ def run(args: argparse.Namespace) -> int:
     executor, visible = _executor(args, cluster), Visible.detect()
     verdicts = {c.cell_id: executor.verdict(c, visible, rendezvous) for c in cells}
     if args.dry_run:
-        check_out_dir(Path(out), create=False)  # run_suite checks (and creates) it for a real run
-        previous = latest_by_cell(read_records(Path(out) / RESULTS_FILE))
-        planner = dry_run_planner(suite)
-        plans = {c.cell_id: dry_run_plan(c, verdicts[c.cell_id], previous, args, planner) for c in cells}
-        if args.json:
-            rows = [
-                {"cell_id": c.cell_id, "cell_name": c.cell_name, **plans[c.cell_id], "config": c.config}
-                for c in cells
-            ]
-            print(
-                json.dumps(
-                    {"suite": suite.name, "overrides": suite.overrides, "out": str(out), "cells": rows}
-                )
-            )
-            return 0
-        print_dry_run(suite, cells, plans, out, args)
+        dry_run(suite, cells, verdicts, out, args)
         return 0
     if not args.allow_unsupported:
         _refuse_unrunnable(suite, cells, verdicts, visible, args)
@@ -244,7 +224,6 @@ def run(args: argparse.Namespace) -> int:
 def _refuse_unrunnable(suite, cells, verdicts: dict, visible, args) -> None:
     """Refuse (UserError) a run in which no selected cell can run on this machine, naming what would."""
     from ditbench.bench.runner import precheck
-    from ditbench.errors import UserError
 
     if any(verdicts[c.cell_id] is None or verdicts[c.cell_id][0] != "unsupported" for c in cells):
         return
@@ -284,7 +263,7 @@ def _announce(suite, todo: list, args, visible) -> float | None:
     if device == "cpu":  # the CPU's rate at the cells' threads (this process computes nothing itself)
         import torch
 
-        from ditbench.bench.threads import pinned
+        from ditbench.bench.cell.threads import pinned
 
         torch.set_num_threads(pinned(todo[0].config["threads"], device) or torch.get_num_threads())
     # this process holds no CUDA context: without NVML (ditbench[gpu]) it cannot name the GPU
@@ -327,7 +306,6 @@ def _exit_status(records: list[dict], args: argparse.Namespace) -> int:
 
 def _cluster_options(suite, args):
     """The suite's `cluster:` with the --cluster KEY=VALUE flags over it, validated (UserError)."""
-    from ditbench.errors import UserError
     from ditbench.spec.cluster import parse_cluster_flags
 
     flags = parse_cluster_flags(args.cluster)
@@ -340,7 +318,6 @@ def _cluster_options(suite, args):
 
 
 def _executor(args, cluster):
-    """What runs the cells: submitit's executor with --executor, else a fresh process per cell here."""
     if args.executor is None:
         from ditbench.bench.runner import Processes
 

@@ -4,6 +4,8 @@ peak FLOP/s behind MFU (from the table, or measured on the spot with --measure-p
 from __future__ import annotations
 
 import json
+import sys
+import time
 from typing import Any
 
 from ditbench.environment import collect_env
@@ -31,7 +33,7 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from ditbench.bench.mfu import PEAK_TFLOPS, gpu_table_key, peak_entry
+    from ditbench.bench.cell.mfu import PEAK_TFLOPS, gpu_table_key, peak_entry
     from ditbench.device import resolve_device
 
     device = resolve_device(args.device)  # cuda without a GPU: a clean error before anything runs
@@ -85,9 +87,7 @@ def _matching_torchvision(torch_version: str) -> str:
     if len(parts) >= 3 and parts[0] == "2" and parts[1].isdigit():
         return f"0.{int(parts[1]) + 15}.{parts[2]}" + (f"+{local}" if local else "")
     return (
-        "the release that lists torch "
-        + torch_version
-        + " (https://pytorch.org/get-started/previous-versions/)"
+        f"the release that lists torch {torch_version} (https://pytorch.org/get-started/previous-versions/)"
     )
 
 
@@ -133,8 +133,6 @@ def torchvision_check() -> dict[str, Any]:
 
 def _report_torchvision(vision: dict[str, Any]) -> int:
     """Exit 0 when torchvision loads with torch; else one paragraph on stderr and exit 2."""
-    import sys
-
     if vision["ok"]:
         return 0
     shown = vision["torchvision"] or "(not importable)"
@@ -153,8 +151,6 @@ CPU_MATMUL_S = 0.05  # the side is chosen so one matmul takes about this long (s
 
 def _cpu_side(precision: str) -> int:
     """A square side whose matmul takes about CPU_MATMUL_S here, from one timed 256 x 256 matmul."""
-    import time
-
     import torch
 
     dtype = compute_dtype(precision)
@@ -169,8 +165,6 @@ def _cpu_side(precision: str) -> int:
 
 def measure_peaks(device: str) -> dict[str, Any]:
     """Achieved matmul TFLOP/s per precision on `device` and how they were measured (bounded on a CPU)."""
-    import time
-
     from ditbench.walltime import measure_matmul_tflops
 
     start = time.perf_counter()

@@ -1,39 +1,29 @@
 """A cell's files between its start and its record: each finished result is appended once, never lost.
 
-For every cell a run starts, it first writes a ticket, `<out>/.inflight/<cell_id>.<run_id>.ticket.json`
-(what the record needs besides the result: suite, run, cell, config, environment, start time). The
-cell's process writes `<key>.result.json` next to it (atomically), or the runner writes the result
-it decided itself (timeout, died, unsupported, skipped). `commit` then turns ticket + result into
-the record, appends it to results.jsonl, and only after that removes the ticket's files.
-Every file here is read through fileio.read_regular: a FIFO planted as a ticket is refused (exit 2),
-never waited on with the folder's lock held; a ticket that is not a ticket is moved to `<out>/broken/`
-with a warning, so it can be looked at and never stops a later run.
-
-So whatever moment a run is killed at, the next run in the same folder (holding its lock, so no
-other run is writing) finds one of: a ticket without a result (the cell was cut off: its files are
-removed and it runs again); a ticket with a result that results.jsonl does not hold yet (the kill
-came between the cell's end and its append: `adopt` appends it, the measurement is kept); or a
-ticket whose result is already appended (the kill came between the append and the clean-up: the
-files are removed, nothing is appended twice). A run is identified by its run_id, and a run runs a
-cell's repeat once, so (run_id, cell_id, repeat) names one result.
-
-The one-cell path another executor (SLURM) reuses: `open_ticket`, have something write
-`ticket.result_path`, `commit`.
+A run writes a cell's ticket, `<out>/.inflight/<key>.ticket.json` (what the record needs besides the
+result), before it starts; the cell's process (or the runner) writes `<key>.result.json` beside it;
+`commit` appends the record and only then removes the ticket's files. Killed at any moment, the next
+run (holding the folder's lock) finds a ticket without a result (run the cell again), with a result not
+yet appended (`adopt` appends it) or with one already appended (clean up, append nothing twice):
+(run_id, cell_id, repeat) names one result. A ticket that is no ticket is moved to `<out>/broken/`
+with a warning; a FIFO planted as one is refused (fileio.read_regular), never waited on.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import math
 import os
-import re
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ditbench.bench.launch.aggregate import add_scaling_efficiency
+from ditbench.bench.launch.files import write_result
 from ditbench.bench.repeats import repeat_of
 from ditbench.fileio import mkdir_real, read_regular, refuse_link, rmtree_real, write_json_atomic
 from ditbench.records.jsonl import append_record, decode_line, lines, read_records, to_record
@@ -44,16 +34,9 @@ BROKEN_DIR = "broken"  # beside it: tickets that could not be read or made into 
 TRACEBACK_LINES = 15
 # Result keys the record places itself; any other key a cell reports (e.g. quality) is carried over.
 _PLACED = ("status", "reason", "metrics", "smoke", "env", "traceback")
-_CONTEXT_KEYS = (
-    "suite",
-    "run_id",
-    "cell_id",
-    "cell_name",
-    "suite_baseline",
-    "suite_overrides",
-    "config",
-    "started_at",
-)
+# A ticket's context (besides env, label and repeats): its run's and cell's keys lead the record.
+_RUN_KEYS = ("suite", "run_id", "cell_id", "cell_name", "suite_baseline", "suite_overrides", "config")
+_CONTEXT_KEYS = (*_RUN_KEYS, "started_at")
 
 Finish = Callable[[dict[str, Any]], None]  # completes a record before it is appended (scaling efficiency)
 
@@ -81,7 +64,7 @@ class Ticket:
     def set_aside(self, run_id: str, why: str) -> None:
         """Move this ticket's files to <out>/broken/ (named after the run that found them), saying why."""
         broken = mkdir_real(self.folder.parent / BROKEN_DIR, "--out")
-        for path in self.folder.glob(f"{glob_escape(self.key)}.*"):
+        for path in self.folder.glob(f"{glob.escape(self.key)}.*"):
             os.replace(path, broken / f"{run_id}.{path.name}")
         warnings.warn(
             f"{self.ticket_path}: an unreadable ticket of an earlier run ({why}); moved to {broken}",
@@ -90,14 +73,21 @@ class Ticket:
 
     def remove(self) -> None:
         """Every file of this ticket: spec, result, the ranks' reports and torchrun's logs."""
-        for path in self.folder.glob(f"{glob_escape(self.key)}.*"):
+        for path in self.folder.glob(f"{glob.escape(self.key)}.*"):
             rmtree_real(path)
-        for path in self.folder.glob(f".{glob_escape(self.key)}.*.tmp"):  # an atomic write cut short
+        for path in self.folder.glob(f".{glob.escape(self.key)}.*.tmp"):  # an atomic write cut short
             path.unlink(missing_ok=True)
 
 
-def glob_escape(text: str) -> str:
-    return re.sub(r"([*?\[\]])", r"[\1]", text)
+def tickets(folder: Path) -> Iterator[tuple[Ticket, Any]]:
+    """Every ticket in `folder` with its context (None where the file cannot be read as JSON)."""
+    for path in sorted(folder.glob("*.ticket.json")):
+        ticket = Ticket(folder, path.name[: -len(".ticket.json")])
+        try:
+            context = ticket.read_context()
+        except (OSError, ValueError, RecursionError):  # ValueError: not UTF-8, not JSON
+            context = None
+        yield ticket, context
 
 
 def inflight_dir(out: Path) -> Path:
@@ -137,8 +127,6 @@ def open_ticket(folder: Path, context: dict[str, Any]) -> Ticket:
 
 def write_result_file(ticket: Ticket, result: dict[str, Any]) -> None:
     """A result the runner decided itself (the cell's process writes its own)."""
-    from ditbench.bench.launch.files import write_result
-
     write_result(ticket.result_path, result)
 
 
@@ -147,13 +135,7 @@ def make_record(context: dict[str, Any], result: dict[str, Any], duration_s: flo
     ticket's context; `append_record` validates it."""
     record = {
         "schema": SCHEMA,
-        "suite": context["suite"],
-        "run_id": context["run_id"],
-        "cell_id": context["cell_id"],
-        "cell_name": context["cell_name"],
-        "suite_baseline": context["suite_baseline"],
-        "suite_overrides": context["suite_overrides"],  # the run's command-line `key=value`s ({} when none)
-        "config": context["config"],
+        **{key: context[key] for key in _RUN_KEYS},  # suite_overrides: the run's `key=value`s ({} when none)
         "status": result.get("status", "error"),
         "reason": result.get("reason"),
         "metrics": result.get("metrics"),
@@ -205,10 +187,8 @@ def read_result(path: Path) -> tuple[dict[str, Any] | None, str | None]:
 def commit(
     results_path: Path, ticket: Ticket, duration_s: float, finish: Finish | None = None
 ) -> dict[str, Any]:
-    """Append the record of the ticket's result (which must be there), then remove the ticket's files.
-
-    Returns the record as written. An unreadable result file is recorded as an error, never raised.
-    """
+    """Append the record of the ticket's result (which must be there), then remove the ticket's files;
+    return the record as written. An unreadable result file is recorded as an error, never raised."""
     context = ticket.read_context()
     result, problem = read_result(ticket.result_path)
     if result is None:
@@ -237,29 +217,22 @@ def appended_keys(results_path: Path) -> set[tuple[str, str, int]]:
 def adopt(
     results_path: Path, folder: Path, run_id: str, finish: Finish | None = None
 ) -> list[dict[str, Any]]:
-    """Append the finished results a killed run left in `folder` (once), then empty `folder`.
-
-    Call it holding the output folder's lock. Returns the records appended, in start order.
-    """
+    """Append the finished results a killed run left in `folder` (once), then empty `folder`; call it
+    holding the output folder's lock. Returns the records appended, in start order."""
     refuse_link(folder, "--out")  # emptied below: through a link it would empty a folder elsewhere
     if not folder.is_dir():
         return []
-    tickets = []
-    for path in folder.glob("*.ticket.json"):
-        ticket = Ticket(folder, path.name[: -len(".ticket.json")])
-        try:
-            context = ticket.read_context()
-        except (OSError, ValueError, RecursionError):  # ValueError: not UTF-8, not JSON
-            context = None
+    found = []
+    for ticket, context in tickets(folder):
         if (why := context_problem(context)) is not None:
             ticket.set_aside(run_id, why)
             continue
         started = context.get("started_unix")
         ok = isinstance(started, (int, float)) and not isinstance(started, bool) and math.isfinite(started)
-        tickets.append((started if ok else 0.0, ticket, context))
+        found.append((started if ok else 0.0, ticket, context))
     adopted = []
-    done = appended_keys(results_path) if tickets else set()
-    for started, ticket, context in sorted(tickets, key=lambda t: t[0]):
+    done = appended_keys(results_path) if found else set()
+    for started, ticket, context in sorted(found, key=lambda t: t[0]):
         result, _problem = read_result(ticket.result_path)
         if result is not None and (context["run_id"], context["cell_id"], repeat_of(context)) not in done:
             try:
@@ -284,7 +257,6 @@ def adopt(
 
 
 def context_problem(context: Any) -> str | None:
-    """Why a ticket's content cannot make a record, or None."""
     if not isinstance(context, dict) or not all(k in context for k in _CONTEXT_KEYS):
         return f"not a JSON object with {', '.join(_CONTEXT_KEYS)}"
     return None if all(isinstance(context[k], str) for k in ("run_id", "cell_id")) else "ids not text"
@@ -301,8 +273,6 @@ def scaling_finish(results_path: Path) -> Finish:
 
     def finish(record: dict[str, Any]) -> None:
         if record["config"].get("gpus", 1) * record["config"].get("nodes", 1) > 1:
-            from ditbench.bench.launch.aggregate import add_scaling_efficiency
-
             add_scaling_efficiency(record, read_records(results_path))
 
     return finish

@@ -1,18 +1,17 @@
 """`ditbench run SUITE --executor slurm|local`: the suite loop (`bench.runner`) with each cell a submitit job.
 
-`Submitit` is a `launch.base.Executor`. Its tickets live in `<out>/.jobs/`, each with `<key>.job.json`
-(the executor and job id, written as soon as sbatch answers) and `<key>.started.json` (written by the
-job as it starts); submitit's own files (batch scripts, logs) go under `<out>/.jobs/submitit/`, on a
-file system SLURM's nodes share. SLURM gets every cell at once, one job array per job shape; the
-local executor one cell at a time (cells sharing one machine would disturb each other's measurements).
-A rerun waits for the jobs an earlier run submitted; one that ended without a result is recorded from
-its state (SLURM's TIMEOUT is `timeout`). The job runs `launch.srun.run_task`; its result is the
-cell's JSON result file (submitit's pickles are never read).
+`Submitit` (a `launch.base.Executor`) keeps its tickets in `<out>/.jobs/` with `<key>.job.json` (the
+job id, as soon as sbatch answers) and `<key>.started.json` (written as the job starts); submitit's
+files go under `<out>/.jobs/submitit/`, which SLURM's nodes must share. SLURM gets every cell at once
+(a job array per job shape), the local executor one at a time. A job that ended without a result is
+recorded from its state (TIMEOUT is `timeout`); submitit's pickles are never read. A job's parameters
+come from the suite's `cluster:` (and `--cluster`) and what the cell needs; they never enter a record.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.bench import inflight
-from ditbench.bench.cluster import EXECUTORS, ClusterOptions, job_parameters
-from ditbench.bench.launch import executors
+from ditbench.bench.launch import executors, procs
 from ditbench.bench.launch.base import Pending
 from ditbench.bench.launch.executors import JobRef
 from ditbench.bench.launch.files import write_spec
@@ -30,9 +28,62 @@ from ditbench.bench.runner import RunOptions, Visible, precheck, run_suite
 from ditbench.bench.runopts import JOBS_DIR, RESULTS_FILE, now_iso
 from ditbench.errors import UserError, shorten
 from ditbench.precision import unsupported_reason
+from ditbench.spec.cluster import TEXT_KEYS, ClusterOptions
 from ditbench.spec.suite import Suite, SuiteCell
 
 POLL_S = 2.0
+EXECUTORS = ("local", "slurm")  # --executor: submitit's executors
+# The job outlives the cell's own timeout by this much, so the cell is stopped (and recorded
+# `timeout`) by ditbench inside the job before SLURM kills the job: start-up, imports, the record.
+MARGIN_MIN_S = 300.0
+MARGIN_FRACTION = 0.1
+
+
+def job_timeout_min(cell_timeout_s: float) -> int:
+    """The job's time limit in whole minutes: the cell's own timeout plus the margin."""
+    margin = max(MARGIN_MIN_S, MARGIN_FRACTION * cell_timeout_s)
+    return max(1, math.ceil((cell_timeout_s + margin) / 60.0))
+
+
+def job_parameters(config: dict[str, Any], cell_timeout_s: float, options: ClusterOptions, kind: str) -> dict:
+    """submitit's parameters for one cell's job: one task per rank, the cell's GPUs on each of its nodes."""
+    gpus, nodes = int(config["gpus"]), int(config["nodes"])
+    minutes = job_timeout_min(cell_timeout_s)
+    if options.time_limit_min is not None:
+        if options.time_limit_min < minutes:
+            raise UserError(
+                f"cluster time_limit_min {options.time_limit_min} is shorter than a cell's timeout "
+                f"({cell_timeout_s:g} s) plus the margin ditbench keeps to record a timeout ({minutes} min "
+                f"in all); raise it to at least {minutes}, or lower the suite's timeout_s / --timeout-s."
+            )
+        minutes = options.time_limit_min
+    if kind == "local":  # submitit's LocalExecutor: one machine, its tasks are the ranks
+        params: dict[str, Any] = {"timeout_min": minutes, "nodes": nodes, "tasks_per_node": gpus}
+        if config["device"] == "cuda":
+            params["gpus_per_node"] = gpus
+        return params
+    # SlurmExecutor's own names (submitit turns them into #SBATCH lines)
+    params = {
+        "job_name": "ditbench",
+        "time": minutes,
+        "nodes": nodes,
+        "ntasks_per_node": gpus,  # srun starts one task per rank
+        "stderr_to_stdout": True,
+        "signal_delay_s": 60,
+    }
+    if config["device"] == "cuda":
+        # SLURM's default binding gives every task the job's GPUs on its node (CUDA_VISIBLE_DEVICES)
+        # and each rank takes cuda:LOCAL_RANK, as under torchrun. Not --gpu-bind=none: that leaves
+        # CUDA_VISIBLE_DEVICES unset, so every GPU of the node (other jobs' too) is visible.
+        params["gpus_per_node"] = gpus
+    for key in TEXT_KEYS:
+        if getattr(options, key) is not None:
+            params[key] = getattr(options, key)
+    if options.sbatch:
+        params["additional_parameters"] = dict(options.sbatch)
+    if options.setup:
+        params["setup"] = list(options.setup)
+    return params
 
 
 def job_path(ticket: inflight.Ticket) -> Path:
@@ -95,12 +146,10 @@ class Submitit:
         appended = inflight.appended_keys(out / RESULTS_FILE)
         _sweep_orphans(self.folder)
         found = []
-        for path in sorted(self.folder.glob("*.ticket.json")):
-            ticket = inflight.Ticket(self.folder, path.name[: -len(".ticket.json")])
+        for ticket, context in inflight.tickets(self.folder):
             try:
-                context = ticket.read_context()
                 key = (context["run_id"], context["cell_id"], inflight.repeat_of(context))
-            except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            except (KeyError, TypeError):
                 ticket.remove()
                 continue
             ref = JobRef.load(job_path(ticket))
@@ -189,11 +238,8 @@ class Submitit:
         info = read_started(ticket.result_path)
         extra: dict[str, Any] = {"duration_s": 0.0}  # a job that never started took no time
         begin = info.get("started_unix")
-        if isinstance(begin, (int, float)) and not isinstance(begin, bool):
-            ended = ticket.result_path.stat().st_mtime
-            extra.update(
-                started_at=now_iso(begin), duration_s=ended - begin
-            )  # the job's start, not its queueing
+        if isinstance(begin, (int, float)) and not isinstance(begin, bool):  # the job's start, not its queue
+            extra.update(started_at=now_iso(begin), duration_s=ticket.result_path.stat().st_mtime - begin)
         nodes = info.get("hostnames")  # as the job's task 0 saw them
         nodes = nodes if isinstance(nodes, list) and all(isinstance(n, str) for n in nodes) else None
         if ref.executor == "slurm" and ref.job_id:
@@ -220,8 +266,6 @@ def cell_verdict(cell: SuiteCell, kind: str, visible: Visible) -> tuple[str, str
 def ended_result(pending: Pending) -> dict[str, Any]:
     """The result of a cell whose job ended without writing one: from SLURM's state, or `skipped` when
     this run cancelled it before it started (`stop_queued`)."""
-    from ditbench.bench.launch import procs
-
     ref = pending.ref
     # task 0 writes its started file first thing: a cancelled job without one never ran the cell
     if pending.stopped and not started_path(pending.ticket.result_path).exists():

@@ -1,19 +1,11 @@
-"""A suite's `plan` option (`spec.suite.PlanOption`): the planner's prediction in every cell's record,
-cells predicted not to fit the (emulated) card skipped, the rest of each series run largest batch first.
+"""A suite's `plan` option (`spec.suite.PlanOption`, e.g. `plan: {skip_predicted_oom: true}`): the
+planner's prediction in every record, cells predicted not to fit the (emulated) card skipped unrun, and
+each series run largest batch first (the closest call shows a wrong prediction early).
 
-    plan: {skip_predicted_oom: true}     # in a suite; `plan: {}` records the predictions only
-
-Predictions are made here, in the runner's process, never in a cell's: tracing patches process-wide
-state, and a cell process trains. Each series (cells that differ only in batch size) is traced once,
-when its first cell comes up, and every batch size is a replay of that trace (`ditbench.plan`'s disk
-cache makes a rerun cheap). The card is the one the suite emulates (`card` or `gpu_memory_gib`), else
-the GPU this machine has, by name or by size; a CPU suite is planned for the CPU allocator. A cell the
-planner cannot predict (several GPUs, image folders, a step it cannot trace) simply runs, its record
-saying why there is no prediction.
-
-Largest first: within a series, the largest batch predicted to fit is the prediction's closest call.
-Running it first shows a wrong prediction (a real out-of-memory) before the rest of its series has
-run, and the cells predicted not to fit cost nothing.
+Predictions are made in the runner's process, never a cell's (tracing patches process-wide state): one
+trace per series, each batch size a replay of it. The card is the suite's emulated one, else this
+machine's GPU (by name or size); a CPU suite plans for the CPU allocator. A cell the planner cannot
+predict simply runs, its record saying why there is no prediction.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Repeats: a cell measured K times, each in a fresh process, and how its K records make one figure.
 
-A run with `repeats: K` (suite key, or `run --repeats K`) records each repeat as a record of its own,
-under the cell's own cell_id, with `repeat` (1..K) and `repeats` (K). A cell's repeats are the latest
-record of each repeat index, up to the K of the cell's latest record (a rerun with a smaller K does
-not mix in the old extra repeats). Records without `repeat` are repeat 1 of 1, as before.
-
-Speed across repeats is the median of the per-process medians, with a bootstrap interval over the
-processes: the run-to-run noise (process start, allocator, clocks, machine load) is what the repeats
-sample, and consecutive steps of one process do not.
+Each repeat is a record of its own (`repeat` 1..K, `repeats` K); a cell's repeats are the latest record
+of each index up to the K of its latest record. Speed across repeats is the median of the per-process
+medians with a bootstrap interval over the processes: run-to-run noise is what repeats sample.
 """
 
 from __future__ import annotations

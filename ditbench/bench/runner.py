@@ -1,23 +1,12 @@
-"""The suite loop: every cell of a suite through one executor (`launch.base.Executor`), one record per
-cell appended to results.jsonl. By default each cell is a fresh process here (`launch.process`), with
-`--executor local|slurm` a submitit job (`bench.jobs`); everything below holds for every executor.
+"""The suite loop: every cell of a suite through one executor (`launch.base.Executor`: a fresh process
+per cell here, or a submitit job with `--executor local|slurm`, `bench.jobs`), one record per cell
+repeat appended to results.jsonl through its ticket (`bench.inflight`), the folder's lock held throughout.
 
-Resume: a rerun into the same folder skips cells whose latest record is `ok` (same cell_id; `force`
-reruns them), appends what a killed run finished, and waits for the jobs it submitted, never
-submitting them again. Ctrl-C (or SIGTERM) cancels every cell still running or queued.
-
-Repeats (`repeats: K`, `run --repeats K`): every cell K times, each in a fresh process, round-robin
-(cell 1 repeat 1, cell 2 repeat 1, ..., cell 1 repeat 2, ...) so that a load spike hits every cell
-alike; each repeat is a record of its own (`repeat`, `repeats`). A repeat that fails (oom, error,
-...) stops the cell's later repeats (`skipped`, naming it). `bench.repeats` makes one figure of them.
-
-Out of memory: after an out-of-memory at batch B, the larger batches of the same series (the same
-cell except the batch size) are recorded `skipped` without being started (queued jobs cancelled).
-With the suite's `plan` option (`bench.plan_option`) every record holds the planner's prediction,
-cells predicted not to fit are `skipped` unrun, and each series runs largest batch first.
-
-One writer, nothing lost: a run holds the output folder's lock (`ditbench.outlock`) from start to
-end. Each cell's result goes through its ticket (`bench.inflight`): written, appended once, removed.
+Resume: a rerun skips cell repeats recorded `ok` (unless `force`), appends what a killed run finished
+and waits for the jobs it submitted. Ctrl-C (or SIGTERM) cancels every cell running or queued. Repeats
+run round-robin (every cell's repeat 1, then repeat 2 ...); a failed repeat skips the cell's later ones.
+After an out-of-memory at batch B the larger batches of its series are `skipped` unrun; with the suite's
+`plan:` (`bench.plan_option`) cells predicted not to fit are too, and a series runs largest batch first.
 """
 
 from __future__ import annotations
@@ -29,11 +18,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ditbench.bench import inflight, threads
+from ditbench.bench import inflight, plan_option
+from ditbench.bench.cell import threads
 from ditbench.bench.launch import procs
 from ditbench.bench.launch.base import Executor, Pending
 from ditbench.bench.launch.base import for_cell as launcher_for
 from ditbench.bench.launch.srun import read_started
+from ditbench.bench.launch.torchrun import Rendezvous, node_verdict
 from ditbench.bench.repeats import combined, latest_by_repeat, repeat_of
 from ditbench.bench.runopts import (
     JOBS_DIR,
@@ -49,13 +40,15 @@ from ditbench.bench.runopts import (
     run_order,
     select_cells,
 )
-from ditbench.bench.suite_progress import stderr_line
+from ditbench.bench.suite_progress import JobWatch, SuiteProgress, stderr_line
 from ditbench.bench.summary import Notes, format_line, notes_of, write_summary
 from ditbench.device import cuda_visible, device_type
+from ditbench.environment import collect_env
 from ditbench.fileio import mkdir_real
 from ditbench.outlock import OutputLock
 from ditbench.outpaths import ensure_dir
 from ditbench.precision import unsupported_reason
+from ditbench.progress import is_terminal, progress
 from ditbench.records.jsonl import read_records
 from ditbench.spec.suite import Suite, SuiteCell
 
@@ -88,8 +81,6 @@ def precheck(cell: SuiteCell, visible: Visible, rendezvous: dict | None = None) 
     if device == "cuda" and config["gpus"] > visible.gpu_count:
         return "unsupported", f"gpus={config['gpus']} but {visible.gpu_count} CUDA device(s) are visible"
     if rendezvous or config["nodes"] > 1:
-        from ditbench.bench.launch.rendezvous import Rendezvous, node_verdict
-
         return node_verdict(config, Rendezvous(**(rendezvous or {})))
     return None
 
@@ -155,8 +146,6 @@ def run_suite(
 def _run_locked(
     suite, options: RunOptions, out: Path, say, executor: Executor, notes: Notes, before
 ) -> list[dict]:
-    from ditbench.environment import collect_env
-
     ensure_dir(out / LOGS_DIR, "--out's logs folder", probe=False)
     run_id = new_run_id()
     results_path = out / RESULTS_FILE
@@ -164,11 +153,7 @@ def _run_locked(
     for record in inflight.adopt(results_path, inflight.inflight_dir(out), run_id, finish=finish):
         say(f"adopted the finished result of a killed run: {format_line(record, notes)}")
     env = collect_env(probe_cuda=False)  # no CUDA context in the parent: it would hold device memory
-    planner = None
-    if suite.plan is not None:  # imported only then: a suite without it never loads the planner
-        from ditbench.bench import plan_option
-
-        planner = plan_option.SuitePlanner(suite, suite.plan, env)
+    planner = plan_option.SuitePlanner(suite, suite.plan, env) if suite.plan is not None else None
     k = options.repeats or suite.repeats
     run = SuiteRun(suite, options, run_id, env, Visible.detect(), out, {}, planner, k, executor, notes)
     run.before = before
@@ -213,8 +198,6 @@ class SuiteRun:
 
     def run(self, cells: list[SuiteCell], say: Callable[[str], None]) -> None:
         """Pick up what earlier runs left, then run every cell repeat not yet recorded ok."""
-        from ditbench.progress import progress
-
         self.say, k = say, self.repeats
         self._pick_up()
         previous = latest_by_repeat(read_records(self.results_path))
@@ -224,11 +207,9 @@ class SuiteRun:
             for r in range(1, k + 1)
             if already_recorded(previous.get((c.cell_id, r)), self.options.force, lambda c=c: self.verdict(c))
         }
-        waiting = {(job.ticket.read_context()["cell_id"], _repeat(job)) for job in self.pending}
+        waiting = {(c["cell_id"], repeat_of(c)) for c in (job.ticket.read_context() for job in self.pending)}
         order = run_order(cells)
         if self.planner is not None:
-            from ditbench.bench import plan_option
-
             order = plan_option.run_order(order, cells)
         # round-robin: every cell's repeat 1, then every cell's repeat 2, ...
         todo = [(c, r) for r in range(1, k + 1) for c in order if (c.cell_id, r) not in done | waiting]
@@ -296,9 +277,6 @@ class SuiteRun:
                 self.pending.append(job)
 
     def _watch(self, cells: list[SuiteCell]):
-        from ditbench.bench.suite_progress import JobWatch, SuiteProgress
-        from ditbench.progress import is_terminal
-
         heartbeat = self.options.progress and not is_terminal()  # a terminal has the bar
         if self.executor.waits:
             return SuiteProgress(cells, heartbeat, starts=self.options.verbose)
@@ -363,11 +341,10 @@ class SuiteRun:
         }
         name = f"{cell.cell_id}.r{repeat}" if self.repeats > 1 else cell.cell_id
         log = self.out / LOGS_DIR / f"{name}.log"
-        ticket, timeout_s = (
-            inflight.open_ticket(self.folder, context),
-            self.options.timeout_s or cell.timeout_s,
+        timeout_s = self.options.timeout_s or cell.timeout_s
+        return Pending(
+            inflight.open_ticket(self.folder, context), None, cell, about=about, timeout_s=timeout_s, log=log
         )
-        return Pending(ticket, None, cell, about=about, timeout_s=timeout_s, log=log)
 
     def finish(self, job: Pending, submitted: bool = True) -> dict[str, Any]:
         """Append the job's record (from its result file, or from how its job ended), then clean up."""
@@ -429,10 +406,6 @@ class SuiteRun:
             reason = f"{oom[1]} ran out of memory at batch {oom[0]}; this larger batch of the same series "
             reason += "would too"
         return None if reason is None else {"status": "skipped", "reason": reason}
-
-
-def _repeat(job: Pending) -> int:
-    return repeat_of(job.ticket.read_context())
 
 
 def _watched(job: Pending) -> tuple[str, str, str | None, dict | None]:

@@ -5,6 +5,7 @@ What a run keeps in its --out is named here."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import os
 import secrets
@@ -14,16 +15,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ditbench.bench.inflight import INFLIGHT_DIR
+from ditbench.bench.plan_option import SuitePlanner
+from ditbench.bench.summary import Notes
+from ditbench.environment import collect_env
 from ditbench.errors import UserError, shorten
 from ditbench.faults import FAULT_ENV, FAULT_RANK_ENV, check_fault_rank, parse_fault_spec
 from ditbench.outlock import HELD_NAME, LOCK_NAME
 from ditbench.outpaths import check_kept, ensure_dir
+from ditbench.records.jsonl import latest_by_cell, read_records
 from ditbench.spec.suite import REPEATS_MAX, TIMEOUT_MAX_S, Suite, SuiteCell
+from ditbench.units import memory_text
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.md"
 LOGS_DIR = "logs"
 JOBS_DIR = ".jobs"  # the tickets of the cells of an executor that does not wait (submitit's jobs)
+# What a run keeps in its --out: name -> is a folder (outpaths.check_kept checks them)
+KEPT = {RESULTS_FILE: False, SUMMARY_FILE: False, LOGS_DIR: True, INFLIGHT_DIR: True, JOBS_DIR: True}
+KEPT.update({LOCK_NAME: False, HELD_NAME: False})  # and the lock's files (ditbench.outlock)
 
 
 @dataclass
@@ -34,7 +43,7 @@ class RunOptions:
     timeout_s: float | None = None  # overrides the suite's per-cell timeout
     oom_skip: bool = True
     progress: bool = True
-    rendezvous: dict | None = None  # torchrun's multi-node options (launch.rendezvous.Rendezvous)
+    rendezvous: dict | None = None  # torchrun's multi-node options (launch.torchrun.Rendezvous)
     label: str | None = None  # `run --label`: written into each record; reports group by it
     repeats: int | None = None  # `run --repeats K`: over the suite's `repeats`
     verbose: bool = False  # `run --verbose`: every cell's start and its notes in full on its line
@@ -58,31 +67,15 @@ def check_options(options: RunOptions) -> None:
     check_fault_rank(os.environ.get(FAULT_RANK_ENV))
 
 
-def kept_entries() -> dict[str, bool]:
-    """What a run keeps in its --out: name -> is a folder (outpaths.check_kept checks them)."""
-    return {
-        RESULTS_FILE: False,
-        SUMMARY_FILE: False,
-        LOGS_DIR: True,
-        INFLIGHT_DIR: True,
-        JOBS_DIR: True,
-        LOCK_NAME: False,
-        HELD_NAME: False,
-    }
-
-
 def check_out_dir(out: Path, *, create: bool) -> None:
-    """Refuse an output folder the run could not finish in, before any cell starts (UserError).
-
-    create=False (a dry run) only checks what exists; create=True makes the folder and proves it
-    writable.
-    """
+    """Refuse an output folder the run could not finish in, before any cell starts (UserError);
+    create=True also makes it and proves it writable (a dry run only checks what exists)."""
     where = shorten(str(out))
     if os.path.lexists(out) and not out.is_dir():
         raise UserError(f"--out {where} is a file, not a folder; give a folder for the run's results.")
     if create:
         ensure_dir(out, "--out")
-    check_kept(out, kept_entries())  # lstat: a link, a FIFO or a folder where a run keeps a file is refused
+    check_kept(out, KEPT)  # lstat: a link, a FIFO or a folder where a run keeps a file is refused
     if (out / LOGS_DIR).is_dir():  # a cell's log is truncated when the cell starts: a link, FIFO or hard link
         check_kept(out / LOGS_DIR, {p.name: False for p in (out / LOGS_DIR).glob("*.log")})
     results = out / RESULTS_FILE
@@ -122,14 +115,22 @@ def new_run_id() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + secrets.token_hex(3)
 
 
-def dry_run_planner(suite):
-    """The suite's `plan:` option's planner (predictions in this process, as the run makes them), or None."""
-    if suite.plan is None:
-        return None
-    from ditbench.bench.plan_option import SuitePlanner
-    from ditbench.environment import collect_env
-
-    return SuitePlanner(suite, suite.plan, collect_env(probe_cuda=False))
+def dry_run(suite, cells: list[SuiteCell], verdicts: dict, out: Path, args) -> None:
+    """`run --dry-run`: what a real run would do with each cell (--json: one object), running none."""
+    check_out_dir(out, create=False)  # run_suite checks (and creates) it for a real run
+    previous = latest_by_cell(read_records(out / RESULTS_FILE))
+    planner = (
+        SuitePlanner(suite, suite.plan, collect_env(probe_cuda=False)) if suite.plan is not None else None
+    )
+    plans = {c.cell_id: dry_run_plan(c, verdicts[c.cell_id], previous, args, planner) for c in cells}
+    if not args.json:
+        print_dry_run(suite, cells, plans, out, args)
+        return
+    rows = [
+        {"cell_id": c.cell_id, "cell_name": c.cell_name, **plans[c.cell_id], "config": c.config}
+        for c in cells
+    ]
+    print(json.dumps({"suite": suite.name, "overrides": suite.overrides, "out": str(out), "cells": rows}))
 
 
 def dry_run_plan(cell, verdict, previous: dict, args, planner=None) -> dict:
@@ -151,9 +152,6 @@ def dry_run_plan(cell, verdict, previous: dict, args, planner=None) -> dict:
 
 def print_dry_run(suite, cells, plans: dict, out, args) -> None:
     """The matrix, a row per cell; each reason a cell will not run once, numbered, under the table."""
-    from ditbench.bench.summary import Notes
-    from ditbench.units import memory_text
-
     k = args.repeats or suite.repeats
     times = f", each {k} times in fresh processes, round-robin" if k > 1 else ""
     print(f"suite {suite.name} ({suite.path}): {len(cells)} cells{times} -> {out}")

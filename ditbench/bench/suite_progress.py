@@ -1,11 +1,8 @@
-"""What a running suite tells the person watching it, on stderr, besides each cell's result line.
+"""What a running suite tells the person watching, on stderr, besides each cell's result line.
 
-Where stderr is not a terminal (a CI log, `2> file`), a plain line every QUIET_EVERY_S seconds (with
---verbose or `DITBENCH_PROGRESS_EVERY_S` set, every that many) while cells run: a cell can take
-minutes, and a log that says nothing for that long looks hung. With --verbose, also a line as each
-cell starts. Cells run here one by one (`SuiteProgress`: the cell's index and the suite's ETA from
-the cells run so far), or as jobs (`JobWatch`: a job's start as the loop's poll sees it). The loop
-calls both alike: `start`/`end` around each cell it takes, `poll` while jobs are pending.
+Where stderr is not a terminal, a plain line every QUIET_EVERY_S seconds (with --verbose or
+DITBENCH_PROGRESS_EVERY_S, every that many) while cells run, so a log never looks hung; with --verbose
+a line as each cell starts. `SuiteProgress`: cells run here one by one, with an ETA; `JobWatch`: jobs.
 """
 
 from __future__ import annotations
@@ -16,7 +13,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from ditbench.progress import duration
+from ditbench.progress import EVERY_ENV, duration
+from ditbench.progress import every_s as default_every
 
 QUIET_EVERY_S = 120.0  # between plain lines without --verbose or DITBENCH_PROGRESS_EVERY_S
 
@@ -25,9 +23,6 @@ class _Watch:
     def __init__(
         self, heartbeat: bool, every_s: float | None, write: Callable[[str], None] | None, starts=False
     ):
-        from ditbench.progress import EVERY_ENV
-        from ditbench.progress import every_s as default_every
-
         self.heartbeat, self.starts = heartbeat, starts  # starts: a line as each cell starts (--verbose)
         if every_s is None:  # each cell has its result line: unless asked, a beat only in a long wait
             every_s = default_every() if starts or EVERY_ENV in os.environ else QUIET_EVERY_S
@@ -75,7 +70,6 @@ class SuiteProgress(_Watch):
             self._thread.start()
 
     def end(self, status: str) -> None:
-        """The cell of the last `start` ended with `status`."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
@@ -94,11 +88,8 @@ class SuiteProgress(_Watch):
 
 
 class JobWatch(_Watch):
-    """Start lines and the heartbeat of a run whose cells are jobs (`--executor`, bench/jobs.py).
-
-    A job's first poll with started info prints its start line; where stderr is not a terminal, a
-    line every `every_s` seconds says how many jobs run, queue and are recorded.
-    """
+    """Start lines and the heartbeat of a run whose cells are jobs (`--executor`): a job's start line at
+    its first poll with started info, and every `every_s` the jobs running, queued and recorded."""
 
     def __init__(self, total: int, heartbeat: bool, every_s: float | None = None, write=None, starts=False):
         super().__init__(heartbeat, every_s, write, starts)

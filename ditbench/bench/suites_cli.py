@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 from pathlib import Path
 
-from ditbench.spec.catalog import SUITES_DIR, shipped_suites
+from ditbench.spec.suite import SUITES_DIR, load_suite, shipped_suites, suite_schema
 
 
 def describe(path: Path) -> dict[str, object]:
     """Name, cell count, device and description of one suite file (errors are the suite's own)."""
-    from ditbench.spec.suite import load_suite
-
     suite = load_suite(path)
     return {
         "name": suite.name,
@@ -33,11 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import textwrap
-
     if args.schema:
-        from ditbench.spec.suite import suite_schema
-
         print(json.dumps(suite_schema(), indent=2))
         return 0
 

@@ -3,12 +3,13 @@ it applies to (`Notes`), the closing lines, and summary.md (the table of every c
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ditbench.bench.window import noise_advice
+from ditbench.bench.cell.window import noise_advice
 from ditbench.escape import md_code, md_text
 from ditbench.fileio import write_atomic
 from ditbench.intervals import with_ends
@@ -248,8 +249,6 @@ def _repeats_text(records: list[dict[str, Any]]) -> str:
 def _overrides_text(overrides: dict[str, Any] | None) -> str:
     if not overrides:
         return ""
-    import json
-
     shown = ", ".join(md_code(f"{k}={json.dumps(v)}") for k, v in overrides.items())
     return f"Overrides given on the command line: {shown}.\n\n"
 

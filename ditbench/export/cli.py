@@ -1,11 +1,7 @@
-"""`ditbench export RESULTS... --to tensorboard|mlflow|wandb [TARGET]`: each cell as a tracker's run.
-
-A command of its own rather than `report --to`: a report renders files into --out, while an export
-writes into another tool's store, with its own target, experiment and rules for what is there
-already; keeping it apart also keeps the trackers off report's path. The report is rendered and
-attached (TensorBoard: its markdown and plots; MLflow: its files as artifacts; W&B: its files)
-unless --no-report. Without TARGET each tool's own default: runs/, MLflow's tracking URI
-(MLFLOW_TRACKING_URI, else MLflow 3's sqlite:///mlflow.db), ./wandb (offline).
+"""`ditbench export RESULTS... --to tensorboard|mlflow|wandb [TARGET]`: each cell as a tracker's run, the
+report attached unless --no-report. A command of its own rather than `report --to`: an export writes
+into another tool's store, with its own target and rules for what is there already, and keeps the
+trackers off report's path. Without TARGET each tool's default: runs/, MLflow's tracking URI, ./wandb.
 """
 
 from __future__ import annotations
@@ -90,22 +86,18 @@ def run(args: argparse.Namespace) -> int:
             files = write_report(df, tmp, sources=[str(p) for p in args.results])
             keys = "\n".join(sorted(f"{r.tags.get('run_id')}/{r.tags.get('cell_id')}" for r in runs))
             report = (hashlib.sha256(keys.encode()).hexdigest()[:12], files)
-        if tracker == "tensorboard":
-            from ditbench.export import tensorboard_writer
+        from ditbench.export import trackers
 
-            done = tensorboard_writer.export(runs, Path(target), report)
+        if tracker == "tensorboard":
+            done = trackers.to_tensorboard(runs, Path(target), report)
         else:
             suites = sorted(set(df["suite"].dropna()))
             experiment = args.experiment or (suites[0] if len(suites) == 1 else "ditbench")
             if tracker == "wandb":
-                from ditbench.export import wandb_writer
-
-                done = wandb_writer.export(runs, Path(target), experiment, report)
+                done = trackers.to_wandb(runs, Path(target), experiment, report)
             else:
-                from ditbench.export import mlflow_writer
-
-                target = mlflow_writer.tracking_uri(target)
-                done = mlflow_writer.export(runs, target, experiment, report)
+                target = trackers.tracking_uri(target)
+                done = trackers.to_mlflow(runs, target, experiment, report)
     if args.json:
         json.dump({"tracker": tracker, "target": target, **done, "notes": notes}, sys.stdout, indent=2)
         sys.stdout.write("\n")

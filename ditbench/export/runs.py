@@ -1,10 +1,6 @@
-"""One result record as an experiment tracker's run: the same content for TensorBoard, MLflow and W&B.
-
-A cell's knobs (its `config`, flattened with dots) are the run's parameters; its record's identity
-(suite, run id, label, status, reason) are tags; each finite number under `metrics` is a metric,
-grouped as speed, memory or other by its key; the smoke run's loss and the quality loop's training
-loss and scores are step series; the quality grids are images at their step. Nothing here imports a
-tracker: the writers (tensorboard_writer, mlflow_writer) turn a TrackerRun into their own calls.
+"""One result record as an experiment tracker's run, the same content for TensorBoard, MLflow and W&B
+(docs/export.md): knobs (flattened with dots) as parameters, identity as tags, finite metrics grouped as
+speed, memory or other, losses and scores as step series, grids as images. Nothing here imports a tracker.
 """
 
 from __future__ import annotations

@@ -56,10 +56,7 @@ def interval(estimate: float, replicates: Sequence[float]) -> tuple[list[float],
 
 
 def sample_intervals(
-    active: Sequence[Metric],
-    inputs: MetricInputs,
-    options: Mapping[str, Any],
-    values: Mapping[str, float],
+    active: Sequence[Metric], inputs: MetricInputs, options: Mapping[str, Any], values: Mapping[str, float]
 ) -> Intervals | None:
     """Intervals of every quality output in `values` (the estimates); None when B < 2 (off)."""
     import torch

@@ -27,12 +27,12 @@ import torch
 import ditbench
 from ditbench.errors import UserError
 from ditbench.metrics import bootstrap, registry
-from ditbench.metrics.features import FeatureExtractor
 from ditbench.metrics.inception_score import split_rule
 from ditbench.metrics.npz_io import ArrayImages, ImageSource, open_images
 from ditbench.metrics.reference import PreparedReference
 from ditbench.metrics.registry import DEFAULTS
 from ditbench.metrics.spec import FEATURE_DIMS, Metric, MetricInputs
+from ditbench.metrics.weights import FeatureExtractor
 from ditbench.precision import tf32_mode
 
 SCHEMA = "ditbench.fid/1"

@@ -24,10 +24,7 @@ SEED = 2020  # torch-fidelity's default rng_seed, so the subsets are the same as
 
 
 def polynomial_kernel(
-    x: torch.Tensor,
-    y: torch.Tensor,
-    degree: int = DEGREE,
-    coef0: float = COEF0,
+    x: torch.Tensor, y: torch.Tensor, degree: int = DEGREE, coef0: float = COEF0
 ) -> torch.Tensor:
     return (x @ y.T / x.shape[1] + coef0) ** degree
 
@@ -158,13 +155,7 @@ KID = Metric(
         Option("kid_subset_size", SUBSET_SIZE, "KID: samples per subset", minimum=2),
         Option("kid_seed", SEED, "KID: seed of the subset draws", minimum=0, maximum=2**32 - 1),
         Option("kid_degree", DEGREE, "KID: degree of the polynomial kernel"),
-        Option(
-            "kid_coef0",
-            COEF0,
-            "KID: constant of the polynomial kernel",
-            minimum=None,
-            kind=float,
-        ),
+        Option("kid_coef0", COEF0, "KID: constant of the polynomial kernel", minimum=None, kind=float),
     ),
     needs=lambda o: Need(
         o["kid_subset_size"],

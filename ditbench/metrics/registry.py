@@ -9,11 +9,13 @@ registered metric reaches them all. `DEFAULTS`: the extraction, device and cache
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from ditbench.errors import UserError, shorten
 from ditbench.metrics import bootstrap, fid, inception_score, kid, prdc
 from ditbench.metrics.spec import Metric, Output
+from ditbench.pretrained import cache_root
 
 DEFAULTS: dict[str, object] = {
     "batch_size": 100,  # images per Inception forward pass
@@ -24,6 +26,12 @@ DEFAULTS: dict[str, object] = {
     "cache": True,
     "cache_dir": None,  # $DITBENCH_CACHE/fid, else ~/.cache/ditbench/fid
 }
+
+
+def default_cache_dir() -> Path:
+    return cache_root() / "fid"  # beside checkpoints/, plan/ and datasets/ in the one ditbench cache
+
+
 METRICS: tuple[Metric, ...] = (fid.FID, fid.SFID, inception_score.IS, prdc.PR, kid.KID)
 
 

@@ -1,9 +1,14 @@
-"""Which Inception weights a score is made with, and loading them without running code from a file.
+"""Which Inception weights a score is made with, loading them without running code from a file, and
+running the network over images.
 
 Sources, first match wins: `--inception-weights PATH`, $DITBENCH_INCEPTION_WEIGHTS, torch-fidelity's file
-in the torch hub cache (downloaded once); `test` is calibrated.py's random network. A file is hashed and
-loaded from the same bytes with `torch.load(weights_only=True)`; only the published digest is official,
-any other result says `official: false` and carries `NOT_OFFICIAL_BANNER`.
+in the torch hub cache (downloaded once). A file is hashed and loaded from the same bytes with
+`torch.load(weights_only=True)`; only the published digest is official, any other result says
+`official: false` and carries `NOT_OFFICIAL_BANNER`.
+
+`test` is inception.py's calibrated random network. `FeatureExtractor` runs the network in batches over
+image sources, reading (npz rows, PNG decoding) in background threads so a GPU does not wait on the disk,
+in true fp32 unless TF32 is asked for (TF32 changes the features; cuDNN uses it by default on Ampere+).
 """
 
 from __future__ import annotations
@@ -16,16 +21,23 @@ import os
 import pickle
 import re
 import zipfile
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from ditbench.device import resolve_device
 from ditbench.errors import UserError, shorten
 from ditbench.fileio import atomic_write, download_atomic, read_regular, write_json_atomic
-from ditbench.metrics.calibrated import build_calibrated_inception
-from ditbench.metrics.inception import InceptionV3
+from ditbench.metrics.inception import InceptionV3, build_calibrated_inception
+from ditbench.metrics.npz_io import FolderImages, ImageSource
+from ditbench.metrics.registry import DEFAULTS, default_cache_dir
+from ditbench.metrics.spec import FEATURE_DIMS
 from ditbench.outpaths import not_a_file
+from ditbench.precision import tf32_mode
 
 WEIGHTS_FILE_NAME = "weights-inception-2015-12-05-6726825d.pth"
 WEIGHTS_URL = "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/" + WEIGHTS_FILE_NAME
@@ -198,9 +210,9 @@ def state_dict_sha256(state: dict[str, torch.Tensor]) -> str:
     return h.hexdigest()
 
 
-# Bump when calibrated.py's recipe changes: cached networks are named by it, records carry it.
+# Bump when the calibration recipe changes: cached networks are named by it, records carry it.
 # 1: BatchNorms calibrated on 16 synthetic 32 px images. 2: calibrated on 16 images of 32 to 256 px,
-# pool3 and the spatial features scaled to a total variance of calibrated.FEATURE_TRACE over them.
+# pool3 and the spatial features scaled to a total variance of inception.FEATURE_TRACE over them.
 TEST_NETWORK_RECIPE = 2
 
 
@@ -220,8 +232,6 @@ def _cached_test_state(path: Path) -> tuple[dict[str, torch.Tensor], str] | None
 def _test_state() -> tuple[dict[str, torch.Tensor], str]:
     """The test network's tensors and hash: from the on-disk cache (building it takes 10-30 s on 2 CPU
     cores, in every process that scores), else built once and cached."""
-    from ditbench.metrics.stats_cache import default_cache_dir
-
     name = f"calibrated-r{TEST_NETWORK_RECIPE}-torch{torch.__version__.split('+')[0]}.pt"
     path = default_cache_dir() / "inception-test" / name
     cached = _cached_test_state(path)
@@ -250,3 +260,79 @@ def load_network(weights: str | os.PathLike | None = None) -> tuple[InceptionV3,
         info = InceptionWeights(TEST_NETWORK, digest, False, None, recipe=TEST_NETWORK_RECIPE)
         return net.eval().requires_grad_(False), info
     return load_weight_file(resolve_weights(weights))
+
+
+def _prefetch(source: ImageSource, batch_size: int, num_workers: int, depth: int = 3):
+    """Yield the source's batches, read `depth` ahead in a background thread (errors re-raised here)."""
+    pool = ThreadPoolExecutor(num_workers) if isinstance(source, FolderImages) and num_workers > 1 else None
+    batches = source.batches(batch_size, pool=pool) if pool else source.batches(batch_size)
+    end = object()
+    reader = ThreadPoolExecutor(1, thread_name_prefix="ditbench-image-reader")  # one at a time, in order
+    ahead = deque(reader.submit(next, batches, end) for _ in range(depth))
+    try:
+        while (batch := ahead.popleft().result()) is not end:
+            ahead.append(reader.submit(next, batches, end))
+            yield batch
+    finally:
+        reader.shutdown(wait=True, cancel_futures=True)  # the batch being read, then nothing more
+        if pool:
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+class FeatureExtractor:
+    """The FID Inception on a device, turning image sources into feature tensors (float32, CPU);
+    `weights` as load_network takes them."""
+
+    weights: InceptionWeights
+
+    def __init__(
+        self,
+        weights: str | Path | None = None,
+        device: str | torch.device | None = None,
+        tf32: bool = DEFAULTS["tf32"],
+        batch_size: int = DEFAULTS["batch_size"],
+        num_workers: int = DEFAULTS["num_workers"],
+        progress: bool = True,
+    ):
+        if batch_size < 1:
+            raise UserError(f"--batch-size {batch_size} must be at least 1.")
+        self.device = resolve_device(str(device) if device is not None else DEFAULTS["device"])
+        self.tf32, self.batch_size = bool(tf32), batch_size
+        self.num_workers, self.progress = num_workers, progress
+        self.net, self.weights = load_network(weights)
+        self.net = self.net.to(self.device)
+        if self.device.type == "cuda":
+            self.net = self.net.to(memory_format=torch.channels_last)
+        self.images_processed = 0  # counts work done, so callers (and tests) can see a cache hit
+
+    @property
+    def precision(self) -> str:
+        return "tf32" if self.tf32 else "fp32"
+
+    @torch.no_grad()
+    def extract(
+        self, source: ImageSource, want=("pool3", "logits_unbiased", "spatial"), desc: str = "features"
+    ) -> dict[str, torch.Tensor]:
+        from ditbench.progress import progress
+
+        # Features collect on the device (no per-batch sync on a GPU) and move to the CPU once.
+        out = {
+            k: torch.empty(source.count, FEATURE_DIMS[k], dtype=torch.float32, device=self.device)
+            for k in want
+        }
+        cuda = self.device.type == "cuda"
+        bar = progress(total=source.count, desc=desc, unit="img", disable=not self.progress, leave=False)
+        row = 0
+        with tf32_mode(self.tf32, cudnn_benchmark=True), bar:
+            for batch in _prefetch(source, self.batch_size, self.num_workers):
+                x = torch.from_numpy(np.ascontiguousarray(batch)).permute(0, 3, 1, 2)
+                if cuda:
+                    x = x.pin_memory().to(self.device, non_blocking=True)
+                feats = self.net(x)
+                n = x.shape[0]
+                for k in want:
+                    out[k][row : row + n].copy_(feats[k])
+                row += n
+                bar.update(n)
+        self.images_processed += row
+        return {k: v.cpu() for k, v in out.items()}

@@ -101,3 +101,13 @@ def grad_ckpt_name(value: str | bool | None) -> str:
     """The canonical spelling: 'none', 'full' or 'every_K' (K >= 2), so equal settings get one cell id."""
     every = parse_grad_ckpt(value)
     return {0: "none", 1: "full"}.get(every, f"every_{every}")
+
+
+def impl_problem(impl: str, grad_ckpt: str | bool | None) -> str | None:
+    """Why `impl` cannot checkpoint as `grad_ckpt` asks, or None: diffusers checkpoints all blocks or none."""
+    if impl == "diffusers" and parse_grad_ckpt(grad_ckpt) > 1:
+        return (
+            f"grad_ckpt {grad_ckpt_name(grad_ckpt)} is not available with impl diffusers, which checkpoints "
+            "every block or none; use grad_ckpt full or none, or impl ditbench"
+        )
+    return None

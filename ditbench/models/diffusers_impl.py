@@ -13,8 +13,8 @@ from torch import nn
 
 from ditbench.errors import UnsupportedError
 from ditbench.models.attention import kernel_context, refused
-from ditbench.models.configs import DiTConfig, parse_grad_ckpt
-from ditbench.models.dit import cfg_forward
+from ditbench.models.configs import DiTConfig, impl_problem, parse_grad_ckpt
+from ditbench.models.dit import cfg_forward, dit_init
 from ditbench.vae import LATENT_CHANNELS
 
 
@@ -43,28 +43,16 @@ class DiffusersDiT(nn.Module):
         return cfg_forward(self.forward, self.in_channels, x, t, y, cfg_scale, guidance_channels)
 
 
-@torch.no_grad()
 def apply_dit_init(transformer: nn.Module) -> None:
-    """DiT's adaLN-Zero initialisation on diffusers' names (which keep PyTorch's default), so both start
-    as an identity network with zero output; q, k and v get xavier bounds of their own, not fused qkv's."""
-    for module in transformer.modules():
-        if isinstance(module, nn.Linear):
-            nn.init.xavier_uniform_(module.weight)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-    w = transformer.pos_embed.proj.weight
-    nn.init.xavier_uniform_(w.view(w.shape[0], -1))
-    nn.init.zeros_(transformer.pos_embed.proj.bias)
+    """DiT's initialisation on diffusers' names (which keep PyTorch's default), so both start as an
+    identity network with zero output; q, k and v get xavier bounds of their own, not fused qkv's."""
+    embedders, zero = [], [transformer.proj_out_1, transformer.proj_out_2]
     for block in transformer.transformer_blocks:
         emb = block.norm1.emb
-        nn.init.normal_(emb.class_embedder.embedding_table.weight, std=0.02)
-        nn.init.normal_(emb.timestep_embedder.linear_1.weight, std=0.02)
-        nn.init.normal_(emb.timestep_embedder.linear_2.weight, std=0.02)
-        nn.init.zeros_(block.norm1.linear.weight)
-        nn.init.zeros_(block.norm1.linear.bias)
-    for layer in (transformer.proj_out_1, transformer.proj_out_2):
-        nn.init.zeros_(layer.weight)
-        nn.init.zeros_(layer.bias)
+        embedders += [emb.class_embedder.embedding_table, emb.timestep_embedder.linear_1]
+        embedders.append(emb.timestep_embedder.linear_2)
+        zero.append(block.norm1.linear)
+    dit_init(transformer, transformer.pos_embed.proj, embedders, zero)
 
 
 def build_diffusers_dit(
@@ -79,12 +67,8 @@ def build_diffusers_dit(
     from ditbench.extras import require_diffusers
 
     DiTTransformer2DModel = require_diffusers("impl: diffusers").DiTTransformer2DModel
-    every = parse_grad_ckpt(grad_ckpt)
-    if every > 1:
-        raise UnsupportedError(
-            f"grad_ckpt every_{every} is not available with impl: diffusers, which checkpoints either every "
-            "block or none; use grad_ckpt full or none, or impl: ditbench"
-        )
+    if problem := impl_problem("diffusers", grad_ckpt):
+        raise UnsupportedError(problem)
     if class_dropout_prob != 0.1:
         raise UnsupportedError(
             "impl: diffusers fixes label dropout at 0.1 (CombinedTimestepLabelEmbeddings' default); "
@@ -104,7 +88,7 @@ def build_diffusers_dit(
         norm_elementwise_affine=False,
     )
     apply_dit_init(transformer)
-    if every == 1:
+    if parse_grad_ckpt(grad_ckpt) == 1:
         transformer.enable_gradient_checkpointing()
     if attention == "math":  # diffusers' default processor, AttnProcessor2_0, calls SDPA
         from diffusers.models.attention_processor import Attention, AttnProcessor

@@ -211,31 +211,14 @@ class DiT(nn.Module):
         self.initialize_weights()
 
     def initialize_weights(self) -> None:
-        def basic_init(module: nn.Module) -> None:
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-
-        self.apply(basic_init)
-        grid = int(round(self.pos_embed.shape[1] ** 0.5))
         with torch.no_grad():
+            grid = int(round(self.pos_embed.shape[1] ** 0.5))
             table = sincos_pos_embed_2d(self.pos_embed.shape[-1], grid)
             self.pos_embed.copy_(table.float().unsqueeze(0).to(self.pos_embed.device))
-        # The patch convolution is initialised like a linear layer on the flattened kernel.
-        w = self.x_embedder.proj.weight
-        nn.init.xavier_uniform_(w.view(w.shape[0], -1))
-        nn.init.zeros_(self.x_embedder.proj.bias)
-        nn.init.normal_(self.y_embedder.embedding_table.weight, std=0.02)
-        nn.init.normal_(self.t_embedder.mlp[0].weight, std=0.02)
-        nn.init.normal_(self.t_embedder.mlp[2].weight, std=0.02)
-        # adaLN-Zero: every block starts as the identity and the output as zeros.
-        for block in self.blocks:
-            nn.init.zeros_(block.adaLN_modulation[-1].weight)
-            nn.init.zeros_(block.adaLN_modulation[-1].bias)
-        for layer in (self.final_layer.adaLN_modulation[-1], self.final_layer.linear):
-            nn.init.zeros_(layer.weight)
-            nn.init.zeros_(layer.bias)
+        embedders = (self.y_embedder.embedding_table, self.t_embedder.mlp[0], self.t_embedder.mlp[2])
+        zero = [block.adaLN_modulation[-1] for block in self.blocks]
+        zero += [self.final_layer.adaLN_modulation[-1], self.final_layer.linear]
+        dit_init(self, self.x_embedder.proj, embedders, zero)
 
     def unpatchify(self, x: torch.Tensor) -> torch.Tensor:
         """(N, T, p*p*C) -> (N, C, H, W)."""
@@ -285,3 +268,22 @@ def cfg_forward(forward, in_channels: int, x, t, y, cfg_scale: float, guidance_c
     cond, uncond = torch.split(eps, len(eps) // 2, dim=0)
     guided = uncond + cfg_scale * (cond - uncond)
     return torch.cat([torch.cat([guided, guided], dim=0), rest], dim=1)
+
+
+@torch.no_grad()
+def dit_init(model: nn.Module, patch: nn.Conv2d, embedders, zero) -> None:
+    """DiT's initialisation (also on diffusers' names): xavier-uniform linears and zero biases, the patch
+    convolution like a linear layer on its flattened kernel, N(0, 0.02) label tables and timestep MLPs,
+    and adaLN-Zero (`zero` layers), so every block starts as the identity and the output as zeros."""
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            nn.init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+    nn.init.xavier_uniform_(patch.weight.view(patch.weight.shape[0], -1))
+    nn.init.zeros_(patch.bias)
+    for module in embedders:
+        nn.init.normal_(module.weight, std=0.02)
+    for layer in zero:
+        nn.init.zeros_(layer.weight)
+        nn.init.zeros_(layer.bias)

@@ -90,25 +90,24 @@ class CachingAllocator:
         prev, nxt = block.prev, block.next
         if prev is not None and not prev.used:
             self._unlist(prev)
-            prev.size += block.size
-            prev.next = nxt
-            if nxt is not None:
-                nxt.prev = prev
-            del self._by_addr[block.addr]
+            self._merge(prev, block)
             block = prev
         if nxt is not None and not nxt.used:
             self._unlist(nxt)
-            block.size += nxt.size
-            block.next = nxt.next
-            if nxt.next is not None:
-                nxt.next.prev = block
-            del self._by_addr[nxt.addr]
+            self._merge(block, nxt)
         insort(pool, (block.size, block.addr))
 
     def _unlist(self, block: _Block) -> None:
         pool = self._free[block.small]
-        i = bisect_left(pool, (block.size, block.addr))
-        del pool[i]
+        del pool[bisect_left(pool, (block.size, block.addr))]
+
+    def _merge(self, left: _Block, right: _Block) -> None:
+        """`right` becomes part of `left`, its neighbour below."""
+        left.size += right.size
+        left.next = right.next
+        if right.next is not None:
+            right.next.prev = left
+        del self._by_addr[right.addr]
 
     def _new_segment(self, size: int, small: bool) -> _Block | None:
         if self.capacity is not None and self.reserved + size > self.capacity:

@@ -9,14 +9,17 @@ and tf32 where the card has them (fp16 and fp32 hold as much and are not faster)
 
 from __future__ import annotations
 
+import itertools
+import math
 import textwrap
 from dataclasses import dataclass
 from typing import Any
 
 from ditbench.errors import UserError
-from ditbench.plan.predict import Budget, Prediction, SpeedOptions, normalize, predict_budgets
+from ditbench.plan.emulation import cuda_target
+from ditbench.plan.predict import Budget, Prediction, SpeedOptions, normalize, predict_budgets, trace_knobs
 from ditbench.plan.render import is_tight
-from ditbench.plan.speed import band
+from ditbench.plan.speed import band, datasheet, memory_band_pct, memory_errors_pct, shipped
 from ditbench.records.metrics import IMAGES_PER_S
 
 ANSWER_MODELS = ("DiT-S/2", "DiT-B/2", "DiT-L/2", "DiT-XL/2")  # the paper's four sizes at its patch
@@ -29,7 +32,7 @@ class Option:
     config: dict[str, Any]  # the cell: model, precision, grad_ckpt, batch_size (per GPU), grad_accum
     rate: float  # images/s over all GPUs
     steps_per_s: float  # optimizer steps
-    series: Any = None  # its trace (batch.SeriesTrace)
+    series: Any = None  # its trace (trace.SeriesTrace)
     pred: Prediction | None = None  # its memory, once replayed
     need_gib: float | None = None  # a lower bound, when it was dropped without a replay
 
@@ -76,23 +79,19 @@ def search(
     base: dict[str, Any],
     disk: bool = True,
 ) -> Answer:
-    from ditbench.plan import speed as time_model
-    from ditbench.plan.emulation import cuda_target
-    from ditbench.plan.predict import series_trace, step_time_of, trace_knobs
+    from ditbench.plan.predict import series_trace, step_time_of
 
     target = cuda_target(None)  # one trace serves every GPU
-    sheet = speed.sheet or time_model.datasheet(bud.card)
-    cal = speed.calibration or time_model.shipped()
+    sheet = speed.sheet or datasheet(bud.card)
+    cal = speed.calibration or shipped()
     options = []
-    for precision in precisions:
-        for ckpt in ckpts:
-            for batch in batches:
-                accum = global_batch // (speed.gpus * batch)
-                cell = normalize({**base, "model": model, "precision": precision, "grad_ckpt": ckpt,
-                                  "batch_size": batch, "grad_accum": accum})  # fmt: skip
-                series = series_trace(trace_knobs(cell, target), target, disk=disk)
-                t = step_time_of(series, cell, sheet, cal, speed.gpus)
-                options.append(Option(cell, t.steps_per_s * global_batch, t.steps_per_s, series))
+    for precision, ckpt, batch in itertools.product(precisions, ckpts, batches):
+        accum = global_batch // (speed.gpus * batch)
+        cell = normalize({**base, "model": model, "precision": precision, "grad_ckpt": ckpt,
+                          "batch_size": batch, "grad_accum": accum})  # fmt: skip
+        series = series_trace(trace_knobs(cell, target), target, disk=disk)
+        t = step_time_of(series, cell, sheet, cal, speed.gpus)
+        options.append(Option(cell, t.steps_per_s * global_batch, t.steps_per_s, series))
     options.sort(key=lambda o: -o.rate)
     dropped = None
     capacity = bud.capacity
@@ -107,13 +106,6 @@ def search(
                 return Answer(model, option, dropped, len(options))
         dropped = option
     return Answer(model, None, dropped, len(options))
-
-
-@dataclass
-class Goal:
-    global_batch: int
-    steps: int  # optimizer steps of global_batch images
-    gpus: int
 
 
 def row(answer: Answer, speed_band: float | None, memory_band: float) -> dict[str, Any]:
@@ -134,9 +126,7 @@ def row(answer: Answer, speed_band: float | None, memory_band: float) -> dict[st
         memory_gib=memory,
         memory_interval=band(memory, memory_band),
         tight=is_tight(p),
-    )
-    out.update({IMG: b.rate, f"{IMG}_interval": band(b.rate, speed_band)})
-    out.update(
+        **{IMG: b.rate, f"{IMG}_interval": band(b.rate, speed_band)},
         days=days,
         days_interval=None
         if speed_band is None
@@ -159,11 +149,12 @@ def _range(v: float, iv, fmt: str) -> str:
     return text if iv is None else f"{text} ({format(iv[0], fmt)}-{format(iv[1], fmt)})"
 
 
-def text(rows: list[dict[str, Any]], where: str, goal: Goal, context_gib: float, note: str) -> str:
-    """The answer as at most ~25 lines: a table, why not faster, a legend."""
+def text(doc: dict[str, Any], where: str, gpus: int, context_gib: float) -> str:
+    """The answer (plan's JSON document) as at most ~25 lines: a table, why not faster, a legend."""
+    rows = doc["answer"]
     lines = [
-        f"{where}: the fastest setting that fits, per model, at {goal.global_batch} images a step "
-        f"({goal.steps:,} steps):",
+        f"{where}: the fastest setting that fits, per model, at {doc['global_batch']} images a step "
+        f"({doc['steps']:,} steps):",
         "",
         "| model | precision | ckpt | batch x accum | memory GiB | img/s | days | GPU-hours |",
         "|---|---|---|---|---|---|---|---|",
@@ -204,10 +195,10 @@ def text(rows: list[dict[str, Any]], where: str, goal: Goal, context_gib: float,
     legend = (
         "precision: bf16/fp16 autocast, tf32 fp32 with tensor-core matmuls, fp32 strict; ckpt: activation "
         "checkpointing of no, every second (every_2) or every block (full); batch x accum: images per GPU "
-        f"per micro-batch x micro-batches per step (x {goal.gpus} GPU(s) = {goal.global_batch}); memory: "
+        f"per micro-batch x micro-batches per step (x {gpus} GPU(s) = {doc['global_batch']}); memory: "
         f"what the card holds at the peak (allocator reserve + {context_gib:g} GiB CUDA context); img/s: "
         "training images a second over all GPUs; days, GPU-hours: to the steps above. (a-b): "
-        + note
+        + doc["interval_note"]
         + " `--full`: every setting's memory and speed, and the decision tree; `--json`: all of it."
     )
     return "\n".join(lines + textwrap.wrap(legend, 110))
@@ -216,14 +207,9 @@ def text(rows: list[dict[str, Any]], where: str, goal: Goal, context_gib: float,
 def plan(bud: Budget, speed: SpeedOptions, models, precisions, ckpts, batches, global_batch: int, base,
          disk: bool = True) -> tuple[dict[str, Any], str]:  # fmt: skip
     """The answer for each model: (the JSON document, the text)."""
-    import math
-
-    from ditbench.plan.speed import memory_band_pct, memory_errors_pct, shipped
-
     found = [search(m, bud, speed, precisions, ckpts, batches, global_batch, base, disk) for m in models]
     images = isinstance(base.get("data"), dict)
     steps = speed.target_steps if not speed.target_images else math.ceil(speed.target_images / global_batch)
-    goal = Goal(global_batch, steps, speed.gpus)
     cal = speed.calibration or shipped()
     memory_band = memory_band_pct()
     rows = [row(a, cal.band_pct, memory_band) for a in found]
@@ -247,4 +233,4 @@ def plan(bud: Budget, speed: SpeedOptions, models, precisions, ckpts, batches, g
     name = bud.card or f"a {bud.memory_gib:g} GiB card"
     where = f"{name} ({bud.memory_gib:.2f} GiB usable) x {speed.gpus} GPU{'s' if speed.gpus > 1 else ''}"
     doc = {"global_batch": global_batch, "steps": steps, "answer": rows, "interval_note": note}
-    return doc, text(rows, where, goal, bud.context_gib, note)
+    return doc, text(doc, where, speed.gpus, bud.context_gib)

@@ -16,9 +16,8 @@ import lzma
 from pathlib import Path
 from typing import Any
 
-from ditbench.plan.batch import SeriesTrace
 from ditbench.plan.emulation import Target
-from ditbench.plan.trace import Trace
+from ditbench.plan.trace import SeriesTrace, Trace
 from ditbench.pretrained import cache_root
 
 VERSION = 3  # bump when what a trace records, or how, changes outside the source files

@@ -151,32 +151,28 @@ def _request(args: argparse.Namespace):
 
 
 def _base(args: argparse.Namespace, request) -> dict:
-    size = request.image_size
     if args.shard and not args.gpus:
         raise UserError(f"--shard {args.shard} splits a model over GPUs: give --gpus N (2 or more)")
     impl, optimizer, gpus = args.impl or "ditbench", args.optimizer_impl or "auto", request.gpus or 1
     from ditbench.plan.predict import IMAGES
 
     data = {"data": IMAGES} if args.images else {}
-    return {"image_size": size, "impl": impl, "optimizer_impl": optimizer, "gpus": gpus,
+    return {"image_size": request.image_size, "impl": impl, "optimizer_impl": optimizer, "gpus": gpus,
             "strategy": args.shard or "ddp", **data}  # fmt: skip
 
 
 def _series(args: argparse.Namespace, request):
-    from ditbench.plan.grid import grid
+    from ditbench.expansion import check_count, factors, matrix_count
+    from ditbench.plan.grid import grid, suite_grid
+    from ditbench.spec.suite import load_suite
 
     if args.suite is None:
-        from ditbench.expansion import check_count, factors, matrix_count
-
         r = request
         axes = {"models": r.models, "precisions": r.precisions, "grad-ckpt": r.grad_ckpt}
         axes["batches"] = r.batches
         check_count(matrix_count(axes), args.max_cells, "the plan grid", factors(axes))
         return grid(r.models, r.precisions, r.grad_ckpt, r.batches, _base(args, request)), None
     _refuse_grid_flags(args)
-    from ditbench.plan.grid import suite_grid
-    from ditbench.spec.suite import load_suite
-
     suite = load_suite(args.suite, args.overrides, max_cells=args.max_cells)
     device = "cuda" if (args.card or args.memory_gib is not None) else None
     return suite_grid(suite.cells, device), suite
@@ -274,11 +270,10 @@ def run(args: argparse.Namespace) -> int:
     import warnings
 
     from ditbench.cards import ambiguity, find_card
-    from ditbench.plan.grid import default_jobs, evaluate
+    from ditbench.plan.grid import DEFAULT_TARGET_BATCH, class_cards, decision_tree, default_jobs, evaluate
     from ditbench.plan.predict import DEFAULT_CONTEXT_GIB, budget
     from ditbench.plan.render import full_text, to_json
     from ditbench.plan.speed import shipped
-    from ditbench.plan.tree import DEFAULT_TARGET_BATCH, class_cards, decision_tree
 
     warnings.filterwarnings("ignore", message=".*data pointer of FakeTensor.*")
     request = _request(args)
@@ -316,7 +311,7 @@ def run(args: argparse.Namespace) -> int:
     by_class = {gb: [p for res in results for p in res[i + 1]] for i, (gb, _) in enumerate(tree_cards)}
     measured = 0
     if records:
-        from ditbench.plan.measured_records import apply_measured
+        from ditbench.plan.measured import apply_measured
 
         measured = apply_measured(cells, records)
         for preds in by_class.values():
@@ -348,28 +343,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _speed_options(args: argparse.Namespace, request):
+    from ditbench.cards import described
     from ditbench.plan.predict import SpeedOptions
     from ditbench.plan.speed import DEFAULT_TARGET_STEPS
 
-    sheet = _sheet(args) if args.tflops is not None or args.mem_bw is not None else None
-    calibration = None
+    sheet = calibration = None
+    if args.tflops is not None or args.mem_bw is not None:
+        if args.memory_gib is None or args.tflops is None or args.mem_bw is None:
+            raise UserError(
+                "--tflops and --mem-bw describe a card not in the table, with --memory-gib: give all three "
+                "(e.g. --memory-gib 24 --tflops 165 --mem-bw 1008); a card of the table (--card) has its own"
+            )
+        sheet = described(args.tflops, args.mem_bw)
     if args.calibrate is not None:
-        from ditbench.plan.calibration import from_records
+        from ditbench.plan.measured import from_records
 
         calibration = from_records(args.calibrate, _read_results(args.calibrate, "--calibrate"))
     steps = request.target_steps or DEFAULT_TARGET_STEPS
     return SpeedOptions(calibration, request.gpus or 1, steps, request.target_images, sheet)
-
-
-def _sheet(args: argparse.Namespace):
-    from ditbench.cards import described
-
-    if args.memory_gib is None or args.tflops is None or args.mem_bw is None:
-        raise UserError(
-            "--tflops and --mem-bw describe a card not in the table, with --memory-gib: give all three "
-            "(e.g. --memory-gib 24 --tflops 165 --mem-bw 1008); a card of the table (--card) has its own"
-        )
-    return described(args.tflops, args.mem_bw)
 
 
 def _read_results(path: Path, flag: str = "--results") -> list:

@@ -4,7 +4,7 @@ A row: the category (matmul, attention, optimizer: AdamW, GradScaler and EMA upd
 the dtype its math runs in (the first floating-point input's), its FLOPs (torch.utils.flop_counter;
 matmuls and attention only: elementwise work is memory bound), the bytes every tensor read and written
 moves, and whether it runs in the backward. FLOPs and bytes are split into a batch-independent and a
-per-sample part as batch.py splits allocations. Views and empty allocations launch nothing.
+per-sample part as trace.SeriesTrace splits allocations. Views and empty allocations launch nothing.
 """
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ from __future__ import annotations
 import torch
 from torch.utils import flop_counter
 
-_MATMUL = frozenset(
-    "mm addmm bmm baddbmm addbmm mv addmv dot _addmm_activation convolution _convolution "
-    "convolution_backward".split()
-)
+CUBLAS = "mm addmm bmm baddbmm addbmm mv addmv dot _addmm_activation".split()  # the matmuls cuBLAS runs
+_MATMUL = frozenset(CUBLAS + ["convolution", "_convolution", "convolution_backward"])
 # Ops that only describe memory (no kernel), in addition to every view op.
 _NO_KERNEL = frozenset(
     "empty empty_strided empty_like new_empty new_empty_strided _local_scalar_dense detach lift_fresh "

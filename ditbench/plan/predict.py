@@ -1,6 +1,6 @@
 """Predicted training memory of a cell on a card: `predict_cell(config, card_or_gib) -> Prediction`.
 
-The step is traced on fake tensors (trace.py, once per series: batch.py), replayed through the CUDA
+The step is traced on fake tensors (trace.py, once per series), replayed through the CUDA
 caching allocator (allocator.py) with the card's memory as the limit, plus the CUDA context: what
 `max_memory_allocated`/`max_memory_reserved` will report, what the card holds at the peak, by
 component, and whether the cell fits. A CPU cell is predicted for the CPU allocator (no rounding).
@@ -8,7 +8,6 @@ component, and whether the cell fits. A CPU cell is predicted for the CPU alloca
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -16,12 +15,13 @@ from typing import Any
 
 from ditbench.cards import Card, check_gib, find_card
 from ditbench.errors import UnsupportedError, UserError, shorten
+from ditbench.plan import cache
 from ditbench.plan.allocator import Replay, live_at, raw_peak, replay
-from ditbench.plan.batch import SeriesTrace, trace_series
 from ditbench.plan.emulation import CPU, Target, cuda_target, optimizer_impl, policy_for, traced_on
 from ditbench.plan.parallel import per_rank, world
 from ditbench.plan.speed import DEFAULT_TARGET_STEPS
-from ditbench.plan.trace import STATE_LABELS
+from ditbench.plan.trace import STATE_LABELS, SeriesTrace, trace_series
+from ditbench.records.metrics import finite
 from ditbench.spec.knobs import KNOBS, Knobs, PartialKnobs
 
 GiB = 1 << 30
@@ -38,7 +38,6 @@ _UNTRACED = (
     "batch_size", "gpus", "nodes", "strategy", "compile_mode", "optimizer",
     "seed", "lr", "weight_decay", "ema_decay",
 )  # fmt: skip
-DEVICES = ("cuda", "cpu")
 
 
 @dataclass
@@ -83,17 +82,9 @@ def normalize(config: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(config, Mapping):
         raise UserError(f"a cell config must be a mapping of knobs, got {shorten(config)}")
     device = config.get("device", "cuda")
-    if device not in DEVICES:
+    if device not in ("cuda", "cpu"):
         raise UserError(f"device must be cuda or cpu to plan a cell, got {shorten(device)}")
     return {**dict(Knobs(**{k: v for k, v in config.items() if k in KNOBS})), "device": device}
-
-
-def _unsupported_reason(cell: dict[str, Any]) -> str | None:
-    """Knobs that shape memory in a way the planner does not trace: say so rather than guess (an
-    image-folder cell without diffusers is refused by its trace: the VAE needs it)."""
-    if world(cell) > 1 and cell["strategy"] == "fsdp" and cell["impl"] != "ditbench":
-        return "strategy fsdp shards ditbench's DiT block by block; the diffusers DiT has no such blocks"
-    return None
 
 
 def trace_knobs(cell: Mapping[str, Any], target: Target) -> Knobs:
@@ -102,7 +93,7 @@ def trace_knobs(cell: Mapping[str, Any], target: Target) -> Knobs:
     knobs = {k: v for k, v in cell.items() if k in KNOBS and k not in _UNTRACED}
     impl = optimizer_impl(cell["optimizer_impl"], target)
     images = isinstance(cell["data"], dict) and "images" in cell["data"]
-    data = IMAGES if images else "synthetic"  # a latent file's batch reaches the device as synthetic data
+    data = IMAGES if images else "synthetic"
     return Knobs(**{**knobs, "optimizer_impl": impl, "data": data, "grad_accum": traced_accum(cell)})
 
 
@@ -148,12 +139,8 @@ def budget(
     device: str = "cuda",
 ) -> Budget:
     """A Budget from a card name, a Card, usable GiB or None (no limit); device "cpu" has no card."""
-    if not (
-        isinstance(context_gib, (int, float))
-        and not isinstance(context_gib, bool)
-        and math.isfinite(context_gib)
-        and context_gib >= 0
-    ):
+    context = finite(context_gib)
+    if context is None or context < 0:
         raise UserError(f"the CUDA context must be a finite number of GiB >= 0, got {shorten(context_gib)}")
     if device == "cpu":
         return Budget(None, None, 0.0, CPU)
@@ -165,7 +152,7 @@ def budget(
         card, gib = card_or_gib.name, card_or_gib.usable_gib
     else:
         card, gib = None, check_gib(card_or_gib, "the card memory")
-    return Budget(card, gib, float(context_gib), cuda_target(card))
+    return Budget(card, gib, context, cuda_target(card))
 
 
 _CACHE: OrderedDict[tuple, SeriesTrace] = OrderedDict()
@@ -192,8 +179,6 @@ def series_trace(knobs: Knobs, target: Target, disk: bool = False) -> SeriesTrac
         return _CACHE[key]
     series = None
     if disk:
-        from ditbench.plan import cache
-
         name = cache.key(key)
         series = cache.shipped(key) or cache.load(name)
     if series is None:
@@ -243,10 +228,10 @@ def predict_budgets(
     cell = normalize(config)
     for batch in batch_sizes:
         PartialKnobs(batch_size=batch)  # UserError if not valid
-    reason = _unsupported_reason(cell)
-    status = "unsupported"
-    series = None
-    if reason is None:
+    status, reason, series = "unsupported", None, None
+    if world(cell) > 1 and cell["strategy"] == "fsdp" and cell["impl"] != "ditbench":  # said, not guessed
+        reason = "strategy fsdp shards ditbench's DiT block by block; the diffusers DiT has no such blocks"
+    else:
         # One trace serves every GPU; a card that cannot run the cell's policy is told so per budget below.
         first = traced_on(budgets[0].target)
         try:
@@ -258,22 +243,14 @@ def predict_budgets(
         except Exception as err:  # a step the fake tensors cannot follow: say so for this cell
             status, reason = "error", f"the planner could not trace this cell: {type(err).__name__}: {err}"
     unlimited: dict[tuple, Replay] = {}
+    named = (cell["model"], cell["precision"], cell["grad_ckpt"])
     out = []
     for bud in budgets:
         row = []
         for batch in batch_sizes:
-            pred = Prediction(
-                model=cell["model"],
-                precision=cell["precision"],
-                grad_ckpt=cell["grad_ckpt"],
-                batch_size=batch,
-                device=bud.target.device,
-                card=bud.card,
-                memory_gib=bud.memory_gib,
-                status="predicted",
-                config={**cell, "batch_size": batch},
-            )
-            why = reason or _target_reason(cell, bud.target)
+            pred = Prediction(*named, batch, bud.target.device, bud.card, bud.memory_gib, "predicted")
+            pred.config = {**cell, "batch_size": batch}
+            why = reason or _policy_refused(cell["precision"], bud.target)
             if why is not None:
                 pred.status = status if reason else "unsupported"
                 pred.reason = shorten(why, 400, quote=False)
@@ -325,10 +302,10 @@ def step_time_of(series: SeriesTrace, cell: Mapping[str, Any], sheet, cal, gpus:
     )  # fmt: skip
 
 
-def _target_reason(cell: dict[str, Any], target: Target) -> str | None:
-    """A policy this particular GPU cannot run although the traced one could (bf16 before sm80)."""
+def _policy_refused(precision: str, target: Target) -> str | None:
+    """Why this particular GPU cannot run a policy the traced one could (bf16 before sm80), else None."""
     try:
-        policy_for(cell["precision"], target)
+        policy_for(precision, target)
     except UnsupportedError as err:
         return str(err)
     return None

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ditbench.plan.grid import largest_batches
+from ditbench.plan.grid import Advice, largest_batches
 from ditbench.plan.predict import Prediction
-from ditbench.plan.speed import memory_band_pct
-from ditbench.plan.tree import Advice
+from ditbench.plan.speed import memory_band_pct, shipped
 
 _COMPONENT_NAMES = {"gradients": "grads", "optimizer": "Adam", "ema": "EMA"}  # the others by their name
 
@@ -178,8 +177,6 @@ def full_text(
     cells, main, series: int, seconds: float, measured: int | None, speed, advice, target_batch
 ) -> str:
     """The grid's table, its speeds, reasons and notes, and the decision tree (`plan --full`, a suite)."""
-    from ditbench.plan.speed import shipped
-
     where = (
         f"{main.card} ({main.memory_gib:.2f} GiB usable)"
         if main.card

@@ -5,6 +5,8 @@ depend on the process count: rank r samples and featurises shards r, r + world, 
 the gathered features in shard order. `metrics` is the mean over seeds of each quality output,
 `spread` their SD (null with one seed); with the bootstrap on, each seed carries its `interval` and
 `bootstrap_se`, the evaluation one seed's `bootstrap_se` and the `interval` of the mean over seeds.
+Every cell's grid has the same noise (GRID_SEED) and labels, so two grids of one model shape differ by
+the training setting alone.
 """
 
 from __future__ import annotations
@@ -18,9 +20,40 @@ from typing import Any
 import numpy as np
 
 from ditbench import dist
+from ditbench.fileio import atomic_write
 from ditbench.metrics import registry
-from ditbench.quality import grid as grids
 from ditbench.spec.cell import CellSpec
+
+GRID_SEED = 1_000_003  # a prime far from the scoring seeds (0, 1, ...)
+COLUMNS = 8
+MIN_SIDE = 128  # small images are enlarged (nearest neighbour) so that a reader can see them: 32 px x 4
+PAD = 2
+DIT_PAPER_CLASSES = (207, 360, 387, 974, 88, 979, 417, 279)  # DiT's sample.py: retriever, otter, panda, ...
+
+
+def grid_labels(n: int, num_classes: int) -> np.ndarray:
+    """The grid's labels: for 1,000 classes those DiT's sampling script shows, else 0, 1, 2, ..."""
+    if num_classes == 1000:
+        return np.resize(np.array(DIT_PAPER_CLASSES, dtype=np.int64), n)
+    return np.arange(n, dtype=np.int64) % num_classes
+
+
+def tile(images: np.ndarray, columns: int = COLUMNS) -> np.ndarray:
+    """uint8 N x H x W x 3 -> one uint8 image: rows of `columns`, white padding, small images enlarged."""
+    n, h, w, _ = images.shape
+    scale = max(1, -(-MIN_SIDE // max(h, w)))
+    if scale > 1:
+        images = images.repeat(scale, axis=1).repeat(scale, axis=2)
+        h, w = h * scale, w * scale
+    columns = max(1, min(columns, n))
+    rows = -(-n // columns)
+    out = np.full((rows * (h + PAD) + PAD, columns * (w + PAD) + PAD, 3), 255, dtype=np.uint8)
+    for i, image in enumerate(images):
+        r, c = divmod(i, columns)
+        top, left = PAD + r * (h + PAD), PAD + c * (w + PAD)
+        out[top : top + h, left : left + w] = image
+    return out
+
 
 SPLIT = "ranks split the samples (shard k on rank k mod world); rank 0 gathers the features and scores"
 
@@ -35,7 +68,7 @@ def reference_path(reference: str) -> str:
 def reference_digest(path: str) -> str:
     """`sha256:<hex>` of what the reference holds (a file's bytes, a folder's images), memoised on disk."""
     from ditbench.metrics.npz_io import FolderImages
-    from ditbench.metrics.stats_cache import ReferenceCache
+    from ditbench.metrics.reference import ReferenceCache
 
     p = Path(path)
     content = FolderImages(p) if p.is_dir() else p
@@ -93,7 +126,7 @@ class Evaluator:
         if self.scorer is not None:
             return self.scorer.extractor
         if self._extractor is None:
-            from ditbench.metrics.features import FeatureExtractor
+            from ditbench.metrics.weights import FeatureExtractor
 
             self._extractor = FeatureExtractor(self.q.inception, device=self.ctx.device, progress=False)
         return self._extractor
@@ -224,10 +257,12 @@ class Evaluator:
         """Rank 0 samples the grid (fixed noise and labels) and writes it; its path relative to the run."""
         if self.ctx.rank != 0:
             return None
+        from PIL import Image
+
         out_dir, cell_id = grid
-        images = self._images(model, grids.grid_labels(self.q.grid, self.knobs.num_classes), grids.GRID_SEED)
-        relative = grids.grid_path(cell_id, step)
-        grids.write_grid(out_dir, relative, images)
+        picture = tile(self._images(model, grid_labels(self.q.grid, self.knobs.num_classes), GRID_SEED))
+        relative = f"grids/{cell_id}/step{step:07d}.png"  # relative to the run's folder, as the record says
+        atomic_write(Path(out_dir) / relative, lambda f: Image.fromarray(picture).save(f, format="PNG"))
         return relative
 
 

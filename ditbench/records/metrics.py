@@ -1,10 +1,7 @@
-"""Every metric a record carries, declared once (records.model types the section that holds them).
-
-A `Metric` says where its figure lives in a record (`path`), its label, unit and display format,
-which way is better, the values a real one can take, how the ranks of a multi-process cell combine
-it, and the gate's default threshold. Writers, the loader, `compare`, the report, `export`, claims,
-the planner and `ab` name a metric through this table, never by a literal of their own. Quality
-figures (FID, IS, ...) are the metric registry's outputs; `table()` joins them to the record's.
+"""Every metric a record carries, declared once (records.model types the section that holds them): where
+it lives, how it reads, which way is better, how ranks combine it, the gate's default threshold.
+Writers, the loader, `compare`, the report, `export`, claims, the planner and `ab` name a metric through
+this table, never by a literal of their own; `table()` joins the metric registry's quality outputs.
 """
 
 from __future__ import annotations
@@ -87,7 +84,7 @@ DEVICE_MEM = _record("device_mem_gib", LOWER, "device memory", MEMORY, ranks=MAX
 CPU_ALLOC = _record("cpu_peak_alloc_gib", LOWER, "CPU allocator peak", MEMORY)
 CPU_RSS = _record("cpu_peak_rss_gib", LOWER, "CPU peak RSS", MEMORY, ranks=MAX)
 SMOKE_LOSS = _record("smoke_last_loss", LOWER, "smoke loss (last window)", LOSS, "smoke.last_mean", valid=ANY)
-# From NVML's energy counter over the window (bench.gpu_meter); only GPU records have them.
+# From NVML's energy counter over the window (bench.cell.gpu_meter); only GPU records have them.
 ENERGY_PER_IMAGE = _record("energy_j_per_image", LOWER, "energy J/image", ENERGY, unit="J", ranks=MEAN)
 ENERGY_PER_STEP = _record("energy_j_per_step", LOWER, "energy J/step", ENERGY, unit="J", ranks=SUM)
 RECORD_METRICS = (IMAGES_PER_S, PER_GPU, STEPS_PER_S, STEP_MS, TFLOPS, MFU, PEAK_ALLOCATED, PEAK_RESERVED)

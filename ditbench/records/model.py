@@ -184,9 +184,7 @@ class Record(Part):
             known = schema.startswith(SCHEMA_PREFIX)
             why = f"which this ditbench does not know (it reads {SCHEMA}); upgrade it" if known else ""
             raise refuse(f"schema is {shorten(schema)}, {why or f'not {SCHEMA!r}'}")
-        if (
-            "repeat" in raw or "repeats" in raw
-        ):  # combined repeats (bench.repeats.combine) keep `repeats` alone
+        if "repeat" in raw or "repeats" in raw:  # combined repeats (bench.repeats.combine): `repeats` alone
             repeat, repeats = raw.get("repeat", 1), raw.get("repeats")
             whole = all(
                 isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= REPEATS_MAX

@@ -328,7 +328,7 @@ CLAIMS_DIR = Path(__file__).resolve().parent.parent / "claims"
 def resolve_claims(arg: str | Path) -> Path:
     """The claims file `arg` means: an existing path as given, else a shipped one of that name
     (`--claims dit_resource_guide`), as suites resolve."""
-    from ditbench.spec.catalog import resolve_shipped
+    from ditbench.spec.suite import resolve_shipped
 
     return resolve_shipped(arg, CLAIMS_DIR, "claims file")
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pandas as pd
 
+from ditbench.bench.cell.window import noise_advice
 from ditbench.bench.repeats import combine
-from ditbench.bench.window import noise_advice
 from ditbench.errors import UserError, shorten
 from ditbench.outpaths import inside, not_a_file
 from ditbench.records.jsonl import TORN, as_record, lines

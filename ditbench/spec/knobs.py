@@ -13,8 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, WithJsonSchema, model_validator
 
-from ditbench import vae
-from ditbench.errors import shorten
+from ditbench.errors import UserError, shorten
 from ditbench.models.configs import (
     ATTENTION_BACKENDS,
     GRAD_CKPT_EVERY,
@@ -25,6 +24,8 @@ from ditbench.models.configs import (
     canonical_name,
     get_config,
     grad_ckpt_name,
+    impl_problem,
+    latent_size,
 )
 from ditbench.precision import PRECISIONS
 from ditbench.spec.base import Choice, Flag, Int, Real, SpecModel, checked_by
@@ -188,24 +189,15 @@ class Knobs(PartialKnobs):
 
     def conflict(self) -> str | None:
         """What makes this combination of valid values unrunnable anywhere, or None."""
-        patch = get_config(self.model).patch_size
-        step = vae.DOWNSAMPLE * patch
-        if self.image_size % step:
-            return (
-                f"{self.model} has patch size {patch} and the VAE downsamples by {vae.DOWNSAMPLE}, so its "
-                f"image_size must be a multiple of {step} (the latent must tile into patches); got "
-                f"{self.image_size}"
-            )
+        try:
+            latent_size(self.image_size, get_config(self.model).patch_size)
+        except UserError as err:
+            return f"{self.model}: {err}"
         if self.strategy != KNOB_DEFAULTS["strategy"] and self.gpus * self.nodes == 1:
             return f"strategy {self.strategy} shards across processes; it needs gpus x nodes > 1"
         if self.compile_mode != KNOB_DEFAULTS["compile_mode"] and not self.compile:
             return f"compile_mode {self.compile_mode} shapes a compiled model only; set compile: true with it"
-        if self.impl == "diffusers" and self.grad_ckpt.startswith("every_"):
-            return (
-                f"grad_ckpt {self.grad_ckpt} is not available with impl diffusers, which checkpoints every "
-                "block or none; use grad_ckpt full or none, or impl ditbench"
-            )
-        return None
+        return impl_problem(self.impl, self.grad_ckpt)
 
     @property
     def rank_batch(self) -> int:

@@ -21,8 +21,9 @@ MAX_TARGET = 10**12
 
 
 def _count(template: str, low: int, high: int | None = None, **more: Any) -> Any:
-    """An integer flag from `low` to `high`, `template` its error."""
-    return Annotated[Annotated[int, Field(strict=True, ge=low, le=high, **more)] | None, rule(template)]
+    """An integer flag from `low` to `high` (None when not given), `template` its error."""
+    one = Annotated[int, Field(strict=True, ge=low, le=high, **more)]
+    return Annotated[one | None, rule(template), Field(default=None)]
 
 
 Precision = Annotated[
@@ -41,23 +42,15 @@ class PlanRequest(SpecModel):
     precisions: list[Precision] | None = None
     grad_ckpt: list[GradCkpt] | None = None
     batches: list[Batch] | None = None
-    image_size: _count("--image-size must be a positive multiple of 8, got {value}", 8, multiple_of=8) = None
+    image_size: _count("--image-size must be a positive multiple of 8, got {value}", 8, multiple_of=8)
     # how to predict
     context_gib: Annotated[
         Annotated[float, Field(ge=0, allow_inf_nan=False)] | None,
         rule("--context-gib must be a finite number of GiB >= 0, got {value}"),
     ] = None
-    jobs: _count(f"--jobs must be between 1 and {MAX_JOBS}, got {{value}}", 1, MAX_JOBS) = None
-    target_batch: _count("--target-batch must be a positive integer, got {value}", 1) = None
-    gpus: _count(f"--gpus must be an integer from 1 to {MAX_PROCESSES}, got {{value}}", 1, MAX_PROCESSES) = (
-        None
-    )
-    target_steps: _count("--target-steps must be an integer from 1 to 10^12, got {value}", 1, MAX_TARGET) = (
-        None
-    )
-    target_images: _count(
-        "--target-images must be an integer from 1 to 10^12, got {value}", 1, MAX_TARGET
-    ) = None
-    global_batch: _count("--global-batch must be an integer from 1 to 1048576, got {value}", 1, 1 << 20) = (
-        None
-    )
+    jobs: _count(f"--jobs must be between 1 and {MAX_JOBS}, got {{value}}", 1, MAX_JOBS)
+    target_batch: _count("--target-batch must be a positive integer, got {value}", 1)
+    gpus: _count(f"--gpus must be an integer from 1 to {MAX_PROCESSES}, got {{value}}", 1, MAX_PROCESSES)
+    target_steps: _count("--target-steps must be an integer from 1 to 10^12, got {value}", 1, MAX_TARGET)
+    target_images: _count("--target-images must be an integer from 1 to 10^12, got {value}", 1, MAX_TARGET)
+    global_batch: _count("--global-batch must be an integer from 1 to 1048576, got {value}", 1, 1 << 20)

@@ -3,7 +3,8 @@ before anything runs, and expanded into cells.
 
 A suite is `defaults` x `matrix`, minus the `exclude` partial cells, plus the `include` ones (completed
 from the defaults); every cell carries every knob and a stable id. `suite_schema()`: the model's own
-JSON Schema (`ditbench suites --schema`).
+JSON Schema (`ditbench suites --schema`). A suite argument that names an existing file is that file,
+else a shipped suite's name (ditbench/suites/*.yaml, with or without `.yaml`).
 """
 
 from __future__ import annotations
@@ -16,14 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import (
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    WithJsonSchema,
-    create_model,
-    model_validator,
-)
+from pydantic import BeforeValidator, ConfigDict, Field, WithJsonSchema, create_model, model_validator
 from pydantic.json_schema import GenerateJsonSchema
 
 from ditbench.cards import CARDS, check_gib, find_card
@@ -31,7 +25,6 @@ from ditbench.device import DEVICE_CHOICES, device_type
 from ditbench.errors import UserError, shorten
 from ditbench.expansion import factors, matrix_count, over_cap
 from ditbench.spec.base import EXPONENT, Choice, Flag, Int, Real, SpecModel, checked_by, number, required
-from ditbench.spec.catalog import resolve_suite
 from ditbench.spec.cell import MAX_SECONDS, MAX_STEPS, CellSpec, Steps, cell_id
 from ditbench.spec.cluster import ClusterOptions
 from ditbench.spec.knobs import Cells, Knobs, PartialKnobs, matches, selects
@@ -43,6 +36,37 @@ from ditbench.yamlio import load_yaml_file
 REPEATS_MAX = 100  # a cell measured more often than this is a soak test, not a benchmark
 TIMEOUT_MAX_S = MAX_SECONDS
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
+
+
+def shipped_suites(folder: Path = SUITES_DIR) -> dict[str, Path]:
+    """Name -> file of every YAML in `folder` (the shipped suites), sorted by name."""
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+
+
+def resolve_suite(arg: str | Path) -> Path:
+    """The suite file `arg` means: an existing path as given, else a shipped suite of that name."""
+    return resolve_shipped(arg, SUITES_DIR, "suite", "(`ditbench suites` lists them with their descriptions)")
+
+
+def resolve_shipped(arg: str | Path, folder: Path, kind: str, listed: str = "") -> Path:
+    """An existing path as given, else the YAML of that name (with or without .yaml) in `folder`,
+    one of the package's own (suites, claims); UserError naming the shipped ones otherwise."""
+    path, text = Path(arg), str(arg)
+    name = text[: -len(".yaml")] if text.endswith(".yaml") else text
+    shipped = shipped_suites(folder)
+    bare = name in shipped and "/" not in text and "\\" not in text
+    if path.exists() and not (bare and path.is_dir()):  # a run's --out named like the suite is no suite
+        return path
+    if bare:
+        return shipped[name]
+    raise UserError(
+        f"{kind} {shorten(text)} does not exist: there is no such file and no shipped {kind} of that "
+        f"name; give a path to a {kind} YAML or "
+        f"one of the shipped names: {', '.join(shipped) or '(none found in ' + str(folder) + ')'}"
+        + (f" {listed}" if listed else "")
+        + "."
+    )
 
 
 class Smoke(SpecModel):

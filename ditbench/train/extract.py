@@ -21,6 +21,7 @@ from ditbench.errors import UserError, shorten
 from ditbench.fileio import atomic_write, refuse_link, write_json_atomic
 from ditbench.outlock import OutputLock
 from ditbench.outpaths import NPZ, check_file_target, ensure_dir, refuse_output_as_input
+from ditbench.sampling.shards import shard_count, shard_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -68,10 +69,6 @@ def check_arguments(out, image_size: int, batch_size: int, shard_size: int, work
     return check_file_target(out, "--out", create_parent=False, writes=NPZ)
 
 
-def _shards(job: dict) -> int:
-    return (job["count"] + job["shard_size"] - 1) // job["shard_size"]
-
-
 def read_progress(parts: Path, job: dict) -> dict:
     """The progress marker of an interrupted extraction of the same job, or a fresh one (written)."""
     marker = parts / PROGRESS_FILE
@@ -84,7 +81,8 @@ def read_progress(parts: Path, job: dict) -> dict:
     except (ValueError, RecursionError):
         state = None
     done = state.get("done") if isinstance(state, dict) else None
-    if not isinstance(done, list) or not all(isinstance(s, int) and 0 <= s < _shards(job) for s in done):
+    shards = shard_count(job["count"], job["shard_size"])
+    if not isinstance(done, list) or not all(isinstance(s, int) and 0 <= s < shards for s in done):
         raise UserError(
             f"{str(marker)!r} is not a progress file ditbench wrote (damaged?); delete {str(parts)!r} to "
             "start the extraction over"
@@ -95,7 +93,7 @@ def read_progress(parts: Path, job: dict) -> dict:
             "size); delete that folder to start over, or rerun with the original arguments"
         )
     # a shard listed as done whose file is gone is encoded again
-    state["done"] = [s for s in done if (parts / f"shard_{s:06d}.npz").is_file()]
+    state["done"] = [s for s in done if shard_path(parts, s).is_file()]
     return state
 
 
@@ -181,7 +179,7 @@ def _encode_shards(
     encoded = 0
     bar = progress_bar(total=count, unit="img", desc="encoding", disable=not progress)
     bar.update(sum(min(shard_size, count - s * shard_size) for s in done))
-    for s in range(_shards(job)):
+    for s in range(shard_count(count, shard_size)):
         if s in done:
             continue
         if stop_after is not None and encoded >= stop_after:
@@ -199,7 +197,7 @@ def _encode_shards(
             lab.append(labels)
             bar.update(len(labels))
         shard = {"latents": torch.cat(lat).numpy(), "labels": torch.cat(lab).numpy()}
-        atomic_write(parts / f"shard_{s:06d}.npz", lambda f, shard=shard: np.savez(f, **shard))
+        atomic_write(shard_path(parts, s), lambda f, shard=shard: np.savez(f, **shard))
         done.add(s)
         state["done"] = sorted(done)
         write_json_atomic(parts / PROGRESS_FILE, state, indent=1)
@@ -211,8 +209,8 @@ def _encode_shards(
 def _merge(parts: Path, out: Path, dataset, job: dict, vae_desc: str):
     """The final .npz from every shard, written atomically."""
     lat_parts, lab_parts = [], []
-    for s in range(_shards(job)):
-        path = parts / f"shard_{s:06d}.npz"
+    for s in range(shard_count(job["count"], job["shard_size"])):
+        path = shard_path(parts, s)
         try:
             with np.load(path, allow_pickle=False) as f:
                 lat_parts.append(f["latents"])

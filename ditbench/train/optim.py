@@ -59,8 +59,6 @@ class EMA:
             self.model = copy.deepcopy(model).eval()
             self.model.requires_grad_(False)
             self._ema = [p for p in self.model.parameters()]
-        if len(self._ema) != len(self._src):  # pragma: no cover - deepcopy keeps structure
-            raise RuntimeError("EMA copy does not match the model's parameters")
 
     @torch.no_grad()
     def update(self) -> None:

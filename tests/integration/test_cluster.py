@@ -17,8 +17,7 @@ import pytest
 pytest.importorskip("submitit")
 
 from ditbench.bench import inflight  # noqa: E402
-from ditbench.bench.cluster import job_parameters, job_timeout_min  # noqa: E402
-from ditbench.bench.jobs import JOBS_DIR, job_path, submit_suite  # noqa: E402
+from ditbench.bench.jobs import JOBS_DIR, job_parameters, job_path, job_timeout_min, submit_suite  # noqa: E402
 from ditbench.bench.launch.executors import JobRef  # noqa: E402
 from ditbench.bench.runner import RunOptions  # noqa: E402
 from ditbench.cli import main  # noqa: E402

@@ -434,7 +434,7 @@ def test_each_rank_of_a_two_gpu_cell_gets_the_jobs_gpus_and_its_own_local_rank(t
     ditbench writes for a 2-GPU cell: each task sees the job's two GPUs and takes cuda:LOCAL_RANK."""
     import submitit
 
-    from ditbench.bench.cluster import ClusterOptions, job_parameters
+    from ditbench.bench.jobs import ClusterOptions, job_parameters
 
     gres = subprocess.run(["sinfo", "-h", "-N", "-o", "%G"], capture_output=True, text=True).stdout.split()
     if not gres or any(g != "gpu:2" for g in gres):

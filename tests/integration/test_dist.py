@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ditbench.bench.launch import aggregate as agg
-from ditbench.bench.launch import rendezvous as rz
+from ditbench.bench.launch import torchrun as rz
 from ditbench.bench.launch import torchrun as tr
 from ditbench.errors import UserError
 
@@ -205,7 +205,7 @@ GRAD_SCRIPT = textwrap.dedent("""
             loss["loss"].mean().backward()
             result[strategy] = grads(dist.unwrap_model(wrapped), names, full=strategy == "fsdp")
         # Whole training steps as a cell runs them (FSDP: optimizer and EMA rebuilt on the shards).
-        from ditbench.bench.cell_core import build_trainer
+        from ditbench.bench.cell.core import build_trainer
         from ditbench.spec.cell import CellSpec
         from ditbench.spec.knobs import Knobs
         for strategy in ("ddp", "fsdp"):

@@ -237,7 +237,7 @@ def _wandb_log(folder: Path) -> list[dict]:
 @pytest.mark.slow
 def test_wandb_holds_each_cell_as_an_offline_run(results, tmp_path, monkeypatch, capsys):
     pytest.importorskip("wandb")
-    from ditbench.export.wandb_writer import run_id
+    from ditbench.export.trackers import run_id
 
     monkeypatch.delenv("WANDB_MODE", raising=False)  # offline is the default, with no key and no network
     monkeypatch.setenv("WANDB_API_KEY", "")

@@ -43,7 +43,7 @@ def test_script_fails_gracefully_without_cuda(tmp_path):
 
 @pytest.mark.slow
 def test_a_cell_without_a_flop_count_keeps_its_measurement(monkeypatch):
-    from ditbench.bench import mfu
+    from ditbench.bench.cell import mfu
 
     mod = _load()
     monkeypatch.setattr(mfu, "model_flops_per_image", lambda *a, **k: None)

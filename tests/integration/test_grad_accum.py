@@ -9,7 +9,7 @@ import pytest
 import torch
 from fixed_rows import Rows
 
-from ditbench.bench.cell_core import window_metrics
+from ditbench.bench.cell.core import window_metrics
 from ditbench.dist import DistContext
 from ditbench.errors import UserError
 from ditbench.spec.cell import CellSpec
@@ -111,7 +111,7 @@ RANKS_SCRIPT = textwrap.dedent("""
     import torch
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
     from ditbench import dist
-    from ditbench.bench import cell_core
+    from ditbench.bench.cell import core as cell_core
     from ditbench.spec.cell import CellSpec, Steps
     from ditbench.spec.knobs import Knobs
     from ditbench.train import Trainer

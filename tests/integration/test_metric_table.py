@@ -62,7 +62,7 @@ def reference(tmp_path_factory):
 
 
 def _quality_field(reference, tmp_path):
-    from ditbench.bench.cell_core import build_trainer
+    from ditbench.bench.cell.core import build_trainer
 
     knobs = Knobs(
         model="DiT-T/2", image_size=64, batch_size=4, num_classes=2, data={"pixels": "builtin:mpl-gray16"}

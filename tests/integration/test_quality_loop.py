@@ -13,11 +13,11 @@ from metrics_support import FakeExtractor
 from PIL import Image
 
 from ditbench import builtin_data
-from ditbench.bench import cell_core
+from ditbench.bench.cell import core as cell_core
 from ditbench.dist import DistContext
 from ditbench.metrics import registry
 from ditbench.pretrained import CACHE_ENV
-from ditbench.quality import grid
+from ditbench.quality import evaluation as grid
 from ditbench.quality.loop import run_quality
 from ditbench.spec.cell import CellSpec, Steps
 from ditbench.spec.knobs import Knobs
@@ -54,7 +54,7 @@ def _spec(reference, smoke_steps=0, **quality):
 
 
 def _run(spec, tmp_path, extractor=None, smoke=None):
-    from ditbench.bench.cell_core import build_trainer
+    from ditbench.bench.cell.core import build_trainer
 
     ctx = DistContext(device=torch.device("cpu"))
     return run_quality(
@@ -165,7 +165,7 @@ import torch
 sys.path.insert(0, sys.argv[3])  # tests/support: the stand-in feature network
 from metrics_support import FakeExtractor
 from ditbench import dist
-from ditbench.bench.cell_core import build_trainer
+from ditbench.bench.cell.core import build_trainer
 from ditbench.spec.cell import CellSpec, Steps
 from ditbench.spec.knobs import Knobs
 from ditbench.quality.loop import run_quality

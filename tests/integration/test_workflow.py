@@ -15,8 +15,7 @@ import pytest
 import yaml
 from cli_commands import ditbench_commands, parse_error
 
-from ditbench.spec.catalog import shipped_suites
-from ditbench.spec.suite import load_suite
+from ditbench.spec.suite import load_suite, shipped_suites
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "gpu-regression.yml"

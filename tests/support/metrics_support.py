@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ditbench.metrics.calibrated import synthetic_images, to_nchw
+from ditbench.metrics.inception import synthetic_images, to_nchw
 from ditbench.metrics.weights import load_network
 
 __all__ = ["SMALL", "calibrated_weights_file", "npz_digest", "synthetic_images", "to_nchw"]

@@ -13,7 +13,7 @@ from typing import Any
 
 from synthetic_records import H200_ENV, cell_id, make_record
 
-from ditbench.bench import memory
+from ditbench.bench.cell import memory
 
 RTX4090_ENV = dict(H200_ENV, gpu_name="NVIDIA GeForce RTX 4090", gpu_memory_gib=23.99, host="desk")
 A6000_ENV = dict(H200_ENV, gpu_name="NVIDIA RTX A6000", gpu_memory_gib=47.99, host="ws")

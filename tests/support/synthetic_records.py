@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ditbench.bench import memory
-from ditbench.bench.window import noise as window_noise
+from ditbench.bench.cell import memory
+from ditbench.bench.cell.window import noise as window_noise
 from ditbench.cards import find_card
 from ditbench.spec.cell import CellSpec
 from ditbench.spec.cell import cell_id as spec_cell_id

@@ -104,7 +104,7 @@ def test_diffusers_impl_runs_the_math_and_forced_backends():
 
 
 def test_a_cell_records_the_kernel_or_is_unsupported(tmp_path):
-    from ditbench.bench import cell_core
+    from ditbench.bench.cell import core as cell_core
     from ditbench.dist import DistContext
     from ditbench.spec.cell import CellSpec, Steps
     from ditbench.spec.knobs import Knobs

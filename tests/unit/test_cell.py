@@ -3,9 +3,10 @@
 import pytest
 import torch
 
-from ditbench.bench import cell_core, memory
+from ditbench.bench.cell import core as cell_core
+from ditbench.bench.cell import memory
+from ditbench.bench.cell.window import GAP_BOUND, SPREAD_BOUND, noise
 from ditbench.bench.summary import format_line, summary_table
-from ditbench.bench.window import GAP_BOUND, SPREAD_BOUND, noise
 from ditbench.dist import DistContext
 from ditbench.errors import UnsupportedError
 from ditbench.spec.cell import CellSpec, Steps

@@ -204,7 +204,7 @@ def test_a_fields_schema_in_words(schema, words):
 def test_no_suite_states_its_own_duration():
     """How long a suite takes is a measured figure of docs/ (reports/readme_times/times.json), not
     words in its description, which `ditbench suites` prints and nobody re-measures."""
-    from ditbench.spec.catalog import shipped_suites
+    from ditbench.spec.suite import shipped_suites
 
     duration = re.compile(r"\b\d[\d.,]*\s*(s|sec|seconds?|min|minutes?|h|hours?)\b", re.I)
     said = {}

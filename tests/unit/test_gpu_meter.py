@@ -11,9 +11,9 @@ import types
 import pytest
 from synthetic_records import make_record
 
-from ditbench.bench import gpu_meter
-from ditbench.bench.gpu_meter import GpuMeter, nvml_handle, reason_names, throttling
-from ditbench.bench.window import noise, noise_advice
+from ditbench.bench.cell import gpu_meter
+from ditbench.bench.cell.gpu_meter import GpuMeter, nvml_handle, reason_names, throttling
+from ditbench.bench.cell.window import noise, noise_advice
 from ditbench.report.gate.decide import compare_files
 from ditbench.report.gate.policy import load_policy
 

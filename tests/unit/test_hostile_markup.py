@@ -100,7 +100,7 @@ def test_a_runs_summary_md_is_inert(tmp_path):
 
 def test_tensorboards_record_text_is_inert():
     from ditbench.export.runs import tracker_run
-    from ditbench.export.tensorboard_writer import _identity
+    from ditbench.export.trackers import _identity
     from ditbench.records.model import Record
 
     assert_inert(_identity(tracker_run(Record.model_validate(hostile(PAYLOAD)), "/x/r.jsonl:1")))

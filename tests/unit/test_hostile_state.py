@@ -38,7 +38,7 @@ def test_a_fifo_as_the_plan_cache_entry_is_refused_not_waited_on(tmp_path, monke
 
 def test_a_fifo_as_a_job_file_or_a_hash_memo_is_refused(tmp_path):
     from ditbench.bench.launch.executors import JobRef
-    from ditbench.metrics.stats_cache import ReferenceCache
+    from ditbench.metrics.reference import ReferenceCache
 
     os.mkfifo(tmp_path / "c.job.json")
     with pytest.raises(UserError, match="FIFO"):

@@ -6,13 +6,13 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from ditbench.bench.mfu import (
+from ditbench.bench.cell.mfu import (
     count_train_flops_per_image,
     gpu_table_key,
     mfu,
     peak_entry,
 )
-from ditbench.bench.window import measure_window, smoke_run, step_stats
+from ditbench.bench.cell.window import measure_window, smoke_run, step_stats
 from ditbench.errors import UserError
 from ditbench.faults import Fault, FaultyStep, NonFiniteLoss, fault_for
 from ditbench.models import build_model, get_config

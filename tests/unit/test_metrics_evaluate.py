@@ -14,8 +14,8 @@ from PIL import Image
 
 from ditbench.cli import main
 from ditbench.metrics.evaluate import evaluate
-from ditbench.metrics.features import FeatureExtractor
 from ditbench.metrics.fid import FewSamplesWarning
+from ditbench.metrics.weights import FeatureExtractor
 
 pytestmark = pytest.mark.slow  # each test runs the 299 x 299 network on a few dozen images on CPU
 
@@ -196,7 +196,7 @@ def test_second_evaluation_hits_the_reference_cache(data, tmp_path):
     third = evaluate(root / "samples.npz", entry, metrics="fid,pr", extractor=ex, cache=False)
     assert third["metrics"] == pytest.approx(first["metrics"], rel=1e-12)
     # other reference content -> another key (hashing needs no network)
-    from ditbench.metrics.stats_cache import ReferenceCache
+    from ditbench.metrics.reference import ReferenceCache
 
     np.savez(tmp_path / "ref2.npz", arr_0=np.load(root / "ref.npz")["arr_0"][::-1])
     store = ReferenceCache(tmp_path)

@@ -119,7 +119,7 @@ def test_random_weights_give_identical_features_in_both(tmp_path):
 def test_rescaling_scales_the_features_exactly_and_leaves_the_logits():
     import copy
 
-    from ditbench.metrics.calibrated import rescale_features
+    from ditbench.metrics.inception import rescale_features
 
     net = load_inception(calibrated_weights_file())
     scaled = copy.deepcopy(net)
@@ -136,7 +136,7 @@ def test_rescaling_scales_the_features_exactly_and_leaves_the_logits():
 def test_the_test_network_has_its_stated_scale():
     """Over its calibration images (the recipe's 16, seed 1000) the features' total variance is
     FEATURE_TRACE: the sum of the per-dimension sample variances (ddof 1), computed here in numpy."""
-    from ditbench.metrics.calibrated import FEATURE_TRACE, calibration_images
+    from ditbench.metrics.inception import FEATURE_TRACE, calibration_images
 
     net = load_inception(calibrated_weights_file())
     with torch.no_grad():
@@ -217,8 +217,8 @@ def test_weights_from_option_and_environment(monkeypatch, tmp_path):
 @pytest.mark.slow
 def test_extractor_batches_agree(tmp_path):
     """Batch size does not change the features on CPU (a batch of 1 vs the whole batch)."""
-    from ditbench.metrics.features import FeatureExtractor
     from ditbench.metrics.npz_io import ArrayImages
+    from ditbench.metrics.weights import FeatureExtractor
 
     imgs = synthetic_images(2, 24, seed=21)
     a = FeatureExtractor(calibrated_weights_file(), "cpu", batch_size=1, progress=False)

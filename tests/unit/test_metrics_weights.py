@@ -23,9 +23,12 @@ from metrics_support import calibrated_weights_file
 from ditbench.cli import main
 from ditbench.errors import UserError
 from ditbench.metrics import weights
-from ditbench.metrics.calibrated import build_calibrated_inception
-from ditbench.metrics.inception import InceptionV3
-from ditbench.metrics.weights import load_network, load_weight_file, state_dict_sha256
+from ditbench.metrics.inception import InceptionV3, build_calibrated_inception
+from ditbench.metrics.weights import (
+    load_network,
+    load_weight_file,
+    state_dict_sha256,
+)
 
 
 class Payload:

@@ -17,9 +17,9 @@ import torch
 
 from ditbench.cards import DATASHEETS, Datasheet, find_card
 from ditbench.errors import UnsupportedError, UserError
-from ditbench.plan import allocator, batch, calibration, grid, kernels, predict, speed, tree
+from ditbench.plan import allocator, grid, kernels, measured, predict, speed
 from ditbench.plan.emulation import CPU, cuda_target
-from ditbench.plan.trace import Trace
+from ditbench.plan.trace import SeriesTrace, Trace, _is_prime, probe_batch, trace_series
 from ditbench.spec.knobs import Knobs
 
 MiB, GiB = 1 << 20, 1 << 30
@@ -386,7 +386,7 @@ def _series(target):
         marks={"build": 0, "step1": 3, "step2": 3, "end": 7}, notes=["a note"], params=10**6,
         kernels={("matmul", "bf16", False, 0, 10**12, 0, 0): 1},
     )  # fmt: skip
-    return batch.SeriesTrace(trace, 4099, [1000, 30 * MiB, 0, 0], [0, 0, 256 * MiB, 0])
+    return SeriesTrace(trace, 4099, [1000, 30 * MiB, 0, 0], [0, 0, 256 * MiB, 0])
 
 
 CELL = {"model": "DiT-XL/2", "precision": "bf16", "batch_size": 4}
@@ -471,7 +471,7 @@ def test_a_peak_that_fills_the_card_exactly_fits_once_the_cache_is_released(monk
     # At batch 4 the 48 MiB allocated peak equals the capacity; the unlimited run reserved 78 MiB.
     trace = Trace(target=cuda_target(None), batch_size=4099, events=[1, -1, 2, -2],
                   marks={"build": 0, "step1": 2, "step2": 2, "end": 4})  # fmt: skip
-    series = batch.SeriesTrace(trace, 4099, [30 * MiB, 0], [0, 12 * MiB])
+    series = SeriesTrace(trace, 4099, [30 * MiB, 0], [0, 12 * MiB])
     monkeypatch.setattr(predict, "_CACHE", OrderedDict())
     monkeypatch.setattr(predict, "series_trace", lambda knobs, target, disk=False: series)
     pred = _one(0.5 + 48 / 1024)
@@ -633,18 +633,18 @@ def test_the_cpu_target_traces_a_cpu_budget(monkeypatch):
     assert seen == [(CPU, False), (cuda_target(None), True)]  # a GPU cell is traced on the generic sm80
 
 
-# ---- batch.py: one trace per series -------------------------------------------------------------
+# ---- trace.py: one trace per series -------------------------------------------------------------
 
 
 def test_the_probe_batch_is_the_first_prime_above_every_fixed_dimension():
-    assert batch.probe_batch(Knobs(model="DiT-T/2")) == 4099
-    assert batch.probe_batch(Knobs(model="DiT-T/2", num_classes=4200)) == 4211  # 4202 -> the next prime
-    assert batch.probe_batch(Knobs(model="DiT-T/2", num_classes=4109)) == 4111  # classes + 2 is prime
+    assert probe_batch(Knobs(model="DiT-T/2")) == 4099
+    assert probe_batch(Knobs(model="DiT-T/2", num_classes=4200)) == 4211  # 4202 -> the next prime
+    assert probe_batch(Knobs(model="DiT-T/2", num_classes=4109)) == 4111  # classes + 2 is prime
     # Above the image side: 4129 is prime, one above 4128; above 8192 the first prime is 8209.
-    assert batch.probe_batch(Knobs(model="DiT-T/2", image_size=4128)) == 4129
-    assert batch.probe_batch(Knobs(model="DiT-T/2", image_size=8192)) == 8209
-    assert [n for n in range(-2, 30) if batch._is_prime(n)] == [2, 3, 5, 7, 11, 13, 17, 19, 23, 29]
-    assert not batch._is_prime(9) and not batch._is_prime(4097) and batch._is_prime(4099)
+    assert probe_batch(Knobs(model="DiT-T/2", image_size=4128)) == 4129
+    assert probe_batch(Knobs(model="DiT-T/2", image_size=8192)) == 8209
+    assert [n for n in range(-2, 30) if _is_prime(n)] == [2, 3, 5, 7, 11, 13, 17, 19, 23, 29]
+    assert not _is_prime(9) and not _is_prime(4097) and _is_prime(4099)
 
 
 def test_sizes_scale_the_per_sample_part_and_model_the_workspaces():
@@ -667,8 +667,8 @@ def test_trace_series_splits_each_size_by_the_probe(monkeypatch):
         made.append((knobs.model, target, probe))
         return Trace(target=target, batch_size=probe, sizes=[1000, probe * 6, 4099 * 4099, 0])
 
-    monkeypatch.setattr(batch, "trace_training", fake)
-    series = batch.trace_series(Knobs(model="DiT-T/2"), CPU)
+    monkeypatch.setattr("ditbench.plan.trace.trace_training", fake)
+    series = trace_series(Knobs(model="DiT-T/2"), CPU)
     assert made == [("DiT-T/2", CPU, 4099)] and series.probe == 4099
     assert (series.const, series.per_sample) == ([1000, 0, 0, 0], [0, 6, 4099, 0])
     assert all(type(n) is int for n in series.per_sample + series.sizes(3))  # bytes stay whole numbers
@@ -684,7 +684,7 @@ def test_rounding_and_segments_at_their_edges():
     assert allocator.segment_size(10 * MiB + 512) == 12 * MiB
 
 
-# ---- calibration.py: calibration cells from the user's records ----------------------------------
+# ---- measured.py: calibration cells from the user's records ----------------------------------
 
 
 FAILED = ("oom", "timeout", "nan_loss", "error", "skipped", "unsupported")
@@ -702,15 +702,15 @@ def _record(status="ok", steps=2.5, gpu="NVIDIA H200", metrics=None, **config):
 
 
 def test_the_card_of_a_record_is_the_emulated_runs_real_gpu_else_the_envs():
-    assert calibration._card(_record()) == "H200"
-    assert calibration._card(_record(gpu="A100-SXM4-80GB")) == "A100-80GB"
+    assert measured._card(_record()) == "H200"
+    assert measured._card(_record(gpu="A100-SXM4-80GB")) == "A100-80GB"
     emulated = _record(gpu="RTX 4090", metrics={"emulation": {"real_gpu": "H200"}})
-    assert calibration._card(emulated) == "H200"
+    assert measured._card(emulated) == "H200"
     no_real = _record(gpu="RTX 4090", metrics={"emulation": {"real_gpu": None}})
-    assert calibration._card(no_real) == "RTX 4090"
-    assert calibration._card(_record(gpu="RTX 4090", metrics={"emulation": None})) == "RTX 4090"
+    assert measured._card(no_real) == "RTX 4090"
+    assert measured._card(_record(gpu="RTX 4090", metrics={"emulation": None})) == "RTX 4090"
     for record in (_record(gpu="a CPU"), _record(gpu=None), _record(gpu=None, metrics={})):
-        assert calibration._card(record) is None
+        assert measured._card(record) is None
 
 
 def test_calibration_cells_are_the_measured_gpu_records(monkeypatch):
@@ -720,7 +720,7 @@ def test_calibration_cells_are_the_measured_gpu_records(monkeypatch):
         traced.append((knobs.model, knobs.grad_ckpt, knobs.compile, target, disk))
         if knobs.model == "DiT-S/2":
             raise RuntimeError("no storage")
-        return batch.SeriesTrace(Trace(target, 4099, params=10**6, kernels={"row": 1}), 4099, [], [])
+        return SeriesTrace(Trace(target, 4099, params=10**6, kernels={"row": 1}), 4099, [], [])
 
     monkeypatch.setattr(predict, "series_trace", fake)
     records = [
@@ -733,7 +733,7 @@ def test_calibration_cells_are_the_measured_gpu_records(monkeypatch):
         _record(model="DiT-S/2"),
         _record(metrics={}),
     ]
-    cells, skipped = calibration.cells_from_records(records)
+    cells, skipped = measured.cells_from_records(records)
     assert skipped == [
         "record 2: status 'oom'",
         "record 3: no measured steps_per_s",
@@ -752,10 +752,10 @@ def test_calibration_cells_are_the_measured_gpu_records(monkeypatch):
     ]  # fmt: skip
     assert isinstance(cells[0].measured_steps_per_s, float)
     # Under one step a second (a large model) is a measured speed too.
-    cells, skipped = calibration.cells_from_records([_record(steps=0.5)])
+    cells, skipped = measured.cells_from_records([_record(steps=0.5)])
     assert [c.measured_steps_per_s for c in cells] == [0.5] and skipped == []
     # GPUs per node times nodes: 8 data-parallel GPUs.
-    cells, skipped = calibration.cells_from_records([_record(gpus=4, nodes=2)])
+    cells, skipped = measured.cells_from_records([_record(gpus=4, nodes=2)])
     assert [c.gpus for c in cells] == [8] and skipped == []
 
 
@@ -764,11 +764,11 @@ def test_a_calibration_from_records_or_why_none_can_calibrate(monkeypatch, tmp_p
     monkeypatch.setattr(
         predict,
         "series_trace",
-        lambda k, t, disk=False: batch.SeriesTrace(Trace(t, 4099, kernels=rows), 1, [], []),
+        lambda k, t, disk=False: SeriesTrace(Trace(t, 4099, kernels=rows), 1, [], []),
     )
     path = tmp_path / "results.jsonl"
     with pytest.raises(UserError) as err:
-        calibration.from_records(path, [_record(status=FAILED[i % 6]) for i in range(7)])
+        measured.from_records(path, [_record(status=FAILED[i % 6]) for i in range(7)])
     assert str(err.value) == (
         f"--calibrate {path}: no record can calibrate the speed model (record 1: status 'oom'; record 2: "
         "status 'timeout'; record 3: status 'nan_loss'; record 4: status 'error'; record 5: status "
@@ -777,14 +777,14 @@ def test_a_calibration_from_records_or_why_none_can_calibrate(monkeypatch, tmp_p
         "table (`ditbench plan --help` lists where the cards are)."
     )
     with pytest.raises(UserError, match=r"\(record 1: status 'oom'\)\. A calibration"):
-        calibration.from_records(path, [_record(status="oom")])
+        measured.from_records(path, [_record(status="oom")])
     # Five reasons are listed whole; a sixth is counted.
     with pytest.raises(UserError, match=r"record 5: status 'skipped'\)\. A calibration"):
-        calibration.from_records(path, [_record(status=FAILED[i]) for i in range(5)])
+        measured.from_records(path, [_record(status=FAILED[i]) for i in range(5)])
     with pytest.raises(UserError, match=r"record 5: status 'skipped'; and 1 more\)\. A calibration"):
-        calibration.from_records(path, [_record(status=FAILED[i]) for i in range(6)])
+        measured.from_records(path, [_record(status=FAILED[i]) for i in range(6)])
     # One cell: the shipped parameters scaled by one common factor to its measured speed.
-    cal = calibration.from_records(path, [_record(steps=2.5)])
+    cal = measured.from_records(path, [_record(steps=2.5)])
     shipped = speed.shipped().params
     cell = speed.Cell("c", rows, 4, DATASHEETS["H200"], "bf16", False, 2.5, blocks=28)
     factor = 2.5 / speed.predict(cell, shipped)
@@ -1034,36 +1034,36 @@ def test_a_split_keeps_512_bytes_in_the_small_pool_and_more_than_1_mib_in_the_la
     assert (e.size, large.reserved) == (2 * MiB, 40 * MiB)
 
 
-# ---- tree.py: the advice per card class -----------------------------------------------------------
+# ---- grid.py: the advice per card class -----------------------------------------------------------
 
 
 def test_speed_rank_puts_low_precision_without_checkpointing_first():
-    assert tree.speed_rank("bf16", "none") == (0, 0, 0)
-    assert tree.speed_rank("fp16", "full") == (0, 2, 1)
-    assert tree.speed_rank("bf16", "every_4") == (0, 1, 0)  # every_K sits between none and full
-    assert tree.speed_rank("tf32", "none") == (1, 2, 0)
-    assert tree.speed_rank("fp32", "every_2") == (1, 3, 1)
-    assert tree.speed_rank("fp8", "full") == (1, 4, 2)  # an unknown precision after fp32
+    assert grid.speed_rank("bf16", "none") == (0, 0, 0)
+    assert grid.speed_rank("fp16", "full") == (0, 2, 1)
+    assert grid.speed_rank("bf16", "every_4") == (0, 1, 0)  # every_K sits between none and full
+    assert grid.speed_rank("tf32", "none") == (1, 2, 0)
+    assert grid.speed_rank("fp32", "every_2") == (1, 3, 1)
+    assert grid.speed_rank("fp8", "full") == (1, 4, 2)  # an unknown precision after fp32
     order = sorted([("fp32", "none"), ("bf16", "full"), ("tf32", "none"), ("fp16", "none"), ("bf16", "none")],
-                   key=lambda s: tree.speed_rank(*s))  # fmt: skip
+                   key=lambda s: grid.speed_rank(*s))  # fmt: skip
     assert order == [("bf16", "none"), ("fp16", "none"), ("bf16", "full"), ("tf32", "none"), ("fp32", "none")]
 
 
 def test_each_class_is_judged_on_its_smallest_card_and_the_asked_class_on_the_asked_card():
-    got = [(gb, card.name) for gb, card in tree.class_cards()]
+    got = [(gb, card.name) for gb, card in grid.class_cards()]
     assert got == [(12, "RTX 3060 12GB"), (16, "T4"), (24, "L4"), (32, "V100-32GB"), (40, "A100-40GB"),
                    (48, "L40S"), (80, "A100-80GB"), (94, "H100 NVL"), (141, "H200")]  # fmt: skip
-    asked = [(gb, card.name) for gb, card in tree.class_cards(find_card("RTX 4090"))]
+    asked = [(gb, card.name) for gb, card in grid.class_cards(find_card("RTX 4090"))]
     assert asked == [*got[:2], (24, "RTX 4090"), *got[3:]]
-    by_gib = {gb: (card.name, card.usable_gib) for gb, card in tree.class_cards(20.5)}
+    by_gib = {gb: (card.name, card.usable_gib) for gb, card in grid.class_cards(20.5)}
     assert by_gib[24] == ("a 20.5 GiB card", 20.5) and by_gib[12] == ("RTX 3060 12GB", 11.76)
-    assert tree.class_cards(24)[2][1].name == "a 24 GiB card"  # a class holds up to its size
-    big = tree.class_cards(200)
+    assert grid.class_cards(24)[2][1].name == "a 24 GiB card"  # a class holds up to its size
+    big = grid.class_cards(200)
     assert [gb for gb, _ in big][-2:] == [141, 200] and big[-1][1].name == "a 200 GiB card"
-    assert tree._pre_ampere(find_card("T4")) and not tree._pre_ampere(find_card("RTX 3060 12GB"))
-    assert not tree._pre_ampere(find_card("H200"))
-    assert tree._gflops("DiT-XL/2", 256) == pytest.approx(118.6, abs=0.05)  # the paper's Table 4
-    assert tree._gflops("DiT-XL/2", 512) == pytest.approx(524.5, abs=0.05)
+    assert grid._pre_ampere(find_card("T4")) and not grid._pre_ampere(find_card("RTX 3060 12GB"))
+    assert not grid._pre_ampere(find_card("H200"))
+    assert grid._gflops("DiT-XL/2", 256) == pytest.approx(118.6, abs=0.05)  # the paper's Table 4
+    assert grid._gflops("DiT-XL/2", 512) == pytest.approx(524.5, abs=0.05)
 
 
 def _p(model, precision, ckpt, batch, status, peak=None, device=None, ips=None):
@@ -1111,7 +1111,7 @@ def test_the_decision_tree_takes_the_largest_model_that_fits_and_its_fastest_set
     ]
     cards = [(12, find_card("RTX 3060 12GB")), (16, find_card("T4")), (80, find_card("A100-80GB"))]
     by_class = {12: rtx, 16: t4, 80: a100}
-    no_fit, small, large = tree.decision_tree(by_class, cards)
+    no_fit, small, large = grid.decision_tree(by_class, cards)
     # 12 GB: nothing fits; the next step is the smallest model's least demanding cell (then the smaller
     # batch), which first trains on 16 GB.
     assert (no_fit.class_gb, no_fit.card, no_fit.memory_gib) == (12, "RTX 3060 12GB", 11.76)
@@ -1125,10 +1125,10 @@ def test_the_decision_tree_takes_the_largest_model_that_fits_and_its_fastest_set
     # 80 GB: DiT-XL/2; bf16 is predicted fastest but reaches only batch 16: tf32 at 64 reaches 32.
     assert (large.model, large.setting, large.alternatives, large.next_model) == (xl, a100[2], 3, None)
     assert (large.next_needs, large.next_class_gb) == (None, None)
-    assert tree.decision_tree(by_class, cards, target_batch=16)[2].setting == a100[0]
+    assert grid.decision_tree(by_class, cards, target_batch=16)[2].setting == a100[0]
     # No setting reaches 256: the largest batch, and of equal ones the faster setting (bf16 every_2).
-    assert tree.decision_tree(by_class, cards, target_batch=256)[2].setting == a100[3]
-    assert tree.decision_tree({}, cards) == []
+    assert grid.decision_tree(by_class, cards, target_batch=256)[2].setting == a100[3]
+    assert grid.decision_tree({}, cards) == []
 
 
 def test_the_raw_peak_restarts_at_the_window_and_keeps_the_first_of_equal_peaks():

@@ -124,7 +124,7 @@ def test_the_default_grid_is_traced_in_jobs_with_the_disk_cache_and_the_shipped_
 
 
 def test_the_tree_plans_every_class_with_the_same_context(capsys, evaluated):
-    from ditbench.plan.tree import class_cards
+    from ditbench.plan.grid import class_cards
 
     code, out, _ = plan(capsys, *GRID, "--card", "H200", "--context-gib", "0.75")
     assert code == 0
@@ -397,7 +397,7 @@ def test_the_progress_line_says_how_many_series_and_whether_traces_are_reused(ca
 
 
 def test_speed_options_from_the_smallest_flags_and_a_calibration_file(tmp_path, monkeypatch):
-    from ditbench.plan import calibration
+    from ditbench.plan import measured
     from ditbench.records import jsonl
     from ditbench.spec.plan import PlanRequest
 
@@ -408,7 +408,7 @@ def test_speed_options_from_the_smallest_flags_and_a_calibration_file(tmp_path, 
     records = tmp_path / "cal.jsonl"
     records.write_text("")
     monkeypatch.setattr(jsonl, "read_records", lambda path: [{"path": str(path)}])
-    monkeypatch.setattr(calibration, "from_records", lambda path, recs: ("fitted", path, recs))
+    monkeypatch.setattr(measured, "from_records", lambda path, recs: ("fitted", path, recs))
     args = argparse.Namespace(calibrate=records, **none)
     options = cli._speed_options(args, PlanRequest())
     assert options.calibration == ("fitted", records, [{"path": str(records)}])

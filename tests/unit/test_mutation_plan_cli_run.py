@@ -26,10 +26,15 @@ def evaluated(monkeypatch):
 
 
 def test_the_help_states_the_defaults_the_command_uses(capsys, monkeypatch):
-    from ditbench.plan.grid import DEFAULT_BATCHES, DEFAULT_GRAD_CKPT, DEFAULT_PRECISIONS, paper_models
+    from ditbench.plan.grid import (
+        DEFAULT_BATCHES,
+        DEFAULT_GRAD_CKPT,
+        DEFAULT_PRECISIONS,
+        DEFAULT_TARGET_BATCH,
+        paper_models,
+    )
     from ditbench.plan.predict import DEFAULT_CONTEXT_GIB
     from ditbench.plan.speed import DEFAULT_GLOBAL_BATCH, DEFAULT_TARGET_STEPS
-    from ditbench.plan.tree import DEFAULT_TARGET_BATCH
 
     with pytest.raises(SystemExit) as exc:
         main(["plan", "--help"])
@@ -158,12 +163,12 @@ def test_a_run_hides_only_torchs_data_pointer_warning(capsys, evaluated):
 def test_a_calibration_without_a_band_says_so(capsys, monkeypatch, tmp_path):
     import dataclasses
 
-    from ditbench.plan import calibration
+    from ditbench.plan import measured
     from ditbench.records import jsonl
 
     mine = dataclasses.replace(speed.shipped(), band_pct=None, source="my.jsonl")
     monkeypatch.setattr(jsonl, "read_records", lambda path: [{}])
-    monkeypatch.setattr(calibration, "from_records", lambda path, recs: mine)
+    monkeypatch.setattr(measured, "from_records", lambda path, recs: mine)
     cal = tmp_path / "cal.jsonl"
     cal.write_text("")
 

@@ -15,12 +15,12 @@ import torch._dynamo  # noqa: F401  (FakeTensorMode imports it on first use: sec
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from ditbench.cards import find_card
-from ditbench.plan import batch, grid, kernels, memo, predict, tree
+from ditbench.plan import grid, kernels, memo, predict, trace
 
 aten = torch.ops.aten
 
 
-# ---- batch.py: the probe batch's prime search -----------------------------------------------------
+# ---- trace.py: the probe batch's prime search -----------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -29,17 +29,17 @@ aten = torch.ops.aten
      (97, True), (4099, True), (4101, False)],
 )  # fmt: skip
 def test_is_prime_by_trial_division(n, prime):
-    assert batch._is_prime(n) is prime
+    assert trace._is_prime(n) is prime
 
 
 def test_the_probe_search_stops_at_twice_its_start_with_a_clear_error(monkeypatch):
     """Bertrand's postulate puts a prime below 2n: a search that finds none fails instead of hanging."""
     tried = []
-    monkeypatch.setattr(batch, "_is_prime", lambda n: tried.append(n) and False)
+    monkeypatch.setattr(trace, "_is_prime", lambda n: tried.append(n) and False)
     with pytest.raises(
-        RuntimeError, match=r"^no prime found in \[5000, 10000\): ditbench\.plan\.batch\._is_prime is wrong$"
+        RuntimeError, match=r"^no prime found in \[5000, 10000\): ditbench\.plan\.trace\._is_prime is wrong$"
     ):
-        batch.probe_batch(SimpleNamespace(num_classes=4998, image_size=256))
+        trace.probe_batch(SimpleNamespace(num_classes=4998, image_size=256))
     assert tried == list(range(5000, 10000))
 
 
@@ -220,7 +220,7 @@ def test_the_shared_table_is_cleared_only_once_it_holds_more_than_200000_entries
     assert memo.DispatchMemo(mode).entries is full and full == {}
 
 
-# ---- grid.py and tree.py: ties, the speed key, the image size the models are ordered at -------------
+# ---- grid.py: ties, the speed key, the image size the models are ordered at -------------
 
 
 def _p(model, precision, ckpt, batch, status="fits", ips=None, **config):
@@ -232,29 +232,29 @@ def test_of_equal_fitting_batches_the_first_prediction_is_kept():
     a, b = _p("DiT-S/2", "fp32", "none", 32), _p("DiT-S/2", "fp32", "none", 32)
     assert grid.largest_batches([a, b])[("DiT-S/2", "fp32", "none")] is a
     fast, faster = _p("DiT-S/2", "bf16", "none", 32, ips=10.0), _p("DiT-S/2", "bf16", "none", 32, ips=20.0)
-    (advice,) = tree.decision_tree({80: [fast, faster]}, [(80, find_card("A100-80GB"))])
+    (advice,) = grid.decision_tree({80: [fast, faster]}, [(80, find_card("A100-80GB"))])
     assert advice.setting is fast and advice.alternatives == 0
 
 
 def test_the_speed_key_is_the_predicted_speed_else_the_anchors_order():
     # fp32 is precision 3 of (bf16, fp16, tf32, fp32), full checkpointing 2 of (none, every_2, full);
     # fp32 is no low precision, so its rank is (1, precision, checkpointing).
-    assert tree._speed_key(_p("DiT-S/2", "fp32", "full", 8)) == (1, 1, 3, 2)
+    assert grid._speed_key(_p("DiT-S/2", "fp32", "full", 8)) == (1, 1, 3, 2)
     # bf16 is low precision: (0, checkpointing, precision).
-    assert tree._speed_key(_p("DiT-S/2", "bf16", "every_2", 8)) == (1, 0, 1, 0)
-    assert tree._speed_key(_p("DiT-S/2", "fp32", "full", 8, ips=123.5)) == (0, -123.5)
+    assert grid._speed_key(_p("DiT-S/2", "bf16", "every_2", 8)) == (1, 0, 1, 0)
+    assert grid._speed_key(_p("DiT-S/2", "fp32", "full", 8, ips=123.5)) == (0, -123.5)
 
 
 def test_the_models_are_ordered_by_their_gflops_at_the_predictions_image_size(monkeypatch):
     seen = []
     # Made-up Gflops that order S/2 above B/2 at 512 px only: the order must be taken at 512.
     gflops = {("DiT-S/2", 512): 9.0, ("DiT-B/2", 512): 5.0, ("DiT-S/2", 256): 1.0, ("DiT-B/2", 256): 5.0}
-    monkeypatch.setattr(tree, "_gflops", lambda m, size: seen.append(size) or gflops[m, size])
+    monkeypatch.setattr(grid, "_gflops", lambda m, size: seen.append(size) or gflops[m, size])
     preds = [
         _p("DiT-B/2", "bf16", "none", 8, image_size=512),
         _p("DiT-S/2", "bf16", "none", 8, image_size=512),
     ]
-    (advice,) = tree.decision_tree({80: preds}, [(80, find_card("A100-80GB"))])
+    (advice,) = grid.decision_tree({80: preds}, [(80, find_card("A100-80GB"))])
     assert set(seen) == {512} and advice.model == "DiT-S/2" and advice.setting is preds[1]
 
 
@@ -349,7 +349,7 @@ def test_a_group_predicted_short_of_its_series_fails_instead_of_leaving_a_series
         grid.evaluate(grid.grid(["DiT-S/2"], ["fp32"], ["none"], [8]), [predict.budget(None)])
 
 
-# ---- kernels.py and tree.py: FLOP formulas fed every argument ---------------------------------------
+# ---- kernels.py and grid.py: FLOP formulas fed every argument ---------------------------------------
 
 
 def test_a_forward_attention_with_its_dropout_and_causal_flags_counts_q_k_v():
@@ -373,7 +373,7 @@ def test_gflops_are_the_forward_macs_over_1e9(monkeypatch):
     from ditbench.models import flops
 
     monkeypatch.setattr(flops, "forward_macs", lambda model, size: 3 * 10**9 if size == 256 else 0)
-    assert tree._gflops("DiT-S/2", 256) == 3.0
+    assert grid._gflops("DiT-S/2", 256) == 3.0
 
 
 def test_cudnn_attention_is_attention_and_a_split_needs_a_batch_above_1():

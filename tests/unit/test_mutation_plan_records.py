@@ -1,5 +1,5 @@
 """Measured records overriding predictions, pinned by value (issue 27, mutation testing of
-ditbench/plan/measured_records.py): which lines are records, which record matches which cell, and
+ditbench/plan/measured.py): which lines are records, which record matches which cell, and
 what a measured peak or a measured out-of-memory makes of the prediction, each figure worked out here.
 """
 
@@ -10,7 +10,7 @@ import json
 import pytest
 from synthetic_records import make_record
 
-from ditbench.plan import measured_records as mr
+from ditbench.plan import measured as mr
 from ditbench.plan.cli import _read_results
 from ditbench.plan.predict import Prediction, normalize
 from ditbench.records.model import Record

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 
 from ditbench.plan import render
+from ditbench.plan.grid import Advice
 from ditbench.plan.predict import Prediction
-from ditbench.plan.tree import Advice
 
 
 def _p(

@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from ditbench.bench import window
-from ditbench.bench.load import LOAD_BOUND
-from ditbench.bench.window import (
+from ditbench.bench.cell import window
+from ditbench.bench.cell.load import LOAD_BOUND
+from ditbench.bench.cell.window import (
     GAP_BOUND,
     SMOKE_MEAN_STEPS,
     SPREAD_BOUND,

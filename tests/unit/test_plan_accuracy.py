@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ditbench.bench.alloc_meter import AllocationMeter, measure_training_peak
+from ditbench.bench.cell.alloc_meter import AllocationMeter, measure_training_peak
 from ditbench.plan import predict_cell
 
 TOLERANCE = 0.05  # the bar for CPU cells; the trace is usually exact to the byte

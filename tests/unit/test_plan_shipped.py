@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from ditbench.plan import cache
-from ditbench.plan.batch import trace_series
 from ditbench.plan.emulation import cuda_target
 from ditbench.plan.predict import normalize, trace_key, trace_knobs
+from ditbench.plan.trace import trace_series
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from plan_traces import shipped_cells  # noqa: E402

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ditbench.plan.batch import probe_batch, trace_series
 from ditbench.plan.emulation import CPU, cuda_target
-from ditbench.plan.trace import trace_training
+from ditbench.plan.trace import probe_batch, trace_series, trace_training
 from ditbench.spec.knobs import Knobs
 
 GPU = cuda_target("H200")

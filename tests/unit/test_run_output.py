@@ -10,8 +10,8 @@ import textwrap
 import pytest
 
 from ditbench.bench import cli as run_cli
+from ditbench.bench.cell.window import noise
 from ditbench.bench.summary import Notes, closing, format_line, write_summary
-from ditbench.bench.window import noise
 from ditbench.cli import main
 from ditbench.records.jsonl import read_records
 from ditbench.spec.suite import load_suite

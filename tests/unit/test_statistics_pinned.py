@@ -10,7 +10,7 @@ from metrics_support import FakeExtractor
 from scipy.stats import mannwhitneyu
 from synthetic_records import make_record, write_jsonl
 
-from ditbench.bench.window import noise, step_stats
+from ditbench.bench.cell.window import noise, step_stats
 from ditbench.metrics.evaluate import as_source, evaluate
 from ditbench.report.gate.decide import compare_files
 from ditbench.report.gate.policy import load_policy

@@ -9,8 +9,7 @@ import pytest
 
 from ditbench.cli import main
 from ditbench.errors import UserError
-from ditbench.spec.catalog import SUITES_DIR, resolve_suite, shipped_suites
-from ditbench.spec.suite import load_suite
+from ditbench.spec.suite import SUITES_DIR, load_suite, resolve_suite, shipped_suites
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,9 +9,8 @@ import jsonschema
 import pytest
 
 from ditbench.cli import main
-from ditbench.spec.catalog import shipped_suites
 from ditbench.spec.knobs import KNOBS, MAX_BATCH_SIZE, Knobs
-from ditbench.spec.suite import suite_schema
+from ditbench.spec.suite import shipped_suites, suite_schema
 from ditbench.yamlio import load_yaml_file
 
 SUITE = {

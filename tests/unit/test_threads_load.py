@@ -8,10 +8,10 @@ from collections import namedtuple
 import pytest
 from synthetic_records import CPU_ENV, make_record, write_jsonl
 
-from ditbench.bench import load, threads
+from ditbench.bench.cell import load, threads
+from ditbench.bench.cell.window import noise
 from ditbench.bench.launch import base
 from ditbench.bench.summary import noise_note
-from ditbench.bench.window import noise
 from ditbench.records.model import Record
 from ditbench.report.gate.decide import compare_files
 from ditbench.report.gate.env import EnvMismatchError

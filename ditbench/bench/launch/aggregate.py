@@ -4,10 +4,9 @@ the largest rank's memory; and the scaling efficiency against the same cell at o
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from ditbench.bench.gpu_meter import throttling
-from ditbench.bench.window import noise, step_stats
+from ditbench.bench.cell.gpu_meter import throttling
+from ditbench.bench.cell.window import noise, step_stats
 from ditbench.records.metrics import (
     IMAGES_PER_S,
     MAX,
@@ -95,17 +94,6 @@ def scaling_efficiency(rate: float, gpus: int, rate_at_1: float | None) -> float
     return rate / (gpus * rate_at_1)
 
 
-def find_single_gpu_reference(config: dict, records: list) -> Any:
-    """The latest ok record of the same cell at gpus == 1 (records, or their JSON), from `records`."""
-    key = reference_key(config)
-    best = None
-    for rec in records:
-        cfg = rec.get("config") or {}
-        if rec.get("status") == "ok" and int(cfg.get("gpus", 1)) == 1 and reference_key(cfg) == key:
-            best = rec
-    return best
-
-
 def add_scaling_efficiency(record: dict, records: list) -> None:
     """Fill record.metrics.scaling_efficiency (a record as JSON, being written) from the same cell at
     1 GPU among `records`, if any."""
@@ -114,7 +102,11 @@ def add_scaling_efficiency(record: dict, records: list) -> None:
     gpus = config.get("gpus", 1) * config.get("nodes", 1)
     if record.get("status") != "ok" or gpus <= 1 or not metrics.get(IMG):
         return
-    ref = find_single_gpu_reference(config, records)
+    key, ref = reference_key(config), None
+    for rec in records:  # the latest ok record of the same cell at one GPU (records, or their JSON)
+        cfg = rec.get("config") or {}
+        if rec.get("status") == "ok" and int(cfg.get("gpus", 1)) == 1 and reference_key(cfg) == key:
+            ref = rec
     if ref is None:
         metrics.setdefault("scaling_efficiency", None)
         return

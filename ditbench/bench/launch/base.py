@@ -1,18 +1,7 @@
-"""The two interfaces of running a suite: where its cells run (`Executor`), how a cell's processes start
-(`Launcher`).
-
-An executor takes the cells the suite loop (`bench.runner`) hands it, each as a `Pending` with its
-ticket (`bench.inflight`), and leaves each cell's result in the ticket's result file; the loop
-decides, orders, appends and resumes the same way whatever runs the cells. Implementations:
-`bench.runner.Processes` (a fresh process per cell on this machine, the default) and
-`bench.jobs.Submitit` (a submitit job per cell: `--executor local|slurm`).
-
-A launcher runs one cell spec under a timeout, its output in a log, and leaves the cell's result in
-a result file: the cell's own, or one saying how its processes died or timed out. `FreshProcess`
-(`launch.process`) runs one module in a fresh process of its own session, the one-process cell
-(`ONE_PROCESS`) or torchrun's parent (`TORCHRUN`), which starts the ranks; `JobRanks` (`launch.srun`)
-runs one rank in each task of a submitit job. A multi-process cell's ranks are judged in one place
-(`launch.torchrun.result_of_launch`), whichever started them.
+"""The two interfaces of running a suite: where its cells run (`Executor`: `bench.runner.Processes`, a
+fresh process per cell here, or `bench.jobs.Submitit`, a submitit job per cell) and how a cell's processes
+start (`Launcher`: `launch.process.FreshProcess`, or `launch.srun.JobRanks` in a job's tasks). Either way
+each cell leaves its result in its ticket's result file; the suite loop decides, appends and resumes alike.
 """
 
 from __future__ import annotations
@@ -23,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
-from ditbench.bench import threads
+from ditbench.bench.cell import threads
+from ditbench.bench.launch.process import ONE_PROCESS, TORCHRUN
 from ditbench.spec.cell import CellSpec
 
 # What a multi-process cell's ranks run, whoever starts them (torchrun, or a submitit job's tasks)
@@ -81,16 +71,12 @@ class Launcher(Protocol):
         log_path: Path,
     ) -> None:
         """Run the cell; afterwards `result_path` holds its result (the caller appends, then removes it).
-
-        `about` goes into the spec file beside the cell: cell_id, cell_name, rendezvous, out_dir.
-        """
+        `about` goes into the spec file beside the cell: cell_id, cell_name, rendezvous, out_dir."""
 
 
 def for_cell(spec: CellSpec, ranks: Launcher | None = None) -> Launcher:
     """The launcher of a cell: one process, else `ranks`, which starts a multi-process cell's ranks where
     the cell runs: torchrun's on this machine by default, the job's own tasks in a submitit job."""
-    from ditbench.bench.launch.process import ONE_PROCESS, TORCHRUN
-
     return ONE_PROCESS if spec.world_size == 1 else ranks or TORCHRUN
 
 

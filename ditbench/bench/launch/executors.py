@@ -1,11 +1,8 @@
 """submitit for the submitter: make the executor, submit a cell's task, ask whether a job still runs, cancel.
 
-submitit is an optional dependency (`pip install "ditbench[slurm]"`); only `--executor` imports
-it. A job is remembered by a `JobRef` (kept in `<key>.job.json` next to the cell's ticket), so a
-rerun after the submitter was killed finds the same job: SLURM by its job id (sacct/squeue
-through submitit), the local executor by its controller's pid and start time.
-
-The submitter never reads submitit's result pickles: a job's result is the cell's JSON result file.
+submitit is optional (`pip install "ditbench[slurm]"`), imported only by `--executor`. A `JobRef` (in
+`<key>.job.json` beside the ticket) lets a rerun find a killed submitter's job: SLURM's by its id,
+a local one by its controller's pid and start time. submitit's result pickles are never read.
 """
 
 from __future__ import annotations
@@ -14,10 +11,17 @@ import hashlib
 import json
 import re
 import shlex
+import signal
+import subprocess
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from ditbench.bench.launch.process import child_env
+from ditbench.bench.launch.srun import run_task
 from ditbench.errors import UserError
 from ditbench.fileio import read_regular, rmtree_real, write_json_atomic
 
@@ -50,11 +54,8 @@ class JobRef:
         except (OSError, ValueError, TypeError):
             return None
         pattern = JOB_ID.get(ref.executor)  # the id goes to scancel or names a process to signal
-        return (
-            ref
-            if pattern is not None and isinstance(ref.job_id, str) and pattern.fullmatch(ref.job_id)
-            else None
-        )
+        ok = pattern is not None and isinstance(ref.job_id, str) and pattern.fullmatch(ref.job_id)
+        return ref if ok else None
 
 
 def require_submitit():
@@ -89,8 +90,6 @@ def configure(executor, kind: str, params: dict[str, Any]) -> None:
     if kind == "slurm":
         # The job imports this copy of ditbench even where the nodes have none installed; after the
         # user's setup lines, which may activate an environment of their own.
-        from ditbench.bench.launch.process import child_env
-
         path = child_env()["PYTHONPATH"]
         params["setup"] = [*params.get("setup", []), f"export PYTHONPATH={shlex.quote(path)}"]
     try:
@@ -101,8 +100,6 @@ def configure(executor, kind: str, params: dict[str, Any]) -> None:
 
 def submit_cells(executor, kind: str, params: dict[str, Any], calls: list[tuple]) -> list[tuple[Any, JobRef]]:
     """Submit one job per call (args of `srun.run_task`) with the same parameters; SLURM: one job array."""
-    from ditbench.bench.launch.srun import run_task
-
     configure(executor, kind, params)
     folder = str(Path(str(executor.folder)).parent)
     if kind == "slurm" and len(calls) > 1:
@@ -120,8 +117,6 @@ def submit_cells(executor, kind: str, params: dict[str, Any], calls: list[tuple]
 
 
 def _create_time(pid: int) -> float | None:
-    import psutil
-
     try:
         return psutil.Process(pid).create_time()
     except psutil.Error:
@@ -134,8 +129,6 @@ def is_active(ref: JobRef, handle=None) -> bool:
         process = getattr(handle, "_process", None)
         if process is not None:
             return process.poll() is None
-        import psutil
-
         try:  # the same process (a reused pid is not), and a submitit controller
             proc = psutil.Process(int(ref.job_id))
             same = ref.pid_started is not None and abs(proc.create_time() - ref.pid_started) < 1.0
@@ -166,9 +159,6 @@ def squeue_state(job_id: str, max_age_s: float = 0.0) -> str:
     """squeue's word for the job: PENDING, RUNNING ..., NOT_IN_QUEUE once squeue no longer lists it,
     UNKNOWN where squeue cannot say. An answer younger than `max_age_s` is reused (`state` asks only
     for jobs sacct does not know, as on clusters without accounting: at most once a minute)."""
-    import subprocess
-    import time
-
     now = time.monotonic()
     cached = _squeued.get(job_id)
     if cached is not None and now - cached[0] < max_age_s:
@@ -191,10 +181,6 @@ def squeue_state(job_id: str, max_age_s: float = 0.0) -> str:
 def cancel(ref: JobRef, handle=None) -> None:
     """Cancel the job (scancel; the local controller gets SIGINT and stops its tasks)."""
     if ref.executor == "local":
-        import signal
-
-        import psutil
-
         process = getattr(handle, "_process", None)
         if process is not None:
             if process.poll() is None:
@@ -206,8 +192,6 @@ def cancel(ref: JobRef, handle=None) -> None:
             except psutil.Error:
                 pass
         return
-    import subprocess
-
     try:
         quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
         subprocess.call(["scancel", ref.job_id], timeout=60, **quiet)
@@ -235,13 +219,9 @@ CLEAN_ENDS = {"COMPLETED", "FINISHED", "NOT_IN_QUEUE"}
 
 
 def retire(ref: JobRef, folder: Path, may_run: bool) -> None:
-    """The job's cell is recorded: remove its folder (`folder/<job id>`) now if the job has ended
-    without a result (the end of its log is in the record), else once it has ended (`clear_ended`).
-
-    A record is appended as soon as the job's result file appears, while submitit still writes the
-    job's own result into that folder as the job exits: removed then, the job fails (sacct FAILED)
-    under a good record.
-    """
+    """The job's cell is recorded: remove its folder (`folder/<job id>`) now if the job has ended without
+    a result, else once it has ended (`clear_ended`): submitit writes the job's own result there as the
+    job exits, and a folder removed then fails the job (sacct FAILED) under a good record."""
     if may_run:
         ref.save(folder / f"{ref.job_id}.ending.json")
     else:
@@ -278,13 +258,9 @@ _NAME = re.compile(r"ditbench-[0-9a-f]{16}")
 
 
 def job_name(keys: list[str]) -> str:
-    """The SLURM job name of one submission (a job, or one array for several cells).
-
-    It is a hash of the cells' ticket keys (cell id and run id), unique to this submission. The
-    tasks of an array share one name, so each cell's ticket keeps the name and its index in the
-    array (`write_submission`) before sbatch runs: a submitter killed after sbatch answered but
-    before it wrote the job id down leaves a rerun enough to find the job (`find_submitted`).
-    """
+    """The SLURM job name of one submission (a job, or an array): a hash of its cells' ticket keys.
+    Each ticket keeps it and the cell's array index (`write_submission`) before sbatch runs, so a rerun
+    finds a job whose id a killed submitter never wrote down (`find_submitted`)."""
     return NAME_PREFIX + hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
 
 
@@ -312,8 +288,6 @@ def find_submitted(path: Path, folder: str) -> JobRef | None:
 def _job_id_named(name: str) -> str | None:
     """The (array) job id of the job called `name`: squeue knows queued and running jobs and ones that
     ended a few minutes ago (MinJobAge), sacct the ones that ended before (looked up 30 days back)."""
-    import subprocess
-
     asks = (
         ["squeue", "-h", f"--name={name}", "-o", "%F"],
         ["sacct", "-n", "-X", "-P", f"--name={name}", "-S", "now-30days", "-o", "JobID"],

@@ -42,6 +42,11 @@ def read_report(path: Path) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+def no_result(reason: str | None, status: str = "error") -> dict[str, Any]:
+    """A cell's result without a measurement: its status and why."""
+    return {"status": status, "reason": reason, "metrics": None, "smoke": None, "env": None}
+
+
 def write_result(path: str | Path, data: dict[str, Any]) -> None:
     """A cell's (or rank's) result file, whole or not at all; NaN/inf written as null."""
     write_json_atomic(path, jsonable(data), allow_nan=False)

@@ -1,15 +1,8 @@
-"""A cell in a fresh process of its own: how the runner starts every cell, and the one-process cell.
-
-Parent side, `FreshProcess` (a `launch.base.Launcher`): the runner starts `python -m MODULE
-SPEC.json RESULT.json` in a session of its own (so a timeout kills its whole process group, and it
-dies with the runner), waits, and leaves RESULT.json for the runner: the cell's own, or one saying
-how the process died. MODULE is this one for a one-process cell (`ONE_PROCESS`) and
-`launch.torchrun` (which starts the ranks) for a multi-process one (`TORCHRUN`).
-
-Child side, `main`: `python -m ditbench.bench.launch.process SPEC.json RESULT.json` measures
-the cell (`bench.cell_core`), smoke-trains it and evaluates its sample quality if asked, and writes the
-result (status, reason, metrics, smoke, env, quality) atomically; anything it cannot report
-itself (a hang, a segfault, the kernel's OOM killer) the parent records from the outside.
+"""A cell in a fresh process of its own session (a timeout kills its whole group; it dies with its
+parent). Parent side: `FreshProcess`, a `launch.base.Launcher` running `python -m MODULE SPEC RESULT`,
+this module for a one-process cell, `launch.torchrun` for several ranks. Child side: `main` measures
+the cell (`cell.core`) and writes its result; what it cannot report itself (a hang, a segfault, the
+OOM killer) the parent records from the outside.
 """
 
 from __future__ import annotations
@@ -24,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import ditbench
-from ditbench.bench import cell_core
+from ditbench.bench.cell import core as cell_core
 from ditbench.bench.launch import procs
-from ditbench.bench.launch.files import read_spec, write_result, write_spec
+from ditbench.bench.launch.files import no_result, read_spec, write_result, write_spec
 from ditbench.errors import UserError
 from ditbench.fileio import open_log
 from ditbench.spec.cell import CellSpec
@@ -143,9 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         spec, doc = read_spec(argv[0])
     except UserError as err:  # a spec this version cannot read: say so in the result
-        write_result(
-            argv[1], {"status": "error", "reason": str(err), "metrics": None, "smoke": None, "env": None}
-        )
+        write_result(argv[1], no_result(str(err)))
         return 0
 
     def join():

@@ -61,7 +61,6 @@ def tail(path: Path, max_bytes: int = 6000) -> str:
 
 
 def last_lines(text: str, n: int) -> str:
-    """The last `n` non-blank lines."""
     lines = [ln for ln in text.strip().splitlines() if ln.strip()]
     return "\n".join(lines[-n:])
 
@@ -92,9 +91,7 @@ def kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-# ---------------------------------------------------------------------------------------------
 # Process trees (torchrun puts each worker in a session of its own: one group kill is not enough)
-# ---------------------------------------------------------------------------------------------
 
 
 def collect_descendants(proc: psutil.Process, seen: dict[int, psutil.Process]) -> None:

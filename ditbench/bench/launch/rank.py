@@ -1,49 +1,28 @@
-"""One rank of a multi-process cell, started by torchrun:
+"""One rank of a multi-process cell: `torchrun ... -m ditbench.bench.launch.rank SPEC.json REPORT_DIR`.
 
-    python -m torch.distributed.run ... -m ditbench.bench.launch.rank SPEC.json REPORT_DIR
-
-Every rank joins the process group (NCCL on GPUs, gloo on CPU) and runs the cell core
-(`bench.cell_core`) with a per-rank batch of `batch_size` (global batch: `CellSpec.global_batch`),
-its model wrapped for data parallelism (`strategy`: ddp or fsdp).
-
-Reports, in REPORT_DIR: `rank<R>.json` from each rank (its metrics, or its error with the time it
-failed); `ranks.json` from each node's local rank 0 (every rank's metrics, gathered); then, for a
-smoke run, `smoke.json` from rank 0 (the curve, or the loss that stopped every rank), or
-`smoke_rank<R>.json` from a rank whose smoke run raised; likewise `quality.json` (rank 0's quality
-field) or `quality_rank<R>.json` for a quality evaluation. The parent (`launch.torchrun`) turns
-these into the cell's record.
+Every rank joins the process group and runs the cell core (`cell.core`) on its share of the batch. It
+reports in REPORT_DIR: `rank<R>.json` (its metrics, or its error and when it failed); `ranks.json` from
+each node's local rank 0 (every rank's metrics, gathered); `smoke.json` / `quality.json` from rank 0,
+or `smoke_rank<R>.json` / `quality_rank<R>.json` from a rank that failed there. The parent
+(`launch.torchrun`) makes them the cell's record.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from ditbench.bench import cell_core
+from ditbench import dist
+from ditbench.bench.cell import core as cell_core
 from ditbench.bench.launch.files import read_spec, write_result
 from ditbench.bench.launch.procs import watch_parent
 
 
-def _agree_any(ctx):
-    """True on every rank when any rank's value is True: every rank stops its smoke run together."""
-
-    def agree(bad: bool) -> bool:
-        import torch
-        import torch.distributed as tdist
-
-        t = torch.tensor([int(bad)], dtype=torch.long, device=ctx.device)
-        tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
-        return bool(t.item())
-
-    return agree
-
-
 def _fail(report_dir: Path, report: dict[str, Any]) -> None:
     """Write this rank's failure and leave at once: peers stuck in a collective are stopped by torchrun."""
-    import os
-
     report["failed_at"] = time.time()  # the first rank to fail is the cause; its peers fail after it
     write_result(report_dir / f"rank{report['rank']}.json", report)
     print(  # its traceback is in the log already (cell_core.log_failure)
@@ -53,10 +32,6 @@ def _fail(report_dir: Path, report: dict[str, Any]) -> None:
 
 
 def run_rank(spec_path: str, report_dir: Path) -> int:
-    import os
-
-    from ditbench import dist
-
     spec, doc = read_spec(spec_path)
     rank = int(os.environ.get("RANK", "0"))
     measured = cell_core.measure(spec, doc["cell_name"], lambda: dist.init(spec.device))
@@ -78,29 +53,30 @@ def run_rank(spec_path: str, report_dir: Path) -> int:
         write_result(report_dir / "ranks.json", summary)
     dist.barrier(ctx)
     if spec.smoke_steps:
-        smoke = cell_core.smoke(spec, measured, _agree_any(ctx))
-        if smoke["status"] not in ("ok", "nan_loss"):  # raised here alone: the peers cannot go on
-            failed = {"rank": ctx.rank, "failed_at": time.time(), **smoke}  # the first to fail is the cause
-            write_result(report_dir / f"smoke_rank{ctx.rank}.json", failed)
-            os._exit(1)
-        if ctx.rank == 0:  # ok, or a non-finite loss every rank agreed to stop at
-            write_result(report_dir / "smoke.json", smoke)
-        dist.barrier(ctx)
+        agree = cell_core.agree_max(ctx)  # any rank's bad loss stops every rank's smoke run together
+        smoke = cell_core.smoke(spec, measured, lambda bad: bool(agree(int(bad))))
+        # ok, or a non-finite loss every rank agreed to stop at; anything else was raised on this rank alone
+        _report_phase(report_dir, ctx, "smoke", smoke, smoke["status"] not in ("ok", "nan_loss"))
     if spec.quality is not None:  # the ranks split the samples; rank 0 scores and writes the field
         from ditbench.quality.loop import quality_failed
 
         field = cell_core.quality(spec, measured, doc)
-        if quality_failed(field):  # raised here: the peers cannot go on
-            write_result(
-                report_dir / f"quality_rank{ctx.rank}.json",
-                {"rank": ctx.rank, "failed_at": time.time(), **field},
-            )
-            os._exit(1)
-        if ctx.rank == 0:
-            write_result(report_dir / "quality.json", field)
-        dist.barrier(ctx)
+        _report_phase(report_dir, ctx, "quality", field, quality_failed(field))
     dist.shutdown()
     return 0
+
+
+def _report_phase(report_dir: Path, ctx, phase: str, field: dict, failed: bool) -> None:
+    """Rank 0 writes the phase's field (`<phase>.json`); a rank whose phase raised writes its own with the
+    time it failed (the first to fail is the cause) and leaves: its peers cannot go on."""
+    if failed:
+        write_result(
+            report_dir / f"{phase}_rank{ctx.rank}.json", {"rank": ctx.rank, "failed_at": time.time(), **field}
+        )
+        os._exit(1)
+    if ctx.rank == 0:
+        write_result(report_dir / f"{phase}.json", field)
+    dist.barrier(ctx)
 
 
 def main(argv: list[str] | None = None) -> int:

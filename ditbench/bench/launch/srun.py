@@ -1,20 +1,11 @@
 """Inside a cell's submitit job (SLURM, or submitit's local executor): what each of its tasks runs.
 
-The submitter (`bench.jobs`) hands submitit `run_task(SPEC, RESULT, LOG, TIMEOUT)`. SLURM starts
-the job's tasks through srun (one per rank: ntasks-per-node = gpus); submitit's local executor
-starts them as processes on this machine. No torchrun runs inside the job:
-
-- a one-process cell: the one task runs it exactly as the local runner does (`process.ONE_PROCESS`:
-  a fresh process, its own timeout recorded `timeout`);
-- a multi-process cell (`JobRanks`, a `launch.base.Launcher`): each task takes its rank, world
-  size and rendezvous address from the job (`submitit.helpers.TorchDistributedEnvironment`, i.e.
-  SLURM_PROCID, SLURM_LOCALID, the node list ...) and runs the existing rank entry (`launch.rank`)
-  in a process of its own under the cell's timeout; when a peer fails it stops its own rank (as
-  torchrun would). Each task writes `exit<R>.json`; task 0 waits for them and turns the ranks'
-  reports into the cell's result with the torchrun launcher's own judging and aggregation
-  (`torchrun.result_of_launch`).
-
-Every file goes next to the ticket in the out directory, which SLURM's nodes must share.
+The submitter (`bench.jobs`) hands submitit `run_task(SPEC, RESULT, LOG, TIMEOUT)`; SLURM starts one
+task per rank through srun, no torchrun. A one-process cell's task runs it as the local runner does
+(`process.ONE_PROCESS`). In a multi-process cell (`JobRanks`) each task takes its rank and rendezvous
+from the job (`submitit.helpers.TorchDistributedEnvironment`), runs `launch.rank` under the cell's
+timeout, stops it when a peer fails, and writes `exit<R>.json`; task 0 then judges and aggregates the
+ranks as torchrun's launcher does (`torchrun.result_of_launch`). The out folder must be shared.
 """
 
 from __future__ import annotations
@@ -27,8 +18,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ditbench.bench.launch import base, procs
+from ditbench.bench.launch import base, procs, torchrun
 from ditbench.bench.launch.files import read_report, read_spec, write_result
+from ditbench.bench.launch.process import child_env
 from ditbench.fileio import open_log, write_atomic, write_json_atomic
 from ditbench.spec.cell import CellSpec
 
@@ -43,15 +35,12 @@ class StoppedBySlurm(BaseException):
 
 
 def _leave_the_end_to_slurm() -> None:
-    """On SLURM a job that SLURM stops is recorded from SLURM's state, not from what its task saw.
+    """A job SLURM stops is recorded from SLURM's state, not from what its task saw.
 
-    submitit's handler turns SLURM's time-limit warning (SIGUSR2, `signal_delay_s` ahead) into an
-    exception, so a job past its limit ended FAILED and was recorded `error` (seen on a live
-    cluster). The task and its ranks (which inherit SIG_IGN) ignore the warning instead. SIGTERM
-    (SLURM ending the job: its limit, scancel, a requeue) stops the task without a result, whatever
-    its ranks report as they are killed: the submitter then reads the job's state (TIMEOUT is
-    `timeout`, CANCELLED is named in the reason, a requeued job is waited for and runs again).
-    """
+    submitit turns SLURM's time-limit warning (SIGUSR2) into an exception, so a job past its limit ended
+    FAILED and was recorded `error` (seen on a live cluster): the task and its ranks ignore it instead.
+    SIGTERM (the limit, scancel, a requeue) stops the task without a result; the submitter then reads
+    the job's state (TIMEOUT is `timeout`, CANCELLED named, a requeued job waited for)."""
 
     def stop(signum, frame):
         raise StoppedBySlurm(f"{signal.Signals(signum).name} from SLURM: no result; the job's state says why")
@@ -94,8 +83,6 @@ def run_task(spec_path: str, result_path: str, log_path: str, timeout_s: float) 
 
 def _rank_env(spec, job) -> dict[str, str]:
     from submitit.helpers import TorchDistributedEnvironment
-
-    from ditbench.bench.launch.process import child_env
 
     dist = TorchDistributedEnvironment()
     env = child_env()
@@ -181,9 +168,6 @@ JOB_RANKS = JobRanks()
 
 def _write_cell_result(spec, result, log_path, report_dir, timeout_s, start, deadline, job) -> None:
     """Task 0: every task's exit, then the cell's result as the torchrun launcher would judge it."""
-    from ditbench.bench.launch.rendezvous import Rendezvous
-    from ditbench.bench.launch.torchrun import LaunchResult, read_phase, read_reports, result_of_launch
-
     world = spec.world_size
     exits: dict[int, dict] = {}
     while True:
@@ -199,22 +183,18 @@ def _write_cell_result(spec, result, log_path, report_dir, timeout_s, start, dea
     )
     if missing:
         logs += f"\nno exit report from the task(s) of rank(s) {', '.join(map(str, missing))}\n"
-    reports, gathered, smoke = read_reports(report_dir)
     limits = [d["timed_out_at"] for d in exits.values() if isinstance(d.get("timed_out_at"), (int, float))]
-    launched = LaunchResult(
+    launched = torchrun.LaunchResult(
         returncode=returncode,
         timed_out=any(bool(d.get("timed_out")) for d in exits.values()),
         timed_out_at=min(limits, default=None),  # the first task to reach the limit stopped the cell
         duration_s=time.monotonic() - start,
         output_tail=logs[-LOG_TAIL_BYTES:],
-        reports=reports,
-        gathered=gathered,
-        smoke=smoke,
-        quality=read_phase(report_dir, "quality"),
         launcher="srun" if job.cluster == "slurm" else "submitit-local",
+        **torchrun.read_reports(report_dir),
     )
-    rdzv = Rendezvous(nnodes=spec.knobs.nodes, node_rank=0)
-    write_result(result, result_of_launch(launched, spec, timeout_s, rdzv))
+    rdzv = torchrun.Rendezvous(nnodes=spec.knobs.nodes, node_rank=0)
+    write_result(result, torchrun.result_of_launch(launched, spec, timeout_s, rdzv))
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # every rank's output in the cell's log, as the local runner keeps it; atomic: replaces a link
     write_atomic(log_path, logs)

@@ -1,19 +1,12 @@
-"""Parent side of a multi-process cell: start it through torchrun, judge it, aggregate it.
-
-A cell with gpus x nodes > 1 (on a CPU, `gpus: N` means N gloo processes) runs as
+"""Parent side of a multi-process cell: torchrun's rendezvous, then start the ranks, judge them, aggregate.
 
     python -m ditbench.bench.launch.torchrun SPEC.json RESULT.json
       -> python -m torch.distributed.run --nproc-per-node N ... -m ditbench.bench.launch.rank SPEC REPORTS
 
-and this module turns the ranks' reports (`launch.rank`), torchrun's exit status and its output
-tail into one result in the one-process launcher's format:
-
-- a rank that fails fails the cell with that rank's own error (the first to fail, not the peers
-  that then lost their connection);
-- on timeout the whole process tree is stopped: SIGTERM, a grace period, then SIGKILL to every
-  process ever seen under the launcher;
-- a smoke run (or quality phase) that fails leaves the measurement standing: its failure is the
-  smoke (quality) field's.
+The ranks' reports (`launch.rank`), torchrun's exit status and its output tail make one result in the
+one-process launcher's format: a failed cell fails with the first rank to fail (not the peers that then
+lost their connection); on timeout every process ever seen under torchrun is stopped (SIGTERM, grace,
+SIGKILL); a failed smoke run or quality phase leaves the measurement standing (its field says so).
 """
 
 from __future__ import annotations
@@ -31,10 +24,68 @@ import psutil
 
 from ditbench.bench.launch import base, procs
 from ditbench.bench.launch.aggregate import aggregate
-from ditbench.bench.launch.files import read_report, read_spec, write_result
-from ditbench.bench.launch.rendezvous import Rendezvous
+from ditbench.bench.launch.files import no_result, read_report, read_spec, write_result
 from ditbench.errors import UserError
 from ditbench.fileio import open_log, read_regular
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """torchrun's rendezvous options: how the nodes of a multi-node job find each other."""
+
+    nnodes: int = 1
+    node_rank: int = 0
+    endpoint: str | None = None  # host:port of the c10d store (any one node, usually node 0)
+    run_id: str | None = None  # shared by every node of one job; derived from the cell if not given
+
+    def validate(self) -> None:
+        if self.nnodes < 1:
+            raise UserError(f"--nnodes {self.nnodes} must be at least 1.")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise UserError(
+                f"--node-rank {self.node_rank} must be between 0 and nnodes-1 ({self.nnodes - 1})."
+            )
+        if self.nnodes > 1 and not self.endpoint:
+            raise UserError(
+                f"--nnodes {self.nnodes} needs --rdzv-endpoint HOST:PORT, an address every node can reach "
+                "(usually node 0's hostname and a free port, e.g. node0:29500)."
+            )
+        if self.endpoint and ":" not in self.endpoint:
+            raise UserError(f"--rdzv-endpoint {self.endpoint!r} must be HOST:PORT, e.g. node0:29500.")
+
+
+def node_verdict(config: dict, rdzv: Rendezvous) -> tuple[str, str] | None:
+    """(status, reason) for a cell this node must not start in a multi-node run, else None. Every node
+    runs the suite in the same order: a cell spanning all nodes runs on each, a one-node cell on node 0."""
+    nodes = int(config.get("nodes", 1))
+    if nodes == rdzv.nnodes:
+        return None
+    if nodes == 1:
+        if rdzv.node_rank == 0:
+            return None
+        return "skipped", f"a one-node cell: node 0 of this {rdzv.nnodes}-node run measures it"
+    return "unsupported", (
+        f"the cell needs nodes={nodes}, but this run was started with --nnodes "
+        f"{rdzv.nnodes}; start it on {nodes} nodes with --nnodes {nodes}"
+    )
+
+
+def add_rendezvous_arguments(parser) -> None:
+    """torchrun's rendezvous options, for `ditbench run` (several machines run one multi-node cell)."""
+    g = parser.add_argument_group("multi-node (passed to torchrun)")
+    g.add_argument("--nnodes", type=int, default=1, help="number of machines in the job")
+    g.add_argument("--node-rank", type=int, default=0, help="this machine's index, 0..nnodes-1")
+    g.add_argument("--rdzv-endpoint", default=None, help="HOST:PORT every node can reach (usually node 0)")
+    g.add_argument("--rdzv-id", default=None, help="job id shared by all nodes (default: per cell)")
+
+
+def rendezvous_from_args(args) -> Rendezvous:
+    rdzv = Rendezvous(
+        nnodes=args.nnodes, node_rank=args.node_rank, endpoint=args.rdzv_endpoint, run_id=args.rdzv_id
+    )
+    rdzv.validate()
+    return rdzv
+
 
 GRACE_S = 10.0  # between SIGTERM and SIGKILL when a cell's processes are stopped
 POLL_S = 0.2
@@ -54,11 +105,8 @@ def torchrun_command(
     join_timeout_s: float | None = None,
     log_dir: str | Path | None = None,
 ) -> list[str]:
-    """The torchrun command line that runs `python -m module *entry_args` on nproc_per_node ranks.
-
-    log_dir: where torchrun keeps its per-attempt folders (without it, a `torchelastic_*` folder in
-    the system temp folder per launch, never removed).
-    """
+    """The torchrun command line running `python -m module *entry_args` on nproc_per_node ranks;
+    `log_dir` keeps torchrun's per-attempt folders (else a `torchelastic_*` in the temp folder for good)."""
     rdzv.validate()
     if nproc_per_node < 1:
         raise UserError(f"nproc_per_node {nproc_per_node} must be at least 1.")
@@ -103,14 +151,20 @@ class LaunchResult:
     timed_out_at: float | None = None
 
 
-def read_reports(report_dir: Path) -> tuple[dict[int, dict], dict | None, dict | None]:
-    """Every rank<R>.json by rank, the gathered ranks.json, and the smoke report (None if absent or torn)."""
+def read_reports(report_dir: Path) -> dict:
+    """LaunchResult's fields from the ranks' reports: every rank<R>.json by rank, the gathered ranks.json,
+    the smoke and quality reports (None if absent or torn)."""
     reports: dict[int, dict] = {}
     for path in sorted(report_dir.glob("rank[0-9]*.json")):
         data = read_report(path)
         if data is not None and isinstance(data.get("rank"), int):
             reports[data["rank"]] = data
-    return reports, read_report(report_dir / "ranks.json"), read_phase(report_dir, "smoke")
+    return {
+        "reports": reports,
+        "gathered": read_report(report_dir / "ranks.json"),
+        "smoke": read_phase(report_dir, "smoke"),
+        "quality": read_phase(report_dir, "quality"),
+    }
 
 
 def read_phase(report_dir: Path, phase: str) -> dict | None:
@@ -165,18 +219,14 @@ def launch(
             procs.stop_tree(proc, seen, grace_s)
         else:
             procs.kill_leftovers(proc, seen)  # a worker that outlived torchrun (should not happen)
-    reports, gathered, smoke = read_reports(report_dir)
     return LaunchResult(
         returncode=proc.returncode,
         timed_out=timed_out,
         duration_s=time.monotonic() - start,
         output_tail=procs.tail(log_path, LOG_TAIL_BYTES),
-        reports=reports,
-        gathered=gathered,
         leftover=sorted(p.pid for p in seen.values() if procs.alive(p)),
-        smoke=smoke,
-        quality=read_phase(report_dir, "quality"),
         timed_out_at=timed_out_at,
+        **read_reports(report_dir),
     )
 
 
@@ -241,16 +291,15 @@ def judge(
     return "ok", None
 
 
-def _smoke_field(launched: LaunchResult, steps: int) -> dict | None:
-    if not steps:
-        return None
-    if launched.smoke is not None:
-        return launched.smoke
-    return {  # measured, but the smoke run left no report (a rank killed outright)
-        "steps": steps,
-        "loss": [],
+def _phase_field(launched: LaunchResult, report: dict | None, what: str, **empty) -> dict:
+    """A smoke run's or quality phase's report, or (measured, but a rank was killed outright) its field
+    saying it left none."""
+    if report is not None:
+        return report
+    return {
+        **empty,
         "status": "error",
-        "reason": f"the smoke run left no report; {launched.launcher} exited with code "
+        "reason": f"the {what} left no report; {launched.launcher} exited with code "
         f"{launched.returncode}. Last output:\n{procs.last_lines(launched.output_tail, 6)}",
     }
 
@@ -266,17 +315,13 @@ def run_cell(
     """Launch the cell in SPEC through torchrun and return a result in the one-process launcher's format."""
     spec, doc = read_spec(spec_path)
     nproc, nodes = spec.knobs.gpus, spec.knobs.nodes
-    result: dict = {"status": "error", "reason": None, "metrics": None, "smoke": None, "env": None}
     if nodes != rdzv.nnodes:
-        result.update(
-            status="unsupported",
-            reason=(
-                f"the cell asks for nodes={nodes} but this run was started with --nnodes {rdzv.nnodes}; "
-                f"start `ditbench run` on each of the {nodes} nodes with --nnodes {nodes} --node-rank R "
-                "--rdzv-endpoint HOST:PORT"
-            ),
+        return no_result(
+            f"the cell asks for nodes={nodes} but this run was started with --nnodes {rdzv.nnodes}; "
+            f"start `ditbench run` on each of the {nodes} nodes with --nnodes {nodes} --node-rank R "
+            "--rdzv-endpoint HOST:PORT",
+            "unsupported",
         )
-        return result
     reports = base.report_dir(result_path)
     if reports.exists():  # reports of an earlier attempt must not be read as this one's
         for old in reports.glob("*.json"):
@@ -297,27 +342,22 @@ def run_cell(
 
 
 def result_of_launch(launched: LaunchResult, spec, timeout_s: float, rdzv: Rendezvous = ONE_NODE) -> dict:
-    """The cell's result from its ranks' reports, in the one-process launcher's format.
-
-    Shared by every launcher of a multi-process cell (torchrun here, srun in `launch.srun`).
-    """
-    result: dict = {"status": "error", "reason": None, "metrics": None, "smoke": None, "env": None}
+    """The cell's result from its ranks' reports, in the one-process launcher's format (torchrun's
+    and srun's)."""
     status, reason = judge(launched, spec.world_size, timeout_s, rdzv.node_rank)
-    result.update(status=status, reason=reason)
+    result = no_result(reason, status)
     if status == "ok" and rdzv.node_rank == 0:
         gathered = launched.gathered
         metrics = aggregate(gathered["metrics"], global_batch=spec.global_batch)
         nodes = gathered.get("nodes", spec.knobs.nodes)
         metrics.update(launcher=launched.launcher, nodes=nodes, scaling_efficiency=None)
-        smoke = _smoke_field(launched, spec.smoke_steps)
-        result.update(metrics=metrics, smoke=smoke, env=gathered.get("env"))
+        result.update(metrics=metrics, env=gathered.get("env"))
+        if spec.smoke_steps:
+            result["smoke"] = _phase_field(
+                launched, launched.smoke, "smoke run", steps=spec.smoke_steps, loss=[]
+            )
         if spec.quality is not None:
-            result["quality"] = launched.quality or {
-                "status": "error",
-                "reason": f"the quality phase left no report; {launched.launcher} exited with code "
-                f"{launched.returncode}. Last output:\n{procs.last_lines(launched.output_tail, 6)}",
-                "evaluations": [],
-            }
+            result["quality"] = _phase_field(launched, launched.quality, "quality phase", evaluations=[])
     elif status == "ok":
         result.update(
             status="skipped",
@@ -346,8 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         with procs.sigterm_as_interrupt():  # the runner stops us: the whole job goes down with us
             result = run_cell(spec_path, result_path, rdzv=rdzv, timeout_s=timeout)
     except UserError as err:
-        result = {"status": "error", "reason": " ".join(str(err).split()), "metrics": None, "smoke": None}
-        result["env"] = None
+        result = no_result(" ".join(str(err).split()))
     write_result(result_path, result)
     log = base.report_dir(result_path) / "torchrun.log"
     if log.exists():  # into the runner's log of this cell: every rank's output, in one place

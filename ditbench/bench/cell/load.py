@@ -1,9 +1,7 @@
 """The machine's load during a measured window: load average, and the CPU share of other processes.
 
-A window measured while other processes take the cores says more about them than about the cell.
-The share is the system-wide busy CPU time minus this cell's process tree's, over the window's wall
-time and the machine's cores (psutil): 0 on a quiet machine, 0.5 when another job keeps half the
-cores busy. Above LOAD_BOUND the window is noisy (bench.window.noise).
+The share is the machine's busy CPU time less this cell's process tree's, over the window's wall time
+and the cores (psutil): 0 on a quiet machine. Above LOAD_BOUND the window is noisy (cell.window.noise).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The measured window and the smoke run: which steps are timed, how, and what their times say.
 
-A window is `warmup` steps, then at least `measure` steps and at least `min_seconds`. On CUDA each
-step is bracketed by two events and the host synchronises once, at the end (plus a wall clock
-around the whole window); on a CPU each step is timed with perf_counter. In a multi-process cell
-every rank must run the same number of steps or a collective would wait forever, so the ranks
-agree (`agree`, an all-reduce MAX) on how many steps reach `min_seconds`.
+A window is `warmup` steps, then at least `measure` steps and `min_seconds`. On CUDA each step is
+bracketed by two events with one synchronisation at the end; on a CPU each step is timed with
+perf_counter. The ranks of a multi-process cell agree (`agree`: all-reduce MAX) on the step count.
 """
 
 from __future__ import annotations
@@ -18,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ditbench.bench.cell.load import LOAD_BOUND
 from ditbench.faults import NonFiniteLoss, check_finite
 
 # A steady training loop repeats its step to within a few percent. Beyond these bounds something
@@ -46,15 +45,9 @@ def noise(
     gpu_throttle: list[str] | None = None,
 ) -> dict[str, Any]:
     """{noisy, noise: {step_spread, throughput_gap, spread_bound, gap_bound[, other_cpu_share,
-    load_bound][, gpu_throttle]}} of a measured window at `rate` images/s.
-
-    `batch` is the images of one (synchronised) step: the global batch of a multi-process cell.
-    `other_cpu_share` (bench.load): the cores' share other processes took during the window.
-    `gpu_throttle` (bench.gpu_meter.throttling): the heat or power reasons the GPU lowered its clocks
-    for during the window; any makes the window noisy. None: not measured (no NVML), not recorded.
-    """
-    from ditbench.bench.load import LOAD_BOUND
-
+    load_bound][, gpu_throttle]}} of a window at `rate` images/s; `batch`: the images of one synchronised
+    step. `other_cpu_share` (cell.load) and `gpu_throttle` (cell.gpu_meter.throttling: any reason makes
+    the window noisy) are recorded only where measured (None: not measured)."""
     p10, p90 = (float(p) for p in np.percentile(step_ms, (10, 90)))
     median = statistics.median(step_ms)
     spread = p90 / p10 if p10 > 0 else math.inf
@@ -190,10 +183,8 @@ class _StepTimer:
 
 
 def smoke_run(trainer, step, steps: int, agree_stop: Callable[[bool], bool] | None = None) -> dict[str, Any]:
-    """N steps with the loss read every step; stops at the first non-finite loss (NonFiniteLoss).
-
-    `agree_stop(bad) -> any rank bad` makes every rank of a multi-process cell stop together.
-    """
+    """N steps, the loss read every step; stops at the first non-finite loss (NonFiniteLoss), every rank
+    together with `agree_stop(bad) -> any rank bad`."""
     curve: list[float] = []
     for i in range(steps):
         value = float(step(trainer.next_batch()))
@@ -203,34 +194,27 @@ def smoke_run(trainer, step, steps: int, agree_stop: Callable[[bool], bool] | No
         if bad:
             raise NonFiniteLoss(i + 1, "smoke", value, curve)  # the record keeps the curve up to here
         curve.append(value)
-    return {
-        "steps": steps,
-        "loss": [round(x, 6) for x in curve],
-        **_means(curve),
-        "nonfinite_steps": 0,
-        "first_nonfinite_step": None,
-        "scaler_skips": int(getattr(trainer, "scaler_skips", 0) or 0),
-        "status": "ok",
-        "reason": None,
-    }
+    skips = int(getattr(trainer, "scaler_skips", 0) or 0)
+    return _smoke_field(steps, curve, None, scaler_skips=skips, status="ok", reason=None)
 
 
 def failed_smoke(steps: int, outcome: dict, err: BaseException) -> dict[str, Any]:
     """The smoke field of a smoke run that failed: the cell keeps its measurement and stays ok."""
-    curve = err.curve if isinstance(err, NonFiniteLoss) else []
+    nonfinite = isinstance(err, NonFiniteLoss)
+    curve, step = (err.curve, err.step) if nonfinite else ([], None)
+    return _smoke_field(steps, curve, step, status=outcome["status"], reason=outcome["reason"])
+
+
+def _smoke_field(steps: int, curve: list[float], nonfinite_at: int | None, **more: Any) -> dict[str, Any]:
+    """The smoke field: the curve, its first and last means, where it turned non-finite, then `more`."""
+    window = min(SMOKE_MEAN_STEPS, len(curve))
+    means = (sum(curve[:window]) / window, sum(curve[-window:]) / window) if window else (None, None)
     return {
         "steps": steps,
         "loss": [round(x, 6) for x in curve],
-        **_means(curve),
-        "nonfinite_steps": 1 if isinstance(err, NonFiniteLoss) else 0,
-        "first_nonfinite_step": err.step if isinstance(err, NonFiniteLoss) else None,
-        "status": outcome["status"],
-        "reason": outcome["reason"],
+        "first_mean": means[0],
+        "last_mean": means[1],
+        "nonfinite_steps": int(nonfinite_at is not None),
+        "first_nonfinite_step": nonfinite_at,
+        **more,
     }
-
-
-def _means(curve: list[float]) -> dict[str, float | None]:
-    window = min(SMOKE_MEAN_STEPS, len(curve))
-    if not window:
-        return {"first_mean": None, "last_mean": None}
-    return {"first_mean": sum(curve[:window]) / window, "last_mean": sum(curve[-window:]) / window}

@@ -1,12 +1,9 @@
 """Model FLOPs per image and the peak table behind MFU (the measured matmul ceiling: ditbench.walltime).
 
-Model FLOPs are the FLOPs of one forward + backward of the plain model (no checkpoint
-recomputation, no optimizer), counted by `torch.utils.flop_counter.FlopCounterMode` on the meta
-device, so counting DiT-XL/2 costs no memory and no time. `ditbench.models.flops` is the paper's
-closed form (6 x forward MACs); a test pins the exact relation between the two.
-
-MFU uses a datasheet peak per (GPU, precision) and states its basis; a GPU missing from the table
-(and any CPU) gets no MFU rather than a guessed one.
+Model FLOPs: one forward + backward of the plain model (no recomputation, no optimizer), counted by
+`torch.utils.flop_counter.FlopCounterMode` on the meta device (free even for DiT-XL/2); a test pins
+their relation to `ditbench.models.flops`' closed form. MFU uses a datasheet peak per (GPU, precision)
+and states its basis; a GPU missing from the table (and any CPU) gets no MFU, never a guess.
 """
 
 from __future__ import annotations
@@ -67,9 +64,7 @@ def mfu(tflops_per_s_per_gpu: float | None, gpu_name: str | None, precision: str
     return {"value": tflops_per_s_per_gpu / entry["peak_tflops"], **entry}
 
 
-# ---------------------------------------------------------------------------------------------
-# FLOPs
-# ---------------------------------------------------------------------------------------------
+# -- FLOPs --
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,8 +1,6 @@
 """How many threads torch runs with in a cell's process: the `threads` knob, resolved and applied.
-
-On a shared CPU a process that takes every core competes with everything else for them, and its
-step times swing by 10x; one thread per process is steady and comparable across machines, so it is
-the CPU default. A CUDA cell's host threads only launch kernels: torch's default is left alone.
+On a shared CPU one thread per process is steady and comparable (all cores swing step times by 10x),
+so it is the CPU default; a CUDA cell's host threads only launch kernels: torch's default stays.
 """
 
 from __future__ import annotations

@@ -1,21 +1,21 @@
 """A cell's memory: the peaks it reached, and the smaller card it emulates on a bigger one.
 
-Emulation: a suite's `gpu_memory_gib` (or `card`, whose usable memory `ditbench.cards` knows) is
-the emulated card's total memory. On a real card of that size the CUDA context takes its share
-before PyTorch allocates anything, so the caching allocator is capped at the budget less this
-process's context, measured right after CUDA starts: NVML's count of this process's device memory,
-else (no NVML, or a container that hides the pid) `torch.cuda.mem_get_info`'s used memory, which
-also counts every other process on the GPU. Whether the cell fits is whether it completed under
-that cap; speeds are still the real, bigger GPU's.
+Emulation caps the caching allocator at the emulated card's memory (`gpu_memory_gib`, or a `card`'s)
+less this process's CUDA context, measured right after CUDA starts (NVML's count for this process, else
+`torch.cuda.mem_get_info`'s used memory). The cell fits if it completed under that cap; its speeds
+are still the real, bigger GPU's.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import resource
 import sys
 from typing import Any
 
+from ditbench.bench.cell.alloc_meter import measure_training_peak
+from ditbench.bench.cell.gpu_meter import nvml_handle
 from ditbench.errors import UnsupportedError
 from ditbench.records.metrics import CPU_ALLOC, CPU_RSS, DEVICE_MEM, PEAK_ALLOCATED, PEAK_RESERVED
 
@@ -31,14 +31,12 @@ def peak_rss_gib() -> float:
 
 def nvml_process_mem_gib() -> float | None:
     """This process's device memory as NVML sees it (includes the CUDA context); None if unavailable."""
+    found = nvml_handle()
+    if found is None:
+        return None
+    nvml, handle = found
     try:
-        import pynvml
-        import torch
-
-        pynvml.nvmlInit()
-        uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else "GPU-" + uuid)
-        for proc in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+        for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
             if proc.pid == os.getpid() and proc.usedGpuMemory is not None:
                 return proc.usedGpuMemory / GIB
     except Exception:  # noqa: BLE001 - NVML is optional (package, driver, container pid namespace)
@@ -47,17 +45,9 @@ def nvml_process_mem_gib() -> float | None:
 
 
 def cpu_allocator_peak(make_trainer) -> dict[str, Any]:
-    """{CPU allocator peak (GiB), its basis}: what `max_memory_allocated` would be on a CPU.
-
-    A fresh trainer from `make_trainer()` runs one warm-up and one measured step under the allocation
-    meter (`ditbench.bench.alloc_meter`): the peak of the live bytes it allocated (weights, gradients,
-    optimizer state, EMA, activations), which RSS cannot show (the allocator keeps freed pages).
-    A failure here never fails the cell: the value is null and the basis says why.
-    """
-    import gc
-
-    from ditbench.bench.alloc_meter import measure_training_peak
-
+    """{CPU allocator peak (GiB), its basis}: what `max_memory_allocated` would be on a CPU, from a
+    fresh trainer's second step under the allocation meter (cell.alloc_meter), which RSS cannot show.
+    A failure here never fails the cell: the value is null and the basis says why."""
     gc.collect()
     try:
         peak = measure_training_peak(make_trainer, warmup_steps=1, steps=1)
@@ -93,9 +83,7 @@ def peak_metrics(device_type: str) -> dict[str, Any]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# Card emulation
-# ---------------------------------------------------------------------------------------------
+# -- Card emulation --
 
 
 def allocator_cap_gib(budget_gib: float, context_gib: float, total_gib: float) -> float:
@@ -115,11 +103,8 @@ def allocator_cap_gib(budget_gib: float, context_gib: float, total_gib: float) -
 
 def apply_emulation(budget_gib: float | None, card: str | None, device) -> dict[str, Any] | None:
     """Cap the allocator to emulate the card; the record's `metrics.emulation`, or None (no emulation).
-
-    Call it right after CUDA starts on `device` and before anything is allocated: what the device
-    already holds then is this process's context (and any other process's memory, which a real
-    card of that size would not have free either).
-    """
+    Call it right after CUDA starts, before anything is allocated: what the device holds then is this
+    process's context (and other processes' memory, which a real card of that size would not have free)."""
     if budget_gib is None:
         return None
     import torch

@@ -1,10 +1,8 @@
-"""One cell, in whichever process measures it: the core both launchers run.
+"""One cell, in whichever process measures it: the core every launcher runs.
 
-`measure` builds the Trainer, warms up, times the window and reads the memory, and turns any
-failure into a status; `smoke` trains a fresh Trainer for the smoke curve; `quality` evaluates
-sample quality (`ditbench.quality.loop`: at the end of the smoke run, or in a quality run of its
-own). The one-process launcher (`launch.process`) and each torchrun rank (`launch.rank`) call
-these with their own `DistContext`; they differ only in how the processes start and report.
+`measure` builds the Trainer, warms up, times the window, reads the memory and turns any failure into a
+status; `smoke` trains a fresh Trainer for the smoke curve; `quality` evaluates sample quality. The
+one-process cell (`launch.process`) and each rank (`launch.rank`) call them with their own DistContext.
 """
 
 from __future__ import annotations
@@ -14,15 +12,19 @@ import gc
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ditbench.bench import memory, threads
-from ditbench.bench.gpu_meter import GpuMeter, nvml_handle
-from ditbench.bench.load import LoadMeter
-from ditbench.bench.window import failed_smoke, measure_window, noise, smoke_run, step_stats
+from ditbench.bench.cell import memory, threads
+from ditbench.bench.cell.gpu_meter import GpuMeter, nvml_handle, throttling
+from ditbench.bench.cell.load import LoadMeter
+from ditbench.bench.cell.mfu import mfu, model_flops_per_image
+from ditbench.bench.cell.window import failed_smoke, measure_window, noise, smoke_run, step_stats
+from ditbench.environment import collect_env
 from ditbench.faults import FAULT_ENV, FAULT_RANK_ENV, Fault, FaultyStep, failure, fault_for
+from ditbench.progress import progress
 from ditbench.records.metrics import IMAGES_PER_S, MFU, PER_GPU, STEP_MS, STEPS_PER_S, TFLOPS
 from ditbench.spec.cell import CellSpec
 
@@ -37,8 +39,6 @@ def log(text: str, ctx=None) -> None:
 
 def log_failure(what: str, outcome: dict[str, Any], err: BaseException, ctx=None) -> None:
     """The failure's status and reason, then its traceback (the record keeps the reason only for most)."""
-    import traceback
-
     log(f"{what} failed: {outcome['status']}: {outcome['reason']}", ctx)
     traceback.print_exception(err, file=sys.stdout)
     sys.stdout.flush()
@@ -52,9 +52,7 @@ class Measured:
     ctx: Any = None  # the DistContext, once joined
     steps_run: int = 0  # warm-up + measured steps, so an injected fault's step counts on into the smoke run
     fault: Fault | None = None
-    smoke_trainer: tuple[Any, float] | None = (
-        None  # (trainer, training seconds), kept for a quality evaluation
-    )
+    smoke_trainer: tuple[Any, float] | None = None  # (trainer, training seconds) for a quality evaluation
 
 
 def build_trainer(spec: CellSpec, ctx):
@@ -73,7 +71,7 @@ def build_trainer(spec: CellSpec, ctx):
     )
 
 
-def _agree_max(ctx) -> Callable[[int], int] | None:
+def agree_max(ctx) -> Callable[[int], int] | None:
     """The largest of every rank's value (each rank must run the same number of steps)."""
     if not ctx.distributed:
         return None
@@ -98,10 +96,7 @@ def window_metrics(
     gpu: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Throughput, step times, FLOPs and MFU of this process's window (a rank's share in a job), the
-    machine's `load` during it (bench.load) and what NVML saw of the GPU (`gpu`: bench.gpu_meter)."""
-    from ditbench.bench.gpu_meter import throttling
-    from ditbench.bench.mfu import mfu, model_flops_per_image
-
+    machine's `load` during it (cell.load) and what NVML saw of the GPU (`gpu`: cell.gpu_meter)."""
     knobs = spec.knobs
     steps_per_s = window["steps"] / window["wall_s"]
     # This process's images, every micro-batch's (batch_size x grad_accum a step); a job's parent sums ranks.
@@ -142,8 +137,6 @@ def window_metrics(
 
 def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured:
     """Join (pick the device / the process group), build, warm up, measure. Never raises."""
-    from ditbench.environment import collect_env
-
     out = Measured({"status": "error", "reason": None, "metrics": None, "smoke": None, "env": None})
     metrics: dict[str, Any] = {}
     emulation = None
@@ -183,7 +176,7 @@ def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured
             s.warmup,
             s.measure,
             s.min_seconds,
-            agree=_agree_max(ctx),
+            agree=agree_max(ctx),
             after_warmup=after_warmup,
         )
         window_load = load.stop()
@@ -223,11 +216,8 @@ def measure(spec: CellSpec, cell_name: str, join: Callable[[], Any]) -> Measured
 
 
 def smoke(spec: CellSpec, measured: Measured, agree_stop: Callable[[bool], bool] | None = None) -> dict:
-    """A fresh Trainer (the curve starts at step 1) trained `smoke_steps` steps, loss every step.
-
-    Its failure (an out-of-memory included) is the smoke field's status: the measured window stands,
-    the cell stays ok and its series is not skipped.
-    """
+    """A fresh Trainer trained `smoke_steps` steps, loss every step. Its failure (an out-of-memory
+    included) is the smoke field's status: the measurement stands, the cell stays ok, its series runs on."""
     import torch
 
     ctx, steps = measured.ctx, spec.smoke_steps
@@ -243,8 +233,6 @@ def smoke(spec: CellSpec, measured: Measured, agree_stop: Callable[[bool], bool]
             fault = dataclasses.replace(fault, step=max(1, left))
         else:
             fault = dataclasses.replace(fault, step=left) if left >= 1 else None
-    from ditbench.progress import progress
-
     log(f"smoke run: {steps} steps", ctx)
     # the log is not a terminal: a plain line every DITBENCH_PROGRESS_EVERY_S seconds and at the end
     desc = f"rank {ctx.rank}: smoke" if ctx.distributed else "smoke"

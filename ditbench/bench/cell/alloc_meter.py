@@ -1,23 +1,9 @@
 """Memory a CPU run can show: the CPU allocator's peak allocated bytes over real training steps.
 
-On a CPU a cell's process RSS is flat across settings (the allocator keeps freed pages), so it
-cannot show what checkpointing or a smaller batch saves. The allocator's own events can: with
-`profile_memory=True` torch's profiler records every CPU allocation and release with its size and
-time. Summing them from the moment the meter starts gives the bytes live at every instant (what
-`torch.cuda.memory_allocated` is on a GPU); the peak over the measured window, after a reset at
-its start, is the CPU's `max_memory_allocated`. Start the meter before the trainer is built, so the
-weights, optimizer state and EMA are in the running total.
-
-    meter = AllocationMeter()
-    with meter:
-        trainer = Trainer(Knobs(model="DiT-S/8"), device="cpu")
-        trainer.step(trainer.next_batch())          # warm-up: optimizer state appears
-        with meter.window():
-            trainer.step(trainer.next_batch())
-    meter.result().peak_bytes
-
-The profiler slows the steps it watches (it records every op), so measure memory in its own steps,
-not in a timed window.
+A CPU process's RSS is flat across settings (the allocator keeps freed pages); torch's profiler with
+`profile_memory=True` records every CPU allocation and release, and their running sum from the meter's
+start is the CPU's `max_memory_allocated` over a marked window. Start the meter before the trainer is
+built (weights, optimizer state and EMA count); the profiler slows steps, so never in a timed window.
 """
 
 from __future__ import annotations
@@ -109,11 +95,8 @@ class AllocationMeter:
 def measure_training_peak(
     make_trainer: Callable[[], object], warmup_steps: int = 1, steps: int = 1
 ) -> CpuPeak:
-    """Build a trainer with `make_trainer()`, run warm-up steps, and measure the next `steps` steps.
-
-    The default (one warm-up, one measured step) gives the steady-state step: the optimizer state
-    exists and the previous step's gradients are live during the forward pass.
-    """
+    """Build a trainer, run `warmup_steps`, measure the next `steps`; the default (1, 1) is the steady
+    state: optimizer state exists and the previous step's gradients are live during the forward pass."""
     if warmup_steps < 0 or steps < 1:
         raise ValueError("warmup_steps must be >= 0 and steps >= 1")
     meter = AllocationMeter()

@@ -1,13 +1,9 @@
 """The GPU during a measured window, from NVML: clocks, clock-event (throttle) reasons, temperature,
 power, and the energy the window used.
 
-A thread samples the card every SAMPLE_INTERVAL_S while the window runs (NVML calls leave the GIL, so
-the training loop does not wait on it); the total-energy counter (millijoules since the driver
-loaded) is read at the window's start and end. A window whose clocks were lowered for heat or power
-measured a slower card than the one named in the record: it is `noisy` with that reason
-(bench.window.noise). NVML is optional (nvidia-ml-py, imported as `pynvml`): without it, or for a
-reading the card does not support, the record holds no such field; a record states only what was
-measured.
+A thread samples the card every SAMPLE_INTERVAL_S (NVML calls leave the GIL); the energy counter is read
+at the window's ends. Clocks lowered for heat or power make the window `noisy` (cell.window.noise).
+Without NVML (nvidia-ml-py), or for a reading the card does not support, the record holds no field.
 """
 
 from __future__ import annotations
@@ -79,11 +75,8 @@ def nvml_handle(device_index: int | None = None):
 
 
 class GpuMeter:
-    """start() at the window's start, stop(steps, images) at its end -> fields of the record's metrics.
-
-    `nvml`, `handle`: the NVML module and the device (nvml_handle()); a meter without them measures
-    nothing and stop() returns {}.
-    """
+    """start() at the window's start, stop(steps, images) at its end -> fields of the record's metrics;
+    without `nvml` and `handle` (nvml_handle()) it measures nothing and stop() returns {}."""
 
     def __init__(self, nvml=None, handle=None, interval_s: float = SAMPLE_INTERVAL_S):
         self.nvml, self.handle, self.interval_s = nvml, handle, interval_s
@@ -119,10 +112,8 @@ class GpuMeter:
         self._thread.start()
 
     def stop(self, steps: int, images: int) -> dict[str, Any]:
-        """{gpu_window: {...}, energy_j, and the energy per step and per image}, each only if measured.
-
-        `images`: the images this process's window trained on (its steps x its batch).
-        """
+        """{gpu_window, energy_j, energy per step and per image}, each only if measured; `images`: this
+        process's steps x its batch."""
         if self.nvml is None:
             return {}
         self._stop.set()
