@@ -98,12 +98,8 @@ def check_fp16_halves(df: pd.DataFrame) -> AdviceCheck:
         if found:
             break
     if not found:
-        return AdviceCheck(
-            claim,
-            NOT_MEASURED,
-            "no fp16 (or bf16) cell with an fp32 twin and GPU memory figures in this run",
-            rule,
-        )
+        why = "no fp16 (or bf16) cell with an fp32 twin and GPU memory figures in this run"
+        return AdviceCheck(claim, NOT_MEASURED, why, rule)
     found, small = _at_scale(found)
     if not found:
         return AdviceCheck(claim, NOT_JUDGED, small, rule)
@@ -159,25 +155,19 @@ def check_ckpt_tradeoff(df: pd.DataFrame) -> AdviceCheck:
     if not numbers:
         if small:
             return AdviceCheck(claim, NOT_JUDGED, small, rule)
-        return AdviceCheck(
-            claim,
-            NOT_MEASURED,
-            "no checkpointed cell with an un-checkpointed twin and GPU memory figures in this run",
-            rule,
-        )
-    saving = statistics.median(n["saving"] for n in numbers)
-    extra = statistics.median(n["extra_time"] for n in numbers)
+        why = "no checkpointed cell with an un-checkpointed twin and GPU memory figures in this run"
+        return AdviceCheck(claim, NOT_MEASURED, why, rule)
+    savings, extras = ([n[key] for n in numbers] for key in ("saving", "extra_time"))
+    saving, extra = statistics.median(savings), statistics.median(extras)
     held = saving >= CKPT_MIN_SAVING and extra <= CKPT_MAX_EXTRA_TIME
     # The median's interval must agree: one that spans a bound fits a verdict either way.
-    s_lo, s_hi = _interval([n["saving"] for n in numbers])
-    e_lo, e_hi = _interval([n["extra_time"] for n in numbers])
+    (s_lo, s_hi), (e_lo, e_hi) = _interval(savings), _interval(extras)
     sure_held = s_lo >= CKPT_MIN_SAVING and e_hi <= CKPT_MAX_EXTRA_TIME
     sure_not = s_hi < CKPT_MIN_SAVING or e_lo > CKPT_MAX_EXTRA_TIME
     best = max(numbers, key=lambda n: n["saving"])
     evidence = (
-        f"median memory saved {saving:.0%} (range {min(n['saving'] for n in numbers):.0%}-"
-        f"{max(n['saving'] for n in numbers):.0%}), median extra time {extra:.0%} (range "
-        f"{min(n['extra_time'] for n in numbers):.0%}-{max(n['extra_time'] for n in numbers):.0%}) "
+        f"median memory saved {saving:.0%} (range {min(savings):.0%}-{max(savings):.0%}), median extra "
+        f"time {extra:.0%} (range {min(extras):.0%}-{max(extras):.0%}) "
         f"over {len(numbers)} pair(s); largest saving at {best['cell']} ({best['none_gib']:.2f} -> "
         f"{best['full_gib']:.2f} GiB)"
     ) + (f"; {small}" if small else "")
@@ -199,16 +189,15 @@ def check_ckpt_tradeoff(df: pd.DataFrame) -> AdviceCheck:
 
 def _fit_check(df: pd.DataFrame, claim: str, budget: float, select: dict[str, Any], rule: str) -> AdviceCheck:
     bounds = card_lower_bounds(df)
-    keep = []
-    for label, r in df.iterrows():
+    rows = []
+    for _, r in df.iterrows():
         k = knobs(r["record"])
         single_gpu = k.get("gpus", 1) * k.get("nodes", 1) == 1
         if single_gpu and all(k.get(key) == want for key, want in select.items()):
-            keep.append(label)
-    rows = df.loc[keep]
-    if not len(rows):
+            rows.append(r)
+    if not rows:
         return AdviceCheck(claim, NOT_MEASURED, "no such cell (single GPU) in this run", rule)
-    verdicts = [(fits(r, budget, bounds), r) for _, r in rows.iterrows()]
+    verdicts = [(fits(r, budget, bounds), r) for r in rows]
     numbers = []
     for ok, r in verdicts:
         mem, label = fit_memory(r)
@@ -241,22 +230,14 @@ def _fit_check(df: pd.DataFrame, claim: str, budget: float, select: dict[str, An
                 f"{_cell(r)}: "
                 + (f"{mem:.2f} GiB {label}" if r["status"] == "ok" and mem is not None else r["status"])
             )
-        return AdviceCheck(
-            claim,
-            NOT_HELD,
-            f"none of {len(verdicts)} matching cell(s) fit {budget:g} GiB (" + "; ".join(parts) + ")",
-            rule,
-            numbers,
-        )
+        evidence = f"none of {len(verdicts)} matching cell(s) fit {budget:g} GiB (" + "; ".join(parts) + ")"
+        return AdviceCheck(claim, NOT_HELD, evidence, rule, numbers)
     statuses = ", ".join(sorted({str(r["status"]) for _, r in verdicts}))
-    return AdviceCheck(
-        claim,
-        NOT_MEASURED,
+    evidence = (
         f"matching cells exist but say nothing about {budget:g} GiB "
-        f"(status {statuses}, no memory figure, or out of memory on a smaller cap)",
-        rule,
-        numbers,
+        f"(status {statuses}, no memory figure, or out of memory on a smaller cap)"
     )
+    return AdviceCheck(claim, NOT_MEASURED, evidence, rule, numbers)
 
 
 def check_24gb_l4(df: pd.DataFrame) -> AdviceCheck:

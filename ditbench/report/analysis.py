@@ -1,11 +1,8 @@
-"""What the measurements say: speed-up over the suite's baseline, the fastest cell that fits, and the
-training time a reader can plan with.
-
-A cell's baseline is the ok cell equal to it except on the keys of the suite's `baseline`; "fits" is
-decided as in `memory`. Time to N steps is N / the measured steps/s on the GPUs the cell used (gpus x
-nodes); N defaults to the DiT paper's 400,000 steps at global batch 256 (a suite's `target_steps` or
-`report --target-steps` overrides it), and a cell at another global batch says so. GPU-hours per million
-images = GPUs x 10^6 / images/s / 3600, which does not depend on the batch.
+"""What the measurements say: speed-up over the suite's baseline (the ok cell equal to a cell except on
+the suite's `baseline` keys), the fastest cell that fits (`memory`), and the training time a reader can
+plan with: N / the measured steps/s on the cell's GPUs, N the DiT paper's 400,000 steps unless the
+suite or `report --target-steps` says otherwise; GPU-hours per million images = GPUs x 10^6 / images/s
+/ 3600, which does not depend on the batch.
 """
 
 from __future__ import annotations
@@ -18,7 +15,7 @@ import pandas as pd
 from ditbench.errors import UserError
 from ditbench.records.metrics import IMAGES_PER_S, STEPS_PER_S
 from ditbench.report.cells import gpu_count, knob_index, knob_key, knobs, model_size_key, same_run_first
-from ditbench.report.load import flatten, value
+from ditbench.report.load import column, flatten, value
 from ditbench.report.memory import cell_budget, fit_memory, fits, memory_metric, not_meaningful
 
 # ------------------------------------------------------------------------------------------ baseline
@@ -170,12 +167,9 @@ def recommend(df: pd.DataFrame) -> Recommendations:
 
 
 def _ordered_models(df: pd.DataFrame) -> list[str]:
-    models = {}
-    for _, row in df.iterrows():
-        m = row.get("config.model")
-        p = value(row, "metrics.params")
-        models[m] = max(models.get(m, p) or 0, p or 0) or None
-    return sorted(models, key=lambda m: model_size_key(m, models[m]))
+    """Smallest first: by the largest parameter count a model's records give, else by its name."""
+    params = column(df, "metrics.params").groupby(df["config.model"], sort=False).max().fillna(0)
+    return sorted(params.index, key=lambda m: model_size_key(m, params[m] or None))
 
 
 # ------------------------------------------------------------------------------------------ time

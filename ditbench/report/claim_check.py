@@ -1,12 +1,7 @@
-"""Claims checked against a run: what a claim reads from each cell, and a verdict naming the cells used.
-
-held: every matching cell (or the median over matching pairs) inside the claim's interval; not held:
-outside it, or an out-of-memory cell proves the memory beyond it; not measured: no cell could say;
-inconclusive: a compare claim whose median's 95% bootstrap interval spans an end of the claim; not
-judged: a card's speed measured only on a CPU, or a memory claim where activations are under a tenth of
-the peak (memory.not_meaningful). An absolute speed speaks only for the card that computed it: when a
-claim names its `card`, one measured elsewhere (a capped bigger card included) is shown, not judged.
-With several records of one cell (`--keep all`), the latest is used.
+"""Claims checked against a run: what a claim reads from each cell, and a verdict naming the cells used
+(held, not held, not measured, inconclusive, not judged: docs/reports.md says when). An absolute speed
+speaks only for the card that computed it: when a claim names its `card`, one measured elsewhere is
+shown, not judged. With several records of one cell (`--keep all`), the latest is used.
 """
 
 from __future__ import annotations
@@ -102,9 +97,8 @@ class _Run:
 
     df: pd.DataFrame
     rows: list[tuple[pd.Series, dict[str, Any]]]
-    index: dict[str, list[int]]  # knob key -> row labels, any status
+    index: dict[str, list[pd.Series]]  # knob key -> its rows, any status
     bounds: dict[Any, float]
-    by_label: dict[Any, pd.Series]
 
     def matching(self, selector: dict[str, Any]) -> list[pd.Series]:
         return [row for row, k in self.rows if matches(k, selector)]
@@ -113,10 +107,10 @@ class _Run:
 def check_claims(df: pd.DataFrame, claims: ClaimsFile, target_steps: int) -> list[ClaimResult]:
     df = latest_per_cell(df)
     rows = [(row, knobs(row["record"])) for _, row in df.iterrows()]
-    index: dict[str, list[int]] = {}
+    index: dict[str, list[pd.Series]] = {}
     for row, k in rows:
-        index.setdefault(knob_key(k), []).append(row.name)
-    run = _Run(df, rows, index, card_lower_bounds(df), {row.name: row for row, _ in rows})
+        index.setdefault(knob_key(k), []).append(row)
+    run = _Run(df, rows, index, card_lower_bounds(df))
     checks = {"compare": _check_compare, "fits": _check_fits, "cell": _check_cell}
     return [checks[claim.kind](run, claim, target_steps) for claim in claims.claims]
 
@@ -252,10 +246,10 @@ def _check_compare(run: _Run, claim: Claim, target_steps: int) -> ClaimResult:
     cannot_show = 0
     pairs: list[tuple[tuple[str, dict[str, Any]], tuple[str, dict[str, Any]]]] = []
     for row in sources:
-        labels = run.index.get(knob_key({**knobs(row["record"]), **claim.change_to}), [])
-        if not labels:
+        twins = run.index.get(knob_key({**knobs(row["record"]), **claim.change_to}), [])
+        if not twins:
             continue
-        twin = run.by_label[labels[-1]]
+        twin = twins[-1]
         pairs.append((_labelled(row), _labelled(twin)))
         pair = f"{cell_label(row)} → {cell_label(twin)}"
         both_ok = row["status"] == twin["status"] == "ok"

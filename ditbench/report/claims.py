@@ -1,24 +1,19 @@
-"""Claims files: statements about DiT training resources, written so a run can check them
-(docs/reports.md; claims/dit_resource_guide.yaml is one).
-
-A claim selects cells with `cell` (knobs of the suite, a value or a list of allowed values) and
-states what it expects: of one metric, `value` (+- `tolerance_pct`, default 10), `range: [lo, hi]`,
-`at_most` or `at_least`; between cells that differ as `compare.from` -> `compare.to` (the pair
-filtered by `cell`), `ratio` (to / from, +- `tolerance_pct`) or `ratio_range`; or `fits` a card.
-A metric may also be a quality output of the metric registry (`fid`, ...: the cell's last
-evaluation). `card` and `note` may be set per claim or for the file. The whole file is validated
-(the pydantic models below) before anything is checked: every mistake names the file and key path.
+"""Claims files: statements about DiT training resources that a run can check (docs/reports.md;
+claims/dit_resource_guide.yaml is one). A claim selects cells with `cell` and expects of one metric a
+`value`, `range`, `at_most` or `at_least`, a `ratio` or `ratio_range` between cells that differ as
+`compare`, or that they `fits` a card. The whole file is validated (the pydantic models below) before
+anything is checked: every mistake names the file and key path.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import pandas as pd
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 
 from ditbench.cards import find_card
 from ditbench.errors import UserError, did_you_mean, shorten
@@ -62,29 +57,6 @@ MAX_CLAIMS = 1000
 MAX_TEXT = 500
 # Knobs a selector may name beyond the suite's matrix knobs.
 EXTRA_SELECTOR_KEYS = ("device", "card", "gpu_memory_gib")
-
-
-@dataclass(frozen=True)
-class Claim:
-    index: int
-    says: str
-    metric: str | None  # None for `fits`
-    expect: str  # one of CELL_EXPECTS or COMPARE_EXPECTS
-    low: float  # the accepted interval, tolerance applied (-inf / inf when open)
-    high: float
-    stated: Any  # the expectation as written: 22, [1.2, 1.3], "RTX 4090"
-    tolerance_pct: float | None = None
-    cell: dict[str, Any] = field(default_factory=dict)
-    change_from: dict[str, Any] | None = None
-    change_to: dict[str, Any] | None = None
-    fits_gib: float | None = None
-    fits_card: str | None = None
-    card: str | None = None  # the card the claim's absolute speeds are about
-    note: str | None = None
-
-    @property
-    def kind(self) -> str:
-        return "compare" if self.change_from is not None else "fits" if self.expect == "fits" else "cell"
 
 
 @dataclass(frozen=True)
@@ -202,7 +174,9 @@ class CompareFile(_Strict):
         return self
 
 
-class ClaimFile(_Strict):
+class Claim(_Strict):
+    """One claim as validated; `stated` is its expectation as written (22, [1.2, 1.3], "RTX 4090")."""
+
     model_config = ConfigDict(title="a claim")
     says: Text = Field(description="the statement, as its source words it")
     cell: Selector | None = None
@@ -216,21 +190,68 @@ class ClaimFile(_Strict):
     ratio: Positive | None = None
     ratio_range: Pair | None = None
     tolerance_pct: Annotated[float, BeforeValidator(_tolerance)] | None = None
-    card: Card | None = None
+    card: Card | None = None  # the card the claim's absolute speeds are about (else the file's)
     note: Text | None = None
+    _stated: Any = PrivateAttr(None)
 
     @property
     def expect(self) -> str:
         return next(k for k in (*CELL_EXPECTS, *COMPARE_EXPECTS) if getattr(self, k) is not None)
 
-    @model_validator(mode="before")
+    @property
+    def kind(self) -> str:
+        return "compare" if self.compare is not None else "fits" if self.expect == "fits" else "cell"
+
+    @property
+    def stated(self) -> Any:
+        return self._stated
+
+    @property
+    def change_from(self) -> dict[str, Any] | None:
+        return self.compare.from_ if self.compare else None
+
+    @property
+    def change_to(self) -> dict[str, Any] | None:
+        return self.compare.to if self.compare else None
+
+    @property
+    def fits_card(self) -> str | None:
+        """The card a `fits` claim names (its canonical name), None for GiB or another claim."""
+        return self.fits if isinstance(self.fits, str) else None
+
+    @property
+    def fits_gib(self) -> float | None:
+        return find_card(self.fits).usable_gib if self.fits_card else self.fits
+
+    @property
+    def low(self) -> float:
+        return self.accepted[0]
+
+    @property
+    def high(self) -> float:
+        return self.accepted[1]
+
+    @property
+    def accepted(self) -> tuple[float, float]:
+        """The accepted interval, tolerance applied (-inf / inf when open)."""
+        expect = self.expect
+        value = getattr(self, expect)
+        if expect in ("value", "ratio"):
+            return value * (1 - self.tolerance_pct / 100), value * (1 + self.tolerance_pct / 100)
+        if expect in ("range", "ratio_range"):
+            return value
+        if expect == "at_least":
+            return value, math.inf
+        return -math.inf, self.fits_gib if expect == "fits" else value
+
+    @model_validator(mode="wrap")
     @classmethod
-    def _one_expectation(cls, item: Any) -> Any:
+    def _one_expectation(cls, item: Any, handler: Any) -> Claim:
         """The rules between keys, in the order a reader fixes them (before the values are read)."""
         if not isinstance(item, dict):
             raise refuse(f"expected a mapping (key: value), got {_kind(item)}.")
         if not set(item) <= set(cls.model_fields):
-            return item  # the unknown key is the first thing to say
+            return handler(item)  # the unknown key is the first thing to say
         expects = [k for k in (*CELL_EXPECTS, *COMPARE_EXPECTS) if k in item]
         if len(expects) != 1:
             listed = ", ".join(f"`{k}`" for k in (*CELL_EXPECTS, *COMPARE_EXPECTS))
@@ -252,13 +273,17 @@ class ClaimFile(_Strict):
             raise refuse("a tolerance goes with `value` or `ratio` only.", "tolerance_pct")
         if item[expect] is None:
             raise refuse("expected a value, got nothing.", expect)
-        return item
+        if expect in ("value", "ratio") and item.get("tolerance_pct") is None:
+            item = {**item, "tolerance_pct": DEFAULT_TOLERANCE_PCT}
+        claim = handler({**item, "cell": {}} if item.get("cell") is None else item)
+        claim._stated = item[expect]
+        return claim
 
 
 class ClaimsDocument(_Strict):
     source: Text | None = None
     card: Card | None = None
-    claims: list[ClaimFile] = Field(
+    claims: list[Claim] = Field(
         min_length=1,
         max_length=MAX_CLAIMS,
         description=f"a non-empty list of claims (at most {MAX_CLAIMS:,})",
@@ -278,46 +303,8 @@ def parse_claims(raw: Any, path: str = "<claims>") -> ClaimsFile:
     if not isinstance(raw, dict):
         raise UserError(f"{label}: expected a mapping (key: value), got {_kind(raw)}.")
     doc = check(ClaimsDocument, raw, label, where_first=True)
-    claims = [_claim(i, item, raw["claims"][i][item.expect], doc.card) for i, item in enumerate(doc.claims)]
-    return ClaimsFile(path, doc.source, doc.card, claims)
-
-
-def _claim(index: int, item: ClaimFile, stated: Any, file_card: str | None) -> Claim:
-    """The claim with its accepted interval (tolerance applied, open ends infinite); `stated` as written."""
-    expect = item.expect
-    value = getattr(item, expect)
-    tol = item.tolerance_pct
-    if tol is None and expect in ("value", "ratio"):
-        tol = DEFAULT_TOLERANCE_PCT
-    fits_gib = fits_card = None
-    if expect in ("value", "ratio"):
-        low, high = value * (1 - tol / 100), value * (1 + tol / 100)
-    elif expect in ("range", "ratio_range"):
-        low, high = value
-    elif expect == "at_most":
-        low, high = -math.inf, value
-    elif expect == "at_least":
-        low, high = value, math.inf
-    else:  # fits: a card name (canonical) or GiB
-        fits_card = value if isinstance(value, str) else None
-        fits_gib = find_card(value).usable_gib if fits_card else value
-        low, high = -math.inf, fits_gib
-    return Claim(
-        index=index,
-        says=item.says,
-        metric=item.metric,
-        expect=expect,
-        low=low,
-        high=high,
-        stated=stated,
-        tolerance_pct=tol,
-        cell=item.cell or {},
-        change_from=item.compare.from_ if item.compare else None,
-        change_to=item.compare.to if item.compare else None,
-        fits_gib=fits_gib,
-        fits_card=fits_card,
-        card=item.card or file_card,
-        note=item.note,
+    return ClaimsFile(
+        path, doc.source, doc.card, [c.model_copy(update={"card": c.card or doc.card}) for c in doc.claims]
     )
 
 

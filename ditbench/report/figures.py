@@ -109,9 +109,17 @@ def speed_spread(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
     return img * median / p90, img * median / p10
 
 
-SPREAD_HANDLE = Line2D(
-    [], [], marker="|", linestyle="none", color="#555555", markersize=10, label="p10–p90 of step times"
-)
+def legend_marker(marker: str, label: str, **style) -> Line2D:
+    """A legend entry that is a marker alone (no line)."""
+    return Line2D([], [], marker=marker, linestyle="none", label=label, **style)
+
+
+def noisy_marker(size: float) -> Line2D:
+    ring = dict(markerfacecolor="none", markeredgecolor=NOISY_RING, markeredgewidth=2, markersize=size)
+    return legend_marker("o", "noisy (unsteady step times)", **ring)
+
+
+SPREAD_HANDLE = legend_marker("|", "p10–p90 of step times", color="#555555", markersize=10)
 
 
 def spread_bars(ax, x, rows: pd.DataFrame, colour: str) -> None:

@@ -1,13 +1,8 @@
 """Memory budgets and fit: which card a cell was meant for, which card really ran it, whether it fits.
-
-An emulated card is a bigger GPU whose allocator is capped at the card's usable memory minus the CUDA
-context measured on the spot (`metrics.emulation`), so peak reserved + context decides fit in tables,
-plots and claims alike (without a measured context: NVML device memory, then reserved, then
-allocated). Memory carries over to the emulated card; speed does not, and is said to be the real card's.
-
-Where activations are under NEGLIGIBLE_SHARE of a cell's peak, no setting (checkpointing, 16-bit
-autocast, the attention kernel, the batch) can move the peak by more: weights, gradients, Adam and the
-EMA stay fp32. Such a memory comparison is not shown or judged (`not_meaningful`).
+An emulated card is a bigger GPU capped to the card's usable memory minus the measured CUDA context, so
+peak reserved + context decides fit everywhere; memory carries over to the emulated card, speed does
+not. Where activations are under NEGLIGIBLE_SHARE of the peak, no setting can move it by more (the fp32
+training state stays), so such a memory comparison is not judged (`not_meaningful`).
 """
 
 from __future__ import annotations

@@ -11,7 +11,6 @@ import math
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import NullLocator
 
@@ -30,9 +29,11 @@ from ditbench.report.figures import (
     budget_lines,
     figure_legend,
     figure_png,
+    legend_marker,
     memory,
     memory_label,
     memory_unit,
+    noisy_marker,
     panel_models,
     panels,
     place_labels,
@@ -72,24 +73,14 @@ def speed_memory_figure(df: pd.DataFrame) -> Figure | None:
             precision, ckpt = row.get("config.precision"), row.get("config.grad_ckpt")
             colour = PRECISION_COLOURS.get(precision, OTHER_COLOURS[0])
             precisions.setdefault(str(precision), colour)
-            ckpts.setdefault(str(ckpt), CKPT_MARKERS.get(ckpt, "D"))
+            marker, x, y = CKPT_MARKERS.get(ckpt, "D"), mem[label], img[label]
+            ckpts.setdefault(str(ckpt), marker)
             if metrics_of(row).get("noisy") is True:
                 any_noisy = True
-                ax.scatter(
-                    mem[label], img[label], s=190, facecolors="none", edgecolors=NOISY_RING, linewidths=2
-                )
-            ax.scatter(
-                mem[label],
-                img[label],
-                s=46,
-                marker=CKPT_MARKERS.get(ckpt, "D"),
-                color=colour,
-                edgecolors="black",
-                linewidths=0.5,
-                zorder=3,
-            )
-            labels[ax].append((mem[label], img[label], f"{value(row, 'config.batch_size') or 0:g}"))
-            spread_bars(ax, [mem[label]], pts.loc[[label]], colour)
+                ax.scatter(x, y, s=190, facecolors="none", edgecolors=NOISY_RING, linewidths=2)
+            ax.scatter(x, y, s=46, marker=marker, color=colour, edgecolors="black", linewidths=0.5, zorder=3)
+            labels[ax].append((x, y, f"{value(row, 'config.batch_size') or 0:g}"))
+            spread_bars(ax, [x], pts.loc[[label]], colour)
         front = _pareto(mem, img)
         ax.plot(  # rings as well as the line, so a front of one cell still shows
             mem[front],
@@ -117,7 +108,7 @@ def speed_memory_figure(df: pd.DataFrame) -> Figure | None:
         if capped:
             any_oom = True
             xs = [n * scale for _, n in capped]
-            ax.plot(xs, np.zeros(len(xs)), "x", color="black", markersize=8, clip_on=False, zorder=3)
+            _crosses(ax, xs, np.zeros(len(xs)), "black", clip_on=False, zorder=3)
             for r, n in capped:
                 labels[ax].append((n * scale, 0.0, f"{value(r, 'config.batch_size') or 0:g}"))
         xlabel = memory_label(pts, unit)
@@ -133,20 +124,12 @@ def speed_memory_figure(df: pd.DataFrame) -> Figure | None:
         ax.grid(True, alpha=0.3)
     extra: list = [Patch(color=c, label=p) for p, c in precisions.items()]
     extra += [
-        Line2D(
-            [], [], marker=m, linestyle="none", color="#bbbbbb", markeredgecolor="black", label=f"ckpt={c}"
-        )
-        for c, m in ckpts.items()
+        legend_marker(m, f"ckpt={c}", color="#bbbbbb", markeredgecolor="black") for c, m in ckpts.items()
     ]
     if any_noisy:
-        ring = dict(markerfacecolor="none", markeredgecolor=NOISY_RING, markeredgewidth=2, markersize=12)
-        extra.append(
-            Line2D([], [], marker="o", linestyle="none", label="noisy (unsteady step times)", **ring)
-        )
+        extra.append(noisy_marker(12))
     if any_oom:
-        extra.append(
-            Line2D([], [], marker="x", linestyle="none", color="black", label="out of memory at its cap")
-        )
+        extra.append(legend_marker("x", "out of memory at its cap", color="black"))
     extra.append(SPREAD_HANDLE)
     figure_legend(fig, axes, extra)
     fig.draw_without_rendering()  # lay out first: labels are placed in pixels
@@ -209,6 +192,11 @@ def _dodge(x: pd.Series, i: int, n: int) -> pd.Series:
     return x * 2 ** ((i - (n - 1) / 2) * DODGE_OCTAVES)
 
 
+def _crosses(ax, x, y, colour: str, **style) -> None:
+    """A cross at each out-of-memory cell."""
+    ax.plot(x, y, "x", color=colour, markersize=8, **style)
+
+
 def _batch_axis(ax, batches: list[float]) -> None:
     if not batches:
         return
@@ -220,13 +208,6 @@ def _batch_axis(ax, batches: list[float]) -> None:
     ax.set_xlim(ticks[0] / 1.4, ticks[-1] * 1.4)
     ax.set_xlabel("batch size per GPU")
     ax.grid(True, alpha=0.3)
-
-
-_OOM_HANDLE = Line2D([], [], marker="x", linestyle="none", color="black", label="out of memory")
-_NOISY_HANDLE = Line2D(
-    [], [], marker="o", linestyle="none", markerfacecolor="none", markeredgecolor=NOISY_RING,
-    markeredgewidth=2, markersize=11, label="noisy (unsteady step times)",
-)  # fmt: skip
 
 
 def throughput_figure(df: pd.DataFrame) -> Figure | None:
@@ -260,13 +241,8 @@ def throughput_figure(df: pd.DataFrame) -> Figure | None:
             oom = rows[rows["status"] == "oom"]
             if len(oom):
                 any_oom = True
-                ax.plot(
-                    column(oom, "config.batch_size"),
-                    np.zeros(len(oom)),
-                    "x",
-                    color=style["color"],
-                    markersize=8,
-                    clip_on=False,
+                _crosses(
+                    ax, column(oom, "config.batch_size"), np.zeros(len(oom)), style["color"], clip_on=False
                 )
         _batch_axis(ax, column(sub, "config.batch_size").dropna().tolist())
         ok_rows = sub[sub["status"] == "ok"]
@@ -274,7 +250,8 @@ def throughput_figure(df: pd.DataFrame) -> Figure | None:
         ax.set_ylim(0, (top if top == top and top > 0 else 1) * 1.1)
         ax.set_title(model)
         ax.set_ylabel("images/s (all GPUs)" if multi_gpu else "images/s")
-    handles = [(_OOM_HANDLE, any_oom), (_NOISY_HANDLE, any_noisy), (SPREAD_HANDLE, any_spread)]
+    oom = legend_marker("x", "out of memory", color="black")
+    handles = [(oom, any_oom), (noisy_marker(11), any_noisy), (SPREAD_HANDLE, any_spread)]
     figure_legend(fig, axes, [h for h, shown in handles if shown])
     return fig
 
@@ -313,26 +290,17 @@ def memory_figure(df: pd.DataFrame) -> Figure | None:
                 above = [b for b, n in zip(bs, need, strict=True) if n is None]
                 if at_cap:
                     xs, ys = zip(*at_cap, strict=True)
-                    ax.plot(xs, [y * scale for y in ys], "x", color=style["color"], markersize=8)
+                    _crosses(ax, xs, [y * scale for y in ys], style["color"])
                 if above:  # an empty line off the axes would collapse the layout
-                    ax.plot(
-                        above,
-                        [1.0] * len(above),
-                        "x",
-                        color=style["color"],
-                        markersize=8,
-                        clip_on=False,
-                        transform=ax.get_xaxis_transform(),
-                    )
+                    on_top = dict(clip_on=False, transform=ax.get_xaxis_transform())
+                    _crosses(ax, above, [1.0] * len(above), style["color"], **on_top)
         for gib, text in budgets.items():
             ax.axhline(gib * scale, color="black", linewidth=1.2, linestyle="-.", label=text)
         _batch_axis(ax, column(sub, "config.batch_size").dropna().tolist())
         ax.set_ylim(bottom=0, top=top * 1.12 or 1)
         ax.set_title(model)
         ax.set_ylabel(memory_label(sub[sub["status"] == "ok"], unit))
-    oom = Line2D(
-        [], [], marker="x", linestyle="none", color="black", label="out of memory (at its cap, or above)"
-    )
+    oom = legend_marker("x", "out of memory (at its cap, or above)", color="black")
     figure_legend(fig, axes, [oom] if any_oom else [])
     return fig
 

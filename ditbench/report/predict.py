@@ -1,12 +1,7 @@
 """`report --predict`: the claims and advice checks the run did not measure, judged from `ditbench plan`
-(docs/reports.md, "Predicted verdicts").
-
-A prediction carries its band (memory: the planner's 6%; speed: the calibration's worst leave-one-out
-error); as for measured verdicts, held only when the band lies wholly inside what is accepted, not held
-only wholly outside, else inconclusive. A measured verdict wins; the prediction is shown beside it. A
-claim's cell is predicted when complete (model, precision, batch size), else the run's matching cells
-or pairs are; no batch size is invented. Advice: the 12 / 24 / 48 GB checks on the card of that class
-with the most memory, the ratio checks on DiT-XL/2 at batch 32 on the H200 (the calibration's card).
+(docs/reports.md, "Predicted verdicts"): held only when the prediction's band lies wholly inside what is
+accepted, not held only wholly outside, else inconclusive; a measured verdict wins. No batch size is
+invented: a claim whose cell is incomplete is predicted on the run's matching cells or pairs.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""Sample quality: the noise rule the report and the gate share, and the report's quality section.
-
-Numbers are compared only when made the same way (IDENTITY: Inception weights, reference, sampler,
-sample count), at the last training step both evaluated; a difference counts only beyond k times the
-combined spread (each side's seeds' spread or bootstrap SE, the larger): `noise_rule`. The section
-shows, per evaluated cell, every quality output of the metric registry and the verdict against its
-baseline cell; then the sample grids, FID against GPU-hours of training and "FID after X GPU-hours".
+"""Sample quality: the noise rule the report and the gate share (`noise_rule`: numbers made the same way,
+IDENTITY, at the last step both evaluated, differ only beyond k combined spreads), and the report's
+quality section: every quality output per evaluated cell against its baseline, the sample grids, FID
+against GPU-hours of training and "FID after X GPU-hours".
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -215,10 +216,8 @@ def results_table(df: pd.DataFrame) -> pd.DataFrame:
             flat[c] = flat[c].map(lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v)
     if "started_at" in flat:
         flat["started_at"] = flat["started_at"].map(lambda t: t.isoformat() if not pd.isna(t) else None)
-    flat["vs_baseline.cell_id"] = comparison["baseline_cell_id"]
-    flat["vs_baseline.speedup"] = comparison["speedup"]
-    flat["vs_baseline.mem_saved_pct"] = comparison["mem_saved_pct"]
-    flat["vs_baseline.mem_note"] = comparison["mem_note"]
+    for name in ("cell_id", "speedup", "mem_saved_pct", "mem_note"):
+        flat[f"vs_baseline.{name}"] = comparison["baseline_cell_id" if name == "cell_id" else name]
     return flat
 
 
@@ -230,18 +229,11 @@ def report_files() -> list[str]:
     return ["report.md", "report.html", "results.csv", *PLOT_FILES.values(), *QUALITY_FILES]
 
 
-def write_report(
-    df: pd.DataFrame,
-    out_dir: str | Path,
-    title: str | None = None,
-    sources: list[str] | None = None,
-    claims: tuple[list[ClaimResult], str, str | None, str | None] | None = None,
-    steps: int | None = None,
-    advice_checks: list[AdviceCheck] | None = None,
-) -> dict[str, Path]:
-    """Write report.md, report.html, results.csv and the plot PNGs into out_dir; name -> path."""
+def write_report(df: pd.DataFrame, out_dir: str | Path, *args: Any, **kwargs: Any) -> dict[str, Path]:
+    """Write report.md, report.html, results.csv and the plot PNGs into out_dir; name -> path. The other
+    arguments are build_report's."""
     out_dir = Path(out_dir)
-    blocks, plots = build_report(df, title, sources, claims, steps, advice_checks)
+    blocks, plots = build_report(df, *args, **kwargs)
     heading = next(b.text for b in blocks if isinstance(b, Heading))
     written = {name: write_atomic(out_dir / PLOT_FILES.get(name, name), png) for name, png in plots.items()}
     for name in (set(PLOT_FILES.values()) | set(QUALITY_FILES)) - {

@@ -257,48 +257,27 @@ def model_section(
     budgets = {cell_budget(sub.loc[i]) for i in order} - {None}
     fit_header = f"fits {next(iter(budgets)).name}" if len(budgets) == 1 else "fits its budget"
     emulated = any(b.emulated for b in budgets)
-    detail: list[tuple[str, list[str]]] = []  # (status, cells)
+    columns = (mem_col, mem_label, steps, fit_header, multi_run, emulated)
+    detail: list[tuple[str, dict[str, str]]] = []  # (status, header -> text)
     unmeasured: dict[tuple, list] = {}  # (status, reason) -> cells: one row each, after the measured
     for label in order:
         row = sub.loc[label]
         if row["status"] in NOT_MEASURED:
             unmeasured.setdefault((row["status"], str(row.get("reason"))), []).append(label)
         else:
-            cells = _detail_row(row, comparison.loc[label], mem_col, steps, multi_run, emulated)
-            detail.append((row["status"], cells))
+            detail.append((row["status"], _detail_row(row, comparison.loc[label], *columns)))
     for (status, _), labels in unmeasured.items():
-        cells = _detail_row(
-            sub.loc[labels[0]], comparison.loc[labels[0]], mem_col, steps, multi_run, emulated
-        )
+        cells = _detail_row(sub.loc[labels[0]], comparison.loc[labels[0]], *columns)
         if len(labels) > 1:
             names = [cell_label(sub.loc[i]).removeprefix(f"{model} ") for i in labels]
-            cells[0] = f"{len(labels)} cells: " + ", ".join(names)
+            cells["cell"] = f"{len(labels)} cells: " + ", ".join(names)
         detail.append((status, cells))
-    headers = [
-        "cell",
-        "status",
-        "images/s",
-        "step ms median (p10–p90)",
-        f"time to {steps_text(steps)} steps",
-        "GPU-hours / 1M images",
-        mem_label.replace(" (GiB)", ""),  # each value has its unit: GiB, or MiB below 1 GiB
-        "predicted peak",
-        "reserved",
-        fit_header,
-        "MFU",
-        "energy J / image",
-        "scaling efficiency",
-        "vs baseline (speed-up, memory saved)",
-        "smoke loss first → last",
-        "run",
-        "ran on",
-        "notes",
-    ]
+    headers = list(detail[0][1])
     # A column no cell of this model has (reserved memory and MFU on a CPU) only adds noise.
-    keep = [i for i in range(len(headers)) if i < 2 or any(r[i] not in ("—", "") for _, r in detail)]
-    rows = [[r[i] for i in keep] for _, r in detail]
+    keep = [h for i, h in enumerate(headers) if i < 2 or any(r[h] not in ("—", "") for _, r in detail)]
+    rows = [[r[h] for h in keep] for _, r in detail]
     css = [["", f"status-{status}"] + [""] * (len(keep) - 2) for status, _ in detail]
-    return [*out, Table([headers[i] for i in keep], rows, css)]
+    return [*out, Table(keep, rows, css)]
 
 
 def _grid_cell(row: pd.Series | None, comparison: pd.DataFrame, mem_col: str) -> tuple[str, str]:
@@ -322,8 +301,16 @@ def _grid_cell(row: pd.Series | None, comparison: pd.DataFrame, mem_col: str) ->
 
 
 def _detail_row(
-    row: pd.Series, c: pd.Series, mem_col: str, steps: int, multi_run: bool, emulated: bool
-) -> list[str]:
+    row: pd.Series,
+    c: pd.Series,
+    mem_col: str,
+    mem_label: str,
+    steps: int,
+    fit_header: str,
+    multi_run: bool,
+    emulated: bool,
+) -> dict[str, str]:
+    """A cell's row of a model's every-cell table: header -> text."""
     smoke = row["record"].smoke
     smoke_text = "—"
     if smoke is not None and smoke.first_mean is not None:
@@ -349,26 +336,27 @@ def _detail_row(
     noisy, reason = noise_text(row), row.get("reason")
     notes = "; ".join(x for x in (noisy, reason if isinstance(reason, str) else "") if x)
     status = STATUS_TEXT.get(row["status"], row["status"]) + (" (noisy)" if noisy else "")
-    return [
-        cell_label(row),
-        status,
-        rate_text(row),
-        step,
-        time_text(row, steps) if ok else "—",
-        gpu_hours_text(row) if ok else "—",
-        mem_text(value(row, mem_col)),
-        _predicted_text(row),
-        mem_text(value(row, MEM_RESERVED)),
-        fit,
-        num(mfu * 100, 1, "%") if mfu is not None else "—",
-        num(value(row, ENERGY_PER_IMAGE.path), 3),
-        num(scaling * 100, 1, "%") if scaling is not None else "—",
-        vs,
-        smoke_text,
-        run_text(row) if multi_run else "—",
-        ran_on_text(row) if emulated else "—",
-        notes,
-    ]
+    return {
+        "cell": cell_label(row),
+        "status": status,
+        "images/s": rate_text(row),
+        "step ms median (p10–p90)": step,
+        f"time to {steps_text(steps)} steps": time_text(row, steps) if ok else "—",
+        "GPU-hours / 1M images": gpu_hours_text(row) if ok else "—",
+        # each value has its unit: GiB, or MiB below 1 GiB
+        mem_label.replace(" (GiB)", ""): mem_text(value(row, mem_col)),
+        "predicted peak": _predicted_text(row),
+        "reserved": mem_text(value(row, MEM_RESERVED)),
+        fit_header: fit,
+        "MFU": num(mfu * 100, 1, "%") if mfu is not None else "—",
+        "energy J / image": num(value(row, ENERGY_PER_IMAGE.path), 3),
+        "scaling efficiency": num(scaling * 100, 1, "%") if scaling is not None else "—",
+        "vs baseline (speed-up, memory saved)": vs,
+        "smoke loss first → last": smoke_text,
+        "run": run_text(row) if multi_run else "—",
+        "ran on": ran_on_text(row) if emulated else "—",
+        "notes": notes,
+    }
 
 
 def rate_text(row: pd.Series) -> str:

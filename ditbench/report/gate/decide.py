@@ -1,9 +1,7 @@
-"""The gate's decisions, cell by cell, in order (docs/gate-in-ci.md): the environments must match
-(env.py); cells match by cell_id (one side only: listed; no match at all: refused); status (ok ->
-not ok fails unless allow_stopped names the cell; not ok -> ok is fixed); values of cells ok on both
-sides (a gated value that cannot be compared refuses by file, line and cell unless allow_incomparable
-names it); metrics (timing.py or `ditbench ab`'s paired judge, quality.py). A gate that compared no
-value at all refuses: it never passes by default.
+"""The gate's decisions, cell by cell, in the order docs/gate-in-ci.md gives: environments (env.py),
+cells by cell_id, status (allow_stopped), values that cannot be compared (refused by file, line and cell
+unless allow_incomparable names them), then metrics (timing.py or `ditbench ab`'s paired judge,
+quality.py). A gate that compared no value at all refuses: it never passes by default.
 """
 
 from __future__ import annotations

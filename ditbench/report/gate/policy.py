@@ -4,7 +4,7 @@ and every mistake is one paragraph naming the file and the key path (`ditbench.v
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -92,7 +92,9 @@ class OverrideFile(_Strict):
     _names = field_validator("metrics", mode="before")(classmethod(lambda cls, v: _metric_names(v)))
 
 
-class PolicyFile(_Strict):
+class Settings(_Strict):
+    """The policy's keys that are one setting each (the rest: metrics, overrides), in the JSON's order."""
+
     alpha: float = Field(
         DEFAULT_ALPHA, gt=0, lt=1, strict=True, description="a number between 0 and 1 (e.g. 0.01)"
     )
@@ -100,14 +102,19 @@ class PolicyFile(_Strict):
         DEFAULT_MIN_SAMPLES, ge=2, le=1_000_000, strict=True, description="an integer from 2 to 1000000"
     )
     fail_on_missing: StrictBool = Field(False, description="true or false")
+    # Metric names (and STEP_SAMPLES) whose values may be missing or unusable in a cell: such a
+    # metric is listed as not compared there instead of refusing the gate. "*" allows every one.
     allow_incomparable: frozenset[str] = frozenset()
+    # Cells (name substrings or ids; "*" every one) that may stop running: ok in the base, skipped,
+    # unsupported or failed in the new run. Any other such cell is a regression.
     allow_stopped: frozenset[str] = frozenset()
-    quality_noise_k: Amount = DEFAULT_QUALITY_NOISE_K
+    quality_noise_k: Amount = DEFAULT_QUALITY_NOISE_K  # a quality change must exceed k combined spreads
     inconclusive: Literal["inconclusive", "pass", "fail"] = Field(
         "inconclusive",
         description="one of inconclusive (exit 3), pass (exit 0) or fail (exit 1): what a cell whose "
         "interval straddles its threshold does to the gate",
     )
+    # Quality at different sample counts N is compared (marked weak) instead of refused.
     allow_sample_count_mismatch: StrictBool = Field(False, description="true or false")
     environment: Literal["must_match", "may_differ"] = Field(
         "must_match",
@@ -115,12 +122,6 @@ class PolicyFile(_Strict):
         "may_differ (they are compared and the differences named: for a policy that gates only what "
         "does not depend on the machine)",
     )
-    metrics: Rules = Field(default_factory=dict, description=RULES)
-    overrides: list[OverrideFile] = Field(
-        default_factory=list, description="a list of {match: {...}, metrics: {...}}"
-    )
-
-    _names = field_validator("metrics", mode="before")(classmethod(lambda cls, v: _metric_names(v)))
 
     @field_validator("allow_incomparable", mode="before")
     @classmethod
@@ -130,6 +131,8 @@ class PolicyFile(_Strict):
             return frozenset({"*"})
         if raw is False or raw is None:
             return frozenset()
+        if isinstance(raw, frozenset):  # a Policy built from one already validated
+            return raw
         if isinstance(raw, list) and all(isinstance(x, str) and x in valid for x in raw):
             return frozenset(raw)
         bad = (
@@ -147,6 +150,8 @@ class PolicyFile(_Strict):
     def _stoppable(cls, raw: Any) -> frozenset[str]:
         if raw is True or raw is False or raw is None:
             return frozenset({"*"} if raw else ())
+        if isinstance(raw, frozenset):  # a Policy built from one already validated
+            return raw
         if isinstance(raw, list) and all(isinstance(x, str) and x.strip() for x in raw):
             return frozenset(raw)
         raise refuse(
@@ -155,14 +160,22 @@ class PolicyFile(_Strict):
             f"{shorten(raw)}."
         )
 
+
+class PolicyFile(Settings):
+    metrics: Rules = Field(default_factory=dict, description=RULES)
+    overrides: list[OverrideFile] = Field(
+        default_factory=list, description="a list of {match: {...}, metrics: {...}}"
+    )
+
+    _names = field_validator("metrics", mode="before")(classmethod(lambda cls, v: _metric_names(v)))
+
     @field_validator("overrides", mode="before")
     @classmethod
     def _none_is_empty(cls, raw: Any) -> Any:
         return [] if raw is None else raw
 
 
-# The file's keys that are one setting each (the rest: metrics, overrides), in the JSON's order.
-SETTINGS = tuple(name for name in PolicyFile.model_fields if name not in ("metrics", "overrides"))
+SETTINGS = tuple(Settings.model_fields)
 
 
 @dataclass
@@ -171,27 +184,13 @@ class Override:
     rules: dict[str, Rule | None]
 
 
-@dataclass
-class Policy:
-    rules: dict[str, Rule] = field(
+class Policy(Settings):
+    """What the gate applies: the settings, the rules (the file's merged over the defaults), the overrides."""
+
+    rules: dict[str, Rule] = Field(
         default_factory=lambda: {k: Rule(threshold_pct=v) for k, v in default_thresholds().items()}
     )
-    alpha: float = DEFAULT_ALPHA
-    min_samples: int = DEFAULT_MIN_SAMPLES
-    fail_on_missing: bool = False
-    # Metric names (and STEP_SAMPLES) whose values may be missing or unusable in a cell: such a
-    # metric is listed as not compared there instead of refusing the gate. "*" allows every one.
-    allow_incomparable: frozenset[str] = frozenset()
-    # Cells (name substrings or ids; "*" every one) that may stop running: ok in the base, skipped,
-    # unsupported or failed in the new run. Any other such cell is a regression.
-    allow_stopped: frozenset[str] = frozenset()
-    quality_noise_k: float = DEFAULT_QUALITY_NOISE_K  # a quality change must exceed k combined spreads
-    inconclusive: str = "inconclusive"  # an inconclusive cell exits 3; "pass" -> 0, "fail" -> 1
-    # Quality at different sample counts N is compared (marked weak) instead of refused.
-    allow_sample_count_mismatch: bool = False
-    # "may_differ": environment differences are named in the summary instead of refusing the gate.
-    environment: str = "must_match"
-    overrides: list[Override] = field(default_factory=list)
+    overrides: list[Override] = Field(default_factory=list)
     explicit: frozenset[str] = frozenset()  # metrics the policy file gives a threshold (must be compared)
     source: str = "defaults"
 
@@ -207,11 +206,8 @@ class Policy:
 
     def settings(self) -> dict[str, Any]:
         """The SETTINGS as the JSON shows them (sets sorted)."""
-        out = {}
-        for name in SETTINGS:
-            value = getattr(self, name)
-            out[name] = sorted(value) if isinstance(value, frozenset) else value
-        return out
+        shown = {name: getattr(self, name) for name in SETTINGS}
+        return {name: sorted(v) if isinstance(v, frozenset) else v for name, v in shown.items()}
 
     def allows(self, name: str) -> bool:
         return "*" in self.allow_incomparable or name in self.allow_incomparable
@@ -228,9 +224,8 @@ def _merged(rules: dict[str, Rule], over: dict[str, Rule | None]) -> dict[str, R
 
 def load_policy(path: str | Path | None) -> Policy:
     """The default policy, or a YAML policy file merged over it (validated; errors name the key)."""
-    policy = Policy()
     if path is None:
-        return policy
+        return Policy()
     raw = load_yaml_file(path, "policy")
     label = f"policy file {shorten(str(path), 200, quote=False)}"
     if raw is None:
@@ -239,16 +234,16 @@ def load_policy(path: str | Path | None) -> Policy:
         keys = ", ".join(PolicyFile.model_fields)
         raise UserError(f"{label} must be a YAML mapping with keys {keys}; got a {type(raw).__name__}.")
     given = check(PolicyFile, raw, label)
-    policy.source = str(path)
-    for name in SETTINGS:
-        setattr(policy, name, getattr(given, name))
-    policy.rules = _merged(policy.rules, given.metrics)
-    policy.overrides = [Override(flatten(o.match), o.metrics) for o in given.overrides]
     explicit = {
         name
         for rules in (given.metrics, *(o.metrics for o in given.overrides))
         for name, r in rules.items()
         if r
     }
-    policy.explicit = frozenset(explicit)
-    return policy
+    return Policy(
+        **{name: getattr(given, name) for name in SETTINGS},
+        rules=_merged(Policy().rules, given.metrics),
+        overrides=[Override(flatten(o.match), o.metrics) for o in given.overrides],
+        explicit=frozenset(explicit),
+        source=str(path),
+    )

@@ -1,11 +1,7 @@
-"""Timed metrics (speed, step time) of one cell: their interval and significance; memory and loss by
-threshold alone. `compare`: a seeded bootstrap interval of the ratio of median step times (per-step
-samples, or with repeats on both sides the repeats' per-process medians) and a Mann-Whitney U test;
-interval wholly beyond threshold T and significant: regression; straddling T, or a pass whose MDE exceeds
-T: inconclusive; too few samples: T alone decides. `ab` (paired rounds): x = log(median step B / median
-step A) per round, shared noise cancelling; the Hodges-Lehmann estimate with the exact Wilcoxon
-signed-rank interval (a bootstrap at 6-20 rounds covers less than it claims), a look after every round
-at an O'Brien-Fleming-type level, the looks adding up to alpha; MDE = (h / z)(z + z_0.80).
+"""Timed metrics (speed, step time) of one cell: their interval and significance (memory and loss:
+threshold alone). `compare`: a seeded bootstrap interval of the ratio of median step times and a
+Mann-Whitney U test; `ab` (paired rounds): the Hodges-Lehmann estimate with the exact Wilcoxon
+signed-rank interval, looked at after every round at an O'Brien-Fleming-type level.
 docs/gate-in-ci.md ("Statistics") says why.
 """
 
