@@ -125,8 +125,7 @@ def shown_memory(row: pd.Series) -> tuple[float | None, str]:
 
 
 def memory_metric(df: pd.DataFrame) -> tuple[str, str]:
-    """(column, label) of the memory in the tables: peak allocated on a GPU, else the CPU allocator's
-    peak, else (a CPU job of several processes, which does not measure it) the peak RSS."""
+    """(column, label) of the memory in the tables: peak allocated on a GPU, else as shown_memory."""
     ok = df[df["status"] == "ok"]
     name, label = next(((n, t) for n, t in (_ALLOCATED, *_CPU) if column(ok, n).notna().any()), _ALLOCATED)
     return name, f"{label} (GiB)"

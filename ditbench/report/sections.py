@@ -86,9 +86,6 @@ def run_group(row: pd.Series) -> str:
     return run_label(row) or str(row.get("run_id") or "—")
 
 
-# ---------------------------------------------------------------------------------- recommendations
-
-
 def recommendations(df: pd.DataFrame, steps: int) -> list[Block]:
     recs = analysis.recommend(df)
     out: list[Block] = [Heading(2, "Recommendations")]

@@ -99,9 +99,6 @@ def noisy(record: Record) -> str | None:
     return "noisy measurement window" + (f": {', '.join(parts)}" if parts else "")
 
 
-# ------------------------------------------------------------------------------------------ problems
-
-
 @dataclass
 class Problem:
     row: Row
