@@ -110,7 +110,6 @@ def speed_spread(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
 
 
 def legend_marker(marker: str, label: str, **style) -> Line2D:
-    """A legend entry that is a marker alone (no line)."""
     return Line2D([], [], marker=marker, linestyle="none", label=label, **style)
 
 

@@ -36,7 +36,6 @@ NOT_MEASURED = ("unsupported", "skipped")
 
 
 def verdict_css(verdict: str) -> str:
-    """The HTML class of a verdict, measured or predicted."""
     return {"held": "held", "not held": "not-held"}.get(verdict.removeprefix("predicted: "), "not-measured")
 
 
@@ -74,7 +73,6 @@ def run_text(row: pd.Series) -> str:
 
 
 def run_label(row: pd.Series) -> str | None:
-    """The run's `--label`, or None for a record without one."""
     label = row.get("label")
     return label if isinstance(label, str) and label else None
 
