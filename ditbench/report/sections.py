@@ -36,7 +36,6 @@ NOT_MEASURED = ("unsupported", "skipped")
 
 
 def verdict_css(verdict: str) -> str:
-    """The HTML class of a verdict, measured or predicted."""
     return {"held": "held", "not held": "not-held"}.get(verdict.removeprefix("predicted: "), "not-measured")
 
 
@@ -74,7 +73,6 @@ def run_text(row: pd.Series) -> str:
 
 
 def run_label(row: pd.Series) -> str | None:
-    """The run's `--label`, or None for a record without one."""
     label = row.get("label")
     return label if isinstance(label, str) and label else None
 
@@ -84,9 +82,6 @@ def run_group(row: pd.Series) -> str:
     label where it has one (runs labelled alike share a row), else its run id (never its start time,
     which differs cell by cell within one run)."""
     return run_label(row) or str(row.get("run_id") or "—")
-
-
-# ---------------------------------------------------------------------------------- recommendations
 
 
 def recommendations(df: pd.DataFrame, steps: int) -> list[Block]:
