@@ -83,7 +83,6 @@ class Output:
         return intervals.plus_minus(value, spread, self.fmt)
 
     def with_ends(self, value: float, low: float, high: float) -> tuple[str, str, str]:
-        """The value and the ends of its interval, to the decimals the interval justifies."""
         return intervals.with_ends(value, low, high, self.fmt)
 
 

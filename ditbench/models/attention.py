@@ -39,7 +39,6 @@ def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
 
 
 def kernel_context(backend: str):
-    """The context a forced backend runs under (a no-op for math and sdpa)."""
     return sdpa_kernel(FORCED[backend]) if backend in FORCED else contextlib.nullcontext()
 
 

@@ -169,7 +169,6 @@ class PartialKnobs(SpecModel):
     num_classes: Int(1, MAX_CLASSES) = Field(1000, description="class labels")
 
     def given(self) -> dict[str, Any]:
-        """The knobs this partial cell names, normalised."""
         return {k: getattr(self, k) for k in self.model_fields_set}
 
 
@@ -199,12 +198,10 @@ class Knobs(PartialKnobs):
 
     @property
     def rank_batch(self) -> int:
-        """Images one process trains on per optimizer step: batch_size x grad_accum."""
         return self.batch_size * self.grad_accum
 
     @property
     def global_batch(self) -> int:
-        """Images per optimizer step over the job: batch_size x gpus x nodes x grad_accum."""
         return self.rank_batch * self.gpus * self.nodes
 
     def non_defaults(self) -> dict[str, Any]:
@@ -212,7 +209,6 @@ class Knobs(PartialKnobs):
         return {k: v for k, v in self if v != KNOB_DEFAULTS[k]}
 
     def train_knobs(self) -> dict[str, Any]:
-        """The knobs one training process applies (`ditbench train`'s flags), by name."""
         return {k: getattr(self, k) for k in TRAIN_KNOBS}
 
 

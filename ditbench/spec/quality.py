@@ -172,5 +172,4 @@ class QualitySection(QualitySpec):
         return QualitySpec.model_construct(**{k: getattr(self, k) for k in QualitySpec.model_fields})
 
     def applies(self, knobs: dict[str, Any], smoke_steps: int, baseline: dict | None) -> bool:
-        """Whether a cell (its knobs) is among the section's `cells`."""
         return smoke_steps > 0 if self.cells == "smoke" else selects(self.cells, knobs, baseline)

@@ -36,7 +36,6 @@ SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
 
 
 def shipped_suites(folder: Path = SUITES_DIR) -> dict[str, Path]:
-    """Name -> file of every YAML in `folder` (the shipped suites), sorted by name."""
     return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
 
 
