@@ -4,8 +4,8 @@ Layer names follow torch-fidelity's `FeatureExtractorInceptionV3`, so its weight
 Unlike torchvision's: average pools ignore padding, the last block's pool branch is a max pool, BatchNorm
 eps is 1e-3, and images are resized with TF1's bilinear rule. Per image: `pool3` (2048),
 `logits_unbiased` (ADM's IS) and `spatial` (TF's `mixed_6/conv`, Mixed_6d.branch1x1's first 7 channels,
-17 x 17 channels-last = 2023: ADM's sFID features). `build_calibrated_inception` is the random `test`
-network (docs/metrics.md): a default-initialised one gives every image features of ~1e-8 (every FID ~0).
+17 x 17 channels-last = 2023: ADM's sFID features). `build_calibrated_inception` is the `test` network,
+calibrated since a default-initialised one gives every image features of ~1e-8 (every FID ~0).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 Precomputed statistics (ADM's `mu`/`sigma`/`mu_s`/`sigma_s`, a ditbench file's `pool3`) take precedence;
 what a metric needs beyond them comes from the reference's images, via the on-disk cache. Headers are
-checked before data is read (a 2 KB file cannot ask for 80 GB); cache entries are keyed by the
-reference's content, the network's hash and the precision; writes are atomic.
+checked before data is read (a 2 KB file cannot ask for 80 GB), object arrays are never unpickled; cache
+entries are keyed by the reference's content, the network's hash and the precision; writes are atomic.
 """
 
 from __future__ import annotations

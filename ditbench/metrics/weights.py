@@ -2,9 +2,8 @@
 running the network over images.
 
 A file is hashed and loaded from the same bytes with `torch.load(weights_only=True)`; only the published
-digest is official, anything else says `official: false` and carries `NOT_OFFICIAL_BANNER`.
-`FeatureExtractor` reads images in background threads so a GPU does not wait on the disk, and runs in
-true fp32 unless TF32 is asked for (TF32 changes the features; cuDNN uses it by default on Ampere+).
+digest is official, anything else says `official: false` and carries `NOT_OFFICIAL_BANNER`. Features
+are true fp32 unless TF32 is asked for (TF32 changes them; cuDNN uses it by default on Ampere+).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """results.jsonl: one JSON line per cell per run, appended so that a crash never costs a finished line.
 
-Writing: one `write` of the whole line in append mode, then fsync: a SIGKILL can only cut the line being
-written; a last line without its newline is terminated if it decodes, else cut. Values JSON cannot hold
-become null, listed under `nonfinite` or `unserializable`. Reading never raises on content: bad or
-unfinished lines are skipped with one warning naming them (they stay in the file).
+Writing: one `write` of the whole line in append mode, then fsync; a last line without its newline is
+terminated if it decodes, else cut. Values JSON cannot hold become null, listed under `nonfinite` or
+`unserializable`. Reading never raises on content: bad or unfinished lines are skipped with one warning.
 """
 
 from __future__ import annotations
