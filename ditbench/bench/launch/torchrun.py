@@ -1,8 +1,4 @@
 """Parent side of a multi-process cell: torchrun's rendezvous, then start the ranks, judge them, aggregate.
-
-    python -m ditbench.bench.launch.torchrun SPEC.json RESULT.json
-      -> python -m torch.distributed.run --nproc-per-node N ... -m ditbench.bench.launch.rank SPEC REPORTS
-
 A failed cell fails with the first rank to fail (not the peers that then lost their connection); on
 timeout every process ever seen under torchrun is stopped (SIGTERM, grace, SIGKILL).
 """
