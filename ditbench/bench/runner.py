@@ -201,7 +201,8 @@ class SuiteRun:
         order = run_order(cells)
         if self.planner is not None:
             order = plan_option.run_order(order, cells)
-            todo = [(c, r) for r in range(1, k + 1) for c in order if (c.cell_id, r) not in done | waiting]
+        # round-robin: every cell's repeat 1, then every cell's repeat 2, ...
+        todo = [(c, r) for r in range(1, k + 1) for c in order if (c.cell_id, r) not in done | waiting]
         unrunnable = [(c, r) for c, r in todo if self.verdict(c) is not None]  # recorded first, in one line
         cannot = {(c.cell_id, r) for c, r in unrunnable}
         todo = [(c, r) for c, r in todo if (c.cell_id, r) not in cannot]
