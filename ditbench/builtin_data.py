@@ -1,11 +1,7 @@
-"""Small real-image datasets cut from pictures an installed package ships: no download.
-
-`builtin:mpl-gray16` (training) and `-ref` (an FID reference): grey 16 x 16 crops of matplotlib's sample
-photographs, class 0 Grace Hopper's portrait, class 1 an MRI slice. `builtin:photos-rgb32` and `-ref`:
-RGB 32 x 32 crops of scikit-image's cat (class 0) and coffee cup (class 1). A crop is a random square
-(its side drawn from a range), box-filtered down, flipped half of the time; a kind's two splits differ
-in seed only. Built once into `$DITBENCH_CACHE/datasets` (else ~/.cache/ditbench/datasets) as an ADM
-npz named by recipe version, count and seed, so a changed recipe never serves a stale file.
+"""Small real-image datasets cut from pictures an installed package ships (matplotlib's, scikit-image's):
+no download. A crop is a random square, box-filtered down, flipped half of the time; a kind's two splits
+differ in seed only. Built once into `$DITBENCH_CACHE/datasets` as an ADM npz named by recipe version,
+count and seed, so a changed recipe never serves a stale file.
 """
 
 from __future__ import annotations
@@ -65,18 +61,12 @@ def names() -> list[str]:
     return [PREFIX + name for name in DATASETS]
 
 
-def check_name(spec: str) -> str:
-    """The dataset's name without the prefix; UserError naming the valid ones."""
+def resolve(spec: str) -> Path:
+    """The npz of a built-in dataset, built into the cache on first use; UserError naming the valid ones."""
     name = spec[len(PREFIX) :]
     if name not in DATASETS:
         listing = "; ".join(f"{PREFIX}{n} ({d.about})" for n, d in DATASETS.items())
         raise UserError(f"unknown built-in dataset {shorten(spec)}; valid: {listing}.")
-    return name
-
-
-def resolve(spec: str) -> Path:
-    """The npz of a built-in dataset, built into the cache on first use."""
-    name = check_name(spec)
     d = DATASETS[name]
     path = cache_root() / "datasets" / f"{name}-v{RECIPE_VERSION}-n{d.count}-s{d.seed}.npz"
     if not path.is_file():

@@ -1,20 +1,17 @@
-"""GPU cards by name: the memory a process can use, the compute capability and the datasheet of each,
-for the card emulation (`card` in a suite), the planner and its time model.
+"""GPU cards by name: the memory a process can use, the compute capability and the datasheet of each.
 
-`usable_gib` is the total memory the driver reports (`total_memory`, nvidia-smi's "Total"; public
-readings, MiB / 1024, to 0.01 GiB), less than the marketing size: an "RTX 4090 24 GB" exposes
-23.99 GiB; the CUDA context comes out of it. A generic name several cards answer to (`A100`, `V100`)
-picks the largest; `ambiguity(name)` says so.
+`usable_gib` is the total memory the driver reports (nvidia-smi's "Total", MiB / 1024), less than the
+marketing size (an "RTX 4090 24 GB" exposes 23.99 GiB). A generic name several cards answer to (`A100`,
+`V100`) picks the largest; `ambiguity(name)` says so.
 """
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from dataclasses import dataclass
 
-from ditbench.errors import UserError, shorten
+from ditbench.errors import UserError, did_you_mean, shorten
 
 
 @dataclass(frozen=True)
@@ -136,8 +133,7 @@ def find_card(name: str) -> Card:
     if card is not None:
         return card
     names = [c.name for c in CARDS]
-    close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.5)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    hint = did_you_mean(name, names, show="{!r}")
     raise UserError(
         f"unknown card {shorten(name)}.{hint} Known cards: {', '.join(names)}; or describe it: its memory "
         "in GiB (gpu_memory_gib; `ditbench plan --memory-gib GIB --tflops T --mem-bw GBS`)."
@@ -150,12 +146,11 @@ def ambiguity(name: str) -> str | None:
     if generic is None:
         return None
     chosen = find_card(generic)
-    others = [
-        c
+    alternatives = ", ".join(
+        f"{c.name} ({c.usable_gib:.2f} GiB)"
         for c in CARDS
         if c is not chosen and any(_key(a).startswith(_key(generic)) for a in (c.name, *c.aliases))
-    ]
-    alternatives = ", ".join(f"{c.name} ({c.usable_gib:.2f} GiB)" for c in others)
+    )
     return (
         f"card {shorten(name)} names several cards: chose {chosen.name} ({chosen.usable_gib:.2f} GiB "
         f"usable), the largest; the other {generic}: {alternatives}. Name the card exactly for another."
@@ -168,11 +163,6 @@ def cards_in_class(memory_class_gb: int) -> list[Card]:
 
 def check_gib(value: object, where: str) -> float:
     """A memory size in GiB: a finite number > 0 (NaN and inf are refused, not silently passed)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:  # NaN too
         raise UserError(f"{where} must be a finite number of GiB greater than 0, got {shorten(value)}.")
     return float(value)

@@ -14,6 +14,8 @@ from ditbench import __version__
 from ditbench.cliopts import HelpFormatter, check_arguments, check_text_arguments
 from ditbench.errors import UserError, shorten
 
+TRACEBACK_ENV = "DITBENCH_TRACEBACK"  # set: an unforeseen OSError shows its traceback
+
 # name -> (module, one-line help). Order is the order `ditbench --help` lists them in.
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("ditbench.bench.cli", "run a benchmark suite (a matrix of training cells)"),
@@ -48,19 +50,6 @@ def _build_parser(command: str | None) -> argparse.ArgumentParser:
             module.add_arguments(p)
             p.set_defaults(_run=module.run)
     return parser
-
-
-TRACEBACK_ENV = "DITBENCH_TRACEBACK"  # set: an unforeseen OSError shows its traceback
-
-
-def os_error_message(err: OSError) -> str:
-    files = [shorten(str(f)) for f in (err.filename, err.filename2) if f is not None]
-    where = f" ({' -> '.join(files)})" if files else ""
-    what = err.strerror or shorten(str(err), 300, quote=False)
-    return (
-        f"{what}{where}: the file system refused an operation. Check the paths you gave and the free "
-        f"space; {TRACEBACK_ENV}=1 shows where it happened."
-    )
 
 
 def _print_error(message: str) -> None:
@@ -118,7 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as err:  # a file system refusal no check foresaw: which file and why, not a traceback
         if os.environ.get(TRACEBACK_ENV):
             raise
-        _print_error(os_error_message(err))
+        files = [shorten(str(f)) for f in (err.filename, err.filename2) if f is not None]
+        where = f" ({' -> '.join(files)})" if files else ""
+        what = err.strerror or shorten(str(err), 300, quote=False)
+        _print_error(
+            f"{what}{where}: the file system refused an operation. Check the paths you gave and the free "
+            f"space; {TRACEBACK_ENV}=1 shows where it happened."
+        )
         return 2
     except KeyboardInterrupt:
         # a command whose work survives an interruption says what is kept (args._resume)

@@ -1,9 +1,6 @@
-"""The one flag convention every `ditbench` command follows (tests/test_cli_convention.py walks them).
-
-A default is shown one way, `(default: X)` (HelpFormatter; a help text's own `(default: ...)`, for a
-rule, is kept). `--device {auto,cpu,cuda}` (cuda:N too), `--precision`, `--json` (the result as JSON on
-stdout), `--out` naming one kind of thing in its metavar (DIR, FILE.npz, FILE.json), `--no-progress`,
-`--yes` (CPU work estimated over 30 minutes, ditbench.walltime).
+"""The one flag convention every `ditbench` command follows (tests/test_cli_convention.py walks them):
+`(default: X)` shown one way (HelpFormatter), `--device`, `--precision`, `--json`, `--out` naming one kind
+of thing in its metavar (DIR, FILE.npz), `--no-progress`, `--yes` (long CPU work, ditbench.walltime).
 """
 
 from __future__ import annotations
@@ -11,9 +8,8 @@ from __future__ import annotations
 import argparse
 
 from ditbench.errors import UserError, shorten
-from ditbench.precision import PRECISIONS
+from ditbench.precision import PRECISIONS, check_precision
 
-DEVICE_METAVAR = "{auto,cpu,cuda}"
 DEVICE_HELP = (
     "where to compute: auto (a GPU where one is visible, else the CPU), cpu, or cuda (cuda:N for one GPU)"
 )
@@ -35,21 +31,16 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 def add_device(parser: argparse.ArgumentParser, help: str = DEVICE_HELP) -> None:
     # checked by device.resolve_device: the one-paragraph error (exit 2), not argparse's usage dump
-    parser.add_argument("--device", default="auto", metavar=DEVICE_METAVAR, help=help)
-
-
-PRECISION_METAVAR = "{" + ",".join(PRECISIONS) + "}"
+    parser.add_argument("--device", default="auto", metavar="{auto,cpu,cuda}", help=help)
 
 
 def add_precision(parser: argparse.ArgumentParser, default: str, help: str) -> None:
     # the choices are shown, and checked by `check_arguments` (the one-paragraph error, exit 2)
-    parser.add_argument("--precision", default=default, metavar=PRECISION_METAVAR, help=help)
+    parser.add_argument("--precision", default=default, metavar="{" + ",".join(PRECISIONS) + "}", help=help)
 
 
 def check_arguments(args: argparse.Namespace) -> None:
     """The convention's checks that argparse would answer with a usage dump: a clean UserError instead."""
-    from ditbench.precision import check_precision
-
     if getattr(args, "precision", None) is not None:
         check_precision(args.precision, "--precision")
 

@@ -1,6 +1,5 @@
 """The one place that turns `auto`, `cuda`, `cuda:N`, `cpu` into a device: `device_type` without creating
-a CUDA context (the runner's parent holds no device memory), `resolve_device` the torch.device to use.
-"""
+a CUDA context (the runner's parent holds no device memory), `resolve_device` the torch.device to use."""
 
 from __future__ import annotations
 

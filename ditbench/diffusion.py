@@ -1,9 +1,6 @@
-"""Gaussian diffusion as DiT trains and samples it (the openai guided-diffusion formulation).
-
-1000 steps, linear betas 1e-4 .. 0.02, epsilon prediction; learned-range variance (the second half of
-the channels interpolates the log variance between log(beta_t) and the clipped posterior's); hybrid loss
-MSE(eps) + L_vb, L_vb (KL for t > 0, discretised decoder NLL at t = 0, in bits) seeing the mean
-detached; DDPM and DDIM over respaced timesteps, classifier-free guidance via forward_with_cfg.
+"""Gaussian diffusion as DiT trains and samples it (the openai guided-diffusion formulation): 1000 steps,
+linear betas 1e-4 .. 0.02, epsilon prediction, learned-range variance; hybrid loss MSE(eps) + L_vb (in
+bits, seeing the mean detached); DDPM and DDIM over respaced timesteps, classifier-free guidance.
 Schedules are float64 numpy gathered per timestep as float32, like the reference.
 """
 
@@ -18,8 +15,6 @@ import torch
 from ditbench.errors import UserError
 
 ModelFn = Callable[..., torch.Tensor]
-
-
 NUM_TIMESTEPS = 1000  # the DiT/ADM diffusion; sampling respaces these
 
 
@@ -29,15 +24,10 @@ def linear_betas(num_timesteps: int = NUM_TIMESTEPS) -> np.ndarray:
 
 
 def space_timesteps(num_timesteps: int, section_counts: str | int | list[int]) -> list[int]:
-    """The timesteps kept when respacing: "250" -> 250 evenly spaced steps from [0, 999].
-
-    "ddimN" takes every (num_timesteps // N)-th step; "10,15,20" splits the range in equal sections
-    and spaces each section's count evenly (the reference's convention).
-    """
-    if isinstance(section_counts, int):
-        section_counts = str(section_counts)
-    if isinstance(section_counts, str):
-        text = section_counts.strip()
+    """The timesteps kept when respacing: "250" -> 250 evenly spaced steps from [0, 999]; "ddimN" every
+    (num_timesteps // N)-th step; "10,15,20" equal sections, each count spaced evenly (the reference's)."""
+    if isinstance(section_counts, (int, str)):
+        text = str(section_counts).strip()
         if text.startswith("ddim"):
             try:
                 desired = int(text[len("ddim") :])
@@ -60,10 +50,8 @@ def space_timesteps(num_timesteps: int, section_counts: str | int | list[int]) -
             ) from None
     else:
         counts = [int(x) for x in section_counts]
-    size_per = num_timesteps // len(counts)
-    extra = num_timesteps % len(counts)
-    start = 0
-    kept: list[int] = []
+    size_per, extra = divmod(num_timesteps, len(counts))
+    start, kept = 0, []
     for i, count in enumerate(counts):
         size = size_per + (1 if i < extra else 0)
         if count < 1 or count > size:
@@ -107,11 +95,8 @@ def mean_flat(x: torch.Tensor) -> torch.Tensor:
 
 
 class GaussianDiffusion:
-    """Epsilon-prediction diffusion with learned-range variance over `betas`.
-
-    `timestep_map` (set by `respaced`) maps this process's step indices to the original 1000-step
-    indices the model was trained on; the model is always called with original timesteps.
-    """
+    """Epsilon-prediction diffusion with learned-range variance over `betas`. `timestep_map` (`respaced`)
+    maps this process's steps to the original ones the model is always called with."""
 
     def __init__(self, betas: np.ndarray, timestep_map: list[int] | None = None):
         betas = np.asarray(betas, dtype=np.float64)
@@ -139,10 +124,6 @@ class GaussianDiffusion:
         self.log_betas = np.log(betas)
         self._identity_map = self.timestep_map == list(range(self.num_timesteps))
         self._device_cache: dict[tuple[str, torch.device], torch.Tensor] = {}
-
-    @classmethod
-    def default(cls, num_timesteps: int = NUM_TIMESTEPS) -> GaussianDiffusion:
-        return cls(linear_betas(num_timesteps))
 
     def respaced(self, section_counts: str | int | list[int]) -> GaussianDiffusion:
         """A process over a subset of the timesteps with betas recomputed so that the kept steps
@@ -233,10 +214,8 @@ class GaussianDiffusion:
         model_kwargs: dict | None = None,
         noise: torch.Tensor | None = None,
     ) -> dict[str, torch.Tensor]:
-        """Per-sample hybrid loss {"loss": mse + vb, "mse", "vb"} for timesteps t (original indices).
-
-        The model output is cast to float32 before the loss (autocast leaves it in bf16/fp16).
-        """
+        """Per-sample hybrid loss {"loss": mse + vb, "mse", "vb"} for timesteps t (original indices); the
+        model output is cast to float32 first (autocast leaves it in bf16/fp16)."""
         if noise is None:
             noise = torch.randn_like(x0)
         x_t = self.q_sample(x0, t, noise)
@@ -256,13 +235,9 @@ class GaussianDiffusion:
             return progress(indices, desc="sampling", unit="step", leave=False, plain=False)
         return indices
 
-    @staticmethod
-    def _randn(shape, device, generator):
-        return torch.randn(shape, device=device, generator=generator)
-
     def p_sample(self, model, x, t, model_kwargs=None, clip_denoised=False, generator=None):
         out = self.p_mean_variance(model, x, t, model_kwargs, clip_denoised)
-        noise = self._randn(x.shape, x.device, generator)
+        noise = torch.randn(x.shape, device=x.device, generator=generator)
         nonzero = (t != 0).float().reshape(-1, *([1] * (x.ndim - 1)))
         return out["mean"] + nonzero * torch.exp(0.5 * out["log_variance"]) * noise
 
@@ -277,22 +252,19 @@ class GaussianDiffusion:
         device=None,
         progress: bool = False,
         generator: torch.Generator | None = None,
+        eta: float | None = None,
     ) -> torch.Tensor:
-        """Ancestral DDPM sampling from pure noise through every step of this (respaced) process."""
-
-        def step(x, t):
-            return self.p_sample(model, x, t, model_kwargs, clip_denoised, generator)
-
-        return self._sample_loop(step, shape, noise, device, progress, generator)
-
-    def _sample_loop(self, step, shape, noise, device, progress, generator) -> torch.Tensor:
-        """Run `step(x, t)` from the last timestep to 0, starting from `noise` or fresh Gaussian noise."""
+        """Ancestral DDPM sampling (with `eta`: DDIM's) from `noise`, or fresh Gaussian noise, through
+        every step of this (respaced) process."""
         if device is None:
             device = noise.device if noise is not None else "cpu"
-        x = noise if noise is not None else self._randn(tuple(shape), device, generator)
+        x = noise if noise is not None else torch.randn(tuple(shape), device=device, generator=generator)
         for i in self._timesteps(progress):
             t = torch.full((x.shape[0],), i, device=x.device, dtype=torch.long)
-            x = step(x, t)
+            if eta is None:
+                x = self.p_sample(model, x, t, model_kwargs, clip_denoised, generator)
+            else:
+                x = self.ddim_sample(model, x, t, model_kwargs, clip_denoised, eta, generator)
         return x
 
     def ddim_sample(self, model, x, t, model_kwargs=None, clip_denoised=False, eta=0.0, generator=None):
@@ -305,37 +277,22 @@ class GaussianDiffusion:
         ab_prev = self._take("alphas_cumprod_prev", t, x)
         sigma = eta * torch.sqrt((1 - ab_prev) / (1 - ab)) * torch.sqrt(1 - ab / ab_prev)
         mean = out["pred_xstart"] * torch.sqrt(ab_prev) + torch.sqrt(1 - ab_prev - sigma**2) * eps
-        nonzero = (t != 0).float().reshape(-1, *([1] * (x.ndim - 1)))
         if eta == 0:
             return mean
-        return mean + nonzero * sigma * self._randn(x.shape, x.device, generator)
+        nonzero = (t != 0).float().reshape(-1, *([1] * (x.ndim - 1)))
+        return mean + nonzero * sigma * torch.randn(x.shape, device=x.device, generator=generator)
 
-    @torch.no_grad()
-    def ddim_sample_loop(
-        self,
-        model: ModelFn,
-        shape,
-        noise: torch.Tensor | None = None,
-        model_kwargs=None,
-        clip_denoised: bool = False,
-        device=None,
-        progress: bool = False,
-        eta: float = 0.0,
-        generator: torch.Generator | None = None,
-    ) -> torch.Tensor:
-        """Deterministic DDIM sampling (eta=0) or its stochastic variant (eta>0)."""
-
-        def step(x, t):
-            return self.ddim_sample(model, x, t, model_kwargs, clip_denoised, eta, generator)
-
-        return self._sample_loop(step, shape, noise, device, progress, generator)
+    def ddim_sample_loop(self, *args, eta: float = 0.0, **kwargs) -> torch.Tensor:
+        """Deterministic DDIM sampling (eta=0) or its stochastic variant (eta>0): p_sample_loop's
+        arguments."""
+        return self.p_sample_loop(*args, eta=eta, **kwargs)
 
 
 def create_diffusion(
     timestep_respacing: str | int | None = None, num_timesteps: int = NUM_TIMESTEPS
 ) -> GaussianDiffusion:
     """DiT's diffusion: linear schedule, learned-range sigma; respaced when asked ("250", "ddim50")."""
-    base = GaussianDiffusion.default(num_timesteps)
+    base = GaussianDiffusion(linear_betas(num_timesteps))
     return base.respaced(timestep_respacing) if timestep_respacing else base
 
 
@@ -357,22 +314,14 @@ def sample_latents(
     if sampler not in ("ddpm", "ddim"):
         raise UserError(f"sampler {sampler!r} is not known; use ddpm or ddim")
     n = labels.shape[0]
-    device = labels.device
-    z = torch.randn((n, in_channels, latent_size, latent_size), device=device, generator=generator)
+    z = torch.randn((n, in_channels, latent_size, latent_size), device=labels.device, generator=generator)
     loop = diffusion.p_sample_loop if sampler == "ddpm" else diffusion.ddim_sample_loop
-    if cfg_scale > 1.0:
-        null = getattr(model, "num_classes", 1000) if null_class is None else null_class
-        y = torch.cat([labels, torch.full_like(labels, null)])
-        kwargs = {"y": y, "cfg_scale": cfg_scale, "guidance_channels": guidance_channels}
-        out = loop(
-            model.forward_with_cfg,
-            None,
-            noise=torch.cat([z, z]),
-            model_kwargs=kwargs,
-            progress=progress,
-            generator=generator,
-        )
-        out = out[:n]
-    else:
-        out = loop(model, None, noise=z, model_kwargs={"y": labels}, progress=progress, generator=generator)
-    return out
+    if cfg_scale <= 1.0:
+        return loop(model, None, noise=z, model_kwargs={"y": labels}, progress=progress, generator=generator)
+    null = getattr(model, "num_classes", 1000) if null_class is None else null_class
+    y = torch.cat([labels, torch.full_like(labels, null)])
+    kwargs = {"y": y, "cfg_scale": cfg_scale, "guidance_channels": guidance_channels}
+    out = loop(
+        model.forward_with_cfg, None, torch.cat([z, z]), kwargs, progress=progress, generator=generator
+    )
+    return out[:n]

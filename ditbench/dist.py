@@ -1,8 +1,6 @@
-"""In-process side of distributed runs (the parent side is bench.launch.torchrun): the process group,
-the model wrapper, rank helpers.
-
-`init()` joins the torchrun job its environment names (NCCL on CUDA, gloo on CPU); without torchrun it
-returns a one-process context and every helper here is a no-op, so one code path serves 1 and N."""
+"""In-process side of distributed runs (the parent side is bench.launch.torchrun): `init()` joins the
+torchrun job its environment names (NCCL on CUDA, gloo on CPU); without torchrun every helper here is a
+no-op, so one code path serves 1 and N processes."""
 
 from __future__ import annotations
 
@@ -16,7 +14,8 @@ from torch import nn
 
 from ditbench.device import resolve_device
 from ditbench.errors import UserError
-from ditbench.spec.knobs import STRATEGIES
+
+DEFAULT_TIMEOUT_S = 600.0  # a collective waits this long for a peer before it fails (torch's default)
 
 
 @dataclass(frozen=True)
@@ -44,25 +43,16 @@ class DistContext:
         return max(1, self.world_size // max(1, self.local_world_size))
 
 
-def launched_by_torchrun() -> bool:
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOCAL_RANK" in os.environ
-
-
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     return default if value in (None, "") else int(value)
 
 
-DEFAULT_TIMEOUT_S = 600.0  # a collective waits this long for a peer before it fails (torch's default)
-
-
 def init(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> DistContext:
     """Join the torchrun job this process belongs to, or describe a plain single process."""
-    if not launched_by_torchrun():
+    if not {"RANK", "WORLD_SIZE", "LOCAL_RANK"} <= os.environ.keys():  # not under torchrun
         return DistContext(device=resolve_device(device))
-    rank = _env_int("RANK", 0)
-    local_rank = _env_int("LOCAL_RANK", 0)
-    world = _env_int("WORLD_SIZE", 1)
+    rank, local_rank, world = _env_int("RANK", 0), _env_int("LOCAL_RANK", 0), _env_int("WORLD_SIZE", 1)
     local_world = _env_int("LOCAL_WORLD_SIZE", world)
     dev = resolve_device(device, local_rank)
     backend = "nccl" if dev.type == "cuda" else "gloo"
@@ -104,13 +94,9 @@ def all_gather_objects(ctx: DistContext, obj):
 
 
 def wrap_model(model: nn.Module, strategy: str, ctx: DistContext) -> nn.Module:
-    """`model` (on ctx.device) wrapped for data-parallel training; unchanged in one plain process.
-
-    ddp: DistributedDataParallel. fsdp: FSDP2 `fully_shard` on every block, then the root (parameters,
-    gradients and optimizer state sharded; build the optimizer after wrapping: it sees DTensors).
-    """
-    if strategy not in STRATEGIES:
-        raise UserError(f"strategy {strategy!r} is not one of {', '.join(STRATEGIES)}.")
+    """`model` (on ctx.device) wrapped for data-parallel training by the knobs' `strategy`, unchanged in
+    one plain process. ddp: DistributedDataParallel. fsdp: FSDP2 `fully_shard` on every block, then the
+    root (build the optimizer after wrapping: it sees DTensors)."""
     if not ctx.distributed:
         return model
     if strategy == "ddp":

@@ -1,7 +1,5 @@
-"""The environment a record captures: host, CPU, GPU, driver, CUDA, torch, ditbench and its commit.
-
-`collect_env()` is called in the process that measured (a cell's, a sampling job's), so the record
-describes the device the numbers came from. Nothing here initialises CUDA unless a GPU is visible.
+"""The environment a record captures (host, CPU, GPU, driver, CUDA, torch, ditbench and its commit), in
+the process that measured. Nothing here initialises CUDA unless a GPU is visible.
 """
 
 from __future__ import annotations
@@ -15,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from ditbench import __version__
+
+NVML_MISSING = "missing nvidia-ml-py"
 
 
 def git_sha() -> str | None:
@@ -60,9 +60,6 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-NVML_MISSING = "missing nvidia-ml-py"
-
-
 def nvml_status(cuda: bool) -> str:
     """Why the record's driver and NVML device memory are (or are not) known: NVML is optional."""
     if not cuda:
@@ -79,18 +76,16 @@ def nvml_status(cuda: bool) -> str:
 
 
 def nvml_gpu() -> tuple[str | None, float | None]:
-    """Name and memory of the first visible GPU through NVML (None, None without NVML or a GPU)."""
-    return _nvml(_nvml_gpu) or (None, None)
+    """Name and memory of the first visible GPU through NVML, without touching CUDA (None, None without
+    NVML or a GPU)."""
 
+    def query(nv: Any) -> tuple[str, float]:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
+        get = nv.nvmlDeviceGetHandleByIndex if visible.isdigit() else nv.nvmlDeviceGetHandleByUUID
+        handle = get(int(visible) if visible.isdigit() else visible)
+        return _text(nv.nvmlDeviceGetName(handle)), round(nv.nvmlDeviceGetMemoryInfo(handle).total / 2**30, 2)
 
-def _nvml_gpu(nv: Any) -> tuple[str, float]:
-    """Name and memory of the first visible GPU through NVML, without touching CUDA."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"
-    by_index = visible.isdigit()
-    handle = (
-        nv.nvmlDeviceGetHandleByIndex(int(visible)) if by_index else nv.nvmlDeviceGetHandleByUUID(visible)
-    )
-    return _text(nv.nvmlDeviceGetName(handle)), round(nv.nvmlDeviceGetMemoryInfo(handle).total / 2**30, 2)
+    return _nvml(query) or (None, None)
 
 
 def collect_env(probe_cuda: bool = True) -> dict[str, Any]:
@@ -106,7 +101,7 @@ def collect_env(probe_cuda: bool = True) -> dict[str, Any]:
         gpu_name, gpu_mem = nvml_gpu()
     else:
         gpu_name, gpu_mem = None, None
-    env: dict[str, Any] = {
+    return {
         "host": socket.gethostname(),
         "platform": platform.platform(),
         "cpu": cpu_name(),
@@ -123,4 +118,3 @@ def collect_env(probe_cuda: bool = True) -> dict[str, Any]:
         "ditbench": __version__,
         "git_sha": git_sha(),
     }
-    return env

@@ -11,20 +11,14 @@ SHORT_LIMIT = 80  # characters of a user's value that a message quotes
 
 
 class UserError(Exception):
-    """Bad input from the user: a file, key or value, and what would be valid.
-
-    The CLI prints the message as one paragraph and exits with status 2.
-    Raise it with the whole explanation; never wrap a traceback in it.
-    """
+    """Bad input from the user, with the whole explanation: a file, key or value, and what would be
+    valid. The CLI prints it as one paragraph and exits with status 2."""
 
     exit_code = 2
 
 
 class UnsupportedError(UserError):
-    """A setting that cannot run on this machine (fp16 on CPU, 4 GPUs when 1 is visible).
-
-    The runner records such a cell as `unsupported` with this message as the reason.
-    """
+    """A setting that cannot run on this machine (fp16 on CPU): the runner records the cell `unsupported`."""
 
 
 _BOUNDED = reprlib.Repr()
@@ -33,11 +27,8 @@ _BOUNDED.maxlist = _BOUNDED.maxtuple = _BOUNDED.maxdict = _BOUNDED.maxset = 8
 
 
 def shorten(value: Any, limit: int = SHORT_LIMIT, *, quote: bool = True) -> str:
-    """A user's value for a message: repr'd (or str'd when quote=False) and cut to `limit` characters.
-
-    Never put a user value into a message without it: a 300-byte YAML file can expand to a
-    value whose repr is 40 MB.
-    """
+    """A user's value for a message, repr'd (str'd when quote=False) and cut to `limit` characters: a
+    300-byte YAML file can expand to a value whose repr is 40 MB."""
     if isinstance(value, str) and not quote:
         text = value
     else:
@@ -54,7 +45,7 @@ def type_name(value: Any) -> str:
     return names.get(type(value), f"a {type(value).__name__}")
 
 
-def did_you_mean(word: Any, choices: Iterable[str], cutoff: float = 0.5) -> str:
-    """ " Did you mean `x`?" for the closest of `choices` to `word`, or "" when none is close."""
+def did_you_mean(word: Any, choices: Iterable[str], cutoff: float = 0.5, show: str = "`{}`") -> str:
+    """ " Did you mean `x`?" for the closest of `choices` to `word` (`show`: how it is quoted), or ""."""
     close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=cutoff)
-    return f" Did you mean `{close[0]}`?" if close else ""
+    return f" Did you mean {show.format(close[0])}?" if close else ""

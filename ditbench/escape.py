@@ -1,9 +1,5 @@
-"""Text from records and suites made inert for what it goes into: markdown, CSV, any encoder.
-
-`md_text` escapes what markdown reads as HTML, a link, code, emphasis, a table cell or a block;
-`md_code` makes a code span the text cannot leave; `md_inline` keeps ditbench's own `code` and **bold**
-in a line holding user values. `plain` escapes what fails a UTF-8 encoder; a CSV cell a spreadsheet would
-run as a formula gets a leading `'`. (HTML: `html.escape`, report.blocks.)
+"""Text from records and suites made inert for what it goes into: markdown (`md_text`, `md_code`,
+`md_inline`), CSV (a formula gets a leading `'`), any UTF-8 encoder (`plain`). HTML: `html.escape`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """Every expansion counted from its factors before it is made (a 700-byte suite can name 4x10^9 cells),
-and refused above a cap that `--max-cells N` (run, plan) raises.
-"""
+and refused above a cap that `--max-cells N` (run, plan) raises."""
 
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ def add_max_cells(parser, refuse: str) -> None:
     parser.add_argument(
         "--max-cells",
         type=int,
-        default=None,
         metavar="N",
         help=f"refuse {refuse} more than N cells, counted before expanding (default: {DEFAULT_MAX_CELLS})",
     )

@@ -1,6 +1,4 @@
-"""Optional packages behind pip extras: one import point that names the extra when one is missing
-(diffusers, the `vae` extra: the VAE and `impl: diffusers`; the trackers: `export`).
-"""
+"""Optional packages behind pip extras: one import point that names the extra when one is missing."""
 
 from __future__ import annotations
 

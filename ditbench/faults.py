@@ -1,11 +1,9 @@
 """How a cell fails: injected faults (tests, trying a suite's failure handling) and the one mapping from
 what a cell raised to the record's status.
 
-`DITBENCH_INJECT_FAULT="<cell-name substring>=<kind>[@step][,...]"`, kind: raise (-> error), hang (->
-timeout), oom (-> oom), nan (NaN weights: the real forward's loss -> nan_loss), slow:F (each step then
-followed by F times its own time of busy work, F in (0, 10]: a slowdown for a gate to find). `@step`:
-the 1-based step (warm-up included) it fires at, default 1. E.g. "bs=16=oom,ckpt=full=nan@3,bs=8=slow:0.1".
-DITBENCH_INJECT_FAULT_RANK=R gives it to rank R only. The runner checks the syntax before any cell.
+`DITBENCH_INJECT_FAULT="<cell-name substring>=<kind>[@step][,...]"`: raise (-> error), hang (-> timeout),
+oom, nan (NaN weights -> nan_loss), slow:F (each step followed by F in (0, 10] times its own time of busy
+work); `@step`: the 1-based step (warm-up included), default 1. DITBENCH_INJECT_FAULT_RANK=R: rank R only.
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ FAULT_KINDS = ("raise", "hang", "oom", "nan", "slow")
 SLOW_MAX = 10.0  # a step slowed more than 11-fold is a hang by another name
 TRACEBACK_CHARS = 4000  # the end of a traceback kept in a result; the record keeps its last lines
 REASON_CHARS = 300  # an out-of-memory message's first characters (the allocator's summary)
+_CPU_OOM = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
 _ITEM = re.compile(
     r"(?P<substring>.+)=(?P<kind>[a-z]+)(?::(?P<fraction>[0-9.eE+-]{1,20}))?(?:@(?P<step>[1-9]\d{0,8}))?"
 )
@@ -44,20 +43,16 @@ def parse_fault_spec(text: str | None) -> list[tuple[str, Fault]]:
         if not item.strip():
             continue
         m = _ITEM.fullmatch(item.strip())
-        fraction = _fraction(m["fraction"]) if m is not None and m["kind"] == "slow" else None
-        if (
-            m is None
-            or m["kind"] not in FAULT_KINDS
-            or (m["kind"] == "slow") != (m["fraction"] is not None)
-            or (m["kind"] == "slow" and fraction is None)
-        ):
+        kind = m["kind"] if m is not None else None
+        fraction = _fraction(m["fraction"]) if kind == "slow" else 0.0  # slow without F: None
+        if kind not in FAULT_KINDS or fraction is None or (kind != "slow" and m["fraction"] is not None):
             raise UserError(
                 f"{FAULT_ENV} item {shorten(item)} is not valid: expected "
                 f"'<cell-name substring>=<kind>[@step]' with kind one of {', '.join(FAULT_KINDS)} "
                 f"(slow as slow:F, F a fraction above 0 and at most {SLOW_MAX:g}: each step adds F "
                 "times its own time) and step a positive integer, e.g. 'bs=16=oom@3' or 'bs=8=slow:0.10'."
             )
-        out.append((m["substring"], Fault(m["kind"], int(m["step"] or 1), fraction or 0.0)))
+        out.append((m["substring"], Fault(kind, int(m["step"] or 1), fraction)))
     return out
 
 
@@ -154,9 +149,6 @@ def check_finite(losses: list, first_step: int, phase: str) -> None:
     if len(bad):
         i = int(bad[0])
         raise NonFiniteLoss(first_step + i, phase, float(values[i]))
-
-
-_CPU_OOM = ("DefaultCPUAllocator: can't allocate memory", "DefaultCPUAllocator: not enough memory")
 
 
 def is_out_of_memory(err: BaseException) -> bool:

@@ -1,9 +1,6 @@
-"""Every file ditbench writes, or reads back as its own, goes through here.
-
-`atomic_write`: a temporary file beside the target, fsynced and renamed into place, with the mode an
-ordinary write gives. Only a regular file is replaced, appended to or read back (`refusal`): never
-through a link, never a FIFO, device or folder, and a file changed in place (results.jsonl, the lock, a
-log) has no second hard link. Text is UTF-8 with a lone surrogate escaped.
+"""Every file ditbench writes, or reads back as its own, goes through here: atomically (`atomic_write`),
+and only a regular file (`check_target`: never through a link, never a FIFO, device or folder; a file changed
+in place has no second hard link). Text is UTF-8 with a lone surrogate escaped.
 """
 
 from __future__ import annotations
@@ -23,8 +20,6 @@ from ditbench.errors import UserError, shorten
 
 _UMASK_LOCK = threading.Lock()
 _CHANGES = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_TRUNC
-
-
 _KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFDIR: "a folder", stat.S_IFIFO: "a FIFO (a named pipe)"}
 _KINDS.update({stat.S_IFCHR: "a device", stat.S_IFBLK: "a device", stat.S_IFSOCK: "a socket"})
 
@@ -48,37 +43,32 @@ def link_refusal(path: str | Path, what: str = "") -> str:
     )
 
 
-def refusal(path: str | Path, st: os.stat_result, what: str = "", in_place: bool = False) -> str | None:
-    """Why ditbench may not write or read back `path` (lstat'd or fstat'd as `st`), or None. `in_place`:
-    it is changed where it is (appended to, repaired, truncated), not replaced by a rename."""
+def check_target(
+    path: str | Path, what: str = "", *, in_place: bool = False, st: os.stat_result | None = None
+) -> None:
+    """UserError when what is at `path` (lstat'd, or fstat'd as `st`) is not a regular file ditbench may
+    replace or read back, or (`in_place`: appended to, repaired, truncated) change in place; nothing there
+    is fine."""
+    try:
+        st = os.lstat(path) if st is None else st
+    except (FileNotFoundError, NotADirectoryError):
+        return
     if stat.S_ISLNK(st.st_mode):
-        return link_refusal(path, what)
+        raise UserError(link_refusal(path, what))
     where = f"{what + ' ' if what else ''}{shorten(str(path), 240)}"
     if not stat.S_ISREG(st.st_mode):
         kind = file_kind(st.st_mode) or "not a regular file"
-        return (
+        raise UserError(
             f"{where} is {kind}, not a regular file; ditbench writes, replaces and reads back regular files "
             "only (a FIFO would block it, a device would be destroyed). Move it away, or give the path of "
             "a regular file (or of one to create)."
         )
     if in_place and st.st_nlink > 1:
-        return (
+        raise UserError(
             f"{where} has {st.st_nlink} hard links: ditbench changes it in place (appends to it, repairs "
             "or truncates it), which would change the other names' file too. Remove the other links (or "
             "copy the file into its place), or give another path."
         )
-    return None
-
-
-def check_target(path: str | Path, what: str = "", *, in_place: bool = False) -> None:
-    """UserError when what is at `path` (lstat'd) is not a file ditbench may replace, or (`in_place`)
-    change in place; nothing there is fine."""
-    try:
-        why = refusal(path, os.lstat(path), what, in_place)
-    except (FileNotFoundError, NotADirectoryError):
-        return
-    if why is not None:
-        raise UserError(why)
 
 
 def refuse_link(path: str | Path, what: str = "") -> None:
@@ -88,7 +78,7 @@ def refuse_link(path: str | Path, what: str = "") -> None:
 
 
 def open_regular(path: str | Path, flags: int = os.O_RDONLY, mode: int = 0o644, what: str = "") -> int:
-    """os.open through `refusal`, checked on the path (lstat: a FIFO or device is never opened) and again
+    """os.open through `check_target`, checked on the path (lstat: a FIFO or device is never opened) and again
     on the descriptor (O_NOFOLLOW | O_NONBLOCK: something planted meanwhile); O_TRUNC only after both."""
     in_place = bool(flags & _CHANGES)
     check_target(path, what, in_place=in_place)
@@ -99,8 +89,7 @@ def open_regular(path: str | Path, flags: int = os.O_RDONLY, mode: int = 0o644, 
             check_target(path, what, in_place=in_place)
         raise
     try:
-        if (why := refusal(path, os.fstat(fd), what, in_place)) is not None:
-            raise UserError(why)
+        check_target(path, what, in_place=in_place, st=os.fstat(fd))
         if flags & os.O_TRUNC:
             os.ftruncate(fd, 0)
     except BaseException:
@@ -137,10 +126,7 @@ def rmtree_real(path: str | Path) -> None:
     """Delete a folder and what it holds, never following a link (a link at `path` is only unlinked;
     shutil.rmtree follows none inside)."""
     path = Path(path)
-    if path.is_symlink():
-        path.unlink(missing_ok=True)
-        return
-    if path.is_dir():
+    if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)

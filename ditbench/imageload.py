@@ -1,7 +1,6 @@
-"""Every image ditbench decodes: its size read from the header and refused beyond a cap before any pixel
-is decoded (a PNG of a few hundred bytes can declare 30 GB), a damaged file one paragraph naming it.
-Caps: PHOTO_PIXELS (PIL's) for training and FID images, GRID_PIXELS for sample grids;
-$DITBENCH_MAX_IMAGE_PIXELS replaces both.
+"""Every image ditbench decodes: its size read from the header and refused beyond a cap (PHOTO_PIXELS,
+GRID_PIXELS for sample grids; $DITBENCH_MAX_IMAGE_PIXELS replaces both) before any pixel is decoded (a
+PNG of a few hundred bytes can declare 30 GB); a damaged file is one paragraph naming it.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
-"""One writer per output folder: an exclusive lock, so two runs never both write the same results.
-
-`OutputLock(folder, command)` flocks `<folder>/.ditbench.lock` through filelock (released by the kernel
-however its holder dies; O_NOFOLLOW: a planted link is refused) and writes its holder's record (PID,
-host, process start, command, since) into it, so a second process is told who holds the folder.
-Where flock is refused (ENOLCK, EOPNOTSUPP, ENOSYS, EINVAL: Lustre without `flock`, some NFS) the lock
-is the record itself, created atomically (`os.link`) as `.ditbench.lock.held`; a record whose process
-on this host is gone is taken over, one from another host cannot be checked (the message says so).
+"""One writer per output folder: `OutputLock(folder, command)` flocks `<folder>/.ditbench.lock` through
+filelock (released by the kernel however its holder dies) and writes its holder's PID, host, process
+start and command into it, so a second process is told who holds the folder. Where flock is refused
+(Lustre without `flock`, some NFS) the lock is that record itself, created atomically (`os.link`) as
+`.ditbench.lock.held`; a dead holder's on this host is taken over.
 """
 
 from __future__ import annotations
@@ -20,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.errors import UserError, shorten
-from ditbench.fileio import check_target, link_refusal, open_regular, read_regular, refusal
+from ditbench.fileio import check_target, link_refusal, open_regular, read_regular
 
 LOCK_NAME = ".ditbench.lock"
 HELD_NAME = ".ditbench.lock.held"  # the lock itself where flock is not supported
@@ -29,7 +26,7 @@ _CANNOT_CREATE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.EN
 _TAKEOVER_TRIES = 3
 
 
-def _process_start(pid: int) -> float | None:
+def process_start(pid: int) -> float | None:
     import psutil
 
     try:
@@ -42,7 +39,7 @@ def holder_record(command: str) -> dict[str, Any]:
     return {
         "pid": os.getpid(),
         "host": socket.gethostname(),
-        "process_start": _process_start(os.getpid()),
+        "process_start": process_start(os.getpid()),
         "command": command,
         "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
     }
@@ -55,7 +52,7 @@ def holder_alive(holder: dict[str, Any]) -> bool | None:
     pid = holder.get("pid")
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
-    start = _process_start(pid)
+    start = process_start(pid)
     if start is None:
         return False
     recorded = holder.get("process_start")
@@ -73,13 +70,11 @@ def _parse(data: bytes) -> dict[str, Any] | None:
 def describe(holder: dict[str, Any] | None) -> str:
     if not holder:
         return "another process (it has not written its PID yet)"
-    pid, host = holder.get("pid"), holder.get("host")
-    command = holder.get("command")
-    text = f"PID {shorten(pid, quote=False)} on host {shorten(host, quote=False)}"
+    text = f"PID {shorten(holder.get('pid'), quote=False)} on host {shorten(holder.get('host'), quote=False)}"
     if holder.get("since"):
         text += f", since {shorten(holder['since'], quote=False)}"
-    if command:
-        text += f" (`{shorten(command, 120, quote=False)}`)"
+    if holder.get("command"):
+        text += f" (`{shorten(holder['command'], 120, quote=False)}`)"
     return text
 
 
@@ -99,15 +94,22 @@ class OutputLock:
         from filelock import FileLock, Timeout
 
         path = self.folder / LOCK_NAME
-        self._check_lock_path(path)
+        if not self.folder.is_dir():  # filelock would create the folders; the caller makes (and checks) them
+            raise UserError(
+                f"{self.what} {shorten(str(self.folder))}: cannot create its lock file {LOCK_NAME} (no such "
+                "folder); give a folder you can write in."
+            )
+        check_target(path, self.what, in_place=True)  # a link, FIFO, device or second hard link planted
         previous: list[dict[str, Any] | None] = []
         record = json.dumps(holder_record(self.command)).encode()
 
         def write_holder(fd: int) -> None:  # filelock hands the locked descriptor over: our record in it
-            why = refusal(path, os.fstat(fd), self.what, in_place=True)  # a hard link planted meanwhile
-            if why is not None:
-                raise UserError(why)  # filelock releases the lock and raises it
-            previous.append(_parse(_read_all(fd)))
+            # a hard link planted meanwhile: UserError, which filelock raises after releasing the lock
+            check_target(path, self.what, in_place=True, st=os.fstat(fd))
+            try:
+                previous.append(_parse(os.pread(fd, 64_000, 0)))
+            except OSError:
+                previous.append(None)
             os.ftruncate(fd, 0)
             os.pwrite(fd, record, 0)
 
@@ -118,7 +120,11 @@ class OutputLock:
         try:
             lock.acquire()
         except Timeout:
-            raise self._busy(_parse(_read_path(path))) from None
+            try:  # who holds it, read without following a link or blocking on a FIFO
+                holder = _parse(read_regular(path))
+            except (OSError, UserError):
+                holder = None
+            raise self._busy(holder) from None
         except OSError as err:
             if err.errno == errno.ELOOP:
                 raise UserError(link_refusal(path, self.what)) from None
@@ -137,16 +143,6 @@ class OutputLock:
             self.stale = held  # a holder that died without clearing its record (SIGKILL)
         self._lock = lock
         return self
-
-    def _check_lock_path(self, path: Path) -> None:
-        """lstat: a link is refused (never followed), and so is a FIFO, a device or a second hard link
-        planted as the lock (its record is written into it)."""
-        if not self.folder.is_dir():  # filelock would create the folders; the caller makes (and checks) them
-            raise UserError(
-                f"{self.what} {shorten(str(self.folder))}: cannot create its lock file {LOCK_NAME} (no such "
-                "folder); give a folder you can write in."
-            )
-        check_target(path, self.what, in_place=True)
 
     def _busy(self, holder: dict[str, Any] | None, held: Path | None = None) -> UserError:
         """Who holds the folder; `held`: the record file that is the lock where flock is refused."""
@@ -217,11 +213,7 @@ class OutputLock:
     def release(self) -> None:
         if self._lock is not None:
             try:  # still holding it: clear our record (no record: nobody holds it)
-                fd = open_regular(self.folder / LOCK_NAME, os.O_WRONLY)
-                try:
-                    os.ftruncate(fd, 0)
-                finally:
-                    os.close(fd)
+                os.close(open_regular(self.folder / LOCK_NAME, os.O_WRONLY | os.O_TRUNC))
             except (OSError, UserError):
                 pass
             self._lock.release()
@@ -235,18 +227,3 @@ class OutputLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
-
-
-def _read_path(path: Path) -> bytes:
-    """The holder record in the lock file, read without following a link or blocking on a FIFO."""
-    try:
-        return read_regular(path)
-    except (OSError, UserError):
-        return b""
-
-
-def _read_all(fd: int, limit: int = 64_000) -> bytes:
-    try:
-        return os.pread(fd, limit, 0)
-    except OSError:
-        return b""

@@ -12,13 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.errors import UserError, shorten
-from ditbench.fileio import check_target, file_kind, refusal
+from ditbench.fileio import check_target, file_kind
 
 NPZ = ("an ADM .npz batch", (".npz",))  # check_file_target's `writes` for the array files
-
-
-def _quote(path: Path) -> str:
-    return shorten(str(path))
 
 
 def _blocking_ancestor(path: Path) -> Path | None:
@@ -35,16 +31,15 @@ def ensure_dir(path: str | Path, what: str, *, probe: bool = True) -> Path:
     path = Path(path)
     if os.path.lexists(path) and not path.is_dir():
         kind = "a file" if path.is_file() else "not a folder"
-        raise UserError(f"{what} {_quote(path)} is {kind}; give a folder (it is created if missing).")
-    blocker = _blocking_ancestor(path.parent)
-    if blocker is not None:
+        raise UserError(f"{what} {shorten(str(path))} is {kind}; give a folder (it is created if missing).")
+    if (blocker := _blocking_ancestor(path.parent)) is not None:
         raise UserError(
-            f"{what} {_quote(path)} cannot be created: {_quote(blocker)} is a file, not a folder."
+            f"{what} {shorten(str(path))} cannot be created: {shorten(str(blocker))} is a file, not a folder."
         )
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UserError(f"{what} {_quote(path)} cannot be created: {err.strerror or err}.") from None
+        raise UserError(f"{what} {shorten(str(path))} cannot be created: {err.strerror or err}.") from None
     if probe:
         try:
             fd, tmp = tempfile.mkstemp(dir=path, prefix=".ditbench-write-test.")
@@ -52,7 +47,7 @@ def ensure_dir(path: str | Path, what: str, *, probe: bool = True) -> Path:
             os.unlink(tmp)
         except OSError as err:
             raise UserError(
-                f"{what} {_quote(path)} is not writable ({err.strerror or err}); give a folder you can "
+                f"{what} {shorten(str(path))} is not writable ({err.strerror or err}); give a folder you can "
                 "write in."
             ) from None
     return path
@@ -70,29 +65,29 @@ def check_file_target(
     created). writes=(format, suffixes): the name must say the format (`fid --out x.npz` is refused)."""
     path = Path(path)
     if path.is_dir() and not path.is_symlink():
-        raise UserError(f"{what} {_quote(path)} is a folder; give the path of a file to write.")
+        raise UserError(f"{what} {shorten(str(path))} is a folder; give the path of a file to write.")
     if writes is not None and not path.name.lower().endswith(writes[1]):
         raise UserError(
-            f"{what} {_quote(path)}: ditbench writes {writes[0]} there, and the name must say so: give "
+            f"{what} {shorten(str(path))}: ditbench writes {writes[0]} there, and the name must say so: give "
             f"a name ending in {' or '.join(writes[1])} (e.g. {path.stem or 'out'}{writes[1][0]})."
         )
     check_target(path, what)
     parent = path.parent if str(path.parent) else Path(".")
     if (blocker := _blocking_ancestor(parent)) is not None:
         raise UserError(
-            f"{what} {_quote(path)} cannot be written: {_quote(blocker)} is a file, not a folder."
+            f"{what} {shorten(str(path))} cannot be written: {shorten(str(blocker))} is a file, not a folder."
         )
     if create_parent:
         ensure_dir(parent, f"the folder of {what}")
     if os.path.exists(path) and not os.access(path, os.W_OK):
-        raise UserError(f"{what} {_quote(path)} exists and is not writable.")
+        raise UserError(f"{what} {shorten(str(path))} exists and is not writable.")
     return path
 
 
 def check_kept(folder: str | Path, entries: dict[str, bool], what: str = "--out") -> None:
     """UserError unless each of `entries` (a name the command keeps in `folder` -> True for a folder,
     False for a regular file changed in place) that exists is exactly that, by lstat: no link, FIFO,
-    folder in a file's place or second hard link (fileio.refusal)."""
+    folder in a file's place or second hard link (fileio.check_target)."""
     folder = Path(folder)
     for name, want_dir in entries.items():
         path = folder / name
@@ -105,12 +100,10 @@ def check_kept(folder: str | Path, entries: dict[str, bool], what: str = "--out"
         if want_dir and not stat.S_ISLNK(st.st_mode):
             kind = "a file, not a folder" if stat.S_ISREG(st.st_mode) else "not a folder"
             raise UserError(
-                f"{what} {_quote(folder)} holds {name}, which is {kind}; ditbench keeps {name} there as a "
-                f"folder. Move it away, or give another {what}."
+                f"{what} {shorten(str(folder))} holds {name}, which is {kind}; ditbench keeps {name} there "
+                f"as a folder. Move it away, or give another {what}."
             )
-        why = refusal(path, st, what, in_place=True)
-        if why is not None:
-            raise UserError(why)
+        check_target(path, what, in_place=True, st=st)
 
 
 _SAFE = "A-Za-z0-9._=-"
@@ -167,8 +160,8 @@ def refuse_output_as_input(
         for in_label, given in expanded:
             if same_file(out, given):
                 raise UserError(
-                    f"{out_label} {_quote(Path(out))} is the input {in_label} {_quote(given)}: writing it "
-                    f"would replace what this command reads. Give another path for {out_label}."
+                    f"{out_label} {shorten(str(Path(out)))} is the input {in_label} {shorten(str(given))}: "
+                    f"writing it would replace what this command reads. Give another path for {out_label}."
                 )
 
 

@@ -1,9 +1,6 @@
-"""Pixel data without a VAE: the image itself, scaled to [-1, 1], is the DiT's 4 x s x s latent.
-
-grey (default): each latent cell is a 2x2 block of a grey image of side 2s (pixel_unshuffle); `colour:
-rgb`: each cell is one RGB pixel (side s) and its luma. Decoding is the exact inverse, so a CPU trains
-and scores a real image model in minutes with no VAE or download (`suites/cpu_quality.yaml`). Sampling
-imports this module to decode, so it never imports training.
+"""Pixel data without a VAE: the image itself, scaled to [-1, 1], is the DiT's 4 x s x s latent (grey:
+each cell a 2x2 block of a grey image of side 2s; `colour: rgb`: one RGB pixel and its luma). Decoding
+is the exact inverse, so a CPU trains and scores a real image model in minutes (`suites/cpu_quality.yaml`).
 """
 
 from __future__ import annotations
@@ -16,6 +13,7 @@ from ditbench import vae
 from ditbench.errors import UserError, shorten
 
 BLOCK = 2  # pixels per latent cell along each side: BLOCK**2 == vae.LATENT_CHANNELS grey pixels
+LUMA = (0.299, 0.587, 0.114)  # ITU-R 601, as to_grey
 assert BLOCK * BLOCK == vae.LATENT_CHANNELS
 
 
@@ -44,9 +42,6 @@ def encode(grey):
 
     x = torch.as_tensor(grey)
     return F.pixel_unshuffle(x.float().div(127.5).sub(1.0).unsqueeze(1), BLOCK)
-
-
-LUMA = (0.299, 0.587, 0.114)  # ITU-R 601, as to_grey
 
 
 def encode_rgb(rgb):

@@ -1,9 +1,8 @@
 """Precision: the four names a knob takes, what each does to a step, and the one switch for TF32.
 
-fp32  TF32 off for matmul and cuDNN; tf32  fp32 storage, TF32 tensor-core math (official train.py's)
-fp16  autocast to float16 + a GradScaler; bf16  autocast to bfloat16, no scaler
-Weights, gradients, optimizer state and EMA stay fp32 in every policy; under fp16/bf16 the fp32 matmuls
-left outside autocast use TF32 on CUDA, as the official scripts do.
+fp32: TF32 off; tf32: TF32 tensor-core math (official train.py's); fp16: autocast + a GradScaler; bf16:
+autocast, no scaler. Weights, gradients, optimizer state and EMA stay fp32 in every policy; under
+fp16/bf16 the matmuls left outside autocast use TF32 on CUDA, as the official scripts do.
 
 TF32 is switched only by `set_tf32` / `tf32_mode`. torch >= 2.9 has two APIs (per-op `fp32_precision`,
 the legacy `allow_tf32` flags); set one alone and every legacy getter raises ("mix of the legacy and new
@@ -82,26 +81,24 @@ def set_tf32(enabled: bool) -> None:
             target.fp32_precision = mode
 
 
-def _snapshot() -> tuple:
-    """The settings to restore, read through the new API where it exists (it never refuses a read)."""
+def _snapshot() -> dict[str, Any]:
+    """The settings to restore: read through the new API where it exists (it never refuses a read),
+    else the legacy flags (True: TF32)."""
     import torch
 
     if _has_new_api():
-        return ("new", {n: t.fp32_precision for n, t in _new_api_targets().items()})
-    return ("legacy", (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32))
+        return {n: t.fp32_precision for n, t in _new_api_targets().items()}
+    return {"matmul": torch.backends.cuda.matmul.allow_tf32, "conv": torch.backends.cudnn.allow_tf32}
 
 
-def _restore(saved: tuple) -> None:
+def _restore(saved: dict[str, Any]) -> None:
     import torch
 
-    kind, values = saved
-    if kind == "legacy":
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = values
-        return
-    torch.backends.cuda.matmul.allow_tf32 = values["matmul"] == "tf32"
-    torch.backends.cudnn.allow_tf32 = values["conv"] == "tf32"
-    for name, target in _new_api_targets().items():
-        target.fp32_precision = values[name]
+    torch.backends.cuda.matmul.allow_tf32 = saved["matmul"] in (True, "tf32")  # legacy flags first
+    torch.backends.cudnn.allow_tf32 = saved["conv"] in (True, "tf32")
+    if _has_new_api():
+        for name, target in _new_api_targets().items():
+            target.fp32_precision = saved[name]
 
 
 @contextlib.contextmanager
@@ -160,17 +157,14 @@ def get_precision_policy(
     name: str, device: str | torch.device = "cpu", bf16_supported: bool | None = None
 ) -> PrecisionPolicy:
     """The policy for `name` on `device`; UnsupportedError where the device cannot run it.
-
-    `bf16_supported` answers for a CUDA device that is not this machine's (the planner's target); None
-    asks torch."""
+    `bf16_supported`: the answer for a CUDA device that is not this machine's (the planner's target)."""
     import torch
 
     key = check_precision(name)
     device_type = torch.device(device).type
     if device_type not in ("cpu", "cuda"):
         raise UnsupportedError(f"device type {device_type!r} is not supported; use cpu or cuda")
-    reason = unsupported_reason(key, device_type)
-    if reason:
+    if reason := unsupported_reason(key, device_type):
         raise UnsupportedError(reason)
     if bf16_supported is None and device_type == "cuda":
         bf16_supported = torch.cuda.is_bf16_supported()

@@ -1,9 +1,6 @@
-"""Weights by name, as the official DiT sampler finds them.
-
-`ema` / `mse`: stabilityai's sd-vae-ft-ema / -mse through the Hugging Face cache. `DiT-XL-2-256x256.pt`
-and `-512x512.pt`: the released checkpoints, from the working directory, `pretrained_models/` or the
-ditbench cache ($DITBENCH_CACHE, else ~/.cache/ditbench), downloaded there once. Offline
-($DITBENCH_OFFLINE / $HF_HUB_OFFLINE) nothing is downloaded; a missing file is one paragraph.
+"""Weights by name, as the official DiT sampler finds them: `ema` / `mse` (stabilityai's sd-vae-ft-ema /
+-mse, the Hugging Face cache) and the released DiT checkpoints (`pretrained_models/` or the ditbench
+cache, downloaded there once). Offline ($DITBENCH_OFFLINE / $HF_HUB_OFFLINE) nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -76,19 +73,15 @@ def load_vae(name: str):
     )
 
 
-def checkpoint_cache(name: str) -> Path:
-    return cache_root() / "checkpoints" / name
-
-
 def resolve_checkpoint(spec: str | os.PathLike) -> Path:
     """A checkpoint file: `spec` itself when it is one, else a released DiT checkpoint by name."""
     path = Path(spec).expanduser()
     if path.is_file() or path.name not in DIT_CHECKPOINTS or str(spec) != path.name:
         return path  # a path (or an unknown name): the loader says what is wrong with it
-    for candidate in (Path(OFFICIAL_DIR) / path.name, checkpoint_cache(path.name)):
+    dest = cache_root() / "checkpoints" / path.name
+    for candidate in (Path(OFFICIAL_DIR) / path.name, dest):
         if candidate.is_file():
             return candidate
-    dest = checkpoint_cache(path.name)
     url = DIT_URL + path.name
     if offline():
         reason = "downloading is off ($DITBENCH_OFFLINE or $HF_HUB_OFFLINE)"

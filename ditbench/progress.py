@@ -1,6 +1,5 @@
-"""Progress bars for a terminal; where stderr is not one (a file, a CI log, which would keep tqdm's `\\r`
-redraws as one growing line), a plain line every `DITBENCH_PROGRESS_EVERY_S` seconds (30) and at the end.
-"""
+"""Progress bars for a terminal; where stderr is not one (a CI log would keep tqdm's redraws as one
+growing line), a plain line every `DITBENCH_PROGRESS_EVERY_S` seconds (30) and at the end."""
 
 from __future__ import annotations
 
@@ -35,14 +34,12 @@ def progress(
 ):
     """A tqdm bar on a terminal; otherwise plain lines (`plain`) or nothing. Same calls either way:
     update, set_postfix, set_postfix_str, write, close, iteration, `with`."""
+    shared = {"total": total, "initial": initial, "unit": unit, "desc": desc}
     if not disable and is_terminal():
         from tqdm.auto import tqdm
 
-        return tqdm(
-            iterable, total=total, initial=initial, unit=unit, desc=desc, leave=leave,
-            dynamic_ncols=True, file=sys.stderr,
-        )  # fmt: skip
-    return PlainProgress(iterable, total, initial, unit, desc, quiet=disable or not plain)
+        return tqdm(iterable, leave=leave, dynamic_ncols=True, file=sys.stderr, **shared)
+    return PlainProgress(iterable, **shared, quiet=disable or not plain)
 
 
 def duration(seconds: float) -> str:

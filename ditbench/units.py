@@ -1,7 +1,5 @@
-"""How a memory size reads: GiB from 1 GiB up, MiB below it.
-
-A CPU cell's allocator peak is a few MiB; in GiB it reads `0.01`, and two such values that differ
-by a fifth look equal. Records keep GiB (the `*_gib` fields); only what a person reads changes unit.
+"""How a memory size reads: GiB from 1 GiB up, MiB below it (a CPU cell's few MiB would read `0.01`
+GiB). Records keep GiB (the `*_gib` fields); only what a person reads changes unit.
 """
 
 from __future__ import annotations
@@ -20,11 +18,6 @@ def memory_text(gib: float | None, missing: str = "-") -> str:
     mib = gib * MIB_PER_GIB
     digits = 0 if abs(mib) >= 100 else 1 if abs(mib) >= 10 else 2
     return f"{mib:.{digits}f} MiB"
-
-
-def memory_delta_text(gib: float) -> str:
-    """A signed difference in the unit its size reads in: `+1.25 GiB`, `-1.9 MiB`."""
-    return ("+" if gib >= 0 else "-") + memory_text(abs(gib))
 
 
 def bytes_as_gib(message: str) -> str:

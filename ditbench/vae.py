@@ -1,9 +1,6 @@
-"""The autoencoder DiT trains in the latent space of: sd-vae-ft-ema (diffusers' AutoencoderKL).
-
-Every fact about it lives here (downsampling 8, 4 latent channels, latents scaled by 0.18215). Weights
-from a local path or by name (`ema`, `mse`: `pretrained`); random only when the user writes `random`,
-and the description returned says which. Training and sampling both use it, so sampling never imports
-training.
+"""The autoencoder DiT trains in the latent space of: sd-vae-ft-ema (diffusers' AutoencoderKL), every
+fact about it. Weights from a path or by name (`ema`, `mse`: `pretrained`); random only for `random`.
+Training and sampling both use it, so sampling never imports training.
 """
 
 from __future__ import annotations
@@ -48,10 +45,11 @@ def build_vae(spec: str | os.PathLike, device="cpu"):
     import torch
 
     from ditbench import pretrained
+    from ditbench.extras import require_diffusers
 
     require_vae_spec(spec)
     text = str(spec)
-    AutoencoderKL = _autoencoder(text)
+    AutoencoderKL = require_diffusers(f"the VAE ({shorten(text, 80)})").AutoencoderKL
     if pretrained.is_vae_name(text):
         vae = pretrained.load_vae(text)
         desc = f"pretrained {pretrained.VAE_REPOS[text]} (by name `{text}`)"
@@ -65,12 +63,6 @@ def build_vae(spec: str | os.PathLike, device="cpu"):
         desc = f"pretrained from {text}"
     vae = vae.to(device).eval().requires_grad_(False)
     return vae, desc
-
-
-def _autoencoder(text: str):
-    from ditbench.extras import require_diffusers
-
-    return require_diffusers(f"the VAE ({shorten(text, 80)})").AutoencoderKL
 
 
 def _load_pretrained(p: Path, text: str, AutoencoderKL):  # noqa: N803 - diffusers' class

@@ -1,10 +1,6 @@
-"""A pydantic model's verdict on a user's input, as ditbench's one-paragraph error.
-
-`problem` turns the first error into (key path, what is wrong and what is valid: a field's
-`description`, a model's `title`), never pydantic's own wording. Styles: "<label>: `<key>` must be
-<valid>, got <value>." (policies) and "<label> at `<key>`: expected <valid>, got <value>." (suites,
-claims). A validator says better with `refuse(text)` (`{where}`: the key path; `at`: a key below);
-`rule(template)` gives a type its own sentence.
+"""A pydantic model's verdict on a user's input, as ditbench's one-paragraph error: the key path, what
+is wrong and what is valid (a field's `description`, a model's `title`), never pydantic's own wording.
+A validator says better with `refuse(text)`; `rule(template)` gives a type its own sentence.
 """
 
 from __future__ import annotations

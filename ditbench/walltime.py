@@ -1,11 +1,8 @@
 """How long `train`, `sample`, `fid` and `run` will take, said first; long CPU work needs --yes in a terminal.
 
-The rate is the planner's time model's (plan/speed.py): a CPU's matmul rate measured now (0.3 s, at
-this process's threads: a busy machine gets a longer estimate) with the efficiencies fitted on CPU
-cells, or a GPU's datasheet with the shipped calibration. A training step is the traced step at that
-rate (train/cli.py), a suite its cells' steps and processes (bench/cli.py); sampling and Inception
-features their FLOPs (launches not counted). Over LONG_CPU_S on a CPU a terminal without --yes is
-refused; CI and logs proceed.
+The rate is the planner's time model's (plan/speed.py): a CPU's matmul rate measured now (0.3 s: a busy
+machine gets a longer estimate) with the CPU-fitted efficiencies, or a GPU's datasheet with the shipped
+calibration. Over LONG_CPU_S on a CPU a terminal without --yes is refused; CI and logs proceed.
 """
 
 from __future__ import annotations
@@ -106,13 +103,11 @@ def measure_matmul_tflops(device: str, precision: str, n: int | None = None, sec
         for _ in range(WARMUP_MATMULS):
             a @ b
         sync()
-        count, start = 0, time.perf_counter()
-        while True:
+        count, start, elapsed = 0, time.perf_counter(), 0.0
+        while elapsed < seconds:
             for _ in range(MATMULS_PER_SYNC):
                 a @ b
             count += MATMULS_PER_SYNC
             sync()
             elapsed = time.perf_counter() - start
-            if elapsed >= seconds:
-                break
         return 2 * n**3 * count / elapsed / 1e12

@@ -1,8 +1,6 @@
-"""The one reader of the YAML users hand us (suites, gate policies, claims): safe and bounded.
-
-A regular UTF-8 file of at most MAX_BYTES; yaml's safe loader refusing duplicate keys, nesting deeper
-than MAX_DEPTH, recursive aliases and alias expansion beyond MAX_NODES (a 300-byte "billion laughs");
-every failure a UserError naming the file and line.
+"""The one reader of the YAML users hand us (suites, gate policies, claims): a regular UTF-8 file of at
+most MAX_BYTES, no duplicate keys, recursive aliases, nesting beyond MAX_DEPTH or alias expansion beyond
+MAX_NODES (a 300-byte "billion laughs"); every failure a UserError naming the file and line.
 """
 
 from __future__ import annotations
@@ -46,25 +44,15 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 def _check_node_graph(root: yaml.Node, where: str) -> None:
-    """Refuse recursive aliases, deep nesting and alias expansion beyond MAX_NODES (iteratively)."""
+    """Refuse recursive aliases, deep nesting and alias expansion beyond MAX_NODES (the recursion is
+    bounded by MAX_DEPTH; an alias's node is counted once, memoised by identity)."""
     expanded: dict[int, int] = {}  # id(node) -> node count once every alias is expanded
-    stack: list[tuple[yaml.Node, int, bool]] = [(root, 1, False)]
     on_path: set[int] = set()
-    while stack:
-        node, depth, children_done = stack.pop()
+
+    def count(node: yaml.Node, depth: int) -> int:
         key = id(node)
-        if children_done:
-            on_path.discard(key)
-            children = _children(node)
-            expanded[key] = 1 + sum(expanded[id(c)] for c in children)
-            if expanded[key] > MAX_NODES:
-                raise UserError(
-                    f"{where} expands to more than {MAX_NODES:,} values through its aliases (`*name`); "
-                    "a real file is far smaller: remove the repeated aliases."
-                )
-            continue
         if key in expanded:
-            continue
+            return expanded[key]
         if key in on_path:
             raise UserError(
                 f"{where} at line {node.start_mark.line + 1}: an alias refers to a mapping or list "
@@ -76,18 +64,20 @@ def _check_node_graph(root: yaml.Node, where: str) -> None:
                 "a suite or policy needs only a few levels."
             )
         on_path.add(key)
-        stack.append((node, depth, True))
-        for child in _children(node):
-            if id(child) not in expanded:
-                stack.append((child, depth + 1, False))
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        else:
+            children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else []
+        expanded[key] = 1 + sum(count(child, depth + 1) for child in children)
+        on_path.discard(key)
+        if expanded[key] > MAX_NODES:
+            raise UserError(
+                f"{where} expands to more than {MAX_NODES:,} values through its aliases (`*name`); "
+                "a real file is far smaller: remove the repeated aliases."
+            )
+        return expanded[key]
 
-
-def _children(node: yaml.Node) -> list[yaml.Node]:
-    if isinstance(node, yaml.SequenceNode):
-        return list(node.value)
-    if isinstance(node, yaml.MappingNode):
-        return [n for pair in node.value for n in pair]
-    return []
+    count(root, 1)
 
 
 def parse_yaml_text(text: str, where: str) -> Any:

@@ -1,8 +1,5 @@
-"""`ditbench ab SUITE --a PYTHON --b PYTHON`: a regression gate that runs both sides itself.
-
-Rounds (ab.rounds) until every cell is decided (ab.sequential) or the rounds or the budget run out;
-then the gate's summary and exit status, as `compare` (EPILOG says what users see).
-"""
+"""`ditbench ab SUITE --a PYTHON --b PYTHON`: rounds until every cell is decided or the rounds or the
+budget run out; then the gate's summary and exit status, as `compare`."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
-"""The rounds of `ditbench ab`: every open cell once per side, each a fresh process of the side's
-interpreter, its record appended to OUT/a or OUT/b/results.jsonl at once.
-
-Interleaved: cells in a random order, each cell's two processes back to back in a random order (drift
-hits both, neither is always first). Duet: both at once, each pinned to a half of the CPUs (and GPUs),
-the halves drawn again for every pair.
-"""
+"""The rounds of `ditbench ab`: every open cell once per side, each a fresh process, its record appended
+at once. Interleaved: cells, and each cell's two processes back to back, in a random order (drift hits
+both, neither is always first). Duet: both at once, each pinned to a half of the CPUs (and GPUs), the
+halves drawn again for every pair."""
 
 from __future__ import annotations
 

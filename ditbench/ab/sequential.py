@@ -1,10 +1,6 @@
-"""The sequential gate of `ditbench ab`: after every round, the whole comparison again.
-
-`judge` runs the regression gate (report.gate.decide) on each side's rounds combined, the timed metrics
-judged from the rounds' paired log(step B / step A) ratios (report.gate.timing) at the level of the
-cell's look. A cell closes when its timed verdicts are decided or a side's process did not end ok (the
-status change decides); a closed cell runs no more rounds.
-"""
+"""The sequential gate of `ditbench ab`: after every round, the whole comparison again, the timed metrics
+judged from the rounds' paired log(step B / step A) ratios at the level of the cell's look. A cell
+closes when its timed verdicts are decided or a side's process did not end ok."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""The two sides of `ditbench ab`: an interpreter (or a virtual environment) and its own environment
-variables, checked before any cell runs.
-
-Each side's ditbench reads the cell specs this one writes and runs them (bench.launch.process); the
-probe asks each side to read every spec first, and one that cannot is refused by name (exit 2).
-"""
+"""The two sides of `ditbench ab`: an interpreter (or a virtual environment) and its environment
+variables. Each side's ditbench runs the cell specs this one writes, so a probe asks each side to read
+every spec before any cell runs; one that cannot is refused by name (exit 2)."""
 
 from __future__ import annotations
 

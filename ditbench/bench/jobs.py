@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from ditbench.bench.launch.srun import read_started, started_path
 from ditbench.bench.runner import RunOptions, Visible, precheck, run_suite
 from ditbench.bench.runopts import JOBS_DIR, RESULTS_FILE, now_iso
 from ditbench.errors import UserError, shorten
+from ditbench.fileio import rmtree_real
 from ditbench.precision import unsupported_reason
 from ditbench.spec.cluster import TEXT_KEYS, ClusterOptions
 from ditbench.spec.suite import Suite, SuiteCell
@@ -304,7 +304,4 @@ def _sweep_orphans(folder: Path) -> None:
         if path.name == executors.SUBMITIT_DIR:
             continue
         if not any(path.name.startswith(f"{key}.") or path.name.startswith(f".{key}.") for key in keys):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+            rmtree_real(path)

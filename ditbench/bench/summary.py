@@ -12,7 +12,7 @@ from typing import Any
 from ditbench.bench.cell.window import noise_advice
 from ditbench.escape import md_code, md_text
 from ditbench.fileio import write_atomic
-from ditbench.interval_text import with_ends
+from ditbench.intervals import with_ends
 from ditbench.records.metrics import CPU_ALLOC, CPU_RSS, IMAGES_PER_S, PEAK_ALLOCATED
 from ditbench.records.model import Part
 from ditbench.units import memory_text

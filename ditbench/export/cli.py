@@ -1,8 +1,5 @@
-"""`ditbench export RESULTS... --to tensorboard|mlflow|wandb [TARGET]`: each cell as a tracker's run, the
-report attached unless --no-report. A command of its own rather than `report --to`: an export writes
-into another tool's store, with its own target and rules for what is there already, and keeps the
-trackers off report's path. Without TARGET each tool's default: runs/, MLflow's tracking URI, ./wandb.
-"""
+"""`ditbench export RESULTS... --to tensorboard|mlflow|wandb [TARGET]`: each cell as a tracker's run
+(docs/export.md says why this is not `report --to`)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
 """One result record as an experiment tracker's run, the same content for TensorBoard, MLflow and W&B
-(docs/export.md): knobs (flattened with dots) as parameters, identity as tags, finite metrics grouped as
-speed, memory or other, losses and scores as step series, grids as images. Nothing here imports a tracker.
-"""
+(what goes where: docs/export.md). Nothing here imports a tracker."""
 
 from __future__ import annotations
 

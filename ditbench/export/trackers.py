@@ -1,14 +1,7 @@
 """Write TrackerRuns into TensorBoard, MLflow or Weights & Biases (what goes where: docs/export.md).
-
-Each writer skips what its tracker holds already, so exporting twice adds nothing twice, and imports
-the tracker (its extra) only when asked. TensorBoard: a folder of event files per cell through torch's
-SummaryWriter, knobs and tags as HParams; a folder that holds event files was exported before.
-MLflow: runs in one experiment of a tracking URI, tagged `ditbench.record` (run id/cell id); a sqlite
-store needs sqlalchemy and alembic. A file store the user names is opened with
-MLFLOW_ALLOW_FILE_STORE=true: MLflow 3 keeps it behind that switch, and naming the store is the user's
-choice of it. W&B: offline runs under DIR/wandb/ unless WANDB_MODE says otherwise (`wandb sync
-DIR/wandb/offline-run-*` uploads them), a run's id a hash of its record; series are logged one call per
-step, ascending, as W&B requires.
+Each writer skips what its tracker holds already and imports the tracker (its extra) only when asked.
+A file store the user names is opened with MLFLOW_ALLOW_FILE_STORE=true: MLflow 3 keeps it behind that
+switch, and naming the store is the user's choice of it. W&B takes series one call per step, ascending.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from ditbench import interval_text
+from ditbench import intervals
 from ditbench.errors import UserError, shorten
 
 if TYPE_CHECKING:
@@ -80,12 +80,12 @@ class Output:
         return self.better is not None
 
     def plus_minus(self, value: float, spread: float | None) -> str:
-        """`73 ± 35`: the value and its spread to the decimals the spread justifies (`interval_text`)."""
-        return interval_text.plus_minus(value, spread, self.fmt)
+        """`73 ± 35`: the value and its spread to the decimals the spread justifies (`intervals`)."""
+        return intervals.plus_minus(value, spread, self.fmt)
 
     def with_ends(self, value: float, low: float, high: float) -> tuple[str, str, str]:
         """The value and the ends of its interval, to the decimals the interval justifies."""
-        return interval_text.with_ends(value, low, high, self.fmt)
+        return intervals.with_ends(value, low, high, self.fmt)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,7 @@
-"""What the measurements say: speed-up over the suite's baseline (the ok cell equal to a cell except on
-the suite's `baseline` keys), the fastest cell that fits (`memory`), and the training time a reader can
-plan with: N / the measured steps/s on the cell's GPUs, N the DiT paper's 400,000 steps unless the
-suite or `report --target-steps` says otherwise; GPU-hours per million images = GPUs x 10^6 / images/s
-/ 3600, which does not depend on the batch.
-"""
+"""What the measurements say: speed-up over the suite's baseline, the fastest cell that fits, and the
+training time: N / the measured steps/s, N the DiT paper's 400,000 steps unless the suite or
+`report --target-steps` says otherwise; GPU-hours per million images = GPUs x 10^6 / images/s / 3600,
+which does not depend on the batch."""
 
 from __future__ import annotations
 
@@ -17,8 +15,6 @@ from ditbench.records.metrics import IMAGES_PER_S, STEPS_PER_S
 from ditbench.report.cells import gpu_count, knob_index, knob_key, knobs, model_size_key, same_run_first
 from ditbench.report.load import column, flatten, value
 from ditbench.report.memory import cell_budget, fit_memory, fits, memory_metric, not_meaningful
-
-# ------------------------------------------------------------------------------------------ baseline
 
 
 def baseline_comparison(df: pd.DataFrame) -> pd.DataFrame:

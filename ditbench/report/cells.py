@@ -87,10 +87,8 @@ def model_size_key(model: str, params: float | None) -> tuple:
 def pairs(
     df: pd.DataFrame, change_from: dict[str, Any], change_to: dict[str, Any]
 ) -> list[tuple[pd.Series, pd.Series]]:
-    """(row, twin) for ok rows matching change_from whose twin (its knobs with change_to applied) ran ok.
-
-    With several records of one twin (`--keep all`), the twin from the same run is preferred.
-    """
+    """(row, twin) for ok rows matching change_from whose twin (its knobs with change_to applied) ran ok;
+    of several records of one twin (`--keep all`), the one from the same run."""
     index = knob_index(df)
     out = []
     for _, row in df[df["status"] == "ok"].iterrows():

@@ -1,8 +1,7 @@
 """Claims checked against a run: what a claim reads from each cell, and a verdict naming the cells used
-(held, not held, not measured, inconclusive, not judged: docs/reports.md says when). An absolute speed
-speaks only for the card that computed it: when a claim names its `card`, one measured elsewhere is
-shown, not judged. With several records of one cell (`--keep all`), the latest is used.
-"""
+(docs/reports.md says which verdict when). An absolute speed speaks only for the card that computed it:
+when a claim names its `card`, one measured elsewhere is shown, not judged. With several records of one
+cell (`--keep all`), the latest is used."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
-"""Claims files: statements about DiT training resources that a run can check (docs/reports.md;
-claims/dit_resource_guide.yaml is one). A claim selects cells with `cell` and expects of one metric a
-`value`, `range`, `at_most` or `at_least`, a `ratio` or `ratio_range` between cells that differ as
-`compare`, or that they `fits` a card. The whole file is validated (the pydantic models below) before
-anything is checked: every mistake names the file and key path.
-"""
+"""Claims files: statements about DiT training resources that a run can check (format: docs/reports.md;
+claims/dit_resource_guide.yaml is one). The whole file is validated before anything is checked: every
+mistake names the file and key path."""
 
 from __future__ import annotations
 

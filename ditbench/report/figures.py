@@ -110,7 +110,6 @@ def speed_spread(rows: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
 
 
 def legend_marker(marker: str, label: str, **style) -> Line2D:
-    """A legend entry that is a marker alone (no line)."""
     return Line2D([], [], marker=marker, linestyle="none", label=label, **style)
 
 
@@ -141,13 +140,10 @@ LABEL_FONT = 7  # points
 
 
 def place_labels(ax, points: list[tuple[float, float, str]], radius_px: float = 9.0) -> None:
-    """Label points so that no label covers another label or a point, deterministically.
-
-    Points that land on the same pixel share one label ("4, 8"). Each label then takes the first of
-    a fixed list of spots around its point (right, upper right, left, lower right, above, below, and
-    farther out) that overlaps nothing placed yet and stays inside the axes; where every spot
-    overlaps, the least-overlapping one. Needs the figure laid out (fig.draw_without_rendering()).
-    """
+    """Label points, deterministically, so that no label covers another label or a point. Points on the
+    same pixel share one label ("4, 8"); each label takes the first spot around its point that overlaps
+    nothing placed yet and stays inside the axes, else the least-overlapping one. Needs the figure laid
+    out (fig.draw_without_rendering())."""
     dpi = ax.figure.dpi
     to_px = ax.transData.transform
     merged: list[list] = []

@@ -54,12 +54,10 @@ class Budget:
 
 
 def metrics_of(row: pd.Series) -> Metrics:
-    """The record's metrics (empty when null)."""
     return row["record"].metrics or Metrics()
 
 
 def _number(v: Any) -> float | None:
-    """A finite number >= 0, else None."""
     v = finite(v)
     return v if v is not None and v >= 0 else None
 
@@ -110,7 +108,6 @@ _CPU = ((MEM_CPU_ALLOC, "CPU allocator peak"), (MEM_RSS, "CPU peak RSS"))
 
 
 def _first(row: pd.Series, *choices: tuple[str, str]) -> tuple[float | None, str]:
-    """(value, label) of the first of (column, label) the row has, else (None, '')."""
     for name, label in choices:
         if (v := value(row, name)) is not None:
             return v, label
@@ -125,8 +122,7 @@ def shown_memory(row: pd.Series) -> tuple[float | None, str]:
 
 
 def memory_metric(df: pd.DataFrame) -> tuple[str, str]:
-    """(column, label) of the memory in the tables: peak allocated on a GPU, else the CPU allocator's
-    peak, else (a CPU job of several processes, which does not measure it) the peak RSS."""
+    """(column, label) of the memory in the tables: peak allocated on a GPU, else as shown_memory."""
     ok = df[df["status"] == "ok"]
     name, label = next(((n, t) for n, t in (_ALLOCATED, *_CPU) if column(ok, n).notna().any()), _ALLOCATED)
     return name, f"{label} (GiB)"

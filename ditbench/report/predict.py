@@ -1,8 +1,6 @@
 """`report --predict`: the claims and advice checks the run did not measure, judged from `ditbench plan`
-(docs/reports.md, "Predicted verdicts"): held only when the prediction's band lies wholly inside what is
-accepted, not held only wholly outside, else inconclusive; a measured verdict wins. No batch size is
-invented: a claim whose cell is incomplete is predicted on the run's matching cells or pairs.
-"""
+(docs/reports.md, "Predicted verdicts"). No batch size is invented: a claim whose cell is incomplete is
+predicted on the run's matching cells or pairs."""
 
 from __future__ import annotations
 

@@ -336,9 +336,6 @@ def _evaluations_table(df: pd.DataFrame, cells) -> Table:
     return Table(headers, rows)
 
 
-# ------------------------------------------------------------------------------------------ figures
-
-
 def _gpu_hours_figure(df: pd.DataFrame, cells) -> bytes | None:
     from ditbench.report.figures import CELL_COLOURS, figure_png, panels
 

@@ -204,9 +204,6 @@ def _method(df: pd.DataFrame, steps: int, steps_source: str) -> list[Block]:
     ]
 
 
-# ------------------------------------------------------------------------------------------ csv
-
-
 def results_table(df: pd.DataFrame) -> pd.DataFrame:
     """The DataFrame as a flat table: lists and objects as JSON text, no raw record column."""
     comparison = analysis.baseline_comparison(df)
@@ -219,9 +216,6 @@ def results_table(df: pd.DataFrame) -> pd.DataFrame:
     for name in ("cell_id", "speedup", "mem_saved_pct", "mem_note"):
         flat[f"vs_baseline.{name}"] = comparison["baseline_cell_id" if name == "cell_id" else name]
     return flat
-
-
-# ------------------------------------------------------------------------------------------ write
 
 
 def report_files() -> list[str]:

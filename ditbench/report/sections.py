@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from ditbench.interval_text import decimals
+from ditbench.intervals import decimals
 from ditbench.records.metrics import ENERGY_PER_IMAGE, IMAGES_PER_S, MFU, STEP_MS
 from ditbench.report import advice, analysis
 from ditbench.report.analysis import gpu_hours_text, time_text
@@ -36,7 +36,6 @@ NOT_MEASURED = ("unsupported", "skipped")
 
 
 def verdict_css(verdict: str) -> str:
-    """The HTML class of a verdict, measured or predicted."""
     return {"held": "held", "not held": "not-held"}.get(verdict.removeprefix("predicted: "), "not-measured")
 
 
@@ -74,7 +73,6 @@ def run_text(row: pd.Series) -> str:
 
 
 def run_label(row: pd.Series) -> str | None:
-    """The run's `--label`, or None for a record without one."""
     label = row.get("label")
     return label if isinstance(label, str) and label else None
 
@@ -84,9 +82,6 @@ def run_group(row: pd.Series) -> str:
     label where it has one (runs labelled alike share a row), else its run id (never its start time,
     which differs cell by cell within one run)."""
     return run_label(row) or str(row.get("run_id") or "—")
-
-
-# ---------------------------------------------------------------------------------- recommendations
 
 
 def recommendations(df: pd.DataFrame, steps: int) -> list[Block]:
@@ -366,7 +361,7 @@ def rate_text(row: pd.Series) -> str:
     ci = rep.get(f"{IMAGES_PER_S.key}_ci") if rep is not None else None
     if not (isinstance(ci, list) and len(ci) == 2):
         return num(value(row, IMAGES_PER_S.path))
-    # to the decimals the interval justifies (interval_text), at most num's one
+    # to the decimals the interval justifies (intervals), at most num's one
     ends = [x for x in ci if x is not None]
     digits = decimals((ends[1] - ends[0]) / 2, 1) if len(ends) == 2 else 1
     text = num(value(row, IMAGES_PER_S.path), digits)

@@ -1,4 +1,4 @@
-"""A value and its interval read together, to the decimals the interval justifies (ditbench.interval_text)."""
+"""A value and its interval read together, to the decimals the interval justifies (ditbench.intervals)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from ditbench.interval_text import decimals, plus_minus, with_ends
+from ditbench.intervals import decimals, plus_minus, with_ends
 
 
 @pytest.mark.parametrize(

@@ -125,7 +125,7 @@ LAYERS: list[tuple[str, ...]] = [
         "ditbench.builtin_data", "ditbench.environment", "ditbench.vae", "ditbench.pixels",
         "ditbench.cliopts", "ditbench.faults", "ditbench.validation", "ditbench.units",
         "ditbench.escape", "ditbench.expansion", "ditbench.imageload",
-        "ditbench.extras", "ditbench.intervals", "ditbench.interval_text", "ditbench.walltime",
+        "ditbench.extras", "ditbench.intervals", "ditbench.walltime",
     ),
     # the network, the diffusion, process groups, the typed spec (knobs, cells, suites)
     ("ditbench.models", "ditbench.diffusion", "ditbench.dist", "ditbench.spec"),

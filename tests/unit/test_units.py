@@ -1,6 +1,6 @@
 """Memory sizes as a person reads them (ditbench.units)."""
 
-from ditbench.units import memory_delta_text, memory_text
+from ditbench.units import memory_text
 
 
 def test_below_one_gib_reads_in_mib_with_the_digits_that_matter():
@@ -11,12 +11,6 @@ def test_below_one_gib_reads_in_mib_with_the_digits_that_matter():
     assert memory_text(0.0079) == "8.09 MiB"
     assert memory_text(0.0) == "0.00 MiB"
     assert memory_text(None) == "-" and memory_text(None, "n/a") == "n/a"
-
-
-def test_a_difference_reads_in_the_unit_of_its_own_size():
-    assert memory_delta_text(-0.0019) == "-1.95 MiB"
-    assert memory_delta_text(1.25) == "+1.25 GiB"
-    assert memory_delta_text(0.0) == "+0.00 MiB"
 
 
 def test_a_cpu_cells_line_and_summary_name_the_allocator_peak_in_mib():

@@ -21,6 +21,7 @@ from ditbench.bench.launch.process import child_env
 from ditbench.bench.launch.srun import run_task
 from ditbench.errors import UserError
 from ditbench.fileio import read_regular, rmtree_real, write_json_atomic
+from ditbench.outlock import process_start
 
 SUBMITIT_DIR = "submitit"
 JOB_ID = {"local": re.compile(r"[1-9][0-9]{0,9}"), "slurm": re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")}
@@ -108,16 +109,9 @@ def submit_cells(executor, kind: str, params: dict[str, Any], calls: list[tuple]
     for handle in handles:
         started = None
         if kind == "local":
-            started = _create_time(int(handle.job_id))
+            started = process_start(int(handle.job_id))
         out.append((handle, JobRef(kind, str(handle.job_id), folder, started)))
     return out
-
-
-def _create_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
 
 
 def is_active(ref: JobRef, handle=None) -> bool:

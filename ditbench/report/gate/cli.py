@@ -1,8 +1,6 @@
 """`ditbench compare BASE NEW`: the regression gate (exit codes and policy format: POLICY_EXAMPLE).
-
-The summary goes to stdout, --summary FILE and $GITHUB_STEP_SUMMARY, so a workflow step needs no
-glue; a refusal (exit 2) writes its reason there too.
-"""
+The summary goes to stdout, --summary FILE and $GITHUB_STEP_SUMMARY, so a workflow step needs no glue;
+a refusal (exit 2) writes its reason there too."""
 
 from __future__ import annotations
 

@@ -20,8 +20,6 @@ MAX_NAMED = 5  # problems a refusal names one by one; the rest are counted
 
 @dataclass(frozen=True)
 class Row:
-    """One record of one run, with where it came from."""
-
     side: str  # "BASE" or "NEW"
     source: str  # "path line N"
     record: Record
@@ -97,9 +95,6 @@ def noisy(record: Record) -> str | None:
         return "noisy measurement window"
     parts = noise_parts(noise.dump(), "step spread p90/p10")
     return "noisy measurement window" + (f": {', '.join(parts)}" if parts else "")
-
-
-# ------------------------------------------------------------------------------------------ problems
 
 
 @dataclass
