@@ -26,7 +26,7 @@ _CANNOT_CREATE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.EN
 _TAKEOVER_TRIES = 3
 
 
-def _process_start(pid: int) -> float | None:
+def process_start(pid: int) -> float | None:
     import psutil
 
     try:
@@ -39,7 +39,7 @@ def holder_record(command: str) -> dict[str, Any]:
     return {
         "pid": os.getpid(),
         "host": socket.gethostname(),
-        "process_start": _process_start(os.getpid()),
+        "process_start": process_start(os.getpid()),
         "command": command,
         "since": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
     }
@@ -52,7 +52,7 @@ def holder_alive(holder: dict[str, Any]) -> bool | None:
     pid = holder.get("pid")
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
         return False
-    start = _process_start(pid)
+    start = process_start(pid)
     if start is None:
         return False
     recorded = holder.get("process_start")

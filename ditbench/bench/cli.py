@@ -339,8 +339,7 @@ BUILD_S_PER_MPARAM = {"cpu": 0.04, "cuda": 0.0}
 
 def suite_seconds(cells, device: str) -> float | None:
     """Seconds to run the suite cells `cells` here one after another (None: a cell has no estimate): its
-    process and builds, and its steps at the planner's step time: warm-up, the window (at least `measure`
-    steps and `min_seconds`), the smoke run, and a quality run's training (not its sampling and scoring)."""
+    process and builds, and every step it trains at the planner's step time (not a quality run's scoring)."""
     from ditbench.models.configs import get_config
     from ditbench.train.cli import train_step_s
     from ditbench.walltime import CALIBRATIONS, rate

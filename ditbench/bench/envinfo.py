@@ -93,10 +93,7 @@ def _matching_torchvision(torch_version: str) -> str:
 
 def torchvision_check() -> dict[str, Any]:
     """Whether torchvision loads with this torch: imported, and one op of its compiled extension run.
-
-    A torch and torchvision from different indexes or releases import fine and then fail at the
-    first compiled op (`operator torchvision::nms does not exist`), which is where the tests and
-    the image pipelines fail; `ditbench env` runs that op so the mismatch shows here first.
+    A mismatched pair imports fine and fails at the first compiled op (`torchvision::nms does not exist`).
     """
     import torch
 

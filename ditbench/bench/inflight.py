@@ -1,12 +1,9 @@
 """A cell's files between its start and its record: each finished result is appended once, never lost.
 
-A run writes a cell's ticket, `<out>/.inflight/<key>.ticket.json` (what the record needs besides the
-result), before it starts; the cell's process (or the runner) writes `<key>.result.json` beside it;
-`commit` appends the record and only then removes the ticket's files. Killed at any moment, the next
-run (holding the folder's lock) finds a ticket without a result (run the cell again), with a result not
-yet appended (`adopt` appends it) or with one already appended (clean up, append nothing twice):
-(run_id, cell_id, repeat) names one result. A ticket that is no ticket is moved to `<out>/broken/`
-with a warning; a FIFO planted as one is refused (fileio.read_regular), never waited on.
+`<out>/.inflight/<key>.ticket.json` is written before the cell starts, `<key>.result.json` beside it
+when it ends; `commit` appends the record and only then removes both. After a kill the next run
+appends a result not yet appended (`adopt`) and nothing twice: (run_id, cell_id, repeat) names one
+result. A broken ticket goes to `<out>/broken/`; a FIFO planted as one is refused, never waited on.
 """
 
 from __future__ import annotations
@@ -131,8 +128,7 @@ def write_result_file(ticket: Ticket, result: dict[str, Any]) -> None:
 
 
 def make_record(context: dict[str, Any], result: dict[str, Any], duration_s: float) -> dict[str, Any]:
-    """The result record (docs/measurement.md; records.model.Record as JSON) of one cell's result and its
-    ticket's context; `append_record` validates it."""
+    """The record (records.model.Record as JSON) of one cell's result and its ticket's context."""
     record = {
         "schema": SCHEMA,
         **{key: context[key] for key in _RUN_KEYS},  # suite_overrides: the run's `key=value`s ({} when none)

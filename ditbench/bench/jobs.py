@@ -1,18 +1,14 @@
 """`ditbench run SUITE --executor slurm|local`: the suite loop (`bench.runner`) with each cell a submitit job.
 
-`Submitit` (a `launch.base.Executor`) keeps its tickets in `<out>/.jobs/` with `<key>.job.json` (the
-job id, as soon as sbatch answers) and `<key>.started.json` (written as the job starts); submitit's
-files go under `<out>/.jobs/submitit/`, which SLURM's nodes must share. SLURM gets every cell at once
-(a job array per job shape), the local executor one at a time. A job that ended without a result is
-recorded from its state (TIMEOUT is `timeout`); submitit's pickles are never read. A job's parameters
-come from the suite's `cluster:` (and `--cluster`) and what the cell needs; they never enter a record.
+`<out>/.jobs/` holds `<key>.job.json` (the job id, as soon as sbatch answers), `<key>.started.json`
+(written as the job starts) and submitit's files, which SLURM's nodes must share. A job that ended
+without a result is recorded from its state (TIMEOUT is `timeout`); submitit's pickles are never read.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +23,7 @@ from ditbench.bench.launch.srun import read_started, started_path
 from ditbench.bench.runner import RunOptions, Visible, precheck, run_suite
 from ditbench.bench.runopts import JOBS_DIR, RESULTS_FILE, now_iso
 from ditbench.errors import UserError, shorten
+from ditbench.fileio import rmtree_real
 from ditbench.precision import unsupported_reason
 from ditbench.spec.cluster import TEXT_KEYS, ClusterOptions
 from ditbench.spec.suite import Suite, SuiteCell
@@ -91,8 +88,7 @@ def job_path(ticket: inflight.Ticket) -> Path:
 
 
 def submission_path(ticket: inflight.Ticket) -> Path:
-    """`<key>.sbatch.json`: the SLURM job name (and array index) the cell is submitted under, written
-    before sbatch runs (`executors.write_submission`)."""
+    """`<key>.sbatch.json`: the SLURM job name (and array index) the cell is submitted under."""
     return ticket.folder / f"{ticket.key}.sbatch.json"
 
 
@@ -308,7 +304,4 @@ def _sweep_orphans(folder: Path) -> None:
         if path.name == executors.SUBMITIT_DIR:
             continue
         if not any(path.name.startswith(f"{key}.") or path.name.startswith(f".{key}.") for key in keys):
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path, ignore_errors=True)
-            else:
-                path.unlink(missing_ok=True)
+            rmtree_real(path)

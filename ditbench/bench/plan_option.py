@@ -1,11 +1,7 @@
 """A suite's `plan` option (`spec.suite.PlanOption`, e.g. `plan: {skip_predicted_oom: true}`): the
 planner's prediction in every record, cells predicted not to fit the (emulated) card skipped unrun, and
 each series run largest batch first (the closest call shows a wrong prediction early).
-
-Predictions are made in the runner's process, never a cell's (tracing patches process-wide state): one
-trace per series, each batch size a replay of it. The card is the suite's emulated one, else this
-machine's GPU (by name or size); a CPU suite plans for the CPU allocator. A cell the planner cannot
-predict simply runs, its record saying why there is no prediction.
+Predictions are made in the runner's process, never a cell's: tracing patches process-wide state.
 """
 
 from __future__ import annotations

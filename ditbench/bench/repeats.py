@@ -37,12 +37,9 @@ def cell_groups(records: list[Record]) -> dict[str, list[Record]]:
 
 
 def combine(group: list[Record]) -> Record:
-    """One record for a cell from its repeats (cell_groups' list). A single record without repeats is
-    returned as it is. With repeats: the record of the repeat whose images/s is the median (lower
-    median for an even count), with images/s, steps/s and the median step time replaced by the
-    median over the ok repeats that finished, and `metrics.repeats` holding the per-repeat figures
-    and their bootstrap intervals. No such repeat: the first failure (the skipped repeats after it
-    say less)."""
+    """One record for a cell from its repeats: the median repeat's (by images/s, lower median) with
+    its speeds the medians over the finished ok repeats and `metrics.repeats` the per-repeat figures.
+    No such repeat: the first failure (the skipped repeats after it say less)."""
     from ditbench.intervals import median_interval  # numpy: only where repeats are combined
 
     if len(group) == 1 and group[0].repeat_count == 1:

@@ -1,12 +1,7 @@
 """The suite loop: every cell of a suite through one executor (`launch.base.Executor`: a fresh process
 per cell here, or a submitit job with `--executor local|slurm`, `bench.jobs`), one record per cell
 repeat appended to results.jsonl through its ticket (`bench.inflight`), the folder's lock held throughout.
-
-Resume: a rerun skips cell repeats recorded `ok` (unless `force`), appends what a killed run finished
-and waits for the jobs it submitted. Ctrl-C (or SIGTERM) cancels every cell running or queued. Repeats
-run round-robin (every cell's repeat 1, then repeat 2 ...); a failed repeat skips the cell's later ones.
-After an out-of-memory at batch B the larger batches of its series are `skipped` unrun; with the suite's
-`plan:` (`bench.plan_option`) cells predicted not to fit are too, and a series runs largest batch first.
+Resume, round-robin repeats and the OOM and planner skips are as docs/measurement.md describes them.
 """
 
 from __future__ import annotations
@@ -87,9 +82,7 @@ def precheck(cell: SuiteCell, visible: Visible, rendezvous: dict | None = None) 
 
 @dataclass(frozen=True)
 class Processes:
-    """The executor of `ditbench run` (a `launch.base.Executor`): each cell a fresh process on this
-    machine (`launch.process`: one, or torchrun's parent for several ranks), one at a time; `submit`
-    returns when the cell has ended, and Ctrl-C kills it. `python` and `env` (over this environment)
+    """The executor of `ditbench run`: each cell a fresh process here, one at a time. `python` and `env`
     are what every cell runs in: `ditbench ab` runs each side's cells in that side's interpreter."""
 
     python: str = sys.executable
@@ -131,8 +124,7 @@ def run_suite(
     before: Callable[[list[SuiteCell]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or resume) the suite; return the latest record of every selected cell, in suite order.
-    `notes` gathers what the lines refer to by number (summary.Notes); `before` is called with the
-    cells (repeats) still to run here, once the output folder is checked and before any starts."""
+    `before` is called with the cell repeats still to run, after the output folder is checked."""
     check_options(options)
     executor = executor or Processes()
     out = Path(options.out)
@@ -175,9 +167,7 @@ NO_FAILURE = ("ok", "skipped", "unsupported")  # statuses that rule no other cel
 
 
 class SuiteRun:
-    """One run of a suite through its executor: what to run and in which order, each cell's ticket
-    (opened, handed to the executor, its result appended once), the OOM skip, the planner's skip and
-    its prediction in each record, a failed repeat stopping the cell's later repeats."""
+    """One run of a suite through its executor: the order, each cell's ticket, and the skips."""
 
     def __init__(self, suite, options, run_id, env, visible, out: Path, latest: dict[str, dict],
                  planner=None, repeats: int = 1, executor: Executor | None = None, notes=None):  # fmt: skip
@@ -320,8 +310,7 @@ class SuiteRun:
         self.bar.update(1)
 
     def open(self, cell: SuiteCell, repeat: int, ran: bool = True) -> Pending:
-        """The cell's ticket (what its record says besides the result), as a job for the executor.
-        Its env is this machine's, with the threads the cell's process runs with; none for a cell that
+        """The cell's ticket as a job for the executor. Its env is this machine's; none for a cell that
         does not run, or runs on a remote node (which reports its own)."""
         env = None
         if ran and not self.executor.remote:
@@ -392,9 +381,8 @@ class SuiteRun:
             self.failed_repeat.setdefault(cell.cell_id, record)
 
     def decide(self, cell: SuiteCell, verdict=None) -> dict[str, Any] | None:
-        """The result of a cell that must not start now, else None: `verdict` (what the executor cannot
-        run), predicted not to fit (the planner traces the series before the cell's clock starts), an
-        earlier repeat of it failed, or a smaller batch of its series ran out of memory."""
+        """The result of a cell that must not start now (the executor refuses it, predicted not to fit,
+        an earlier repeat failed, a smaller batch ran out of memory), else None."""
         if verdict is not None:
             return {"status": verdict[0], "reason": verdict[1]}
         reason = self.planner.skip_reason(cell) if self.planner is not None else None

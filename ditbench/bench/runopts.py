@@ -1,6 +1,5 @@
-"""A run's options and what is decided before any cell starts: what a run refuses (bad options, an output
-folder it could not finish in), which cells it selects and in which order, which are recorded already.
-What a run keeps in its --out is named here."""
+"""A run's options and what is decided before any cell starts: what a run refuses, which cells it
+selects and in which order, which are recorded already, and what a run keeps in its --out."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""What a running suite tells the person watching, on stderr, besides each cell's result line.
-
-Where stderr is not a terminal, a plain line every QUIET_EVERY_S seconds (with --verbose or
-DITBENCH_PROGRESS_EVERY_S, every that many) while cells run, so a log never looks hung; with --verbose
-a line as each cell starts. `SuiteProgress`: cells run here one by one, with an ETA; `JobWatch`: jobs.
+"""What a running suite tells the person watching, on stderr, besides each cell's result line: a
+plain line now and then where stderr is not a terminal, so a log never looks hung (docs/measurement.md).
+`SuiteProgress`: cells run here one by one, with an ETA; `JobWatch`: jobs.
 """
 
 from __future__ import annotations
@@ -118,8 +116,7 @@ class JobWatch(_Watch):
 
 
 def stderr_line(text: str) -> None:
-    """A line of progress (and each cell's result line): stderr, above a terminal's bar; stdout keeps
-    the command's result (--json)."""
+    """A line of progress: stderr, above a terminal's bar; stdout keeps the command's result (--json)."""
     from tqdm import tqdm
 
     tqdm.write(text, file=sys.stderr)

@@ -2,9 +2,7 @@
 
 A setting is a precision, a checkpointing and a per-GPU micro-batch; the accumulation that reaches the
 global batch follows, so every row trains the same recipe and its days compare. The settings are
-ranked by predicted images/s and walked down until one fits (the one before it: the next faster,
-dropped); one whose live tensors alone exceed the card is dropped without a replay. Precisions: bf16
-and tf32 where the card has them (fp16 and fp32 hold as much and are not faster), else fp16 and fp32.
+ranked by predicted images/s and walked down until one fits (docs/plan.md).
 """
 
 from __future__ import annotations

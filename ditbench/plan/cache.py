@@ -2,9 +2,7 @@
 nothing, and traces shipped with the package, so the default answer traces nothing at all.
 
 The disk cache's key hashes the trace key, torch's version and every ditbench source file, so edited
-code is traced afresh; an unreadable entry is replaced, an unwritable directory only means tracing.
-The shipped traces (traces.json.xz, benchmarks/plan_traces.py) are keyed without the code and serve
-their torch release only; tests/unit/test_plan_shipped.py holds them equal to fresh traces.
+code is traced afresh. The shipped traces (benchmarks/plan_traces.py) serve their torch release only.
 """
 
 from __future__ import annotations

@@ -235,8 +235,7 @@ def _refuse_unused(args: argparse.Namespace, cuda: bool) -> None:
 
 
 def _progress(total: int, no_cache: bool):
-    """A progress line on stderr while the series are traced (a bar on a terminal, a line every 30 s
-    in a log): the first plan of a grid traces for minutes."""
+    """A progress line on stderr while the series are traced: the first plan of a grid takes minutes."""
     from ditbench.progress import progress
 
     reuse = "" if no_cache else " (traces on disk are reused)"

@@ -1,17 +1,9 @@
 """What a traced step borrows from the target device: CUDA behaviour on the fake CPU device (trace.py).
 
-* precision: the CUDA policy (autocast, a GradScaler for fp16; tf32 allocates like fp32), bf16 sm80+;
-* optimizer: `optimizer_impl: auto` as the Trainer resolves it (train.optim.AUTO_IMPL);
-* cuBLAS: a workspace per calling thread (the caller's and autograd's), 32 MiB on sm90/100/120, else
-  8 MiB + 128 KiB (PyTorch's defaults); attention: the backward's float32 scratch (trace.py);
-* autocast: ops CUDA autocast runs in float32 (norms, exp, log, softmax, sums, ...) but CPU autocast
-  leaves in low precision get CUDA's rule (`cuda_autocast`);
-* `copy.deepcopy` of a fake tensor clones it in the trace's fake mode (torch's makes a new fake mode,
-  whose tensors the trace could not follow);
-* torch.compile (`traced_compiler`): AOTAutograd with inductor's decompositions and min-cut
-  partitioner, the graphs run unfused (a compiled cell errs high by what one fused group holds). Dynamo
-  does not compile under a dispatch mode: a call steps the recorder off the mode stack, the graphs put
-  it back.
+The precision policy, the `auto` AdamW kernel, cuBLAS workspaces (PyTorch's defaults), CUDA autocast's
+float32 ops, a deepcopy that stays in the trace's fake mode (torch's makes a new one), and torch.compile
+as AOTAutograd graphs run unfused (a compiled cell errs high by what one fused group holds). Dynamo does
+not compile under a dispatch mode: a call steps the recorder off the mode stack, the graphs put it back.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """A grid of cells, predicted, and the decision tree over card classes (`plan --full`, a suite).
 
-The grid is the default paper grid or a suite's cells. Each series (cells that differ only in batch
-size) is traced once, largest models first, in up to `jobs` processes; every batch size and every card
-is a replay of that trace.
-
-The tree: for each card class, the largest model that trains, how, and the next step up. A class is
-judged on its smallest card (the asked card for its own class). "Largest": forward Gflops per image.
-The advice takes the fastest setting that reaches the target batch (32 per GPU: DiT's 256 on 8 GPUs),
-else the one that fits the largest batch; fastest by the time model, else by the H200 anchors' order
-(bf16 ~ fp16 > bf16 with checkpointing > tf32 > fp32). "Next step up": the next larger model and the
-first class it trains on, or what the next class up adds.
+Each series (cells that differ only in batch size) is traced once, largest models first; every batch
+size and every card is a replay of that trace. The tree: for each card class (judged on its smallest
+card), the largest model that trains, how, and the next step up. The target batch is 32 per GPU (DiT's
+256 on 8 GPUs); without a time model, settings rank by the H200 anchors' order (bf16 ~ fp16 > bf16
+with checkpointing > tf32 > fp32).
 """
 
 from __future__ import annotations
@@ -81,8 +76,7 @@ def _cost(group: list[Series]) -> int:
 
 
 def _groups(series: list[Series], budgets: list[Budget]) -> list[list[int]]:
-    """Indices of series that differ only in a precision that shares their trace (fp32 and tf32 on a
-    GPU), costliest first."""
+    """Indices of series that differ only in a precision that shares their trace, costliest first."""
     from ditbench.plan.predict import trace_key, trace_knobs
 
     target = traced_on(budgets[0].target)

@@ -1,10 +1,8 @@
 """What each traced operation costs, for the time model (speed.py): one row per kernel launched.
 
-A row: the category (matmul, attention, optimizer: AdamW, GradScaler and EMA updates, or elementwise),
-the dtype its math runs in (the first floating-point input's), its FLOPs (torch.utils.flop_counter;
-matmuls and attention only: elementwise work is memory bound), the bytes every tensor read and written
-moves, and whether it runs in the backward. FLOPs and bytes are split into a batch-independent and a
-per-sample part as trace.SeriesTrace splits allocations. Views and empty allocations launch nothing.
+A row: the category, the dtype its math runs in (the first floating-point input's), its FLOPs (matmuls
+and attention only: elementwise work is memory bound), the bytes it moves, and whether it runs in the
+backward. FLOPs and bytes split into a batch-independent and a per-sample part as allocations do.
 """
 
 from __future__ import annotations
@@ -67,8 +65,7 @@ def _split(value: int, batch: int) -> tuple[int, int]:
 
 
 def op_row(func, args, kwargs, out, batch: int, backward: bool) -> tuple | None:
-    """(category, dtype, backward, flops_const, flops_per_sample, bytes_const, bytes_per_sample), or
-    None for an operation that launches no kernel."""
+    """(category, dtype, backward, flops/bytes const and per sample), or None when no kernel launches."""
     name = _name(func)
     if func.is_view or name in _NO_KERNEL:
         return None

@@ -1,12 +1,9 @@
 """What measured records bring to a plan: a record of the same cell replaces the prediction (`--results`),
 and records of GPUs in the card table calibrate the speed model (`--calibrate`).
 
-A record matches when every knob that shapes device memory (_KEYS) is equal. A finished run fits when
-what the card held (NVML's device memory, else reserved + the context) is within the card; a run out
-of memory does not fit a card no larger than what it had. Anything else keeps the prediction.
-A calibration traces each record that finished with a measured `steps_per_s` as any cell and fits the
-time model to the measured speeds (speed.calibrate); parameters the records cannot inform keep the
-shipped calibration's values, which also start the fit.
+A record matches when every knob that shapes device memory (_KEYS) is equal; a run out of memory does
+not fit a card no larger than what it had. A calibration fits the time model to the measured speeds;
+parameters the records cannot inform keep the shipped calibration's values.
 """
 
 from __future__ import annotations

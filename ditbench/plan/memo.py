@@ -124,11 +124,8 @@ class DispatchMemo:
         return self._fake(empty, device)
 
     def _fake(self, meta: torch.Tensor, device: torch.device) -> FakeTensor:
-        """FakeTensor(mode, meta, device) without its argument checking: the same object state.
-
-        The attributes come from a FakeTensor built the ordinary way for this mode and device (the
-        tests compare the two); only the tensor itself is made per call.
-        """
+        """FakeTensor(mode, meta, device) without its argument checking: the same object state, its
+        attributes copied from one built the ordinary way (the tests compare the two)."""
         template = self._templates.get(device)
         if template is None:
             with torch._C._DisableTorchDispatch():

@@ -1,12 +1,9 @@
 """Data-parallel cells per rank: what one rank of N holds, from the one-GPU trace of the cell.
 
-DDP: every rank holds what one GPU does plus the reducer's buckets, a flat copy of the gradients in
-buckets of 25 MiB after a first of 1 MiB, made when the model is wrapped. FSDP2 (fully_shard on every
-block, then the root): each parameter's first dimension split over the ranks (padded), so a rank holds
-1/N of the weights, gradients, AdamW state and EMA; while a step runs also the root's gathered weights
-and, where the backward starts, five float32 blocks' worth (the computed and the prefetched block's
-all-gather output and weights, its gradients and their reduce-scatter input). Activations are a
-one-GPU cell's at the per-rank batch (on gloo the collectives copy more: reports/plan_vs_cpu/fsdp.md).
+DDP: every rank holds what one GPU does plus the reducer's buckets (25 MiB after a first of 1 MiB).
+FSDP2: a rank holds 1/N of the weights, gradients, AdamW state and EMA; while a step runs also the
+root's gathered weights and, where the backward starts, five float32 blocks' worth (the computed and
+the prefetched block's all-gather output and weights, its gradients and their reduce-scatter input).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Predicted training memory of a cell on a card: `predict_cell(config, card_or_gib) -> Prediction`.
-
-The step is traced on fake tensors (trace.py, once per series), replayed through the CUDA
-caching allocator (allocator.py) with the card's memory as the limit, plus the CUDA context: what
-`max_memory_allocated`/`max_memory_reserved` will report, what the card holds at the peak, by
-component, and whether the cell fits. A CPU cell is predicted for the CPU allocator (no rounding).
+The traced step (trace.py) is replayed through the CUDA caching allocator (allocator.py) with the
+card's memory as the limit, plus the CUDA context; a CPU cell through the CPU allocator (no rounding).
 """
 
 from __future__ import annotations
@@ -160,9 +157,8 @@ _CACHE_SIZE = 64  # the default answer searches 48 series
 
 
 def trace_key(knobs: Knobs, target: Target) -> tuple:
-    """What a trace depends on. Series whose precision policies cast and scale alike (fp32 and tf32 on
-    a GPU: tf32 changes only the matmul math mode) share a key. UnsupportedError when the target cannot
-    run the policy (bf16 before sm80, fp16 on a CPU)."""
+    """What a trace depends on: fp32 and tf32 share a key (tf32 changes only the matmul math mode).
+    UnsupportedError when the target cannot run the policy (bf16 before sm80, fp16 on a CPU)."""
     policy = policy_for(knobs.precision, target)
     shape = {
         k: repr(v) if isinstance(v, dict) else v for k, v in knobs.non_defaults().items() if k != "precision"

@@ -4,13 +4,9 @@ Each kernel of the steady-state step (kernels.py) takes the longest of its FLOPs
 card's peak for its dtype, its bytes at a share of the memory bandwidth, and a minimum per kernel.
 The host issues kernels at a cost per kernel, per block and per checkpointed block; on a GPU it runs
 ahead, so a step takes the longer of device and host ("launch overhead"); on a CPU the two add.
-`compile` keeps a calibrated share of the elementwise launches. Data-parallel cells add a ring
-all-reduce of the fp32 gradients over the interconnect, hidden behind the backward but for the last
-DDP bucket (FSDP: gathers and a reduce-scatter, hidden but for the first block's gather).
-
-The efficiencies are fitted on measured cells (`calibrate`): the shipped calibration on the H200
-anchors and published A100 figures (benchmarks/speed_vs_published.py); its band is the largest error
-of a cell predicted by a fit without it.
+Data-parallel cells add a ring all-reduce of the fp32 gradients, hidden behind the backward but for
+the last DDP bucket (FSDP: but for the first block's gather). The efficiencies are fitted on measured
+cells (`calibrate`); the band is the largest error of a cell predicted by a fit without it.
 """
 
 from __future__ import annotations
@@ -62,8 +58,7 @@ def shipped() -> Calibration:
 
 
 def memory_errors_pct() -> list[float]:
-    """The memory planner's errors on the H200 anchors (predicted / measured reserved - 1, %), which
-    benchmarks/plan_vs_h200.py writes beside the calibration."""
+    """The memory planner's errors on the H200 anchors (predicted / measured reserved - 1, %)."""
     return json.loads(SHIPPED.read_text()).get("memory_errors_pct", [])
 
 

@@ -1,16 +1,12 @@
 """Trace a cell's real training step on fake tensors: every device allocation and release, in order.
 
-The Trainer is built and stepped as `ditbench run` does, under FakeTensorMode. A TorchDispatchMode
-below autograd, autocast and checkpointing sees every aten op: a new storage is an allocation, and a
-weak reference reports its release when the last tensor using it dies. Nothing here is a formula of
-the model. The step runs on the fake *CPU* device (autograd asks the CUDA driver for a context before
-the backward), CUDA's behaviour substituted where the two differ (emulation.py; notes where not).
+The Trainer is built and stepped as `ditbench run` does, under FakeTensorMode; a dispatch mode below
+autograd sees every aten op: a new storage is an allocation, a weak reference reports its release. The
+step runs on the fake *CPU* device (autograd asks the CUDA driver for a context before the backward),
+CUDA's behaviour substituted where the two differ (emulation.py).
 
-One trace serves a series (cells that differ only in batch size): a step's allocations are the same
-sequence at every batch size, each independent of the batch (weights, gradients, optimizer state, EMA,
-workspaces) or proportional to it. So the step is traced once at a prime batch P above every
-batch-independent dimension (classes, image side, widths): a size is divisible by P exactly when it
-carries the batch dimension, and size(B) = size(P) / P * B (the tests check this against direct traces).
+One trace serves a series: it is traced once at a prime batch P above every batch-independent
+dimension, so a size is divisible by P exactly when it carries the batch, and size(B) = size(P) / P * B.
 """
 
 from __future__ import annotations
@@ -66,10 +62,8 @@ class Trace:
     """The allocation history of building a trainer and running two training steps.
 
     `events`: `k + 1` when allocation k is made, `-(k + 1)` when it is released; `sizes[k]` its bytes,
-    `labels[k]` what it held (STATE_LABELS, workspace; else an activation). `marks`: the event index
-    where build, step1, step2 and end start (step 2 is the steady state a measured window sees). The
-    GPU-dependent allocations (cuBLAS workspaces, attention scratch) have size 0 and a `modeled` entry
-    (workspace_bytes). `kernels` counts step 2's kernels by their cost row (kernels.op_row).
+    `labels[k]` what it held. `marks`: where build, step1, step2 and end start (step 2 is the steady
+    state). GPU-dependent allocations have size 0 and a `modeled` entry (workspace_bytes).
     """
 
     target: Target
@@ -266,9 +260,7 @@ def trace_training(knobs, target: Target, batch_size: int, *, memo: bool = True)
 
 
 def _in_order(events: list[int], marks: set[int]) -> list[int]:
-    """Releases that follow one another within a phase in id order: some come from hash maps
-    (autocast's cache of weight copies), whose order varies from run to run; the allocator ends in the
-    same state either way."""
+    """Consecutive releases within a phase in id order: hash maps (autocast's cache) vary their order."""
     out: list[int] = []
     for e in events:
         j = len(out)

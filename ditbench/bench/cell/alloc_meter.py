@@ -1,9 +1,8 @@
 """Memory a CPU run can show: the CPU allocator's peak allocated bytes over real training steps.
 
-A CPU process's RSS is flat across settings (the allocator keeps freed pages); torch's profiler with
-`profile_memory=True` records every CPU allocation and release, and their running sum from the meter's
-start is the CPU's `max_memory_allocated` over a marked window. Start the meter before the trainer is
-built (weights, optimizer state and EMA count); the profiler slows steps, so never in a timed window.
+A CPU process's RSS is flat across settings (the allocator keeps freed pages), so the running sum of
+the profiler's allocations and releases stands in. Start the meter before the trainer is built (its
+state counts); the profiler slows steps, so never in a timed window.
 """
 
 from __future__ import annotations

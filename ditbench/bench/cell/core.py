@@ -1,8 +1,5 @@
-"""One cell, in whichever process measures it: the core every launcher runs.
-
-`measure` builds the Trainer, warms up, times the window, reads the memory and turns any failure into a
-status; `smoke` trains a fresh Trainer for the smoke curve; `quality` evaluates sample quality. The
-one-process cell (`launch.process`) and each rank (`launch.rank`) call them with their own DistContext.
+"""One cell, in whichever process measures it: the core every launcher runs. `measure` times the
+window and turns any failure into a status; `smoke` trains the smoke curve; `quality` scores samples.
 """
 
 from __future__ import annotations
@@ -263,9 +260,8 @@ def smoke(spec: CellSpec, measured: Measured, agree_stop: Callable[[bool], bool]
 
 
 def quality(spec: CellSpec, measured: Measured, about: dict[str, Any]) -> dict:
-    """The record's `quality` field: sample quality at the end of the smoke run, or at each step of a
-    quality run (`ditbench.quality.loop`). Never raises for the cell's own failures. `about`: the
-    spec file's cell_id and out_dir (where the sample grids go)."""
+    """The record's `quality` field, at the end of the smoke run or at each step of a quality run.
+    Never raises for the cell's own failures. `about`: the spec's cell_id and out_dir."""
     from ditbench.quality.loop import run_quality
 
     smoke_trainer, measured.smoke_trainer = measured.smoke_trainer, None

@@ -1,9 +1,6 @@
-"""The GPU during a measured window, from NVML: clocks, clock-event (throttle) reasons, temperature,
-power, and the energy the window used.
-
-A thread samples the card every SAMPLE_INTERVAL_S (NVML calls leave the GIL); the energy counter is read
-at the window's ends. Clocks lowered for heat or power make the window `noisy` (cell.window.noise).
-Without NVML (nvidia-ml-py), or for a reading the card does not support, the record holds no field.
+"""The GPU during a measured window, from NVML: clocks, throttle reasons, temperature, power, energy.
+A thread samples the card (NVML calls leave the GIL). Clocks lowered for heat or power make the window
+`noisy`; without NVML, or for a reading the card does not support, the record holds no field.
 """
 
 from __future__ import annotations
@@ -112,8 +109,7 @@ class GpuMeter:
         self._thread.start()
 
     def stop(self, steps: int, images: int) -> dict[str, Any]:
-        """{gpu_window, energy_j, energy per step and per image}, each only if measured; `images`: this
-        process's steps x its batch."""
+        """{gpu_window, energy_j, energy per step and per image}, each only if measured."""
         if self.nvml is None:
             return {}
         self._stop.set()

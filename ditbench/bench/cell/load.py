@@ -1,7 +1,5 @@
-"""The machine's load during a measured window: load average, and the CPU share of other processes.
-
-The share is the machine's busy CPU time less this cell's process tree's, over the window's wall time
-and the cores (psutil): 0 on a quiet machine. Above LOAD_BOUND the window is noisy (cell.window.noise).
+"""The machine's load during a measured window: load average, and the CPU share of other processes
+(busy CPU time less this cell's tree's, over wall time and cores). Above LOAD_BOUND the window is noisy.
 """
 
 from __future__ import annotations

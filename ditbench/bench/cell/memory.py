@@ -1,9 +1,5 @@
-"""A cell's memory: the peaks it reached, and the smaller card it emulates on a bigger one.
-
-Emulation caps the caching allocator at the emulated card's memory (`gpu_memory_gib`, or a `card`'s)
-less this process's CUDA context, measured right after CUDA starts (NVML's count for this process, else
-`torch.cuda.mem_get_info`'s used memory). The cell fits if it completed under that cap; its speeds
-are still the real, bigger GPU's.
+"""A cell's memory: the peaks it reached, and the smaller card it emulates on a bigger one: the caching
+allocator capped at that card's memory less this process's CUDA context. Its speeds are the real GPU's.
 """
 
 from __future__ import annotations
@@ -45,8 +41,7 @@ def nvml_process_mem_gib() -> float | None:
 
 
 def cpu_allocator_peak(make_trainer) -> dict[str, Any]:
-    """{CPU allocator peak (GiB), its basis}: what `max_memory_allocated` would be on a CPU, from a
-    fresh trainer's second step under the allocation meter (cell.alloc_meter), which RSS cannot show.
+    """{CPU allocator peak (GiB), its basis}: a fresh trainer's second step under cell.alloc_meter.
     A failure here never fails the cell: the value is null and the basis says why."""
     gc.collect()
     try:
@@ -103,8 +98,7 @@ def allocator_cap_gib(budget_gib: float, context_gib: float, total_gib: float) -
 
 def apply_emulation(budget_gib: float | None, card: str | None, device) -> dict[str, Any] | None:
     """Cap the allocator to emulate the card; the record's `metrics.emulation`, or None (no emulation).
-    Call it right after CUDA starts, before anything is allocated: what the device holds then is this
-    process's context (and other processes' memory, which a real card of that size would not have free)."""
+    Call it right after CUDA starts: what the device holds then is this process's context."""
     if budget_gib is None:
         return None
     import torch

@@ -1,9 +1,7 @@
 """Model FLOPs per image and the peak table behind MFU (the measured matmul ceiling: ditbench.walltime).
 
-Model FLOPs: one forward + backward of the plain model (no recomputation, no optimizer), counted by
-`torch.utils.flop_counter.FlopCounterMode` on the meta device (free even for DiT-XL/2); a test pins
-their relation to `ditbench.models.flops`' closed form. MFU uses a datasheet peak per (GPU, precision)
-and states its basis; a GPU missing from the table (and any CPU) gets no MFU, never a guess.
+Model FLOPs: one forward + backward of the plain model (no recomputation, no optimizer), counted on the
+meta device. A GPU missing from the datasheet table (and any CPU) gets no MFU, never a guess.
 """
 
 from __future__ import annotations
@@ -27,10 +25,8 @@ PEAK_SOURCES = {
 
 
 def gpu_table_key(gpu_name: str | None) -> str | None:
-    """Map a `torch.cuda.get_device_name()` string to a table row, or None when unsure.
-
-    Variants with other clocks (H100 PCIe / NVL, H200 NVL, H20, H800) are deliberately not
-    matched: their peaks differ and a wrong peak is worse than none.
+    """Map a `torch.cuda.get_device_name()` string to a table row, or None when unsure. Variants with
+    other clocks (H100 PCIe / NVL, H200 NVL, H20, H800) are not matched: a wrong peak is worse than none.
     """
     if not gpu_name:
         return None

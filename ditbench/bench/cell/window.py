@@ -1,8 +1,5 @@
 """The measured window and the smoke run: which steps are timed, how, and what their times say.
-
-A window is `warmup` steps, then at least `measure` steps and `min_seconds`. On CUDA each step is
-bracketed by two events with one synchronisation at the end; on a CPU each step is timed with
-perf_counter. The ranks of a multi-process cell agree (`agree`: all-reduce MAX) on the step count.
+On CUDA each step is bracketed by two events with one synchronisation at the end (docs/measurement.md).
 """
 
 from __future__ import annotations
@@ -46,8 +43,7 @@ def noise(
 ) -> dict[str, Any]:
     """{noisy, noise: {step_spread, throughput_gap, spread_bound, gap_bound[, other_cpu_share,
     load_bound][, gpu_throttle]}} of a window at `rate` images/s; `batch`: the images of one synchronised
-    step. `other_cpu_share` (cell.load) and `gpu_throttle` (cell.gpu_meter.throttling: any reason makes
-    the window noisy) are recorded only where measured (None: not measured)."""
+    step. The optional fields are recorded only where measured (None: not measured)."""
     p10, p90 = (float(p) for p in np.percentile(step_ms, (10, 90)))
     median = statistics.median(step_ms)
     spread = p90 / p10 if p10 > 0 else math.inf
@@ -70,9 +66,8 @@ def noise(
 
 
 def noise_advice(noise: Any, exact: bool = True) -> str | None:
-    """What to change when the machine disturbed the window (other processes' load beyond the bound,
-    a GPU that throttled for heat or power), else None. exact=False names the bound, not the share:
-    the same text for every cell it applies to."""
+    """What to change when the machine disturbed the window (load, throttling), else None. exact=False
+    names the bound, not the share: the same text for every cell it applies to."""
     if not isinstance(noise, dict):
         return None
     said = []
@@ -112,12 +107,9 @@ def measure_window(
     agree: Callable[[int], int] | None = None,
     after_warmup: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
-    """Warm-up, then the timed steps: {steps, wall_s, step_ms, last_loss}.
-
-    Alone, the window runs until it has `measure` steps and `min_seconds`. With `agree` (several
-    processes), it runs `measure` steps, estimates the extra steps that reach `min_seconds`, and runs
-    agree(extra) more: the same count on every rank. `after_warmup` runs between the two (the peak
-    memory counters are reset there, so the window's peak is the steady state's).
+    """Warm-up, then at least `measure` steps and `min_seconds`: {steps, wall_s, step_ms, last_loss}.
+    With `agree` every rank runs the same count: `measure` steps, then agree(the extra steps estimated
+    to reach `min_seconds`). `after_warmup` runs between (it resets the peak memory counters).
     """
     losses = [step(trainer.next_batch()) for _ in range(warmup)]
     _sync(device)

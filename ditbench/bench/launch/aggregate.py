@@ -95,8 +95,7 @@ def scaling_efficiency(rate: float, gpus: int, rate_at_1: float | None) -> float
 
 
 def add_scaling_efficiency(record: dict, records: list) -> None:
-    """Fill record.metrics.scaling_efficiency (a record as JSON, being written) from the same cell at
-    1 GPU among `records`, if any."""
+    """Fill record.metrics.scaling_efficiency from the same cell at 1 GPU among `records`, if any."""
     metrics = record.get("metrics") or {}
     config = record["config"]
     gpus = config.get("gpus", 1) * config.get("nodes", 1)

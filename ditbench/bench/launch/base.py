@@ -1,7 +1,5 @@
-"""The two interfaces of running a suite: where its cells run (`Executor`: `bench.runner.Processes`, a
-fresh process per cell here, or `bench.jobs.Submitit`, a submitit job per cell) and how a cell's processes
-start (`Launcher`: `launch.process.FreshProcess`, or `launch.srun.JobRanks` in a job's tasks). Either way
-each cell leaves its result in its ticket's result file; the suite loop decides, appends and resumes alike.
+"""The two interfaces of running a suite: where its cells run (`Executor`) and how a cell's processes
+start (`Launcher`). Either way each cell leaves its result in its ticket's result file.
 """
 
 from __future__ import annotations
@@ -86,9 +84,8 @@ def report_dir(result_path: str | Path) -> Path:
 
 
 def share_cores(env: dict[str, str], spec: CellSpec, ranks_here: int, outer: Mapping[str, str]) -> None:
-    """OMP_NUM_THREADS for the ranks on one machine. The `threads` knob wins where it pins a count (by
-    default 1 per CPU rank); with `auto` CPU ranks share the cores a one-process cell has alone (unless
-    the user set OMP_NUM_THREADS in `outer`), so scaling efficiency compares like with like."""
+    """OMP_NUM_THREADS for the ranks on one machine: the `threads` knob's count; with `auto` CPU ranks
+    share the cores a one-process cell has alone, so scaling efficiency compares like with like."""
     n = threads.pinned(spec.knobs.threads, spec.device)
     if n is not None:
         env["OMP_NUM_THREADS"] = str(n)

@@ -1,8 +1,5 @@
 """submitit for the submitter: make the executor, submit a cell's task, ask whether a job still runs, cancel.
-
-submitit is optional (`pip install "ditbench[slurm]"`), imported only by `--executor`. A `JobRef` (in
-`<key>.job.json` beside the ticket) lets a rerun find a killed submitter's job: SLURM's by its id,
-a local one by its controller's pid and start time. submitit's result pickles are never read.
+submitit is optional, imported only by `--executor`; its result pickles are never read.
 """
 
 from __future__ import annotations
@@ -24,6 +21,7 @@ from ditbench.bench.launch.process import child_env
 from ditbench.bench.launch.srun import run_task
 from ditbench.errors import UserError
 from ditbench.fileio import read_regular, rmtree_real, write_json_atomic
+from ditbench.outlock import process_start
 
 SUBMITIT_DIR = "submitit"
 JOB_ID = {"local": re.compile(r"[1-9][0-9]{0,9}"), "slurm": re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")}
@@ -111,16 +109,9 @@ def submit_cells(executor, kind: str, params: dict[str, Any], calls: list[tuple]
     for handle in handles:
         started = None
         if kind == "local":
-            started = _create_time(int(handle.job_id))
+            started = process_start(int(handle.job_id))
         out.append((handle, JobRef(kind, str(handle.job_id), folder, started)))
     return out
-
-
-def _create_time(pid: int) -> float | None:
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
 
 
 def is_active(ref: JobRef, handle=None) -> bool:
@@ -157,8 +148,7 @@ _squeued: dict[str, tuple[float, str]] = {}
 
 def squeue_state(job_id: str, max_age_s: float = 0.0) -> str:
     """squeue's word for the job: PENDING, RUNNING ..., NOT_IN_QUEUE once squeue no longer lists it,
-    UNKNOWN where squeue cannot say. An answer younger than `max_age_s` is reused (`state` asks only
-    for jobs sacct does not know, as on clusters without accounting: at most once a minute)."""
+    UNKNOWN where squeue cannot say. An answer younger than `max_age_s` is reused."""
     now = time.monotonic()
     cached = _squeued.get(job_id)
     if cached is not None and now - cached[0] < max_age_s:
@@ -200,10 +190,8 @@ def cancel(ref: JobRef, handle=None) -> None:
 
 
 def cancel_if_queued(ref: JobRef) -> bool:
-    """scancel a SLURM job squeue says has not started (PENDING); whether it was.
-
-    Not `scancel --state=PENDING ID`: on an array whose tasks all still queue, SLURM 22.05 then
-    cancels every queued task of the array, not the one named (seen on the test cluster).
+    """scancel a SLURM job squeue says has not started (PENDING); whether it was. Not `scancel
+    --state=PENDING ID`: SLURM 22.05 then cancels every queued task of the array, not the one named.
     """
     if ref.executor != "slurm" or squeue_state(ref.job_id) != "PENDING":
         return False
@@ -219,9 +207,8 @@ CLEAN_ENDS = {"COMPLETED", "FINISHED", "NOT_IN_QUEUE"}
 
 
 def retire(ref: JobRef, folder: Path, may_run: bool) -> None:
-    """The job's cell is recorded: remove its folder (`folder/<job id>`) now if the job has ended without
-    a result, else once it has ended (`clear_ended`): submitit writes the job's own result there as the
-    job exits, and a folder removed then fails the job (sacct FAILED) under a good record."""
+    """The job's cell is recorded: remove its folder now if the job has ended without a result, else
+    once it has ended (`clear_ended`): a folder removed as the job exits fails the job (sacct FAILED)."""
     if may_run:
         ref.save(folder / f"{ref.job_id}.ending.json")
     else:
@@ -230,8 +217,7 @@ def retire(ref: JobRef, folder: Path, may_run: bool) -> None:
 
 def clear_ended(folder: Path, say, last: bool = False) -> None:
     """Remove the folder of each retired job that has ended COMPLETED; a job that ended any other way
-    keeps its logs there (the id its record's `slurm_job` names) and `say` tells where. The folders of
-    retired jobs that still run wait for the next call (after the `last` of a run: the next run)."""
+    keeps its logs there and `say` tells where. Jobs that still run wait for the next call."""
     left = 0
     for path in sorted(folder.glob("*.ending.json")):
         ref = JobRef.load(path)
@@ -258,9 +244,8 @@ _NAME = re.compile(r"ditbench-[0-9a-f]{16}")
 
 
 def job_name(keys: list[str]) -> str:
-    """The SLURM job name of one submission (a job, or an array): a hash of its cells' ticket keys.
-    Each ticket keeps it and the cell's array index (`write_submission`) before sbatch runs, so a rerun
-    finds a job whose id a killed submitter never wrote down (`find_submitted`)."""
+    """The SLURM job name of one submission: a hash of its cells' ticket keys, kept in each ticket before
+    sbatch runs so a rerun finds a job whose id a killed submitter never wrote down."""
     return NAME_PREFIX + hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
 
 

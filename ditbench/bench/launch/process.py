@@ -1,8 +1,5 @@
 """A cell in a fresh process of its own session (a timeout kills its whole group; it dies with its
-parent). Parent side: `FreshProcess`, a `launch.base.Launcher` running `python -m MODULE SPEC RESULT`,
-this module for a one-process cell, `launch.torchrun` for several ranks. Child side: `main` measures
-the cell (`cell.core`) and writes its result; what it cannot report itself (a hang, a segfault, the
-OOM killer) the parent records from the outside.
+parent). What the child cannot report itself (a hang, a segfault, the OOM killer) the parent records.
 """
 
 from __future__ import annotations
@@ -30,9 +27,8 @@ LOG_TAIL_BYTES = 64_000  # enough for the traceback lines a record keeps
 
 
 def child_env(python: str = sys.executable, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This environment, `extra` over it. A child of this interpreter imports this copy of ditbench;
-    another interpreter (a side of `ditbench ab`) imports its own: no PYTHONPATH, and from Python 3.11
-    no current folder on its path (PYTHONSAFEPATH), so a checkout where ab runs cannot stand in."""
+    """This environment, `extra` over it. Another interpreter (a side of `ditbench ab`) gets no
+    PYTHONPATH and PYTHONSAFEPATH, so a checkout where ab runs cannot stand in for its ditbench."""
     env = dict(os.environ)
     if python == sys.executable:
         package_root = str(Path(ditbench.__file__).resolve().parents[1])

@@ -1,10 +1,7 @@
 """One rank of a multi-process cell: `torchrun ... -m ditbench.bench.launch.rank SPEC.json REPORT_DIR`.
 
-Every rank joins the process group and runs the cell core (`cell.core`) on its share of the batch. It
-reports in REPORT_DIR: `rank<R>.json` (its metrics, or its error and when it failed); `ranks.json` from
-each node's local rank 0 (every rank's metrics, gathered); `smoke.json` / `quality.json` from rank 0,
-or `smoke_rank<R>.json` / `quality_rank<R>.json` from a rank that failed there. The parent
-(`launch.torchrun`) makes them the cell's record.
+Every rank runs the cell core on its share of the batch and reports in REPORT_DIR (`rank<R>.json`,
+`ranks.json`, `smoke.json`, `quality.json`); the parent (`launch.torchrun`) makes them one record.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Inside a cell's submitit job (SLURM, or submitit's local executor): what each of its tasks runs.
 
-The submitter (`bench.jobs`) hands submitit `run_task(SPEC, RESULT, LOG, TIMEOUT)`; SLURM starts one
-task per rank through srun, no torchrun. A one-process cell's task runs it as the local runner does
-(`process.ONE_PROCESS`). In a multi-process cell (`JobRanks`) each task takes its rank and rendezvous
-from the job (`submitit.helpers.TorchDistributedEnvironment`), runs `launch.rank` under the cell's
-timeout, stops it when a peer fails, and writes `exit<R>.json`; task 0 then judges and aggregates the
-ranks as torchrun's launcher does (`torchrun.result_of_launch`). The out folder must be shared.
+SLURM starts one task per rank through srun, no torchrun. Each task of a multi-process cell runs
+`launch.rank` and writes `exit<R>.json`; task 0 then judges and aggregates the ranks as torchrun's
+launcher does. The out folder must be shared.
 """
 
 from __future__ import annotations
@@ -35,12 +32,9 @@ class StoppedBySlurm(BaseException):
 
 
 def _leave_the_end_to_slurm() -> None:
-    """A job SLURM stops is recorded from SLURM's state, not from what its task saw.
-
-    submitit turns SLURM's time-limit warning (SIGUSR2) into an exception, so a job past its limit ended
-    FAILED and was recorded `error` (seen on a live cluster): the task and its ranks ignore it instead.
-    SIGTERM (the limit, scancel, a requeue) stops the task without a result; the submitter then reads
-    the job's state (TIMEOUT is `timeout`, CANCELLED named, a requeued job waited for)."""
+    """A job SLURM stops is recorded from SLURM's state, not from what its task saw. submitit turns the
+    time-limit warning (SIGUSR2) into an exception that would end the job FAILED: it is ignored here.
+    SIGTERM stops the task without a result; the submitter then reads the job's state."""
 
     def stop(signum, frame):
         raise StoppedBySlurm(f"{signal.Signals(signum).name} from SLURM: no result; the job's state says why")
@@ -110,9 +104,7 @@ def _peer_failed(report_dir: Path, rank: int) -> bool:
 
 @dataclass(frozen=True)
 class JobRanks:
-    """A `launch.base.Launcher` for a multi-process cell inside its submitit job: every task of the job
-    calls it and runs one rank (the spec file is the one the submitter wrote); task 0 then writes the
-    cell's result."""
+    """A Launcher for a multi-process cell in its submitit job: each task runs a rank, task 0 the result."""
 
     def launch(
         self, spec: CellSpec, about, timeout_s: float, spec_path: Path, result_path: Path, log_path: Path

@@ -1,12 +1,6 @@
 """Parent side of a multi-process cell: torchrun's rendezvous, then start the ranks, judge them, aggregate.
-
-    python -m ditbench.bench.launch.torchrun SPEC.json RESULT.json
-      -> python -m torch.distributed.run --nproc-per-node N ... -m ditbench.bench.launch.rank SPEC REPORTS
-
-The ranks' reports (`launch.rank`), torchrun's exit status and its output tail make one result in the
-one-process launcher's format: a failed cell fails with the first rank to fail (not the peers that then
-lost their connection); on timeout every process ever seen under torchrun is stopped (SIGTERM, grace,
-SIGKILL); a failed smoke run or quality phase leaves the measurement standing (its field says so).
+A failed cell fails with the first rank to fail (not the peers that then lost their connection); on
+timeout every process ever seen under torchrun is stopped (SIGTERM, grace, SIGKILL).
 """
 
 from __future__ import annotations
@@ -342,8 +336,7 @@ def run_cell(
 
 
 def result_of_launch(launched: LaunchResult, spec, timeout_s: float, rdzv: Rendezvous = ONE_NODE) -> dict:
-    """The cell's result from its ranks' reports, in the one-process launcher's format (torchrun's
-    and srun's)."""
+    """The cell's result from its ranks' reports, in the one-process launcher's format."""
     status, reason = judge(launched, spec.world_size, timeout_s, rdzv.node_rank)
     result = no_result(reason, status)
     if status == "ok" and rdzv.node_rank == 0:
