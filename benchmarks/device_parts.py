@@ -204,8 +204,8 @@ def ddp(args) -> dict[str, Any]:
     (bucketing, hooks, the all-reduce kernels) with no communication to hide it."""
     import torch
 
-    from ditbench import dist
     from ditbench.bench.cell.window import measure_window
+    from ditbench.hardware import dist
     from ditbench.spec.knobs import Knobs
     from ditbench.train import Trainer
 
@@ -253,7 +253,8 @@ SAMPLE_DRY = {"model": "DiT-T/2", "size": 32, "precision": "fp32", "batch": 2, "
 def sampling(args) -> dict[str, Any]:
     """`ditbench sample` itself (random weights, random-weight VAE: they cost what trained ones do):
     a 3-step warm-up of the same shapes, then one batch at the full number of steps, cfg 1.5."""
-    from ditbench.sampling import cli, sampler
+    from ditbench.cli import sample as cli
+    from ditbench.sampling import sampler
 
     s = SAMPLE_DRY if args.dry_run else SAMPLE_REAL
     parser = argparse.ArgumentParser()

@@ -36,10 +36,10 @@ FINGERPRINT_GLOBS = (
     "ditbench/models/**/*.py",
     "ditbench/train/**/*.py",
     "ditbench/spec/**/*.py",
-    "ditbench/device.py",
-    "ditbench/precision.py",
-    "ditbench/diffusion.py",
-    "ditbench/cards.py",
+    "ditbench/hardware/device.py",
+    "ditbench/hardware/precision.py",
+    "ditbench/models/diffusion.py",
+    "ditbench/hardware/cards.py",
 )
 KEY_FIELDS = ("device", "model", "precision", "grad_ckpt", "batch_size", "compile", "image_size")
 

@@ -38,7 +38,8 @@ def free_port() -> int:
 
 
 def sampling(device: str, plan: list[tuple[str, int]], model: str, image_size: int, steps: int) -> list[dict]:
-    from ditbench.sampling import cli, sampler
+    from ditbench.cli import sample as cli
+    from ditbench.sampling import sampler
 
     parser = argparse.ArgumentParser()
     cli.add_arguments(parser)
@@ -114,8 +115,8 @@ def ddp_overhead(
 ) -> list[dict]:
     import torch
 
-    from ditbench import dist
     from ditbench.bench.cell.window import measure_window
+    from ditbench.hardware import dist
     from ditbench.spec.knobs import Knobs
     from ditbench.train import Trainer
 
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    from ditbench.environment import collect_env
+    from ditbench.hardware.environment import collect_env
 
     t0 = time.time()
     result = {

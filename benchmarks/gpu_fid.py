@@ -34,8 +34,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from ditbench.errors import UserError  # noqa: E402
-from ditbench.fileio import write_atomic  # noqa: E402
+from ditbench.core.errors import UserError  # noqa: E402
+from ditbench.files.fileio import write_atomic  # noqa: E402
 from ditbench.metrics.evaluate import evaluate  # noqa: E402
 from ditbench.metrics.npz_io import write_npz_images  # noqa: E402
 from ditbench.metrics.weights import TEST_NETWORK, WEIGHTS_ENV, FeatureExtractor, default_weights_path  # noqa: E402

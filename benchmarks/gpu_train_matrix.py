@@ -100,7 +100,7 @@ def run_cell(c: dict, device: str, warmup: int, measure: int, min_seconds: float
     from ditbench.bench.cell import memory
     from ditbench.bench.cell.mfu import model_flops_per_image
     from ditbench.bench.cell.window import measure_window, step_stats
-    from ditbench.errors import UserError
+    from ditbench.core.errors import UserError
     from ditbench.spec.knobs import Knobs
     from ditbench.train import Trainer
 
@@ -186,7 +186,7 @@ def env_info() -> dict:
 
 def write_json(path: Path, obj: dict) -> None:
     sys.path.insert(0, str(REPO))
-    from ditbench.fileio import write_json_atomic
+    from ditbench.files.fileio import write_json_atomic
 
     write_json_atomic(path, obj, indent=1)
 

@@ -28,7 +28,7 @@ RANK = """
 import json, sys, warnings
 warnings.filterwarnings("ignore")
 import torch
-from ditbench import dist
+from ditbench.hardware import dist
 from ditbench.bench.cell.alloc_meter import AllocationMeter
 from ditbench.spec.knobs import Knobs
 from ditbench.train import Trainer

@@ -3,7 +3,7 @@
     ditbench run cpu_smoke --out /tmp/cpu_speed 'precision=[fp32,bf16]' 'smoke.cells=[]'
     python benchmarks/speed_cpu.py /tmp/cpu_speed/results.jsonl [--peak-tflops X] [--write DIR]
 
-The CPU's "card" is its measured fp32/bf16 matmul rate at the cells' one thread (ditbench.walltime,
+The CPU's "card" is its measured fp32/bf16 matmul rate at the cells' one thread (ditbench.hardware.walltime,
 what `ditbench env --measure-peak` runs; or --peak-tflops), its memory bandwidth a nominal 20 GB/s.
 Each finished CPU record's config is traced for the CPU (ditbench.plan) and the speed model, with the
 host's time added to the work (no asynchronous device on a CPU), is fitted on the records and checked
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     peak = args.peak_tflops
     if peak is None:
-        from ditbench.walltime import measure_matmul_tflops
+        from ditbench.hardware.walltime import measure_matmul_tflops
 
         peak = measure_matmul_tflops("cpu", "fp32", n=512, seconds=2.0)
     records = read_records(args.results)

@@ -68,7 +68,7 @@ def name(a: dict) -> str:
 
 def cells(rows: list[dict]):
     """speed.Cell per anchor (the traces come from the on-disk plan cache when they are there)."""
-    from ditbench.cards import DATASHEETS
+    from ditbench.hardware.cards import DATASHEETS
     from ditbench.plan.emulation import cuda_target
     from ditbench.plan.predict import normalize, series_trace, trace_knobs
     from ditbench.plan.speed import Cell, blocks
@@ -102,7 +102,7 @@ def save_cells(cells_, path: Path = KERNELS) -> None:
 
 
 def load_cells(path: Path = KERNELS):
-    from ditbench.cards import DATASHEETS
+    from ditbench.hardware.cards import DATASHEETS
     from ditbench.plan.speed import Cell
 
     return [

@@ -39,7 +39,7 @@ OFFICIAL = {"zero_grad": "after_forward", "optimizer_impl": "foreach"}
 
 def figure_cells() -> list[tuple[dict, object]]:
     """(figure, speed.Cell) per published figure."""
-    from ditbench.cards import DATASHEETS
+    from ditbench.hardware.cards import DATASHEETS
     from ditbench.plan.emulation import cuda_target
     from ditbench.plan.predict import IMAGES, normalize, series_trace, trace_knobs
     from ditbench.plan.speed import Cell, blocks
@@ -59,7 +59,7 @@ def figure_cells() -> list[tuple[dict, object]]:
 
 
 def card_of(cell) -> str:
-    from ditbench.cards import DATASHEETS
+    from ditbench.hardware.cards import DATASHEETS
 
     return next(name for name, sheet in DATASHEETS.items() if sheet is cell.sheet)
 
@@ -100,7 +100,7 @@ def save_cells(cells: list, path: Path = KERNELS) -> None:
 
 
 def load_cells(path: Path = KERNELS) -> list:
-    from ditbench.cards import DATASHEETS
+    from ditbench.hardware.cards import DATASHEETS
     from ditbench.plan.speed import Cell
 
     return [Cell(r["name"], {(k[0], k[1], k[2], *k[3:7]): k[7] for k in r["kernels"]}, r["batch"],

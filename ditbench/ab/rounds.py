@@ -18,8 +18,8 @@ from ditbench.bench.inflight import Ticket, make_record, read_result, record_con
 from ditbench.bench.launch.process import MODULE, TORCHRUN_MODULE, FreshProcess
 from ditbench.bench.runner import Visible, precheck
 from ditbench.bench.runopts import LOGS_DIR, RESULTS_FILE, now_iso
-from ditbench.errors import UserError
-from ditbench.fileio import mkdir_real
+from ditbench.core.errors import UserError
+from ditbench.files.fileio import mkdir_real
 from ditbench.records.jsonl import append_record
 from ditbench.records.metrics import STEP_MS
 from ditbench.records.model import Record, RecordError

@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from ditbench.bench.repeats import combine
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.records.metrics import IMAGES_PER_S, STEP_MS, table
 from ditbench.records.model import Record
 from ditbench.report.gate.decide import compare_frames

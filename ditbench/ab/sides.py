@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.bench.launch.process import MODULE, child_env
-from ditbench.errors import UserError, shorten
+from ditbench.core.errors import UserError, shorten
 
 PROBE_TIMEOUT_S = 300.0  # importing torch on a cold disk
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

@@ -22,7 +22,7 @@ from typing import Any
 from ditbench.bench.launch.aggregate import add_scaling_efficiency
 from ditbench.bench.launch.files import write_result
 from ditbench.bench.repeats import repeat_of
-from ditbench.fileio import mkdir_real, read_regular, refuse_link, rmtree_real, write_json_atomic
+from ditbench.files.fileio import mkdir_real, read_regular, refuse_link, rmtree_real, write_json_atomic
 from ditbench.records.jsonl import append_record, decode_line, lines, read_records, to_record
 from ditbench.records.model import SCHEMA, RecordError
 

@@ -22,9 +22,9 @@ from ditbench.bench.launch.files import write_spec
 from ditbench.bench.launch.srun import read_started, started_path
 from ditbench.bench.runner import RunOptions, Visible, precheck, run_suite
 from ditbench.bench.runopts import JOBS_DIR, RESULTS_FILE, now_iso
-from ditbench.errors import UserError, shorten
-from ditbench.fileio import rmtree_real
-from ditbench.precision import unsupported_reason
+from ditbench.core.errors import UserError, shorten
+from ditbench.files.fileio import rmtree_real
+from ditbench.hardware.precision import unsupported_reason
 from ditbench.spec.cluster import TEXT_KEYS, ClusterOptions
 from ditbench.spec.suite import Suite, SuiteCell
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ditbench.errors import UserError, shorten
+from ditbench.core.errors import UserError, shorten
 
 REASON_CHARS = 300
 

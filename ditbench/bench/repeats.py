@@ -40,7 +40,7 @@ def combine(group: list[Record]) -> Record:
     """One record for a cell from its repeats: the median repeat's (by images/s, lower median) with
     its speeds the medians over the finished ok repeats and `metrics.repeats` the per-repeat figures.
     No such repeat: the first failure (the skipped repeats after it say less)."""
-    from ditbench.intervals import median_interval  # numpy: only where repeats are combined
+    from ditbench.core.intervals import median_interval  # numpy: only where repeats are combined
 
     if len(group) == 1 and group[0].repeat_count == 1:
         return group[0]

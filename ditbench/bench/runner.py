@@ -37,13 +37,13 @@ from ditbench.bench.runopts import (
 )
 from ditbench.bench.suite_progress import JobWatch, SuiteProgress, stderr_line
 from ditbench.bench.summary import Notes, format_line, notes_of, write_summary
-from ditbench.device import cuda_visible, device_type
-from ditbench.environment import collect_env
-from ditbench.fileio import mkdir_real
-from ditbench.outlock import OutputLock
-from ditbench.outpaths import ensure_dir
-from ditbench.precision import unsupported_reason
-from ditbench.progress import is_terminal, progress
+from ditbench.core.progress import is_terminal, progress
+from ditbench.files.fileio import mkdir_real
+from ditbench.files.outlock import OutputLock
+from ditbench.files.outpaths import ensure_dir
+from ditbench.hardware.device import cuda_visible, device_type
+from ditbench.hardware.environment import collect_env
+from ditbench.hardware.precision import unsupported_reason
 from ditbench.records.jsonl import read_records
 from ditbench.spec.suite import Suite, SuiteCell
 

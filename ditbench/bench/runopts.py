@@ -16,14 +16,14 @@ from pathlib import Path
 from ditbench.bench.inflight import INFLIGHT_DIR
 from ditbench.bench.plan_option import SuitePlanner
 from ditbench.bench.summary import Notes
-from ditbench.environment import collect_env
-from ditbench.errors import UserError, shorten
-from ditbench.faults import FAULT_ENV, FAULT_RANK_ENV, check_fault_rank, parse_fault_spec
-from ditbench.outlock import HELD_NAME, LOCK_NAME
-from ditbench.outpaths import check_kept, ensure_dir
+from ditbench.core.errors import UserError, shorten
+from ditbench.core.faults import FAULT_ENV, FAULT_RANK_ENV, check_fault_rank, parse_fault_spec
+from ditbench.core.units import memory_text
+from ditbench.files.outlock import HELD_NAME, LOCK_NAME
+from ditbench.files.outpaths import check_kept, ensure_dir
+from ditbench.hardware.environment import collect_env
 from ditbench.records.jsonl import latest_by_cell, read_records
 from ditbench.spec.suite import REPEATS_MAX, TIMEOUT_MAX_S, Suite, SuiteCell
-from ditbench.units import memory_text
 
 RESULTS_FILE = "results.jsonl"
 SUMMARY_FILE = "summary.md"
@@ -31,7 +31,7 @@ LOGS_DIR = "logs"
 JOBS_DIR = ".jobs"  # the tickets of the cells of an executor that does not wait (submitit's jobs)
 # What a run keeps in its --out: name -> is a folder (outpaths.check_kept checks them)
 KEPT = {RESULTS_FILE: False, SUMMARY_FILE: False, LOGS_DIR: True, INFLIGHT_DIR: True, JOBS_DIR: True}
-KEPT.update({LOCK_NAME: False, HELD_NAME: False})  # and the lock's files (ditbench.outlock)
+KEPT.update({LOCK_NAME: False, HELD_NAME: False})  # and the lock's files (ditbench.files.outlock)
 
 
 @dataclass

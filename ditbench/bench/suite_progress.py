@@ -11,8 +11,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from ditbench.progress import EVERY_ENV, duration
-from ditbench.progress import every_s as default_every
+from ditbench.core.progress import EVERY_ENV, duration
+from ditbench.core.progress import every_s as default_every
 
 QUIET_EVERY_S = 120.0  # between plain lines without --verbose or DITBENCH_PROGRESS_EVERY_S
 

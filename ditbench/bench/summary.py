@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from ditbench.bench.cell.window import noise_advice
-from ditbench.escape import md_code, md_text
-from ditbench.fileio import write_atomic
-from ditbench.intervals import with_ends
+from ditbench.core.escape import md_code, md_text
+from ditbench.core.intervals import with_ends
+from ditbench.core.units import memory_text
+from ditbench.files.fileio import write_atomic
 from ditbench.records.metrics import CPU_ALLOC, CPU_RSS, IMAGES_PER_S, PEAK_ALLOCATED
 from ditbench.records.model import Part
-from ditbench.units import memory_text
 
 
 # The records come from results.jsonl, which a user may have edited: a reader validates the fields

@@ -12,10 +12,10 @@ from typing import Any
 
 import pandas as pd
 
-from ditbench.errors import UserError
-from ditbench.escape import plain
-from ditbench.imageload import GRID_PIXELS, open_image
-from ditbench.outpaths import safe_component
+from ditbench.core.errors import UserError
+from ditbench.core.escape import plain
+from ditbench.files.imageload import GRID_PIXELS, open_image
+from ditbench.files.outpaths import safe_component
 from ditbench.records.metrics import MEMORY, RECORD_METRICS, TIMING, finite
 from ditbench.records.model import Quality, Record
 from ditbench.report.load import flatten, grid_file

@@ -17,12 +17,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from urllib.parse import urlparse
 
-from ditbench.errors import UserError, shorten
-from ditbench.escape import md_text
+from ditbench.core.errors import UserError, shorten
+from ditbench.core.escape import md_text
+from ditbench.core.extras import require_extra
 from ditbench.export.runs import TrackerRun
-from ditbench.extras import require_extra
-from ditbench.fileio import mkdir_real
-from ditbench.imageload import GRID_PIXELS, load_rgb
+from ditbench.files.fileio import mkdir_real
+from ditbench.files.imageload import GRID_PIXELS, load_rgb
 
 Report = tuple[str, dict[str, Path]] | None  # (the report's id, its files)
 RECORD_TAG = "ditbench.record"

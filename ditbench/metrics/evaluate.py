@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 import ditbench
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
+from ditbench.hardware.precision import tf32_mode
 from ditbench.metrics import bootstrap, registry
 from ditbench.metrics.inception_score import split_rule
 from ditbench.metrics.npz_io import ArrayImages, ImageSource, open_images
@@ -26,7 +27,6 @@ from ditbench.metrics.reference import PreparedReference
 from ditbench.metrics.registry import DEFAULTS
 from ditbench.metrics.spec import FEATURE_DIMS, Metric, MetricInputs
 from ditbench.metrics.weights import FeatureExtractor
-from ditbench.precision import tf32_mode
 
 SCHEMA = "ditbench.fid/1"
 

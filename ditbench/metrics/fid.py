@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.metrics.spec import POOL3_DIM, SPATIAL_DIM, Metric, MetricInputs, Need, Output
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.metrics.spec import Metric, MetricInputs, Need, Option, Output
 
 if TYPE_CHECKING:

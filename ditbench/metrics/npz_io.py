@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ditbench.errors import UserError, shorten
-from ditbench.fileio import atomic_write
-from ditbench.imageload import PHOTO_PIXELS, PIXELS_ENV, load_rgb, max_pixels, open_image
-from ditbench.outpaths import not_a_file
+from ditbench.core.errors import UserError, shorten
+from ditbench.files.fileio import atomic_write
+from ditbench.files.imageload import PHOTO_PIXELS, PIXELS_ENV, load_rgb, max_pixels, open_image
+from ditbench.files.outpaths import not_a_file
 
 IMAGE_KEY = "arr_0"
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")

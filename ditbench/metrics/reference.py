@@ -18,8 +18,8 @@ from typing import NamedTuple
 import numpy as np
 
 import ditbench
-from ditbench.errors import UserError, shorten
-from ditbench.fileio import atomic_write, read_regular, write_json_atomic
+from ditbench.core.errors import UserError, shorten
+from ditbench.files.fileio import atomic_write, read_regular, write_json_atomic
 from ditbench.metrics.fid import feature_statistics
 from ditbench.metrics.npz_io import (
     IMAGE_KEY,

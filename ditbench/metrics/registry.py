@@ -10,10 +10,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ditbench.errors import UserError, shorten
+from ditbench.core.errors import UserError, shorten
+from ditbench.files.pretrained import cache_root
 from ditbench.metrics import bootstrap, fid, inception_score, kid, prdc
 from ditbench.metrics.spec import Metric, Output
-from ditbench.pretrained import cache_root
 
 DEFAULTS: dict[str, object] = {
     "batch_size": 100,  # images per Inception forward pass

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from ditbench import intervals
-from ditbench.errors import UserError, shorten
+from ditbench.core import intervals
+from ditbench.core.errors import UserError, shorten
 
 if TYPE_CHECKING:
     import torch

@@ -24,15 +24,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ditbench.device import resolve_device
-from ditbench.errors import UserError, shorten
-from ditbench.fileio import atomic_write, download_atomic, read_regular, write_json_atomic
+from ditbench.core.errors import UserError, shorten
+from ditbench.files.fileio import atomic_write, download_atomic, read_regular, write_json_atomic
+from ditbench.files.outpaths import not_a_file
+from ditbench.hardware.device import resolve_device
+from ditbench.hardware.precision import tf32_mode
 from ditbench.metrics.inception import InceptionV3, build_calibrated_inception
 from ditbench.metrics.npz_io import FolderImages, ImageSource
 from ditbench.metrics.registry import DEFAULTS, default_cache_dir
 from ditbench.metrics.spec import FEATURE_DIMS
-from ditbench.outpaths import not_a_file
-from ditbench.precision import tf32_mode
 
 WEIGHTS_FILE_NAME = "weights-inception-2015-12-05-6726825d.pth"
 WEIGHTS_URL = "https://github.com/toshas/torch-fidelity/releases/download/v0.2.0/" + WEIGHTS_FILE_NAME
@@ -306,7 +306,7 @@ class FeatureExtractor:
     def extract(
         self, source: ImageSource, want=("pool3", "logits_unbiased", "spatial"), desc: str = "features"
     ) -> dict[str, torch.Tensor]:
-        from ditbench.progress import progress
+        from ditbench.core.progress import progress
 
         # Features collect on the device (no per-batch sync on a GPU) and move to the CPU once.
         out = {

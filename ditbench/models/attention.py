@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from ditbench.errors import UnsupportedError
-from ditbench.faults import one_line
+from ditbench.core.errors import UnsupportedError
+from ditbench.core.faults import one_line
 from ditbench.models.configs import ATTENTION_BACKENDS
 
 FORCED = {

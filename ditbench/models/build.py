@@ -6,7 +6,7 @@ import dataclasses
 
 from torch import nn
 
-from ditbench.errors import UserError, shorten
+from ditbench.core.errors import UserError, shorten
 from ditbench.models.configs import IMPLS, get_config, latent_size
 
 

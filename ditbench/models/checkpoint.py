@@ -14,13 +14,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ditbench import vae
-from ditbench.errors import UserError
-from ditbench.fileio import atomic_write
+from ditbench.core.errors import UserError
+from ditbench.files.fileio import atomic_write
+from ditbench.files.outpaths import not_a_file
+from ditbench.files.pretrained import resolve_checkpoint
+from ditbench.models import vae
 from ditbench.models.build import build_model
 from ditbench.models.configs import CONFIGS, canonical_name, get_config
-from ditbench.outpaths import not_a_file
-from ditbench.pretrained import resolve_checkpoint
 
 FORMAT = "ditbench.checkpoint/1"
 

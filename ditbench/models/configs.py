@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ditbench import vae
-from ditbench.errors import UserError, did_you_mean, shorten
+from ditbench.core.errors import UserError, did_you_mean, shorten
+from ditbench.models import vae
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ditbench.errors import UnsupportedError
+from ditbench.core.errors import UnsupportedError
 from ditbench.models.attention import kernel_context, refused
 from ditbench.models.configs import DiTConfig, impl_problem, parse_grad_ckpt
 from ditbench.models.dit import cfg_forward, dit_init
-from ditbench.vae import LATENT_CHANNELS
+from ditbench.models.vae import LATENT_CHANNELS
 
 
 class DiffusersDiT(nn.Module):
@@ -63,7 +63,7 @@ def build_diffusers_dit(
     learn_sigma: bool = True,
     attention: str = "sdpa",
 ) -> DiffusersDiT:
-    from ditbench.extras import require_diffusers
+    from ditbench.core.extras import require_diffusers
 
     DiTTransformer2DModel = require_diffusers("impl: diffusers").DiTTransformer2DModel
     if problem := impl_problem("diffusers", grad_ckpt):

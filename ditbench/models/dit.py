@@ -12,8 +12,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ditbench import vae
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
+from ditbench.models import vae
 from ditbench.models.attention import attend
 from ditbench.models.configs import ATTENTION_BACKENDS, parse_grad_ckpt
 

@@ -8,7 +8,7 @@ recomputation is work the hardware does, not the model needs, so it is not count
 from __future__ import annotations
 
 from ditbench.models.configs import get_config, latent_size
-from ditbench.vae import LATENT_CHANNELS
+from ditbench.models.vae import LATENT_CHANNELS
 
 
 def forward_macs(name: str, image_size: int = 256, learn_sigma: bool = True) -> int:

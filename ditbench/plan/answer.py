@@ -13,7 +13,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.plan.emulation import cuda_target
 from ditbench.plan.predict import Budget, Prediction, SpeedOptions, normalize, predict_budgets, trace_knobs
 from ditbench.plan.render import is_tight
@@ -46,7 +46,7 @@ class Answer:
 def default_precisions(bud: Budget, sheet) -> tuple[str, ...]:
     """The card's fastest 16-bit precision and its fastest with float32 storage (precision.BY_SPEED):
     bf16 and tf32 from sm80 on, else fp16 and fp32."""
-    from ditbench.precision import BY_SPEED, LOW_PRECISIONS
+    from ditbench.hardware.precision import BY_SPEED, LOW_PRECISIONS
 
     ampere = bud.target.bf16 and (sheet is None or sheet.bf16)
     low = next(p for p in BY_SPEED if p in LOW_PRECISIONS and (ampere or p != "bf16"))

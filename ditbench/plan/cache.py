@@ -14,9 +14,9 @@ import lzma
 from pathlib import Path
 from typing import Any
 
+from ditbench.files.pretrained import cache_root
 from ditbench.plan.emulation import Target
 from ditbench.plan.trace import SeriesTrace, Trace
-from ditbench.pretrained import cache_root
 
 VERSION = 3  # bump when what a trace records, or how, changes outside the source files
 SHIPPED = Path(__file__).with_name("traces.json.xz")
@@ -99,7 +99,7 @@ def decode(d: dict[str, Any]) -> SeriesTrace | None:
 
 
 def load(name: str) -> SeriesTrace | None:
-    from ditbench.fileio import read_regular  # a FIFO planted as the entry is refused, not waited on
+    from ditbench.files.fileio import read_regular  # a FIFO planted as the entry is refused, not waited on
 
     try:
         return decode(json.loads(read_regular(cache_dir() / f"{name}.json", "the plan cache")))
@@ -108,7 +108,7 @@ def load(name: str) -> SeriesTrace | None:
 
 
 def save(name: str, series: SeriesTrace) -> None:
-    from ditbench.fileio import write_atomic
+    from ditbench.files.fileio import write_atomic
 
     try:
         cache_dir().mkdir(parents=True, exist_ok=True)

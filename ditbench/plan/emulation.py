@@ -21,8 +21,8 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import _get_current_dispatch_mode, _pop_mode_temporarily
 
-from ditbench.cards import CARDS
-from ditbench.precision import BF16_CAPABILITY
+from ditbench.hardware.cards import CARDS
+from ditbench.hardware.precision import BF16_CAPABILITY
 
 MiB = 1 << 20
 
@@ -77,9 +77,9 @@ def optimizer_impl(requested: str, target: Target) -> str:
 
 
 def policy_for(precision: str, target: Target):
-    """The Trainer's precision policy on the target (ditbench.precision's own, asked for "cuda" with the
+    """The Trainer's precision policy on the target (hardware/precision.py's own, asked for "cuda" with the
     target's bf16 support), its device type made the fake CPU device."""
-    from ditbench.precision import get_precision_policy
+    from ditbench.hardware.precision import get_precision_policy
 
     if target.device == "cpu":
         return get_precision_policy(precision, "cpu")

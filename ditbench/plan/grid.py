@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from ditbench.cards import MEMORY_CLASSES_GB, Card, cards_in_class
-from ditbench.errors import UnsupportedError
+from ditbench.core.errors import UnsupportedError
+from ditbench.hardware.cards import MEMORY_CLASSES_GB, Card, cards_in_class
+from ditbench.hardware.precision import BF16_CAPABILITY, BY_SPEED, LOW_PRECISIONS, PRECISIONS
 from ditbench.models.configs import PAPER_MODEL_NAMES, get_config
 from ditbench.plan.emulation import GENERIC_ARCH, traced_on
 from ditbench.plan.predict import Budget, Prediction, SpeedOptions, normalize, predict_budgets
-from ditbench.precision import BF16_CAPABILITY, BY_SPEED, LOW_PRECISIONS, PRECISIONS
 
 DEFAULT_PRECISIONS = PRECISIONS  # every policy
 DEFAULT_GRAD_CKPT = ("none", "full", "every_2")

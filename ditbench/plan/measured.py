@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.plan.predict import Prediction, normalize
 from ditbench.records.metrics import DEVICE_MEM, PEAK_ALLOCATED, PEAK_RESERVED, STEPS_PER_S, finite
 from ditbench.records.model import Record
@@ -89,7 +89,7 @@ def _override(pred: Prediction, record: Record) -> bool:
 
 
 def _card(record: Record) -> str | None:
-    from ditbench.cards import DATASHEETS, find_card
+    from ditbench.hardware.cards import DATASHEETS, find_card
 
     emulation = record.metrics.emulation if record.metrics else None
     name = (emulation.real_gpu if emulation else None) or (record.env.gpu_name if record.env else None)
@@ -104,7 +104,7 @@ def _card(record: Record) -> str | None:
 
 def cells_from_records(records: list[Record]):
     """(speed.Cell list, why each skipped record was skipped)."""
-    from ditbench.cards import DATASHEETS
+    from ditbench.hardware.cards import DATASHEETS
     from ditbench.plan.emulation import cuda_target
     from ditbench.plan.predict import series_trace, trace_knobs
     from ditbench.plan.speed import Cell, blocks

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ditbench.cards import Card, check_gib, find_card
-from ditbench.errors import UnsupportedError, UserError, shorten
+from ditbench.core.errors import UnsupportedError, UserError, shorten
+from ditbench.hardware.cards import Card, check_gib, find_card
 from ditbench.plan import cache
 from ditbench.plan.allocator import Replay, live_at, raw_peak, replay
 from ditbench.plan.emulation import CPU, Target, cuda_target, optimizer_impl, policy_for, traced_on

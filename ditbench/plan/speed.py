@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ditbench.cards import DATASHEETS, Datasheet
-from ditbench.errors import UserError
-from ditbench.precision import LOW_PRECISIONS
+from ditbench.core.errors import UserError
+from ditbench.hardware.cards import DATASHEETS, Datasheet
+from ditbench.hardware.precision import LOW_PRECISIONS
 
 SHIPPED = Path(__file__).with_name("speed_calibration.json")
 # Fitted parameters, their starting values and bounds.
@@ -86,7 +86,7 @@ def _peak(sheet: Datasheet, cat: str, dtype: str, precision: str) -> float:
     """The card's matmul rate for a kernel: measured where the card's sustained rates are known."""
     if dtype in LOW_PRECISIONS:  # fp16, bf16: the sustained rates' third and fourth
         i, peak = 2 + LOW_PRECISIONS.index(dtype), sheet.fp16
-    elif cat == "matmul" and precision != "fp32":  # TF32 is on but under fp32 (precision.py): VAE convs
+    elif cat == "matmul" and precision != "fp32":  # TF32 on but under fp32 (hardware/precision.py): VAE convs
         i, peak = 1, sheet.tf32
     else:
         i, peak = 0, sheet.fp32

@@ -305,15 +305,15 @@ class VaeImages:
     on the device as a run builds it), in float32, without gradients, outside the step's autocast."""
 
     def __init__(self, knobs):
-        from ditbench import vae
-        from ditbench.extras import require_diffusers
+        from ditbench.core.extras import require_diffusers
+        from ditbench.models import vae
 
         self.knobs = knobs
         autoencoder = require_diffusers("the VAE of an image-folder cell").AutoencoderKL
         self.vae = autoencoder(**vae.SD_VAE_CONFIG).eval().requires_grad_(False)  # vae.build_vae but .to()
 
     def next_batch(self):
-        from ditbench import vae
+        from ditbench.models import vae
 
         k = self.knobs
         images = torch.randn(k.batch_size, 3, k.image_size, k.image_size)

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from ditbench import dist
-from ditbench.fileio import atomic_write
+from ditbench.files.fileio import atomic_write
+from ditbench.hardware import dist
 from ditbench.metrics import registry
 from ditbench.spec.cell import CellSpec
 
@@ -57,7 +57,7 @@ SPLIT = "ranks split the samples (shard k on rank k mod world); rank 0 gathers t
 
 def reference_path(reference: str) -> str:
     """A suite's reference, with a built-in dataset name resolved to its file."""
-    from ditbench import builtin_data
+    from ditbench.models import builtin_data
 
     return str(builtin_data.resolve(reference)) if builtin_data.is_builtin(reference) else reference
 
@@ -76,8 +76,8 @@ class Evaluator:
     """Without a ready `extractor`, the section's Inception network is loaded on each rank."""
 
     def __init__(self, spec: CellSpec, ctx, extractor=None):
-        from ditbench.diffusion import create_diffusion
         from ditbench.models.configs import latent_size
+        from ditbench.models.diffusion import create_diffusion
         from ditbench.sampling.shards import labels_for
 
         self.q, self.knobs, self.ctx = spec.quality, spec.knobs, ctx
@@ -103,15 +103,15 @@ class Evaluator:
     def _decoder(self):
         name = self.q.decoder(self.knobs)
         if name == "pixels":
-            from ditbench import pixels
+            from ditbench.models import pixels
 
             if pixels.colour_of(self.knobs.data) == "rgb":
                 self.decoder_desc = "pixels (one RGB pixel per latent cell, exact)"
                 return pixels.decode_rgb
             self.decoder_desc = "pixels (2x2 grey blocks, exact)"
             return pixels.decode
+        from ditbench.models.vae import decode_latents
         from ditbench.sampling.sampler import build_vae
-        from ditbench.vae import decode_latents
 
         vae = build_vae(name, self.ctx.device)
         self.decoder_desc = f"VAE {name}"

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ditbench.faults import check_finite, failure
+from ditbench.core.faults import check_finite, failure
 from ditbench.quality.evaluation import SPLIT, Evaluator
 from ditbench.spec.cell import CellSpec
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ditbench.fileio import open_regular, read_regular
+from ditbench.files.fileio import open_regular, read_regular
 from ditbench.records.model import Record, RecordError, check
 
 # A record nests about five levels (quality.evaluations[].per_seed[].fid); anything far deeper is

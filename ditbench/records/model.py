@@ -9,11 +9,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from ditbench.errors import UserError, shorten
+from ditbench.core.errors import UserError, shorten
+from ditbench.core.validation import refuse, where
 from ditbench.records.metrics import IMAGES_PER_S, RECORD_METRICS, STEP_MS, STEPS_PER_S, finite
 from ditbench.spec.cell import CellSpec, cell_id
 from ditbench.spec.suite import REPEATS_MAX
-from ditbench.validation import refuse, where
 
 SCHEMA = "ditbench.result/1"
 SCHEMA_PREFIX = "ditbench.result/"

@@ -11,10 +11,10 @@ from typing import Any
 
 import pandas as pd
 
-from ditbench.errors import UserError
-from ditbench.intervals import median_interval
+from ditbench.core.errors import UserError
+from ditbench.core.intervals import median_interval
+from ditbench.hardware.precision import LOW_PRECISIONS
 from ditbench.models.configs import get_config
-from ditbench.precision import LOW_PRECISIONS
 from ditbench.records.metrics import IMAGES_PER_S
 from ditbench.report.cells import cell_label as _cell
 from ditbench.report.cells import knobs, pairs

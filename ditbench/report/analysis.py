@@ -10,7 +10,7 @@ from typing import Any
 
 import pandas as pd
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.records.metrics import IMAGES_PER_S, STEPS_PER_S
 from ditbench.report.cells import gpu_count, knob_index, knob_key, knobs, model_size_key, same_run_first
 from ditbench.report.load import column, flatten, value

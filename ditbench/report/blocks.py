@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ditbench.escape import md_inline, md_text
+from ditbench.core.escape import md_inline, md_text
 
 
 @dataclass

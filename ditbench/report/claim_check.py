@@ -12,9 +12,9 @@ from typing import Any
 
 import pandas as pd
 
-from ditbench.cards import find_card
-from ditbench.errors import UserError
-from ditbench.intervals import LEVEL, median_interval
+from ditbench.core.errors import UserError
+from ditbench.core.intervals import LEVEL, median_interval
+from ditbench.hardware.cards import find_card
 from ditbench.records.metrics import IMAGES_PER_S, RECORD_METRICS, STEP_MS, finite
 from ditbench.report.analysis import gpu_hours_per_million_images, time_to_steps_s
 from ditbench.report.cells import cell_label, knob_key, knobs

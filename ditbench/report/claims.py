@@ -12,13 +12,13 @@ from typing import Annotated, Any
 import pandas as pd
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
 
-from ditbench.cards import find_card
-from ditbench.errors import UserError, did_you_mean, shorten
+from ditbench.core.errors import UserError, did_you_mean, shorten
+from ditbench.core.validation import check, refuse, unknown_key
+from ditbench.files.yamlio import load_yaml_file
+from ditbench.hardware.cards import find_card
 from ditbench.metrics import registry
 from ditbench.records.metrics import IMAGES_PER_S, MFU, STEPS_PER_S
 from ditbench.report.cells import knobs
-from ditbench.validation import check, refuse, unknown_key
-from ditbench.yamlio import load_yaml_file
 
 # metric -> (kind, unit, what it is): the record's own (records.metrics) and figures derived from a
 # record. Memory is the figure that decides fit (ditbench.report.memory).
@@ -318,7 +318,7 @@ def resolve_claims(arg: str | Path) -> Path:
 
 
 def load_claims(path: str | Path) -> ClaimsFile:
-    """Read and validate a claims file (bounded, UTF-8, no duplicate keys: see ditbench.yamlio)."""
+    """Read and validate a claims file (bounded, UTF-8, no duplicate keys: see ditbench.files.yamlio)."""
     return parse_claims(load_yaml_file(path, "claims"), str(path))
 
 

@@ -12,10 +12,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from ditbench.core.units import MIB_PER_GIB
 from ditbench.records.metrics import IMAGES_PER_S
 from ditbench.report.load import column
 from ditbench.report.memory import cell_budget, shown_memory
-from ditbench.units import MIB_PER_GIB
 
 IMG_S = IMAGES_PER_S.path
 PRECISION_COLOURS = {"fp32": "#1f77b4", "tf32": "#ff7f0e", "bf16": "#2ca02c", "fp16": "#d62728"}
@@ -97,7 +97,7 @@ def memory_label(rows: pd.DataFrame, unit: str = "GiB") -> str:
 
 
 def memory_unit(largest_gib: float) -> tuple[float, str]:
-    """(factor from GiB, unit) an axis reads in: MiB when everything on it is below 1 GiB (units.py)."""
+    """(factor from GiB, unit) an axis reads in: MiB when everything on it is below 1 GiB (core/units.py)."""
     return (1.0, "GiB") if largest_gib >= 1 else (float(MIB_PER_GIB), "MiB")
 
 

@@ -15,8 +15,8 @@ import pandas as pd
 
 from ditbench.bench.cell.window import noise_advice
 from ditbench.bench.repeats import combine
-from ditbench.errors import UserError, shorten
-from ditbench.outpaths import inside, not_a_file
+from ditbench.core.errors import UserError, shorten
+from ditbench.files.outpaths import inside, not_a_file
 from ditbench.records.jsonl import TORN, as_record, lines
 from ditbench.records.metrics import finite
 from ditbench.records.model import SCHEMA, SCHEMA_PREFIX, Record

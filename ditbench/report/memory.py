@@ -12,8 +12,8 @@ from typing import Any
 
 import pandas as pd
 
-from ditbench.cards import find_card
-from ditbench.errors import UserError, shorten
+from ditbench.core.errors import UserError, shorten
+from ditbench.hardware.cards import find_card
 from ditbench.records.metrics import CPU_ALLOC, CPU_RSS, DEVICE_MEM, PEAK_ALLOCATED, PEAK_RESERVED, finite
 from ditbench.records.model import Metrics
 from ditbench.report.cells import gpu_count

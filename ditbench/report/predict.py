@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Callable
 from typing import Any
 
-from ditbench.cards import cards_in_class
+from ditbench.hardware.cards import cards_in_class
 from ditbench.plan.speed import band, memory_band_pct
 from ditbench.records.metrics import IMAGES_PER_S, STEPS_PER_S
 from ditbench.report import advice
@@ -255,7 +255,7 @@ def counts(results: list[ClaimResult]) -> dict[str, int]:
 
 
 def class_card(gb: int) -> str:
-    """The card of a memory class (cards.py) with the most usable memory."""
+    """The card of a memory class (hardware/cards.py) with the most usable memory."""
     return max(cards_in_class(gb), key=lambda c: c.usable_gib).name
 
 

@@ -14,11 +14,11 @@ from typing import Any
 
 import pandas as pd
 
-from ditbench.errors import UserError, shorten
-from ditbench.imageload import GRID_PIXELS, load_rgb
+from ditbench.core.errors import UserError, shorten
+from ditbench.files.imageload import GRID_PIXELS, load_rgb
+from ditbench.hardware.precision import LOW_PRECISIONS
 from ditbench.metrics import registry
 from ditbench.metrics.spec import Output
-from ditbench.precision import LOW_PRECISIONS
 from ditbench.records.metrics import finite
 from ditbench.records.model import Evaluation
 from ditbench.records.model import Quality as QualitySection

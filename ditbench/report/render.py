@@ -12,8 +12,8 @@ from typing import Any
 import pandas as pd
 
 from ditbench import __version__
-from ditbench.escape import csv_safe
-from ditbench.fileio import write_atomic
+from ditbench.core.escape import csv_safe
+from ditbench.files.fileio import write_atomic
 from ditbench.records.metrics import CPU_ALLOC, CPU_RSS, DEVICE_MEM
 from ditbench.report import analysis
 from ditbench.report.advice import AdviceCheck

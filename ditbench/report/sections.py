@@ -8,7 +8,8 @@ from typing import Any
 
 import pandas as pd
 
-from ditbench.intervals import decimals
+from ditbench.core.intervals import decimals
+from ditbench.core.units import memory_text
 from ditbench.records.metrics import ENERGY_PER_IMAGE, IMAGES_PER_S, MFU, STEP_MS
 from ditbench.report import advice, analysis
 from ditbench.report.analysis import gpu_hours_text, time_text
@@ -28,7 +29,6 @@ from ditbench.report.claim_check import VERDICTS, ClaimResult
 from ditbench.report.load import column, noise_parts, value
 from ditbench.report.memory import MEM_PREDICTED, MEM_RESERVED, cell_budget, fits, memory_metric, metrics_of
 from ditbench.report.predict import counts as predicted_counts
-from ditbench.units import memory_text
 
 STATUS_TEXT = {"oom": "OOM", "nan_loss": "NaN loss"}  # the other statuses read as they are written
 # Statuses that measured nothing: in a table, such cells sharing a reason are one row that names them.
@@ -369,7 +369,7 @@ def rate_text(row: pd.Series) -> str:
 
 
 def mem_text(gib: Any) -> str:
-    """A memory figure in GiB, or MiB below 1 GiB (ditbench.units); — when missing or not a number."""
+    """A memory figure in GiB, or MiB below 1 GiB (ditbench.core.units); — when missing or not a number."""
     return "—" if num(gib) == "—" else memory_text(float(gib))
 
 

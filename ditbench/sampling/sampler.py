@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ditbench.errors import UserError
-from ditbench.fileio import atomic_write, read_regular, write_json_atomic
-from ditbench.pretrained import DIT_CHECKPOINTS, is_vae_name, resolve_checkpoint
+from ditbench.core.errors import UserError
+from ditbench.files.fileio import atomic_write, read_regular, write_json_atomic
+from ditbench.files.pretrained import DIT_CHECKPOINTS, is_vae_name, resolve_checkpoint
 from ditbench.records.metrics import IMAGES_PER_S
 from ditbench.sampling.shards import (
     default_paths,
@@ -78,7 +78,7 @@ _VAE: dict[tuple[str, str], object] = {}
 def build_vae(vae: str, device):
     """diffusers' AutoencoderKL (sd-vae-ft-ema architecture) from local weights, or random ones (seeded:
     the same on every rank), kept per (weights, device) for the life of the process, one at a time."""
-    from ditbench.vae import build_vae as build
+    from ditbench.models.vae import build_vae as build
 
     key = (str(Path(vae).resolve()) if vae != "random" else vae, str(device))
     if key not in _VAE:
@@ -88,10 +88,10 @@ def build_vae(vae: str, device):
 
 
 def check_args(args) -> None:
+    from ditbench.models.vae import LATENT_CHANNELS
     from ditbench.spec.base import from_flags
     from ditbench.spec.knobs import MAX_CLASSES, MAX_IMAGE_SIZE, SEED_MAX
     from ditbench.spec.quality import Sampler
-    from ditbench.vae import LATENT_CHANNELS
 
     for name in ("num_samples", "batch_size", "num_classes"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -122,7 +122,7 @@ def check_args(args) -> None:
             "diffusion_pytorch_model.safetensors) or a state-dict file, or 'random' to time sampling with "
             "random VAE weights (the images are then meaningless)."
         )
-    from ditbench.outpaths import NPZ, check_file_target, refuse_output_as_input
+    from ditbench.files.outpaths import NPZ, check_file_target, refuse_output_as_input
 
     check_file_target(args.out, "--out", create_parent=False, writes=NPZ)  # rank 0 creates the folder later
     shard_dir, record_path = default_paths(Path(args.out))
@@ -135,7 +135,7 @@ def check_args(args) -> None:
 
 def _precision_context(precision: str, device):
     """The training policy's autocast and TF32 setting, without its GradScaler (no backward here)."""
-    from ditbench.precision import get_precision_policy
+    from ditbench.hardware.precision import get_precision_policy
 
     policy = get_precision_policy(precision, device)
     policy.apply_backend_flags()
@@ -158,11 +158,11 @@ def make_shard(
     decode=None,
 ) -> np.ndarray:
     """uint8 (n, H, W, 3) images for one shard's labels, all noise from one seeded generator; `decode`
-    (latents -> images in [-1, 1], e.g. `ditbench.pixels.decode`) replaces the VAE where given."""
+    (latents -> images in [-1, 1], e.g. `ditbench.models.pixels.decode`) replaces the VAE where given."""
     import torch
 
-    from ditbench.diffusion import sample_latents
-    from ditbench.vae import decode_latents
+    from ditbench.models.diffusion import sample_latents
+    from ditbench.models.vae import decode_latents
 
     gen = torch.Generator(device=device).manual_seed(seed)
     y = torch.from_numpy(labels).to(device)
@@ -222,8 +222,8 @@ def _finished(args, out: Path, record_path: Path, settings: dict) -> dict | None
 def _announce(args, ctx, settings: dict, images: int) -> None:
     """The estimate of the images still to make (rank 0), before the first shard: a DiT forward per
     step (two with guidance) and a VAE decode per image, at the device's rate (walltime)."""
+    from ditbench.hardware.walltime import LONG_CPU_S, VAE_DECODE_FLOPS_PER_PIXEL, announce, flops_s
     from ditbench.models.flops import forward_macs
-    from ditbench.walltime import LONG_CPU_S, VAE_DECODE_FLOPS_PER_PIXEL, announce, flops_s
 
     device = ctx.device.type if ctx.device.type == "cpu" else str(ctx.device)
     size, passes = settings["image_size"], args.steps * (2 if args.cfg_scale > 1 else 1)
@@ -244,9 +244,9 @@ def _make_shards(args, ctx, model, vae, settings: dict, shard_dir: Path, missing
     """This rank's share of the missing shards, each written atomically; {rank, images, seconds}."""
     import torch
 
-    from ditbench.diffusion import create_diffusion
+    from ditbench.core.progress import progress
     from ditbench.models.configs import latent_size
-    from ditbench.progress import progress
+    from ditbench.models.diffusion import create_diffusion
 
     device = ctx.device
     diffusion = create_diffusion(str(args.steps))
@@ -288,7 +288,7 @@ def _make_shards(args, ctx, model, vae, settings: dict, shard_dir: Path, missing
 
 
 def _record(args, ctx, out: Path, settings: dict, shape, per_rank: list[dict]) -> dict:
-    from ditbench.environment import collect_env
+    from ditbench.hardware.environment import collect_env
 
     total_made = sum(r["images"] for r in per_rank)
     wall = max(r["seconds"] for r in per_rank)
@@ -322,7 +322,7 @@ def _record(args, ctx, out: Path, settings: dict, shape, per_rank: list[dict]) -
 
 def sample(args) -> dict:
     """Run (or resume) a sampling job; returns the record written next to the npz (on rank 0)."""
-    from ditbench import dist
+    from ditbench.hardware import dist
 
     check_args(args)
     out = Path(args.out)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ditbench.errors import UserError
-from ditbench.fileio import read_regular, refuse_link, rmtree_real, write_json_atomic
-from ditbench.pretrained import is_vae_name
+from ditbench.core.errors import UserError
+from ditbench.files.fileio import read_regular, refuse_link, rmtree_real, write_json_atomic
+from ditbench.files.pretrained import is_vae_name
 
 
 def labels_for(num_samples: int, num_classes: int) -> np.ndarray:

@@ -12,8 +12,8 @@ from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
-from ditbench.errors import UserError
-from ditbench.validation import located, problem, refuse, rule, validate
+from ditbench.core.errors import UserError
+from ditbench.core.validation import located, problem, refuse, rule, validate
 
 S = TypeVar("S", bound="SpecModel")
 EXPONENT = r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$"
@@ -117,7 +117,7 @@ def checked_by(function: Any) -> BeforeValidator:
 def from_flags(model: type[S], values: dict[str, Any]) -> S:
     """`model` from a command's flags (`--batch-size 8`): each string value read as a YAML value, as a
     suite file's or an override's would be; an error names the flag."""
-    from ditbench.yamlio import parse_yaml_text
+    from ditbench.files.yamlio import parse_yaml_text
 
     raw = {
         k: parse_yaml_text(v, f"--{k.replace('_', '-')}") if isinstance(v, str) else v

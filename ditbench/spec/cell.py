@@ -13,11 +13,11 @@ from typing import Any
 
 from pydantic import Field, model_serializer, model_validator
 
-from ditbench.errors import shorten
+from ditbench.core.errors import shorten
+from ditbench.core.validation import refuse, unknown_key
 from ditbench.spec.base import Choice, Int, Real, SpecModel
 from ditbench.spec.knobs import KNOBS, Knobs
 from ditbench.spec.quality import QualitySpec
-from ditbench.validation import refuse, unknown_key
 
 MAX_STEPS = 10**7  # a window or smoke run longer than this is a typo, not a benchmark
 MAX_SECONDS = 7 * 24 * 3600.0  # a week: a longer window or timeout is a typo
@@ -39,7 +39,7 @@ class CellSpec(SpecModel):
     device: Choice("cuda", "cpu")  # resolved, so a CPU result never stands in for a GPU one
     steps: Steps = Steps()
     smoke_steps: Int(0, MAX_STEPS) = 0
-    # the emulated card's memory budget (GiB), None = the real card; its name (ditbench.cards)
+    # the emulated card's memory budget (GiB), None = the real card; its name (ditbench.hardware.cards)
     gpu_memory_gib: Real(0.0, 1e6, low_open=True, optional=True) = None
     card: str | None = Field(None, strict=True)
     quality: QualitySpec | None = None  # sample quality to evaluate (the suite's `quality` section)

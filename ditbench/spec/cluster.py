@@ -1,6 +1,6 @@
 """Where a suite's cells run on a cluster: the suite's `cluster:` section and `--cluster KEY=VALUE`
 (docs/distributed.md). They say where a cell runs, not what it measures: never in a cell's id or record
-(GPUs, nodes and tasks come from the cell, `bench.cluster`).
+(GPUs, nodes and tasks come from the cell, `bench/jobs.py`).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field
 
-from ditbench.errors import UserError, shorten
+from ditbench.core.errors import UserError, shorten
+from ditbench.core.validation import refuse, rule, validate, where
 from ditbench.spec.base import SpecModel
-from ditbench.validation import refuse, rule, validate, where
 
 TEXT_KEYS = ("partition", "account", "qos", "constraint")
 # sbatch options ditbench sets from the cell (or submitit sets itself): a second value would contradict them
@@ -100,7 +100,7 @@ class ClusterOptions(SpecModel):
 
 def parse_cluster_flags(items: list[str]) -> ClusterOptions:
     """`--cluster KEY=VALUE` (repeatable; `sbatch.OPTION=VALUE` sets an sbatch option), as in the file."""
-    from ditbench.yamlio import parse_yaml_text
+    from ditbench.files.yamlio import parse_yaml_text
 
     raw: dict[str, Any] = {}
     for item in items:

@@ -12,7 +12,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Discriminator, Field, Tag, WithJsonSchema, model_validator
 
-from ditbench.errors import UserError, shorten
+from ditbench.core.errors import UserError, shorten
+from ditbench.core.validation import refuse, rule
+from ditbench.hardware.precision import PRECISIONS
 from ditbench.models.configs import (
     ATTENTION_BACKENDS,
     GRAD_CKPT_EVERY,
@@ -26,9 +28,7 @@ from ditbench.models.configs import (
     impl_problem,
     latent_size,
 )
-from ditbench.precision import PRECISIONS
 from ditbench.spec.base import Choice, Flag, Int, Real, SpecModel, checked_by
-from ditbench.validation import refuse, rule
 
 STRATEGIES = ("ddp", "fsdp")
 # torch.compile's modes ("default" = mode None); the -no-cudagraphs one autotunes the matmul and
@@ -53,7 +53,7 @@ THREADS_HELP = (
     "all cores for one process and the per-rank share of the cores for torchrun/srun ranks); unset: 1 on "
     "a CPU cell (steady and comparable on a shared machine), torch's default on a CUDA cell"
 )
-COLOURS = ("grey", "rgb")  # how pixel data fills the latent (ditbench.pixels)
+COLOURS = ("grey", "rgb")  # how pixel data fills the latent (ditbench.models.pixels)
 DATA_HELP = (
     "`synthetic`, {latents: PATH}, {images: PATH, vae: PATH|ema|mse|random} or "
     "{pixels: NPZ|builtin:NAME, colour: grey|rgb}"
@@ -146,7 +146,7 @@ class PartialKnobs(SpecModel):
     gpus: Int(1, MAX_PROCESSES) = Field(1, description="processes per node")
     nodes: Int(1, MAX_PROCESSES) = Field(1, description="machines")
     strategy: Choice(*STRATEGIES) = Field("ddp", description="data parallelism")
-    # set in the cell's process before the trainer is built (ditbench.bench.threads)
+    # set in the cell's process before the trainer is built (bench/cell/threads.py)
     threads: Threads = Field(None, description=THREADS_HELP)
     compile: Flag = Field(False, description="torch.compile the model")
     compile_mode: Choice(*COMPILE_MODES) = Field(

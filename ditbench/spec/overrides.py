@@ -11,11 +11,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ditbench.errors import UserError, shorten
+from ditbench.core.errors import UserError, shorten
+from ditbench.core.validation import unknown_key
+from ditbench.files.yamlio import parse_yaml_text
 from ditbench.spec.base import number
 from ditbench.spec.knobs import KNOBS
-from ditbench.validation import unknown_key
-from ditbench.yamlio import parse_yaml_text
 
 MAX_OVERRIDES = 256
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")

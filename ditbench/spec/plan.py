@@ -8,10 +8,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from ditbench.precision import PRECISIONS
+from ditbench.core.validation import rule
+from ditbench.hardware.precision import PRECISIONS
 from ditbench.spec.base import SpecModel
 from ditbench.spec.knobs import MAX_BATCH_SIZE, MAX_PROCESSES, GradCkpt, Model
-from ditbench.validation import rule
 
 MAX_JOBS = 64
 MAX_TARGET = 10**12

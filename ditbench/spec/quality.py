@@ -9,11 +9,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BeforeValidator, Field, field_serializer, model_validator
 
-from ditbench.errors import shorten
-from ditbench.precision import PRECISIONS
+from ditbench.core.errors import shorten
+from ditbench.core.validation import refuse
+from ditbench.hardware.precision import PRECISIONS
 from ditbench.spec.base import Choice, Int, Real, SpecModel, Text, required
 from ditbench.spec.knobs import SEED_MAX, Cells, Knobs, selects
-from ditbench.validation import refuse
 
 SMOKE_END = "smoke_end"
 SAMPLERS = ("ddpm", "ddim")

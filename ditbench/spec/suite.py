@@ -16,18 +16,18 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, ConfigDict, Field, WithJsonSchema, create_model, model_validator
 from pydantic.json_schema import GenerateJsonSchema
 
-from ditbench.cards import CARDS, check_gib, find_card
-from ditbench.device import DEVICE_CHOICES, device_type
-from ditbench.errors import UserError, shorten
-from ditbench.expansion import factors, matrix_count, over_cap
+from ditbench.core.errors import UserError, shorten
+from ditbench.core.expansion import factors, matrix_count, over_cap
+from ditbench.core.validation import refuse, rule, validate, where
+from ditbench.files.yamlio import load_yaml_file
+from ditbench.hardware.cards import CARDS, check_gib, find_card
+from ditbench.hardware.device import DEVICE_CHOICES, device_type
 from ditbench.spec.base import EXPONENT, Choice, Flag, Int, Real, SpecModel, checked_by, number, required
 from ditbench.spec.cell import MAX_SECONDS, MAX_STEPS, CellSpec, Steps, cell_id
 from ditbench.spec.cluster import ClusterOptions
 from ditbench.spec.knobs import Cells, Knobs, PartialKnobs, matches, selects
 from ditbench.spec.overrides import apply_overrides, as_record, parse_overrides
 from ditbench.spec.quality import QualitySection
-from ditbench.validation import refuse, rule, validate, where
-from ditbench.yamlio import load_yaml_file
 
 REPEATS_MAX = 100  # a cell measured more often than this is a soak test, not a benchmark
 TIMEOUT_MAX_S = MAX_SECONDS

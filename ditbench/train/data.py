@@ -2,7 +2,7 @@
 
 `synthetic`: seeded random latents drawn on the device (no input pipeline cost); {latents: PATH}:
 pre-extracted latents; {images: DIR, vae: ...}: an ImageFolder tree, ADM centre crop + flip, encoded
-through the VAE every step; {pixels: ...}: images as latents (`ditbench.pixels`).
+through the VAE every step; {pixels: ...}: images as latents (`ditbench.models.pixels`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ditbench import vae as vae_lib
-from ditbench.errors import UserError, shorten
-from ditbench.outpaths import not_a_file
+from ditbench.core.errors import UserError, shorten
+from ditbench.files.outpaths import not_a_file
+from ditbench.models import vae as vae_lib
 from ditbench.spec.knobs import DATA_HELP
 
 
@@ -216,12 +216,12 @@ class LatentFile(DataSource):
 
 
 class PixelImages(LatentFile):
-    """Images as latents (`ditbench.pixels`: grey 2x2 blocks or one RGB pixel per cell), encoded once."""
+    """Images as latents (models/pixels.py: grey 2x2 blocks or one RGB pixel per cell), encoded once."""
 
     def __init__(
         self, spec: str, batch_size: int, image_size: int, num_classes: int, device, seed=0, colour="grey"
     ):
-        from ditbench import pixels
+        from ditbench.models import pixels
 
         images, labels = pixels.load_pixels(spec, image_size, num_classes, colour)
         self.path, self.colour = spec, colour
@@ -261,7 +261,7 @@ def image_folder(root, image_size: int, flip: bool = True):
     """torchvision ImageFolder over `root` with the ADM transform; UserError for a bad tree."""
     from torchvision.datasets import ImageFolder
 
-    from ditbench.imageload import load_rgb
+    from ditbench.files.imageload import load_rgb
 
     p = Path(root)
     if not p.is_dir():
@@ -370,7 +370,7 @@ def data_source_from_config(
     if keys == {"latents"}:
         return LatentFile(spec["latents"], batch_size, size, num_classes, device, seed)
     if "pixels" in keys and keys <= {"pixels", "colour"}:
-        from ditbench.pixels import colour_of
+        from ditbench.models.pixels import colour_of
 
         return PixelImages(spec["pixels"], batch_size, image_size, num_classes, device, seed, colour_of(spec))
     if "images" in keys and keys <= {"images", "vae"}:

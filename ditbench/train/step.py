@@ -13,13 +13,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ditbench.device import resolve_device
-from ditbench.diffusion import create_diffusion
+from ditbench.hardware.device import resolve_device
+from ditbench.hardware.precision import get_precision_policy
 from ditbench.models.attention import resolve_kernel
 from ditbench.models.build import build_model, count_params
 from ditbench.models.checkpoint import save_checkpoint
 from ditbench.models.configs import get_config, latent_size
-from ditbench.precision import get_precision_policy
+from ditbench.models.diffusion import create_diffusion
 from ditbench.spec.knobs import Knobs
 from ditbench.train.data import DataSource, data_source_from_config
 from ditbench.train.optim import EMA, make_optimizer

@@ -1,4 +1,4 @@
-"""Every command follows one flag convention (ditbench/cliopts.py); plain progress lines in logs."""
+"""Every command follows one flag convention (ditbench/cli/options.py); plain progress lines in logs."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from ditbench.cli import COMMANDS, _build_parser, main
-from ditbench.precision import PRECISIONS
+from ditbench.hardware.precision import PRECISIONS
 
 # commands that compute on a device take --device; commands that print a result take --json
 DEVICE_COMMANDS = {"train", "extract-latents", "sample", "fid", "env"}
@@ -113,7 +113,7 @@ def test_train_json_is_the_only_stdout(tmp_path):
 
 
 def test_plain_progress_lines(monkeypatch, capsys):
-    from ditbench import progress as progress_mod
+    from ditbench.core import progress as progress_mod
 
     monkeypatch.setenv(progress_mod.EVERY_ENV, "0")
     bar = progress_mod.progress(total=4, unit="img", desc="encoding")
@@ -131,7 +131,7 @@ def test_plain_progress_lines(monkeypatch, capsys):
 
 
 def test_a_terminal_gets_tqdm(monkeypatch):
-    from ditbench import progress as progress_mod
+    from ditbench.core import progress as progress_mod
 
     class Tty(io.StringIO):
         def isatty(self):
@@ -144,7 +144,7 @@ def test_a_terminal_gets_tqdm(monkeypatch):
 
 
 def test_env_says_why_nvml_figures_are_null(monkeypatch):
-    from ditbench import environment
+    from ditbench.hardware import environment
 
     assert environment.nvml_status(False) == "not used (no GPU)"
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails as when nvidia-ml-py is absent
@@ -152,7 +152,7 @@ def test_env_says_why_nvml_figures_are_null(monkeypatch):
 
 
 def test_env_measure_peak_on_a_cpu_is_bounded_and_says_what_it_skipped(capsys):
-    from ditbench.bench.envinfo import measure_peaks
+    from ditbench.cli.env import measure_peaks
 
     out = measure_peaks("cpu")
     tflops, how = out["measured_matmul_tflops"], out["measured_matmul"]
@@ -164,7 +164,7 @@ def test_env_measure_peak_on_a_cpu_is_bounded_and_says_what_it_skipped(capsys):
 def test_the_report_says_why_nvml_figures_are_empty(tmp_path):
     from synthetic_records import make_record, write_jsonl
 
-    from ditbench.environment import NVML_MISSING
+    from ditbench.hardware.environment import NVML_MISSING
 
     record = make_record("DiT-S/8")
     record["env"] = {

@@ -21,7 +21,7 @@ from ditbench.bench.jobs import JOBS_DIR, job_parameters, job_path, job_timeout_
 from ditbench.bench.launch.executors import JobRef  # noqa: E402
 from ditbench.bench.runner import RunOptions  # noqa: E402
 from ditbench.cli import main  # noqa: E402
-from ditbench.errors import UserError  # noqa: E402
+from ditbench.core.errors import UserError  # noqa: E402
 from ditbench.records.jsonl import read_records  # noqa: E402
 from ditbench.spec.cluster import ClusterOptions, parse_cluster_flags  # noqa: E402
 from ditbench.spec.suite import load_suite, parse_suite  # noqa: E402
@@ -357,7 +357,7 @@ def test_a_live_process_that_is_not_our_job_is_not_waited_for():
 
 
 def test_a_second_submitter_on_the_same_out_exits_2_and_a_jobs_file_is_refused(tmp_path, capsys):
-    from ditbench.outlock import OutputLock
+    from ditbench.files.outlock import OutputLock
 
     suite, out = write_suite(tmp_path, device="cpu", cluster=""), tmp_path / "out"
     args = ["run", str(suite), "--out", str(out), "--executor", "local", "--no-progress"]

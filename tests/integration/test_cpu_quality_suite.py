@@ -119,10 +119,10 @@ def test_the_quality_loop_scores_a_learned_model_lower_beyond_noise(tmp_path, mo
     (2): test_sampler_closed_form.py pins each step for that."""
     from metrics_support import FakeExtractor
 
-    from ditbench.dist import DistContext
+    from ditbench.files.pretrained import CACHE_ENV
+    from ditbench.hardware.dist import DistContext
     from ditbench.metrics import registry
     from ditbench.metrics.evaluate import Scorer
-    from ditbench.pretrained import CACHE_ENV
     from ditbench.quality.loop import run_quality
     from ditbench.spec.cell import CellSpec, Steps
     from ditbench.spec.knobs import Knobs

@@ -13,9 +13,9 @@ import socket
 import pytest
 import torch
 
-from ditbench import dist
-from ditbench.diffusion import create_diffusion
+from ditbench.hardware import dist
 from ditbench.models import build_model
+from ditbench.models.diffusion import create_diffusion
 
 
 def _model():
@@ -68,7 +68,9 @@ def _free_port() -> int:
 
 def test_ddp_on_two_gloo_ranks_averages_to_the_whole_batch_gradient():
     mp = multiprocessing.get_context("forkserver")
-    mp.set_forkserver_preload(["torch", "ditbench.models", "ditbench.diffusion", "ditbench.dist"])
+    mp.set_forkserver_preload(
+        ["torch", "ditbench.models", "ditbench.models.diffusion", "ditbench.hardware.dist"]
+    )
     out = mp.Queue()
     port = _free_port()
     procs = [mp.Process(target=_rank, args=(r, port, out), daemon=True) for r in (0, 1)]

@@ -15,7 +15,7 @@ import torch
 from ditbench.bench.launch import aggregate as agg
 from ditbench.bench.launch import torchrun as rz
 from ditbench.bench.launch import torchrun as tr
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -164,8 +164,8 @@ def test_scaling_efficiency_against_the_same_cell_at_one_gpu():
 GRAD_SCRIPT = textwrap.dedent("""
     import sys
     import torch
-    from ditbench import dist
-    from ditbench.diffusion import create_diffusion
+    from ditbench.hardware import dist
+    from ditbench.models.diffusion import create_diffusion
     from ditbench.models import build_model
 
     def make(seed=0):
@@ -250,7 +250,7 @@ def test_ddp_and_fsdp_gradients_over_two_processes_equal_single_process(tmp_path
         import grads as ref_mod
     finally:
         sys.path.remove(str(tmp_path))
-    from ditbench.diffusion import create_diffusion
+    from ditbench.models.diffusion import create_diffusion
 
     model = ref_mod.make()
     x, t, y, noise = ref_mod.global_batch()

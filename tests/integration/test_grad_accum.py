@@ -10,8 +10,8 @@ import torch
 from fixed_rows import Rows
 
 from ditbench.bench.cell.core import window_metrics
-from ditbench.dist import DistContext
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
+from ditbench.hardware.dist import DistContext
 from ditbench.spec.cell import CellSpec
 from ditbench.spec.knobs import Knobs
 from ditbench.train import Trainer
@@ -80,9 +80,7 @@ def test_grad_accum_and_compile_mode_are_checked():
         Knobs(**{"model": "DiT-T/8", "compile_mode": "max-autotune-no-cudagraphs"})
     with pytest.raises(UserError, match="unknown compile_mode"):
         Knobs(**{"model": "DiT-T/8", "compile": True, "compile_mode": "fast"})
-    ok = Knobs(**
-        {"model": "DiT-T/8", "compile": True, "compile_mode": "max-autotune-no-cudagraphs"}
-    )
+    ok = Knobs(**{"model": "DiT-T/8", "compile": True, "compile_mode": "max-autotune-no-cudagraphs"})
     assert ok.non_defaults() == {
         "model": "DiT-T/8",
         "compile": True,
@@ -110,7 +108,7 @@ RANKS_SCRIPT = textwrap.dedent("""
     import sys
     import torch
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-    from ditbench import dist
+    from ditbench.hardware import dist
     from ditbench.bench.cell import core as cell_core
     from ditbench.spec.cell import CellSpec, Steps
     from ditbench.spec.knobs import Knobs

@@ -24,7 +24,7 @@ from PIL import Image
 
 from ditbench.bench import inflight
 from ditbench.cli import main
-from ditbench.outlock import OutputLock
+from ditbench.files.outlock import OutputLock
 from ditbench.records.jsonl import read_records
 from ditbench.spec.suite import load_suite
 

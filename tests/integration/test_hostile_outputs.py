@@ -25,7 +25,7 @@ from test_hostile_inputs import suite
 
 from ditbench.bench import inflight
 from ditbench.cli import main
-from ditbench.outlock import OutputLock
+from ditbench.files.outlock import OutputLock
 
 KINDS = ("fifo", "socket", "folder", "device", "link", "dangling")
 
@@ -200,8 +200,8 @@ def test_a_replaced_output_may_have_a_hard_link_whose_file_keeps_its_bytes(tmp_p
 
 
 def test_a_planted_hard_link_between_the_check_and_the_open_is_refused_on_the_descriptor(tmp_path):
-    from ditbench.errors import UserError
-    from ditbench.fileio import open_log
+    from ditbench.core.errors import UserError
+    from ditbench.files.fileio import open_log
     from ditbench.records.jsonl import append_record
 
     outside, data = linked(tmp_path, "results.jsonl")

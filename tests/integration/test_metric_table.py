@@ -17,12 +17,12 @@ import torch
 from metrics_support import FakeExtractor
 from synthetic_records import make_record, write_jsonl
 
-from ditbench import builtin_data
 from ditbench.cli import main
-from ditbench.dist import DistContext
+from ditbench.files.pretrained import CACHE_ENV
+from ditbench.hardware.dist import DistContext
 from ditbench.metrics import registry
 from ditbench.metrics.spec import Metric, Need, Output
-from ditbench.pretrained import CACHE_ENV
+from ditbench.models import builtin_data
 from ditbench.quality.loop import run_quality
 from ditbench.records.metrics import table
 from ditbench.report.claim_check import check_claims

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from ditbench.errors import UserError
-from ditbench.outlock import HELD_NAME, LOCK_NAME, OutputLock
+from ditbench.core.errors import UserError
+from ditbench.files.outlock import HELD_NAME, LOCK_NAME, OutputLock
 
 REPO = Path(__file__).resolve().parents[2]
 
 HOLDER = textwrap.dedent(
     """
     import sys, time
-    from ditbench.outlock import OutputLock
+    from ditbench.files.outlock import OutputLock
     lock = OutputLock(sys.argv[1], command="holder for a test").acquire()
     print("held", flush=True)
     time.sleep(600)

@@ -14,7 +14,7 @@ import pytest
 
 from ditbench.bench import runner
 from ditbench.bench.runner import RunOptions, run_suite
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.spec.suite import parse_suite
 
 REPO = Path(__file__).resolve().parents[2]

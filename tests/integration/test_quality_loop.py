@@ -12,11 +12,11 @@ import torch
 from metrics_support import FakeExtractor
 from PIL import Image
 
-from ditbench import builtin_data
 from ditbench.bench.cell import core as cell_core
-from ditbench.dist import DistContext
+from ditbench.files.pretrained import CACHE_ENV
+from ditbench.hardware.dist import DistContext
 from ditbench.metrics import registry
-from ditbench.pretrained import CACHE_ENV
+from ditbench.models import builtin_data
 from ditbench.quality import evaluation as grid
 from ditbench.quality.loop import run_quality
 from ditbench.spec.cell import CellSpec, Steps
@@ -164,7 +164,7 @@ import json, sys
 import torch
 sys.path.insert(0, sys.argv[3])  # tests/support: the stand-in feature network
 from metrics_support import FakeExtractor
-from ditbench import dist
+from ditbench.hardware import dist
 from ditbench.bench.cell.core import build_trainer
 from ditbench.spec.cell import CellSpec, Steps
 from ditbench.spec.knobs import Knobs

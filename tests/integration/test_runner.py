@@ -8,9 +8,9 @@ import pytest
 
 from ditbench.bench.runner import RunOptions, run_suite
 from ditbench.cli import main
+from ditbench.core.units import memory_text
 from ditbench.records.jsonl import read_records
 from ditbench.spec.suite import load_suite
-from ditbench.units import memory_text
 
 
 def make_suite(tmp_path, matrix, extra="", name="t", timeout_s=120, smoke=0):

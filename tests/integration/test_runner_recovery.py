@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from ditbench.cli import main
-from ditbench.outlock import LOCK_NAME
+from ditbench.files.outlock import LOCK_NAME
 from ditbench.records.jsonl import read_records
 
 REPO = Path(__file__).resolve().parents[2]

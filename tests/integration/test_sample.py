@@ -14,8 +14,9 @@ import pytest
 import torch
 from metrics_support import npz_digest
 
-from ditbench.errors import UserError
-from ditbench.sampling import cli, sampler
+from ditbench.cli import sample as cli
+from ditbench.core.errors import UserError
+from ditbench.sampling import sampler
 from ditbench.sampling import shards as plan
 
 REPO = Path(__file__).resolve().parents[2]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ditbench.cards import find_card
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
+from ditbench.hardware.cards import find_card
 from ditbench.plan.predict import Prediction
 
 

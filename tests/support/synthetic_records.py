@@ -18,7 +18,7 @@ import numpy as np
 
 from ditbench.bench.cell import memory
 from ditbench.bench.cell.window import noise as window_noise
-from ditbench.cards import find_card
+from ditbench.hardware.cards import find_card
 from ditbench.spec.cell import CellSpec
 from ditbench.spec.cell import cell_id as spec_cell_id
 from ditbench.spec.knobs import KNOBS, Knobs
@@ -115,7 +115,9 @@ def cell_config(model="DiT-S/8", precision="fp32", grad_ckpt="none", batch_size=
     if config["card"] is not None and config["gpu_memory_gib"] is None:
         config["gpu_memory_gib"] = find_card(config["card"]).usable_gib
     knobs = Knobs(**{k: v for k, v in config.items() if k in KNOBS})
-    return CellSpec(knobs=knobs, **{k: v for k, v in config.items() if k not in KNOBS}).model_dump(mode="json")
+    return CellSpec(knobs=knobs, **{k: v for k, v in config.items() if k not in KNOBS}).model_dump(
+        mode="json"
+    )
 
 
 def cell_id(config: dict[str, Any]) -> str:

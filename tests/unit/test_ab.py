@@ -16,7 +16,7 @@ from ditbench.ab import rounds as rounds_module
 from ditbench.ab import sides as sides_module
 from ditbench.bench.launch.files import write_result
 from ditbench.cli import main
-from ditbench.faults import FAULT_ENV
+from ditbench.core.faults import FAULT_ENV
 
 SUITE = """\
 name: abtest

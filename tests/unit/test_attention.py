@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from ditbench.errors import UnsupportedError
+from ditbench.core.errors import UnsupportedError
 from ditbench.models import build_model
 from ditbench.models.attention import attend, refused, resolve_kernel, torch_reasons
 
@@ -105,7 +105,7 @@ def test_diffusers_impl_runs_the_math_and_forced_backends():
 
 def test_a_cell_records_the_kernel_or_is_unsupported(tmp_path):
     from ditbench.bench.cell import core as cell_core
-    from ditbench.dist import DistContext
+    from ditbench.hardware.dist import DistContext
     from ditbench.spec.cell import CellSpec, Steps
     from ditbench.spec.knobs import Knobs
 

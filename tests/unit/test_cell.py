@@ -7,8 +7,8 @@ from ditbench.bench.cell import core as cell_core
 from ditbench.bench.cell import memory
 from ditbench.bench.cell.window import GAP_BOUND, SPREAD_BOUND, noise
 from ditbench.bench.summary import format_line, summary_table
-from ditbench.dist import DistContext
-from ditbench.errors import UnsupportedError
+from ditbench.core.errors import UnsupportedError
+from ditbench.hardware.dist import DistContext
 from ditbench.spec.cell import CellSpec, Steps
 from ditbench.spec.knobs import Knobs
 

@@ -4,7 +4,7 @@ import pickle
 import pytest
 import torch
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.models import build_model
 from ditbench.models.checkpoint import (
     infer_config,

@@ -13,7 +13,7 @@ import pytest
 from scipy.stats import mannwhitneyu
 from synthetic_records import CPU_ENV, H200_ENV, make_matrix, make_record, step_samples, write_jsonl
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.records.metrics import default_thresholds
 from ditbench.report.gate.decide import NothingComparedError, compare_files
 from ditbench.report.gate.env import EnvMismatchError
@@ -593,15 +593,15 @@ def test_long_measurement_windows_are_tested(tmp_path):
 
 
 def test_help_lists_every_metric_a_policy_may_name():
+    from ditbench.cli.compare import POLICY_EXAMPLE
     from ditbench.records.metrics import table
-    from ditbench.report.gate.cli import POLICY_EXAMPLE
 
     for name in table():
         assert name in POLICY_EXAMPLE
 
 
 def test_the_policy_example_in_the_help_is_valid(tmp_path):
-    from ditbench.report.gate.cli import POLICY_EXAMPLE
+    from ditbench.cli.compare import POLICY_EXAMPLE
 
     lines = POLICY_EXAMPLE.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("policy file")) + 1
@@ -615,7 +615,7 @@ def test_the_policy_example_in_the_help_is_valid(tmp_path):
 
 
 def test_help_documents_every_policy_key():
-    from ditbench.report.gate.cli import POLICY_EXAMPLE
+    from ditbench.cli.compare import POLICY_EXAMPLE
     from ditbench.report.gate.policy import STEP_SAMPLES, PolicyFile
 
     for key in (*PolicyFile.model_fields, STEP_SAMPLES):

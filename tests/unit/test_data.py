@@ -3,7 +3,9 @@ import pytest
 import torch
 from PIL import Image
 
-from ditbench.errors import UserError
+from ditbench.cli.extract_latents import extract_latents
+from ditbench.core.errors import UserError
+from ditbench.models.vae import build_vae
 from ditbench.train.data import (
     LatentFile,
     SyntheticLatents,
@@ -11,8 +13,6 @@ from ditbench.train.data import (
     data_source_from_config,
     data_spec,
 )
-from ditbench.train.extract import extract_latents
-from ditbench.vae import build_vae
 
 
 @pytest.fixture(scope="module")

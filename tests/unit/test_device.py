@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from ditbench.device import device_type, resolve_device
-from ditbench.errors import UnsupportedError, UserError
+from ditbench.core.errors import UnsupportedError, UserError
+from ditbench.hardware.device import device_type, resolve_device
 
 
 def test_device_type_decides_without_cuda():

@@ -218,7 +218,7 @@ def test_generated_suites_are_valid_and_hold_the_promised_cells():
     assert (compiled["compile"], compiled["batch_size"], compiled["optimizer_impl"]) == (True, 256, "fused")
     dry = parse_suite(dc.suite_24gb(True), "dry")
     assert {c.config["device"] for c in dry.cells} == {"cpu"} and dry.card is None
-    from ditbench.faults import fault_for
+    from ditbench.core.faults import fault_for
 
     hit = [c.cell_name for c in dry.cells if fault_for(c.cell_name, dc.DRY_OOM_FAULT)]
     assert hit == ["DiT-T/8 fp32 ckpt=none bs=2"]  # the dry run's one expected out-of-memory

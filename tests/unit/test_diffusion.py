@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from ditbench.diffusion import GaussianDiffusion, create_diffusion, sample_latents, space_timesteps
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.models import build_model
+from ditbench.models.diffusion import GaussianDiffusion, create_diffusion, sample_latents, space_timesteps
 
 
 def _reference_losses(x0, t, noise, out):

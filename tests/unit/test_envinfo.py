@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from ditbench.bench import envinfo
+from ditbench.cli import env as envinfo
 from ditbench.cli import main
 
 

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ditbench.errors import UnsupportedError
+from ditbench.core.errors import UnsupportedError
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def _one_paragraph(err) -> str:
 
 
 def test_the_vae_names_the_extra_when_diffusers_is_missing(no_diffusers):
-    from ditbench.vae import build_vae
+    from ditbench.models.vae import build_vae
 
     with pytest.raises(UnsupportedError) as caught:
         build_vae("random", "cpu")
@@ -37,7 +37,7 @@ def test_the_vae_names_the_extra_when_diffusers_is_missing(no_diffusers):
 
 
 def test_a_pretrained_vae_names_the_extra_when_diffusers_is_missing(no_diffusers):
-    from ditbench import pretrained
+    from ditbench.files import pretrained
 
     with pytest.raises(UnsupportedError, match=r"the pretrained VAE `ema` needs the diffusers package"):
         pretrained.load_vae("ema")

@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from ditbench.fileio import current_umask, write_atomic
+from ditbench.files.fileio import current_umask, write_atomic
 
 
 @pytest.fixture
@@ -41,7 +41,7 @@ def test_a_replaced_file_keeps_its_permissions_and_no_temp_file_is_left(tmp_path
 
 
 def test_rmtree_real_unlinks_a_link_and_leaves_its_target(tmp_path):
-    from ditbench.fileio import rmtree_real
+    from ditbench.files.fileio import rmtree_real
 
     target = tmp_path / "target"
     target.mkdir()
@@ -52,8 +52,8 @@ def test_rmtree_real_unlinks_a_link_and_leaves_its_target(tmp_path):
 
 
 def test_open_log_refuses_a_link_and_truncates_nothing(tmp_path):
-    from ditbench.errors import UserError
-    from ditbench.fileio import open_log
+    from ditbench.core.errors import UserError
+    from ditbench.files.fileio import open_log
 
     target = tmp_path / "target.txt"
     target.write_text("keep me")
@@ -64,7 +64,7 @@ def test_open_log_refuses_a_link_and_truncates_nothing(tmp_path):
 
 
 def test_an_atomic_write_refuses_a_link_and_neither_replaces_nor_follows_it(tmp_path):
-    from ditbench.errors import UserError
+    from ditbench.core.errors import UserError
 
     target = tmp_path / "target.txt"
     target.write_text("keep me")
@@ -79,7 +79,7 @@ def test_download_atomic_writes_through_atomic_write_and_a_cut_download_leaves_n
     import io
     import urllib.request
 
-    from ditbench.fileio import download_atomic
+    from ditbench.files.fileio import download_atomic
 
     source = tmp_path / "src.bin"
     source.write_bytes(b"weights" * 1000)

@@ -10,7 +10,7 @@ import pytest
 from synthetic_records import make_record, write_jsonl
 
 from ditbench.cli import main
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.report.gate.decide import compare_files
 from ditbench.report.gate.policy import load_policy
 from ditbench.report.gate.quality import QualityMismatchError

@@ -10,8 +10,8 @@ import pytest
 from synthetic_records import make_record, write_jsonl
 from test_compare import cli
 
-from ditbench.errors import UserError
-from ditbench.intervals import median_interval, median_ratio_interval
+from ditbench.core.errors import UserError
+from ditbench.core.intervals import median_interval, median_ratio_interval
 from ditbench.records.metrics import table
 from ditbench.report.gate.decide import compare_files
 from ditbench.report.gate.policy import load_policy

@@ -22,8 +22,8 @@ from PIL import Image
 from synthetic_records import make_record, write_jsonl
 
 from ditbench.cli import main
-from ditbench.errors import UserError
-from ditbench.imageload import GRID_PIXELS, PIXELS_ENV, load_rgb, open_image
+from ditbench.core.errors import UserError
+from ditbench.files.imageload import GRID_PIXELS, PIXELS_ENV, load_rgb, open_image
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,9 +18,9 @@ import pytest
 from synthetic_records import make_record, write_jsonl
 
 from ditbench.cli import main
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.export.runs import tracker_runs
-from ditbench.outpaths import inside, safe_component
+from ditbench.files.outpaths import inside, safe_component
 from ditbench.records.model import Record
 from ditbench.report.load import load_results
 

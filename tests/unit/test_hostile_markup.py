@@ -18,7 +18,7 @@ import pytest
 from synthetic_records import make_record, write_jsonl
 
 from ditbench.cli import main
-from ditbench.escape import md_code, md_inline, md_text
+from ditbench.core.escape import md_code, md_inline, md_text
 
 PAYLOAD = (
     "x` | ![img](http://evil/i.png) [link](http://evil) <img src=x onerror=alert(1)> <b>b</b>"
@@ -140,7 +140,7 @@ def test_export_to_tensorboard_takes_a_lone_surrogate(tmp_path, capsys):
 
 
 def test_a_unicode_error_from_an_input_is_exit_2_never_1(monkeypatch, capsys):
-    import ditbench.report.gate.cli as gate_cli
+    import ditbench.cli.compare as gate_cli
 
     def fail(args):
         "\ud800".encode("utf-8")

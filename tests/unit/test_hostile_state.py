@@ -12,7 +12,7 @@ import os
 import pytest
 
 from ditbench.cli import main
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("no_hang")
 

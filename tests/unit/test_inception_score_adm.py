@@ -8,7 +8,7 @@ import pytest
 import torch
 from metrics_support import FakeExtractor
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.metrics.evaluate import as_source, evaluate
 from ditbench.metrics.inception_score import inception_score
 

@@ -126,7 +126,7 @@ def test_ticket_keys_name_the_cell_and_the_run(tmp_path):
 
 
 def test_adopt_refuses_a_linked_folder_and_empties_nothing(tmp_path):
-    from ditbench.errors import UserError
+    from ditbench.core.errors import UserError
 
     outside = tmp_path / "outside"
     outside.mkdir()
@@ -141,7 +141,7 @@ def test_adopt_refuses_a_linked_folder_and_empties_nothing(tmp_path):
 
 
 def test_open_ticket_refuses_a_linked_folder(tmp_path):
-    from ditbench.errors import UserError
+    from ditbench.core.errors import UserError
 
     outside = tmp_path / "outside"
     outside.mkdir()

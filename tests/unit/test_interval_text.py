@@ -1,4 +1,4 @@
-"""A value and its interval read together, to the decimals the interval justifies (ditbench.intervals)."""
+"""A value and its interval read together, to the decimals the interval justifies (core/intervals.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from ditbench.intervals import decimals, plus_minus, with_ends
+from ditbench.core.intervals import decimals, plus_minus, with_ends
 
 
 @pytest.mark.parametrize(

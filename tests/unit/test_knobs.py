@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.spec.cell import CellSpec, Steps
 from ditbench.spec.knobs import KNOBS, TRAIN_KNOBS, Knobs
 

@@ -13,8 +13,8 @@ from ditbench.bench.cell.mfu import (
     peak_entry,
 )
 from ditbench.bench.cell.window import measure_window, smoke_run, step_stats
-from ditbench.errors import UserError
-from ditbench.faults import Fault, FaultyStep, NonFiniteLoss, fault_for
+from ditbench.core.errors import UserError
+from ditbench.core.faults import Fault, FaultyStep, NonFiniteLoss, fault_for
 from ditbench.models import build_model, get_config
 from ditbench.spec.knobs import Knobs
 from ditbench.train import Trainer
@@ -140,14 +140,14 @@ def test_parse_faults():
 
 
 def test_measured_matmul_peak_runs_on_cpu():
-    from ditbench.walltime import measure_matmul_tflops
+    from ditbench.hardware.walltime import measure_matmul_tflops
 
     assert measure_matmul_tflops("cpu", "fp32", n=128, seconds=0.05) > 0
 
 
 def test_env_has_the_record_keys_and_the_command_names_the_peak(capsys):
     from ditbench.cli import main
-    from ditbench.environment import collect_env
+    from ditbench.hardware.environment import collect_env
 
     env = collect_env()
     expected = {

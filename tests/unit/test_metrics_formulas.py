@@ -6,7 +6,7 @@ import scipy.linalg
 import torch
 from scipy.special import log_softmax, softmax
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.metrics.fid import covariance_factor, feature_statistics, frechet_distance, trace_sqrt_product
 from ditbench.metrics.inception_score import inception_score
 from ditbench.metrics.kid import kernel_inception_distance

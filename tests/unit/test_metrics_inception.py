@@ -12,7 +12,7 @@ from metrics_support import calibrated_weights_file, synthetic_images, to_nchw
 from torch_fidelity.feature_extractor_inceptionv3 import FeatureExtractorInceptionV3
 from torch_fidelity.interpolate_compat_tensorflow import interpolate_bilinear_2d_like_tensorflow1x
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.metrics import weights as inception
 from ditbench.metrics.inception import resize_tf1_bilinear
 from ditbench.metrics.weights import resolve_weights

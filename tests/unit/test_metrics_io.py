@@ -7,7 +7,7 @@ import pytest
 from PIL import Image
 
 from ditbench.cli import main
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.metrics.npz_io import ArrayImages, FolderImages, NpzImages, open_images
 from ditbench.metrics.reference import open_reference
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from metrics_support import SMALL, FakeExtractor, synthetic_images
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.metrics import registry
 from ditbench.metrics.evaluate import Scorer, evaluate
 from ditbench.metrics.spec import Metric, Need, Option, Output
@@ -206,7 +206,7 @@ def test_a_new_metric_is_one_spec_in_the_registry(ref_npz, tmp_path, monkeypatch
     result = _scorer(ref_npz, tmp_path, metrics="fid,ms", ms_scale=2.0).score(synthetic_images(3, 16))
     assert set(result["metrics"]) == {"fid", "mean_shift"} and result["settings"]["ms_scale"] == 2.0
     assert registry.OUTPUTS["mean_shift"].better == "lower"
-    from ditbench.metrics.cli import format_table
+    from ditbench.cli.fid import format_table
 
     assert "Mean shift" in format_table(result)
     # a metric that returns an undeclared key or a NaN is stopped, not written
@@ -217,7 +217,7 @@ def test_a_new_metric_is_one_spec_in_the_registry(ref_npz, tmp_path, monkeypatch
 
 
 def test_the_table_shows_a_value_and_its_interval_to_the_intervals_precision(ref_npz, tmp_path):
-    from ditbench.metrics.cli import format_table
+    from ditbench.cli.fid import format_table
 
     result = _scorer(ref_npz, tmp_path, metrics="fid", bootstrap=2).score(synthetic_images(8, 16, seed=2))
     result["metrics"]["fid"] = 72.9574

@@ -21,7 +21,7 @@ import torch
 from metrics_support import calibrated_weights_file
 
 from ditbench.cli import main
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.metrics import weights
 from ditbench.metrics.inception import InceptionV3, build_calibrated_inception
 from ditbench.metrics.weights import (

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from ditbench.errors import UnsupportedError, UserError
+from ditbench.core.errors import UnsupportedError, UserError
 from ditbench.models import MODEL_NAMES, PAPER_MODEL_NAMES, build_model, count_params, parse_grad_ckpt
 from ditbench.models.configs import grad_ckpt_name, latent_size
 

@@ -13,7 +13,7 @@ from synthetic_records import H200_ENV, make_record, write_jsonl
 from test_gate_quality import evaluation, quality
 from test_gate_quality import run as _gate  # records and a policy text to a Comparison
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.records.metrics import HIGHER, LOWER, QUALITY, Metric, table
 from ditbench.report.gate.decide import NothingComparedError
 from ditbench.report.gate.policy import Policy, Rule

@@ -1,4 +1,4 @@
-"""report/gate/cli.py checked part by part (issue 27, mutation testing): its flags, where the summary
+"""cli/compare.py checked part by part (issue 27, mutation testing): its flags, where the summary
 goes ($GITHUB_STEP_SUMMARY appended, --summary replaced), the policy kept beside the baseline, and the
 exit codes and JSON of `run` (0 pass, 1 regression, 2 refused with {"result": "refused", ...})."""
 
@@ -11,8 +11,8 @@ import re
 import pytest
 from synthetic_records import make_record, write_jsonl
 
-from ditbench.errors import UserError
-from ditbench.report.gate.cli import POLICY_BESIDE, _policy_path, add_arguments, publish, run
+from ditbench.cli.compare import POLICY_BESIDE, _policy_path, add_arguments, publish, run
+from ditbench.core.errors import UserError
 from ditbench.report.gate.env import EnvMismatchError
 
 # ------------------------------------------------------------------------------------------ flags

@@ -12,7 +12,7 @@ import math
 import pandas as pd
 import pytest
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.records.metrics import MFU
 from ditbench.records.model import Record, check
 from ditbench.report.gate.inputs import (

@@ -16,7 +16,7 @@ from test_gate_quality import cell as quality_cell
 from test_gate_quality import evaluation, quality
 from test_gate_quality import run as _gate  # records and a policy text to a Comparison
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.records.metrics import table
 from ditbench.report.gate.decide import NothingComparedError
 from ditbench.report.gate.env import EnvMismatchError

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.metrics import fid, inception_score, kid, prdc
 from ditbench.metrics.spec import MetricInputs, Need
 

@@ -15,8 +15,8 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from ditbench.cards import DATASHEETS, Datasheet, find_card
-from ditbench.errors import UnsupportedError, UserError
+from ditbench.core.errors import UnsupportedError, UserError
+from ditbench.hardware.cards import DATASHEETS, Datasheet, find_card
 from ditbench.plan import allocator, grid, kernels, measured, predict, speed
 from ditbench.plan.emulation import CPU, cuda_target
 from ditbench.plan.trace import SeriesTrace, Trace, _is_prime, probe_batch, trace_series

@@ -1,4 +1,4 @@
-"""`ditbench plan`'s own logic pinned by value (issue 27, mutation testing of ditbench/plan/cli.py).
+"""`ditbench plan`'s own logic pinned by value (issue 27, mutation testing of ditbench/cli/plan.py).
 
 The series are predicted by a stand-in for grid.evaluate (each cell a fixed size), so no model is
 traced: these tests check what the command builds, asks for, refuses and prints, each expected text
@@ -12,10 +12,11 @@ import json
 
 import pytest
 
-from ditbench.cards import find_card
 from ditbench.cli import main
-from ditbench.errors import UserError
-from ditbench.plan import cli, grid, predict, speed
+from ditbench.cli import plan as cli
+from ditbench.core.errors import UserError
+from ditbench.hardware.cards import find_card
+from ditbench.plan import grid, predict, speed
 
 
 def _cell(config, n, b):
@@ -387,9 +388,9 @@ def test_a_suite_that_emulates_a_card_is_planned_on_it(capsys, evaluated, tmp_pa
 
 
 def test_the_progress_line_says_how_many_series_and_whether_traces_are_reused(capsys, monkeypatch):
-    import ditbench.progress
+    import ditbench.core.progress
 
-    monkeypatch.setattr(ditbench.progress, "progress", lambda **kw: kw)
+    monkeypatch.setattr(ditbench.core.progress, "progress", lambda **kw: kw)
     assert cli._progress(3, False) == {"total": 3, "unit": "series", "desc": "traced"}
     assert capsys.readouterr().err == "ditbench plan: tracing 3 series (traces on disk are reused)\n"
     cli._progress(1, True)

@@ -1,5 +1,5 @@
 """`ditbench plan`'s flags and whole runs pinned by value (issue 27, mutation testing of
-ditbench/plan/cli.py; the rest is in test_mutation_plan_cli.py, whose stand-in for grid.evaluate these
+ditbench/cli/plan.py; the rest is in test_mutation_plan_cli.py, whose stand-in for grid.evaluate these
 tests share): the help and its stated defaults, the choices, measured records, progress, the text and
 JSON of a run, each expected text written out here from the rule it states.
 """
@@ -14,7 +14,8 @@ from synthetic_records import make_record
 from test_mutation_plan_cli import GRID, _cell, _suite, plan, stand_in
 
 from ditbench.cli import main
-from ditbench.plan import cli, grid, predict, speed
+from ditbench.cli import plan as cli
+from ditbench.plan import grid, predict, speed
 
 
 @pytest.fixture
@@ -119,7 +120,7 @@ def evaluated_config():
 
 
 def test_a_run_reports_progress_per_series_and_its_time(capsys, evaluated, monkeypatch):
-    import ditbench.progress
+    import ditbench.core.progress
 
     updates = []
 
@@ -133,7 +134,7 @@ def test_a_run_reports_progress_per_series_and_its_time(capsys, evaluated, monke
         def update(self, n):
             updates.append(n)
 
-    monkeypatch.setattr(ditbench.progress, "progress", lambda **kw: Bar())
+    monkeypatch.setattr(ditbench.core.progress, "progress", lambda **kw: Bar())
     clock = iter([100.0, 101.26])
     monkeypatch.setattr(cli.time, "perf_counter", lambda: next(clock))
     code, out, _ = plan(capsys, *GRID, "--precisions", "fp32", "--no-tree", "--json")
@@ -141,7 +142,7 @@ def test_a_run_reports_progress_per_series_and_its_time(capsys, evaluated, monke
 
 
 def test_a_generic_card_name_says_which_card_it_chose(capsys, evaluated, tmp_path):
-    from ditbench.cards import ambiguity
+    from ditbench.hardware.cards import ambiguity
 
     _, _, err = plan(capsys, *GRID, "--card", "A100", "--no-tree", "--json")
     assert f"ditbench plan: {' '.join(ambiguity('A100').split())}" in err

@@ -14,7 +14,7 @@ import torch
 import torch._dynamo  # noqa: F401  (FakeTensorMode imports it on first use: seconds, paid here once)
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from ditbench.cards import find_card
+from ditbench.hardware.cards import find_card
 from ditbench.plan import grid, kernels, memo, predict, trace
 
 aten = torch.ops.aten

@@ -10,8 +10,8 @@ import json
 import pytest
 from synthetic_records import make_record
 
+from ditbench.cli.plan import _read_results
 from ditbench.plan import measured as mr
-from ditbench.plan.cli import _read_results
 from ditbench.plan.predict import Prediction, normalize
 from ditbench.records.model import Record
 

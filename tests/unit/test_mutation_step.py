@@ -14,7 +14,7 @@ import torch._dynamo  # noqa: F401 - AdamW imports it on first use (5-10 s of CP
 from fixed_rows import Rows as FixedRows
 from torch import nn
 
-from ditbench.diffusion import create_diffusion
+from ditbench.models.diffusion import create_diffusion
 from ditbench.spec.knobs import Knobs
 from ditbench.train import Trainer
 

@@ -23,7 +23,7 @@ from ditbench.bench.cell.window import (
     smoke_run,
     step_stats,
 )
-from ditbench.faults import NonFiniteLoss
+from ditbench.core.faults import NonFiniteLoss
 
 
 class Clock:

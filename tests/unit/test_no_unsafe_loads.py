@@ -26,7 +26,7 @@ KNOWN_SAFE_CALLS = {
     # read npz files of plain arrays. Reported to the lead: the owners should spell out
     # allow_pickle=False so the rule holds without this list.
     ("merge_shards", "np.load(shard_path(shard_dir, k))"),  # sampling: its own shards
-    ("extract_latents", 'np.load(parts / f"shard_{s:06d}.npz")'),  # train/extract.py: its own shards
+    ("extract_latents", 'np.load(parts / f"shard_{s:06d}.npz")'),  # cli/extract_latents.py: its own shards
 }
 
 TEXT_RULES = {

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from ditbench import builtin_data, pixels
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
+from ditbench.models import builtin_data, pixels
 from ditbench.spec.knobs import Knobs
 from ditbench.train.data import data_source_from_config
 

@@ -84,8 +84,8 @@ def test_predicted_peak_matches_the_measured_cpu_peak(config):
 @pytest.mark.parametrize("precision, ckpt", [("bf16", "none"), ("fp32", "full"), ("fp16", "every_2")])
 def test_predicted_peak_matches_the_cuda_allocator(precision, ckpt):
     """On a GPU: the planner's peak allocated against torch.cuda.max_memory_allocated of real steps."""
-    from ditbench.cards import find_card
-    from ditbench.errors import UserError
+    from ditbench.core.errors import UserError
+    from ditbench.hardware.cards import find_card
 
     try:
         card = find_card(torch.cuda.get_device_name())

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from ditbench.cards import Datasheet
 from ditbench.cli import main
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
+from ditbench.hardware.cards import Datasheet
 from ditbench.plan import answer
 from ditbench.plan.predict import SpeedOptions, budget, predict_budgets
 

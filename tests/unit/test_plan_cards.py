@@ -7,7 +7,7 @@ import warnings
 
 import pytest
 
-from ditbench.cards import CARDS, MEMORY_CLASSES_GB, ambiguity, cards_in_class, find_card
+from ditbench.hardware.cards import CARDS, MEMORY_CLASSES_GB, ambiguity, cards_in_class, find_card
 from ditbench.plan.emulation import CARD_ARCH, cuda_autocast
 from ditbench.plan.predict import Prediction
 from ditbench.plan.render import TIGHT_MARGIN, _figure, is_tight

@@ -15,7 +15,7 @@ import pytest
 from benchmark_scripts import load_benchmark
 from synthetic_records import cell_config
 
-from ditbench.cards import DATASHEETS, Datasheet
+from ditbench.hardware.cards import DATASHEETS, Datasheet
 from ditbench.plan import speed
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -111,7 +111,7 @@ def test_a_small_calibration_fits_one_common_factor():
 
 
 def test_every_card_has_a_datasheet_and_tensor_cores_are_not_slower():
-    from ditbench.cards import CARDS
+    from ditbench.hardware.cards import CARDS
 
     assert {c.name for c in CARDS} == set(DATASHEETS)
     for name, sheet in DATASHEETS.items():
@@ -290,7 +290,7 @@ def test_records_that_cannot_calibrate_say_why(plan, tmp_path):
 def test_every_published_figure_states_its_conditions_and_source():
     import yaml
 
-    from ditbench.cards import find_card
+    from ditbench.hardware.cards import find_card
 
     doc = yaml.safe_load((ROOT / "benchmarks" / "published_figures.yaml").read_text())
     keys = {"id", "source", "card", "gpus", "model", "attention", "precision", "grad_ckpt", "batch_size",

@@ -15,7 +15,7 @@ IMAGES = {"images": "photos/", "vae": "ema"}
 def test_the_vae_in_the_loop_holds_its_weights_and_costs_its_encoder():
     from diffusers import AutoencoderKL
 
-    from ditbench import vae
+    from ditbench.models import vae
 
     latents = predict_cell(TINY, "H200")
     images = predict_cell({**TINY, "data": IMAGES}, "H200")

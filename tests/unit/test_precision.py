@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from ditbench.errors import UnsupportedError, UserError
-from ditbench.precision import (
+from ditbench.core.errors import UnsupportedError, UserError
+from ditbench.hardware.precision import (
     PRECISIONS,
     check_precision,
     get_precision_policy,
@@ -50,8 +50,8 @@ def test_each_cuda_policy_leaves_every_tf32_getter_readable(name, monkeypatch):
         want = "ieee" if name == "fp32" else "tf32"
         assert (state["matmul.fp32_precision"], state["conv.fp32_precision"]) == (want, want)
     # every other reader of the flags in ditbench works after it: the FID extractor and the peak measure
-    from ditbench.precision import tf32_mode
-    from ditbench.walltime import measure_matmul_tflops
+    from ditbench.hardware.precision import tf32_mode
+    from ditbench.hardware.walltime import measure_matmul_tflops
 
     with tf32_mode(False, cudnn_benchmark=True):  # what FID feature extraction uses
         pass
@@ -92,7 +92,7 @@ def test_cpu_policies_and_names():
 
 
 def test_the_precision_names_are_listed_in_one_module():
-    """A tuple, list or set of precision names is written in ditbench/precision.py only: every other
+    """A tuple, list or set of precision names is written in ditbench/hardware/precision.py only: every other
     module imports PRECISIONS, LOW_PRECISIONS, BY_SPEED or asks `supported_on`/`uses_scaler`."""
     import re
     from pathlib import Path
@@ -105,7 +105,7 @@ def test_the_precision_names_are_listed_in_one_module():
     found = [
         f"{path.relative_to(root)}:{number}"
         for path in sorted(root.rglob("*.py"))
-        if path.name != "precision.py" or path.parent != root
+        if path != root / "hardware" / "precision.py"
         for number, line in enumerate(path.read_text().splitlines(), 1)
         if listed.search(line)
     ]

@@ -8,8 +8,9 @@ import json
 import pytest
 import torch
 
-from ditbench import pretrained, vae
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
+from ditbench.files import pretrained
+from ditbench.models import vae
 from ditbench.models.build import build_model
 from ditbench.models.checkpoint import load_model_weights
 from ditbench.sampling.sampler import check_args

@@ -5,7 +5,7 @@ import copy
 
 import pytest
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.spec.cell import CellSpec, cell_id
 from ditbench.spec.quality import QualitySpec, Sampler
 from ditbench.spec.suite import parse_suite

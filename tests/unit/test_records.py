@@ -273,7 +273,7 @@ def test_a_resume_file_full_of_garbage_still_gives_records_and_a_summary(tmp_pat
 
 
 def test_append_refuses_a_link_and_leaves_its_torn_target_whole(tmp_path):
-    from ditbench.errors import UserError
+    from ditbench.core.errors import UserError
 
     outside = tmp_path / "outside.jsonl"
     outside.write_bytes(b'{"keep": 1}\n{"torn')  # the tail repair would cut this line
@@ -284,7 +284,7 @@ def test_append_refuses_a_link_and_leaves_its_torn_target_whole(tmp_path):
 
 
 def test_append_refuses_a_dangling_link_and_creates_nothing_at_its_target(tmp_path):
-    from ditbench.errors import UserError
+    from ditbench.core.errors import UserError
 
     (tmp_path / "results.jsonl").symlink_to(tmp_path / "elsewhere.jsonl")
     with pytest.raises(UserError, match="symbolic link"):

@@ -10,14 +10,14 @@ from types import SimpleNamespace
 import pytest
 from synthetic_records import make_record, write_jsonl
 
-from ditbench import faults
 from ditbench.bench import runner
 from ditbench.bench.launch.files import write_result
 from ditbench.bench.repeats import cell_groups, combine
 from ditbench.bench.runner import RunOptions, run_suite
-from ditbench.errors import UserError
-from ditbench.faults import Fault, FaultyStep, parse_fault_spec
-from ditbench.intervals import median_interval
+from ditbench.core import faults
+from ditbench.core.errors import UserError
+from ditbench.core.faults import Fault, FaultyStep, parse_fault_spec
+from ditbench.core.intervals import median_interval
 from ditbench.records.jsonl import read_records
 from ditbench.records.model import Record, check
 from ditbench.report.gate.decide import compare_files

@@ -15,7 +15,7 @@ import pytest
 from PIL import Image
 from synthetic_records import CPU_ENV, make_matrix, make_record, write_jsonl
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.records.model import Record
 from ditbench.report import advice, analysis
 from ditbench.report.load import load_results

@@ -13,7 +13,7 @@ import pytest
 from report_support import A6000_ENV, RTX4090_ENV, cell, emulated, on_card
 from synthetic_records import CPU_ENV, make_record, write_jsonl
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.report.claim_check import check_claims
 from ditbench.report.claims import CLAIMS_DIR, load_claims, parse_claims, resolve_claims
 from ditbench.report.load import load_results

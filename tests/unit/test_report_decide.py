@@ -17,7 +17,7 @@ from report_support import RTX4090_ENV, cell, emulated, noisy, on_card
 from synthetic_records import cell_id as synthetic_cell_id
 from synthetic_records import make_matrix, make_record, write_jsonl
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.report import analysis
 from ditbench.report.analysis import duration_text, gpu_hours_per_million_images, target_steps, time_text
 from ditbench.report.load import load_results

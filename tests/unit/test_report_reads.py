@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from synthetic_records import CPU_ENV, make_matrix, make_record, write_jsonl
 
+from ditbench.core.units import memory_text
 from ditbench.report.load import load_results
 from ditbench.report.render import write_report
 from ditbench.report.sections import collapse_unmeasured
-from ditbench.units import memory_text
 
 
 def test_collapse_unmeasured_joins_names_per_reason_in_first_place():
@@ -69,6 +69,6 @@ def test_a_cpu_recommendation_shows_the_tables_memory_and_no_empty_column(tmp_pa
     table = md.split("Fastest configuration that fits")[1].split("Largest model")[0]
     assert "| model | fastest cell that fits | images/s | time to 400K steps | memory |\n" in table
     fastest = max(records, key=lambda r: r["metrics"]["images_per_s"])
-    memory = memory_text(fastest["metrics"]["cpu_peak_alloc_gib"])  # MiB below 1 GiB (units.py)
+    memory = memory_text(fastest["metrics"]["cpu_peak_alloc_gib"])  # MiB below 1 GiB (core/units.py)
     assert memory.endswith(" MiB")
     assert f"| {fastest['cell_name']} |" in table and f"| {memory} (CPU allocator peak) |" in table

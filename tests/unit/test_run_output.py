@@ -9,10 +9,10 @@ import textwrap
 
 import pytest
 
-from ditbench.bench import cli as run_cli
 from ditbench.bench.cell.window import noise
 from ditbench.bench.summary import Notes, closing, format_line, write_summary
 from ditbench.cli import main
+from ditbench.cli import run as run_cli
 from ditbench.records.jsonl import read_records
 from ditbench.spec.suite import load_suite
 
@@ -165,9 +165,9 @@ def test_ctrl_c_prints_the_command_that_resumes(tmp_path, capsys, monkeypatch):
 
 
 def test_the_suite_estimate_is_each_cells_process_builds_and_steps(monkeypatch):
-    from ditbench import environment, walltime
-    from ditbench.bench.cli import suite_seconds
-    from ditbench.train import cli as train_cli
+    from ditbench.cli import train as train_cli
+    from ditbench.cli.run import suite_seconds
+    from ditbench.hardware import environment, walltime
 
     quiet = json.loads((walltime.CALIBRATIONS / "speed_calibration_cpu.json").read_text())["peak_tflops"]
     measured = [quiet]  # the CPU's rate now: the calibration's quiet CPU, then one twice as slow
@@ -191,7 +191,7 @@ def test_the_suite_estimate_is_each_cells_process_builds_and_steps(monkeypatch):
 
 
 def test_a_run_estimated_over_30_minutes_on_a_cpu_needs_yes_in_a_terminal(tmp_path, capsys, monkeypatch):
-    from ditbench import walltime
+    from ditbench.hardware import walltime
 
     monkeypatch.setattr(walltime, "is_terminal", lambda stream=None: True)
     monkeypatch.delenv("CI", raising=False)

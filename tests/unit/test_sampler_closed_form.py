@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from ditbench.diffusion import create_diffusion, sample_latents, space_timesteps
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
+from ditbench.models.diffusion import create_diffusion, sample_latents, space_timesteps
 
 # The DiT/ADM schedule written out: 1000 linear betas from 1e-4 to 0.02.
 BETAS = np.linspace(1e-4, 0.02, 1000)
@@ -470,7 +470,7 @@ def test_sampling_shows_one_sampling_bar_on_a_terminal_only_when_asked(cfg_scale
         return capsys.readouterr().err
 
     assert run(progress=True) == ""  # a log (stderr is no terminal here): no line per sampling loop
-    monkeypatch.setattr("ditbench.progress.is_terminal", lambda stream=None: True)
+    monkeypatch.setattr("ditbench.core.progress.is_terminal", lambda stream=None: True)
     assert run() == ""  # not asked
     err = run(progress=True)
     # tqdm's first frame: "sampling", counted in steps; the bar is cleared at the end (leave=False)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.spec.base import from_flags
 from ditbench.spec.knobs import KNOBS, TRAIN_KNOBS, Knobs
 from ditbench.spec.suite import load_suite

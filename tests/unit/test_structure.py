@@ -114,50 +114,58 @@ def test_no_import_cycle_among_the_benchmark_scripts():
     assert graph.get("device_report") is not None and _cycles(graph) == []
 
 
-# The layers, bottom first. A module may import its own layer and those below, never one above
-# (lazy imports included). A module belongs to the longest prefix listed; the package `ditbench`
-# itself (its __version__ and the lazy `load_results`) is imported from anywhere.
-LAYERS: list[tuple[str, ...]] = [
-    # what every part uses: errors, files, devices, precision names, cards, the VAE's constants
-    (
-        "ditbench.errors", "ditbench.yamlio", "ditbench.fileio", "ditbench.outpaths", "ditbench.outlock",
-        "ditbench.progress", "ditbench.device", "ditbench.precision", "ditbench.cards", "ditbench.pretrained",
-        "ditbench.builtin_data", "ditbench.environment", "ditbench.vae", "ditbench.pixels",
-        "ditbench.cliopts", "ditbench.faults", "ditbench.validation", "ditbench.units",
-        "ditbench.escape", "ditbench.expansion", "ditbench.imageload",
-        "ditbench.extras", "ditbench.intervals", "ditbench.walltime",
-    ),
-    # the network, the diffusion, process groups, the typed spec (knobs, cells, suites)
-    ("ditbench.models", "ditbench.diffusion", "ditbench.dist", "ditbench.spec"),
-    # what one process does: train, sample, score; the result record and its metric table
-    ("ditbench.train", "ditbench.sampling", "ditbench.metrics", "ditbench.records"),
-    # sample quality during training, the memory planner
-    ("ditbench.quality", "ditbench.plan"),
-    # suites, runners, launchers
-    ("ditbench.bench",),
-    # reading records back: reports, claims, the gate
-    ("ditbench.report",),
-    # the gate that runs both sides itself: suites and launchers below, the gate's decisions
-    ("ditbench.ab",),
-    # writing records into experiment trackers (TensorBoard, MLflow)
-    ("ditbench.export",),
-    # the entry points: `ditbench` and each command's module (cli.COMMANDS)
-    ("ditbench.cli", "ditbench.__main__"),
+# The layers, bottom first: each is one or more folders (a module belongs to its deepest listed folder).
+# A module may import its own layer and those below, never one above (lazy imports included); the
+# package `ditbench` itself (its __version__ and the lazy `load_results`) is imported from anywhere.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("errors, units, plain text, progress, faults", ("ditbench.core",)),
+    ("files in and out", ("ditbench.files",)),
+    ("the machine: devices, precisions, cards, process groups", ("ditbench.hardware",)),
+    ("the network, the diffusion, the VAE and its stand-ins", ("ditbench.models",)),
+    ("the typed spec: knobs, cells, suites", ("ditbench.spec",)),
+    ("sample quality metrics", ("ditbench.metrics",)),
+    ("the result record and its metric table", ("ditbench.records",)),
+    ("one process: train, sample, score while training", ("ditbench.train", "ditbench.sampling",
+                                                           "ditbench.quality")),
+    ("the memory and speed planner", ("ditbench.plan",)),
+    ("one cell's process: the core, the window, the meters", ("ditbench.bench.cell",)),
+    ("how a cell's processes start", ("ditbench.bench.launch",)),
+    ("the suite loop and its executors", ("ditbench.bench",)),
+    ("reading records back: reports, claims", ("ditbench.report",)),
+    ("the regression gate (`compare`)", ("ditbench.report.gate",)),
+    ("the paired A/B gate; trackers", ("ditbench.ab", "ditbench.export")),
+    ("the entry point and one module per command", ("ditbench.cli", "ditbench.__main__")),
 ]  # fmt: skip
+MAX_LAYER_MODULES = 15
 
 
-def _layer(module: str) -> int:
-    from ditbench.cli import COMMANDS
-
-    if module in {m for m, _ in COMMANDS.values()}:
-        return len(LAYERS) - 1
+def _layer_of(module: str) -> int:
+    """The layer whose folder holds the module most closely (its deepest listed folder)."""
     best, found = "", None
-    for i, prefixes in enumerate(LAYERS):
-        for prefix in prefixes:
-            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > len(best):
-                best, found = prefix, i
-    assert found is not None, f"{module} is in no layer: add it to LAYERS"
+    for i, (_, folders) in enumerate(LAYERS):
+        for folder in folders:
+            if (module == folder or module.startswith(folder + ".")) and len(folder) > len(best):
+                best, found = folder, i
+    assert found is not None, f"{module} is in no layer's folder: add its folder to LAYERS"
     return found
+
+
+def test_every_module_lives_in_a_layer_folder():
+    """The folders show the layers: nothing but the package itself lies loose in ditbench/."""
+    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in {"__init__.py", "__main__.py"})
+    assert loose == [], loose
+    for module in _modules():
+        if module != "ditbench":
+            _layer_of(module)
+
+
+def test_each_layer_holds_at_most_fifteen_modules():
+    sizes: dict[str, list[str]] = {name: [] for name, _ in LAYERS}
+    for module in _modules():
+        if module != "ditbench":
+            sizes[LAYERS[_layer_of(module)][0]].append(module)
+    big = {name: len(modules) for name, modules in sizes.items() if len(modules) > MAX_LAYER_MODULES}
+    assert big == {}, big
 
 
 def test_imports_only_point_down():
@@ -167,7 +175,7 @@ def test_imports_only_point_down():
         for m, edges in graph.items()
         if m != "ditbench"
         for e in edges
-        if e != "ditbench" and _layer(e) > _layer(m)
+        if e != "ditbench" and _layer_of(e) > _layer_of(m)
     )
     assert up == [], up
 

@@ -5,7 +5,7 @@ import textwrap
 import pytest
 
 from ditbench.cli import main
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.spec.suite import cell_id, load_suite, parse_suite
 
 BASE = """

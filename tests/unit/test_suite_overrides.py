@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ditbench.cli import main
-from ditbench.errors import UserError
+from ditbench.core.errors import UserError
 from ditbench.spec.suite import SUITES_DIR, load_suite, resolve_suite, shipped_suites
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,9 +9,9 @@ import jsonschema
 import pytest
 
 from ditbench.cli import main
+from ditbench.files.yamlio import load_yaml_file
 from ditbench.spec.knobs import KNOBS, MAX_BATCH_SIZE, Knobs
 from ditbench.spec.suite import shipped_suites, suite_schema
-from ditbench.yamlio import load_yaml_file
 
 SUITE = {
     "name": "tiny",

@@ -5,8 +5,8 @@ import sys
 import pytest
 import torch
 
-from ditbench.errors import UnsupportedError, UserError
-from ditbench.precision import get_precision_policy
+from ditbench.core.errors import UnsupportedError, UserError
+from ditbench.hardware.precision import get_precision_policy
 from ditbench.spec.knobs import Knobs
 from ditbench.train import Trainer
 from ditbench.train.data import DataSource

@@ -1,6 +1,6 @@
-"""Memory sizes as a person reads them (ditbench.units)."""
+"""Memory sizes as a person reads them (ditbench.core.units)."""
 
-from ditbench.units import memory_text
+from ditbench.core.units import memory_text
 
 
 def test_below_one_gib_reads_in_mib_with_the_digits_that_matter():
@@ -27,7 +27,7 @@ def test_a_cpu_cells_line_and_summary_name_the_allocator_peak_in_mib():
 
 
 def test_raw_byte_counts_in_a_message_read_in_gib():
-    from ditbench.units import bytes_as_gib
+    from ditbench.core.units import bytes_as_gib
 
     cpu = "DefaultCPUAllocator: can't allocate memory: you tried to allocate 60129542144 bytes. Error code 12"
     assert bytes_as_gib(cpu) == (
@@ -39,7 +39,7 @@ def test_raw_byte_counts_in_a_message_read_in_gib():
 def test_an_out_of_memory_is_one_paragraph_in_gib(monkeypatch, capsys):
     """`ditbench train` (or sample, fid) out of memory: no traceback, no byte counts, what to change."""
     from ditbench.cli import main
-    from ditbench.train import cli as train_cli
+    from ditbench.cli import train as train_cli
 
     def oom(args):
         raise RuntimeError(

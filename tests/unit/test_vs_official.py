@@ -6,7 +6,7 @@ import pytest
 import torch
 from benchmark_scripts import load_benchmark
 
-from ditbench.diffusion import create_diffusion
+from ditbench.models.diffusion import create_diffusion
 
 
 def _load():

@@ -1,5 +1,5 @@
 """Long work is announced (issue 38): the estimate comes first, and on a CPU work over 30 minutes needs
---yes in a terminal (ditbench.walltime); progress lines carry an ETA."""
+--yes in a terminal (ditbench.hardware.walltime); progress lines carry an ETA."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from ditbench import progress, walltime
-from ditbench.errors import UserError
-from ditbench.train.cli import train_step_s
+from ditbench.cli.train import train_step_s
+from ditbench.core import progress
+from ditbench.core.errors import UserError
+from ditbench.hardware import walltime
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -106,7 +107,7 @@ def test_the_flop_constants_are_what_torch_counts():
     from torch.utils.flop_counter import FlopCounterMode
 
     from ditbench.metrics.inception import InceptionV3
-    from ditbench.vae import SD_VAE_CONFIG
+    from ditbench.models.vae import SD_VAE_CONFIG
 
     diffusers = pytest.importorskip("diffusers")
 

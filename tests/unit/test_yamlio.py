@@ -1,10 +1,10 @@
-"""Every YAML file a user hands us is read through ditbench.yamlio: bounded, UTF-8, no duplicate keys."""
+"""Every YAML file a user hands us is read through files/yamlio.py: bounded, UTF-8, no duplicate keys."""
 
 import pytest
 
-from ditbench.cards import check_gib, find_card
-from ditbench.errors import UserError, shorten
-from ditbench.yamlio import MAX_NODES, load_yaml_file
+from ditbench.core.errors import UserError, shorten
+from ditbench.files.yamlio import MAX_NODES, load_yaml_file
+from ditbench.hardware.cards import check_gib, find_card
 
 DEEP_MAP = "".join("  " * i + f"k{i}:\n" for i in range(70)) + "  " * 70 + "v: 1\n"
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(

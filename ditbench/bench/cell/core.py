@@ -19,9 +19,9 @@ from ditbench.bench.cell.gpu_meter import GpuMeter, nvml_handle, throttling
 from ditbench.bench.cell.load import LoadMeter
 from ditbench.bench.cell.mfu import mfu, model_flops_per_image
 from ditbench.bench.cell.window import failed_smoke, measure_window, noise, smoke_run, step_stats
-from ditbench.environment import collect_env
-from ditbench.faults import FAULT_ENV, FAULT_RANK_ENV, Fault, FaultyStep, failure, fault_for
-from ditbench.progress import progress
+from ditbench.core.faults import FAULT_ENV, FAULT_RANK_ENV, Fault, FaultyStep, failure, fault_for
+from ditbench.core.progress import progress
+from ditbench.hardware.environment import collect_env
 from ditbench.records.metrics import IMAGES_PER_S, MFU, PER_GPU, STEP_MS, STEPS_PER_S, TFLOPS
 from ditbench.spec.cell import CellSpec
 
@@ -54,7 +54,7 @@ class Measured:
 
 def build_trainer(spec: CellSpec, ctx):
     """The cell's Trainer on this process's device; in a job, the model wrapped for data parallelism."""
-    from ditbench import dist
+    from ditbench.hardware import dist
     from ditbench.train import Trainer
 
     knobs = spec.knobs

@@ -12,7 +12,7 @@ from typing import Any
 
 from ditbench.bench.cell.alloc_meter import measure_training_peak
 from ditbench.bench.cell.gpu_meter import nvml_handle
-from ditbench.errors import UnsupportedError
+from ditbench.core.errors import UnsupportedError
 from ditbench.records.metrics import CPU_ALLOC, CPU_RSS, DEVICE_MEM, PEAK_ALLOCATED, PEAK_RESERVED
 
 GIB = 2**30

@@ -1,4 +1,4 @@
-"""Model FLOPs per image and the peak table behind MFU (the measured matmul ceiling: ditbench.walltime).
+"""Model FLOPs per image and the peak table behind MFU (the measured matmul ceiling: hardware/walltime.py).
 
 Model FLOPs: one forward + backward of the plain model (no recomputation, no optimizer), counted on the
 meta device. A GPU missing from the datasheet table (and any CPU) gets no MFU, never a guess.
@@ -71,9 +71,9 @@ def count_train_flops_per_image(
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from ditbench import vae
-    from ditbench.diffusion import NUM_TIMESTEPS
+    from ditbench.models import vae
     from ditbench.models.build import build_model
+    from ditbench.models.diffusion import NUM_TIMESTEPS
 
     batch = 2  # any batch works (every op is per-sample); 2 guards against batch-1 special cases
     with torch.device("meta"):

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ditbench.bench.cell.load import LOAD_BOUND
-from ditbench.faults import NonFiniteLoss, check_finite
+from ditbench.core.faults import NonFiniteLoss, check_finite
 
 # A steady training loop repeats its step to within a few percent. Beyond these bounds something
 # outside the step (another process, clock throttling, a GC pause, a compile) shaped the figures,

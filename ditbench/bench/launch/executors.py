@@ -19,9 +19,9 @@ import psutil
 
 from ditbench.bench.launch.process import child_env
 from ditbench.bench.launch.srun import run_task
-from ditbench.errors import UserError
-from ditbench.fileio import read_regular, rmtree_real, write_json_atomic
-from ditbench.outlock import process_start
+from ditbench.core.errors import UserError
+from ditbench.files.fileio import read_regular, rmtree_real, write_json_atomic
+from ditbench.files.outlock import process_start
 
 SUBMITIT_DIR = "submitit"
 JOB_ID = {"local": re.compile(r"[1-9][0-9]{0,9}"), "slurm": re.compile(r"[0-9]{1,12}(_[0-9]{1,9})?")}

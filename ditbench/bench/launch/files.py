@@ -8,7 +8,7 @@ from typing import Any
 
 from pydantic import ConfigDict
 
-from ditbench.fileio import read_regular, write_atomic, write_json_atomic
+from ditbench.files.fileio import read_regular, write_atomic, write_json_atomic
 from ditbench.records.jsonl import jsonable
 from ditbench.spec.base import SpecModel
 from ditbench.spec.cell import CellSpec

@@ -17,8 +17,8 @@ import ditbench
 from ditbench.bench.cell import core as cell_core
 from ditbench.bench.launch import procs
 from ditbench.bench.launch.files import no_result, read_spec, write_result, write_spec
-from ditbench.errors import UserError
-from ditbench.fileio import open_log
+from ditbench.core.errors import UserError
+from ditbench.files.fileio import open_log
 from ditbench.spec.cell import CellSpec
 
 MODULE = "ditbench.bench.launch.process"
@@ -136,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     def join():
-        from ditbench.device import resolve_device
-        from ditbench.dist import DistContext
+        from ditbench.hardware.device import resolve_device
+        from ditbench.hardware.dist import DistContext
 
         return DistContext(device=resolve_device(spec.device))  # one process, no process group
 

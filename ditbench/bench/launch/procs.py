@@ -48,8 +48,8 @@ def watch_parent(poll_s: float = 0.5) -> None:
 
 def tail(path: Path, max_bytes: int = 6000) -> str:
     """The last `max_bytes` of a log (decoded leniently); '' when it cannot be read."""
-    from ditbench.errors import UserError
-    from ditbench.fileio import open_regular
+    from ditbench.core.errors import UserError
+    from ditbench.files.fileio import open_regular
 
     try:
         with os.fdopen(open_regular(path), "rb") as f:  # never a FIFO planted as the log

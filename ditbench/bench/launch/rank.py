@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ditbench import dist
 from ditbench.bench.cell import core as cell_core
 from ditbench.bench.launch.files import read_spec, write_result
 from ditbench.bench.launch.procs import watch_parent
+from ditbench.hardware import dist
 
 
 def _fail(report_dir: Path, report: dict[str, Any]) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from ditbench.bench.launch import base, procs, torchrun
 from ditbench.bench.launch.files import read_report, read_spec, write_result
 from ditbench.bench.launch.process import child_env
-from ditbench.fileio import open_log, write_atomic, write_json_atomic
+from ditbench.files.fileio import open_log, write_atomic, write_json_atomic
 from ditbench.spec.cell import CellSpec
 
 POLL_S = 0.2

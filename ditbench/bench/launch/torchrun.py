@@ -19,8 +19,8 @@ import psutil
 from ditbench.bench.launch import base, procs
 from ditbench.bench.launch.aggregate import aggregate
 from ditbench.bench.launch.files import no_result, read_report, read_spec, write_result
-from ditbench.errors import UserError
-from ditbench.fileio import open_log, read_regular
+from ditbench.core.errors import UserError
+from ditbench.files.fileio import open_log, read_regular
 
 
 @dataclass(frozen=True)

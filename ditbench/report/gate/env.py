@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ditbench.errors import shorten
-from ditbench.escape import md_code, md_text
+from ditbench.core.errors import shorten
+from ditbench.core.escape import md_code, md_text
 from ditbench.report.gate.inputs import GateRefusal, Row
 
 # torch_threads: a CPU step's time scales with it (the `threads` knob sets it; 1 per CPU process by default)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from ditbench.errors import UserError, shorten
-from ditbench.escape import md_inline
+from ditbench.core.errors import UserError, shorten
+from ditbench.core.escape import md_inline
 from ditbench.records.metrics import STEP_MS
 from ditbench.records.model import Record
 from ditbench.report.load import load_results, noise_parts, number

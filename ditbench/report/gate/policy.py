@@ -1,6 +1,6 @@
 """The gate's policy: thresholds per metric, the significance test, per-cell overrides, and what may
 go uncompared. A YAML policy file is merged over the defaults; `PolicyFile` (pydantic) validates it,
-and every mistake is one paragraph naming the file and the key path (`ditbench.validation`)."""
+and every mistake is one paragraph naming the file and the key path (`ditbench.core.validation`)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
-from ditbench.errors import UserError, shorten
+from ditbench.core.errors import UserError, shorten
+from ditbench.core.validation import check, refuse
+from ditbench.files.yamlio import load_yaml_file
 from ditbench.records.metrics import IMAGES_PER_S, PEAK_ALLOCATED, default_thresholds, table
 from ditbench.report.load import flatten
 from ditbench.report.quality import DEFAULT_QUALITY_NOISE_K
-from ditbench.validation import check, refuse
-from ditbench.yamlio import load_yaml_file
 
 DEFAULT_ALPHA = 0.01
 DEFAULT_MIN_SAMPLES = 5

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ditbench.errors import shorten
+from ditbench.core.errors import shorten
 from ditbench.records.metrics import HIGHER, Metric
 from ditbench.report.gate.inputs import GateRefusal, Row
 from ditbench.report.gate.policy import Rule

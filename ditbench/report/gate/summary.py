@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ditbench.escape import md_code
-from ditbench.escape import md_text as _md  # no HTML, no link, no new row or block
-from ditbench.intervals import BOOTSTRAP_B, LEVEL
+from ditbench.core.escape import md_code
+from ditbench.core.escape import md_text as _md  # no HTML, no link, no new row or block
+from ditbench.core.intervals import BOOTSTRAP_B, LEVEL
+from ditbench.core.units import memory_text
 from ditbench.records.metrics import MEMORY, limit, limits, table
 from ditbench.report.gate.result import INCONCLUSIVE_EXIT, VERDICTS, CellResult, Comparison, MetricDelta
-from ditbench.units import memory_text
 
 MAX_SUMMARY_ROWS = 150  # rows of the "All cells" table: a PR comment holds 65,536 characters
 MAX_LISTED_CELLS = 10

@@ -14,7 +14,7 @@ from functools import lru_cache
 import numpy as np
 from scipy.stats import mannwhitneyu, norm
 
-from ditbench.intervals import LEVEL, median_ratio_interval
+from ditbench.core.intervals import LEVEL, median_ratio_interval
 from ditbench.records.metrics import HIGHER, Metric
 from ditbench.report.gate.policy import Policy, Rule
 from ditbench.report.gate.result import MetricDelta, crossing, direction
