@@ -1,10 +1,8 @@
 """Bootstrap intervals of the quality metrics: how much a score would move with another draw of N samples.
 
-Each resample draws N sample indices with replacement (one seeded draw for every metric; the reference
-is fixed) and recomputes each metric (or its spec's faster `resampler`). The interval is normal:
-estimate +- z x the SD of the B values, since a FID resample costs an eigendecomposition (B is tens,
-where the SE is stable but percentile ends are not), centred on the estimate since repeated samples
-shift FID up by about its small-N bias. benchmarks/bootstrap_cost.py measures the costs (docs/metrics.md).
+The interval is normal (estimate +- z x SD of the B resamples): B is tens, since a FID resample costs an
+eigendecomposition, where the SE is stable but percentile ends are not. It is centred on the estimate
+since resamples shift FID up by about its small-N bias (docs/metrics.md).
 """
 
 from __future__ import annotations

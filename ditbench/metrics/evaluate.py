@@ -1,16 +1,9 @@
 """Scoring sample batches against a reference: the library behind `ditbench fid` and the quality loop.
 
-`Scorer` holds one reference and one Inception network; the reference is read, hashed and featurised
-(or served from the cache) at most once, however many batches are scored:
-
-    scorer = Scorer("refs/VIRTUAL_imagenet256_labeled.npz", metrics="fid,is,pr", inception="test")
-    scorer.check(5000)                    # fail now, not after training, if 5,000 cannot do it
-    result = scorer.score(images)         # uint8 N x H x W x 3, an ImageSource, an npz or a folder
-    print(result["metrics"]["fid"], result["inception"]["official"])
-
-`evaluate(samples, ref, ...)` is the one-shot form `ditbench fid` uses. Metrics not asked for by name
-are skipped, with the reason in the result, when the inputs cannot support them; asked-for metrics
-that cannot be computed, or inputs that allow none, are an error before any image is featurised.
+`Scorer` reads, hashes and featurises one reference (or serves it from the cache) at most once, however
+many batches it scores; `evaluate(samples, ref, ...)` is the one-shot form. Metrics not asked for are
+skipped, with the reason, when the inputs cannot support them; asked-for metrics that cannot be
+computed are an error before any image is featurised.
 """
 
 from __future__ import annotations
@@ -50,13 +43,8 @@ def as_source(x, name: str = "samples array") -> ImageSource:
 
 
 class Scorer:
-    """Scores uint8 image batches against one reference (an ADM reference npz, a folder of images, a
-    statistics file, an ImageSource or a uint8 array) with one Inception network.
-
-    `metrics`: names or a comma-separated string (None: all the inputs allow). `inception`: a weight
-    file, "test" or None (weights.py), or a ready `extractor`. Metric options (registry.OPTIONS) are
-    keywords. Construction checks files and options; nothing is computed before `score` or `prepare`.
-    """
+    """Scores uint8 image batches against one reference with one Inception network. `metrics` None: all
+    the inputs allow. Construction checks files and options; nothing is computed before `score`."""
 
     def __init__(
         self,
@@ -127,8 +115,7 @@ class Scorer:
         self.plan(n)
 
     def prepare(self) -> float:
-        """Load the network and gather the reference's statistics now (else the first `score` does);
-        the seconds the reference took."""
+        """Load the network and the reference's statistics now (else the first `score` does); seconds."""
         problems = self._reference_problems()
         if self.explicit and problems:
             raise UserError(" ".join(f"Cannot compute {m}: {p}" for m, p in problems.items()))
@@ -163,8 +150,7 @@ class Scorer:
         return self._score(about, name, lambda want, timings: feats)
 
     def _score(self, about: dict, name: str, features) -> dict:
-        """Plan, make the network and the reference ready, take the samples' features
-        (`features(want, timings)`) and compute the metrics and their intervals."""
+        """Plan, ready the network and reference, featurise the samples, compute metrics and intervals."""
         t_start = time.perf_counter()
         active, skipped = self.plan(about["count"], name)
         warns, self._pending_warnings = self._pending_warnings, []

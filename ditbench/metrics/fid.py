@@ -2,9 +2,8 @@
 
     d^2 = |mu1 - mu2|^2 + tr(S1) + tr(S2) - 2 tr sqrt(S1 S2)
 
-S1 S2 is similar to the symmetric PSD sqrt(S1) S2 sqrt(S1), so tr sqrt(S1 S2) is the sum of the
-square roots of its eigenvalues: symmetric eigensolvers in float64 instead of scipy's `sqrtm`
-(several times faster, no complex intermediates, no eps retry, no `disp` argument gone in scipy 1.18).
+tr sqrt(S1 S2) comes from the eigenvalues of a symmetric PSD matrix similar to S1 S2, in float64,
+instead of scipy's `sqrtm` (several times faster, no complex intermediates, no eps retry).
 """
 
 from __future__ import annotations
@@ -165,10 +164,8 @@ def _frechet_metric(name: str, mu_key: str, sigma_key: str, feature: str, dim: i
 
 def _frechet_resampler(name: str, mu_key: str, sigma_key: str, feature: str):
     """The Frechet distance of resampled samples against the fixed reference (metrics.bootstrap) below
-    N = d: the metric's low-rank route (an n x n matrix) without the d x d covariance. None from N = d
-    up, where the N x d^2 covariance dominates (a route through sqrt(sigma_ref) prepared once saved
-    about a fifth at B = 20 at N = 5,000, after 42 s of preparation: not worth a second route).
-    """
+    N = d: the low-rank route (an n x n matrix) without the d x d covariance. None from N = d up, where
+    the N x d^2 covariance dominates and a second route would save little."""
 
     def prepare(inputs: MetricInputs, options):
         import torch

@@ -1,16 +1,11 @@
-"""The InceptionV3 that FID is defined with (the TF graph `inception-2015-12-05`), in PyTorch.
+"""The InceptionV3 that FID is defined with (TF graph `inception-2015-12-05`), in PyTorch.
 
 Layer names follow torch-fidelity's `FeatureExtractorInceptionV3`, so its weight file loads directly.
 Unlike torchvision's: average pools ignore padding, the last block's pool branch is a max pool, BatchNorm
 eps is 1e-3, and images are resized with TF1's bilinear rule. Per image: `pool3` (2048),
-`logits_unbiased` (pool3 @ fc.weight.T, ADM's IS) and `spatial` (TF's `mixed_6/conv`: Mixed_6d.branch1x1's
-first 7 channels, 17 x 17, flattened channels-last to 2023: ADM's sFID features).
-
-`build_calibrated_inception` is the random `test` network for tests and timing runs. A default-initialised
-one gives every image pool3 features of ~1e-8 (every FID ~0), so its BatchNorms are calibrated on varied
-synthetic images (32 to 256 px) and the pool3 and sFID features rescaled to a total variance of
-FEATURE_TRACE (exact: ReLU is positively homogeneous): FIDs between unlike sets read in the tens to
-hundreds (reports/test_inception_scale/). The numbers mean nothing about image quality.
+`logits_unbiased` (ADM's IS) and `spatial` (TF's `mixed_6/conv`, Mixed_6d.branch1x1's first 7 channels,
+17 x 17 channels-last = 2023: ADM's sFID features). `build_calibrated_inception` is the `test` network,
+calibrated since a default-initialised one gives every image features of ~1e-8 (every FID ~0).
 """
 
 from __future__ import annotations
@@ -293,8 +288,7 @@ CALIBRATION_SIZES = (32, 64, 128, 256)
 
 def calibration_images(n: int = 16, seed: int = 1000) -> torch.Tensor:
     """The calibration batch: synthetic images at 32, 64, 128 and 256 px in turn, resized to 299 px, so
-    the statistics cover every size (calibrated on 32 px alone, recipe 1 gave ~5x larger features on
-    128 px images, which carry more high-frequency energy after the resize)."""
+    the statistics cover every size (larger images carry more high-frequency energy after the resize)."""
     parts = []
     for k, size in enumerate(CALIBRATION_SIZES):
         count = n // len(CALIBRATION_SIZES) + (k < n % len(CALIBRATION_SIZES))

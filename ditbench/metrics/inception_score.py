@@ -1,8 +1,5 @@
-"""Inception Score, ADM convention: splits of consecutive samples (no shuffling), logits without bias.
-
-IS = exp(E_x KL(p(y|x) || p(y))) per split; the mean and SD (ddof 0) over splits. By default ADM's
-splits: consecutive chunks of 5,000, the last one shorter (7,500 samples: 5,000 + 2,500), so the
-score is ADM's at every N; `--is-splits K`: K near-equal consecutive splits (torch-fidelity's, unshuffled).
+"""Inception Score, ADM convention: consecutive splits (no shuffling) of 5,000, the last one shorter,
+so the score is ADM's at every N; logits without bias. `--is-splits K`: K near-equal splits.
 """
 
 from __future__ import annotations

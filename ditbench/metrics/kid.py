@@ -77,8 +77,7 @@ def _resampler(inputs: MetricInputs, options):
     A resample draws its subsets as `kernel_inception_distance` would (positions depend only on N), so
     each reference subset's kernel sum is computed once. With c_t each sample's count in subset t, the
     sample terms come from the samples' kernel K, kept once: c_t K c_t - c_t . diag K, and the cross
-    term c_t . (K_sr e_t). A resample is one T x N by N x N product; None when K exceeds
-    KERNEL_CACHE_BYTES (N above about 16,000).
+    term c_t . (K_sr e_t). A resample is one T x N by N x N product; None when K is too large.
     """
     import torch
 

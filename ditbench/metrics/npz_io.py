@@ -1,8 +1,7 @@
 """Image batches in the ADM format (`.npz` with uint8 N x H x W x 3 `arr_0`) and image folders.
 
-50,000 images at 256 px are 9.8 GB, so `arr_0` is streamed out of its zip member (the `.npy` header
-gives shape and dtype, the rows follow) and folders are decoded a batch at a time. Every source is
-validated when opened: bad input fails before any compute, naming the file and what would be valid.
+50,000 images at 256 px are 9.8 GB, so `arr_0` is streamed out of its zip member and folders are decoded
+a batch at a time. Every source is validated when opened, before any compute.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Improved precision and recall (Kynkaanniemi et al. 2019), ADM convention.
+"""Improved precision and recall (Kynkaanniemi et al. 2019), ADM convention (k = 3).
 
-A set's manifold is the union of balls around its points, radius the distance to the point's k-th
-nearest other point (k = 3). Precision: the share of samples inside the reference manifold; recall:
-of reference points inside the sample manifold. Distances go block by block, so 50,000 x 10,000
-never holds more than one block in memory.
+A set's manifold is the union of balls around its points, radius the distance to the k-th nearest other
+point. Distances go block by block, so 50,000 x 10,000 never holds more than one block in memory.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The reference side of an evaluation: statistics files read checked, cached by content, prepared once.
 
-A reference offers precomputed statistics (an ADM reference batch's `mu`/`sigma`/`mu_s`/`sigma_s`, a
-ditbench statistics file's `pool3`, its JSON `meta`) and/or images. What a metric needs and is not
-precomputed comes from its images: from the on-disk cache, else one pass through the network, then
-cached; precomputed statistics always take precedence. Headers are checked before data is read (a 2 KB
-file cannot ask for 80 GB), object arrays refused, values finite, covariances symmetric. Cache entries
-hold all five keys (one can be given as `--ref`), keyed by the reference's content, the network's hash
-and the precision; file hashes are remembered per (path, size, mtime); writes are atomic.
+Precomputed statistics (ADM's `mu`/`sigma`/`mu_s`/`sigma_s`, a ditbench file's `pool3`) take precedence;
+what a metric needs beyond them comes from the reference's images, via the on-disk cache. Headers are
+checked before data is read (a 2 KB file cannot ask for 80 GB), object arrays are never unpickled; cache
+entries are keyed by the reference's content, the network's hash and the precision; writes are atomic.
 """
 
 from __future__ import annotations

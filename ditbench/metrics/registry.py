@@ -1,9 +1,7 @@
 """Every metric `ditbench fid` computes, by name, in reporting order: the one table of metrics.
 
-A metric is its own module with a `Metric` spec (spec.py) plus one entry in `METRICS` (or `register`);
-evaluation, `--metrics`, the option flags, the table, the JSON, the quality loop, the gate and the
-report all follow from the spec. Readers look the table up when they run (`registry.OUTPUTS`), so a
-registered metric reaches them all. `DEFAULTS`: the extraction, device and cache options.
+A metric is its own module with a `Metric` spec plus one entry in `METRICS` (or `register`). Readers look
+the table up when they run (`registry.OUTPUTS`), so a registered metric reaches them all.
 """
 
 from __future__ import annotations

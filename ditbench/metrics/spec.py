@@ -1,6 +1,5 @@
-"""What a metric declares about itself, so that evaluation, the CLI and reports need no per-metric code:
-the features it reads, its options and defaults, the images it needs, its outputs (key, label, format,
-direction, valid values, the gate's default threshold) and its function. Imports torch only to compute.
+"""What a metric declares about itself (features, options, outputs, gate threshold, function), so that
+evaluation, the CLI and reports need no per-metric code. Imports torch only to compute.
 """
 
 from __future__ import annotations
@@ -84,7 +83,6 @@ class Output:
         return intervals.plus_minus(value, spread, self.fmt)
 
     def with_ends(self, value: float, low: float, high: float) -> tuple[str, str, str]:
-        """The value and the ends of its interval, to the decimals the interval justifies."""
         return intervals.with_ends(value, low, high, self.fmt)
 
 

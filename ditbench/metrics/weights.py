@@ -1,14 +1,9 @@
 """Which Inception weights a score is made with, loading them without running code from a file, and
 running the network over images.
 
-Sources, first match wins: `--inception-weights PATH`, $DITBENCH_INCEPTION_WEIGHTS, torch-fidelity's file
-in the torch hub cache (downloaded once). A file is hashed and loaded from the same bytes with
-`torch.load(weights_only=True)`; only the published digest is official, any other result says
-`official: false` and carries `NOT_OFFICIAL_BANNER`.
-
-`test` is inception.py's calibrated random network. `FeatureExtractor` runs the network in batches over
-image sources, reading (npz rows, PNG decoding) in background threads so a GPU does not wait on the disk,
-in true fp32 unless TF32 is asked for (TF32 changes the features; cuDNN uses it by default on Ampere+).
+A file is hashed and loaded from the same bytes with `torch.load(weights_only=True)`; only the published
+digest is official, anything else says `official: false` and carries `NOT_OFFICIAL_BANNER`. Features
+are true fp32 unless TF32 is asked for (TF32 changes them; cuDNN uses it by default on Ampere+).
 """
 
 from __future__ import annotations
@@ -249,8 +244,7 @@ def _test_state() -> tuple[dict[str, torch.Tensor], str]:
 
 def load_network(weights: str | os.PathLike | None = None) -> tuple[InceptionV3, InceptionWeights]:
     """The Inception network on the CPU in eval mode, and what it is, from a state-dict file, `"test"`
-    (the calibrated random network: runs anywhere, means nothing about image quality), or None:
-    $DITBENCH_INCEPTION_WEIGHTS (a path or `test`), else the torch hub cache (downloaded once)."""
+    (the calibrated random network) or None (`resolve_weights`; the variable may also say `test`)."""
     if weights is None:
         weights = os.environ.get(WEIGHTS_ENV) or None
     if isinstance(weights, str) and weights == TEST_NETWORK:  # a file called `test`: ./test
@@ -280,8 +274,7 @@ def _prefetch(source: ImageSource, batch_size: int, num_workers: int, depth: int
 
 
 class FeatureExtractor:
-    """The FID Inception on a device, turning image sources into feature tensors (float32, CPU);
-    `weights` as load_network takes them."""
+    """The FID Inception on a device, turning image sources into float32 CPU feature tensors."""
 
     weights: InceptionWeights
 

@@ -1,9 +1,8 @@
 """The kernel behind the `attention` knob: softmax(Q K^T / sqrt(d)) V over (N, heads, T, d) tensors.
 
-`math` writes the formula out (the baseline); `sdpa` lets F.scaled_dot_product_attention pick;
-`flash`, `efficient` and `cudnn` force that kernel. `resolve_kernel` decides before training whether
-a backend runs on this device, dtype and head size and names the kernel that will (the record's
-`metrics.attention_kernel`); one that cannot is an UnsupportedError with torch's reason.
+`resolve_kernel` decides before training whether a backend runs on this device, dtype and head size and
+names the kernel that will (the record's `metrics.attention_kernel`); one that cannot is an
+UnsupportedError with torch's reason.
 """
 
 from __future__ import annotations
@@ -40,7 +39,6 @@ def math_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.T
 
 
 def kernel_context(backend: str):
-    """The context a forced backend runs under (a no-op for math and sdpa)."""
     return sdpa_kernel(FORCED[backend]) if backend in FORCED else contextlib.nullcontext()
 
 

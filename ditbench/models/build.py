@@ -20,9 +20,8 @@ def build_model(
     learn_sigma: bool = True,
     attention: str = "sdpa",
 ) -> nn.Module:
-    """A named DiT ("DiT-XL/2") for `image_size` pixels: `models.dit.DiT` (official state-dict names) or
-    (impl="diffusers") diffusers' DiTTransformer2DModel behind the same forward(). Build under
-    `torch.device("meta")` for shapes and counts without memory."""
+    """A named DiT ("DiT-XL/2") for `image_size` pixels: `models.dit.DiT` or (impl="diffusers") diffusers'
+    DiTTransformer2DModel behind the same forward(). Build under the meta device for shapes and counts."""
     cfg = get_config(name)
     size = latent_size(image_size, cfg.patch_size)
     if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:

@@ -1,8 +1,7 @@
 """DiT checkpoints: ditbench's own format and the official released files, loaded safely.
 
-ditbench writes {"format", "model", "ema", "opt", "step", "config"} atomically; it reads that or a bare
-state dict (the released `DiT-XL-2-256x256.pt`) with `torch.load(weights_only=True)` only, and infers
-the configuration from tensor shapes, so a mismatch is named.
+Written atomically; read (ditbench's or a bare released state dict) with `torch.load(weights_only=True)`
+only, the configuration inferred from tensor shapes so that a mismatch is named.
 """
 
 from __future__ import annotations

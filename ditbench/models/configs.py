@@ -53,7 +53,6 @@ def canonical_name(name: str) -> str:
 
 
 def get_config(name: str) -> DiTConfig:
-    """The architecture of a named configuration ("DiT-XL/2"); accepts the official "DiT-XL-2" too."""
     return CONFIGS[canonical_name(name)]
 
 

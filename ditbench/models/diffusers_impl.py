@@ -1,9 +1,8 @@
 """`impl: diffusers`: diffusers' DiTTransformer2DModel behind ditbench's forward(x, t, y).
 
-Same configuration as the ditbench DiT, but NOT parameter-identical: each block has its own timestep
-MLP and label table and the position table is a buffer (DiT-XL/2: 749,826,464 parameters, +11.1%),
-each block draws its own label-dropout mask, and timestep frequencies divide by half - 1. FLOPs are
-almost the same; weights, gradients and AdamW state grow by ~11%.
+Same configuration as the ditbench DiT, but NOT parameter-identical (docs/training.md): +11.1% at
+DiT-XL/2, so weights, gradients and AdamW state grow by ~11% at almost the same FLOPs. Each block also
+draws its own label-dropout mask, and timestep frequencies divide by half - 1.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """DiT (Peebles & Xie, "Scalable Diffusion Models with Transformers"), written for ditbench.
 
-Architecture, initialisation and state-dict names follow the official facebookresearch/DiT
-`models.py`: the released checkpoints load without conversion and parameter counts are equal.
-Attention (models/attention.py) and gradient checkpointing (`every_K`) are knobs; guidance covers
-all noise channels unless asked otherwise (`DiT.forward_with_cfg`).
+Architecture, initialisation and state-dict names follow the official facebookresearch/DiT `models.py`:
+the released checkpoints load without conversion and parameter counts are equal.
 """
 
 from __future__ import annotations
@@ -251,10 +249,7 @@ class DiT(nn.Module):
         guidance_channels: int | None = None,
     ) -> torch.Tensor:
         """Classifier-free guidance over a [cond half; uncond half] batch, on all noise channels by default.
-
-        The official code guides only the first 3 of 4 channels, a GLIDE leftover kept for
-        reproducibility (DiT issue #41; cfg 1.5 on 3 channels ~ cfg 1.375 on all 4): guidance_channels=3.
-        """
+        The official code guides the first 3 of 4 (a GLIDE leftover, DiT issue #41): guidance_channels=3."""
         return cfg_forward(self.forward, self.in_channels, x, t, y, cfg_scale, guidance_channels)
 
 
@@ -272,9 +267,8 @@ def cfg_forward(forward, in_channels: int, x, t, y, cfg_scale: float, guidance_c
 
 @torch.no_grad()
 def dit_init(model: nn.Module, patch: nn.Conv2d, embedders, zero) -> None:
-    """DiT's initialisation (also on diffusers' names): xavier-uniform linears and zero biases, the patch
-    convolution like a linear layer on its flattened kernel, N(0, 0.02) label tables and timestep MLPs,
-    and adaLN-Zero (`zero` layers), so every block starts as the identity and the output as zeros."""
+    """DiT's initialisation (also on diffusers' names), adaLN-Zero included (`zero` layers), so every
+    block starts as the identity and the output as zeros."""
     for module in model.modules():
         if isinstance(module, nn.Linear):
             nn.init.xavier_uniform_(module.weight)

@@ -33,5 +33,4 @@ def forward_macs(name: str, image_size: int = 256, learn_sigma: bool = True) -> 
 
 
 def train_flops_per_image(name: str, image_size: int = 256) -> int:
-    """Model FLOPs of one training image: 2 FLOPs per MAC x 3 (forward + backward)."""
     return 6 * forward_macs(name, image_size)

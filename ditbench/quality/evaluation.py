@@ -1,12 +1,9 @@
 """One cell's evaluations: sample with the EMA weights, decode, score against the reference, per seed.
 
-Samples follow `ditbench sample`'s plan (seeded shards, labels spread evenly), so the images do not
-depend on the process count: rank r samples and featurises shards r, r + world, ..., and rank 0 scores
-the gathered features in shard order. `metrics` is the mean over seeds of each quality output,
-`spread` their SD (null with one seed); with the bootstrap on, each seed carries its `interval` and
-`bootstrap_se`, the evaluation one seed's `bootstrap_se` and the `interval` of the mean over seeds.
-Every cell's grid has the same noise (GRID_SEED) and labels, so two grids of one model shape differ by
-the training setting alone.
+Samples follow `ditbench sample`'s plan (seeded shards), so the images do not depend on the process
+count; rank 0 scores the gathered features in shard order. `metrics` is the mean over seeds, `spread`
+their SD. Every cell's grid has the same noise (GRID_SEED) and labels, so two grids of one model shape
+differ by the training setting alone.
 """
 
 from __future__ import annotations
@@ -76,8 +73,7 @@ def reference_digest(path: str) -> str:
 
 
 class Evaluator:
-    """`extractor`: a ready feature extractor (tests, or a caller that holds one); else the section's
-    Inception network is loaded on each rank."""
+    """Without a ready `extractor`, the section's Inception network is loaded on each rank."""
 
     def __init__(self, spec: CellSpec, ctx, extractor=None):
         from ditbench.diffusion import create_diffusion
@@ -158,7 +154,6 @@ class Evaluator:
         self.extractor  # noqa: B018 - every rank loads its network now, not inside the first evaluation
         return info
 
-    # ---- one evaluation ---------------------------------------------------------------------
     def evaluate(self, model, step: int, train_wall_s: float, grid: tuple[Path, str] | None) -> dict | None:
         """The evaluation at `step` (rank 0; None on the others). `grid`: (output dir, cell id)."""
         per_seed, warnings, sample_s, score_s = [], [], 0.0, 0.0

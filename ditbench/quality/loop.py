@@ -1,8 +1,7 @@
 """A cell's quality phase: evaluate at the end of the smoke run, or train a quality run to each listed step.
 
-A list of steps trains a fresh Trainer (the smoke run's seed) to each step (0: the initialisation) and
-evaluates there. Training time is the training steps' wall clock alone (`sample_s` and `score_s` are
-apart); `train_gpu_s` is processes x wall. Evaluations finished before a failure are kept.
+Training time is the training steps' wall clock alone (`sample_s` and `score_s` are apart);
+`train_gpu_s` is processes x wall. Evaluations finished before a failure are kept.
 """
 
 from __future__ import annotations

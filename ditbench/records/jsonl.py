@@ -1,12 +1,8 @@
 """results.jsonl: one JSON line per cell per run, appended so that a crash never costs a finished line.
 
-Writing: one `write` of the whole line in append mode, then fsync: a SIGKILL can only cut the line
-being written. A last line without its newline is terminated if it decodes, else (a writer killed
-mid-line) cut. Values JSON cannot hold become null, listed under `nonfinite` (NaN, inf) or
-`unserializable`; numpy and torch scalars become numbers; the line is validated (model.check).
-
-Reading: `read_records` never raises on content; a line that does not decode, is not a record or
-is an unfinished measurement is skipped, one warning naming every such line (they stay in the file).
+Writing: one `write` of the whole line in append mode, then fsync; a last line without its newline is
+terminated if it decodes, else cut. Values JSON cannot hold become null, listed under `nonfinite` or
+`unserializable`. Reading never raises on content: bad or unfinished lines are skipped with one warning.
 """
 
 from __future__ import annotations
@@ -29,9 +25,6 @@ MAX_LISTED = 100  # paths named in `nonfinite` / `unserializable` (a NaN loss cu
 WARN_LINES = 20  # line numbers one warning names
 MAX_INT = 10**300  # larger integers are written as null: no reader could use them as numbers
 TORN = "torn"  # a last line cut short by a kill
-
-
-# ------------------------------------------------------------------------------------------ reading
 
 
 def decode_line(line: bytes | str) -> tuple[Any, str | None]:
@@ -123,14 +116,9 @@ def latest_by_cell(records: list[Record]) -> dict[str, Record]:
     return {record.cell_id: record for record in records}
 
 
-# ------------------------------------------------------------------------------------------ writing
-
-
 class _Sanitizer:
-    """A JSON-safe copy of a value, noting every path whose value had to become null.
-
-    `unknown`: what an object that is not JSON (nor a numpy/torch scalar) becomes; None: null, noted.
-    """
+    """A JSON-safe copy of a value, noting every path whose value had to become null; `unknown` is what
+    an object that is not JSON becomes (None: null, noted)."""
 
     def __init__(self, unknown: Callable[[Any], Any] | None = None) -> None:
         self.unknown = unknown

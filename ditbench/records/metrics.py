@@ -1,7 +1,6 @@
-"""Every metric a record carries, declared once (records.model types the section that holds them): where
-it lives, how it reads, which way is better, how ranks combine it, the gate's default threshold.
-Writers, the loader, `compare`, the report, `export`, claims, the planner and `ab` name a metric through
-this table, never by a literal of their own; `table()` joins the metric registry's quality outputs.
+"""Every metric a record carries, declared once: where it lives, how it reads, which way is better, how
+ranks combine it, the gate's default threshold. Readers name a metric through this table, never by a
+literal of their own; `table()` joins the metric registry's quality outputs.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """The result record as a model, validated once where it is made or read back, then passed to every
-reader: typed where a reader reads it (the config is the cell's `CellSpec`; numbers, texts and objects
-at any depth of metrics, smoke, env and quality), any other key kept as written (older records load).
-`check` says why a value is not a record, naming the key path."""
+reader: typed where a reader reads it, any other key kept as written (older records load). `check` says
+why a value is not a record, naming the key path."""
 
 from __future__ import annotations
 
@@ -27,8 +26,8 @@ FUTURE_SLACK = dt.timedelta(hours=1)
 class Part(BaseModel):
     """A section of a record: typed where a reader reads it, any other key kept as it was written.
 
-    Strict (a number is never text, a count never true/false). Readers use its attributes; `part[key]`
-    and `part.get(key)` give a key's value as JSON, for callers that hold records as JSON."""
+    Strict (a number is never text, a count never true/false); `part[key]` and `part.get(key)` give a
+    key's value as JSON."""
 
     model_config = ConfigDict(extra="allow", strict=True, protected_namespaces=(), populate_by_name=True)
 
@@ -59,8 +58,7 @@ Numbers = list[Number] | None
 
 
 def section(name: str, texts: str = "", numbers: str = "", counts: str = "", flags: str = "", **more: Any):
-    """A record section's model: optional fields of each kind, named space-separated; `more`: other
-    fields as (type, default)."""
+    """A record section's model: optional fields of each kind; `more`: other fields as (type, default)."""
     kinds = ((texts, Text), (numbers, Number), (counts, Count), (flags, Flag))
     fields = {n: (kind, None) for names, kind in kinds for n in names.split()}
     return create_model(name, __base__=Part, **fields, **more)

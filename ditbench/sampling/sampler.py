@@ -1,9 +1,8 @@
 """Sampling as a library: `sample(job)` runs (or resumes) a job on this process's share of the shards.
 
-`job` has the attributes of `ditbench sample`'s parsed arguments. Shard k holds samples [k*B, (k+1)*B),
-its noise from a generator seeded from (seed, k), written atomically to `<out>.shards/`: rank r takes
-shards k = r mod world (the images do not depend on the rank count), a rerun skips the shards on disk,
-and rank 0 merges them into `--out` (`arr_0` uint8 N x H x W x 3, `arr_1` labels) and `<out stem>.json`.
+Shard k holds samples [k*B, (k+1)*B), its noise seeded from (seed, k), so the images do not depend on
+the rank count; shards are written atomically to `<out>.shards/`, a rerun skips those on disk, and rank 0
+merges them into `--out` and `<out stem>.json`.
 """
 
 from __future__ import annotations
@@ -50,9 +49,8 @@ def load_model_cached(
 
 @functools.lru_cache(maxsize=1)
 def _load_model(fingerprint: str, checkpoint: str, model_name, image_size, num_classes):
-    """(model in eval mode on CPU, its name, image size, which weights) from a checkpoint or 'random':
-    a ditbench checkpoint's EMA weights when it has them (a released file holds EMA weights already);
-    the configuration from the tensor shapes."""
+    """(model in eval mode on CPU, its name, image size, which weights) from a checkpoint or 'random',
+    with a ditbench checkpoint's EMA weights when it has them (a released file holds EMA weights already)."""
     import torch
 
     from ditbench.models.build import build_model
@@ -354,9 +352,8 @@ def sample(args) -> dict:
         model = model.to(ctx.device).eval()
         vae = build_vae(args.vae, ctx.device)
         n_shards = shard_count(args.num_samples, args.batch_size)
-        # Rank 0 lists the missing shards and every rank takes every world_size-th of them, so a
-        # resumed run is balanced however the interrupted one left it (and no rank waits long
-        # at the final barrier). Listed before anyone writes, so all ranks see the same list.
+        # Every rank takes every world_size-th missing shard, listed by rank 0 before anyone writes, so a
+        # resumed run is balanced however the interrupted one left it (no rank waits long at the barrier).
         missing = (
             [k for k in range(n_shards) if not shard_path(shard_dir, k).exists()] if ctx.is_main else None
         )

@@ -34,7 +34,6 @@ def shard_path(shard_dir: Path, k: int) -> Path:
 
 
 def default_paths(out: Path) -> tuple[Path, Path]:
-    """(<out>.shards folder, <out stem>.json record)."""
     return out.with_name(out.name + ".shards"), out.with_suffix(".json")
 
 

@@ -1,8 +1,7 @@
 """The spec's building blocks: the model base class and the field types every spec model is made of.
 
-Each type is pydantic's check plus the one sentence a user reads when it fails ("batch_size must be an
-integer from 1 to 1,048,576, got 0"), the same wherever the value enters. The numeric-string rule: a
-float field also takes text in exponent form (`2e-4`: YAML 1.1 reads it as text), no other text;
+Each type is pydantic's check plus the one sentence a user reads when it fails, the same wherever the
+value enters. A float field also takes text in exponent form (`2e-4`: YAML 1.1 reads it as text);
 integers stay strict (`2.0`, `'16'`, `true` are not); NaN and infinity are never valid.
 """
 

@@ -1,9 +1,8 @@
 """The typed cell spec: a cell's contract between the suite, the runner and the process that measures it.
 
-`CellSpec` = the knobs + how the cell is measured + where (the resolved device, an emulated card). Its
-flat JSON (every knob, `global_batch`, `steps`, `smoke_steps`, `device`, `gpu_memory_gib`, `card`,
-`quality`) is the record's `config` and a cell process's spec file; an unknown key is refused. A cell id
-hashes only what differs from the defaults, so a new knob with a default leaves every id as it was.
+`CellSpec` = the knobs + how the cell is measured + where; its flat JSON is the record's `config` and a
+cell process's spec file. A cell id hashes only what differs from the defaults, so a new knob with a
+default leaves every id as it was.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Where a suite's cells run on a cluster: the suite's `cluster:` section and `--cluster KEY=VALUE`
-(partition, account, qos, constraint, time_limit_min, other sbatch options, setup lines; docs/distributed.md).
-They say where a cell runs, not what it measures: never in a cell's id or record (GPUs, nodes and tasks
-come from the cell, `bench.cluster`).
+(docs/distributed.md). They say where a cell runs, not what it measures: never in a cell's id or record
+(GPUs, nodes and tasks come from the cell, `bench.cluster`).
 """
 
 from __future__ import annotations

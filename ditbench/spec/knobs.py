@@ -1,10 +1,9 @@
 """Every knob of a training cell in one model: name, type, default, bounds, help, and the combinations
 that cannot run.
 
-`Knobs` holds one normalised value of each (`grad_ckpt: on` and `full` are one cell), built once from a
-suite, an override, `ditbench train`'s flags or a record; `PartialKnobs` some of them (`include`,
-`exclude`, `baseline`, a claim's selector). PROCESS_KNOBS shape how the processes start, the others are
-`ditbench train` flags. Adding a knob: a field here and the Trainer line that applies it.
+`Knobs` holds one normalised value of each (`grad_ckpt: on` and `full` are one cell); `PartialKnobs`
+some of them (`include`, `exclude`, `baseline`, a claim's selector). Adding a knob: a field here and the
+Trainer line that applies it.
 """
 
 from __future__ import annotations
@@ -170,13 +169,11 @@ class PartialKnobs(SpecModel):
     num_classes: Int(1, MAX_CLASSES) = Field(1000, description="class labels")
 
     def given(self) -> dict[str, Any]:
-        """The knobs this partial cell names, normalised."""
         return {k: getattr(self, k) for k in self.model_fields_set}
 
 
 class Knobs(PartialKnobs):
-    """One value of every knob, validated and normalised as it is built (UserError otherwise):
-    `Knobs(model="DiT-S/8", batch_size=8)`."""
+    """One value of every knob, validated and normalised as it is built (UserError otherwise)."""
 
     @model_validator(mode="after")
     def _runnable(self) -> Knobs:
@@ -201,12 +198,10 @@ class Knobs(PartialKnobs):
 
     @property
     def rank_batch(self) -> int:
-        """Images one process trains on per optimizer step: batch_size x grad_accum."""
         return self.batch_size * self.grad_accum
 
     @property
     def global_batch(self) -> int:
-        """Images per optimizer step over the job: batch_size x gpus x nodes x grad_accum."""
         return self.rank_batch * self.gpus * self.nodes
 
     def non_defaults(self) -> dict[str, Any]:
@@ -214,7 +209,6 @@ class Knobs(PartialKnobs):
         return {k: v for k, v in self if v != KNOB_DEFAULTS[k]}
 
     def train_knobs(self) -> dict[str, Any]:
-        """The knobs one training process applies (`ditbench train`'s flags), by name."""
         return {k: getattr(self, k) for k in TRAIN_KNOBS}
 
 

@@ -1,10 +1,7 @@
 """`key=value` overrides after the suite: `ditbench run single_24gb model=DiT-L/4 batch_size=[16,32]`.
 
-A value is a YAML flow value read as suite files are, set in the suite's mapping before the suite's
-model validates it (the same verdict as in the file; an error names the override). A knob: a list is
-its matrix axis, one value replaces the axis or sets the default (includes keep theirs); `steps`,
-`smoke`, `timeout_s`: `defaults.<key>`; a top-level key (`card` and `gpu_memory_gib` replace each
-other); a dotted key a nested value (`steps.measure=10`, `plan.skip_predicted_oom=true`).
+A value is a YAML flow value read as suite files are, set in the suite's mapping before the suite's model
+validates it, so the verdict is the same as in the file (docs/suites-and-knobs.md has the rules).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
 """`ditbench plan`'s request: the default grid's axes and how to predict, validated once from its flags.
-
-Without SUITE the grid is models x precisions x checkpointing x batch sizes (the knobs' own types
-check each value); with SUITE its cells are the suite's and the grid flags are refused
-(`plan.cli`). Each error names the flag.
+Each error names the flag.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """The suite's `quality:` section (docs/suites-and-knobs.md): what to score, how to sample, when, with
-which seeds, for which cells.
-
-`QualitySpec` travels in the cell's spec (`config.quality`, part of its id: a changed section reruns
-its cells); `conflict` says before anything runs why a cell cannot be evaluated. `Sampler` is also
-`ditbench sample`'s settings: one set of bounds for both.
+which seeds, for which cells. It is part of a cell's id (a changed section reruns its cells); `Sampler`
+is also `ditbench sample`'s settings: one set of bounds for both.
 """
 
 from __future__ import annotations
@@ -175,5 +172,4 @@ class QualitySection(QualitySpec):
         return QualitySpec.model_construct(**{k: getattr(self, k) for k in QualitySpec.model_fields})
 
     def applies(self, knobs: dict[str, Any], smoke_steps: int, baseline: dict | None) -> bool:
-        """Whether a cell (its knobs) is among the section's `cells`."""
         return smoke_steps > 0 if self.cells == "smoke" else selects(self.cells, knobs, baseline)

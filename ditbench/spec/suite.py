@@ -1,10 +1,6 @@
 """Suite files: one model of the file (`SuiteFile`), validated whole (after the `key=value` overrides)
-before anything runs, and expanded into cells.
-
-A suite is `defaults` x `matrix`, minus the `exclude` partial cells, plus the `include` ones (completed
-from the defaults); every cell carries every knob and a stable id. `suite_schema()`: the model's own
-JSON Schema (`ditbench suites --schema`). A suite argument that names an existing file is that file,
-else a shipped suite's name (ditbench/suites/*.yaml, with or without `.yaml`).
+before anything runs, and expanded into cells (`defaults x matrix - exclude + include`, each with a
+stable id). A suite argument that names an existing file is that file, else a shipped suite's name.
 """
 
 from __future__ import annotations
@@ -40,7 +36,6 @@ SUITES_DIR = Path(__file__).resolve().parent.parent / "suites"
 
 
 def shipped_suites(folder: Path = SUITES_DIR) -> dict[str, Path]:
-    """Name -> file of every YAML in `folder` (the shipped suites), sorted by name."""
     return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
 
 
@@ -118,8 +113,7 @@ class Matrix(
 
 
 class PlanOption(SpecModel):
-    """The planner's prediction in every record; with skip_predicted_oom, cells predicted not to fit are
-    skipped unrun (bench.plan_option)."""
+    """The planner's prediction in every record; skip_predicted_oom skips cells predicted not to fit."""
 
     skip_predicted_oom: Flag = False
 
@@ -265,8 +259,7 @@ def _refuse_non_finite(errors: _Errors, raw: Any) -> None:
 def load_suite(
     path: str | Path, overrides: list[str] | tuple[str, ...] = (), max_cells: int | None = None
 ) -> Suite:
-    """Read and validate a suite (a file, or a shipped suite's name) with its `key=value` overrides;
-    raise UserError naming the file, key or override on any mistake."""
+    """Read and validate a suite (a file or a shipped name) with its overrides; UserError on any mistake."""
 
     path = resolve_suite(path)
     return parse_suite(load_yaml_file(path, "suite"), str(path), list(overrides), max_cells)

@@ -1,9 +1,5 @@
-"""`ditbench train`: train one DiT configuration for a number of steps and print the loss.
-
-A quick, real sanity check of a machine and a configuration, e.g.
-
-    ditbench train --model DiT-S/8 --steps 50
-    ditbench train --model DiT-XL/2 --precision bf16 --batch-size 256 --compile --device cuda
+"""`ditbench train`: train one DiT configuration for a number of steps and print the loss, a quick real
+sanity check of a machine and a configuration.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Where training batches come from: (latents (N, 4, s, s) on the device, labels (N,) int64).
 
-`synthetic`: seeded random latents drawn on the device (no input pipeline cost); {latents: PATH}: an
-.npz/.pt of pre-extracted latents (`ditbench extract-latents`); {images: DIR, vae: ...}: an ImageFolder
-tree, ADM centre crop + flip, encoded through the VAE every step; {pixels: ...}: images as latents
-(`ditbench.pixels`). `describe()` says which, for the record.
+`synthetic`: seeded random latents drawn on the device (no input pipeline cost); {latents: PATH}:
+pre-extracted latents; {images: DIR, vae: ...}: an ImageFolder tree, ADM centre crop + flip, encoded
+through the VAE every step; {pixels: ...}: images as latents (`ditbench.pixels`).
 """
 
 from __future__ import annotations
@@ -339,8 +338,7 @@ class ImageFolderVAE(DataSource):
 
 
 def data_spec(spec, vae: str | None = None):
-    """The suite form of `ditbench train --data`: `synthetic`, an image folder (encoded through `vae`)
-    or a .npz/.pt latent file."""
+    """The suite form of `ditbench train --data` (`synthetic`, an image folder or a latent file)."""
     if spec == "synthetic":
         return spec
     p = Path(spec)
@@ -362,8 +360,7 @@ def data_source_from_config(
     seed: int = 0,
     num_workers: int = 0,
 ) -> DataSource:
-    """The data source of a `data` knob as spec.knobs validates it: "synthetic", {"latents": path},
-    {"pixels": npz, "colour": ...} or {"images": dir, "vae": spec}."""
+    """The data source of a `data` knob as spec.knobs validates it."""
     from ditbench.models.configs import latent_size as _latent_size
 
     size = _latent_size(image_size)

@@ -1,9 +1,8 @@
 """`ditbench extract-latents`: encode an image folder through the VAE once, to a latent file (training
 from it skips the encoder, ~38% of a DiT-XL/2 step's FLOPs).
 
-Resumable: each shard of `--shard-size` images goes to `<out>.parts/` with a progress marker, and the
-final .npz (`latents`, `labels`, `class_names`, `image_size`, `vae`) appears atomically when all are
-done. ImageFolder order, ADM centre crop, no flip, a seed per shard: a resumed run writes the same file.
+Resumable: shards go to `<out>.parts/` with a progress marker and the final .npz appears atomically. A
+fixed order, ADM centre crop, no flip and a seed per shard make a resumed run write the same file.
 """
 
 from __future__ import annotations
@@ -110,10 +109,7 @@ def extract_latents(
     progress: bool = True,
     stop_after_shards: int | None = None,
 ) -> dict:
-    """Encode `image_dir` to `out` (.npz); returns {"path", "count", "shards_encoded", "done"}.
-
-    stop_after_shards stops early (as an interruption would) after encoding that many shards.
-    """
+    """Encode `image_dir` to `out` (.npz); stop_after_shards stops early, as an interruption would."""
     from ditbench.device import resolve_device
     from ditbench.models.configs import latent_size
     from ditbench.train.data import image_folder

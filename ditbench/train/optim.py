@@ -40,10 +40,8 @@ def make_optimizer(
 class EMA:
     """Exponential moving average of every parameter (frozen pos_embed included, as official).
 
-    update() is one torch._foreach_lerp_ over all tensors: ema += (1 - decay) * (param - ema).
-    A plain model gets a full copy (`ema.model`, used for sampling and checkpoints). A model whose
-    parameters FSDP2 has sharded cannot be deep-copied: its EMA is one sharded copy of each
-    parameter (each rank holds 1/world of it, like the parameters) and `ema.model` is None.
+    A plain model gets a full copy (`ema.model`). A model whose parameters FSDP2 has sharded cannot be
+    deep-copied: its EMA is a sharded copy of each parameter and `ema.model` is None.
     """
 
     def __init__(self, model: nn.Module, decay: float = 0.9999):

@@ -1,12 +1,8 @@
 """One DiT training step, the way the paper trains, under a chosen precision policy.
 
-    trainer = Trainer(Knobs(model="DiT-S/8", precision="bf16", batch_size=8), device="cpu")
-    loss = trainer.step(trainer.next_batch())   # detached 0-d tensor; no host sync
-
-A step: gradients freed (before the forward, or after it with `zero_grad: after_forward` as the
-official train.py), uniform timesteps, label dropout 0.1 (in the model), hybrid loss averaged over the
-batch, backward (GradScaler for fp16), AdamW, EMA. With `grad_accum: K`, K micro-batches forward and
-backward (a data-parallel model syncs on the last), then one AdamW step and one EMA update.
+A step: gradients freed (before the forward, or after it as the official train.py), uniform timesteps,
+label dropout 0.1 (in the model), hybrid loss averaged over the batch, backward (GradScaler for fp16),
+AdamW, EMA. With `grad_accum: K`, K micro-batches forward and backward, then one AdamW and EMA step.
 """
 
 from __future__ import annotations
@@ -34,10 +30,9 @@ Batch = tuple[torch.Tensor, torch.Tensor] | list[tuple[torch.Tensor, torch.Tenso
 class Trainer:
     """Builds model, diffusion, precision policy, optimizer, EMA and data from a cell's Knobs.
 
-    The other arguments say how this process runs them, never what a step computes: `data_seed` (None:
-    the knobs' seed; each rank its own), `data_workers` (image-folder loader processes), `wrap_model`
-    (e.g. DDP, after the move to the device, before torch.compile; `base_model` stays the bare DiT).
-    `policy` and `compiler` are the planner's seam: it traces a CUDA step on fake CPU tensors.
+    The other arguments say how this process runs them, never what a step computes. `wrap_model` (e.g.
+    DDP) applies after the move to the device, before torch.compile. `policy` and `compiler` are the
+    planner's seam: it traces a CUDA step on fake CPU tensors.
     """
 
     def __init__(
