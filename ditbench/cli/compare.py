@@ -97,7 +97,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_summary_options(parser: argparse.ArgumentParser) -> None:
-    """--summary and --json, for compare and ab."""
     parser.add_argument(
         "--summary",
         metavar="FILE",

@@ -93,8 +93,7 @@ def _matching_torchvision(torch_version: str) -> str:
 
 def torchvision_check() -> dict[str, Any]:
     """Whether torchvision loads with this torch: imported, and one op of its compiled extension run.
-    A mismatched pair imports fine and fails at the first compiled op (`torchvision::nms does not exist`).
-    """
+    A mismatched pair imports fine and fails at the first compiled op (`torchvision::nms does not exist`)."""
     import torch
 
     result: dict[str, Any] = {

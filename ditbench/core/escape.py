@@ -64,7 +64,6 @@ def csv_cell(value: Any) -> Any:
 
 
 def csv_safe(frame):
-    """A copy of a DataFrame whose text cells and column names are csv_cell'd."""
     out = frame.copy()
     for column in out.columns:
         if out[column].dtype.kind not in "biufcmM":  # text columns (object, or pandas' str dtype)

@@ -8,8 +8,7 @@ from ditbench.core.errors import UnsupportedError, UserError
 
 
 def require_diffusers(purpose: str):
-    """The diffusers module, or an UnsupportedError (a cell that needs it is `unsupported`) naming
-    `purpose` and the extra that installs it."""
+    """diffusers, or an UnsupportedError (its cell is `unsupported`) naming `purpose` and the extra."""
     try:
         return importlib.import_module("diffusers")
     except ImportError as err:

@@ -76,7 +76,6 @@ def check_fault_rank(text: str | None) -> int | None:
 
 
 def fault_for(cell_name: str, text: str | None, rank: int = 0, rank_text: str | None = None) -> Fault | None:
-    """The fault this process of the cell gets, or None."""
     only = check_fault_rank(rank_text)
     if only is not None and only != rank:
         return None

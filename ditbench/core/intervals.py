@@ -1,10 +1,6 @@
-"""Intervals: seeded percentile-bootstrap intervals of medians (the gate's timing change, the claims'
-ratios), and a figure shown beside its interval to the decimals that two significant digits of the
-half-width justify (`73 ± 35`, not `72.9574 ± 35.2100`; never more than the figure's own format gives,
-no rounding of the integer part: `1339 ± 320`).
-
-Seeded so that the same records always give the same interval (a report or a gate that changes
-between two runs on the same files would be noise of its own making).
+"""Seeded percentile-bootstrap intervals of medians (the gate's timing change, the claims' ratios): the
+same records always give the same interval. A figure is shown beside its interval to the decimals two
+significant digits of the half-width justify (`73 ± 35`, not `72.9574 ± 35.2100`; `1339 ± 320`).
 """
 
 from __future__ import annotations
@@ -45,8 +41,7 @@ def median_ratio_interval(
     level: float = LEVEL,
     seed: int = BOOTSTRAP_SEED,
 ) -> tuple[float, float, float]:
-    """(median(new) / median(base), low, high): a percentile bootstrap interval of that ratio,
-    each side resampled with replacement."""
+    """(median(new) / median(base), low, high): a percentile bootstrap interval, each side resampled."""
     x, y = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
     rng = np.random.default_rng(seed)
     ratios = _medians(y, rng, b) / _medians(x, rng, b)

@@ -32,8 +32,7 @@ def progress(
     plain: bool = True,
     leave: bool = True,
 ):
-    """A tqdm bar on a terminal; otherwise plain lines (`plain`) or nothing. Same calls either way:
-    update, set_postfix, set_postfix_str, write, close, iteration, `with`."""
+    """A tqdm bar on a terminal; otherwise plain lines (`plain`) or nothing, with the same calls."""
     shared = {"total": total, "initial": initial, "unit": unit, "desc": desc}
     if not disable and is_terminal():
         from tqdm.auto import tqdm

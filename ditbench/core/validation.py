@@ -44,7 +44,6 @@ def rule(template: str) -> WrapValidator:
 
 
 def unknown_key(key: Any, valid: Iterable[str]) -> str:
-    """The message for a key that is not one of `valid`."""
     valid = list(valid)
     hint = did_you_mean(key, valid)
     return f"unknown key `{shorten(key, quote=False)}`.{hint} Valid keys here: {', '.join(valid)}."
@@ -86,7 +85,6 @@ def problem(
 
 
 def located(label: str, loc: tuple, text: str) -> str:
-    """ "<label> at `<key>`: <text>" (the suite and claims style)."""
     return f"{label}{f' at `{where(loc)}`' if loc else ''}: {text}"
 
 

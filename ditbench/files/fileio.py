@@ -72,7 +72,6 @@ def check_target(
 
 
 def refuse_link(path: str | Path, what: str = "") -> None:
-    """UserError when `path` itself is a symbolic link (checked with lstat, the link is not followed)."""
     if os.path.islink(path):
         raise UserError(link_refusal(path, what))
 
@@ -99,14 +98,12 @@ def open_regular(path: str | Path, flags: int = os.O_RDONLY, mode: int = 0o644, 
 
 
 def read_regular(path: str | Path, what: str = "") -> bytes:
-    """The bytes of a file ditbench reads back (a ticket, a cache entry, results.jsonl) through
-    open_regular; FileNotFoundError as read_bytes gives it."""
+    """The bytes of a file ditbench reads back (a ticket, a cache entry, results.jsonl)."""
     with os.fdopen(open_regular(path, os.O_RDONLY, what=what), "rb") as f:
         return f.read()
 
 
 def open_log(path: str | Path, append: bool = False) -> IO[bytes]:
-    """A log file for a child's output, opened through open_regular."""
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
     return os.fdopen(open_regular(path, flags), "ab" if append else "wb")
 
@@ -123,8 +120,7 @@ def append_text(path: str | Path, text: str, what: str = "") -> None:
 
 
 def rmtree_real(path: str | Path) -> None:
-    """Delete a folder and what it holds, never following a link (a link at `path` is only unlinked;
-    shutil.rmtree follows none inside)."""
+    """Delete a folder and what it holds, never following a link (a link at `path` is only unlinked)."""
     path = Path(path)
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
@@ -186,7 +182,6 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any], what: str 
 
 
 def write_atomic(path: str | Path, data: bytes | str, what: str = "") -> Path:
-    """Write bytes, or text as UTF-8, atomically."""
     payload = data.encode("utf-8", "backslashreplace") if isinstance(data, str) else data
     return atomic_write(path, lambda f: f.write(payload), what)
 

@@ -66,6 +66,5 @@ def open_image(path: str | Path, cap: int, use: str) -> Iterator[Image.Image]:
 
 
 def load_rgb(path: str | Path, cap: int = PHOTO_PIXELS, use: str = "training") -> Image.Image:
-    """The image at `path` decoded as RGB, through open_image's checks."""
     with open_image(path, cap, use) as img:
         return img.convert("RGB")

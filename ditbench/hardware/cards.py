@@ -53,7 +53,6 @@ CARDS: tuple[Card, ...] = (
 )
 
 MEMORY_CLASSES_GB = (12, 16, 24, 32, 40, 48, 80, 94, 141)
-# Names several cards answer to, and the card each picks (the largest variant).
 GENERIC_NAMES = {"A100": "A100-80GB", "V100": "V100-32GB"}
 
 

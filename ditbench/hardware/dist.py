@@ -20,8 +20,6 @@ DEFAULT_TIMEOUT_S = 600.0  # a collective waits this long for a peer before it f
 
 @dataclass(frozen=True)
 class DistContext:
-    """Where this process sits in the job."""
-
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1

@@ -76,8 +76,7 @@ def nvml_status(cuda: bool) -> str:
 
 
 def nvml_gpu() -> tuple[str | None, float | None]:
-    """Name and memory of the first visible GPU through NVML, without touching CUDA (None, None without
-    NVML or a GPU)."""
+    """Name and memory of the first visible GPU through NVML, without touching CUDA; (None, None)."""
 
     def query(nv: Any) -> tuple[str, float]:
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip() or "0"

@@ -31,7 +31,6 @@ BF16_CAPABILITY = (8, 0)  # the compute capability from which CUDA runs bf16 (an
 
 
 def check_precision(name: Any, where: str = "precision") -> str:
-    """`name` if it is one of PRECISIONS, else a UserError naming `where` and the valid names."""
     if not isinstance(name, str) or name not in PRECISIONS:
         raise UserError(f"{where} {shorten(name)} is not known; valid precisions are {', '.join(PRECISIONS)}")
     return name
@@ -43,19 +42,16 @@ def uses_scaler(name: str) -> bool:
 
 
 def supported_on(device_type: str) -> tuple[str, ...]:
-    """The precisions a device type ("cpu", "cuda") can run, by `unsupported_reason`."""
     return tuple(p for p in PRECISIONS if unsupported_reason(p, device_type) is None)
 
 
 def compute_dtype(name: str) -> torch.dtype:
-    """The dtype a precision's matmuls run in: float16, bfloat16, else float32 (fp32, tf32)."""
     import torch
 
     return getattr(torch, _LOW.get(check_precision(name), "float32"))
 
 
 def _new_api_targets() -> dict[str, Any]:
-    """The CUDA ops whose per-op fp32_precision we set."""
     import torch
 
     cudnn = torch.backends.cudnn
@@ -82,8 +78,7 @@ def set_tf32(enabled: bool) -> None:
 
 
 def _snapshot() -> dict[str, Any]:
-    """The settings to restore: read through the new API where it exists (it never refuses a read),
-    else the legacy flags (True: TF32)."""
+    """The settings to restore, read through the new API where it exists (it never refuses a read)."""
     import torch
 
     if _has_new_api():

@@ -1,9 +1,8 @@
-"""How long `train`, `sample`, `fid` and `run` will take, said first; long CPU work needs --yes in a terminal.
+"""How long `train`, `sample`, `fid` and `run` will take, said first.
 
 The rate is the planner's time model's (plan/speed.py): a CPU's matmul rate measured now (0.3 s: a busy
 machine gets a longer estimate) with the CPU-fitted efficiencies, or a GPU's datasheet with the shipped
-calibration. Over LONG_CPU_S on a CPU a terminal without --yes is refused; CI and logs proceed.
-"""
+calibration. Over LONG_CPU_S on a CPU a terminal without --yes is refused; CI and logs proceed."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
 """Small real-image datasets cut from pictures an installed package ships (matplotlib's, scikit-image's):
-no download. A crop is a random square, box-filtered down, flipped half of the time; a kind's two splits
-differ in seed only. Built once into `$DITBENCH_CACHE/datasets` as an ADM npz named by recipe version,
-count and seed, so a changed recipe never serves a stale file.
-"""
+no download. Built once into `$DITBENCH_CACHE/datasets` as an ADM npz named by recipe version, count and
+seed, so a changed recipe never serves a stale file."""
 
 from __future__ import annotations
 

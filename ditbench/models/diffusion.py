@@ -254,8 +254,7 @@ class GaussianDiffusion:
         generator: torch.Generator | None = None,
         eta: float | None = None,
     ) -> torch.Tensor:
-        """Ancestral DDPM sampling (with `eta`: DDIM's) from `noise`, or fresh Gaussian noise, through
-        every step of this (respaced) process."""
+        """Ancestral DDPM sampling (with `eta`: DDIM's) through every step of this (respaced) process."""
         if device is None:
             device = noise.device if noise is not None else "cpu"
         x = noise if noise is not None else torch.randn(tuple(shape), device=device, generator=generator)
@@ -283,8 +282,7 @@ class GaussianDiffusion:
         return mean + nonzero * sigma * torch.randn(x.shape, device=x.device, generator=generator)
 
     def ddim_sample_loop(self, *args, eta: float = 0.0, **kwargs) -> torch.Tensor:
-        """Deterministic DDIM sampling (eta=0) or its stochastic variant (eta>0): p_sample_loop's
-        arguments."""
+        """Deterministic DDIM sampling (eta=0) or its stochastic variant (eta>0)."""
         return self.p_sample_loop(*args, eta=eta, **kwargs)
 
 
