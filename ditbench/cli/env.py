@@ -11,8 +11,6 @@ from typing import Any
 from ditbench.hardware.environment import collect_env
 from ditbench.hardware.precision import PRECISIONS, compute_dtype, supported_on, unsupported_reason
 
-__all__ = ["add_arguments", "collect_env", "run"]
-
 
 def add_arguments(parser) -> None:
     from ditbench.cli.options import add_device, add_json, add_precision

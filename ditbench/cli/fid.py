@@ -80,55 +80,42 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_yes(p)
 
 
-def _network_line(inception: dict) -> str:
-    what = "official" if inception["official"] else "NOT official"
-    if inception.get("recipe") is not None:  # the calibrated random test network
-        what += f", calibrated random network recipe {inception['recipe']}"
-    return f"{inception['name']} ({what}, sha256 {inception['sha256'][:12]})"
+FID_STATISTICS = {"images": "; FID statistics from its images", "precomputed": "; precomputed FID statistics"}
 
 
 def format_table(result: dict) -> str:
-    m = result["metrics"]
-    s, r, st = result["samples"], result["reference"], result["settings"]
-    lines = [
+    m, intervals, t = result["metrics"], result.get("intervals") or {}, result["timings_s"]
+    s, r, st, net = result["samples"], result["reference"], result["settings"], result["inception"]
+    ref = f"{r['count']} images" if r["count"] is not None else "statistics only"
+    ref += FID_STATISTICS.get(r.get("fid_statistics"), "")
+    ref += "; features from the cache" if r["cache"].get("hit") else ""
+    what = f"{net['name']} (" + ("official" if net["official"] else "NOT official")
+    if net.get("recipe") is not None:  # the calibrated random test network
+        what += f", calibrated random network recipe {net['recipe']}"
+    lines = [f"*** {result['banner']} ***", ""] if result.get("banner") else []
+    lines += [
         f"samples    {s['path'] or 'array'}  ({s['count']} images, {s['height']}x{s['width']})",
-        f"reference  {r['path']}  ("
-        + (f"{r['count']} images" if r["count"] is not None else "statistics only")
-        + (
-            {"images": "; FID statistics from its images", "precomputed": "; precomputed FID statistics"}.get(
-                r.get("fid_statistics"), ""
-            )
-        )
-        + ("; features from the cache" if r["cache"].get("hit") else "")
-        + ")",
-        f"network    {_network_line(result['inception'])} on {st['device']}, {st['precision']}",
+        f"reference  {r['path']}  ({ref})",
+        f"network    {what}, sha256 {net['sha256'][:12]}) on {st['device']}, {st['precision']}",
         "",
     ]
-    if result.get("banner"):
-        lines = [f"*** {result['banner']} ***", ""] + lines
-    outputs = registry.OUTPUTS.values()
-    width = max(len(o.label) for o in outputs)
-    intervals = result.get("intervals") or {}
-    for o in outputs:
-        if o.key in m:
-            ends = intervals.get(o.key)
-            if ends:
-                value, low, high = o.with_ends(m[o.key], ends[0], ends[1])
-                lines.append(f"{o.label:<{width}}  {value}  (95% {low} to {high})")
-            else:
-                lines.append(f"{o.label:<{width}}  {o.fmt.format(m[o.key])}")
-    for metric, reason in result["skipped"].items():
-        lines.append(f"{metric:<{width}}  skipped: {reason}")
-    t = result["timings_s"]
+    width = max(len(o.label) for o in registry.OUTPUTS.values())
+    for o in registry.OUTPUTS.values():
+        if o.key in m and intervals.get(o.key):
+            value, low, high = o.with_ends(m[o.key], intervals[o.key][0], intervals[o.key][1])
+            lines.append(f"{o.label:<{width}}  {value}  (95% {low} to {high})")
+        elif o.key in m:
+            lines.append(f"{o.label:<{width}}  {o.fmt.format(m[o.key])}")
+    lines += [f"{metric:<{width}}  skipped: {reason}" for metric, reason in result["skipped"].items()]
     if intervals:
         lines.append(
             f"intervals: bootstrap, {st['bootstrap']} resamples of the samples ({t['bootstrap']:.1f} s)"
         )
-    lines.append("")
-    lines.append(
+    lines += [
+        "",
         f"time {t['total']:.1f} s (reference features {t.get('reference_features', 0):.1f} s, "
-        f"sample features {t.get('sample_features', 0):.1f} s)"
-    )
+        f"sample features {t.get('sample_features', 0):.1f} s)",
+    ]
     return "\n".join(lines)
 
 

@@ -180,11 +180,8 @@ def run(args: argparse.Namespace) -> int:
         verbose=args.verbose,
     )
     check_options(options)
-    if args.cluster and args.executor is None:
-        raise UserError("--cluster sets where --executor slurm submits the cells; add --executor slurm.")
-    # the --cluster keys are checked before a dry run too: it promises what the real run would do
-    cluster = _cluster_options(suite, args) if args.executor is not None else None
-    executor, visible = _executor(args, cluster), Visible.detect()
+    executor, cluster = _executor(suite, args)
+    visible = Visible.detect()
     verdicts = {c.cell_id: executor.verdict(c, visible, rendezvous) for c in cells}
     if args.dry_run:
         dry_run(suite, cells, verdicts, out, args)
@@ -304,8 +301,16 @@ def _exit_status(records: list[dict], args: argparse.Namespace) -> int:
     return EXIT_NOTHING_MEASURED
 
 
-def _cluster_options(suite, args):
-    """The suite's `cluster:` with the --cluster KEY=VALUE flags over it, validated (UserError)."""
+def _executor(suite, args):
+    """(executor, cluster): here, or as submitit jobs with the suite's `cluster:` under the --cluster
+    KEY=VALUE flags, checked before a dry run too (it promises what the real run would do)."""
+    if args.executor is None:
+        if args.cluster:
+            raise UserError("--cluster sets where --executor slurm submits the cells; add --executor slurm.")
+        from ditbench.bench.runner import Processes
+
+        return Processes(), None
+    from ditbench.bench.jobs import Submitit
     from ditbench.spec.cluster import parse_cluster_flags
 
     flags = parse_cluster_flags(args.cluster)
@@ -314,17 +319,8 @@ def _cluster_options(suite, args):
             f"--cluster {' '.join(args.cluster)} sets SLURM options, which --executor local does not use; "
             "drop --cluster, or use --executor slurm."
         )
-    return suite.cluster.merged(flags)
-
-
-def _executor(args, cluster):
-    if args.executor is None:
-        from ditbench.bench.runner import Processes
-
-        return Processes()
-    from ditbench.bench.jobs import Submitit
-
-    return Submitit(args.executor, cluster)
+    cluster = suite.cluster.merged(flags)
+    return Submitit(args.executor, cluster), cluster
 
 
 # A cell's process besides its steps: the interpreter and torch, the runner's gap between cells
