@@ -20,11 +20,9 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        shown = "(default" in text or "%(default)" in text
         hidden = action.default is None or action.default is False or action.default == argparse.SUPPRESS
-        if shown or hidden or not action.option_strings:
-            return text
-        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        switch = isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction))
+        if "(default" in text or hidden or switch or not action.option_strings:
             return text
         return f"{text} (default: %(default)s)"
 

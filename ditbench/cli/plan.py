@@ -108,14 +108,13 @@ def _list(values: list[str] | None, default, what: str) -> list[str]:
 
 
 def _ints(values: list[str] | None, default, what: str) -> list[int]:
-    out = []
+    out = set()
     for text in _list(values, [str(b) for b in default], what):
         try:
-            value = int(text)
+            out.add(int(text))
         except ValueError:
             raise UserError(f"--{what} takes positive integers, got {shorten(text)}") from None
-        out.append(value)
-    return sorted(set(out))
+    return sorted(out)
 
 
 def _is_suite(args: argparse.Namespace) -> bool:

@@ -135,14 +135,7 @@ def label_arg(text: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from ditbench.bench.runner import Visible, run_suite
-    from ditbench.bench.runopts import (
-        KEPT,
-        RESULTS_FILE,
-        RunOptions,
-        check_options,
-        dry_run,
-        select_cells,
-    )
+    from ditbench.bench.runopts import KEPT, RESULTS_FILE, RunOptions, check_options, dry_run, select_cells
     from ditbench.bench.summary import Notes, closing, summary_table
     from ditbench.core.progress import duration
     from ditbench.files.outpaths import refuse_output_as_input
