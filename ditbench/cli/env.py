@@ -164,16 +164,12 @@ def measure_peaks(device: str) -> dict[str, Any]:
     start = time.perf_counter()
     tflops: dict[str, float] = {}
     sides: dict[str, int | None] = {}
-    if device.startswith("cuda"):
-        for p in PRECISIONS:
-            tflops[p] = float(f"{measure_matmul_tflops(device, p):.4g}")
-            sides[p] = None  # measure.MATMUL_SIDE_CUDA
-        skipped: dict[str, str] = {}
-    else:
-        for p in supported_on("cpu"):
-            sides[p] = _cpu_side(p)
-            tflops[p] = float(f"{measure_matmul_tflops(device, p, n=sides[p], seconds=CPU_SECONDS):.4g}")
-        skipped = {p: unsupported_reason(p, "cpu") for p in PRECISIONS if p not in tflops}
+    cuda = device.startswith("cuda")
+    for p in PRECISIONS if cuda else supported_on("cpu"):
+        sized = {} if cuda else {"n": _cpu_side(p), "seconds": CPU_SECONDS}  # CUDA: walltime's own side
+        sides[p] = sized.get("n")
+        tflops[p] = float(f"{measure_matmul_tflops(device, p, **sized):.4g}")
+    skipped = {p: unsupported_reason(p, "cpu") for p in PRECISIONS if p not in tflops}
     how = {
         "device": device,
         "side": sides,

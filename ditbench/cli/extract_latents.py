@@ -216,12 +216,10 @@ def _merge(parts: Path, out: Path, dataset, job: dict, vae_desc: str):
                 f"shard {str(path)!r} cannot be read ({shorten(str(err), quote=False)}); delete it and rerun "
                 "to encode it again"
             ) from None
-    latents = np.concatenate(lat_parts)
-    labels = np.concatenate(lab_parts).astype(np.int64)
     out.parent.mkdir(parents=True, exist_ok=True)
     final = {
-        "latents": latents,
-        "labels": labels,
+        "latents": np.concatenate(lat_parts),
+        "labels": np.concatenate(lab_parts).astype(np.int64),
         "class_names": np.array(dataset.classes),
         "image_size": np.array(job["image_size"]),
         "vae": np.array(vae_desc),

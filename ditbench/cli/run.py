@@ -187,10 +187,8 @@ def run(args: argparse.Namespace) -> int:
         estimate[0] = _announce(suite, todo, args, visible)
 
     # Ctrl-C: cli.main prints this and the command that resumes (without --force, which would rerun all)
-    args._resume, args._resume_drop = (
-        "the cells recorded so far are kept; this runs only the rest",
-        ("--force",),
-    )
+    args._resume = "the cells recorded so far are kept; this runs only the rest"
+    args._resume_drop = ("--force",)
     notes, started = Notes(), time.monotonic()
     if args.executor is not None:
         from ditbench.bench.jobs import submit_suite
@@ -225,14 +223,11 @@ def _refuse_unrunnable(suite, cells, verdicts: dict, visible, args) -> None:
         f"`ditbench plan {name}` predicts their memory and speed on a card without running them"
     )
     if not visible.cuda and any(c.config["device"] == "cuda" for c in cells):
-        here = [
-            c
-            for c in cells
-            if precheck(SimpleNamespace(config={**c.config, "device": "cpu"}), visible) is None
-        ]
+        on_cpu = [SimpleNamespace(config={**c.config, "device": "cpu"}) for c in cells]
+        here = sum(precheck(c, visible) is None for c in on_cpu)
         unset = " card=null" if suite.card else " gpu_memory_gib=null" if suite.gpu_memory_gib else ""
         text += (
-            f"; `ditbench run {name} device=cpu{unset}` runs {len(here)} of them on this CPU (it says first "
+            f"; `ditbench run {name} device=cpu{unset}` runs {here} of them on this CPU (it says first "
             "how long that takes)"
         )
     raise UserError(
