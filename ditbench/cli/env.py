@@ -16,11 +16,7 @@ def add_arguments(parser) -> None:
     from ditbench.cli.options import add_device, add_json, add_precision
 
     add_precision(parser, "bf16", "the precision whose peak-FLOPs entry to show")
-    add_device(
-        parser,
-        "where --measure-peak times its matmuls: auto (a GPU where one is visible, else "
-        "the CPU), cpu, or cuda (cuda:N for one GPU)",
-    )
+    add_device(parser, "where --measure-peak times its matmuls")
     parser.add_argument(
         "--measure-peak",
         action="store_true",

@@ -96,8 +96,7 @@ def run(args: argparse.Namespace) -> int:
                 target = trackers.tracking_uri(target)
                 done = trackers.to_mlflow(runs, target, experiment, report)
     if args.json:
-        json.dump({"tracker": tracker, "target": target, **done, "notes": notes}, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print(json.dumps({"tracker": tracker, "target": target, **done, "notes": notes}, indent=2))
         return 0
     print(
         f"{tracker}: {len(done['written'])} run(s) written to {target}"

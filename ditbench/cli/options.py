@@ -10,10 +10,6 @@ import argparse
 from ditbench.core.errors import UserError, shorten
 from ditbench.hardware.precision import PRECISIONS, check_precision
 
-DEVICE_HELP = (
-    "where to compute: auto (a GPU where one is visible, else the CPU), cpu, or cuda (cuda:N for one GPU)"
-)
-
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Descriptions as written; every option with a default says `(default: X)` at the end of its help."""
@@ -27,9 +23,10 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: %(default)s)"
 
 
-def add_device(parser: argparse.ArgumentParser, help: str = DEVICE_HELP) -> None:
+def add_device(parser: argparse.ArgumentParser, what: str = "where to compute") -> None:
     # checked by device.resolve_device: the one-paragraph error (exit 2), not argparse's usage dump
-    parser.add_argument("--device", default="auto", metavar="{auto,cpu,cuda}", help=help)
+    choices = "auto (a GPU where one is visible, else the CPU), cpu, or cuda (cuda:N for one GPU)"
+    parser.add_argument("--device", default="auto", metavar="{auto,cpu,cuda}", help=f"{what}: {choices}")
 
 
 def add_precision(parser: argparse.ArgumentParser, default: str, help: str) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -141,8 +140,7 @@ def run(args: argparse.Namespace) -> int:
                 "card": claims_file.card,
                 "results": [r.as_dict() for r in results],
             }
-        json.dump(doc, sys.stdout, indent=2, allow_nan=False, default=str)
-        sys.stdout.write("\n")
+        print(json.dumps(doc, indent=2, allow_nan=False, default=str))
         return 0
     print(f"report of {len(df)} cells written to {out}/:")
     for path in written.values():
