@@ -27,12 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             add_precision(parser, default, field.description)
         elif isinstance(default, bool):
             parser.add_argument(flag, action="store_true", help=field.description)
-        elif name == "data":
-            parser.add_argument(
-                flag, default=default, help="synthetic, a .npz/.pt latent file, or an image folder"
-            )
-        else:
-            parser.add_argument(flag, default=default, help=field.description)
+        else:  # --data takes what a command line can give (a suite's data: also takes a mapping)
+            text = "synthetic, a .npz/.pt latent file, or an image folder" if name == "data" else None
+            parser.add_argument(flag, default=default, help=text or field.description)
     parser.add_argument("--vae", default=None, help="VAE for an image folder: a local path, or 'random'")
     add_device(parser)
     parser.add_argument("--log-every", type=int, default=10, help="print the loss every N steps")
@@ -127,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     sync = torch.cuda.synchronize if trainer.device.type == "cuda" else (lambda: None)
     bar = progress(total=args.steps, unit="step", desc="training", disable=args.no_progress)
     window: list[torch.Tensor] = []
-    first_loss = last_loss = None
+    means: list[float] = []  # the loss of each log interval
     sync()
     start = time.perf_counter()
     for i in range(1, args.steps + 1):
@@ -137,8 +134,7 @@ def run(args: argparse.Namespace) -> int:
         if i % args.log_every == 0 or i == args.steps:
             mean = torch.stack(window).float().mean().item()  # one sync per log interval
             window.clear()
-            first_loss = mean if first_loss is None else first_loss
-            last_loss = mean
+            means.append(mean)
             bar.set_postfix(loss=f"{mean:.4f}")
             bar.write(f"step {i:>6}  loss {mean:.4f}", file=out)
             if not math.isfinite(mean):
@@ -161,8 +157,8 @@ def run(args: argparse.Namespace) -> int:
         "elapsed_s": round(elapsed, 3),
         "steps_per_s": args.steps / elapsed,
         IMAGES_PER_S.key: args.steps * cfg.rank_batch / elapsed,
-        "loss_first": first_loss,
-        "loss_last": last_loss,
+        "loss_first": means[0],
+        "loss_last": means[-1],
         "scaler_skips": trainer.scaler_skips if uses_scaler(cfg.precision) else None,
         "checkpoint": args.save,
         "note": "speeds include the first steps' warm-up",
@@ -171,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"done: {args.steps} steps in {elapsed:.1f} s, {result['steps_per_s']:.2f} steps/s, "
         f"{result[IMAGES_PER_S.key]:.1f} img/s (includes the first steps' warm-up); "
-        f"loss {first_loss:.4f} -> {last_loss:.4f}"
+        f"loss {means[0]:.4f} -> {means[-1]:.4f}"
         + ("" if skips is None else f", {skips} {cfg.precision} steps skipped by the GradScaler"),
         file=out,
     )
