@@ -41,7 +41,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             f"--{side}",
             metavar="PYTHON",
-            default=None,
             help=f"side {side.upper()}'s interpreter or virtual environment (default: this interpreter)",
         )
         parser.add_argument(
@@ -52,9 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             help=f"an environment variable for side {side.upper()}'s processes; repeatable",
         )
     parser.add_argument("--duet", action="store_true", help="run A and B at the same time on disjoint CPUs")
-    parser.add_argument(
-        "--seed", type=int, default=None, help="the order's seed (default: drawn and printed)"
-    )
+    parser.add_argument("--seed", type=int, help="the order's seed (default: drawn and printed)")
     parser.add_argument("--max-rounds", type=int, default=DEFAULT_ROUNDS, help="rounds at most")
     parser.add_argument(
         "--budget-min",
@@ -64,10 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "is expected to take as long a pair as the slowest so far",
     )
     parser.add_argument("--cells", action="append", default=[], metavar="SUBSTR", help="only these cells")
-    parser.add_argument(
-        "--policy", metavar="POLICY.yaml", default=None, help="as for compare (default: defaults)"
-    )
-    parser.add_argument("--timeout-s", type=float, default=None, help="per-process timeout in seconds")
+    parser.add_argument("--policy", metavar="POLICY.yaml", help="as for compare (default: defaults)")
+    parser.add_argument("--timeout-s", type=float, help="per-process timeout in seconds")
     parser.add_argument(
         "--out", type=Path, default=Path("runs") / "ab", metavar="DIR", help="the run's folder"
     )

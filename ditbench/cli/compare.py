@@ -83,7 +83,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--policy",
         metavar="POLICY.yaml",
-        default=None,
         help="thresholds per metric, significance level, per-cell overrides, what may go uncompared; "
         f"default: the {POLICY_BESIDE} in BASE's folder if there is one (it says how its baseline is "
         f"gated), else {limits(default_thresholds())}, alpha {DEFAULT_ALPHA}".replace("%", "%%"),
@@ -100,7 +99,6 @@ def add_summary_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--summary",
         metavar="FILE",
-        default=None,
         help="also write the markdown summary to FILE (e.g. for a pull-request comment)",
     )
     parser.add_argument(

@@ -32,7 +32,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--experiment",
         metavar="NAME",
-        default=None,
         help="MLflow experiment or W&B project to write into (default: the suite's name, or ditbench for "
         "several suites)",
     )

@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="directory for report.md, report.html, results.csv and the plot PNGs "
         "(required unless --json; created if missing)",
     )
-    parser.add_argument("--title", default=None, help="report title (default: the suite names)")
+    parser.add_argument("--title", help="report title (default: the suite names)")
     parser.add_argument(
         "--keep",
         choices=KEEP_CHOICES,
@@ -47,7 +47,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--target-steps",
         type=_steps,
-        default=None,
         metavar="N",
         help=f"steps for the 'time to N steps' column (default: the suite's target_steps, else "
         f"{DEFAULT_TARGET_STEPS:,}, the DiT paper's checkpoint for its model table)",

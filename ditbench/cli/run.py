@@ -47,7 +47,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
         type=Path,
-        default=None,
         metavar="DIR",
         help="the run's folder: results.jsonl, summary.md, logs/ (default: runs/<suite name>)",
     )
@@ -70,7 +69,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--repeats",
         type=int,
-        default=None,
         metavar="K",
         help="measure each cell K times, each in a fresh process, round-robin across cells (over the "
         "suite's `repeats`); each repeat is a record of its own, speeds are the median of the "
@@ -79,13 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout-s",
         type=float,
-        default=None,
         help="per-cell timeout in seconds (overrides the suite's defaults.timeout_s)",
     )
     parser.add_argument(
         "--label",
         type=label_arg,
-        default=None,
         help="a short name for this run (e.g. before-fix), written as `label` in each record; reports "
         "group a cell's records by it (up to 64 characters, one line)",
     )
@@ -106,7 +102,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--executor",
         choices=EXECUTORS,
-        default=None,
         help="submit each cell as a submitit job: slurm (sbatch; a job array per job shape) or local "
         "(submitit's local executor, one cell at a time); default: run the cells here",
     )
@@ -134,6 +129,7 @@ def label_arg(text: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ditbench.bench.launch.torchrun import rendezvous_from_args
     from ditbench.bench.runner import Visible, run_suite
     from ditbench.bench.runopts import KEPT, RESULTS_FILE, RunOptions, check_options, dry_run, select_cells
     from ditbench.bench.summary import Notes, closing, summary_table
@@ -156,8 +152,6 @@ def run(args: argparse.Namespace) -> int:
             f"--cells {' '.join(args.cells)} matches none of the {len(suite.cells)} cells of suite "
             f"{suite.path}; run with --dry-run to list their names"
         )
-    from ditbench.bench.launch.torchrun import rendezvous_from_args
-
     rdzv = rendezvous_from_args(args)  # --nnodes 0 or a --node-rank beyond --nnodes is refused, not ignored
     rendezvous = dataclasses.asdict(rdzv) if rdzv.nnodes > 1 or rdzv.endpoint else None
     options = RunOptions(

@@ -30,12 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         else:  # --data takes what a command line can give (a suite's data: also takes a mapping)
             text = "synthetic, a .npz/.pt latent file, or an image folder" if name == "data" else None
             parser.add_argument(flag, default=default, help=text or field.description)
-    parser.add_argument("--vae", default=None, help="VAE for an image folder: a local path, or 'random'")
+    parser.add_argument("--vae", help="VAE for an image folder: a local path, or 'random'")
     add_device(parser)
     parser.add_argument("--log-every", type=int, default=10, help="print the loss every N steps")
-    parser.add_argument(
-        "--save", default=None, metavar="FILE.pt", help="write a checkpoint file here at the end"
-    )
+    parser.add_argument("--save", metavar="FILE.pt", help="write a checkpoint file here at the end")
     add_json(parser, "the run's summary (speed, loss, parameters)")
     add_no_progress(parser)
     add_yes(parser)
