@@ -46,18 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ditbench.spec.quality import SAMPLERS, Sampler
 
     default = Sampler()  # the quality section's sampler: the same defaults and bounds
-    parser.add_argument(
-        "--steps",
-        type=int,
-        default=default.steps,
-        help="sampling steps, respaced from 1000 (default: %(default)s)",
-    )
+    parser.add_argument("--steps", type=int, default=default.steps, help="sampling steps, respaced from 1000")
     parser.add_argument("--sampler", choices=SAMPLERS, default=default.name, help="(default: %(default)s)")
     parser.add_argument(
-        "--cfg-scale",
-        type=float,
-        default=default.cfg_scale,
-        help="classifier-free guidance scale; 1 = off (default: %(default)s)",
+        "--cfg-scale", type=float, default=default.cfg_scale, help="classifier-free guidance scale; 1 = off"
     )
     parser.add_argument(
         "--guidance-channels",
