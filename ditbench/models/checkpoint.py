@@ -81,8 +81,7 @@ class LoadedWeights:
 
 def extract_state_dict(obj: dict, prefer_ema: bool = True, path: str = "checkpoint") -> LoadedWeights:
     if obj.get("format") == FORMAT or ("model" in obj and isinstance(obj.get("model"), dict)):
-        order = ("ema", "model") if prefer_ema else ("model", "ema")
-        for key in order:
+        for key in ("ema", "model") if prefer_ema else ("model", "ema"):
             sd = obj.get(key)
             if isinstance(sd, dict) and sd:
                 return LoadedWeights(_strip_prefixes(sd), key, obj.get("step"), obj.get("config"))

@@ -13,11 +13,11 @@ from torch import nn
 from ditbench.core.errors import UnsupportedError
 from ditbench.models.attention import kernel_context, refused
 from ditbench.models.configs import DiTConfig, impl_problem, parse_grad_ckpt
-from ditbench.models.dit import cfg_forward, dit_init
+from ditbench.models.dit import GuidedForward, dit_init
 from ditbench.models.vae import LATENT_CHANNELS
 
 
-class DiffusersDiT(nn.Module):
+class DiffusersDiT(GuidedForward, nn.Module):
     """Wraps a DiTTransformer2DModel so that forward(x, t, y) returns the (N, 8, H, W) tensor."""
 
     def __init__(self, transformer: nn.Module, num_classes: int, attention: str = "sdpa"):
@@ -37,9 +37,6 @@ class DiffusersDiT(nn.Module):
             if refusal is not None:
                 raise refusal from err
             raise
-
-    def forward_with_cfg(self, x, t, y, cfg_scale: float, guidance_channels: int | None = None):
-        return cfg_forward(self.forward, self.in_channels, x, t, y, cfg_scale, guidance_channels)
 
 
 def apply_dit_init(transformer: nn.Module) -> None:

@@ -227,14 +227,6 @@ class GaussianDiffusion:
         mse = mean_flat((noise.float() - eps) ** 2)
         return {"loss": mse + vb, "mse": mse, "vb": vb}
 
-    def _timesteps(self, progress: bool):
-        indices = list(range(self.num_timesteps))[::-1]
-        if progress:
-            from ditbench.core.progress import progress
-
-            return progress(indices, desc="sampling", unit="step", leave=False, plain=False)
-        return indices
-
     def p_sample(self, model, x, t, model_kwargs=None, clip_denoised=False, generator=None):
         out = self.p_mean_variance(model, x, t, model_kwargs, clip_denoised)
         noise = torch.randn(x.shape, device=x.device, generator=generator)
@@ -255,10 +247,13 @@ class GaussianDiffusion:
         eta: float | None = None,
     ) -> torch.Tensor:
         """Ancestral DDPM sampling (with `eta`: DDIM's) through every step of this (respaced) process."""
-        if device is None:
-            device = noise.device if noise is not None else "cpu"
-        x = noise if noise is not None else torch.randn(tuple(shape), device=device, generator=generator)
-        for i in self._timesteps(progress):
+        x = torch.randn(tuple(shape), device=device or "cpu", generator=generator) if noise is None else noise
+        steps = range(self.num_timesteps - 1, -1, -1)
+        if progress:
+            from ditbench.core.progress import progress as bar
+
+            steps = bar(steps, desc="sampling", unit="step", leave=False, plain=False)
+        for i in steps:
             t = torch.full((x.shape[0],), i, device=x.device, dtype=torch.long)
             if eta is None:
                 x = self.p_sample(model, x, t, model_kwargs, clip_denoised, generator)

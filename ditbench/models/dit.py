@@ -21,8 +21,6 @@ from ditbench.models.configs import ATTENTION_BACKENDS, parse_grad_ckpt
 def sincos_pos_embed_2d(embed_dim: int, grid_size: int) -> torch.Tensor:
     """The fixed 2-D sine-cosine table of MAE/DiT, (grid_size**2, embed_dim), float64: row-major tokens,
     the first half of the channels the column index (MAE's meshgrid(w, h) order), the second the row."""
-    if embed_dim % 4:
-        raise UserError(f"hidden size {embed_dim} must be a multiple of 4 for the 2-D position table")
     quarter = embed_dim // 4
     omega = 1.0 / 10000 ** (torch.arange(quarter, dtype=torch.float64) / quarter)
     coords = torch.arange(grid_size, dtype=torch.float64)
@@ -104,8 +102,6 @@ class Attention(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, attention: str = "sdpa"):
         super().__init__()
-        if dim % num_heads:
-            raise UserError(f"hidden size {dim} is not divisible by {num_heads} heads")
         if attention not in ATTENTION_BACKENDS:
             valid = ", ".join(ATTENTION_BACKENDS)
             raise UserError(f"attention {attention!r} is not available; valid: {valid}")
@@ -165,7 +161,23 @@ class FinalLayer(nn.Module):
         return self.linear(modulate(self.norm_final(x), shift, scale))
 
 
-class DiT(nn.Module):
+class GuidedForward:
+    """`forward_with_cfg` for any network whose `forward(x, t, y)` returns eps then the rest (this DiT,
+    and diffusers' in `diffusers_impl`)."""
+
+    def forward_with_cfg(self, x, t, y, cfg_scale: float, guidance_channels: int | None = None):
+        """Classifier-free guidance over a [cond half; uncond half] batch, on all noise channels by default.
+        The official code guides the first 3 of 4 (a GLIDE leftover, DiT issue #41): guidance_channels=3."""
+        half = x[: len(x) // 2]
+        out = self.forward(torch.cat([half, half], dim=0), t, y)
+        g = self.in_channels if guidance_channels is None else guidance_channels
+        eps, rest = out[:, :g], out[:, g:]
+        cond, uncond = torch.split(eps, len(eps) // 2, dim=0)
+        guided = uncond + cfg_scale * (cond - uncond)
+        return torch.cat([torch.cat([guided, guided], dim=0), rest], dim=1)
+
+
+class DiT(GuidedForward, nn.Module):
     """Class-conditional latent diffusion transformer: forward(x, t, y) -> (N, out_channels, H, W)."""
 
     def __init__(
@@ -184,8 +196,6 @@ class DiT(nn.Module):
         attention: str = "sdpa",
     ):
         super().__init__()
-        if input_size % patch_size:
-            raise UserError(f"latent size {input_size} is not a multiple of the patch size {patch_size}")
         self.input_size = input_size
         self.in_channels = in_channels
         self.out_channels = in_channels * 2 if learn_sigma else in_channels
@@ -239,30 +249,6 @@ class DiT(nn.Module):
             else:
                 x = block(x, c)
         return self.unpatchify(self.final_layer(x, c))
-
-    def forward_with_cfg(
-        self,
-        x: torch.Tensor,
-        t: torch.Tensor,
-        y: torch.Tensor,
-        cfg_scale: float,
-        guidance_channels: int | None = None,
-    ) -> torch.Tensor:
-        """Classifier-free guidance over a [cond half; uncond half] batch, on all noise channels by default.
-        The official code guides the first 3 of 4 (a GLIDE leftover, DiT issue #41): guidance_channels=3."""
-        return cfg_forward(self.forward, self.in_channels, x, t, y, cfg_scale, guidance_channels)
-
-
-def cfg_forward(forward, in_channels: int, x, t, y, cfg_scale: float, guidance_channels: int | None = None):
-    """`DiT.forward_with_cfg` for any network whose `forward(x, t, y)` returns eps then the rest
-    (DiT, and diffusers' DiT in `diffusers_impl`): guides the first `guidance_channels` channels."""
-    half = x[: len(x) // 2]
-    out = forward(torch.cat([half, half], dim=0), t, y)
-    g = in_channels if guidance_channels is None else guidance_channels
-    eps, rest = out[:, :g], out[:, g:]
-    cond, uncond = torch.split(eps, len(eps) // 2, dim=0)
-    guided = uncond + cfg_scale * (cond - uncond)
-    return torch.cat([torch.cat([guided, guided], dim=0), rest], dim=1)
 
 
 @torch.no_grad()

@@ -61,8 +61,7 @@ def build_vae(spec: str | os.PathLike, device="cpu"):
     else:
         vae = _load_pretrained(Path(text), text, AutoencoderKL)
         desc = f"pretrained from {text}"
-    vae = vae.to(device).eval().requires_grad_(False)
-    return vae, desc
+    return vae.to(device).eval().requires_grad_(False), desc
 
 
 def _load_pretrained(p: Path, text: str, AutoencoderKL):  # noqa: N803 - diffusers' class

@@ -8,6 +8,7 @@ differ by the training setting alone.
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -55,13 +56,6 @@ def tile(images: np.ndarray, columns: int = COLUMNS) -> np.ndarray:
 SPLIT = "ranks split the samples (shard k on rank k mod world); rank 0 gathers the features and scores"
 
 
-def reference_path(reference: str) -> str:
-    """A suite's reference, with a built-in dataset name resolved to its file."""
-    from ditbench.models import builtin_data
-
-    return str(builtin_data.resolve(reference)) if builtin_data.is_builtin(reference) else reference
-
-
 def reference_digest(path: str) -> str:
     """`sha256:<hex>` of what the reference holds (a file's bytes, a folder's images), memoised on disk."""
     from ditbench.metrics.npz_io import FolderImages
@@ -78,18 +72,31 @@ class Evaluator:
     def __init__(self, spec: CellSpec, ctx, extractor=None):
         from ditbench.models.configs import latent_size
         from ditbench.models.diffusion import create_diffusion
+        from ditbench.sampling.sampler import make_shard
         from ditbench.sampling.shards import labels_for
 
         self.q, self.knobs, self.ctx = spec.quality, spec.knobs, ctx
-        self.latent = latent_size(self.knobs.image_size)
         self.labels = labels_for(self.q.samples, self.knobs.num_classes)
-        self.diffusion = create_diffusion(str(self.q.sampler.steps))
-        self.decode = self._decoder()
+        sampler = self.q.sampler
+        self._images = functools.partial(  # (model, labels=, seed=) -> uint8 N x H x W x 3 images
+            make_shard,
+            vae=None,
+            diffusion=create_diffusion(str(sampler.steps)),
+            latent=latent_size(self.knobs.image_size),
+            cfg_scale=sampler.cfg_scale,
+            sampler=sampler.name,
+            guidance_channels=None,
+            precision=sampler.precision,
+            device=ctx.device,
+            decode=self._decoder(),
+        )
         self.scorer = None
         if ctx.rank == 0:
             from ditbench.metrics.evaluate import Scorer
+            from ditbench.models import builtin_data
 
-            self.reference = reference_path(self.q.reference)
+            ref = self.q.reference  # a built-in dataset's name resolved to its file
+            self.reference = str(builtin_data.resolve(ref)) if builtin_data.is_builtin(ref) else ref
             self.scorer = Scorer(
                 self.reference,
                 inception=self.q.inception,
@@ -198,31 +205,16 @@ class Evaluator:
             torch.cuda.synchronize(self.ctx.device)
         return time.perf_counter()
 
-    def _images(self, model, labels: np.ndarray, seed: int) -> np.ndarray:
-        from ditbench.sampling.sampler import make_shard
-
-        return make_shard(
-            model,
-            None,
-            self.diffusion,
-            labels,
-            latent=self.latent,
-            seed=seed,
-            cfg_scale=self.q.sampler.cfg_scale,
-            sampler=self.q.sampler.name,
-            guidance_channels=None,
-            precision=self.q.sampler.precision,
-            device=self.ctx.device,
-            decode=self.decode,
-        )
-
     def _sample(self, model, seed: int) -> tuple[list[int], list[np.ndarray]]:
         """This rank's shards of one seed's samples: (shard indices, uint8 N x H x W x 3 per shard)."""
         from ditbench.sampling.shards import shard_count, shard_seed
 
         b = self.q.batch_size
         mine = list(range(self.ctx.rank, shard_count(self.q.samples, b), self.ctx.world_size))
-        images = [self._images(model, self.labels[k * b : (k + 1) * b], shard_seed(seed, k)) for k in mine]
+        images = [
+            self._images(model, labels=self.labels[k * b : (k + 1) * b], seed=shard_seed(seed, k))
+            for k in mine
+        ]
         return mine, images
 
     def _score(self, shards: list[int], images: list[np.ndarray], seed: int) -> dict | None:
@@ -255,7 +247,8 @@ class Evaluator:
         from PIL import Image
 
         out_dir, cell_id = grid
-        picture = tile(self._images(model, grid_labels(self.q.grid, self.knobs.num_classes), GRID_SEED))
+        labels = grid_labels(self.q.grid, self.knobs.num_classes)
+        picture = tile(self._images(model, labels=labels, seed=GRID_SEED))
         relative = f"grids/{cell_id}/step{step:07d}.png"  # relative to the run's folder, as the record says
         atomic_write(Path(out_dir) / relative, lambda f: Image.fromarray(picture).save(f, format="PNG"))
         return relative

@@ -72,19 +72,18 @@ def _load_model(fingerprint: str, checkpoint: str, model_name, image_size, num_c
     return model, name, image_size or info["image_size"], weights
 
 
-_VAE: dict[tuple[str, str], object] = {}
-
-
 def build_vae(vae: str, device):
     """diffusers' AutoencoderKL (sd-vae-ft-ema architecture) from local weights, or random ones (seeded:
     the same on every rank), kept per (weights, device) for the life of the process, one at a time."""
+    return _build_vae(str(Path(vae).resolve()) if vae != "random" else vae, vae, device)
+
+
+@functools.lru_cache(maxsize=1)
+def _build_vae(where: str, vae: str, device):
+    """`where` (the weights' absolute path) keys the cache: a relative --vae names another file elsewhere."""
     from ditbench.models.vae import build_vae as build
 
-    key = (str(Path(vae).resolve()) if vae != "random" else vae, str(device))
-    if key not in _VAE:
-        _VAE.clear()
-        _VAE[key] = build(vae, device)[0]
-    return _VAE[key]
+    return build(vae, device)[0]
 
 
 def check_args(args) -> None:
@@ -199,23 +198,20 @@ def _settings(args, model_name: str, image_size: int, num_classes: int, weights:
 
 def _finished(args, out: Path, record_path: Path, settings: dict) -> dict | None:
     """The record of an npz already made with these settings; UserError if --out holds another."""
-    if out.exists() and record_path.exists():
+    if not out.exists():
+        return None
+    if record_path.exists():
         try:
             old = json.loads(read_regular(record_path, "--out's record"))
         except ValueError:  # not UTF-8 JSON: no usable record of how --out was made
             old = None
         if isinstance(old, dict) and old.get("settings") == settings:
             return old
-        if not args.overwrite:
-            raise UserError(
-                f"{out} exists and was made with other settings; pass --overwrite to "
-                "replace it or choose another --out."
-            )
-    elif out.exists() and not args.overwrite:
-        raise UserError(
-            f"{out} exists and has no record of how it was made ({record_path} is missing); "
-            "pass --overwrite to replace it or choose another --out."
-        )
+        why = "was made with other settings"
+    else:
+        why = f"has no record of how it was made ({record_path} is missing)"
+    if not args.overwrite:
+        raise UserError(f"{out} exists and {why}; pass --overwrite to replace it or choose another --out.")
     return None
 
 
@@ -241,7 +237,8 @@ def _announce(args, ctx, settings: dict, images: int) -> None:
 
 
 def _make_shards(args, ctx, model, vae, settings: dict, shard_dir: Path, missing: list[int]) -> dict:
-    """This rank's share of the missing shards, each written atomically; {rank, images, seconds}."""
+    """This rank's share of the missing shards (announced first, on rank 0), each written atomically;
+    {rank, images, seconds}."""
     import torch
 
     from ditbench.core.progress import progress
@@ -254,9 +251,11 @@ def _make_shards(args, ctx, model, vae, settings: dict, shard_dir: Path, missing
     labels = labels_for(args.num_samples, settings["num_classes"])
     fail_after = int(os.environ.get(FAIL_AFTER_ENV, "0") or 0)
     n, b = args.num_samples, args.batch_size
-    done = n - sum(min(b, n - k * b) for k in missing)
+    todo = sum(min(b, n - k * b) for k in missing)
+    if ctx.is_main and missing:
+        _announce(args, ctx, settings, todo)
     quiet = args.no_progress or not ctx.is_main
-    bar = progress(total=n, initial=done, unit="img", desc="sampling", disable=quiet)
+    bar = progress(total=n, initial=n - todo, unit="img", desc="sampling", disable=quiet)
     made = 0
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -358,9 +357,6 @@ def sample(args) -> dict:
             [k for k in range(n_shards) if not shard_path(shard_dir, k).exists()] if ctx.is_main else None
         )
         missing = dist.all_gather_objects(ctx, missing)[0]
-        if ctx.is_main and missing:
-            todo = sum(min(args.batch_size, args.num_samples - k * args.batch_size) for k in missing)
-            _announce(args, ctx, settings, todo)
         mine = _make_shards(args, ctx, model, vae, settings, shard_dir, missing)
         per_rank = dist.all_gather_objects(ctx, mine)
         dist.barrier(ctx)

@@ -15,7 +15,7 @@ from ditbench.files.pretrained import is_vae_name
 
 def labels_for(num_samples: int, num_classes: int) -> np.ndarray:
     """Equal counts per class (exactly equal when num_samples is a multiple of num_classes)."""
-    return (np.arange(num_samples, dtype=np.int64) % num_classes).astype(np.int64)
+    return np.arange(num_samples, dtype=np.int64) % num_classes
 
 
 def shard_seed(seed: int, shard: int) -> int:

@@ -7,6 +7,8 @@ through the VAE every step; {pixels: ...}: images as latents (`ditbench.models.p
 
 from __future__ import annotations
 
+import functools
+import itertools
 import os
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import torch
 from ditbench.core.errors import UserError, shorten
 from ditbench.files.outpaths import not_a_file
 from ditbench.models import vae as vae_lib
+from ditbench.models.configs import latent_size
 from ditbench.spec.knobs import DATA_HELP
 
 
@@ -39,8 +42,7 @@ class SyntheticLatents(DataSource):
         self.shape = (batch_size, vae_lib.LATENT_CHANNELS, latent_size, latent_size)
         self.num_classes = num_classes
         self.device = torch.device(device)
-        self.generator = torch.Generator(device=self.device)
-        self.generator.manual_seed(seed)
+        self.generator = torch.Generator(device=self.device).manual_seed(seed)
 
     def next_batch(self):
         x = torch.randn(self.shape, device=self.device, generator=self.generator)
@@ -51,6 +53,9 @@ class SyntheticLatents(DataSource):
 
     def describe(self) -> dict:
         return {"kind": "synthetic"}
+
+
+_INTS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 
 
 def load_latent_file(path: str | os.PathLike) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,35 +96,28 @@ def load_latent_file(path: str | os.PathLike) -> tuple[torch.Tensor, torch.Tenso
         )
     if latents.shape[0] == 0:
         raise UserError(f"latent file {str(p)!r} holds no latents")
-    check_latents(latents, labels, str(p))  # before training: a NaN would fail it at step 2
-    return latents.float(), labels.long()
-
-
-_INTS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
-
-
-def check_latents(latents: torch.Tensor, labels: torch.Tensor, where: str) -> None:
-    """UserError naming `where` for non-finite latents or labels that are not non-negative integers."""
+    # checked before training: a NaN would fail it at step 2
     if latents.is_complex() or not (latents.is_floating_point() or latents.dtype in _INTS):
-        raise UserError(f"latent file {where!r}: latents are {latents.dtype}, expected float32 numbers")
+        raise UserError(f"latent file {str(p)!r}: latents are {latents.dtype}, expected float32 numbers")
     if latents.is_floating_point():
         finite = torch.isfinite(latents)
         if not bool(finite.all()):
             bad = int((~finite).sum())
             first = int((~finite).flatten(1).any(1).nonzero()[0])
             raise UserError(
-                f"latent file {where!r} holds {bad:,} NaN or infinite values (the first in latent {first}); "
+                f"latent file {str(p)!r} holds {bad:,} NaN or infinite values (the first in latent {first}); "
                 "training on it would fail at its first steps. Re-encode the images with "
                 "`ditbench extract-latents`, or drop those latents."
             )
     if labels.is_floating_point():
         if not bool(torch.isfinite(labels).all()) or not bool((labels == labels.round()).all()):
-            raise UserError(f"latent file {where!r}: labels must be whole class numbers, not fractions, NaN")
+            raise UserError(f"latent file {str(p)!r}: labels must be whole class numbers, not fractions, NaN")
     elif labels.is_complex() or labels.dtype not in _INTS:
-        raise UserError(f"latent file {where!r}: labels are {labels.dtype}, expected integer class numbers")
-    if labels.numel() and int(labels.min()) < 0:
+        raise UserError(f"latent file {str(p)!r}: labels are {labels.dtype}, expected integer class numbers")
+    if int(labels.min()) < 0:
         low = int(labels.min())
-        raise UserError(f"latent file {where!r}: labels must be class numbers from 0, got {low}")
+        raise UserError(f"latent file {str(p)!r}: labels must be class numbers from 0, got {low}")
+    return latents.float(), labels.long()
 
 
 class StagingBuffers:
@@ -130,11 +128,10 @@ class StagingBuffers:
     SLOTS = 2
 
     def __init__(self, x_shape, y_shape, *, pin: bool):
-        def buffer(shape, dtype):
-            return torch.empty(shape, dtype=dtype, pin_memory=pin)
-
+        pinned = functools.partial(torch.empty, pin_memory=pin)
         self.slots = [
-            (buffer(x_shape, torch.float32), buffer(y_shape, torch.long)) for _ in range(self.SLOTS)
+            (pinned(x_shape, dtype=torch.float32), pinned(y_shape, dtype=torch.long))
+            for _ in range(self.SLOTS)
         ]
         self.events = [torch.cuda.Event() for _ in range(self.SLOTS)]
         self.issued = [False] * self.SLOTS
@@ -168,7 +165,7 @@ class LatentFile(DataSource):
                 f"model needs {want} (image_size {latent_size * vae_lib.DOWNSAMPLE}); extract latents at "
                 "the matching image size"
             )
-        if int(labels.min()) < 0 or int(labels.max()) >= num_classes:
+        if int(labels.max()) >= num_classes:  # load_latent_file refused negative labels
             raise UserError(
                 f"latent file {str(path)!r} has labels in [{int(labels.min())}, {int(labels.max())}], "
                 f"outside [0, {num_classes - 1}] for num_classes {num_classes}"
@@ -185,24 +182,12 @@ class LatentFile(DataSource):
         if self.device.type == "cuda":  # gather into pinned memory, so the copy to the GPU is asynchronous
             self.staging = StagingBuffers((batch_size, *want), (batch_size,), pin=True)
         self.generator = torch.Generator().manual_seed(seed)
-        self._order = torch.empty(0, dtype=torch.long)
-        self._pos = 0
-
-    def _indices(self) -> torch.Tensor:
-        out = []
-        need = self.batch_size
-        while need:
-            if self._pos >= len(self._order):
-                self._order = torch.randperm(len(self.labels), generator=self.generator)
-                self._pos = 0
-            take = self._order[self._pos : self._pos + need]
-            self._pos += len(take)
-            need -= len(take)
-            out.append(take)
-        return torch.cat(out)
+        self._order = torch.empty(0, dtype=torch.long)  # indices not yet served
 
     def next_batch(self):
-        idx = self._indices()
+        while len(self._order) < self.batch_size:  # the rest of this epoch's permutation, then the next's
+            self._order = torch.cat([self._order, torch.randperm(len(self.labels), generator=self.generator)])
+        idx, self._order = self._order[: self.batch_size], self._order[self.batch_size :]
         if self.staging is None:
             return self.latents[idx].to(self.device), self.labels[idx].to(self.device)
         x_host, y_host = self.staging.gather(self.latents, self.labels, idx)
@@ -247,18 +232,9 @@ def center_crop_arr(pil_image, image_size: int):
     return Image.fromarray(arr[top : top + image_size, left : left + image_size])
 
 
-def image_transform(image_size: int, flip: bool = True):
-    from torchvision import transforms
-
-    steps = [transforms.Lambda(lambda img: center_crop_arr(img, image_size))]
-    if flip:
-        steps.append(transforms.RandomHorizontalFlip())
-    steps += [transforms.ToTensor(), transforms.Normalize([0.5, 0.5, 0.5], [0.5, 0.5, 0.5], inplace=True)]
-    return transforms.Compose(steps)
-
-
 def image_folder(root, image_size: int, flip: bool = True):
     """torchvision ImageFolder over `root` with the ADM transform; UserError for a bad tree."""
+    from torchvision import transforms
     from torchvision.datasets import ImageFolder
 
     from ditbench.files.imageload import load_rgb
@@ -266,9 +242,12 @@ def image_folder(root, image_size: int, flip: bool = True):
     p = Path(root)
     if not p.is_dir():
         raise UserError(f"image folder {str(p)!r} does not exist or is not a directory")
+    steps = [transforms.Lambda(lambda img: center_crop_arr(img, image_size))]
+    steps += [transforms.RandomHorizontalFlip()] if flip else []
+    steps += [transforms.ToTensor(), transforms.Normalize([0.5, 0.5, 0.5], [0.5, 0.5, 0.5], inplace=True)]
     try:
         # load_rgb: a decompression bomb or a damaged image is refused from its header, naming it
-        return ImageFolder(str(p), transform=image_transform(image_size, flip), loader=load_rgb)
+        return ImageFolder(str(p), transform=transforms.Compose(steps), loader=load_rgb)
     except (FileNotFoundError, RuntimeError) as err:
         raise UserError(
             f"image folder {str(p)!r} is not an ImageFolder tree: it needs one subfolder per class holding "
@@ -304,31 +283,22 @@ class ImageFolderVAE(DataSource):
                 f"{num_classes}"
             )
         self.vae, self.vae_desc = vae_lib.build_vae(vae_spec, self.device)
-        self.generator = torch.Generator().manual_seed(seed)
         self.loader = torch.utils.data.DataLoader(
             self.dataset,
             batch_size=batch_size,
             shuffle=True,
             drop_last=len(self.dataset) >= batch_size,
             num_workers=num_workers,
-            generator=self.generator,
+            generator=torch.Generator().manual_seed(seed),
             pin_memory=self.device.type == "cuda",
             persistent_workers=num_workers > 0,
         )
-        self._it = None
-
-    def _next_images(self):
-        while True:
-            if self._it is None:
-                self._it = iter(self.loader)
-            try:
-                return next(self._it)
-            except StopIteration:
-                self._it = None
+        # Endless: a new epoch (a new shuffle) whenever one ends.
+        self._batches = (batch for _ in itertools.count() for batch in self.loader)
 
     def next_batch(self):
         # The random flip draws from torch's global RNG, which the Trainer seeds: runs repeat.
-        images, labels = self._next_images()
+        images, labels = next(self._batches)
         images = images.to(self.device, non_blocking=True)
         x = vae_lib.encode_images(self.vae, images)
         return x, labels.to(self.device, non_blocking=True)
@@ -361,9 +331,7 @@ def data_source_from_config(
     num_workers: int = 0,
 ) -> DataSource:
     """The data source of a `data` knob as spec.knobs validates it."""
-    from ditbench.models.configs import latent_size as _latent_size
-
-    size = _latent_size(image_size)
+    size = latent_size(image_size)
     if spec == "synthetic":
         return SyntheticLatents(batch_size, size, num_classes, device, seed)
     keys = set(spec) if isinstance(spec, dict) else set()

@@ -167,16 +167,21 @@ class Trainer:
         self.step_count += 1
         return losses[0] if len(losses) == 1 else torch.stack(losses).sum()
 
+    @contextlib.contextmanager
     def _grad_sync(self, last: bool):
         """No gradient all-reduce for a micro-batch before the last: DDP's no_sync, FSDP2's switch."""
         wrapped = self._wrapped
-        if last or wrapped is None:
-            return contextlib.nullcontext()
-        if hasattr(wrapped, "no_sync"):  # DistributedDataParallel
-            return wrapped.no_sync()
-        if hasattr(wrapped, "set_requires_gradient_sync"):  # FSDP2 (fully_shard)
-            return _fsdp_no_sync(wrapped)
-        return contextlib.nullcontext()
+        if hasattr(wrapped, "no_sync") and not last:  # DistributedDataParallel
+            with wrapped.no_sync():
+                yield
+        elif hasattr(wrapped, "set_requires_gradient_sync") and not last:  # FSDP2 (fully_shard)
+            wrapped.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                wrapped.set_requires_gradient_sync(True)
+        else:
+            yield
 
     @property
     def scaler_skips(self) -> int:
@@ -214,12 +219,3 @@ def _attention_kernel(knobs: Knobs, device: torch.device, autocast_dtype: torch.
     dtype = autocast_dtype or torch.float32
     heads = arch.num_heads
     return resolve_kernel(knobs.attention, device, dtype, heads, arch.hidden_size // heads, tokens)
-
-
-@contextlib.contextmanager
-def _fsdp_no_sync(model):
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)
