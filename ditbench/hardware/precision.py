@@ -66,15 +66,7 @@ def _has_new_api() -> bool:
 
 def set_tf32(enabled: bool) -> None:
     """Allow (True) or forbid (False) TF32 for CUDA matmuls and cuDNN, through both APIs."""
-    import torch
-
-    enabled = bool(enabled)
-    torch.backends.cuda.matmul.allow_tf32 = enabled  # legacy: also sets matmul's fp32_precision
-    torch.backends.cudnn.allow_tf32 = enabled
-    if _has_new_api():
-        mode = "tf32" if enabled else "ieee"
-        for target in _new_api_targets().values():
-            target.fp32_precision = mode
+    _apply(dict.fromkeys(("matmul", "conv", "rnn"), "tf32" if enabled else "ieee"))
 
 
 def _snapshot() -> dict[str, Any]:
@@ -86,14 +78,15 @@ def _snapshot() -> dict[str, Any]:
     return {"matmul": torch.backends.cuda.matmul.allow_tf32, "conv": torch.backends.cudnn.allow_tf32}
 
 
-def _restore(saved: dict[str, Any]) -> None:
+def _apply(modes: dict[str, Any]) -> None:
+    """`modes` (a _snapshot, or "tf32"/"ieee" a target) set: the legacy flags first, then the new API."""
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = saved["matmul"] in (True, "tf32")  # legacy flags first
-    torch.backends.cudnn.allow_tf32 = saved["conv"] in (True, "tf32")
+    torch.backends.cuda.matmul.allow_tf32 = modes["matmul"] in (True, "tf32")  # also sets its fp32_precision
+    torch.backends.cudnn.allow_tf32 = modes["conv"] in (True, "tf32")
     if _has_new_api():
         for name, target in _new_api_targets().items():
-            target.fp32_precision = saved[name]
+            target.fp32_precision = modes[name]
 
 
 @contextlib.contextmanager
@@ -108,7 +101,7 @@ def tf32_mode(enabled: bool, cudnn_benchmark: bool | None = None) -> Iterator[No
     try:
         yield
     finally:
-        _restore(saved)
+        _apply(saved)
         torch.backends.cudnn.benchmark = benchmark
 
 
