@@ -53,12 +53,10 @@ def where(loc: tuple[str | int, ...] | list[str | int]) -> str:
     """('overrides', 0, 'match') -> 'overrides[0].match'; blank parts (a union's tags) are no keys."""
     out = ""
     for part in loc:
-        if isinstance(part, str) and not part.strip():
-            continue
-        if isinstance(part, int) or str(part).startswith("["):
-            out += f"[{part}]" if isinstance(part, int) else str(part)
-        else:
-            out += f".{part}" if out else str(part)
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).strip():
+            out += f".{part}" if out and not str(part).startswith("[") else str(part)
     return out
 
 

@@ -152,22 +152,19 @@ def current_umask() -> int:
         return old
 
 
-def _mode_for(path: Path) -> int:
-    try:
-        return stat.S_IMODE(path.stat().st_mode)  # replacing a file keeps its permissions
-    except OSError:
-        return 0o666 & ~current_umask()  # what open(path, "w") would have made
-
-
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any], what: str = "") -> Path:
     """Call write(binary_file) on a temporary file next to `path`, then rename it into place; only a
     regular file (or nothing) at `path` is replaced (checked before and again just before the rename)."""
     path = Path(path)
     check_target(path, what)
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)  # replacing a file keeps its permissions
+    except OSError:
+        mode = 0o666 & ~current_umask()  # what open(path, "w") would have made
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, _mode_for(path))
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

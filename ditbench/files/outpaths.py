@@ -147,13 +147,8 @@ def refuse_output_as_input(
 ) -> None:
     """UserError when a path a command writes (what the message calls it, path or None) is a file it
     reads; an input folder also stands for its results.jsonl (run folders given to report, compare)."""
-    expanded = []
-    for label, path in inputs:
-        if path is None:
-            continue
-        expanded.append((label, Path(path)))
-        if os.path.isdir(path):
-            expanded.append((label, Path(path) / "results.jsonl"))
+    expanded = [(label, Path(path)) for label, path in inputs if path is not None]
+    expanded += [(label, path / "results.jsonl") for label, path in expanded if path.is_dir()]
     for out_label, out in outputs:
         if out is None:
             continue

@@ -64,10 +64,9 @@ def _check_node_graph(root: yaml.Node, where: str) -> None:
                 "a suite or policy needs only a few levels."
             )
         on_path.add(key)
-        if isinstance(node, yaml.SequenceNode):
-            children = node.value
-        else:
-            children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else []
+        children = node.value if isinstance(node, yaml.CollectionNode) else []
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in children for n in pair]
         expanded[key] = 1 + sum(count(child, depth + 1) for child in children)
         on_path.discard(key)
         if expanded[key] > MAX_NODES:

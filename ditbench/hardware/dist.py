@@ -56,11 +56,9 @@ def init(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> DistCont
     backend = "nccl" if dev.type == "cuda" else "gloo"
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    if not tdist.is_initialized():
-        kwargs = {"backend": backend, "timeout": datetime.timedelta(seconds=timeout_s)}
-        if dev.type == "cuda":
-            kwargs["device_id"] = dev  # binds NCCL to this GPU at once (no lazy guess)
-        tdist.init_process_group(**kwargs)
+    if not tdist.is_initialized():  # device_id binds NCCL to this GPU at once (no lazy guess)
+        device_id = dev if dev.type == "cuda" else None
+        tdist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), device_id=device_id)
     return DistContext(
         rank=rank,
         local_rank=local_rank,
