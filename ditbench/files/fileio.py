@@ -103,20 +103,15 @@ def read_regular(path: str | Path, what: str = "") -> bytes:
         return f.read()
 
 
-def open_log(path: str | Path, append: bool = False) -> IO[bytes]:
+def open_log(path: str | Path, append: bool = False, what: str = "") -> IO[bytes]:
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
-    return os.fdopen(open_regular(path, flags), "ab" if append else "wb")
+    return os.fdopen(open_regular(path, flags, what=what), "ab" if append else "wb")
 
 
 def append_text(path: str | Path, text: str, what: str = "") -> None:
     """Append text to a regular file another program also appends to."""
-    fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, what=what)
-    try:
-        data = text.encode("utf-8", "backslashreplace")
-        while data:
-            data = data[os.write(fd, data) :]
-    finally:
-        os.close(fd)
+    with open_log(path, append=True, what=what) as f:
+        f.write(text.encode("utf-8", "backslashreplace"))
 
 
 def rmtree_real(path: str | Path) -> None:

@@ -24,7 +24,6 @@ class DistContext:
     local_rank: int = 0
     world_size: int = 1
     local_world_size: int = 1
-    node_rank: int = 0
     backend: str | None = None  # None: no process group (a plain single process)
     device: torch.device = torch.device("cpu")
 
@@ -64,7 +63,6 @@ def init(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> DistCont
         local_rank=local_rank,
         world_size=world,
         local_world_size=local_world,
-        node_rank=_env_int("GROUP_RANK", rank // max(1, local_world)),
         backend=backend,
         device=dev,
     )

@@ -127,9 +127,7 @@ class PrecisionPolicy:
     def make_scaler(self):
         import torch
 
-        if not self.use_scaler:
-            return None
-        return torch.amp.GradScaler(self.device_type)
+        return torch.amp.GradScaler(self.device_type) if self.use_scaler else None
 
 
 def unsupported_reason(name: str, device_type: str) -> str | None:
