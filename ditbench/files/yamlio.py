@@ -100,8 +100,9 @@ def parse_yaml_text(text: str, where: str) -> Any:
         loader.dispose()
 
 
-def read_text_file(path: str | Path, what: str, max_bytes: int = MAX_BYTES) -> str:
-    """A user's text file as str: it must exist, be a regular file, be small enough and be UTF-8."""
+def load_yaml_file(path: str | Path, what: str) -> Any:
+    """Read and parse a user's YAML file (`what` says which kind: "suite", "policy", "claims"): it must
+    exist, be a regular file, be small enough and be UTF-8."""
     p = Path(path)
     label = f"{what} {shorten(str(p), 200, quote=False)}"
     if p.is_dir():
@@ -112,8 +113,8 @@ def read_text_file(path: str | Path, what: str, max_bytes: int = MAX_BYTES) -> s
         raise UserError(f"{label} is not a regular file (a device, socket or pipe); give a {what} file.")
     try:
         size = p.stat().st_size
-        if size > max_bytes:
-            raise UserError(f"{label} is {size:,} bytes; a {what} file is at most {max_bytes:,} bytes.")
+        if size > MAX_BYTES:
+            raise UserError(f"{label} is {size:,} bytes; a {what} file is at most {MAX_BYTES:,} bytes.")
         data = p.read_bytes()
     except PermissionError:
         raise UserError(f"{label} cannot be read (permission denied).") from None
@@ -122,15 +123,10 @@ def read_text_file(path: str | Path, what: str, max_bytes: int = MAX_BYTES) -> s
     if data[:2] in (b"\xff\xfe", b"\xfe\xff") or (data and b"\x00" in data[:4096]):
         raise UserError(f"{label} looks like UTF-16 or binary data; save it as UTF-8 text.")
     try:
-        return data.decode("utf-8-sig")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         raise UserError(
             f"{label} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); "
             "save it as UTF-8."
         ) from None
-
-
-def load_yaml_file(path: str | Path, what: str) -> Any:
-    """Read and parse a user's YAML file (`what` says which kind: "suite", "policy", "claims")."""
-    text = read_text_file(path, what)
-    return parse_yaml_text(text, f"{what} {shorten(str(path), 200, quote=False)}")
+    return parse_yaml_text(text, label)
