@@ -39,12 +39,6 @@ def shorten(value: Any, limit: int = SHORT_LIMIT, *, quote: bool = True) -> str:
     return f"{text[: max(limit - 1, 1)]}…{size}"
 
 
-def type_name(value: Any) -> str:
-    """What a user gave, in words, for a message: "a mapping", "a list", "a string", "nothing"."""
-    names = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "nothing"}
-    return names.get(type(value), f"a {type(value).__name__}")
-
-
 def did_you_mean(word: Any, choices: Iterable[str], cutoff: float = 0.5, show: str = "`{}`") -> str:
     """ " Did you mean `x`?" for the closest of `choices` to `word` (`show`: how it is quoted), or ""."""
     close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=cutoff)

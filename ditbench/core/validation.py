@@ -11,9 +11,10 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError, WrapValidator
 from pydantic_core import PydanticCustomError
 
-from ditbench.core.errors import UserError, did_you_mean, shorten, type_name
+from ditbench.core.errors import UserError, did_you_mean, shorten
 
 M = TypeVar("M", bound=BaseModel)
+_KINDS = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}  # what a user gave, in words
 
 
 def refuse(text: str, at: str = "") -> PydanticCustomError:
@@ -25,7 +26,9 @@ def described(value: Any) -> str:
     """A value for a message: a number as it is, anything else with its kind ("a string '16'")."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return shorten(value)
-    return "nothing" if value is None else f"{type_name(value)} {shorten(value)}"
+    if value is None:
+        return "nothing"
+    return f"{_KINDS.get(type(value), f'a {type(value).__name__}')} {shorten(value)}"
 
 
 def rule(template: str) -> WrapValidator:
