@@ -137,11 +137,7 @@ def _model_at(model: type[BaseModel], loc: tuple) -> Any:
 def _inner_model(annotation: Any) -> type[BaseModel] | None:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
-    for arg in getattr(annotation, "__args__", ()):
-        found = _inner_model(arg)
-        if found is not None:
-            return found
-    return None
+    return next(filter(None, map(_inner_model, getattr(annotation, "__args__", ()))), None)
 
 
 def _description(model: type[BaseModel], loc: tuple) -> str:

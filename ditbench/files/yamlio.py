@@ -28,12 +28,11 @@ class _BoundedLoader(yaml.SafeLoader):
                     continue
                 key = self.construct_object(key_node, deep=True)
                 try:
-                    first = seen.get(key)  # TypeError: a list or mapping as a key
+                    first = seen.setdefault(key, key_node.start_mark)  # TypeError: a list or mapping as a key
                 except TypeError:
                     problem = "a mapping key must be a plain value, not a list or mapping"
                 else:
-                    if first is None:
-                        seen[key] = key_node.start_mark
+                    if first is key_node.start_mark:
                         continue
                     problem = (
                         f"duplicate key {shorten(key)} (first at line {first.line + 1}); "

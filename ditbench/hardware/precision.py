@@ -52,16 +52,13 @@ def compute_dtype(name: str) -> torch.dtype:
 
 
 def _new_api_targets() -> dict[str, Any]:
+    """What the per-op `fp32_precision` API (torch >= 2.9) sets; {} before it."""
     import torch
 
     cudnn = torch.backends.cudnn
+    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        return {}
     return {"matmul": torch.backends.cuda.matmul, "conv": cudnn.conv, "rnn": cudnn.rnn}
-
-
-def _has_new_api() -> bool:
-    import torch
-
-    return hasattr(torch.backends.cuda.matmul, "fp32_precision")
 
 
 def set_tf32(enabled: bool) -> None:
@@ -73,8 +70,8 @@ def _snapshot() -> dict[str, Any]:
     """The settings to restore, read through the new API where it exists (it never refuses a read)."""
     import torch
 
-    if _has_new_api():
-        return {n: t.fp32_precision for n, t in _new_api_targets().items()}
+    if targets := _new_api_targets():
+        return {n: t.fp32_precision for n, t in targets.items()}
     return {"matmul": torch.backends.cuda.matmul.allow_tf32, "conv": torch.backends.cudnn.allow_tf32}
 
 
@@ -84,9 +81,8 @@ def _apply(modes: dict[str, Any]) -> None:
 
     torch.backends.cuda.matmul.allow_tf32 = modes["matmul"] in (True, "tf32")  # also sets its fp32_precision
     torch.backends.cudnn.allow_tf32 = modes["conv"] in (True, "tf32")
-    if _has_new_api():
-        for name, target in _new_api_targets().items():
-            target.fp32_precision = modes[name]
+    for name, target in _new_api_targets().items():
+        target.fp32_precision = modes[name]
 
 
 @contextlib.contextmanager
