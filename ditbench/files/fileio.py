@@ -5,6 +5,7 @@ in place has no second hard link). Text is UTF-8 with a lone surrogate escaped.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -134,13 +135,10 @@ def mkdir_real(path: str | Path, what: str = "") -> Path:
 
 def current_umask() -> int:
     """The process umask; read from /proc where it can be, since os.umask can only read it by setting it."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     with _UMASK_LOCK:
         old = os.umask(0o077)
         os.umask(old)
