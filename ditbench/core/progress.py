@@ -92,12 +92,13 @@ class PlainProgress:
             self.last = now
             self._line()
 
-    # tqdm's signatures; `refresh` is moot: a plain line is printed on its own schedule
     def set_postfix(self, ordered_dict: dict | None = None, refresh: bool = True, **kwargs: Any) -> None:
+        del refresh  # tqdm's signature; a plain line is printed on its own schedule
         items = {**(ordered_dict or {}), **kwargs}
         self.postfix = ", ".join(f"{k}={v}" for k, v in items.items())
 
     def set_postfix_str(self, s: str = "", refresh: bool = True) -> None:
+        del refresh  # as in set_postfix
         self.postfix = str(s)
 
     @staticmethod
