@@ -29,10 +29,7 @@ _BOUNDED.maxlist = _BOUNDED.maxtuple = _BOUNDED.maxdict = _BOUNDED.maxset = 8
 def shorten(value: Any, limit: int = SHORT_LIMIT, *, quote: bool = True) -> str:
     """A user's value for a message, repr'd (str'd when quote=False) and cut to `limit` characters: a
     300-byte YAML file can expand to a value whose repr is 40 MB."""
-    if isinstance(value, str) and not quote:
-        text = value
-    else:
-        text = _BOUNDED.repr(value)  # bounded: never builds the whole repr of a huge value
+    text = value if isinstance(value, str) and not quote else _BOUNDED.repr(value)  # never a whole huge repr
     if len(text) <= limit:
         return text
     size = f" ({len(value):,} characters)" if isinstance(value, str) else ""
