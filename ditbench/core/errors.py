@@ -29,20 +29,11 @@ _BOUNDED.maxlist = _BOUNDED.maxtuple = _BOUNDED.maxdict = _BOUNDED.maxset = 8
 def shorten(value: Any, limit: int = SHORT_LIMIT, *, quote: bool = True) -> str:
     """A user's value for a message, repr'd (str'd when quote=False) and cut to `limit` characters: a
     300-byte YAML file can expand to a value whose repr is 40 MB."""
-    if isinstance(value, str) and not quote:
-        text = value
-    else:
-        text = _BOUNDED.repr(value)  # bounded: never builds the whole repr of a huge value
+    text = value if isinstance(value, str) and not quote else _BOUNDED.repr(value)  # never a whole huge repr
     if len(text) <= limit:
         return text
     size = f" ({len(value):,} characters)" if isinstance(value, str) else ""
     return f"{text[: max(limit - 1, 1)]}…{size}"
-
-
-def type_name(value: Any) -> str:
-    """What a user gave, in words, for a message: "a mapping", "a list", "a string", "nothing"."""
-    names = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean", type(None): "nothing"}
-    return names.get(type(value), f"a {type(value).__name__}")
 
 
 def did_you_mean(word: Any, choices: Iterable[str], cutoff: float = 0.5, show: str = "`{}`") -> str:

@@ -32,7 +32,7 @@ def factors(axes: Mapping[str, Sequence], n_include: int = 0) -> str:
     return text + (f" + {n_include:,} include" if n_include else "")
 
 
-def over_cap(count: int, cap: int | None, what: str, detail: str, flag: str = "--max-cells") -> str | None:
+def over_cap(count: int, cap: int | None, what: str, detail: str) -> str | None:
     """The refusal when `count` exceeds the cap, else None (the caller raises it naming its file)."""
     limit = DEFAULT_MAX_CELLS if cap is None else cap
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -41,11 +41,11 @@ def over_cap(count: int, cap: int | None, what: str, detail: str, flag: str = "-
         return None
     return (
         f"{what} expands to {count:,} cells ({detail}), above the cap of {limit:,}; nothing was expanded "
-        f"or run. Narrow it, or raise the cap with {flag} {count} if you mean to run them all."
+        f"or run. Narrow it, or raise the cap with --max-cells {count} if you mean to run them all."
     )
 
 
-def check_count(count: int, cap: int | None, what: str, detail: str, flag: str = "--max-cells") -> None:
-    problem = over_cap(count, cap, what, detail, flag)
+def check_count(count: int, cap: int | None, what: str, detail: str) -> None:
+    problem = over_cap(count, cap, what, detail)
     if problem:
         raise UserError(problem)

@@ -39,9 +39,7 @@ class Fault:
 def parse_fault_spec(text: str | None) -> list[tuple[str, Fault]]:
     """(cell-name substring, fault) for each item; UserError naming the item on a syntax error."""
     out: list[tuple[str, Fault]] = []
-    for item in (text or "").split(","):
-        if not item.strip():
-            continue
+    for item in filter(str.strip, (text or "").split(",")):
         m = _ITEM.fullmatch(item.strip())
         kind = m["kind"] if m is not None else None
         fraction = _fraction(m["fraction"]) if kind == "slow" else 0.0  # slow without F: None
@@ -79,10 +77,7 @@ def fault_for(cell_name: str, text: str | None, rank: int = 0, rank_text: str | 
     only = check_fault_rank(rank_text)
     if only is not None and only != rank:
         return None
-    for substring, fault in parse_fault_spec(text):
-        if substring in cell_name:
-            return fault
-    return None
+    return next((fault for substring, fault in parse_fault_spec(text) if substring in cell_name), None)
 
 
 class FaultyStep:

@@ -17,35 +17,28 @@ SIGNIFICANT = 2  # significant digits of the half-width
 _FIXED = re.compile(r"\{:(,?)\.(\d+)f\}")  # a fixed-point format: "{:.4f}", "{:,.1f}"
 
 
-def _ends(values: np.ndarray, level: float) -> tuple[float, float]:
-    tail = (1 - level) / 2 * 100
+def _ends(values: np.ndarray) -> tuple[float, float]:
+    tail = (1 - LEVEL) / 2 * 100
     low, high = np.percentile(values, [tail, 100 - tail])
     return float(low), float(high)
 
 
-def _medians(x: np.ndarray, rng: np.random.Generator, b: int) -> np.ndarray:
-    return np.median(x[rng.integers(0, len(x), (b, len(x)))], axis=1)
+def _medians(x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    return np.median(x[rng.integers(0, len(x), (BOOTSTRAP_B, len(x)))], axis=1)
 
 
-def median_interval(
-    values: list[float], b: int = BOOTSTRAP_B, level: float = LEVEL, seed: int = BOOTSTRAP_SEED
-) -> tuple[float, float]:
+def median_interval(values: list[float]) -> tuple[float, float]:
     """A percentile bootstrap interval of the median of `values` (resampled with replacement)."""
-    return _ends(_medians(np.asarray(values, dtype=float), np.random.default_rng(seed), b), level)
+    return _ends(_medians(np.asarray(values, dtype=float), np.random.default_rng(BOOTSTRAP_SEED)))
 
 
 def median_ratio_interval(
-    base: list[float],
-    new: list[float],
-    b: int = BOOTSTRAP_B,
-    level: float = LEVEL,
-    seed: int = BOOTSTRAP_SEED,
+    base: list[float], new: list[float], seed: int = BOOTSTRAP_SEED
 ) -> tuple[float, float, float]:
     """(median(new) / median(base), low, high): a percentile bootstrap interval, each side resampled."""
     x, y = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
     rng = np.random.default_rng(seed)
-    ratios = _medians(y, rng, b) / _medians(x, rng, b)
-    return (float(np.median(y) / np.median(x)), *_ends(ratios, level))
+    return (float(np.median(y) / np.median(x)), *_ends(_medians(y, rng) / _medians(x, rng)))
 
 
 def decimals(half_width: float | None, most: int) -> int:

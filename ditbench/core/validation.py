@@ -11,9 +11,10 @@ from typing import Any, TypeVar
 from pydantic import BaseModel, ValidationError, WrapValidator
 from pydantic_core import PydanticCustomError
 
-from ditbench.core.errors import UserError, did_you_mean, shorten, type_name
+from ditbench.core.errors import UserError, did_you_mean, shorten
 
 M = TypeVar("M", bound=BaseModel)
+_KINDS = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}  # what a user gave, in words
 
 
 def refuse(text: str, at: str = "") -> PydanticCustomError:
@@ -25,7 +26,9 @@ def described(value: Any) -> str:
     """A value for a message: a number as it is, anything else with its kind ("a string '16'")."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return shorten(value)
-    return "nothing" if value is None else f"{type_name(value)} {shorten(value)}"
+    if value is None:
+        return "nothing"
+    return f"{_KINDS.get(type(value), f'a {type(value).__name__}')} {shorten(value)}"
 
 
 def rule(template: str) -> WrapValidator:
@@ -53,12 +56,10 @@ def where(loc: tuple[str | int, ...] | list[str | int]) -> str:
     """('overrides', 0, 'match') -> 'overrides[0].match'; blank parts (a union's tags) are no keys."""
     out = ""
     for part in loc:
-        if isinstance(part, str) and not part.strip():
-            continue
-        if isinstance(part, int) or str(part).startswith("["):
-            out += f"[{part}]" if isinstance(part, int) else str(part)
-        else:
-            out += f".{part}" if out else str(part)
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif str(part).strip():
+            out += f".{part}" if out and not str(part).startswith("[") else str(part)
     return out
 
 
@@ -136,11 +137,7 @@ def _model_at(model: type[BaseModel], loc: tuple) -> Any:
 def _inner_model(annotation: Any) -> type[BaseModel] | None:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
-    for arg in getattr(annotation, "__args__", ()):
-        found = _inner_model(arg)
-        if found is not None:
-            return found
-    return None
+    return next(filter(None, map(_inner_model, getattr(annotation, "__args__", ()))), None)
 
 
 def _description(model: type[BaseModel], loc: tuple) -> str:

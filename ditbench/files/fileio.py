@@ -5,6 +5,7 @@ in place has no second hard link). Text is UTF-8 with a lone surrogate escaped.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -103,20 +104,15 @@ def read_regular(path: str | Path, what: str = "") -> bytes:
         return f.read()
 
 
-def open_log(path: str | Path, append: bool = False) -> IO[bytes]:
+def open_log(path: str | Path, append: bool = False, what: str = "") -> IO[bytes]:
     flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC)
-    return os.fdopen(open_regular(path, flags), "ab" if append else "wb")
+    return os.fdopen(open_regular(path, flags, what=what), "ab" if append else "wb")
 
 
 def append_text(path: str | Path, text: str, what: str = "") -> None:
     """Append text to a regular file another program also appends to."""
-    fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, what=what)
-    try:
-        data = text.encode("utf-8", "backslashreplace")
-        while data:
-            data = data[os.write(fd, data) :]
-    finally:
-        os.close(fd)
+    with open_log(path, append=True, what=what) as f:
+        f.write(text.encode("utf-8", "backslashreplace"))
 
 
 def rmtree_real(path: str | Path) -> None:
@@ -139,24 +135,14 @@ def mkdir_real(path: str | Path, what: str = "") -> Path:
 
 def current_umask() -> int:
     """The process umask; read from /proc where it can be, since os.umask can only read it by setting it."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
+    with contextlib.suppress(OSError, ValueError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
     with _UMASK_LOCK:
         old = os.umask(0o077)
         os.umask(old)
         return old
-
-
-def _mode_for(path: Path) -> int:
-    try:
-        return stat.S_IMODE(path.stat().st_mode)  # replacing a file keeps its permissions
-    except OSError:
-        return 0o666 & ~current_umask()  # what open(path, "w") would have made
 
 
 def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any], what: str = "") -> Path:
@@ -164,10 +150,14 @@ def atomic_write(path: str | Path, write: Callable[[IO[bytes]], Any], what: str 
     regular file (or nothing) at `path` is replaced (checked before and again just before the rename)."""
     path = Path(path)
     check_target(path, what)
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)  # replacing a file keeps its permissions
+    except OSError:
+        mode = 0o666 & ~current_umask()  # what open(path, "w") would have made
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, _mode_for(path))
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

@@ -7,6 +7,7 @@ start and command into it, so a second process is told who holds the folder. Whe
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import errno
 import json
@@ -204,18 +205,14 @@ class OutputLock:
             self.stale = holder
             aside.unlink(missing_ok=True)
             return
-        try:
-            os.link(aside, held)  # not the stale record: someone took the lock between our read and rename
-        except FileExistsError:
-            pass
+        with contextlib.suppress(FileExistsError):  # not the stale record: someone took the lock meanwhile
+            os.link(aside, held)
         aside.unlink(missing_ok=True)
 
     def release(self) -> None:
         if self._lock is not None:
-            try:  # still holding it: clear our record (no record: nobody holds it)
+            with contextlib.suppress(OSError, UserError):  # still held: clear our record (empty: no holder)
                 os.close(open_regular(self.folder / LOCK_NAME, os.O_WRONLY | os.O_TRUNC))
-            except (OSError, UserError):
-                pass
             self._lock.release()
             self._lock = None
         if self._held_file is not None:

@@ -17,12 +17,17 @@ from ditbench.files.fileio import check_target, file_kind
 NPZ = ("an ADM .npz batch", (".npz",))  # check_file_target's `writes` for the array files
 
 
-def _blocking_ancestor(path: Path) -> Path | None:
-    """The first existing ancestor of `path` that is not a folder (so nothing can be created below it)."""
-    for parent in (path, *path.parents):
+def _check_ancestors(path: Path, start: Path, what: str, verb: str) -> None:
+    """UserError when the first existing one of `start` and its ancestors is not a folder (so nothing
+    can be made below it)."""
+    for parent in (start, *start.parents):
         if os.path.lexists(parent):
-            return None if parent.is_dir() else parent
-    return None
+            if not parent.is_dir():
+                raise UserError(
+                    f"{what} {shorten(str(path))} cannot be {verb}: {shorten(str(parent))} is a file, "
+                    "not a folder."
+                )
+            return
 
 
 def ensure_dir(path: str | Path, what: str, *, probe: bool = True) -> Path:
@@ -32,10 +37,7 @@ def ensure_dir(path: str | Path, what: str, *, probe: bool = True) -> Path:
     if os.path.lexists(path) and not path.is_dir():
         kind = "a file" if path.is_file() else "not a folder"
         raise UserError(f"{what} {shorten(str(path))} is {kind}; give a folder (it is created if missing).")
-    if (blocker := _blocking_ancestor(path.parent)) is not None:
-        raise UserError(
-            f"{what} {shorten(str(path))} cannot be created: {shorten(str(blocker))} is a file, not a folder."
-        )
+    _check_ancestors(path, path.parent, what, "created")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -73,10 +75,7 @@ def check_file_target(
         )
     check_target(path, what)
     parent = path.parent if str(path.parent) else Path(".")
-    if (blocker := _blocking_ancestor(parent)) is not None:
-        raise UserError(
-            f"{what} {shorten(str(path))} cannot be written: {shorten(str(blocker))} is a file, not a folder."
-        )
+    _check_ancestors(path, parent, what, "written")
     if create_parent:
         ensure_dir(parent, f"the folder of {what}")
     if os.path.exists(path) and not os.access(path, os.W_OK):
@@ -147,13 +146,8 @@ def refuse_output_as_input(
 ) -> None:
     """UserError when a path a command writes (what the message calls it, path or None) is a file it
     reads; an input folder also stands for its results.jsonl (run folders given to report, compare)."""
-    expanded = []
-    for label, path in inputs:
-        if path is None:
-            continue
-        expanded.append((label, Path(path)))
-        if os.path.isdir(path):
-            expanded.append((label, Path(path) / "results.jsonl"))
+    expanded = [(label, Path(path)) for label, path in inputs if path is not None]
+    expanded += [(label, path / "results.jsonl") for label, path in expanded if path.is_dir()]
     for out_label, out in outputs:
         if out is None:
             continue

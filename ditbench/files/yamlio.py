@@ -28,12 +28,11 @@ class _BoundedLoader(yaml.SafeLoader):
                     continue
                 key = self.construct_object(key_node, deep=True)
                 try:
-                    first = seen.get(key)  # TypeError: a list or mapping as a key
+                    first = seen.setdefault(key, key_node.start_mark)  # TypeError: a list or mapping as a key
                 except TypeError:
                     problem = "a mapping key must be a plain value, not a list or mapping"
                 else:
-                    if first is None:
-                        seen[key] = key_node.start_mark
+                    if first is key_node.start_mark:
                         continue
                     problem = (
                         f"duplicate key {shorten(key)} (first at line {first.line + 1}); "
@@ -64,10 +63,9 @@ def _check_node_graph(root: yaml.Node, where: str) -> None:
                 "a suite or policy needs only a few levels."
             )
         on_path.add(key)
-        if isinstance(node, yaml.SequenceNode):
-            children = node.value
-        else:
-            children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else []
+        children = node.value if isinstance(node, yaml.CollectionNode) else []
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in children for n in pair]
         expanded[key] = 1 + sum(count(child, depth + 1) for child in children)
         on_path.discard(key)
         if expanded[key] > MAX_NODES:
@@ -101,8 +99,9 @@ def parse_yaml_text(text: str, where: str) -> Any:
         loader.dispose()
 
 
-def read_text_file(path: str | Path, what: str, max_bytes: int = MAX_BYTES) -> str:
-    """A user's text file as str: it must exist, be a regular file, be small enough and be UTF-8."""
+def load_yaml_file(path: str | Path, what: str) -> Any:
+    """Read and parse a user's YAML file (`what` says which kind: "suite", "policy", "claims"): it must
+    exist, be a regular file, be small enough and be UTF-8."""
     p = Path(path)
     label = f"{what} {shorten(str(p), 200, quote=False)}"
     if p.is_dir():
@@ -113,8 +112,8 @@ def read_text_file(path: str | Path, what: str, max_bytes: int = MAX_BYTES) -> s
         raise UserError(f"{label} is not a regular file (a device, socket or pipe); give a {what} file.")
     try:
         size = p.stat().st_size
-        if size > max_bytes:
-            raise UserError(f"{label} is {size:,} bytes; a {what} file is at most {max_bytes:,} bytes.")
+        if size > MAX_BYTES:
+            raise UserError(f"{label} is {size:,} bytes; a {what} file is at most {MAX_BYTES:,} bytes.")
         data = p.read_bytes()
     except PermissionError:
         raise UserError(f"{label} cannot be read (permission denied).") from None
@@ -123,15 +122,10 @@ def read_text_file(path: str | Path, what: str, max_bytes: int = MAX_BYTES) -> s
     if data[:2] in (b"\xff\xfe", b"\xfe\xff") or (data and b"\x00" in data[:4096]):
         raise UserError(f"{label} looks like UTF-16 or binary data; save it as UTF-8 text.")
     try:
-        return data.decode("utf-8-sig")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as err:
         raise UserError(
             f"{label} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}); "
             "save it as UTF-8."
         ) from None
-
-
-def load_yaml_file(path: str | Path, what: str) -> Any:
-    """Read and parse a user's YAML file (`what` says which kind: "suite", "policy", "claims")."""
-    text = read_text_file(path, what)
-    return parse_yaml_text(text, f"{what} {shorten(str(path), 200, quote=False)}")
+    return parse_yaml_text(text, label)

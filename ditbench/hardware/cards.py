@@ -37,16 +37,12 @@ CARDS: tuple[Card, ...] = (
     Card("RTX 5090", 31.84, 32, (12, 0), ("5090",)),
     # 32 GB HBM2 (NVIDIA Tesla V100 datasheet, SXM2 and PCIe 32GB); nvidia-smi shows 32510 MiB.
     Card(
-        "V100-32GB",
-        31.75,
-        32,
-        (7, 0),
-        ("V100 32GB", "Tesla V100 32GB", "V100-SXM2-32GB", "V100-PCIE-32GB", "V100"),
+        "V100-32GB", 31.75, 32, (7, 0), ("V100 32GB", "Tesla V100 32GB", "V100-SXM2-32GB", "V100-PCIE-32GB")
     ),
     Card("A100-40GB", 39.39, 40, (8, 0), ("A100 40GB", "A100-SXM4-40GB", "A100-PCIE-40GB")),
     Card("RTX A6000", 47.99, 48, (8, 6), ("A6000",)),
     Card("L40S", 44.99, 48, (8, 9), ("L40", "L40S 48GB")),
-    Card("A100-80GB", 79.35, 80, (8, 0), ("A100 80GB", "A100-SXM4-80GB", "A100")),
+    Card("A100-80GB", 79.35, 80, (8, 0), ("A100 80GB", "A100-SXM4-80GB")),
     Card("H100", 79.65, 80, (9, 0), ("H100 SXM", "H100 80GB", "H100-SXM5-80GB")),
     Card("H100 NVL", 93.58, 94, (9, 0), ("H100 94GB",)),
     Card("H200", 139.8, 141, (9, 0), ("H200 141GB", "NVIDIA H200")),
@@ -124,6 +120,7 @@ def _key(text: str) -> str:
 
 
 _BY_KEY = {_key(alias): card for card in CARDS for alias in (card.name, *card.aliases)}
+_BY_KEY.update({_key(generic): _BY_KEY[_key(name)] for generic, name in GENERIC_NAMES.items()})
 
 
 def find_card(name: str) -> Card:

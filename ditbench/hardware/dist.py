@@ -24,7 +24,6 @@ class DistContext:
     local_rank: int = 0
     world_size: int = 1
     local_world_size: int = 1
-    node_rank: int = 0
     backend: str | None = None  # None: no process group (a plain single process)
     device: torch.device = torch.device("cpu")
 
@@ -56,17 +55,14 @@ def init(device: str = "auto", timeout_s: float = DEFAULT_TIMEOUT_S) -> DistCont
     backend = "nccl" if dev.type == "cuda" else "gloo"
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
-    if not tdist.is_initialized():
-        kwargs = {"backend": backend, "timeout": datetime.timedelta(seconds=timeout_s)}
-        if dev.type == "cuda":
-            kwargs["device_id"] = dev  # binds NCCL to this GPU at once (no lazy guess)
-        tdist.init_process_group(**kwargs)
+    if not tdist.is_initialized():  # device_id binds NCCL to this GPU at once (no lazy guess)
+        device_id = dev if dev.type == "cuda" else None
+        tdist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s), device_id=device_id)
     return DistContext(
         rank=rank,
         local_rank=local_rank,
         world_size=world,
         local_world_size=local_world,
-        node_rank=_env_int("GROUP_RANK", rank // max(1, local_world)),
         backend=backend,
         device=dev,
     )

@@ -4,6 +4,7 @@ the process that measured. Nothing here initialises CUDA unless a GPU is visible
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import socket
@@ -36,12 +37,10 @@ def git_sha() -> str | None:
 
 
 def cpu_name() -> str:
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or platform.machine()
 
 

@@ -52,48 +52,37 @@ def compute_dtype(name: str) -> torch.dtype:
 
 
 def _new_api_targets() -> dict[str, Any]:
+    """What the per-op `fp32_precision` API (torch >= 2.9) sets; {} before it."""
     import torch
 
     cudnn = torch.backends.cudnn
+    if not hasattr(torch.backends.cuda.matmul, "fp32_precision"):
+        return {}
     return {"matmul": torch.backends.cuda.matmul, "conv": cudnn.conv, "rnn": cudnn.rnn}
-
-
-def _has_new_api() -> bool:
-    import torch
-
-    return hasattr(torch.backends.cuda.matmul, "fp32_precision")
 
 
 def set_tf32(enabled: bool) -> None:
     """Allow (True) or forbid (False) TF32 for CUDA matmuls and cuDNN, through both APIs."""
-    import torch
-
-    enabled = bool(enabled)
-    torch.backends.cuda.matmul.allow_tf32 = enabled  # legacy: also sets matmul's fp32_precision
-    torch.backends.cudnn.allow_tf32 = enabled
-    if _has_new_api():
-        mode = "tf32" if enabled else "ieee"
-        for target in _new_api_targets().values():
-            target.fp32_precision = mode
+    _apply(dict.fromkeys(("matmul", "conv", "rnn"), "tf32" if enabled else "ieee"))
 
 
 def _snapshot() -> dict[str, Any]:
     """The settings to restore, read through the new API where it exists (it never refuses a read)."""
     import torch
 
-    if _has_new_api():
-        return {n: t.fp32_precision for n, t in _new_api_targets().items()}
+    if targets := _new_api_targets():
+        return {n: t.fp32_precision for n, t in targets.items()}
     return {"matmul": torch.backends.cuda.matmul.allow_tf32, "conv": torch.backends.cudnn.allow_tf32}
 
 
-def _restore(saved: dict[str, Any]) -> None:
+def _apply(modes: dict[str, Any]) -> None:
+    """`modes` (a _snapshot, or "tf32"/"ieee" a target) set: the legacy flags first, then the new API."""
     import torch
 
-    torch.backends.cuda.matmul.allow_tf32 = saved["matmul"] in (True, "tf32")  # legacy flags first
-    torch.backends.cudnn.allow_tf32 = saved["conv"] in (True, "tf32")
-    if _has_new_api():
-        for name, target in _new_api_targets().items():
-            target.fp32_precision = saved[name]
+    torch.backends.cuda.matmul.allow_tf32 = modes["matmul"] in (True, "tf32")  # also sets its fp32_precision
+    torch.backends.cudnn.allow_tf32 = modes["conv"] in (True, "tf32")
+    for name, target in _new_api_targets().items():
+        target.fp32_precision = modes[name]
 
 
 @contextlib.contextmanager
@@ -108,7 +97,7 @@ def tf32_mode(enabled: bool, cudnn_benchmark: bool | None = None) -> Iterator[No
     try:
         yield
     finally:
-        _restore(saved)
+        _apply(saved)
         torch.backends.cudnn.benchmark = benchmark
 
 
@@ -134,9 +123,7 @@ class PrecisionPolicy:
     def make_scaler(self):
         import torch
 
-        if not self.use_scaler:
-            return None
-        return torch.amp.GradScaler(self.device_type)
+        return torch.amp.GradScaler(self.device_type) if self.use_scaler else None
 
 
 def unsupported_reason(name: str, device_type: str) -> str | None:
