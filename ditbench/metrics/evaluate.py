@@ -143,8 +143,7 @@ class Scorer:
         """Score samples whose features were extracted elsewhere (e.g. by several ranks, each its share)
         with this scorer's network: `feats` holds `features_for(n)`, N x d float32 each."""
         n = len(next(iter(feats.values())))
-        missing = set(_features(self.plan(n, name)[0])) - set(feats)
-        if missing:
+        if missing := set(_features(self.plan(n, name)[0])) - set(feats):
             raise ValueError(f"score_features needs the features {sorted(missing)}")
         about = {"path": None, "name": name, "count": n, "height": height, "width": width}
         return self._score(about, name, lambda want, timings: feats)
@@ -248,8 +247,7 @@ def _checked(metric: Metric, values: dict[str, float]) -> dict[str, float]:
     """A metric's outputs, all declared and finite: a NaN is never written as a result."""
     declared = {o.key for o in metric.outputs}
     assert set(values) == declared, f"{metric.name} returned {sorted(values)}, declares {sorted(declared)}"
-    bad = [k for k, v in values.items() if not math.isfinite(v)]
-    if bad:
+    if bad := [k for k, v in values.items() if not math.isfinite(v)]:
         raise UserError(
             f"{metric.title} came out {values[bad[0]]} ({', '.join(bad)}): the features hold NaN or "
             "infinite values, which uint8 images and finite weights cannot produce; check the weight file."

@@ -79,10 +79,7 @@ def trace_sqrt_product(sigma1, sigma2, device: str | torch.device = "cpu", facto
 
     s2 = torch.as_tensor(np.asarray(sigma2, dtype=np.float64), device=device)
     if factor1 is not None:
-        f = torch.as_tensor(
-            np.asarray(factor1) if not torch.is_tensor(factor1) else factor1, device=device
-        ).double()
-        return _low_rank_trace_sqrt(f, s2)
+        return _low_rank_trace_sqrt(torch.as_tensor(factor1, device=device).double(), s2)
     s1 = torch.as_tensor(np.asarray(sigma1, dtype=np.float64), device=device)
     chol, info = torch.linalg.cholesky_ex(s1)
     if int(info) == 0:
@@ -192,10 +189,6 @@ def _frechet_resampler(name: str, mu_key: str, sigma_key: str, feature: str):
     return prepare
 
 
-def _covariance_need(options) -> Need:
-    return Need(2, 2, "a covariance needs at least 2 images per set")
-
-
 def _frechet(name: str, title: str, mu_key: str, sigma_key: str, feature: str, dim: int, **out) -> Metric:
     return Metric(
         name=name,
@@ -203,7 +196,7 @@ def _frechet(name: str, title: str, mu_key: str, sigma_key: str, feature: str, d
         sample_features=(feature,),
         reference_keys=(mu_key, sigma_key),
         outputs=(Output(name, title, "{:.4f}", "lower", **out),),
-        needs=_covariance_need,
+        needs=lambda options: Need(2, 2, "a covariance needs at least 2 images per set"),
         compute=_frechet_metric(name, mu_key, sigma_key, feature, dim),
         resampler=_frechet_resampler(name, mu_key, sigma_key, feature),
     )

@@ -145,8 +145,7 @@ def describe_keys(zf: zipfile.ZipFile) -> str:
 
 def open_zip(path: Path) -> zipfile.ZipFile:
     """An .npz opened as the zip it is; UserError for anything that is not a readable regular file."""
-    why = not_a_file(path)  # a FIFO or a device is named as such, never opened
-    if why is not None:
+    if (why := not_a_file(path)) is not None:  # a FIFO or a device is named as such, never opened
         raise UserError(
             f"{path} {why}. Give an ADM-format .npz ({_ADM_FORMAT}) or a folder of PNG/JPEG images."
         )

@@ -125,12 +125,6 @@ def read_statistics(path: Path, zf: zipfile.ZipFile) -> tuple[dict[str, np.ndarr
     return out, meta
 
 
-def image_size_from_meta(meta: dict) -> tuple[int, int] | None:
-    h, w = meta.get("height"), meta.get("width")
-    ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, w))
-    return (h, w) if ok else None
-
-
 def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -195,8 +189,7 @@ class ReferenceCache:
         try:
             with open_zip(path) as zf:
                 entry, _ = read_statistics(path, zf)
-            missing = [k for k in REFERENCE_KEYS if k not in entry]
-            if missing:
+            if missing := [k for k in REFERENCE_KEYS if k not in entry]:
                 raise UserError(f"{path} lacks {missing}")
         except UserError as err:
             if warn is not None:
@@ -239,7 +232,9 @@ def open_reference(x) -> Reference:
                 "optionally with precomputed mu, sigma, mu_s, sigma_s), a folder of images, or a statistics "
                 "file written by ditbench."
             )
-    return Reference(path, NpzImages(path) if has_images else None, stats, image_size_from_meta(meta))
+    h, w = meta.get("height"), meta.get("width")  # the images' size, in a file ditbench wrote
+    size = (h, w) if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, w)) else None
+    return Reference(path, NpzImages(path) if has_images else None, stats, size)
 
 
 class PreparedReference:

@@ -46,9 +46,7 @@ class Option:
     def check(self, value: Any) -> int | float:
         """The value as this option's type; UserError naming the flag if it is not valid."""
         bad = isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating)
-        if not bad and self.kind is int and float(value) != int(value):
-            bad = True
-        if bad or not math.isfinite(float(value)):
+        if bad or (self.kind is int and float(value) != int(value)) or not math.isfinite(float(value)):
             what = "an integer" if self.kind is int else "a finite number"
             raise UserError(f"{self.flag} must be {what}; got {shorten(value)}.")
         value = self.kind(value)

@@ -179,8 +179,7 @@ class Knobs(PartialKnobs):
     def _runnable(self) -> Knobs:
         if self.model is None:
             raise refuse(f"no model given; valid models are {', '.join(MODEL_NAMES)}.")
-        problem = self.conflict()
-        if problem:
+        if problem := self.conflict():
             raise refuse(problem)
         return self
 
