@@ -205,7 +205,6 @@ class Scorer:
                 "tf32": ex.tf32,
                 "inception_weights": ex.weights.describe(),
                 **self.options,
-                **_is_rule(self.wanted, self.options, samples.get("count")),
             },
             **_interval_fields(boot),
             "timings_s": {k: round(v, 4) for k, v in timings.items()},
@@ -219,6 +218,8 @@ class Scorer:
             },
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
+        if any(m.name == "is" for m in self.wanted):  # how the Inception Score was split
+            result["settings"]["is_split_rule"] = split_rule(self.options["is_splits"], samples["count"])
         if ex.weights.banner:
             result["banner"] = ex.weights.banner
         return result
@@ -230,13 +231,6 @@ def _interval_fields(boot: bootstrap.Intervals | None) -> dict:
         return {}
     about = {"rule": bootstrap.RULE, "level": bootstrap.LEVEL, "se": boot.se}
     return {"intervals": boot.intervals, "bootstrap": about}
-
-
-def _is_rule(wanted, options, n) -> dict:
-    """The Inception Score's split rule, where the score was asked for: which rule and how many splits."""
-    if n is None or not any(m.name == "is" for m in wanted):
-        return {}
-    return {"is_split_rule": split_rule(options["is_splits"], n)}
 
 
 def _features(active) -> tuple[str, ...]:

@@ -129,14 +129,9 @@ def _resampler(inputs: MetricInputs, options):
 def _compute(inputs: MetricInputs, options) -> dict[str, float]:
     import torch
 
-    mean, std = kernel_inception_distance(
-        *inputs.pool3(torch.float64),
-        options["kid_subsets"],
-        options["kid_subset_size"],
-        options["kid_seed"],
-        degree=options["kid_degree"],
-        coef0=options["kid_coef0"],
-    )
+    draws = (options["kid_subsets"], options["kid_subset_size"], options["kid_seed"])
+    kernel = {"degree": options["kid_degree"], "coef0": options["kid_coef0"]}
+    mean, std = kernel_inception_distance(*inputs.pool3(torch.float64), *draws, **kernel)
     return {"kid": mean, "kid_std": std}
 
 

@@ -21,17 +21,9 @@ from ditbench.files.outpaths import not_a_file
 
 IMAGE_KEY = "arr_0"
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
-# What reading a zip member can raise on a damaged or unusual file (RuntimeError: encrypted,
-# NotImplementedError: a compression method zipfile lacks).
-ZIP_ERRORS = (
-    zipfile.BadZipFile,
-    zlib.error,
-    OSError,
-    EOFError,
-    RuntimeError,
-    NotImplementedError,
-    ValueError,
-)
+# What reading a zip member can raise on a damaged or unusual file (RuntimeError: encrypted, or its
+# subclass NotImplementedError: a compression method zipfile lacks).
+ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, RuntimeError, ValueError)
 
 _ADM_FORMAT = "an ADM batch: `arr_0` of uint8 images N x H x W x 3 in [0, 255]"
 _NOT_RGB = {  # channels (None: N x H x W) -> what the images are, and how to make them RGB

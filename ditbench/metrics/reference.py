@@ -58,9 +58,7 @@ def _read_member(zf: zipfile.ZipFile, key: str, where: str, expected) -> np.ndar
         raise UserError(f"{where} is an object array (pickled Python objects), which ditbench never loads.")
     if dtype.kind not in "fiu":
         raise UserError(f"{where} has dtype {shorten(str(dtype), quote=False)}; expected float numbers.")
-    if len(shape) != len(expected) or any(
-        e is not None and s != e for s, e in zip(shape, expected, strict=True)
-    ):
+    if len(shape) != len(expected) or any(e not in (None, s) for s, e in zip(shape, expected, strict=True)):
         want = " x ".join("N" if e is None else str(e) for e in expected)
         raise UserError(
             f"{where} has shape {shorten(shape)}; expected {want} (Inception "
@@ -125,14 +123,6 @@ def read_statistics(path: Path, zf: zipfile.ZipFile) -> tuple[dict[str, np.ndarr
     return out, meta
 
 
-def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 class ReferenceCache:
     def __init__(self, root: str | Path | None = None):
         self.root = Path(root).expanduser() if root else default_cache_dir()
@@ -149,7 +139,11 @@ class ReferenceCache:
                 return saved["sha256"]
         except (OSError, ValueError, KeyError):
             pass
-        digest = _sha256_file(path)
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+        digest = h.hexdigest()
         try:
             write_json_atomic(memo, {**stamp, "sha256": digest})
         except OSError:

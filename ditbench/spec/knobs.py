@@ -93,9 +93,8 @@ def _paths(*keys: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"type": "object", "properties": props, "required": [keys[0]], "additionalProperties": False}
 
 
-Model = Annotated[
-    Literal[(*MODEL_NAMES, *(n.replace("/", "-") for n in MODEL_NAMES))]
-    | None,  # DiT-XL-2: the file spelling
+Model = Annotated[  # DiT-XL-2: the file spelling
+    Literal[(*MODEL_NAMES, *(n.replace("/", "-") for n in MODEL_NAMES))] | None,
     checked_by(lambda v: v if v is None else canonical_name(v if isinstance(v, str) else repr(v))),
 ]
 GradCkpt = Annotated[
