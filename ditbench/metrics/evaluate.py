@@ -86,8 +86,7 @@ class Scorer:
         return self._extractor
 
     def _reference_problems(self) -> dict[str, str]:
-        need = {m.name: m.needs(self.options) for m in self.wanted}
-        return {m.name: p for m in self.wanted if (p := self.reference.problem(m, need[m.name]))}
+        return {m.name: p for m in self.wanted if (p := self.reference.problem(m, m.needs(self.options)))}
 
     def plan(self, n: int, sample_name: str = "the samples") -> tuple[list[Metric], dict[str, str]]:
         """(metrics to compute, {skipped metric: reason}) for `n` samples; raises when it must."""

@@ -300,10 +300,8 @@ class FolderImages(ImageSource):
 
 def open_images(path: str | Path) -> ImageSource:
     """An `.npz` (its `arr_0`) or a folder of images."""
-    path = Path(path)
-    if path.is_dir():
-        return FolderImages(path)
-    return NpzImages(path)  # a missing or special file is refused when it is opened
+    # a missing or special file is refused when it is opened
+    return FolderImages(path) if Path(path).is_dir() else NpzImages(path)
 
 
 def write_npz_images(path: str | Path, batches, count: int, height: int, width: int) -> Path:

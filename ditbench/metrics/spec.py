@@ -50,9 +50,8 @@ class Option:
             what = "an integer" if self.kind is int else "a finite number"
             raise UserError(f"{self.flag} must be {what}; got {shorten(value)}.")
         value = self.kind(value)
-        if (self.minimum is not None and value < self.minimum) or (
-            self.maximum is not None and value > self.maximum
-        ):
+        below = self.minimum is not None and value < self.minimum
+        if below or (self.maximum is not None and value > self.maximum):
             lo = "" if self.minimum is None else f" >= {self.minimum}"
             hi = "" if self.maximum is None else f" <= {self.maximum}"
             raise UserError(f"{self.flag} must be{lo}{' and' if lo and hi else ''}{hi}; got {value}.")

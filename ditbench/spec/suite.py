@@ -260,7 +260,6 @@ def load_suite(
     path: str | Path, overrides: list[str] | tuple[str, ...] = (), max_cells: int | None = None
 ) -> Suite:
     """Read and validate a suite (a file or a shipped name) with its overrides; UserError on any mistake."""
-
     path = resolve_suite(path)
     return parse_suite(load_yaml_file(path, "suite"), str(path), list(overrides), max_cells)
 
