@@ -35,17 +35,12 @@ _NOT_RGB = {  # channels (None: N x H x W) -> what the images are, and how to ma
 
 def _float_hint(sample: np.ndarray) -> str:
     lo, hi = float(np.nanmin(sample)), float(np.nanmax(sample))
+    span, to_uint8 = f"Its values span [{lo:.3g}, {hi:.3g}]", ".round().clip(0, 255).astype(np.uint8)`"
     if lo < 0:
-        return (
-            f"Its values span [{lo:.3g}, {hi:.3g}], which looks like model output in [-1, 1]; convert with "
-            "`((x + 1) * 127.5).round().clip(0, 255).astype(np.uint8)`"
-        )
+        return f"{span}, which looks like model output in [-1, 1]; convert with `((x + 1) * 127.5){to_uint8}"
     if hi <= 1.0:
-        return (
-            f"Its values span [{lo:.3g}, {hi:.3g}], i.e. [0, 1]; convert with "
-            "`(x * 255).round().clip(0, 255).astype(np.uint8)`"
-        )
-    return f"Its values span [{lo:.3g}, {hi:.3g}]; convert with `x.round().clip(0, 255).astype(np.uint8)`"
+        return f"{span}, i.e. [0, 1]; convert with `(x * 255){to_uint8}"
+    return f"{span}; convert with `x{to_uint8}"
 
 
 def validate_image_array_layout(shape: tuple, dtype: np.dtype, where: str, peek=None) -> None:
