@@ -271,9 +271,12 @@ class PreparedReference:
             )
         return None
 
+    def missing(self, keys) -> set[str]:
+        return {k for k in keys if k not in self.stats}
+
     def ensure(self, keys, extractor: FeatureExtractor, warn) -> float:
         """Make `keys` available (cache or one feature pass); returns the seconds it took."""
-        if all(k in self.stats for k in keys):
+        if not self.missing(keys):
             return 0.0
         t = time.perf_counter()
         entry, key = None, None
