@@ -189,6 +189,10 @@ def _frechet_resampler(name: str, mu_key: str, sigma_key: str, feature: str):
     return prepare
 
 
+def _covariance_need(options) -> Need:
+    return Need(2, 2, "a covariance needs at least 2 images per set")
+
+
 def _frechet(name: str, title: str, mu_key: str, sigma_key: str, feature: str, dim: int, **out) -> Metric:
     return Metric(
         name=name,
@@ -196,7 +200,7 @@ def _frechet(name: str, title: str, mu_key: str, sigma_key: str, feature: str, d
         sample_features=(feature,),
         reference_keys=(mu_key, sigma_key),
         outputs=(Output(name, title, "{:.4f}", "lower", **out),),
-        needs=lambda options: Need(2, 2, "a covariance needs at least 2 images per set"),
+        needs=_covariance_need,
         compute=_frechet_metric(name, mu_key, sigma_key, feature, dim),
         resampler=_frechet_resampler(name, mu_key, sigma_key, feature),
     )
