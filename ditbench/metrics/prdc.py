@@ -159,8 +159,9 @@ def _resampler(inputs: MetricInputs, options):
 def _compute(inputs: MetricInputs, options) -> dict[str, float]:
     import torch
 
+    s, r = inputs.pool3(torch.float32)
     k, block = options["pr_k"], options["pr_block_size"]
-    precision, recall = precision_recall(*inputs.pool3(torch.float32), k, block, inputs.device)
+    precision, recall = precision_recall(s, r, k=k, block=block, device=inputs.device)
     return {"precision": precision, "recall": recall}
 
 
