@@ -86,8 +86,7 @@ class Scorer:
         return self._extractor
 
     def _reference_problems(self) -> dict[str, str]:
-        need = {m.name: m.needs(self.options) for m in self.wanted}
-        return {m.name: p for m in self.wanted if (p := self.reference.problem(m, need[m.name]))}
+        return {m.name: p for m in self.wanted if (p := self.reference.problem(m, m.needs(self.options)))}
 
     def plan(self, n: int, sample_name: str = "the samples") -> tuple[list[Metric], dict[str, str]]:
         """(metrics to compute, {skipped metric: reason}) for `n` samples; raises when it must."""
@@ -143,8 +142,7 @@ class Scorer:
         """Score samples whose features were extracted elsewhere (e.g. by several ranks, each its share)
         with this scorer's network: `feats` holds `features_for(n)`, N x d float32 each."""
         n = len(next(iter(feats.values())))
-        missing = set(_features(self.plan(n, name)[0])) - set(feats)
-        if missing:
+        if missing := set(_features(self.plan(n, name)[0])) - set(feats):
             raise ValueError(f"score_features needs the features {sorted(missing)}")
         about = {"path": None, "name": name, "count": n, "height": height, "width": width}
         return self._score(about, name, lambda want, timings: feats)
@@ -206,7 +204,6 @@ class Scorer:
                 "tf32": ex.tf32,
                 "inception_weights": ex.weights.describe(),
                 **self.options,
-                **_is_rule(self.wanted, self.options, samples.get("count")),
             },
             **_interval_fields(boot),
             "timings_s": {k: round(v, 4) for k, v in timings.items()},
@@ -220,6 +217,8 @@ class Scorer:
             },
             "created_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         }
+        if any(m.name == "is" for m in self.wanted):  # how the Inception Score was split
+            result["settings"]["is_split_rule"] = split_rule(self.options["is_splits"], samples["count"])
         if ex.weights.banner:
             result["banner"] = ex.weights.banner
         return result
@@ -233,13 +232,6 @@ def _interval_fields(boot: bootstrap.Intervals | None) -> dict:
     return {"intervals": boot.intervals, "bootstrap": about}
 
 
-def _is_rule(wanted, options, n) -> dict:
-    """The Inception Score's split rule, where the score was asked for: which rule and how many splits."""
-    if n is None or not any(m.name == "is" for m in wanted):
-        return {}
-    return {"is_split_rule": split_rule(options["is_splits"], n)}
-
-
 def _features(active) -> tuple[str, ...]:
     return tuple(f for f in FEATURE_DIMS if any(f in m.sample_features for m in active))
 
@@ -248,8 +240,7 @@ def _checked(metric: Metric, values: dict[str, float]) -> dict[str, float]:
     """A metric's outputs, all declared and finite: a NaN is never written as a result."""
     declared = {o.key for o in metric.outputs}
     assert set(values) == declared, f"{metric.name} returned {sorted(values)}, declares {sorted(declared)}"
-    bad = [k for k, v in values.items() if not math.isfinite(v)]
-    if bad:
+    if bad := [k for k, v in values.items() if not math.isfinite(v)]:
         raise UserError(
             f"{metric.title} came out {values[bad[0]]} ({', '.join(bad)}): the features hold NaN or "
             "infinite values, which uint8 images and finite weights cannot produce; check the weight file."

@@ -79,10 +79,7 @@ def trace_sqrt_product(sigma1, sigma2, device: str | torch.device = "cpu", facto
 
     s2 = torch.as_tensor(np.asarray(sigma2, dtype=np.float64), device=device)
     if factor1 is not None:
-        f = torch.as_tensor(
-            np.asarray(factor1) if not torch.is_tensor(factor1) else factor1, device=device
-        ).double()
-        return _low_rank_trace_sqrt(f, s2)
+        return _low_rank_trace_sqrt(torch.as_tensor(factor1, dtype=torch.float64, device=device), s2)
     s1 = torch.as_tensor(np.asarray(sigma1, dtype=np.float64), device=device)
     chol, info = torch.linalg.cholesky_ex(s1)
     if int(info) == 0:

@@ -109,15 +109,12 @@ def _resampler(inputs: MetricInputs, options):
     cross = cross.cpu().numpy()
     k_ss = polynomial_kernel(s, s, **kernel)
     diag = k_ss.diagonal().clone()
+    ones = torch.ones(m, dtype=torch.float64, device=dev)
 
     def one(index: np.ndarray) -> dict[str, float]:
         counts = torch.zeros(subsets, n, dtype=torch.float64, device=dev)
         for t in range(subsets):
-            counts[t].index_add_(
-                0,
-                torch.from_numpy(index[positions[t]]).to(dev),
-                torch.ones(m, dtype=torch.float64, device=dev),
-            )
+            counts[t].index_add_(0, torch.from_numpy(index[positions[t]]).to(dev), ones)
         within_s = ((counts @ k_ss) * counts).sum(1) - counts @ diag
         cross_t = (counts.cpu().numpy() * cross.T).sum(1)
         values = (within_s.cpu().numpy() + within_ref) / (m * (m - 1)) - 2.0 * cross_t / (m * m)
@@ -129,14 +126,9 @@ def _resampler(inputs: MetricInputs, options):
 def _compute(inputs: MetricInputs, options) -> dict[str, float]:
     import torch
 
-    mean, std = kernel_inception_distance(
-        *inputs.pool3(torch.float64),
-        options["kid_subsets"],
-        options["kid_subset_size"],
-        options["kid_seed"],
-        degree=options["kid_degree"],
-        coef0=options["kid_coef0"],
-    )
+    draws = (options["kid_subsets"], options["kid_subset_size"], options["kid_seed"])
+    kernel = {"degree": options["kid_degree"], "coef0": options["kid_coef0"]}
+    mean, std = kernel_inception_distance(*inputs.pool3(torch.float64), *draws, **kernel)
     return {"kid": mean, "kid_std": std}
 
 

@@ -21,17 +21,9 @@ from ditbench.files.outpaths import not_a_file
 
 IMAGE_KEY = "arr_0"
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg")
-# What reading a zip member can raise on a damaged or unusual file (RuntimeError: encrypted,
-# NotImplementedError: a compression method zipfile lacks).
-ZIP_ERRORS = (
-    zipfile.BadZipFile,
-    zlib.error,
-    OSError,
-    EOFError,
-    RuntimeError,
-    NotImplementedError,
-    ValueError,
-)
+# What reading a zip member can raise on a damaged or unusual file (RuntimeError: encrypted, or its
+# subclass NotImplementedError: a compression method zipfile lacks).
+ZIP_ERRORS = (zipfile.BadZipFile, zlib.error, OSError, EOFError, RuntimeError, ValueError)
 
 _ADM_FORMAT = "an ADM batch: `arr_0` of uint8 images N x H x W x 3 in [0, 255]"
 _NOT_RGB = {  # channels (None: N x H x W) -> what the images are, and how to make them RGB
@@ -43,17 +35,12 @@ _NOT_RGB = {  # channels (None: N x H x W) -> what the images are, and how to ma
 
 def _float_hint(sample: np.ndarray) -> str:
     lo, hi = float(np.nanmin(sample)), float(np.nanmax(sample))
+    span, to_uint8 = f"Its values span [{lo:.3g}, {hi:.3g}]", ".round().clip(0, 255).astype(np.uint8)`"
     if lo < 0:
-        return (
-            f"Its values span [{lo:.3g}, {hi:.3g}], which looks like model output in [-1, 1]; convert with "
-            "`((x + 1) * 127.5).round().clip(0, 255).astype(np.uint8)`"
-        )
+        return f"{span}, which looks like model output in [-1, 1]; convert with `((x + 1) * 127.5){to_uint8}"
     if hi <= 1.0:
-        return (
-            f"Its values span [{lo:.3g}, {hi:.3g}], i.e. [0, 1]; convert with "
-            "`(x * 255).round().clip(0, 255).astype(np.uint8)`"
-        )
-    return f"Its values span [{lo:.3g}, {hi:.3g}]; convert with `x.round().clip(0, 255).astype(np.uint8)`"
+        return f"{span}, i.e. [0, 1]; convert with `(x * 255){to_uint8}"
+    return f"{span}; convert with `x{to_uint8}"
 
 
 def validate_image_array_layout(shape: tuple, dtype: np.dtype, where: str, peek=None) -> None:
@@ -145,8 +132,7 @@ def describe_keys(zf: zipfile.ZipFile) -> str:
 
 def open_zip(path: Path) -> zipfile.ZipFile:
     """An .npz opened as the zip it is; UserError for anything that is not a readable regular file."""
-    why = not_a_file(path)  # a FIFO or a device is named as such, never opened
-    if why is not None:
+    if (why := not_a_file(path)) is not None:  # a FIFO or a device is named as such, never opened
         raise UserError(
             f"{path} {why}. Give an ADM-format .npz ({_ADM_FORMAT}) or a folder of PNG/JPEG images."
         )
@@ -309,10 +295,8 @@ class FolderImages(ImageSource):
 
 def open_images(path: str | Path) -> ImageSource:
     """An `.npz` (its `arr_0`) or a folder of images."""
-    path = Path(path)
-    if path.is_dir():
-        return FolderImages(path)
-    return NpzImages(path)  # a missing or special file is refused when it is opened
+    # a missing or special file is refused when it is opened
+    return FolderImages(path) if Path(path).is_dir() else NpzImages(path)
 
 
 def write_npz_images(path: str | Path, batches, count: int, height: int, width: int) -> Path:

@@ -58,9 +58,7 @@ def _read_member(zf: zipfile.ZipFile, key: str, where: str, expected) -> np.ndar
         raise UserError(f"{where} is an object array (pickled Python objects), which ditbench never loads.")
     if dtype.kind not in "fiu":
         raise UserError(f"{where} has dtype {shorten(str(dtype), quote=False)}; expected float numbers.")
-    if len(shape) != len(expected) or any(
-        e is not None and s != e for s, e in zip(shape, expected, strict=True)
-    ):
+    if len(shape) != len(expected) or any(e not in (None, s) for s, e in zip(shape, expected, strict=True)):
         want = " x ".join("N" if e is None else str(e) for e in expected)
         raise UserError(
             f"{where} has shape {shorten(shape)}; expected {want} (Inception "
@@ -125,20 +123,6 @@ def read_statistics(path: Path, zf: zipfile.ZipFile) -> tuple[dict[str, np.ndarr
     return out, meta
 
 
-def image_size_from_meta(meta: dict) -> tuple[int, int] | None:
-    h, w = meta.get("height"), meta.get("width")
-    ok = all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, w))
-    return (h, w) if ok else None
-
-
-def _sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 class ReferenceCache:
     def __init__(self, root: str | Path | None = None):
         self.root = Path(root).expanduser() if root else default_cache_dir()
@@ -155,7 +139,11 @@ class ReferenceCache:
                 return saved["sha256"]
         except (OSError, ValueError, KeyError):
             pass
-        digest = _sha256_file(path)
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while block := f.read(1 << 22):
+                h.update(block)
+        digest = h.hexdigest()
         try:
             write_json_atomic(memo, {**stamp, "sha256": digest})
         except OSError:
@@ -195,8 +183,7 @@ class ReferenceCache:
         try:
             with open_zip(path) as zf:
                 entry, _ = read_statistics(path, zf)
-            missing = [k for k in REFERENCE_KEYS if k not in entry]
-            if missing:
+            if missing := [k for k in REFERENCE_KEYS if k not in entry]:
                 raise UserError(f"{path} lacks {missing}")
         except UserError as err:
             if warn is not None:
@@ -239,7 +226,9 @@ def open_reference(x) -> Reference:
                 "optionally with precomputed mu, sigma, mu_s, sigma_s), a folder of images, or a statistics "
                 "file written by ditbench."
             )
-    return Reference(path, NpzImages(path) if has_images else None, stats, image_size_from_meta(meta))
+    h, w = meta.get("height"), meta.get("width")  # the images' size, in a file ditbench wrote
+    size = (h, w) if all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in (h, w)) else None
+    return Reference(path, NpzImages(path) if has_images else None, stats, size)
 
 
 class PreparedReference:

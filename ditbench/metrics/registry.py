@@ -81,7 +81,6 @@ def parse_metrics(spec: str | Iterable[str] | None) -> tuple[tuple[Metric, ...],
 
 def resolve_options(given: Mapping[str, Any]) -> dict[str, int | float]:
     """Every metric option: the given values (checked) over the defaults; unknown names are errors."""
-    unknown = sorted(set(given) - set(OPTIONS))
-    if unknown:
+    if unknown := sorted(set(given) - set(OPTIONS)):
         raise TypeError(f"unknown metric option(s) {unknown}; known: {sorted(OPTIONS)}")
     return {name: opt.check(given[name]) if name in given else opt.default for name, opt in OPTIONS.items()}

@@ -46,15 +46,12 @@ class Option:
     def check(self, value: Any) -> int | float:
         """The value as this option's type; UserError naming the flag if it is not valid."""
         bad = isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating)
-        if not bad and self.kind is int and float(value) != int(value):
-            bad = True
-        if bad or not math.isfinite(float(value)):
+        if bad or (self.kind is int and float(value) != int(value)) or not math.isfinite(float(value)):
             what = "an integer" if self.kind is int else "a finite number"
             raise UserError(f"{self.flag} must be {what}; got {shorten(value)}.")
         value = self.kind(value)
-        if (self.minimum is not None and value < self.minimum) or (
-            self.maximum is not None and value > self.maximum
-        ):
+        below = self.minimum is not None and value < self.minimum
+        if below or (self.maximum is not None and value > self.maximum):
             lo = "" if self.minimum is None else f" >= {self.minimum}"
             hi = "" if self.maximum is None else f" <= {self.maximum}"
             raise UserError(f"{self.flag} must be{lo}{' and' if lo and hi else ''}{hi}; got {value}.")

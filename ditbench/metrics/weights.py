@@ -229,8 +229,7 @@ def _test_state() -> tuple[dict[str, torch.Tensor], str]:
     cores, in every process that scores), else built once and cached."""
     name = f"calibrated-r{TEST_NETWORK_RECIPE}-torch{torch.__version__.split('+')[0]}.pt"
     path = default_cache_dir() / "inception-test" / name
-    cached = _cached_test_state(path)
-    if cached is not None:
+    if (cached := _cached_test_state(path)) is not None:
         return cached
     state = build_calibrated_inception().state_dict()
     digest = state_dict_sha256(state)

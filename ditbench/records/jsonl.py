@@ -66,15 +66,10 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
     stack = [(value, 1)]
     while stack:
         v, depth = stack.pop()
-        if isinstance(v, dict):
-            children = v.values()
-        elif isinstance(v, list):
-            children = v
-        else:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((c, depth + 1) for c in children)
+        if isinstance(v, dict | list):
+            if depth > limit:
+                return True
+            stack.extend((c, depth + 1) for c in (v.values() if isinstance(v, dict) else v))
     return False
 
 
@@ -126,9 +121,13 @@ class _Sanitizer:
         self.unserializable: dict[str, str] = {}
         self.noted = 0
 
-    def _room(self) -> bool:
+    def _null(self, path: str, why: str | None = None) -> None:
+        """Note that the value at `path` becomes null: not finite (no `why`), or not JSON for `why`."""
         self.noted += 1
-        return self.noted <= MAX_LISTED
+        if self.noted <= MAX_LISTED and why is None:
+            self.nonfinite.append(path)
+        elif self.noted <= MAX_LISTED:
+            self.unserializable[path] = why
 
     def copy(self, value: Any, path: str = "(record)", depth: int = 0) -> Any:
         if value is None or isinstance(value, (str, bool)):
@@ -136,19 +135,14 @@ class _Sanitizer:
         if isinstance(value, int):
             if abs(value) < MAX_INT:
                 return value
-            if self._room():  # json.dumps itself refuses more than 4,300 digits; readers choke sooner
-                self.unserializable[path] = "integer too large"
-            return None
+            # json.dumps itself refuses more than 4,300 digits; readers choke sooner
+            return self._null(path, "integer too large")
         if isinstance(value, float):
             if math.isfinite(value):
                 return value
-            if self._room():
-                self.nonfinite.append(path)
-            return None
+            return self._null(path)
         if depth >= MAX_DEPTH:
-            if self._room():
-                self.unserializable[path] = "nested too deep"
-            return None
+            return self._null(path, "nested too deep")
         if isinstance(value, dict):
             out = {}
             for k, v in value.items():
@@ -162,9 +156,7 @@ class _Sanitizer:
             return self.copy(scalar, path, depth + 1)
         if self.unknown is not None:
             return self.unknown(value)
-        if self._room():
-            self.unserializable[path] = type(value).__name__
-        return None
+        return self._null(path, type(value).__name__)
 
 
 def _as_scalar(value: Any) -> bool | int | float | None:

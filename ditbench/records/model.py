@@ -304,8 +304,7 @@ def explain(error: dict[str, Any]) -> str:
         loc = tuple(p for p in loc if p != "knobs")  # a config is flat: its knobs sit at the top
     key, value = where(loc), error.get("input")
     if kind == "ditbench":  # a validator's own words (the config's: the cell spec's), about `at` if named
-        at = error["ctx"]["at"]
-        text = error["ctx"]["text"]
+        at, text = error["ctx"]["at"], error["ctx"]["text"]
         if loc[:1] == ("config",):
             return f"field {where((*loc, at) if at else loc)}: {text}"
         return f"{key} {text}".strip()

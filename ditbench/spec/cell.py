@@ -65,8 +65,7 @@ class CellSpec(SpecModel):
         for key in data:
             if key not in (*KNOBS, *MEASUREMENT_KEYS, "quality"):
                 raise refuse(unknown_key(key, (*KNOBS, *MEASUREMENT_KEYS, "quality")), str(key))
-        missing = [k for k in MEASUREMENT_KEYS if k not in data]
-        if missing:
+        if missing := [k for k in MEASUREMENT_KEYS if k not in data]:
             raise refuse(f"missing {', '.join(missing)}")
         rest = {k: v for k, v in data.items() if k not in KNOBS and k != "global_batch"}
         spec = handler({**rest, "knobs": {k: v for k, v in data.items() if k in KNOBS}})

@@ -39,10 +39,9 @@ def _line_problem(value: Any) -> str | None:
     return None
 
 
-def _text(value: Any) -> str:
-    problem = _line_problem(value)
-    if problem:
-        raise refuse(problem)
+def _text(value: Any, at: str = "") -> str:
+    if problem := _line_problem(value):
+        raise refuse(problem, at)
     return str(value)
 
 
@@ -65,10 +64,8 @@ def _sbatch(value: Any) -> dict[str, Any]:
             raise refuse(f"{item} is not a finite number.", at)
         if item is True or (isinstance(item, (int, float)) and not isinstance(item, bool)):
             out[name] = item  # True: a flag such as --exclusive
-        elif _line_problem(item):
-            raise refuse(_line_problem(item), at)
         else:
-            out[name] = str(item)
+            out[name] = _text(item, at)
     return out
 
 

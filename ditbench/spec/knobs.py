@@ -93,9 +93,8 @@ def _paths(*keys: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"type": "object", "properties": props, "required": [keys[0]], "additionalProperties": False}
 
 
-Model = Annotated[
-    Literal[(*MODEL_NAMES, *(n.replace("/", "-") for n in MODEL_NAMES))]
-    | None,  # DiT-XL-2: the file spelling
+Model = Annotated[  # DiT-XL-2: the file spelling
+    Literal[(*MODEL_NAMES, *(n.replace("/", "-") for n in MODEL_NAMES))] | None,
     checked_by(lambda v: v if v is None else canonical_name(v if isinstance(v, str) else repr(v))),
 ]
 GradCkpt = Annotated[
@@ -179,8 +178,7 @@ class Knobs(PartialKnobs):
     def _runnable(self) -> Knobs:
         if self.model is None:
             raise refuse(f"no model given; valid models are {', '.join(MODEL_NAMES)}.")
-        problem = self.conflict()
-        if problem:
+        if problem := self.conflict():
             raise refuse(problem)
         return self
 

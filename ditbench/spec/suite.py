@@ -260,7 +260,6 @@ def load_suite(
     path: str | Path, overrides: list[str] | tuple[str, ...] = (), max_cells: int | None = None
 ) -> Suite:
     """Read and validate a suite (a file or a shipped name) with its overrides; UserError on any mistake."""
-
     path = resolve_suite(path)
     return parse_suite(load_yaml_file(path, "suite"), str(path), list(overrides), max_cells)
 
@@ -328,8 +327,7 @@ def parse_suite(
             continue
         seen.add(cid)
         name = cell_name(values, varying)
-        problem_ = quality.conflict(knobs, steps) if evaluated else None
-        if problem_:
+        if evaluated and (problem_ := quality.conflict(knobs, steps)):
             raise errors.fail("quality", f"cell {name} cannot be evaluated: {problem_}.")
         cells.append(SuiteCell(spec, cid, name, defaults.timeout_s))
     if quality is not None and not any(c.spec.quality for c in cells):
@@ -352,10 +350,9 @@ def cell_name(config: dict[str, Any], varying: list[str] | tuple[str, ...] = ())
         f"ckpt={config['grad_ckpt']}",
         f"bs={config['batch_size']}",
     ]
-    shown = {"model", "precision", "grad_ckpt", "batch_size"}
     always = ("grad_accum", "gpus", "nodes")  # how many images a step is: shown when more than one
     for key in varying:
-        if key in shown or key in always:
+        if key in ("model", "precision", "grad_ckpt", "batch_size", *always):
             continue
         value = config[key]
         if key == "compile":
@@ -364,10 +361,8 @@ def cell_name(config: dict[str, Any], varying: list[str] | tuple[str, ...] = ())
             parts.append(f"{value}px")
         else:
             parts.append(f"{key}={json.dumps(value) if isinstance(value, dict) else value}")
-    for key in always:  # shown only when more than one, whether or not it varies
-        if config.get(key, 1) > 1:
-            parts.append(f"{key}={config[key]}")
-    return " ".join(parts)
+    # shown only when more than one, whether or not it varies
+    return " ".join(parts + [f"{key}={config[key]}" for key in always if config.get(key, 1) > 1])
 
 
 class _TypeLists(GenerateJsonSchema):
