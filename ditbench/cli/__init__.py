@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
             "--grad-ckpt full or --precision bf16; `ditbench plan` predicts what fits."
         )
         return 2
+    except BrokenPipeError:  # the reader left (`| head`): stop quietly, as a shell tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the flush at exit cannot fail
+        return 141
     except OSError as err:  # a file system refusal no check foresaw: which file and why, not a traceback
         if os.environ.get(TRACEBACK_ENV):
             raise
