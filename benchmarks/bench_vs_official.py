@@ -42,7 +42,7 @@ if str(REPO) not in sys.path:
 
 from ditbench.models.build import build_model  # noqa: E402
 from ditbench.spec.knobs import Knobs  # noqa: E402
-from ditbench.train import Trainer  # noqa: E402
+from ditbench.train.step import Trainer  # noqa: E402
 
 IMAGE_SIZE = 128
 BATCH = 8

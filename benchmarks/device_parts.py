@@ -207,7 +207,7 @@ def ddp(args) -> dict[str, Any]:
     from ditbench.bench.cell.window import measure_window
     from ditbench.hardware import dist
     from ditbench.spec.knobs import Knobs
-    from ditbench.train import Trainer
+    from ditbench.train.step import Trainer
 
     s = DDP_DRY if args.dry_run else DDP_REAL
     os.environ.update(

@@ -118,7 +118,7 @@ def ddp_overhead(
     from ditbench.bench.cell.window import measure_window
     from ditbench.hardware import dist
     from ditbench.spec.knobs import Knobs
-    from ditbench.train import Trainer
+    from ditbench.train.step import Trainer
 
     os.environ.update(
         {

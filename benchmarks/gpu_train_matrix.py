@@ -102,7 +102,7 @@ def run_cell(c: dict, device: str, warmup: int, measure: int, min_seconds: float
     from ditbench.bench.cell.window import measure_window, step_stats
     from ditbench.core.errors import UserError
     from ditbench.spec.knobs import Knobs
-    from ditbench.train import Trainer
+    from ditbench.train.step import Trainer
 
     out = dict(c)
     try:

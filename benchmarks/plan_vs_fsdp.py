@@ -31,7 +31,7 @@ import torch
 from ditbench.hardware import dist
 from ditbench.bench.cell.alloc_meter import AllocationMeter
 from ditbench.spec.knobs import Knobs
-from ditbench.train import Trainer
+from ditbench.train.step import Trainer
 
 def local(t):
     return t.to_local() if hasattr(t, "to_local") else t

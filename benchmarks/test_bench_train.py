@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ditbench.spec.knobs import Knobs
-from ditbench.train import Trainer
+from ditbench.train.step import Trainer
 
 CASES = [  # model, image size, batch, grad_ckpt, rounds
     ("DiT-T/2", 64, 8, "none", 10),

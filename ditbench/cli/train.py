@@ -91,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
     from ditbench.hardware.precision import uses_scaler
     from ditbench.spec.base import from_flags
     from ditbench.spec.knobs import TRAIN_KNOBS, Knobs
-    from ditbench.train import Trainer
     from ditbench.train.data import data_spec
+    from ditbench.train.step import Trainer
 
     if not 1 <= args.steps <= MAX_STEPS:
         raise UserError(f"--steps must be from 1 to {MAX_STEPS:,}, got {args.steps}")

@@ -232,7 +232,7 @@ def workspace_bytes(model: tuple, batch_size: int, target: Target) -> int:
 def trace_training(knobs, target: Target, batch_size: int, *, memo: bool = True) -> Trace:
     """Build a Trainer from `knobs` (spec.knobs.Knobs) and trace two steps at `batch_size`, emulating
     `target` (its compute capability decides the precision policy). memo=False: no DispatchMemo."""
-    from ditbench.train import Trainer
+    from ditbench.train.step import Trainer
 
     trace = Trace(target=target, batch_size=batch_size)
     knobs = knobs.replace(batch_size=batch_size)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ditbench.spec.knobs import Knobs
-from ditbench.train import Trainer
+from ditbench.train.step import Trainer
 
 pytestmark = pytest.mark.gpu
 

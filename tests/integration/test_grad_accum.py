@@ -14,7 +14,7 @@ from ditbench.core.errors import UserError
 from ditbench.hardware.dist import DistContext
 from ditbench.spec.cell import CellSpec
 from ditbench.spec.knobs import Knobs
-from ditbench.train import Trainer
+from ditbench.train.step import Trainer
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -112,7 +112,7 @@ RANKS_SCRIPT = textwrap.dedent("""
     from ditbench.bench.cell import core as cell_core
     from ditbench.spec.cell import CellSpec, Steps
     from ditbench.spec.knobs import Knobs
-    from ditbench.train import Trainer
+    from ditbench.train.step import Trainer
     from fixed_rows import Rows
 
     def run(ctx, strategy, batch, accum):

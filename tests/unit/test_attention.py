@@ -98,7 +98,7 @@ def test_diffusers_impl_runs_the_math_and_forced_backends():
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     with pytest.raises(UnsupportedError, match="memory-efficient"):
         from ditbench.spec.knobs import Knobs
-        from ditbench.train import Trainer
+        from ditbench.train.step import Trainer
 
         Trainer(Knobs(model="DiT-T/4", image_size=64, batch_size=2, impl="diffusers", attention="efficient"))
 

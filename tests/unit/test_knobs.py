@@ -57,7 +57,7 @@ def test_bad_values_are_refused_where_they_enter(values, words):
 
 
 def test_attention_and_optimizer_reach_the_step():
-    from ditbench.train import Trainer
+    from ditbench.train.step import Trainer
 
     trainer = Trainer(Knobs(model="DiT-T/8", image_size=64, batch_size=2, attention="math"))
     assert {b.attn.attention for b in trainer.base_model.blocks} == {"math"}

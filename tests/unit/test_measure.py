@@ -17,7 +17,7 @@ from ditbench.core.errors import UserError
 from ditbench.core.faults import Fault, FaultyStep, NonFiniteLoss, fault_for
 from ditbench.models import build_model, get_config
 from ditbench.spec.knobs import Knobs
-from ditbench.train import Trainer
+from ditbench.train.step import Trainer
 
 
 def test_xl2_forward_is_the_papers_118_6_gmacs():

@@ -16,7 +16,7 @@ from torch import nn
 
 from ditbench.models.diffusion import create_diffusion
 from ditbench.spec.knobs import Knobs
-from ditbench.train import Trainer
+from ditbench.train.step import Trainer
 
 # (torch._dynamo above: mutmut collects once and forks a process per mutant, which would otherwise
 # each import it again inside the mutant's time limit)

@@ -63,7 +63,7 @@ MORE = [
 
 def _trainer(config: dict):
     from ditbench.spec.knobs import KNOBS, Knobs
-    from ditbench.train import Trainer
+    from ditbench.train.step import Trainer
 
     return Trainer(Knobs(**{k: v for k, v in config.items() if k in KNOBS}), device=config["device"])
 

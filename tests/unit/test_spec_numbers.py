@@ -48,16 +48,16 @@ def _verdict(load) -> tuple:
 @pytest.mark.parametrize("knob", KNOBS)
 def test_every_knob_takes_every_value_the_same_way_in_a_file_an_override_and_a_flag(tmp_path, knob):
     accepted = 0
-    for i, text in enumerate(VALUES):
+    for i, text in enumerate(VALUES):  # _verdict calls each lambda at once, in this iteration
         where = tmp_path / str(i)
         where.mkdir()
-        in_file = _verdict(lambda: [c.config[knob] for c in load_suite(_suite(where, knob, text)).cells])
+        in_file = _verdict(lambda: [c.config[knob] for c in load_suite(_suite(where, knob, text)).cells])  # noqa: B023
         override = _verdict(
-            lambda: [c.config[knob] for c in load_suite(_suite(where, knob, None), [f"{knob}={text}"]).cells]
+            lambda: [c.config[knob] for c in load_suite(_suite(where, knob, None), [f"{knob}={text}"]).cells]  # noqa: B023
         )
         assert in_file == override, (knob, text)
         if knob in TRAIN_KNOBS and not text.startswith("["):  # `ditbench train --KNOB TEXT`
-            flag = _verdict(lambda: getattr(from_flags(Knobs, {**_base(knob)["defaults"], knob: text}), knob))
+            flag = _verdict(lambda: getattr(from_flags(Knobs, {**_base(knob)["defaults"], knob: text}), knob))  # noqa: B023
             assert flag[0] == in_file[0], (knob, text)
             assert flag[0] == "refused" or all(v == flag[1] for v in in_file[1]), (knob, text)
         accepted += in_file[0] == "accepted"

@@ -8,9 +8,9 @@ import torch
 from ditbench.core.errors import UnsupportedError, UserError
 from ditbench.hardware.precision import get_precision_policy
 from ditbench.spec.knobs import Knobs
-from ditbench.train import Trainer
 from ditbench.train.data import DataSource
 from ditbench.train.optim import EMA, make_optimizer
+from ditbench.train.step import Trainer
 
 
 def tiny_cfg(**kw):

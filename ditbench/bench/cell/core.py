@@ -55,7 +55,7 @@ class Measured:
 def build_trainer(spec: CellSpec, ctx):
     """The cell's Trainer on this process's device; in a job, the model wrapped for data parallelism."""
     from ditbench.hardware import dist
-    from ditbench.train import Trainer
+    from ditbench.train.step import Trainer
 
     knobs = spec.knobs
     if not ctx.distributed:
