@@ -88,7 +88,7 @@ def _axis(value: Any) -> list[Any]:
 
 
 def _axis_type(f: Any) -> Any:
-    one = Annotated[(f.annotation, *f.metadata)]
+    one = Annotated[(f.annotation, *f.metadata)] if f.metadata else f.annotation
     return Annotated[list[one], BeforeValidator(_axis, json_schema_input_type=one | list[one])]
 
 

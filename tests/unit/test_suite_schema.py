@@ -85,3 +85,18 @@ def test_a_section_left_empty_is_valid_and_an_error_names_the_key_inside(validat
     assert errors(validator, {**SUITE, "include": [{"batch_sise": 8}]}) == [
         "Additional properties are not allowed ('batch_sise' was unexpected)"
     ]
+
+
+def test_a_matrix_axis_takes_a_knob_typed_optional_without_field_metadata():
+    """A knob written `grad_clip: float | None = None` has no field metadata; its matrix axis is still
+    a list of its values (a new knob of that form once crashed `ditbench suites` at import)."""
+    from pydantic import BaseModel, TypeAdapter
+
+    from ditbench.spec.suite import _axis_type
+
+    class Knob(BaseModel):
+        grad_clip: float | None = None
+
+    axis = TypeAdapter(_axis_type(Knob.model_fields["grad_clip"]))
+    assert axis.validate_python([0.5, None]) == [0.5, None]
+    assert axis.validate_python(0.5) == [0.5]
